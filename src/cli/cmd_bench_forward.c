@@ -1,0 +1,18 @@
+/**
+ * @file cmd_bench_forward.c
+ * @brief `megamoe bench forward`: not implemented yet (issue 5).
+ *
+ * This placeholder keeps the command table complete; it prints what is
+ * missing and exits with status 1.  The issue that owns it replaces this file.
+ */
+#include <stdio.h>
+
+#include "mmoe_cli.h"
+
+int mmoe_cmd_bench_forward(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    fprintf(stderr, "megamoe bench forward: not implemented yet (see issue 5)\n");
+    return 1;
+}

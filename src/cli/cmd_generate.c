@@ -1,0 +1,18 @@
+/**
+ * @file cmd_generate.c
+ * @brief `megamoe generate`: not implemented yet (issue 6).
+ *
+ * This placeholder keeps the command table complete; it prints what is
+ * missing and exits with status 1.  The issue that owns it replaces this file.
+ */
+#include <stdio.h>
+
+#include "mmoe_cli.h"
+
+int mmoe_cmd_generate(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    fprintf(stderr, "megamoe generate: not implemented yet (see issue 6)\n");
+    return 1;
+}

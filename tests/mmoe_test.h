@@ -1,0 +1,81 @@
+/**
+ * @file mmoe_test.h
+ * @brief Shared helpers of the Check suites: seeds, NaN poisoning, named tolerances, comparisons.
+ *
+ * Conventions every suite follows (DEVELOPERS.md, "Standards"):
+ * - random inputs are fresh each run; the seed is printed, and `MMOE_SEED=n`
+ *   replays a run;
+ * - output buffers are filled with NaN before the code under test writes them,
+ *   so an element it forgets to write fails the comparison;
+ * - tolerances are named rungs (GSL style), in multiples of a format's epsilon,
+ *   so that a loosened bound is visible in review;
+ * - a suite that cannot run here (no GPU, no Python module) exits with 77,
+ *   which automake reports as SKIP.
+ */
+#ifndef MMOE_TEST_H
+#define MMOE_TEST_H
+
+#include <check.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mmoe_rng.h"
+
+/** Exit status automake reads as "skipped". */
+#define MMOE_TEST_SKIP 77
+
+/** Unit roundoff of FP32 (2^-24) and its tolerance rungs. */
+#define MMOE_EPS_F32 0x1.0p-24
+/** Unit roundoff of BF16 (2^-9). */
+#define MMOE_EPS_BF16 0x1.0p-9
+
+/**
+ * The seed of this run: $MMOE_SEED if set, else one drawn from the clock and pid.
+ * Prints "<suite>: seed <n> (replay: MMOE_SEED=<n>)" to stderr once per call.
+ */
+uint64_t mmoe_test_seed(const char *suite);
+
+/** Fill @p n floats with quiet NaN. */
+void mmoe_test_poison_f32(float *p, size_t n);
+
+/** Fill @p n doubles with quiet NaN. */
+void mmoe_test_poison_f64(double *p, size_t n);
+
+/** Fill @p n BF16 values (uint16 bit patterns) with a quiet NaN (0x7FC0). */
+void mmoe_test_poison_bf16(uint16_t *p, size_t n);
+
+/**
+ * Distance in units in the last place between two floats (ordered-integer
+ * distance; +0 and -0 are 0 apart).  Returns UINT32_MAX if either is NaN.
+ */
+uint32_t mmoe_test_ulp_f32(float a, float b);
+
+/**
+ * Relative Frobenius error ||a - b|| / max(||b||, tiny) in double precision,
+ * with @p b the reference.  Returns +Inf if any element of @p a is NaN.
+ */
+double mmoe_test_rel_err_f32(const float *a, const double *b, size_t n);
+
+/**
+ * Run @p s with Check's runner (forking unless CK_FORK=no) and return the
+ * process exit status: EXIT_SUCCESS when every test passed.
+ */
+int mmoe_test_run(Suite *s);
+
+/**
+ * Make a fresh temporary directory under $TMPDIR (or /tmp) and write its path
+ * into @p buf.  Returns 0 on success.  The caller removes it with
+ * mmoe_test_rmtree().
+ */
+int mmoe_test_mkdtemp(char *buf, size_t buflen);
+
+/** Remove a directory tree made by mmoe_test_mkdtemp() (best effort). */
+void mmoe_test_rmtree(const char *path);
+
+/**
+ * Run a shell command and return its exit status (or -1 if it could not run or
+ * was killed by a signal).  Output goes to the test log.
+ */
+int mmoe_test_system(const char *cmd);
+
+#endif /* MMOE_TEST_H */

@@ -1,0 +1,4 @@
+#!/bin/sh
+# The main job on the embedded default (README, first command).
+set -eu
+./megamoe --version
