@@ -38,18 +38,20 @@
 
 /** One tensor to write. */
 typedef struct writer_item {
-    char *name;
-    mmoe_dtype dtype;
-    int ndim;
-    int64_t shape[MMOE_MAX_DIMS];
-    const void *data; /**< borrowed */
-    size_t nbytes;
+    char *name;                   /**< owned copy */
+    mmoe_dtype dtype;             /**< element type */
+    int ndim;                     /**< number of dimensions */
+    int64_t shape[MMOE_MAX_DIMS]; /**< extents */
+    const void *data;             /**< borrowed */
+    size_t nbytes;                /**< = numel * dtype size */
 } writer_item;
 
+/** The tensors and metadata of a file to be written. */
 struct mmoe_st_writer {
-    writer_item *items;
-    size_t n_items, cap_items;
-    uint64_t data_bytes;
+    writer_item *items;   /**< in the order added */
+    size_t n_items;       /**< tensors added */
+    size_t cap_items;     /**< capacity of @c items */
+    uint64_t data_bytes;  /**< sum of nbytes */
     json_t *names;    /**< set of the names added (values are null) */
     json_t *metadata; /**< "__metadata__" object */
 };
@@ -193,6 +195,7 @@ mmoe_status mmoe_st_writer_set_metadata(mmoe_st_writer *w, const char *key, cons
 /* finish                                                                     */
 /* ------------------------------------------------------------------------- */
 
+/** Layout order: larger elements first, then by name. */
 static int cmp_item_layout(const void *a, const void *b)
 {
     const writer_item *x = *(const writer_item *const *)a, *y = *(const writer_item *const *)b;
