@@ -838,13 +838,26 @@ START_TEST(tensor_stats_hand_values)
     /* empty tensor */
     s = stats_of(MMOE_DT_F32, f32, 0);
     ck_assert(s.n_finite == 0 && isnan(s.mean));
-    /* FP8 and E8M0 are not decoded here: an explicit error */
-    const uint8_t fp8[1] = {0x38};
-    mmoe_tensor t = {MMOE_DT_F8_E4M3, 1, {1}, (void *)fp8, 1};
+    /* E4M3FN (bias 7): 0x38 = 1.0, 0xC0 = -2.0, 0x7E = 448 (max), 0x7F = NaN, 0x01 = 2^-9 */
+    const uint8_t e4m3[5] = {0x38, 0xC0, 0x7E, 0x7F, 0x01};
+    s = stats_of(MMOE_DT_F8_E4M3, e4m3, 5);
+    ck_assert(s.min == -2.0 && s.max == 448.0 && s.n_nan == 1 && s.n_inf == 0);
+    ck_assert(s.mean == (1.0 - 2.0 + 448.0 + ldexp(1.0, -9)) / 4.0);
+    /* E5M2 (bias 15): 0x3C = 1.0, 0x7B = 57344 (max), 0xFC = -Inf, 0x7E = NaN, 0xC4 = -4.0 */
+    const uint8_t e5m2[5] = {0x3C, 0x7B, 0xFC, 0x7E, 0xC4};
+    s = stats_of(MMOE_DT_F8_E5M2, e5m2, 5);
+    ck_assert(s.min == -4.0 && s.max == 57344.0 && s.n_nan == 1 && s.n_inf == 1);
+    /* E8M0: 127 = 1, 130 = 8, 0 = 2^-127, 255 = NaN */
+    const uint8_t e8m0[4] = {127, 130, 0, 255};
+    s = stats_of(MMOE_DT_F8_E8M0, e8m0, 4);
+    ck_assert(s.min == ldexp(1.0, -127) && s.max == 8.0 && s.n_nan == 1);
+    /* every dtype is supported; an invalid one is an explicit error */
+    for (int d = 0; d < MMOE_DT_COUNT; d++)
+        ck_assert(mmoe_tensor_stats_supported((mmoe_dtype)d));
+    const uint8_t one[1] = {0};
+    mmoe_tensor t = {MMOE_DT_COUNT, 1, {1}, (void *)one, 1};
     mmoe_error err;
     ck_assert_int_eq(mmoe_tensor_stats_compute(&t, &s, &err), MMOE_EUNSUPPORTED);
-    ck_assert(strstr(err.msg, "F8_E4M3"));
-    ck_assert(!mmoe_tensor_stats_supported(MMOE_DT_F8_E8M0));
     t.nbytes = 2; /* inconsistent view */
     t.dtype = MMOE_DT_U8;
     ck_assert_int_eq(mmoe_tensor_stats_compute(&t, &s, &err), MMOE_EINVAL);

@@ -143,9 +143,9 @@ START_TEST(inspect_stats)
     ck_assert(has_line_with(out, "norm.weight BF16 [2] 4 1 1 1 1 1 0"));
     /* I8 {-7,3,0,100}: mean 96/4 = 24, absmax 100 */
     ck_assert(has_line_with(out, "w2.weight I8 [4] 4 -7 100 24 100 0 0"));
-    /* FP8: explicitly not computed, and said so */
-    ck_assert(has_line_with(out, "wq_a.weight F8_E4M3 [2] 2 - - - -"));
-    ck_assert(has_line_with(out, "note: no statistics for F8_E4M3"));
+    /* FP8 E4M3 {0x38, 0xB8} = {1, -1}: mean 0, absmax 1 */
+    ck_assert(has_line_with(out, "wq_a.weight F8_E4M3 [2] 2 -1 1 0 1 0 0"));
+    ck_assert(!has_line_with(out, "note: no statistics"));
     free(out);
     free(err);
 }
