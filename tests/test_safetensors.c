@@ -25,36 +25,13 @@
 #include "mmoe_tensor_stats.h"
 #include "mmoe_test.h"
 #include "mmoe_utf8.h"
+#include "st_test_files.h"
 
 static uint64_t g_seed;
 
 /* ------------------------------------------------------------------------- */
 /* helpers                                                                    */
 /* ------------------------------------------------------------------------- */
-
-/** Write @p n bytes to @p path (test setup; aborts the test on failure). */
-static void write_bytes(const char *path, const void *p, size_t n)
-{
-    FILE *fp = fopen(path, "wb");
-    ck_assert_ptr_nonnull(fp);
-    ck_assert_uint_eq(fwrite(p, 1, n, fp), n);
-    ck_assert_int_eq(fclose(fp), 0);
-}
-
-/** Read a whole file into a malloc'd buffer. */
-static uint8_t *read_bytes(const char *path, size_t *n)
-{
-    FILE *fp = fopen(path, "rb");
-    ck_assert_ptr_nonnull(fp);
-    fseek(fp, 0, SEEK_END);
-    long len = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    uint8_t *buf = malloc((size_t)len + 1);
-    ck_assert_uint_eq(fread(buf, 1, (size_t)len, fp), (size_t)len);
-    fclose(fp);
-    *n = (size_t)len;
-    return buf;
-}
 
 /**
  * A safetensors image made by hand: 8-byte little-endian length (the real
@@ -99,7 +76,7 @@ static void expect_bad(const char *header, uint64_t len_field, size_t data_len, 
     snprintf(path, sizeof path, "%s/bad.safetensors", dir);
     size_t size;
     uint8_t *img = make_image(header, strlen(header), len_field, data_len, &size);
-    write_bytes(path, img, size);
+    st_test_spill(path, img, size);
     mmoe_st_file *f = (mmoe_st_file *)1;
     mmoe_error err;
     mmoe_error_clear(&err);
@@ -202,7 +179,7 @@ START_TEST(round_trip_every_dtype)
     ck_assert_ptr_null(mmoe_st_get(f, N));
     ck_assert_ptr_null(mmoe_st_find(f, "no.such.tensor"));
     size_t size;
-    uint8_t *raw = read_bytes(path, &size);
+    uint8_t *raw = st_test_slurp(path, &size);
     uint64_t header_len = 0;
     for (int i = 7; i >= 0; i--)
         header_len = (header_len << 8) | raw[i];
@@ -288,12 +265,12 @@ START_TEST(bad_length_field)
     char dir[512], path[600];
     ck_assert_int_eq(mmoe_test_mkdtemp(dir, sizeof dir), 0);
     snprintf(path, sizeof path, "%s/short.safetensors", dir);
-    write_bytes(path, "\x02\x00\x00\x00\x00", 5);
+    st_test_spill(path, "\x02\x00\x00\x00\x00", 5);
     mmoe_st_file *f;
     mmoe_error err;
     ck_assert_int_eq(mmoe_st_open(path, &f, &err), MMOE_EFORMAT);
     ck_assert(strstr(err.msg, path) && strstr(err.msg, "5 bytes"));
-    write_bytes(path, "", 0);
+    st_test_spill(path, "", 0);
     ck_assert_int_eq(mmoe_st_open(path, &f, &err), MMOE_EFORMAT);
     ck_assert(strstr(err.msg, path) && strstr(err.msg, "0 bytes"));
     /* a missing file and a directory are I/O errors naming the path */
@@ -449,6 +426,14 @@ START_TEST(writer_rejects_bad_tensors)
     ck_assert_int_eq(mmoe_st_writer_set_metadata(w, "k", "\xc3", &err), MMOE_EINVAL);
     ck_assert_uint_eq(mmoe_st_writer_count(w), 1);
     ck_assert_uint_eq(mmoe_st_writer_data_bytes(w), 24);
+    /* a view goes in as it is; an inconsistent view is refused */
+    mmoe_tensor view = {MMOE_DT_BF16, 2, {4, 2}, buf, 16};
+    ck_assert_int_eq(mmoe_st_writer_add_tensor(w, "w.view", &view, &err), MMOE_OK);
+    view.nbytes = 15;
+    ck_assert_int_eq(mmoe_st_writer_add_tensor(w, "w.view2", &view, &err), MMOE_EINVAL);
+    ck_assert(strstr(err.msg, "'w.view2'"));
+    ck_assert_uint_eq(mmoe_st_writer_count(w), 2);
+    ck_assert_uint_eq(mmoe_st_writer_data_bytes(w), 40);
     mmoe_st_writer_destroy(w);
 }
 END_TEST
@@ -499,7 +484,7 @@ START_TEST(atomic_write_failures)
     /* 4. the disk "fills up" half-way (RLIMIT_FSIZE in a child): an existing
      *    file at the target survives unchanged and no temporary file remains */
     snprintf(path, sizeof path, "%s/keep.safetensors", dir);
-    write_bytes(path, "old contents", 12);
+    st_test_spill(path, "old contents", 12);
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
@@ -514,7 +499,7 @@ START_TEST(atomic_write_failures)
     ck_assert_int_eq(waitpid(pid, &wstatus, 0), pid);
     ck_assert(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0);
     size_t n;
-    uint8_t *old = read_bytes(path, &n);
+    uint8_t *old = st_test_slurp(path, &n);
     ck_assert_uint_eq(n, 12);
     ck_assert(memcmp(old, "old contents", 12) == 0);
     free(old);
@@ -559,7 +544,7 @@ static void write_text(const char *dir, const char *file, const char *text)
 {
     char path[700];
     snprintf(path, sizeof path, "%s/%s", dir, file);
-    write_bytes(path, text, strlen(text));
+    st_test_spill(path, text, strlen(text));
 }
 
 static void expect_ckpt_bad(const char *path, mmoe_status code, const char *n1, const char *n2)
@@ -712,7 +697,7 @@ START_TEST(checkpoint_layouts)
     mmoe_ckpt_close(ck);
     /* a corrupt shard: the error names it */
     snprintf(path, sizeof path, "%s/%s", dir, MMOE_ST_SINGLE_NAME);
-    write_bytes(path, "\x01\x00\x00", 3);
+    st_test_spill(path, "\x01\x00\x00", 3);
     expect_ckpt_bad(dir, MMOE_EFORMAT, MMOE_ST_SINGLE_NAME, "3 bytes");
     mmoe_test_rmtree(dir);
 }
@@ -729,7 +714,7 @@ START_TEST(require_checks_alignment)
     ck_assert_uint_eq(strlen(header) % 2, 1);
     size_t size;
     uint8_t *img = make_image(header, strlen(header), UINT64_MAX, 4, &size);
-    write_bytes(path, img, size);
+    st_test_spill(path, img, size);
     free(img);
     mmoe_ckpt *ck;
     mmoe_error err;
