@@ -703,6 +703,118 @@ START_TEST(checkpoint_layouts)
 }
 END_TEST
 
+/** Sharded writing: greedy split in name order, content intact, failures leave nothing. */
+START_TEST(checkpoint_sharded_writer)
+{
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 7);
+    char dir[512], path[700];
+    ck_assert_int_eq(mmoe_test_mkdtemp(dir, sizeof dir), 0);
+    enum { N = 20 };
+    const uint64_t max_bytes = 300;
+    rt_tensor ts[N];
+    mmoe_st_writer *w;
+    mmoe_error err;
+    ck_assert_int_eq(mmoe_st_writer_create(&w, &err), MMOE_OK);
+    for (int i = 0; i < N; i++) {
+        random_tensor(&rng, &ts[i], (mmoe_dtype)mmoe_rng_below(&rng, MMOE_DT_COUNT), i);
+        ck_assert_int_eq(mmoe_st_writer_add(w, ts[i].name, ts[i].dtype, ts[i].ndim, ts[i].shape,
+                                            ts[i].data, ts[i].nbytes, &err),
+                         MMOE_OK);
+    }
+    ck_assert_int_eq(mmoe_st_writer_set_metadata(w, "format", "pt", &err), MMOE_OK);
+    size_t n_shards = 0;
+    ck_assert_msg(mmoe_st_writer_finish_sharded(w, dir, max_bytes, &n_shards, &err) == MMOE_OK,
+                  "%s", err.msg);
+    ck_assert_int_eq(count_dir_entries(dir), (int)n_shards + 1); /* + the index */
+    mmoe_ckpt *ck;
+    ck_assert_msg(mmoe_ckpt_open(dir, &ck, &err) == MMOE_OK, "%s", err.msg);
+    ck_assert_uint_eq(mmoe_ckpt_shard_count(ck), n_shards);
+    ck_assert_uint_eq(mmoe_ckpt_count(ck), N);
+    for (int i = 0; i < N; i++) {
+        const mmoe_ckpt_entry *e = mmoe_ckpt_find_entry(ck, ts[i].name);
+        ck_assert_ptr_nonnull(e);
+        ck_assert_int_eq(e->view.dtype, ts[i].dtype);
+        ck_assert_uint_eq(e->view.nbytes, ts[i].nbytes);
+        ck_assert(ts[i].nbytes == 0 || memcmp(e->view.data, ts[i].data, ts[i].nbytes) == 0);
+    }
+    /* shard properties: name ranges do not interleave; each shard is within the limit
+     * unless it holds one tensor; and the split is greedy (the next shard's first tensor
+     * would not have fitted into the previous one) */
+    uint64_t shard_bytes[N] = {0};
+    size_t shard_count[N] = {0};
+    const char *first_name[N] = {0};
+    int prev_shard = -1;
+    for (size_t i = 0; i < mmoe_ckpt_count(ck); i++) { /* name order */
+        const mmoe_ckpt_entry *e = mmoe_ckpt_get(ck, i);
+        ck_assert_int_ge(e->shard_index, prev_shard);
+        if (e->shard_index != prev_shard)
+            first_name[e->shard_index] = e->name;
+        prev_shard = e->shard_index;
+        shard_bytes[e->shard_index] += e->view.nbytes;
+        shard_count[e->shard_index]++;
+        ck_assert_str_eq(mmoe_st_metadata(mmoe_ckpt_shard(ck, (size_t)e->shard_index), "format"),
+                         "pt");
+    }
+    for (size_t s = 0; s < n_shards; s++) {
+        ck_assert(shard_bytes[s] <= max_bytes || shard_count[s] == 1);
+        if (s > 0)
+            ck_assert_uint_gt(shard_bytes[s - 1] + mmoe_ckpt_find(ck, first_name[s])->nbytes,
+                              max_bytes);
+    }
+    ck_assert_uint_ge(n_shards, 2);
+    mmoe_ckpt_close(ck);
+    mmoe_st_writer_destroy(w);
+    for (int i = 0; i < N; i++)
+        free(ts[i].data);
+    mmoe_test_rmtree(dir);
+
+    /* failure half-way (the second shard exceeds RLIMIT_FSIZE): the first shard is removed */
+    ck_assert_int_eq(mmoe_test_mkdtemp(dir, sizeof dir), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        static uint8_t small[8], big[4000];
+        int64_t s8[1] = {8}, s4000[1] = {4000};
+        mmoe_st_writer *cw;
+        mmoe_error cerr;
+        if (mmoe_st_writer_create(&cw, &cerr) != MMOE_OK ||
+            mmoe_st_writer_add(cw, "a.small", MMOE_DT_U8, 1, s8, small, 8, &cerr) != MMOE_OK ||
+            mmoe_st_writer_add(cw, "z.big", MMOE_DT_U8, 1, s4000, big, 4000, &cerr) != MMOE_OK)
+            _exit(2);
+        signal(SIGXFSZ, SIG_IGN);
+        struct rlimit rl = {1000, 1000};
+        setrlimit(RLIMIT_FSIZE, &rl);
+        mmoe_status st = mmoe_st_writer_finish_sharded(cw, dir, 100, NULL, &cerr);
+        _exit(st == MMOE_EIO && strstr(cerr.msg, "model-00002-of-00002") ? 0 : 1);
+    }
+    int wstatus;
+    ck_assert_int_eq(waitpid(pid, &wstatus, 0), pid);
+    ck_assert(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0);
+    ck_assert_int_eq(count_dir_entries(dir), 0);
+    /* a missing directory */
+    snprintf(path, sizeof path, "%s/absent", dir);
+    ck_assert_int_eq(mmoe_st_writer_create(&w, &err), MMOE_OK);
+    uint8_t one[1] = {1};
+    int64_t s1[1] = {1};
+    ck_assert_int_eq(mmoe_st_writer_add(w, "x", MMOE_DT_U8, 1, s1, one, 1, &err), MMOE_OK);
+    ck_assert_int_eq(mmoe_st_writer_finish_sharded(w, path, 100, NULL, &err), MMOE_EIO);
+    ck_assert(strstr(err.msg, path));
+    ck_assert_int_eq(count_dir_entries(dir), 0);
+    mmoe_st_writer_destroy(w);
+    /* no tensors: an index with an empty weight_map, a valid empty checkpoint */
+    ck_assert_int_eq(mmoe_st_writer_create(&w, &err), MMOE_OK);
+    size_t n0 = 99;
+    ck_assert_int_eq(mmoe_st_writer_finish_sharded(w, dir, 100, &n0, &err), MMOE_OK);
+    ck_assert_uint_eq(n0, 0);
+    ck_assert_int_eq(mmoe_ckpt_open(dir, &ck, &err), MMOE_OK);
+    ck_assert_uint_eq(mmoe_ckpt_count(ck), 0);
+    mmoe_ckpt_close(ck);
+    mmoe_st_writer_destroy(w);
+    mmoe_test_rmtree(dir);
+}
+END_TEST
+
 /** Unaligned data (from a foreign writer) is readable, but require() refuses typed access. */
 START_TEST(require_checks_alignment)
 {
@@ -863,6 +975,7 @@ static Suite *safetensors_suite(void)
     tcase_add_test(tc, atomic_write_failures);
     tcase_add_test(tc, checkpoint_with_index);
     tcase_add_test(tc, checkpoint_layouts);
+    tcase_add_test(tc, checkpoint_sharded_writer);
     tcase_add_test(tc, require_checks_alignment);
     tcase_add_test(tc, utf8_vectors);
     tcase_add_test(tc, tensor_stats_hand_values);

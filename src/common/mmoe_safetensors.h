@@ -266,6 +266,28 @@ uint64_t mmoe_st_writer_data_bytes(const mmoe_st_writer *w);
 mmoe_status mmoe_st_writer_finish(mmoe_st_writer *w, const char *path, mmoe_error *err);
 
 /**
+ * Write all tensors as a sharded checkpoint into the existing directory
+ * @p dir: shards `model-00001-of-0000N.safetensors` (tensors split in name
+ * order, a new shard whenever the next tensor would push the current one past
+ * @p max_shard_bytes; a tensor larger than that gets a shard of its own), each
+ * with the writer's metadata, then ::MMOE_ST_INDEX_NAME, written last.  Always
+ * writes an index, even for one shard, so that mmoe_ckpt_open(@p dir) reads
+ * exactly these files.  Each file is written atomically; on failure the
+ * shards this call wrote are removed and no index is written (files of an
+ * older checkpoint in @p dir with the same names may already have been
+ * replaced: the set as a whole is not atomic).
+ * @param w                the writer (unchanged; may be finished again)
+ * @param dir              an existing directory
+ * @param max_shard_bytes  tensor bytes per shard (the data section, not the header)
+ * @param n_shards_out     receives the number of shards written (may be NULL)
+ * @param err              message on failure
+ * @return MMOE_OK, MMOE_EIO, MMOE_ENOMEM
+ */
+mmoe_status mmoe_st_writer_finish_sharded(mmoe_st_writer *w, const char *dir,
+                                          uint64_t max_shard_bytes, size_t *n_shards_out,
+                                          mmoe_error *err);
+
+/**
  * Write a `model.safetensors.index.json` atomically:
  * `{"metadata": {"total_size": total_size}, "weight_map": {name: shard, ...}}`.
  * @param path         the index file to write
