@@ -84,7 +84,8 @@ typedef struct mmoe_st_entry {
  * @param path  the file
  * @param out   receives the file on success (NULL on failure)
  * @param err   message on failure, naming @p path and the offending tensor
- * @return MMOE_OK; MMOE_EIO (cannot open/stat/map); MMOE_EFORMAT (any
+ * @return MMOE_OK; MMOE_ENOTFOUND (no such file); MMOE_EIO (cannot
+ *         open/stat/map, or not a regular file); MMOE_EFORMAT (any
  *         malformed header, entry or offset); MMOE_EUNSUPPORTED (more than
  *         ::MMOE_MAX_DIMS dimensions); MMOE_ENOMEM
  */
@@ -99,7 +100,7 @@ mmoe_status mmoe_st_open(const char *path, mmoe_st_file **out, mmoe_error *err);
  * @param label  the name used in error messages (e.g. a path); copied
  * @param out    receives the file on success (NULL on failure)
  * @param err    message on failure
- * @return as mmoe_st_open(), without MMOE_EIO
+ * @return as mmoe_st_open(), without MMOE_ENOTFOUND and MMOE_EIO
  */
 mmoe_status mmoe_st_open_memory(const void *data, size_t size, const char *label,
                                 mmoe_st_file **out, mmoe_error *err);
