@@ -48,23 +48,27 @@
 /* Decode tables                                                                              */
 /* ------------------------------------------------------------------------------------------ */
 
-/* E4M3FN magnitude of byte b (sign ignored): the formulas of the table above. */
+/** E4M3FN magnitude of byte b (sign ignored): the formulas of the table above. */
 #define E4M3_MAG(b)                                                                 \
     (((b) & 0x7F) == 0x7F ? NAN                                                     \
      : (((b) >> 3) & 15) == 0                                                       \
          ? (float)((b) & 7) * 0x1p-9f                                               \
          : (float)(8 + ((b) & 7)) * (float)(1u << (((b) >> 3) & 15)) * 0x1p-10f)
+/** Signed E4M3FN value of byte b. */
 #define E4M3_VALUE(b) (((b) & 0x80) ? -(E4M3_MAG(b)) : (E4M3_MAG(b)))
 
-/* E5M2 magnitude of byte b. */
+/** E5M2 magnitude of byte b (sign ignored). */
 #define E5M2_MAG(b)                                                                 \
     ((((b) >> 2) & 31) == 31 ? (((b) & 3) == 0 ? INFINITY : NAN)                    \
      : (((b) >> 2) & 31) == 0                                                       \
          ? (float)((b) & 3) * 0x1p-16f                                              \
          : (float)(4 + ((b) & 3)) * (float)(1u << (((b) >> 2) & 31)) * 0x1p-17f)
+/** Signed E5M2 value of byte b. */
 #define E5M2_VALUE(b) (((b) & 0x80) ? -(E5M2_MAG(b)) : (E5M2_MAG(b)))
 
+/** E4M3FN decode table, computed by the compiler. */
 static const float e4m3_table[256] = {FMT_T256(E4M3_VALUE)};
+/** E5M2 decode table, computed by the compiler. */
 static const float e5m2_table[256] = {FMT_T256(E5M2_VALUE)};
 
 const float *mmoe_fp8_e4m3_table(void)
