@@ -3,7 +3,7 @@
  * @brief Throughput of the formats hot paths: row dequantizers (MXFP4, FP8), row quantizers
  *        and the scalar encoders, on one core.
  *
- *     bench/bench_formats [K] [ROWS]      (defaults: K = 7168, ROWS = 2048)
+ *     tests/bench_formats [K] [ROWS]      (defaults: K = 7168, ROWS = 2048)
  *
  * Prints elements per second for each function over ROWS rows of K elements (the
  * DeepSeek-V4 hidden size by default).  Built by `make check`, not run by it.
