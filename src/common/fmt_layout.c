@@ -81,32 +81,34 @@ static uint32_t word_to_u32(int32_t s)
     return w;
 }
 
-void mmoe_sf_pack_mn_major(const uint8_t *sf, size_t g, size_t mn, size_t ksf, int32_t *out)
+/**
+ * The packing loop of both entry points: scale (gi, r, kk) is bytes[...] or, when
+ * @p bytes is NULL, the truncated exponent of floats[...].
+ */
+static void pack_mn_major(const uint8_t *bytes, const float *floats, size_t g, size_t mn, size_t ksf, int32_t *out)
 {
     size_t P = (ksf + 3) / 4, A = mmoe_align_up(mn, 4);
     for (size_t gi = 0; gi < g; gi++)
         for (size_t p = 0; p < P; p++)
             for (size_t r = 0; r < A; r++) {
                 uint32_t w = 0;
-                if (r < mn)
-                    for (size_t b = 0; b < 4 && 4 * p + b < ksf; b++)
-                        w |= (uint32_t)sf[(gi * mn + r) * ksf + 4 * p + b] << (8 * b);
+                for (size_t b = 0; r < mn && b < 4 && 4 * p + b < ksf; b++) {
+                    size_t idx = (gi * mn + r) * ksf + 4 * p + b;
+                    uint8_t e = bytes ? bytes[idx] : mmoe_ue8m0_from_f32_trunc(floats[idx]);
+                    w |= (uint32_t)e << (8 * b);
+                }
                 out[gi * P * A + p * A + r] = word_from_u32(w);
             }
 }
 
+void mmoe_sf_pack_mn_major(const uint8_t *sf, size_t g, size_t mn, size_t ksf, int32_t *out)
+{
+    pack_mn_major(sf, NULL, g, mn, ksf, out);
+}
+
 void mmoe_sf_pack_mn_major_f32(const float *sf, size_t g, size_t mn, size_t ksf, int32_t *out)
 {
-    size_t P = (ksf + 3) / 4, A = mmoe_align_up(mn, 4);
-    for (size_t gi = 0; gi < g; gi++)
-        for (size_t p = 0; p < P; p++)
-            for (size_t r = 0; r < A; r++) {
-                uint32_t w = 0;
-                if (r < mn)
-                    for (size_t b = 0; b < 4 && 4 * p + b < ksf; b++)
-                        w |= (uint32_t)mmoe_ue8m0_from_f32_trunc(sf[(gi * mn + r) * ksf + 4 * p + b]) << (8 * b);
-                out[gi * P * A + p * A + r] = word_from_u32(w);
-            }
+    pack_mn_major(NULL, sf, g, mn, ksf, out);
 }
 
 void mmoe_sf_unpack_mn_major(const int32_t *in, size_t g, size_t mn, size_t ksf, uint8_t *sf)
