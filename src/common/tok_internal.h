@@ -1,0 +1,220 @@
+/**
+ * @file tok_internal.h
+ * @brief The tokenizer's internal data structures, shared by the tok_*.c files.
+ *
+ * Layout of a loaded tokenizer:
+ * - every token string (model vocabulary and added tokens) lives in one pool,
+ *   `pool`; token id i has `tok_off[i]`, `tok_len[i]` (len UINT32_MAX: no token);
+ * - `dec_off`/`dec_len` hold each token's *decoded bytes* (after the ByteLevel
+ *   decoder), computed once at load time so decoding is a table lookup;
+ * - `vocab` maps a model-vocabulary string to its id, `merges` maps a pair of
+ *   ids to (rank, merged id): both are open-addressing hash tables;
+ * - the added tokens sit in two byte tries (raw and normalized matching);
+ * - the normalizer and the pre-tokenizer are flat lists of steps.
+ */
+#ifndef MMOE_TOK_INTERNAL_H
+#define MMOE_TOK_INTERNAL_H
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mmoe_error.h"
+#include "mmoe_tokenizer.h"
+
+/* ------------------------------------------------------------------ UTF-8 (tok_utf8.c) */
+
+/** Result of looking at the bytes that start at one position. */
+typedef enum tok_utf8_kind {
+    TOK_UTF8_VALID = 0,     /**< a complete, valid character of `len` bytes */
+    TOK_UTF8_INVALID = 1,   /**< `len` bytes form one maximal invalid subsequence */
+    TOK_UTF8_INCOMPLETE = 2 /**< all remaining bytes are a valid but unfinished prefix */
+} tok_utf8_kind;
+
+/** Classify the character starting at @p p (n >= 1 bytes available); writes its length. */
+tok_utf8_kind tok_utf8_next(const unsigned char *p, size_t n, size_t *len, uint32_t *cp);
+/** Offset of the first invalid byte of @p s, or @p n when all of it is valid UTF-8. */
+size_t tok_utf8_first_invalid(const char *s, size_t n);
+/** Append the UTF-8 encoding of @p cp (<= 0x10FFFF) to @p buf; returns its length (1..4). */
+size_t tok_utf8_put(uint32_t cp, char *buf);
+/** Append @p n bytes to @p out, replacing invalid UTF-8 by U+FFFD (Rust's from_utf8_lossy rule). */
+mmoe_status tok_utf8_append_lossy(mmoe_text *out, const unsigned char *p, size_t n);
+
+/* ------------------------------------------------------------------ byte-level table (tok_bytelevel.c) */
+
+/** GPT-2's byte -> code point table (printable stand-ins for every byte). */
+void tok_bytelevel_table(uint32_t byte_to_cp[256]);
+/**
+ * Map a UTF-8 token string back through the byte-level table.  When every character
+ * is a byte stand-in, writes the bytes to @p out (at most @p len bytes) and returns
+ * their count; otherwise returns SIZE_MAX (the token is then decoded as its raw text).
+ */
+size_t tok_bytelevel_unmap(const char *s, size_t len, unsigned char *out);
+
+/* ------------------------------------------------------------------ hash tables (tok_maps.c) */
+
+/** String -> id table over the tokenizer's pool. */
+typedef struct tok_strmap {
+    int32_t *slot;  /**< token id per slot, -1 when empty */
+    size_t mask;    /**< capacity - 1 (capacity is a power of two) */
+} tok_strmap;
+
+/** One merge: the rank (priority; lower first) and the id of the merged token. */
+typedef struct tok_merge {
+    int32_t rank;   /**< line number in `merges` */
+    int32_t new_id; /**< id of the concatenation */
+} tok_merge;
+
+/** (left id, right id) -> merge table. */
+typedef struct tok_pairmap {
+    uint64_t *key;     /**< (left << 32 | right) + 1; 0 = empty */
+    tok_merge *value;  /**< the merge per slot */
+    size_t mask;       /**< capacity - 1 */
+    size_t n;          /**< entries */
+} tok_pairmap;
+
+uint64_t tok_hash_bytes(const char *s, size_t len);
+mmoe_status tok_strmap_init(tok_strmap *m, size_t n_entries);
+void tok_strmap_free(tok_strmap *m);
+struct mmoe_tokenizer;
+/** Insert id (its string is in tok's pool); returns the id already there for the same string, or -1. */
+int32_t tok_strmap_insert(tok_strmap *m, const struct mmoe_tokenizer *tok, int32_t id);
+int32_t tok_strmap_find(const tok_strmap *m, const struct mmoe_tokenizer *tok, const char *s, size_t len);
+mmoe_status tok_pairmap_init(tok_pairmap *m, size_t n_entries);
+void tok_pairmap_free(tok_pairmap *m);
+/** Insert a merge; returns 0, or 1 when the pair was already present (its merge is replaced). */
+int tok_pairmap_insert(tok_pairmap *m, int32_t left, int32_t right, tok_merge merge);
+const tok_merge *tok_pairmap_find(const tok_pairmap *m, int32_t left, int32_t right);
+
+/* ------------------------------------------------------------------ added tokens (tok_added.c) */
+
+/** One node of a byte trie. */
+typedef struct tok_trie_node {
+    int32_t first_child;  /**< index of the first child, -1 if none */
+    int32_t next_sibling; /**< index of the next sibling, -1 if none */
+    int32_t token;        /**< index into tok->added when a token ends here, else -1 */
+    unsigned char byte;   /**< the byte on the edge into this node */
+} tok_trie_node;
+
+/** A byte trie over added-token strings (node 0 is the root). */
+typedef struct tok_trie {
+    tok_trie_node *node;
+    size_t n, cap;
+} tok_trie;
+
+/** An added token (`added_tokens` entry). */
+typedef struct tok_added {
+    int32_t id;
+    uint32_t off, len;   /**< content in the pool */
+    unsigned char special, normalized, lstrip, rstrip;
+} tok_added;
+
+/** A span of text produced by splitting on added tokens: token >= 0, or text [off, off+len). */
+typedef struct tok_segment {
+    int32_t token;  /**< token id, or -1 for a text span */
+    size_t off, len;
+} tok_segment;
+
+typedef struct tok_segments {
+    tok_segment *v;
+    size_t n, cap;
+} tok_segments;
+
+mmoe_status tok_trie_insert(tok_trie *t, const char *s, size_t len, int32_t token);
+void tok_trie_free(tok_trie *t);
+/**
+ * Split text[off, off+len) on the tokens of @p trie (leftmost-longest), appending
+ * segments to @p out.  Offsets are relative to @p text.
+ */
+mmoe_status tok_added_split(const struct mmoe_tokenizer *tok, const tok_trie *trie, const char *text,
+                            size_t off, size_t len, tok_segments *out);
+
+/* ------------------------------------------------------------------ normalizer and pre-tokenizer */
+
+typedef enum tok_norm_kind { TOK_NORM_PREPEND, TOK_NORM_REPLACE } tok_norm_kind;
+
+/** One normalizer step. */
+typedef struct tok_norm_step {
+    tok_norm_kind kind;
+    char *a;      /**< Prepend: the prefix; Replace: the pattern string */
+    size_t a_len;
+    char *b;      /**< Replace: the replacement */
+    size_t b_len;
+} tok_norm_step;
+
+typedef enum tok_split_behavior {
+    TOK_SPLIT_REMOVED, TOK_SPLIT_ISOLATED, TOK_SPLIT_MERGED_PREV, TOK_SPLIT_MERGED_NEXT, TOK_SPLIT_CONTIGUOUS
+} tok_split_behavior;
+
+typedef enum tok_pre_kind { TOK_PRE_SPLIT, TOK_PRE_BYTELEVEL } tok_pre_kind;
+
+/** One pre-tokenizer step (Digits and the ByteLevel regex are compiled to Split steps). */
+typedef struct tok_pre_step {
+    tok_pre_kind kind;
+    pcre2_code *re;              /**< Split: the compiled pattern */
+    tok_split_behavior behavior; /**< Split */
+    int invert;                  /**< Split: the pattern marks the pieces to keep, not the delimiters */
+    int add_prefix_space;        /**< ByteLevel */
+} tok_pre_step;
+
+/** A piece of text in the encoder's work buffer. */
+typedef struct tok_piece {
+    size_t off, len;
+} tok_piece;
+
+typedef struct tok_pieces {
+    tok_piece *v;
+    size_t n, cap;
+} tok_pieces;
+
+/** Per-call scratch of the encoder (nothing in it outlives one encode call). */
+typedef struct tok_work {
+    mmoe_text buf;          /**< normalized text and prefixed copies of pieces */
+    tok_pieces a, b;        /**< ping-pong piece lists of the pre-tokenizer */
+    pcre2_match_data *md;   /**< PCRE2 match data */
+    int32_t *sym;           /**< BPE: symbol ids */
+    int32_t *prev, *next;   /**< BPE: linked list of live symbols */
+    void *heap;             /**< BPE: priority queue entries */
+    size_t sym_cap, heap_cap;
+} tok_work;
+
+mmoe_status tok_normalize(const struct mmoe_tokenizer *tok, const char *s, size_t len, mmoe_text *out);
+/** Pre-tokenize work->buf[off, off+len) into work->a (the final list). */
+mmoe_status tok_pretokenize(const struct mmoe_tokenizer *tok, tok_work *work, size_t off, size_t len,
+                            mmoe_error *err);
+/** BPE-encode one piece (bytes s[0..len)) and append its ids. */
+mmoe_status tok_bpe_piece(const struct mmoe_tokenizer *tok, tok_work *work, const char *s, size_t len,
+                          mmoe_token_ids *out, mmoe_error *err);
+
+/* ------------------------------------------------------------------ the tokenizer */
+
+struct mmoe_tokenizer {
+    char *name;                /**< file name for messages */
+    char *pool;                /**< all token strings */
+    size_t pool_len;
+    int32_t n_ids;             /**< max id + 1 */
+    uint32_t *tok_off, *tok_len; /**< per id: string in pool (len UINT32_MAX: none) */
+    uint32_t *voc_off, *voc_len; /**< per id: the model-vocabulary string (what `vocab` hashes) */
+    unsigned char *is_special; /**< per id: added token with special = true */
+    unsigned char *dec;        /**< decoded bytes of all tokens */
+    uint32_t *dec_off, *dec_len; /**< per id: decoded bytes in `dec` */
+    tok_strmap vocab;          /**< model vocabulary string -> id */
+    tok_pairmap merges;        /**< (left, right) -> (rank, merged id) */
+    int32_t unk_id;            /**< model.unk_token id, -1 if none */
+    int ignore_merges;         /**< model.ignore_merges: a whole piece found in the vocab is one token */
+    int byte_level;            /**< the pre-tokenizer has a ByteLevel step: pieces are mapped byte-wise */
+    int32_t byte_sym[256];     /**< byte-level: vocab id of each byte's stand-in (-1 if absent) */
+    int decoder_byte_level;    /**< decoder is ByteLevel (the only decoder supported) */
+    int regex_jit;             /**< all regexes JIT-compiled */
+    int post_adds_tokens;      /**< the post-processor would add special tokens (not supported) */
+    tok_added *added;
+    size_t n_added;
+    tok_trie trie_raw, trie_norm; /**< added tokens matched before / after normalization */
+    tok_norm_step *norm;
+    size_t n_norm;
+    tok_pre_step *pre;
+    size_t n_pre;
+};
+
+#endif /* MMOE_TOK_INTERNAL_H */
