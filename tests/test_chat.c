@@ -186,6 +186,97 @@ START_TEST(errors)
 }
 END_TEST
 
+static void expect_parse(const char *completion, mmoe_chat_mode mode, const char *want)
+{
+    mmoe_text got = {0};
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    ck_assert_msg(mmoe_chat_parse_completion(completion, strlen(completion), mode, &got, &err) == MMOE_OK, "%s",
+                  err.msg);
+    ck_assert_msg(strcmp(got.data, want) == 0, "got  '%s'\nwant '%s'", got.data, want);
+    mmoe_text_free(&got);
+}
+
+static void expect_parse_error(const char *completion, mmoe_chat_mode mode, const char *needle)
+{
+    mmoe_text got = {0};
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    ck_assert_int_eq(mmoe_chat_parse_completion(completion, strlen(completion), mode, &got, &err), MMOE_EFORMAT);
+    ck_assert_msg(strstr(err.msg, needle) != NULL, "message '%s' lacks '%s'", err.msg, needle);
+    mmoe_text_free(&got);
+}
+
+START_TEST(parse_completion)
+{
+    expect_parse("r</think>a" EOS, MMOE_CHAT_MODE_THINKING,
+                 "{\"role\": \"assistant\", \"content\": \"a\", \"reasoning_content\": \"r\", \"tool_calls\": []}");
+    expect_parse("Just text." EOS, MMOE_CHAT_MODE_CHAT,
+                 "{\"role\": \"assistant\", \"content\": \"Just text.\", \"reasoning_content\": \"\", "
+                 "\"tool_calls\": []}");
+    /* the first assistant turn of test case 1, as the model would generate it after "<think>":
+       the rebuilt arguments equal the input's arguments string */
+    expect_parse("why</think>\n\n<" DSML "tool_calls>\n<" DSML "invoke name=\"get_weather\">\n"
+                 "<" DSML "parameter name=\"location\" string=\"true\">Beijing</" DSML "parameter>\n"
+                 "<" DSML "parameter name=\"unit\" string=\"true\">celsius</" DSML "parameter>\n"
+                 "</" DSML "invoke>\n</" DSML "tool_calls>" EOS,
+                 MMOE_CHAT_MODE_THINKING,
+                 "{\"role\": \"assistant\", \"content\": \"\", \"reasoning_content\": \"why\", \"tool_calls\": "
+                 "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"arguments\": "
+                 "\"{\\\"location\\\": \\\"Beijing\\\", \\\"unit\\\": \\\"celsius\\\"}\"}}]}");
+    /* string="false" values go in verbatim; a multi-line string value is JSON-escaped; two calls */
+    expect_parse("ok\n\n<" DSML "tool_calls>\n<" DSML "invoke name=\"f\">\n"
+                 "<" DSML "parameter name=\"n\" string=\"false\">[1, 2.5]</" DSML "parameter>\n"
+                 "<" DSML "parameter name=\"s\" string=\"true\">a\"\nb</" DSML "parameter>\n"
+                 "</" DSML "invoke>\n<" DSML "invoke name=\"g\">\n\n</" DSML "invoke>\n</" DSML "tool_calls>" EOS,
+                 MMOE_CHAT_MODE_CHAT,
+                 "{\"role\": \"assistant\", \"content\": \"ok\", \"reasoning_content\": \"\", \"tool_calls\": "
+                 "[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"arguments\": "
+                 "\"{\\\"n\\\": [1, 2.5], \\\"s\\\": \\\"a\\\\\\\"\\\\nb\\\"}\"}}, "
+                 "{\"type\": \"function\", \"function\": {\"name\": \"g\", \"arguments\": \"{}\"}}]}");
+    expect_parse_error("no end", MMOE_CHAT_MODE_CHAT, "EOS");
+    expect_parse_error("a" EOS "b", MMOE_CHAT_MODE_CHAT, "follow EOS");
+    expect_parse_error("no close" EOS, MMOE_CHAT_MODE_THINKING, "</think>");
+    expect_parse_error("x<think>y" EOS, MMOE_CHAT_MODE_CHAT, "content contains");
+    expect_parse_error("a\n\n<" DSML "tool_calls>\n</" DSML "tool_calls></think>" EOS, MMOE_CHAT_MODE_THINKING,
+                       "before");
+    expect_parse_error("\n\n<" DSML "tool_calls>\n<" DSML "invoke name=\"f\">\n"
+                       "<" DSML "parameter name=\"k\" string=\"true\">1</" DSML "parameter>\n"
+                       "<" DSML "parameter name=\"k\" string=\"true\">2</" DSML "parameter>\n"
+                       "</" DSML "invoke>\n</" DSML "tool_calls>" EOS, MMOE_CHAT_MODE_CHAT, "twice");
+    expect_parse_error("\n\n<" DSML "tool_calls>\n<" DSML "invoke name=\"f\">\n"
+                       "<" DSML "parameter name=\"k\" string=\"maybe\">1</" DSML "parameter>\n"
+                       "</" DSML "invoke>\n</" DSML "tool_calls>" EOS, MMOE_CHAT_MODE_CHAT, "true or false");
+    expect_parse_error("\n\n<" DSML "tool_calls>\n</" DSML "tool_calls>x" EOS, MMOE_CHAT_MODE_CHAT, "expected");
+}
+END_TEST
+
+START_TEST(render_then_parse)
+{
+    /* the encoder's tool-call block, cut after the prompt's "<｜Assistant｜></think>", parses back to
+       the same content and the same arguments (in Python's JSON spelling) */
+    const char *conv =
+        "[{\"role\": \"user\", \"content\": \"u\"}, {\"role\": \"assistant\", \"content\": \"c\", \"tool_calls\": ["
+        "{\"type\": \"function\", \"function\": {\"name\": \"f\", \"arguments\": "
+        "\"{\\\"a\\\": \\\"x y\\\", \\\"b\\\": 3, \\\"c\\\": {\\\"d\\\": [true]}}\"}}]}]";
+    mmoe_text prompt = {0}, msg = {0};
+    ck_assert_int_eq(mmoe_chat_encode_json(conv, strlen(conv), NULL, &prompt, NULL), MMOE_OK);
+    const char *start = strstr(prompt.data, ASSISTANT "</think>");
+    ck_assert_ptr_nonnull(start);
+    start += strlen(ASSISTANT "</think>");
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    ck_assert_msg(mmoe_chat_parse_completion(start, strlen(start), MMOE_CHAT_MODE_CHAT, &msg, &err) == MMOE_OK, "%s",
+                  err.msg);
+    ck_assert_str_eq(msg.data, "{\"role\": \"assistant\", \"content\": \"c\", \"reasoning_content\": \"\", "
+                               "\"tool_calls\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", "
+                               "\"arguments\": \"{\\\"a\\\": \\\"x y\\\", \\\"b\\\": 3, "
+                               "\\\"c\\\": {\\\"d\\\": [true]}}\"}}]}");
+    mmoe_text_free(&prompt);
+    mmoe_text_free(&msg);
+}
+END_TEST
+
 static Suite *chat_suite(void)
 {
     Suite *s = suite_create("chat");
@@ -195,6 +286,8 @@ static Suite *chat_suite(void)
     tcase_add_test(tc, tool_call_arguments);
     tcase_add_test(tc, tool_result_order);
     tcase_add_test(tc, errors);
+    tcase_add_test(tc, parse_completion);
+    tcase_add_test(tc, render_then_parse);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -5,6 +5,7 @@
  *     megamoe tokenize --model DIR --text "Hello world"        -> 19923,2058
  *     megamoe tokenize --tokenizer tokenizer.json --ids 19923,2058 -> Hello world
  *     megamoe tokenize --model DIR --chat conv.json --thinking -> the prompt text, then its ids
+ *     megamoe tokenize --parse completion.txt --thinking       -> the assistant message as JSON
  *     megamoe tokenize --tokenizer F --batch requests.jsonl    -> one JSON answer per line
  *
  * `--batch` reads JSON lines: `{"text": "..."}` is answered with `{"ids": [...]}`,
@@ -26,7 +27,7 @@
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: megamoe tokenize (--model DIR | --tokenizer FILE) ACTION [OPTIONS]\n"
+            "usage: megamoe tokenize [--model DIR | --tokenizer FILE] ACTION [OPTIONS]\n"
             "\n"
             "Encode text to token ids, decode ids to text, or render a conversation with the\n"
             "DeepSeek-V4 chat encoding.  The tokenizer is DIR/tokenizer.json or FILE.\n"
@@ -38,6 +39,9 @@ static void usage(FILE *out)
             "  --chat FILE.json   print the prompt of the conversation in FILE (OpenAI-style\n"
             "                     messages: an array, or {\"messages\": [...], \"tools\": [...]})\n"
             "                     and, with a tokenizer, its ids; without one, only the prompt\n"
+            "  --parse FILE       parse a generated completion (text after the prompt, ending with\n"
+            "                     EOS) into an assistant message, printed as JSON (--thinking: the\n"
+            "                     completion starts with the reasoning)\n"
             "  --batch FILE       JSON lines: {\"text\": ...} -> {\"ids\": [...]},\n"
             "                     {\"ids\": [...]} -> {\"text\": ..., \"stream\": ...}  (FILE - is stdin)\n"
             "options:\n"
@@ -167,6 +171,29 @@ static int decode_and_print(const mmoe_tokenizer *tok, const char *list, int ski
     return rc;
 }
 
+static int parse_completion(const char *path, mmoe_chat_mode mode)
+{
+    size_t len;
+    char *text = read_file(path, &len);
+    if (text == NULL) {
+        fprintf(stderr, "megamoe tokenize: --parse %s: cannot read the file: %s\n", path, strerror(errno));
+        return 1;
+    }
+    mmoe_text msg = {0};
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    int rc = 0;
+    if (mmoe_chat_parse_completion(text, len, mode, &msg, &err) != MMOE_OK) {
+        fprintf(stderr, "megamoe tokenize: %s: %s\n", path, err.msg);
+        rc = 1;
+    } else {
+        printf("%s\n", msg.data);
+    }
+    mmoe_text_free(&msg);
+    free(text);
+    return rc;
+}
+
 static int render_chat(const mmoe_tokenizer *tok, const char *path, const mmoe_chat_options *opt)
 {
     size_t len;
@@ -277,18 +304,18 @@ static int run_batch(const mmoe_tokenizer *tok, const char *path)
 
 int mmoe_cmd_tokenize(int argc, char **argv)
 {
-    enum { OPT_TEXT_FILE = 256, OPT_THINKING, OPT_KEEP, OPT_EFFORT, OPT_SKIP, OPT_BATCH, OPT_VERBOSE };
+    enum { OPT_TEXT_FILE = 256, OPT_THINKING, OPT_KEEP, OPT_EFFORT, OPT_SKIP, OPT_BATCH, OPT_VERBOSE, OPT_PARSE };
     static const struct option options[] = {
         {"model", required_argument, NULL, 'm'},      {"tokenizer", required_argument, NULL, 't'},
         {"text", required_argument, NULL, 'x'},       {"text-file", required_argument, NULL, OPT_TEXT_FILE},
         {"ids", required_argument, NULL, 'i'},        {"chat", required_argument, NULL, 'c'},
-        {"batch", required_argument, NULL, OPT_BATCH}, {"thinking", no_argument, NULL, OPT_THINKING},
+        {"batch", required_argument, NULL, OPT_BATCH}, {"parse", required_argument, NULL, OPT_PARSE}, {"thinking", no_argument, NULL, OPT_THINKING},
         {"keep-thinking", no_argument, NULL, OPT_KEEP}, {"effort", required_argument, NULL, OPT_EFFORT},
         {"skip-special", no_argument, NULL, OPT_SKIP}, {"verbose", no_argument, NULL, OPT_VERBOSE},
         {"help", no_argument, NULL, 'h'},             {NULL, 0, NULL, 0},
     };
     const char *model = NULL, *tok_file = NULL, *text = NULL, *text_file = NULL, *ids = NULL, *chat = NULL;
-    const char *batch = NULL;
+    const char *batch = NULL, *parse = NULL;
     int skip_special = 0, verbose = 0, c;
     mmoe_chat_options opt;
     mmoe_chat_options_default(&opt);
@@ -303,6 +330,7 @@ int mmoe_cmd_tokenize(int argc, char **argv)
         case 'i': ids = optarg; break;
         case 'c': chat = optarg; break;
         case OPT_BATCH: batch = optarg; break;
+        case OPT_PARSE: parse = optarg; break;
         case OPT_THINKING: opt.mode = MMOE_CHAT_MODE_THINKING; break;
         case OPT_KEEP: opt.drop_thinking = 0; break;
         case OPT_SKIP: skip_special = 1; break;
@@ -330,9 +358,11 @@ int mmoe_cmd_tokenize(int argc, char **argv)
         fprintf(stderr, "megamoe tokenize: unexpected argument '%s'\n", argv[optind]);
         return MMOE_EXIT_USAGE;
     }
-    int n_actions = (text != NULL) + (text_file != NULL) + (ids != NULL) + (chat != NULL) + (batch != NULL);
+    int n_actions = (text != NULL) + (text_file != NULL) + (ids != NULL) + (chat != NULL) + (batch != NULL) +
+                    (parse != NULL);
     if (n_actions != 1) {
-        fprintf(stderr, "megamoe tokenize: give exactly one of --text, --text-file, --ids, --chat, --batch (%d given)\n",
+        fprintf(stderr,
+                "megamoe tokenize: give exactly one of --text, --text-file, --ids, --chat, --parse, --batch (%d given)\n",
                 n_actions);
         return MMOE_EXIT_USAGE;
     }
@@ -340,7 +370,7 @@ int mmoe_cmd_tokenize(int argc, char **argv)
         fprintf(stderr, "megamoe tokenize: give --model or --tokenizer, not both\n");
         return MMOE_EXIT_USAGE;
     }
-    if (model == NULL && tok_file == NULL && chat == NULL) {
+    if (model == NULL && tok_file == NULL && chat == NULL && parse == NULL) {
         fprintf(stderr, "megamoe tokenize: a tokenizer is needed: --model DIR or --tokenizer FILE\n");
         return MMOE_EXIT_USAGE;
     }
@@ -371,6 +401,8 @@ int mmoe_cmd_tokenize(int argc, char **argv)
         rc = decode_and_print(tok, ids, skip_special);
     } else if (chat != NULL) {
         rc = render_chat(tok, chat, &opt);
+    } else if (parse != NULL) {
+        rc = parse_completion(parse, opt.mode);
     } else {
         rc = run_batch(tok, batch);
     }

@@ -66,6 +66,19 @@ void mmoe_chat_options_default(mmoe_chat_options *o);
 mmoe_status mmoe_chat_encode_json(const char *json, size_t len, const mmoe_chat_options *opt, mmoe_text *prompt,
                                   mmoe_error *err);
 
+/**
+ * Parse a generated completion (the text after the prompt, ending with EOS) back into an
+ * assistant message (spec §3.10.10), appended to @p message as JSON text:
+ * `{"role": "assistant", "content": ..., "reasoning_content": ..., "tool_calls": [...]}`
+ * with the tool calls in OpenAI form (`{"type": "function", "function": {"name", "arguments"}}`,
+ * arguments a JSON object string).  The message can be appended to the conversation for
+ * the next turn.
+ * @param mode  the mode of the prompt: in thinking mode the completion starts with the reasoning
+ * @return MMOE_OK, or MMOE_EFORMAT naming the byte offset and what was expected
+ */
+mmoe_status mmoe_chat_parse_completion(const char *text, size_t len, mmoe_chat_mode mode, mmoe_text *message,
+                                       mmoe_error *err);
+
 #ifdef __cplusplus
 }
 #endif
