@@ -22,14 +22,8 @@
 
 static mmoe_status trie_new_node(tok_trie *t, unsigned char byte, int32_t *index)
 {
-    if (t->n == t->cap) {
-        size_t cap = t->cap ? 2 * t->cap : 64;
-        tok_trie_node *grown = realloc(t->node, cap * sizeof *grown);
-        if (grown == NULL)
-            return MMOE_ENOMEM;
-        t->node = grown;
-        t->cap = cap;
-    }
+    if (tok_grow((void **)&t->node, &t->cap, t->n + 1, sizeof *t->node) != MMOE_OK)
+        return MMOE_ENOMEM;
     tok_trie_node *nd = &t->node[t->n];
     nd->first_child = nd->next_sibling = nd->token = -1;
     nd->byte = byte;
@@ -131,14 +125,8 @@ static mmoe_status push_segment(tok_segments *out, int32_t token, size_t off, si
 {
     if (token < 0 && len == 0)
         return MMOE_OK;
-    if (out->n == out->cap) {
-        size_t cap = out->cap ? 2 * out->cap : 16;
-        tok_segment *grown = realloc(out->v, cap * sizeof *grown);
-        if (grown == NULL)
-            return MMOE_ENOMEM;
-        out->v = grown;
-        out->cap = cap;
-    }
+    if (tok_grow((void **)&out->v, &out->cap, out->n + 1, sizeof *out->v) != MMOE_OK)
+        return MMOE_ENOMEM;
     out->v[out->n].token = token;
     out->v[out->n].off = off;
     out->v[out->n].len = len;

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mmoe_tokenizer.h"
+#include "tok_internal.h"
 
 mmoe_status mmoe_token_ids_push(mmoe_token_ids *ids, const int32_t *v, size_t n)
 {
@@ -60,4 +60,19 @@ void mmoe_text_free(mmoe_text *t)
     free(t->data);
     t->data = NULL;
     t->len = t->cap = 0;
+}
+
+mmoe_status tok_grow(void **v, size_t *cap, size_t need, size_t elem_size)
+{
+    if (need <= *cap)
+        return MMOE_OK;
+    size_t new_cap = *cap ? *cap : 16;
+    while (new_cap < need)
+        new_cap *= 2;
+    void *grown = realloc(*v, new_cap * elem_size);
+    if (grown == NULL)
+        return MMOE_ENOMEM;
+    *v = grown;
+    *cap = new_cap;
+    return MMOE_OK;
 }

@@ -38,6 +38,11 @@ tok_utf8_kind tok_utf8_next(const unsigned char *p, size_t n, size_t *len, uint3
 size_t tok_utf8_first_invalid(const char *s, size_t n);
 /** Append the UTF-8 encoding of @p cp (<= 0x10FFFF) to @p buf; returns its length (1..4). */
 size_t tok_utf8_put(uint32_t cp, char *buf);
+/**
+ * Make room for at least @p need elements of @p elem_size bytes in the array *@p v of
+ * capacity *@p cap (doubling, starting at 16).  MMOE_ENOMEM leaves the array unchanged.
+ */
+mmoe_status tok_grow(void **v, size_t *cap, size_t need, size_t elem_size);
 /** Append @p n bytes to @p out, replacing invalid UTF-8 by U+FFFD (Rust's from_utf8_lossy rule). */
 mmoe_status tok_utf8_append_lossy(mmoe_text *out, const unsigned char *p, size_t n);
 

@@ -344,6 +344,27 @@ static mmoe_status read_model(loader *L, const json_t *root)
     return read_merges(L, merges);
 }
 
+/** A reader of one component (normalizer, pre-tokenizer or post-processor) at a key path. */
+typedef mmoe_status (*component_reader)(loader *L, const json_t *n, const char *path);
+
+/** Read a `Sequence` component: each element of @p n[@p list_key] with @p read, in order. */
+static mmoe_status read_sequence(loader *L, const json_t *n, const char *path, const char *list_key,
+                                 component_reader read)
+{
+    char p[256];
+    const json_t *list = json_object_get(n, list_key);
+    snprintf(p, sizeof p, "%s.%s", path, list_key);
+    if (!json_is_array(list))
+        return bad(L, MMOE_EFORMAT, p, "an array", list);
+    for (size_t i = 0; i < json_array_size(list); i++) {
+        snprintf(p, sizeof p, "%s.%s[%zu]", path, list_key, i);
+        mmoe_status st = read(L, json_array_get(list, i), p);
+        if (st != MMOE_OK)
+            return st;
+    }
+    return MMOE_OK;
+}
+
 /* ------------------------------------------------------------------ normalizer */
 
 static char *dup_bytes(const char *s, size_t len)
@@ -387,19 +408,8 @@ static mmoe_status read_normalizer(loader *L, const json_t *n, const char *path)
     mmoe_status st = get_type(L, n, path, &type);
     if (st != MMOE_OK)
         return st;
-    if (strcmp(type, "Sequence") == 0) {
-        const json_t *list = json_object_get(n, "normalizers");
-        snprintf(p, sizeof p, "%s.normalizers", path);
-        if (!json_is_array(list))
-            return bad(L, MMOE_EFORMAT, p, "an array", list);
-        for (size_t i = 0; i < json_array_size(list); i++) {
-            snprintf(p, sizeof p, "%s.normalizers[%zu]", path, i);
-            st = read_normalizer(L, json_array_get(list, i), p);
-            if (st != MMOE_OK)
-                return st;
-        }
-        return MMOE_OK;
-    }
+    if (strcmp(type, "Sequence") == 0)
+        return read_sequence(L, n, path, "normalizers", read_normalizer);
     if (strcmp(type, "Prepend") == 0) {
         const json_t *pre = json_object_get(n, "prepend");
         snprintf(p, sizeof p, "%s.prepend", path);
@@ -514,19 +524,8 @@ static mmoe_status read_pre_tokenizer(loader *L, const json_t *n, const char *pa
         return mmoe_error_set(L->err, MMOE_EUNSUPPORTED,
                               "tokenizer %s: key '%s': expected no pre-tokenizer after ByteLevel, found %s (not "
                               "supported)", L->name, path, type);
-    if (strcmp(type, "Sequence") == 0) {
-        const json_t *list = json_object_get(n, "pretokenizers");
-        snprintf(p, sizeof p, "%s.pretokenizers", path);
-        if (!json_is_array(list))
-            return bad(L, MMOE_EFORMAT, p, "an array", list);
-        for (size_t i = 0; i < json_array_size(list); i++) {
-            snprintf(p, sizeof p, "%s.pretokenizers[%zu]", path, i);
-            st = read_pre_tokenizer(L, json_array_get(list, i), p);
-            if (st != MMOE_OK)
-                return st;
-        }
-        return MMOE_OK;
-    }
+    if (strcmp(type, "Sequence") == 0)
+        return read_sequence(L, n, path, "pretokenizers", read_pre_tokenizer);
     if (strcmp(type, "Split") == 0)
         return read_split(L, n, path);
     if (strcmp(type, "Digits") == 0) {
@@ -562,7 +561,6 @@ static mmoe_status read_pre_tokenizer(loader *L, const json_t *n, const char *pa
 static mmoe_status read_post_processor(loader *L, const json_t *n, const char *path)
 {
     const char *type;
-    char p[256];
     if (n == NULL || json_is_null(n))
         return MMOE_OK;
     mmoe_status st = get_type(L, n, path, &type);
@@ -570,19 +568,8 @@ static mmoe_status read_post_processor(loader *L, const json_t *n, const char *p
         return st;
     if (strcmp(type, "ByteLevel") == 0)
         return MMOE_OK; /* adjusts offsets only; megamoe does not report offsets */
-    if (strcmp(type, "Sequence") == 0) {
-        const json_t *list = json_object_get(n, "processors");
-        snprintf(p, sizeof p, "%s.processors", path);
-        if (!json_is_array(list))
-            return bad(L, MMOE_EFORMAT, p, "an array", list);
-        for (size_t i = 0; i < json_array_size(list); i++) {
-            snprintf(p, sizeof p, "%s.processors[%zu]", path, i);
-            st = read_post_processor(L, json_array_get(list, i), p);
-            if (st != MMOE_OK)
-                return st;
-        }
-        return MMOE_OK;
-    }
+    if (strcmp(type, "Sequence") == 0)
+        return read_sequence(L, n, path, "processors", read_post_processor);
     L->tok->post_adds_tokens = 1; /* TemplateProcessing, BertProcessing...: encode(add_special) refuses */
     return MMOE_OK;
 }

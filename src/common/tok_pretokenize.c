@@ -81,14 +81,8 @@ static mmoe_status push_piece(tok_pieces *p, size_t off, size_t len)
 {
     if (len == 0)
         return MMOE_OK;
-    if (p->n == p->cap) {
-        size_t cap = p->cap ? 2 * p->cap : 64;
-        tok_piece *grown = realloc(p->v, cap * sizeof *grown);
-        if (grown == NULL)
-            return MMOE_ENOMEM;
-        p->v = grown;
-        p->cap = cap;
-    }
+    if (tok_grow((void **)&p->v, &p->cap, p->n + 1, sizeof *p->v) != MMOE_OK)
+        return MMOE_ENOMEM;
     p->v[p->n].off = off;
     p->v[p->n].len = len;
     p->n++;
@@ -108,14 +102,8 @@ typedef struct split_spans {
 
 static mmoe_status push_span(split_spans *s, size_t start, size_t end, int is_match)
 {
-    if (s->n == s->cap) {
-        size_t cap = s->cap ? 2 * s->cap : 64;
-        split_span *grown = realloc(s->v, cap * sizeof *grown);
-        if (grown == NULL)
-            return MMOE_ENOMEM;
-        s->v = grown;
-        s->cap = cap;
-    }
+    if (tok_grow((void **)&s->v, &s->cap, s->n + 1, sizeof *s->v) != MMOE_OK)
+        return MMOE_ENOMEM;
     s->v[s->n].start = start;
     s->v[s->n].end = end;
     s->v[s->n].is_match = is_match;
