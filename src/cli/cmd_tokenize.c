@@ -24,6 +24,7 @@
 #include "mmoe_cli.h"
 #include "mmoe_tokenizer.h"
 
+/** Print the command's help. */
 static void usage(FILE *out)
 {
     fprintf(out,
@@ -90,6 +91,7 @@ static char *read_file(const char *path, size_t *len)
     return buf;
 }
 
+/** Print ids comma-separated on one line. */
 static void print_ids(const mmoe_token_ids *ids)
 {
     for (size_t i = 0; i < ids->n; i++)
@@ -124,6 +126,7 @@ static int parse_ids(const char *s, mmoe_token_ids *ids)
     return 0;
 }
 
+/** `--text` / `--text-file`: encode and print the ids (and with --verbose one line per token). */
 static int encode_and_print(const mmoe_tokenizer *tok, const char *text, size_t len, int verbose)
 {
     mmoe_token_ids ids = {0};
@@ -151,6 +154,7 @@ static int encode_and_print(const mmoe_tokenizer *tok, const char *text, size_t 
     return 0;
 }
 
+/** `--ids`: decode and print the text. */
 static int decode_and_print(const mmoe_tokenizer *tok, const char *list, int skip_special)
 {
     mmoe_token_ids ids = {0};
@@ -171,6 +175,7 @@ static int decode_and_print(const mmoe_tokenizer *tok, const char *list, int ski
     return rc;
 }
 
+/** `--parse`: parse a completion file and print the message JSON. */
 static int parse_completion(const char *path, mmoe_chat_mode mode)
 {
     size_t len;
@@ -194,6 +199,7 @@ static int parse_completion(const char *path, mmoe_chat_mode mode)
     return rc;
 }
 
+/** `--chat`: render the conversation, print the prompt and (with a tokenizer) its ids. */
 static int render_chat(const mmoe_tokenizer *tok, const char *path, const mmoe_chat_options *opt)
 {
     size_t len;
@@ -280,6 +286,7 @@ static int batch_line(const mmoe_tokenizer *tok, const char *line, size_t len, s
     return 0;
 }
 
+/** `--batch`: answer every JSON line of the file. */
 static int run_batch(const mmoe_tokenizer *tok, const char *path)
 {
     size_t len;

@@ -27,14 +27,6 @@
 #include "chat_internal.h"
 #include "mmoe_chat.h"
 
-#define BOS "<\xEF\xBD\x9C" "begin\xE2\x96\x81" "of\xE2\x96\x81" "sentence\xEF\xBD\x9C>"
-#define EOS "<\xEF\xBD\x9C" "end\xE2\x96\x81" "of\xE2\x96\x81" "sentence\xEF\xBD\x9C>"
-#define USER "<\xEF\xBD\x9CUser\xEF\xBD\x9C>"
-#define ASSISTANT "<\xEF\xBD\x9C" "Assistant\xEF\xBD\x9C>"
-#define REMINDER "<\xEF\xBD\x9Clatest_reminder\xEF\xBD\x9C>"
-#define THINK_OPEN "<think>"
-#define THINK_CLOSE "</think>"
-#define DSML "\xEF\xBD\x9C" "DSML\xEF\xBD\x9C"
 
 /** The TOOLS block up to the tool schemas (lines 1-22 of §3.10.6, each ending with NL). */
 static const char tools_head[] =
@@ -69,9 +61,11 @@ static const char tools_tail[] =
     "\n"
     "You MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.\n";
 
+/** The RESPONSE-FORMAT block before the JSON schema. */
 static const char response_format_head[] =
     "## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n";
 
+/** The MAX-EFFORT preamble (three lines and a blank line). */
 static const char max_effort_text[] =
     "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n"
     "You MUST be very thorough in your thinking and comprehensively decompose the problem to resolve the root cause, "
@@ -96,41 +90,47 @@ static const char *task_token(const char *task)
 
 /** Encoder state of one call. */
 typedef struct chat_enc {
-    const mmoe_chat_options *opt;
-    mmoe_text *out;
-    mmoe_error *err;
-    mmoe_status st; /**< first failure (MMOE_ENOMEM from appends) */
-    int effective_drop;
+    const mmoe_chat_options *opt; /**< the caller's options */
+    mmoe_text *out;               /**< the prompt being written */
+    mmoe_error *err;              /**< where failures are reported */
+    mmoe_status st;               /**< first failure (MMOE_ENOMEM from appends) */
+    int effective_drop;           /**< drop_thinking, forced off when some message has tools */
 } chat_enc;
 
+/** Append @p len bytes to the prompt (records MMOE_ENOMEM in e->st). */
 static void emit(chat_enc *e, const char *s, size_t len)
 {
     if (e->st == MMOE_OK && mmoe_text_append(e->out, s, len) != MMOE_OK)
         e->st = mmoe_error_set(e->err, MMOE_ENOMEM, "chat encode: out of memory");
 }
 
+/** Append a NUL-terminated string to the prompt. */
 static void emit_str(chat_enc *e, const char *s)
 {
     emit(e, s, strlen(s));
 }
 
+/** Append the text of a JSON string value (NUL bytes included). */
 static void emit_json_string_value(chat_enc *e, const json_t *s)
 {
     emit(e, json_string_value(s), json_string_length(s));
 }
 
+/** Append a JSON value in Python's json.dumps spelling. */
 static void emit_json(chat_enc *e, const json_t *v)
 {
     if (e->st == MMOE_OK && chat_json_dump(v, e->out) != MMOE_OK)
         e->st = mmoe_error_set(e->err, MMOE_ENOMEM, "chat encode: out of memory");
 }
 
+/** The role of a message, "" when missing. */
 static const char *role_of(const json_t *m)
 {
     const json_t *r = json_object_get(m, "role");
     return json_is_string(r) ? json_string_value(r) : "";
 }
 
+/** Nonzero when message @p m has role @p role. */
 static int role_is(const json_t *m, const char *role)
 {
     return strcmp(role_of(m), role) == 0;
@@ -174,6 +174,7 @@ static mmoe_status text_field(chat_enc *e, const json_t *m, size_t index, const 
 
 /* ------------------------------------------------------------------ 1. merging */
 
+/** Merge messages [first, end) of @p in into @p merged: tool and user messages become user turns with content_blocks. */
 static mmoe_status merge_messages(chat_enc *e, const json_t *in, size_t first, size_t end, json_t *merged)
 {
     for (size_t i = first; i < end; i++) {
@@ -231,6 +232,7 @@ static const char *call_id(const json_t *call)
     return json_is_string(id) ? json_string_value(id) : NULL;
 }
 
+/** Position of call id @p id in the list of calls (0 when unknown). */
 static int call_position(const json_t *calls, const char *id)
 {
     for (size_t k = 0; k < json_array_size(calls); k++) {
@@ -241,6 +243,7 @@ static int call_position(const json_t *calls, const char *id)
     return 0; /* unknown ids count as position 0 */
 }
 
+/** Nonzero when at least one call of the list has an id. */
 static int map_has_ids(const json_t *calls)
 {
     for (size_t k = 0; k < json_array_size(calls); k++)
@@ -249,6 +252,7 @@ static int map_has_ids(const json_t *calls)
     return 0;
 }
 
+/** Sort the tool-result blocks of each user turn by the position of their call (stable). */
 static void order_tool_results(json_t *msgs)
 {
     const json_t *calls = NULL; /* the tool calls of the last assistant message that had some */
@@ -295,6 +299,7 @@ static void order_tool_results(json_t *msgs)
 
 /* ------------------------------------------------------------------ 3. drop filter */
 
+/** Index of the last user or developer message, -1 if none. */
 static long last_user_index(const json_t *msgs)
 {
     for (size_t i = json_array_size(msgs); i-- > 0;)
@@ -303,6 +308,7 @@ static long last_user_index(const json_t *msgs)
     return -1;
 }
 
+/** The drop filter of §3.10.3: a new list without earlier reasoning and earlier developer messages. */
 static json_t *drop_filter(const json_t *msgs)
 {
     long u = last_user_index(msgs);
@@ -322,6 +328,7 @@ static json_t *drop_filter(const json_t *msgs)
 
 /* ------------------------------------------------------------------ 4. rendering */
 
+/** The TOOLS block: fixed text, one JSON line per tool function, fixed tail. */
 static void render_tools(chat_enc *e, const json_t *tools, size_t index)
 {
     emit_str(e, tools_head);
@@ -340,6 +347,7 @@ static void render_tools(chat_enc *e, const json_t *tools, size_t index)
     emit_str(e, tools_tail);
 }
 
+/** The optional TOOLS and RESPONSE-FORMAT parts of a system or developer message. */
 static void render_tools_and_format(chat_enc *e, const json_t *m, size_t index)
 {
     const json_t *tools = json_object_get(m, "tools"), *rf = json_object_get(m, "response_format");
@@ -354,6 +362,7 @@ static void render_tools_and_format(chat_enc *e, const json_t *m, size_t index)
     }
 }
 
+/** A user turn's blocks joined by NL NL: text as is, tool results wrapped in tool_result tags. */
 static void render_user_blocks(chat_enc *e, const json_t *blocks)
 {
     for (size_t k = 0; k < json_array_size(blocks); k++) {
@@ -411,6 +420,7 @@ static void render_parameter(chat_enc *e, const char *key, const json_t *value)
     emit_str(e, "</" DSML "parameter>");
 }
 
+/** The DSML tool-call block of an assistant message (§3.10.7). */
 static void render_tool_calls(chat_enc *e, const json_t *calls, size_t index)
 {
     emit_str(e, "\n\n<" DSML "tool_calls>\n");
@@ -454,12 +464,14 @@ static void render_tool_calls(chat_enc *e, const json_t *calls, size_t index)
     emit_str(e, "\n</" DSML "tool_calls>");
 }
 
+/** Nonzero when the message has a non-null task. */
 static int has_task(const json_t *m)
 {
     const json_t *t = json_object_get(m, "task");
     return t != NULL && !json_is_null(t);
 }
 
+/** Body (§3.10.4) and transition suffix (§3.10.5) of message @p i of the full list. */
 static void render_message(chat_enc *e, const json_t *msgs, size_t i)
 {
     const json_t *m = json_array_get(msgs, i);
@@ -541,6 +553,7 @@ static void render_message(chat_enc *e, const json_t *msgs, size_t i)
     }
 }
 
+/** Nonzero when some message has a non-empty tools list. */
 static int any_tools(const json_t *msgs)
 {
     for (size_t i = 0; i < json_array_size(msgs); i++)
@@ -571,6 +584,7 @@ void mmoe_chat_options_default(mmoe_chat_options *o)
     o->n_context = 0;
 }
 
+/** The whole encoder on a parsed message list: merge, order, filter, render. */
 static mmoe_status encode_list(chat_enc *e, const json_t *in)
 {
     size_t n_in = json_array_size(in), n_ctx = e->opt->n_context;

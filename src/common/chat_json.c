@@ -26,6 +26,7 @@
 
 #include "chat_internal.h"
 
+/** Append a NUL-terminated string. */
 static mmoe_status put(mmoe_text *out, const char *s)
 {
     return mmoe_text_append(out, s, strlen(s));

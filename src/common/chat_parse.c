@@ -7,14 +7,16 @@
  * ended in `<think>`), closed by `</think>`; then comes the answer, and optionally a
  * tool-call block in the DSML layout the encoder writes (§3.10.7):
  *
+ * @verbatim
  *     reasoning</think>content\n\n<｜DSML｜tool_calls>\n
  *     <｜DSML｜invoke name="f">\n
  *     <｜DSML｜parameter name="k" string="true">v</｜DSML｜parameter>\n
  *     </｜DSML｜invoke>\n
  *     </｜DSML｜tool_calls><｜end▁of▁sentence｜>
+ * @endverbatim
  *
  * The parser is strict: any deviation from this layout, a duplicate parameter, text
- * after EOS, or a marker (BOS, EOS, <think>, </think>, ｜DSML｜) inside the reasoning or
+ * after EOS, or a marker (BOS, EOS, `<think>`, `</think>`, `｜DSML｜`) inside the reasoning or
  * the content is an error, so that a malformed generation is reported, not guessed at.
  * One leniency: an invoke with no parameters may contain the blank line the encoder
  * writes for it.  Each call's arguments are rebuilt as a JSON object string,
@@ -27,16 +29,14 @@
 #include "chat_internal.h"
 #include "mmoe_chat.h"
 
-#define BOS "<\xEF\xBD\x9C" "begin\xE2\x96\x81" "of\xE2\x96\x81" "sentence\xEF\xBD\x9C>"
-#define EOS "<\xEF\xBD\x9C" "end\xE2\x96\x81" "of\xE2\x96\x81" "sentence\xEF\xBD\x9C>"
-#define DSML "\xEF\xBD\x9C" "DSML\xEF\xBD\x9C"
-#define CALLS_MARKER "\n\n<" DSML "tool_calls"
+#define CALLS_MARKER "\n\n<" DSML "tool_calls" /**< where a tool-call block starts */
 
 /** A cursor over the completion text. */
 typedef struct cursor {
-    const char *s;
-    size_t len, pos;
-    mmoe_error *err;
+    const char *s;   /**< the text */
+    size_t len;      /**< its length */
+    size_t pos;      /**< the next byte to read */
+    mmoe_error *err; /**< where failures are reported */
 } cursor;
 
 /** memmem over [from, len) of the cursor's text: offset of @p needle, or SIZE_MAX. */
@@ -60,6 +60,7 @@ static mmoe_status expect(cursor *c, const char *lit)
     return MMOE_OK;
 }
 
+/** Nonzero when the text at the cursor starts with @p lit (nothing is consumed). */
 static int at(const cursor *c, const char *lit)
 {
     size_t n = strlen(lit);
@@ -79,6 +80,7 @@ static mmoe_status read_until(cursor *c, const char *delim, const char **out, si
     return MMOE_OK;
 }
 
+/** Fail when @p s contains one of the markers that may not appear in reasoning or content. */
 static mmoe_status check_clean(const char *what, const char *s, size_t len, mmoe_error *err)
 {
     static const char *markers[] = {BOS, EOS, "<think>", "</think>", DSML};

@@ -5,7 +5,9 @@
  * DeepSeek-V4 has no Jinja template; its `encoding_dsv4.py` writes a conversation
  * as one string with special marker strings (spec dsv4-architecture.md §3.10):
  *
+ * @verbatim
  *     <｜begin▁of▁sentence｜>SYSTEM<｜User｜>QUESTION<｜Assistant｜></think>ANSWER<｜end▁of▁sentence｜><｜User｜>...
+ * @endverbatim
  *
  * A prompt for generation ends with `<｜Assistant｜></think>` (chat mode) or
  * `<｜Assistant｜><think>` (thinking mode).  Tool messages are merged into user turns
@@ -26,17 +28,17 @@
 extern "C" {
 #endif
 
-/** Chat (answer directly) or thinking (the model reasons inside <think>...</think> first). */
+/** Chat (answer directly) or thinking (the model reasons inside `<think>` ... `</think>` first). */
 typedef enum mmoe_chat_mode {
-    MMOE_CHAT_MODE_CHAT = 0,
-    MMOE_CHAT_MODE_THINKING = 1
+    MMOE_CHAT_MODE_CHAT = 0,    /**< chat mode: the prompt ends with `</think>` */
+    MMOE_CHAT_MODE_THINKING = 1 /**< thinking mode: the prompt ends with `<think>` */
 } mmoe_chat_mode;
 
 /** Reasoning effort; only MAX changes the text (a preamble before the first message, thinking mode). */
 typedef enum mmoe_chat_effort {
-    MMOE_CHAT_EFFORT_NONE = 0,
-    MMOE_CHAT_EFFORT_HIGH = 1,
-    MMOE_CHAT_EFFORT_MAX = 2
+    MMOE_CHAT_EFFORT_NONE = 0, /**< no preamble */
+    MMOE_CHAT_EFFORT_HIGH = 1, /**< no preamble either (the reference treats it like none) */
+    MMOE_CHAT_EFFORT_MAX = 2   /**< the maximum-effort preamble before message 0 (thinking mode) */
 } mmoe_chat_effort;
 
 /** Options of the chat encoder (see mmoe_chat_options_default()). */
@@ -60,6 +62,8 @@ void mmoe_chat_options_default(mmoe_chat_options *o);
  *              attached to the first message, which must then be a system message
  * @param len   length of @p json in bytes
  * @param opt   options (NULL: defaults)
+ * @param prompt  the prompt text is appended here (unchanged on error)
+ * @param err     message on failure
  * @return MMOE_OK; MMOE_EFORMAT for invalid JSON or a malformed message (the message names
  *         the message index and key); MMOE_EINVAL for an unknown role or task
  */
@@ -73,7 +77,11 @@ mmoe_status mmoe_chat_encode_json(const char *json, size_t len, const mmoe_chat_
  * with the tool calls in OpenAI form (`{"type": "function", "function": {"name", "arguments"}}`,
  * arguments a JSON object string).  The message can be appended to the conversation for
  * the next turn.
- * @param mode  the mode of the prompt: in thinking mode the completion starts with the reasoning
+ * @param text     the completion (UTF-8)
+ * @param len      its length in bytes
+ * @param mode     the mode of the prompt: in thinking mode the completion starts with the reasoning
+ * @param message  the message JSON is appended here
+ * @param err      message on failure
  * @return MMOE_OK, or MMOE_EFORMAT naming the byte offset and what was expected
  */
 mmoe_status mmoe_chat_parse_completion(const char *text, size_t len, mmoe_chat_mode mode, mmoe_text *message,

@@ -37,6 +37,7 @@ void mmoe_sampler_free(mmoe_sampler *s)
     s->cap = 0;
 }
 
+/** Refuse an empty vector and NaN logits (naming the first NaN). */
 static mmoe_status check_logits(const float *logits, size_t n, mmoe_error *err)
 {
     if (n == 0)
@@ -57,6 +58,7 @@ static size_t argmax(const float *v, size_t n)
     return best;
 }
 
+/** Grow the scratch buffers to @p n entries. */
 static mmoe_status reserve(mmoe_sampler *s, size_t n, mmoe_error *err)
 {
     if (n <= s->cap)

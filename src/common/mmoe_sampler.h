@@ -38,9 +38,11 @@ typedef struct mmoe_sampler {
 
 /**
  * Set up a sampler.
+ * @param s            the sampler to initialise (free with mmoe_sampler_free())
  * @param temperature  >= 0 (0 is greedy); finite
  * @param top_p        in (0, 1]
  * @param seed         seed of the random state
+ * @param err          message on failure
  * @return MMOE_OK or MMOE_ERANGE naming the bad parameter
  */
 mmoe_status mmoe_sampler_init(mmoe_sampler *s, float temperature, float top_p, uint64_t seed, mmoe_error *err);
@@ -57,8 +59,11 @@ mmoe_status mmoe_sampler_probs(mmoe_sampler *s, const float *logits, size_t n, f
 
 /**
  * Choose the next token.
+ * @param s       the sampler (its random state advances)
  * @param logits  @p n logits (FP32); a NaN is an error
+ * @param n       number of logits (vocabulary size)
  * @param out     the chosen id
+ * @param err     message on failure
  * @return MMOE_OK, MMOE_EINVAL (n = 0 or a NaN logit, the message gives its index), MMOE_ENOMEM
  */
 mmoe_status mmoe_sampler_sample(mmoe_sampler *s, const float *logits, size_t n, int32_t *out, mmoe_error *err);

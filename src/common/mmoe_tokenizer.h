@@ -106,10 +106,12 @@ int mmoe_tokenizer_regex_jit(const mmoe_tokenizer *tok);
 
 /**
  * Encode UTF-8 text to token ids, appending them to @p out.
+ * @param tok           the tokenizer
  * @param text          UTF-8 text (need not be NUL-terminated; may contain NUL bytes)
  * @param len           its length in bytes
  * @param add_special   apply the post-processor's special tokens (DeepSeek-V4: none)
  * @param out           ids are appended here (on error, @p out keeps its old length)
+ * @param err           message on failure
  * @return MMOE_OK; MMOE_EFORMAT when @p text is not valid UTF-8 (the message gives the
  *         byte offset) or a piece has a character with no vocabulary entry and no unk token
  */
@@ -119,7 +121,12 @@ mmoe_status mmoe_tokenizer_encode(const mmoe_tokenizer *tok, const char *text, s
 /**
  * Decode token ids to UTF-8 text, appending to @p out.  Invalid UTF-8 produced by
  * the byte-level decoder becomes U+FFFD (one per maximal invalid subsequence).
+ * @param tok           the tokenizer
+ * @param ids           the ids
+ * @param n             how many
  * @param skip_special  leave out tokens marked special (BOS, EOS)
+ * @param out           the text is appended here
+ * @param err           message on failure
  * @return MMOE_OK; MMOE_ERANGE when an id has no token (the message names it)
  */
 mmoe_status mmoe_tokenizer_decode(const mmoe_tokenizer *tok, const int32_t *ids, size_t n,

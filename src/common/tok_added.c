@@ -20,6 +20,7 @@
 
 #include "tok_internal.h"
 
+/** Append a fresh node for edge byte @p byte; its index goes to @p index. */
 static mmoe_status trie_new_node(tok_trie *t, unsigned char byte, int32_t *index)
 {
     if (tok_grow((void **)&t->node, &t->cap, t->n + 1, sizeof *t->node) != MMOE_OK)
@@ -121,6 +122,7 @@ static size_t strip_right(const char *text, size_t pos, size_t end)
     return pos;
 }
 
+/** Append a segment (empty text spans are skipped). */
 static mmoe_status push_segment(tok_segments *out, int32_t token, size_t off, size_t len)
 {
     if (token < 0 && len == 0)

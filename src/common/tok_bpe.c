@@ -33,11 +33,13 @@ typedef struct bpe_cand {
     int32_t new_id; /**< the token the merge produces (to detect stale entries) */
 } bpe_cand;
 
+/** Heap order: lower rank first, then lower position. */
 static int cand_less(const bpe_cand *a, const bpe_cand *b)
 {
     return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
 }
 
+/** Insert a candidate into the min-heap of @p n entries (sift up). */
 static void heap_push(bpe_cand *h, size_t *n, bpe_cand c)
 {
     size_t i = (*n)++;
@@ -51,6 +53,7 @@ static void heap_push(bpe_cand *h, size_t *n, bpe_cand c)
     h[i] = c;
 }
 
+/** Remove and return the smallest candidate (sift down). */
 static bpe_cand heap_pop(bpe_cand *h, size_t *n)
 {
     bpe_cand top = h[0], last = h[--(*n)];
@@ -71,6 +74,7 @@ static bpe_cand heap_pop(bpe_cand *h, size_t *n)
     return top;
 }
 
+/** Grow the BPE arrays for a piece of @p n_sym initial symbols. */
 static mmoe_status reserve_work(tok_work *w, size_t n_sym)
 {
     if (n_sym > w->sym_cap) {
@@ -156,6 +160,7 @@ static int32_t whole_piece_id(const struct mmoe_tokenizer *tok, const char *s, s
     return id;
 }
 
+/** Push the pair starting at @p left_pos if it has a merge. */
 static void push_pair(const struct mmoe_tokenizer *tok, tok_work *w, size_t *n_heap, int32_t left_pos)
 {
     int32_t right_pos = w->next[left_pos];

@@ -21,6 +21,7 @@
 
 #include "tok_internal.h"
 
+/** Nonzero for the 188 bytes that stand for themselves. */
 static int byte_is_printable_stand_in(unsigned b)
 {
     return (b >= 0x21u && b <= 0x7Eu) || (b >= 0xA1u && b <= 0xACu) || (b >= 0xAEu && b <= 0xFFu);

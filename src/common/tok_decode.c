@@ -19,6 +19,7 @@
 
 #include "tok_internal.h"
 
+/** Refuse ids with no token (and tokenizers without a ByteLevel decoder). */
 static mmoe_status check_id(const mmoe_tokenizer *tok, int32_t id, mmoe_error *err)
 {
     if (!tok->decoder_byte_level)

@@ -18,6 +18,7 @@
 
 #include "tok_internal.h"
 
+/** Free the per-call scratch. */
 static void work_free(tok_work *w)
 {
     mmoe_text_free(&w->buf);

@@ -15,6 +15,7 @@
 #ifndef MMOE_TOK_INTERNAL_H
 #define MMOE_TOK_INTERNAL_H
 
+/** PCRE2 works on 8-bit code units (UTF-8). */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 #include <stddef.h>
@@ -79,17 +80,24 @@ typedef struct tok_pairmap {
     size_t n;          /**< entries */
 } tok_pairmap;
 
+/** 64-bit FNV-1a hash of @p len bytes. */
 uint64_t tok_hash_bytes(const char *s, size_t len);
+/** Allocate an empty table for up to @p n_entries ids. */
 mmoe_status tok_strmap_init(tok_strmap *m, size_t n_entries);
+/** Free the table. */
 void tok_strmap_free(tok_strmap *m);
 struct mmoe_tokenizer;
 /** Insert id (its string is in tok's pool); returns the id already there for the same string, or -1. */
 int32_t tok_strmap_insert(tok_strmap *m, const struct mmoe_tokenizer *tok, int32_t id);
+/** The id of the model-vocabulary string @p s, or -1. */
 int32_t tok_strmap_find(const tok_strmap *m, const struct mmoe_tokenizer *tok, const char *s, size_t len);
+/** Allocate an empty merge table for up to @p n_entries pairs. */
 mmoe_status tok_pairmap_init(tok_pairmap *m, size_t n_entries);
+/** Free the merge table. */
 void tok_pairmap_free(tok_pairmap *m);
 /** Insert a merge; returns 0, or 1 when the pair was already present (its merge is replaced). */
 int tok_pairmap_insert(tok_pairmap *m, int32_t left, int32_t right, tok_merge merge);
+/** The merge of the pair (left, right), or NULL when the pair does not merge. */
 const tok_merge *tok_pairmap_find(const tok_pairmap *m, int32_t left, int32_t right);
 
 /* ------------------------------------------------------------------ added tokens (tok_added.c) */
@@ -104,29 +112,39 @@ typedef struct tok_trie_node {
 
 /** A byte trie over added-token strings (node 0 is the root). */
 typedef struct tok_trie {
-    tok_trie_node *node;
-    size_t n, cap;
+    tok_trie_node *node; /**< the nodes */
+    size_t n;            /**< nodes in use */
+    size_t cap;          /**< allocated nodes */
 } tok_trie;
 
 /** An added token (`added_tokens` entry). */
 typedef struct tok_added {
-    int32_t id;
-    uint32_t off, len;   /**< content in the pool */
-    unsigned char special, normalized, lstrip, rstrip;
+    int32_t id;                 /**< the token id */
+    uint32_t off;               /**< content: offset in the pool */
+    uint32_t len;               /**< content: length in bytes */
+    unsigned char special;      /**< "special": skipped by decode with skip_special */
+    unsigned char normalized;   /**< "normalized": matched after the normalizer */
+    unsigned char lstrip;       /**< swallows whitespace on its left */
+    unsigned char rstrip;       /**< swallows whitespace on its right */
 } tok_added;
 
 /** A span of text produced by splitting on added tokens: token >= 0, or text [off, off+len). */
 typedef struct tok_segment {
     int32_t token;  /**< token id, or -1 for a text span */
-    size_t off, len;
+    size_t off;     /**< span start (bytes) */
+    size_t len;     /**< span length (bytes) */
 } tok_segment;
 
+/** A growable list of segments. */
 typedef struct tok_segments {
-    tok_segment *v;
-    size_t n, cap;
+    tok_segment *v; /**< the segments */
+    size_t n;       /**< in use */
+    size_t cap;     /**< allocated */
 } tok_segments;
 
+/** Add string @p s to the trie, ending in token index @p token (the first insert of a string wins). */
 mmoe_status tok_trie_insert(tok_trie *t, const char *s, size_t len, int32_t token);
+/** Free the trie's nodes. */
 void tok_trie_free(tok_trie *t);
 /**
  * Split text[off, off+len) on the tokens of @p trie (leftmost-longest), appending
@@ -137,26 +155,39 @@ mmoe_status tok_added_split(const struct mmoe_tokenizer *tok, const tok_trie *tr
 
 /* ------------------------------------------------------------------ normalizer and pre-tokenizer */
 
-typedef enum tok_norm_kind { TOK_NORM_PREPEND, TOK_NORM_REPLACE } tok_norm_kind;
+/** Normalizer step kinds. */
+typedef enum tok_norm_kind {
+    TOK_NORM_PREPEND, /**< prefix non-empty text with a string */
+    TOK_NORM_REPLACE  /**< replace every occurrence of a string */
+} tok_norm_kind;
 
 /** One normalizer step. */
 typedef struct tok_norm_step {
-    tok_norm_kind kind;
-    char *a;      /**< Prepend: the prefix; Replace: the pattern string */
-    size_t a_len;
-    char *b;      /**< Replace: the replacement */
-    size_t b_len;
+    tok_norm_kind kind; /**< what the step does */
+    char *a;            /**< Prepend: the prefix; Replace: the pattern string */
+    size_t a_len;       /**< length of a */
+    char *b;            /**< Replace: the replacement */
+    size_t b_len;       /**< length of b */
 } tok_norm_step;
 
+/** What a Split step does with the matches of its pattern (HF "behavior"). */
 typedef enum tok_split_behavior {
-    TOK_SPLIT_REMOVED, TOK_SPLIT_ISOLATED, TOK_SPLIT_MERGED_PREV, TOK_SPLIT_MERGED_NEXT, TOK_SPLIT_CONTIGUOUS
+    TOK_SPLIT_REMOVED,     /**< matches are dropped */
+    TOK_SPLIT_ISOLATED,    /**< each match is a piece of its own */
+    TOK_SPLIT_MERGED_PREV, /**< a match joins the piece before it */
+    TOK_SPLIT_MERGED_NEXT, /**< a match joins the piece after it */
+    TOK_SPLIT_CONTIGUOUS   /**< runs of adjacent matches become one piece */
 } tok_split_behavior;
 
-typedef enum tok_pre_kind { TOK_PRE_SPLIT, TOK_PRE_BYTELEVEL } tok_pre_kind;
+/** Pre-tokenizer step kinds. */
+typedef enum tok_pre_kind {
+    TOK_PRE_SPLIT,    /**< a regex split */
+    TOK_PRE_BYTELEVEL /**< the ByteLevel step (prefix space; bytes go to BPE) */
+} tok_pre_kind;
 
 /** One pre-tokenizer step (Digits and the ByteLevel regex are compiled to Split steps). */
 typedef struct tok_pre_step {
-    tok_pre_kind kind;
+    tok_pre_kind kind;           /**< what the step does */
     pcre2_code *re;              /**< Split: the compiled pattern */
     tok_split_behavior behavior; /**< Split */
     int invert;                  /**< Split: the pattern marks the pieces to keep, not the delimiters */
@@ -165,25 +196,32 @@ typedef struct tok_pre_step {
 
 /** A piece of text in the encoder's work buffer. */
 typedef struct tok_piece {
-    size_t off, len;
+    size_t off; /**< start in the work buffer */
+    size_t len; /**< length in bytes */
 } tok_piece;
 
+/** A growable list of pieces. */
 typedef struct tok_pieces {
-    tok_piece *v;
-    size_t n, cap;
+    tok_piece *v; /**< the pieces */
+    size_t n;     /**< in use */
+    size_t cap;   /**< allocated */
 } tok_pieces;
 
 /** Per-call scratch of the encoder (nothing in it outlives one encode call). */
 typedef struct tok_work {
     mmoe_text buf;          /**< normalized text and prefixed copies of pieces */
-    tok_pieces a, b;        /**< ping-pong piece lists of the pre-tokenizer */
+    tok_pieces a;           /**< pieces: the pre-tokenizer's current (and final) list */
+    tok_pieces b;           /**< pieces: the list being built by the current step */
     pcre2_match_data *md;   /**< PCRE2 match data */
-    int32_t *sym;           /**< BPE: symbol ids */
-    int32_t *prev, *next;   /**< BPE: linked list of live symbols */
+    int32_t *sym;           /**< BPE: symbol ids (-1: merged away) */
+    int32_t *prev;          /**< BPE: previous live symbol, -1 at the start */
+    int32_t *next;          /**< BPE: next live symbol, -1 at the end */
     void *heap;             /**< BPE: priority queue entries */
-    size_t sym_cap, heap_cap;
+    size_t sym_cap;         /**< allocated symbols */
+    size_t heap_cap;        /**< allocated heap entries */
 } tok_work;
 
+/** Apply the normalizer steps to @p s and append the result to @p out. */
 mmoe_status tok_normalize(const struct mmoe_tokenizer *tok, const char *s, size_t len, mmoe_text *out);
 /** Pre-tokenize work->buf[off, off+len) into work->a (the final list). */
 mmoe_status tok_pretokenize(const struct mmoe_tokenizer *tok, tok_work *work, size_t off, size_t len,
@@ -194,16 +232,20 @@ mmoe_status tok_bpe_piece(const struct mmoe_tokenizer *tok, tok_work *work, cons
 
 /* ------------------------------------------------------------------ the tokenizer */
 
+/** A loaded tokenizer (see the layout at the top of this file). */
 struct mmoe_tokenizer {
     char *name;                /**< file name for messages */
     char *pool;                /**< all token strings */
-    size_t pool_len;
+    size_t pool_len;           /**< bytes used in the pool */
     int32_t n_ids;             /**< max id + 1 */
-    uint32_t *tok_off, *tok_len; /**< per id: string in pool (len UINT32_MAX: none) */
-    uint32_t *voc_off, *voc_len; /**< per id: the model-vocabulary string (what `vocab` hashes) */
+    uint32_t *tok_off;         /**< per id: its string in the pool (added tokens override) */
+    uint32_t *tok_len;         /**< per id: its string's length (UINT32_MAX: no token) */
+    uint32_t *voc_off;         /**< per id: the model-vocabulary string (what `vocab` hashes) */
+    uint32_t *voc_len;         /**< per id: its length (UINT32_MAX: not in the model vocabulary) */
     unsigned char *is_special; /**< per id: added token with special = true */
     unsigned char *dec;        /**< decoded bytes of all tokens */
-    uint32_t *dec_off, *dec_len; /**< per id: decoded bytes in `dec` */
+    uint32_t *dec_off;         /**< per id: its decoded bytes in `dec` */
+    uint32_t *dec_len;         /**< per id: their length */
     tok_strmap vocab;          /**< model vocabulary string -> id */
     tok_pairmap merges;        /**< (left, right) -> (rank, merged id) */
     int32_t unk_id;            /**< model.unk_token id, -1 if none */
@@ -213,13 +255,14 @@ struct mmoe_tokenizer {
     int decoder_byte_level;    /**< decoder is ByteLevel (the only decoder supported) */
     int regex_jit;             /**< all regexes JIT-compiled */
     int post_adds_tokens;      /**< the post-processor would add special tokens (not supported) */
-    tok_added *added;
-    size_t n_added;
-    tok_trie trie_raw, trie_norm; /**< added tokens matched before / after normalization */
-    tok_norm_step *norm;
-    size_t n_norm;
-    tok_pre_step *pre;
-    size_t n_pre;
+    tok_added *added;          /**< the added tokens, in file order */
+    size_t n_added;            /**< how many */
+    tok_trie trie_raw;         /**< added tokens matched on the raw text */
+    tok_trie trie_norm;        /**< added tokens matched on the normalized text */
+    tok_norm_step *norm;       /**< normalizer steps, in order */
+    size_t n_norm;             /**< how many */
+    tok_pre_step *pre;         /**< pre-tokenizer steps, in order */
+    size_t n_pre;              /**< how many */
 };
 
 #endif /* MMOE_TOK_INTERNAL_H */

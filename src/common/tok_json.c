@@ -26,15 +26,17 @@
 
 #include "tok_internal.h"
 
-#define MMOE_TOK_MAX_IDS (1 << 26) /* a sanity bound on token ids (64 M) */
+/** A sanity bound on token ids (64 M): larger ids would only waste memory. */
+#define MMOE_TOK_MAX_IDS (1 << 26)
 
 /** Loader state: the tokenizer being built and the file name for messages. */
 typedef struct loader {
-    mmoe_tokenizer *tok;
-    const char *name;
-    mmoe_error *err;
+    mmoe_tokenizer *tok; /**< the tokenizer being built */
+    const char *name;    /**< the file name, for messages */
+    mmoe_error *err;     /**< where failures are reported */
 } loader;
 
+/** The JSON type of @p v in words, for messages. */
 static const char *json_type_name(const json_t *v)
 {
     if (v == NULL)
@@ -52,6 +54,7 @@ static const char *json_type_name(const json_t *v)
     return "?";
 }
 
+/** Report "key PATH: expected EXPECTED, found FOUND" and return @p code. */
 static mmoe_status bad(loader *L, mmoe_status code, const char *path, const char *expected, const json_t *found)
 {
     if (found != NULL && json_is_string(found))
@@ -103,6 +106,7 @@ static uint32_t pool_add(mmoe_tokenizer *tok, const char *s, size_t len)
     return off;
 }
 
+/** Read model.vocab and added_tokens: ids, the string pool, the vocabulary table. */
 static mmoe_status read_ids_and_pool(loader *L, const json_t *vocab, const json_t *added)
 {
     mmoe_tokenizer *tok = L->tok;
@@ -239,6 +243,7 @@ static mmoe_status merge_parts(loader *L, const json_t *m, size_t rank, const ch
     return bad(L, MMOE_EFORMAT, p, "a string \"left right\" or an array [left, right]", m);
 }
 
+/** Read model.merges into the merge table (rank = position in the list). */
 static mmoe_status read_merges(loader *L, const json_t *merges)
 {
     mmoe_tokenizer *tok = L->tok;
@@ -284,11 +289,13 @@ static mmoe_status read_merges(loader *L, const json_t *merges)
     return MMOE_OK;
 }
 
+/** Nonzero for a missing key, null or "". */
 static int is_null_or_empty_string(const json_t *v)
 {
     return v == NULL || json_is_null(v) || (json_is_string(v) && json_string_length(v) == 0);
 }
 
+/** Read the `model` object (BPE only) and the added tokens. */
 static mmoe_status read_model(loader *L, const json_t *root)
 {
     mmoe_tokenizer *tok = L->tok;
@@ -367,6 +374,7 @@ static mmoe_status read_sequence(loader *L, const json_t *n, const char *path, c
 
 /* ------------------------------------------------------------------ normalizer */
 
+/** A NUL-terminated copy of @p len bytes. */
 static char *dup_bytes(const char *s, size_t len)
 {
     char *d = malloc(len + 1);
@@ -377,6 +385,7 @@ static char *dup_bytes(const char *s, size_t len)
     return d;
 }
 
+/** Append a normalizer step with string arguments @p a and @p b (may be NULL). */
 static mmoe_status add_norm_step(loader *L, tok_norm_kind kind, const json_t *a, const json_t *b)
 {
     mmoe_tokenizer *tok = L->tok;
@@ -399,6 +408,7 @@ static mmoe_status add_norm_step(loader *L, tok_norm_kind kind, const json_t *a,
     return MMOE_OK;
 }
 
+/** Read a normalizer component at @p path (recursively for Sequence). */
 static mmoe_status read_normalizer(loader *L, const json_t *n, const char *path)
 {
     const char *type;
@@ -434,6 +444,7 @@ static mmoe_status read_normalizer(loader *L, const json_t *n, const char *path)
 
 /* ------------------------------------------------------------------ pre-tokenizer */
 
+/** Append a pre-tokenizer step (takes over its compiled regex). */
 static mmoe_status add_pre_step(loader *L, tok_pre_step step)
 {
     mmoe_tokenizer *tok = L->tok;
@@ -448,6 +459,7 @@ static mmoe_status add_pre_step(loader *L, tok_pre_step step)
     return MMOE_OK;
 }
 
+/** Compile a pattern with PCRE2_UTF | PCRE2_UCP (PCRE2_LITERAL for String patterns), JIT if possible. */
 static mmoe_status compile_regex(loader *L, const char *pattern, size_t len, int literal, const char *path,
                                  pcre2_code **out)
 {
@@ -468,6 +480,7 @@ static mmoe_status compile_regex(loader *L, const char *pattern, size_t len, int
     return MMOE_OK;
 }
 
+/** Compile a pattern and append a Split step. */
 static mmoe_status add_split(loader *L, const char *pattern, size_t len, int literal, tok_split_behavior behavior,
                              int invert, const char *path)
 {
@@ -476,6 +489,7 @@ static mmoe_status add_split(loader *L, const char *pattern, size_t len, int lit
     return st != MMOE_OK ? st : add_pre_step(L, step);
 }
 
+/** Read a Split pre-tokenizer: pattern, behavior, invert. */
 static mmoe_status read_split(loader *L, const json_t *n, const char *path)
 {
     static const struct { const char *name; tok_split_behavior b; } behaviors[] = {
@@ -511,6 +525,7 @@ static mmoe_status read_split(loader *L, const json_t *n, const char *path)
 static const char gpt2_pattern[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
+/** Read a pre-tokenizer component at @p path (recursively for Sequence). */
 static mmoe_status read_pre_tokenizer(loader *L, const json_t *n, const char *path)
 {
     const char *type;
@@ -558,6 +573,7 @@ static mmoe_status read_pre_tokenizer(loader *L, const json_t *n, const char *pa
 
 /* ------------------------------------------------------------------ post-processor and decoder */
 
+/** Read the post-processor: ByteLevel adds nothing; others are noted as adding tokens. */
 static mmoe_status read_post_processor(loader *L, const json_t *n, const char *path)
 {
     const char *type;
@@ -574,6 +590,7 @@ static mmoe_status read_post_processor(loader *L, const json_t *n, const char *p
     return MMOE_OK;
 }
 
+/** Read the decoder (ByteLevel or null). */
 static mmoe_status read_decoder(loader *L, const json_t *n)
 {
     const char *type;
@@ -591,6 +608,7 @@ static mmoe_status read_decoder(loader *L, const json_t *n)
 
 /* ------------------------------------------------------------------ derived tables */
 
+/** Build the byte-level symbol table, the added-token tries and the decoded bytes of every token. */
 static mmoe_status build_tables(loader *L)
 {
     mmoe_tokenizer *tok = L->tok;
@@ -667,6 +685,7 @@ void mmoe_tokenizer_free(mmoe_tokenizer *tok)
     free(tok);
 }
 
+/** Build a tokenizer from the parsed JSON root. */
 static mmoe_status load_root(json_t *root, const char *name, mmoe_tokenizer **out, mmoe_error *err)
 {
     mmoe_tokenizer *tok = calloc(1, sizeof *tok);

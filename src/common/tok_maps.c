@@ -24,6 +24,7 @@ uint64_t tok_hash_bytes(const char *s, size_t len)
     return h;
 }
 
+/** splitmix64 finalizer: spreads a pair key over all bits. */
 static uint64_t mix64(uint64_t x)
 {
     x ^= x >> 30;
@@ -34,6 +35,7 @@ static uint64_t mix64(uint64_t x)
     return x;
 }
 
+/** Smallest power of two >= 16 and > 2 n. */
 static size_t capacity_for(size_t n_entries)
 {
     size_t cap = 16;
@@ -60,6 +62,7 @@ void tok_strmap_free(tok_strmap *m)
     m->slot = NULL;
 }
 
+/** Nonzero when id's model-vocabulary string equals @p s. */
 static int token_equals(const struct mmoe_tokenizer *tok, int32_t id, const char *s, size_t len)
 {
     return tok->voc_len[id] == len && memcmp(tok->pool + tok->voc_off[id], s, len) == 0;
@@ -114,6 +117,7 @@ void tok_pairmap_free(tok_pairmap *m)
     m->value = NULL;
 }
 
+/** The table key of a pair: (left << 32 | right) + 1, never 0. */
 static uint64_t pair_key(int32_t left, int32_t right)
 {
     return (((uint64_t)(uint32_t)left << 32) | (uint32_t)right) + 1u;

@@ -77,6 +77,7 @@ mmoe_status tok_normalize(const struct mmoe_tokenizer *tok, const char *s, size_
     return st;
 }
 
+/** Append a piece (empty pieces are dropped, as in HF). */
 static mmoe_status push_piece(tok_pieces *p, size_t off, size_t len)
 {
     if (len == 0)
@@ -91,15 +92,19 @@ static mmoe_status push_piece(tok_pieces *p, size_t off, size_t len)
 
 /** One span of a piece with a flag: the regex matched it (1) or it lies between matches (0). */
 typedef struct split_span {
-    size_t start, end;
-    int is_match;
+    size_t start;  /**< first byte (relative to the piece) */
+    size_t end;    /**< one past the last byte */
+    int is_match;  /**< 1: the pattern matched it */
 } split_span;
 
+/** A growable list of spans. */
 typedef struct split_spans {
-    split_span *v;
-    size_t n, cap;
+    split_span *v; /**< the spans */
+    size_t n;      /**< in use */
+    size_t cap;    /**< allocated */
 } split_spans;
 
+/** Append a span. */
 static mmoe_status push_span(split_spans *s, size_t start, size_t end, int is_match)
 {
     if (tok_grow((void **)&s->v, &s->cap, s->n + 1, sizeof *s->v) != MMOE_OK)

@@ -23,6 +23,7 @@
 
 #include "tok_internal.h"
 
+/** Nonzero for a continuation byte 10xxxxxx. */
 static int is_cont(unsigned char b)
 {
     return (b & 0xC0u) == 0x80u;
