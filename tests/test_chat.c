@@ -112,6 +112,32 @@ START_TEST(generation_prompts)
 }
 END_TEST
 
+START_TEST(context_messages)
+{
+    /* the first two messages are context (already in the KV cache): no BOS, not rendered;
+       in thinking mode the drop filter sees the whole list, the new user turn opens <think> */
+    const char *conv = "[{\"role\": \"user\", \"content\": \"q1\"},"
+                       " {\"role\": \"assistant\", \"reasoning_content\": \"r\", \"content\": \"a1\"},"
+                       " {\"role\": \"user\", \"content\": \"q2\"}]";
+    mmoe_chat_options opt;
+    mmoe_chat_options_default(&opt);
+    opt.n_context = 2;
+    opt.mode = MMOE_CHAT_MODE_THINKING;
+    mmoe_text got = {0};
+    ck_assert_int_eq(mmoe_chat_encode_json(conv, strlen(conv), &opt, &got, NULL), MMOE_OK);
+    ck_assert_str_eq(got.data, USER "q2" ASSISTANT "<think>");
+    got.len = 0;
+    opt.mode = MMOE_CHAT_MODE_CHAT;
+    opt.n_context = 1; /* the assistant turn is new: rendered, followed by the next user turn */
+    ck_assert_int_eq(mmoe_chat_encode_json(conv, strlen(conv), &opt, &got, NULL), MMOE_OK);
+    ck_assert_str_eq(got.data, "a1" EOS USER "q2" ASSISTANT "</think>");
+    opt.n_context = 4;
+    mmoe_error err;
+    ck_assert_int_eq(mmoe_chat_encode_json(conv, strlen(conv), &opt, &got, &err), MMOE_EINVAL);
+    mmoe_text_free(&got);
+}
+END_TEST
+
 START_TEST(tool_call_arguments)
 {
     /* non-string values are JSON in Python's style (2.50 -> 2.5, 1e5 -> 100000.0, lowercase \u escapes);
@@ -283,6 +309,7 @@ static Suite *chat_suite(void)
     TCase *tc = tcase_create("encode");
     tcase_add_test(tc, official_vectors);
     tcase_add_test(tc, generation_prompts);
+    tcase_add_test(tc, context_messages);
     tcase_add_test(tc, tool_call_arguments);
     tcase_add_test(tc, tool_result_order);
     tcase_add_test(tc, errors);

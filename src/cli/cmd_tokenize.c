@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -254,14 +255,21 @@ static int batch_line(const mmoe_tokenizer *tok, const char *line, size_t len, s
         mmoe_token_ids_free(&ids);
     } else if (json_is_array(idlist)) {
         mmoe_token_ids ids = {0};
-        for (size_t i = 0; i < json_array_size(idlist); i++) {
-            int32_t id = (int32_t)json_integer_value(json_array_get(idlist, i));
+        mmoe_status st = MMOE_OK;
+        for (size_t i = 0; st == MMOE_OK && i < json_array_size(idlist); i++) {
+            const json_t *v = json_array_get(idlist, i);
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX) {
+                st = mmoe_error_set(&err, MMOE_EINVAL, "line %zu: ids[%zu]: expected a non-negative integer", line_no, i);
+                break;
+            }
+            int32_t id = (int32_t)json_integer_value(v);
             mmoe_token_ids_push(&ids, &id, 1);
         }
         mmoe_text full = {0}, streamed = {0};
         mmoe_decode_stream ds;
         mmoe_decode_stream_init(&ds, tok, 0);
-        mmoe_status st = mmoe_tokenizer_decode(tok, ids.ids, ids.n, 0, &full, &err);
+        if (st == MMOE_OK)
+            st = mmoe_tokenizer_decode(tok, ids.ids, ids.n, 0, &full, &err);
         for (size_t i = 0; st == MMOE_OK && i < ids.n; i++)
             st = mmoe_decode_stream_push(&ds, ids.ids[i], &streamed, &err);
         if (st == MMOE_OK)
