@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "attn_internal.h"
+#include "attn_ref.h"
 #include "attn_test_util.h"
 #include "mmoe_formats.h"
 #include "mmoe_test.h"
@@ -37,13 +38,7 @@ static void oracle_pool(int r, int dh, int64_t j, const float *kv, const float *
             s[n] = (double)(gate[tok * width + off + ch] + ape[t * width + off + ch]);
             v[n++] = kv[tok * width + off + ch];
         }
-        double m = -INFINITY, den = 0.0, acc = 0.0;
-        for (int i = 0; i < n; i++)
-            m = fmax(m, s[i]);
-        for (int i = 0; i < n; i++)
-            den += exp(s[i] - m);
-        for (int i = 0; i < n; i++)
-            acc += exp(s[i] - m) / den * v[i];
+        const double acc = attn_ref_softmax_pool(s, v, n);
         out[ch] = acc;
     }
 }

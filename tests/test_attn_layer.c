@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn_ref.h"
 #include "attn_test_util.h"
 #include "mmoe_attention.h"
 #include "mmoe_formats.h"
@@ -56,42 +57,14 @@ static double bf(double v)
     return g_bf16_points ? (double)mmoe_bf16_round((float)v) : v;
 }
 
-static double e4m3_value(uint8_t b)
-{
-    const int e = (b >> 3) & 15, m = b & 7;
-    const double mag = e == 0 ? m / 8.0 * ldexp(1.0, -6) : (1.0 + m / 8.0) * ldexp(1.0, e - 7);
-    return b & 0x80 ? -mag : mag;
-}
-
-/** Nearest E4M3 value to x in [-448, 448], ties to the even code. */
-static double e4m3_round(double x)
-{
-    double best = 0.0;
-    int best_code = 0;
-    for (int code = 0; code < 127; code++) {
-        const double v = e4m3_value((uint8_t)code);
-        const double dv = fabs(v - fabs(x)), db = fabs(best - fabs(x));
-        if (dv < db || (dv == db && code % 2 == 0 && best_code % 2 != 0)) {
-            best = v;
-            best_code = code;
-        }
-    }
-    return x < 0 ? -best : best;
-}
-
-/** x <- e4m3(x/s) * s per block with s = 2^ceil(log2(max(amax, 1e-4)/448)). */
+/** x <- e4m3(x/s) * s per block of the V4 quantizer. */
 static void ref_fp8_quant(double *x, int64_t n, int block)
 {
+    double xq[128];
     for (int64_t b0 = 0; b0 < n; b0 += block) {
-        double amax = (double)1e-4f;
+        const double s = attn_ref_fp8_block(x + b0, block, xq);
         for (int i = 0; i < block; i++)
-            amax = fmax(amax, fabs(x[b0 + i]));
-        int e = -160;
-        while (448.0 * ldexp(1.0, e) < amax)
-            e++;
-        const double s = ldexp(1.0, e);
-        for (int i = 0; i < block; i++)
-            x[b0 + i] = e4m3_round(fmin(fmax(x[b0 + i] / s, -448.0), 448.0)) * s;
+            x[b0 + i] = xq[i] * s;
     }
 }
 
@@ -113,7 +86,7 @@ static void ref_lin8(const double *x_in, int64_t K, const mmoe_tensor *w, const 
     const uint8_t *wb = w->data, *sb = s->data;
     double table[256];
     for (int i = 0; i < 256; i++)
-        table[i] = e4m3_value((uint8_t)i);
+        table[i] = attn_ref_e4m3_value((uint8_t)i);
     for (int64_t n = 0; n < N; n++) {
         double acc = 0.0;
         for (int64_t k0 = 0; k0 < K; k0 += b) {
@@ -230,13 +203,7 @@ static void ref_layer(const mmoe_attn_params *p, const mmoe_attn_weights *w, con
                 s[n] = cg[t * width + off + ch];
                 v[n++] = ckv[t * width + off + ch];
             }
-            double m = -INFINITY, den = 0.0, acc = 0.0;
-            for (int i = 0; i < n; i++)
-                m = fmax(m, s[i]);
-            for (int i = 0; i < n; i++)
-                den += exp(s[i] - m);
-            for (int i = 0; i < n; i++)
-                acc += exp(s[i] - m) / den * v[i];
+            const double acc = attn_ref_softmax_pool(s, v, n);
             bj[ch] = bf(acc);
         }
         ref_rmsnorm(bj, d, &w->compressor.norm, eps);

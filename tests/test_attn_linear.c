@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn_ref.h"
 #include "attn_test_util.h"
 #include "mmoe_formats.h"
 #include "mmoe_linear.h"
@@ -21,75 +22,8 @@
 
 /* ---------------------------------------------------------------- float64 oracles */
 
-/** The non-negative finite grid of E4M3FN (exponent bias 7, 3 mantissa bits, max 448). */
-static int e4m3_grid(double *v)
-{
-    int n = 0;
-    for (int e = 0; e < 16; e++)
-        for (int m = 0; m < 8; m++) {
-            if (e == 15 && m == 7)
-                continue; /* NaN */
-            v[n++] = e == 0 ? m / 8.0 * ldexp(1.0, -6) : (1.0 + m / 8.0) * ldexp(1.0, e - 7);
-        }
-    return n; /* index = code, so "even code" = even index */
-}
-
 /** The non-negative grid of E2M1: 0, .5, 1, 1.5, 2, 3, 4, 6. */
-static int e2m1_grid(double *v)
-{
-    static const double g[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
-    memcpy(v, g, sizeof g);
-    return 8;
-}
-
-/** Nearest grid value to |x| (x already clamped into range), ties to the even code. */
-static double round_to_grid(double x, const double *grid, int n)
-{
-    const double a = fabs(x);
-    int best = 0;
-    for (int i = 1; i < n; i++) {
-        const double di = fabs(grid[i] - a), db = fabs(grid[best] - a);
-        if (di < db || (di == db && (i % 2) == 0 && (best % 2) != 0))
-            best = i;
-    }
-    return x < 0 ? -grid[best] : grid[best];
-}
-
-/** Smallest power of two 2^e with fmax * 2^e >= amax. */
-static double pow2_scale(double amax, double fmax)
-{
-    int e = -160;
-    while (fmax * ldexp(1.0, e) < amax)
-        e++;
-    return ldexp(1.0, e);
-}
-
-/** Quantize one block to E4M3 values with the V4 scale; returns the scale. */
-static double oracle_fp8_block(const double *x, int n, double *xq)
-{
-    static double grid[128];
-    static int ng = 0;
-    if (ng == 0)
-        ng = e4m3_grid(grid);
-    double amax = 1e-4;
-    for (int i = 0; i < n; i++)
-        amax = fmax(amax, fabs(x[i]));
-    /* the reference clamps amax at fp32(1e-4) */
-    amax = fmax(amax, (double)1e-4f);
-    const double s = pow2_scale(amax, 448.0);
-    for (int i = 0; i < n; i++)
-        xq[i] = round_to_grid(fmin(fmax(x[i] / s, -448.0), 448.0), grid, ng);
-    return s;
-}
-
-static double e4m3_val(uint8_t b)
-{
-    static double grid[128];
-    static int ng = 0;
-    if (ng == 0)
-        ng = e4m3_grid(grid);
-    return (b & 0x80 ? -1.0 : 1.0) * grid[b & 0x7F];
-}
+static const double e2m1_grid[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
 
 /** y = bf16(x W^T) from the spec, with exact block partials. */
 static void oracle_linear_fp8(const uint16_t *x, int64_t T, int64_t N, int64_t K, const uint8_t *w,
@@ -102,13 +36,13 @@ static void oracle_linear_fp8(const uint16_t *x, int64_t T, int64_t N, int64_t K
         for (int64_t k = 0; k < K; k++)
             xr[k] = mmoe_bf16_to_f32(x[t * K + k]);
         for (int64_t b = 0; b < K / 128; b++)
-            sx[b] = oracle_fp8_block(xr + b * 128, 128, xq + b * 128);
+            sx[b] = attn_ref_fp8_block(xr + b * 128, 128, xq + b * 128);
         for (int64_t n = 0; n < N; n++) {
             float acc = 0.0f;
             for (int64_t kb = 0; kb < K / block; kb++) {
                 double partial = 0.0; /* exact: <= 43 significant bits */
                 for (int64_t k = kb * block; k < (kb + 1) * block; k++)
-                    partial += xq[k] * e4m3_val(w[n * K + k]);
+                    partial += xq[k] * attn_ref_e4m3_value(w[n * K + k]);
                 const double s = sx[kb * block / 128] *
                                  ldexp(1.0, (int)sw[(n / block) * sw_cols + kb] - 127);
                 acc += (float)partial * (float)s;
@@ -276,7 +210,7 @@ START_TEST(fp8_roundtrip_bit_exact)
     for (int b = 0; b < 6; b++) {
         for (int i = 0; i < 64; i++)
             xr[i] = mmoe_bf16_to_f32(orig[b * 64 + i]);
-        const double s = oracle_fp8_block(xr, 64, xq);
+        const double s = attn_ref_fp8_block(xr, 64, xq);
         for (int i = 0; i < 64; i++)
             ck_assert_uint_eq(x[b * 64 + i], mmoe_bf16_from_f32((float)(xq[i] * s)));
     }
@@ -298,16 +232,14 @@ START_TEST(fp4_roundtrip_bit_exact)
         x[5 * 32 + i] = mmoe_bf16_from_f32(ties[i]);
     memcpy(orig, x, sizeof x);
     mmoe_roundtrip_fp4_bf16(x, N, 32);
-    double grid[8];
-    e2m1_grid(grid);
     for (int b = 0; b < 6; b++) {
         double amax = 6.0 * ldexp(1.0, -126);
         for (int i = 0; i < 32; i++)
             amax = fmax(amax, fabs((double)mmoe_bf16_to_f32(orig[b * 32 + i])));
-        const double s = pow2_scale(amax, 6.0);
+        const double s = attn_ref_pow2_scale(amax, 6.0);
         for (int i = 0; i < 32; i++) {
             const double v = mmoe_bf16_to_f32(orig[b * 32 + i]) / s;
-            const double q = round_to_grid(fmin(fmax(v, -6.0), 6.0), grid, 8);
+            const double q = attn_ref_round_to_grid(fmin(fmax(v, -6.0), 6.0), e2m1_grid, 8);
             ck_assert_uint_eq(x[b * 32 + i], mmoe_bf16_from_f32((float)(q * s)));
         }
     }
