@@ -42,13 +42,14 @@ static void run_chunks(const mmoe_attn_params *p, const mmoe_attn_weights *w, co
     mmoe_attn_cache_destroy(cache);
 }
 
-static void check_prefill_equals_decode(int ratio, int64_t T, int topk)
+static void check_prefill_equals_decode(int ratio, int64_t T, int topk, int weight_block)
 {
     mmoe_rng rng;
     mmoe_rng_seed(&rng, mmoe_test_seed("attn_cache/prefill_vs_decode"));
     mmoe_attn_params p;
     attn_test_params_tiny(&p, ratio);
     p.index_topk = topk;
+    p.weight_block = weight_block;
     attn_test_layer L;
     attn_test_layer_make(&L, &p, &rng, 0);
     const size_t n = (size_t)(T * p.dim);
@@ -83,19 +84,25 @@ static void check_prefill_equals_decode(int ratio, int64_t T, int topk)
 
 START_TEST(swa_past_the_window)
 {
-    check_prefill_equals_decode(0, 27, 3); /* window 8: wraps three times */
+    check_prefill_equals_decode(0, 27, 3, 128); /* window 8: wraps three times */
 }
 END_TEST
 
 START_TEST(csa_more_blocks_than_topk)
 {
-    check_prefill_equals_decode(4, 45, 3); /* 11 blocks, top-3 of them, window 8 */
+    check_prefill_equals_decode(4, 45, 3, 128); /* 11 blocks, top-3 of them, window 8 */
 }
 END_TEST
 
 START_TEST(hca_across_block_boundaries)
 {
-    check_prefill_equals_decode(128, 2 * 128 + 9, 3); /* two complete blocks, one partial */
+    check_prefill_equals_decode(128, 2 * 128 + 9, 3, 128); /* two complete blocks, one partial */
+}
+END_TEST
+
+START_TEST(csa_with_32x32_weight_blocks)
+{
+    check_prefill_equals_decode(4, 21, 2, 32); /* V4.1-style 32x32 FP8 weight blocks */
 }
 END_TEST
 
@@ -279,6 +286,7 @@ static Suite *attn_cache_suite(void)
     tcase_add_test(tc, swa_past_the_window);
     tcase_add_test(tc, csa_more_blocks_than_topk);
     tcase_add_test(tc, hca_across_block_boundaries);
+    tcase_add_test(tc, csa_with_32x32_weight_blocks);
     tcase_add_test(tc, reset_and_f32_io);
     tcase_add_test(tc, argument_errors_leave_the_cache_alone);
     tcase_add_test(tc, bind_by_checkpoint_names);

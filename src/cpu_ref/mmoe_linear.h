@@ -99,13 +99,15 @@ void mmoe_rmsnorm_bf16(const uint16_t *x, int64_t T, int64_t n, const mmoe_tenso
 /**
  * In-place FP8 QAT round trip (`act_quant` in place): per block of @p block values,
  * s = 2^ceil(log2(max(amax, 1e-4)/448)), x <- bf16(fp32(e4m3(clamp(x/s, +-448))) * s).
- * @p n must be a multiple of @p block.
+ * Preconditions: 1 <= @p block <= 256 and @p n a multiple of @p block (a trailing
+ * partial block would be left unchanged).
  */
 void mmoe_roundtrip_fp8_bf16(uint16_t *x, int64_t n, int block);
 
 /**
  * In-place FP4 QAT round trip (`fp4_act_quant`): per block, s = 2^ceil(log2(max(amax,
- * 6*2^-126)/6)), x <- bf16(e2m1_rne_sat(x/s) * s).  @p n must be a multiple of @p block.
+ * 6*2^-126)/6)), x <- bf16(e2m1_rne_sat(x/s) * s).  Precondition: @p n a multiple of
+ * @p block (a trailing partial block would be left unchanged).
  */
 void mmoe_roundtrip_fp4_bf16(uint16_t *x, int64_t n, int block);
 
