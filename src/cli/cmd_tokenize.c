@@ -135,6 +135,7 @@ static int encode_and_print(const mmoe_tokenizer *tok, const char *text, size_t 
     mmoe_error_clear(&err);
     if (mmoe_tokenizer_encode(tok, text, len, 0, &ids, &err) != MMOE_OK) {
         fprintf(stderr, "megamoe tokenize: %s\n", err.msg);
+        mmoe_token_ids_free(&ids); /* a failed encode may leave a partial buffer */
         return 1;
     }
     print_ids(&ids);
