@@ -31,8 +31,10 @@
 #include "mmoe_formats.h"
 #include "mmoe_moe_synth.h"
 
+/** Most token counts in one --tokens list. */
 #define BENCH_MAX_T 32
 
+/** Monotonic time in seconds. */
 static double now_s(void)
 {
     struct timespec ts;
@@ -40,18 +42,21 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/** qsort comparator of doubles. */
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
 
+/** Median of @p n values (sorts them). */
 static double median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/** Print the usage. */
 static void bench_usage(FILE *out)
 {
     fprintf(out, "usage: megamoe bench moe --shape v4-flash|v4-pro|v4.1-flash|tiny [--experts N]\n"
@@ -89,6 +94,7 @@ static double sgemm_same_shapes(const mmoe_moe_desc *d, const int64_t *counts, i
     return now_s() - t0;
 }
 
+/** Time the layer and the SGEMM yardstick at one token count; print one row. */
 static int bench_one(const mmoe_moe_desc *d, mmoe_moe_layer *layer, const mmoe_moe_synth *s, int64_t t, int reps,
                      uint64_t seed, const float *w13, const float *w2)
 {
