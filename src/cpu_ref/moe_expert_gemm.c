@@ -29,7 +29,7 @@
  *
  * ## Cost
  * Every weight tile is decoded once per call (only for experts that received tokens) and used
- * by all m tokens of the expert; the tiles (32 x D for L1, 256 x 128 for L2) stay in the L2
+ * by all m tokens of the expert; the tiles (128 x D for L1, 256 x 128 for L2) stay in the
  * cache while SGEMM reads them.
  */
 #include "moe_internal.h"
@@ -40,7 +40,7 @@
 /** Rows of W1/W3 per L1 tile. */
 #define MOE_L1_ROWS 128
 /** Rows of W2 per L2 tile. */
-#define MOE_L2_ROWS 4096
+#define MOE_L2_ROWS 256
 /** K chunk of the L2 GEMM (the quantization group of 128 and the alignment of I). */
 #define MOE_K_CHUNK 128
 
