@@ -340,7 +340,7 @@ typedef struct mmoe_moe_result {
     /** Optional, caller-owned [E]: this call's per-expert counts are ADDED into it (like the
      *  kernel's cumulative_local_expert_recv_stats).  NULL: not wanted. */
     int64_t *expert_recv_stats;
-    double gemm_flops;             /**< 2*M*N*K summed over the GEMMs of the call (unpadded work counted as run) */
+    double gemm_flops;             /**< 2*M*N*K summed over the GEMMs of the call, at the widths they ran with (padding included) */
     mmoe_moe_timings time;         /**< per-stage times */
 } mmoe_moe_result;
 
