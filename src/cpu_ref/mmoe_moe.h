@@ -368,7 +368,8 @@ mmoe_status mmoe_moe_layer_run(mmoe_moe_layer *layer, const mmoe_moe_input *in,
                                const mmoe_moe_output *out, mmoe_moe_result *result, mmoe_error *err);
 
 /**
- * Which shared path a run would take with the current weights, and why (without running).
+ * Which shared path a run would take with the current weights, and why (without running);
+ * MMOE_PATH_NONE for a layer without shared experts or without weights yet.
  * @param layer     the layer (with weights)
  * @param fallback  optional: the reason code
  * @param reason    optional buffer of MMOE_MOE_REASON_LEN bytes
