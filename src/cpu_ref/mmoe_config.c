@@ -589,7 +589,7 @@ mmoe_status mmoe_config_to_json(const mmoe_config *c, char **out, mmoe_error *er
         json_object_set_new(o, "expert_dtype",
                             json_string(c->expert_dtype == MMOE_EXPERT_FP4 ? "fp4" : "fp8"));
     json_object_set_new(o, "max_seq_len", json_integer(c->max_seq_len));
-    *out = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    *out = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15));
     json_decref(o);
     if (!*out)
         return mmoe_error_set(err, MMOE_ENOMEM, "config: out of memory while writing JSON");

@@ -169,7 +169,7 @@ static void remove_partial(const char *dir)
     DIR *d = opendir(dir);
     if (d) {
         struct dirent *e;
-        char p[4096];
+        char p[4096 + 512];
         while ((e = readdir(d)) != NULL) {
             if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
                 continue;
