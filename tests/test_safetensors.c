@@ -19,7 +19,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <math.h>
+
 #include "mmoe_safetensors.h"
+#include "mmoe_tensor_stats.h"
 #include "mmoe_test.h"
 #include "mmoe_utf8.h"
 
@@ -773,6 +776,81 @@ START_TEST(utf8_vectors)
 }
 END_TEST
 
+
+/* ------------------------------------------------------------------------- */
+/* statistics (what `inspect --stats` prints)                                 */
+/* ------------------------------------------------------------------------- */
+
+static mmoe_tensor_stats stats_of(mmoe_dtype dt, const void *data, int64_t n)
+{
+    mmoe_tensor t = {dt, 1, {n}, (void *)data, (size_t)n * mmoe_dtype_size(dt)};
+    mmoe_tensor_stats s;
+    mmoe_error err;
+    ck_assert_msg(mmoe_tensor_stats_compute(&t, &s, &err) == MMOE_OK, "%s", err.msg);
+    ck_assert_int_eq(s.count, n);
+    return s;
+}
+
+START_TEST(tensor_stats_hand_values)
+{
+    /* F32 {1, -3, NaN, +Inf, 2.5, -Inf}: finite values 1, -3, 2.5 */
+    const float f32[6] = {1.0f, -3.0f, NAN, INFINITY, 2.5f, -INFINITY};
+    mmoe_tensor_stats s = stats_of(MMOE_DT_F32, f32, 6);
+    ck_assert_int_eq(s.n_finite, 3);
+    ck_assert_int_eq(s.n_nan, 1);
+    ck_assert_int_eq(s.n_inf, 2);
+    ck_assert(s.min == -3.0 && s.max == 2.5 && s.absmax == 3.0);
+    ck_assert(fabs(s.mean - 0.5 / 3.0) < 1e-15);
+    /* BF16 bits: 0x3F80 = 1.0, 0xC040 = -3.0, 0x7FC0 = NaN, 0x0001 = 2^-133 */
+    const uint16_t bf16[4] = {0x3F80, 0xC040, 0x7FC0, 0x0001};
+    s = stats_of(MMOE_DT_BF16, bf16, 4);
+    ck_assert(s.min == -3.0 && s.max == 1.0 && s.absmax == 3.0 && s.n_nan == 1);
+    ck_assert(s.mean == (1.0 - 3.0 + ldexp(1.0, -133)) / 3.0);
+    /* F16 bits: 1.0, smallest subnormal 2^-24, -65504 (lowest), +Inf, NaN, -0 */
+    const uint16_t f16[6] = {0x3C00, 0x0001, 0xFBFF, 0x7C00, 0x7E00, 0x8000};
+    s = stats_of(MMOE_DT_F16, f16, 6);
+    ck_assert(s.min == -65504.0 && s.max == 1.0 && s.absmax == 65504.0);
+    ck_assert(s.n_inf == 1 && s.n_nan == 1 && s.n_finite == 4);
+    ck_assert(s.mean == (1.0 + ldexp(1.0, -24) - 65504.0) / 4.0);
+    /* integers: extremes of I8, U8; I64 beyond 32 bits */
+    const int8_t i8[3] = {-128, 127, 0};
+    s = stats_of(MMOE_DT_I8, i8, 3);
+    ck_assert(s.min == -128.0 && s.max == 127.0 && s.absmax == 128.0 && s.mean == -1.0 / 3.0);
+    const uint8_t u8[2] = {255, 0};
+    s = stats_of(MMOE_DT_U8, u8, 2);
+    ck_assert(s.min == 0.0 && s.max == 255.0 && s.mean == 127.5);
+    const int64_t i64[2] = {-(INT64_C(1) << 40), 5};
+    s = stats_of(MMOE_DT_I64, i64, 2);
+    ck_assert(s.min == -ldexp(1.0, 40) && s.max == 5.0);
+    const int16_t i16[2] = {-32768, 7};
+    s = stats_of(MMOE_DT_I16, i16, 2);
+    ck_assert(s.min == -32768.0 && s.max == 7.0);
+    const int32_t i32[2] = {INT32_MIN, 9};
+    s = stats_of(MMOE_DT_I32, i32, 2);
+    ck_assert(s.min == (double)INT32_MIN && s.max == 9.0);
+    const double f64[2] = {-0.125, 1e300};
+    s = stats_of(MMOE_DT_F64, f64, 2);
+    ck_assert(s.min == -0.125 && s.max == 1e300);
+    /* nothing finite: the range is NaN, never a made-up zero */
+    const float nan2[2] = {NAN, INFINITY};
+    s = stats_of(MMOE_DT_F32, nan2, 2);
+    ck_assert(isnan(s.min) && isnan(s.max) && isnan(s.mean) && isnan(s.absmax));
+    /* empty tensor */
+    s = stats_of(MMOE_DT_F32, f32, 0);
+    ck_assert(s.n_finite == 0 && isnan(s.mean));
+    /* FP8 and E8M0 are not decoded here: an explicit error */
+    const uint8_t fp8[1] = {0x38};
+    mmoe_tensor t = {MMOE_DT_F8_E4M3, 1, {1}, (void *)fp8, 1};
+    mmoe_error err;
+    ck_assert_int_eq(mmoe_tensor_stats_compute(&t, &s, &err), MMOE_EUNSUPPORTED);
+    ck_assert(strstr(err.msg, "F8_E4M3"));
+    ck_assert(!mmoe_tensor_stats_supported(MMOE_DT_F8_E8M0));
+    t.nbytes = 2; /* inconsistent view */
+    t.dtype = MMOE_DT_U8;
+    ck_assert_int_eq(mmoe_tensor_stats_compute(&t, &s, &err), MMOE_EINVAL);
+}
+END_TEST
+
 static Suite *safetensors_suite(void)
 {
     Suite *s = suite_create("safetensors");
@@ -789,6 +867,7 @@ static Suite *safetensors_suite(void)
     tcase_add_test(tc, checkpoint_layouts);
     tcase_add_test(tc, require_checks_alignment);
     tcase_add_test(tc, utf8_vectors);
+    tcase_add_test(tc, tensor_stats_hand_values);
     suite_add_tcase(s, tc);
     return s;
 }
