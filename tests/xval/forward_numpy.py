@@ -8,11 +8,14 @@ rules of 3.3-3.5 allow), and writes or compares the F32 logits [T, vocab].
 
 Rounding points follow the spec: bf16 casts (ml_dtypes, round to nearest even), the FP8 activation
 quantization of every FP8/FP4 linear (1x128 blocks, power-of-two scales), the FP8 round trip of the kv
-nope dims and the FP4 round trip of the indexer q/k.  Accumulations that the spec calls "fp32" are done in
-float64 and rounded to fp32 once (for sums of exact products this is the best any fp32 order can give);
-softmax and the other transcendental parts are evaluated in float64 and rounded to fp32 where the spec
-keeps an fp32 value.  So the NumPy logits and the C oracle's agree up to fp32 reordering noise, amplified
-by the later bf16 roundings; see the bound in main().
+nope dims and the FP4 round trip of the indexer q/k (own E2M1 rounding: ml_dtypes rounds 0.25+ to 0).
+Where the spec fixes a value as fp32 but not the order of the operations, this file picks the plain one:
+dot products of exact products (FP8 x FP8, bf16 x bf16) are summed in float64 and rounded once to fp32;
+every other fp32 expression (mHC mixing, Sinkhorn, RMSNorm's 1/sqrt, softmax, the online softmax of the
+sparse attention in chunks of 64, compressor pooling, SwiGLU, routing weights) is evaluated operation by
+operation in fp32, sums in ascending index order; fp32 transcendentals come from the C math library
+(ctypes), the spec leaving their last ulp to the library.  With these choices an independent C
+implementation that makes the same plain choices agrees bit for bit, and the test demands exactly that.
 
 usage:
   forward_numpy.py MODEL_DIR TOKENS --out FILE.npy              compute and save logits
@@ -33,6 +36,65 @@ except ImportError as e:  # automake SKIP
     sys.exit(77)
 
 F32 = np.float32
+
+
+# --------------------------------------------------------------------------------------------
+# fp32 transcendentals.  The spec leaves their last ulp to the library (section 5, "Transcendentals"), so
+# this reference calls the platform's C math library (expf, log1pf, cosf, sinf) when it can, which makes a
+# comparison with a C implementation on the same machine free of that noise; else NumPy's float64
+# functions rounded to fp32 (correctly rounded almost always).
+# --------------------------------------------------------------------------------------------
+def _libm_f32(name):
+    try:
+        import ctypes
+        import ctypes.util
+        lib = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+        fn = getattr(lib, name)
+        fn.restype = ctypes.c_float
+        fn.argtypes = [ctypes.c_float]
+        return np.frompyfunc(lambda v: fn(v), 1, 1)
+    except (OSError, AttributeError, TypeError):
+        return None
+
+
+_LIBM = {n: _libm_f32(n) for n in ("expf", "log1pf", "cosf", "sinf")}
+
+
+def fpow(base, expo):
+    """fp32 pow (libm powf when available) of a scalar base and an array of exponents."""
+    try:
+        import ctypes
+        import ctypes.util
+        fn = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6").powf
+        fn.restype = ctypes.c_float
+        fn.argtypes = [ctypes.c_float, ctypes.c_float]
+        return np.array([fn(float(base), float(e)) for e in np.asarray(expo, dtype=F32)], dtype=F32)
+    except (OSError, AttributeError):
+        return f32(F32(base) ** np.asarray(expo, dtype=F32))
+_NP = {"expf": np.exp, "log1pf": np.log1p, "cosf": np.cos, "sinf": np.sin}
+
+
+def _f32fn(name, x):
+    x = np.asarray(x, dtype=F32)
+    if _LIBM[name] is not None and x.size:
+        return np.asarray(_LIBM[name](x), dtype=F32).reshape(x.shape)
+    return _NP[name](x.astype(np.float64)).astype(F32)
+
+
+def fexp(x):
+    return _f32fn("expf", x)
+
+
+def flog1p(x):
+    return _f32fn("log1pf", x)
+
+
+def fcos(x):
+    return _f32fn("cosf", x)
+
+
+def fsin(x):
+    return _f32fn("sinf", x)
 BF16 = ml_dtypes.bfloat16
 E4M3 = ml_dtypes.float8_e4m3fn
 
@@ -262,7 +324,7 @@ class Model:
         w = self._w(wname)
         x = f32(x)
         ms = f32((x.astype(np.float64) ** 2).mean(axis=-1, keepdims=True))
-        r = f32(1.0 / np.sqrt(f32(ms + F32(self.cfg["eps"])).astype(np.float64)))
+        r = F32(1.0) / f32(np.sqrt(f32(ms + F32(self.cfg["eps"]))))  # fp32 sqrt, fp32 reciprocal
         return bf16(w * (x * r))
 
 
@@ -270,25 +332,38 @@ class Model:
 # mHC (spec 3.2) and head mix (3.7)
 # --------------------------------------------------------------------------------------------
 def sigmoid(z):
-    return f32(1.0 / (1.0 + np.exp(-z.astype(np.float64))))
+    """fp32 sigmoid: 1 / (1 + exp(-z)), each operation rounded to fp32."""
+    z = f32(z)
+    return f32(F32(1.0) / (F32(1.0) + fexp(-z)))
 
 
 def stream_logits(X, fn, eps):
     T = X.shape[0]
     x = X.reshape(T, -1).astype(np.float64)
-    rs = f32(1.0 / np.sqrt(f32(f32((x * x).mean(axis=1)) + F32(eps)).astype(np.float64)))
+    rs = F32(1.0) / f32(np.sqrt(f32(f32((x * x).mean(axis=1)) + F32(eps))))
     return f32(f32(x @ fn.astype(np.float64).T) * rs[:, None])
 
 
+def fsum(a, axis):
+    """fp32 sum in ascending index order (the spec's "all fp32"; hc is tiny, so the order is the natural one)."""
+    a = np.moveaxis(f32(a), axis, 0)
+    acc = a[0].copy()
+    for i in range(1, a.shape[0]):
+        acc = f32(acc + a[i])
+    return np.expand_dims(acc, axis)
+
+
 def sinkhorn(C, iters, eps):
-    C = C.astype(np.float64)
-    C = np.exp(C - C.max(axis=-1, keepdims=True))
-    C = C / C.sum(axis=-1, keepdims=True) + eps
-    C = C / (C.sum(axis=-2, keepdims=True) + eps)
+    """Spec 3.2 step 5 in fp32 operations."""
+    eps = F32(eps)
+    C = f32(C)
+    C = fexp(f32(C - C.max(axis=-1, keepdims=True)))
+    C = f32(f32(C / fsum(C, -1)) + eps)
+    C = f32(C / f32(fsum(C, -2) + eps))
     for _ in range(iters - 1):
-        C = C / (C.sum(axis=-1, keepdims=True) + eps)
-        C = C / (C.sum(axis=-2, keepdims=True) + eps)
-    return f32(C)
+        C = f32(C / f32(fsum(C, -1) + eps))
+        C = f32(C / f32(fsum(C, -2) + eps))
+    return C
 
 
 def hc_pre(m, X, prefix, cfg):
@@ -299,14 +374,15 @@ def hc_pre(m, X, prefix, cfg):
     post = F32(2.0) * sigmoid(z[:, hc:2 * hc] * scale[1] + base[hc:2 * hc])
     C = (z[:, 2 * hc:] * scale[2] + base[2 * hc:]).reshape(-1, hc, hc)
     C = sinkhorn(C, cfg["sinkhorn"], cfg["hc_eps"])
-    y = bf16((pre[:, :, None].astype(np.float64) * X).sum(axis=1))
+    y = bf16(fsum(f32(pre[:, :, None] * X), 1)[:, 0])
     return y, post, C
 
 
 def hc_post(out, R, post, C):
     # X_new[k] = post[k]*out + sum_j C[j][k] * R[j]
-    mix = np.einsum("tjk,tjd->tkd", C.astype(np.float64), R.astype(np.float64))
-    return bf16(post[:, :, None].astype(np.float64) * out[:, None, :] + mix)
+    # fp32: the sum over the input streams j (ascending), then the post term added
+    mix = fsum(f32(C[:, :, :, None] * R[:, :, None, :]), 1)[:, 0]  # [T, k, D]
+    return bf16(f32(f32(post[:, :, None] * out[:, None, :]) + mix))
 
 
 def head_logits(m, X, prefix, norm_name):
@@ -314,7 +390,7 @@ def head_logits(m, X, prefix, norm_name):
     fn, base, scale = m._w(prefix + "hc_head_fn"), m._w(prefix + "hc_head_base"), m._w(prefix + "hc_head_scale")
     z = stream_logits(X, fn, cfg["eps"])
     pre = sigmoid(z * scale[0] + base) + F32(cfg["hc_eps"])
-    y = bf16((pre[:, :, None].astype(np.float64) * X).sum(axis=1))
+    y = bf16(fsum(f32(pre[:, :, None] * X), 1)[:, 0])
     y = m.rmsnorm(y, norm_name)
     head = m._w("head.weight").astype(np.float64)
     return f32(y.astype(np.float64) @ head.T)
@@ -326,7 +402,7 @@ def head_logits(m, X, prefix, norm_name):
 def rope_freqs(cfg, ratio):
     rd = cfg["rope_dim"]
     base = cfg["compress_theta"] if ratio else cfg["rope_theta"]
-    f = f32(1.0 / f32(F32(base) ** (np.arange(0, rd, 2, dtype=F32) / F32(rd))))
+    f = f32(F32(1.0) / fpow(F32(base), np.arange(0, rd, 2, dtype=F32) / F32(rd)))
     if ratio:
         def corr(b):
             return rd * math.log(cfg["orig_len"] / (b * 2 * math.pi)) / (2 * math.log(base))
@@ -344,8 +420,8 @@ def rope(x, pos, freqs, inverse=False):
     """Rotate the adjacent pairs of the last 2*len(freqs) dims of x [..., n] (x bf16, pos per row)."""
     rd = 2 * len(freqs)
     ang = f32(f32(np.asarray(pos, dtype=F32))[..., None] * freqs)  # [..., rd/2]
-    c = f32(np.cos(ang.astype(np.float64)))
-    s = f32(np.sin(ang.astype(np.float64)))
+    c = fcos(ang)
+    s = fsin(ang)
     if inverse:
         s = -s
     y = x.copy()
@@ -394,9 +470,15 @@ def compress(m, x, prefix, ratio, dh, freqs, kind):
             gs = np.concatenate([g_prev, g[cur, dh:]]).astype(np.float64)
         else:
             kvs, gs = kv[cur].astype(np.float64), g[cur].astype(np.float64)
-        w = np.exp(gs - gs.max(axis=0))
-        w = w / w.sum(axis=0)
-        out[j] = f32((w * kvs).sum(axis=0))
+        # per-channel softmax over the candidates and weighted sum, fp32 operations in candidate order
+        gs, kvs = f32(gs), f32(kvs)
+        mx = gs.max(axis=0)
+        e = fexp(f32(gs - mx))
+        den = fsum(e, 0)[0]
+        acc = np.zeros(dh, dtype=F32)
+        for i in range(gs.shape[0]):
+            acc = f32(acc + f32(f32(e[i] / den) * kvs[i]))
+        out[j] = acc
     out = m.rmsnorm(bf16(out), prefix + ".norm.weight")
     out = rope(out, np.arange(nb) * ratio, freqs)
     if kind == "attn":
@@ -430,6 +512,29 @@ def indexer_topk(m, x, qr, prefix, freqs, cfg, L_ratio):
     return picks
 
 
+def sparse_attention(qp, KV, sink, scale, chunk=64):
+    """Spec 3.3 sparse attention core for one query: qp [H, d], KV [n, d] (bf16 values), fp32 online softmax
+    over chunks of 64 in list order, P rounded to bf16 for P.V, the sink in the denominator only."""
+    H, d = qp.shape
+    m = np.full(H, -np.inf, dtype=F32)
+    den = np.zeros(H, dtype=F32)
+    acc = np.zeros((H, d), dtype=F32)
+    for c0 in range(0, KV.shape[0], chunk):
+        blk = KV[c0:c0 + chunk]
+        s = f32(f32(qp.astype(np.float64) @ blk.astype(np.float64).T) * scale)  # [H, cn]
+        m_new = np.maximum(m, s.max(axis=1))
+        alpha = fexp(f32(m - m_new))
+        den = f32(den * alpha)
+        acc = f32(acc * alpha[:, None])
+        for i in range(blk.shape[0]):
+            pr = fexp(f32(s[:, i] - m_new))
+            den = f32(den + pr)
+            acc = f32(acc + f32(bf16(pr)[:, None] * blk[i][None, :]))
+        m = m_new
+    den = f32(den + fexp(f32(sink - m)))
+    return bf16(acc / den[:, None])
+
+
 def attention(m, x, layer, ratio, prefix, cfg):
     T = x.shape[0]
     H, d, rd = cfg["n_heads"], cfg["head_dim"], cfg["rope_dim"]
@@ -440,7 +545,7 @@ def attention(m, x, layer, ratio, prefix, cfg):
     # per-head RMS scaling in bf16 arithmetic
     q2 = bf16(q * q)
     mean = bf16(f32(q2.astype(np.float64).sum(axis=-1, keepdims=True)) / F32(d))
-    r = bf16(1.0 / np.sqrt(bf16(mean + F32(cfg["eps"])).astype(np.float64)))
+    r = bf16(F32(1.0) / f32(np.sqrt(bf16(mean + F32(cfg["eps"])))))  # fp32 sqrt and reciprocal, then bf16
     q = bf16(q * r)
     q = rope(q, pos, freqs)
     kv = m.rmsnorm(m.linear(x, prefix + ".wkv"), prefix + ".kv_norm.weight")
@@ -461,13 +566,7 @@ def attention(m, x, layer, ratio, prefix, cfg):
             rows += [comp[j] for j in range((p + 1) // 128)]
         elif ratio == 4:
             rows += [comp[j] for j in picks[p]]
-        KV = np.stack(rows).astype(np.float64)  # [n, d]
-        s = f32(f32(q[p].astype(np.float64) @ KV.T) * scale)  # [H, n]
-        mx = s.max(axis=1, keepdims=True)
-        e = f32(np.exp((s - mx).astype(np.float64)))
-        den = f32(e.astype(np.float64).sum(axis=1) + np.exp((sink - mx[:, 0]).astype(np.float64)))
-        num = f32(bf16(e).astype(np.float64) @ KV)
-        o[p] = bf16(num / den[:, None])
+        o[p] = sparse_attention(q[p], np.stack(rows), sink, scale)
     o = rope(o, pos, freqs, inverse=True)
     G = cfg["o_groups"]
     og = o.reshape(T, G, H * d // G).astype(np.float64)
@@ -492,7 +591,7 @@ def swiglu_expert(m, x, prefix, weight, limit):
     if limit > 0:
         u = np.clip(u, -limit, limit)
         g = np.minimum(g, F32(limit))
-    silu = f32(g.astype(np.float64) / (1.0 + np.exp(-g.astype(np.float64))))
+    silu = f32(g / f32(F32(1.0) + fexp(-g)))  # torch F.silu in fp32 operations
     h = f32(f32(silu * u) * weight)
     return m.linear(bf16(h), prefix + ".w2")
 
@@ -507,8 +606,8 @@ def moe(m, x, ids, prefix, layer, cfg):
     elif sf == "sigmoid":
         sc = sigmoid(s)
     else:
-        sp = np.where(s > 20, s.astype(np.float64), np.log1p(np.exp(np.minimum(s, 20).astype(np.float64))))
-        sc = f32(np.sqrt(f32(sp).astype(np.float64)))
+        sp = np.where(s > 20, s, flog1p(fexp(np.minimum(s, F32(20)))))
+        sc = f32(np.sqrt(f32(sp)))
     k = cfg["topk"]
     if layer < cfg["n_hash"]:
         idx = m.ck.raw(prefix + ".gate.tid2eid")[np.asarray(ids)].astype(np.int64)
@@ -576,6 +675,8 @@ def read_c_logits(fn):
 
 
 def main(argv):
+    if len(argv) == 2 and argv[1] == "--probe":  # the imports worked: not a skip
+        return 0
     if len(argv) < 3:
         print(__doc__)
         return 2
@@ -592,24 +693,34 @@ def main(argv):
     got = c["logits"]
     if got.shape[0] == 1 and ref.shape[0] > 1:
         ref = ref[-1:]
-    # Bound: both sides round to bf16 at the same points; they differ only by fp32 summation order
-    # (<= a few fp32 ulps per accumulation) which flips an occasional bf16 rounding (2^-9 relative on one
-    # element).  Through 5 blocks of residual streams that gives a relative Frobenius error of the logits of
-    # order 1e-3; 2e-2 leaves room for an unlucky flip in a routing or top-k decision of a near tie, and is
-    # still far below what any real bug (a wrong sign, index, scale or missing round trip: >= 5e-2) gives.
-    BOUND = 2e-2
+    # Expected: BIT-EXACT.  Both sides round at the same points (the spec's), sum exact products (FP8 x FP8,
+    # bf16 x bf16) in double and round once, do the remaining fp32 arithmetic (mHC, Sinkhorn, softmax, SwiGLU)
+    # operation by operation in index order, and take fp32 transcendentals from the same C library.
+    # Without that library (NumPy fallback) an occasional last-ulp difference of expf/cosf flips a bf16 or FP8
+    # rounding and the flip cascades (FP8 steps are 6-12% of an element): then only a loose bound holds
+    # (per-row relative error <= 0.1 on 90% of the rows, argmax agreement >= 0.9), which still catches any
+    # wiring bug (wrong stream index, missing norm or round trip, wrong rope) because those are O(1) everywhere.
+    exact = all(fn is not None for fn in _LIBM.values())
     ok = True
     for name, a, b in [("logits", got, ref)] + ([("mtp_logits", c["mtp_logits"], mtp)] if want_mtp else []):
         if a.shape != b.shape:
             print("%s: shape %s, expected %s" % (name, a.shape, b.shape))
             return 1
         rel = np.linalg.norm((a - b).astype(np.float64)) / max(np.linalg.norm(b.astype(np.float64)), 1e-30)
+        rows = np.linalg.norm(a - b, axis=1) / np.maximum(np.linalg.norm(b, axis=1), 1e-30)
         argmax_eq = np.mean(a.argmax(axis=1) == b.argmax(axis=1))
-        print("%s: T=%d vocab=%d rel_err=%.3e max_abs=%.3e argmax_agree=%.3f (bound %.0e)" % (
-            name, a.shape[0], a.shape[1], rel, np.abs(a - b).max(), argmax_eq, BOUND))
-        worst = np.linalg.norm(a - b, axis=1) / np.maximum(np.linalg.norm(b, axis=1), 1e-30)
-        print("  per-position rel err: " + " ".join("%.1e" % v for v in worst))
-        ok = ok and np.isfinite(rel) and rel <= BOUND
+        nbits = int(np.sum(a.view(np.uint32) != b.view(np.uint32)))
+        print("%s: T=%d vocab=%d differing values %d, rel_err=%.3e max_abs=%.3e argmax_agree=%.3f (%s)" % (
+            name, a.shape[0], a.shape[1], nbits, rel, np.abs(a - b).max(), argmax_eq,
+            "bit-exact expected" if exact else "loose bound: no C math library"))
+        if nbits:
+            first = int(np.nonzero(rows)[0][0]) if np.any(rows) else -1
+            print("  first differing position %d; per-position rel err: %s" % (
+                first, " ".join("%.1e" % v for v in rows)))
+        if exact:
+            ok = ok and nbits == 0
+        else:
+            ok = ok and np.isfinite(rel) and np.mean(rows <= 0.1) >= 0.9 and argmax_eq >= 0.9
     return 0 if ok else 1
 
 
