@@ -242,6 +242,28 @@ START_TEST(max_tokens_is_respected)
 }
 END_TEST
 
+START_TEST(long_prompt_reports_prefill_progress)
+{
+    /* more than one 64-token prefill chunk: a progress line, and the same ids as the driver */
+    char text[1024] = "", args[2048], *out, *err;
+    for (int i = 0; i < 30; i++)
+        strcat(text, "one two three ");
+    int32_t prompt[256], want[8], cli[8];
+    int n_prompt = raw_prompt(text, prompt, 256);
+    ck_assert_int_gt(n_prompt, 64);
+    int n_want = driver_greedy(g_model, prompt, n_prompt, 3, 1, want);
+    snprintf(args, sizeof args, "--model %s --prompt '%s' --max-tokens 3 --print-ids", g_model, text);
+    ck_assert_int_eq(run_generate(args, NULL, &out, &err), 0);
+    ck_assert_int_eq(parse_ids(out, cli, 8), n_want);
+    for (int i = 0; i < n_want; i++)
+        ck_assert_int_eq(cli[i], want[i]);
+    char expect[128];
+    snprintf(expect, sizeof expect, "prefill: %d/%d tokens", n_prompt, n_prompt);
+    ck_assert_msg(strstr(err, expect) != NULL, "no '%s'", expect);
+    free(out), free(err);
+}
+END_TEST
+
 /** Copy the fixture model into @p dir with config.json's eos_token_id replaced by @p eos. */
 static void model_with_eos(const char *dir, int32_t eos)
 {
@@ -440,6 +462,7 @@ static Suite *generate_cli_suite(void)
     tcase_add_test(tc, greedy_is_deterministic_and_matches_the_driver);
     tcase_add_test(tc, text_output_is_the_decoded_ids);
     tcase_add_test(tc, max_tokens_is_respected);
+    tcase_add_test(tc, long_prompt_reports_prefill_progress);
     tcase_add_test(tc, stops_at_eos);
     tcase_add_test(tc, seed_replays_sampling);
     tcase_add_test(tc, chat_two_turns_reuse_the_kv_cache);

@@ -83,20 +83,21 @@ typedef struct gen_options {
 
 /** Everything a run holds: owned resources are released by gen_cleanup(). */
 typedef struct gen_run {
-    const gen_options *opt;
-    mmoe_tokenizer *tok;
-    mmoe_model *model;
-    mmoe_model_state *state;
-    mmoe_gen_session session;
-    int have_session;
-    mmoe_decode_stream stream;
-    mmoe_text out_text; /**< scratch: text of the current token */
-    mmoe_text answer;   /**< the whole answer of the current turn (chat history) */
-    int stderr_tty;
-    mmoe_status out_status; /**< a decode error inside the token callback */
-    mmoe_error out_err;
+    const gen_options *opt;    /**< the command line (borrowed) */
+    mmoe_tokenizer *tok;       /**< DIR/tokenizer.json (owned) */
+    mmoe_model *model;         /**< the checkpoint (owned) */
+    mmoe_model_state *state;   /**< the sequence's KV caches (owned) */
+    mmoe_gen_session session;  /**< the generation loop (owned) */
+    int have_session;          /**< session is initialised (to free) */
+    mmoe_decode_stream stream; /**< streaming UTF-8 decoder of the current turn */
+    mmoe_text out_text;        /**< scratch: text of the current token */
+    mmoe_text answer;          /**< the whole answer of the current turn (chat history) */
+    int stderr_tty;            /**< stderr is a terminal: progress lines rewrite themselves */
+    mmoe_status out_status;    /**< a decode error inside the token callback */
+    mmoe_error out_err;        /**< its message */
 } gen_run;
 
+/** Print the command's help to @p out. */
 static void usage(FILE *out)
 {
     fprintf(out,

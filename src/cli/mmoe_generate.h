@@ -101,11 +101,15 @@ typedef struct mmoe_gen_session {
 
 /**
  * Set up a session.
- * @param model, state  the loaded model and a state for it (borrowed; the state is used as is,
- *                      so a fresh state starts at position 0)
+ * @param g             the session to initialise (free with mmoe_gen_session_free())
+ * @param model         the loaded model (borrowed)
+ * @param state         a state of @p model (borrowed; used as is, so a fresh state starts at position 0)
  * @param max_ctx       the max_seq_len the state was created with (> 0)
  * @param n_tok_ids     the tokenizer's mmoe_tokenizer_n_ids(): head rows at or beyond it are masked
- * @param temperature, top_p, seed  as mmoe_sampler_init()
+ * @param temperature   as mmoe_sampler_init(): 0 is greedy
+ * @param top_p         as mmoe_sampler_init(): nucleus mass in (0, 1]
+ * @param seed          as mmoe_sampler_init()
+ * @param err           message on failure
  * @return MMOE_OK, MMOE_ERANGE (a sampler parameter, named), MMOE_ENOMEM
  */
 mmoe_status mmoe_gen_session_init(mmoe_gen_session *g, mmoe_model *model, mmoe_model_state *state,
@@ -124,9 +128,13 @@ mmoe_status mmoe_gen_push_pending(mmoe_gen_session *g, int32_t id, mmoe_error *e
 
 /**
  * Prefill: run the pending tokens, then @p ids, through the model; keep the last logits.
- * @param ids       [n] token ids (n >= 0; the pending tokens plus ids must be >= 1 token)
- * @param progress  optional, called after each chunk
- * @param stats     n_reused, n_prefill and prefill_s are written (the rest zeroed)
+ * @param g             the session
+ * @param ids           [n] token ids (n >= 0; the pending tokens plus ids must be >= 1 token)
+ * @param n             number of ids
+ * @param progress      optional, called after each chunk
+ * @param progress_ctx  passed to @p progress
+ * @param stats         n_reused, n_prefill and prefill_s are written (the rest zeroed)
+ * @param err           message on failure
  * @return MMOE_OK, MMOE_EINVAL (nothing to run, an id beyond the vocabulary, or the context
  *         would overflow: the message gives the counts), or the forward's error
  */
@@ -136,9 +144,12 @@ mmoe_status mmoe_gen_prefill(mmoe_gen_session *g, const int32_t *ids, int64_t n,
 /**
  * Decode after a prefill: sample, report, run, until EOS, @p max_tokens, a full context or
  * the callback's request.  The last produced token (or the EOS) is left pending.
+ * @param g           the session
  * @param max_tokens  >= 0: the most tokens to produce
  * @param on_token    called for each produced token (EOS excluded); NULL allowed
+ * @param token_ctx   passed to @p on_token
  * @param stats       n_generated, generate_s and stop are written
+ * @param err         message on failure
  * @return MMOE_OK, MMOE_EINVAL (no logits: call mmoe_gen_prefill() first), or a sampler or
  *         forward error
  */
