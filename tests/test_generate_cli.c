@@ -20,9 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mmoe_config.h"
+#include "gen_fixture.h"
 #include "mmoe_model.h"
-#include "mmoe_synth_model.h"
 #include "mmoe_test.h"
 #include "mmoe_tokenizer.h"
 
@@ -479,23 +478,8 @@ int main(void)
         return 77;
     }
     g_seed = mmoe_test_seed("generate_cli");
-    if (mmoe_test_mkdtemp(g_root, sizeof g_root) != 0)
+    if (gen_fixture_make(g_seed, src, g_root, sizeof g_root, g_model, sizeof g_model) != 0)
         return 99;
-    snprintf(g_model, sizeof g_model, "%s/tiny", g_root);
-    mmoe_config cfg;
-    mmoe_error err = {0};
-    if (mmoe_config_preset("tiny", 4, &cfg, &err) != MMOE_OK ||
-        mmoe_synth_model_write(&cfg, g_seed, g_model, 0, NULL, NULL, &err) != MMOE_OK) {
-        fprintf(stderr, "fixture: %s\n", err.msg);
-        mmoe_test_rmtree(g_root);
-        return 99;
-    }
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "cp '%s/fixtures/generate/tokenizer.json' '%s/'", src, g_model);
-    if (mmoe_test_system(cmd) != 0) {
-        mmoe_test_rmtree(g_root);
-        return 99;
-    }
     int rc = mmoe_test_run(generate_cli_suite());
     mmoe_test_rmtree(g_root);
     return rc;

@@ -49,7 +49,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "mmoe_chat.h"
@@ -250,14 +249,6 @@ static int parse_options(int argc, char **argv, gen_options *o)
     return 0;
 }
 
-/** Seconds on the monotonic clock. */
-static double wall_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /** Model-loading progress: one line rewritten in place on a terminal, nothing otherwise. */
 static void load_progress(void *ctx, int done, int total, const char *what)
 {
@@ -353,7 +344,7 @@ static mmoe_status gen_load(gen_run *r, mmoe_error *err)
         return st;
     if (o->threads > 0)
         openblas_set_num_threads(o->threads);
-    double t0 = wall_s();
+    double t0 = mmoe_gen_wall_s();
     if ((st = mmoe_model_open(o->model_dir, load_progress, r, &r->model, err)) != MMOE_OK) {
         if (r->stderr_tty && !o->quiet)
             fputc('\n', stderr);
@@ -380,7 +371,7 @@ static mmoe_status gen_load(gen_run *r, mmoe_error *err)
         fprintf(stderr, "%smodel: %s: %lld layers, vocab %lld, %.1f MiB of weights, loaded in %.2f s; context %lld "
                 "tokens (KV cache %.1f MiB)\n", r->stderr_tty ? "\r\033[K" : "", o->model_dir,
                 (long long)cfg->n_layers, (long long)cfg->vocab_size,
-                (double)mmoe_model_weight_bytes(r->model) / (1024.0 * 1024.0), wall_s() - t0, (long long)ctx,
+                (double)mmoe_model_weight_bytes(r->model) / (1024.0 * 1024.0), mmoe_gen_wall_s() - t0, (long long)ctx,
                 (double)mmoe_model_state_bytes(r->state) / (1024.0 * 1024.0));
         if (r->session.n_masked > 0)
             fprintf(stderr, "model: %lld head rows beyond the tokenizer's %d ids are never sampled\n",

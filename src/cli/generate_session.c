@@ -19,8 +19,7 @@
 
 #include "mmoe_generate.h"
 
-/** Seconds on the monotonic clock. */
-static double now_s(void)
+double mmoe_gen_wall_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -108,7 +107,7 @@ mmoe_status mmoe_gen_prefill(mmoe_gen_session *g, const int32_t *ids, int64_t n,
         if (ids[i] < 0 || ids[i] >= g->vocab)
             return mmoe_error_set(err, MMOE_EINVAL, "generate: prompt token %lld has id %d: the model's vocabulary "
                                   "has %lld ids", (long long)i, ids[i], (long long)g->vocab);
-    double t0 = now_s();
+    double t0 = mmoe_gen_wall_s();
     mmoe_status st = MMOE_OK;
     int64_t done = 0;
     if (g->n_pending > 0) {
@@ -123,7 +122,7 @@ mmoe_status mmoe_gen_prefill(mmoe_gen_session *g, const int32_t *ids, int64_t n,
         if (st == MMOE_OK && progress != NULL)
             progress(progress_ctx, done, total);
     }
-    stats->prefill_s = now_s() - t0;
+    stats->prefill_s = mmoe_gen_wall_s() - t0;
     stats->n_prefill = done;
     return st;
 }
@@ -143,7 +142,7 @@ mmoe_status mmoe_gen_decode(mmoe_gen_session *g, int64_t max_tokens, mmoe_gen_to
     stats->stop = MMOE_GEN_STOP_NONE;
     if (!g->have_logits || g->n_pending > 0)
         return mmoe_error_set(err, MMOE_EINVAL, "generate: decode needs a prefill first");
-    double t0 = now_s();
+    double t0 = mmoe_gen_wall_s();
     mmoe_status st = MMOE_OK;
     while (stats->stop == MMOE_GEN_STOP_NONE) {
         if (stats->n_generated >= max_tokens) {
@@ -175,6 +174,6 @@ mmoe_status mmoe_gen_decode(mmoe_gen_session *g, int64_t max_tokens, mmoe_gen_to
                 break;
         }
     }
-    stats->generate_s = now_s() - t0;
+    stats->generate_s = mmoe_gen_wall_s() - t0;
     return st;
 }
