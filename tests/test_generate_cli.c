@@ -443,6 +443,15 @@ START_TEST(bad_inputs_fail_with_a_message)
     ck_assert_int_eq(mmoe_test_system(cmd), 0);
     snprintf(args, sizeof args, "--model %s --prompt hi", dir);
     expect_failure(args, 1, "config.json");
+    /* a tokenizer without the chat markers: raw prompts work, chat encodings are refused */
+    snprintf(dir, sizeof dir, "%s/no-markers", g_root);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/*.json %s/*.safetensors %s/ && cp '%s/fixtures/tokenizer/tiny-tokenizer.json' "
+             "%s/tokenizer.json", dir, g_model, g_model, dir, getenv("MMOE_SRCDIR"), dir);
+    ck_assert_int_eq(mmoe_test_system(cmd), 0);
+    snprintf(args, sizeof args, "--model %s --chat", dir);
+    expect_failure(args, 1, "chat markers");
+    snprintf(args, sizeof args, "--model %s --prompt ab --max-tokens 2", dir);
+    expect_failure(args, 0, "stop: ");
     /* a prompt longer than the context */
     snprintf(args, sizeof args, "--model %s --prompt 'one two three four five six' --ctx-size 4", g_model);
     expect_failure(args, 1, "context full");

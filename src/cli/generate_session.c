@@ -38,8 +38,30 @@ const char *mmoe_gen_stop_name(mmoe_gen_stop stop)
     return "none";
 }
 
+/** List the head rows that @p tok cannot decode (beyond its ids, or holes in its id range). */
+static mmoe_status find_undecodable(mmoe_gen_session *g, const mmoe_tokenizer *tok)
+{
+    if (tok == NULL)
+        return MMOE_OK;
+    int32_t n_ids = mmoe_tokenizer_n_ids(tok);
+    for (int pass = 0; pass < 2; pass++) { /* pass 0 counts, pass 1 fills */
+        g->n_masked = 0;
+        for (int64_t id = 0; id < g->vocab; id++) {
+            size_t len;
+            if (id < n_ids && mmoe_tokenizer_token_string(tok, (int32_t)id, &len) != NULL)
+                continue;
+            if (pass == 1)
+                g->masked[g->n_masked] = (int32_t)id;
+            g->n_masked++;
+        }
+        if (pass == 0 && (g->masked = malloc(((size_t)g->n_masked + 1) * sizeof *g->masked)) == NULL)
+            return MMOE_ENOMEM;
+    }
+    return MMOE_OK;
+}
+
 mmoe_status mmoe_gen_session_init(mmoe_gen_session *g, mmoe_model *model, mmoe_model_state *state,
-                                  int64_t max_ctx, int32_t n_tok_ids, float temperature, float top_p, uint64_t seed,
+                                  int64_t max_ctx, const mmoe_tokenizer *tok, float temperature, float top_p, uint64_t seed,
                                   mmoe_error *err)
 {
     memset(g, 0, sizeof *g);
@@ -51,13 +73,12 @@ mmoe_status mmoe_gen_session_init(mmoe_gen_session *g, mmoe_model *model, mmoe_m
     g->vocab = cfg->vocab_size;
     g->max_ctx = max_ctx;
     g->eos_id = (int32_t)cfg->eos_token_id;
-    g->n_masked = n_tok_ids < g->vocab ? g->vocab - n_tok_ids : 0;
     mmoe_status st = mmoe_sampler_init(&g->sampler, temperature, top_p, seed, err);
     if (st != MMOE_OK)
         return st;
     g->logits = malloc((size_t)g->vocab * sizeof *g->logits);
-    if (g->logits == NULL) {
-        mmoe_sampler_free(&g->sampler);
+    if (g->logits == NULL || (st = find_undecodable(g, tok)) != MMOE_OK) {
+        mmoe_gen_session_free(g);
         return mmoe_error_set(err, MMOE_ENOMEM, "generate: out of memory for %lld logits", (long long)g->vocab);
     }
     return MMOE_OK;
@@ -69,7 +90,9 @@ void mmoe_gen_session_free(mmoe_gen_session *g)
         return;
     mmoe_sampler_free(&g->sampler);
     free(g->logits);
+    free(g->masked);
     g->logits = NULL;
+    g->masked = NULL;
 }
 
 mmoe_status mmoe_gen_push_pending(mmoe_gen_session *g, int32_t id, mmoe_error *err)
@@ -130,8 +153,8 @@ mmoe_status mmoe_gen_prefill(mmoe_gen_session *g, const int32_t *ids, int64_t n,
 /** Mask the head rows the tokenizer cannot decode (see mmoe_generate.h). */
 static void mask_undecodable(mmoe_gen_session *g)
 {
-    for (int64_t i = g->vocab - g->n_masked; i < g->vocab; i++)
-        g->logits[i] = -INFINITY;
+    for (int64_t i = 0; i < g->n_masked; i++)
+        g->logits[g->masked[i]] = -INFINITY;
 }
 
 mmoe_status mmoe_gen_decode(mmoe_gen_session *g, int64_t max_tokens, mmoe_gen_token_fn on_token, void *token_ctx,

@@ -27,9 +27,9 @@
  * ## Vocabulary
  *
  * A checkpoint's vocabulary is often padded beyond the tokenizer's ids (DeepSeek-V4:
- * 129280 rows of the head).  Ids the tokenizer cannot decode are never sampled: their
- * logits are set to -inf before the sampler sees them (the count of such ids is
- * ::mmoe_gen_session::n_masked, shown by the CLI).
+ * 129280 rows of the head), and a tokenizer's id range may have holes.  Ids the tokenizer
+ * cannot decode are never sampled: their logits are set to -inf before the sampler sees
+ * them (the count of such ids is ::mmoe_gen_session::n_masked, shown by the CLI).
  *
  * The session borrows the model, its state and the tokenizer; it owns the sampler
  * and the logits buffer.
@@ -94,7 +94,8 @@ typedef struct mmoe_gen_session {
     int64_t vocab;             /**< rows of the model's head (config vocab_size) */
     int64_t max_ctx;           /**< the state's max_seq_len: positions available */
     int32_t eos_id;            /**< the model's EOS id (config eos_token_id) */
-    int64_t n_masked;          /**< head rows >= the tokenizer's ids: never sampled */
+    int32_t *masked;           /**< owned: the head rows the tokenizer cannot decode (never sampled) */
+    int64_t n_masked;          /**< how many */
     mmoe_sampler sampler;      /**< owned: temperature, top-p, random state */
     float *logits;             /**< owned: F32 [vocab], the logits of the last token run */
     int have_logits;           /**< logits hold the prediction for the next position */
@@ -108,7 +109,8 @@ typedef struct mmoe_gen_session {
  * @param model         the loaded model (borrowed)
  * @param state         a state of @p model (borrowed; used as is, so a fresh state starts at position 0)
  * @param max_ctx       the max_seq_len the state was created with (> 0)
- * @param n_tok_ids     the tokenizer's mmoe_tokenizer_n_ids(): head rows at or beyond it are masked
+ * @param tok           the tokenizer (borrowed, only read here): head rows it cannot decode are masked;
+ *                      NULL: no masking
  * @param temperature   as mmoe_sampler_init(): 0 is greedy
  * @param top_p         as mmoe_sampler_init(): nucleus mass in (0, 1]
  * @param seed          as mmoe_sampler_init()
@@ -116,7 +118,7 @@ typedef struct mmoe_gen_session {
  * @return MMOE_OK, MMOE_ERANGE (a sampler parameter, named), MMOE_ENOMEM
  */
 mmoe_status mmoe_gen_session_init(mmoe_gen_session *g, mmoe_model *model, mmoe_model_state *state,
-                                  int64_t max_ctx, int32_t n_tok_ids, float temperature, float top_p, uint64_t seed,
+                                  int64_t max_ctx, const mmoe_tokenizer *tok, float temperature, float top_p, uint64_t seed,
                                   mmoe_error *err);
 
 /** Free what the session owns (not the model, state or tokenizer). */
