@@ -397,6 +397,42 @@ START_TEST(chat_two_turns_reuse_the_kv_cache)
 }
 END_TEST
 
+START_TEST(readme_model_when_present)
+{
+    /* fixtures/tiny-dsv4 (the trained model of the README, branch tinymodel): when it is in
+     * the tree, the README's command must run and match the driver token for token */
+    char dir[1024], path[1100], args[2048], *out, *err;
+    snprintf(dir, sizeof dir, "%s/fixtures/tiny-dsv4", getenv("MMOE_SRCDIR"));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        fprintf(stderr, "%s absent: nothing to check\n", dir);
+        return;
+    }
+    fclose(f);
+    mmoe_error e = {0};
+    mmoe_model *m = NULL;
+    ck_assert_msg(mmoe_model_open(dir, NULL, NULL, &m, &e) == MMOE_OK, "%s", e.msg);
+    int32_t bos = (int32_t)mmoe_model_config(m)->bos_token_id, eos = (int32_t)mmoe_model_config(m)->eos_token_id;
+    mmoe_model_close(m);
+    mmoe_tokenizer *tok = NULL;
+    ck_assert_msg(mmoe_tokenizer_load_dir(dir, &tok, &e) == MMOE_OK, "%s", e.msg);
+    mmoe_token_ids ids = {0};
+    ck_assert(mmoe_token_ids_push(&ids, &bos, 1) == MMOE_OK);
+    ck_assert(mmoe_tokenizer_encode(tok, "1 2 3 4", 7, 0, &ids, &e) == MMOE_OK);
+    int32_t want[16], cli[16];
+    int n_want = driver_greedy(dir, ids.ids, (int)ids.n, 8, eos, want);
+    mmoe_token_ids_free(&ids);
+    mmoe_tokenizer_free(tok);
+    snprintf(args, sizeof args, "--model %s --prompt '1 2 3 4' --max-tokens 8 --print-ids", dir);
+    ck_assert_int_eq(run_generate(args, NULL, &out, &err), 0);
+    ck_assert_int_eq(parse_ids(out, cli, 16), n_want);
+    for (int i = 0; i < n_want; i++)
+        ck_assert_int_eq(cli[i], want[i]);
+    free(out), free(err);
+}
+END_TEST
+
 /** Expect exit status @p want and a stderr containing @p needle. */
 static void expect_failure(const char *args, int want, const char *needle)
 {
@@ -475,6 +511,7 @@ static Suite *generate_cli_suite(void)
     tcase_add_test(tc, seed_replays_sampling);
     tcase_add_test(tc, chat_two_turns_reuse_the_kv_cache);
     tcase_add_test(tc, bad_inputs_fail_with_a_message);
+    tcase_add_test(tc, readme_model_when_present);
     suite_add_tcase(s, tc);
     return s;
 }
