@@ -98,7 +98,7 @@ int mmoe_cmd_synth_model(int argc, char **argv)
     fprintf(stderr, "synth-model: shape %s, %d layers + %d MTP, seed %llu -> %s\n", shape, cfg.n_layers,
             cfg.n_mtp_layers, (unsigned long long)seed, out);
     if (mmoe_synth_model_write(&cfg, seed, out, shard_mib << 20, progress, NULL, &err) != MMOE_OK) {
-        fprintf(stderr, "megamoe synth-model: %s\n", err.msg);
+        fprintf(stderr, "megamoe %s\n", err.msg); /* the message starts with "synth-model: " */
         return 1;
     }
     return 0;

@@ -235,7 +235,8 @@ mmoe_status mmoe_model_forward(mmoe_model *m, mmoe_model_state *s, const int32_t
     if (logits) {
         t0 = now_s();
         int64_t first = last_only ? T - 1 : 0;
-        mmoe_model_head_logits(m, &m->head, b.X + first * m->cfg.hc_mult * m->cfg.dim, T - first, logits, b.y);
+        st = mmoe_model_head_logits(m, &m->head, b.X + first * m->cfg.hc_mult * m->cfg.dim, T - first, logits, b.y,
+                                    err);
         s->head_s += now_s() - t0;
     }
 done:
@@ -291,7 +292,7 @@ mmoe_status mmoe_model_mtp_forward(mmoe_model *m, mmoe_model_state *s, const uin
     if ((st = run_block(m, s, L, next_ids, pos, T, &b, err)) != MMOE_OK)
         goto done;
     if (logits)
-        mmoe_model_head_logits(m, &t->head, b.X, T, logits, b.y);
+        st = mmoe_model_head_logits(m, &t->head, b.X, T, logits, b.y, err);
 done:
     free(e);
     free(hn);

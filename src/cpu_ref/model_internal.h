@@ -76,9 +76,11 @@ struct mmoe_model_state {
 
 /**
  * logits[t, v] = fp32(sum_c y[t,c] * head[v,c]) with y = norm(hc_head(X)), the dot products
- * accumulated in double in ascending c (exact products of bf16 values), one rounding.
+ * accumulated in double in a fixed order (exact products of bf16 values), one rounding.
+ * @param work  bf16 [T, D] scratch
+ * @return MMOE_OK or MMOE_ENOMEM
  */
-void mmoe_model_head_logits(const mmoe_model *m, const model_head *h, const uint16_t *X, int64_t T,
-                            float *logits, uint16_t *work);
+mmoe_status mmoe_model_head_logits(const mmoe_model *m, const model_head *h, const uint16_t *X, int64_t T,
+                                   float *logits, uint16_t *work, mmoe_error *err);
 
 #endif /* MMOE_MODEL_INTERNAL_H */

@@ -64,6 +64,24 @@ static int dtype_ok(const mmoe_tensor_spec *s, mmoe_dtype found)
 
 static int is_wo_a(const char *name) { return strstr(name, "attn.wo_a.") != NULL; }
 
+/**
+ * convert.py dequantizes `wo_a` to BF16 and drops its scale.  For the spec of `wo_a.weight`
+ * or `wo_a.scale`: is the checkpoint in that form (BF16 weight of the expected shape)?
+ */
+static int wo_a_converted(const mmoe_ckpt *ck, const mmoe_tensor_spec *s, const mmoe_ckpt_entry *e)
+{
+    char wname[MMOE_TENSOR_NAME_LEN];
+    snprintf(wname, sizeof wname, "%s", s->name);
+    char *dot = strrchr(wname, '.');
+    snprintf(dot, sizeof wname - (size_t)(dot - wname), ".weight");
+    const mmoe_tensor *w = mmoe_ckpt_find(ck, wname);
+    if (!w || w->dtype != MMOE_DT_BF16)
+        return 0;
+    if (s->role == MMOE_ROLE_SCALE)
+        return 1;
+    return e && e->view.ndim == 2 && e->view.shape[0] == s->shape[0] && e->view.shape[1] == s->shape[1];
+}
+
 /** Step 3: every expected tensor present with the right dtype and shape. */
 static mmoe_status check_tensors(const mmoe_model *m, const char *dir, mmoe_error *err)
 {
@@ -76,21 +94,8 @@ static mmoe_status check_tensors(const mmoe_model *m, const char *dir, mmoe_erro
     for (size_t i = 0; i < n && st == MMOE_OK; i++) {
         const mmoe_tensor_spec *s = &specs[i];
         const mmoe_ckpt_entry *e = mmoe_ckpt_find_entry(m->ck, s->name);
-        if (is_wo_a(s->name)) {
-            /* convert.py output: wo_a.weight BF16 [out, in] and no wo_a.scale */
-            char wname[MMOE_TENSOR_NAME_LEN];
-            snprintf(wname, sizeof wname, "%s", s->name);
-            char *dot = strrchr(wname, '.');
-            snprintf(dot, sizeof wname - (size_t)(dot - wname), ".weight");
-            const mmoe_tensor *w = mmoe_ckpt_find(m->ck, wname);
-            if (w && w->dtype == MMOE_DT_BF16) {
-                if (s->role == MMOE_ROLE_SCALE)
-                    continue;
-                e = mmoe_ckpt_find_entry(m->ck, s->name);
-                if (e && e->view.ndim == 2 && e->view.shape[0] == s->shape[0] && e->view.shape[1] == s->shape[1])
-                    continue;
-            }
-        }
+        if (is_wo_a(s->name) && wo_a_converted(m->ck, s, e))
+            continue; /* convert.py's bf16 wo_a (no scale) is accepted as well */
         if (!e) {
             st = mmoe_error_set(err, MMOE_ENOTFOUND, "checkpoint %s: missing tensor '%s' (expected %s %s)", dir,
                                 s->name, mmoe_dtype_name(s->dtype), mmoe_shape_str(s->ndim, s->shape, want, sizeof want));
