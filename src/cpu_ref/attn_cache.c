@@ -31,6 +31,7 @@ static void *alloc_counted(size_t n, size_t *total)
     return calloc(1, n > 0 ? n : 1);
 }
 
+/** Allocate a compressor state for @p ratio and width @p dh; returns 0 on allocation failure. */
 static int compressor_alloc(attn_compressor_state *st, int ratio, int dh, size_t *total)
 {
     st->ratio = ratio;

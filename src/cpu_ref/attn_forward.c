@@ -51,20 +51,42 @@
 
 /** Sizes of one call's working memory. */
 typedef struct fwd_sizes {
-    int64_t T, D, H, d, q, hd, c_width, ih, id, i_width, n_list, gr;
+    int64_t T;       /**< tokens of the call */
+    int64_t D;       /**< model width */
+    int64_t H;       /**< query heads */
+    int64_t d;       /**< head width */
+    int64_t q;       /**< q_lora_rank */
+    int64_t hd;      /**< H * d */
+    int64_t c_width; /**< compressor projection width c*d */
+    int64_t ih;      /**< indexer heads */
+    int64_t id;      /**< indexer head width */
+    int64_t i_width; /**< indexer compressor width 2*id */
+    int64_t n_list;  /**< longest index list: window + blocks */
+    int64_t gr;      /**< G * o_lora_rank */
 } fwd_sizes;
 
 /** Everything a call carves from the scratch. */
 typedef struct fwd_bufs {
-    uint16_t *xb, *qr, *q, *kv, *o, *z, *outb;
-    float *ckv, *cgate;                  /* compressor projections (ratio > 0) */
-    uint16_t *qi, *wi;                   /* indexer queries and weights (ratio 4) */
-    float *ikv, *igate;                  /* indexer compressor projections (ratio 4) */
-    const uint16_t **rows;               /* the index list of one token */
-    float *idx_scores;                   /* indexer scores of one token */
-    attn_scored *topk_work;              /* top-k work space */
-    int64_t *topk_idx;                   /* top-k result */
-    float *acc, *chunk_scores, *pooled;  /* sparse attention and compressor work */
+    uint16_t *xb;            /**< bf16 input [T, D] */
+    uint16_t *qr;            /**< q latent [T, q_lora] */
+    uint16_t *q;             /**< queries [T, H, d] */
+    uint16_t *kv;            /**< raw kv [T, d] */
+    uint16_t *o;             /**< attention output [T, H, d] */
+    uint16_t *z;             /**< wo_a latents [T, G*o_lora] */
+    uint16_t *outb;          /**< bf16 output [T, D] */
+    float *ckv;              /**< compressor kv projection [T, c*d] (ratio > 0) */
+    float *cgate;            /**< compressor gate projection [T, c*d] (ratio > 0) */
+    uint16_t *qi;            /**< indexer queries [T, ih, id] (ratio 4) */
+    uint16_t *wi;            /**< indexer head weights [T, ih] (ratio 4) */
+    float *ikv;              /**< indexer compressor kv [T, 2*id] (ratio 4) */
+    float *igate;            /**< indexer compressor gate [T, 2*id] (ratio 4) */
+    const uint16_t **rows;   /**< the index list of one token */
+    float *idx_scores;       /**< indexer scores of one token */
+    attn_scored *topk_work;  /**< top-k work space */
+    int64_t *topk_idx;       /**< top-k result */
+    float *acc;              /**< sparse attention accumulator [d] */
+    float *chunk_scores;     /**< scores of one online-softmax chunk */
+    float *pooled;           /**< a pooled compressor block [d] */
 } fwd_bufs;
 
 /** The bytes every piece needs (in carving order), summed. */
@@ -98,6 +120,7 @@ static size_t scratch_bytes(const fwd_sizes *s, int ratio, size_t *pieces, int *
     return total;
 }
 
+/** Hand out the pieces of @p sc in the order of scratch_bytes(). */
 static void carve(mmoe_attn_scratch *sc, const size_t *pieces, fwd_bufs *b)
 {
     int i = 0;

@@ -99,7 +99,15 @@ int attn_compressor_push(attn_compressor_state *st, int64_t pos, const float *kv
 /**
  * Finish a pooled block: bf16, RMSNorm with @p norm, RoPE of the last @p rope_dim dims at
  * position @p block_pos (= j*r) with the layer's @p freqs, then the QAT step of @p kind.
- * @param out  bf16 [dh]
+ * @param pooled     fp32 [dh] from attn_compressor_push()
+ * @param dh         width of the compressed vector
+ * @param norm       the compressor's norm weight [dh]
+ * @param eps        RMSNorm epsilon
+ * @param rope_dim   rotary dims at the end of the vector
+ * @param freqs      the layer's rope_dim/2 frequencies
+ * @param block_pos  position of the block's first token
+ * @param kind       attention (FP8) or indexer (Hadamard + FP4) compressor
+ * @param out        bf16 [dh]
  */
 void attn_compressor_finish(const float *pooled, int dh, const mmoe_tensor *norm, float eps,
                             int rope_dim, const float *freqs, int64_t block_pos,
@@ -110,10 +118,13 @@ void attn_compressor_finish(const float *pooled, int dh, const mmoe_tensor *norm
 /**
  * Index scores of one query over @p n_blocks cached keys:
  * score[j] = bf16(sum_h bf16(relu(bf16(qi[h] . K[j])) * w[h])).
- * @param qi      bf16 [n_heads, head_dim] (rotated, Hadamard, FP4 round trip)
- * @param w       bf16 [n_heads] (weights_proj output, scaled)
- * @param keys    bf16 [n_blocks, head_dim]
- * @param scores  [n_blocks], bf16 values as fp32
+ * @param qi        bf16 [n_heads, head_dim] (rotated, Hadamard, FP4 round trip)
+ * @param w         bf16 [n_heads] (weights_proj output, scaled)
+ * @param keys      bf16 [n_blocks, head_dim]
+ * @param n_heads   indexer heads
+ * @param head_dim  indexer head width
+ * @param n_blocks  candidate blocks (the causal ones)
+ * @param scores    [n_blocks], bf16 values as fp32
  */
 void attn_indexer_scores(const uint16_t *qi, const uint16_t *w, const uint16_t *keys, int n_heads,
                          int head_dim, int64_t n_blocks, float *scores);
@@ -142,8 +153,12 @@ int64_t attn_topk_desc(const float *scores, int64_t n, int64_t k, attn_scored *w
  * (running max over the real scores), P rounded to bf16 for P.V, fp32 denominator; after the
  * last chunk the denominator gains exp(sink[h] - max).  o_h = bf16(acc / denom).
  * @param q        bf16 [n_heads, d]
+ * @param n_heads  query heads
+ * @param d        head width
  * @param kv_rows  @p n pointers to bf16 rows of d values (K = V), in list order
+ * @param n        list length
  * @param sink     fp32 [n_heads]
+ * @param scale    softmax scale applied to each dot product (d^-0.5)
  * @param acc      fp32 scratch [d]
  * @param scores   fp32 scratch [ATTN_SPARSE_CHUNK]
  * @param out      bf16 [n_heads, d]
@@ -157,9 +172,13 @@ void attn_sparse_attention(const uint16_t *q, int n_heads, int d, const uint16_t
 /**
  * The grouped low-rank output projection: z[t, g*o_lora + r] = bf16(sum_c o[t, g, c] *
  * wo_a[g*o_lora + r, c]) with o[t] viewed as [G, H*d/G]; out = wo_b(z).
+ * @param p    the layer's parameters
+ * @param w    the layer's weights (wo_a BF16 or F8 + scale, wo_b FP8)
  * @param o    bf16 [T, H*d]
- * @param z    bf16 scratch [T, G*o_lora]
- * @param out  bf16 [T, D]
+ * @param T    rows
+ * @param z    bf16 [T, G*o_lora], written (the latents)
+ * @param out  bf16 [T, D], written
+ * @param err  error message, or NULL
  */
 mmoe_status attn_out_proj(const mmoe_attn_params *p, const mmoe_attn_weights *w, const uint16_t *o,
                           int64_t T, uint16_t *z, uint16_t *out, mmoe_error *err);

@@ -44,6 +44,7 @@ void mmoe_attn_params_default_v4_flash(mmoe_attn_params *p, int compress_ratio)
     p->norm_eps = 1e-6;
 }
 
+/** Return MMOE_ERANGE with a message when @p cond holds. */
 #define RANGE_FAIL(cond, ...)                                                                      \
     do {                                                                                           \
         if (cond)                                                                                  \
@@ -118,7 +119,7 @@ static mmoe_status expect_exact(const mmoe_tensor *t, const char *prefix, const 
     return mmoe_tensor_expect(t, what, dt, ndim, shape, err);
 }
 
-/** Expect an FP8 linear `<prefix>.<name>.weight` [N, K] with its scale. */
+/** Expect the FP8 linear prefix.name (weight [N, K] and its scale). */
 static mmoe_status expect_fp8(const mmoe_tensor *w, const mmoe_tensor *s, const char *prefix,
                               const char *name, int64_t N, int64_t K, int block, mmoe_error *err)
 {
@@ -130,6 +131,7 @@ static mmoe_status expect_fp8(const mmoe_tensor *w, const mmoe_tensor *s, const 
     return mmoe_linear_fp8_check(w, s, N, K, block, what, err);
 }
 
+/** Check one compressor's four tensors (width c*dh, c = 2 for ratio 4). */
 static mmoe_status check_compressor(const mmoe_compressor_weights *c, const char *prefix, int ratio,
                                     int dh, int D, mmoe_error *err)
 {
@@ -197,7 +199,7 @@ mmoe_status mmoe_attn_weights_validate(const mmoe_attn_params *p, const char *pr
 
 /* ------------------------------------------------------------------ binding */
 
-/** Look up `<prefix>.<name>` into @p out. */
+/** Look up the tensor named prefix + "." + name into @p out. */
 static mmoe_status bind_one(mmoe_tensor_lookup_fn lookup, void *ctx, const char *prefix,
                             const char *name, mmoe_tensor *out, mmoe_error *err)
 {
@@ -209,6 +211,7 @@ static mmoe_status bind_one(mmoe_tensor_lookup_fn lookup, void *ctx, const char 
     return st;
 }
 
+/** Look up one compressor's four tensors under @p prefix. */
 static mmoe_status bind_compressor(mmoe_tensor_lookup_fn lookup, void *ctx, const char *prefix,
                                    mmoe_compressor_weights *c, mmoe_error *err)
 {

@@ -98,7 +98,7 @@ typedef struct mmoe_compressor_weights {
 
 /**
  * The weights of one attention layer, as borrowed views (spec section 4; names
- * relative to `layers.L.attn.`, or `mtp.0.attn.` for the MTP block).  FP8 weights
+ * relative to the prefix `layers.L.attn`, or `mtp.0.attn` for the MTP block).  FP8 weights
  * are F8_E4M3 [out, in] with F8_E8M0 scales [ceil(out/b), ceil(in/b)], b = weight_block.
  * Tensors a layer type does not have (compressor for ratio 0, indexer unless
  * ratio 4) are left zeroed (data == NULL).
@@ -117,11 +117,11 @@ typedef struct mmoe_attn_weights {
     mmoe_tensor wo_b;        /**< `wo_b.weight`  F8 [D, G*o_lora] */
     mmoe_tensor wo_b_scale;  /**< `wo_b.scale`   E8M0 */
     mmoe_tensor attn_sink;   /**< `attn_sink`    F32 [H] */
-    mmoe_compressor_weights compressor;      /**< `compressor.*` (ratio 4 or 128) */
+    mmoe_compressor_weights compressor;      /**< the tensors under `compressor` (ratio 4 or 128) */
     mmoe_tensor idx_wq_b;                    /**< `indexer.wq_b.weight` F8 [index_n_heads*index_head_dim, q_lora] (ratio 4) */
     mmoe_tensor idx_wq_b_scale;              /**< `indexer.wq_b.scale`  E8M0 */
     mmoe_tensor idx_weights_proj;            /**< `indexer.weights_proj.weight` BF16 (or F32) [index_n_heads, D] */
-    mmoe_compressor_weights idx_compressor;  /**< `indexer.compressor.*` (ratio 4) */
+    mmoe_compressor_weights idx_compressor;  /**< the tensors under `indexer.compressor` (ratio 4) */
 } mmoe_attn_weights;
 
 /**
@@ -134,7 +134,7 @@ typedef mmoe_status (*mmoe_tensor_lookup_fn)(void *ctx, const char *name, mmoe_t
                                             mmoe_error *err);
 
 /**
- * Fill @p w with the tensors `<prefix>.wq_a.weight`, ... of one layer (prefix e.g.
+ * Fill @p w with the tensors `PREFIX.wq_a.weight`, ... of one layer (prefix e.g.
  * "layers.2.attn" or "mtp.0.attn") through @p lookup, then validate them with
  * mmoe_attn_weights_validate().  Only the tensors of the layer type are looked up;
  * `wo_a.scale` is looked up only when `wo_a` is F8.
@@ -164,7 +164,10 @@ typedef struct mmoe_attn_cache mmoe_attn_cache;
 
 /**
  * Allocate a cache for sequences of at most @p max_seq_len tokens and reset it.
- * @param out  receives the cache; free it with mmoe_attn_cache_destroy()
+ * @param p            the layer's parameters (validated here)
+ * @param max_seq_len  positions 0 .. max_seq_len-1 can be processed
+ * @param out          receives the cache (NULL on error); free it with mmoe_attn_cache_destroy()
+ * @param err          error message, or NULL
  * @return MMOE_OK, MMOE_ERANGE (bad params or max_seq_len < 1), MMOE_ENOMEM
  */
 mmoe_status mmoe_attn_cache_create(const mmoe_attn_params *p, int64_t max_seq_len,

@@ -39,9 +39,15 @@ extern "C" {
 
 /**
  * Check an FP8 weight/scale pair: @p w F8_E4M3 [N, K], @p scale F8_E8M0
- * [ceil(N/b), ceil(K/b)], K a multiple of 128 (the activation block).
- * @param name  tensor name for messages (e.g. "layers.2.attn.wq_a")
- * @return MMOE_OK, MMOE_EDTYPE, MMOE_ESHAPE or MMOE_ERANGE (bad K or b)
+ * [ceil(N/b), ceil(K/b)], K a multiple of 128 (the activation block), no scale byte 255.
+ * @param w      the weight view
+ * @param scale  the scale view
+ * @param N      expected output width
+ * @param K      expected input width
+ * @param block  weight block edge b (must divide 128)
+ * @param name   tensor name for messages (e.g. "layers.2.attn.wq_a")
+ * @param err    error message, or NULL
+ * @return MMOE_OK, MMOE_EDTYPE, MMOE_ESHAPE, MMOE_ENOTFOUND (no data) or MMOE_ERANGE (bad K or b, NaN scale)
  */
 mmoe_status mmoe_linear_fp8_check(const mmoe_tensor *w, const mmoe_tensor *scale, int64_t N,
                                   int64_t K, int block, const char *name, mmoe_error *err);
@@ -54,6 +60,7 @@ mmoe_status mmoe_linear_fp8_check(const mmoe_tensor *w, const mmoe_tensor *scale
  * @param scale  F8_E8M0 [ceil(N/block), ceil(K/block)]
  * @param block  weight block edge (128 or 32; must divide 128)
  * @param y      bf16 [T, N], written
+ * @param err    error message, or NULL
  * @return MMOE_OK, MMOE_ENOMEM, or the errors of mmoe_linear_fp8_check()
  */
 mmoe_status mmoe_linear_fp8(const uint16_t *x, int64_t T, const mmoe_tensor *w,
@@ -63,8 +70,15 @@ mmoe_status mmoe_linear_fp8(const uint16_t *x, int64_t T, const mmoe_tensor *w,
  * y = x @ W^T for a BF16 or F32 weight [N, K]: each output is the exact-product,
  * double-accumulated dot product (fixed order), rounded to fp32; written as fp32
  * to @p y_f32 and/or as bf16 (RNE of that fp32) to @p y_bf16 (either may be NULL).
- * @param x  bf16 [T, K]
- * @return MMOE_OK, or MMOE_EDTYPE / MMOE_ESHAPE if @p w is not BF16/F32 [N, K]
+ * @param x       bf16 [T, K]
+ * @param T       rows
+ * @param K       input width
+ * @param w       BF16 or F32 [N, K]
+ * @param N       output width
+ * @param y_f32   fp32 [T, N] or NULL
+ * @param y_bf16  bf16 [T, N] or NULL
+ * @param err     error message, or NULL
+ * @return MMOE_OK, MMOE_ENOMEM, or MMOE_EDTYPE / MMOE_ESHAPE if @p w is not BF16/F32 [N, K]
  */
 mmoe_status mmoe_linear_dense(const uint16_t *x, int64_t T, int64_t K, const mmoe_tensor *w,
                               int64_t N, float *y_f32, uint16_t *y_bf16, mmoe_error *err);
@@ -73,7 +87,10 @@ mmoe_status mmoe_linear_dense(const uint16_t *x, int64_t T, int64_t K, const mmo
  * RMSNorm of the reference: y = bf16(w_fp32 * (x_fp32 * rsqrt(mean(x_fp32^2) + eps))),
  * the mean accumulated in double and rounded to fp32, rsqrt in fp32.
  * @param x       bf16 [T, n]
+ * @param T       rows
+ * @param n       row width
  * @param weight  BF16 or F32 [n] (values upcast to fp32)
+ * @param eps     epsilon added to the mean square (fp32)
  * @param y       bf16 [T, n] (may alias @p x)
  */
 void mmoe_rmsnorm_bf16(const uint16_t *x, int64_t T, int64_t n, const mmoe_tensor *weight,
@@ -82,13 +99,15 @@ void mmoe_rmsnorm_bf16(const uint16_t *x, int64_t T, int64_t n, const mmoe_tenso
 /**
  * In-place FP8 QAT round trip (`act_quant` in place): per block of @p block values,
  * s = 2^ceil(log2(max(amax, 1e-4)/448)), x <- bf16(fp32(e4m3(clamp(x/s, +-448))) * s).
- * @p n must be a multiple of @p block.
+ * Preconditions: 1 <= @p block <= 256 and @p n a multiple of @p block (a trailing
+ * partial block would be left unchanged).
  */
 void mmoe_roundtrip_fp8_bf16(uint16_t *x, int64_t n, int block);
 
 /**
  * In-place FP4 QAT round trip (`fp4_act_quant`): per block, s = 2^ceil(log2(max(amax,
- * 6*2^-126)/6)), x <- bf16(e2m1_rne_sat(x/s) * s).  @p n must be a multiple of @p block.
+ * 6*2^-126)/6)), x <- bf16(e2m1_rne_sat(x/s) * s).  Precondition: @p n a multiple of
+ * @p block (a trailing partial block would be left unchanged).
  */
 void mmoe_roundtrip_fp4_bf16(uint16_t *x, int64_t n, int block);
 

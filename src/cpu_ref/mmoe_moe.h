@@ -335,7 +335,8 @@ typedef struct mmoe_moe_result {
     mmoe_moe_timings time;         /**< per-stage times */
 } mmoe_moe_result;
 
-/** Reset @p result for a call, keeping expert_recv_stats. */
+/** Zero @p result (expert_recv_stats = NULL, backend "cpu"); set expert_recv_stats afterwards.
+ *  mmoe_moe_layer_run() resets every other field itself and keeps expert_recv_stats. */
 void mmoe_moe_result_init(mmoe_moe_result *result);
 
 /** "none", "fused", "serial". */

@@ -39,9 +39,9 @@
 #include <time.h>
 
 /** Rows of W1/W3 per L1 tile. */
-#define MOE_L1_ROWS 32
+#define MOE_L1_ROWS 128
 /** Rows of W2 per L2 tile. */
-#define MOE_L2_ROWS 256
+#define MOE_L2_ROWS 4096
 /** K chunk of the L2 GEMM (the quantization group of 128 and the alignment of I). */
 #define MOE_K_CHUNK 128
 

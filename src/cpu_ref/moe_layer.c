@@ -177,10 +177,16 @@ mmoe_moe_path mmoe_moe_layer_shared_plan(const mmoe_moe_layer *layer, mmoe_moe_f
 
 void mmoe_moe_result_init(mmoe_moe_result *r)
 {
-    int64_t *stats = r->expert_recv_stats;
     memset(r, 0, sizeof *r);
-    r->expert_recv_stats = stats;
     r->backend = "cpu";
+}
+
+/** Reset a result at the start of a call, keeping the caller's expert_recv_stats array. */
+static void result_reset(mmoe_moe_result *r)
+{
+    int64_t *stats = r->expert_recv_stats;
+    mmoe_moe_result_init(r);
+    r->expert_recv_stats = stats;
 }
 
 /* ------------------------------------------------------------------ one call */
@@ -374,7 +380,7 @@ mmoe_status mmoe_moe_layer_run(mmoe_moe_layer *layer, const mmoe_moe_input *in, 
         err = &local_err;
     mmoe_error_clear(err);
     if (result != NULL)
-        mmoe_moe_result_init(result);
+        result_reset(result);
     if (layer == NULL || in == NULL || out == NULL)
         return fail(result, err, mmoe_error_set(err, MMOE_EINVAL, "moe run: layer, input and output are required"));
     const mmoe_moe_desc *desc = &layer->desc;
