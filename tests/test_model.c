@@ -117,12 +117,12 @@ static float f32_of(const mmoe_tensor *t, int64_t i)
 }
 
 /**
- * The head against float64 (spec 3.7) on the final streams of a short prefill.
+ * The embedding (exact rows) and the head against float64 (spec 3.7) on the final streams of a short prefill.
  * Bound: the C head's bf16 hc_head output and bf16 norm output may each differ by one
  * bf16 ulp (2^-8 relative) from the double path, so logit v may move by at most
  * 2^-7 * sum_c |y_c * w_vc| (+ fp32 rounding of the result).
  */
-START_TEST(head_vs_f64)
+START_TEST(embed_and_head_vs_f64)
 {
     char root[512], dir[600];
     make_tiny(root, sizeof root, dir, sizeof dir, 1, 0);
@@ -141,6 +141,17 @@ START_TEST(head_vs_f64)
     ck_assert(mmoe_model_state_create(m, T, &s, &err) == MMOE_OK);
     mmoe_test_poison_f32(logits, (size_t)(T * V));
     ck_assert(mmoe_model_forward(m, s, ids, T, logits, 0, X, &err) == MMOE_OK);
+    /* embedding: the rows of embed.weight, bit for bit; a bad id is named */
+    uint16_t *h = malloc(sizeof(uint16_t) * (size_t)(T * D));
+    mmoe_test_poison_bf16(h, (size_t)(T * D));
+    ck_assert(mmoe_model_embed(m, ids, T, h, &err) == MMOE_OK);
+    const mmoe_tensor *emb = mmoe_ckpt_find(ck, "embed.weight");
+    for (int64_t t = 0; t < T; t++)
+        ck_assert_mem_eq(h + t * D, (const uint16_t *)emb->data + (int64_t)ids[t] * D, sizeof(uint16_t) * (size_t)D);
+    int32_t bad_ids[2] = {1, -3};
+    ck_assert_int_eq(mmoe_model_embed(m, bad_ids, 2, h, &err), MMOE_EINVAL);
+    ck_assert(strstr(err.msg, "token 1: id -3") != NULL);
+    free(h);
     const mmoe_tensor *fn = mmoe_ckpt_find(ck, "hc_head_fn"), *base = mmoe_ckpt_find(ck, "hc_head_base"),
                       *scale = mmoe_ckpt_find(ck, "hc_head_scale"), *norm = mmoe_ckpt_find(ck, "norm.weight"),
                       *head = mmoe_ckpt_find(ck, "head.weight");
@@ -350,7 +361,7 @@ static Suite *model_suite(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, prefill_equals_decode);
-    tcase_add_test(tc, head_vs_f64);
+    tcase_add_test(tc, embed_and_head_vs_f64);
     tcase_add_test(tc, loader_errors_name_the_tensor);
     tcase_add_test(tc, cli_bad_input);
     suite_add_tcase(s, tc);

@@ -36,6 +36,7 @@ static uint64_t name_hash(const char *s)
     return h;
 }
 
+/** Element count of a spec (packed FP4: bytes). */
 static uint64_t numel_of(const mmoe_tensor_spec *s)
 {
     return (uint64_t)s->shape[0] * (uint64_t)(s->ndim == 2 ? s->shape[1] : 1);
@@ -107,12 +108,13 @@ static void quantize_fp8_blocks(const float *w, int64_t out, int64_t in, int bn,
 
 /** The bytes of one tensor (and, for quantized weights, of its scale). */
 typedef struct gen_out {
-    void *data;
-    size_t nbytes;
+    void *data;           /**< the tensor's bytes (owned) */
+    size_t nbytes;        /**< their count */
     void *scale;          /**< bytes of the following scale tensor, or NULL */
-    size_t scale_nbytes;
+    size_t scale_nbytes;  /**< their count */
 } gen_out;
 
+/** Generate the bytes of tensor @p s (and of its scale @p next, for FP8/FP4 weights). */
 static mmoe_status gen_tensor(const mmoe_config *c, const mmoe_tensor_spec *s, const mmoe_tensor_spec *next,
                               uint64_t seed, const float *normals, gen_out *g, mmoe_error *err)
 {
@@ -229,6 +231,7 @@ static void remove_partial(const char *dir)
     rmdir(dir);
 }
 
+/** Write @p text to @p path atomically. */
 static mmoe_status write_text_file(const char *path, const char *text, mmoe_error *err)
 {
     mmoe_atomic_file af;

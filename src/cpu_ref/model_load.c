@@ -26,11 +26,12 @@
 
 /** Lookup context: the checkpoint, and an optional prefix rewrite for the MTP block. */
 typedef struct lookup_ctx {
-    const mmoe_ckpt *ck;
-    const char *from; /**< e.g. "layers.43." */
-    const char *to;   /**< e.g. "mtp.0." */
+    const mmoe_ckpt *ck; /**< the checkpoint */
+    const char *from;    /**< e.g. "layers.43." */
+    const char *to;      /**< e.g. "mtp.0." */
 } lookup_ctx;
 
+/** The lookup callback given to the attention binder and the MoE loader. */
 static mmoe_status ckpt_lookup(void *vctx, const char *name, mmoe_tensor *out, mmoe_error *err)
 {
     const lookup_ctx *ctx = vctx;
@@ -62,6 +63,7 @@ static int dtype_ok(const mmoe_tensor_spec *s, mmoe_dtype found)
     return 0;
 }
 
+/** Is this one of the two `attn.wo_a` tensors? */
 static int is_wo_a(const char *name) { return strstr(name, "attn.wo_a.") != NULL; }
 
 /**
@@ -147,6 +149,7 @@ static mmoe_status f32_view(mmoe_model *m, const char *name, const float **out, 
     return MMOE_OK;
 }
 
+/** The three mHC tensors `<pre><site>_fn/_base/_scale` as fp32 arrays. */
 static mmoe_status bind_hc(mmoe_model *m, const char *pre, const char *site, model_hc *hc, mmoe_error *err)
 {
     char n[128];
@@ -161,6 +164,7 @@ static mmoe_status bind_hc(mmoe_model *m, const char *pre, const char *site, mod
     return f32_view(m, n, &hc->scale, err);
 }
 
+/** The view of tensor `<pre><name>` (already checked by check_tensors()). */
 static mmoe_status get_view(const mmoe_model *m, const char *pre, const char *name, mmoe_tensor *out,
                             mmoe_error *err)
 {
@@ -173,6 +177,7 @@ static mmoe_status get_view(const mmoe_model *m, const char *pre, const char *na
     return MMOE_OK;
 }
 
+/** A head's mHC tensors and final norm. */
 static mmoe_status bind_head(mmoe_model *m, const char *pre, model_head *h, mmoe_error *err)
 {
     mmoe_status st = bind_hc(m, pre, "hc_head", &h->hc, err);
@@ -207,6 +212,7 @@ static void attn_params_of(const mmoe_config *c, int layer, mmoe_attn_params *p)
     p->norm_eps = c->norm_eps;
 }
 
+/** Bind block @p layer: mHC, norms, attention (fwd-blocks' binder) and the MoE layer. */
 static mmoe_status bind_block(mmoe_model *m, int layer, mmoe_error *err)
 {
     const mmoe_config *c = &m->cfg;
@@ -272,6 +278,7 @@ static mmoe_status bind_block(mmoe_model *m, int layer, mmoe_error *err)
     return mmoe_moe_layer_load(b->moe, ckpt_lookup, &mc, layer, err);
 }
 
+/** The MTP block's input projections, norms and head. */
 static mmoe_status bind_mtp(mmoe_model *m, int i, mmoe_error *err)
 {
     model_mtp *t = &m->mtp[i];
