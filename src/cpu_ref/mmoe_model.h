@@ -29,10 +29,12 @@
  * ## Prefill and decode
  *
  * mmoe_model_forward() runs T consecutive tokens from the state's current position:
- * a prefill is one call with all prompt tokens, decode is one call per token.  Every
- * part is row-independent and fixed-order (attention reads only its cache, the GEMMs
- * have exact block partials, the head accumulates in double in a fixed order), so
- * decoding token by token gives bit-identical logits to one prefill.
+ * a prefill is one call with all prompt tokens, decode is one call per token, and any
+ * chunking in between works.  Attention (reads only its cache, exact-partial GEMMs),
+ * mHC, norms and the head (fixed-order double sums) are row-independent, so a token's
+ * bits do not depend on its batch -- except through the MoE oracle, whose fp32 BLAS
+ * GEMMs may sum in a different order for a different number of rows: decode = prefill
+ * bit for bit in most runs, else up to flipped bf16 roundings (docs/forward.md).
  */
 #ifndef MMOE_MODEL_H
 #define MMOE_MODEL_H
