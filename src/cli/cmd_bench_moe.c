@@ -31,8 +31,10 @@
 #include "mmoe_formats.h"
 #include "mmoe_moe_synth.h"
 
+/** Most token counts in one --tokens list. */
 #define BENCH_MAX_T 32
 
+/** Monotonic time in seconds. */
 static double now_s(void)
 {
     struct timespec ts;
@@ -40,18 +42,21 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/** qsort comparator of doubles. */
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
 
+/** Median of @p n values (sorts them). */
 static double median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/** Print the usage. */
 static void bench_usage(FILE *out)
 {
     fprintf(out, "usage: megamoe bench moe --shape v4-flash|v4-pro|v4.1-flash|tiny [--experts N]\n"
@@ -89,6 +94,7 @@ static double sgemm_same_shapes(const mmoe_moe_desc *d, const int64_t *counts, i
     return now_s() - t0;
 }
 
+/** Time the layer and the SGEMM yardstick at one token count; print one row. */
 static int bench_one(const mmoe_moe_desc *d, mmoe_moe_layer *layer, const mmoe_moe_synth *s, int64_t t, int reps,
                      uint64_t seed, const float *w13, const float *w2)
 {
@@ -133,9 +139,9 @@ static int bench_one(const mmoe_moe_desc *d, mmoe_moe_layer *layer, const mmoe_m
         ref[r] = sgemm_same_shapes(d, counts, t, shared, w13, w2, a, c);
     }
     double tl = median(times, reps), ts = median(ref, reps);
-    printf("%6lld %8lld %7lld %10.3f %9.2f %10.3f %9.2f %7.2f   %5.1f%% %5.1f%%  %s%s%s\n", (long long)t,
+    printf("%6lld %8lld %7lld %10.3f %9.2f %10.3f %9.2f %7.2f %10.3f %9.3f  %s%s%s\n", (long long)t,
            (long long)res.routed_pairs, (long long)res.active_experts, 1e3 * tl, flops / tl * 1e-9, 1e3 * ts,
-           flops / ts * 1e-9, ts / tl, 100 * dq / (dq + gm), 100 * gm / (dq + gm) , mmoe_moe_path_name(res.shared_path),
+           flops / ts * 1e-9, ts / tl, 1e3 * dq / reps, 1e3 * gm / reps, mmoe_moe_path_name(res.shared_path),
            res.shared_path == MMOE_PATH_SERIAL ? " fallback: " : "",
            res.shared_path == MMOE_PATH_SERIAL ? res.fallback_reason : "");
     rc = 0;
@@ -232,11 +238,11 @@ int mmoe_cmd_bench_moe(int argc, char **argv)
                shape, (long long)d.hidden, (long long)d.inter, (long long)d.n_experts, d.topk,
                mmoe_moe_recipe_name(d.recipe), mmoe_moe_shared_mode_name(d.shared_mode), pad_to, reps,
                openblas_get_corename(), openblas_get_num_threads(), now_s() - t0);
-        printf("     T    pairs  active   layer_ms  layer_GF  sgemm_ms  sgemm_GF   ratio  dequant  gemm  shared\n");
+        printf("     T    pairs  active   layer_ms  layer_GF   sgemm_ms  sgemm_GF   ratio dequant_ms   gemm_ms  shared\n");
         for (int i = 0; i < nt && rc == 0; i++)
             rc = bench_one(&d, layer, s, tv[i], reps, seed, w13, w2);
         printf("ratio = SGEMM time / layer time for the same GEMM FLOPs (target at T=64: >= 0.5); "
-               "dequant/gemm = share of the layer's GEMM-stage time\n");
+               "dequant_ms / gemm_ms: mean per call inside the layer\n");
     } else {
         fprintf(stderr, "megamoe bench moe: %s\n", err.msg);
         rc = 1;

@@ -31,15 +31,23 @@
 #include "mmoe_moe.h"
 #include "mmoe_safetensors.h"
 
+/** Options of `megamoe moe`. */
 typedef struct moe_opts {
-    const char *weights, *input, *out;
-    const char *recipe, *shared, *backend, *math;
-    long long pad_to;
-    int layer;
-    int topk;
-    double route_scale, swiglu_limit;
+    const char *weights;  /**< --weights */
+    const char *input;    /**< --input */
+    const char *out;      /**< --out */
+    const char *recipe;   /**< --recipe (NULL: sm100) */
+    const char *shared;   /**< --shared (NULL: auto) */
+    const char *backend;  /**< --backend */
+    const char *math;     /**< --math (NULL: precise) */
+    long long pad_to;     /**< --pad-to (0: none) */
+    int layer;            /**< --layer (-1: detect) */
+    int topk;             /**< --topk (0: from the file) */
+    double route_scale;   /**< --route-scale (0: from the file) */
+    double swiglu_limit;  /**< --swiglu-limit (< 0: from the file) */
 } moe_opts;
 
+/** Print the usage. */
 static void moe_usage(FILE *out)
 {
     fprintf(out,
@@ -68,6 +76,7 @@ static mmoe_status ckpt_lookup(void *ctx, const char *name, mmoe_tensor *out, mm
     return MMOE_OK;
 }
 
+/** The tensor "layers.L.name" (L >= 0) or "name". */
 static const mmoe_tensor *find_layer_tensor(const mmoe_ckpt *ck, int layer, const char *name)
 {
     char full[256];
@@ -107,6 +116,7 @@ static int pick_layer(const mmoe_ckpt *ck, int requested, mmoe_error *err, int *
     return -1;
 }
 
+/** A metadata value of the first shard, or NULL. */
 static const char *meta(const mmoe_ckpt *ck, const char *key)
 {
     return mmoe_ckpt_shard_count(ck) > 0 ? mmoe_st_metadata(mmoe_ckpt_shard(ck, 0), key) : NULL;
@@ -179,10 +189,11 @@ static mmoe_status desc_from_ckpt(const mmoe_ckpt *ck, int layer, const moe_opts
 
 /** The run inputs from the input file (converted copies are owned by @p bufs). */
 typedef struct input_bufs {
-    int32_t *token_ids;
-    int64_t *topk_idx;
+    int32_t *token_ids; /**< token ids converted to int32 */
+    int64_t *topk_idx;  /**< topk_idx converted to int64 */
 } input_bufs;
 
+/** Check and read x, token_ids, topk_idx, topk_weights of the input file. */
 static mmoe_status read_input(const mmoe_st_file *f, const mmoe_moe_desc *d, mmoe_moe_input *in, input_bufs *bufs,
                               mmoe_error *err)
 {
@@ -237,6 +248,7 @@ static mmoe_status read_input(const mmoe_st_file *f, const mmoe_moe_desc *d, mmo
     return MMOE_OK;
 }
 
+/** Write y, topk_idx, topk_weights and the path metadata, atomically. */
 static mmoe_status write_output(const char *path, const mmoe_moe_desc *d, int64_t t, const mmoe_moe_output *o,
                                 const mmoe_moe_result *r, mmoe_error *err)
 {
@@ -262,6 +274,7 @@ static mmoe_status write_output(const char *path, const mmoe_moe_desc *d, int64_
     return st;
 }
 
+/** Print the path, padding, memory and timings of a call. */
 static void print_result(const mmoe_moe_desc *d, const mmoe_moe_result *r, const mmoe_moe_memory *mem)
 {
     printf("moe: backend %s, recipe %s, math %s, D %lld, I %lld, E %lld, topk %d, routing %s\n", r->backend,
@@ -283,6 +296,7 @@ static void print_result(const mmoe_moe_desc *d, const mmoe_moe_result *r, const
            1e3 * t->epilogue_s, 1e3 * t->combine_s);
 }
 
+/** Parse the options: 0 to run, -1 after --help, else the exit status. */
 static int parse(int argc, char **argv, moe_opts *o)
 {
     static const struct option longopts[] = {

@@ -21,6 +21,7 @@
 #include "mmoe_moe_synth.h"
 #include "mmoe_safetensors.h"
 
+/** Print the usage. */
 static void synth_usage(FILE *out)
 {
     fprintf(out, "usage: megamoe synth-layer --shape v4-flash|v4-pro|v4.1-flash|tiny --seed S --out FILE\n"
@@ -29,6 +30,7 @@ static void synth_usage(FILE *out)
                  "Write a random MoE layer (checkpoint names and dtypes) and optionally a random input.\n");
 }
 
+/** Write a random input file: x [t, D] and token_ids [t]. */
 static mmoe_status write_input(const mmoe_moe_desc *d, int64_t t, uint64_t seed, mmoe_moe_synth_values v,
                                const char *path, mmoe_error *err)
 {
