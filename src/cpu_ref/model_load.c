@@ -314,17 +314,17 @@ mmoe_status mmoe_model_open(const char *dir, mmoe_model_progress_fn progress, vo
         progress(progress_ctx, 0, m->cfg.n_layers + m->cfg.n_mtp_layers, "mapping shards");
     if (st == MMOE_OK)
         st = mmoe_ckpt_open(dir, &m->ck, err);
+    /* an unset expert_dtype is decided by the checkpoint (the initial V4-Flash config lacks the key) */
+    if (st == MMOE_OK && m->cfg.expert_dtype == MMOE_EXPERT_UNSET) {
+        const mmoe_tensor *w1 = mmoe_ckpt_find(m->ck, "layers.0.ffn.experts.0.w1.weight");
+        m->cfg.expert_dtype = (w1 && w1->dtype == MMOE_DT_F8_E4M3) ? MMOE_EXPERT_FP8 : MMOE_EXPERT_FP4;
+    }
     if (st == MMOE_OK)
         st = check_tensors(m, dir, err);
     if (st != MMOE_OK)
         goto fail;
     for (size_t i = 0; i < mmoe_ckpt_count(m->ck); i++)
         m->weight_bytes += mmoe_ckpt_get(m->ck, i)->view.nbytes;
-    /* an unset expert_dtype is decided by the checkpoint (the initial V4-Flash config lacks the key) */
-    if (m->cfg.expert_dtype == MMOE_EXPERT_UNSET) {
-        const mmoe_tensor *w1 = mmoe_ckpt_find(m->ck, "layers.0.ffn.experts.0.w1.weight");
-        m->cfg.expert_dtype = (w1 && w1->dtype == MMOE_DT_F8_E4M3) ? MMOE_EXPERT_FP8 : MMOE_EXPERT_FP4;
-    }
     m->hcp.hc = m->cfg.hc_mult;
     m->hcp.dim = m->cfg.dim;
     m->hcp.sinkhorn_iters = m->cfg.hc_sinkhorn_iters;
