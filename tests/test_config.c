@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "mmoe_config.h"
+#include "mmoe_model_tensors.h"
 #include "mmoe_test.h"
 
 static void fixture(const char *name, char *buf, size_t n)
@@ -217,6 +218,59 @@ START_TEST(presets_round_trip)
 }
 END_TEST
 
+/*
+ * The tensor list of the V4-Flash config against the published checkpoint facts (spec
+ * section 1, "V4-Flash checkpoint facts"): 69,187 tensors, 159,609,485,896 bytes.  A
+ * wrong shape, dtype or a missing/extra tensor anywhere would change one of the two.
+ */
+START_TEST(flash_tensor_list_matches_published_checkpoint)
+{
+    char p[4096];
+    mmoe_config c;
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    fixture("deepseek-v4-flash.json", p, sizeof p);
+    ck_assert(mmoe_config_load(p, &c, &err) == MMOE_OK);
+    c.expert_dtype = MMOE_EXPERT_FP4; /* the current revision's value */
+    mmoe_tensor_spec *specs = NULL;
+    size_t n = 0;
+    ck_assert_msg(mmoe_model_tensor_list(&c, &specs, &n, &err) == MMOE_OK, "%s", err.msg);
+    ck_assert_uint_eq(n, 69187);
+    ck_assert_uint_eq(mmoe_model_tensor_bytes(specs, n), 159609485896ull);
+    /* spot checks from the table of spec section 4 */
+    int seen = 0;
+    for (size_t i = 0; i < n; i++) {
+        const mmoe_tensor_spec *s = &specs[i];
+        if (strcmp(s->name, "layers.2.attn.indexer.compressor.ape") == 0) {
+            ck_assert(s->dtype == MMOE_DT_F32 && s->shape[0] == 4 && s->shape[1] == 256);
+            seen++;
+        } else if (strcmp(s->name, "layers.3.attn.compressor.wkv.weight") == 0) {
+            ck_assert(s->dtype == MMOE_DT_BF16 && s->shape[0] == 512 && s->shape[1] == 4096);
+            seen++;
+        } else if (strcmp(s->name, "layers.0.ffn.gate.tid2eid") == 0) {
+            ck_assert(s->dtype == MMOE_DT_I64 && s->shape[0] == 129280 && s->shape[1] == 6);
+            seen++;
+        } else if (strcmp(s->name, "layers.7.ffn.experts.255.w2.scale") == 0) {
+            ck_assert(s->dtype == MMOE_DT_F8_E8M0 && s->shape[0] == 4096 && s->shape[1] == 64);
+            seen++;
+        } else if (strcmp(s->name, "mtp.0.e_proj.scale") == 0) {
+            ck_assert(s->shape[0] == 32 && s->shape[1] == 32);
+            seen++;
+        } else if (strcmp(s->name, "layers.5.attn.wo_a.scale") == 0) {
+            ck_assert(s->shape[0] == 64 && s->shape[1] == 32);
+            seen++;
+        }
+    }
+    ck_assert_int_eq(seen, 6);
+    free(specs);
+    /* V4.1 layer types have no published layout: refused, naming the layer */
+    fixture("deepseek-v4.1-flash.RECONSTRUCTED_NOT_VERBATIM.json", p, sizeof p);
+    ck_assert(mmoe_config_load(p, &c, &err) == MMOE_OK);
+    ck_assert_int_eq(mmoe_model_tensor_list(&c, &specs, &n, &err), MMOE_EUNSUPPORTED);
+    ck_assert(strstr(err.msg, "compress_ratios[2]") != NULL);
+}
+END_TEST
+
 static Suite *config_suite(void)
 {
     Suite *s = suite_create("config");
@@ -226,6 +280,7 @@ static Suite *config_suite(void)
     tcase_add_test(tc, pro_and_v41);
     tcase_add_test(tc, errors_name_the_key);
     tcase_add_test(tc, presets_round_trip);
+    tcase_add_test(tc, flash_tensor_list_matches_published_checkpoint);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -21,6 +21,7 @@
 #include "mmoe_model.h"
 #include "mmoe_rng.h"
 
+/** Print the usage text to @p out. */
 static void usage(FILE *out)
 {
     fprintf(out, "usage: megamoe bench forward --model DIR [--tokens N] [--decode K] [--seed S]\n"
@@ -28,6 +29,7 @@ static void usage(FILE *out)
                  "  prints prefill tokens/s, decode ms/token, the per-layer split and peak RSS.\n");
 }
 
+/** Monotonic clock in seconds. */
 static double now_s(void)
 {
     struct timespec ts;
@@ -35,6 +37,7 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/** Progress line on stderr. */
 static void progress(void *ctx, int done, int total, const char *what)
 {
     (void)ctx;

@@ -21,6 +21,7 @@
 #include "mmoe_model.h"
 #include "mmoe_safetensors.h"
 
+/** Print the usage text to @p out. */
 static void usage(FILE *out)
 {
     fprintf(out, "usage: megamoe logits --model DIR --tokens ID,ID,... --out FILE [--last] [--mtp] [--decode]\n"
@@ -56,6 +57,7 @@ static int64_t parse_tokens(const char *s, int32_t **out)
     return n;
 }
 
+/** Progress line on stderr. */
 static void progress(void *ctx, int done, int total, const char *what)
 {
     (void)ctx;

@@ -18,6 +18,7 @@
 #include "mmoe_config.h"
 #include "mmoe_synth_model.h"
 
+/** Print the usage text to @p out. */
 static void usage(FILE *out)
 {
     fprintf(out,
@@ -30,6 +31,7 @@ static void usage(FILE *out)
             "  --shard-mib M  shard size target in MiB (default 4096)\n");
 }
 
+/** Progress line on stderr. */
 static void progress(void *ctx, int shard, int n_shards, uint64_t bytes)
 {
     (void)ctx;
@@ -37,6 +39,7 @@ static void progress(void *ctx, int shard, int n_shards, uint64_t bytes)
             (double)bytes / (1024.0 * 1024.0));
 }
 
+/** Parse a non-negative integer (0x allowed); 0 on success, -1 on error. */
 static int parse_u64(const char *s, uint64_t *v)
 {
     char *end;
@@ -98,7 +101,7 @@ int mmoe_cmd_synth_model(int argc, char **argv)
     fprintf(stderr, "synth-model: shape %s, %d layers + %d MTP, seed %llu -> %s\n", shape, cfg.n_layers,
             cfg.n_mtp_layers, (unsigned long long)seed, out);
     if (mmoe_synth_model_write(&cfg, seed, out, shard_mib << 20, progress, NULL, &err) != MMOE_OK) {
-        fprintf(stderr, "megamoe synth-model: %s\n", err.msg);
+        fprintf(stderr, "megamoe %s\n", err.msg); /* the message starts with "synth-model: " */
         return 1;
     }
     return 0;

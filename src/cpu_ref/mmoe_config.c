@@ -30,10 +30,13 @@ typedef struct key_spec {
     size_t offset;        /**< offsetof(mmoe_config, field) */
     int has_default;      /**< 1: missing key takes def */
     double def;           /**< the reference's default */
-    double min, max;      /**< inclusive range */
+    double min;           /**< smallest allowed value */
+    double max;           /**< largest allowed value */
 } key_spec;
 
+/** Offset of a field of ::mmoe_config. */
 #define OFF(f) offsetof(mmoe_config, f)
+/** Every scalar field: HF key, reference key, storage, default, range (spec section 2). */
 static const key_spec key_table[] = {
     {"vocab_size", "vocab_size", KEY_I64, OFF(vocab_size), 0, 0, 1, 1e9},
     {"hidden_size", "dim", KEY_I64, OFF(dim), 0, 0, 128, 1e6},
@@ -73,6 +76,7 @@ static const key_spec key_table[] = {
     {"eos_token_id", NULL, KEY_I64, OFF(eos_token_id), 1, 1, 0, 1e9},
 };
 #undef OFF
+/** Number of rows of key_table. */
 #define N_KEYS (sizeof key_table / sizeof key_table[0])
 
 /** Look a dotted path ("rope_scaling.factor") up in @p obj; NULL if any step is missing. */
@@ -111,6 +115,7 @@ static json_t *find_key(json_t *root, const char *hf, const char *ref, const cha
     return NULL;
 }
 
+/** Read one scalar field (either spelling, default, type and range checks). */
 static mmoe_status read_scalar(json_t *root, const key_spec *k, const char *source, mmoe_config *cfg,
                                mmoe_error *err)
 {
@@ -150,6 +155,7 @@ static mmoe_status read_scalar(json_t *root, const key_spec *k, const char *sour
     return MMOE_OK;
 }
 
+/** `scoring_func` / `score_func`. */
 static mmoe_status read_score_func(json_t *root, const char *source, mmoe_config *cfg, mmoe_error *err)
 {
     const char *used;
@@ -174,6 +180,7 @@ static mmoe_status read_score_func(json_t *root, const char *source, mmoe_config
     return MMOE_OK;
 }
 
+/** `compress_ratios`: n_layers or n_layers + n_mtp_layers entries of 0, 4, 128 (1, 2: V4.1). */
 static mmoe_status read_ratios(json_t *root, const char *source, mmoe_config *cfg, mmoe_error *err)
 {
     json_t *v = json_object_get(root, "compress_ratios");
@@ -343,12 +350,15 @@ mmoe_status mmoe_config_load(const char *path, mmoe_config *cfg, mmoe_error *err
     return st;
 }
 
+/** Is @p v a positive power of two? */
 static int is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
+/** Fail the validation with MMOE_ERANGE and a message naming the key. */
+#define BAD(...) return mmoe_error_set(err, MMOE_ERANGE, __VA_ARGS__)
 
 mmoe_status mmoe_config_validate(const mmoe_config *c, mmoe_error *err)
 {
     const int64_t B = MMOE_ACT_BLOCK;
-#define BAD(...) return mmoe_error_set(err, MMOE_ERANGE, __VA_ARGS__)
     if (c->dim % B)
         BAD("config: key 'hidden_size' (dim) = %lld: must be a multiple of %lld (activation quant block)",
             (long long)c->dim, (long long)B);

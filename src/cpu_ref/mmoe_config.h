@@ -125,6 +125,7 @@ mmoe_status mmoe_config_validate(const mmoe_config *cfg, mmoe_error *err);
  * @param name      the shape name
  * @param n_layers  main layers (0 = the shape's own count)
  * @param cfg       written on success
+ * @param err       message on failure
  * @return MMOE_OK or MMOE_EINVAL (unknown name or bad layer count)
  */
 mmoe_status mmoe_config_preset(const char *name, int n_layers, mmoe_config *cfg, mmoe_error *err);
@@ -132,7 +133,10 @@ mmoe_status mmoe_config_preset(const char *name, int n_layers, mmoe_config *cfg,
 /**
  * Write @p cfg as a Hugging Face style config.json (the published layout, with
  * quantization_config) into a newly malloc'ed NUL-terminated string.
+ * @param cfg  the configuration
  * @param out  receives the text; the caller frees it
+ * @param err  message on failure
+ * @return MMOE_OK or MMOE_ENOMEM
  */
 mmoe_status mmoe_config_to_json(const mmoe_config *cfg, char **out, mmoe_error *err);
 

@@ -23,6 +23,7 @@ void mmoe_hc_expand(const mmoe_hc_params *p, const uint16_t *h, int64_t T, uint1
                 X[(t * p->hc + j) * p->dim + c] = h[t * p->dim + c];
 }
 
+/** 1 / (1 + exp(-z)) in fp32. */
 static float sigmoid_f32(float z) { return 1.0f / (1.0f + expf(-z)); }
 
 /**

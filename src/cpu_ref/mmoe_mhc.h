@@ -53,7 +53,10 @@ typedef struct mmoe_hc_params {
 
 /**
  * Copy each embedding row into all hc streams: X[t, j, :] = h[t, :].
- * @param h  bf16 [T, D];  @param X  bf16 [T, hc, D] (written)
+ * @param p  stream count and width
+ * @param h  bf16 [T, D]
+ * @param T  tokens
+ * @param X  bf16 [T, hc, D] (written)
  */
 void mmoe_hc_expand(const mmoe_hc_params *p, const uint16_t *h, int64_t T, uint16_t *X);
 
@@ -61,14 +64,21 @@ void mmoe_hc_expand(const mmoe_hc_params *p, const uint16_t *h, int64_t T, uint1
  * Make a raw 4x4 mixing matrix doubly stochastic, in place (fp32, spec 3.2 step 5):
  * row softmax, + hc_eps, one column normalization, then iters-1 times (row, column)
  * normalization, each dividing by (sum + hc_eps).
- * @param C      hc*hc values, row j = input stream j (C[j*hc + k])
+ * @param C       hc*hc values, row j = input stream j (C[j*hc + k])
+ * @param hc      number of streams
+ * @param iters   hc_sinkhorn_iters (number of column normalizations)
+ * @param hc_eps  the epsilon added after the softmax and to every sum
  */
 void mmoe_hc_sinkhorn(float *C, int hc, int iters, float hc_eps);
 
 /**
  * Pre-mix of one sub-layer for T tokens.
+ * @param p      mHC parameters
  * @param X      bf16 [T, hc, D] streams
- * @param fn     F32 [(2+hc)*hc, hc*D];  @param base F32 [(2+hc)*hc];  @param scale F32 [3]
+ * @param T      tokens
+ * @param fn     F32 [(2+hc)*hc, hc*D]
+ * @param base   F32 [(2+hc)*hc]
+ * @param scale  F32 [3]
  * @param y      bf16 [T, D] (written): the sub-layer input before its RMSNorm
  * @param post   F32 [T, hc] (written): write-back weights of the new output
  * @param comb   F32 [T, hc, hc] (written): doubly stochastic stream mixing, [t][j][k]
@@ -79,7 +89,12 @@ void mmoe_hc_pre(const mmoe_hc_params *p, const uint16_t *X, int64_t T, const fl
 /**
  * Write-back of one sub-layer: Xn[t,k,:] = bf16(post[t,k]*out[t,:] + sum_j comb[t,j,k]*R[t,j,:]),
  * fp32 inside (the sum over j in ascending order, then the post term added).
- * @param out   bf16 [T, D] sub-layer output;  @param R  bf16 [T, hc, D] streams before it
+ * @param p     mHC parameters
+ * @param out   bf16 [T, D] sub-layer output
+ * @param R     bf16 [T, hc, D] streams before the sub-layer
+ * @param T     tokens
+ * @param post  F32 [T, hc] from mmoe_hc_pre()
+ * @param comb  F32 [T, hc, hc] from mmoe_hc_pre()
  * @param Xn    bf16 [T, hc, D] (written; may alias @p R)
  */
 void mmoe_hc_post(const mmoe_hc_params *p, const uint16_t *out, const uint16_t *R, int64_t T,
@@ -88,7 +103,13 @@ void mmoe_hc_post(const mmoe_hc_params *p, const uint16_t *out, const uint16_t *
 /**
  * Head mix (spec 3.7): pre = sigmoid(m*scale[0] + base) + hc_eps with m from @p fn [hc, hc*D];
  * y[t] = bf16(sum_j pre[j]*X[t,j]).
- * @param fn F32 [hc, hc*D];  @param base F32 [hc];  @param scale F32 [1];  @param y bf16 [T, D]
+ * @param p      mHC parameters
+ * @param X      bf16 [T, hc, D] final streams
+ * @param T      tokens
+ * @param fn     F32 [hc, hc*D]
+ * @param base   F32 [hc]
+ * @param scale  F32 [1]
+ * @param y      bf16 [T, D] (written)
  */
 void mmoe_hc_head(const mmoe_hc_params *p, const uint16_t *X, int64_t T, const float *fn,
                   const float *base, const float *scale, uint16_t *y);

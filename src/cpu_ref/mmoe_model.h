@@ -29,10 +29,12 @@
  * ## Prefill and decode
  *
  * mmoe_model_forward() runs T consecutive tokens from the state's current position:
- * a prefill is one call with all prompt tokens, decode is one call per token.  Every
- * part is row-independent and fixed-order (attention reads only its cache, the GEMMs
- * have exact block partials, the head accumulates in double in a fixed order), so
- * decoding token by token gives bit-identical logits to one prefill.
+ * a prefill is one call with all prompt tokens, decode is one call per token, and any
+ * chunking in between works.  Attention (reads only its cache, exact-partial GEMMs),
+ * mHC, norms and the head (fixed-order double sums) are row-independent, so a token's
+ * bits do not depend on its batch -- except through the MoE oracle, whose fp32 BLAS
+ * GEMMs may sum in a different order for a different number of rows: decode = prefill
+ * bit for bit in most runs, else up to flipped bf16 roundings (docs/forward.md).
  */
 #ifndef MMOE_MODEL_H
 #define MMOE_MODEL_H
@@ -60,9 +62,11 @@ typedef void (*mmoe_model_progress_fn)(void *ctx, int done, int total, const cha
  * Open a checkpoint directory: config.json, then model.safetensors.index.json and its
  * shards (or model.safetensors), mmapped; check every tensor the config implies
  * (name, dtype, shape) and bind the layers.
- * @param dir       the checkpoint directory
- * @param progress  optional progress callback (NULL: quiet)
- * @param out       receives the model
+ * @param dir           the checkpoint directory
+ * @param progress      optional progress callback (NULL: quiet)
+ * @param progress_ctx  passed to @p progress
+ * @param out           receives the model
+ * @param err           message on failure
  * @return MMOE_OK; MMOE_ENOTFOUND (config, index, shard or tensor missing: the message
  *         names it), MMOE_EDTYPE / MMOE_ESHAPE (naming the tensor, expected and found),
  *         MMOE_ERANGE (config key), MMOE_EUNSUPPORTED (e.g. V4.1 layer types, FP8 experts),
@@ -113,12 +117,26 @@ typedef struct mmoe_model_timings {
 void mmoe_model_state_timings(const mmoe_model_state *s, mmoe_model_timings *out);
 
 /**
+ * The embedding (spec 3.1): h[t] = embed.weight[ids[t]], bf16 rows copied from the mapping.
+ * @param m    the model
+ * @param ids  [T] token ids
+ * @param T    tokens
+ * @param h    bf16 [T, D], written
+ * @param err  message on failure
+ * @return MMOE_OK, or MMOE_EINVAL naming the first id outside [0, vocab_size)
+ */
+mmoe_status mmoe_model_embed(const mmoe_model *m, const int32_t *ids, int64_t T, uint16_t *h, mmoe_error *err);
+
+/**
  * Run T tokens at positions pos .. pos+T-1 (pos = mmoe_model_state_pos()).
+ * @param m          the model
+ * @param s          the sequence's state (advanced by T on success)
  * @param ids        [T] token ids (< vocab_size)
  * @param T          >= 1; pos + T <= the state's max_seq_len
  * @param logits     F32 [T, vocab] (or [1, vocab] with @p last_only), written; NULL: not wanted
  * @param last_only  1: logits of the last token only
  * @param streams    optional bf16 [T, hc, D]: the final streams (MTP input), written
+ * @param err        message on failure
  * @return MMOE_OK, MMOE_EINVAL (bad id, too long: named), MMOE_ENOMEM, or a layer's error
  *         prefixed with "layer L: "
  */
@@ -130,8 +148,13 @@ mmoe_status mmoe_model_forward(mmoe_model *m, mmoe_model_state *s, const int32_t
  * the main model's final streams of position p+i and the token id that follows it
  * (@p next_ids[i] = id at p+i+1) and writes the MTP logits (predicting the token at p+i+2).
  * Its own SWA cache advances by T.
+ * @param m         the model
+ * @param s         the sequence's state (its MTP cache advances by T)
  * @param streams   bf16 [T, hc, D] from mmoe_model_forward()
+ * @param next_ids  [T] the token ids that follow the streams' positions
+ * @param T         rows
  * @param logits    F32 [T, vocab], written
+ * @param err       message on failure
  * @return MMOE_OK, MMOE_EUNSUPPORTED (no MTP layer), or an error as mmoe_model_forward()
  */
 mmoe_status mmoe_model_mtp_forward(mmoe_model *m, mmoe_model_state *s, const uint16_t *streams,

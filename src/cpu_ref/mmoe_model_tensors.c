@@ -14,13 +14,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+/** A growable array of specs. */
 typedef struct list {
-    mmoe_tensor_spec *v;
-    size_t n, cap;
-    int oom;
-    int layer;
+    mmoe_tensor_spec *v; /**< the specs */
+    size_t n;            /**< used */
+    size_t cap;          /**< allocated */
+    int oom;             /**< an allocation failed (later adds are ignored) */
+    int layer;           /**< layer index recorded in new specs */
 } list;
 
+/** Append a tensor named by the printf-style @p fmt; d1 = 0 makes it 1-D.  NULL on allocation failure. */
 static mmoe_tensor_spec *add(list *l, mmoe_dtype dt, mmoe_tensor_role role, int64_t d0, int64_t d1,
                              const char *fmt, ...)
 {
@@ -51,6 +54,7 @@ static mmoe_tensor_spec *add(list *l, mmoe_dtype dt, mmoe_tensor_role role, int6
     return s;
 }
 
+/** ceil(a / b) for positive values. */
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /** An FP8 linear `<name>.weight` [out, in] and its `<name>.scale`. */
@@ -72,6 +76,7 @@ static void add_expert(list *l, const mmoe_config *c, const char *name, int64_t 
     add(l, MMOE_DT_F8_E8M0, MMOE_ROLE_SCALE, out, in / 32, "%s.scale", name);
 }
 
+/** A compressor's wkv/wgate (BF16 [c*dh, D]), ape (F32 [ratio, c*dh]) and norm (BF16 [dh]). */
 static void add_compressor(list *l, const char *p, int ratio, int64_t dh, int64_t D)
 {
     int64_t c = ratio == 4 ? 2 : 1;
@@ -80,6 +85,9 @@ static void add_compressor(list *l, const char *p, int ratio, int64_t dh, int64_
     add(l, MMOE_DT_F32, MMOE_ROLE_APE, ratio, c * dh, "%s.ape", p);
     add(l, MMOE_DT_BF16, MMOE_ROLE_NORM, dh, 0, "%s.norm.weight", p);
 }
+
+/** The block prefix followed by @p s, in the buffer n (inside add_block()). */
+#define N(s) (snprintf(n, sizeof n, "%s%s", pre, s), n)
 
 /** One transformer block under prefix @p pre ("layers.3." or "mtp.0."). */
 static void add_block(list *l, const mmoe_config *c, int layer, const char *pre)
@@ -95,7 +103,6 @@ static void add_block(list *l, const mmoe_config *c, int layer, const char *pre)
         add(l, MMOE_DT_F32, MMOE_ROLE_HC_SCALE, 3, 0, "%shc_%s_scale", pre, sub);
         add(l, MMOE_DT_BF16, MMOE_ROLE_NORM, D, 0, "%s%s_norm.weight", pre, sub);
     }
-#define N(s) (snprintf(n, sizeof n, "%s%s", pre, s), n)
     add_fp8(l, c, N("attn.wq_a"), c->q_lora_rank, D);
     add(l, MMOE_DT_BF16, MMOE_ROLE_NORM, c->q_lora_rank, 0, "%sattn.q_norm.weight", pre);
     add_fp8(l, c, N("attn.wq_b"), H * d, c->q_lora_rank);
@@ -134,6 +141,7 @@ static void add_block(list *l, const mmoe_config *c, int layer, const char *pre)
 #undef N
 }
 
+/** A head's hc_head_fn/base/scale and norm (main model: empty prefix). */
 static void add_head(list *l, const mmoe_config *c, const char *pre)
 {
     add(l, MMOE_DT_F32, MMOE_ROLE_HC_FN, c->hc_mult, (int64_t)c->hc_mult * c->dim, "%shc_head_fn", pre);

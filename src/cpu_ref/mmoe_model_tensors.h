@@ -64,8 +64,10 @@ typedef struct mmoe_tensor_spec {
 
 /**
  * The full tensor list of @p cfg.
+ * @param cfg  the configuration
  * @param out  receives a malloc'ed array (caller frees)
  * @param n    receives its length
+ * @param err  message on failure
  * @return MMOE_OK, MMOE_ENOMEM, or MMOE_EUNSUPPORTED for a layer type without a published layout
  */
 mmoe_status mmoe_model_tensor_list(const mmoe_config *cfg, mmoe_tensor_spec **out, size_t *n,

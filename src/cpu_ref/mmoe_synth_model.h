@@ -35,9 +35,13 @@ typedef void (*mmoe_synth_progress_fn)(void *ctx, int shard, int n_shards, uint6
 
 /**
  * Write a random checkpoint for @p cfg into the new directory @p dir.
+ * @param cfg              the configuration (validated again here)
  * @param seed             RNG seed
+ * @param dir              the directory to create (absent or empty)
  * @param max_shard_bytes  shard size target (a shard holds at least one tensor); 0 = 4 GiB
  * @param progress         optional callback (NULL: none)
+ * @param progress_ctx     passed to @p progress
+ * @param err              message on failure
  * @return MMOE_OK; MMOE_EINVAL (@p dir exists and is not empty), MMOE_EIO, MMOE_ENOMEM,
  *         MMOE_EUNSUPPORTED (a layer type without a published layout)
  */

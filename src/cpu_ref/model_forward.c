@@ -21,6 +21,7 @@
 #include "mmoe_linear.h"
 #include "model_internal.h"
 
+/** Monotonic clock in seconds. */
 static double now_s(void)
 {
     struct timespec ts;
@@ -111,10 +112,14 @@ void mmoe_model_state_timings(const mmoe_model_state *s, mmoe_model_timings *out
 
 /** Working memory of one forward call. */
 typedef struct fwd_buf {
-    uint16_t *X, *y, *o;
-    float *post, *comb;
+    uint16_t *X;   /**< streams bf16 [T, hc, D] */
+    uint16_t *y;   /**< sub-layer input bf16 [T, D] */
+    uint16_t *o;   /**< sub-layer output bf16 [T, D] */
+    float *post;   /**< [T, hc] */
+    float *comb;   /**< [T, hc, hc] */
 } fwd_buf;
 
+/** Allocate the buffers of a T-token call. */
 static mmoe_status buf_alloc(const mmoe_model *m, int64_t T, fwd_buf *b, mmoe_error *err)
 {
     const size_t D = (size_t)m->cfg.dim, hc = (size_t)m->cfg.hc_mult, t = (size_t)T;
@@ -128,6 +133,7 @@ static mmoe_status buf_alloc(const mmoe_model *m, int64_t T, fwd_buf *b, mmoe_er
     return MMOE_OK;
 }
 
+/** Free what buf_alloc() made (also after a partial failure). */
 static void buf_free(fwd_buf *b)
 {
     free(b->X);
@@ -137,6 +143,7 @@ static void buf_free(fwd_buf *b)
     free(b->comb);
 }
 
+/** A bf16 [T, D] tensor view of @p p. */
 static mmoe_tensor bf16_view(uint16_t *p, int64_t T, int64_t D)
 {
     mmoe_tensor t;
@@ -188,6 +195,7 @@ static mmoe_status run_block(const mmoe_model *m, mmoe_model_state *s, int L, co
 
 /* ------------------------------------------------------------------ forward */
 
+/** Every id in [0, vocab_size)? The message names the first bad one. */
 static mmoe_status check_ids(const mmoe_model *m, const int32_t *ids, int64_t T, mmoe_error *err)
 {
     for (int64_t t = 0; t < T; t++)
@@ -197,13 +205,16 @@ static mmoe_status check_ids(const mmoe_model *m, const int32_t *ids, int64_t T,
     return MMOE_OK;
 }
 
-/** h[t] = embed[ids[t]] (bf16 rows of the mapped table). */
-static void embed_rows(const mmoe_model *m, const int32_t *ids, int64_t T, uint16_t *h)
+mmoe_status mmoe_model_embed(const mmoe_model *m, const int32_t *ids, int64_t T, uint16_t *h, mmoe_error *err)
 {
+    mmoe_status st = check_ids(m, ids, T, err);
+    if (st != MMOE_OK)
+        return st;
     const int64_t D = m->cfg.dim;
     const uint16_t *E = m->embed.data;
     for (int64_t t = 0; t < T; t++)
         memcpy(h + t * D, E + (int64_t)ids[t] * D, sizeof(uint16_t) * (size_t)D);
+    return MMOE_OK;
 }
 
 mmoe_status mmoe_model_forward(mmoe_model *m, mmoe_model_state *s, const int32_t *ids, int64_t T, float *logits,
@@ -222,7 +233,7 @@ mmoe_status mmoe_model_forward(mmoe_model *m, mmoe_model_state *s, const int32_t
     if ((st = buf_alloc(m, T, &b, err)) != MMOE_OK)
         goto done;
     double t0 = now_s();
-    embed_rows(m, ids, T, b.y);
+    mmoe_model_embed(m, ids, T, b.y, err); /* ids checked above */
     mmoe_hc_expand(&m->hcp, b.y, T, b.X);
     s->embed_s += now_s() - t0;
     for (int L = 0; L < m->cfg.n_layers && st == MMOE_OK; L++)
@@ -235,7 +246,8 @@ mmoe_status mmoe_model_forward(mmoe_model *m, mmoe_model_state *s, const int32_t
     if (logits) {
         t0 = now_s();
         int64_t first = last_only ? T - 1 : 0;
-        mmoe_model_head_logits(m, &m->head, b.X + first * m->cfg.hc_mult * m->cfg.dim, T - first, logits, b.y);
+        st = mmoe_model_head_logits(m, &m->head, b.X + first * m->cfg.hc_mult * m->cfg.dim, T - first, logits, b.y,
+                                    err);
         s->head_s += now_s() - t0;
     }
 done:
@@ -273,7 +285,7 @@ mmoe_status mmoe_model_mtp_forward(mmoe_model *m, mmoe_model_state *s, const uin
     if ((st = buf_alloc(m, T, &b, err)) != MMOE_OK)
         goto done;
     /* e = e_proj(enorm(embed(ids))): one row per token */
-    embed_rows(m, next_ids, T, b.y);
+    mmoe_model_embed(m, next_ids, T, b.y, err); /* ids checked above */
     mmoe_rmsnorm_bf16(b.y, T, D, &t->enorm, eps, b.y);
     if ((st = mmoe_linear_fp8(b.y, T, &t->e_proj, &t->e_proj_scale, c->weight_block_n, e, err)) != MMOE_OK)
         goto done;
@@ -291,7 +303,7 @@ mmoe_status mmoe_model_mtp_forward(mmoe_model *m, mmoe_model_state *s, const uin
     if ((st = run_block(m, s, L, next_ids, pos, T, &b, err)) != MMOE_OK)
         goto done;
     if (logits)
-        mmoe_model_head_logits(m, &t->head, b.X, T, logits, b.y);
+        st = mmoe_model_head_logits(m, &t->head, b.X, T, logits, b.y, err);
 done:
     free(e);
     free(hn);

