@@ -277,6 +277,63 @@ START_TEST(fp8_dequant_matches_reference)
 }
 END_TEST
 
+/* The 2-D weight quantizer: every tile (edge tiles included) against the DeepGEMM reference
+ * on the tile's amax; nothing written past n x k codes or the tile grid's scales. */
+START_TEST(fp8_weight_blocks_match_reference)
+{
+    init_oracles();
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, mmoe_test_seed("formats_quant.wblocks"));
+    enum { NMAX = 300, KW = 300 };
+    static float w[NMAX * KW];
+    static uint8_t q[NMAX * KW + 1], sf[(NMAX / 32 + 1) * (KW / 32 + 1) + 1];
+    static const size_t tiles[3][2] = {{128, 128}, {32, 32}, {128, 32}};
+    for (int trial = 0; trial < 30; trial++) {
+        size_t n = 1 + (size_t)mmoe_rng_below(&rng, NMAX), k = 1 + (size_t)mmoe_rng_below(&rng, KW);
+        size_t bn = tiles[trial % 3][0], bk = tiles[trial % 3][1];
+        size_t sr = (n + bn - 1) / bn, sc = (k + bk - 1) / bk;
+        for (size_t br = 0; br < sr; br++) /* one magnitude per tile, some zero or tiny tiles */
+            for (size_t bc = 0; bc < sc; bc++) {
+                int kind = (int)mmoe_rng_below(&rng, 8);
+                double mag = kind == 0 ? 0.0 : kind == 1 ? 1e-7 : ldexp(1.0, (int)mmoe_rng_below(&rng, 41) - 20);
+                for (size_t r = br * bn; r < n && r < (br + 1) * bn; r++)
+                    for (size_t c = bc * bk; c < k && c < (bc + 1) * bk; c++)
+                        w[r * k + c] = (float)(mmoe_rng_normal(&rng) * mag);
+            }
+        memset(q, 0xAA, sizeof q);
+        memset(sf, 0xAA, sizeof sf);
+        ck_assert_int_eq(mmoe_quant_fp8_weight_blocks(w, n, k, bn, bk, q, sf, NULL), MMOE_OK);
+        for (size_t br = 0; br < sr; br++)
+            for (size_t bc = 0; bc < sc; bc++) {
+                double amax = 0;
+                for (size_t r = br * bn; r < n && r < (br + 1) * bn; r++)
+                    for (size_t c = bc * bk; c < k && c < (bc + 1) * bk; c++)
+                        amax = fabs((double)w[r * k + c]) > amax ? fabs((double)w[r * k + c]) : amax;
+                int want_sf = ref_sf_deepgemm(amax, 448.0f);
+                FMT_CHECK(sf[br * sc + bc] == want_sf, "%zux%zu tile (%zu,%zu) of %zux%zu amax %a: sf %02x want %02x",
+                          bn, bk, br, bc, n, k, amax, sf[br * sc + bc], want_sf);
+                double s = ldexp(1.0, want_sf - 127);
+                for (size_t r = br * bn; r < n && r < (br + 1) * bn; r++)
+                    for (size_t c = bc * bk; c < k && c < (bc + 1) * bk; c++) {
+                        uint8_t want = ref_e4m3((double)w[r * k + c] / s); /* exact: s is a power of two */
+                        FMT_CHECK(q[r * k + c] == want, "w[%zu,%zu] = %a: q %02x want %02x", r, c,
+                                  (double)w[r * k + c], q[r * k + c], want);
+                    }
+            }
+        ck_assert_uint_eq(q[n * k], 0xAA);
+        ck_assert_uint_eq(sf[sr * sc], 0xAA);
+    }
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    memset(q, 0xAA, 4);
+    ck_assert_int_eq(mmoe_quant_fp8_weight_blocks(w, 2, 2, 0, 128, q, sf, &err), MMOE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err.msg, "block"));
+    ck_assert_int_eq(mmoe_quant_fp8_weight_blocks(NULL, 2, 2, 128, 128, q, sf, &err), MMOE_EINVAL);
+    ck_assert_int_eq(mmoe_quant_fp8_weight_blocks(w, 2, 2, 128, 128, q, NULL, NULL), MMOE_EINVAL);
+    ck_assert_uint_eq(q[0], 0xAA); /* nothing written */
+}
+END_TEST
+
 START_TEST(bad_sizes_are_errors)
 {
     float x[256];
@@ -335,6 +392,7 @@ static Suite *quant_suite(void)
     tcase_add_test(tc, fp8_f32_sm90_matches_reference);
     tcase_add_test(tc, fp4_matches_reference);
     tcase_add_test(tc, fp8_dequant_matches_reference);
+    tcase_add_test(tc, fp8_weight_blocks_match_reference);
     tcase_add_test(tc, bad_sizes_are_errors);
     tcase_add_test(tc, nan_in_block);
     suite_add_tcase(s, tc);

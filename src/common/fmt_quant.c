@@ -37,6 +37,14 @@
  * UE8M0 scales the products are exact (a power of two times a short significand); with
  * fp32 scales they are one fp32 multiplication, rounded to nearest.
  *
+ * ## Weights: 2-D blocks
+ *
+ * A checkpoint's FP8 weight [n, k] carries one UE8M0 scale per block_n x block_k tile
+ * (128 x 128 for DeepSeek-V4): mmoe_quant_fp8_weight_blocks() applies the DeepGEMM rule
+ * above to each tile, whose amax is taken over all its rows; tiles at the bottom and right
+ * edges hold what is left of n and k.  The synthetic checkpoints and synthetic MoE layers
+ * use it to make their FP8 weights; mmoe_dequant_fp8_weight_row() is its inverse.
+ *
  * Every function checks its sizes first and writes nothing when it fails.
  */
 #include <math.h>
@@ -143,6 +151,38 @@ mmoe_status mmoe_quant_row_fp8_1x128_f32(const float *x, size_t k, uint8_t *q, f
         for (size_t i = 0; i < BLOCK; i++)
             q[b * BLOCK + i] = mmoe_fp8_e4m3_from_f32(xb[i] * inv);
     }
+    return MMOE_OK;
+}
+
+mmoe_status mmoe_quant_fp8_weight_blocks(const float *w, size_t n, size_t k, size_t block_n, size_t block_k,
+                                        uint8_t *q, uint8_t *sf, mmoe_error *err)
+{
+    static const char fn[] = "mmoe_quant_fp8_weight_blocks";
+    if (!w || !q || !sf)
+        return mmoe_error_set(err, MMOE_EINVAL, "%s: NULL weight, code or scale pointer", fn);
+    if (block_n == 0 || block_k == 0)
+        return mmoe_error_set(err, MMOE_EINVAL, "%s: block must be positive, found %zu x %zu", fn, block_n,
+                              block_k);
+    const size_t sf_rows = (n + block_n - 1) / block_n, sf_cols = (k + block_k - 1) / block_k;
+    for (size_t br = 0; br < sf_rows; br++)
+        for (size_t bc = 0; bc < sf_cols; bc++) {
+            /* the block [r0, r1) x [c0, c1); edge blocks are cut by n and k */
+            const size_t r0 = br * block_n, r1 = r0 + block_n < n ? r0 + block_n : n;
+            const size_t c0 = bc * block_k, c1 = c0 + block_k < k ? c0 + block_k : k;
+            float amax = 0.0f;
+            for (size_t r = r0; r < r1; r++) {
+                float row_amax = block_amax(w + r * k + c0, c1 - c0);
+                amax = isnan(row_amax) || row_amax > amax ? row_amax : amax;
+                if (isnan(amax))
+                    break;
+            }
+            const uint8_t byte = mmoe_sf_ue8m0_deepgemm(amax, MMOE_FP8_E4M3_MAX);
+            const float inv = 1.0f / mmoe_ue8m0_to_f32(byte); /* exact: a power of two */
+            sf[br * sf_cols + bc] = byte;
+            for (size_t r = r0; r < r1; r++)
+                for (size_t c = c0; c < c1; c++)
+                    q[r * k + c] = mmoe_fp8_e4m3_from_f32(w[r * k + c] * inv);
+        }
     return MMOE_OK;
 }
 

@@ -12,7 +12,8 @@
  * | fmt_fp4.c       | FP4 E2M1: decode table, RNE-sat and "ties down" encoders, nibble packing |
  * | fmt_ue8m0.c     | E8M0/UE8M0 scale bytes: ceil, floor, truncation; scale rules per library |
  * | fmt_bf16.c      | BF16: RNE with quiet NaN, rows                                          |
- * | fmt_quant.c     | row quantizers (1x32 / 1x128 UE8M0, 1x128 FP32) and fast dequantizers   |
+ * | fmt_quant.c     | row quantizers (1x32 / 1x128 UE8M0, 1x128 FP32), the 2-D block FP8     |
+ * |                 | weight quantizer, and fast dequantizers                               |
  * | fmt_layout.c    | MN-major packing, UTCCP transpose, SF pool rows, gate/up interleave     |
  *
  * The exact rules come from the project's spec, `number-formats.md` and
@@ -338,6 +339,25 @@ mmoe_status mmoe_quant_row_fp8_1x128_f32(const float *x, size_t k, uint8_t *q, f
  */
 mmoe_status mmoe_quant_row_fp4_1x32_ue8m0(const float *x, size_t k, mmoe_fp4_rounding rounding,
                                           uint8_t *packed, uint8_t *sf, mmoe_error *err);
+
+/**
+ * Quantize a weight matrix to FP8 E4M3 with 2-D UE8M0 block scales (the checkpoint's FP8
+ * weight format): for every block_n x block_k tile, sf = mmoe_sf_ue8m0_deepgemm(amax of the
+ * tile, 448) and q = e4m3(w * (1/sf)) (::MMOE_SF_RULE_DEEPGEMM on a tile instead of a row).
+ * Tiles at the bottom and right edges cover the remaining rows and columns when n or k is
+ * not a multiple of the block.  A NaN makes its tile's amax NaN (scale 254, code 0x7F).
+ * @param w        n x k floats, row-major
+ * @param n        rows (output features); 0 quantizes nothing
+ * @param k        columns (input features); 0 quantizes nothing
+ * @param block_n  rows of a tile, > 0 (128 for DeepSeek-V4)
+ * @param block_k  columns of a tile, > 0 (128 for DeepSeek-V4)
+ * @param q        n x k E4M3 codes, row-major (output)
+ * @param sf       ceil(n/block_n) x ceil(k/block_k) UE8M0 bytes, row-major (output)
+ * @param err      may be NULL
+ * @return MMOE_OK, or MMOE_EINVAL (NULL pointer, zero block); on error nothing is written
+ */
+mmoe_status mmoe_quant_fp8_weight_blocks(const float *w, size_t n, size_t k, size_t block_n, size_t block_k,
+                                        uint8_t *q, uint8_t *sf, mmoe_error *err);
 
 /**
  * Dequantize an MXFP4 row: out[i] = e2m1(code i) * 2^(sf[i/32]-127) (exact products).

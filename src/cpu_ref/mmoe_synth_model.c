@@ -86,26 +86,6 @@ static float *normal_table_create(void)
     return t;
 }
 
-/** FP8 E4M3 with 2-D block scales: codes [out, in] and scales [ceil(out/bn), ceil(in/bk)]. */
-static void quantize_fp8_blocks(const float *w, int64_t out, int64_t in, int bn, int bk, uint8_t *q,
-                                uint8_t *sf)
-{
-    int64_t nbo = (out + bn - 1) / bn, nbi = (in + bk - 1) / bk;
-    for (int64_t bo = 0; bo < nbo; bo++)
-        for (int64_t bi = 0; bi < nbi; bi++) {
-            float amax = 0.0f;
-            for (int64_t r = bo * bn; r < out && r < (bo + 1) * bn; r++)
-                for (int64_t c = bi * bk; c < in && c < (bi + 1) * bk; c++)
-                    amax = fmaxf(amax, fabsf(w[r * in + c]));
-            uint8_t b = mmoe_ue8m0_from_f32_ceil(fmaxf(amax, 1e-30f) / MMOE_FP8_E4M3_MAX);
-            float s = mmoe_ue8m0_to_f32(b);
-            sf[bo * nbi + bi] = b;
-            for (int64_t r = bo * bn; r < out && r < (bo + 1) * bn; r++)
-                for (int64_t c = bi * bk; c < in && c < (bi + 1) * bk; c++)
-                    q[r * in + c] = mmoe_fp8_e4m3_from_f32(w[r * in + c] / s);
-        }
-}
-
 /** The bytes of one tensor (and, for quantized weights, of its scale). */
 typedef struct gen_out {
     void *data;           /**< the tensor's bytes (owned) */
@@ -197,7 +177,12 @@ static mmoe_status gen_tensor(const mmoe_config *c, const mmoe_tensor_spec *s, c
                 }
             }
         } else {
-            quantize_fp8_blocks(tmp, rows, cols, c->weight_block_n, c->weight_block_k, g->data, g->scale);
+            mmoe_status st = mmoe_quant_fp8_weight_blocks(tmp, (size_t)rows, (size_t)cols, (size_t)c->weight_block_n,
+                                                          (size_t)c->weight_block_k, g->data, g->scale, err);
+            if (st != MMOE_OK) {
+                free(tmp);
+                return mmoe_error_prefix(err, "synth-model: tensor '%s': ", s->name);
+            }
         }
     } else {
         goto internal;

@@ -6,7 +6,7 @@
  * them with the MXFP4 row quantizer of mmoe_formats.h (1x32 UE8M0 scale = ceil_pow2(max(amax,
  * 1e-4) / 6), E2M1 codes rounded to nearest even), exactly as a checkpoint's routed experts were
  * produced.  Shared experts: FP8 E4M3 with one UE8M0 scale per B x B block (ceil_pow2(amax /
- * 448)), the checkpoint's FP8 format.  Normal deviates come from a table of 65536 Box-Muller
+ * 448), mmoe_quant_fp8_weight_blocks()), the checkpoint's FP8 format.  Normal deviates come from a table of 65536 Box-Muller
  * draws indexed by the generator (a layer of v4-flash with 32 experts has 0.8 G weights; the
  * table keeps synthesis to a few seconds while the values stay normal-shaped).
  *
@@ -123,19 +123,11 @@ static int make_fp8(mmoe_moe_synth *s, int64_t n, int64_t k, int64_t bsz, mmoe_m
     } else {
         for (int64_t i = 0; i < n * k; i++)
             vals[i] = (float)SYNTH_WEIGHT_STD * draw_normal(nt, rng);
-        for (int64_t br = 0; br < sr; br++)
-            for (int64_t bc = 0; bc < sc; bc++) {
-                float amax = 0.0f;
-                for (int64_t r = br * bsz; r < n && r < (br + 1) * bsz; r++)
-                    for (int64_t c = bc * bsz; c < k && c < (bc + 1) * bsz; c++)
-                        amax = fmaxf(amax, fabsf(vals[r * k + c]));
-                const uint8_t byte = mmoe_sf_ue8m0_deepgemm(amax, MMOE_FP8_E4M3_MAX);
-                const float inv = 1.0f / mmoe_ue8m0_to_f32(byte);
-                sb[br * sc + bc] = byte;
-                for (int64_t r = br * bsz; r < n && r < (br + 1) * bsz; r++)
-                    for (int64_t c = bc * bsz; c < k && c < (bc + 1) * bsz; c++)
-                        wb[r * k + c] = mmoe_fp8_e4m3_from_f32(vals[r * k + c] * inv);
-            }
+        if (mmoe_quant_fp8_weight_blocks(vals, (size_t)n, (size_t)k, (size_t)bsz, (size_t)bsz, wb, sb, NULL) !=
+            MMOE_OK) {
+            free(vals);
+            return -1;
+        }
     }
     free(vals);
     *w = view2(MMOE_DT_F8_E4M3, n, k, wb);
