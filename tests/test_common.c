@@ -1,6 +1,6 @@
 /**
  * @file test_common.c
- * @brief Suite "common": error messages, dtype table, shape checks, the RNG.
+ * @brief Suite "common": error messages, dtype table, shape checks, the RNG and its normal table.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -97,6 +97,85 @@ START_TEST(rng_reproducible_and_uniform)
 }
 END_TEST
 
+/*
+ * Acklam's quantile has a relative error below 1.15e-9 in x; Phi moves by phi(x) * dx, so
+ * |Phi(x) - p| <= QUANTILE_REL_TOL * phi(x) * |x| (with margin), plus the rounding of erfc
+ * (a few ulps of p, bounded by QUANTILE_ABS_TOL).
+ */
+#define QUANTILE_REL_TOL 4e-9
+#define QUANTILE_ABS_TOL 1e-15
+
+/* The quantile against libm's erfc: Phi(x) = erfc(-x / sqrt 2) / 2 (an independent oracle). */
+START_TEST(normal_quantile_inverts_phi)
+{
+    static const double tails[] = {1e-12, 1e-9, 1e-6, 1e-4, 1e-3, 0.01, 0.02, 0.0242, 0.02425, 0.0243};
+    double ps[64];
+    int n = 0;
+    for (size_t i = 0; i < sizeof tails / sizeof tails[0]; i++) {
+        ps[n++] = tails[i];
+        ps[n++] = 1 - tails[i];
+    }
+    for (int i = 1; i < 20; i++)
+        ps[n++] = 0.05 * i;
+    for (int i = 0; i < n; i++) {
+        double p = ps[i], x = mmoe_normal_quantile(p);
+        double phi = exp(-0.5 * x * x) / sqrt(6.283185307179586);
+        double cdf = 0.5 * erfc(-x / sqrt(2.0));
+        double tol = QUANTILE_REL_TOL * phi * fabs(x) + QUANTILE_ABS_TOL + 1e-13 * fmin(p, 1 - p);
+        ck_assert_msg(fabs(cdf - p) <= tol, "p = %.17g: x = %.17g, Phi(x) = %.17g (tol %g)", p, x, cdf, tol);
+    }
+    ck_assert(mmoe_normal_quantile(0.5) == 0.0);
+    ck_assert(mmoe_normal_quantile(0x1p-20) == -mmoe_normal_quantile(1 - 0x1p-20)); /* both p exact */
+}
+END_TEST
+
+START_TEST(normal_table_quantiles_and_draws)
+{
+    mmoe_normal_table *t = malloc(sizeof *t);
+    ck_assert_ptr_nonnull(t);
+    mmoe_test_poison_f32(t->v, MMOE_NORMAL_TABLE_SIZE);
+    mmoe_normal_table_fill_quantiles(t);
+    /* increasing, exactly odd (p_i and 1 - p_i are both exact), variance ~1: the tails past
+     * 4.3 sigma hold ~3.4e-4 of it, the midpoint rule moves it by far less */
+    double sum2 = 0;
+    for (int i = 0; i < MMOE_NORMAL_TABLE_SIZE; i++) {
+        ck_assert(isfinite(t->v[i]));
+        if (i > 0)
+            ck_assert_float_gt(t->v[i], t->v[i - 1]);
+        ck_assert_float_eq(t->v[i], -t->v[MMOE_NORMAL_TABLE_SIZE - 1 - i]);
+        sum2 += (double)t->v[i] * t->v[i];
+    }
+    ck_assert_double_lt(fabs(sum2 / MMOE_NORMAL_TABLE_SIZE - 1.0), 2e-3);
+    ck_assert_double_lt(t->v[MMOE_NORMAL_TABLE_SIZE - 1], 4.4);
+    ck_assert_double_gt(t->v[MMOE_NORMAL_TABLE_SIZE - 1], 4.2);
+
+    /* the random table is the generator's Box-Muller sequence, in order */
+    uint64_t seed = mmoe_test_seed("common/normal_table");
+    mmoe_rng a, b;
+    mmoe_rng_seed(&a, seed);
+    mmoe_rng_seed(&b, seed);
+    mmoe_test_poison_f32(t->v, MMOE_NORMAL_TABLE_SIZE);
+    mmoe_normal_table_fill_random(t, &a);
+    double sum = 0;
+    sum2 = 0;
+    for (int i = 0; i < MMOE_NORMAL_TABLE_SIZE; i++) {
+        ck_assert_float_eq(t->v[i], (float)mmoe_rng_normal(&b));
+        sum += t->v[i];
+        sum2 += (double)t->v[i] * t->v[i];
+    }
+    /* n = 65536: se(mean) ~ 0.004, se(var) ~ 0.0055; bounds are > 5 se */
+    ck_assert_double_lt(fabs(sum / MMOE_NORMAL_TABLE_SIZE), 0.03);
+    ck_assert_double_lt(fabs(sum2 / MMOE_NORMAL_TABLE_SIZE - 1.0), 0.04);
+
+    /* a draw is the entry at the low 16 bits of one 32-bit step */
+    for (int i = 0; i < 1000; i++) {
+        uint32_t bits = mmoe_rng_u32(&b);
+        ck_assert_float_eq(mmoe_normal_table_draw(t, &a), t->v[bits & 0xFFFFu]);
+    }
+    free(t);
+}
+END_TEST
+
 START_TEST(ulp_distance)
 {
     ck_assert_uint_eq(mmoe_test_ulp_f32(1.0f, nextafterf(1.0f, 2.0f)), 1);
@@ -114,6 +193,8 @@ static Suite *common_suite(void)
     tcase_add_test(tc, dtype_table);
     tcase_add_test(tc, tensor_expect_messages);
     tcase_add_test(tc, rng_reproducible_and_uniform);
+    tcase_add_test(tc, normal_quantile_inverts_phi);
+    tcase_add_test(tc, normal_table_quantiles_and_draws);
     tcase_add_test(tc, ulp_distance);
     suite_add_tcase(s, tc);
     return s;

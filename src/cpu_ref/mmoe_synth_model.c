@@ -42,50 +42,6 @@ static uint64_t numel_of(const mmoe_tensor_spec *s)
     return (uint64_t)s->shape[0] * (uint64_t)(s->ndim == 2 ? s->shape[1] : 1);
 }
 
-/** Entries of the normal table: one 16-bit draw picks one. */
-#define NORMAL_TABLE_SIZE 65536
-
-/**
- * Inverse of the standard normal CDF (Acklam's rational approximation, relative error
- * below 1.2e-9), used once to tabulate normal deviates.
- */
-static double normal_quantile(double p)
-{
-    static const double a[] = {-3.969683028665376e+01, 2.209460984245205e+02, -2.759285104469687e+02,
-                               1.383577518672690e+02, -3.066479806614716e+01, 2.506628277459239e+00};
-    static const double b[] = {-5.447609879822406e+01, 1.615858368580409e+02, -1.556989798598866e+02,
-                               6.680131188771972e+01, -1.328068155288572e+01};
-    static const double c[] = {-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e+00,
-                               -2.549732539343734e+00, 4.374664141464968e+00, 2.938163982698783e+00};
-    static const double d[] = {7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00,
-                               3.754408661907416e+00};
-    if (p < 0.02425) {
-        double q = sqrt(-2 * log(p));
-        return (((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]) /
-               ((((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1);
-    }
-    if (p > 1 - 0.02425)
-        return -normal_quantile(1 - p);
-    double q = p - 0.5, r = q * q;
-    return (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q /
-           (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1);
-}
-
-/**
- * Tabulated standard normal: entry i is the quantile at (i + 0.5) / 65536, so one 16-bit
- * random draw gives one deviate (tails cut at about 4.3 sigma).  A full-size checkpoint
- * holds ~10^10 weights; drawing them this way instead of by Box-Muller makes writing
- * one V4-Flash layer a matter of seconds.
- */
-static float *normal_table_create(void)
-{
-    float *t = malloc(sizeof(float) * NORMAL_TABLE_SIZE);
-    if (t)
-        for (int i = 0; i < NORMAL_TABLE_SIZE; i++)
-            t[i] = (float)normal_quantile((i + 0.5) / NORMAL_TABLE_SIZE);
-    return t;
-}
-
 /** The bytes of one tensor (and, for quantized weights, of its scale). */
 typedef struct gen_out {
     void *data;           /**< the tensor's bytes (owned) */
@@ -96,7 +52,7 @@ typedef struct gen_out {
 
 /** Generate the bytes of tensor @p s (and of its scale @p next, for FP8/FP4 weights). */
 static mmoe_status gen_tensor(const mmoe_config *c, const mmoe_tensor_spec *s, const mmoe_tensor_spec *next,
-                              uint64_t seed, const float *normals, gen_out *g, mmoe_error *err)
+                              uint64_t seed, const mmoe_normal_table *normals, gen_out *g, mmoe_error *err)
 {
     mmoe_rng rng;
     mmoe_rng_seed(&rng, seed ^ name_hash(s->name));
@@ -138,7 +94,7 @@ static mmoe_status gen_tensor(const mmoe_config *c, const mmoe_tensor_spec *s, c
     for (uint64_t i = 0; i < nlog; i++) {
         if (i % 4 == 0)
             bits = mmoe_rng_u64(&rng);
-        double z = normals[bits & 0xFFFF];
+        double z = normals->v[bits & 0xFFFF];
         bits >>= 16;
         double v;
         switch (s->role) {
@@ -230,7 +186,8 @@ static mmoe_status write_text_file(const char *path, const char *text, mmoe_erro
 
 /** Write the tensors [first, last) into one shard file. */
 static mmoe_status write_shard(const mmoe_config *c, const mmoe_tensor_spec *specs, size_t n_specs, size_t first,
-                               size_t last, uint64_t seed, const float *normals, const char *path, mmoe_error *err)
+                               size_t last, uint64_t seed, const mmoe_normal_table *normals, const char *path,
+                               mmoe_error *err)
 {
     mmoe_st_writer *w = NULL;
     mmoe_status st = mmoe_st_writer_create(&w, err);
@@ -302,7 +259,9 @@ mmoe_status mmoe_synth_model_write(const mmoe_config *cfg, uint64_t seed, const 
         return st;
     /* plan: shard index per tensor; a weight and its scale stay together */
     int *shard_of = malloc(sizeof(int) * n);
-    float *normals = normal_table_create();
+    mmoe_normal_table *normals = malloc(sizeof *normals);
+    if (normals)
+        mmoe_normal_table_fill_quantiles(normals);
     char **shard_names = NULL;
     const char **names = malloc(sizeof(char *) * n), **files = malloc(sizeof(char *) * n);
     char partial[4096], path[4200];

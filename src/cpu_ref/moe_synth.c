@@ -6,9 +6,10 @@
  * them with the MXFP4 row quantizer of mmoe_formats.h (1x32 UE8M0 scale = ceil_pow2(max(amax,
  * 1e-4) / 6), E2M1 codes rounded to nearest even), exactly as a checkpoint's routed experts were
  * produced.  Shared experts: FP8 E4M3 with one UE8M0 scale per B x B block (ceil_pow2(amax /
- * 448), mmoe_quant_fp8_weight_blocks()), the checkpoint's FP8 format.  Normal deviates come from a table of 65536 Box-Muller
- * draws indexed by the generator (a layer of v4-flash with 32 experts has 0.8 G weights; the
- * table keeps synthesis to a few seconds while the values stay normal-shaped).
+ * 448), mmoe_quant_fp8_weight_blocks()), the checkpoint's FP8 format.  Normal deviates come
+ * from a table of 65536 Box-Muller draws indexed by the generator (mmoe_normal_table_fill_random();
+ * a layer of v4-flash with 32 experts has 0.8 G weights; the table keeps synthesis to a few
+ * seconds while the values stay normal-shaped).
  *
  * The dyadic family (mmoe_moe_synth.h) draws codes and scales directly instead.
  */
@@ -26,8 +27,6 @@
 
 /** Std-dev of synthetic weights (of the order of a trained layer's). */
 #define SYNTH_WEIGHT_STD 0.02
-/** Normal deviates in the lookup table. */
-#define SYNTH_NORMAL_TABLE 65536
 
 /** A synthetic layer and every buffer it owns. */
 struct mmoe_moe_synth {
@@ -63,20 +62,9 @@ static mmoe_tensor view2(mmoe_dtype dt, int64_t r, int64_t c, void *data)
     return t;
 }
 
-/** Precomputed standard normal deviates. */
-typedef struct normal_table {
-    float v[SYNTH_NORMAL_TABLE]; /**< Box-Muller draws */
-} normal_table;
-
-/** One normal deviate from the table. */
-static float draw_normal(const normal_table *nt, mmoe_rng *rng)
-{
-    return nt->v[mmoe_rng_u32(rng) & (SYNTH_NORMAL_TABLE - 1)];
-}
-
 /** One routed FP4 matrix [n, k] with 1x32 scales. */
-static int make_fp4(mmoe_moe_synth *s, int64_t n, int64_t k, mmoe_moe_synth_values values, const normal_table *nt,
-                    mmoe_rng *rng, mmoe_tensor *w, mmoe_tensor *sf)
+static int make_fp4(mmoe_moe_synth *s, int64_t n, int64_t k, mmoe_moe_synth_values values,
+                    const mmoe_normal_table *nt, mmoe_rng *rng, mmoe_tensor *w, mmoe_tensor *sf)
 {
     uint8_t *wb = synth_alloc(s, (size_t)(n * k / 2));
     uint8_t *sb = synth_alloc(s, (size_t)(n * k / 32));
@@ -93,7 +81,7 @@ static int make_fp4(mmoe_moe_synth *s, int64_t n, int64_t k, mmoe_moe_synth_valu
                 sb[r * (k / 32) + g] = (uint8_t)(126 + mmoe_rng_below(rng, 3));
         } else {
             for (int64_t j = 0; j < k; j++)
-                row[j] = (float)SYNTH_WEIGHT_STD * draw_normal(nt, rng);
+                row[j] = (float)SYNTH_WEIGHT_STD * mmoe_normal_table_draw(nt, rng);
             mmoe_quant_row_fp4_1x32_ue8m0(row, (size_t)k, MMOE_FP4_RNE, wb + r * (k / 2), sb + r * (k / 32), NULL);
         }
     }
@@ -105,7 +93,7 @@ static int make_fp4(mmoe_moe_synth *s, int64_t n, int64_t k, mmoe_moe_synth_valu
 
 /** One shared FP8 matrix [n, k] with B x B block scales. */
 static int make_fp8(mmoe_moe_synth *s, int64_t n, int64_t k, int64_t bsz, mmoe_moe_synth_values values,
-                    const normal_table *nt, mmoe_rng *rng, mmoe_tensor *w, mmoe_tensor *sf)
+                    const mmoe_normal_table *nt, mmoe_rng *rng, mmoe_tensor *w, mmoe_tensor *sf)
 {
     const int64_t sr = moe_ceil_div(n, bsz), sc = moe_ceil_div(k, bsz);
     uint8_t *wb = synth_alloc(s, (size_t)(n * k));
@@ -122,7 +110,7 @@ static int make_fp8(mmoe_moe_synth *s, int64_t n, int64_t k, int64_t bsz, mmoe_m
             wb[i] = mmoe_fp8_e4m3_from_f32((float)((int64_t)mmoe_rng_below(rng, 17) - 8));
     } else {
         for (int64_t i = 0; i < n * k; i++)
-            vals[i] = (float)SYNTH_WEIGHT_STD * draw_normal(nt, rng);
+            vals[i] = (float)SYNTH_WEIGHT_STD * mmoe_normal_table_draw(nt, rng);
         if (mmoe_quant_fp8_weight_blocks(vals, (size_t)n, (size_t)k, (size_t)bsz, (size_t)bsz, wb, sb, NULL) !=
             MMOE_OK) {
             free(vals);
@@ -136,7 +124,7 @@ static int make_fp8(mmoe_moe_synth *s, int64_t n, int64_t k, int64_t bsz, mmoe_m
 }
 
 /** Gate weight, and bias or hash table. */
-static int make_router(mmoe_moe_synth *s, mmoe_moe_synth_values values, const normal_table *nt, mmoe_rng *rng)
+static int make_router(mmoe_moe_synth *s, mmoe_moe_synth_values values, const mmoe_normal_table *nt, mmoe_rng *rng)
 {
     const mmoe_moe_desc *d = &s->desc;
     uint16_t *gate = synth_alloc(s, (size_t)(d->n_experts * d->hidden) * 2);
@@ -145,7 +133,7 @@ static int make_router(mmoe_moe_synth *s, mmoe_moe_synth_values values, const no
     const float gstd = 1.0f / sqrtf((float)d->hidden);
     for (int64_t i = 0; i < d->n_experts * d->hidden; i++)
         gate[i] = mmoe_bf16_from_f32(values == MMOE_SYNTH_DYADIC ? (float)((int64_t)mmoe_rng_below(rng, 9) - 4) / 64.0f
-                                                                 : gstd * draw_normal(nt, rng));
+                                                                 : gstd * mmoe_normal_table_draw(nt, rng));
     s->w.gate = view2(MMOE_DT_BF16, d->n_experts, d->hidden, gate);
     if (d->routing == MMOE_ROUTING_BIASED) {
         float *bias = synth_alloc(s, (size_t)d->n_experts * sizeof(float));
@@ -153,7 +141,7 @@ static int make_router(mmoe_moe_synth *s, mmoe_moe_synth_values values, const no
             return -1;
         for (int64_t e = 0; e < d->n_experts; e++)
             bias[e] = values == MMOE_SYNTH_DYADIC ? (float)((int64_t)mmoe_rng_below(rng, 9) - 4) / 16.0f
-                                                  : 0.1f * draw_normal(nt, rng);
+                                                  : 0.1f * mmoe_normal_table_draw(nt, rng);
         mmoe_tensor b = {MMOE_DT_F32, 1, {d->n_experts}, bias, (size_t)d->n_experts * sizeof(float)};
         s->w.gate_bias = b;
     } else {
@@ -185,7 +173,7 @@ mmoe_status mmoe_moe_synth_create(const mmoe_moe_desc *desc, uint64_t seed, mmoe
     if (st != MMOE_OK)
         return st;
     mmoe_moe_synth *s = calloc(1, sizeof *s);
-    normal_table *nt = malloc(sizeof *nt);
+    mmoe_normal_table *nt = malloc(sizeof *nt);
     if (s == NULL || nt == NULL) {
         free(s);
         free(nt);
@@ -194,8 +182,7 @@ mmoe_status mmoe_moe_synth_create(const mmoe_moe_desc *desc, uint64_t seed, mmoe
     s->desc = *desc;
     mmoe_rng rng;
     mmoe_rng_seed(&rng, seed);
-    for (int i = 0; i < SYNTH_NORMAL_TABLE; i++)
-        nt->v[i] = (float)mmoe_rng_normal(&rng);
+    mmoe_normal_table_fill_random(nt, &rng);
     const int64_t D = desc->hidden, I = desc->inter, W = (int64_t)desc->n_shared * desc->shared_inter;
     int bad = make_router(s, values, nt, &rng);
     s->experts = synth_alloc(s, (size_t)desc->n_experts * sizeof *s->experts);
