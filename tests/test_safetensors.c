@@ -874,6 +874,36 @@ START_TEST(utf8_vectors)
 END_TEST
 
 
+/* Every scalar value: the encoder writes the RFC 3629 bytes (lengths by range, the lead and
+ * continuation bit patterns), the classifier reads back the same code point and length. */
+START_TEST(utf8_put_next_roundtrip)
+{
+    for (uint32_t cp = 0; cp <= 0x10FFFFu; cp++) {
+        if (cp >= 0xD800u && cp <= 0xDFFFu)
+            continue;
+        char buf[5];
+        memset(buf, 0x55, sizeof buf);
+        size_t want_len = cp < 0x80u ? 1 : cp < 0x800u ? 2 : cp < 0x10000u ? 3 : 4;
+        size_t n = mmoe_utf8_put(cp, buf);
+        ck_assert_uint_eq(n, want_len);
+        ck_assert_int_eq(buf[n], 0x55); /* nothing past the character */
+        static const unsigned char lead_bits[5] = {0, 0x00, 0xC0, 0xE0, 0xF0};
+        unsigned char b0 = (unsigned char)buf[0];
+        ck_assert_uint_eq(b0 & (n == 1 ? 0x80u : n == 2 ? 0xE0u : n == 3 ? 0xF0u : 0xF8u), lead_bits[n]);
+        for (size_t k = 1; k < n; k++)
+            ck_assert_uint_eq((unsigned char)buf[k] & 0xC0u, 0x80u);
+        size_t len = 0;
+        uint32_t back = UINT32_MAX;
+        ck_assert_int_eq(mmoe_utf8_next((const unsigned char *)buf, n, &len, &back), MMOE_UTF8_VALID);
+        ck_assert_uint_eq(len, n);
+        ck_assert_uint_eq(back, cp);
+        if (n > 1) /* one byte short: an unfinished prefix, not an error */
+            ck_assert_int_eq(mmoe_utf8_next((const unsigned char *)buf, n - 1, &len, NULL), MMOE_UTF8_INCOMPLETE);
+        ck_assert_uint_eq(mmoe_utf8_first_invalid(buf, n), n);
+    }
+}
+END_TEST
+
 /* ------------------------------------------------------------------------- */
 /* statistics (what `inspect --stats` prints)                                 */
 /* ------------------------------------------------------------------------- */
@@ -978,6 +1008,7 @@ static Suite *safetensors_suite(void)
     tcase_add_test(tc, checkpoint_sharded_writer);
     tcase_add_test(tc, require_checks_alignment);
     tcase_add_test(tc, utf8_vectors);
+    tcase_add_test(tc, utf8_put_next_roundtrip);
     tcase_add_test(tc, tensor_stats_hand_values);
     suite_add_tcase(s, tc);
     return s;

@@ -100,7 +100,7 @@ static size_t strip_left(const char *text, size_t floor, size_t pos)
             start--;
         size_t len;
         uint32_t cp;
-        if (tok_utf8_next((const unsigned char *)text + start, pos - start, &len, &cp) != TOK_UTF8_VALID ||
+        if (mmoe_utf8_next((const unsigned char *)text + start, pos - start, &len, &cp) != MMOE_UTF8_VALID ||
             !cp_is_white_space(cp))
             break;
         pos = start;
@@ -114,7 +114,7 @@ static size_t strip_right(const char *text, size_t pos, size_t end)
     while (pos < end) {
         size_t len;
         uint32_t cp;
-        if (tok_utf8_next((const unsigned char *)text + pos, end - pos, &len, &cp) != TOK_UTF8_VALID ||
+        if (mmoe_utf8_next((const unsigned char *)text + pos, end - pos, &len, &cp) != MMOE_UTF8_VALID ||
             !cp_is_white_space(cp))
             break;
         pos += len;

@@ -125,7 +125,7 @@ static mmoe_status initial_symbols(const struct mmoe_tokenizer *tok, tok_work *w
         size_t i = 0;
         while (i < len) {
             size_t clen;
-            if (tok_utf8_next((const unsigned char *)s + i, len - i, &clen, NULL) != TOK_UTF8_VALID)
+            if (mmoe_utf8_next((const unsigned char *)s + i, len - i, &clen, NULL) != MMOE_UTF8_VALID)
                 clen = 1;
             int32_t id = tok_strmap_find(&tok->vocab, tok, s + i, clen);
             if (id < 0)
@@ -154,7 +154,7 @@ static int32_t whole_piece_id(const struct mmoe_tokenizer *tok, const char *s, s
         return -1;
     size_t m = 0;
     for (size_t i = 0; i < len; i++)
-        m += tok_utf8_put(table[(unsigned char)s[i]], mapped + m);
+        m += mmoe_utf8_put(table[(unsigned char)s[i]], mapped + m);
     int32_t id = tok_strmap_find(&tok->vocab, tok, mapped, m);
     free(mapped);
     return id;

@@ -60,7 +60,7 @@ size_t tok_bytelevel_unmap(const char *s, size_t len, unsigned char *out)
     while (i < len) {
         size_t clen;
         uint32_t cp;
-        if (tok_utf8_next(p + i, len - i, &clen, &cp) != TOK_UTF8_VALID)
+        if (mmoe_utf8_next(p + i, len - i, &clen, &cp) != MMOE_UTF8_VALID)
             return SIZE_MAX;
         int b = cp_to_byte(cp);
         if (b < 0)

@@ -91,7 +91,7 @@ mmoe_status mmoe_decode_stream_push(mmoe_decode_stream *s, int32_t id, mmoe_text
             i++;
             continue;
         }
-        if (tok_utf8_next(buf + i, total - i, &len, NULL) == TOK_UTF8_INCOMPLETE) {
+        if (mmoe_utf8_next(buf + i, total - i, &len, NULL) == MMOE_UTF8_INCOMPLETE) {
             keep = i;
             break;
         }

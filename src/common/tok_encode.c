@@ -79,7 +79,7 @@ mmoe_status mmoe_tokenizer_encode(const mmoe_tokenizer *tok, const char *text, s
         return mmoe_error_set(err, MMOE_EUNSUPPORTED,
                               "tokenizer %s: key 'post_processor': a post-processor that adds special tokens is not "
                               "supported (encode without add_special and add them yourself)", tok->name);
-    size_t bad = tok_utf8_first_invalid(text, len);
+    size_t bad = mmoe_utf8_first_invalid(text, len);
     if (bad < len)
         return mmoe_error_set(err, MMOE_EFORMAT,
                               "tokenizer encode: input is not valid UTF-8 at byte %zu (byte 0x%02X)", bad,

@@ -23,22 +23,10 @@
 
 #include "mmoe_error.h"
 #include "mmoe_tokenizer.h"
+#include "mmoe_utf8.h"
 
-/* ------------------------------------------------------------------ UTF-8 (tok_utf8.c) */
+/* ------------------------------------------------------------------ UTF-8 (mmoe_utf8.h, tok_utf8.c) */
 
-/** Result of looking at the bytes that start at one position. */
-typedef enum tok_utf8_kind {
-    TOK_UTF8_VALID = 0,     /**< a complete, valid character of `len` bytes */
-    TOK_UTF8_INVALID = 1,   /**< `len` bytes form one maximal invalid subsequence */
-    TOK_UTF8_INCOMPLETE = 2 /**< all remaining bytes are a valid but unfinished prefix */
-} tok_utf8_kind;
-
-/** Classify the character starting at @p p (n >= 1 bytes available); writes its length. */
-tok_utf8_kind tok_utf8_next(const unsigned char *p, size_t n, size_t *len, uint32_t *cp);
-/** Offset of the first invalid byte of @p s, or @p n when all of it is valid UTF-8. */
-size_t tok_utf8_first_invalid(const char *s, size_t n);
-/** Append the UTF-8 encoding of @p cp (<= 0x10FFFF) to @p buf; returns its length (1..4). */
-size_t tok_utf8_put(uint32_t cp, char *buf);
 /**
  * Make room for at least @p need elements of @p elem_size bytes in the array *@p v of
  * capacity *@p cap (doubling, starting at 16).  MMOE_ENOMEM leaves the array unchanged.

@@ -616,7 +616,7 @@ static mmoe_status build_tables(loader *L)
     tok_bytelevel_table(table);
     for (int b = 0; b < 256; b++) {
         char s[4];
-        size_t len = tok_utf8_put(table[b], s);
+        size_t len = mmoe_utf8_put(table[b], s);
         tok->byte_sym[b] = tok_strmap_find(&tok->vocab, tok, s, len);
     }
     for (size_t i = 0; i < tok->n_added; i++) {
