@@ -10,17 +10,10 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
+#include "mmoe_clock.h"
 #include "mmoe_formats.h"
 #include "mmoe_rng.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void report(const char *what, size_t elems, double seconds, double checksum)
 {
@@ -51,40 +44,40 @@ int main(int argc, char **argv)
     size_t n = k * rows;
     double sum = 0, t;
 
-    t = now_s();
+    t = mmoe_clock_s();
     for (size_t r = 0; r < rows; r++) {
         mmoe_dequant_row_mxfp4(packed, sf, k, out, NULL);
         sum += out[r % k];
     }
-    report("dequant_row_mxfp4 (1x32 UE8M0)", n, now_s() - t, sum);
+    report("dequant_row_mxfp4 (1x32 UE8M0)", n, mmoe_clock_s() - t, sum);
 
-    t = now_s();
+    t = mmoe_clock_s();
     for (size_t r = 0; r < rows; r++) {
         mmoe_dequant_row_fp8(q, sf32, MMOE_DT_F32, k, 128, out, NULL);
         sum += out[r % k];
     }
-    report("dequant_row_fp8 (1x128 F32)", n, now_s() - t, sum);
+    report("dequant_row_fp8 (1x128 F32)", n, mmoe_clock_s() - t, sum);
 
-    t = now_s();
+    t = mmoe_clock_s();
     for (size_t r = 0; r < rows; r++) {
         mmoe_quant_row_fp8_1x32_ue8m0(x, k, q, sf, NULL);
         sum += q[r % k];
     }
-    report("quant_row_fp8_1x32_ue8m0", n, now_s() - t, sum);
+    report("quant_row_fp8_1x32_ue8m0", n, mmoe_clock_s() - t, sum);
 
-    t = now_s();
+    t = mmoe_clock_s();
     for (size_t r = 0; r < rows; r++) {
         mmoe_quant_row_fp4_1x32_ue8m0(x, k, MMOE_FP4_RNE, packed, sf, NULL);
         sum += packed[r % (k / 2)];
     }
-    report("quant_row_fp4_1x32_ue8m0 (RNE)", n, now_s() - t, sum);
+    report("quant_row_fp4_1x32_ue8m0 (RNE)", n, mmoe_clock_s() - t, sum);
 
-    t = now_s();
+    t = mmoe_clock_s();
     for (size_t r = 0; r < rows; r++) {
         mmoe_bf16_from_f32_row(x, k, h);
         sum += h[r % k];
     }
-    report("bf16_from_f32_row", n, now_s() - t, sum);
+    report("bf16_from_f32_row", n, mmoe_clock_s() - t, sum);
 
     free(x), free(out), free(sf32), free(q), free(packed), free(sf), free(h);
     return 0;

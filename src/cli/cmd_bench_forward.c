@@ -15,9 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <time.h>
 
 #include "mmoe_cli.h"
+#include "mmoe_clock.h"
 #include "mmoe_model.h"
 #include "mmoe_rng.h"
 
@@ -27,14 +27,6 @@ static void usage(FILE *out)
     fprintf(out, "usage: megamoe bench forward --model DIR [--tokens N] [--decode K] [--seed S]\n"
                  "  Prefill N random tokens (default 64), then decode K tokens one by one (default 8);\n"
                  "  prints prefill tokens/s, decode ms/token, the per-layer split and peak RSS.\n");
-}
-
-/** Monotonic clock in seconds. */
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /** Progress line on stderr. */
@@ -106,11 +98,11 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
     float *logits = NULL;
     double *snap = NULL;
     int rc = 1;
-    double t0 = now_s();
+    double t0 = mmoe_clock_s();
     mmoe_status st = mmoe_model_open(model_dir, progress, NULL, &m, &err);
     if (st != MMOE_OK)
         goto done;
-    double t_load = now_s() - t0;
+    double t_load = mmoe_clock_s() - t0;
     const mmoe_config *cfg = mmoe_model_config(m);
     const int64_t V = cfg->vocab_size, T = n_prefill + n_decode;
     if ((st = mmoe_model_state_create(m, T, &s, &err)) != MMOE_OK)
@@ -127,9 +119,9 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
     mmoe_rng_seed(&rng, seed);
     for (int64_t i = 0; i < n_prefill; i++)
         ids[i] = (int32_t)mmoe_rng_below(&rng, (uint64_t)V);
-    t0 = now_s();
+    t0 = mmoe_clock_s();
     st = mmoe_model_forward(m, s, ids, n_prefill, logits, 1, NULL, &err);
-    double t_prefill = now_s() - t0;
+    double t_prefill = mmoe_clock_s() - t0;
     if (st != MMOE_OK)
         goto done;
     mmoe_model_timings tm;
@@ -145,7 +137,7 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
     memcpy(m0, tm.moe_s, sizeof(double) * (size_t)nb);
     memcpy(h0, tm.mhc_s, sizeof(double) * (size_t)nb);
     double e0 = tm.embed_s, hd0 = tm.head_s;
-    t0 = now_s();
+    t0 = mmoe_clock_s();
     for (long i = 0; i < n_decode && st == MMOE_OK; i++) {
         int32_t best = 0; /* greedy next token */
         for (int64_t v = 1; v < V; v++)
@@ -154,7 +146,7 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
         ids[n_prefill + i] = best;
         st = mmoe_model_forward(m, s, &ids[n_prefill + i], 1, logits, 1, NULL, &err);
     }
-    double t_decode = now_s() - t0;
+    double t_decode = mmoe_clock_s() - t0;
     if (st != MMOE_OK)
         goto done;
     if (n_decode > 0) {

@@ -25,22 +25,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "mmoe_cli.h"
+#include "mmoe_clock.h"
 #include "mmoe_formats.h"
 #include "mmoe_moe_synth.h"
 
 /** Most token counts in one --tokens list. */
 #define BENCH_MAX_T 32
-
-/** Monotonic time in seconds. */
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /** qsort comparator of doubles. */
 static int cmp_double(const void *a, const void *b)
@@ -82,7 +74,7 @@ static double sgemm_same_shapes(const mmoe_moe_desc *d, const int64_t *counts, i
                                 const float *w13, const float *w2, const float *a, float *c)
 {
     const int D = (int)d->hidden, n_inter = (int)d->inter;
-    double t0 = now_s();
+    double t0 = mmoe_clock_s();
     for (int64_t e = 0; e <= d->n_experts; e++) {
         int m = e < d->n_experts ? (int)counts[e] : (shared ? (int)t : 0);
         if (m == 0)
@@ -91,7 +83,7 @@ static double sgemm_same_shapes(const mmoe_moe_desc *d, const int64_t *counts, i
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n_inter, D, 1.0f, a, D, w13, D, 0.0f, c, n_inter);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, D, n_inter, 1.0f, c, n_inter, w2, n_inter, 0.0f, c, D);
     }
-    return now_s() - t0;
+    return mmoe_clock_s() - t0;
 }
 
 /** Time the layer and the SGEMM yardstick at one token count; print one row. */
@@ -216,7 +208,7 @@ int mmoe_cmd_bench_moe(int argc, char **argv)
     d.pad_to = pad_to;
     mmoe_moe_synth *s = NULL;
     mmoe_moe_layer *layer = NULL;
-    double t0 = now_s();
+    double t0 = mmoe_clock_s();
     if (st == MMOE_OK)
         st = mmoe_moe_synth_create(&d, seed, MMOE_SYNTH_NORMAL, &s, &err);
     if (st == MMOE_OK)
@@ -237,7 +229,7 @@ int mmoe_cmd_bench_moe(int argc, char **argv)
                "OpenBLAS %s x%d threads (setup %.1f s)\n",
                shape, (long long)d.hidden, (long long)d.inter, (long long)d.n_experts, d.topk,
                mmoe_moe_recipe_name(d.recipe), mmoe_moe_shared_mode_name(d.shared_mode), pad_to, reps,
-               openblas_get_corename(), openblas_get_num_threads(), now_s() - t0);
+               openblas_get_corename(), openblas_get_num_threads(), mmoe_clock_s() - t0);
         printf("     T    pairs  active   layer_ms  layer_GF   sgemm_ms  sgemm_GF   ratio dequant_ms   gemm_ms  shared\n");
         for (int i = 0; i < nt && rc == 0; i++)
             rc = bench_one(&d, layer, s, tv[i], reps, seed, w13, w2);

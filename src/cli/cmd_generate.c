@@ -54,6 +54,7 @@
 #include "chat_internal.h" /* the marker strings of the chat encoding */
 #include "mmoe_chat.h"
 #include "mmoe_cli.h"
+#include "mmoe_clock.h"
 #include "mmoe_generate.h"
 #include "mmoe_model.h"
 #include "mmoe_tokenizer.h"
@@ -367,7 +368,7 @@ static mmoe_status gen_load(gen_run *r, mmoe_error *err)
         return st;
     if (o->threads > 0)
         openblas_set_num_threads(o->threads);
-    double t0 = mmoe_gen_wall_s();
+    double t0 = mmoe_clock_s();
     if ((st = mmoe_model_open(o->model_dir, load_progress, r, &r->model, err)) != MMOE_OK) {
         if (r->stderr_tty && !o->quiet)
             fputc('\n', stderr);
@@ -396,7 +397,7 @@ static mmoe_status gen_load(gen_run *r, mmoe_error *err)
         fprintf(stderr, "%smodel: %s: %lld layers, vocab %lld, %.1f MiB of weights, loaded in %.2f s; context %lld "
                 "tokens (KV cache %.1f MiB)\n", r->stderr_tty ? "\r\033[K" : "", o->model_dir,
                 (long long)cfg->n_layers, (long long)cfg->vocab_size,
-                (double)mmoe_model_weight_bytes(r->model) / (1024.0 * 1024.0), mmoe_gen_wall_s() - t0, (long long)ctx,
+                (double)mmoe_model_weight_bytes(r->model) / (1024.0 * 1024.0), mmoe_clock_s() - t0, (long long)ctx,
                 (double)mmoe_model_state_bytes(r->state) / (1024.0 * 1024.0));
         if (r->session.n_masked > 0)
             fprintf(stderr, "model: %lld of the %lld head rows have no token in tokenizer.json: never sampled\n",

@@ -15,16 +15,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "mmoe_clock.h"
 #include "mmoe_generate.h"
-
-double mmoe_gen_wall_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 const char *mmoe_gen_stop_name(mmoe_gen_stop stop)
 {
@@ -130,7 +123,7 @@ mmoe_status mmoe_gen_prefill(mmoe_gen_session *g, const int32_t *ids, int64_t n,
         if (ids[i] < 0 || ids[i] >= g->vocab)
             return mmoe_error_set(err, MMOE_EINVAL, "generate: prompt token %lld has id %d: the model's vocabulary "
                                   "has %lld ids", (long long)i, ids[i], (long long)g->vocab);
-    double t0 = mmoe_gen_wall_s();
+    double t0 = mmoe_clock_s();
     mmoe_status st = MMOE_OK;
     int64_t done = 0;
     if (g->n_pending > 0) {
@@ -145,7 +138,7 @@ mmoe_status mmoe_gen_prefill(mmoe_gen_session *g, const int32_t *ids, int64_t n,
         if (st == MMOE_OK && progress != NULL)
             progress(progress_ctx, done, total);
     }
-    stats->prefill_s = mmoe_gen_wall_s() - t0;
+    stats->prefill_s = mmoe_clock_s() - t0;
     stats->n_prefill = done;
     return st;
 }
@@ -165,7 +158,7 @@ mmoe_status mmoe_gen_decode(mmoe_gen_session *g, int64_t max_tokens, mmoe_gen_to
     stats->stop = MMOE_GEN_STOP_NONE;
     if (!g->have_logits || g->n_pending > 0)
         return mmoe_error_set(err, MMOE_EINVAL, "generate: decode needs a prefill first");
-    double t0 = mmoe_gen_wall_s();
+    double t0 = mmoe_clock_s();
     mmoe_status st = MMOE_OK;
     while (stats->stop == MMOE_GEN_STOP_NONE) {
         if (stats->n_generated >= max_tokens) {
@@ -197,6 +190,6 @@ mmoe_status mmoe_gen_decode(mmoe_gen_session *g, int64_t max_tokens, mmoe_gen_to
                 break;
         }
     }
-    stats->generate_s = mmoe_gen_wall_s() - t0;
+    stats->generate_s = mmoe_clock_s() - t0;
     return st;
 }

@@ -61,9 +61,6 @@ typedef enum mmoe_gen_stop {
     MMOE_GEN_STOP_CALLER        /**< the token callback asked to stop */
 } mmoe_gen_stop;
 
-/** Wall-clock seconds on CLOCK_MONOTONIC (differences only: the origin is arbitrary). */
-double mmoe_gen_wall_s(void);
-
 /** A short name of a stop reason ("eos", "max-tokens", "context-full", "caller", "none"). */
 const char *mmoe_gen_stop_name(mmoe_gen_stop stop);
 

@@ -15,19 +15,11 @@
  */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "mmoe_clock.h"
 #include "mmoe_formats.h"
 #include "mmoe_linear.h"
 #include "model_internal.h"
-
-/** Monotonic clock in seconds. */
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* ------------------------------------------------------------------ state */
 
@@ -165,28 +157,28 @@ static mmoe_status run_block(const mmoe_model *m, mmoe_model_state *s, int L, co
     const mmoe_hc_params *hp = &m->hcp;
     const int64_t D = m->cfg.dim;
     const float eps = (float)m->cfg.norm_eps;
-    double t0 = now_s();
+    double t0 = mmoe_clock_s();
     mmoe_hc_pre(hp, b->X, T, blk->hc_attn.fn, blk->hc_attn.base, blk->hc_attn.scale, b->y, b->post, b->comb);
-    double t1 = now_s();
+    double t1 = mmoe_clock_s();
     mmoe_rmsnorm_bf16(b->y, T, D, &blk->attn_norm, eps, b->y);
     mmoe_tensor xin = bf16_view(b->y, T, D), xout = bf16_view(b->o, T, D);
     mmoe_status st = mmoe_attention_forward(&blk->attn_p, &blk->attn_w, s->caches[L], &xin, pos, T, &xout,
                                             s->scratch, err);
     if (st != MMOE_OK)
         return mmoe_error_prefix(err, "%sattn: ", blk->prefix);
-    double t2 = now_s();
+    double t2 = mmoe_clock_s();
     mmoe_hc_post(hp, b->o, b->X, T, b->post, b->comb, b->X);
     mmoe_hc_pre(hp, b->X, T, blk->hc_ffn.fn, blk->hc_ffn.base, blk->hc_ffn.scale, b->y, b->post, b->comb);
-    double t3 = now_s();
+    double t3 = mmoe_clock_s();
     mmoe_rmsnorm_bf16(b->y, T, D, &blk->ffn_norm, eps, b->y);
     mmoe_moe_input in = {T, b->y, blk->hash ? ids : NULL, NULL, NULL};
     mmoe_moe_output out = {b->o, NULL, NULL};
     st = mmoe_moe_layer_run(blk->moe, &in, &out, NULL, err);
     if (st != MMOE_OK)
         return mmoe_error_prefix(err, "%sffn: ", blk->prefix);
-    double t4 = now_s();
+    double t4 = mmoe_clock_s();
     mmoe_hc_post(hp, b->o, b->X, T, b->post, b->comb, b->X);
-    double t5 = now_s();
+    double t5 = mmoe_clock_s();
     s->mhc_s[L] += (t1 - t0) + (t3 - t2) + (t5 - t4);
     s->attn_s[L] += t2 - t1;
     s->moe_s[L] += t4 - t3;
@@ -232,10 +224,10 @@ mmoe_status mmoe_model_forward(mmoe_model *m, mmoe_model_state *s, const int32_t
     fwd_buf b = {0};
     if ((st = buf_alloc(m, T, &b, err)) != MMOE_OK)
         goto done;
-    double t0 = now_s();
+    double t0 = mmoe_clock_s();
     mmoe_model_embed(m, ids, T, b.y, err); /* ids checked above */
     mmoe_hc_expand(&m->hcp, b.y, T, b.X);
-    s->embed_s += now_s() - t0;
+    s->embed_s += mmoe_clock_s() - t0;
     for (int L = 0; L < m->cfg.n_layers && st == MMOE_OK; L++)
         st = run_block(m, s, L, ids, s->pos, T, &b, err);
     if (st != MMOE_OK)
@@ -244,11 +236,11 @@ mmoe_status mmoe_model_forward(mmoe_model *m, mmoe_model_state *s, const int32_t
     if (streams)
         memcpy(streams, b.X, sizeof(uint16_t) * (size_t)(T * m->cfg.hc_mult * m->cfg.dim));
     if (logits) {
-        t0 = now_s();
+        t0 = mmoe_clock_s();
         int64_t first = last_only ? T - 1 : 0;
         st = mmoe_model_head_logits(m, &m->head, b.X + first * m->cfg.hc_mult * m->cfg.dim, T - first, logits, b.y,
                                     err);
-        s->head_s += now_s() - t0;
+        s->head_s += mmoe_clock_s() - t0;
     }
 done:
     buf_free(&b);

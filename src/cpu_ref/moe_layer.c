@@ -284,9 +284,9 @@ static int run_expert(mmoe_moe_layer *layer, const moe_mat *w1, const moe_mat *w
         return -1;
     if (moe_expert_gemm(w1, xg, m, 0, s->gate, s, clk) != 0 || moe_expert_gemm(w3, xg, m, 0, s->up, s, clk) != 0)
         return -1;
-    double t0 = moe_now_s();
+    double t0 = mmoe_clock_s();
     moe_l1_epilogue(rules, layer->desc.math, layer->desc.swiglu_limit, s->gate, s->up, m, n, w);
-    *epi_s += moe_now_s() - t0;
+    *epi_s += mmoe_clock_s() - t0;
     if (moe_expert_gemm(w2, s->gate, m, 1, s->yl2, s, clk) != 0)
         return -1;
     for (int64_t r = 0; r < m; r++)
@@ -326,9 +326,9 @@ static mmoe_status run_shared(mmoe_moe_layer *layer, mmoe_moe_path path, const c
             serial.x_quant = MOE_Q_NONE;
             serial.routed.requant = MOE_Q_NONE;
         }
-        double t0 = moe_now_s();
+        double t0 = mmoe_clock_s();
         moe_act_quant_rows(b->xf, t, d, serial.x_quant, b->xs);
-        *quant_s += moe_now_s() - t0;
+        *quant_s += mmoe_clock_s() - t0;
         rc = run_expert(layer, &layer->shared.w1, &layer->shared.w3, &layer->shared.w2, &serial.routed, b->xs, t,
                         NULL, dst, clk, epi_s);
     }
@@ -374,7 +374,7 @@ static mmoe_status run_routed(mmoe_moe_layer *layer, call_bufs *b, moe_gemm_cloc
 mmoe_status mmoe_moe_layer_run(mmoe_moe_layer *layer, const mmoe_moe_input *in, const mmoe_moe_output *out,
                                mmoe_moe_result *result, mmoe_error *err)
 {
-    const double t_start = moe_now_s();
+    const double t_start = mmoe_clock_s();
     mmoe_error local_err;
     if (err == NULL)
         err = &local_err;
@@ -442,7 +442,7 @@ mmoe_status mmoe_moe_layer_run(mmoe_moe_layer *layer, const mmoe_moe_input *in, 
     mmoe_status st = MMOE_OK;
 
     /* 1-2: widen x, route */
-    double t0 = moe_now_s();
+    double t0 = mmoe_clock_s();
     mmoe_bf16_to_f32_row(in->x, td, b.xf);
     if (in->topk_idx != NULL) {
         memcpy(b.idx, in->topk_idx, (size_t)t * (size_t)topk * sizeof(int64_t));
@@ -451,15 +451,15 @@ mmoe_status mmoe_moe_layer_run(mmoe_moe_layer *layer, const mmoe_moe_input *in, 
         st = moe_route(desc, b.xf, t, layer->gate, layer->bias, &layer->tid2eid, in->token_ids, b.idx, b.wts,
                        b.logits, err);
     }
-    tm.route_s = moe_now_s() - t0;
+    tm.route_s = mmoe_clock_s() - t0;
 
     /* 3-4: dispatch, quantize x */
     int64_t active = 0;
     if (st == MMOE_OK) {
         dispatch(layer, t, &b);
-        t0 = moe_now_s();
+        t0 = mmoe_clock_s();
         moe_act_quant_rows(b.xf, t, d, moe_recipe_rules(desc->recipe)->x_quant, b.xq);
-        tm.quant_s = moe_now_s() - t0;
+        tm.quant_s = mmoe_clock_s() - t0;
         /* 5: routed experts */
         st = run_routed(layer, &b, &clk, &tm.epilogue_s, &active, err);
     }
@@ -468,7 +468,7 @@ mmoe_status mmoe_moe_layer_run(mmoe_moe_layer *layer, const mmoe_moe_input *in, 
         st = run_shared(layer, path, &b, t, &clk, &tm.epilogue_s, &tm.quant_s, err);
     /* 7: combine */
     if (st == MMOE_OK) {
-        t0 = moe_now_s();
+        t0 = mmoe_clock_s();
         const uint16_t *rows[MMOE_MOE_MAX_TOPK];
         const moe_combine_order order = moe_recipe_rules(desc->recipe)->combine;
         for (int64_t i = 0; i < t; i++) {
@@ -477,7 +477,7 @@ mmoe_status mmoe_moe_layer_run(mmoe_moe_layer *layer, const mmoe_moe_input *in, 
             moe_combine_token(order, topk, b.idx + i * topk, rows,
                               path != MMOE_PATH_NONE ? b.shared_y + i * d : NULL, d, out->y + i * d);
         }
-        tm.combine_s = moe_now_s() - t0;
+        tm.combine_s = mmoe_clock_s() - t0;
         if (out->topk_idx != NULL)
             memcpy(out->topk_idx, b.idx, (size_t)t * (size_t)topk * sizeof(int64_t));
         if (out->topk_weights != NULL)
@@ -497,7 +497,7 @@ mmoe_status mmoe_moe_layer_run(mmoe_moe_layer *layer, const mmoe_moe_input *in, 
     call_free(&b);
     tm.dequant_s = clk.dequant_s;
     tm.gemm_s = clk.gemm_s;
-    tm.total_s = moe_now_s() - t_start;
+    tm.total_s = mmoe_clock_s() - t_start;
     if (result != NULL) {
         result->time = tm;
         result->gemm_flops = clk.flops;
