@@ -111,3 +111,48 @@ int mmoe_test_system(const char *cmd)
         return -1;
     return WEXITSTATUS(rc);
 }
+
+uint8_t *mmoe_test_read_file(const char *path, size_t *n)
+{
+    FILE *fp = fopen(path, "rb");
+    ck_assert_msg(fp != NULL, "cannot open %s", path);
+    ck_assert_int_eq(fseek(fp, 0, SEEK_END), 0);
+    long len = ftell(fp);
+    ck_assert_int_ge(len, 0);
+    ck_assert_int_eq(fseek(fp, 0, SEEK_SET), 0);
+    uint8_t *buf = malloc((size_t)len + 1);
+    ck_assert_ptr_nonnull(buf);
+    ck_assert_uint_eq(fread(buf, 1, (size_t)len, fp), (size_t)len);
+    fclose(fp);
+    buf[len] = 0; /* so that text files can be used as strings */
+    *n = (size_t)len;
+    return buf;
+}
+
+void mmoe_test_write_file(const char *path, const void *p, size_t n)
+{
+    FILE *fp = fopen(path, "wb");
+    ck_assert_msg(fp != NULL, "cannot create %s", path);
+    ck_assert_uint_eq(fwrite(p, 1, n, fp), n);
+    ck_assert_int_eq(fclose(fp), 0);
+}
+
+int mmoe_test_run_cli(const char *dir, const char *args, const char *stdin_text, char **out, char **err)
+{
+    const char *bin = getenv("MMOE_BIN");
+    if (bin == NULL)
+        bin = "./megamoe";
+    char in_path[700], out_path[700], err_path[700], cmd[4096];
+    snprintf(in_path, sizeof in_path, "%s/stdin.txt", dir);
+    snprintf(out_path, sizeof out_path, "%s/stdout.txt", dir);
+    snprintf(err_path, sizeof err_path, "%s/stderr.txt", dir);
+    mmoe_test_write_file(in_path, stdin_text ? stdin_text : "", stdin_text ? strlen(stdin_text) : 0);
+    int n = snprintf(cmd, sizeof cmd, "'%s' %s < '%s' > '%s' 2> '%s'", bin, args, in_path, out_path, err_path);
+    ck_assert_msg(n > 0 && (size_t)n < sizeof cmd, "command line too long: %s", args);
+    int rc = mmoe_test_system(cmd);
+    size_t len; /* both files exist: the shell made them before running the command */
+    *out = (char *)mmoe_test_read_file(out_path, &len);
+    *err = (char *)mmoe_test_read_file(err_path, &len);
+    fprintf(stderr, "$ %s\n  exit %d\n  stdout: %.400s\n  stderr: %.600s\n", cmd, rc, *out, *err);
+    return rc;
+}

@@ -78,4 +78,27 @@ void mmoe_test_rmtree(const char *path);
  */
 int mmoe_test_system(const char *cmd);
 
+/**
+ * Read the whole file @p path into a malloc'd buffer with a NUL byte after its @p n bytes
+ * (so that text files can be used as strings); the caller frees it.  A file that cannot be
+ * read fails the test.
+ */
+uint8_t *mmoe_test_read_file(const char *path, size_t *n);
+
+/** Write @p n bytes at @p p to @p path (created or truncated); a failed write fails the test. */
+void mmoe_test_write_file(const char *path, const void *p, size_t n);
+
+/**
+ * Run the CLI: `$MMOE_BIN ARGS < dir/stdin.txt > dir/stdout.txt 2> dir/stderr.txt` ($MMOE_BIN
+ * is set by `make check`; ./megamoe when unset), with @p stdin_text as its input (NULL: none).
+ * The command, its status and the start of both outputs go to the test log.
+ * @param dir         an existing directory for the three files (e.g. from mmoe_test_mkdtemp())
+ * @param args        the arguments, already quoted for the shell
+ * @param stdin_text  NUL-terminated input, or NULL for an empty stdin
+ * @param out         receives stdout as a malloc'd NUL-terminated string (caller frees)
+ * @param err         receives stderr likewise
+ * @return the exit status, as mmoe_test_system()
+ */
+int mmoe_test_run_cli(const char *dir, const char *args, const char *stdin_text, char **out, char **err);
+
 #endif /* MMOE_TEST_H */

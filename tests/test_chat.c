@@ -16,17 +16,7 @@ static char *read_fixture(const char *name, size_t *len)
     const char *src = getenv("MMOE_SRCDIR");
     char path[4096];
     snprintf(path, sizeof path, "%s/fixtures/chat-encoding/%s", src ? src : ".", name);
-    FILE *f = fopen(path, "rb");
-    ck_assert_msg(f != NULL, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    ck_assert_uint_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
-    buf[n] = '\0';
-    fclose(f);
-    *len = (size_t)n;
-    return buf;
+    return (char *)mmoe_test_read_file(path, len);
 }
 
 static void check_case(int n, mmoe_chat_mode mode)

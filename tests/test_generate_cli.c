@@ -33,57 +33,15 @@ static uint64_t g_seed;
 #define USER "<\xEF\xBD\x9CUser\xEF\xBD\x9C>"
 #define ASSISTANT "<\xEF\xBD\x9C" "Assistant\xEF\xBD\x9C>"
 
-/** Read a whole file into a malloc'd NUL-terminated string (empty string if missing). */
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    ck_assert(buf != NULL);
-    if (f != NULL) {
-        size_t got;
-        while ((got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
-            n += got;
-            if (cap - n - 1 == 0) {
-                cap *= 2;
-                buf = realloc(buf, cap);
-                ck_assert(buf != NULL);
-            }
-        }
-        fclose(f);
-    }
-    buf[n] = '\0';
-    return buf;
-}
-
-/** Write @p text to @p path. */
-static void spit(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "wb");
-    ck_assert_msg(f != NULL, "cannot write %s", path);
-    fputs(text, f);
-    fclose(f);
-}
-
 /**
  * Run `megamoe generate ARGS` with @p stdin_text on stdin (NULL: /dev/null); return the exit
  * status, stdout and stderr (caller frees).
  */
 static int run_generate(const char *args, const char *stdin_text, char **out, char **err)
 {
-    const char *bin = getenv("MMOE_BIN");
-    ck_assert_msg(bin != NULL, "MMOE_BIN is not set (run through make check)");
-    char in_path[700], out_path[700], err_path[700], cmd[4096];
-    snprintf(in_path, sizeof in_path, "%s/stdin.txt", g_root);
-    snprintf(out_path, sizeof out_path, "%s/stdout.txt", g_root);
-    snprintf(err_path, sizeof err_path, "%s/stderr.txt", g_root);
-    spit(in_path, stdin_text ? stdin_text : "");
-    snprintf(cmd, sizeof cmd, "\"%s\" generate %s <%s >%s 2>%s", bin, args, in_path, out_path, err_path);
-    int rc = mmoe_test_system(cmd);
-    *out = slurp(out_path);
-    *err = slurp(err_path);
-    fprintf(stderr, "$ %s\n  exit %d\n  stdout: %.400s\n  stderr: %.600s\n", cmd, rc, *out, *err);
-    return rc;
+    char cli_args[3000];
+    snprintf(cli_args, sizeof cli_args, "generate %s", args);
+    return mmoe_test_run_cli(g_root, cli_args, stdin_text, out, err);
 }
 
 /** Parse the whitespace-separated integers of @p s (at most @p cap); returns the count. */

@@ -25,7 +25,6 @@
 #include "mmoe_tensor_stats.h"
 #include "mmoe_test.h"
 #include "mmoe_utf8.h"
-#include "st_test_files.h"
 
 static uint64_t g_seed;
 
@@ -76,7 +75,7 @@ static void expect_bad(const char *header, uint64_t len_field, size_t data_len, 
     snprintf(path, sizeof path, "%s/bad.safetensors", dir);
     size_t size;
     uint8_t *img = make_image(header, strlen(header), len_field, data_len, &size);
-    st_test_spill(path, img, size);
+    mmoe_test_write_file(path, img, size);
     mmoe_st_file *f = (mmoe_st_file *)1;
     mmoe_error err;
     mmoe_error_clear(&err);
@@ -179,7 +178,7 @@ START_TEST(round_trip_every_dtype)
     ck_assert_ptr_null(mmoe_st_get(f, N));
     ck_assert_ptr_null(mmoe_st_find(f, "no.such.tensor"));
     size_t size;
-    uint8_t *raw = st_test_slurp(path, &size);
+    uint8_t *raw = mmoe_test_read_file(path, &size);
     uint64_t header_len = 0;
     for (int i = 7; i >= 0; i--)
         header_len = (header_len << 8) | raw[i];
@@ -265,12 +264,12 @@ START_TEST(bad_length_field)
     char dir[512], path[600];
     ck_assert_int_eq(mmoe_test_mkdtemp(dir, sizeof dir), 0);
     snprintf(path, sizeof path, "%s/short.safetensors", dir);
-    st_test_spill(path, "\x02\x00\x00\x00\x00", 5);
+    mmoe_test_write_file(path, "\x02\x00\x00\x00\x00", 5);
     mmoe_st_file *f;
     mmoe_error err;
     ck_assert_int_eq(mmoe_st_open(path, &f, &err), MMOE_EFORMAT);
     ck_assert(strstr(err.msg, path) && strstr(err.msg, "5 bytes"));
-    st_test_spill(path, "", 0);
+    mmoe_test_write_file(path, "", 0);
     ck_assert_int_eq(mmoe_st_open(path, &f, &err), MMOE_EFORMAT);
     ck_assert(strstr(err.msg, path) && strstr(err.msg, "0 bytes"));
     /* a missing file and a directory are I/O errors naming the path */
@@ -484,7 +483,7 @@ START_TEST(atomic_write_failures)
     /* 4. the disk "fills up" half-way (RLIMIT_FSIZE in a child): an existing
      *    file at the target survives unchanged and no temporary file remains */
     snprintf(path, sizeof path, "%s/keep.safetensors", dir);
-    st_test_spill(path, "old contents", 12);
+    mmoe_test_write_file(path, "old contents", 12);
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
@@ -499,7 +498,7 @@ START_TEST(atomic_write_failures)
     ck_assert_int_eq(waitpid(pid, &wstatus, 0), pid);
     ck_assert(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0);
     size_t n;
-    uint8_t *old = st_test_slurp(path, &n);
+    uint8_t *old = mmoe_test_read_file(path, &n);
     ck_assert_uint_eq(n, 12);
     ck_assert(memcmp(old, "old contents", 12) == 0);
     free(old);
@@ -544,7 +543,7 @@ static void write_text(const char *dir, const char *file, const char *text)
 {
     char path[700];
     snprintf(path, sizeof path, "%s/%s", dir, file);
-    st_test_spill(path, text, strlen(text));
+    mmoe_test_write_file(path, text, strlen(text));
 }
 
 static void expect_ckpt_bad(const char *path, mmoe_status code, const char *n1, const char *n2)
@@ -697,7 +696,7 @@ START_TEST(checkpoint_layouts)
     mmoe_ckpt_close(ck);
     /* a corrupt shard: the error names it */
     snprintf(path, sizeof path, "%s/%s", dir, MMOE_ST_SINGLE_NAME);
-    st_test_spill(path, "\x01\x00\x00", 3);
+    mmoe_test_write_file(path, "\x01\x00\x00", 3);
     expect_ckpt_bad(dir, MMOE_EFORMAT, MMOE_ST_SINGLE_NAME, "3 bytes");
     mmoe_test_rmtree(dir);
 }
@@ -826,7 +825,7 @@ START_TEST(require_checks_alignment)
     ck_assert_uint_eq(strlen(header) % 2, 1);
     size_t size;
     uint8_t *img = make_image(header, strlen(header), UINT64_MAX, 4, &size);
-    st_test_spill(path, img, size);
+    mmoe_test_write_file(path, img, size);
     free(img);
     mmoe_ckpt *ck;
     mmoe_error err;

@@ -12,29 +12,8 @@
 
 #include "mmoe_safetensors.h"
 #include "mmoe_test.h"
-#include "st_test_files.h"
 
 static char g_dir[512];
-
-static const char *bin(void)
-{
-    const char *b = getenv("MMOE_BIN");
-    return b ? b : "./megamoe";
-}
-
-/** Run `megamoe ARGS > out 2> err` in g_dir; return the exit status and the outputs. */
-static int run_cli(const char *args, char **out, char **err_text)
-{
-    char cmd[2048], opath[700], epath[700];
-    snprintf(opath, sizeof opath, "%s/stdout.txt", g_dir);
-    snprintf(epath, sizeof epath, "%s/stderr.txt", g_dir);
-    snprintf(cmd, sizeof cmd, "'%s' %s > '%s' 2> '%s'", bin(), args, opath, epath);
-    int rc = mmoe_test_system(cmd);
-    size_t n;
-    *out = (char *)st_test_slurp(opath, &n);
-    *err_text = (char *)st_test_slurp(epath, &n);
-    return rc;
-}
 
 /** Does @p text hold a line containing all the words of @p words (space-separated)? */
 static int has_line_with(const char *text, const char *words)
@@ -102,7 +81,7 @@ START_TEST(inspect_lists_tensors)
     write_test_file(path, "pt");
     char *out, *err;
     snprintf(args, sizeof args, "inspect '%s'", path);
-    ck_assert_int_eq(run_cli(args, &out, &err), 0);
+    ck_assert_int_eq(mmoe_test_run_cli(g_dir, args, NULL, &out, &err), 0);
     ck_assert_msg(has_line_with(out, "layers.0.ffn.w1 F32 [2, 3] 24"), "%s", out);
     ck_assert(has_line_with(out, "norm.weight BF16 [2] 4"));
     ck_assert(has_line_with(out, "layers.0.ffn.experts.0.w2.weight I8 [4] 4"));
@@ -113,7 +92,7 @@ START_TEST(inspect_lists_tensors)
     free(err);
     /* --filter */
     snprintf(args, sizeof args, "inspect '%s' --filter ffn", path);
-    ck_assert_int_eq(run_cli(args, &out, &err), 0);
+    ck_assert_int_eq(mmoe_test_run_cli(g_dir, args, NULL, &out, &err), 0);
     ck_assert(has_line_with(out, "layers.0.ffn.w1"));
     ck_assert(!has_line_with(out, "norm.weight"));
     ck_assert(has_line_with(out, "total: 2 tensors, 28 bytes"));
@@ -129,7 +108,7 @@ START_TEST(inspect_stats)
     write_test_file(path, NULL);
     char *out, *err;
     snprintf(args, sizeof args, "inspect --stats '%s'", path);
-    ck_assert_int_eq(run_cli(args, &out, &err), 0);
+    ck_assert_int_eq(mmoe_test_run_cli(g_dir, args, NULL, &out, &err), 0);
     /* F32 {1,-3,.5,2.5,0,-1}: min -3, max 2.5, mean 0, absmax 3, no NaN/Inf */
     ck_assert_msg(has_line_with(out, "layers.0.ffn.w1 F32 [2, 3] 24 -3 2.5 0 3 0 0"), "%s", out);
     /* BF16 {1, NaN}: min = max = mean = absmax = 1, one NaN */
@@ -172,7 +151,7 @@ START_TEST(inspect_checkpoint_dir)
     ck_assert_int_eq(mmoe_st_write_index(idx, 5, names, files, 42, &e), MMOE_OK);
     char *out, *err;
     snprintf(args, sizeof args, "inspect '%s'", path);
-    ck_assert_int_eq(run_cli(args, &out, &err), 0);
+    ck_assert_int_eq(mmoe_test_run_cli(g_dir, args, NULL, &out, &err), 0);
     ck_assert_msg(has_line_with(out, "5 tensors in 2 shards"), "%s", out);
     ck_assert(has_line_with(out, "head.weight F32 [2] 8 model-00002-of-00002.safetensors"));
     ck_assert(has_line_with(out, "norm.weight BF16 [2] 4 model-00001-of-00002.safetensors"));
@@ -189,15 +168,15 @@ START_TEST(inspect_bad_input)
     /* missing file: exit 1, the message names it */
     snprintf(path, sizeof path, "%s/absent.safetensors", g_dir);
     snprintf(args, sizeof args, "inspect '%s'", path);
-    ck_assert_int_eq(run_cli(args, &out, &err), 1);
+    ck_assert_int_eq(mmoe_test_run_cli(g_dir, args, NULL, &out, &err), 1);
     ck_assert_msg(strstr(err, path) && strstr(err, "megamoe inspect"), "%s", err);
     free(out);
     free(err);
     /* corrupt file: header length past the end */
     snprintf(path, sizeof path, "%s/bad.safetensors", g_dir);
-    st_test_spill(path, "\xff\x00\x00\x00\x00\x00\x00\x00{}", 10);
+    mmoe_test_write_file(path, "\xff\x00\x00\x00\x00\x00\x00\x00{}", 10);
     snprintf(args, sizeof args, "inspect --stats '%s'", path);
-    ck_assert_int_eq(run_cli(args, &out, &err), 1);
+    ck_assert_int_eq(mmoe_test_run_cli(g_dir, args, NULL, &out, &err), 1);
     ck_assert_msg(strstr(err, path) && strstr(err, "header length 255"), "%s", err);
     free(out);
     free(err);
@@ -206,33 +185,33 @@ START_TEST(inspect_bad_input)
     char img[256] = {(char)strlen(hdr)}; /* little-endian length, then header, then 4 bytes */
     memcpy(img + 8, hdr, strlen(hdr));
     memcpy(img + 8 + strlen(hdr), "abcd", 4);
-    st_test_spill(path, img, 8 + strlen(hdr) + 4);
-    ck_assert_int_eq(run_cli(args, &out, &err), 1);
+    mmoe_test_write_file(path, img, 8 + strlen(hdr) + 4);
+    ck_assert_int_eq(mmoe_test_run_cli(g_dir, args, NULL, &out, &err), 1);
     ck_assert_msg(strstr(err, "'w.bad'") && strstr(err, "needs 8 bytes"), "%s", err);
     free(out);
     free(err);
     /* usage errors: exit 2 */
-    ck_assert_int_eq(run_cli("inspect", &out, &err), 2);
+    ck_assert_int_eq(mmoe_test_run_cli(g_dir, "inspect", NULL, &out, &err), 2);
     ck_assert(strstr(err, "usage"));
     free(out);
     free(err);
-    ck_assert_int_eq(run_cli("inspect --no-such-option x", &out, &err), 2);
+    ck_assert_int_eq(mmoe_test_run_cli(g_dir, "inspect --no-such-option x", NULL, &out, &err), 2);
     free(out);
     free(err);
-    ck_assert_int_eq(run_cli("inspect a b", &out, &err), 2);
+    ck_assert_int_eq(mmoe_test_run_cli(g_dir, "inspect a b", NULL, &out, &err), 2);
     free(out);
     free(err);
-    ck_assert_int_eq(run_cli("inspect --filter", &out, &err), 2);
+    ck_assert_int_eq(mmoe_test_run_cli(g_dir, "inspect --filter", NULL, &out, &err), 2);
     free(out);
     free(err);
     /* --help: exit 0, usage on stdout */
-    ck_assert_int_eq(run_cli("inspect --help", &out, &err), 0);
+    ck_assert_int_eq(mmoe_test_run_cli(g_dir, "inspect --help", NULL, &out, &err), 0);
     ck_assert(strstr(out, "usage: megamoe inspect") && strstr(out, "--stats"));
     free(out);
     free(err);
     /* a directory without a checkpoint */
     snprintf(args, sizeof args, "inspect '%s'", g_dir);
-    ck_assert_int_eq(run_cli(args, &out, &err), 1);
+    ck_assert_int_eq(mmoe_test_run_cli(g_dir, args, NULL, &out, &err), 1);
     ck_assert(strstr(err, MMOE_ST_INDEX_NAME));
     free(out);
     free(err);

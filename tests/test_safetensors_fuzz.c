@@ -26,7 +26,6 @@
 
 #include "mmoe_safetensors.h"
 #include "mmoe_test.h"
-#include "st_test_files.h"
 
 /** Number of mutated files per base file. */
 #define FUZZ_CASES_PER_BASE 4000
@@ -169,7 +168,7 @@ START_TEST(fuzz_mutated_files)
         snprintf(path, sizeof path, "%s/base%d.safetensors", dir, base);
         make_base(&rng, path, base == 0 ? 1 : base == 1 ? 6 : 20, base != 0);
         size_t base_len;
-        uint8_t *orig = st_test_slurp(path, &base_len);
+        uint8_t *orig = mmoe_test_read_file(path, &base_len);
         size_t cap = base_len + 64;
         uint8_t *work = malloc(cap);
         for (int c = 0; c < FUZZ_CASES_PER_BASE; c++) {
@@ -197,7 +196,7 @@ START_TEST(fuzz_mutated_files)
                 n_err++;
             }
             if (c % 8 == 0) { /* the mmap path agrees */
-                st_test_spill(mpath, img, len);
+                mmoe_test_write_file(mpath, img, len);
                 mmoe_status st2 = mmoe_st_open(mpath, &f, &err);
                 ck_assert_int_eq(st2, st);
                 if (st2 == MMOE_OK) {
@@ -239,7 +238,7 @@ START_TEST(fuzz_mutated_index)
     ck_assert_int_eq(mmoe_st_write_index(path, 3, names, files, 0, &err), MMOE_OK);
     mmoe_st_close(a);
     size_t base_len;
-    uint8_t *orig = st_test_slurp(path, &base_len);
+    uint8_t *orig = mmoe_test_read_file(path, &base_len);
     uint8_t *work = malloc(base_len + 64);
     int n_ok = 0;
     for (int c = 0; c < FUZZ_INDEX_CASES; c++) {
@@ -252,7 +251,7 @@ START_TEST(fuzz_mutated_index)
             else
                 work[p] ^= (uint8_t)(1u << mmoe_rng_below(&rng, 8));
         }
-        st_test_spill(path, work, len);
+        mmoe_test_write_file(path, work, len);
         mmoe_ckpt *ck = NULL;
         mmoe_status st = mmoe_ckpt_open(dir, &ck, &err);
         if (st == MMOE_OK) {

@@ -19,7 +19,6 @@
 
 #include "mmoe_safetensors.h"
 #include "mmoe_test.h"
-#include "st_test_files.h"
 
 static uint64_t g_seed;
 
@@ -65,7 +64,7 @@ START_TEST(python_writes_c_reads)
         char bin[800];
         snprintf(bin, sizeof bin, "%s/%s", dir, json_string_value(json_object_get(m, "bin")));
         size_t n;
-        uint8_t *want = st_test_slurp(bin, &n);
+        uint8_t *want = mmoe_test_read_file(bin, &n);
         ck_assert_uint_eq(t->nbytes, n);
         ck_assert_msg(n == 0 || memcmp(t->data, want, n) == 0, "tensor %s: bytes differ", name);
         free(want);
