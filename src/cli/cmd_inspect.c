@@ -1,18 +1,219 @@
 /**
  * @file cmd_inspect.c
- * @brief `megamoe inspect`: not implemented yet (issue 2).
+ * @brief `megamoe inspect`: list the tensors of a safetensors file or checkpoint.
  *
- * This placeholder keeps the command table complete; it prints what is
- * missing and exits with status 1.  The issue that owns it replaces this file.
+ *     megamoe inspect FILE|DIR [--stats] [--filter SUBSTRING]
+ *
+ * The argument is anything mmoe_ckpt_open() accepts: one .safetensors file, a
+ * directory with model.safetensors.index.json and its shards, or a directory
+ * with model.safetensors.  Opening validates the whole file set (see
+ * mmoe_safetensors.h), so `inspect` doubles as a checker: a malformed file
+ * gives a message naming the file and the tensor, and exit status 1.
+ *
+ * One line per tensor (sorted by name): name, dtype, shape, bytes, the shard
+ * for a multi-shard checkpoint and, with --stats, min / max / mean / abs-max
+ * of the finite values and the NaN and Inf counts (mmoe_tensor_stats.h).
+ * Dtypes whose values cannot be decoded yet show "-" and are listed under
+ * the table, so that a missing statistic is never mistaken for a zero.
+ * Then the totals, overall and per dtype, and the file's metadata.
  */
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "mmoe_cli.h"
+#include "mmoe_safetensors.h"
+#include "mmoe_tensor_stats.h"
+
+/** Widest name column before names overflow it (long names still print whole). */
+#define INSPECT_MAX_NAME_COL 64
+
+typedef struct inspect_opts {
+    const char *path;
+    const char *filter; /**< NULL: all tensors */
+    int stats;
+} inspect_opts;
+
+static void inspect_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: megamoe inspect FILE|DIR [--stats] [--filter SUBSTRING]\n\n"
+            "List the tensors of a safetensors file or checkpoint directory (with\n"
+            "model.safetensors.index.json, or a lone model.safetensors): name, dtype,\n"
+            "shape, bytes and shard, then totals per dtype and the metadata.\n"
+            "Every file is fully validated first; a malformed one is an error (exit 1).\n\n"
+            "options:\n"
+            "  --stats             also print min, max, mean, abs-max of the finite values\n"
+            "                      and the NaN and Inf counts (float and integer dtypes)\n"
+            "  --filter SUBSTRING  only tensors whose name contains SUBSTRING\n"
+            "  -h, --help          this text\n");
+}
+
+/** Parse the options; returns -1 to go on, else the exit status. */
+static int parse_inspect_args(int argc, char **argv, inspect_opts *o)
+{
+    static const struct option long_opts[] = {
+        {"stats", no_argument, NULL, 's'},
+        {"filter", required_argument, NULL, 'f'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    memset(o, 0, sizeof *o);
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
+        switch (c) {
+        case 's': o->stats = 1; break;
+        case 'f': o->filter = optarg; break;
+        case 'h': inspect_usage(stdout); return 0;
+        default: inspect_usage(stderr); return MMOE_EXIT_USAGE;
+        }
+    }
+    if (argc - optind != 1) {
+        fprintf(stderr, "megamoe inspect: expected one FILE or DIR, got %d arguments\n",
+                argc - optind);
+        inspect_usage(stderr);
+        return MMOE_EXIT_USAGE;
+    }
+    o->path = argv[optind];
+    return -1;
+}
+
+static int matches(const inspect_opts *o, const char *name)
+{
+    return !o->filter || strstr(name, o->filter) != NULL;
+}
+
+static void human_bytes(uint64_t n, char *buf, size_t len)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)n;
+    int u = 0;
+    while (v >= 1024.0 && u < 4) {
+        v /= 1024.0;
+        u++;
+    }
+    snprintf(buf, len, u ? "%.2f %s" : "%.0f %s", v, units[u]);
+}
+
+static void print_stat(double v)
+{
+    if (isnan(v))
+        printf(" %11s", "-");
+    else
+        printf(" %11.5g", v);
+}
+
+/** Print the statistics columns of @p e; returns 1 if its dtype was unsupported. */
+static int print_stats_columns(const mmoe_ckpt_entry *e)
+{
+    mmoe_tensor_stats s;
+    if (mmoe_tensor_stats_compute(&e->view, &s, NULL) != MMOE_OK) {
+        printf(" %11s %11s %11s %11s %6s %6s", "-", "-", "-", "-", "-", "-");
+        return 1;
+    }
+    print_stat(s.min);
+    print_stat(s.max);
+    print_stat(s.mean);
+    print_stat(s.absmax);
+    printf(" %6" PRId64 " %6" PRId64, s.n_nan, s.n_inf);
+    return 0;
+}
+
+static void print_metadata(const mmoe_ckpt *ck)
+{
+    for (size_t s = 0; s < mmoe_ckpt_shard_count(ck); s++) {
+        const mmoe_st_file *f = mmoe_ckpt_shard(ck, s);
+        size_t n = mmoe_st_metadata_count(f);
+        if (n == 0)
+            continue;
+        printf("metadata of %s:\n", mmoe_st_path(f));
+        for (size_t i = 0; i < n; i++) {
+            const char *k, *v;
+            if (mmoe_st_metadata_at(f, i, &k, &v) == MMOE_OK)
+                printf("  %s = %s\n", k, v);
+        }
+    }
+}
 
 int mmoe_cmd_inspect(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "megamoe inspect: not implemented yet (see issue 2)\n");
-    return 1;
+    inspect_opts o;
+    int rc = parse_inspect_args(argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    mmoe_ckpt *ck;
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    if (mmoe_ckpt_open(o.path, &ck, &err) != MMOE_OK) {
+        fprintf(stderr, "megamoe inspect: %s\n", err.msg);
+        return 1;
+    }
+    size_t n_shards = mmoe_ckpt_shard_count(ck);
+    int show_shard = n_shards > 1;
+    printf("%s: %zu tensors in %zu shard%s\n", o.path, mmoe_ckpt_count(ck), n_shards,
+           n_shards == 1 ? "" : "s");
+
+    /* column widths */
+    int name_w = 4, shape_w = 5;
+    for (size_t i = 0; i < mmoe_ckpt_count(ck); i++) {
+        const mmoe_ckpt_entry *e = mmoe_ckpt_get(ck, i);
+        if (!matches(&o, e->name))
+            continue;
+        char shape[256];
+        mmoe_shape_str(e->view.ndim, e->view.shape, shape, sizeof shape);
+        int nl = (int)strlen(e->name), sl = (int)strlen(shape);
+        name_w = nl > name_w ? (nl < INSPECT_MAX_NAME_COL ? nl : INSPECT_MAX_NAME_COL) : name_w;
+        shape_w = sl > shape_w ? sl : shape_w;
+    }
+    printf("%-*s %-8s %-*s %14s", name_w, "name", "dtype", shape_w, "shape", "bytes");
+    if (o.stats)
+        printf(" %11s %11s %11s %11s %6s %6s", "min", "max", "mean", "absmax", "nan", "inf");
+    if (show_shard)
+        printf("  shard");
+    printf("\n");
+
+    uint64_t total_bytes = 0, dt_bytes[MMOE_DT_COUNT] = {0};
+    size_t total_n = 0, dt_n[MMOE_DT_COUNT] = {0};
+    int no_stats[MMOE_DT_COUNT] = {0};
+    for (size_t i = 0; i < mmoe_ckpt_count(ck); i++) {
+        const mmoe_ckpt_entry *e = mmoe_ckpt_get(ck, i);
+        if (!matches(&o, e->name))
+            continue;
+        char shape[256];
+        mmoe_shape_str(e->view.ndim, e->view.shape, shape, sizeof shape);
+        printf("%-*s %-8s %-*s %14zu", name_w, e->name, mmoe_dtype_name(e->view.dtype), shape_w,
+               shape, e->view.nbytes);
+        if (o.stats && print_stats_columns(e))
+            no_stats[e->view.dtype] = 1;
+        if (show_shard)
+            printf("  %s", e->shard);
+        printf("\n");
+        total_n++;
+        total_bytes += e->view.nbytes;
+        dt_n[e->view.dtype]++;
+        dt_bytes[e->view.dtype] += e->view.nbytes;
+    }
+    char human[32];
+    human_bytes(total_bytes, human, sizeof human);
+    printf("total: %zu tensors, %" PRIu64 " bytes (%s)%s%s%s\n", total_n, total_bytes, human,
+           o.filter ? " matching '" : "", o.filter ? o.filter : "", o.filter ? "'" : "");
+    for (int d = 0; d < MMOE_DT_COUNT; d++) {
+        if (dt_n[d] == 0)
+            continue;
+        human_bytes(dt_bytes[d], human, sizeof human);
+        printf("  %-8s %8zu tensors %16" PRIu64 " bytes (%s)\n", mmoe_dtype_name((mmoe_dtype)d),
+               dt_n[d], dt_bytes[d], human);
+    }
+    for (int d = 0; d < MMOE_DT_COUNT; d++)
+        if (no_stats[d])
+            printf("note: no statistics for %s tensors (shown as '-'): decoding of this dtype "
+                   "is not available in inspect yet\n",
+                   mmoe_dtype_name((mmoe_dtype)d));
+    print_metadata(ck);
+    mmoe_ckpt_close(ck);
+    return 0;
 }

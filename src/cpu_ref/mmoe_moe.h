@@ -114,12 +114,15 @@ typedef enum mmoe_moe_scoring {
     MMOE_SCORING_SQRTSOFTPLUS = 0 /**< sqrt(softplus(logit)), softplus(z) = z > 20 ? z : log1p(exp(z)) */
 } mmoe_moe_scoring;
 
+/** Largest topk a layer accepts (the fused kernels need topk + 1 <= 32; the oracle allows more). */
+#define MMOE_MOE_MAX_TOPK 64
+
 /** The description of a layer: sizes and options.  Initialise with mmoe_moe_desc_init(). */
 typedef struct mmoe_moe_desc {
     int64_t hidden;              /**< D: model width; a multiple of 128 */
     int64_t inter;               /**< I: intermediate width of one routed expert; a multiple of 128 */
     int64_t n_experts;           /**< E: routed experts (may be fewer than the model's, for tests) */
-    int topk;                    /**< experts per token (1..E) */
+    int topk;                    /**< experts per token (1..min(E, MMOE_MOE_MAX_TOPK)) */
     int n_shared;                /**< S: shared experts (0 = none) */
     int64_t shared_inter;        /**< width of one shared expert; the shared weights hold S * shared_inter rows */
     int shared_block;            /**< block size B of the shared FP8 scales (128 for V4, 32 for V4.1) */
@@ -229,7 +232,7 @@ mmoe_status mmoe_moe_layer_set_weights(mmoe_moe_layer *layer, const mmoe_moe_wei
  * `ffn.gate.weight`, `ffn.gate.bias` | `ffn.gate.tid2eid`, `ffn.experts.E.w1|w2|w3.weight|.scale`,
  * `ffn.shared_experts.w1|w2|w3.weight|.scale`.
  * @param layer_index  L >= 0: names are tried as `layers.L.<name>` first, then bare;
- *                     -1: bare names first, then any single `layers.L.` found for the gate
+ *                     -1: bare names only
  * @return as mmoe_moe_layer_set_weights(); MMOE_ENOTFOUND naming the missing tensor
  */
 mmoe_status mmoe_moe_layer_load(mmoe_moe_layer *layer, mmoe_moe_lookup_fn lookup, void *ctx,
