@@ -1,0 +1,10 @@
+/**
+ * @file bench_moe_gpu_main.c
+ * @brief Stand-alone driver of the GPU MoE benchmark (the same code as `megamoe bench moe --backend gpu`).
+ */
+#include "bench_moe_gpu.h"
+
+int main(int argc, char **argv)
+{
+    return mmoe_bench_moe_gpu(argc, argv);
+}
