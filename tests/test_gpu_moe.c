@@ -146,6 +146,11 @@ static void make_layer(test_layer *L, int64_t D, int64_t I, int64_t E, int topk,
         x->w2_scale = view2(MMOE_DT_F8_E8M0, D, I / 32, s2);
     }
     L->w.experts = L->experts;
+    /* the router's weight is required by the oracle even though the tests pass topk_idx */
+    uint16_t *gate = tl_alloc(L, (size_t)(E * D) * 2);
+    for (int64_t i = 0; i < E * D; i++)
+        gate[i] = mmoe_bf16_from_f32((float)(0.05 * mmoe_rng_normal(rng)));
+    L->w.gate = view2(MMOE_DT_BF16, E, D, gate);
     if (n_shared > 0) {
         const int64_t SW = (int64_t)n_shared * I, B = 128;
         uint8_t *w1 = tl_alloc(L, (size_t)(SW * D)), *w3 = tl_alloc(L, (size_t)(SW * D));
@@ -203,7 +208,8 @@ static void make_inputs(mmoe_rng *rng, int64_t T, int64_t D, int64_t E, int topk
                     e = k == 0 ? 0 : (int64_t)mmoe_rng_below(rng, (uint64_t)E);
                     break;
                 case ROUTE_TWO_EXPERTS:
-                    e = (int64_t)((k + t) % 2) + (k >= 2 ? (int64_t)mmoe_rng_below(rng, (uint64_t)E) : 0);
+                    /* slots 0, 1 always go to experts 0 and 1; the rest anywhere */
+                    e = k < 2 ? (int64_t)((k + t) % 2) : (int64_t)mmoe_rng_below(rng, (uint64_t)E);
                     break;
                 default:
                     e = (int64_t)mmoe_rng_below(rng, (uint64_t)E);
@@ -283,6 +289,7 @@ static void run_case(const char *name, test_layer *L, int64_t T, enum route_kind
     mmoe_moe_input in = {T, x, NULL, idx, w};
     mmoe_moe_output out_ref = {y_ref, NULL, NULL};
     mmoe_moe_result rc;
+    memset(&rc, 0, sizeof rc); /* result_init keeps expert_recv_stats: clear it first */
     mmoe_moe_result_init(&rc);
     ck_assert_msg(mmoe_moe_layer_run(cpu, &in, &out_ref, &rc, &err) == MMOE_OK, "oracle run: %s", err.msg);
 
@@ -292,6 +299,7 @@ static void run_case(const char *name, test_layer *L, int64_t T, enum route_kind
     mmoe_moe_output out_gpu = {y_gpu, NULL, NULL};
     int64_t *stats = calloc((size_t)E, sizeof *stats);
     mmoe_moe_result rg;
+    memset(&rg, 0, sizeof rg);
     mmoe_moe_result_init(&rg);
     rg.expert_recv_stats = stats;
     ck_assert_msg(mmoe_gpu_layer_run(gl, &in, &out_gpu, &rg, &err) == MMOE_OK, "gpu run: %s", err.msg);
@@ -487,6 +495,7 @@ START_TEST(layer_padding_invariance)
         mmoe_test_poison_bf16(y, (size_t)(T * D));
         mmoe_moe_output out = {y, NULL, NULL};
         mmoe_moe_result r;
+        memset(&r, 0, sizeof r);
         mmoe_moe_result_init(&r);
         ck_assert_msg(mmoe_gpu_layer_run(gl, &in, &out, &r, &err) == MMOE_OK, "%s", err.msg);
         ck_assert_int_eq(r.padded, pass);
@@ -597,6 +606,7 @@ int main(void)
         printf("SKIP: %s\n", err.msg);
         return MMOE_TEST_SKIP;
     }
+    setvbuf(stdout, NULL, _IONBF, 0); /* the case lines survive a crash */
     /* CUDA state does not survive fork(): run the tests in this process (CK_NOFORK) */
     setenv("CK_FORK", "no", 1);
     g_seed = mmoe_test_seed("gpu_moe");

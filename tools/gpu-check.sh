@@ -1,45 +1,51 @@
 #!/bin/bash
 # tools/gpu-check.sh: everything the GPU machine does in one call (device time is scarce).
-#   1. unpack the dist tarball carried in .gpu/ and build it with CUDA (sm_90a + sm_100a);
+#   1. build this unpacked dist tree with CUDA (sm_90a + sm_100a);
 #   2. run the GPU suite (tests/test_gpu_moe) against the CPU oracle;
 #   3. compute-sanitizer memcheck on a small case (when the tool can see the device);
 #   4. the benchmark with the PyTorch peer.
-# Logs go to $OUT (the device tool brings them back).  Usage: tools/gpu-check.sh [STEPS]
+# Logs go to $OUT (the device tool brings them back).  Usage, on the device machine, from the
+# checkout that carries .gpu/ (the tarball of `make dist` and the .deb files):
+#   mkdir /tmp/m && tar -xzf .gpu/megamoe-*.tar.gz -C /tmp/m --strip-components=1 &&
+#   MMOE_DEBS=$PWD/.gpu/debs bash /tmp/m/tools/gpu-check.sh [STEPS]
 # with STEPS a subset of "build test memcheck bench" (default: all).
 set -u
 OUT=${OUT:-/tmp/mmoe-out}
 mkdir -p "$OUT"
 STEPS=${1:-build test memcheck bench}
-ROOT=$PWD
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=tools/gpu-env.sh
 . "$ROOT/tools/gpu-env.sh"
 export PATH=/usr/local/cuda/bin:$PATH NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-BUILD=/tmp/mmoe-build
+BUILD=$ROOT
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$OUT/device.txt" 2>&1
 cat "$OUT/device.txt"
 case " $STEPS " in *" build "*)
-  rm -rf "$BUILD" && mkdir -p "$BUILD" && tar -xzf "$ROOT"/.gpu/megamoe-*.tar.gz -C "$BUILD" --strip-components=1
   ( cd "$BUILD" && ./configure --with-cuda --disable-doxygen-doc PYTHON3=$(command -v python3) > "$OUT/configure.log" 2>&1 \
-    && make -j16 > "$OUT/build.log" 2>&1 && make -j16 check TESTS= > "$OUT/build-check.log" 2>&1 ) \
+    && make -j16 > "$OUT/build.log" 2>&1 && make -j16 tests/test_gpu_moe tests/bench_moe_gpu > "$OUT/build-check.log" 2>&1 ) \
     || { echo "BUILD FAILED"; tail -n 40 "$OUT"/configure.log "$OUT"/build.log "$OUT"/build-check.log; exit 1; }
   echo "build: ok";;
 esac
 cd "$BUILD" || exit 1
 export MMOE_SRCDIR=$BUILD MMOE_BUILDDIR=$BUILD CK_VERBOSITY=normal
 case " $STEPS " in *" test "*)
-  timeout 400 ./tests/test_gpu_moe > "$OUT/test_gpu_moe.log" 2>&1; echo "test_gpu_moe: rc=$?"
-  grep -E "^case|rel L2|[0-9]+%: Checks|FAIL|Error|error" "$OUT/test_gpu_moe.log" | tail -n 40;;
+  CK_VERBOSITY=verbose timeout 240 ./tests/test_gpu_moe > "$OUT/test_gpu_moe.log" 2>&1; rc=$?; echo "test_gpu_moe: rc=$rc"
+  if [ $rc -ge 128 ] && command -v cuda-gdb > /dev/null; then
+    CK_VERBOSITY=verbose timeout 200 cuda-gdb -batch -ex run -ex bt ./tests/test_gpu_moe > "$OUT/gdb.log" 2>&1
+    grep -A12 "signal" "$OUT/gdb.log" | head -30
+  fi
+  grep -E "^case|rel L2|[0-9]+%: Checks|:[PFE]:|error" "$OUT/test_gpu_moe.log" | tail -n 60;;
 esac
 case " $STEPS " in *" memcheck "*)
   if command -v compute-sanitizer > /dev/null; then
-    timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 ./bench/bench_moe_gpu --shape tiny --tokens 1,40,300 \
+    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 ./tests/bench_moe_gpu --shape tiny --tokens 1,40,300 \
       --iters 2 --peer none > "$OUT/memcheck.log" 2>&1; echo "memcheck: rc=$?"; tail -n 6 "$OUT/memcheck.log"
-    timeout 240 compute-sanitizer --tool racecheck --error-exitcode 3 ./bench/bench_moe_gpu --shape tiny --tokens 40 \
+    timeout 120 compute-sanitizer --tool racecheck --error-exitcode 3 ./tests/bench_moe_gpu --shape tiny --tokens 40 \
       --iters 1 --peer none > "$OUT/racecheck.log" 2>&1; echo "racecheck: rc=$?"; tail -n 4 "$OUT/racecheck.log"
   else echo "memcheck: compute-sanitizer not found"; fi;;
 esac
 case " $STEPS " in *" bench "*)
-  PYTHON3=python3 timeout 420 ./bench/bench_moe_gpu --shape v4-flash --tokens ${MMOE_BENCH_TOKENS:-1,8,32,128,512,2048,8192} \
+  PYTHON3=python3 timeout 240 ./tests/bench_moe_gpu --shape v4-flash --tokens ${MMOE_BENCH_TOKENS:-1,8,32,128,512,2048,8192} \
     --iters ${MMOE_BENCH_ITERS:-50} --peer "$BUILD/bench/torch_peer.py" > "$OUT/bench.log" 2>&1; echo "bench: rc=$?"
   cat "$OUT/bench.log";;
 esac

@@ -4,6 +4,7 @@
 # and the loader at it.  The .pc files are rewritten to the prefix (rather than using
 # PKG_CONFIG_SYSROOT_DIR, which would also re-root the system's own openblas.pc).
 MMOE_DEBS=${MMOE_DEBS:-$PWD/.gpu/debs}
+test -d "$MMOE_DEBS" || echo "gpu-env: no .deb folder at $MMOE_DEBS" >&2
 MMOE_PREFIX=${MMOE_PREFIX:-/tmp/mmoe-prefix}
 mkdir -p "$MMOE_PREFIX"
 for deb in "$MMOE_DEBS"/*.deb; do

@@ -38,6 +38,11 @@
  * L2: each output is rounded to BF16 and stored into the (token, slot) row of
  * the combine buffer.
  *
+ * **Pipeline.**  The raw bytes of each K block (activation rows, packed weight
+ * rows, their scales) are fetched with cp.async into a ring of STAGES shared-
+ * memory stages, STAGES-1 blocks ahead of the tensor cores, so that the loads
+ * of later blocks overlap the decode and the MMAs of the current one.
+ *
  * Iteration plan (not done yet): wgmma with TMA-fed, 128B-swizzled tiles and
  * a persistent warp-specialized schedule.
  */
@@ -86,13 +91,23 @@ __device__ __forceinline__ void e2m1_lut(int r, uint32_t *lo, uint32_t *hi)
     *hi = h;
 }
 
-/** Four E2M1 codes (one 16-bit half of a packed word, low nibble first) to four E4M3 bytes. */
-__device__ __forceinline__ uint32_t decode4(uint32_t codes16, uint32_t lo, uint32_t hi)
+/**
+ * Eight E2M1 codes (one packed word, element 2i in the low nibble of byte i) to eight E4M3
+ * bytes in K order, through the 8-entry magnitude table (lo, hi):
+ * even and odd codes are split into bytes, their magnitudes looked up with one byte-permute
+ * each (selector nibbles in the order n0 n4 n2 n6 / n1 n5 n3 n7), their sign bits moved to
+ * bit 7, and two more byte-permutes interleave them back.  18 integer instructions per 8 codes.
+ */
+__device__ __forceinline__ void decode8(uint32_t w, uint32_t lo, uint32_t hi, uint32_t *out_lo, uint32_t *out_hi)
 {
-    uint32_t mag = __byte_perm(lo, hi, codes16 & 0x7777u);
-    uint32_t s = codes16 & 0x8888u;
-    uint32_t sign = ((s & 0x8u) << 4) | ((s & 0x80u) << 8) | ((s & 0x800u) << 12) | ((s & 0x8000u) << 16);
-    return mag | sign;
+    const uint32_t ev = w & 0x07070707u, od = (w >> 4) & 0x07070707u;
+    const uint32_t mE = __byte_perm(lo, hi, ev | (ev >> 12)); /* [n0 n4 n2 n6] */
+    const uint32_t mO = __byte_perm(lo, hi, od | (od >> 12)); /* [n1 n5 n3 n7] */
+    const uint32_t sE = __byte_perm((w << 4) & 0x80808080u, 0u, 0x3120u); /* signs in the same order */
+    const uint32_t sO = __byte_perm(w & 0x80808080u, 0u, 0x3120u);
+    const uint32_t E = mE | sE, O = mO | sO;
+    *out_lo = __byte_perm(E, O, 0x6240u); /* n0 n1 n2 n3 */
+    *out_hi = __byte_perm(E, O, 0x7351u); /* n4 n5 n6 n7 */
 }
 
 __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
@@ -108,6 +123,49 @@ __device__ __forceinline__ float bf16_round(float x)
     return __bfloat162float(__float2bfloat16_rn(x));
 }
 
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
+{
+    unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem));
+}
+
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem)
+{
+    unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(sa), "l"(gmem));
+}
+
+__device__ __forceinline__ void cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+constexpr int STAGES = 4; /* K blocks in flight: cp.async ring in shared memory */
+
+/** Shared-memory layout of one kernel instance (dynamic shared memory). */
+template <int BM, int BFMT, int AG>
+struct smem_layout {
+    static constexpr int AGPB = BK / AG;
+    static constexpr int BROW = BFMT == MMOE_B_FP4 ? BK / 2 : BK;          /* raw weight bytes per row and K block */
+    static constexpr int BROW_S = BFMT == MMOE_B_FP4 ? BROW + 16 : LDS;     /* its padded stride */
+    static constexpr int A_BYTES = BM * LDS;
+    static constexpr int BRAW_BYTES = BN * BROW_S;
+    static constexpr int STAGE_BYTES = A_BYTES + BRAW_BYTES + BN * 4 + BM * AGPB * 4;
+    static constexpr int OFF_A = 0;
+    static constexpr int OFF_BRAW = A_BYTES;
+    static constexpr int OFF_BSC = A_BYTES + BRAW_BYTES;
+    static constexpr int OFF_ASC = OFF_BSC + BN * 4;
+    static constexpr int OFF_DEC = STAGES * STAGE_BYTES;                    /* decoded E4M3 tile (FP4 only) */
+    static constexpr int DEC_BYTES = BFMT == MMOE_B_FP4 ? BN * LDS : 0;
+    static constexpr int TOTAL = OFF_DEC + DEC_BYTES;
+};
+
 template <int BM, int BFMT, int AG, int EPI>
 __global__ void __launch_bounds__(128) gemm_kernel(const mmoe_gemm_args p)
 {
@@ -116,12 +174,12 @@ __global__ void __launch_bounds__(128) gemm_kernel(const mmoe_gemm_args p)
     constexpr int MT = BM / (16 * WM);        /* m16 tiles per warp */
     constexpr int NTH = 8 / WN;               /* n8 tiles per warp in each half (gate / up) */
     constexpr int NT = 2 * NTH;
-    constexpr int AGPB = BK / AG;             /* activation scale groups per K block */
+    using SL = smem_layout<BM, BFMT, AG>;
+    constexpr int AGPB = SL::AGPB;
 
-    __shared__ __align__(16) uint8_t sA[BM * LDS];
-    __shared__ __align__(16) uint8_t sB[BN * LDS];
-    __shared__ float sBs[BN][4];
-    __shared__ float sAs[BM][AGPB];
+    extern __shared__ __align__(16) uint8_t smem[];
+    __shared__ float sBs[4][BN];      /* per 32-group (row of this array) and weight row: the FP32 factor */
+    __shared__ uint2 sLut[16];        /* E2M1 magnitude -> E4M3 tables for the shifts r = -8..7 */
     __shared__ int sRowFlag[BN];
     __shared__ int sTileFlag[BN / 8];
     __shared__ int sArow[BM];
@@ -146,21 +204,62 @@ __global__ void __launch_bounds__(128) gemm_kernel(const mmoe_gemm_args p)
     }
     const int nb = blockIdx.y;
     const int K = p.K;
+    const int nkb = K / BK;
 
     for (int r = tid; r < BM; r += 128) {
         int pr = row0 + r;
         sArow[r] = r < nrows ? (p.a_gather != nullptr ? p.a_gather[pr].token : pr) : -1;
     }
+    if (tid < 16) {
+        uint32_t lo, hi;
+        e2m1_lut(tid - 8, &lo, &hi);
+        sLut[tid] = make_uint2(lo, hi);
+    }
+    /* rows past the tile's end stay zero in every stage: write them once */
+    for (int st = 0; st < STAGES; st++) {
+        uint8_t *stage = smem + st * SL::STAGE_BYTES;
+        for (int i = tid; i < BM * (LDS / 16); i += 128) {
+            int r = i / (LDS / 16);
+            if (r >= nrows)
+                *reinterpret_cast<uint4 *>(stage + SL::OFF_A + i * 16) = make_uint4(0, 0, 0, 0);
+        }
+        for (int i = tid; i < BM * AGPB; i += 128)
+            if (i / AGPB >= nrows)
+                reinterpret_cast<float *>(stage + SL::OFF_ASC)[i] = 0.0f;
+    }
+    __syncthreads();
 
-    /* this thread's weight row in global memory */
-    int grow;
-    if (EPI == MMOE_EPI_SWIGLU)
-        grow = tid < 64 ? nb * 64 + tid : p.b_up_row0 + nb * 64 + (tid - 64);
-    else
-        grow = nb * BN + tid;
     const size_t brow_bytes = BFMT == MMOE_B_FP4 ? (size_t)K / 2 : (size_t)K;
-    const uint8_t *brow = p.b + (size_t)expert * p.b_expert_stride + (size_t)grow * brow_bytes;
-    const uint8_t *bsrow = p.b_scale + (size_t)expert * p.bs_expert_stride + (size_t)grow * (K / 32);
+    const uint8_t *bexp = p.b + (size_t)expert * p.b_expert_stride;
+    const uint8_t *bsexp = p.b_scale + (size_t)expert * p.bs_expert_stride;
+    auto global_row = [&](int n) {
+        if (EPI == MMOE_EPI_SWIGLU)
+            return n < 64 ? nb * 64 + n : p.b_up_row0 + nb * 64 + (n - 64);
+        return nb * BN + n;
+    };
+
+    /* issue the copies of K block kb into stage st */
+    auto load_stage = [&](int st, int kb) {
+        uint8_t *stage = smem + st * SL::STAGE_BYTES;
+        for (int i = tid; i < BM * 8; i += 128) {
+            int r = i >> 3, c = i & 7;
+            int ar = sArow[r];
+            if (ar >= 0)
+                cp_async16(stage + SL::OFF_A + r * LDS + c * 16, p.a + (size_t)ar * K + (size_t)kb * BK + c * 16);
+        }
+        for (int i = tid; i < BM * AGPB; i += 128) {
+            int ar = sArow[i / AGPB];
+            if (ar >= 0)
+                cp_async4(stage + SL::OFF_ASC + i * 4, p.a_scale + (size_t)ar * (K / AG) + (size_t)kb * AGPB + i % AGPB);
+        }
+        constexpr int CPR = SL::BROW / 16; /* 16-byte chunks per weight row */
+        for (int i = tid; i < BN * CPR; i += 128) {
+            int n = i / CPR, c = i % CPR;
+            cp_async16(stage + SL::OFF_BRAW + n * SL::BROW_S + c * 16,
+                       bexp + (size_t)global_row(n) * brow_bytes + (size_t)kb * SL::BROW + c * 16);
+        }
+        cp_async4(stage + SL::OFF_BSC + tid * 4, bsexp + (size_t)global_row(tid) * (K / 32) + (size_t)kb * 4);
+    };
 
     float acc[MT][NT][4];
     float tmp[MT][NT][4];
@@ -174,24 +273,26 @@ __global__ void __launch_bounds__(128) gemm_kernel(const mmoe_gemm_args p)
                 tmp[i][j][c] = 0.0f;
             }
 
-    for (int kb = 0; kb < K / BK; kb++) {
-        __syncthreads(); /* the previous step's readers are done with the tiles */
-        /* ---- A tile and its scales */
-        for (int i = tid; i < BM * 8; i += 128) {
-            int r = i >> 3, c = i & 7;
-            int ar = sArow[r];
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (ar >= 0)
-                v = *reinterpret_cast<const uint4 *>(p.a + (size_t)ar * K + (size_t)kb * BK + c * 16);
-            *reinterpret_cast<uint4 *>(sA + r * LDS + c * 16) = v;
-        }
-        for (int i = tid; i < BM * AGPB; i += 128) {
-            int r = i / AGPB, g = i % AGPB;
-            int ar = sArow[r];
-            sAs[r][g] = ar >= 0 ? p.a_scale[(size_t)ar * (K / AG) + (size_t)kb * AGPB + g] : 0.0f;
-        }
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; st++) {
+        if (st < nkb)
+            load_stage(st, st);
+        cp_async_commit();
+    }
+
+    for (int kb = 0; kb < nkb; kb++) {
+        const int st = kb % STAGES;
+        cp_async_wait<STAGES - 2>();
+        __syncthreads(); /* stage st landed for everyone; the previous step's readers are done */
+        if (kb + STAGES - 1 < nkb)
+            load_stage((kb + STAGES - 1) % STAGES, kb + STAGES - 1);
+        cp_async_commit();
+        const uint8_t *stage = smem + st * SL::STAGE_BYTES;
+        const uint8_t *sA = stage + SL::OFF_A;
+        const float *sAs = reinterpret_cast<const float *>(stage + SL::OFF_ASC);
+
         /* ---- B: scale exponents of this row's four 32-groups; can they be folded? */
-        uint32_t sw = *reinterpret_cast<const uint32_t *>(bsrow + kb * 4);
+        const uint32_t sw = reinterpret_cast<const uint32_t *>(stage + SL::OFF_BSC)[tid];
         int k[4];
         int kmax = 0, kmin = 255;
 #pragma unroll
@@ -210,38 +311,29 @@ __global__ void __launch_bounds__(128) gemm_kernel(const mmoe_gemm_args p)
         if ((tid & 7) == 0)
             sTileFlag[tid >> 3] = tile_flag;
         const int base = BFMT == MMOE_B_FP4 ? kmax - 6 : kmax;
-        int r[4];
 #pragma unroll
-        for (int g = 0; g < 4; g++) {
-            r[g] = tile_flag ? 0 : k[g] - base;
-            sBs[tid][g] = pow2i((tile_flag ? k[g] : base) - 127);
-        }
-        uint8_t *dst = sB + tid * LDS;
+        for (int g = 0; g < 4; g++)
+            sBs[g][tid] = pow2i((tile_flag ? k[g] : base) - 127);
+        const uint8_t *sB;
         if (BFMT == MMOE_B_FP4) {
-            const uint4 *src = reinterpret_cast<const uint4 *>(brow + (size_t)kb * (BK / 2));
+            uint8_t *dec = smem + SL::OFF_DEC;
+            const uint4 *src = reinterpret_cast<const uint4 *>(stage + SL::OFF_BRAW + tid * SL::BROW_S);
+            uint8_t *dst = dec + tid * LDS;
 #pragma unroll
             for (int q = 0; q < 4; q++) { /* 16 bytes = 32 codes = one 32-group */
-                uint4 v = src[q];
-                uint32_t lo, hi;
-                e2m1_lut(r[q], &lo, &hi);
-                uint32_t w[4] = {v.x, v.y, v.z, v.w};
+                const uint4 v = src[q];
+                const uint2 lut = sLut[(tile_flag ? 0 : k[q] - base) + 8];
                 uint4 o0, o1;
-                o0.x = decode4(w[0] & 0xffffu, lo, hi);
-                o0.y = decode4(w[0] >> 16, lo, hi);
-                o0.z = decode4(w[1] & 0xffffu, lo, hi);
-                o0.w = decode4(w[1] >> 16, lo, hi);
-                o1.x = decode4(w[2] & 0xffffu, lo, hi);
-                o1.y = decode4(w[2] >> 16, lo, hi);
-                o1.z = decode4(w[3] & 0xffffu, lo, hi);
-                o1.w = decode4(w[3] >> 16, lo, hi);
+                decode8(v.x, lut.x, lut.y, &o0.x, &o0.y);
+                decode8(v.y, lut.x, lut.y, &o0.z, &o0.w);
+                decode8(v.z, lut.x, lut.y, &o1.x, &o1.y);
+                decode8(v.w, lut.x, lut.y, &o1.z, &o1.w);
                 *reinterpret_cast<uint4 *>(dst + q * 32) = o0;
                 *reinterpret_cast<uint4 *>(dst + q * 32 + 16) = o1;
             }
+            sB = dec;
         } else {
-            const uint4 *src = reinterpret_cast<const uint4 *>(brow + (size_t)kb * BK);
-#pragma unroll
-            for (int q = 0; q < 8; q++)
-                *reinterpret_cast<uint4 *>(dst + q * 16) = src[q];
+            sB = stage + SL::OFF_BRAW; /* FP8 weights are used as they are */
         }
         __syncthreads();
 
@@ -268,13 +360,13 @@ __global__ void __launch_bounds__(128) gemm_kernel(const mmoe_gemm_args p)
                     mma_e4m3(tmp[mt][j], af[mt], b0, b1);
                 const bool per_group = AG == 32 || sTileFlag[ntile] != 0;
                 if (per_group) {
+                    const float2 sb = *reinterpret_cast<const float2 *>(&sBs[ks][ntile * 8 + tig * 2]);
 #pragma unroll
                     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                         for (int c = 0; c < 4; c++) {
                             const int row = wm * MT * 16 + mt * 16 + gid + (c >> 1) * 8;
-                            const int col = ntile * 8 + tig * 2 + (c & 1);
-                            const float f = __fmul_rn(sAs[row][AG == 32 ? ks : 0], sBs[col][ks]);
+                            const float f = __fmul_rn(sAs[row * AGPB + (AG == 32 ? ks : 0)], (c & 1) ? sb.y : sb.x);
                             acc[mt][j][c] = fmaf(tmp[mt][j][c], f, acc[mt][j][c]);
                             tmp[mt][j][c] = 0.0f;
                         }
@@ -282,24 +374,30 @@ __global__ void __launch_bounds__(128) gemm_kernel(const mmoe_gemm_args p)
             }
         }
         if (AG == 128) {
+            float sa[MT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                sa[mt][0] = sAs[wm * MT * 16 + mt * 16 + gid];
+                sa[mt][1] = sAs[wm * MT * 16 + mt * 16 + gid + 8];
+            }
 #pragma unroll
             for (int j = 0; j < NT; j++) {
                 const int ntile = j < NTH ? wn * NTH + j : 8 + wn * NTH + (j - NTH);
                 if (sTileFlag[ntile] != 0)
                     continue;
+                const float2 sb = *reinterpret_cast<const float2 *>(&sBs[0][ntile * 8 + tig * 2]);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                     for (int c = 0; c < 4; c++) {
-                        const int row = wm * MT * 16 + mt * 16 + gid + (c >> 1) * 8;
-                        const int col = ntile * 8 + tig * 2 + (c & 1);
-                        const float f = __fmul_rn(sAs[row][0], sBs[col][0]);
+                        const float f = __fmul_rn(sa[mt][c >> 1], (c & 1) ? sb.y : sb.x);
                         acc[mt][j][c] = fmaf(tmp[mt][j][c], f, acc[mt][j][c]);
                         tmp[mt][j][c] = 0.0f;
                     }
             }
         }
     }
+    cp_async_wait<0>();
 
     /* ---- epilogue */
 #pragma unroll
@@ -349,14 +447,24 @@ __global__ void __launch_bounds__(128) gemm_kernel(const mmoe_gemm_args p)
         }
 }
 
+template <int BM, int BFMT, int AG, int EPI>
+cudaError_t launch4(const mmoe_gemm_args *a, dim3 grid, cudaStream_t s)
+{
+    constexpr int bytes = smem_layout<BM, BFMT, AG>::TOTAL;
+    /* raise the dynamic shared-memory limit once per instance (cheap, and idempotent) */
+    cudaError_t e = cudaFuncSetAttribute(gemm_kernel<BM, BFMT, AG, EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         bytes);
+    if (e != cudaSuccess)
+        return e;
+    gemm_kernel<BM, BFMT, AG, EPI><<<grid, 128, bytes, s>>>(*a);
+    return cudaGetLastError();
+}
+
 template <int BM, int BFMT, int AG>
 cudaError_t launch3(const mmoe_gemm_args *a, int epi, dim3 grid, cudaStream_t s)
 {
-    if (epi == MMOE_EPI_SWIGLU)
-        gemm_kernel<BM, BFMT, AG, MMOE_EPI_SWIGLU><<<grid, 128, 0, s>>>(*a);
-    else
-        gemm_kernel<BM, BFMT, AG, MMOE_EPI_SLOT_BF16><<<grid, 128, 0, s>>>(*a);
-    return cudaGetLastError();
+    return epi == MMOE_EPI_SWIGLU ? launch4<BM, BFMT, AG, MMOE_EPI_SWIGLU>(a, grid, s)
+                                  : launch4<BM, BFMT, AG, MMOE_EPI_SLOT_BF16>(a, grid, s);
 }
 
 template <int BM, int BFMT>

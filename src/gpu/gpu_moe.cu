@@ -33,7 +33,9 @@ struct mmoe_gpu_moe {
     mmoe_gpu_moe_desc d;
     mmoe_gpu_recipe recipe;
     int cc;
-    cudaStream_t stream;
+    cudaStream_t stream;      /* the call's stream: inputs, routed experts, combine */
+    cudaStream_t side;        /* the shared expert runs here, concurrently with the routed GEMMs */
+    cudaEvent_t x_ready, shared_done;
     uint8_t *w13, *s13, *w2, *s2, *sw13, *ss13, *sw2, *ss2;
     long long *cum_counts;
     int *counts, *num_tiles, *num_pairs;
@@ -95,12 +97,16 @@ __device__ __forceinline__ uint32_t hash32(uint64_t x)
     return (uint32_t)x;
 }
 
-/** kind 0: any byte (E2M1 pairs); 1: UE8M0 in 118..125; 2: E4M3 without NaN, |v| < 2. */
+/**
+ * kind 0: any byte (E2M1 pairs); 1: UE8M0 in 118..125; 2: E4M3 without NaN, |v| < 2;
+ * 3: UE8M0 in 118..125, constant over each 4 consecutive bytes (an expanded 128-wide block
+ * scale, as the shared expert's checkpoint scales give).
+ */
 __global__ void fill_random(uint8_t *p, size_t n, uint64_t seed, int kind)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = hash32(seed * 0x9E3779B97F4A7C15ULL + i);
-        p[i] = kind == 0 ? (uint8_t)h : kind == 1 ? (uint8_t)(118 + (h & 7)) : (uint8_t)(h & 0xBF);
+        uint32_t h = hash32(seed * 0x9E3779B97F4A7C15ULL + (kind == 3 ? i / 4 : i));
+        p[i] = kind == 0 ? (uint8_t)h : kind == 2 ? (uint8_t)(h & 0xBF) : (uint8_t)(118 + (h & 7));
     }
 }
 
@@ -228,9 +234,15 @@ mmoe_status mmoe_gpu_moe_create(const mmoe_gpu_moe_desc *desc, const mmoe_gpu_mo
                 : cc >= 100                         ? MMOE_GPU_RECIPE_SM100
                                                     : MMOE_GPU_RECIPE_SM90;
     cudaError_t e = cudaStreamCreateWithFlags(&L->stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess)
+        e = cudaStreamCreateWithFlags(&L->side, cudaStreamNonBlocking);
+    if (e == cudaSuccess)
+        e = cudaEventCreateWithFlags(&L->x_ready, cudaEventDisableTiming);
+    if (e == cudaSuccess)
+        e = cudaEventCreateWithFlags(&L->shared_done, cudaEventDisableTiming);
     if (e != cudaSuccess) {
-        free(L);
-        return cuda_fail(err, e, "cudaStreamCreate");
+        mmoe_gpu_moe_destroy(L);
+        return cuda_fail(err, e, "cudaStreamCreate/cudaEventCreate");
     }
     const size_t D = (size_t)desc->hidden, I = (size_t)desc->inter, E = (size_t)desc->n_experts;
     const size_t SI = (size_t)desc->shared_inter;
@@ -293,9 +305,9 @@ mmoe_status mmoe_gpu_moe_create(const mmoe_gpu_moe_desc *desc, const mmoe_gpu_mo
         fill_random<<<1024, 256>>>(L->w2, b_w2, seed + 2, 0);
         fill_random<<<1024, 256>>>(L->s2, b_s2, seed + 3, 1);
         fill_random<<<1024, 256>>>(L->sw13, b_sw13, seed + 4, 2);
-        fill_random<<<1024, 256>>>(L->ss13, b_ss13, seed + 5, 1);
+        fill_random<<<1024, 256>>>(L->ss13, b_ss13, seed + 5, 3);
         fill_random<<<1024, 256>>>(L->sw2, b_sw2, seed + 6, 2);
-        fill_random<<<1024, 256>>>(L->ss2, b_ss2, seed + 7, 1);
+        fill_random<<<1024, 256>>>(L->ss2, b_ss2, seed + 7, 3);
         e = cudaGetLastError();
         if (e != cudaSuccess) {
             mmoe_gpu_moe_destroy(L);
@@ -344,6 +356,12 @@ void mmoe_gpu_moe_destroy(mmoe_gpu_moe *L)
         cudaFree(ptrs[i]);
     if (L->stream != NULL)
         cudaStreamDestroy(L->stream);
+    if (L->side != NULL)
+        cudaStreamDestroy(L->side);
+    if (L->x_ready != NULL)
+        cudaEventDestroy(L->x_ready);
+    if (L->shared_done != NULL)
+        cudaEventDestroy(L->shared_done);
     free(L);
 }
 
@@ -412,11 +430,47 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
     if (T == 0)
         return MMOE_OK;
     CK(mmoe_launch_quant(L->x, NULL, T, D, sm90 ? 0 : 1, L->xq, L->xs, s), "quantize x");
+    mmoe_gemm_args a;
+    if (SI > 0) {
+        /* the shared expert on the side stream: it needs only the quantized x */
+        CK(cudaEventRecord(L->x_ready, s), "cudaEventRecord");
+        CK(cudaStreamWaitEvent(L->side, L->x_ready, 0), "cudaStreamWaitEvent");
+        s = L->side;
+        const int sbm = T <= 16 ? 16 : 64;
+        const int stiles = (T + sbm - 1) / sbm;
+        memset(&a, 0, sizeof a);
+        a.K = D;
+        a.n_out = SI;
+        a.a = L->xq;
+        a.a_scale = L->xs;
+        a.total_rows = T;
+        a.b = L->sw13;
+        a.b_scale = L->ss13;
+        a.b_up_row0 = SI;
+        a.clamp = L->d.swiglu_limit;
+        a.out_f32 = L->sh_a1;
+        CK(mmoe_launch_gemm(&a, sbm, MMOE_B_FP8, ag, MMOE_EPI_SWIGLU, stiles, s), "L1 GEMM (shared)");
+        CK(mmoe_launch_quant(NULL, L->sh_a1, T, SI, sm90 ? 0 : 2, L->sh_l2q, L->sh_l2s, s), "requantize L1 (shared)");
+        memset(&a, 0, sizeof a);
+        a.K = SI;
+        a.n_out = D;
+        a.a = L->sh_l2q;
+        a.a_scale = L->sh_l2s;
+        a.total_rows = T;
+        a.b = L->sw2;
+        a.b_scale = L->ss2;
+        a.shared_slot = K;
+        a.out_slots = L->slots;
+        a.slots = K + 1;
+        CK(mmoe_launch_gemm(&a, sbm, MMOE_B_FP8, ag, MMOE_EPI_SLOT_BF16, stiles, s), "L2 GEMM (shared)");
+        CK(cudaEventRecord(L->shared_done, s), "cudaEventRecord");
+        s = L->stream;
+    }
     CK(mmoe_launch_route(L->idx, L->tw, T, K, E, bm, L->counts, L->cum_counts, L->pool, L->tiles, L->num_tiles,
                          L->num_pairs, s),
        "route");
-    const int max_tiles = (T * K + bm - 1) / bm + E;
-    mmoe_gemm_args a;
+    /* tiles: sum over experts of ceil(n_e / bm) <= min(pairs, pairs / bm + experts) */
+    const int max_tiles = (T * K + bm - 1) / bm + E < T * K ? (T * K + bm - 1) / bm + E : T * K;
     memset(&a, 0, sizeof a);
     /* L1 routed */
     a.K = D;
@@ -453,35 +507,8 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
     a.out_slots = L->slots;
     a.slots = K + 1;
     CK(mmoe_launch_gemm(&a, bm, MMOE_B_FP4, ag, MMOE_EPI_SLOT_BF16, max_tiles, s), "L2 GEMM (routed)");
-    if (SI > 0) {
-        const int sbm = T <= 16 ? 16 : 64;
-        const int stiles = (T + sbm - 1) / sbm;
-        memset(&a, 0, sizeof a);
-        a.K = D;
-        a.n_out = SI;
-        a.a = L->xq;
-        a.a_scale = L->xs;
-        a.total_rows = T;
-        a.b = L->sw13;
-        a.b_scale = L->ss13;
-        a.b_up_row0 = SI;
-        a.clamp = L->d.swiglu_limit;
-        a.out_f32 = L->sh_a1;
-        CK(mmoe_launch_gemm(&a, sbm, MMOE_B_FP8, ag, MMOE_EPI_SWIGLU, stiles, s), "L1 GEMM (shared)");
-        CK(mmoe_launch_quant(NULL, L->sh_a1, T, SI, sm90 ? 0 : 2, L->sh_l2q, L->sh_l2s, s), "requantize L1 (shared)");
-        memset(&a, 0, sizeof a);
-        a.K = SI;
-        a.n_out = D;
-        a.a = L->sh_l2q;
-        a.a_scale = L->sh_l2s;
-        a.total_rows = T;
-        a.b = L->sw2;
-        a.b_scale = L->ss2;
-        a.shared_slot = K;
-        a.out_slots = L->slots;
-        a.slots = K + 1;
-        CK(mmoe_launch_gemm(&a, sbm, MMOE_B_FP8, ag, MMOE_EPI_SLOT_BF16, stiles, s), "L2 GEMM (shared)");
-    }
+    if (SI > 0)
+        CK(cudaStreamWaitEvent(s, L->shared_done, 0), "cudaStreamWaitEvent");
     CK(mmoe_launch_combine(L->slots, L->idx, T, K, SI > 0, D, L->y, s), "combine");
     return MMOE_OK;
 }

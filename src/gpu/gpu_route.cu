@@ -39,16 +39,34 @@ __global__ void route_kernel(const int32_t *topk_idx, const float *topk_w, int T
             atomicAdd(&cnt[e], 1);
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x < 32) {
+        /* exclusive scans of rows and tiles over the experts: each lane owns a contiguous chunk */
+        const int lane = threadIdx.x, chunk = (E + 31) / 32;
+        const int e0 = min(E, lane * chunk), e1 = min(E, e0 + chunk);
         int rows = 0, ntiles = 0;
-        for (int e = 0; e < E; e++) {
-            row_off[e] = rows;
-            tile_off[e] = ntiles;
+        for (int e = e0; e < e1; e++) {
             rows += cnt[e];
             ntiles += (cnt[e] + block_m - 1) / block_m;
         }
-        *num_tiles = ntiles;
-        *num_pairs = rows;
+        int rows_incl = rows, tiles_incl = ntiles;
+        for (int off = 1; off < 32; off <<= 1) {
+            int r = __shfl_up_sync(0xffffffffu, rows_incl, off), t = __shfl_up_sync(0xffffffffu, tiles_incl, off);
+            if (lane >= off) {
+                rows_incl += r;
+                tiles_incl += t;
+            }
+        }
+        int r = rows_incl - rows, t = tiles_incl - ntiles;
+        for (int e = e0; e < e1; e++) {
+            row_off[e] = r;
+            tile_off[e] = t;
+            r += cnt[e];
+            t += (cnt[e] + block_m - 1) / block_m;
+        }
+        if (lane == 31) {
+            *num_tiles = tiles_incl;
+            *num_pairs = rows_incl;
+        }
     }
     __syncthreads();
     for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
