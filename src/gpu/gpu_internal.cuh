@@ -52,7 +52,8 @@ struct mmoe_gemm_args {
     const mmoe_tile *tiles;     /**< tile list, or NULL: uniform tiles over total_rows (expert 0) */
     const int *num_tiles;       /**< device count of valid tiles when tiles != NULL */
     int total_rows;             /**< rows when tiles == NULL */
-    /* B: weights [expert][rows][K bytes or K/2 bytes], scales [expert][rows][K/32] */
+    /* B: weights tile-major [expert][n-block][K/128][128 rows][128 or 64 bytes], scales
+       [expert][n-block][K/128][128 rows][4 bytes] (see mmoe_tile_rows) */
     const uint8_t *b;
     const uint8_t *b_scale;
     size_t b_expert_stride;     /**< bytes between experts' weights */
@@ -66,6 +67,14 @@ struct mmoe_gemm_args {
     __nv_bfloat16 *out_slots;   /**< L2: BF16 [T, slots, D] */
     int slots;                  /**< topk + 1 */
 };
+
+/**
+ * Rewrite a row-major matrix of 32-bit words [rows][src_row_words] into the GEMM's tile-major
+ * layout [n_blocks][nkb][128][tile_row_words]: tile row n of n-block b is source row
+ * b*128+n, or, with l1_interleave, gate row b*64+n (n < 64) / up row half_rows+b*64+n-64.
+ */
+cudaError_t mmoe_tile_rows(const uint32_t *src, uint32_t *dst, int n_blocks, int nkb, int src_row_words,
+                           int tile_row_words, int l1_interleave, int half_rows, cudaStream_t stream);
 
 /** Launch the grouped GEMM with the given tile height, weight format, activation group and epilogue. */
 cudaError_t mmoe_launch_gemm(const mmoe_gemm_args *args, int block_m, int b_fmt, int a_group, int epi,

@@ -2,13 +2,15 @@
  * @file gpu_moe.cu
  * @brief The GPU layer object: weights on the device, the workspace, and one call's pipeline.
  *
- * Device memory of a layer (see mmoe_gpu_moe.h for the math):
- *   w13 [E][2I][D/2]  E2M1 codes, gate rows then up rows of each expert (the
- *                     checkpoint's w1 and w3 concatenated, vLLM's "w13");
- *   s13 [E][2I][D/32] their UE8M0 bytes;
- *   w2  [E][D][I/2], s2 [E][D][I/32];
- *   sw13 [2*S*I][D] E4M3 and ss13 [2*S*I][D/32]; sw2 [D][S*I], ss2 [D][S*I/32]
- *   (the shared expert, when there is one).
+ * Device memory of a layer (see mmoe_gpu_moe.h for the math): the
+ * checkpoint's bytes, rearranged once at load time into the GEMM's tiles.
+ *   w13: per expert, per block of 64 intermediate channels, per K block of
+ *        128: a tile of 128 rows (the 64 gate rows w1, then the 64 up rows w3)
+ *        x 64 bytes of E2M1 codes, contiguous (8 KB); s13 likewise with the 4
+ *        UE8M0 bytes of each row and K block (512 B);
+ *   w2/s2: per expert, per block of 128 output rows, per K block: 128 x 64 B;
+ *   sw13/ss13, sw2/ss2: the shared expert's E4M3 bytes in the same tiling
+ *        (128 x 128 B tiles) with its expanded 1x32 UE8M0 scales.
  * That is all: no decoded copy.  gpu_weight_bytes in the result counts it.
  *
  * The workspace grows to the largest T seen: the BF16 input, routing, FP8
@@ -185,25 +187,6 @@ static mmoe_status check_desc(const mmoe_gpu_moe_desc *d, mmoe_error *err)
         }                                                                          \
     } while (0)
 
-#define DCOPY(dst, src, bytes, what)                                               \
-    do {                                                                           \
-        cudaError_t e_ = cudaMemcpy((dst), (src), (bytes), cudaMemcpyHostToDevice); \
-        if (e_ != cudaSuccess) {                                                   \
-            mmoe_gpu_moe_destroy(L);                                               \
-            return cuda_fail(err, e_, "upload of " what);                          \
-        }                                                                          \
-    } while (0)
-
-#define DCOPY2D(dst, dpitch, src, spitch, rows, what)                                           \
-    do {                                                                                        \
-        cudaError_t e_ = cudaMemcpy2D((dst), (dpitch), (src), (spitch), (spitch), (rows),       \
-                                      cudaMemcpyHostToDevice);                                  \
-        if (e_ != cudaSuccess) {                                                                \
-            mmoe_gpu_moe_destroy(L);                                                            \
-            return cuda_fail(err, e_, "upload of " what);                                       \
-        }                                                                                       \
-    } while (0)
-
 mmoe_status mmoe_gpu_moe_create(const mmoe_gpu_moe_desc *desc, const mmoe_gpu_moe_weights *w, uint64_t seed,
                                 mmoe_gpu_moe **out, mmoe_error *err)
 {
@@ -268,36 +251,63 @@ mmoe_status mmoe_gpu_moe_create(const mmoe_gpu_moe_desc *desc, const mmoe_gpu_mo
         return cuda_fail(err, e, "cudaMemset(counters)");
     }
     if (w != NULL) {
-        /* padding first: zero codes everywhere, unit scales (127) everywhere; then the given blocks */
-        cudaError_t pe = cudaMemset(L->w13, 0, b_w13);
-        if (pe == cudaSuccess) pe = cudaMemset(L->w2, 0, b_w2);
-        if (pe == cudaSuccess) pe = cudaMemset(L->sw13, 0, b_sw13);
-        if (pe == cudaSuccess) pe = cudaMemset(L->sw2, 0, b_sw2);
-        if (pe == cudaSuccess) pe = cudaMemset(L->s13, 127, b_s13);
-        if (pe == cudaSuccess) pe = cudaMemset(L->s2, 127, b_s2);
-        if (pe == cudaSuccess) pe = cudaMemset(L->ss13, 127, b_ss13);
-        if (pe == cudaSuccess) pe = cudaMemset(L->ss2, 127, b_ss2);
+        /* Each matrix goes through a staging buffer in the checkpoint layout: zero codes and
+           unit scales (127) first (the padding), then the given rows; then one kernel writes
+           it tile-major into the layer's arrays (see mmoe_tile_rows). */
+        const size_t Is = (size_t)L->d.inter_src, SIs = (size_t)L->d.shared_inter_src;
+        const size_t n13 = I * D > 2 * SI * D ? I * D : 2 * SI * D;
+        const size_t n2 = D * I / 2 > D * SI ? D * I / 2 : D * SI;
+        uint8_t *st13 = NULL, *sts13 = NULL, *st2 = NULL, *sts2 = NULL;
+        cudaError_t pe = cudaMalloc((void **)&st13, n13);
+        if (pe == cudaSuccess) pe = cudaMalloc((void **)&sts13, n13 / 16);
+        if (pe == cudaSuccess) pe = cudaMalloc((void **)&st2, n2);
+        if (pe == cudaSuccess) pe = cudaMalloc((void **)&sts2, n2 / 16);
+        for (size_t x = 0; x < E + (SI > 0) && pe == cudaSuccess; x++) {
+            const int shared = x == E;
+            const size_t rows13 = shared ? SI : I, src13 = shared ? SIs : Is;
+            const size_t b13 = shared ? D : D / 2; /* bytes per L1 row */
+            const size_t k2 = shared ? SI : I, src2 = shared ? SIs : Is;
+            const size_t b2 = shared ? k2 : k2 / 2, bsrc2 = shared ? src2 : src2 / 2;
+            pe = cudaMemset(st13, 0, 2 * rows13 * b13);
+            if (pe == cudaSuccess) pe = cudaMemset(sts13, 127, 2 * rows13 * D / 32);
+            if (pe == cudaSuccess) pe = cudaMemset(st2, 0, D * b2);
+            if (pe == cudaSuccess) pe = cudaMemset(sts2, 127, D * k2 / 32);
+            const uint8_t *g = shared ? w->sw1 : w->w1[x], *u = shared ? w->sw3 : w->w3[x];
+            const uint8_t *gs = shared ? w->ss1 : w->s1[x], *us = shared ? w->ss3 : w->s3[x];
+            const uint8_t *d2 = shared ? w->sw2 : w->w2[x], *ds2 = shared ? w->ss2 : w->s2[x];
+            if (pe == cudaSuccess) pe = cudaMemcpy(st13, g, src13 * b13, cudaMemcpyHostToDevice);
+            if (pe == cudaSuccess) pe = cudaMemcpy(st13 + rows13 * b13, u, src13 * b13, cudaMemcpyHostToDevice);
+            if (pe == cudaSuccess) pe = cudaMemcpy(sts13, gs, src13 * D / 32, cudaMemcpyHostToDevice);
+            if (pe == cudaSuccess)
+                pe = cudaMemcpy(sts13 + rows13 * D / 32, us, src13 * D / 32, cudaMemcpyHostToDevice);
+            if (pe == cudaSuccess) pe = cudaMemcpy2D(st2, b2, d2, bsrc2, bsrc2, D, cudaMemcpyHostToDevice);
+            if (pe == cudaSuccess) pe = cudaMemcpy2D(sts2, k2 / 32, ds2, src2 / 32, src2 / 32, D, cudaMemcpyHostToDevice);
+            uint8_t *o13 = shared ? L->sw13 : L->w13 + x * (2 * I * D / 2);
+            uint8_t *os13 = shared ? L->ss13 : L->s13 + x * (2 * I * D / 32);
+            uint8_t *o2 = shared ? L->sw2 : L->w2 + x * (D * I / 2);
+            uint8_t *os2 = shared ? L->ss2 : L->s2 + x * (D * I / 32);
+            if (pe == cudaSuccess)
+                pe = mmoe_tile_rows((const uint32_t *)st13, (uint32_t *)o13, (int)(rows13 / 64), (int)(D / 128),
+                                    (int)(b13 / 4), shared ? 32 : 16, 1, (int)rows13, 0);
+            if (pe == cudaSuccess)
+                pe = mmoe_tile_rows((const uint32_t *)sts13, (uint32_t *)os13, (int)(rows13 / 64), (int)(D / 128),
+                                    (int)(D / 128), 1, 1, (int)rows13, 0);
+            if (pe == cudaSuccess)
+                pe = mmoe_tile_rows((const uint32_t *)st2, (uint32_t *)o2, (int)(D / 128), (int)(k2 / 128),
+                                    (int)(b2 / 4), shared ? 32 : 16, 0, 0, 0);
+            if (pe == cudaSuccess)
+                pe = mmoe_tile_rows((const uint32_t *)sts2, (uint32_t *)os2, (int)(D / 128), (int)(k2 / 128),
+                                    (int)(k2 / 128), 1, 0, 0, 0);
+            if (pe == cudaSuccess)
+                pe = cudaDeviceSynchronize(); /* the staging buffers are reused by the next matrix */
+        }
+        cudaFree(st13);
+        cudaFree(sts13);
+        cudaFree(st2);
+        cudaFree(sts2);
         if (pe != cudaSuccess) {
             mmoe_gpu_moe_destroy(L);
-            return cuda_fail(err, pe, "cudaMemset(padding)");
-        }
-        const size_t Is = (size_t)L->d.inter_src, SIs = (size_t)L->d.shared_inter_src;
-        for (size_t x = 0; x < E; x++) {
-            uint8_t *g = L->w13 + x * (2 * I * D / 2), *gs = L->s13 + x * (2 * I * D / 32);
-            DCOPY(g, w->w1[x], Is * D / 2, "w1");
-            DCOPY(g + I * D / 2, w->w3[x], Is * D / 2, "w3");
-            DCOPY(gs, w->s1[x], Is * D / 32, "w1.scale");
-            DCOPY(gs + I * D / 32, w->s3[x], Is * D / 32, "w3.scale");
-            DCOPY2D(L->w2 + x * (D * I / 2), I / 2, w->w2[x], Is / 2, D, "w2");
-            DCOPY2D(L->s2 + x * (D * I / 32), I / 32, w->s2[x], Is / 32, D, "w2.scale");
-        }
-        if (SI > 0) {
-            DCOPY(L->sw13, w->sw1, SIs * D, "shared w1");
-            DCOPY(L->sw13 + SI * D, w->sw3, SIs * D, "shared w3");
-            DCOPY(L->ss13, w->ss1, SIs * D / 32, "shared w1.scale");
-            DCOPY(L->ss13 + SI * D / 32, w->ss3, SIs * D / 32, "shared w3.scale");
-            DCOPY2D(L->sw2, SI, w->sw2, SIs, D, "shared w2");
-            DCOPY2D(L->ss2, SI / 32, w->ss2, SIs / 32, D, "shared w2.scale");
+            return cuda_fail(err, pe, "upload of the weights");
         }
     } else {
         fill_random<<<1024, 256>>>(L->w13, b_w13, seed, 0);
