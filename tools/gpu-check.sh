@@ -44,6 +44,18 @@ case " $STEPS " in *" memcheck "*)
       --iters 1 --peer none > "$OUT/racecheck.log" 2>&1; echo "racecheck: rc=$?"; tail -n 4 "$OUT/racecheck.log"
   else echo "memcheck: compute-sanitizer not found"; fi;;
 esac
+case " $STEPS " in *" profile "*)
+  # Nsight Compute on the routed L1 GEMM at T=128 (block_m 16) and T=8192 (block_m 64)
+  for spec in "128:gemm_kernel<.int.16, .int.0, .int.128, .int.0>" "8192:gemm_kernel<.int.64, .int.0, .int.128, .int.0>"; do
+    t=${spec%%:*}; k=${spec#*:}
+    timeout 200 ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:${k}" --launch-skip 2 \
+      --launch-count 1 --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+      --section SchedulerStats ./tests/bench_moe_gpu --shape v4-flash --tokens $t --iters 1 --peer none \
+      > "$OUT/ncu-$t.log" 2>&1; echo "ncu T=$t: rc=$?"
+    grep -E "Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Issue Slots Busy|Issued Warp|Eligible Warps|Warp Cycles Per Issued|No Eligible|Block Limit|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Registers Per" "$OUT/ncu-$t.log" | head -40
+    grep -iE "stall|cycles being stalled" "$OUT/ncu-$t.log" | head -8
+  done;;
+esac
 case " $STEPS " in *" bench "*)
   PYTHON3=python3 timeout 240 ./tests/bench_moe_gpu --shape v4-flash --tokens ${MMOE_BENCH_TOKENS:-1,8,32,128,512,2048,8192} \
     --iters ${MMOE_BENCH_ITERS:-50} --peer "$BUILD/bench/torch_peer.py" > "$OUT/bench.log" 2>&1; echo "bench: rc=$?"

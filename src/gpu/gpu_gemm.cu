@@ -149,11 +149,21 @@ __device__ __forceinline__ void cp_async_wait()
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-constexpr int STAGES = 4; /* K blocks in flight: cp.async ring in shared memory */
+/*
+ * K blocks in flight (the cp.async ring).  The small-tile kernel (block_m 16, the
+ * memory-bound decode regime) keeps 2 stages, so that 4 thread blocks fit on an SM
+ * (Nsight Compute showed it limited by shared memory at 3 with 4 stages, issuing on 54% of
+ * the cycles); the large-tile kernel is limited by registers to 2 blocks and keeps 4.
+ */
+template <int BM>
+struct stages_of {
+    static constexpr int value = BM == 16 ? 2 : 4;
+};
 
 /** Shared-memory layout of one kernel instance (dynamic shared memory). */
 template <int BM, int BFMT, int AG>
 struct smem_layout {
+    static constexpr int STAGES = stages_of<BM>::value;
     static constexpr int AGPB = BK / AG;
     static constexpr int BROW = BFMT == MMOE_B_FP4 ? BK / 2 : BK;          /* raw weight bytes per row and K block */
     static constexpr int BROW_S = BFMT == MMOE_B_FP4 ? BROW + 16 : LDS;     /* its padded stride */
@@ -179,6 +189,7 @@ __global__ void __launch_bounds__(128) gemm_kernel(const mmoe_gemm_args p)
     constexpr int NT = 2 * NTH;
     using SL = smem_layout<BM, BFMT, AG>;
     constexpr int AGPB = SL::AGPB;
+    constexpr int STAGES = SL::STAGES;
 
     extern __shared__ __align__(16) uint8_t smem[];
     __shared__ float sBs[4][BN];      /* per 32-group (row of this array) and weight row: the FP32 factor */
