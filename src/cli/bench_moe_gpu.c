@@ -91,7 +91,7 @@ int mmoe_bench_moe_gpu(int argc, char **argv)
             shape_name = v, i++;
         } else if (strcmp(a, "--tokens") == 0 && v) {
             tokens_s = v, i++;
-        } else if (strcmp(a, "--iters") == 0 && v) {
+        } else if ((strcmp(a, "--iters") == 0 || strcmp(a, "--reps") == 0) && v) {
             iters = atoi(v), i++;
         } else if (strcmp(a, "--experts") == 0 && v) {
             experts = atoi(v), i++;
@@ -99,6 +99,12 @@ int mmoe_bench_moe_gpu(int argc, char **argv)
             peer = v, i++;
         } else if (strcmp(a, "--seed") == 0 && v) {
             seed = strtoull(v, NULL, 10), i++;
+        } else if (strcmp(a, "--shared") == 0 && v) {
+            if (strcmp(v, "serial") == 0) {
+                fprintf(stderr, "bench moe (gpu): the GPU layer has no serial shared path (--shared fused|auto)\n");
+                return 2;
+            }
+            i++;
         } else if (strcmp(a, "--recipe") == 0 && v) {
             if (strcmp(v, "sm90") == 0)
                 recipe = MMOE_GPU_RECIPE_SM90;

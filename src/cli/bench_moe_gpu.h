@@ -11,7 +11,8 @@
  *   --shape v4-flash|v4.1-flash|v4-pro|tiny  (default v4-flash)
  *   --experts N      routed experts (default: the shape's)
  *   --tokens LIST    comma-separated token counts (default 1,8,32,128,512,2048,8192)
- *   --iters N        timed calls per point (default 50; the median is reported)
+ *   --iters N        timed calls per point (default 50; the median is reported); --reps N is the same
+ *   --shared fused|auto   accepted (the GPU always fuses); serial is refused
  *   --recipe sm90|sm100  (default: the device's)
  *   --peer PATH      bench/torch_peer.py to run in the same process tree ("none": skip;
  *                    default $MMOE_SRCDIR/bench/torch_peer.py when it exists)
