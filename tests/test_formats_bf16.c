@@ -131,6 +131,22 @@ START_TEST(rows)
 }
 END_TEST
 
+/* bf16 rounding is monotone along a stride over every float of each sign. */
+START_TEST(monotone)
+{
+    enum { STRIDE = 997 };
+    for (int neg = 0; neg < 2; neg++) {
+        double prev = -INFINITY;
+        for (uint32_t u = 0; u <= 0x7F800000u; u += STRIDE) {
+            float x = oracle_float(neg ? (0x80000000u | (0x7F800000u - u)) : u);
+            double v = mmoe_bf16_round(x);
+            FMT_CHECK(v >= prev, "bf16 not monotone at %a", (double)x);
+            prev = v;
+        }
+    }
+}
+END_TEST
+
 static Suite *bf16_suite(void)
 {
     Suite *s = suite_create("formats_bf16");
@@ -139,6 +155,7 @@ static Suite *bf16_suite(void)
     tcase_add_test(tc, spec_vectors);
     tcase_add_test(tc, random_against_oracle);
     tcase_add_test(tc, rows);
+    tcase_add_test(tc, monotone);
     suite_add_tcase(s, tc);
     return s;
 }

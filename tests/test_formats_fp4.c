@@ -158,6 +158,25 @@ START_TEST(packing)
 }
 END_TEST
 
+/* Decoded values never decrease along the float line (a stride over every float of each
+ * sign), for both rounding conventions. */
+START_TEST(monotone)
+{
+    enum { STRIDE = 4099 };
+    for (int down = 0; down < 2; down++)
+        for (int neg = 0; neg < 2; neg++) {
+            double prev = -INFINITY;
+            for (uint32_t u = 0; u <= 0x7F800000u; u += STRIDE) {
+                float x = oracle_float(neg ? (0x80000000u | (0x7F800000u - u)) : u);
+                uint8_t c = down ? mmoe_fp4_e2m1_from_f32_ties_down(x) : mmoe_fp4_e2m1_from_f32(x);
+                double v = mmoe_fp4_e2m1_to_f32(c);
+                FMT_CHECK(v >= prev, "%s not monotone at %a", down ? "ties-down" : "RNE", (double)x);
+                prev = v;
+            }
+        }
+}
+END_TEST
+
 static Suite *fp4_suite(void)
 {
     Suite *s = suite_create("formats_fp4");
@@ -167,6 +186,7 @@ static Suite *fp4_suite(void)
     tcase_add_test(tc, spec_vectors);
     tcase_add_test(tc, random_against_oracle);
     tcase_add_test(tc, packing);
+    tcase_add_test(tc, monotone);
     suite_add_tcase(s, tc);
     return s;
 }

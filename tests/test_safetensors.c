@@ -25,36 +25,13 @@
 #include "mmoe_tensor_stats.h"
 #include "mmoe_test.h"
 #include "mmoe_utf8.h"
+#include "st_test_files.h"
 
 static uint64_t g_seed;
 
 /* ------------------------------------------------------------------------- */
 /* helpers                                                                    */
 /* ------------------------------------------------------------------------- */
-
-/** Write @p n bytes to @p path (test setup; aborts the test on failure). */
-static void write_bytes(const char *path, const void *p, size_t n)
-{
-    FILE *fp = fopen(path, "wb");
-    ck_assert_ptr_nonnull(fp);
-    ck_assert_uint_eq(fwrite(p, 1, n, fp), n);
-    ck_assert_int_eq(fclose(fp), 0);
-}
-
-/** Read a whole file into a malloc'd buffer. */
-static uint8_t *read_bytes(const char *path, size_t *n)
-{
-    FILE *fp = fopen(path, "rb");
-    ck_assert_ptr_nonnull(fp);
-    fseek(fp, 0, SEEK_END);
-    long len = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    uint8_t *buf = malloc((size_t)len + 1);
-    ck_assert_uint_eq(fread(buf, 1, (size_t)len, fp), (size_t)len);
-    fclose(fp);
-    *n = (size_t)len;
-    return buf;
-}
 
 /**
  * A safetensors image made by hand: 8-byte little-endian length (the real
@@ -99,7 +76,7 @@ static void expect_bad(const char *header, uint64_t len_field, size_t data_len, 
     snprintf(path, sizeof path, "%s/bad.safetensors", dir);
     size_t size;
     uint8_t *img = make_image(header, strlen(header), len_field, data_len, &size);
-    write_bytes(path, img, size);
+    st_test_spill(path, img, size);
     mmoe_st_file *f = (mmoe_st_file *)1;
     mmoe_error err;
     mmoe_error_clear(&err);
@@ -202,7 +179,7 @@ START_TEST(round_trip_every_dtype)
     ck_assert_ptr_null(mmoe_st_get(f, N));
     ck_assert_ptr_null(mmoe_st_find(f, "no.such.tensor"));
     size_t size;
-    uint8_t *raw = read_bytes(path, &size);
+    uint8_t *raw = st_test_slurp(path, &size);
     uint64_t header_len = 0;
     for (int i = 7; i >= 0; i--)
         header_len = (header_len << 8) | raw[i];
@@ -288,12 +265,12 @@ START_TEST(bad_length_field)
     char dir[512], path[600];
     ck_assert_int_eq(mmoe_test_mkdtemp(dir, sizeof dir), 0);
     snprintf(path, sizeof path, "%s/short.safetensors", dir);
-    write_bytes(path, "\x02\x00\x00\x00\x00", 5);
+    st_test_spill(path, "\x02\x00\x00\x00\x00", 5);
     mmoe_st_file *f;
     mmoe_error err;
     ck_assert_int_eq(mmoe_st_open(path, &f, &err), MMOE_EFORMAT);
     ck_assert(strstr(err.msg, path) && strstr(err.msg, "5 bytes"));
-    write_bytes(path, "", 0);
+    st_test_spill(path, "", 0);
     ck_assert_int_eq(mmoe_st_open(path, &f, &err), MMOE_EFORMAT);
     ck_assert(strstr(err.msg, path) && strstr(err.msg, "0 bytes"));
     /* a missing file and a directory are I/O errors naming the path */
@@ -449,6 +426,14 @@ START_TEST(writer_rejects_bad_tensors)
     ck_assert_int_eq(mmoe_st_writer_set_metadata(w, "k", "\xc3", &err), MMOE_EINVAL);
     ck_assert_uint_eq(mmoe_st_writer_count(w), 1);
     ck_assert_uint_eq(mmoe_st_writer_data_bytes(w), 24);
+    /* a view goes in as it is; an inconsistent view is refused */
+    mmoe_tensor view = {MMOE_DT_BF16, 2, {4, 2}, buf, 16};
+    ck_assert_int_eq(mmoe_st_writer_add_tensor(w, "w.view", &view, &err), MMOE_OK);
+    view.nbytes = 15;
+    ck_assert_int_eq(mmoe_st_writer_add_tensor(w, "w.view2", &view, &err), MMOE_EINVAL);
+    ck_assert(strstr(err.msg, "'w.view2'"));
+    ck_assert_uint_eq(mmoe_st_writer_count(w), 2);
+    ck_assert_uint_eq(mmoe_st_writer_data_bytes(w), 40);
     mmoe_st_writer_destroy(w);
 }
 END_TEST
@@ -499,7 +484,7 @@ START_TEST(atomic_write_failures)
     /* 4. the disk "fills up" half-way (RLIMIT_FSIZE in a child): an existing
      *    file at the target survives unchanged and no temporary file remains */
     snprintf(path, sizeof path, "%s/keep.safetensors", dir);
-    write_bytes(path, "old contents", 12);
+    st_test_spill(path, "old contents", 12);
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
@@ -514,7 +499,7 @@ START_TEST(atomic_write_failures)
     ck_assert_int_eq(waitpid(pid, &wstatus, 0), pid);
     ck_assert(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0);
     size_t n;
-    uint8_t *old = read_bytes(path, &n);
+    uint8_t *old = st_test_slurp(path, &n);
     ck_assert_uint_eq(n, 12);
     ck_assert(memcmp(old, "old contents", 12) == 0);
     free(old);
@@ -559,7 +544,7 @@ static void write_text(const char *dir, const char *file, const char *text)
 {
     char path[700];
     snprintf(path, sizeof path, "%s/%s", dir, file);
-    write_bytes(path, text, strlen(text));
+    st_test_spill(path, text, strlen(text));
 }
 
 static void expect_ckpt_bad(const char *path, mmoe_status code, const char *n1, const char *n2)
@@ -712,8 +697,120 @@ START_TEST(checkpoint_layouts)
     mmoe_ckpt_close(ck);
     /* a corrupt shard: the error names it */
     snprintf(path, sizeof path, "%s/%s", dir, MMOE_ST_SINGLE_NAME);
-    write_bytes(path, "\x01\x00\x00", 3);
+    st_test_spill(path, "\x01\x00\x00", 3);
     expect_ckpt_bad(dir, MMOE_EFORMAT, MMOE_ST_SINGLE_NAME, "3 bytes");
+    mmoe_test_rmtree(dir);
+}
+END_TEST
+
+/** Sharded writing: greedy split in name order, content intact, failures leave nothing. */
+START_TEST(checkpoint_sharded_writer)
+{
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 7);
+    char dir[512], path[700];
+    ck_assert_int_eq(mmoe_test_mkdtemp(dir, sizeof dir), 0);
+    enum { N = 20 };
+    const uint64_t max_bytes = 300;
+    rt_tensor ts[N];
+    mmoe_st_writer *w;
+    mmoe_error err;
+    ck_assert_int_eq(mmoe_st_writer_create(&w, &err), MMOE_OK);
+    for (int i = 0; i < N; i++) {
+        random_tensor(&rng, &ts[i], (mmoe_dtype)mmoe_rng_below(&rng, MMOE_DT_COUNT), i);
+        ck_assert_int_eq(mmoe_st_writer_add(w, ts[i].name, ts[i].dtype, ts[i].ndim, ts[i].shape,
+                                            ts[i].data, ts[i].nbytes, &err),
+                         MMOE_OK);
+    }
+    ck_assert_int_eq(mmoe_st_writer_set_metadata(w, "format", "pt", &err), MMOE_OK);
+    size_t n_shards = 0;
+    ck_assert_msg(mmoe_st_writer_finish_sharded(w, dir, max_bytes, &n_shards, &err) == MMOE_OK,
+                  "%s", err.msg);
+    ck_assert_int_eq(count_dir_entries(dir), (int)n_shards + 1); /* + the index */
+    mmoe_ckpt *ck;
+    ck_assert_msg(mmoe_ckpt_open(dir, &ck, &err) == MMOE_OK, "%s", err.msg);
+    ck_assert_uint_eq(mmoe_ckpt_shard_count(ck), n_shards);
+    ck_assert_uint_eq(mmoe_ckpt_count(ck), N);
+    for (int i = 0; i < N; i++) {
+        const mmoe_ckpt_entry *e = mmoe_ckpt_find_entry(ck, ts[i].name);
+        ck_assert_ptr_nonnull(e);
+        ck_assert_int_eq(e->view.dtype, ts[i].dtype);
+        ck_assert_uint_eq(e->view.nbytes, ts[i].nbytes);
+        ck_assert(ts[i].nbytes == 0 || memcmp(e->view.data, ts[i].data, ts[i].nbytes) == 0);
+    }
+    /* shard properties: name ranges do not interleave; each shard is within the limit
+     * unless it holds one tensor; and the split is greedy (the next shard's first tensor
+     * would not have fitted into the previous one) */
+    uint64_t shard_bytes[N] = {0};
+    size_t shard_count[N] = {0};
+    const char *first_name[N] = {0};
+    int prev_shard = -1;
+    for (size_t i = 0; i < mmoe_ckpt_count(ck); i++) { /* name order */
+        const mmoe_ckpt_entry *e = mmoe_ckpt_get(ck, i);
+        ck_assert_int_ge(e->shard_index, prev_shard);
+        if (e->shard_index != prev_shard)
+            first_name[e->shard_index] = e->name;
+        prev_shard = e->shard_index;
+        shard_bytes[e->shard_index] += e->view.nbytes;
+        shard_count[e->shard_index]++;
+        ck_assert_str_eq(mmoe_st_metadata(mmoe_ckpt_shard(ck, (size_t)e->shard_index), "format"),
+                         "pt");
+    }
+    for (size_t s = 0; s < n_shards; s++) {
+        ck_assert(shard_bytes[s] <= max_bytes || shard_count[s] == 1);
+        if (s > 0)
+            ck_assert_uint_gt(shard_bytes[s - 1] + mmoe_ckpt_find(ck, first_name[s])->nbytes,
+                              max_bytes);
+    }
+    ck_assert_uint_ge(n_shards, 2);
+    mmoe_ckpt_close(ck);
+    mmoe_st_writer_destroy(w);
+    for (int i = 0; i < N; i++)
+        free(ts[i].data);
+    mmoe_test_rmtree(dir);
+
+    /* failure half-way (the second shard exceeds RLIMIT_FSIZE): the first shard is removed */
+    ck_assert_int_eq(mmoe_test_mkdtemp(dir, sizeof dir), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        static uint8_t small[8], big[4000];
+        int64_t s8[1] = {8}, s4000[1] = {4000};
+        mmoe_st_writer *cw;
+        mmoe_error cerr;
+        if (mmoe_st_writer_create(&cw, &cerr) != MMOE_OK ||
+            mmoe_st_writer_add(cw, "a.small", MMOE_DT_U8, 1, s8, small, 8, &cerr) != MMOE_OK ||
+            mmoe_st_writer_add(cw, "z.big", MMOE_DT_U8, 1, s4000, big, 4000, &cerr) != MMOE_OK)
+            _exit(2);
+        signal(SIGXFSZ, SIG_IGN);
+        struct rlimit rl = {1000, 1000};
+        setrlimit(RLIMIT_FSIZE, &rl);
+        mmoe_status st = mmoe_st_writer_finish_sharded(cw, dir, 100, NULL, &cerr);
+        _exit(st == MMOE_EIO && strstr(cerr.msg, "model-00002-of-00002") ? 0 : 1);
+    }
+    int wstatus;
+    ck_assert_int_eq(waitpid(pid, &wstatus, 0), pid);
+    ck_assert(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0);
+    ck_assert_int_eq(count_dir_entries(dir), 0);
+    /* a missing directory */
+    snprintf(path, sizeof path, "%s/absent", dir);
+    ck_assert_int_eq(mmoe_st_writer_create(&w, &err), MMOE_OK);
+    uint8_t one[1] = {1};
+    int64_t s1[1] = {1};
+    ck_assert_int_eq(mmoe_st_writer_add(w, "x", MMOE_DT_U8, 1, s1, one, 1, &err), MMOE_OK);
+    ck_assert_int_eq(mmoe_st_writer_finish_sharded(w, path, 100, NULL, &err), MMOE_EIO);
+    ck_assert(strstr(err.msg, path));
+    ck_assert_int_eq(count_dir_entries(dir), 0);
+    mmoe_st_writer_destroy(w);
+    /* no tensors: an index with an empty weight_map, a valid empty checkpoint */
+    ck_assert_int_eq(mmoe_st_writer_create(&w, &err), MMOE_OK);
+    size_t n0 = 99;
+    ck_assert_int_eq(mmoe_st_writer_finish_sharded(w, dir, 100, &n0, &err), MMOE_OK);
+    ck_assert_uint_eq(n0, 0);
+    ck_assert_int_eq(mmoe_ckpt_open(dir, &ck, &err), MMOE_OK);
+    ck_assert_uint_eq(mmoe_ckpt_count(ck), 0);
+    mmoe_ckpt_close(ck);
+    mmoe_st_writer_destroy(w);
     mmoe_test_rmtree(dir);
 }
 END_TEST
@@ -729,7 +826,7 @@ START_TEST(require_checks_alignment)
     ck_assert_uint_eq(strlen(header) % 2, 1);
     size_t size;
     uint8_t *img = make_image(header, strlen(header), UINT64_MAX, 4, &size);
-    write_bytes(path, img, size);
+    st_test_spill(path, img, size);
     free(img);
     mmoe_ckpt *ck;
     mmoe_error err;
@@ -838,13 +935,26 @@ START_TEST(tensor_stats_hand_values)
     /* empty tensor */
     s = stats_of(MMOE_DT_F32, f32, 0);
     ck_assert(s.n_finite == 0 && isnan(s.mean));
-    /* FP8 and E8M0 are not decoded here: an explicit error */
-    const uint8_t fp8[1] = {0x38};
-    mmoe_tensor t = {MMOE_DT_F8_E4M3, 1, {1}, (void *)fp8, 1};
+    /* E4M3FN (bias 7): 0x38 = 1.0, 0xC0 = -2.0, 0x7E = 448 (max), 0x7F = NaN, 0x01 = 2^-9 */
+    const uint8_t e4m3[5] = {0x38, 0xC0, 0x7E, 0x7F, 0x01};
+    s = stats_of(MMOE_DT_F8_E4M3, e4m3, 5);
+    ck_assert(s.min == -2.0 && s.max == 448.0 && s.n_nan == 1 && s.n_inf == 0);
+    ck_assert(s.mean == (1.0 - 2.0 + 448.0 + ldexp(1.0, -9)) / 4.0);
+    /* E5M2 (bias 15): 0x3C = 1.0, 0x7B = 57344 (max), 0xFC = -Inf, 0x7E = NaN, 0xC4 = -4.0 */
+    const uint8_t e5m2[5] = {0x3C, 0x7B, 0xFC, 0x7E, 0xC4};
+    s = stats_of(MMOE_DT_F8_E5M2, e5m2, 5);
+    ck_assert(s.min == -4.0 && s.max == 57344.0 && s.n_nan == 1 && s.n_inf == 1);
+    /* E8M0: 127 = 1, 130 = 8, 0 = 2^-127, 255 = NaN */
+    const uint8_t e8m0[4] = {127, 130, 0, 255};
+    s = stats_of(MMOE_DT_F8_E8M0, e8m0, 4);
+    ck_assert(s.min == ldexp(1.0, -127) && s.max == 8.0 && s.n_nan == 1);
+    /* every dtype is supported; an invalid one is an explicit error */
+    for (int d = 0; d < MMOE_DT_COUNT; d++)
+        ck_assert(mmoe_tensor_stats_supported((mmoe_dtype)d));
+    const uint8_t one[1] = {0};
+    mmoe_tensor t = {MMOE_DT_COUNT, 1, {1}, (void *)one, 1};
     mmoe_error err;
     ck_assert_int_eq(mmoe_tensor_stats_compute(&t, &s, &err), MMOE_EUNSUPPORTED);
-    ck_assert(strstr(err.msg, "F8_E4M3"));
-    ck_assert(!mmoe_tensor_stats_supported(MMOE_DT_F8_E8M0));
     t.nbytes = 2; /* inconsistent view */
     t.dtype = MMOE_DT_U8;
     ck_assert_int_eq(mmoe_tensor_stats_compute(&t, &s, &err), MMOE_EINVAL);
@@ -865,6 +975,7 @@ static Suite *safetensors_suite(void)
     tcase_add_test(tc, atomic_write_failures);
     tcase_add_test(tc, checkpoint_with_index);
     tcase_add_test(tc, checkpoint_layouts);
+    tcase_add_test(tc, checkpoint_sharded_writer);
     tcase_add_test(tc, require_checks_alignment);
     tcase_add_test(tc, utf8_vectors);
     tcase_add_test(tc, tensor_stats_hand_values);

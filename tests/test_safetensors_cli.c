@@ -12,6 +12,7 @@
 
 #include "mmoe_safetensors.h"
 #include "mmoe_test.h"
+#include "st_test_files.h"
 
 static char g_dir[512];
 
@@ -29,17 +30,9 @@ static int run_cli(const char *args, char **out, char **err_text)
     snprintf(epath, sizeof epath, "%s/stderr.txt", g_dir);
     snprintf(cmd, sizeof cmd, "'%s' %s > '%s' 2> '%s'", bin(), args, opath, epath);
     int rc = mmoe_test_system(cmd);
-    const char *paths[2] = {opath, epath};
-    char **dst[2] = {out, err_text};
-    for (int k = 0; k < 2; k++) {
-        FILE *fp = fopen(paths[k], "rb");
-        ck_assert_ptr_nonnull(fp);
-        char *buf = calloc(1, 1 << 16);
-        size_t n = fread(buf, 1, (1 << 16) - 1, fp);
-        buf[n] = '\0';
-        fclose(fp);
-        *dst[k] = buf;
-    }
+    size_t n;
+    *out = (char *)st_test_slurp(opath, &n);
+    *err_text = (char *)st_test_slurp(epath, &n);
     return rc;
 }
 
@@ -143,9 +136,9 @@ START_TEST(inspect_stats)
     ck_assert(has_line_with(out, "norm.weight BF16 [2] 4 1 1 1 1 1 0"));
     /* I8 {-7,3,0,100}: mean 96/4 = 24, absmax 100 */
     ck_assert(has_line_with(out, "w2.weight I8 [4] 4 -7 100 24 100 0 0"));
-    /* FP8: explicitly not computed, and said so */
-    ck_assert(has_line_with(out, "wq_a.weight F8_E4M3 [2] 2 - - - -"));
-    ck_assert(has_line_with(out, "note: no statistics for F8_E4M3"));
+    /* FP8 E4M3 {0x38, 0xB8} = {1, -1}: mean 0, absmax 1 */
+    ck_assert(has_line_with(out, "wq_a.weight F8_E4M3 [2] 2 -1 1 0 1 0 0"));
+    ck_assert(!has_line_with(out, "note: no statistics"));
     free(out);
     free(err);
 }
@@ -202,23 +195,18 @@ START_TEST(inspect_bad_input)
     free(err);
     /* corrupt file: header length past the end */
     snprintf(path, sizeof path, "%s/bad.safetensors", g_dir);
-    FILE *fp = fopen(path, "wb");
-    ck_assert_ptr_nonnull(fp);
-    fwrite("\xff\x00\x00\x00\x00\x00\x00\x00{}", 1, 10, fp);
-    fclose(fp);
+    st_test_spill(path, "\xff\x00\x00\x00\x00\x00\x00\x00{}", 10);
     snprintf(args, sizeof args, "inspect --stats '%s'", path);
     ck_assert_int_eq(run_cli(args, &out, &err), 1);
     ck_assert_msg(strstr(err, path) && strstr(err, "header length 255"), "%s", err);
     free(out);
     free(err);
     /* a tensor whose bytes do not match its shape: the message names it */
-    fp = fopen(path, "wb");
     const char *hdr = "{\"w.bad\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}";
-    uint8_t len[8] = {(uint8_t)strlen(hdr)};
-    fwrite(len, 1, 8, fp);
-    fwrite(hdr, 1, strlen(hdr), fp);
-    fwrite("abcd", 1, 4, fp);
-    fclose(fp);
+    char img[256] = {(char)strlen(hdr)}; /* little-endian length, then header, then 4 bytes */
+    memcpy(img + 8, hdr, strlen(hdr));
+    memcpy(img + 8 + strlen(hdr), "abcd", 4);
+    st_test_spill(path, img, 8 + strlen(hdr) + 4);
     ck_assert_int_eq(run_cli(args, &out, &err), 1);
     ck_assert_msg(strstr(err, "'w.bad'") && strstr(err, "needs 8 bytes"), "%s", err);
     free(out);

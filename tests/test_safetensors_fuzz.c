@@ -26,6 +26,7 @@
 
 #include "mmoe_safetensors.h"
 #include "mmoe_test.h"
+#include "st_test_files.h"
 
 /** Number of mutated files per base file. */
 #define FUZZ_CASES_PER_BASE 4000
@@ -33,28 +34,6 @@
 #define FUZZ_INDEX_CASES 300
 
 static uint64_t g_seed;
-
-static uint8_t *slurp(const char *path, size_t *n)
-{
-    FILE *fp = fopen(path, "rb");
-    ck_assert_ptr_nonnull(fp);
-    fseek(fp, 0, SEEK_END);
-    long len = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    uint8_t *buf = malloc((size_t)len + 1);
-    ck_assert_uint_eq(fread(buf, 1, (size_t)len, fp), (size_t)len);
-    fclose(fp);
-    *n = (size_t)len;
-    return buf;
-}
-
-static void spill(const char *path, const void *p, size_t n)
-{
-    FILE *fp = fopen(path, "wb");
-    ck_assert_ptr_nonnull(fp);
-    ck_assert_uint_eq(fwrite(p, 1, n, fp), n);
-    fclose(fp);
-}
 
 /** Write a valid base file with @p n_tensors random tensors of mixed dtypes. */
 static void make_base(mmoe_rng *rng, const char *path, int n_tensors, int with_meta)
@@ -190,7 +169,7 @@ START_TEST(fuzz_mutated_files)
         snprintf(path, sizeof path, "%s/base%d.safetensors", dir, base);
         make_base(&rng, path, base == 0 ? 1 : base == 1 ? 6 : 20, base != 0);
         size_t base_len;
-        uint8_t *orig = slurp(path, &base_len);
+        uint8_t *orig = st_test_slurp(path, &base_len);
         size_t cap = base_len + 64;
         uint8_t *work = malloc(cap);
         for (int c = 0; c < FUZZ_CASES_PER_BASE; c++) {
@@ -218,7 +197,7 @@ START_TEST(fuzz_mutated_files)
                 n_err++;
             }
             if (c % 8 == 0) { /* the mmap path agrees */
-                spill(mpath, img, len);
+                st_test_spill(mpath, img, len);
                 mmoe_status st2 = mmoe_st_open(mpath, &f, &err);
                 ck_assert_int_eq(st2, st);
                 if (st2 == MMOE_OK) {
@@ -260,7 +239,7 @@ START_TEST(fuzz_mutated_index)
     ck_assert_int_eq(mmoe_st_write_index(path, 3, names, files, 0, &err), MMOE_OK);
     mmoe_st_close(a);
     size_t base_len;
-    uint8_t *orig = slurp(path, &base_len);
+    uint8_t *orig = st_test_slurp(path, &base_len);
     uint8_t *work = malloc(base_len + 64);
     int n_ok = 0;
     for (int c = 0; c < FUZZ_INDEX_CASES; c++) {
@@ -273,7 +252,7 @@ START_TEST(fuzz_mutated_index)
             else
                 work[p] ^= (uint8_t)(1u << mmoe_rng_below(&rng, 8));
         }
-        spill(path, work, len);
+        st_test_spill(path, work, len);
         mmoe_ckpt *ck = NULL;
         mmoe_status st = mmoe_ckpt_open(dir, &ck, &err);
         if (st == MMOE_OK) {

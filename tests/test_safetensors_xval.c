@@ -19,6 +19,7 @@
 
 #include "mmoe_safetensors.h"
 #include "mmoe_test.h"
+#include "st_test_files.h"
 
 static uint64_t g_seed;
 
@@ -30,20 +31,6 @@ static int run_xval(const char *args)
     snprintf(cmd, sizeof cmd, "sh '%s/tests/xval/run-xval.sh' safetensors_xval.py %s",
              builddir ? builddir : ".", args);
     return mmoe_test_system(cmd);
-}
-
-static uint8_t *slurp(const char *path, size_t *n)
-{
-    FILE *fp = fopen(path, "rb");
-    ck_assert_msg(fp != NULL, "cannot open %s", path);
-    fseek(fp, 0, SEEK_END);
-    long len = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    uint8_t *buf = malloc((size_t)len + 1);
-    ck_assert_uint_eq(fread(buf, 1, (size_t)len, fp), (size_t)len);
-    fclose(fp);
-    *n = (size_t)len;
-    return buf;
 }
 
 START_TEST(python_writes_c_reads)
@@ -78,7 +65,7 @@ START_TEST(python_writes_c_reads)
         char bin[800];
         snprintf(bin, sizeof bin, "%s/%s", dir, json_string_value(json_object_get(m, "bin")));
         size_t n;
-        uint8_t *want = slurp(bin, &n);
+        uint8_t *want = st_test_slurp(bin, &n);
         ck_assert_uint_eq(t->nbytes, n);
         ck_assert_msg(n == 0 || memcmp(t->data, want, n) == 0, "tensor %s: bytes differ", name);
         free(want);

@@ -31,12 +31,14 @@
 /** Widest name column before names overflow it (long names still print whole). */
 #define INSPECT_MAX_NAME_COL 64
 
+/** The parsed command line. */
 typedef struct inspect_opts {
-    const char *path;
+    const char *path;   /**< the file or directory */
     const char *filter; /**< NULL: all tensors */
-    int stats;
+    int stats;          /**< 1: print statistics */
 } inspect_opts;
 
+/** Print the --help text to @p out. */
 static void inspect_usage(FILE *out)
 {
     fprintf(out,
@@ -82,11 +84,13 @@ static int parse_inspect_args(int argc, char **argv, inspect_opts *o)
     return -1;
 }
 
+/** Does the tensor @p name pass the --filter? */
 static int matches(const inspect_opts *o, const char *name)
 {
     return !o->filter || strstr(name, o->filter) != NULL;
 }
 
+/** Format @p n bytes as "1.50 GiB". */
 static void human_bytes(uint64_t n, char *buf, size_t len)
 {
     static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -99,6 +103,7 @@ static void human_bytes(uint64_t n, char *buf, size_t len)
     snprintf(buf, len, u ? "%.2f %s" : "%.0f %s", v, units[u]);
 }
 
+/** One statistics column; NaN (no finite value) prints as "-". */
 static void print_stat(double v)
 {
     if (isnan(v))
@@ -123,6 +128,7 @@ static int print_stats_columns(const mmoe_ckpt_entry *e)
     return 0;
 }
 
+/** Print the "__metadata__" of each shard that has any. */
 static void print_metadata(const mmoe_ckpt *ck)
 {
     for (size_t s = 0; s < mmoe_ckpt_shard_count(ck); s++) {

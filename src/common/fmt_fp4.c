@@ -43,13 +43,15 @@
 #include "fmt_minifloat.h"
 #include "mmoe_formats.h"
 
-/* Magnitude of nibble n: subnormal m*0.5, else (2+m) * 2^(ee-2). */
+/** Magnitude of nibble n: subnormal m*0.5, else (2+m) * 2^(ee-2). */
 #define E2M1_MAG(n) \
     ((((n) >> 1) & 3) == 0 ? (float)((n) & 1) * 0.5f : (float)(2 + ((n) & 1)) * (float)(1u << (((n) >> 1) & 3)) * 0.25f)
+/** Signed value of nibble n (code 8 is -0.0f). */
 #define E2M1_VALUE(n) (((n) & 8) ? -(E2M1_MAG((n) & 7)) : (E2M1_MAG((n) & 7)))
-/* The two values of packed byte b: low nibble first. */
+/** The two values of packed byte b: low nibble first. */
 #define E2M1_PAIR(b) E2M1_VALUE((b) & 15), E2M1_VALUE(((b) >> 4) & 15)
 
+/** Values of both nibbles of every byte, computed by the compiler. */
 static const float e2m1_pair_table[512] = {FMT_T256(E2M1_PAIR)};
 
 const float *mmoe_fp4_e2m1_pair_table(void)

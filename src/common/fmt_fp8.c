@@ -48,23 +48,27 @@
 /* Decode tables                                                                              */
 /* ------------------------------------------------------------------------------------------ */
 
-/* E4M3FN magnitude of byte b (sign ignored): the formulas of the table above. */
+/** E4M3FN magnitude of byte b (sign ignored): the formulas of the table above. */
 #define E4M3_MAG(b)                                                                 \
     (((b) & 0x7F) == 0x7F ? NAN                                                     \
      : (((b) >> 3) & 15) == 0                                                       \
          ? (float)((b) & 7) * 0x1p-9f                                               \
          : (float)(8 + ((b) & 7)) * (float)(1u << (((b) >> 3) & 15)) * 0x1p-10f)
+/** Signed E4M3FN value of byte b. */
 #define E4M3_VALUE(b) (((b) & 0x80) ? -(E4M3_MAG(b)) : (E4M3_MAG(b)))
 
-/* E5M2 magnitude of byte b. */
+/** E5M2 magnitude of byte b (sign ignored). */
 #define E5M2_MAG(b)                                                                 \
     ((((b) >> 2) & 31) == 31 ? (((b) & 3) == 0 ? INFINITY : NAN)                    \
      : (((b) >> 2) & 31) == 0                                                       \
          ? (float)((b) & 3) * 0x1p-16f                                              \
          : (float)(4 + ((b) & 3)) * (float)(1u << (((b) >> 2) & 31)) * 0x1p-17f)
+/** Signed E5M2 value of byte b. */
 #define E5M2_VALUE(b) (((b) & 0x80) ? -(E5M2_MAG(b)) : (E5M2_MAG(b)))
 
+/** E4M3FN decode table, computed by the compiler. */
 static const float e4m3_table[256] = {FMT_T256(E4M3_VALUE)};
+/** E5M2 decode table, computed by the compiler. */
 static const float e5m2_table[256] = {FMT_T256(E5M2_VALUE)};
 
 const float *mmoe_fp8_e4m3_table(void)
@@ -92,62 +96,61 @@ float mmoe_fp8_e5m2_to_f32(uint8_t b)
 /* ------------------------------------------------------------------------------------------ */
 
 enum {
-    E4M3_MBITS = 3, E4M3_BIAS = 7, E4M3_MAX_CODE = 0x7E, E4M3_NAN = 0x7F,
-    E5M2_MBITS = 2, E5M2_BIAS = 15, E5M2_MAX_CODE = 0x7B, E5M2_INF = 0x7C, E5M2_NAN = 0x7F
+    E4M3_MBITS = 3, E4M3_BIAS = 7, E4M3_MAX_CODE = 0x7E,
+    E5M2_MBITS = 2, E5M2_BIAS = 15, E5M2_MAX_CODE = 0x7B, E5M2_INF = 0x7C,
+    FP8_NAN = 0x7F /* a NaN code of both formats */
 };
 
-uint8_t mmoe_fp8_e4m3_from_f32(float x)
+/**
+ * SATFINITE: round to nearest even, clamp the magnitude code to @p max_code (Inf included),
+ * any NaN -> 0x7F without its sign.
+ */
+static uint8_t encode_satfinite(float x, int mbits, int bias, uint32_t max_code)
 {
     uint32_t u = fmt_f32_bits(x);
     uint32_t sign = (u >> 24) & 0x80u;
     uint32_t ua = u & 0x7FFFFFFFu;
     if (ua > 0x7F800000u)
-        return E4M3_NAN; /* NaN: 0x7F whatever its sign */
-    uint32_t code = ua == 0x7F800000u ? E4M3_MAX_CODE /* Inf saturates */
-                                      : fmt_round_magnitude(ua, E4M3_MBITS, E4M3_BIAS);
-    if (code > E4M3_MAX_CODE)
-        code = E4M3_MAX_CODE;
+        return FP8_NAN;
+    uint32_t code = ua == 0x7F800000u ? max_code : fmt_round_magnitude(ua, mbits, bias);
+    if (code > max_code)
+        code = max_code;
     return (uint8_t)(sign | code);
+}
+
+/**
+ * Non-saturating: round to nearest even; a code past @p max_code, and Inf, become
+ * @p overflow_code (E4M3: NaN 0x7F; E5M2: Inf 0x7C) with the input's sign; NaN keeps its sign.
+ */
+static uint8_t encode_nosat(float x, int mbits, int bias, uint32_t max_code, uint32_t overflow_code)
+{
+    uint32_t u = fmt_f32_bits(x);
+    uint32_t sign = (u >> 24) & 0x80u;
+    uint32_t ua = u & 0x7FFFFFFFu;
+    if (ua > 0x7F800000u)
+        return (uint8_t)(sign | FP8_NAN);
+    uint32_t code = ua == 0x7F800000u ? overflow_code : fmt_round_magnitude(ua, mbits, bias);
+    if (code > max_code)
+        code = overflow_code;
+    return (uint8_t)(sign | code);
+}
+
+uint8_t mmoe_fp8_e4m3_from_f32(float x)
+{
+    return encode_satfinite(x, E4M3_MBITS, E4M3_BIAS, E4M3_MAX_CODE);
 }
 
 uint8_t mmoe_fp8_e4m3_from_f32_nosat(float x)
 {
-    uint32_t u = fmt_f32_bits(x);
-    uint32_t sign = (u >> 24) & 0x80u;
-    uint32_t ua = u & 0x7FFFFFFFu;
-    if (ua >= 0x7F800000u)
-        return (uint8_t)(sign | E4M3_NAN); /* Inf and NaN: NaN with the sign */
-    uint32_t code = fmt_round_magnitude(ua, E4M3_MBITS, E4M3_BIAS);
-    if (code > E4M3_MAX_CODE)
-        code = E4M3_NAN;
-    return (uint8_t)(sign | code);
+    return encode_nosat(x, E4M3_MBITS, E4M3_BIAS, E4M3_MAX_CODE, FP8_NAN);
 }
 
 uint8_t mmoe_fp8_e5m2_from_f32(float x)
 {
-    uint32_t u = fmt_f32_bits(x);
-    uint32_t sign = (u >> 24) & 0x80u;
-    uint32_t ua = u & 0x7FFFFFFFu;
-    if (ua > 0x7F800000u)
-        return E5M2_NAN;
-    uint32_t code = ua == 0x7F800000u ? E5M2_MAX_CODE
-                                      : fmt_round_magnitude(ua, E5M2_MBITS, E5M2_BIAS);
-    if (code > E5M2_MAX_CODE)
-        code = E5M2_MAX_CODE;
-    return (uint8_t)(sign | code);
+    return encode_satfinite(x, E5M2_MBITS, E5M2_BIAS, E5M2_MAX_CODE);
 }
 
 uint8_t mmoe_fp8_e5m2_from_f32_nosat(float x)
 {
-    uint32_t u = fmt_f32_bits(x);
-    uint32_t sign = (u >> 24) & 0x80u;
-    uint32_t ua = u & 0x7FFFFFFFu;
-    if (ua > 0x7F800000u)
-        return (uint8_t)(sign | E5M2_NAN);
-    if (ua == 0x7F800000u)
-        return (uint8_t)(sign | E5M2_INF);
-    uint32_t code = fmt_round_magnitude(ua, E5M2_MBITS, E5M2_BIAS);
-    if (code > E5M2_MAX_CODE)
-        code = E5M2_INF; /* rounds past 57344: overflow to Inf, IEEE style */
-    return (uint8_t)(sign | code);
+    return encode_nosat(x, E5M2_MBITS, E5M2_BIAS, E5M2_MAX_CODE, E5M2_INF); /* IEEE-style overflow */
 }

@@ -65,7 +65,7 @@ size_t mmoe_sf_mn_major_words(size_t g, size_t mn, size_t ksf)
     return g * ((ksf + 3) / 4) * mmoe_align_up(mn, 4);
 }
 
-/* int32 <-> uint32 by bits (the words are bit patterns, not numbers). */
+/** int32 <-> uint32 by bits (the words are bit patterns, not numbers). */
 static int32_t word_from_u32(uint32_t w)
 {
     int32_t s;
@@ -73,6 +73,7 @@ static int32_t word_from_u32(uint32_t w)
     return s;
 }
 
+/** The bits of an int32 word as uint32. */
 static uint32_t word_to_u32(int32_t s)
 {
     uint32_t w;
@@ -80,32 +81,34 @@ static uint32_t word_to_u32(int32_t s)
     return w;
 }
 
-void mmoe_sf_pack_mn_major(const uint8_t *sf, size_t g, size_t mn, size_t ksf, int32_t *out)
+/**
+ * The packing loop of both entry points: scale (gi, r, kk) is bytes[...] or, when
+ * @p bytes is NULL, the truncated exponent of floats[...].
+ */
+static void pack_mn_major(const uint8_t *bytes, const float *floats, size_t g, size_t mn, size_t ksf, int32_t *out)
 {
     size_t P = (ksf + 3) / 4, A = mmoe_align_up(mn, 4);
     for (size_t gi = 0; gi < g; gi++)
         for (size_t p = 0; p < P; p++)
             for (size_t r = 0; r < A; r++) {
                 uint32_t w = 0;
-                if (r < mn)
-                    for (size_t b = 0; b < 4 && 4 * p + b < ksf; b++)
-                        w |= (uint32_t)sf[(gi * mn + r) * ksf + 4 * p + b] << (8 * b);
+                for (size_t b = 0; r < mn && b < 4 && 4 * p + b < ksf; b++) {
+                    size_t idx = (gi * mn + r) * ksf + 4 * p + b;
+                    uint8_t e = bytes ? bytes[idx] : mmoe_ue8m0_from_f32_trunc(floats[idx]);
+                    w |= (uint32_t)e << (8 * b);
+                }
                 out[gi * P * A + p * A + r] = word_from_u32(w);
             }
 }
 
+void mmoe_sf_pack_mn_major(const uint8_t *sf, size_t g, size_t mn, size_t ksf, int32_t *out)
+{
+    pack_mn_major(sf, NULL, g, mn, ksf, out);
+}
+
 void mmoe_sf_pack_mn_major_f32(const float *sf, size_t g, size_t mn, size_t ksf, int32_t *out)
 {
-    size_t P = (ksf + 3) / 4, A = mmoe_align_up(mn, 4);
-    for (size_t gi = 0; gi < g; gi++)
-        for (size_t p = 0; p < P; p++)
-            for (size_t r = 0; r < A; r++) {
-                uint32_t w = 0;
-                if (r < mn)
-                    for (size_t b = 0; b < 4 && 4 * p + b < ksf; b++)
-                        w |= (uint32_t)mmoe_ue8m0_from_f32_trunc(sf[(gi * mn + r) * ksf + 4 * p + b]) << (8 * b);
-                out[gi * P * A + p * A + r] = word_from_u32(w);
-            }
+    pack_mn_major(NULL, sf, g, mn, ksf, out);
 }
 
 void mmoe_sf_unpack_mn_major(const int32_t *in, size_t g, size_t mn, size_t ksf, uint8_t *sf)
@@ -135,6 +138,7 @@ size_t mmoe_utccp_row_inv(size_t r)
     return (r - j) + 32 * (j % 4) + j / 4;
 }
 
+/** Apply the UTCCP permutation (or its inverse) to every (group, word column). */
 static mmoe_status utccp_apply(const char *fn, const int32_t *in, size_t g, size_t mn, size_t ksf,
                                int32_t *out, int inverse, mmoe_error *err)
 {
@@ -194,6 +198,7 @@ size_t mmoe_sf_pool_rows(size_t num_tokens, size_t block_m)
     return (num_tokens + block_m - 1) / block_m * mmoe_align_up(block_m, 128);
 }
 
+/** Validate BLOCK_M and the pool size for @p t tokens. */
 static mmoe_status check_pool(const char *fn, size_t t, size_t block_m, size_t num_sf_rows, mmoe_error *err)
 {
     if (block_m == 0)
@@ -256,6 +261,7 @@ size_t mmoe_l1_deinterleave_row(size_t p, size_t inter)
     return w < 8 ? j : inter + j;
 }
 
+/** Move whole rows by the interleave permutation (or its inverse). */
 static mmoe_status interleave_apply(const char *fn, const void *in, size_t inter, size_t row_bytes,
                                     void *out, int inverse, mmoe_error *err)
 {

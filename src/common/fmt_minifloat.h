@@ -89,10 +89,13 @@ static inline uint32_t fmt_round_magnitude(uint32_t ua, int mbits, int bias)
     return fmt_rne_shift(sig, (unsigned)(23 - mbits + (emin - e)));
 }
 
-/** Expand F(b) for b = base .. base+3 (and so on up to all 256 bytes). */
+/** Expand F(b) for b = base .. base+3. */
 #define FMT_T4(F, b) F(b), F((b) + 1), F((b) + 2), F((b) + 3)
+/** Expand F(b) for 16 consecutive bytes. */
 #define FMT_T16(F, b) FMT_T4(F, b), FMT_T4(F, (b) + 4), FMT_T4(F, (b) + 8), FMT_T4(F, (b) + 12)
+/** Expand F(b) for 64 consecutive bytes. */
 #define FMT_T64(F, b) FMT_T16(F, b), FMT_T16(F, (b) + 16), FMT_T16(F, (b) + 32), FMT_T16(F, (b) + 48)
+/** Expand F(b) for all 256 bytes: the initializer of a decode table. */
 #define FMT_T256(F) FMT_T64(F, 0), FMT_T64(F, 64), FMT_T64(F, 128), FMT_T64(F, 192)
 
 #endif /* MMOE_FMT_MINIFLOAT_H */

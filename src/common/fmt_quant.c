@@ -47,7 +47,7 @@
 /* Helpers                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
-/* max |x_i| over n values; NaN if any is NaN. */
+/** max |x_i| over n values; NaN if any is NaN. */
 static float block_amax(const float *x, size_t n)
 {
     float amax = 0.0f;
@@ -61,6 +61,7 @@ static float block_amax(const float *x, size_t n)
     return amax;
 }
 
+/** Validate pointers, block and row length of a row quantizer. */
 static mmoe_status check_row(const char *fn, const void *x, const void *q, const void *sf, size_t k,
                              size_t block, mmoe_error *err)
 {

@@ -128,7 +128,7 @@ uint8_t mmoe_ue8m0_mx_shared_exp(float amax, int emax_elem)
     return (uint8_t)e;
 }
 
-/* max(amax, floor) as torch.clamp(min=) does it: NaN stays NaN. */
+/** max(amax, floor) as torch.clamp(min=) does it: NaN stays NaN. */
 static float clamp_amax(float amax, float floor_value)
 {
     return amax < floor_value ? floor_value : amax;

@@ -21,6 +21,7 @@
 /** How many temporary names to try before giving up. */
 #define ATOMIC_MAX_ATTEMPTS 64
 
+/** Free the paths and mark @p af closed (the descriptor must be closed already). */
 static void atomic_release(mmoe_atomic_file *af)
 {
     free(af->path);

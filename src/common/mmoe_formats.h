@@ -315,8 +315,12 @@ mmoe_status mmoe_quant_row_fp8_1x128_ue8m0(const float *x, size_t k, uint8_t *q,
 /**
  * 1x128 FP32-scale FP8 row quantizer (SM90): sf = mmoe_sf_f32_sm90(amax),
  * q = e4m3(x * fl(1/sf)).
- * @param sf  k/128 fp32 scales (output)
- * @return MMOE_OK or MMOE_EINVAL (k not a positive multiple of 128)
+ * @param x    k input values
+ * @param k    row length, a positive multiple of 128
+ * @param q    k E4M3 codes (output)
+ * @param sf   k/128 fp32 scales (output)
+ * @param err  may be NULL
+ * @return MMOE_OK or MMOE_EINVAL (k not a positive multiple of 128); nothing written on error
  */
 mmoe_status mmoe_quant_row_fp8_1x128_f32(const float *x, size_t k, uint8_t *q, float *sf,
                                          mmoe_error *err);
@@ -324,16 +328,24 @@ mmoe_status mmoe_quant_row_fp8_1x128_f32(const float *x, size_t k, uint8_t *q, f
 /**
  * MXFP4 row quantizer, 1x32 UE8M0 (DeepGEMM `per_token_cast_to_fp4`):
  * sf = mmoe_sf_ue8m0_deepgemm(amax, 6), code = fp4(x * (1/sf)) with @p rounding.
- * @param packed  k/2 bytes of packed codes (output)
- * @param sf      k/32 UE8M0 bytes (output)
- * @return MMOE_OK or MMOE_EINVAL (k not a positive multiple of 32)
+ * @param x         k input values
+ * @param k         row length, a positive multiple of 32
+ * @param rounding  MMOE_FP4_RNE (hardware) or MMOE_FP4_TIES_DOWN (DeepGEMM reference)
+ * @param packed    k/2 bytes of packed codes, element 2j in the low nibble (output)
+ * @param sf        k/32 UE8M0 bytes (output)
+ * @param err       may be NULL
+ * @return MMOE_OK or MMOE_EINVAL (k not a positive multiple of 32, unknown rounding)
  */
 mmoe_status mmoe_quant_row_fp4_1x32_ue8m0(const float *x, size_t k, mmoe_fp4_rounding rounding,
                                           uint8_t *packed, uint8_t *sf, mmoe_error *err);
 
 /**
  * Dequantize an MXFP4 row: out[i] = e2m1(code i) * 2^(sf[i/32]-127) (exact products).
- * @param packed  k/2 bytes; @param sf k/32 UE8M0 bytes; @param out k floats
+ * @param packed  k/2 bytes of packed codes
+ * @param sf      k/32 UE8M0 bytes
+ * @param k       row length, a positive multiple of 32
+ * @param out     k floats (output)
+ * @param err     may be NULL
  * @return MMOE_OK or MMOE_EINVAL (k not a positive multiple of 32)
  */
 mmoe_status mmoe_dequant_row_mxfp4(const uint8_t *packed, const uint8_t *sf, size_t k, float *out,
@@ -342,9 +354,14 @@ mmoe_status mmoe_dequant_row_mxfp4(const uint8_t *packed, const uint8_t *sf, siz
 /**
  * Dequantize an E4M3 row with one scale per @p block elements: out[i] = e4m3(q[i]) *
  * scale[i/block], an fp32 product.  The last block may be partial (ceil(k/block) scales).
+ * @param q         k E4M3 codes
  * @param sf        the scales: fp32 (MMOE_DT_F32) or UE8M0 bytes (MMOE_DT_F8_E8M0)
  * @param sf_dtype  MMOE_DT_F32 or MMOE_DT_F8_E8M0
- * @return MMOE_OK, MMOE_EINVAL (block 0) or MMOE_EDTYPE (other sf_dtype)
+ * @param k         row length
+ * @param block     elements per scale (> 0)
+ * @param out       k floats (output)
+ * @param err       may be NULL
+ * @return MMOE_OK, MMOE_EINVAL (block 0, NULL pointer) or MMOE_EDTYPE (other sf_dtype)
  */
 mmoe_status mmoe_dequant_row_fp8(const uint8_t *q, const void *sf, mmoe_dtype sf_dtype, size_t k,
                                  size_t block, float *out, mmoe_error *err);

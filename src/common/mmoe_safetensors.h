@@ -84,7 +84,8 @@ typedef struct mmoe_st_entry {
  * @param path  the file
  * @param out   receives the file on success (NULL on failure)
  * @param err   message on failure, naming @p path and the offending tensor
- * @return MMOE_OK; MMOE_EIO (cannot open/stat/map); MMOE_EFORMAT (any
+ * @return MMOE_OK; MMOE_ENOTFOUND (no such file); MMOE_EIO (cannot
+ *         open/stat/map, or not a regular file); MMOE_EFORMAT (any
  *         malformed header, entry or offset); MMOE_EUNSUPPORTED (more than
  *         ::MMOE_MAX_DIMS dimensions); MMOE_ENOMEM
  */
@@ -97,6 +98,9 @@ mmoe_status mmoe_st_open(const char *path, mmoe_st_file **out, mmoe_error *err);
  * @param data   the image
  * @param size   its length in bytes
  * @param label  the name used in error messages (e.g. a path); copied
+ * @param out    receives the file on success (NULL on failure)
+ * @param err    message on failure
+ * @return as mmoe_st_open(), without MMOE_ENOTFOUND and MMOE_EIO
  */
 mmoe_status mmoe_st_open_memory(const void *data, size_t size, const char *label,
                                 mmoe_st_file **out, mmoe_error *err);
@@ -188,14 +192,17 @@ const mmoe_tensor *mmoe_ckpt_find(const mmoe_ckpt *ck, const char *name);
 const mmoe_ckpt_entry *mmoe_ckpt_find_entry(const mmoe_ckpt *ck, const char *name);
 
 /**
- * Look up a tensor and check its dtype and shape.
+ * Look up a tensor and check its dtype and shape, and that its data is
+ * aligned to its element size (so that it may be read as a typed array).
+ * @param ck     the checkpoint
  * @param name   tensor name
  * @param dtype  expected dtype
  * @param ndim   expected number of dimensions; a negative value skips the shape check
  * @param shape  expected extents (ndim values; may be NULL if ndim <= 0)
  * @param view   receives a copy of the view on success (may be NULL)
  * @param err    on failure: the tensor, expected vs found, and the shard file
- * @return MMOE_OK, MMOE_ENOTFOUND, MMOE_EDTYPE or MMOE_ESHAPE
+ * @return MMOE_OK, MMOE_ENOTFOUND, MMOE_EDTYPE, MMOE_ESHAPE, or MMOE_EUNSUPPORTED
+ *         (the data is not aligned: a file from a writer that does not align)
  */
 mmoe_status mmoe_ckpt_require(const mmoe_ckpt *ck, const char *name, mmoe_dtype dtype, int ndim,
                               const int64_t *shape, mmoe_tensor *view, mmoe_error *err);
@@ -216,12 +223,14 @@ void mmoe_st_writer_destroy(mmoe_st_writer *w);
 /**
  * Add a tensor.  The name is copied; the bytes are **borrowed**: @p data must
  * stay valid and unchanged until mmoe_st_writer_finish() returns.
+ * @param w       the writer
  * @param name    non-empty UTF-8, not "__metadata__", not yet added
  * @param dtype   element type
  * @param ndim    0..::MMOE_MAX_DIMS
  * @param shape   ndim extents >= 0 (may be NULL if ndim == 0)
  * @param data    the row-major bytes (may be NULL only if nbytes == 0)
  * @param nbytes  must equal numel * dtype size
+ * @param err     message on failure
  * @return MMOE_OK; MMOE_EINVAL (bad name, duplicate, bad shape, nbytes
  *         mismatch; the message names the tensor); MMOE_ENOMEM
  */
@@ -258,6 +267,28 @@ uint64_t mmoe_st_writer_data_bytes(const mmoe_st_writer *w);
 mmoe_status mmoe_st_writer_finish(mmoe_st_writer *w, const char *path, mmoe_error *err);
 
 /**
+ * Write all tensors as a sharded checkpoint into the existing directory
+ * @p dir: shards `model-00001-of-0000N.safetensors` (tensors split in name
+ * order, a new shard whenever the next tensor would push the current one past
+ * @p max_shard_bytes; a tensor larger than that gets a shard of its own), each
+ * with the writer's metadata, then ::MMOE_ST_INDEX_NAME, written last.  Always
+ * writes an index, even for one shard, so that mmoe_ckpt_open(@p dir) reads
+ * exactly these files.  Each file is written atomically; on failure the
+ * shards this call wrote are removed and no index is written (files of an
+ * older checkpoint in @p dir with the same names may already have been
+ * replaced: the set as a whole is not atomic).
+ * @param w                the writer (unchanged; may be finished again)
+ * @param dir              an existing directory
+ * @param max_shard_bytes  tensor bytes per shard (the data section, not the header)
+ * @param n_shards_out     receives the number of shards written (may be NULL)
+ * @param err              message on failure
+ * @return MMOE_OK, MMOE_EIO, MMOE_ENOMEM
+ */
+mmoe_status mmoe_st_writer_finish_sharded(mmoe_st_writer *w, const char *dir,
+                                          uint64_t max_shard_bytes, size_t *n_shards_out,
+                                          mmoe_error *err);
+
+/**
  * Write a `model.safetensors.index.json` atomically:
  * `{"metadata": {"total_size": total_size}, "weight_map": {name: shard, ...}}`.
  * @param path         the index file to write
@@ -265,6 +296,7 @@ mmoe_status mmoe_st_writer_finish(mmoe_st_writer *w, const char *path, mmoe_erro
  * @param names        tensor names
  * @param shard_files  for each tensor, its shard's file name (relative to the index's directory)
  * @param total_size   sum of all tensor bytes (written as metadata.total_size)
+ * @param err          message on failure
  * @return MMOE_OK, MMOE_EINVAL (duplicate or empty name), MMOE_EIO, MMOE_ENOMEM
  */
 mmoe_status mmoe_st_write_index(const char *path, size_t n, const char *const *names,

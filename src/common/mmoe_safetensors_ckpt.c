@@ -34,25 +34,29 @@
 #include <string.h>
 #include <sys/stat.h>
 
+/** A checkpoint: its shards and the merged entry table. */
 struct mmoe_ckpt {
     char *path;              /**< as given */
     mmoe_st_file **shards;   /**< sorted by shard name */
     char **shard_names;      /**< file names as in the index (or the path) */
-    size_t n_shards;
+    size_t n_shards;         /**< number of shards */
     mmoe_ckpt_entry *entries; /**< sorted by name */
-    size_t n_entries;
+    size_t n_entries;        /**< number of tensors over all shards */
 };
 
+/** qsort/bsearch order of string pointers. */
 static int cmp_str_ptr(const void *a, const void *b)
 {
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/** qsort/bsearch order of entries: strcmp of the names. */
 static int cmp_ckpt_entry(const void *a, const void *b)
 {
     return strcmp(((const mmoe_ckpt_entry *)a)->name, ((const mmoe_ckpt_entry *)b)->name);
 }
 
+/** "dir/file", malloc'd (NULL if out of memory). */
 static char *join_path(const char *dir, const char *file)
 {
     size_t len = strlen(dir) + strlen(file) + 2;
@@ -62,6 +66,7 @@ static char *join_path(const char *dir, const char *file)
     return out;
 }
 
+/** 1 if @p path exists and is a regular file (after symlinks). */
 static int is_regular_file(const char *path)
 {
     struct stat sb;

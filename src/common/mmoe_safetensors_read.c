@@ -48,6 +48,7 @@
 /** Reserved header key of the free-form string map. */
 #define ST_METADATA_KEY "__metadata__"
 
+/** An open file: the bytes, the parsed header and the sorted tables. */
 struct mmoe_st_file {
     char *path;               /**< path or label, owned */
     const uint8_t *bytes;     /**< the whole file */
@@ -55,16 +56,17 @@ struct mmoe_st_file {
     int mapped;               /**< 1 if @c bytes is our mmap (munmap on close) */
     json_t *header;           /**< parsed header; names and metadata point into it */
     mmoe_st_entry *entries;   /**< sorted by name */
-    size_t n_entries;
+    size_t n_entries;         /**< number of tensors */
     const char **meta_keys;   /**< sorted by key */
-    const char **meta_values;
-    size_t n_meta;
+    const char **meta_values; /**< values, same order as the keys */
+    size_t n_meta;            /**< number of metadata entries */
 };
 
 /* ------------------------------------------------------------------------- */
 /* Small helpers                                                              */
 /* ------------------------------------------------------------------------- */
 
+/** The 8-byte little-endian integer at @p p. */
 static uint64_t read_le64(const uint8_t *p)
 {
     uint64_t v = 0;
@@ -73,11 +75,13 @@ static uint64_t read_le64(const uint8_t *p)
     return v;
 }
 
+/** qsort/bsearch order of entries: strcmp of the names. */
 static int cmp_entry_name(const void *a, const void *b)
 {
     return strcmp(((const mmoe_st_entry *)a)->name, ((const mmoe_st_entry *)b)->name);
 }
 
+/** qsort/bsearch order of string pointers. */
 static int cmp_str_ptr(const void *a, const void *b)
 {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
@@ -96,7 +100,8 @@ static int64_t json_nonneg_int(const json_t *v, int *ok)
 
 /** Where a tensor's bytes lie, relative to the data section. */
 typedef struct entry_span {
-    uint64_t begin, end;
+    uint64_t begin;  /**< first byte, relative to the data section */
+    uint64_t end;    /**< one past the last byte */
     size_t index; /**< into f->entries */
 } entry_span;
 
@@ -210,6 +215,7 @@ static mmoe_status parse_entry(const mmoe_st_file *f, const char *name, const js
 /* Step 4: tiling of the data section                                         */
 /* ------------------------------------------------------------------------- */
 
+/** Order of spans: by begin, then end. */
 static int cmp_span(const void *a, const void *b)
 {
     const entry_span *x = a, *y = b;
@@ -220,6 +226,7 @@ static int cmp_span(const void *a, const void *b)
     return 0;
 }
 
+/** Sort @p spans and require them to cover [0, data_size) exactly once. */
 static mmoe_status check_tiling(const mmoe_st_file *f, entry_span *spans, size_t n,
                                 uint64_t data_size, mmoe_error *err)
 {
@@ -256,6 +263,7 @@ static mmoe_status check_tiling(const mmoe_st_file *f, entry_span *spans, size_t
 /* Steps 1-2 and the whole parse                                              */
 /* ------------------------------------------------------------------------- */
 
+/** Check "__metadata__" (an object of strings) and index it by key. */
 static mmoe_status parse_metadata(mmoe_st_file *f, const json_t *meta, mmoe_error *err)
 {
     if (!json_is_object(meta))
@@ -370,6 +378,7 @@ static mmoe_status st_parse(mmoe_st_file *f, mmoe_error *err)
 /* Public functions                                                           */
 /* ------------------------------------------------------------------------- */
 
+/** A new, empty file object labelled @p label. */
 static mmoe_st_file *st_new(const char *label, mmoe_error *err)
 {
     mmoe_st_file *f = calloc(1, sizeof *f);

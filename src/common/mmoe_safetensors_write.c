@@ -38,18 +38,20 @@
 
 /** One tensor to write. */
 typedef struct writer_item {
-    char *name;
-    mmoe_dtype dtype;
-    int ndim;
-    int64_t shape[MMOE_MAX_DIMS];
-    const void *data; /**< borrowed */
-    size_t nbytes;
+    char *name;                   /**< owned copy */
+    mmoe_dtype dtype;             /**< element type */
+    int ndim;                     /**< number of dimensions */
+    int64_t shape[MMOE_MAX_DIMS]; /**< extents */
+    const void *data;             /**< borrowed */
+    size_t nbytes;                /**< = numel * dtype size */
 } writer_item;
 
+/** The tensors and metadata of a file to be written. */
 struct mmoe_st_writer {
-    writer_item *items;
-    size_t n_items, cap_items;
-    uint64_t data_bytes;
+    writer_item *items;   /**< in the order added */
+    size_t n_items;       /**< tensors added */
+    size_t cap_items;     /**< capacity of @c items */
+    uint64_t data_bytes;  /**< sum of nbytes */
     json_t *names;    /**< set of the names added (values are null) */
     json_t *metadata; /**< "__metadata__" object */
 };
@@ -193,6 +195,7 @@ mmoe_status mmoe_st_writer_set_metadata(mmoe_st_writer *w, const char *key, cons
 /* finish                                                                     */
 /* ------------------------------------------------------------------------- */
 
+/** Layout order: larger elements first, then by name. */
 static int cmp_item_layout(const void *a, const void *b)
 {
     const writer_item *x = *(const writer_item *const *)a, *y = *(const writer_item *const *)b;
@@ -203,7 +206,8 @@ static int cmp_item_layout(const void *a, const void *b)
 }
 
 /** Build the header text in data order; returns a malloc'd, space-padded string. */
-static char *build_header(const mmoe_st_writer *w, writer_item *const *order, size_t *len_out)
+static char *build_header(const mmoe_st_writer *w, writer_item *const *order, size_t n,
+                          size_t *len_out)
 {
     json_t *root = json_object();
     if (!root)
@@ -212,7 +216,7 @@ static char *build_header(const mmoe_st_writer *w, writer_item *const *order, si
     if (json_object_size(w->metadata) > 0)
         bad |= json_object_set(root, "__metadata__", w->metadata);
     uint64_t offset = 0;
-    for (size_t i = 0; i < w->n_items && !bad; i++) {
+    for (size_t i = 0; i < n && !bad; i++) {
         const writer_item *it = order[i];
         json_t *shape = json_array();
         json_t *offs = json_array();
@@ -255,21 +259,19 @@ static char *build_header(const mmoe_st_writer *w, writer_item *const *order, si
     return out;
 }
 
-mmoe_status mmoe_st_writer_finish(mmoe_st_writer *w, const char *path, mmoe_error *err)
+/**
+ * Write the @p n items at @p order (re-sorted here into layout order) as one
+ * file at @p path, atomically.
+ */
+static mmoe_status write_items(const mmoe_st_writer *w, writer_item **order, size_t n,
+                               const char *path, mmoe_error *err)
 {
-    writer_item **order = malloc((w->n_items ? w->n_items : 1) * sizeof *order);
-    if (!order)
-        return mmoe_error_set(err, MMOE_ENOMEM, "safetensors writer: %s: out of memory", path);
-    for (size_t i = 0; i < w->n_items; i++)
-        order[i] = &w->items[i];
-    qsort(order, w->n_items, sizeof *order, cmp_item_layout);
+    qsort(order, n, sizeof *order, cmp_item_layout);
     size_t header_len = 0;
-    char *header = build_header(w, order, &header_len);
-    if (!header) {
-        free(order);
+    char *header = build_header(w, order, n, &header_len);
+    if (!header)
         return mmoe_error_set(err, MMOE_ENOMEM, "safetensors writer: %s: cannot build the header",
                               path);
-    }
     uint8_t len_field[8];
     for (int i = 0; i < 8; i++)
         len_field[i] = (uint8_t)((uint64_t)header_len >> (8 * i));
@@ -280,16 +282,114 @@ mmoe_status mmoe_st_writer_finish(mmoe_st_writer *w, const char *path, mmoe_erro
         st = mmoe_atomic_write(&af, len_field, sizeof len_field, err);
     if (st == MMOE_OK)
         st = mmoe_atomic_write(&af, header, header_len, err);
-    for (size_t i = 0; st == MMOE_OK && i < w->n_items; i++)
+    for (size_t i = 0; st == MMOE_OK && i < n; i++)
         if (order[i]->nbytes > 0)
             st = mmoe_atomic_write(&af, order[i]->data, order[i]->nbytes, err);
     if (st == MMOE_OK)
         st = mmoe_atomic_commit(&af, err);
     /* on failure the atomic helpers have already removed the temporary file */
     free(header);
-    free(order);
     if (st != MMOE_OK)
         mmoe_error_prefix(err, "safetensors writer: ");
+    return st;
+}
+
+/** All items as an array of pointers (malloc'd; NULL if out of memory). */
+static writer_item **item_pointers(mmoe_st_writer *w)
+{
+    writer_item **order = malloc((w->n_items ? w->n_items : 1) * sizeof *order);
+    for (size_t i = 0; order && i < w->n_items; i++)
+        order[i] = &w->items[i];
+    return order;
+}
+
+mmoe_status mmoe_st_writer_finish(mmoe_st_writer *w, const char *path, mmoe_error *err)
+{
+    writer_item **order = item_pointers(w);
+    if (!order)
+        return mmoe_error_set(err, MMOE_ENOMEM, "safetensors writer: %s: out of memory", path);
+    mmoe_status st = write_items(w, order, w->n_items, path, err);
+    free(order);
+    return st;
+}
+
+/* ------------------------------------------------------------------------- */
+/* sharded checkpoints                                                        */
+/* ------------------------------------------------------------------------- */
+
+/** Order of items by name (strcmp). */
+static int cmp_item_name(const void *a, const void *b)
+{
+    return strcmp((*(const writer_item *const *)a)->name, (*(const writer_item *const *)b)->name);
+}
+
+/** Length of the shard file names "model-00001-of-00003.safetensors" plus slack. */
+#define SHARD_NAME_LEN 64
+
+mmoe_status mmoe_st_writer_finish_sharded(mmoe_st_writer *w, const char *dir,
+                                          uint64_t max_shard_bytes, size_t *n_shards_out,
+                                          mmoe_error *err)
+{
+    size_t n = w->n_items;
+    writer_item **order = item_pointers(w);
+    size_t *shard_of = calloc(n ? n : 1, sizeof *shard_of);
+    const char **names = calloc(n ? n : 1, sizeof *names);
+    const char **files = calloc(n ? n : 1, sizeof *files);
+    char(*shard_names)[SHARD_NAME_LEN] = calloc(n ? n : 1, sizeof *shard_names);
+    size_t path_len = strlen(dir) + SHARD_NAME_LEN + 2;
+    char *path = malloc(path_len);
+    mmoe_status st = MMOE_OK;
+    if (!order || !shard_of || !names || !files || !shard_names || !path)
+        st = mmoe_error_set(err, MMOE_ENOMEM, "safetensors writer: %s: out of memory", dir);
+    /* 1. greedy partition in name order: a new shard when the next tensor would overflow */
+    size_t n_shards = 0;
+    if (st == MMOE_OK) {
+        qsort(order, n, sizeof *order, cmp_item_name);
+        uint64_t in_shard = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (i == 0 || (in_shard > 0 && in_shard + order[i]->nbytes > max_shard_bytes)) {
+                n_shards++;
+                in_shard = 0;
+            }
+            shard_of[i] = n_shards - 1;
+            in_shard += order[i]->nbytes;
+            names[i] = order[i]->name;
+        }
+        for (size_t s = 0; s < n_shards; s++)
+            snprintf(shard_names[s], SHARD_NAME_LEN, "model-%05zu-of-%05zu.safetensors", s + 1,
+                     n_shards);
+        for (size_t i = 0; i < n; i++)
+            files[i] = shard_names[shard_of[i]];
+    }
+    /* 2. the shards (each slice of `order` is re-sorted into layout order by write_items) */
+    size_t n_ok = 0; /* shards written so far (they are written in order) */
+    for (size_t begin = 0; st == MMOE_OK && begin < n;) {
+        size_t end = begin;
+        while (end < n && shard_of[end] == shard_of[begin])
+            end++;
+        snprintf(path, path_len, "%s/%s", dir, shard_names[shard_of[begin]]);
+        st = write_items(w, order + begin, end - begin, path, err);
+        n_ok += st == MMOE_OK;
+        begin = end;
+    }
+    /* 3. the index last: until it is in place, the directory is not a new checkpoint */
+    if (st == MMOE_OK) {
+        snprintf(path, path_len, "%s/%s", dir, MMOE_ST_INDEX_NAME);
+        st = mmoe_st_write_index(path, n, names, files, w->data_bytes, err);
+    }
+    /* on failure remove the shards this call wrote: no half-written checkpoint remains */
+    for (size_t s = 0; st != MMOE_OK && path && s < n_ok; s++) {
+        snprintf(path, path_len, "%s/%s", dir, shard_names[s]);
+        remove(path);
+    }
+    if (n_shards_out)
+        *n_shards_out = st == MMOE_OK ? n_shards : 0;
+    free(order);
+    free(shard_of);
+    free(names);
+    free(files);
+    free(shard_names);
+    free(path);
     return st;
 }
 

@@ -3,14 +3,17 @@
  * @brief One pass over a tensor: decode each element to double and accumulate.
  *
  * Elements are read with memcpy, so views into a file need not be aligned.
- * BF16 is the upper half of an FP32 bit pattern; F16 is decoded field by
- * field (sign, 5-bit exponent with bias 15, 10-bit mantissa; exponent 0 is
- * subnormal: m * 2^-24; exponent 31 is Inf/NaN).
+ * BF16, FP8 and E8M0 go through mmoe_formats.h; F16 (which no other part
+ * of megamoe needs) is decoded here field by field (sign, 5-bit exponent with
+ * bias 15, 10-bit mantissa; exponent 0 is subnormal: m * 2^-24; exponent 31
+ * is Inf/NaN).
  */
 #include "mmoe_tensor_stats.h"
 
 #include <math.h>
 #include <string.h>
+
+#include "mmoe_formats.h"
 
 int mmoe_tensor_stats_supported(mmoe_dtype dt)
 {
@@ -24,6 +27,9 @@ int mmoe_tensor_stats_supported(mmoe_dtype dt)
     case MMOE_DT_I16:
     case MMOE_DT_I32:
     case MMOE_DT_I64:
+    case MMOE_DT_F8_E4M3:
+    case MMOE_DT_F8_E5M2:
+    case MMOE_DT_F8_E8M0:
         return 1;
     default:
         return 0;
@@ -54,10 +60,7 @@ static double element(const mmoe_tensor *t, int64_t i)
     case MMOE_DT_BF16: {
         uint16_t h;
         memcpy(&h, p, 2);
-        uint32_t bits = (uint32_t)h << 16;
-        float f;
-        memcpy(&f, &bits, 4);
-        return f;
+        return mmoe_bf16_to_f32(h);
     }
     case MMOE_DT_F16: {
         uint16_t h;
@@ -93,6 +96,12 @@ static double element(const mmoe_tensor *t, int64_t i)
         memcpy(&v, p, 8);
         return (double)v; /* exact up to 2^53 in magnitude */
     }
+    case MMOE_DT_F8_E4M3:
+        return mmoe_fp8_e4m3_to_f32(p[0]);
+    case MMOE_DT_F8_E5M2:
+        return mmoe_fp8_e5m2_to_f32(p[0]);
+    case MMOE_DT_F8_E8M0:
+        return mmoe_ue8m0_to_f32(p[0]);
     default:
         return NAN;
     }

@@ -10,9 +10,12 @@
  * plain double-precision sum divided by the count of finite elements (relative
  * error about count * 2^-53, far below what a printout shows).
  *
- * Supported dtypes: BF16, F16, F32, F64 and the integer types I8, U8, I16,
- * I32, I64.  FP8 (E4M3, E5M2) and E8M0 need the decoders of mmoe_formats.h and
- * are reported as unsupported until they are wired in.
+ * Supported dtypes: every dtype of ::mmoe_dtype.  BF16, F16, F32, F64 and
+ * the integer types I8, U8, I16, I32, I64 are decoded as themselves; FP8
+ * (F8_E4M3, F8_E5M2) and E8M0 scales (F8_E8M0: 2^(b-127), 255 = NaN) through
+ * the decoders of mmoe_formats.h.  Packed FP4 pairs are stored as I8/U8 and
+ * are summarised as those bytes, not as FP4 values (the file does not say
+ * which I8 tensors are packed FP4).
  */
 #ifndef MMOE_TENSOR_STATS_H
 #define MMOE_TENSOR_STATS_H
@@ -38,7 +41,7 @@ typedef struct mmoe_tensor_stats {
     double absmax;    /**< largest |finite value| (NaN if n_finite == 0) */
 } mmoe_tensor_stats;
 
-/** 1 if mmoe_tensor_stats_compute() can decode @p dt, else 0. */
+/** 1 if mmoe_tensor_stats_compute() can decode @p dt (every valid dtype), else 0. */
 int mmoe_tensor_stats_supported(mmoe_dtype dt);
 
 /**

@@ -20,6 +20,8 @@ extern "C" {
 /**
  * Check that @p len bytes at @p s are valid UTF-8 (NUL bytes count as valid
  * U+0000 code points; reject them separately if needed).
+ * @param s           the bytes (need not be NUL-terminated)
+ * @param len         their number
  * @param bad_offset  if not NULL and the text is invalid, receives the offset
  *                    of the first byte of the first ill-formed sequence
  * @return 1 if valid, 0 if not

@@ -145,7 +145,10 @@ void mmoe_moe_desc_init(mmoe_moe_desc *desc);
  * Fill @p desc with the sizes of a named shape: "v4-flash" (D 4096, I 2048, E 256),
  * "v4-pro" (D 7168, I 3072, E 384), "v4.1-flash" (D 5120, I 2304, E 384, shared_block 32) or
  * "tiny" (D 256, I 256, E 8, topk 2); topk 6 and one shared expert of width I unless stated.
+ * @param shape      the shape's name
  * @param n_experts  0 keeps the shape's E; else the number of routed experts (>= topk)
+ * @param desc       the description, written on success
+ * @param err        error report
  * @return MMOE_OK, or MMOE_EINVAL naming the unknown shape
  */
 mmoe_status mmoe_moe_desc_from_shape(const char *shape, int64_t n_experts, mmoe_moe_desc *desc,
@@ -212,7 +215,9 @@ typedef struct mmoe_moe_memory {
 
 /**
  * Create a layer for @p desc (copied).  No weights yet.
+ * @param desc the description (validated)
  * @param out  receives the layer; NULL on failure
+ * @param err  error report
  * @return MMOE_OK, MMOE_EINVAL (invalid description, field named) or MMOE_ENOMEM
  */
 mmoe_status mmoe_moe_layer_create(const mmoe_moe_desc *desc, mmoe_moe_layer **out, mmoe_error *err);
@@ -231,8 +236,12 @@ mmoe_status mmoe_moe_layer_set_weights(mmoe_moe_layer *layer, const mmoe_moe_wei
  * Attach the weights from a checkpoint through @p lookup, with the DeepSeek-V4 names
  * `ffn.gate.weight`, `ffn.gate.bias` | `ffn.gate.tid2eid`, `ffn.experts.E.w1|w2|w3.weight|.scale`,
  * `ffn.shared_experts.w1|w2|w3.weight|.scale`.
+ * @param layer        the layer (its description gives E, routing, shared experts)
+ * @param lookup       the name resolver
+ * @param ctx          passed to @p lookup
  * @param layer_index  L >= 0: names are tried as `layers.L.<name>` first, then bare;
  *                     -1: bare names only
+ * @param err          error report
  * @return as mmoe_moe_layer_set_weights(); MMOE_ENOTFOUND naming the missing tensor
  */
 mmoe_status mmoe_moe_layer_load(mmoe_moe_layer *layer, mmoe_moe_lookup_fn lookup, void *ctx,
@@ -335,7 +344,8 @@ typedef struct mmoe_moe_result {
     mmoe_moe_timings time;         /**< per-stage times */
 } mmoe_moe_result;
 
-/** Reset @p result for a call, keeping expert_recv_stats. */
+/** Zero @p result (expert_recv_stats = NULL, backend "cpu"); set expert_recv_stats afterwards.
+ *  mmoe_moe_layer_run() resets every other field itself and keeps expert_recv_stats. */
 void mmoe_moe_result_init(mmoe_moe_result *result);
 
 /** "none", "fused", "serial". */
@@ -346,7 +356,11 @@ const char *mmoe_moe_path_name(mmoe_moe_path path);
  * else from the router (hash layers need token_ids).  Masked slots (-1) are skipped; a token
  * with every slot masked and no shared expert gets y = 0.  The per-expert counters of the
  * layer (and result->expert_recv_stats) are incremented by the received pairs.
+ * @param layer   the layer (with weights)
+ * @param in      the inputs of the call
+ * @param out     the outputs (caller-allocated)
  * @param result  optional (NULL allowed); filled with status, path, reason, counters, times
+ * @param err     error report (may be NULL)
  * @return MMOE_OK; MMOE_EINVAL (bad input: expert id out of range, token id >= vocab, NaN
  *         routing weight, missing token_ids), MMOE_ENOMEM; the message is in @p err and in result
  */
@@ -355,7 +369,9 @@ mmoe_status mmoe_moe_layer_run(mmoe_moe_layer *layer, const mmoe_moe_input *in,
 
 /**
  * Which shared path a run would take with the current weights, and why (without running).
- * @param reason  optional buffer of MMOE_MOE_REASON_LEN bytes
+ * @param layer     the layer (with weights)
+ * @param fallback  optional: the reason code
+ * @param reason    optional buffer of MMOE_MOE_REASON_LEN bytes
  */
 mmoe_moe_path mmoe_moe_layer_shared_plan(const mmoe_moe_layer *layer, mmoe_moe_fallback *fallback,
                                          char *reason);

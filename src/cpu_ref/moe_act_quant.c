@@ -29,6 +29,7 @@
 /* The largest group is 128 channels: one stack buffer of codes per group. */
 enum { MOE_QGROUP_MAX = 128 };
 
+/** One row, UE8M0 scale per @p group channels with the format library's @p rule. */
 static void quant_row_ue8m0(const float *x, int64_t k, int64_t group, mmoe_sf_rule rule, float *out)
 {
     const float *e4m3 = mmoe_fp8_e4m3_table();
@@ -43,6 +44,7 @@ static void quant_row_ue8m0(const float *x, int64_t k, int64_t group, mmoe_sf_ru
     }
 }
 
+/** One row, continuous FP32 scale per 128 channels (SM90). */
 static void quant_row_f32_128(const float *x, int64_t k, float *out)
 {
     const float *e4m3 = mmoe_fp8_e4m3_table();

@@ -31,14 +31,18 @@ void mmoe_moe_desc_init(mmoe_moe_desc *desc)
     desc->shared_mode = MMOE_SHARED_AUTO;
 }
 
+/** One named shape. */
 typedef struct shape_row {
-    const char *name;
-    int64_t hidden, inter, n_experts;
-    int topk;
-    int shared_block;
-    float route_scale;
+    const char *name;  /**< --shape name */
+    int64_t hidden;    /**< D */
+    int64_t inter;     /**< I */
+    int64_t n_experts; /**< E of the model */
+    int topk;          /**< experts per token */
+    int shared_block;  /**< FP8 scale block of the shared expert */
+    float route_scale; /**< routed_scaling_factor */
 } shape_row;
 
+/** The shapes of dsv4-architecture.md section 2 (and "tiny" for tests). */
 static const shape_row shapes[] = {
     {"v4-flash", 4096, 2048, 256, 6, 128, 1.5f},
     {"v4-pro", 7168, 3072, 384, 6, 128, 2.5f},
@@ -120,8 +124,11 @@ mmoe_status mmoe_moe_desc_validate(const mmoe_moe_desc *d, mmoe_error *err)
     return MMOE_OK;
 }
 
+/** Names of the recipes, by enum value. */
 static const char *const recipe_names[MMOE_RECIPE_COUNT] = {"sm100", "sm90", "dsv4-ref"};
+/** Names of the shared modes, by enum value. */
 static const char *const shared_names[] = {"auto", "fused", "serial"};
+/** Names of the shared paths, by enum value. */
 static const char *const path_names[] = {"none", "fused", "serial"};
 
 const char *mmoe_moe_recipe_name(mmoe_moe_recipe recipe)

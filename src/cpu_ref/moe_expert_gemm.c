@@ -29,28 +29,20 @@
  *
  * ## Cost
  * Every weight tile is decoded once per call (only for experts that received tokens) and used
- * by all m tokens of the expert; the tiles (32 x D for L1, 256 x 128 for L2) stay in the L2
+ * by all m tokens of the expert; the tiles (128 x D for L1, 256 x 128 for L2) stay in the
  * cache while SGEMM reads them.
  */
 #include "moe_internal.h"
 
 #include <cblas.h>
 #include <stdlib.h>
-#include <time.h>
 
 /** Rows of W1/W3 per L1 tile. */
-#define MOE_L1_ROWS 32
+#define MOE_L1_ROWS 128
 /** Rows of W2 per L2 tile. */
 #define MOE_L2_ROWS 256
 /** K chunk of the L2 GEMM (the quantization group of 128 and the alignment of I). */
 #define MOE_K_CHUNK 128
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 int moe_scratch_reserve(float **buf, size_t *cap, size_t n)
 {
@@ -72,24 +64,26 @@ void moe_scratch_free(moe_scratch *s)
     *s = (moe_scratch){0};
 }
 
+/** L1: out[m, N] = a[m, K] . W^T in row tiles of MOE_L1_ROWS over the full K. */
 static void l1_gemm(const moe_mat *w, const float *a, int64_t m, float *out, float *tile,
                     moe_gemm_clock *clk)
 {
     const int64_t k = w->cols, n = w->rows;
     for (int64_t r0 = 0; r0 < n; r0 += MOE_L1_ROWS) {
         int64_t nr = n - r0 < MOE_L1_ROWS ? n - r0 : MOE_L1_ROWS;
-        double t0 = now_s();
+        double t0 = moe_now_s();
         moe_weight_tile_f32(w, r0, nr, 0, k, tile);
-        double t1 = now_s();
+        double t1 = moe_now_s();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nr, (int)k, 1.0f, a,
                     (int)k, tile, (int)k, 0.0f, out + r0, (int)n);
-        double t2 = now_s();
+        double t2 = moe_now_s();
         clk->dequant_s += t1 - t0;
         clk->gemm_s += t2 - t1;
     }
     clk->flops += 2.0 * (double)m * (double)n * (double)k;
 }
 
+/** L2: out[m, N] = a[m, K] . W^T in row tiles, K in chunks of MOE_K_CHUNK added in order. */
 static void l2_gemm(const moe_mat *w, const float *a, int64_t m, float *out, float *tile,
                     moe_gemm_clock *clk)
 {
@@ -97,12 +91,12 @@ static void l2_gemm(const moe_mat *w, const float *a, int64_t m, float *out, flo
     for (int64_t r0 = 0; r0 < n; r0 += MOE_L2_ROWS) {
         int64_t nr = n - r0 < MOE_L2_ROWS ? n - r0 : MOE_L2_ROWS;
         for (int64_t k0 = 0; k0 < k; k0 += MOE_K_CHUNK) {
-            double t0 = now_s();
+            double t0 = moe_now_s();
             moe_weight_tile_f32(w, r0, nr, k0, MOE_K_CHUNK, tile);
-            double t1 = now_s();
+            double t1 = moe_now_s();
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nr, MOE_K_CHUNK, 1.0f,
                         a + k0, (int)k, tile, MOE_K_CHUNK, k0 == 0 ? 0.0f : 1.0f, out + r0, (int)n);
-            double t2 = now_s();
+            double t2 = moe_now_s();
             clk->dequant_s += t1 - t0;
             clk->gemm_s += t2 - t1;
         }

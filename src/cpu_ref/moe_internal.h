@@ -28,8 +28,29 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "mmoe_moe.h"
+
+/** Monotonic wall-clock time in seconds (for the per-stage timings of a call). */
+static inline double moe_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/** ceil(a / b) for a >= 0, b > 0. */
+static inline int64_t moe_ceil_div(int64_t a, int64_t b)
+{
+    return (a + b - 1) / b;
+}
+
+/** @p x rounded up to a multiple of @p a (a > 0). */
+static inline int64_t moe_round_up(int64_t x, int64_t a)
+{
+    return moe_ceil_div(x, a) * a;
+}
 
 /* ------------------------------------------------------------------ weight matrices */
 
@@ -46,20 +67,26 @@ typedef enum moe_wfmt {
  */
 typedef struct moe_mat {
     moe_wfmt fmt;             /**< FP4 or FP8 */
-    int64_t rows, cols;       /**< logical N x K */
+    int64_t rows;             /**< logical N (output channels) */
+    int64_t cols;             /**< logical K (input channels, contiguous) */
     const uint8_t *w;         /**< FP4: rows x cols/2 bytes; FP8: rows x cols bytes */
     const void *sf;           /**< scales: uint8 UE8M0 or float (sf_f32) */
     int sf_f32;               /**< 1 if the scales are F32 */
-    int64_t block_n, block_k; /**< scale block: FP4 1 x 32; FP8 B x B (or 1 x 32 when expanded) */
-    int64_t sf_rows, sf_cols; /**< scale matrix extents: ceil(rows/block_n) x ceil(cols/block_k) */
+    int64_t block_n;          /**< scale block rows: FP4 1; FP8 B (1 when expanded) */
+    int64_t block_k;          /**< scale block columns: FP4 32; FP8 B (32 when expanded) */
+    int64_t sf_rows;          /**< scale matrix rows: ceil(rows / block_n) */
+    int64_t sf_cols;          /**< scale matrix columns: ceil(cols / block_k) */
     void *w_owned;            /**< non-NULL when the layer owns w (free on destroy) */
     void *sf_owned;           /**< non-NULL when the layer owns sf */
-    size_t w_bytes, sf_bytes; /**< sizes of w and sf */
+    size_t w_bytes;           /**< size of w in bytes */
+    size_t sf_bytes;          /**< size of sf in bytes */
 } moe_mat;
 
 /** The three matrices of an expert: w1 (gate) [I, D], w3 (up) [I, D], w2 (down) [D, I]. */
 typedef struct moe_expert {
-    moe_mat w1, w3, w2;
+    moe_mat w1; /**< gate projection [I, D] */
+    moe_mat w3; /**< up projection [I, D] */
+    moe_mat w2; /**< down projection [D, I] */
 } moe_expert;
 
 /** Release the owned buffers of @p m and clear it. */
@@ -135,11 +162,16 @@ void moe_weight_tile_f32(const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, i
 
 /** Scratch for the tiled GEMMs (grown on demand, owned by the layer). */
 typedef struct moe_scratch {
-    float *tile;  size_t tile_cap;   /**< dequantized weight tile */
-    float *xg;    size_t xg_cap;     /**< gathered activations [m, D] */
-    float *gate;  size_t gate_cap;   /**< L1 gate accumulators [m, I] */
-    float *up;    size_t up_cap;     /**< L1 up accumulators [m, I] */
-    float *yl2;   size_t yl2_cap;    /**< L2 accumulators [m, D] */
+    float *tile;     /**< dequantized weight tile */
+    size_t tile_cap; /**< floats allocated in tile */
+    float *xg;       /**< gathered activations [m, D] */
+    size_t xg_cap;   /**< floats allocated in xg */
+    float *gate;     /**< L1 gate accumulators [m, I], then the L2 input */
+    size_t gate_cap; /**< floats allocated in gate */
+    float *up;       /**< L1 up accumulators [m, I] */
+    size_t up_cap;   /**< floats allocated in up */
+    float *yl2;      /**< L2 accumulators [m, D] */
+    size_t yl2_cap;  /**< floats allocated in yl2 */
 } moe_scratch;
 
 /** Grow @p *buf to at least @p n floats. @return 0 on success, -1 on allocation failure. */
@@ -170,7 +202,14 @@ int moe_expert_gemm(const moe_mat *w, const float *a, int64_t m, int k_chunked, 
  * The L1 epilogue of @p m token rows: from the FP32 accumulators gate/up [m, n] to the
  * dequantized L2 input a_q [m, n] (written into @p gate), with routing weights @p w [m]
  * (NULL: weight 1, the shared expert).
+ * @param rules  the recipe's epilogue rules
+ * @param math   precise or fast
  * @param limit  swiglu_limit (0 or inf: no clamp)
+ * @param gate   [m, n] gate accumulators in, dequantized L2 input out
+ * @param up     [m, n] up accumulators
+ * @param m      token rows
+ * @param n      intermediate channels (a multiple of the requant group)
+ * @param w      [m] routing weights, or NULL
  */
 void moe_l1_epilogue(const moe_epilogue_rules *rules, mmoe_moe_math math, float limit,
                      float *gate, const float *up, int64_t m, int64_t n, const float *w);
@@ -184,10 +223,16 @@ float moe_swiglu_one(const moe_epilogue_rules *rules, mmoe_moe_math math, float 
 /**
  * Route @p t tokens: FP32 logits x . W_g^T, sqrtsoftplus, selection (biased top-k, ties to the
  * lower id; or tid2eid), renormalization and routed scaling.
+ * @param desc    the layer description (E, D, topk, routing, scaling)
+ * @param t       tokens
+ * @param err     error report (token id out of range, no token ids, out of memory)
  * @param x       [t, D] the BF16 input widened to FP32 (exact)
- * @param gate    [E, D] BF16; @p bias [E] F32 or NULL
- * @param tid2eid hash routing table (I32 or I64 view) and @p token_ids [t]
- * @param idx     [t, topk] out; @p wts [t, topk] out
+ * @param gate    [E, D] BF16 gate weight
+ * @param bias    [E] F32 selection bias, or NULL
+ * @param tid2eid hash routing table (I32 or I64 view)
+ * @param token_ids [t] token ids (hash routing)
+ * @param idx     [t, topk] out: expert ids
+ * @param wts     [t, topk] out: routing weights
  * @param logits  scratch [t, E] floats (the scores on return)
  */
 mmoe_status moe_route(const mmoe_moe_desc *desc, const float *x, int64_t t, const uint16_t *gate,
@@ -208,9 +253,13 @@ void moe_topk_select(const float *sel, int64_t n, int k, int64_t *idx);
 /**
  * Combine one token: sum its slot outputs in FP32 from zero in the recipe's order, the shared
  * output last, and store BF16.
+ * @param order    slot or expert-id order
+ * @param topk     slots of the token
  * @param idx      [topk] expert ids (-1 masked)
  * @param slot_y   [topk] pointers to BF16 rows [D] (unused for masked slots)
  * @param shared_y BF16 row [D] or NULL
+ * @param d        row length D
+ * @param y        the BF16 output row [D]
  */
 void moe_combine_token(moe_combine_order order, int topk, const int64_t *idx,
                        const uint16_t *const *slot_y, const uint16_t *shared_y, int64_t d,
@@ -229,10 +278,13 @@ struct mmoe_moe_layer {
     mmoe_tensor tid2eid;         /**< hash table view (borrowed) */
     moe_expert *experts;         /**< [E] */
     moe_expert shared;           /**< the shared MLP (S * shared_inter_used wide) */
-    moe_mat shared_fused_w1, shared_fused_w3, shared_fused_w2; /**< shared weights with 1x32 expanded scales (fused path) */
+    moe_mat shared_fused_w1;     /**< shared W1 with 1x32 expanded scales (fused path) */
+    moe_mat shared_fused_w3;     /**< shared W3 with 1x32 expanded scales (fused path) */
+    moe_mat shared_fused_w2;     /**< shared W2 with 1x32 expanded scales (fused path) */
     int shared_fused_ready;      /**< 1 when the expanded scales exist */
     size_t gate_bytes;           /**< bytes of the gate views */
-    size_t owned_bytes, owned_peak_bytes; /**< weight bytes owned now / at the peak */
+    size_t owned_bytes;          /**< weight bytes owned now */
+    size_t owned_peak_bytes;     /**< weight bytes owned at the peak */
     int64_t *counters;           /**< [E] cumulative received pairs */
     moe_scratch scratch;         /**< GEMM scratch */
 };

@@ -25,16 +25,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "mmoe_formats.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 void moe_layer_account(mmoe_moe_layer *layer, long long delta)
 {
@@ -46,6 +38,7 @@ void moe_layer_account(mmoe_moe_layer *layer, long long delta)
         layer->owned_peak_bytes = layer->owned_bytes;
 }
 
+/** Bytes of @p m the layer reads but does not own. */
 static size_t mat_borrowed(const moe_mat *m)
 {
     return (m->w_owned == NULL ? m->w_bytes : 0) + (m->sf_owned == NULL ? m->sf_bytes : 0);
@@ -84,6 +77,7 @@ mmoe_status mmoe_moe_layer_create(const mmoe_moe_desc *desc, mmoe_moe_layer **ou
     return MMOE_OK;
 }
 
+/** Drop every weight view and free every owned weight buffer. */
 static void release_weights(mmoe_moe_layer *layer)
 {
     moe_shared_release(layer);
@@ -177,31 +171,38 @@ mmoe_moe_path mmoe_moe_layer_shared_plan(const mmoe_moe_layer *layer, mmoe_moe_f
 
 void mmoe_moe_result_init(mmoe_moe_result *r)
 {
-    int64_t *stats = r->expert_recv_stats;
     memset(r, 0, sizeof *r);
-    r->expert_recv_stats = stats;
     r->backend = "cpu";
+}
+
+/** Reset a result at the start of a call, keeping the caller's expert_recv_stats array. */
+static void result_reset(mmoe_moe_result *r)
+{
+    int64_t *stats = r->expert_recv_stats;
+    mmoe_moe_result_init(r);
+    r->expert_recv_stats = stats;
 }
 
 /* ------------------------------------------------------------------ one call */
 
 /** Everything a call allocates, freed together. */
 typedef struct call_bufs {
-    float *xf;         /* [T, D] x widened */
-    float *xq;         /* [T, D] x quantized (recipe format), dequantized values */
-    float *xs;         /* [T, D] x quantized for the serial shared expert */
-    int64_t *idx;      /* [T, topk] */
-    float *wts;        /* [T, topk] */
-    float *logits;     /* [T, E] */
-    uint16_t *slot_y;  /* [T * topk, D] BF16 */
-    uint16_t *shared_y;/* [T, D] BF16 */
-    int64_t *count;    /* [E] pairs per expert */
-    int64_t *start;    /* [E + 1] CSR offsets */
-    int64_t *fill;     /* [E] CSR fill pointers */
-    int64_t *pair;     /* [pairs] token * topk + slot, grouped by expert */
-    float *pair_w;     /* [pairs] routing weight of the pair, in the gathered order */
+    float *xf;         /**< [T, D] x widened */
+    float *xq;         /**< [T, D] x quantized (recipe format), dequantized values */
+    float *xs;         /**< [T, D] x quantized for the serial shared expert */
+    int64_t *idx;      /**< [T, topk] expert ids */
+    float *wts;        /**< [T, topk] routing weights */
+    float *logits;     /**< [T, E] router logits / scores */
+    uint16_t *slot_y;  /**< [T * topk, D] BF16 expert outputs per slot */
+    uint16_t *shared_y;/**< [T, D] BF16 shared expert output */
+    int64_t *count;    /**< [E] pairs per expert */
+    int64_t *start;    /**< [E + 1] CSR offsets */
+    int64_t *fill;     /**< [E] CSR fill pointers */
+    int64_t *pair;     /**< [pairs] token * topk + slot, grouped by expert */
+    float *pair_w;     /**< [pairs] routing weight of the pair, in the gathered order */
 } call_bufs;
 
+/** Free the buffers of a call. */
 static void call_free(call_bufs *b)
 {
     free(b->xf);
@@ -219,6 +220,7 @@ static void call_free(call_bufs *b)
     free(b->pair_w);
 }
 
+/** malloc(n * size) (at least 1 byte); sets *fail on failure. */
 static void *xmalloc(size_t n, size_t size, int *fail)
 {
     void *p = malloc(n * size > 0 ? n * size : 1);
@@ -227,6 +229,7 @@ static void *xmalloc(size_t n, size_t size, int *fail)
     return p;
 }
 
+/** Check a caller's topk_idx / topk_weights (ids in [-1, E), finite weights where unmasked). */
 static mmoe_status check_given_routing(const mmoe_moe_layer *layer, const mmoe_moe_input *in, mmoe_error *err)
 {
     const int topk = layer->desc.topk;
@@ -281,9 +284,9 @@ static int run_expert(mmoe_moe_layer *layer, const moe_mat *w1, const moe_mat *w
         return -1;
     if (moe_expert_gemm(w1, xg, m, 0, s->gate, s, clk) != 0 || moe_expert_gemm(w3, xg, m, 0, s->up, s, clk) != 0)
         return -1;
-    double t0 = now_s();
+    double t0 = moe_now_s();
     moe_l1_epilogue(rules, layer->desc.math, layer->desc.swiglu_limit, s->gate, s->up, m, n, w);
-    *epi_s += now_s() - t0;
+    *epi_s += moe_now_s() - t0;
     if (moe_expert_gemm(w2, s->gate, m, 1, s->yl2, s, clk) != 0)
         return -1;
     for (int64_t r = 0; r < m; r++)
@@ -291,6 +294,7 @@ static int run_expert(mmoe_moe_layer *layer, const moe_mat *w1, const moe_mat *w
     return 0;
 }
 
+/** Record a failure in the result (if any) and return it. */
 static mmoe_status fail(mmoe_moe_result *r, mmoe_error *err, mmoe_status st)
 {
     if (r != NULL) {
@@ -301,6 +305,7 @@ static mmoe_status fail(mmoe_moe_result *r, mmoe_error *err, mmoe_status st)
     return st;
 }
 
+/** The shared expert for all tokens, fused (recipe format) or serial (DeepSeek FP8 linear). */
 static mmoe_status run_shared(mmoe_moe_layer *layer, mmoe_moe_path path, const call_bufs *b, int64_t t,
                               moe_gemm_clock *clk, double *epi_s, double *quant_s, mmoe_error *err)
 {
@@ -321,9 +326,9 @@ static mmoe_status run_shared(mmoe_moe_layer *layer, mmoe_moe_path path, const c
             serial.x_quant = MOE_Q_NONE;
             serial.routed.requant = MOE_Q_NONE;
         }
-        double t0 = now_s();
+        double t0 = moe_now_s();
         moe_act_quant_rows(b->xf, t, d, serial.x_quant, b->xs);
-        *quant_s += now_s() - t0;
+        *quant_s += moe_now_s() - t0;
         rc = run_expert(layer, &layer->shared.w1, &layer->shared.w3, &layer->shared.w2, &serial.routed, b->xs, t,
                         NULL, dst, clk, epi_s);
     }
@@ -333,6 +338,7 @@ static mmoe_status run_shared(mmoe_moe_layer *layer, mmoe_moe_path path, const c
     return MMOE_OK;
 }
 
+/** Every routed expert that received tokens: gather, L1, epilogue, L2, into the slots. */
 static mmoe_status run_routed(mmoe_moe_layer *layer, call_bufs *b, moe_gemm_clock *clk, double *epi_s,
                               int64_t *active, mmoe_error *err)
 {
@@ -368,13 +374,13 @@ static mmoe_status run_routed(mmoe_moe_layer *layer, call_bufs *b, moe_gemm_cloc
 mmoe_status mmoe_moe_layer_run(mmoe_moe_layer *layer, const mmoe_moe_input *in, const mmoe_moe_output *out,
                                mmoe_moe_result *result, mmoe_error *err)
 {
-    const double t_start = now_s();
+    const double t_start = moe_now_s();
     mmoe_error local_err;
     if (err == NULL)
         err = &local_err;
     mmoe_error_clear(err);
     if (result != NULL)
-        mmoe_moe_result_init(result);
+        result_reset(result);
     if (layer == NULL || in == NULL || out == NULL)
         return fail(result, err, mmoe_error_set(err, MMOE_EINVAL, "moe run: layer, input and output are required"));
     const mmoe_moe_desc *desc = &layer->desc;
@@ -436,7 +442,7 @@ mmoe_status mmoe_moe_layer_run(mmoe_moe_layer *layer, const mmoe_moe_input *in, 
     mmoe_status st = MMOE_OK;
 
     /* 1-2: widen x, route */
-    double t0 = now_s();
+    double t0 = moe_now_s();
     mmoe_bf16_to_f32_row(in->x, td, b.xf);
     if (in->topk_idx != NULL) {
         memcpy(b.idx, in->topk_idx, (size_t)t * (size_t)topk * sizeof(int64_t));
@@ -445,15 +451,15 @@ mmoe_status mmoe_moe_layer_run(mmoe_moe_layer *layer, const mmoe_moe_input *in, 
         st = moe_route(desc, b.xf, t, layer->gate, layer->bias, &layer->tid2eid, in->token_ids, b.idx, b.wts,
                        b.logits, err);
     }
-    tm.route_s = now_s() - t0;
+    tm.route_s = moe_now_s() - t0;
 
     /* 3-4: dispatch, quantize x */
     int64_t active = 0;
     if (st == MMOE_OK) {
         dispatch(layer, t, &b);
-        t0 = now_s();
+        t0 = moe_now_s();
         moe_act_quant_rows(b.xf, t, d, moe_recipe_rules(desc->recipe)->x_quant, b.xq);
-        tm.quant_s = now_s() - t0;
+        tm.quant_s = moe_now_s() - t0;
         /* 5: routed experts */
         st = run_routed(layer, &b, &clk, &tm.epilogue_s, &active, err);
     }
@@ -462,7 +468,7 @@ mmoe_status mmoe_moe_layer_run(mmoe_moe_layer *layer, const mmoe_moe_input *in, 
         st = run_shared(layer, path, &b, t, &clk, &tm.epilogue_s, &tm.quant_s, err);
     /* 7: combine */
     if (st == MMOE_OK) {
-        t0 = now_s();
+        t0 = moe_now_s();
         const uint16_t *rows[MMOE_MOE_MAX_TOPK];
         const moe_combine_order order = moe_recipe_rules(desc->recipe)->combine;
         for (int64_t i = 0; i < t; i++) {
@@ -471,7 +477,7 @@ mmoe_status mmoe_moe_layer_run(mmoe_moe_layer *layer, const mmoe_moe_input *in, 
             moe_combine_token(order, topk, b.idx + i * topk, rows,
                               path != MMOE_PATH_NONE ? b.shared_y + i * d : NULL, d, out->y + i * d);
         }
-        tm.combine_s = now_s() - t0;
+        tm.combine_s = moe_now_s() - t0;
         if (out->topk_idx != NULL)
             memcpy(out->topk_idx, b.idx, (size_t)t * (size_t)topk * sizeof(int64_t));
         if (out->topk_weights != NULL)
@@ -491,7 +497,7 @@ mmoe_status mmoe_moe_layer_run(mmoe_moe_layer *layer, const mmoe_moe_input *in, 
     call_free(&b);
     tm.dequant_s = clk.dequant_s;
     tm.gemm_s = clk.gemm_s;
-    tm.total_s = now_s() - t_start;
+    tm.total_s = moe_now_s() - t_start;
     if (result != NULL) {
         result->time = tm;
         result->gemm_flops = clk.flops;

@@ -24,13 +24,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+/** The name resolver of one load. */
 typedef struct loader {
-    mmoe_moe_lookup_fn lookup;
-    void *ctx;
-    int layer_index;
+    mmoe_moe_lookup_fn lookup; /**< the caller's resolver */
+    void *ctx;                 /**< its context */
+    int layer_index;           /**< L of the "layers.L." prefix, or -1 */
 } loader;
 
-/** Find `[layers.L.]name`; @p optional: absent is not an error (the view stays empty). */
+/** Find "[layers.L.]name"; @p optional: absent is not an error (the view stays empty). */
 static mmoe_status find(const loader *ld, const char *name, int optional, mmoe_tensor *out, mmoe_error *err)
 {
     char full[256];
@@ -54,6 +55,7 @@ static mmoe_status find(const loader *ld, const char *name, int optional, mmoe_t
     return st;
 }
 
+/** The six tensors (w1, w3, w2 and their scales) of the expert named @p base. */
 static mmoe_status find_expert(const loader *ld, const char *base, mmoe_moe_expert_weights *x, int need_scales,
                                mmoe_error *err)
 {

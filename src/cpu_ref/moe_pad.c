@@ -33,11 +33,7 @@ static int64_t map_grouped(int64_t i, int64_t n, int64_t np, int g)
     return (i / gs) * gsp + i % gs;
 }
 
-static int64_t ceil_div(int64_t a, int64_t b)
-{
-    return (a + b - 1) / b;
-}
-
+/** Write the padded weight bytes of @p m into one new buffer (zeros elsewhere). */
 static mmoe_status pad_weights(mmoe_moe_layer *layer, moe_mat *m, int64_t nr, int64_t nc, int rg, int cg,
                                mmoe_error *err)
 {
@@ -72,10 +68,11 @@ static mmoe_status pad_weights(mmoe_moe_layer *layer, moe_mat *m, int64_t nr, in
     return MMOE_OK;
 }
 
+/** Write the padded scales of @p m into one new buffer (unit scales elsewhere). */
 static mmoe_status pad_scales(mmoe_moe_layer *layer, moe_mat *m, int64_t nr, int64_t nc, int rg, int cg,
                               mmoe_error *err)
 {
-    const int64_t sr = ceil_div(nr, m->block_n), sc = ceil_div(nc, m->block_k);
+    const int64_t sr = moe_ceil_div(nr, m->block_n), sc = moe_ceil_div(nc, m->block_k);
     const size_t esize = m->sf_f32 ? 4 : 1;
     const size_t bytes = (size_t)sr * (size_t)sc * esize;
     void *sf = malloc(bytes > 0 ? bytes : 1);
@@ -129,11 +126,6 @@ mmoe_status moe_pad_mat(mmoe_moe_layer *layer, moe_mat *m, int64_t new_rows, int
     return MMOE_OK;
 }
 
-static int64_t round_up(int64_t x, int64_t a)
-{
-    return (x + a - 1) / a * a;
-}
-
 mmoe_status mmoe_moe_layer_pad(mmoe_moe_layer *layer, int64_t pad_to, mmoe_error *err)
 {
     if (layer == NULL || !layer->has_weights)
@@ -144,7 +136,7 @@ mmoe_status mmoe_moe_layer_pad(mmoe_moe_layer *layer, int64_t pad_to, mmoe_error
     if (pad_to == 0)
         return MMOE_OK;
     const mmoe_moe_desc *d = &layer->desc;
-    const int64_t ip = round_up(layer->inter_used, pad_to);
+    const int64_t ip = moe_round_up(layer->inter_used, pad_to);
     mmoe_status st = MMOE_OK;
     for (int64_t e = 0; e < d->n_experts && st == MMOE_OK; e++) {
         moe_expert *x = &layer->experts[e];
@@ -159,7 +151,7 @@ mmoe_status mmoe_moe_layer_pad(mmoe_moe_layer *layer, int64_t pad_to, mmoe_error
     layer->inter_used = ip;
     if (d->n_shared > 0) {
         /* the shared expert follows the routed width when it had the routed width */
-        const int64_t sp = d->shared_inter == d->inter ? ip : round_up(layer->shared_inter_used, pad_to);
+        const int64_t sp = d->shared_inter == d->inter ? ip : moe_round_up(layer->shared_inter_used, pad_to);
         const int64_t wp = (int64_t)d->n_shared * sp;
         moe_expert *s = &layer->shared;
         st = moe_pad_mat(layer, &s->w1, wp, s->w1.cols, d->n_shared, 1, err);

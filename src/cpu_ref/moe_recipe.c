@@ -62,6 +62,7 @@
  */
 #include "moe_internal.h"
 
+/** The rules of each recipe (the table form of the lists above). */
 static const moe_rules rules_table[MMOE_RECIPE_COUNT] = {
     [MMOE_RECIPE_SM100] = {MMOE_RECIPE_SM100, MOE_Q_UE8M0_32,
                            {1, MOE_SILU_MUL_RCP, 0, MOE_Q_SM100_REQUANT_32}, MOE_COMBINE_SLOT},
@@ -71,6 +72,7 @@ static const moe_rules rules_table[MMOE_RECIPE_COUNT] = {
                               {0, MOE_SILU_DIV, 1, MOE_Q_UE8M0_128}, MOE_COMBINE_EXPERT_ID},
 };
 
+/** The serial shared expert: DeepSeek's FP8 linear (dsv4-ref's expert steps). */
 static const moe_rules serial_shared_rules = {MMOE_RECIPE_DSV4_REF, MOE_Q_UE8M0_128,
                                               {0, MOE_SILU_DIV, 1, MOE_Q_UE8M0_128},
                                               MOE_COMBINE_EXPERT_ID};

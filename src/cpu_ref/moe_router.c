@@ -49,6 +49,7 @@ void moe_topk_select(const float *sel, int64_t n, int k, int64_t *idx)
     }
 }
 
+/** Entry [row, k] of the hash table (I32 or I64). */
 static int64_t tid2eid_at(const mmoe_tensor *t, int64_t row, int k, int topk)
 {
     int64_t i = row * topk + k;
@@ -57,6 +58,7 @@ static int64_t tid2eid_at(const mmoe_tensor *t, int64_t row, int k, int topk)
     return ((const int32_t *)t->data)[i];
 }
 
+/** w_k = (s[idx_k] / sum) * scale, sum accumulated in slot order from 0. */
 static void renormalize(const float *s, const int64_t *idx, int topk, float scale, float *w)
 {
     float sum = 0.0f;

@@ -54,12 +54,14 @@ const char *moe_fallback_text(mmoe_moe_fallback fb)
     return "?";
 }
 
+/** Is @p s a positive finite power of two? */
 static int is_pow2(float s)
 {
     int e;
     return s > 0.0f && !isinf(s) && frexpf(s, &e) == 0.5f;
 }
 
+/** Are all scales of @p m powers of two (always true for UE8M0 bytes)? */
 static int scales_pow2(const moe_mat *m)
 {
     if (!m->sf_f32)
@@ -124,6 +126,7 @@ static uint8_t block_byte(const moe_mat *m, int64_t br, int64_t bc)
     return ((const uint8_t *)m->sf)[i];
 }
 
+/** Expand the block scales of @p src to 1x32 UE8M0 bytes in @p dst (weights shared). */
 static mmoe_status expand_one(mmoe_moe_layer *layer, const moe_mat *src, moe_mat *dst, mmoe_error *err)
 {
     const int64_t groups = src->cols / 32;
@@ -151,6 +154,7 @@ static mmoe_status expand_one(mmoe_moe_layer *layer, const moe_mat *src, moe_mat
     return MMOE_OK;
 }
 
+/** Free the expanded scales. */
 static void release_expanded(mmoe_moe_layer *layer)
 {
     moe_mat *m[3] = {&layer->shared_fused_w1, &layer->shared_fused_w3, &layer->shared_fused_w2};

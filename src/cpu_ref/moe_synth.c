@@ -22,20 +22,24 @@
 #include "mmoe_formats.h"
 #include "mmoe_rng.h"
 #include "mmoe_safetensors.h"
+#include "moe_internal.h"
 
 /** Std-dev of synthetic weights (of the order of a trained layer's). */
 #define SYNTH_WEIGHT_STD 0.02
 /** Normal deviates in the lookup table. */
 #define SYNTH_NORMAL_TABLE 65536
 
+/** A synthetic layer and every buffer it owns. */
 struct mmoe_moe_synth {
-    mmoe_moe_desc desc;
-    mmoe_moe_weights w;
-    mmoe_moe_expert_weights *experts;
-    void **blocks;  /* every allocation, freed together */
-    size_t n_blocks, cap_blocks;
+    mmoe_moe_desc desc;               /**< its description */
+    mmoe_moe_weights w;               /**< views of its tensors */
+    mmoe_moe_expert_weights *experts; /**< [E] routed experts */
+    void **blocks;                    /**< every allocation, freed together */
+    size_t n_blocks;                  /**< allocations made */
+    size_t cap_blocks;                /**< capacity of blocks */
 };
 
+/** calloc that the synth frees at destroy time. */
 static void *synth_alloc(mmoe_moe_synth *s, size_t bytes)
 {
     if (s->n_blocks == s->cap_blocks) {
@@ -52,24 +56,22 @@ static void *synth_alloc(mmoe_moe_synth *s, size_t bytes)
     return p;
 }
 
+/** A 2-D view. */
 static mmoe_tensor view2(mmoe_dtype dt, int64_t r, int64_t c, void *data)
 {
     mmoe_tensor t = {dt, 2, {r, c}, data, (size_t)(r * c) * mmoe_dtype_size(dt)};
     return t;
 }
 
+/** Precomputed standard normal deviates. */
 typedef struct normal_table {
-    float v[SYNTH_NORMAL_TABLE];
+    float v[SYNTH_NORMAL_TABLE]; /**< Box-Muller draws */
 } normal_table;
 
+/** One normal deviate from the table. */
 static float draw_normal(const normal_table *nt, mmoe_rng *rng)
 {
     return nt->v[mmoe_rng_u32(rng) & (SYNTH_NORMAL_TABLE - 1)];
-}
-
-static int64_t ceil_div(int64_t a, int64_t b)
-{
-    return (a + b - 1) / b;
 }
 
 /** One routed FP4 matrix [n, k] with 1x32 scales. */
@@ -105,7 +107,7 @@ static int make_fp4(mmoe_moe_synth *s, int64_t n, int64_t k, mmoe_moe_synth_valu
 static int make_fp8(mmoe_moe_synth *s, int64_t n, int64_t k, int64_t bsz, mmoe_moe_synth_values values,
                     const normal_table *nt, mmoe_rng *rng, mmoe_tensor *w, mmoe_tensor *sf)
 {
-    const int64_t sr = ceil_div(n, bsz), sc = ceil_div(k, bsz);
+    const int64_t sr = moe_ceil_div(n, bsz), sc = moe_ceil_div(k, bsz);
     uint8_t *wb = synth_alloc(s, (size_t)(n * k));
     uint8_t *sb = synth_alloc(s, (size_t)(sr * sc));
     float *vals = malloc((size_t)(n * k) * sizeof(float));
@@ -141,6 +143,7 @@ static int make_fp8(mmoe_moe_synth *s, int64_t n, int64_t k, int64_t bsz, mmoe_m
     return 0;
 }
 
+/** Gate weight, and bias or hash table. */
 static int make_router(mmoe_moe_synth *s, mmoe_moe_synth_values values, const normal_table *nt, mmoe_rng *rng)
 {
     const mmoe_moe_desc *d = &s->desc;
@@ -267,6 +270,7 @@ void mmoe_moe_synth_input(const mmoe_moe_desc *desc, int64_t t, uint64_t seed, m
     }
 }
 
+/** Add one tensor under its (optionally prefixed) checkpoint name. */
 static mmoe_status add(mmoe_st_writer *wr, int layer_index, const char *name, const mmoe_tensor *t, mmoe_error *err)
 {
     char full[256];
@@ -277,6 +281,7 @@ static mmoe_status add(mmoe_st_writer *wr, int layer_index, const char *name, co
     return mmoe_st_writer_add_tensor(wr, full, t, err);
 }
 
+/** Add the six tensors of one expert. */
 static mmoe_status add_expert(mmoe_st_writer *wr, int li, const char *base, const mmoe_moe_expert_weights *x,
                               mmoe_error *err)
 {

@@ -20,6 +20,7 @@
 
 #include "mmoe_formats.h"
 
+/** FP4 tile: pair-table decode of each byte, times the group's power-of-two scale. */
 static void tile_fp4(const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64_t nc, float *out)
 {
     const float *pair = mmoe_fp4_e2m1_pair_table();
@@ -42,6 +43,7 @@ static void tile_fp4(const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64
     }
 }
 
+/** The scale of weight (r, c) of an FP8 matrix. */
 static float block_scale(const moe_mat *m, int64_t r, int64_t c)
 {
     int64_t i = (r / m->block_n) * m->sf_cols + c / m->block_k;
@@ -50,6 +52,7 @@ static float block_scale(const moe_mat *m, int64_t r, int64_t c)
     return mmoe_ue8m0_to_f32(((const uint8_t *)m->sf)[i]);
 }
 
+/** FP8 tile: table decode times the block scale, one run of columns per block. */
 static void tile_fp8(const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64_t nc, float *out)
 {
     const float *e4m3 = mmoe_fp8_e4m3_table();
@@ -70,6 +73,7 @@ static void tile_fp8(const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64
     }
 }
 
+/** BF16 tile: widening. */
 static void tile_bf16(const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64_t nc, float *out)
 {
     const uint16_t *w = (const uint16_t *)(const void *)m->w;

@@ -21,11 +21,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static int64_t ceil_div(int64_t a, int64_t b)
-{
-    return (a + b - 1) / b;
-}
-
+/** Present, 2-D and [r, c]? */
 static mmoe_status expect_shape2(const mmoe_tensor *t, const char *name, int64_t r, int64_t c, mmoe_error *err)
 {
     if (t->data == NULL)
@@ -39,6 +35,7 @@ static mmoe_status expect_shape2(const mmoe_tensor *t, const char *name, int64_t
     return MMOE_OK;
 }
 
+/** One of the @p n_ok dtypes? */
 static mmoe_status expect_dtype(const mmoe_tensor *t, const char *name, const mmoe_dtype *ok, int n_ok,
                                 mmoe_error *err)
 {
@@ -53,6 +50,7 @@ static mmoe_status expect_dtype(const mmoe_tensor *t, const char *name, const mm
                           mmoe_dtype_name(t->dtype));
 }
 
+/** No UE8M0 byte 255; F32 scales finite and positive. */
 static mmoe_status check_scales(const mmoe_tensor *t, const char *name, mmoe_error *err)
 {
     int64_t n = mmoe_tensor_numel(t);
@@ -74,6 +72,7 @@ static mmoe_status check_scales(const mmoe_tensor *t, const char *name, mmoe_err
     return MMOE_OK;
 }
 
+/** One weight and its scales: shapes, dtypes, values. */
 static mmoe_status check_mat(const mmoe_tensor *w, const mmoe_tensor *sf, const char *prefix, const char *wname,
                              const mmoe_dtype *w_ok, int n_w_ok, int64_t rows, int64_t wcols,
                              const mmoe_dtype *sf_ok, int n_sf_ok, int64_t sf_rows, int64_t sf_cols, int need_sf,
@@ -96,6 +95,7 @@ static mmoe_status check_mat(const mmoe_tensor *w, const mmoe_tensor *sf, const 
     return check_scales(sf, name, err);
 }
 
+/** The six tensors of routed expert @p e. */
 static mmoe_status check_routed(const mmoe_moe_desc *d, const mmoe_moe_expert_weights *x, int64_t e, mmoe_error *err)
 {
     static const mmoe_dtype w_ok[] = {MMOE_DT_I8, MMOE_DT_U8};
@@ -111,6 +111,7 @@ static mmoe_status check_routed(const mmoe_moe_desc *d, const mmoe_moe_expert_we
     return check_mat(&x->w2, &x->w2_scale, prefix, "w2", w_ok, 2, D, I / 2, sf_ok, 2, D, I / 32, 1, err);
 }
 
+/** The six tensors of the shared experts. */
 static mmoe_status check_shared(const mmoe_moe_desc *d, const mmoe_moe_expert_weights *x, mmoe_error *err)
 {
     static const mmoe_dtype w_ok[] = {MMOE_DT_F8_E4M3, MMOE_DT_BF16};
@@ -119,21 +120,22 @@ static mmoe_status check_shared(const mmoe_moe_desc *d, const mmoe_moe_expert_we
     const int64_t D = d->hidden, W = (int64_t)d->n_shared * d->shared_inter, B = d->shared_block;
     const int fp8 = x->w1.dtype == MMOE_DT_F8_E4M3;
     mmoe_status st;
-    if ((st = check_mat(&x->w1, &x->w1_scale, prefix, "w1", w_ok, 2, W, D, sf_ok, 3, ceil_div(W, B),
-                        ceil_div(D, B), fp8, err)) != MMOE_OK)
+    if ((st = check_mat(&x->w1, &x->w1_scale, prefix, "w1", w_ok, 2, W, D, sf_ok, 3, moe_ceil_div(W, B),
+                        moe_ceil_div(D, B), fp8, err)) != MMOE_OK)
         return st;
     if (x->w3.dtype != x->w1.dtype || x->w2.dtype != x->w1.dtype)
         return mmoe_error_set(err, MMOE_EDTYPE,
                               "moe weights: shared experts: w1, w3, w2 must share one dtype (found %s, %s, %s)",
                               mmoe_dtype_name(x->w1.dtype), mmoe_dtype_name(x->w3.dtype),
                               mmoe_dtype_name(x->w2.dtype));
-    if ((st = check_mat(&x->w3, &x->w3_scale, prefix, "w3", w_ok, 2, W, D, sf_ok, 3, ceil_div(W, B),
-                        ceil_div(D, B), fp8, err)) != MMOE_OK)
+    if ((st = check_mat(&x->w3, &x->w3_scale, prefix, "w3", w_ok, 2, W, D, sf_ok, 3, moe_ceil_div(W, B),
+                        moe_ceil_div(D, B), fp8, err)) != MMOE_OK)
         return st;
-    return check_mat(&x->w2, &x->w2_scale, prefix, "w2", w_ok, 2, D, W, sf_ok, 3, ceil_div(D, B), ceil_div(W, B),
+    return check_mat(&x->w2, &x->w2_scale, prefix, "w2", w_ok, 2, D, W, sf_ok, 3, moe_ceil_div(D, B), moe_ceil_div(W, B),
                      fp8, err);
 }
 
+/** Gate, bias or tid2eid. */
 static mmoe_status check_router(const mmoe_moe_desc *d, const mmoe_moe_weights *w, mmoe_error *err)
 {
     static const mmoe_dtype bf16[] = {MMOE_DT_BF16};

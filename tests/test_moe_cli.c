@@ -1,0 +1,171 @@
+/**
+ * @file test_moe_cli.c
+ * @brief Suite "moe_cli": `megamoe synth-layer`, `megamoe moe` and `megamoe bench moe` through
+ *        $MMOE_BIN: round trips, options, and bad inputs (clear message, exit != 0, no output).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "mmoe_formats.h"
+#include "mmoe_safetensors.h"
+#include "mmoe_test.h"
+
+static uint64_t g_seed;
+static char g_dir[512];
+static const char *g_bin;
+
+/** Run "$MMOE_BIN ARGS > dir/out.txt 2>&1"; return the exit status. */
+static int cli(const char *args)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' %s > out.txt 2>&1", g_dir, g_bin, args);
+    int rc = mmoe_test_system(cmd);
+    char show[4200];
+    snprintf(show, sizeof show, "cat '%s/out.txt' >&2", g_dir);
+    (void)mmoe_test_system(show);
+    return rc;
+}
+
+/** Does dir/out.txt contain @p needle? */
+static int output_has(const char *needle)
+{
+    char path[600], buf[16384];
+    snprintf(path, sizeof path, "%s/out.txt", g_dir);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return strstr(buf, needle) != NULL;
+}
+
+static int exists(const char *name)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", g_dir, name);
+    return access(path, F_OK) == 0;
+}
+
+static void setup(void)
+{
+    g_bin = getenv("MMOE_BIN");
+    ck_assert_msg(g_bin != NULL, "MMOE_BIN is not set (run through make check)");
+    ck_assert_int_eq(mmoe_test_mkdtemp(g_dir, sizeof g_dir), 0);
+}
+
+static void teardown(void)
+{
+    mmoe_test_rmtree(g_dir);
+}
+
+START_TEST(synth_then_moe_round_trip)
+{
+    char args[512];
+    snprintf(args, sizeof args, "synth-layer --shape tiny --experts 6 --seed %llu --tokens 5 --layer 7 --out l.safetensors",
+             (unsigned long long)g_seed);
+    ck_assert_int_eq(cli(args), 0);
+    ck_assert(exists("l.safetensors") && exists("l.input.safetensors"));
+    ck_assert_int_eq(cli("moe --weights l.safetensors --input l.input.safetensors --out y.safetensors"), 0);
+    ck_assert(output_has("shared: path fused"));
+    ck_assert(output_has("time (ms)"));
+    ck_assert_int_eq(cli("moe --weights l.safetensors --input l.input.safetensors --out yp.safetensors --pad-to 512 "
+                         "--layer 7"),
+                     0);
+    ck_assert(output_has("padded (routed I 256 -> 512"));
+    /* padding does not change the bits of y */
+    char p1[600], p2[600];
+    snprintf(p1, sizeof p1, "%s/y.safetensors", g_dir);
+    snprintf(p2, sizeof p2, "%s/yp.safetensors", g_dir);
+    mmoe_st_file *a, *b;
+    mmoe_error err;
+    ck_assert_int_eq(mmoe_st_open(p1, &a, &err), MMOE_OK);
+    ck_assert_int_eq(mmoe_st_open(p2, &b, &err), MMOE_OK);
+    const mmoe_tensor *ya = mmoe_st_find(a, "y"), *yb = mmoe_st_find(b, "y");
+    ck_assert_ptr_nonnull(ya);
+    ck_assert_ptr_nonnull(yb);
+    ck_assert_int_eq(ya->shape[0], 5);
+    ck_assert_int_eq(ya->shape[1], 256);
+    ck_assert(memcmp(ya->data, yb->data, ya->nbytes) == 0);
+    ck_assert_ptr_nonnull(mmoe_st_find(a, "topk_idx"));
+    ck_assert_ptr_nonnull(mmoe_st_find(a, "topk_weights"));
+    mmoe_st_close(a);
+    mmoe_st_close(b);
+    /* serial and the other recipes run, and say so */
+    ck_assert_int_eq(cli("moe --weights l.safetensors --input l.input.safetensors --out ys.safetensors --shared serial "
+                         "--recipe dsv4-ref"),
+                     0);
+    ck_assert(output_has("path serial (fallback: serial shared expert requested"));
+    ck_assert_int_eq(cli("moe --weights l.safetensors --input l.input.safetensors --out y9.safetensors --recipe sm90"), 0);
+    ck_assert(output_has("recipe sm90"));
+}
+END_TEST
+
+START_TEST(hash_layer_via_cli)
+{
+    char args[512];
+    snprintf(args, sizeof args, "synth-layer --shape tiny --hash --seed %llu --tokens 3 --out h.safetensors",
+             (unsigned long long)g_seed);
+    ck_assert_int_eq(cli(args), 0);
+    ck_assert_int_eq(cli("moe --weights h.safetensors --input h.input.safetensors --out y.safetensors"), 0);
+    ck_assert(output_has("routing hash"));
+}
+END_TEST
+
+START_TEST(bad_inputs_fail_clearly)
+{
+    char args[512];
+    snprintf(args, sizeof args, "synth-layer --shape tiny --seed %llu --tokens 2 --out l.safetensors",
+             (unsigned long long)g_seed);
+    ck_assert_int_eq(cli(args), 0);
+    /* missing file */
+    ck_assert_int_ne(cli("moe --weights nope.safetensors --input l.input.safetensors --out y.safetensors"), 0);
+    ck_assert(output_has("nope.safetensors"));
+    ck_assert(!exists("y.safetensors"));
+    /* input of the wrong width: the weights file itself as input has no 'x' */
+    ck_assert_int_ne(cli("moe --weights l.safetensors --input l.safetensors --out y.safetensors"), 0);
+    ck_assert(output_has("tensor 'x'"));
+    ck_assert(!exists("y.safetensors"));
+    /* bad option values */
+    ck_assert_int_eq(cli("moe --weights l.safetensors --input l.input.safetensors --out y.safetensors --recipe sm80"), 1);
+    ck_assert(output_has("unknown recipe 'sm80'"));
+    ck_assert_int_eq(cli("moe --weights l.safetensors --input l.input.safetensors --out y.safetensors --pad-to 100"), 2);
+    ck_assert_int_eq(cli("moe --weights l.safetensors"), 2);
+    /* fused required but impossible */
+    ck_assert_int_ne(cli("moe --weights l.safetensors --input l.input.safetensors --out y.safetensors --shared fused "
+                         "--topk 32"),
+                     0);
+    ck_assert(!exists("y.safetensors"));
+    /* the GPU backend is not part of this build */
+    ck_assert_int_eq(cli("moe --weights l.safetensors --input l.input.safetensors --out y.safetensors --backend gpu"), 1);
+    ck_assert(output_has("GPU backend not built/not available"));
+    ck_assert_int_eq(cli("bench moe --shape tiny --backend gpu"), 1);
+    ck_assert(output_has("GPU backend not built/not available"));
+    ck_assert_int_eq(cli("synth-layer --shape huge --seed 1 --out z.safetensors"), 1);
+    ck_assert(output_has("unknown shape 'huge'"));
+}
+END_TEST
+
+START_TEST(bench_runs_on_tiny)
+{
+    ck_assert_int_eq(cli("bench moe --shape tiny --experts 8 --tokens 0,3 --reps 1"), 0);
+    ck_assert(output_has("ratio"));
+}
+END_TEST
+
+int main(void)
+{
+    g_seed = mmoe_test_seed("moe_cli");
+    Suite *s = suite_create("moe_cli");
+    TCase *tc = tcase_create("cli");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, synth_then_moe_round_trip);
+    tcase_add_test(tc, hash_layer_via_cli);
+    tcase_add_test(tc, bad_inputs_fail_clearly);
+    tcase_add_test(tc, bench_runs_on_tiny);
+    suite_add_tcase(s, tc);
+    return mmoe_test_run(s);
+}
