@@ -30,11 +30,17 @@
 #include "mmoe_gpu_moe.h"
 #include "mmoe_rng.h"
 
+/** A named layer shape. */
 typedef struct bench_shape {
-    const char *name;
-    int D, I, E, topk, SI;
+    const char *name; /**< --shape name */
+    int D;            /**< hidden */
+    int I;            /**< routed width */
+    int E;            /**< routed experts */
+    int topk;         /**< slots per token */
+    int SI;           /**< shared width */
 } bench_shape;
 
+/** The shapes of megamoe-layer.md / dsv4-architecture.md. */
 static const bench_shape shapes[] = {
     {"v4-flash", 4096, 2048, 256, 6, 2048},
     {"v4.1-flash", 5120, 2304, 384, 6, 2304},
@@ -42,6 +48,7 @@ static const bench_shape shapes[] = {
     {"tiny", 256, 256, 8, 2, 256},
 };
 
+/** Parse "1,8,32" into @p out; -1 on a bad list. */
 static int parse_tokens(const char *s, int *out, int max)
 {
     int n = 0;

@@ -4,6 +4,7 @@
  */
 #include "bench_moe_gpu.h"
 
+/** Run the benchmark with the command line. */
 int main(int argc, char **argv)
 {
     return mmoe_bench_moe_gpu(argc, argv);

@@ -12,6 +12,7 @@
  */
 #include "gpu_internal.cuh"
 
+/** One block per token: the slot sum in ascending slot order, one BF16 store. */
 __global__ void combine_kernel(const __nv_bfloat16 *slots_buf, const int32_t *topk_idx, int topk, int has_shared,
                                int D, __nv_bfloat16 *y)
 {

@@ -491,6 +491,7 @@ cudaError_t launch1(const mmoe_gemm_args *a, int bfmt, int ag, int epi, dim3 gri
 
 } // namespace
 
+/** Grid-stride body of mmoe_tile_rows(). */
 __global__ void tile_rows_kernel(const uint32_t *src, uint32_t *dst, int n_blocks, int nkb, int src_row_words,
                                  int trw, int l1, int half_rows)
 {

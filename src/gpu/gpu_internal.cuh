@@ -54,8 +54,8 @@ struct mmoe_gemm_args {
     int total_rows;             /**< rows when tiles == NULL */
     /* B: weights tile-major [expert][n-block][K/128][128 rows][128 or 64 bytes], scales
        [expert][n-block][K/128][128 rows][4 bytes] (see mmoe_tile_rows) */
-    const uint8_t *b;
-    const uint8_t *b_scale;
+    const uint8_t *b;           /**< weights (E2M1 pairs or E4M3 bytes), tile-major */
+    const uint8_t *b_scale;     /**< UE8M0 scale bytes, tile-major */
     size_t b_expert_stride;     /**< bytes between experts' weights */
     size_t bs_expert_stride;    /**< bytes between experts' scales */
     int b_up_row0;              /**< L1: first row of the up half (= I); L2: unused */
@@ -82,7 +82,13 @@ cudaError_t mmoe_launch_gemm(const mmoe_gemm_args *args, int block_m, int b_fmt,
 
 /**
  * Quantize rows to FP8 E4M3.
- * @param in_bf16 / in_f32  exactly one is non-NULL: the input rows [rows, cols]
+ * @param in_bf16  BF16 input rows [rows, cols], or NULL
+ * @param in_f32   FP32 input rows [rows, cols], or NULL (exactly one of the two is given)
+ * @param rows     rows
+ * @param cols     channels per row, a multiple of 128
+ * @param q        E4M3 output [rows, cols]
+ * @param scales   FP32 scales [rows, cols/128] (mode 0) or [rows, cols/32] (modes 1, 2)
+ * @param stream   CUDA stream
  * @param mode  0: SM90 FP32 per 128 (1e-4 clamp); 1: SM100 input rule (UE8M0 ceil per 32, 1e-4 and
  *              [1,254] clamps); 2: SM100 kernel requant rule (UE8M0 per 32, no clamps)
  */

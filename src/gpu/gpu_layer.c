@@ -31,25 +31,30 @@
 
 #include "mmoe_gpu_layer.h"
 
+/** The adapter's layer: the description, the GPU layer and what a result reports. */
 struct mmoe_gpu_layer {
-    mmoe_moe_desc desc;
-    mmoe_gpu_moe *g;
-    int64_t inter_used, shared_inter_used;
-    int padded;
-    mmoe_moe_path shared_path;
-    mmoe_gpu_moe_result last;
+    mmoe_moe_desc desc;          /**< the caller's description (copied) */
+    mmoe_gpu_moe *g;             /**< the GPU layer */
+    int64_t inter_used;          /**< routed width after padding */
+    int64_t shared_inter_used;   /**< shared width after padding */
+    int padded;                  /**< 1 when a width grew */
+    mmoe_moe_path shared_path;   /**< none or fused */
+    mmoe_gpu_moe_result last;    /**< GPU details of the last call */
 };
 
+/** I8 or U8: a packed FP4 tensor. */
 static int is_byte_dtype(mmoe_dtype dt)
 {
     return dt == MMOE_DT_U8 || dt == MMOE_DT_I8;
 }
 
+/** F8_E8M0 or U8: a UE8M0 scale tensor. */
 static int is_scale_byte_dtype(mmoe_dtype dt)
 {
     return dt == MMOE_DT_F8_E8M0 || dt == MMOE_DT_U8;
 }
 
+/** Check a 2-D byte tensor (kind 0: codes, 1: scales, bytes 255 rejected); the error names it. */
 static mmoe_status expect2(const mmoe_tensor *t, const char *what, int byte_kind, int64_t rows, int64_t cols,
                            mmoe_error *err)
 {
@@ -104,6 +109,7 @@ static int expand_shared_scales(const mmoe_tensor *sc, int64_t rows, int64_t col
     return 0;
 }
 
+/** 1 unless @p sc is F32 with a scale that is not a positive normal power of two. */
 static int shared_scales_pow2(const mmoe_tensor *sc)
 {
     if (sc->dtype != MMOE_DT_F32)
@@ -149,6 +155,7 @@ static mmoe_moe_fallback shared_plan(const mmoe_moe_desc *d, const mmoe_moe_weig
     return MMOE_FALLBACK_NONE;
 }
 
+/** Check every routed expert's six tensors (dtype, shape, scale bytes). */
 static mmoe_status check_routed(const mmoe_moe_desc *d, const mmoe_moe_weights *w, mmoe_error *err)
 {
     const int64_t D = d->hidden, I = d->inter;
@@ -158,18 +165,18 @@ static mmoe_status check_routed(const mmoe_moe_desc *d, const mmoe_moe_weights *
         return mmoe_error_set(err, MMOE_ENOTFOUND, "gpu layer: no routed expert weights");
     for (int64_t e = 0; e < d->n_experts && st == MMOE_OK; e++) {
         const mmoe_moe_expert_weights *x = &w->experts[e];
-#define CHK(field, kind, r, c)                                                          \
-        if (st == MMOE_OK) {                                                            \
-            snprintf(what, sizeof what, "experts.%lld." #field, (long long)e);          \
-            st = expect2(&x->field, what, kind, r, c, err);                             \
+        const struct {
+            const mmoe_tensor *t;
+            const char *name;
+            int kind;
+            int64_t rows, cols;
+        } chk[6] = {{&x->w1, "w1", 0, I, D / 2},           {&x->w3, "w3", 0, I, D / 2},
+                    {&x->w2, "w2", 0, D, I / 2},           {&x->w1_scale, "w1_scale", 1, I, D / 32},
+                    {&x->w3_scale, "w3_scale", 1, I, D / 32}, {&x->w2_scale, "w2_scale", 1, D, I / 32}};
+        for (int i = 0; i < 6 && st == MMOE_OK; i++) {
+            snprintf(what, sizeof what, "experts.%lld.%s", (long long)e, chk[i].name);
+            st = expect2(chk[i].t, what, chk[i].kind, chk[i].rows, chk[i].cols, err);
         }
-        CHK(w1, 0, I, D / 2)
-        CHK(w3, 0, I, D / 2)
-        CHK(w2, 0, D, I / 2)
-        CHK(w1_scale, 1, I, D / 32)
-        CHK(w3_scale, 1, I, D / 32)
-        CHK(w2_scale, 1, D, I / 32)
-#undef CHK
     }
     return st;
 }

@@ -31,27 +31,47 @@
 #include "gpu_internal.cuh"
 #include "mmoe_gpu_moe.h"
 
+/** The GPU layer: weights, workspace and streams on device 0. */
 struct mmoe_gpu_moe {
-    mmoe_gpu_moe_desc d;
-    mmoe_gpu_recipe recipe;
-    int cc;
-    cudaStream_t stream;      /* the call's stream: inputs, routed experts, combine */
-    cudaStream_t side;        /* the shared expert runs here, concurrently with the routed GEMMs */
-    cudaEvent_t x_ready, shared_done;
-    uint8_t *w13, *s13, *w2, *s2, *sw13, *ss13, *sw2, *ss2;
-    long long *cum_counts;
-    int *counts, *num_tiles, *num_pairs;
-    long long wide_l1, wide_l2;
-    size_t weight_bytes;
-    /* workspace, sized for cap tokens */
-    int cap;
-    size_t ws_bytes;
-    __nv_bfloat16 *x, *y, *slots;
-    int32_t *idx;
-    float *tw, *xs, *a1, *l2s, *sh_a1, *sh_l2s;
-    uint8_t *xq, *l2q, *sh_l2q;
-    mmoe_pool_entry *pool;
-    mmoe_tile *tiles;
+    mmoe_gpu_moe_desc d;      /**< sizes (inter_src/shared_inter_src filled in) */
+    mmoe_gpu_recipe recipe;   /**< the recipe computed */
+    int cc;                   /**< compute capability */
+    cudaStream_t stream;      /**< the call's stream: inputs, routed experts, combine */
+    cudaStream_t side;        /**< the shared expert runs here, concurrently with the routed GEMMs */
+    cudaEvent_t x_ready;      /**< the quantized x is ready (side stream waits) */
+    cudaEvent_t shared_done;  /**< the shared slot is written (combine waits) */
+    uint8_t *w13;             /**< routed gate/up codes, tile-major */
+    uint8_t *s13;             /**< their scales */
+    uint8_t *w2;              /**< routed down codes, tile-major */
+    uint8_t *s2;              /**< their scales */
+    uint8_t *sw13;            /**< shared gate/up E4M3, tile-major */
+    uint8_t *ss13;            /**< their expanded scales */
+    uint8_t *sw2;             /**< shared down E4M3, tile-major */
+    uint8_t *ss2;             /**< their expanded scales */
+    long long *cum_counts;    /**< [E] received pairs over all calls */
+    int *counts;              /**< [E] this call's pairs per expert */
+    int *num_tiles;           /**< this call's routed tiles (device) */
+    int *num_pairs;           /**< this call's valid pairs (device; num_tiles + 1) */
+    long long wide_l1;        /**< L1 weight blocks on the exact path */
+    long long wide_l2;        /**< L2 weight blocks on the exact path */
+    size_t weight_bytes;      /**< bytes of all weight arrays */
+    int cap;                  /**< tokens the workspace holds */
+    size_t ws_bytes;          /**< bytes of the workspace */
+    __nv_bfloat16 *x;         /**< [cap, D] input */
+    __nv_bfloat16 *y;         /**< [cap, D] output */
+    __nv_bfloat16 *slots;     /**< [cap, topk+1, D] per-slot L2 outputs */
+    int32_t *idx;             /**< [cap, topk] routing */
+    float *tw;                /**< [cap, topk] routing weights */
+    float *xs;                /**< input scales */
+    float *a1;                /**< [cap*topk, I] routed L1 output (FP32) */
+    float *l2s;               /**< its requant scales */
+    float *sh_a1;             /**< [cap, S*I] shared L1 output */
+    float *sh_l2s;            /**< its requant scales */
+    uint8_t *xq;              /**< [cap, D] quantized input */
+    uint8_t *l2q;             /**< routed L2 input (E4M3) */
+    uint8_t *sh_l2q;          /**< shared L2 input (E4M3) */
+    mmoe_pool_entry *pool;    /**< [cap*topk] pool rows */
+    mmoe_tile *tiles;         /**< routed tile list */
 };
 
 const char *mmoe_gpu_recipe_name(mmoe_gpu_recipe r)
@@ -59,12 +79,14 @@ const char *mmoe_gpu_recipe_name(mmoe_gpu_recipe r)
     return r == MMOE_GPU_RECIPE_SM90 ? "sm90" : r == MMOE_GPU_RECIPE_SM100 ? "sm100" : "auto";
 }
 
+/** Turn a CUDA error into an mmoe_error naming the step. */
 static mmoe_status cuda_fail(mmoe_error *err, cudaError_t e, const char *what)
 {
     return mmoe_error_set(err, e == cudaErrorMemoryAllocation ? MMOE_ENOMEM : MMOE_EINTERNAL,
                           "gpu: %s failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
+/** Return a CUDA failure of @p call as an mmoe_error naming @p what. */
 #define CK(call, what)                                          \
     do {                                                        \
         cudaError_t ck_e_ = (call);                             \
@@ -93,6 +115,7 @@ mmoe_status mmoe_gpu_available(int *cc, mmoe_error *err)
 
 /* ------------------------------------------------------------------ random weights (benchmarks) */
 
+/** A 64-bit mix (splitmix finalizer) truncated to 32 bits. */
 __device__ __forceinline__ uint32_t hash32(uint64_t x)
 {
     x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ULL; x ^= x >> 33;
@@ -134,6 +157,7 @@ __global__ void count_wide_blocks(const uint8_t *s, size_t nblocks, int fp8, uns
         atomicAdd(out, local);
 }
 
+/** Count the exact-path blocks of a scale array into @p out. */
 static mmoe_status count_wide(const uint8_t *s, size_t bytes, int fp8, long long *out, mmoe_error *err)
 {
     unsigned long long *d = NULL, h = 0;
@@ -154,6 +178,7 @@ static mmoe_status count_wide(const uint8_t *s, size_t bytes, int fp8, long long
 
 /* ------------------------------------------------------------------ create / destroy */
 
+/** Check the sizes of a description; the error names the field. */
 static mmoe_status check_desc(const mmoe_gpu_moe_desc *d, mmoe_error *err)
 {
     if (d->hidden <= 0 || d->hidden % 128 != 0)
@@ -178,6 +203,7 @@ static mmoe_status check_desc(const mmoe_gpu_moe_desc *d, mmoe_error *err)
     return MMOE_OK;
 }
 
+/** Allocate device memory for the layer or fail (freeing the layer). */
 #define DALLOC(ptr, bytes, what)                                                   \
     do {                                                                           \
         cudaError_t e_ = cudaMalloc((void **)&(ptr), (bytes) > 0 ? (bytes) : 16);  \
@@ -339,6 +365,7 @@ mmoe_status mmoe_gpu_moe_create(const mmoe_gpu_moe_desc *desc, const mmoe_gpu_mo
     return MMOE_OK;
 }
 
+/** Free the token workspace. */
 static void free_workspace(mmoe_gpu_moe *L)
 {
     void *ptrs[] = {L->x, L->y, L->slots, L->idx, L->tw, L->xs, L->a1, L->l2s, L->sh_a1, L->sh_l2s,
@@ -377,6 +404,7 @@ void mmoe_gpu_moe_destroy(mmoe_gpu_moe *L)
 
 /* ------------------------------------------------------------------ workspace */
 
+/** Allocate one workspace array and count its bytes. */
 static cudaError_t walloc(mmoe_gpu_moe *L, void **p, size_t bytes)
 {
     bytes = bytes > 0 ? bytes : 16;
@@ -384,6 +412,7 @@ static cudaError_t walloc(mmoe_gpu_moe *L, void **p, size_t bytes)
     return cudaMalloc(p, bytes);
 }
 
+/** Grow the workspace to hold @p T tokens. */
 static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
 {
     if (T <= L->cap)
@@ -391,26 +420,22 @@ static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
     free_workspace(L);
     const size_t t = (size_t)T, D = (size_t)L->d.hidden, I = (size_t)L->d.inter, K = (size_t)L->d.topk;
     const size_t SI = (size_t)L->d.shared_inter, E = (size_t)L->d.n_experts;
+    const struct {
+        void **p;
+        size_t bytes;
+    } arrays[] = {
+        {(void **)&L->x, t * D * 2},          {(void **)&L->y, t * D * 2},
+        {(void **)&L->slots, t * (K + 1) * D * 2}, {(void **)&L->idx, t * K * 4},
+        {(void **)&L->tw, t * K * 4},         {(void **)&L->xq, t * D},
+        {(void **)&L->xs, t * D / 32 * 4},    {(void **)&L->pool, t * K * sizeof(mmoe_pool_entry)},
+        {(void **)&L->tiles, (t * K + E) * sizeof(mmoe_tile)},
+        {(void **)&L->a1, t * K * I * 4},     {(void **)&L->l2q, t * K * I},
+        {(void **)&L->l2s, t * K * I / 32 * 4}, {(void **)&L->sh_a1, t * SI * 4},
+        {(void **)&L->sh_l2q, t * SI},        {(void **)&L->sh_l2s, t * SI / 32 * 4},
+    };
     cudaError_t e = cudaSuccess;
-#define WA(ptr, bytes)                                                   \
-    if (e == cudaSuccess)                                                \
-    e = walloc(L, (void **)&(ptr), (bytes))
-    WA(L->x, t * D * 2);
-    WA(L->y, t * D * 2);
-    WA(L->slots, t * (K + 1) * D * 2);
-    WA(L->idx, t * K * 4);
-    WA(L->tw, t * K * 4);
-    WA(L->xq, t * D);
-    WA(L->xs, t * D / 32 * 4);
-    WA(L->pool, t * K * sizeof(mmoe_pool_entry));
-    WA(L->tiles, (t * K + E) * sizeof(mmoe_tile));
-    WA(L->a1, t * K * I * 4);
-    WA(L->l2q, t * K * I);
-    WA(L->l2s, t * K * I / 32 * 4);
-    WA(L->sh_a1, t * SI * 4);
-    WA(L->sh_l2q, t * SI);
-    WA(L->sh_l2s, t * SI / 32 * 4);
-#undef WA
+    for (size_t i = 0; i < sizeof arrays / sizeof arrays[0] && e == cudaSuccess; i++)
+        e = walloc(L, arrays[i].p, arrays[i].bytes);
     if (e != cudaSuccess) {
         free_workspace(L);
         return cuda_fail(err, e, "cudaMalloc(workspace)");
@@ -421,6 +446,7 @@ static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
 
 /* ------------------------------------------------------------------ one call */
 
+/** Tile height: 16 while the expected pairs per expert are <= 16.5, else 64. */
 static int choose_block_m(int T, int topk, int E)
 {
     /* expected pairs per expert, as in get_block_config_for_mega_moe */
@@ -523,6 +549,7 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
     return MMOE_OK;
 }
 
+/** Check the routing and copy the inputs of a call to the device. */
 static mmoe_status upload_inputs(mmoe_gpu_moe *L, int T, const uint16_t *x, const int32_t *topk_idx,
                                  const float *topk_w, mmoe_error *err)
 {
@@ -545,6 +572,7 @@ static mmoe_status upload_inputs(mmoe_gpu_moe *L, int T, const uint16_t *x, cons
     return MMOE_OK;
 }
 
+/** Fill the GPU details of a call. */
 static void fill_result(mmoe_gpu_moe *L, int bm, long long pairs, mmoe_gpu_moe_result *res)
 {
     if (res == NULL)
@@ -610,6 +638,7 @@ mmoe_status mmoe_gpu_moe_expert_counts(mmoe_gpu_moe *L, int64_t *counts, mmoe_er
     return MMOE_OK;
 }
 
+/** qsort order of doubles. */
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;

@@ -57,9 +57,11 @@ __device__ __forceinline__ void scale_sm100_requant(float amax, float *sf, float
     *inv = __uint_as_float((uint32_t)(127 - e) << 23);
 }
 
+/** Load four consecutive channels as floats (exact for BF16 and FP32). */
 template <typename TIn>
 __device__ __forceinline__ void load4(const TIn *p, float v[4]);
 
+/** FP32 input: one 16-byte load. */
 template <>
 __device__ __forceinline__ void load4<float>(const float *p, float v[4])
 {
@@ -67,6 +69,7 @@ __device__ __forceinline__ void load4<float>(const float *p, float v[4])
     v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
 }
 
+/** BF16 input: one 8-byte load, widened by shifting (bits << 16). */
 template <>
 __device__ __forceinline__ void load4<__nv_bfloat16>(const __nv_bfloat16 *p, float v[4])
 {
@@ -114,6 +117,7 @@ __global__ void quant_kernel(const TIn *in, int rows, int cols, uint8_t *q, floa
     }
 }
 
+/** Launch quant_kernel for one input type and mode. */
 template <typename TIn>
 static cudaError_t launch_quant_t(const TIn *in, int rows, int cols, int mode, uint8_t *q, float *scales,
                                   cudaStream_t stream)

@@ -18,6 +18,7 @@
  */
 #include "gpu_internal.cuh"
 
+/** The whole grouping in one block (see the file comment). */
 __global__ void route_kernel(const int32_t *topk_idx, const float *topk_w, int T, int topk, int E, int block_m,
                              int *counts, long long *cum_counts, mmoe_pool_entry *pool, mmoe_tile *tiles,
                              int *num_tiles, int *num_pairs)

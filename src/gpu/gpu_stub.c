@@ -9,6 +9,7 @@
 
 #include "mmoe_gpu_moe.h"
 
+/** The answer of every entry point: MMOE_ENODEV. */
 static mmoe_status no_cuda(mmoe_error *err)
 {
     return mmoe_error_set(err, MMOE_ENODEV, "gpu: this build has no CUDA support (configure found no nvcc)");

@@ -30,6 +30,10 @@ typedef struct mmoe_gpu_layer mmoe_gpu_layer;
 
 /**
  * Create the GPU layer of @p desc and upload @p w (not referenced afterwards).
+ * @param desc  the layer description (recipe sm90 or sm100)
+ * @param w     the weights, as for mmoe_moe_layer_set_weights()
+ * @param out   the new layer
+ * @param err   receives the message on failure
  * @return MMOE_OK; MMOE_ENODEV without CUDA or device; MMOE_EUNSUPPORTED (recipe dsv4-ref,
  *         shared_mode fused where fusion is impossible, a serial shared fallback);
  *         MMOE_EDTYPE / MMOE_ESHAPE / MMOE_ERANGE naming the tensor
@@ -42,7 +46,12 @@ void mmoe_gpu_layer_destroy(mmoe_gpu_layer *layer);
 
 /**
  * Run one call; same contract as mmoe_moe_layer_run() except that @p in->topk_idx is required.
+ * @param layer   the layer
+ * @param in      tokens and routing (host)
+ * @param out     y (and optionally the routing used), host
  * @param result  optional; backend "gpu"
+ * @param err     receives the message on failure
+ * @return MMOE_OK, MMOE_EINVAL (bad routing), MMOE_EUNSUPPORTED (no topk_idx), MMOE_ENOMEM, MMOE_EINTERNAL
  */
 mmoe_status mmoe_gpu_layer_run(mmoe_gpu_layer *layer, const mmoe_moe_input *in, const mmoe_moe_output *out,
                                mmoe_moe_result *result, mmoe_error *err);

@@ -85,10 +85,18 @@ typedef struct mmoe_gpu_moe_desc {
  * zeros, and the padded L2 columns add exact zeros to the sums.
  */
 typedef struct mmoe_gpu_moe_weights {
-    const uint8_t *const *w1, *const *w3, *const *w2;  /**< per routed expert, packed E2M1 */
-    const uint8_t *const *s1, *const *s3, *const *s2;  /**< per routed expert, UE8M0 1x32 */
-    const uint8_t *sw1, *sw3, *sw2;                    /**< shared expert, E4M3 */
-    const uint8_t *ss1, *ss3, *ss2;                    /**< shared expert, UE8M0 1x32 */
+    const uint8_t *const *w1; /**< [E] gate weights [I, D/2], packed E2M1 */
+    const uint8_t *const *w3; /**< [E] up weights [I, D/2], packed E2M1 */
+    const uint8_t *const *w2; /**< [E] down weights [D, I/2], packed E2M1 */
+    const uint8_t *const *s1; /**< [E] gate scales [I, D/32], UE8M0 */
+    const uint8_t *const *s3; /**< [E] up scales [I, D/32], UE8M0 */
+    const uint8_t *const *s2; /**< [E] down scales [D, I/32], UE8M0 */
+    const uint8_t *sw1;       /**< shared gate [S*I, D], E4M3 */
+    const uint8_t *sw3;       /**< shared up [S*I, D], E4M3 */
+    const uint8_t *sw2;       /**< shared down [D, S*I], E4M3 */
+    const uint8_t *ss1;       /**< shared gate scales [S*I, D/32], UE8M0 */
+    const uint8_t *ss3;       /**< shared up scales [S*I, D/32], UE8M0 */
+    const uint8_t *ss2;       /**< shared down scales [D, S*I/32], UE8M0 */
 } mmoe_gpu_moe_weights;
 
 /** What one call did: the path taken, fallbacks and their reasons, counters. */
@@ -114,6 +122,7 @@ typedef struct mmoe_gpu_moe mmoe_gpu_moe;
 /**
  * Is there a usable CUDA device?
  * @param cc   compute capability of device 0 (major*10+minor), written when found; may be NULL
+ * @param err  receives the message on failure
  * @return MMOE_OK, or MMOE_ENODEV (no CUDA in this build, no device, driver error) with a message
  */
 mmoe_status mmoe_gpu_available(int *cc, mmoe_error *err);
@@ -125,6 +134,7 @@ mmoe_status mmoe_gpu_available(int *cc, mmoe_error *err);
  *              the device from @p seed (for benchmarks: codes uniform, scale bytes in 118..125)
  * @param seed  seed of the random weights when @p w is NULL
  * @param out   the new layer; free with mmoe_gpu_moe_destroy()
+ * @param err   receives the message on failure
  * @return MMOE_OK, MMOE_EINVAL/MMOE_ESHAPE for bad sizes, MMOE_ENOMEM, MMOE_ENODEV
  */
 mmoe_status mmoe_gpu_moe_create(const mmoe_gpu_moe_desc *desc, const mmoe_gpu_moe_weights *w,
@@ -135,11 +145,14 @@ void mmoe_gpu_moe_destroy(mmoe_gpu_moe *layer);
 
 /**
  * Run the layer on T tokens (host arrays in, host array out).
+ * @param layer     the layer
+ * @param T         tokens, >= 0
  * @param x         BF16 [T, D] (raw uint16 bits)
  * @param topk_idx  int32 [T, topk], expert ids in [0, E) or -1 for a masked slot
  * @param topk_w    FP32 [T, topk] routing weights (routed scaling applied; ignored where masked)
  * @param y         BF16 [T, D] output; fully written on success, untouched on failure
  * @param res       what ran (may be NULL)
+ * @param err       receives the message on failure
  * @return MMOE_OK, MMOE_ERANGE for an expert id out of range, MMOE_ENOMEM, MMOE_ENODEV,
  *         MMOE_EINTERNAL for a CUDA error (the message names the kernel)
  */
@@ -150,7 +163,10 @@ mmoe_status mmoe_gpu_moe_run(mmoe_gpu_moe *layer, int T, const uint16_t *x, cons
 /**
  * Received (token, slot) pairs per routed expert, accumulated over all calls
  * since create (the layer's cumulative_local_expert_recv_stats).
+ * @param layer   the layer
  * @param counts  int64 [E], written
+ * @param err     receives the message on failure
+ * @return MMOE_OK, or MMOE_EINTERNAL for a CUDA error
  */
 mmoe_status mmoe_gpu_moe_expert_counts(mmoe_gpu_moe *layer, int64_t *counts, mmoe_error *err);
 
@@ -158,6 +174,18 @@ mmoe_status mmoe_gpu_moe_expert_counts(mmoe_gpu_moe *layer, int64_t *counts, mmo
  * Time the layer: upload the inputs once, run @p warmup untimed calls, then
  * @p iters calls each timed with CUDA events; report the median and the
  * minimum in microseconds.  The output stays on the device.
+ * @param layer      the layer
+ * @param T          tokens
+ * @param x          BF16 [T, D]
+ * @param topk_idx   int32 [T, topk]
+ * @param topk_w     FP32 [T, topk]
+ * @param warmup     untimed calls first
+ * @param iters      timed calls (> 0)
+ * @param median_us  median time of a call, microseconds
+ * @param min_us     fastest call, microseconds
+ * @param res        what ran (may be NULL)
+ * @param err        receives the message on failure
+ * @return as mmoe_gpu_moe_run()
  */
 mmoe_status mmoe_gpu_moe_time(mmoe_gpu_moe *layer, int T, const uint16_t *x, const int32_t *topk_idx,
                               const float *topk_w, int warmup, int iters, double *median_us,
@@ -169,8 +197,13 @@ mmoe_status mmoe_gpu_moe_time(mmoe_gpu_moe *layer, int T, const uint16_t *x, con
  * @param recipe  MMOE_GPU_RECIPE_SM90 (FP32 per 128: @p scales holds rows*cols/128 floats) or
  *                MMOE_GPU_RECIPE_SM100 (UE8M0 per 32: @p scales holds rows*cols/32 floats, each a
  *                power of two 2^(byte-127))
+ * @param rows    rows of x
+ * @param cols    channels per row
  * @param x       BF16 [rows, cols], cols a multiple of 128
  * @param q       E4M3 [rows, cols], written
+ * @param scales  written as described under @p recipe
+ * @param err     receives the message on failure
+ * @return MMOE_OK, MMOE_ESHAPE, MMOE_ENODEV, MMOE_EINTERNAL
  */
 mmoe_status mmoe_gpu_quantize_input(mmoe_gpu_recipe recipe, int rows, int cols, const uint16_t *x,
                                     uint8_t *q, float *scales, mmoe_error *err);
