@@ -111,8 +111,8 @@ static void fill_block_scales(mmoe_rng *rng, uint8_t *sc, int64_t n, int base_by
         sc[i] = (uint8_t)(base_byte - (int)mmoe_rng_below(rng, 3));
 }
 
-static void make_layer(test_layer *L, int64_t D, int64_t I, int64_t E, int topk, int n_shared, mmoe_moe_recipe recipe,
-                       double wide_frac, mmoe_rng *rng)
+static void make_layer_b(test_layer *L, int64_t D, int64_t I, int64_t E, int topk, int n_shared, mmoe_moe_recipe recipe,
+                         double wide_frac, int64_t B, mmoe_rng *rng)
 {
     memset(L, 0, sizeof *L);
     mmoe_moe_desc_init(&L->desc);
@@ -122,7 +122,7 @@ static void make_layer(test_layer *L, int64_t D, int64_t I, int64_t E, int topk,
     L->desc.topk = topk;
     L->desc.n_shared = n_shared;
     L->desc.shared_inter = I;
-    L->desc.shared_block = 128;
+    L->desc.shared_block = (int)B;
     L->desc.swiglu_limit = 10.0f;
     L->desc.recipe = recipe;
     L->desc.routed_scaling_factor = 1.0f;
@@ -152,7 +152,7 @@ static void make_layer(test_layer *L, int64_t D, int64_t I, int64_t E, int topk,
         gate[i] = mmoe_bf16_from_f32((float)(0.05 * mmoe_rng_normal(rng)));
     L->w.gate = view2(MMOE_DT_BF16, E, D, gate);
     if (n_shared > 0) {
-        const int64_t SW = (int64_t)n_shared * I, B = 128;
+        const int64_t SW = (int64_t)n_shared * I;
         uint8_t *w1 = tl_alloc(L, (size_t)(SW * D)), *w3 = tl_alloc(L, (size_t)(SW * D));
         uint8_t *w2 = tl_alloc(L, (size_t)(D * SW));
         const int64_t n13 = ((SW + B - 1) / B) * ((D + B - 1) / B), n2 = ((D + B - 1) / B) * ((SW + B - 1) / B);
@@ -170,6 +170,13 @@ static void make_layer(test_layer *L, int64_t D, int64_t I, int64_t E, int topk,
         L->w.shared.w3_scale = view2(MMOE_DT_F8_E8M0, (SW + B - 1) / B, (D + B - 1) / B, s3);
         L->w.shared.w2_scale = view2(MMOE_DT_F8_E8M0, (D + B - 1) / B, (SW + B - 1) / B, s2);
     }
+}
+
+/** A random layer with 128x128 shared scale blocks (V4). */
+static void make_layer(test_layer *L, int64_t D, int64_t I, int64_t E, int topk, int n_shared, mmoe_moe_recipe recipe,
+                       double wide_frac, mmoe_rng *rng)
+{
+    make_layer_b(L, D, I, E, topk, n_shared, recipe, wide_frac, 128, rng);
 }
 
 static void free_layer(test_layer *L)
@@ -581,6 +588,35 @@ START_TEST(layer_sm90_v4_flash_widths)
 }
 END_TEST
 
+/** V4.1-Flash widths (D 5120, I 2304: not a multiple of 256) with 32x32 shared scale blocks. */
+START_TEST(layer_sm90_v41_flash_widths)
+{
+    if (!gpu_ok())
+        return;
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 8);
+    test_layer L;
+    make_layer_b(&L, 5120, 2304, 8, 6, 1, MMOE_RECIPE_SM90, 0.01, 32, &rng);
+    run_case("sm90 v4.1-flash widths", &L, 20, ROUTE_MASKED, NULL);
+    free_layer(&L);
+}
+END_TEST
+
+/** 256 experts, top-6 (the V4-Flash routing width) on small matrices; many experts empty at T=30. */
+START_TEST(layer_sm90_many_experts)
+{
+    if (!gpu_ok())
+        return;
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 9);
+    test_layer L;
+    make_layer(&L, 256, 128, 256, 6, 1, MMOE_RECIPE_SM90, 0.01, &rng);
+    run_case("sm90 E=256 T=30", &L, 30, ROUTE_MASKED, NULL);
+    run_case("sm90 E=256 T=700", &L, 700, ROUTE_RANDOM, NULL);
+    free_layer(&L);
+}
+END_TEST
+
 static Suite *gpu_suite(void)
 {
     Suite *s = suite_create("gpu_moe");
@@ -594,6 +630,8 @@ static Suite *gpu_suite(void)
     tcase_add_test(tc, layer_fallbacks_and_errors);
     tcase_add_test(tc, layer_sm90_large_t);
     tcase_add_test(tc, layer_sm90_v4_flash_widths);
+    tcase_add_test(tc, layer_sm90_v41_flash_widths);
+    tcase_add_test(tc, layer_sm90_many_experts);
     suite_add_tcase(s, tc);
     return s;
 }
