@@ -338,8 +338,11 @@ mmoe_status mmoe_gpu_layer_run(mmoe_gpu_layer *L, const mmoe_moe_input *in, cons
     const int64_t T = in->n_tokens, K = d->topk, E = d->n_experts;
     mmoe_status st = MMOE_OK;
     int32_t *idx32 = NULL;
-    if (result != NULL)
+    if (result != NULL) { /* reset every field but the caller's expert_recv_stats */
+        int64_t *stats = result->expert_recv_stats;
         mmoe_moe_result_init(result);
+        result->expert_recv_stats = stats;
+    }
     if (T < 0 || T > (int64_t)1 << 24) {
         st = mmoe_error_set(err, MMOE_EINVAL, "gpu layer: n_tokens %lld out of range", (long long)T);
         goto done;
