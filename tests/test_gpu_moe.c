@@ -432,7 +432,8 @@ START_TEST(layer_sm90_token_counts)
     test_layer L;
     make_layer(&L, 256, 256, 8, 2, 1, MMOE_RECIPE_SM90, 0.02, &rng);
     /* block_m 16 while T*topk/E <= 16.5 (T <= 66), 64 above */
-    static const int64_t Ts[] = {1, 5, 16, 17, 66, 67, 130, 1000};
+    /* split K for T <= 4; block_m 16 while T*topk/E <= 16.5 (T <= 66), 64 above */
+    static const int64_t Ts[] = {1, 3, 4, 5, 16, 17, 66, 67, 130, 1000};
     for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++)
         run_case("sm90 random", &L, Ts[i], ROUTE_MASKED, NULL);
     free_layer(&L);
@@ -478,26 +479,21 @@ START_TEST(layer_sm100_formats)
 END_TEST
 
 /** Padding I 256 -> 512 (and the shared expert along) gives bit-identical output on the GPU. */
-START_TEST(layer_padding_invariance)
+/** The layer padded 256 -> 512 gives bit-identical output on the GPU (T tokens, masked routing). */
+static void check_padding_bitexact(test_layer *Lp, int64_t T, mmoe_rng *rngp)
 {
-    if (!gpu_ok())
-        return;
-    mmoe_rng rng;
-    mmoe_rng_seed(&rng, g_seed + 4);
-    test_layer L;
-    make_layer(&L, 256, 256, 8, 2, 1, MMOE_RECIPE_SM90, 0.02, &rng);
-    const int64_t T = 50, D = 256;
+    const int64_t D = 256;
     uint16_t *x = malloc((size_t)T * D * 2), *y0 = malloc((size_t)T * D * 2), *y1 = malloc((size_t)T * D * 2);
     int64_t *idx = malloc((size_t)T * 2 * 8);
     float *w = malloc((size_t)T * 2 * 4);
-    make_inputs(&rng, T, D, 8, 2, ROUTE_MASKED, x, idx, w);
+    make_inputs(rngp, T, D, 8, 2, ROUTE_MASKED, x, idx, w);
     mmoe_error err;
     mmoe_moe_input in = {T, x, NULL, idx, w};
     for (int pass = 0; pass < 2; pass++) {
-        mmoe_moe_desc d = L.desc;
+        mmoe_moe_desc d = Lp->desc;
         d.pad_to = pass == 0 ? 0 : 512;
         mmoe_gpu_layer *gl = NULL;
-        ck_assert_msg(mmoe_gpu_layer_create(&d, &L.w, &gl, &err) == MMOE_OK, "%s", err.msg);
+        ck_assert_msg(mmoe_gpu_layer_create(&d, &Lp->w, &gl, &err) == MMOE_OK, "%s", err.msg);
         uint16_t *y = pass == 0 ? y0 : y1;
         mmoe_test_poison_bf16(y, (size_t)(T * D));
         mmoe_moe_output out = {y, NULL, NULL};
@@ -509,16 +505,29 @@ START_TEST(layer_padding_invariance)
         ck_assert_int_eq(r.inter_used, pass ? 512 : 256);
         mmoe_gpu_layer_destroy(gl);
     }
-    ck_assert_msg(memcmp(y0, y1, (size_t)T * D * 2) == 0, "padded output differs (seed %llu)",
-                  (unsigned long long)g_seed);
-    /* and the padded layer agrees with the padded oracle */
-    L.desc.pad_to = 512;
-    run_case("sm90 padded", &L, 50, ROUTE_MASKED, NULL);
+    ck_assert_msg(memcmp(y0, y1, (size_t)T * D * 2) == 0, "T=%lld: padded output differs (seed %llu)",
+                  (long long)T, (unsigned long long)g_seed);
     free(x);
     free(y0);
     free(y1);
     free(idx);
     free(w);
+}
+
+START_TEST(layer_padding_invariance)
+{
+    if (!gpu_ok())
+        return;
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 4);
+    test_layer L;
+    make_layer(&L, 256, 256, 8, 2, 1, MMOE_RECIPE_SM90, 0.02, &rng);
+    check_padding_bitexact(&L, 3, &rng);  /* split K */
+    check_padding_bitexact(&L, 50, &rng); /* no split */
+    /* and the padded layer agrees with the padded oracle */
+    L.desc.pad_to = 512;
+    run_case("sm90 padded", &L, 50, ROUTE_MASKED, NULL);
+    run_case("sm90 padded split-K", &L, 2, ROUTE_RANDOM, NULL);
     free_layer(&L);
 }
 END_TEST

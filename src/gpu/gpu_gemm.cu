@@ -219,6 +219,9 @@ __global__ void __launch_bounds__(128) gemm_kernel(const mmoe_gemm_args p)
     const int nb = blockIdx.y;
     const int K = p.K;
     const int nkb = K / BK;
+    /* split K: this block sums K blocks [kb0, kb0 + nk) only (all of them without a split) */
+    const int kb0 = p.split_kb > 0 ? (int)blockIdx.z * p.split_kb : 0;
+    const int nk = p.split_kb > 0 ? min(p.split_kb, nkb - kb0) : nkb;
 
     for (int r = tid; r < BM; r += 128) {
         int pr = row0 + r;
@@ -284,17 +287,17 @@ __global__ void __launch_bounds__(128) gemm_kernel(const mmoe_gemm_args p)
 
 #pragma unroll
     for (int st = 0; st < STAGES - 1; st++) {
-        if (st < nkb)
-            load_stage(st, st);
+        if (st < nk)
+            load_stage(st, kb0 + st);
         cp_async_commit();
     }
 
-    for (int kb = 0; kb < nkb; kb++) {
-        const int st = kb % STAGES;
+    for (int it = 0; it < nk; it++) {
+        const int st = it % STAGES;
         cp_async_wait<STAGES - 2>();
         __syncthreads(); /* stage st landed for everyone; the previous step's readers are done */
-        if (kb + STAGES - 1 < nkb)
-            load_stage((kb + STAGES - 1) % STAGES, kb + STAGES - 1);
+        if (it + STAGES - 1 < nk)
+            load_stage((it + STAGES - 1) % STAGES, kb0 + it + STAGES - 1);
         cp_async_commit();
         const uint8_t *stage = smem + st * SL::STAGE_BYTES;
         const uint8_t *sA = stage + SL::OFF_A;
@@ -409,6 +412,31 @@ __global__ void __launch_bounds__(128) gemm_kernel(const mmoe_gemm_args p)
     cp_async_wait<0>();
 
     /* ---- epilogue */
+    if (p.partial != nullptr) {
+        /* split K: store the raw FP32 sums; mmoe_launch_split_finish() adds the splits in order */
+        float *part = p.partial + (size_t)blockIdx.z * p.partial_rows * p.partial_cols;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = wm * MT * 16 + mt * 16 + gid + h * 8;
+                if (r >= nrows)
+                    continue;
+                float *prow = part + (size_t)(row0 + r) * p.partial_cols;
+#pragma unroll
+                for (int j = 0; j < NT; j++) {
+                    const int ntile = j < NTH ? wn * NTH + j : 8 + wn * NTH + (j - NTH);
+                    const int n = ntile * 8 + tig * 2;
+                    int col;
+                    if (EPI == MMOE_EPI_SWIGLU)
+                        col = n < 64 ? nb * 64 + n : p.n_out + nb * 64 + (n - 64);
+                    else
+                        col = nb * BN + n;
+                    *reinterpret_cast<float2 *>(prow + col) = make_float2(acc[mt][j][2 * h], acc[mt][j][2 * h + 1]);
+                }
+            }
+        return;
+    }
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -520,7 +548,9 @@ cudaError_t mmoe_launch_gemm(const mmoe_gemm_args *args, int block_m, int b_fmt,
     if (max_tiles <= 0)
         return cudaSuccess;
     const int nblocks = epi == MMOE_EPI_SWIGLU ? args->n_out / 64 : args->n_out / BN;
-    dim3 grid((unsigned)max_tiles, (unsigned)nblocks);
+    const int nkb = args->K / BK;
+    const int nsplit = args->split_kb > 0 ? (nkb + args->split_kb - 1) / args->split_kb : 1;
+    dim3 grid((unsigned)max_tiles, (unsigned)nblocks, (unsigned)nsplit);
     return block_m == 16 ? launch1<16>(args, b_fmt, a_group, epi, grid, stream)
                          : launch1<64>(args, b_fmt, a_group, epi, grid, stream);
 }

@@ -66,7 +66,20 @@ struct mmoe_gemm_args {
     float *out_f32;             /**< L1: FP32 [rows, n_out] */
     __nv_bfloat16 *out_slots;   /**< L2: BF16 [T, slots, D] */
     int slots;                  /**< topk + 1 */
+    /* split K (small T): 0 = off; else each block sums split_kb K blocks and stores raw FP32 */
+    int split_kb;               /**< K blocks (of 128) per split, 0 = no split */
+    float *partial;             /**< [splits][partial_rows][partial_cols] FP32 sums, or NULL */
+    int partial_rows;           /**< pool rows of the partial buffer */
+    int partial_cols;           /**< 2*n_out (L1: gate then up) or n_out (L2) */
 };
+
+/**
+ * Finish a split-K GEMM: sum the splits in ascending order (deterministic, and padding adds
+ * only exact zeros at the end) and run the epilogue of @p args (SwiGLU to out_f32, or BF16
+ * into the combine slots) for the pool rows [0, *num_rows_dev) or [0, rows) when it is NULL.
+ */
+cudaError_t mmoe_launch_split_finish(const mmoe_gemm_args *args, int epi, int nsplit, int rows,
+                                     const int *num_rows_dev, cudaStream_t stream);
 
 /**
  * Rewrite a row-major matrix of 32-bit words [rows][src_row_words] into the GEMM's tile-major

@@ -71,6 +71,9 @@ struct mmoe_gpu_moe {
     uint8_t *l2q;             /**< routed L2 input (E4M3) */
     uint8_t *sh_l2q;          /**< shared L2 input (E4M3) */
     mmoe_pool_entry *pool;    /**< [cap*topk] pool rows */
+    float *part;              /**< split-K partial sums of the routed GEMMs (T <= MMOE_SPLIT_MAX_T) */
+    float *sh_part;           /**< split-K partial sums of the shared GEMMs */
+    int last_split;           /**< 1 when the last call split K */
     mmoe_tile *tiles;         /**< routed tile list */
 };
 
@@ -369,7 +372,7 @@ mmoe_status mmoe_gpu_moe_create(const mmoe_gpu_moe_desc *desc, const mmoe_gpu_mo
 static void free_workspace(mmoe_gpu_moe *L)
 {
     void *ptrs[] = {L->x, L->y, L->slots, L->idx, L->tw, L->xs, L->a1, L->l2s, L->sh_a1, L->sh_l2s,
-                    L->xq, L->l2q, L->sh_l2q, L->pool, L->tiles};
+                    L->xq, L->l2q, L->sh_l2q, L->pool, L->tiles, L->part, L->sh_part};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
         cudaFree(ptrs[i]);
     L->x = L->y = L->slots = NULL;
@@ -378,6 +381,7 @@ static void free_workspace(mmoe_gpu_moe *L)
     L->xq = L->l2q = L->sh_l2q = NULL;
     L->pool = NULL;
     L->tiles = NULL;
+    L->part = L->sh_part = NULL;
     L->cap = 0;
     L->ws_bytes = 0;
 }
@@ -412,6 +416,17 @@ static cudaError_t walloc(mmoe_gpu_moe *L, void **p, size_t bytes)
     return cudaMalloc(p, bytes);
 }
 
+/** Calls with at most this many tokens split K (gpu_splitk.cu). */
+#define MMOE_SPLIT_MAX_T 4
+/** K blocks of 128 per split: fixed 512-wide chunks. */
+#define MMOE_SPLIT_KB 4
+
+/** Number of K splits of a reduction of length @p K. */
+static size_t split_count(size_t K)
+{
+    return (K / 128 + MMOE_SPLIT_KB - 1) / MMOE_SPLIT_KB;
+}
+
 /** Grow the workspace to hold @p T tokens. */
 static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
 {
@@ -420,6 +435,7 @@ static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
     free_workspace(L);
     const size_t t = (size_t)T, D = (size_t)L->d.hidden, I = (size_t)L->d.inter, K = (size_t)L->d.topk;
     const size_t SI = (size_t)L->d.shared_inter, E = (size_t)L->d.n_experts;
+    const size_t ts = t < MMOE_SPLIT_MAX_T ? t : MMOE_SPLIT_MAX_T; /* tokens of a split-K call */
     const struct {
         void **p;
         size_t bytes;
@@ -432,6 +448,10 @@ static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
         {(void **)&L->a1, t * K * I * 4},     {(void **)&L->l2q, t * K * I},
         {(void **)&L->l2s, t * K * I / 32 * 4}, {(void **)&L->sh_a1, t * SI * 4},
         {(void **)&L->sh_l2q, t * SI},        {(void **)&L->sh_l2s, t * SI / 32 * 4},
+        {(void **)&L->part, ts * K * (2 * I * split_count(D) > D * split_count(I) ? 2 * I * split_count(D)
+                                                                                : D * split_count(I)) * 4},
+        {(void **)&L->sh_part, ts * (2 * SI * split_count(D) > D * split_count(SI) ? 2 * SI * split_count(D)
+                                                                                 : D * split_count(SI)) * 4},
     };
     cudaError_t e = cudaSuccess;
     for (size_t i = 0; i < sizeof arrays / sizeof arrays[0] && e == cudaSuccess; i++)
@@ -462,6 +482,8 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
     const int ag = sm90 ? 128 : 32;
     const int bm = choose_block_m(T, K, E);
     cudaStream_t s = L->stream;
+    const int split = T <= MMOE_SPLIT_MAX_T; /* few tokens: split K so that enough blocks stream the weights */
+    L->last_split = split;
     *block_m_out = bm;
     if (T == 0)
         return MMOE_OK;
@@ -485,7 +507,15 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
         a.b_up_row0 = SI;
         a.clamp = L->d.swiglu_limit;
         a.out_f32 = L->sh_a1;
+        if (split) {
+            a.split_kb = MMOE_SPLIT_KB;
+            a.partial = L->sh_part;
+            a.partial_rows = T;
+            a.partial_cols = 2 * SI;
+        }
         CK(mmoe_launch_gemm(&a, sbm, MMOE_B_FP8, ag, MMOE_EPI_SWIGLU, stiles, s), "L1 GEMM (shared)");
+        if (split)
+            CK(mmoe_launch_split_finish(&a, MMOE_EPI_SWIGLU, (int)split_count(D), T, NULL, s), "L1 split-K sum (shared)");
         CK(mmoe_launch_quant(NULL, L->sh_a1, T, SI, sm90 ? 0 : 2, L->sh_l2q, L->sh_l2s, s), "requantize L1 (shared)");
         memset(&a, 0, sizeof a);
         a.K = SI;
@@ -498,7 +528,16 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
         a.shared_slot = K;
         a.out_slots = L->slots;
         a.slots = K + 1;
+        if (split) {
+            a.split_kb = MMOE_SPLIT_KB;
+            a.partial = L->sh_part;
+            a.partial_rows = T;
+            a.partial_cols = D;
+        }
         CK(mmoe_launch_gemm(&a, sbm, MMOE_B_FP8, ag, MMOE_EPI_SLOT_BF16, stiles, s), "L2 GEMM (shared)");
+        if (split)
+            CK(mmoe_launch_split_finish(&a, MMOE_EPI_SLOT_BF16, (int)split_count(SI), T, NULL, s),
+               "L2 split-K sum (shared)");
         CK(cudaEventRecord(L->shared_done, s), "cudaEventRecord");
         s = L->stream;
     }
@@ -524,7 +563,16 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
     a.clamp = L->d.swiglu_limit;
     a.pool = L->pool;
     a.out_f32 = L->a1;
+    if (split) {
+        a.split_kb = MMOE_SPLIT_KB;
+        a.partial = L->part;
+        a.partial_rows = T * K;
+        a.partial_cols = 2 * I;
+    }
     CK(mmoe_launch_gemm(&a, bm, MMOE_B_FP4, ag, MMOE_EPI_SWIGLU, max_tiles, s), "L1 GEMM (routed)");
+    if (split)
+        CK(mmoe_launch_split_finish(&a, MMOE_EPI_SWIGLU, (int)split_count(D), T * K, L->num_pairs, s),
+           "L1 split-K sum (routed)");
     /* requantize: rows beyond the valid pairs are quantized too (garbage in, never read) */
     CK(mmoe_launch_quant(NULL, L->a1, T * K, I, sm90 ? 0 : 2, L->l2q, L->l2s, s), "requantize L1 (routed)");
     /* L2 routed */
@@ -542,7 +590,16 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
     a.pool = L->pool;
     a.out_slots = L->slots;
     a.slots = K + 1;
+    if (split) {
+        a.split_kb = MMOE_SPLIT_KB;
+        a.partial = L->part;
+        a.partial_rows = T * K;
+        a.partial_cols = D;
+    }
     CK(mmoe_launch_gemm(&a, bm, MMOE_B_FP4, ag, MMOE_EPI_SLOT_BF16, max_tiles, s), "L2 GEMM (routed)");
+    if (split)
+        CK(mmoe_launch_split_finish(&a, MMOE_EPI_SLOT_BF16, (int)split_count(I), T * K, L->num_pairs, s),
+           "L2 split-K sum (routed)");
     if (SI > 0)
         CK(cudaStreamWaitEvent(s, L->shared_done, 0), "cudaStreamWaitEvent");
     CK(mmoe_launch_combine(L->slots, L->idx, T, K, SI > 0, D, L->y, s), "combine");
@@ -580,7 +637,8 @@ static void fill_result(mmoe_gpu_moe *L, int bm, long long pairs, mmoe_gpu_moe_r
     memset(res, 0, sizeof *res);
     res->device_cc = L->cc;
     res->recipe = L->recipe;
-    res->kernel = "mma.sync.m16n8k32 e4m3 grouped GEMM (staged, 9 launches)";
+    res->kernel = L->last_split ? "mma.sync.m16n8k32 e4m3 grouped GEMM, split-K (staged)"
+                                : "mma.sync.m16n8k32 e4m3 grouped GEMM (staged, 9 launches)";
     res->block_m = bm;
     res->shared_fused = L->d.shared_inter > 0;
     res->routed_pairs = pairs;
