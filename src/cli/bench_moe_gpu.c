@@ -6,8 +6,9 @@
  * in BF16; top-6 distinct experts uniform at random, weights uniform), builds
  * the layer once with random weights drawn on the device (a full V4-Flash
  * layer is 3.4 GB of MXFP4; uploading it from the host would only slow the
- * benchmark down), and times mmoe_gpu_moe_time(): warm-up calls, then many
- * calls each between two CUDA events; the median is reported.
+ * benchmark down), and times mmoe_gpu_moe_time(): one call captured into a
+ * CUDA graph, warm-up replays, then many replays each between two CUDA events;
+ * the median is reported.
  *
  * Work and bytes are counted as the issue defines them:
  *   FLOP  = 42 * D * I per token: 6 routed + 1 shared expert, 3 matrices,
@@ -226,8 +227,8 @@ int mmoe_bench_moe_gpu(int argc, char **argv)
         us[it] = med;
         tflops[it] = 42.0 * D * I * T / (med * 1e-6) / 1e12;
         gbs[it] = (n_touched * routed_bytes_per_expert + shared_bytes) / (med * 1e-6) / 1e9;
-        printf("T=%-5d  %10.1f us (min %.1f)  %7.1f TFLOP/s  %7.0f GB/s weights  block_m %d  experts touched %d\n", T,
-               med, mn, tflops[it], gbs[it], res.block_m, n_touched);
+        printf("T=%-5d  %10.1f us (min %.1f)  %7.1f TFLOP/s  %7.0f GB/s weights  block_m %d  experts touched %d%s\n",
+               T, med, mn, tflops[it], gbs[it], res.block_m, n_touched, res.graph ? "" : "  (no CUDA graph)");
         fflush(stdout);
         if (have_dir && dump_inputs(dir, T, d.hidden, K, x, idx, w) != 0)
             have_dir = 0;

@@ -114,6 +114,7 @@ typedef struct mmoe_gpu_moe_result {
     int64_t exact_path_blocks_l2; /**< the same for L2 (and the shared expert's blocks) */
     size_t gpu_weight_bytes;      /**< bytes of weights (codes + scales) held on the GPU */
     size_t gpu_workspace_bytes;   /**< bytes of the token workspace after this call */
+    int graph;                    /**< mmoe_gpu_moe_time(): 1 when the timed calls were CUDA-graph replays */
 } mmoe_gpu_moe_result;
 
 /** Opaque GPU layer object. */
@@ -171,9 +172,11 @@ mmoe_status mmoe_gpu_moe_run(mmoe_gpu_moe *layer, int T, const uint16_t *x, cons
 mmoe_status mmoe_gpu_moe_expert_counts(mmoe_gpu_moe *layer, int64_t *counts, mmoe_error *err);
 
 /**
- * Time the layer: upload the inputs once, run @p warmup untimed calls, then
- * @p iters calls each timed with CUDA events; report the median and the
- * minimum in microseconds.  The output stays on the device.
+ * Time the layer: upload the inputs once, capture one call (its 9 to 15 kernel
+ * launches on two streams) into a CUDA graph, run @p warmup untimed replays, then
+ * @p iters replays each timed with CUDA events; report the median and the
+ * minimum in microseconds.  Where the capture fails the calls are launched
+ * directly and res->graph says so.  The output stays on the device.
  * @param layer      the layer
  * @param T          tokens
  * @param x          BF16 [T, D]
