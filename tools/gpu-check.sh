@@ -61,3 +61,10 @@ case " $STEPS " in *" bench "*)
     --iters ${MMOE_BENCH_ITERS:-50} --peer "$BUILD/bench/torch_peer.py" > "$OUT/bench.log" 2>&1; echo "bench: rc=$?"
   cat "$OUT/bench.log";;
 esac
+case " $STEPS " in *" tiles "*)
+  # both tile heights over the middle token counts, no peer
+  for bm in 16 64; do
+    timeout 120 ./tests/bench_moe_gpu --shape v4-flash --tokens 32,128,512,2048 --iters 20 --block-m $bm --peer none \
+      > "$OUT/tiles-$bm.log" 2>&1; echo "block_m $bm: rc=$?"; grep "^T=" "$OUT/tiles-$bm.log"
+  done;;
+esac

@@ -88,7 +88,7 @@ static int dump_inputs(const char *dir, int T, int D, int K, const uint16_t *x, 
 int mmoe_bench_moe_gpu(int argc, char **argv)
 {
     const char *shape_name = "v4-flash", *tokens_s = "1,8,32,128,512,2048,8192", *peer = NULL;
-    int iters = 50, experts = 0;
+    int iters = 50, experts = 0, block_m = 0;
     unsigned long long seed = 1234;
     mmoe_gpu_recipe recipe = MMOE_GPU_RECIPE_AUTO;
     for (int i = 1; i < argc; i++) {
@@ -101,6 +101,8 @@ int mmoe_bench_moe_gpu(int argc, char **argv)
             tokens_s = v, i++;
         } else if ((strcmp(a, "--iters") == 0 || strcmp(a, "--reps") == 0) && v) {
             iters = atoi(v), i++;
+        } else if (strcmp(a, "--block-m") == 0 && v) {
+            block_m = atoi(v), i++;
         } else if (strcmp(a, "--experts") == 0 && v) {
             experts = atoi(v), i++;
         } else if (strcmp(a, "--peer") == 0 && v) {
@@ -126,7 +128,7 @@ int mmoe_bench_moe_gpu(int argc, char **argv)
         } else {
             fprintf(stderr, "bench moe (gpu): unknown or incomplete option '%s'\n"
                             "usage: bench moe --backend gpu [--shape S] [--experts N] [--tokens LIST] [--iters N]\n"
-                            "       [--recipe sm90|sm100] [--peer PATH|none] [--seed S]\n", a);
+                            "       [--recipe sm90|sm100] [--block-m 16|64] [--peer PATH|none] [--seed S]\n", a);
             return 2;
         }
     }
@@ -159,6 +161,7 @@ int mmoe_bench_moe_gpu(int argc, char **argv)
     d.shared_inter = sh->SI;
     d.swiglu_limit = 10.0f;
     d.recipe = recipe;
+    d.block_m = block_m;
     mmoe_gpu_moe *L = NULL;
     if (mmoe_gpu_moe_create(&d, NULL, seed, &L, &err) != MMOE_OK) {
         fprintf(stderr, "bench moe (gpu): %s\n", err.msg);

@@ -14,6 +14,7 @@
  *   --iters N        timed calls per point (default 50; the median is reported); --reps N is the same
  *   --shared fused|auto   accepted (the GPU always fuses); serial is refused
  *   --recipe sm90|sm100  (default: the device's)
+ *   --block-m 16|64  force the GEMM tile height (default: by the expected pairs per expert)
  *   --peer PATH      bench/torch_peer.py to run in the same process tree ("none": skip;
  *                    default $MMOE_SRCDIR/bench/torch_peer.py when it exists)
  *   --seed S

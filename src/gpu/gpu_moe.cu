@@ -198,6 +198,8 @@ static mmoe_status check_desc(const mmoe_gpu_moe_desc *d, mmoe_error *err)
         return mmoe_error_set(err, MMOE_ESHAPE,
                               "gpu layer: shared_inter_src must be a multiple of 128 in [0, shared_inter=%d], got %d",
                               d->shared_inter, d->shared_inter_src);
+    if (d->block_m != 0 && d->block_m != 16 && d->block_m != 64)
+        return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: block_m must be 0 (auto), 16 or 64, got %d", d->block_m);
     if (d->n_experts <= 0 || d->n_experts > 4096)
         return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: n_experts must be in 1..4096, got %d", d->n_experts);
     if (d->topk <= 0 || d->topk > 31)
@@ -466,9 +468,11 @@ static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
 
 /* ------------------------------------------------------------------ one call */
 
-/** Tile height: 16 while the expected pairs per expert are <= 16.5, else 64. */
-static int choose_block_m(int T, int topk, int E)
+/** Tile height: the description's, or 16 while the expected pairs per expert are <= 16.5, else 64. */
+static int choose_block_m(int forced, int T, int topk, int E)
 {
+    if (forced == 16 || forced == 64)
+        return forced;
     /* expected pairs per expert, as in get_block_config_for_mega_moe */
     double e = (double)T * topk / E;
     return e <= 16.5 ? 16 : 64;
@@ -480,7 +484,7 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
     const int D = L->d.hidden, I = L->d.inter, K = L->d.topk, E = L->d.n_experts, SI = L->d.shared_inter;
     const int sm90 = L->recipe == MMOE_GPU_RECIPE_SM90;
     const int ag = sm90 ? 128 : 32;
-    const int bm = choose_block_m(T, K, E);
+    const int bm = choose_block_m(L->d.block_m, T, K, E);
     cudaStream_t s = L->stream;
     const int split = T <= MMOE_SPLIT_MAX_T; /* few tokens: split K so that enough blocks stream the weights */
     L->last_split = split;

@@ -66,6 +66,7 @@ typedef struct mmoe_gpu_moe_desc {
     int shared_inter_src; /**< width of the given shared weights (<= shared_inter); 0 = shared_inter */
     float swiglu_limit;   /**< clamp c (gate <= c, -c <= up <= c); 0 or negative = no clamp */
     mmoe_gpu_recipe recipe; /**< activation formats; AUTO follows the device */
+    int block_m;          /**< tokens per GEMM tile: 0 = by the expected pairs per expert, or 16 / 64 */
 } mmoe_gpu_moe_desc;
 
 /**
