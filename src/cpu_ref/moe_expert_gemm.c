@@ -1,0 +1,126 @@
+/**
+ * @file moe_expert_gemm.c
+ * @brief The GEMMs of one expert: weight tiles dequantized once per call, OpenBLAS SGEMM on the
+ *        gathered tokens, with a tiling that makes padding invisible in the bits.
+ *
+ * An expert that received m tokens computes
+ *
+ *     L1:  gate[m, I] = a[m, D] . W1^T      up[m, I] = a[m, D] . W3^T
+ *     L2:  y[m, D]    = h[m, I] . W2^T
+ *
+ * with a the dequantized FP8 activations (moe_act_quant.c) and W the dequantized weights
+ * (moe_weight_tile.c).  Each product a * w is exact in FP32, so only the order of the sums is
+ * free; we let OpenBLAS choose it *inside* fixed blocks and fix everything else.
+ *
+ * ## Why the tiles are fixed
+ * The layer must give bit-identical results when I is padded (2304 -> 2560) with zero rows
+ * and columns.  Two things could change the sums:
+ *  - L1: padding adds rows to W1/W3 (more output columns).  Each output column's sum runs over
+ *    the same K = D in both layers, and we always call SGEMM on row tiles of
+ *    ::MOE_L1_ROWS rows (I is a multiple of 128), so the calls over the real rows are the
+ *    same calls, with the same shapes, as without padding.
+ *  - L2: padding adds columns to W2 (a longer K).  A BLAS splits a long K into blocks whose
+ *    size depends on K, which would regroup the sum.  So L2 runs over K in chunks of
+ *    ::MOE_K_CHUNK = 128 channels (I is a multiple of 128): the chunk's partial sum comes from
+ *    one SGEMM with K = 128, and the partial sums are added into the FP32 output in ascending
+ *    chunk order (SGEMM with beta = 1 adds its partial to C).  A padded chunk has zero
+ *    activations and zero weights: its partial is +-0 and C + 0 = C (C is never -0, since it
+ *    starts as an RN sum).
+ *
+ * ## Cost
+ * Every weight tile is decoded once per call (only for experts that received tokens) and used
+ * by all m tokens of the expert; the tiles (32 x D for L1, 256 x 128 for L2) stay in the L2
+ * cache while SGEMM reads them.
+ */
+#include "moe_internal.h"
+
+#include <cblas.h>
+#include <stdlib.h>
+#include <time.h>
+
+/** Rows of W1/W3 per L1 tile. */
+#define MOE_L1_ROWS 32
+/** Rows of W2 per L2 tile. */
+#define MOE_L2_ROWS 256
+/** K chunk of the L2 GEMM (the quantization group of 128 and the alignment of I). */
+#define MOE_K_CHUNK 128
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int moe_scratch_reserve(float **buf, size_t *cap, size_t n)
+{
+    if (n <= *cap)
+        return 0;
+    free(*buf);
+    *buf = malloc(n * sizeof(float));
+    *cap = *buf != NULL ? n : 0;
+    return *buf != NULL ? 0 : -1;
+}
+
+void moe_scratch_free(moe_scratch *s)
+{
+    free(s->tile);
+    free(s->xg);
+    free(s->gate);
+    free(s->up);
+    free(s->yl2);
+    *s = (moe_scratch){0};
+}
+
+static void l1_gemm(const moe_mat *w, const float *a, int64_t m, float *out, float *tile,
+                    moe_gemm_clock *clk)
+{
+    const int64_t k = w->cols, n = w->rows;
+    for (int64_t r0 = 0; r0 < n; r0 += MOE_L1_ROWS) {
+        int64_t nr = n - r0 < MOE_L1_ROWS ? n - r0 : MOE_L1_ROWS;
+        double t0 = now_s();
+        moe_weight_tile_f32(w, r0, nr, 0, k, tile);
+        double t1 = now_s();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nr, (int)k, 1.0f, a,
+                    (int)k, tile, (int)k, 0.0f, out + r0, (int)n);
+        double t2 = now_s();
+        clk->dequant_s += t1 - t0;
+        clk->gemm_s += t2 - t1;
+    }
+    clk->flops += 2.0 * (double)m * (double)n * (double)k;
+}
+
+static void l2_gemm(const moe_mat *w, const float *a, int64_t m, float *out, float *tile,
+                    moe_gemm_clock *clk)
+{
+    const int64_t k = w->cols, n = w->rows;
+    for (int64_t r0 = 0; r0 < n; r0 += MOE_L2_ROWS) {
+        int64_t nr = n - r0 < MOE_L2_ROWS ? n - r0 : MOE_L2_ROWS;
+        for (int64_t k0 = 0; k0 < k; k0 += MOE_K_CHUNK) {
+            double t0 = now_s();
+            moe_weight_tile_f32(w, r0, nr, k0, MOE_K_CHUNK, tile);
+            double t1 = now_s();
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nr, MOE_K_CHUNK, 1.0f,
+                        a + k0, (int)k, tile, MOE_K_CHUNK, k0 == 0 ? 0.0f : 1.0f, out + r0, (int)n);
+            double t2 = now_s();
+            clk->dequant_s += t1 - t0;
+            clk->gemm_s += t2 - t1;
+        }
+    }
+    clk->flops += 2.0 * (double)m * (double)n * (double)k;
+}
+
+int moe_expert_gemm(const moe_mat *w, const float *a, int64_t m, int k_chunked, float *out,
+                    moe_scratch *s, moe_gemm_clock *clk)
+{
+    if (m <= 0)
+        return 0;
+    size_t tile_n = k_chunked ? (size_t)MOE_L2_ROWS * MOE_K_CHUNK : (size_t)MOE_L1_ROWS * (size_t)w->cols;
+    if (moe_scratch_reserve(&s->tile, &s->tile_cap, tile_n) != 0)
+        return -1;
+    if (k_chunked)
+        l2_gemm(w, a, m, out, s->tile, clk);
+    else
+        l1_gemm(w, a, m, out, s->tile, clk);
+    return 0;
+}

@@ -1,0 +1,277 @@
+/**
+ * @file moe_internal.h
+ * @brief Internal vocabulary of the CPU oracle of the MoE layer: weight matrices, the recipe
+ *        rules, the layer object, and the functions each chapter (moe_*.c) provides.
+ *
+ * Not installed.  Read mmoe_moe.h first; this header is the table of contents of the
+ * implementation:
+ *
+ * | chapter          | concept                                                          |
+ * |------------------|------------------------------------------------------------------|
+ * | moe_desc.c       | layer descriptions, named shapes, option names                   |
+ * | moe_recipe.c     | the rounding points of each recipe, as data (::moe_rules)        |
+ * | moe_router.c     | sqrtsoftplus scores, biased top-k / hash, renormalization        |
+ * | moe_act_quant.c  | FP8 activation quantizers of the recipes (x and the intermediate)|
+ * | moe_weight_tile.c| exact dequantization of FP4 / FP8 weight tiles to FP32           |
+ * | moe_expert_gemm.c| the tiled GEMMs of one expert (L1 gate/up, L2 down)              |
+ * | moe_epilogue.c   | the L1 epilogue: BF16, clamp, SwiGLU, routing weight, requant    |
+ * | moe_combine.c    | the combine: slot or expert-id order, shared last, one BF16 store|
+ * | moe_shared.c     | fused or serial shared expert, the fallback conditions           |
+ * | moe_pad.c        | zero/unit-scale padding of I and of the shared width             |
+ * | moe_weights.c    | validation of weight views (dtype, shape, scale byte 255)        |
+ * | moe_layer.c      | the layer object: create, set weights, run, destroy              |
+ * | moe_load.c       | checkpoint names (`ffn.experts.E.w1.weight`, ...) to weights     |
+ * | moe_synth.c      | random layers with real shapes (mmoe_moe_synth.h)                |
+ */
+#ifndef MOE_INTERNAL_H
+#define MOE_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mmoe_moe.h"
+
+/* ------------------------------------------------------------------ weight matrices */
+
+/** Element format of a weight matrix. */
+typedef enum moe_wfmt {
+    MOE_W_FP4 = 0, /**< packed E2M1 pairs, one UE8M0 byte per 1 x 32 along K */
+    MOE_W_FP8 = 1, /**< E4M3 bytes, scales per (block_n x block_k) block, UE8M0 bytes or F32 */
+    MOE_W_BF16 = 2 /**< BF16 (a shared expert stored unquantized; serial path only) */
+} moe_wfmt;
+
+/**
+ * One weight matrix W [rows, cols] in checkpoint layout (row-major, K = cols contiguous),
+ * with its scales.  Data may be borrowed (a view) or owned by the layer (a padded copy).
+ */
+typedef struct moe_mat {
+    moe_wfmt fmt;             /**< FP4 or FP8 */
+    int64_t rows, cols;       /**< logical N x K */
+    const uint8_t *w;         /**< FP4: rows x cols/2 bytes; FP8: rows x cols bytes */
+    const void *sf;           /**< scales: uint8 UE8M0 or float (sf_f32) */
+    int sf_f32;               /**< 1 if the scales are F32 */
+    int64_t block_n, block_k; /**< scale block: FP4 1 x 32; FP8 B x B (or 1 x 32 when expanded) */
+    int64_t sf_rows, sf_cols; /**< scale matrix extents: ceil(rows/block_n) x ceil(cols/block_k) */
+    void *w_owned;            /**< non-NULL when the layer owns w (free on destroy) */
+    void *sf_owned;           /**< non-NULL when the layer owns sf */
+    size_t w_bytes, sf_bytes; /**< sizes of w and sf */
+} moe_mat;
+
+/** The three matrices of an expert: w1 (gate) [I, D], w3 (up) [I, D], w2 (down) [D, I]. */
+typedef struct moe_expert {
+    moe_mat w1, w3, w2;
+} moe_expert;
+
+/** Release the owned buffers of @p m and clear it. */
+void moe_mat_release(moe_mat *m);
+
+/* ------------------------------------------------------------------ recipe rules */
+
+/** FP8 activation quantizers (moe_act_quant.c). */
+typedef enum moe_qrule {
+    MOE_Q_UE8M0_32,          /**< 1x32 UE8M0, DeepGEMM caller rule (1e-4 amax clamp, [1,254]) */
+    MOE_Q_UE8M0_128,         /**< 1x128 UE8M0, DeepSeek act_quant rule (1e-4 clamp, ceil) */
+    MOE_Q_SM100_REQUANT_32,  /**< 1x32 UE8M0, the SM100 kernel's rule (no clamps; amax 0 -> byte 0) */
+    MOE_Q_F32_128,           /**< 1x128 continuous FP32 scale: sf = fl(max(amax,1e-4)/448), q = e4m3(x*fl(1/sf)) */
+    MOE_Q_NONE               /**< no quantization (BF16 weights: the input stays BF16) */
+} moe_qrule;
+
+/** How silu is formed. */
+typedef enum moe_silu_form {
+    MOE_SILU_MUL_RCP, /**< sig = 1/(1+exp(-g)); gate = g * sig   (the fused kernels) */
+    MOE_SILU_DIV      /**< gate = g / (1 + exp(-g))            (torch F.silu, the reference code) */
+} moe_silu_form;
+
+/** Combine order of the slots of a token. */
+typedef enum moe_combine_order {
+    MOE_COMBINE_SLOT,     /**< ascending top-k slot, shared last (the fused kernels) */
+    MOE_COMBINE_EXPERT_ID /**< ascending expert id (ties: slot), shared last (the reference code) */
+} moe_combine_order;
+
+/** The L1 epilogue of one kind of expert task. */
+typedef struct moe_epilogue_rules {
+    int clamp_in_bf16;       /**< 1: the clamp bound is rounded to BF16 first (kernel); 0: FP32 bound */
+    moe_silu_form silu;      /**< silu form */
+    int h_round_bf16;        /**< 1: the intermediate is rounded to BF16 before its quantization */
+    moe_qrule requant;       /**< quantizer of the intermediate (L2 input) */
+} moe_epilogue_rules;
+
+/** Every rounding point of a recipe (moe_recipe.c). */
+typedef struct moe_rules {
+    mmoe_moe_recipe recipe;      /**< which recipe */
+    moe_qrule x_quant;           /**< quantizer of x (routed experts and the fused shared slot) */
+    moe_epilogue_rules routed;   /**< L1 epilogue of routed (and fused shared) tasks */
+    moe_combine_order combine;   /**< combine order */
+} moe_rules;
+
+/** The rules of @p recipe (static storage; NULL for an invalid recipe). */
+const moe_rules *moe_recipe_rules(mmoe_moe_recipe recipe);
+
+/** The rules of the serial shared expert (DeepSeek's plain FP8 linear; the same for all recipes). */
+const moe_rules *moe_serial_shared_rules(void);
+
+/** Channels per scale group of a quantizer (32 or 128). */
+int64_t moe_qrule_group(moe_qrule rule);
+
+/* ------------------------------------------------------------------ activation quantization */
+
+/**
+ * Quantize @p rows rows of @p k FP32 values with @p rule and write the *dequantized* values
+ * (code x scale, the value the tensor core multiplies) to @p out (may alias @p x).  For the
+ * power-of-two rules the dequantized values are exact; for MOE_Q_F32_128 they are fl(q*sf).
+ * k must be a multiple of the rule's group.
+ */
+void moe_act_quant_rows(const float *x, int64_t rows, int64_t k, moe_qrule rule, float *out);
+
+/* ------------------------------------------------------------------ weight tiles */
+
+/**
+ * Dequantize the tile W[r0 : r0+nr, c0 : c0+nc] exactly to FP32 into @p out (row-major,
+ * leading dimension nc).  c0 and nc are multiples of 32 for FP4.
+ */
+void moe_weight_tile_f32(const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64_t nc, float *out);
+
+/* ------------------------------------------------------------------ expert GEMMs */
+
+/** Scratch for the tiled GEMMs (grown on demand, owned by the layer). */
+typedef struct moe_scratch {
+    float *tile;  size_t tile_cap;   /**< dequantized weight tile */
+    float *xg;    size_t xg_cap;     /**< gathered activations [m, D] */
+    float *gate;  size_t gate_cap;   /**< L1 gate accumulators [m, I] */
+    float *up;    size_t up_cap;     /**< L1 up accumulators [m, I] */
+    float *yl2;   size_t yl2_cap;    /**< L2 accumulators [m, D] */
+} moe_scratch;
+
+/** Grow @p *buf to at least @p n floats. @return 0 on success, -1 on allocation failure. */
+int moe_scratch_reserve(float **buf, size_t *cap, size_t n);
+
+/** Free every buffer of @p s. */
+void moe_scratch_free(moe_scratch *s);
+
+/** Dequantization / GEMM timers of one call (seconds, accumulated). */
+typedef struct moe_gemm_clock {
+    double dequant_s; /**< time in moe_weight_tile_f32 */
+    double gemm_s;    /**< time in SGEMM */
+    double flops;     /**< 2*M*N*K performed */
+} moe_gemm_clock;
+
+/**
+ * out[m, rows(W)] = a[m, K] . W^T with the tiling that makes the result independent of the
+ * padding of rows(W) (fixed row tiles) and, for L2, of the padding of K (fixed 128-wide K
+ * chunks accumulated in ascending order).  @p k_chunked selects the L2 form.
+ * @return 0, or -1 on allocation failure
+ */
+int moe_expert_gemm(const moe_mat *w, const float *a, int64_t m, int k_chunked, float *out,
+                    moe_scratch *s, moe_gemm_clock *clk);
+
+/* ------------------------------------------------------------------ L1 epilogue */
+
+/**
+ * The L1 epilogue of @p m token rows: from the FP32 accumulators gate/up [m, n] to the
+ * dequantized L2 input a_q [m, n] (written into @p gate), with routing weights @p w [m]
+ * (NULL: weight 1, the shared expert).
+ * @param limit  swiglu_limit (0 or inf: no clamp)
+ */
+void moe_l1_epilogue(const moe_epilogue_rules *rules, mmoe_moe_math math, float limit,
+                     float *gate, const float *up, int64_t m, int64_t n, const float *w);
+
+/** The SwiGLU of one element as the epilogue computes it (exposed for the tests). */
+float moe_swiglu_one(const moe_epilogue_rules *rules, mmoe_moe_math math, float limit, float g,
+                     float u, float w);
+
+/* ------------------------------------------------------------------ router */
+
+/**
+ * Route @p t tokens: FP32 logits x . W_g^T, sqrtsoftplus, selection (biased top-k, ties to the
+ * lower id; or tid2eid), renormalization and routed scaling.
+ * @param x       [t, D] the BF16 input widened to FP32 (exact)
+ * @param gate    [E, D] BF16; @p bias [E] F32 or NULL
+ * @param tid2eid hash routing table (I32 or I64 view) and @p token_ids [t]
+ * @param idx     [t, topk] out; @p wts [t, topk] out
+ * @param logits  scratch [t, E] floats (the scores on return)
+ */
+mmoe_status moe_route(const mmoe_moe_desc *desc, const float *x, int64_t t, const uint16_t *gate,
+                      const float *bias, const mmoe_tensor *tid2eid, const int32_t *token_ids,
+                      int64_t *idx, float *wts, float *logits, mmoe_error *err);
+
+/** sqrt(softplus(z)) in FP32 with torch's threshold 20. */
+float moe_sqrtsoftplus(float z);
+
+/**
+ * Select top-k of @p sel [n] (descending; ties to the lower index) into @p idx [k].
+ * NaN scores are never selected before a number.
+ */
+void moe_topk_select(const float *sel, int64_t n, int k, int64_t *idx);
+
+/* ------------------------------------------------------------------ combine */
+
+/**
+ * Combine one token: sum its slot outputs in FP32 from zero in the recipe's order, the shared
+ * output last, and store BF16.
+ * @param idx      [topk] expert ids (-1 masked)
+ * @param slot_y   [topk] pointers to BF16 rows [D] (unused for masked slots)
+ * @param shared_y BF16 row [D] or NULL
+ */
+void moe_combine_token(moe_combine_order order, int topk, const int64_t *idx,
+                       const uint16_t *const *slot_y, const uint16_t *shared_y, int64_t d,
+                       uint16_t *y);
+
+/* ------------------------------------------------------------------ the layer object */
+
+/** The layer (opaque in the public header). */
+struct mmoe_moe_layer {
+    mmoe_moe_desc desc;          /**< the description (copied) */
+    int has_weights;             /**< set by set_weights */
+    int64_t inter_used;          /**< routed width after padding */
+    int64_t shared_inter_used;   /**< width of one shared expert after padding */
+    const uint16_t *gate;        /**< [E, D] BF16 (borrowed) */
+    const float *bias;           /**< [E] or NULL (borrowed) */
+    mmoe_tensor tid2eid;         /**< hash table view (borrowed) */
+    moe_expert *experts;         /**< [E] */
+    moe_expert shared;           /**< the shared MLP (S * shared_inter_used wide) */
+    moe_mat shared_fused_w1, shared_fused_w3, shared_fused_w2; /**< shared weights with 1x32 expanded scales (fused path) */
+    int shared_fused_ready;      /**< 1 when the expanded scales exist */
+    size_t gate_bytes;           /**< bytes of the gate views */
+    size_t owned_bytes, owned_peak_bytes; /**< weight bytes owned now / at the peak */
+    int64_t *counters;           /**< [E] cumulative received pairs */
+    moe_scratch scratch;         /**< GEMM scratch */
+};
+
+/** Account @p delta owned bytes (positive: allocated; negative: freed) and update the peak. */
+void moe_layer_account(mmoe_moe_layer *layer, long long delta);
+
+/** Borrowed bytes of all weight views. */
+size_t moe_layer_borrowed_bytes(const mmoe_moe_layer *layer);
+
+/* ------------------------------------------------------------------ weights, padding, shared */
+
+/** Validate @p w against @p desc (dtypes, shapes, scale bytes != 255, tid2eid range). */
+mmoe_status moe_weights_validate(const mmoe_moe_desc *desc, const mmoe_moe_weights *w, mmoe_error *err);
+
+/** Build the moe_mat views of validated weights (FP4 routed / FP8 shared). */
+void moe_mat_from_fp4(moe_mat *m, const mmoe_tensor *w, const mmoe_tensor *sf);
+/** As moe_mat_from_fp4() for an FP8 matrix with B x B block scales. */
+void moe_mat_from_fp8(moe_mat *m, const mmoe_tensor *w, const mmoe_tensor *sf, int64_t block);
+
+/**
+ * Pad @p m: rows to @p new_rows and/or cols to @p new_cols (zero weights, unit scales), as one
+ * new owned buffer each for w and sf; the old owned buffers are freed.  @p row_groups /
+ * @p col_groups > 1 pad each of that many equal groups (the S shared experts) separately.
+ * @return MMOE_OK, MMOE_ENOMEM or MMOE_EUNSUPPORTED (a group not a multiple of the scale block)
+ */
+mmoe_status moe_pad_mat(mmoe_moe_layer *layer, moe_mat *m, int64_t new_rows, int64_t new_cols,
+                        int row_groups, int col_groups, mmoe_error *err);
+
+/** Decide the shared path for the layer's current weights (see moe_shared.c). */
+mmoe_moe_path moe_shared_decide(const mmoe_moe_layer *layer, mmoe_moe_fallback *fb, char *reason);
+
+/** Build the 1x32 expanded shared scales for the fused path (owned).  MMOE_ENOMEM on failure. */
+mmoe_status moe_shared_expand(mmoe_moe_layer *layer, mmoe_error *err);
+
+/** Free the expanded shared scales. */
+void moe_shared_release(mmoe_moe_layer *layer);
+
+/** Human-readable text of a fallback code (without details). */
+const char *moe_fallback_text(mmoe_moe_fallback fb);
+
+#endif /* MOE_INTERNAL_H */

@@ -1,0 +1,88 @@
+/**
+ * @file moe_weight_tile.c
+ * @brief Exact dequantization of weight tiles (FP4 E2M1 x UE8M0, FP8 E4M3 x block scale) to FP32.
+ *
+ * The GEMMs of the oracle run in FP32 on dequantized weights.  Dequantization is exact: an E2M1
+ * value has a 2-bit significand and an E4M3 value a 4-bit one, and a UE8M0 scale is a power of
+ * two, so value x scale is an FP32 number (for every scale a real checkpoint uses; an F32 block
+ * scale that is not a power of two is rounded once, fl(w * s)).
+ *
+ * Cost is what matters here: a decoded tile is used by every token routed to the expert, so the
+ * decoder touches each weight byte once per call and must be cheap next to the GEMM.  The FP4
+ * decoder reads a byte and looks both nibbles up at once in the 512-float pair table of
+ * mmoe_formats.h (element 2j = low nibble, 2j+1 = high nibble), then multiplies by the group's
+ * scale: one table load and two multiplies per byte, no branches.
+ *
+ * Tile layout: row-major [nr, nc] with leading dimension nc, i.e. the same orientation as the
+ * checkpoint (N rows, K contiguous), which the GEMM reads transposed.
+ */
+#include "moe_internal.h"
+
+#include "mmoe_formats.h"
+
+static void tile_fp4(const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64_t nc, float *out)
+{
+    const float *pair = mmoe_fp4_e2m1_pair_table();
+    const uint8_t *sf = (const uint8_t *)m->sf;
+    const int64_t row_bytes = m->cols / 2;
+    for (int64_t r = 0; r < nr; r++) {
+        const uint8_t *wrow = m->w + (r0 + r) * row_bytes + c0 / 2;
+        const uint8_t *srow = sf + (r0 + r) * m->sf_cols + c0 / 32;
+        float *orow = out + r * nc;
+        for (int64_t g = 0; g < nc / 32; g++) {
+            const float scale = mmoe_ue8m0_to_f32(srow[g]);
+            const uint8_t *b = wrow + g * 16;
+            float *o = orow + g * 32;
+            for (int j = 0; j < 16; j++) {
+                const float *p = pair + 2 * (unsigned)b[j];
+                o[2 * j] = p[0] * scale;
+                o[2 * j + 1] = p[1] * scale;
+            }
+        }
+    }
+}
+
+static float block_scale(const moe_mat *m, int64_t r, int64_t c)
+{
+    int64_t i = (r / m->block_n) * m->sf_cols + c / m->block_k;
+    if (m->sf_f32)
+        return ((const float *)m->sf)[i];
+    return mmoe_ue8m0_to_f32(((const uint8_t *)m->sf)[i]);
+}
+
+static void tile_fp8(const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64_t nc, float *out)
+{
+    const float *e4m3 = mmoe_fp8_e4m3_table();
+    for (int64_t r = 0; r < nr; r++) {
+        const uint8_t *wrow = m->w + (r0 + r) * m->cols;
+        float *orow = out + r * nc;
+        int64_t c = c0;
+        while (c < c0 + nc) {
+            /* one run of columns that share a scale */
+            int64_t run_end = (c / m->block_k + 1) * m->block_k;
+            if (run_end > c0 + nc)
+                run_end = c0 + nc;
+            const float scale = block_scale(m, r0 + r, c);
+            for (int64_t j = c; j < run_end; j++)
+                orow[j - c0] = e4m3[wrow[j]] * scale;
+            c = run_end;
+        }
+    }
+}
+
+static void tile_bf16(const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64_t nc, float *out)
+{
+    const uint16_t *w = (const uint16_t *)(const void *)m->w;
+    for (int64_t r = 0; r < nr; r++)
+        mmoe_bf16_to_f32_row(w + (r0 + r) * m->cols + c0, (size_t)nc, out + r * nc);
+}
+
+void moe_weight_tile_f32(const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64_t nc, float *out)
+{
+    if (m->fmt == MOE_W_FP4)
+        tile_fp4(m, r0, nr, c0, nc, out);
+    else if (m->fmt == MOE_W_FP8)
+        tile_fp8(m, r0, nr, c0, nc, out);
+    else
+        tile_bf16(m, r0, nr, c0, nc, out);
+}
