@@ -15,10 +15,11 @@ matches the C oracle bit for bit) as the map of the rounding points.
   FP4 codes and 1x32 scales, bf16, f32) and every rounding point of the spec is applied: bf16 casts,
   the FP8 1x128 activation quantization of every FP8/FP4 linear with its per-block fp32 accumulation,
   the FP8 round trip of the kv nope dims, Hadamard + FP4 round trip of the indexer, bf16 P in P.V.
-  Dot products of exact products are summed in float64 and rounded to fp32 (as the NumPy forward
-  does); the other fp32 expressions are evaluated in fp32 with torch's reduction order, so the result
-  is within a few fp32 ulps of the C oracle before a bf16/FP8 rounding, which may then flip (see
-  tests/test_tiny_model.c for the bound).
+  Where the spec leaves the fp32 order free, the plain choices of the NumPy forward: dot products of
+  exact products summed in float64 and rounded once to fp32; other sums in ascending index order,
+  one fp32 rounding per addition; the sparse attention in the reference's list order; fp32 exp/cos/
+  sin/pow/log1p correctly rounded (float64, rounded once).  On the fixture this agrees bit for bit
+  with the C oracle (tests/test_tiny_model.c states the bound it demands and prints the difference).
 """
 import math
 
