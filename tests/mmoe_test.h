@@ -26,8 +26,8 @@
 
 /** Unit roundoff of FP32 (2^-24) and its tolerance rungs. */
 #define MMOE_EPS_F32 0x1.0p-24
-/** Unit roundoff of BF16 (2^-9). */
-#define MMOE_EPS_BF16 0x1.0p-9
+/** Unit roundoff of BF16 (2^-8: 8 significant bits). */
+#define MMOE_EPS_BF16 0x1.0p-8
 
 /**
  * The seed of this run: $MMOE_SEED if set, else one drawn from the clock and pid.

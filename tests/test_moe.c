@@ -374,6 +374,17 @@ START_TEST(padding_serial_path)
     ck_assert_uint_gt(mem.owned_bytes, 0);
     ck_assert_int_eq(run_layer(f.layer, 3, x, NULL, NULL, NULL, y1, NULL, NULL, NULL, &err), MMOE_OK);
     ck_assert(memcmp(y0, y1, sizeof y0) == 0);
+    /* padding an already padded (owned) layer again: each tensor is re-written once and its
+       previous copy freed at once, so the peak exceeds the final size by at most one tensor
+       (the largest: W1/W3/W2 of one expert, 2560 x 128 FP4 bytes + scales) */
+    const size_t before = mem.owned_bytes;
+    ck_assert_int_eq(mmoe_moe_layer_pad(f.layer, 1024, &err), MMOE_OK);
+    mmoe_moe_layer_memory(f.layer, &mem);
+    ck_assert_uint_gt(mem.owned_bytes, before);
+    const size_t one_tensor = 3072 * 128; /* FP8 shared W1 at the final width, the largest */
+    ck_assert_uint_le(mem.owned_peak_bytes, mem.owned_bytes + one_tensor);
+    ck_assert_int_eq(run_layer(f.layer, 3, x, NULL, NULL, NULL, y1, NULL, NULL, NULL, &err), MMOE_OK);
+    ck_assert(memcmp(y0, y1, sizeof y0) == 0);
     free(x);
     fixture_free(&f);
 }
@@ -434,6 +445,45 @@ START_TEST(fused_vs_serial)
         mmoe_moe_layer_destroy(ln);
         fixture_free(&f);
     }
+}
+END_TEST
+
+START_TEST(fast_math_close_to_precise)
+{
+    /* Fast math perturbs sig by about |g| FP32 ulp (epilogue_bit_exact_per_recipe); that moves
+       an E4M3/BF16 rounding of the intermediate only when a value sits next to a rounding
+       boundary, so most outputs keep their bits and the rest differ by a few BF16 ulp. */
+    mmoe_moe_desc d = small_desc(128, 256, 4, 2, 1);
+    d.recipe = (mmoe_moe_recipe)_i;
+    fixture f;
+    fixture_make(&f, &d, g_seed, MMOE_SYNTH_NORMAL);
+    mmoe_moe_desc df = d;
+    df.math = MMOE_MATH_FAST;
+    mmoe_moe_layer *lf;
+    mmoe_error err;
+    ck_assert_int_eq(mmoe_moe_layer_create(&df, &lf, &err), MMOE_OK);
+    ck_assert_int_eq(mmoe_moe_layer_set_weights(lf, mmoe_moe_synth_weights(f.synth), &err), MMOE_OK);
+    const int64_t t = 8;
+    uint16_t *x = make_x(&d, t, g_seed, MMOE_SYNTH_NORMAL);
+    uint16_t yp[8 * 128], yf[8 * 128];
+    mmoe_moe_result res;
+    mmoe_moe_result_init(&res);
+    ck_assert_int_eq(run_layer(f.layer, t, x, NULL, NULL, NULL, yp, NULL, NULL, NULL, &err), MMOE_OK);
+    ck_assert_int_eq(run_layer(lf, t, x, NULL, NULL, NULL, yf, NULL, NULL, &res, &err), MMOE_OK);
+    ck_assert_int_eq(res.math, MMOE_MATH_FAST);
+    double diff = 0, norm = 0;
+    int same = 0;
+    for (int64_t i = 0; i < t * 128; i++) {
+        const double a = mmoe_bf16_to_f32(yp[i]), b = mmoe_bf16_to_f32(yf[i]);
+        diff += (a - b) * (a - b);
+        norm += a * a;
+        same += yp[i] == yf[i];
+    }
+    ck_assert_msg(sqrt(diff) <= 0x1.0p-5 * sqrt(norm), "fast vs precise: rel %g", sqrt(diff / norm));
+    ck_assert_int_ge(same, (int)(t * 128 / 2));
+    free(x);
+    mmoe_moe_layer_destroy(lf);
+    fixture_free(&f);
 }
 END_TEST
 
@@ -853,6 +903,7 @@ static Suite *moe_suite(void)
     tcase_add_loop_test(tc, padding_is_bit_identical, 0, 6);
     tcase_add_test(tc, padding_serial_path);
     tcase_add_test(tc, fused_vs_serial);
+    tcase_add_loop_test(tc, fast_math_close_to_precise, 0, MMOE_RECIPE_COUNT);
     tcase_add_test(tc, fallback_conditions);
     tcase_add_test(tc, masked_slots_and_empty_tokens);
     tcase_add_test(tc, zero_and_one_token);

@@ -14,8 +14,15 @@ for log in $logs; do
     f=$(echo "$line" | sed -E 's/.*Failures: ([0-9]+).*/\1/')
     e=$(echo "$line" | sed -E 's/.*Errors: ([0-9]+).*/\1/')
     total=$((total + n)); fail=$((fail + f)); errs=$((errs + e))
-  elif grep -q ":test-result: SKIP" "$dir/tests/$name.trs" 2>/dev/null; then
-    echo "  $name: SKIP ($(grep -m1 -i 'skip' "$log" | head -c 120))"
+  else
+    trs=${log%.log}.trs
+    result=$(sed -n 's/^:test-result: //p' "$trs" 2>/dev/null | head -n 1)
+    case $result in
+      SKIP) echo "  $name: SKIP ($(grep -m1 -i 'skip' "$log" | head -c 120))" ;;
+      PASS) echo "  $name: PASS (script test)" ;;
+      "") ;;
+      *) echo "  $name: $result (script test)"; fail=$((fail + 1)) ;;
+    esac
   fi
 done
 if test "$total" -eq 0; then

@@ -11,12 +11,14 @@
 
 #include "mmoe_cli.h"
 
+/** One subcommand: its name on the command line, its entry point and a one-line summary. */
 typedef struct cli_command {
-    const char *name;
-    int (*run)(int argc, char **argv);
-    const char *summary;
+    const char *name;                  /**< the word after `megamoe` */
+    int (*run)(int argc, char **argv); /**< entry point; argv[0] is the subcommand name */
+    const char *summary;               /**< one line for `megamoe --help` */
 } cli_command;
 
+/** The command table, in the order `megamoe --help` lists it. */
 static const cli_command commands[] = {
     {"generate", mmoe_cmd_generate, "generate text with a DeepSeek-V4 checkpoint"},
     {"logits", mmoe_cmd_logits, "write the logits of a token sequence (CPU forward)"},
@@ -28,6 +30,7 @@ static const cli_command commands[] = {
     {"synth-model", mmoe_cmd_synth_model, "write a random checkpoint directory"},
 };
 
+/** Print the list of commands to @p out. */
 static void usage(FILE *out)
 {
     fprintf(out, "usage: megamoe COMMAND [OPTIONS]   (megamoe COMMAND --help for details)\n\n"
@@ -38,6 +41,7 @@ static void usage(FILE *out)
     fprintf(out, "\n  --version    print the version and build features\n");
 }
 
+/** Print the version and the features this binary was built with. */
 static void version(void)
 {
     printf("megamoe %s\n", PACKAGE_VERSION);
@@ -53,6 +57,7 @@ static void version(void)
 #endif
 }
 
+/** Dispatch `megamoe COMMAND ...` to the command's entry point. */
 int main(int argc, char **argv)
 {
     if (argc < 2) {

@@ -7,6 +7,7 @@
 
 #include <math.h>
 
+/** splitmix64: a 64-bit mixer used only to spread a seed over the four state words. */
 static uint64_t splitmix64_next(uint64_t *x)
 {
     uint64_t z = (*x += 0x9E3779B97F4A7C15ULL);
@@ -15,6 +16,7 @@ static uint64_t splitmix64_next(uint64_t *x)
     return z ^ (z >> 31);
 }
 
+/** Rotate @p x left by @p k bits (0 < k < 64). */
 static uint64_t rotl64(uint64_t x, int k)
 {
     return (x << k) | (x >> (64 - k));

@@ -345,14 +345,18 @@ mmoe_status mmoe_st_writer_finish_sharded(mmoe_st_writer *w, const char *dir,
     size_t n_shards = 0;
     if (st == MMOE_OK) {
         qsort(order, n, sizeof *order, cmp_item_name);
-        uint64_t in_shard = 0;
+        uint64_t in_shard = 0;    /* bytes in the current shard */
+        size_t items_in_shard = 0; /* tensors in it: an empty tensor counts, so a shard that
+                                      holds one cannot take a second tensor past the limit */
         for (size_t i = 0; i < n; i++) {
-            if (i == 0 || (in_shard > 0 && in_shard + order[i]->nbytes > max_shard_bytes)) {
+            if (i == 0 || (items_in_shard > 0 && in_shard + order[i]->nbytes > max_shard_bytes)) {
                 n_shards++;
                 in_shard = 0;
+                items_in_shard = 0;
             }
             shard_of[i] = n_shards - 1;
             in_shard += order[i]->nbytes;
+            items_in_shard++;
             names[i] = order[i]->name;
         }
         for (size_t s = 0; s < n_shards; s++)

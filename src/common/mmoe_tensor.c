@@ -11,9 +11,10 @@
 #include <stdio.h>
 #include <string.h>
 
+/** Name and element size of every ::mmoe_dtype, indexed by the enum value. */
 static const struct {
-    const char *name;
-    size_t size;
+    const char *name; /**< safetensors spelling */
+    size_t size;      /**< bytes per element */
 } dtype_table[MMOE_DT_COUNT] = {
     [MMOE_DT_BF16] = {"BF16", 2},    [MMOE_DT_F16] = {"F16", 2},
     [MMOE_DT_F32] = {"F32", 4},      [MMOE_DT_F64] = {"F64", 8},

@@ -340,7 +340,7 @@ typedef struct mmoe_moe_result {
     /** Optional, caller-owned [E]: this call's per-expert counts are ADDED into it (like the
      *  kernel's cumulative_local_expert_recv_stats).  NULL: not wanted. */
     int64_t *expert_recv_stats;
-    double gemm_flops;             /**< 2*M*N*K summed over the GEMMs of the call (unpadded work counted as run) */
+    double gemm_flops;             /**< 2*M*N*K summed over the GEMMs of the call, at the widths they ran with (padding included) */
     mmoe_moe_timings time;         /**< per-stage times */
 } mmoe_moe_result;
 
@@ -368,7 +368,8 @@ mmoe_status mmoe_moe_layer_run(mmoe_moe_layer *layer, const mmoe_moe_input *in,
                                const mmoe_moe_output *out, mmoe_moe_result *result, mmoe_error *err);
 
 /**
- * Which shared path a run would take with the current weights, and why (without running).
+ * Which shared path a run would take with the current weights, and why (without running);
+ * MMOE_PATH_NONE for a layer without shared experts or without weights yet.
  * @param layer     the layer (with weights)
  * @param fallback  optional: the reason code
  * @param reason    optional buffer of MMOE_MOE_REASON_LEN bytes

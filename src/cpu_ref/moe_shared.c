@@ -80,7 +80,7 @@ mmoe_moe_path moe_shared_decide(const mmoe_moe_layer *layer, mmoe_moe_fallback *
     mmoe_moe_fallback f = MMOE_FALLBACK_NONE;
     const moe_expert *s = &layer->shared;
     const int64_t width = (int64_t)d->n_shared * layer->shared_inter_used;
-    if (d->n_shared == 0) {
+    if (d->n_shared == 0 || !layer->has_weights || layer->inter_used <= 0) {
         if (fb)
             *fb = MMOE_FALLBACK_NONE;
         if (reason)

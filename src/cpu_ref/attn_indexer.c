@@ -1,0 +1,80 @@
+/**
+ * @file attn_indexer.c
+ * @brief The lightning indexer of CSA layers: which compressed 4-token blocks a query attends to (spec 3.5).
+ *
+ * A CSA layer compresses every 4 tokens into one kv vector but attends only to the
+ * index_topk (512 or 1024) most relevant ones.  Relevance comes from a cheap
+ * multi-head scorer with its own small queries and keys:
+ *
+ *     qi[h]  = FP4(Hadamard(RoPE(wq_b_idx(qr))[h]))      bf16, index_n_heads x 128
+ *     K[j]   = FP4(Hadamard(RoPE(norm(pool_j))))           bf16, one per block (indexer compressor)
+ *     w[h]   = bf16(bf16(weights_proj(x)[h]) * (128 * 64)^-0.5)
+ *     score[j] = sum_h relu(qi[h] . K[j]) * w[h]
+ *
+ * The reference evaluates the score with bf16 tensor operations, so every step is
+ * rounded: the dot product qi[h].K[j] (fp32 accumulation, here exact-product double
+ * accumulation rounded to fp32) is rounded to bf16; relu; the product with w[h] is
+ * rounded to bf16; the sum over heads (fp32 accumulation, here double then fp32) is
+ * rounded to bf16.  Only blocks complete at the query's position are candidates
+ * (j < (p+1)/4; the block completed by this very token included).
+ *
+ * **Top-k.**  The count is min(index_topk, number of causal blocks); the result is
+ * in descending score order.  bf16 scores tie often (all ReLU terms zero, equal
+ * sums), and the reference's CUDA top-k keeps the tied candidate with the lowest
+ * block index first, like a stable descending sort; attn_topk_desc() implements
+ * exactly that order, so the selected set *and* its order are defined.
+ */
+#include "attn_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "mmoe_formats.h"
+
+void attn_indexer_scores(const uint16_t *qi, const uint16_t *w, const uint16_t *keys, int n_heads,
+                         int head_dim, int64_t n_blocks, float *scores)
+{
+    for (int64_t j = 0; j < n_blocks; j++) {
+        const uint16_t *k = keys + j * head_dim;
+        double head_sum = 0.0;
+        for (int h = 0; h < n_heads; h++) {
+            const uint16_t *q = qi + (size_t)h * (size_t)head_dim;
+            double dot = 0.0;
+            for (int c = 0; c < head_dim; c++)
+                dot += (double)mmoe_bf16_to_f32(q[c]) * (double)mmoe_bf16_to_f32(k[c]);
+            float s = mmoe_bf16_round((float)dot);
+            if (s < 0.0f)
+                s = 0.0f;
+            head_sum += (double)mmoe_bf16_round(s * mmoe_bf16_to_f32(w[h]));
+        }
+        scores[j] = mmoe_bf16_round((float)head_sum);
+    }
+}
+
+/** Descending score; NaN last; equal scores: lower index first. */
+static int cmp_scored_desc(const void *pa, const void *pb)
+{
+    const attn_scored *a = pa, *b = pb;
+    const int a_nan = isnan(a->score), b_nan = isnan(b->score);
+    if (a_nan != b_nan)
+        return a_nan - b_nan;
+    if (!a_nan && a->score != b->score)
+        return a->score > b->score ? -1 : 1;
+    return (a->index > b->index) - (a->index < b->index);
+}
+
+int64_t attn_topk_desc(const float *scores, int64_t n, int64_t k, attn_scored *work, int64_t *idx_out)
+{
+    if (k > n)
+        k = n;
+    if (k <= 0)
+        return 0;
+    for (int64_t i = 0; i < n; i++) {
+        work[i].score = scores[i];
+        work[i].index = i;
+    }
+    qsort(work, (size_t)n, sizeof(attn_scored), cmp_scored_desc);
+    for (int64_t i = 0; i < k; i++)
+        idx_out[i] = work[i].index;
+    return k;
+}

@@ -1,0 +1,85 @@
+/**
+ * @file attn_sparse.c
+ * @brief Sparse attention with an attention sink: one query over an explicit list of kv rows (spec 3.3).
+ *
+ * Every V4 attention layer reduces to the same core: a query token with H heads
+ * attends to a *list* of 512-d kv rows -- the raw kv of the sliding window, then
+ * the compressed blocks (all complete ones for HCA, the indexer's choice for CSA).
+ * There is a single kv head and K = V: the same bf16 row (rope dims included)
+ * serves as key and as value.
+ *
+ * For head h and list entry t:  s_t = fp32(q_h . kv_t) * d^-0.5  (the scale applied
+ * after the dot product).  The list is consumed in chunks of 64 with the online
+ * (running-max) softmax of flash attention, all in fp32:
+ *
+ *     m' = max(m, max_chunk s);  alpha = exp(m - m')
+ *     den = den * alpha + sum_chunk exp(s_t - m')
+ *     acc = acc * alpha + sum_chunk bf16(exp(s_t - m')) * kv_t
+ *
+ * The un-normalized probabilities are rounded to bf16 for the P.V product (the
+ * reference's kernel feeds them to a bf16 GEMM), while the denominator sums the
+ * fp32 values.  After the last chunk the **attention sink** joins the denominator
+ * only: den += exp(sink_h - m), m the running max over the real scores (the sink
+ * has no value vector and does not move the max).  Finally o_h = bf16(acc / den).
+ * The sink lets a head put probability mass "nowhere" when no entry is relevant.
+ *
+ * Dot products: bf16 x bf16 products are exact in double; they are summed in double
+ * in index order and rounded once to fp32.  Empty list slots (-1 in the reference)
+ * are simply not in the list: in exact arithmetic they contribute nothing, and
+ * leaving them out keeps chunk boundaries identical between prefill and decode.
+ */
+#include "attn_internal.h"
+
+#include <math.h>
+
+#include "mmoe_formats.h"
+
+/** One head: q [d] bf16 -> out [d] bf16. */
+static void attend_one_head(const uint16_t *q, int d, const uint16_t *const *kv_rows, int64_t n,
+                            float sink, float scale, float *acc, float *scores, uint16_t *out)
+{
+    float m = -INFINITY, den = 0.0f;
+    for (int c = 0; c < d; c++)
+        acc[c] = 0.0f;
+    for (int64_t c0 = 0; c0 < n; c0 += ATTN_SPARSE_CHUNK) {
+        const int cn = (int)((n - c0) < ATTN_SPARSE_CHUNK ? (n - c0) : ATTN_SPARSE_CHUNK);
+        float chunk_max = -INFINITY;
+        for (int i = 0; i < cn; i++) {
+            const uint16_t *kv = kv_rows[c0 + i];
+            double dot = 0.0;
+            for (int c = 0; c < d; c++)
+                dot += (double)mmoe_bf16_to_f32(q[c]) * (double)mmoe_bf16_to_f32(kv[c]);
+            scores[i] = (float)dot * scale;
+            if (scores[i] > chunk_max)
+                chunk_max = scores[i];
+        }
+        const float m_new = chunk_max > m ? chunk_max : m;
+        if (m_new == -INFINITY)
+            continue; /* nothing finite yet */
+        const float alpha = expf(m - m_new); /* exp(-inf) = 0 on the first chunk */
+        den *= alpha;
+        for (int c = 0; c < d; c++)
+            acc[c] *= alpha;
+        for (int i = 0; i < cn; i++) {
+            const float p = expf(scores[i] - m_new);
+            den += p;
+            const float p_bf16 = mmoe_bf16_round(p);
+            const uint16_t *kv = kv_rows[c0 + i];
+            for (int c = 0; c < d; c++)
+                acc[c] += p_bf16 * mmoe_bf16_to_f32(kv[c]);
+        }
+        m = m_new;
+    }
+    den += expf(sink - m);
+    for (int c = 0; c < d; c++)
+        out[c] = mmoe_bf16_from_f32(acc[c] / den);
+}
+
+void attn_sparse_attention(const uint16_t *q, int n_heads, int d, const uint16_t *const *kv_rows,
+                           int64_t n, const float *sink, float scale, float *acc, float *scores,
+                           uint16_t *out)
+{
+    for (int h = 0; h < n_heads; h++)
+        attend_one_head(q + (size_t)h * (size_t)d, d, kv_rows, n, sink[h], scale, acc, scores,
+                        out + (size_t)h * (size_t)d);
+}

@@ -1,0 +1,171 @@
+/**
+ * @file linear_fp8.c
+ * @brief The FP8 block-scaled linear layer of DeepSeek-V4 (spec 3.0), with an order-free exact partial.
+ *
+ * Every FP8 `Linear` of the reference (wq_a, wq_b, wkv, wo_b, the indexer's wq_b,
+ * the shared experts, the MTP projections) computes y = x W^T as follows.
+ *
+ * 1. **Activation quantization**, per row, in blocks of 128 along K: the block's
+ *    amax (at least 1e-4) gives the power-of-two scale s_x = 2^ceil(log2(amax/448))
+ *    (UE8M0), and every element becomes xq = e4m3(clamp(x/s_x, +-448)), rounded to
+ *    nearest even.  The rule is mmoe_formats.h's ::MMOE_SF_RULE_V4.
+ * 2. **Block partials**: for each K block of the weight (128 wide for V4's 128x128
+ *    weight blocks; 32 for 32x32-block checkpoints) a fresh partial sum(xq * wq) over
+ *    the block is formed.
+ * 3. **Scaled accumulation**: acc += partial * (s_x[row, k/128] * s_w[n/b, k/b]) in
+ *    fp32, blocks in ascending order; finally y = bf16(acc).
+ *
+ * The reference leaves the summation order of step 2 to the tensor core.  Here the
+ * partial is computed *exactly*: each product of two E4M3 values has <= 8
+ * significant bits and a magnitude in [2^-18, 448^2 < 2^18], so a sum of at most 128
+ * of them is a multiple of 2^-18 below 2^25 -- 43 bits, well inside a double's 53.
+ * cblas_dgemm therefore returns the exact sum whatever its blocking, FMA use or
+ * thread count, and rounding it once to fp32 gives the canonical partial.  The
+ * result of a row depends on that row only, bit for bit.
+ *
+ * Data layout: the weight is read as E4M3 bytes [N, K], converted tile by tile
+ * (ATTN_FP8_TILE_N rows) into doubles; rows of x are processed in chunks of
+ * ATTN_FP8_TILE_T so that the double copies stay small.
+ */
+#include "mmoe_linear.h"
+
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mmoe_formats.h"
+
+/** Output rows (weight rows) converted to double at a time. */
+#define ATTN_FP8_TILE_N 128
+/** Activation rows quantized at a time. */
+#define ATTN_FP8_TILE_T 64
+/** The activation quantization block of the reference (`act_quant` block_size). */
+#define ACT_BLOCK 128
+
+mmoe_status mmoe_linear_fp8_check(const mmoe_tensor *w, const mmoe_tensor *scale, int64_t N,
+                                  int64_t K, int block, const char *name, mmoe_error *err)
+{
+    if (block <= 0 || ACT_BLOCK % block != 0)
+        return mmoe_error_set(err, MMOE_ERANGE,
+                              "linear '%s': weight block %d must divide the activation block 128",
+                              name, block);
+    if (K <= 0 || K % ACT_BLOCK != 0 || N <= 0)
+        return mmoe_error_set(err, MMOE_ERANGE,
+                              "linear '%s': input width %lld must be a positive multiple of 128 "
+                              "(the reference's act_quant block), output width %lld positive",
+                              name, (long long)K, (long long)N);
+    char what[512];
+    snprintf(what, sizeof what, "%s.weight", name);
+    int64_t wshape[2] = {N, K};
+    mmoe_status st = mmoe_tensor_expect(w, what, MMOE_DT_F8_E4M3, 2, wshape, err);
+    if (st != MMOE_OK)
+        return st;
+    snprintf(what, sizeof what, "%s.scale", name);
+    int64_t sshape[2] = {(N + block - 1) / block, (K + block - 1) / block};
+    st = mmoe_tensor_expect(scale, what, MMOE_DT_F8_E8M0, 2, sshape, err);
+    if (st != MMOE_OK)
+        return st;
+    if (w->data == NULL || scale->data == NULL)
+        return mmoe_error_set(err, MMOE_ENOTFOUND, "linear '%s': weight or scale has no data", name);
+    const uint8_t *sb = (const uint8_t *)scale->data;
+    for (int64_t i = 0; i < sshape[0] * sshape[1]; i++)
+        if (sb[i] == 0xFF)
+            return mmoe_error_set(err, MMOE_ERANGE,
+                                  "tensor '%s': scale byte %lld is 255 (E8M0 NaN)", what, (long long)i);
+    return MMOE_OK;
+}
+
+/** Quantize rows [t0, t0+tn) of x to E4M3 values (as doubles) and their fp32 block scales. */
+static mmoe_status quantize_rows(const uint16_t *x, int64_t t0, int64_t tn, int64_t K, float *row_f32,
+                                 uint8_t *codes, uint8_t *sf, double *xq, float *sx, mmoe_error *err)
+{
+    const float *e4m3 = mmoe_fp8_e4m3_table();
+    const int64_t kb_act = K / ACT_BLOCK;
+    for (int64_t t = 0; t < tn; t++) {
+        mmoe_bf16_to_f32_row(x + (t0 + t) * K, (size_t)K, row_f32);
+        mmoe_status st = mmoe_quant_row_fp8_ue8m0(row_f32, (size_t)K, ACT_BLOCK, MMOE_SF_RULE_V4,
+                                                  codes, sf, err);
+        if (st != MMOE_OK)
+            return st;
+        for (int64_t k = 0; k < K; k++)
+            xq[t * K + k] = (double)e4m3[codes[k]];
+        for (int64_t b = 0; b < kb_act; b++)
+            sx[t * kb_act + b] = mmoe_ue8m0_to_f32(sf[b]);
+    }
+    return MMOE_OK;
+}
+
+mmoe_status mmoe_linear_fp8(const uint16_t *x, int64_t T, const mmoe_tensor *w,
+                            const mmoe_tensor *scale, int block, uint16_t *y, mmoe_error *err)
+{
+    if (w->ndim != 2)
+        return mmoe_error_set(err, MMOE_ESHAPE, "linear: FP8 weight must be 2-D, found %d-D", w->ndim);
+    const int64_t N = w->shape[0], K = w->shape[1];
+    mmoe_status st = mmoe_linear_fp8_check(w, scale, N, K, block, "fp8 linear", err);
+    if (st != MMOE_OK)
+        return st;
+    if (T <= 0)
+        return MMOE_OK;
+
+    const int64_t kb_act = K / ACT_BLOCK, kb_w = K / block, sw_cols = scale->shape[1];
+    const int64_t tt = T < ATTN_FP8_TILE_T ? T : ATTN_FP8_TILE_T;
+    float *row_f32 = malloc(sizeof(float) * (size_t)K);
+    uint8_t *codes = malloc((size_t)K);
+    uint8_t *sf = malloc((size_t)kb_act);
+    double *xq = malloc(sizeof(double) * (size_t)(tt * K));
+    float *sx = malloc(sizeof(float) * (size_t)(tt * kb_act));
+    double *wd = malloc(sizeof(double) * (size_t)(ATTN_FP8_TILE_N * K));
+    double *partial = malloc(sizeof(double) * (size_t)(tt * ATTN_FP8_TILE_N));
+    float *acc = malloc(sizeof(float) * (size_t)(tt * ATTN_FP8_TILE_N));
+    if (!row_f32 || !codes || !sf || !xq || !sx || !wd || !partial || !acc) {
+        st = mmoe_error_set(err, MMOE_ENOMEM, "linear: out of memory (K=%lld, N=%lld)", (long long)K,
+                            (long long)N);
+        goto done;
+    }
+    const float *e4m3 = mmoe_fp8_e4m3_table();
+    const uint8_t *wb = (const uint8_t *)w->data;
+    const uint8_t *sb = (const uint8_t *)scale->data;
+
+    for (int64_t t0 = 0; t0 < T; t0 += tt) {
+        const int64_t tn = (T - t0) < tt ? (T - t0) : tt;
+        st = quantize_rows(x, t0, tn, K, row_f32, codes, sf, xq, sx, err);
+        if (st != MMOE_OK)
+            goto done;
+        for (int64_t n0 = 0; n0 < N; n0 += ATTN_FP8_TILE_N) {
+            const int64_t nn = (N - n0) < ATTN_FP8_TILE_N ? (N - n0) : ATTN_FP8_TILE_N;
+            for (int64_t n = 0; n < nn; n++)
+                for (int64_t k = 0; k < K; k++)
+                    wd[n * K + k] = (double)e4m3[wb[(n0 + n) * K + k]];
+            memset(acc, 0, sizeof(float) * (size_t)(tn * nn));
+            for (int64_t kb = 0; kb < kb_w; kb++) {
+                /* exact: see the file comment */
+                cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tn, (int)nn, block, 1.0,
+                            xq + kb * block, (int)K, wd + kb * block, (int)K, 0.0, partial, (int)nn);
+                const int64_t kact = kb * block / ACT_BLOCK;
+                for (int64_t t = 0; t < tn; t++) {
+                    const float s_x = sx[t * kb_act + kact];
+                    for (int64_t n = 0; n < nn; n++) {
+                        const float s_w = mmoe_ue8m0_to_f32(sb[((n0 + n) / block) * sw_cols + kb]);
+                        const float s = s_x * s_w;
+                        acc[t * nn + n] += (float)partial[t * nn + n] * s;
+                    }
+                }
+            }
+            for (int64_t t = 0; t < tn; t++)
+                for (int64_t n = 0; n < nn; n++)
+                    y[(t0 + t) * N + n0 + n] = mmoe_bf16_from_f32(acc[t * nn + n]);
+        }
+    }
+    st = MMOE_OK;
+done:
+    free(row_f32);
+    free(codes);
+    free(sf);
+    free(xq);
+    free(sx);
+    free(wd);
+    free(partial);
+    free(acc);
+    return st;
+}

@@ -1,0 +1,157 @@
+/**
+ * @file mmoe_mhc.c
+ * @brief mHC stream mixing: pre-weights, Sinkhorn, write-back and the head mix (see mmoe_mhc.h).
+ *
+ * The code follows spec 3.2 line by line.  One helper, `stream_mix_logits`,
+ * computes the shared first two steps of hc_pre and hc_head: the RMS of all
+ * hc*D values of a token and the n_out dot products with the rows of `fn`,
+ * both accumulated in double (exact products of fp32 values, fixed order) and
+ * rounded once to fp32, then multiplied in fp32.
+ */
+#include "mmoe_mhc.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "mmoe_formats.h"
+
+void mmoe_hc_expand(const mmoe_hc_params *p, const uint16_t *h, int64_t T, uint16_t *X)
+{
+    for (int64_t t = 0; t < T; t++)
+        for (int j = 0; j < p->hc; j++)
+            for (int64_t c = 0; c < p->dim; c++)
+                X[(t * p->hc + j) * p->dim + c] = h[t * p->dim + c];
+}
+
+/** 1 / (1 + exp(-z)) in fp32. */
+static float sigmoid_f32(float z) { return 1.0f / (1.0f + expf(-z)); }
+
+/**
+ * m[i] = fp32(fn[i] . x) * rs for one token, with x = the hc*D stream values in
+ * fp32 and rs = fp32 rsqrt(fp32(mean(x^2)) + norm_eps).
+ */
+static void stream_mix_logits(const mmoe_hc_params *p, const uint16_t *Xt, const float *fn, int n_out,
+                              float *m)
+{
+    const int64_t n = (int64_t)p->hc * p->dim;
+    double sumsq = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double v = mmoe_bf16_to_f32(Xt[i]);
+        sumsq += v * v;
+    }
+    float mean = (float)(sumsq / (double)n);
+    float rs = 1.0f / sqrtf(mean + p->norm_eps);
+    for (int r = 0; r < n_out; r++) {
+        const float *row = fn + (int64_t)r * n;
+        double acc = 0.0;
+        for (int64_t i = 0; i < n; i++)
+            acc += (double)row[i] * (double)mmoe_bf16_to_f32(Xt[i]);
+        m[r] = (float)acc * rs;
+    }
+}
+
+void mmoe_hc_sinkhorn(float *C, int hc, int iters, float hc_eps)
+{
+    /* row softmax, then + eps */
+    for (int j = 0; j < hc; j++) {
+        float *row = C + j * hc;
+        float mx = row[0];
+        for (int k = 1; k < hc; k++)
+            mx = row[k] > mx ? row[k] : mx;
+        float sum = 0.0f;
+        for (int k = 0; k < hc; k++) {
+            row[k] = expf(row[k] - mx);
+            sum += row[k];
+        }
+        for (int k = 0; k < hc; k++)
+            row[k] = row[k] / sum + hc_eps;
+    }
+    for (int it = 0; it < iters; it++) {
+        if (it > 0) { /* row normalization (not before the first column step) */
+            for (int j = 0; j < hc; j++) {
+                float s = 0.0f;
+                for (int k = 0; k < hc; k++)
+                    s += C[j * hc + k];
+                for (int k = 0; k < hc; k++)
+                    C[j * hc + k] /= (s + hc_eps);
+            }
+        }
+        for (int k = 0; k < hc; k++) { /* column normalization */
+            float s = 0.0f;
+            for (int j = 0; j < hc; j++)
+                s += C[j * hc + k];
+            for (int j = 0; j < hc; j++)
+                C[j * hc + k] /= (s + hc_eps);
+        }
+    }
+}
+
+/** y[c] = bf16(sum_j pre[j] * X[j][c]) in fp32, j ascending. */
+static void mix_streams(const mmoe_hc_params *p, const uint16_t *Xt, const float *pre, uint16_t *yt)
+{
+    for (int64_t c = 0; c < p->dim; c++) {
+        float acc = 0.0f;
+        for (int j = 0; j < p->hc; j++)
+            acc += pre[j] * mmoe_bf16_to_f32(Xt[j * p->dim + c]);
+        yt[c] = mmoe_bf16_from_f32(acc);
+    }
+}
+
+void mmoe_hc_pre(const mmoe_hc_params *p, const uint16_t *X, int64_t T, const float *fn,
+                 const float *base, const float *scale, uint16_t *y, float *post, float *comb)
+{
+    const int hc = p->hc, n_mix = (2 + hc) * hc;
+    float m[(2 + 64) * 64]; /* hc <= 64 (config limit) */
+    float pre[64];
+    for (int64_t t = 0; t < T; t++) {
+        const uint16_t *Xt = X + t * hc * p->dim;
+        stream_mix_logits(p, Xt, fn, n_mix, m);
+        for (int j = 0; j < hc; j++) {
+            pre[j] = sigmoid_f32(m[j] * scale[0] + base[j]) + p->hc_eps;
+            post[t * hc + j] = 2.0f * sigmoid_f32(m[hc + j] * scale[1] + base[hc + j]);
+        }
+        float *C = comb + t * hc * hc;
+        for (int i = 0; i < hc * hc; i++)
+            C[i] = m[2 * hc + i] * scale[2] + base[2 * hc + i];
+        mmoe_hc_sinkhorn(C, hc, p->sinkhorn_iters, p->hc_eps);
+        mix_streams(p, Xt, pre, y + t * p->dim);
+    }
+}
+
+void mmoe_hc_post(const mmoe_hc_params *p, const uint16_t *out, const uint16_t *R, int64_t T,
+                  const float *post, const float *comb, uint16_t *Xn)
+{
+    const int hc = p->hc;
+    float res[64];
+    for (int64_t t = 0; t < T; t++) {
+        const uint16_t *Rt = R + t * hc * p->dim;
+        uint16_t *Xt = Xn + t * hc * p->dim;
+        const float *C = comb + t * hc * hc;
+        for (int64_t c = 0; c < p->dim; c++) {
+            float o = mmoe_bf16_to_f32(out[t * p->dim + c]);
+            /* read all input streams of this channel before any is overwritten (Xn may alias R) */
+            for (int k = 0; k < hc; k++) {
+                float acc = 0.0f;
+                for (int j = 0; j < hc; j++)
+                    acc += C[j * hc + k] * mmoe_bf16_to_f32(Rt[j * p->dim + c]);
+                res[k] = post[t * hc + k] * o + acc;
+            }
+            for (int k = 0; k < hc; k++)
+                Xt[k * p->dim + c] = mmoe_bf16_from_f32(res[k]);
+        }
+    }
+}
+
+void mmoe_hc_head(const mmoe_hc_params *p, const uint16_t *X, int64_t T, const float *fn,
+                  const float *base, const float *scale, uint16_t *y)
+{
+    const int hc = p->hc;
+    float m[64], pre[64];
+    for (int64_t t = 0; t < T; t++) {
+        const uint16_t *Xt = X + t * hc * p->dim;
+        stream_mix_logits(p, Xt, fn, hc, m);
+        for (int j = 0; j < hc; j++)
+            pre[j] = sigmoid_f32(m[j] * scale[0] + base[j]) + p->hc_eps;
+        mix_streams(p, Xt, pre, y + t * p->dim);
+    }
+}

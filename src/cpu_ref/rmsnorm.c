@@ -1,0 +1,37 @@
+/**
+ * @file rmsnorm.c
+ * @brief RMSNorm as the DeepSeek-V4 reference computes it: fp32 inside, bf16 out.
+ *
+ *     y = bf16( w_fp32 * (x_fp32 * rsqrt(mean(x_fp32^2) + eps)) )
+ *
+ * The weight is stored bf16 (or fp32) and upcast.  The mean of the squares is an
+ * fp32 reduction in the reference with unspecified order; the oracle sums the
+ * (exact) squares of the bf16 inputs in double and rounds the mean once to fp32,
+ * so a row's result does not depend on how many rows are normalized together.
+ * Products are formed in the reference's order: first x * rsqrt, then w * that.
+ */
+#include "attn_internal.h"
+
+#include <math.h>
+
+#include "mmoe_formats.h"
+
+void mmoe_rmsnorm_bf16(const uint16_t *x, int64_t T, int64_t n, const mmoe_tensor *weight,
+                       float eps, uint16_t *y)
+{
+    for (int64_t t = 0; t < T; t++) {
+        const uint16_t *xr = x + t * n;
+        uint16_t *yr = y + t * n;
+        double sumsq = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            const double v = (double)mmoe_bf16_to_f32(xr[i]);
+            sumsq += v * v;
+        }
+        const float mean = (float)(sumsq / (double)n);
+        const float rs = 1.0f / sqrtf(mean + eps);
+        for (int64_t i = 0; i < n; i++) {
+            const float xn = mmoe_bf16_to_f32(xr[i]) * rs;
+            yr[i] = mmoe_bf16_from_f32(attn_tensor_f32_at(weight, i) * xn);
+        }
+    }
+}

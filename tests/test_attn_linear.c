@@ -1,0 +1,272 @@
+/**
+ * @file test_attn_linear.c
+ * @brief Suite "attn_linear": FP8 block-scaled and dense linears, RMSNorm, the FP8/FP4 QAT round trips.
+ *
+ * The oracles are written here from spec section 3.0, in float64, without the
+ * code under test: the E4M3 and E2M1 grids are enumerated from their bit layouts,
+ * rounding is a brute-force nearest search (ties to the even code), and the
+ * power-of-two scales are found by exact comparisons with 448 * 2^e (resp. 6 * 2^e).
+ * Where the oracle defines the result exactly (FP8 linear: exact block partials,
+ * then the specified fp32 accumulation; round trips) the comparison is bit for bit.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn_ref.h"
+#include "attn_test_util.h"
+#include "mmoe_formats.h"
+#include "mmoe_linear.h"
+#include "mmoe_test.h"
+
+/* ---------------------------------------------------------------- float64 oracles */
+
+/** The non-negative grid of E2M1: 0, .5, 1, 1.5, 2, 3, 4, 6. */
+static const double e2m1_grid[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+
+/** y = bf16(x W^T) from the spec, with exact block partials. */
+static void oracle_linear_fp8(const uint16_t *x, int64_t T, int64_t N, int64_t K, const uint8_t *w,
+                              const uint8_t *sw, int block, uint16_t *y)
+{
+    double *xr = malloc(sizeof(double) * (size_t)K), *xq = malloc(sizeof(double) * (size_t)K);
+    double *sx = malloc(sizeof(double) * (size_t)(K / 128));
+    const int64_t sw_cols = (K + block - 1) / block;
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t k = 0; k < K; k++)
+            xr[k] = mmoe_bf16_to_f32(x[t * K + k]);
+        for (int64_t b = 0; b < K / 128; b++)
+            sx[b] = attn_ref_fp8_block(xr + b * 128, 128, xq + b * 128);
+        for (int64_t n = 0; n < N; n++) {
+            float acc = 0.0f;
+            for (int64_t kb = 0; kb < K / block; kb++) {
+                double partial = 0.0; /* exact: <= 43 significant bits */
+                for (int64_t k = kb * block; k < (kb + 1) * block; k++)
+                    partial += xq[k] * attn_ref_e4m3_value(w[n * K + k]);
+                const double s = sx[kb * block / 128] *
+                                 ldexp(1.0, (int)sw[(n / block) * sw_cols + kb] - 127);
+                acc += (float)partial * (float)s;
+            }
+            y[t * N + n] = mmoe_bf16_from_f32(acc);
+        }
+    }
+    free(xr);
+    free(xq);
+    free(sx);
+}
+
+/* ---------------------------------------------------------------- tests */
+
+static void check_fp8_linear(int block, int64_t T, int64_t N, int64_t K)
+{
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, mmoe_test_seed("attn_linear/fp8"));
+    attn_test_layer L = {0};
+    mmoe_tensor w, s;
+    attn_test_fp8_weight(&L, &rng, N, K, block, &w, &s);
+    uint16_t *x = malloc(sizeof(uint16_t) * (size_t)(T * K));
+    uint16_t *y = malloc(sizeof(uint16_t) * (size_t)(T * N));
+    uint16_t *y1 = malloc(sizeof(uint16_t) * (size_t)N);
+    uint16_t *ref = malloc(sizeof(uint16_t) * (size_t)(T * N));
+    /* rows of very different magnitudes exercise the scales; one tiny row hits the 1e-4 clamp */
+    for (int64_t t = 0; t < T; t++)
+        attn_test_fill_bf16(&rng, x + t * K, K, 0.0, t == 0 ? 1e-6 : ldexp(1.0, (int)(t % 9) - 4));
+    mmoe_test_poison_bf16(y, (size_t)(T * N));
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    ck_assert_int_eq(mmoe_linear_fp8(x, T, &w, &s, block, y, &err), MMOE_OK);
+    oracle_linear_fp8(x, T, N, K, w.data, s.data, block, ref);
+    for (int64_t i = 0; i < T * N; i++)
+        ck_assert_msg(y[i] == ref[i], "block %d: y[%lld] = 0x%04x, oracle 0x%04x", block, (long long)i,
+                      y[i], ref[i]);
+    /* a row alone gives the same bits as inside a batch (prefill == decode) */
+    for (int64_t t = 0; t < T; t++) {
+        mmoe_test_poison_bf16(y1, (size_t)N);
+        ck_assert_int_eq(mmoe_linear_fp8(x + t * K, 1, &w, &s, block, y1, &err), MMOE_OK);
+        ck_assert_int_eq(memcmp(y1, y + t * N, sizeof(uint16_t) * (size_t)N), 0);
+    }
+    free(x);
+    free(y);
+    free(y1);
+    free(ref);
+    attn_test_layer_free(&L);
+}
+
+START_TEST(fp8_linear_128_blocks)
+{
+    /* N not a multiple of 128 (partial scale row), several K blocks, T > the row tile */
+    check_fp8_linear(128, 70, 200, 384);
+}
+END_TEST
+
+START_TEST(fp8_linear_32_blocks)
+{
+    check_fp8_linear(32, 5, 96, 256);
+}
+END_TEST
+
+START_TEST(fp8_linear_rejects_bad_input)
+{
+    attn_test_layer L = {0};
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, 1);
+    mmoe_tensor w, s;
+    attn_test_fp8_weight(&L, &rng, 64, 96, 32, &w, &s);
+    uint16_t x[96], y[64];
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    ck_assert_int_eq(mmoe_linear_fp8(x, 1, &w, &s, 32, y, &err), MMOE_ERANGE);
+    ck_assert_ptr_nonnull(strstr(err.msg, "multiple of 128"));
+    attn_test_fp8_weight(&L, &rng, 64, 128, 128, &w, &s);
+    ((uint8_t *)s.data)[0] = 0xFF;
+    ck_assert_int_eq(mmoe_linear_fp8(x, 1, &w, &s, 128, y, &err), MMOE_ERANGE);
+    ck_assert_ptr_nonnull(strstr(err.msg, "255"));
+    s.shape[1] = 2;
+    ck_assert_int_eq(mmoe_linear_fp8(x, 1, &w, &s, 128, y, &err), MMOE_ESHAPE);
+    ck_assert_ptr_nonnull(strstr(err.msg, "expected shape [1, 1]"));
+    attn_test_layer_free(&L);
+}
+END_TEST
+
+START_TEST(dense_linear_matches_f64)
+{
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, mmoe_test_seed("attn_linear/dense"));
+    attn_test_layer L = {0};
+    const int64_t T = 7, N = 33, K = 200;
+    mmoe_tensor w = attn_test_bf16_tensor(&L, &rng, N, K, 0.0, 0.3);
+    uint16_t x[7 * 200], yb[7 * 33];
+    float y[7 * 33];
+    attn_test_fill_bf16(&rng, x, T * K, 0.5, 1.0);
+    mmoe_test_poison_f32(y, (size_t)(T * N));
+    mmoe_test_poison_bf16(yb, (size_t)(T * N));
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    ck_assert_int_eq(mmoe_linear_dense(x, T, K, &w, N, y, yb, &err), MMOE_OK);
+    const uint16_t *wd = w.data;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t n = 0; n < N; n++) {
+            long double ref = 0.0L, mag = 0.0L;
+            for (int64_t k = 0; k < K; k++) {
+                const long double pr = (long double)mmoe_bf16_to_f32(x[t * K + k]) *
+                                       (long double)mmoe_bf16_to_f32(wd[n * K + k]);
+                ref += pr;
+                mag += fabsl(pr);
+            }
+            /* bound: half an fp32 ulp of the result plus the double accumulation error
+               (K * 2^-53 * sum|x w|, generous) */
+            const double tol = 0.5 * ldexp(1.0, ilogb((double)ref) - 23) + K * ldexp((double)mag, -53);
+            ck_assert_msg(fabs((double)y[t * N + n] - (double)ref) <= tol, "y %.9g ref %.9Lg", y[t * N + n], ref);
+            ck_assert_uint_eq(yb[t * N + n], mmoe_bf16_from_f32(y[t * N + n]));
+        }
+    /* a wrong weight shape is reported */
+    ck_assert_int_eq(mmoe_linear_dense(x, T, K, &w, N + 1, y, NULL, &err), MMOE_ESHAPE);
+    attn_test_layer_free(&L);
+}
+END_TEST
+
+START_TEST(rmsnorm_matches_f64)
+{
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, mmoe_test_seed("attn_linear/rmsnorm"));
+    attn_test_layer L = {0};
+    const int64_t T = 5, n = 256;
+    mmoe_tensor wt = attn_test_bf16_tensor(&L, &rng, n, 0, 1.0, 0.2);
+    uint16_t x[5 * 256], y[5 * 256];
+    for (int64_t t = 0; t < T; t++)
+        attn_test_fill_bf16(&rng, x + t * n, n, 0.0, ldexp(1.0, 3 * (int)t - 6));
+    mmoe_test_poison_bf16(y, (size_t)(T * n));
+    const float eps = 1e-6f;
+    mmoe_rmsnorm_bf16(x, T, n, &wt, eps, y);
+    for (int64_t t = 0; t < T; t++) {
+        double ss = 0.0;
+        for (int64_t i = 0; i < n; i++)
+            ss += (double)mmoe_bf16_to_f32(x[t * n + i]) * mmoe_bf16_to_f32(x[t * n + i]);
+        const double rs = 1.0 / sqrt(ss / n + (double)eps);
+        for (int64_t i = 0; i < n; i++) {
+            const double ref = mmoe_bf16_to_f32(((uint16_t *)wt.data)[i]) * mmoe_bf16_to_f32(x[t * n + i]) * rs;
+            /* bf16 rounding (unit roundoff 2^-8: 8 significant bits) plus a few fp32
+               roundings inside (< 2^-20) */
+            ck_assert_msg(fabs(mmoe_bf16_to_f32(y[t * n + i]) - ref) <= fabs(ref) * (ldexp(1.0, -8) + ldexp(1.0, -20)),
+                          "row %lld elt %lld: %g vs %g", (long long)t, (long long)i,
+                          mmoe_bf16_to_f32(y[t * n + i]), ref);
+        }
+    }
+    attn_test_layer_free(&L);
+}
+END_TEST
+
+START_TEST(fp8_roundtrip_bit_exact)
+{
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, mmoe_test_seed("attn_linear/rt8"));
+    enum { N = 64 * 6 };
+    uint16_t x[N], orig[N];
+    for (int b = 0; b < 6; b++) /* magnitudes from tiny (clamped amax) to large */
+        attn_test_fill_bf16(&rng, x + b * 64, 64, 0.0, ldexp(1.0, 4 * b - 16));
+    memcpy(orig, x, sizeof x);
+    mmoe_roundtrip_fp8_bf16(x, N, 64);
+    double xr[64], xq[64];
+    for (int b = 0; b < 6; b++) {
+        for (int i = 0; i < 64; i++)
+            xr[i] = mmoe_bf16_to_f32(orig[b * 64 + i]);
+        const double s = attn_ref_fp8_block(xr, 64, xq);
+        for (int i = 0; i < 64; i++)
+            ck_assert_uint_eq(x[b * 64 + i], mmoe_bf16_from_f32((float)(xq[i] * s)));
+    }
+}
+END_TEST
+
+START_TEST(fp4_roundtrip_bit_exact)
+{
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, mmoe_test_seed("attn_linear/rt4"));
+    enum { N = 32 * 6 };
+    uint16_t x[N], orig[N];
+    for (int b = 0; b < 6; b++)
+        attn_test_fill_bf16(&rng, x + b * 32, 32, 0.0, ldexp(1.0, 3 * b - 8));
+    /* exact ties of the E2M1 grid after scaling: 0.75 -> 1, 1.75 -> 2, 5 -> 4 (scale 1: amax 6) */
+    attn_test_fill_bf16(&rng, x + 5 * 32, 32, 0.0, 0.5);
+    const float ties[5] = {6.0f, 0.75f, 1.75f, 5.0f, -2.5f};
+    for (int i = 0; i < 5; i++)
+        x[5 * 32 + i] = mmoe_bf16_from_f32(ties[i]);
+    memcpy(orig, x, sizeof x);
+    mmoe_roundtrip_fp4_bf16(x, N, 32);
+    for (int b = 0; b < 6; b++) {
+        double amax = 6.0 * ldexp(1.0, -126);
+        for (int i = 0; i < 32; i++)
+            amax = fmax(amax, fabs((double)mmoe_bf16_to_f32(orig[b * 32 + i])));
+        const double s = attn_ref_pow2_scale(amax, 6.0);
+        for (int i = 0; i < 32; i++) {
+            const double v = mmoe_bf16_to_f32(orig[b * 32 + i]) / s;
+            const double q = attn_ref_round_to_grid(fmin(fmax(v, -6.0), 6.0), e2m1_grid, 8);
+            ck_assert_uint_eq(x[b * 32 + i], mmoe_bf16_from_f32((float)(q * s)));
+        }
+    }
+    /* hand-checked ties (scale 1): 0.75 -> 1.0, 1.75 -> 2.0, 5.0 -> 4.0, -2.5 -> -2.0 */
+    ck_assert_float_eq(mmoe_bf16_to_f32(x[5 * 32 + 1]), 1.0f);
+    ck_assert_float_eq(mmoe_bf16_to_f32(x[5 * 32 + 2]), 2.0f);
+    ck_assert_float_eq(mmoe_bf16_to_f32(x[5 * 32 + 3]), 4.0f);
+    ck_assert_float_eq(mmoe_bf16_to_f32(x[5 * 32 + 4]), -2.0f);
+}
+END_TEST
+
+static Suite *attn_linear_suite(void)
+{
+    Suite *s = suite_create("attn_linear");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, fp8_linear_128_blocks);
+    tcase_add_test(tc, fp8_linear_32_blocks);
+    tcase_add_test(tc, fp8_linear_rejects_bad_input);
+    tcase_add_test(tc, dense_linear_matches_f64);
+    tcase_add_test(tc, rmsnorm_matches_f64);
+    tcase_add_test(tc, fp8_roundtrip_bit_exact);
+    tcase_add_test(tc, fp4_roundtrip_bit_exact);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return mmoe_test_run(attn_linear_suite());
+}
