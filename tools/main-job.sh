@@ -10,6 +10,7 @@ if test -f fixtures/tiny-dsv4/config.json; then
   echo "== megamoe generate --model fixtures/tiny-dsv4 (the embedded default model)"
   prompt=$(cat fixtures/tiny-dsv4/main-prompt.txt 2>/dev/null || echo "1 2 3 4 5")
   $bin generate --model fixtures/tiny-dsv4 --prompt "$prompt" --max-tokens 32
+  $bin generate --model fixtures/tiny-dsv4 --prompt "a b c d e f" --max-tokens 12
 fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/megamoe-main.XXXXXX")
 trap 'rm -rf "$work"' EXIT

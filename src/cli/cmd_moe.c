@@ -28,6 +28,8 @@
 #include <string.h>
 
 #include "mmoe_cli.h"
+#include "mmoe_gpu_layer.h"
+#include "mmoe_gpu_moe.h"
 #include "mmoe_moe.h"
 #include "mmoe_safetensors.h"
 
@@ -360,16 +362,78 @@ static int parse(int argc, char **argv, moe_opts *o)
     return 0;
 }
 
+/**
+ * `--backend gpu`: the same layer on the GPU.  The GPU path takes its routing from the caller,
+ * so it gets the routing the CPU run just used (the input file's, or the CPU router's); its
+ * output replaces @p out->y, and the agreement with the CPU oracle is printed (bit-identical
+ * values and the normwise relative error), with the GPU's kernel, tile height, exact-path
+ * blocks and any kernel fallback.
+ */
+static mmoe_status run_on_gpu(mmoe_ckpt *ck, int li, const mmoe_moe_desc *d, const mmoe_moe_input *cpu_in,
+                              const mmoe_moe_output *out, mmoe_error *err)
+{
+    mmoe_moe_weights w;
+    mmoe_gpu_layer *g = NULL;
+    const size_t n = (size_t)cpu_in->n_tokens * (size_t)d->hidden;
+    uint16_t *y_gpu = malloc(n > 0 ? n * sizeof *y_gpu : 1);
+    if (y_gpu == NULL)
+        return mmoe_error_set(err, MMOE_ENOMEM, "out of memory for the GPU output");
+    for (size_t i = 0; i < n; i++)
+        y_gpu[i] = 0x7FC0u; /* NaN: an element the GPU does not write shows up below */
+    mmoe_status st = mmoe_moe_weights_lookup(d, ckpt_lookup, ck, li, &w, err);
+    if (st == MMOE_OK) {
+        st = mmoe_gpu_layer_create(d, &w, &g, err);
+        mmoe_moe_weights_release(&w);
+    }
+    if (st != MMOE_OK) {
+        mmoe_error_prefix(err, "--backend gpu: ");
+        free(y_gpu);
+        return st;
+    }
+    mmoe_moe_input gin = *cpu_in;
+    gin.topk_idx = out->topk_idx;
+    gin.topk_weights = out->topk_weights;
+    mmoe_moe_output gout = {y_gpu, NULL, NULL};
+    mmoe_moe_result gres;
+    mmoe_moe_result_init(&gres);
+    st = mmoe_gpu_layer_run(g, &gin, &gout, &gres, err);
+    if (st == MMOE_OK) {
+        const mmoe_gpu_moe_result *gd = mmoe_gpu_layer_details(g);
+        printf("gpu: routing from %s; device cc %d, kernel %s, block_m %d, shared %s, "
+               "exact-path blocks L1 %lld / L2 %lld, weights on the GPU %.1f MiB, time %.3f ms\n",
+               cpu_in->topk_idx != NULL ? "the input file" : "the CPU router (the GPU path takes routing from the caller)",
+               gd->device_cc, gd->kernel ? gd->kernel : "?", gd->block_m, gd->shared_fused ? "fused" : "not fused",
+               (long long)gd->exact_path_blocks_l1, (long long)gd->exact_path_blocks_l2,
+               gd->gpu_weight_bytes / 1048576.0, 1e3 * gres.time.total_s);
+        if (gd->fallback)
+            printf("gpu: FALLBACK: %s\n", gd->fallback_reason);
+        size_t same = 0;
+        double num = 0.0, den = 0.0;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t a_bits = (uint32_t)y_gpu[i] << 16, b_bits = (uint32_t)out->y[i] << 16;
+            float a, b;
+            memcpy(&a, &a_bits, sizeof a);
+            memcpy(&b, &b_bits, sizeof b);
+            same += y_gpu[i] == out->y[i];
+            num += ((double)a - b) * ((double)a - b);
+            den += (double)b * b;
+        }
+        printf("gpu vs cpu oracle: %zu of %zu values bit-identical, normwise relative error %.3e\n", same, n,
+               den > 0 ? sqrt(num / den) : sqrt(num));
+        memcpy(out->y, y_gpu, n * sizeof *y_gpu);
+    }
+    mmoe_gpu_layer_destroy(g);
+    free(y_gpu);
+    return st;
+}
+
 int mmoe_cmd_moe(int argc, char **argv)
 {
     moe_opts o;
     int rc = parse(argc, argv, &o);
     if (rc != 0)
         return rc < 0 ? 0 : rc;
-    if (strcmp(o.backend, "gpu") == 0) {
-        fprintf(stderr, "megamoe moe: GPU backend not built/not available in this build (use --backend cpu)\n");
-        return 1;
-    }
+    const int on_gpu = strcmp(o.backend, "gpu") == 0;
     mmoe_error err;
     mmoe_error_clear(&err);
     mmoe_ckpt *ck = NULL;
@@ -412,7 +476,10 @@ int mmoe_cmd_moe(int argc, char **argv)
         mmoe_moe_memory mem;
         mmoe_moe_layer_memory(layer, &mem);
         print_result(&d, &res, &mem);
-        st = write_output(o.out, &d, in.n_tokens, &out, &res, &err);
+        if (on_gpu)
+            st = run_on_gpu(ck, li, &d, &in, &out, &err);
+        if (st == MMOE_OK)
+            st = write_output(o.out, &d, in.n_tokens, &out, &res, &err);
         if (st == MMOE_OK)
             printf("wrote %s\n", o.out);
     }

@@ -248,6 +248,19 @@ mmoe_status mmoe_moe_layer_load(mmoe_moe_layer *layer, mmoe_moe_lookup_fn lookup
                                 int layer_index, mmoe_error *err);
 
 /**
+ * Resolve the weight views of one layer through @p lookup (the names of
+ * mmoe_moe_layer_load()) without attaching them to a layer: for backends that take an
+ * ::mmoe_moe_weights themselves (the GPU layer).  The views borrow whatever @p lookup returns;
+ * @p w->experts is an array allocated here, released by mmoe_moe_weights_release().
+ * @return MMOE_OK; MMOE_ENOTFOUND naming the missing tensor; MMOE_ENOMEM
+ */
+mmoe_status mmoe_moe_weights_lookup(const mmoe_moe_desc *desc, mmoe_moe_lookup_fn lookup, void *ctx,
+                                    int layer_index, mmoe_moe_weights *w, mmoe_error *err);
+
+/** Free what mmoe_moe_weights_lookup() allocated (the experts array; the views stay borrowed). */
+void mmoe_moe_weights_release(mmoe_moe_weights *w);
+
+/**
  * Pad a layer that already has weights: I up to a multiple of @p pad_to and the shared width
  * to the padded routed width (when they were equal), one tensor at a time (allocate the padded
  * buffer, copy, release the original if owned).  The output is bit-identical to the unpadded

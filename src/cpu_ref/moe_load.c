@@ -21,6 +21,7 @@
 #include "moe_internal.h"
 
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -75,18 +76,16 @@ static mmoe_status find_expert(const loader *ld, const char *base, mmoe_moe_expe
     return MMOE_OK;
 }
 
-mmoe_status mmoe_moe_layer_load(mmoe_moe_layer *layer, mmoe_moe_lookup_fn lookup, void *ctx, int layer_index,
-                                mmoe_error *err)
+mmoe_status mmoe_moe_weights_lookup(const mmoe_moe_desc *d, mmoe_moe_lookup_fn lookup, void *ctx,
+                                    int layer_index, mmoe_moe_weights *w, mmoe_error *err)
 {
-    const mmoe_moe_desc *d = &layer->desc;
     const loader ld = {lookup, ctx, layer_index};
-    mmoe_moe_weights w;
-    memset(&w, 0, sizeof w);
-    mmoe_status st = find(&ld, "ffn.gate.weight", 0, &w.gate, err);
+    memset(w, 0, sizeof *w);
+    mmoe_status st = find(&ld, "ffn.gate.weight", 0, &w->gate, err);
     if (st == MMOE_OK && d->routing == MMOE_ROUTING_BIASED)
-        st = find(&ld, "ffn.gate.bias", 0, &w.gate_bias, err);
+        st = find(&ld, "ffn.gate.bias", 0, &w->gate_bias, err);
     if (st == MMOE_OK && d->routing == MMOE_ROUTING_HASH)
-        st = find(&ld, "ffn.gate.tid2eid", 0, &w.tid2eid, err);
+        st = find(&ld, "ffn.gate.tid2eid", 0, &w->tid2eid, err);
     if (st != MMOE_OK)
         return st;
     mmoe_moe_expert_weights *experts = calloc((size_t)d->n_experts, sizeof *experts);
@@ -99,11 +98,30 @@ mmoe_status mmoe_moe_layer_load(mmoe_moe_layer *layer, mmoe_moe_lookup_fn lookup
     }
     /* shared scales are optional only for BF16 shared weights; set_weights checks that */
     if (st == MMOE_OK && d->n_shared > 0)
-        st = find_expert(&ld, "ffn.shared_experts", &w.shared, 0, err);
-    if (st == MMOE_OK) {
-        w.experts = experts;
-        st = mmoe_moe_layer_set_weights(layer, &w, err);
+        st = find_expert(&ld, "ffn.shared_experts", &w->shared, 0, err);
+    if (st != MMOE_OK) {
+        free(experts);
+        return st;
     }
-    free(experts);
+    w->experts = experts;
+    return MMOE_OK;
+}
+
+void mmoe_moe_weights_release(mmoe_moe_weights *w)
+{
+    if (w == NULL)
+        return;
+    free((void *)(uintptr_t)w->experts); /* allocated non-const by mmoe_moe_weights_lookup() */
+    w->experts = NULL;
+}
+
+mmoe_status mmoe_moe_layer_load(mmoe_moe_layer *layer, mmoe_moe_lookup_fn lookup, void *ctx, int layer_index,
+                                mmoe_error *err)
+{
+    mmoe_moe_weights w;
+    mmoe_status st = mmoe_moe_weights_lookup(&layer->desc, lookup, ctx, layer_index, &w, err);
+    if (st == MMOE_OK)
+        st = mmoe_moe_layer_set_weights(layer, &w, err);
+    mmoe_moe_weights_release(&w);
     return st;
 }

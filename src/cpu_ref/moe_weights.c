@@ -17,6 +17,7 @@
 #include "moe_internal.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
@@ -35,14 +36,31 @@ static mmoe_status expect_shape2(const mmoe_tensor *t, const char *name, int64_t
     return MMOE_OK;
 }
 
-/** One of the @p n_ok dtypes? */
+/**
+ * The oracle reads weights in place through typed pointers (float, uint16_t, int64_t), so
+ * each tensor must start at a multiple of its element size.  The safetensors format does not
+ * require that (megamoe's writer aligns every tensor; other writers may not): a misaligned
+ * tensor is refused with its name rather than read through a misaligned pointer.
+ */
+static mmoe_status expect_aligned(const mmoe_tensor *t, const char *name, mmoe_error *err)
+{
+    size_t align = mmoe_dtype_size(t->dtype);
+    if (t->data != NULL && align > 1 && (uintptr_t)t->data % align != 0)
+        return mmoe_error_set(err, MMOE_EFORMAT,
+                              "moe weights: tensor '%s' (%s) is not aligned to %zu bytes in its file; "
+                              "rewrite the file with an aligning writer (e.g. megamoe's)",
+                              name, mmoe_dtype_name(t->dtype), align);
+    return MMOE_OK;
+}
+
+/** The dtype of @p t is one of @p ok (and the tensor is aligned for it). */
 static mmoe_status expect_dtype(const mmoe_tensor *t, const char *name, const mmoe_dtype *ok, int n_ok,
                                 mmoe_error *err)
 {
     char want[128] = "";
     for (int i = 0; i < n_ok; i++) {
         if (t->dtype == ok[i])
-            return MMOE_OK;
+            return expect_aligned(t, name, err);
         snprintf(want + strlen(want), sizeof want - strlen(want), "%s%s", i ? " or " : "",
                  mmoe_dtype_name(ok[i]));
     }

@@ -1,0 +1,47 @@
+/**
+ * @file gpu_combine.cu
+ * @brief The combine: one BF16 output row per token from its slots' BF16 rows.
+ *
+ * The L2 GEMM stored each (token, slot) result rounded to BF16 in a buffer
+ * [T, topk+1, D]; slot topk is the shared expert.  For each token and channel:
+ * acc = 0 (FP32); for each slot k in ascending order whose topk_idx is not -1,
+ * acc += float(v_k); then acc += float(v_shared) when there is a shared
+ * expert; y = bf16_rn(acc).  A token whose slots are all masked and that has
+ * no shared expert gets 0.  Masked slots' rows are never read (they were never
+ * written).  One block per token, two channels per thread and step.
+ */
+#include "gpu_internal.cuh"
+
+/** One block per token: the slot sum in ascending slot order, one BF16 store. */
+__global__ void combine_kernel(const __nv_bfloat16 *slots_buf, const int32_t *topk_idx, int topk, int has_shared,
+                               int D, __nv_bfloat16 *y)
+{
+    const int t = blockIdx.x;
+    const int slots = topk + 1;
+    unsigned valid = 0;
+    for (int k = 0; k < topk; k++)
+        if (topk_idx[(size_t)t * topk + k] >= 0)
+            valid |= 1u << k;
+    if (has_shared)
+        valid |= 1u << topk;
+    for (int d = threadIdx.x * 2; d < D; d += blockDim.x * 2) {
+        float a0 = 0.0f, a1 = 0.0f;
+        for (int k = 0; k <= topk; k++) {
+            if (!(valid >> k & 1u))
+                continue;
+            __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162 *>(slots_buf + ((size_t)t * slots + k) * D + d);
+            a0 = __fadd_rn(a0, __low2float(v));
+            a1 = __fadd_rn(a1, __high2float(v));
+        }
+        *reinterpret_cast<__nv_bfloat162 *>(y + (size_t)t * D + d) = __floats2bfloat162_rn(a0, a1);
+    }
+}
+
+cudaError_t mmoe_launch_combine(const __nv_bfloat16 *slots_buf, const int32_t *topk_idx, int T, int topk,
+                                int has_shared, int D, __nv_bfloat16 *y, cudaStream_t stream)
+{
+    if (T == 0)
+        return cudaSuccess;
+    combine_kernel<<<T, 256, 0, stream>>>(slots_buf, topk_idx, topk, has_shared, D, y);
+    return cudaGetLastError();
+}

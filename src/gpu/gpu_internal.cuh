@@ -1,0 +1,120 @@
+/**
+ * @file gpu_internal.cuh
+ * @brief Internal declarations shared by the CUDA files of the GPU layer.
+ *
+ * The layer is a short pipeline of kernels (see mmoe_gpu_moe.h for the
+ * stages).  Each stage lives in its own .cu file; this header holds the
+ * small device helpers they share (the exact scalar rounding steps) and the
+ * host-side launchers with their argument blocks.
+ *
+ * Scale conventions inside the GPU path: every activation scale is held as
+ * an FP32 value (for SM100's UE8M0 scales that value is the power of two
+ * 2^(byte-127)), one per (row, group) with group = 128 (SM90) or 32 (SM100)
+ * channels.  Weight scales stay UE8M0 bytes, one per (row, 32 along K).
+ */
+#ifndef MMOE_GPU_INTERNAL_CUH
+#define MMOE_GPU_INTERNAL_CUH
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <stdint.h>
+
+/** Routed pool entry: which token and which of its top-k slots a pool row holds. */
+struct mmoe_pool_entry {
+    int token;   /**< token index in [0, T) */
+    int slot;    /**< slot in [0, topk), or topk for the shared expert */
+    float weight;/**< routing weight applied in the L1 epilogue (1.0 for shared) */
+};
+
+/** One GEMM tile of rows: an expert and a contiguous range of its pool rows. */
+struct mmoe_tile {
+    int expert;   /**< expert index (0 for the shared expert) */
+    int row0;     /**< first pool row */
+    int nrows;    /**< rows in this tile, 1..BLOCK_M */
+    int pad;      /**< unused */
+};
+
+/** Weight format of the GEMM's B operand. */
+enum { MMOE_B_FP4 = 0, MMOE_B_FP8 = 1 };
+/** Epilogue of the GEMM. */
+enum { MMOE_EPI_SWIGLU = 0, MMOE_EPI_SLOT_BF16 = 1 };
+
+/** Arguments of one grouped GEMM launch (all pointers are device pointers). */
+struct mmoe_gemm_args {
+    int K;                      /**< reduction length (D for L1, I for L2), multiple of 128 */
+    int n_out;                  /**< output columns (I for L1 = channels after SwiGLU, D for L2) */
+    /* A: FP8 rows and their FP32 scales [row, K/AG] */
+    const uint8_t *a;           /**< FP8 activations */
+    const float *a_scale;       /**< activation scales */
+    const mmoe_pool_entry *a_gather; /**< L1 routed: A row of pool row p is token a_gather[p].token; NULL: A row = pool row */
+    /* tiles */
+    const mmoe_tile *tiles;     /**< tile list, or NULL: uniform tiles over total_rows (expert 0) */
+    const int *num_tiles;       /**< device count of valid tiles when tiles != NULL */
+    int total_rows;             /**< rows when tiles == NULL */
+    /* B: weights tile-major [expert][n-block][K/128][128 rows][128 or 64 bytes], scales
+       [expert][n-block][K/128][128 rows][4 bytes] (see mmoe_tile_rows) */
+    const uint8_t *b;           /**< weights (E2M1 pairs or E4M3 bytes), tile-major */
+    const uint8_t *b_scale;     /**< UE8M0 scale bytes, tile-major */
+    size_t b_expert_stride;     /**< bytes between experts' weights */
+    size_t bs_expert_stride;    /**< bytes between experts' scales */
+    int b_up_row0;              /**< L1: first row of the up half (= I); L2: unused */
+    /* epilogue */
+    float clamp;                /**< SwiGLU clamp, <= 0: none */
+    const mmoe_pool_entry *pool;/**< pool entries (weights, token, slot); NULL: token = row, weight 1, slot = shared_slot */
+    int shared_slot;            /**< slot index of the shared expert (= topk) */
+    float *out_f32;             /**< L1: FP32 [rows, n_out] */
+    __nv_bfloat16 *out_slots;   /**< L2: BF16 [T, slots, D] */
+    int slots;                  /**< topk + 1 */
+    /* split K (small T): 0 = off; else each block sums split_kb K blocks and stores raw FP32 */
+    int split_kb;               /**< K blocks (of 128) per split, 0 = no split */
+    float *partial;             /**< [splits][partial_rows][partial_cols] FP32 sums, or NULL */
+    int partial_rows;           /**< pool rows of the partial buffer */
+    int partial_cols;           /**< 2*n_out (L1: gate then up) or n_out (L2) */
+};
+
+/**
+ * Finish a split-K GEMM: sum the splits in ascending order (deterministic, and padding adds
+ * only exact zeros at the end) and run the epilogue of @p args (SwiGLU to out_f32, or BF16
+ * into the combine slots) for the pool rows [0, *num_rows_dev) or [0, rows) when it is NULL.
+ */
+cudaError_t mmoe_launch_split_finish(const mmoe_gemm_args *args, int epi, int nsplit, int rows,
+                                     const int *num_rows_dev, cudaStream_t stream);
+
+/**
+ * Rewrite a row-major matrix of 32-bit words [rows][src_row_words] into the GEMM's tile-major
+ * layout [n_blocks][nkb][128][tile_row_words]: tile row n of n-block b is source row
+ * b*128+n, or, with l1_interleave, gate row b*64+n (n < 64) / up row half_rows+b*64+n-64.
+ */
+cudaError_t mmoe_tile_rows(const uint32_t *src, uint32_t *dst, int n_blocks, int nkb, int src_row_words,
+                           int tile_row_words, int l1_interleave, int half_rows, cudaStream_t stream);
+
+/** Launch the grouped GEMM with the given tile height, weight format, activation group and epilogue. */
+cudaError_t mmoe_launch_gemm(const mmoe_gemm_args *args, int block_m, int b_fmt, int a_group, int epi,
+                             int max_tiles, cudaStream_t stream);
+
+/**
+ * Quantize rows to FP8 E4M3.
+ * @param in_bf16  BF16 input rows [rows, cols], or NULL
+ * @param in_f32   FP32 input rows [rows, cols], or NULL (exactly one of the two is given)
+ * @param rows     rows
+ * @param cols     channels per row, a multiple of 128
+ * @param q        E4M3 output [rows, cols]
+ * @param scales   FP32 scales [rows, cols/128] (mode 0) or [rows, cols/32] (modes 1, 2)
+ * @param stream   CUDA stream
+ * @param mode  0: SM90 FP32 per 128 (1e-4 clamp); 1: SM100 input rule (UE8M0 ceil per 32, 1e-4 and
+ *              [1,254] clamps); 2: SM100 kernel requant rule (UE8M0 per 32, no clamps)
+ */
+cudaError_t mmoe_launch_quant(const __nv_bfloat16 *in_bf16, const float *in_f32, int rows, int cols, int mode,
+                              uint8_t *q, float *scales, cudaStream_t stream);
+
+/** Group the valid (token, slot) pairs by expert and build the tile list (one block). */
+cudaError_t mmoe_launch_route(const int32_t *topk_idx, const float *topk_w, int T, int topk, int E,
+                              int block_m, int *counts, long long *cum_counts, mmoe_pool_entry *pool,
+                              mmoe_tile *tiles, int *num_tiles, int *num_pairs, cudaStream_t stream);
+
+/** y[t] = bf16(sum over valid slots in ascending order, shared slot last). */
+cudaError_t mmoe_launch_combine(const __nv_bfloat16 *slots_buf, const int32_t *topk_idx, int T, int topk,
+                                int has_shared, int D, __nv_bfloat16 *y, cudaStream_t stream);
+
+#endif /* MMOE_GPU_INTERNAL_CUH */

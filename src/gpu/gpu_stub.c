@@ -1,0 +1,73 @@
+/**
+ * @file gpu_stub.c
+ * @brief The GPU API in a build without CUDA: every entry point answers MMOE_ENODEV.
+ *
+ * This keeps one link interface for programs and tests in both builds: a test
+ * calls mmoe_gpu_available(), gets MMOE_ENODEV and exits 77 (automake SKIP).
+ */
+#include <stddef.h>
+
+#include "mmoe_gpu_moe.h"
+
+/** The answer of every entry point: MMOE_ENODEV. */
+static mmoe_status no_cuda(mmoe_error *err)
+{
+    return mmoe_error_set(err, MMOE_ENODEV, "gpu: this build has no CUDA support (configure found no nvcc)");
+}
+
+mmoe_status mmoe_gpu_available(int *cc, mmoe_error *err)
+{
+    (void)cc;
+    return no_cuda(err);
+}
+
+mmoe_status mmoe_gpu_moe_create(const mmoe_gpu_moe_desc *desc, const mmoe_gpu_moe_weights *w, uint64_t seed,
+                                mmoe_gpu_moe **out, mmoe_error *err)
+{
+    (void)desc;
+    (void)w;
+    (void)seed;
+    if (out != NULL)
+        *out = NULL;
+    return no_cuda(err);
+}
+
+void mmoe_gpu_moe_destroy(mmoe_gpu_moe *layer)
+{
+    (void)layer;
+}
+
+mmoe_status mmoe_gpu_moe_run(mmoe_gpu_moe *layer, int T, const uint16_t *x, const int32_t *topk_idx,
+                             const float *topk_w, uint16_t *y, mmoe_gpu_moe_result *res, mmoe_error *err)
+{
+    (void)layer; (void)T; (void)x; (void)topk_idx; (void)topk_w; (void)y; (void)res;
+    return no_cuda(err);
+}
+
+mmoe_status mmoe_gpu_moe_expert_counts(mmoe_gpu_moe *layer, int64_t *counts, mmoe_error *err)
+{
+    (void)layer;
+    (void)counts;
+    return no_cuda(err);
+}
+
+mmoe_status mmoe_gpu_moe_time(mmoe_gpu_moe *layer, int T, const uint16_t *x, const int32_t *topk_idx,
+                              const float *topk_w, int warmup, int iters, double *median_us, double *min_us,
+                              mmoe_gpu_moe_result *res, mmoe_error *err)
+{
+    (void)layer; (void)T; (void)x; (void)topk_idx; (void)topk_w; (void)warmup; (void)iters;
+    (void)median_us; (void)min_us; (void)res;
+    return no_cuda(err);
+}
+
+mmoe_status mmoe_gpu_quantize_input(mmoe_gpu_recipe recipe, int rows, int cols, const uint16_t *x, uint8_t *q,
+                                    float *scales, mmoe_error *err)
+{
+    (void)recipe; (void)rows; (void)cols; (void)x; (void)q; (void)scales;
+    return no_cuda(err);
+}
+
+const char *mmoe_gpu_recipe_name(mmoe_gpu_recipe r)
+{
+    return r == MMOE_GPU_RECIPE_SM90 ? "sm90" : r == MMOE_GPU_RECIPE_SM100 ? "sm100" : "auto";
+}

@@ -1,0 +1,662 @@
+/**
+ * @file test_gpu_moe.c
+ * @brief Suite "gpu_moe": the GPU layer against the CPU oracle (skipped, exit 77, without a GPU).
+ *
+ * Every case draws fresh random inputs from a printed seed, poisons the GPU
+ * output with NaN before the call, and compares with the oracle
+ * (src/cpu_ref/mmoe_moe.h) run on the same weights and routing.
+ *
+ * **What must be bit-exact.**  The input quantization (FP8 bytes and scales)
+ * is deterministic: it is compared byte for byte with the spec formula
+ * computed here in C (sm90: sf = fl(max(amax,1e-4)/448), q = e4m3(x * fl(1/sf));
+ * sm100: UE8M0 ceil per 32).  Padding invariance is bit-exact too (padded
+ * layer vs unpadded layer, both on the GPU).
+ *
+ * **What is bounded, and why.**  The GPU and the oracle compute the same
+ * exact products and differ only in the order of the FP32 additions of the
+ * GEMMs (and, for sm90, in one extra FP32 rounding of q*sf in the oracle).
+ * Reordering a sum of K terms moves it by at most about K * 2^-24 * sum|terms|
+ * (K = D or I), in practice ~1e-7 relative.  That moves a later rounding
+ * (the BF16 rounding of gate/up or of the L2 output, or the E4M3 rounding of
+ * the intermediate) only for the rare values that lie that close to a
+ * rounding boundary; one such move changes an output by at most one E4M3
+ * step (2^-3 relative) of one intermediate channel times its W2 column, or by
+ * one BF16 ulp.  So we require:
+ *   - GPU_NORM_TOL: ||y_gpu - y_ref||_2 <= 2^-8 * ||y_ref||_2 (one BF16 ulp, normwise);
+ *   - GPU_ELEM_FRAC: at most 0.5% of the elements differ by more than
+ *     2 BF16 ulps of max(|y_ref|, a tiny floor).
+ *   - no NaN anywhere, and exact zeros where the oracle has a token whose
+ *     slots are all masked and no shared expert.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mmoe_formats.h"
+#include "mmoe_gpu_layer.h"
+#include "mmoe_gpu_moe.h"
+#include "mmoe_moe.h"
+#include "mmoe_rng.h"
+#include "mmoe_test.h"
+
+#define GPU_NORM_TOL 0x1.0p-8
+#define GPU_ELEM_FRAC 0.005
+
+static uint64_t g_seed;
+
+/* ------------------------------------------------------------------ random layers */
+
+/** A random layer in checkpoint layout, owning its bytes. */
+typedef struct test_layer {
+    mmoe_moe_desc desc;
+    mmoe_moe_expert_weights *experts;
+    mmoe_moe_weights w;
+    uint8_t **bufs;
+    int nbufs;
+} test_layer;
+
+static void *tl_alloc(test_layer *L, size_t n)
+{
+    L->bufs = realloc(L->bufs, (size_t)(L->nbufs + 1) * sizeof *L->bufs);
+    ck_assert_ptr_nonnull(L->bufs);
+    L->bufs[L->nbufs] = malloc(n > 0 ? n : 1);
+    ck_assert_ptr_nonnull(L->bufs[L->nbufs]);
+    return L->bufs[L->nbufs++];
+}
+
+static mmoe_tensor view2(mmoe_dtype dt, int64_t r, int64_t c, void *data)
+{
+    mmoe_tensor t;
+    memset(&t, 0, sizeof t);
+    t.dtype = dt;
+    t.ndim = 2;
+    t.shape[0] = r;
+    t.shape[1] = c;
+    t.data = data;
+    t.nbytes = (size_t)(r * c) * mmoe_dtype_size(dt);
+    return t;
+}
+
+/**
+ * Fill FP4 codes and their UE8M0 scales.  base_byte sets the magnitude; a
+ * fraction wide_frac of the 128-wide K blocks gets one 32-group whose
+ * exponent lies 15..20 below the others, so that the GEMM's scale fold is
+ * not exact there and the exact path runs.
+ */
+static void fill_fp4(mmoe_rng *rng, uint8_t *codes, uint8_t *sc, int64_t rows, int64_t K, int base_byte,
+                     double wide_frac)
+{
+    for (int64_t i = 0; i < rows * K / 2; i++)
+        codes[i] = (uint8_t)mmoe_rng_u32(rng);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t g = 0; g < K / 32; g++)
+            sc[r * (K / 32) + g] = (uint8_t)(base_byte - (int)mmoe_rng_below(rng, 3));
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t kb = 0; kb < K / 128; kb++)
+            if (mmoe_rng_uniform(rng) < wide_frac)
+                sc[r * (K / 32) + kb * 4 + (int64_t)mmoe_rng_below(rng, 4)] =
+                    (uint8_t)(base_byte - 15 - (int)mmoe_rng_below(rng, 6));
+}
+
+static void fill_fp8(mmoe_rng *rng, uint8_t *w, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        w[i] = (uint8_t)(mmoe_rng_u32(rng) & 0xBF); /* |v| < 2, never NaN */
+}
+
+static void fill_block_scales(mmoe_rng *rng, uint8_t *sc, int64_t n, int base_byte)
+{
+    for (int64_t i = 0; i < n; i++)
+        sc[i] = (uint8_t)(base_byte - (int)mmoe_rng_below(rng, 3));
+}
+
+static void make_layer_b(test_layer *L, int64_t D, int64_t I, int64_t E, int topk, int n_shared, mmoe_moe_recipe recipe,
+                         double wide_frac, int64_t B, mmoe_rng *rng)
+{
+    memset(L, 0, sizeof *L);
+    mmoe_moe_desc_init(&L->desc);
+    L->desc.hidden = D;
+    L->desc.inter = I;
+    L->desc.n_experts = E;
+    L->desc.topk = topk;
+    L->desc.n_shared = n_shared;
+    L->desc.shared_inter = I;
+    L->desc.shared_block = (int)B;
+    L->desc.swiglu_limit = 10.0f;
+    L->desc.recipe = recipe;
+    L->desc.routed_scaling_factor = 1.0f;
+    L->experts = tl_alloc(L, (size_t)E * sizeof *L->experts);
+    memset(L->experts, 0, (size_t)E * sizeof *L->experts);
+    /* magnitudes: E2M1 ~ 2.5 rms; L1 sums of D terms; aim for L1 ~ O(1..10) so the clamp matters */
+    const int b1 = 127 - 3 - (int)(log2((double)D) / 2.0), b2 = 127 - 3 - (int)(log2((double)I) / 2.0);
+    for (int64_t e = 0; e < E; e++) {
+        mmoe_moe_expert_weights *x = &L->experts[e];
+        uint8_t *w1 = tl_alloc(L, (size_t)(I * D / 2)), *s1 = tl_alloc(L, (size_t)(I * D / 32));
+        uint8_t *w3 = tl_alloc(L, (size_t)(I * D / 2)), *s3 = tl_alloc(L, (size_t)(I * D / 32));
+        uint8_t *w2 = tl_alloc(L, (size_t)(D * I / 2)), *s2 = tl_alloc(L, (size_t)(D * I / 32));
+        fill_fp4(rng, w1, s1, I, D, b1, wide_frac);
+        fill_fp4(rng, w3, s3, I, D, b1, wide_frac);
+        fill_fp4(rng, w2, s2, D, I, b2, wide_frac);
+        x->w1 = view2(MMOE_DT_U8, I, D / 2, w1);
+        x->w3 = view2(MMOE_DT_U8, I, D / 2, w3);
+        x->w2 = view2(MMOE_DT_U8, D, I / 2, w2);
+        x->w1_scale = view2(MMOE_DT_F8_E8M0, I, D / 32, s1);
+        x->w3_scale = view2(MMOE_DT_F8_E8M0, I, D / 32, s3);
+        x->w2_scale = view2(MMOE_DT_F8_E8M0, D, I / 32, s2);
+    }
+    L->w.experts = L->experts;
+    /* the router's weight is required by the oracle even though the tests pass topk_idx */
+    uint16_t *gate = tl_alloc(L, (size_t)(E * D) * 2);
+    for (int64_t i = 0; i < E * D; i++)
+        gate[i] = mmoe_bf16_from_f32((float)(0.05 * mmoe_rng_normal(rng)));
+    L->w.gate = view2(MMOE_DT_BF16, E, D, gate);
+    if (n_shared > 0) {
+        const int64_t SW = (int64_t)n_shared * I;
+        uint8_t *w1 = tl_alloc(L, (size_t)(SW * D)), *w3 = tl_alloc(L, (size_t)(SW * D));
+        uint8_t *w2 = tl_alloc(L, (size_t)(D * SW));
+        const int64_t n13 = ((SW + B - 1) / B) * ((D + B - 1) / B), n2 = ((D + B - 1) / B) * ((SW + B - 1) / B);
+        uint8_t *s1 = tl_alloc(L, (size_t)n13), *s3 = tl_alloc(L, (size_t)n13), *s2 = tl_alloc(L, (size_t)n2);
+        fill_fp8(rng, w1, SW * D);
+        fill_fp8(rng, w3, SW * D);
+        fill_fp8(rng, w2, D * SW);
+        fill_block_scales(rng, s1, n13, b1 + 1);
+        fill_block_scales(rng, s3, n13, b1 + 1);
+        fill_block_scales(rng, s2, n2, b2 + 1);
+        L->w.shared.w1 = view2(MMOE_DT_F8_E4M3, SW, D, w1);
+        L->w.shared.w3 = view2(MMOE_DT_F8_E4M3, SW, D, w3);
+        L->w.shared.w2 = view2(MMOE_DT_F8_E4M3, D, SW, w2);
+        L->w.shared.w1_scale = view2(MMOE_DT_F8_E8M0, (SW + B - 1) / B, (D + B - 1) / B, s1);
+        L->w.shared.w3_scale = view2(MMOE_DT_F8_E8M0, (SW + B - 1) / B, (D + B - 1) / B, s3);
+        L->w.shared.w2_scale = view2(MMOE_DT_F8_E8M0, (D + B - 1) / B, (SW + B - 1) / B, s2);
+    }
+}
+
+/** A random layer with 128x128 shared scale blocks (V4). */
+static void make_layer(test_layer *L, int64_t D, int64_t I, int64_t E, int topk, int n_shared, mmoe_moe_recipe recipe,
+                       double wide_frac, mmoe_rng *rng)
+{
+    make_layer_b(L, D, I, E, topk, n_shared, recipe, wide_frac, 128, rng);
+}
+
+static void free_layer(test_layer *L)
+{
+    for (int i = 0; i < L->nbufs; i++)
+        free(L->bufs[i]);
+    free(L->bufs);
+}
+
+/* ------------------------------------------------------------------ inputs */
+
+enum route_kind { ROUTE_RANDOM, ROUTE_SKEWED, ROUTE_TWO_EXPERTS, ROUTE_MASKED };
+
+static void make_inputs(mmoe_rng *rng, int64_t T, int64_t D, int64_t E, int topk, enum route_kind kind, uint16_t *x,
+                        int64_t *idx, float *w)
+{
+    for (int64_t i = 0; i < T * D; i++) {
+        double v = mmoe_rng_normal(rng);
+        if (mmoe_rng_below(rng, 64) == 0)
+            v *= 40.0; /* outliers: amax varies a lot between groups */
+        x[i] = mmoe_bf16_from_f32((float)v);
+    }
+    /* one token with a whole zero 128-group, to hit the 1e-4 clamp */
+    if (T > 0)
+        for (int64_t c = 0; c < 128; c++)
+            x[c] = 0;
+    for (int64_t t = 0; t < T; t++) {
+        /* distinct experts per token */
+        for (int k = 0; k < topk; k++) {
+            int64_t e;
+            int again;
+            do {
+                again = 0;
+                switch (kind) {
+                case ROUTE_SKEWED:
+                    e = k == 0 ? 0 : (int64_t)mmoe_rng_below(rng, (uint64_t)E);
+                    break;
+                case ROUTE_TWO_EXPERTS:
+                    /* slots 0, 1 always go to experts 0 and 1; the rest anywhere */
+                    e = k < 2 ? (int64_t)((k + t) % 2) : (int64_t)mmoe_rng_below(rng, (uint64_t)E);
+                    break;
+                default:
+                    e = (int64_t)mmoe_rng_below(rng, (uint64_t)E);
+                }
+                for (int j = 0; j < k; j++)
+                    if (idx[t * topk + j] == e)
+                        again = 1;
+            } while (again);
+            idx[t * topk + k] = e;
+            w[t * topk + k] = (float)(0.05 + mmoe_rng_uniform(rng));
+        }
+        if (kind == ROUTE_MASKED || kind == ROUTE_TWO_EXPERTS)
+            for (int k = 0; k < topk; k++)
+                if (mmoe_rng_below(rng, 4) == 0 || (kind == ROUTE_MASKED && t % 7 == 3)) {
+                    idx[t * topk + k] = -1;
+                    w[t * topk + k] = 0.0f;
+                }
+    }
+}
+
+/* ------------------------------------------------------------------ comparison */
+
+static void compare_outputs(const char *what, const uint16_t *gpu, const uint16_t *ref, int64_t n)
+{
+    double num = 0.0, den = 0.0;
+    int64_t bad = 0, nan_count = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float g = mmoe_bf16_to_f32(gpu[i]), r = mmoe_bf16_to_f32(ref[i]);
+        if (isnan(g) || isnan(r)) {
+            nan_count++;
+            continue;
+        }
+        num += ((double)g - r) * ((double)g - r);
+        den += (double)r * r;
+        double ulp = ldexp(1.0, ilogb(fmax(fabs((double)r), 1e-30)) - 7);
+        if (fabs((double)g - r) > 2.0 * ulp)
+            bad++;
+    }
+    double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    printf("  %s: rel L2 %.3g, elements beyond 2 bf16 ulp %lld / %lld\n", what, rel, (long long)bad, (long long)n);
+    ck_assert_msg(nan_count == 0, "%s: %lld NaN outputs (seed %llu)", what, (long long)nan_count,
+                  (unsigned long long)g_seed);
+    ck_assert_msg(rel <= GPU_NORM_TOL, "%s: relative L2 error %g > %g (seed %llu)", what, rel, GPU_NORM_TOL,
+                  (unsigned long long)g_seed);
+    ck_assert_msg((double)bad <= GPU_ELEM_FRAC * (double)n, "%s: %lld of %lld elements beyond 2 bf16 ulp (seed %llu)",
+                  what, (long long)bad, (long long)n, (unsigned long long)g_seed);
+}
+
+static int gpu_ok(void)
+{
+    mmoe_error err;
+    return mmoe_gpu_available(NULL, &err) == MMOE_OK;
+}
+
+/**
+ * Run one case on the oracle and on the GPU with the same inputs; compare.
+ * Returns the GPU details through @p det when non-NULL.
+ */
+static void run_case(const char *name, test_layer *L, int64_t T, enum route_kind kind, mmoe_gpu_moe_result *det)
+{
+    const mmoe_moe_desc *d = &L->desc;
+    const int64_t D = d->hidden, E = d->n_experts;
+    const int K = d->topk;
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed ^ (uint64_t)(T * 1315423911u) ^ (uint64_t)kind);
+    uint16_t *x = malloc((size_t)(T * D + 1) * 2);
+    int64_t *idx = malloc((size_t)(T * K + 1) * 8);
+    float *w = malloc((size_t)(T * K + 1) * 4);
+    uint16_t *y_ref = malloc((size_t)(T * D + 1) * 2), *y_gpu = malloc((size_t)(T * D + 1) * 2);
+    ck_assert(x && idx && w && y_ref && y_gpu);
+    make_inputs(&rng, T, D, E, K, kind, x, idx, w);
+
+    mmoe_error err;
+    mmoe_moe_layer *cpu = NULL;
+    ck_assert_msg(mmoe_moe_layer_create(d, &cpu, &err) == MMOE_OK, "oracle create: %s", err.msg);
+    ck_assert_msg(mmoe_moe_layer_set_weights(cpu, &L->w, &err) == MMOE_OK, "oracle weights: %s", err.msg);
+    mmoe_moe_input in = {T, x, NULL, idx, w};
+    mmoe_moe_output out_ref = {y_ref, NULL, NULL};
+    mmoe_moe_result rc;
+    memset(&rc, 0, sizeof rc); /* result_init keeps expert_recv_stats: clear it first */
+    mmoe_moe_result_init(&rc);
+    ck_assert_msg(mmoe_moe_layer_run(cpu, &in, &out_ref, &rc, &err) == MMOE_OK, "oracle run: %s", err.msg);
+
+    mmoe_gpu_layer *gl = NULL;
+    ck_assert_msg(mmoe_gpu_layer_create(d, &L->w, &gl, &err) == MMOE_OK, "gpu create: %s", err.msg);
+    mmoe_test_poison_bf16(y_gpu, (size_t)(T * D));
+    mmoe_moe_output out_gpu = {y_gpu, NULL, NULL};
+    int64_t *stats = calloc((size_t)E, sizeof *stats);
+    mmoe_moe_result rg;
+    memset(&rg, 0, sizeof rg);
+    mmoe_moe_result_init(&rg);
+    rg.expert_recv_stats = stats;
+    ck_assert_msg(mmoe_gpu_layer_run(gl, &in, &out_gpu, &rg, &err) == MMOE_OK, "gpu run: %s", err.msg);
+    const mmoe_gpu_moe_result *gd = mmoe_gpu_layer_details(gl);
+    printf("case %s: T=%lld D=%lld I=%lld E=%lld topk=%d recipe=%s block_m=%d pairs=%lld exact-path blocks "
+           "L1 %lld L2 %lld%s%s\n",
+           name, (long long)T, (long long)D, (long long)d->inter, (long long)E, K, mmoe_moe_recipe_name(d->recipe),
+           gd->block_m, (long long)gd->routed_pairs, (long long)gd->exact_path_blocks_l1,
+           (long long)gd->exact_path_blocks_l2, gd->fallback ? "; kernel fallback: " : "", gd->fallback_reason);
+
+    /* the result agrees with the oracle's on everything but the backend and times */
+    ck_assert_str_eq(rg.backend, "gpu");
+    ck_assert_int_eq(rg.recipe, rc.recipe);
+    ck_assert_int_eq(rg.shared_path, rc.shared_path);
+    ck_assert_int_eq(rg.fallback, rc.fallback);
+    ck_assert_int_eq(rg.padded, rc.padded);
+    ck_assert_int_eq(rg.inter_used, rc.inter_used);
+    ck_assert_int_eq(rg.shared_inter_used, rc.shared_inter_used);
+    ck_assert_int_eq(rg.routed_pairs, rc.routed_pairs);
+    ck_assert_int_eq(rg.active_experts, rc.active_experts);
+    ck_assert_int_eq(gd->routed_pairs, rc.routed_pairs);
+    /* the device's cumulative counters */
+    int64_t *dev_counts = calloc((size_t)E, sizeof *dev_counts);
+    ck_assert(mmoe_gpu_moe_expert_counts(mmoe_gpu_layer_raw(gl), dev_counts, &err) == MMOE_OK);
+    const int64_t *cpu_counts = mmoe_moe_layer_counters(cpu);
+    for (int64_t e = 0; e < E; e++) {
+        ck_assert_int_eq(dev_counts[e], cpu_counts[e]);
+        ck_assert_int_eq(stats[e], cpu_counts[e]);
+    }
+    compare_outputs(name, y_gpu, y_ref, T * D);
+    /* tokens with every slot masked and no shared expert: exactly zero */
+    if (d->n_shared == 0)
+        for (int64_t t = 0; t < T; t++) {
+            int any = 0;
+            for (int k = 0; k < K; k++)
+                any |= idx[t * K + k] >= 0;
+            for (int64_t c = 0; !any && c < D; c++)
+                ck_assert_uint_eq(y_gpu[t * D + c] & 0x7fffu, 0);
+        }
+    if (det != NULL)
+        *det = *gd;
+    free(dev_counts);
+    free(stats);
+    mmoe_gpu_layer_destroy(gl);
+    mmoe_moe_layer_destroy(cpu);
+    free(x);
+    free(idx);
+    free(w);
+    free(y_ref);
+    free(y_gpu);
+}
+
+/* ------------------------------------------------------------------ tests */
+
+START_TEST(quant_bitexact)
+{
+    if (!gpu_ok())
+        return;
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed);
+    const int rows = 37, cols = 512;
+    uint16_t *x = malloc((size_t)rows * cols * 2);
+    uint8_t *q = malloc((size_t)rows * cols);
+    float *s = malloc((size_t)rows * cols / 32 * 4);
+    for (int i = 0; i < rows * cols; i++) {
+        double v = mmoe_rng_normal(&rng) * ldexp(1.0, (int)mmoe_rng_below(&rng, 40) - 20);
+        x[i] = mmoe_bf16_from_f32((float)v);
+    }
+    for (int c = 0; c < 128; c++)
+        x[c] = 0; /* a zero group: the 1e-4 clamp */
+    for (int c = 128; c < 256; c++)
+        x[c] = mmoe_bf16_from_f32(1e-30f); /* a tiny group */
+    for (int recipe = MMOE_GPU_RECIPE_SM90; recipe <= MMOE_GPU_RECIPE_SM100; recipe++) {
+        const int G = recipe == MMOE_GPU_RECIPE_SM90 ? 128 : 32;
+        memset(q, 0xAA, (size_t)rows * cols);
+        mmoe_test_poison_f32(s, (size_t)rows * cols / G);
+        mmoe_error err;
+        ck_assert_msg(mmoe_gpu_quantize_input((mmoe_gpu_recipe)recipe, rows, cols, x, q, s, &err) == MMOE_OK, "%s",
+                      err.msg);
+        for (int r = 0; r < rows; r++)
+            for (int g = 0; g < cols / G; g++) {
+                float amax = 0.0f;
+                for (int c = 0; c < G; c++)
+                    amax = fmaxf(amax, fabsf(mmoe_bf16_to_f32(x[r * cols + g * G + c])));
+                float sf, inv;
+                if (G == 128) { /* the spec formula, written out (megamoe-layer.md 3.4) */
+                    volatile float a = fmaxf(amax, 1e-4f);
+                    sf = a / 448.0f;
+                    inv = 1.0f / sf;
+                } else { /* ceil to a power of two, exponent clamped to [1, 254] */
+                    volatile float sv = fmaxf(amax, 1e-4f) / 448.0f;
+                    uint32_t bits;
+                    float svv = sv;
+                    memcpy(&bits, &svv, 4);
+                    int e = (int)((bits >> 23) & 0xff) + ((bits & 0x7fffff) != 0);
+                    e = e < 1 ? 1 : e > 254 ? 254 : e;
+                    sf = ldexpf(1.0f, e - 127);
+                    inv = ldexpf(1.0f, 127 - e);
+                }
+                ck_assert_msg(memcmp(&sf, &s[r * (cols / G) + g], 4) == 0, "recipe %d row %d group %d: scale %a != %a",
+                              recipe, r, g, (double)s[r * (cols / G) + g], (double)sf);
+                for (int c = 0; c < G; c++) {
+                    volatile float prod = mmoe_bf16_to_f32(x[r * cols + g * G + c]) * inv;
+                    uint8_t want = mmoe_fp8_e4m3_from_f32(prod);
+                    ck_assert_msg(q[r * cols + g * G + c] == want, "recipe %d [%d][%d]: q %02x != %02x", recipe, r,
+                                  g * G + c, q[r * cols + g * G + c], want);
+                }
+            }
+    }
+    free(x);
+    free(q);
+    free(s);
+}
+END_TEST
+
+/** T across both tile heights and tile boundaries, random routing with masked slots, sm90. */
+START_TEST(layer_sm90_token_counts)
+{
+    if (!gpu_ok())
+        return;
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 1);
+    test_layer L;
+    make_layer(&L, 256, 256, 8, 2, 1, MMOE_RECIPE_SM90, 0.02, &rng);
+    /* block_m 16 while T*topk/E <= 16.5 (T <= 66), 64 above */
+    /* split K for T <= 4; block_m 16 while T*topk/E <= 16.5 (T <= 66), 64 above */
+    static const int64_t Ts[] = {1, 3, 4, 5, 16, 17, 66, 67, 130, 1000};
+    for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++)
+        run_case("sm90 random", &L, Ts[i], ROUTE_MASKED, NULL);
+    free_layer(&L);
+}
+END_TEST
+
+/** Skewed routing (every token to expert 0), experts with no tokens, no shared expert; exact path counted. */
+START_TEST(layer_sm90_skewed_no_shared)
+{
+    if (!gpu_ok())
+        return;
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 2);
+    test_layer L;
+    make_layer(&L, 384, 256, 16, 4, 0, MMOE_RECIPE_SM90, 0.05, &rng);
+    mmoe_gpu_moe_result det;
+    run_case("sm90 skewed", &L, 200, ROUTE_SKEWED, &det);
+    ck_assert_int_gt(det.exact_path_blocks_l1, 0);
+    ck_assert_int_gt(det.exact_path_blocks_l2, 0);
+    run_case("sm90 two experts + masked", &L, 77, ROUTE_TWO_EXPERTS, NULL);
+    run_case("sm90 all masked every 7th", &L, 40, ROUTE_MASKED, NULL);
+    free_layer(&L);
+}
+END_TEST
+
+/** The SM100 formats (1x32 UE8M0 activations), computed by the portable kernel. */
+START_TEST(layer_sm100_formats)
+{
+    if (!gpu_ok())
+        return;
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 3);
+    test_layer L;
+    make_layer(&L, 256, 384, 8, 3, 1, MMOE_RECIPE_SM100, 0.02, &rng);
+    mmoe_gpu_moe_result det;
+    run_case("sm100 random", &L, 9, ROUTE_RANDOM, &det);
+    ck_assert_int_eq(det.recipe, MMOE_GPU_RECIPE_SM100);
+    ck_assert_int_eq(det.fallback, 1); /* portable kernel, reported */
+    ck_assert(strlen(det.fallback_reason) > 0);
+    run_case("sm100 masked", &L, 300, ROUTE_MASKED, NULL);
+    free_layer(&L);
+}
+END_TEST
+
+/** Padding I 256 -> 512 (and the shared expert along) gives bit-identical output on the GPU. */
+/** The layer padded 256 -> 512 gives bit-identical output on the GPU (T tokens, masked routing). */
+static void check_padding_bitexact(test_layer *Lp, int64_t T, mmoe_rng *rngp)
+{
+    const int64_t D = 256;
+    uint16_t *x = malloc((size_t)T * D * 2), *y0 = malloc((size_t)T * D * 2), *y1 = malloc((size_t)T * D * 2);
+    int64_t *idx = malloc((size_t)T * 2 * 8);
+    float *w = malloc((size_t)T * 2 * 4);
+    make_inputs(rngp, T, D, 8, 2, ROUTE_MASKED, x, idx, w);
+    mmoe_error err;
+    mmoe_moe_input in = {T, x, NULL, idx, w};
+    for (int pass = 0; pass < 2; pass++) {
+        mmoe_moe_desc d = Lp->desc;
+        d.pad_to = pass == 0 ? 0 : 512;
+        mmoe_gpu_layer *gl = NULL;
+        ck_assert_msg(mmoe_gpu_layer_create(&d, &Lp->w, &gl, &err) == MMOE_OK, "%s", err.msg);
+        uint16_t *y = pass == 0 ? y0 : y1;
+        mmoe_test_poison_bf16(y, (size_t)(T * D));
+        mmoe_moe_output out = {y, NULL, NULL};
+        mmoe_moe_result r;
+        memset(&r, 0, sizeof r);
+        mmoe_moe_result_init(&r);
+        ck_assert_msg(mmoe_gpu_layer_run(gl, &in, &out, &r, &err) == MMOE_OK, "%s", err.msg);
+        ck_assert_int_eq(r.padded, pass);
+        ck_assert_int_eq(r.inter_used, pass ? 512 : 256);
+        mmoe_gpu_layer_destroy(gl);
+    }
+    ck_assert_msg(memcmp(y0, y1, (size_t)T * D * 2) == 0, "T=%lld: padded output differs (seed %llu)",
+                  (long long)T, (unsigned long long)g_seed);
+    free(x);
+    free(y0);
+    free(y1);
+    free(idx);
+    free(w);
+}
+
+START_TEST(layer_padding_invariance)
+{
+    if (!gpu_ok())
+        return;
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 4);
+    test_layer L;
+    make_layer(&L, 256, 256, 8, 2, 1, MMOE_RECIPE_SM90, 0.02, &rng);
+    check_padding_bitexact(&L, 3, &rng);  /* split K */
+    check_padding_bitexact(&L, 50, &rng); /* no split */
+    /* and the padded layer agrees with the padded oracle */
+    L.desc.pad_to = 512;
+    run_case("sm90 padded", &L, 50, ROUTE_MASKED, NULL);
+    run_case("sm90 padded split-K", &L, 2, ROUTE_RANDOM, NULL);
+    free_layer(&L);
+}
+END_TEST
+
+/** Fallbacks: a serial shared expert is refused with its reason; bad routing is an error, not a crash. */
+START_TEST(layer_fallbacks_and_errors)
+{
+    if (!gpu_ok())
+        return;
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 5);
+    test_layer L;
+    make_layer(&L, 256, 256, 8, 2, 1, MMOE_RECIPE_SM90, 0.0, &rng);
+    mmoe_error err;
+    mmoe_gpu_layer *gl = NULL;
+    mmoe_moe_desc d = L.desc;
+    d.shared_mode = MMOE_SHARED_SERIAL;
+    ck_assert_int_eq(mmoe_gpu_layer_create(&d, &L.w, &gl, &err), MMOE_EUNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(err.msg, "serial shared expert requested"));
+    d = L.desc;
+    d.recipe = MMOE_RECIPE_DSV4_REF;
+    ck_assert_int_eq(mmoe_gpu_layer_create(&d, &L.w, &gl, &err), MMOE_EUNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(err.msg, "dsv4-ref"));
+    ck_assert_int_eq(mmoe_gpu_layer_create(&L.desc, &L.w, &gl, &err), MMOE_OK);
+    uint16_t x[256 * 2];
+    int64_t idx[4] = {0, 9, 1, 2};
+    float w[4] = {1, 1, 1, 1};
+    uint16_t y[256 * 2];
+    memset(x, 0, sizeof x);
+    mmoe_moe_input in = {2, x, NULL, idx, w};
+    mmoe_moe_output out = {y, NULL, NULL};
+    ck_assert_int_eq(mmoe_gpu_layer_run(gl, &in, &out, NULL, &err), MMOE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err.msg, "topk_idx[0][1]"));
+    /* T = 0 is a valid, empty call */
+    in.n_tokens = 0;
+    ck_assert_int_eq(mmoe_gpu_layer_run(gl, &in, &out, NULL, &err), MMOE_OK);
+    mmoe_gpu_layer_destroy(gl);
+    free_layer(&L);
+}
+END_TEST
+
+/** Large T on a small layer: T = 8192 (many tiles per expert, block_m 64). */
+START_TEST(layer_sm90_large_t)
+{
+    if (!gpu_ok())
+        return;
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 6);
+    test_layer L;
+    make_layer(&L, 256, 256, 8, 2, 1, MMOE_RECIPE_SM90, 0.01, &rng);
+    run_case("sm90 T=8192", &L, 8192, ROUTE_RANDOM, NULL);
+    free_layer(&L);
+}
+END_TEST
+
+/** The real V4-Flash widths (D 4096, I 2048) with fewer experts (16, top-6), a few tokens. */
+START_TEST(layer_sm90_v4_flash_widths)
+{
+    if (!gpu_ok())
+        return;
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 7);
+    test_layer L;
+    make_layer(&L, 4096, 2048, 16, 6, 1, MMOE_RECIPE_SM90, 0.01, &rng);
+    run_case("sm90 v4-flash widths", &L, 40, ROUTE_MASKED, NULL);
+    free_layer(&L);
+}
+END_TEST
+
+/** V4.1-Flash widths (D 5120, I 2304: not a multiple of 256) with 32x32 shared scale blocks. */
+START_TEST(layer_sm90_v41_flash_widths)
+{
+    if (!gpu_ok())
+        return;
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 8);
+    test_layer L;
+    make_layer_b(&L, 5120, 2304, 8, 6, 1, MMOE_RECIPE_SM90, 0.01, 32, &rng);
+    run_case("sm90 v4.1-flash widths", &L, 20, ROUTE_MASKED, NULL);
+    free_layer(&L);
+}
+END_TEST
+
+/** 256 experts, top-6 (the V4-Flash routing width) on small matrices; many experts empty at T=30. */
+START_TEST(layer_sm90_many_experts)
+{
+    if (!gpu_ok())
+        return;
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 9);
+    test_layer L;
+    make_layer(&L, 256, 128, 256, 6, 1, MMOE_RECIPE_SM90, 0.01, &rng);
+    run_case("sm90 E=256 T=30", &L, 30, ROUTE_MASKED, NULL);
+    run_case("sm90 E=256 T=700", &L, 700, ROUTE_RANDOM, NULL);
+    free_layer(&L);
+}
+END_TEST
+
+static Suite *gpu_suite(void)
+{
+    Suite *s = suite_create("gpu_moe");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, quant_bitexact);
+    tcase_add_test(tc, layer_sm90_token_counts);
+    tcase_add_test(tc, layer_sm90_skewed_no_shared);
+    tcase_add_test(tc, layer_sm100_formats);
+    tcase_add_test(tc, layer_padding_invariance);
+    tcase_add_test(tc, layer_fallbacks_and_errors);
+    tcase_add_test(tc, layer_sm90_large_t);
+    tcase_add_test(tc, layer_sm90_v4_flash_widths);
+    tcase_add_test(tc, layer_sm90_v41_flash_widths);
+    tcase_add_test(tc, layer_sm90_many_experts);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    mmoe_error err;
+    int cc = 0;
+    if (mmoe_gpu_available(&cc, &err) != MMOE_OK) {
+        printf("SKIP: %s\n", err.msg);
+        return MMOE_TEST_SKIP;
+    }
+    setvbuf(stdout, NULL, _IONBF, 0); /* the case lines survive a crash */
+    /* CUDA state does not survive fork(): run the tests in this process (CK_NOFORK) */
+    setenv("CK_FORK", "no", 1);
+    g_seed = mmoe_test_seed("gpu_moe");
+    printf("device: sm_%d\n", cc);
+    return mmoe_test_run(gpu_suite());
+}

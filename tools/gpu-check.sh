@@ -1,0 +1,70 @@
+#!/bin/bash
+# tools/gpu-check.sh: everything the GPU machine does in one call (device time is scarce).
+#   1. build this unpacked dist tree with CUDA (sm_90a + sm_100a);
+#   2. run the GPU suite (tests/test_gpu_moe) against the CPU oracle;
+#   3. compute-sanitizer memcheck on a small case (when the tool can see the device);
+#   4. the benchmark with the PyTorch peer.
+# Logs go to $OUT (the device tool brings them back).  Usage, on the device machine, from the
+# checkout that carries .gpu/ (the tarball of `make dist` and the .deb files):
+#   mkdir /tmp/m && tar -xzf .gpu/megamoe-*.tar.gz -C /tmp/m --strip-components=1 &&
+#   MMOE_DEBS=$PWD/.gpu/debs bash /tmp/m/tools/gpu-check.sh [STEPS]
+# with STEPS a subset of "build test memcheck bench" (default: all).
+set -u
+OUT=${OUT:-/tmp/mmoe-out}
+mkdir -p "$OUT"
+STEPS=${1:-build test memcheck bench}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=tools/gpu-env.sh
+. "$ROOT/tools/gpu-env.sh"
+export PATH=/usr/local/cuda/bin:$PATH NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+BUILD=$ROOT
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$OUT/device.txt" 2>&1
+cat "$OUT/device.txt"
+case " $STEPS " in *" build "*)
+  ( cd "$BUILD" && ./configure --with-cuda --disable-doxygen-doc PYTHON3=$(command -v python3) > "$OUT/configure.log" 2>&1 \
+    && make -j16 > "$OUT/build.log" 2>&1 && make -j16 tests/test_gpu_moe tests/bench_moe_gpu > "$OUT/build-check.log" 2>&1 ) \
+    || { echo "BUILD FAILED"; tail -n 40 "$OUT"/configure.log "$OUT"/build.log "$OUT"/build-check.log; exit 1; }
+  echo "build: ok";;
+esac
+cd "$BUILD" || exit 1
+export MMOE_SRCDIR=$BUILD MMOE_BUILDDIR=$BUILD CK_VERBOSITY=normal
+case " $STEPS " in *" test "*)
+  CK_VERBOSITY=verbose timeout 240 ./tests/test_gpu_moe > "$OUT/test_gpu_moe.log" 2>&1; rc=$?; echo "test_gpu_moe: rc=$rc"
+  if [ $rc -ge 128 ] && command -v cuda-gdb > /dev/null; then
+    CK_VERBOSITY=verbose timeout 200 cuda-gdb -batch -ex run -ex bt ./tests/test_gpu_moe > "$OUT/gdb.log" 2>&1
+    grep -A12 "signal" "$OUT/gdb.log" | head -30
+  fi
+  grep -E "^case|rel L2|[0-9]+%: Checks|:[PFE]:|error" "$OUT/test_gpu_moe.log" | tail -n 60;;
+esac
+case " $STEPS " in *" memcheck "*)
+  if command -v compute-sanitizer > /dev/null; then
+    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 ./tests/bench_moe_gpu --shape tiny --tokens 1,40,300 \
+      --iters 2 --peer none > "$OUT/memcheck.log" 2>&1; echo "memcheck: rc=$?"; tail -n 6 "$OUT/memcheck.log"
+    timeout 120 compute-sanitizer --tool racecheck --error-exitcode 3 ./tests/bench_moe_gpu --shape tiny --tokens 40 \
+      --iters 1 --peer none > "$OUT/racecheck.log" 2>&1; echo "racecheck: rc=$?"; tail -n 4 "$OUT/racecheck.log"
+  else echo "memcheck: compute-sanitizer not found"; fi;;
+esac
+case " $STEPS " in *" profile "*)
+  # Nsight Compute on the routed L1 GEMM at T=128 (block_m 16) and T=8192 (block_m 64)
+  for spec in "128:gemm_kernel<.int.16, .int.0, .int.128, .int.0>" "8192:gemm_kernel<.int.64, .int.0, .int.128, .int.0>"; do
+    t=${spec%%:*}; k=${spec#*:}
+    timeout 200 ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:${k}" --launch-skip 2 \
+      --launch-count 1 --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+      --section SchedulerStats ./tests/bench_moe_gpu --shape v4-flash --tokens $t --iters 1 --peer none \
+      > "$OUT/ncu-$t.log" 2>&1; echo "ncu T=$t: rc=$?"
+    grep -E "Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Issue Slots Busy|Issued Warp|Eligible Warps|Warp Cycles Per Issued|No Eligible|Block Limit|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Registers Per" "$OUT/ncu-$t.log" | head -40
+    grep -iE "stall|cycles being stalled" "$OUT/ncu-$t.log" | head -8
+  done;;
+esac
+case " $STEPS " in *" bench "*)
+  PYTHON3=python3 timeout 240 ./tests/bench_moe_gpu --shape v4-flash --tokens ${MMOE_BENCH_TOKENS:-1,8,32,128,512,2048,8192} \
+    --iters ${MMOE_BENCH_ITERS:-50} --peer "$BUILD/bench/torch_peer.py" > "$OUT/bench.log" 2>&1; echo "bench: rc=$?"
+  cat "$OUT/bench.log";;
+esac
+case " $STEPS " in *" tiles "*)
+  # both tile heights over the middle token counts, no peer
+  for bm in 16 64; do
+    timeout 120 ./tests/bench_moe_gpu --shape v4-flash --tokens 32,128,512,2048 --iters 20 --block-m $bm --peer none \
+      > "$OUT/tiles-$bm.log" 2>&1; echo "block_m $bm: rc=$?"; grep "^T=" "$OUT/tiles-$bm.log"
+  done;;
+esac

@@ -1,0 +1,25 @@
+# tools/gpu-env.sh: source this on the GPU machine (Ubuntu, no Check there) before configure.
+# Unpacks the .deb files carried in $MMOE_DEBS (default .gpu/debs: check, libsubunit, and
+# jansson/pcre2 in case they are missing) into $MMOE_PREFIX and points pkg-config, the compiler
+# and the loader at it.  The .pc files are rewritten to the prefix (rather than using
+# PKG_CONFIG_SYSROOT_DIR, which would also re-root the system's own openblas.pc).
+MMOE_DEBS=${MMOE_DEBS:-$PWD/.gpu/debs}
+test -d "$MMOE_DEBS" || echo "gpu-env: no .deb folder at $MMOE_DEBS" >&2
+MMOE_PREFIX=${MMOE_PREFIX:-/tmp/mmoe-prefix}
+mkdir -p "$MMOE_PREFIX"
+for deb in "$MMOE_DEBS"/*.deb; do
+  test -f "$deb" || continue
+  pkg=$(basename "$deb" | cut -d_ -f1)
+  case $pkg in
+    libjansson*) pkg-config --exists jansson 2>/dev/null && continue ;;
+    libpcre2*) pkg-config --exists libpcre2-8 2>/dev/null && continue ;;
+  esac
+  dpkg -x "$deb" "$MMOE_PREFIX"
+done
+for pc in $(find "$MMOE_PREFIX" -name '*.pc' 2>/dev/null); do
+  sed -i "s|^prefix=/usr|prefix=$MMOE_PREFIX/usr|" "$pc"
+done
+libdir=$MMOE_PREFIX/usr/lib/x86_64-linux-gnu
+export PKG_CONFIG_PATH="$libdir/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LIBRARY_PATH="$libdir${LIBRARY_PATH:+:$LIBRARY_PATH}"
