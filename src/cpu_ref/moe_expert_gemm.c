@@ -119,8 +119,8 @@ int moe_expert_gemm(const moe_mat *w, const float *a, int64_t m, int k_chunked, 
     if (moe_scratch_reserve(&s->tile, &s->tile_cap, tile_n) != 0)
         return -1;
     moe_token_blocks tb;
-    if (moe_token_blocks_begin(&tb, MOE_EXPERT_TOKEN_BLOCK, a, w->cols, m, out, w->rows, &s->tail_a, &s->tail_a_cap, &s->tail_c,
-                               &s->tail_c_cap) != 0)
+    if (moe_token_blocks_begin(&tb, MOE_EXPERT_TOKEN_BLOCK, a, w->cols, m, out, w->rows, &s->tail_a, &s->tail_a_cap,
+                               &s->tail_c, &s->tail_c_cap) != 0)
         return -1;
     if (k_chunked)
         l2_gemm(w, &tb, m, s->tile, clk);

@@ -189,8 +189,8 @@ typedef struct moe_token_blocks {
  * to block * ldc floats, zeroed).  Nothing is copied when block = 1.
  * @return 0, or -1 on allocation failure
  */
-int moe_token_blocks_begin(moe_token_blocks *tb, int64_t block, const float *a, int64_t lda, int64_t m, float *c, int64_t ldc,
-                           float **tail_a, size_t *tail_a_cap, float **tail_c, size_t *tail_c_cap);
+int moe_token_blocks_begin(moe_token_blocks *tb, int64_t block, const float *a, int64_t lda, int64_t m, float *c,
+                           int64_t ldc, float **tail_a, size_t *tail_a_cap, float **tail_c, size_t *tail_c_cap);
 
 /**
  * For every block: C[:, c_col0 : c_col0+nr] = A[:, a_col0 : a_col0+kk] . W^T + beta * C[...],

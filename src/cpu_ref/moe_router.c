@@ -15,8 +15,8 @@
  * The order of idx is the slot order: slot 0 holds the best expert.  The combine of the
  * fused kernels adds the experts in this slot order, so the tie rule is part of the result.
  * The logits are an FP32 GEMM (OpenBLAS; order free, but run in fixed blocks of
- * ::MOE_ROUTER_TOKEN_BLOCK tokens by moe_token_blocks.c so that a token's logits do not depend on the
- * other tokens of the call); everything after them is deterministic.
+ * ::MOE_ROUTER_TOKEN_BLOCK tokens by moe_token_blocks.c so that a token's logits do not depend
+ * on the other tokens of the call); everything after them is deterministic.
  * A NaN score is never preferred to a number.
  */
 #include "moe_internal.h"
@@ -98,7 +98,8 @@ mmoe_status moe_route(const mmoe_moe_desc *desc, const float *x, int64_t t, cons
     float *tail_a = NULL, *tail_c = NULL;
     size_t tail_a_cap = 0, tail_c_cap = 0;
     moe_token_blocks tb;
-    if (moe_token_blocks_begin(&tb, MOE_ROUTER_TOKEN_BLOCK, x, d, t, logits, e_n, &tail_a, &tail_a_cap, &tail_c, &tail_c_cap) != 0) {
+    if (moe_token_blocks_begin(&tb, MOE_ROUTER_TOKEN_BLOCK, x, d, t, logits, e_n, &tail_a, &tail_a_cap, &tail_c,
+                               &tail_c_cap) != 0) {
         free(gate_f32);
         free(sel);
         return mmoe_error_set(err, MMOE_ENOMEM, "moe: router: out of memory for a padded block of %d tokens",

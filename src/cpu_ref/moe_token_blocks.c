@@ -85,8 +85,8 @@ int moe_token_blocks_begin(moe_token_blocks *tb, int64_t block, const float *a, 
 }
 
 /** One SGEMM of exactly @p rows rows. */
-static void block_sgemm(int64_t rows, const float *a, int64_t lda, const float *w, int64_t nr, int64_t kk, int64_t ldw, float beta,
-                        float *c, int64_t ldc)
+static void block_sgemm(int64_t rows, const float *a, int64_t lda, const float *w, int64_t nr, int64_t kk,
+                        int64_t ldw, float beta, float *c, int64_t ldc)
 {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)nr, (int)kk, 1.0f, a, (int)lda, w,
                 (int)ldw, beta, c, (int)ldc);
@@ -96,8 +96,8 @@ void moe_token_blocks_sgemm(const moe_token_blocks *tb, int64_t a_col0, const fl
                             int64_t ldw, float beta, int64_t c_col0)
 {
     for (int64_t r0 = 0; r0 < tb->full; r0 += tb->block)
-        block_sgemm(tb->block, tb->a + r0 * tb->lda + a_col0, tb->lda, w, nr, kk, ldw, beta, tb->c + r0 * tb->ldc + c_col0,
-                    tb->ldc);
+        block_sgemm(tb->block, tb->a + r0 * tb->lda + a_col0, tb->lda, w, nr, kk, ldw, beta,
+                    tb->c + r0 * tb->ldc + c_col0, tb->ldc);
     if (tb->m > tb->full)
         block_sgemm(tb->block, tb->tail_a + a_col0, tb->lda, w, nr, kk, ldw, beta, tb->tail_c + c_col0, tb->ldc);
 }
