@@ -1,7 +1,7 @@
 /**
  * @file moe_expert_gemm.c
  * @brief The GEMMs of one expert: weight tiles dequantized once per call, OpenBLAS SGEMM on the
- *        gathered tokens, with a tiling that makes padding invisible in the bits.
+ *        gathered tokens, with a tiling that makes padding and batch invisible in the bits.
  *
  * An expert that received m tokens computes
  *
@@ -27,14 +27,22 @@
  *    activations and zero weights: its partial is +-0 and C + 0 = C (C is never -0, since it
  *    starts as an RN sum).
  *
+ * ## Why the token rows are blocked
+ * The same argument in the third dimension: the bits of a token's row must not depend on how
+ * many other tokens the expert received (batch invariance).  OpenBLAS picks its summation
+ * order from M too, so no SGEMM here sees the caller's m: the rows go through
+ * moe_token_blocks.c in blocks of exactly ::MOE_EXPERT_TOKEN_BLOCK = 1 row, i.e. one SGEMM
+ * call per token and weight tile.  With all three dimensions of every call fixed by the
+ * layer's shape, a token's row is summed by the same instruction sequence whatever the other
+ * tokens are (see that file for the evidence and for why one row is also the fastest block).
+ *
  * ## Cost
  * Every weight tile is decoded once per call (only for experts that received tokens) and used
- * by all m tokens of the expert; the tiles (128 x D for L1, 256 x 128 for L2) stay in the
- * cache while SGEMM reads them.
+ * by all m tokens of the expert (one single-row SGEMM per token); the tiles (128 x D for L1,
+ * 256 x 128 for L2) stay in the cache while SGEMM reads them.
  */
 #include "moe_internal.h"
 
-#include <cblas.h>
 #include <stdlib.h>
 
 /** Rows of W1/W3 per L1 tile. */
@@ -61,12 +69,13 @@ void moe_scratch_free(moe_scratch *s)
     free(s->gate);
     free(s->up);
     free(s->yl2);
+    free(s->tail_a);
+    free(s->tail_c);
     *s = (moe_scratch){0};
 }
 
 /** L1: out[m, N] = a[m, K] . W^T in row tiles of MOE_L1_ROWS over the full K. */
-static void l1_gemm(const moe_mat *w, const float *a, int64_t m, float *out, float *tile,
-                    moe_gemm_clock *clk)
+static void l1_gemm(const moe_mat *w, const moe_token_blocks *tb, int64_t m, float *tile, moe_gemm_clock *clk)
 {
     const int64_t k = w->cols, n = w->rows;
     for (int64_t r0 = 0; r0 < n; r0 += MOE_L1_ROWS) {
@@ -74,8 +83,7 @@ static void l1_gemm(const moe_mat *w, const float *a, int64_t m, float *out, flo
         double t0 = moe_now_s();
         moe_weight_tile_f32(w, r0, nr, 0, k, tile);
         double t1 = moe_now_s();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nr, (int)k, 1.0f, a,
-                    (int)k, tile, (int)k, 0.0f, out + r0, (int)n);
+        moe_token_blocks_sgemm(tb, 0, tile, nr, k, k, 0.0f, r0);
         double t2 = moe_now_s();
         clk->dequant_s += t1 - t0;
         clk->gemm_s += t2 - t1;
@@ -84,8 +92,7 @@ static void l1_gemm(const moe_mat *w, const float *a, int64_t m, float *out, flo
 }
 
 /** L2: out[m, N] = a[m, K] . W^T in row tiles, K in chunks of MOE_K_CHUNK added in order. */
-static void l2_gemm(const moe_mat *w, const float *a, int64_t m, float *out, float *tile,
-                    moe_gemm_clock *clk)
+static void l2_gemm(const moe_mat *w, const moe_token_blocks *tb, int64_t m, float *tile, moe_gemm_clock *clk)
 {
     const int64_t k = w->cols, n = w->rows;
     for (int64_t r0 = 0; r0 < n; r0 += MOE_L2_ROWS) {
@@ -94,8 +101,7 @@ static void l2_gemm(const moe_mat *w, const float *a, int64_t m, float *out, flo
             double t0 = moe_now_s();
             moe_weight_tile_f32(w, r0, nr, k0, MOE_K_CHUNK, tile);
             double t1 = moe_now_s();
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)nr, MOE_K_CHUNK, 1.0f,
-                        a + k0, (int)k, tile, MOE_K_CHUNK, k0 == 0 ? 0.0f : 1.0f, out + r0, (int)n);
+            moe_token_blocks_sgemm(tb, k0, tile, nr, MOE_K_CHUNK, MOE_K_CHUNK, k0 == 0 ? 0.0f : 1.0f, r0);
             double t2 = moe_now_s();
             clk->dequant_s += t1 - t0;
             clk->gemm_s += t2 - t1;
@@ -112,9 +118,14 @@ int moe_expert_gemm(const moe_mat *w, const float *a, int64_t m, int k_chunked, 
     size_t tile_n = k_chunked ? (size_t)MOE_L2_ROWS * MOE_K_CHUNK : (size_t)MOE_L1_ROWS * (size_t)w->cols;
     if (moe_scratch_reserve(&s->tile, &s->tile_cap, tile_n) != 0)
         return -1;
+    moe_token_blocks tb;
+    if (moe_token_blocks_begin(&tb, MOE_EXPERT_TOKEN_BLOCK, a, w->cols, m, out, w->rows, &s->tail_a, &s->tail_a_cap,
+                               &s->tail_c, &s->tail_c_cap) != 0)
+        return -1;
     if (k_chunked)
-        l2_gemm(w, a, m, out, s->tile, clk);
+        l2_gemm(w, &tb, m, s->tile, clk);
     else
-        l1_gemm(w, a, m, out, s->tile, clk);
+        l1_gemm(w, &tb, m, s->tile, clk);
+    moe_token_blocks_end(&tb);
     return 0;
 }

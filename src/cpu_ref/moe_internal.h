@@ -153,6 +153,51 @@ void moe_act_quant_rows(const float *x, int64_t rows, int64_t k, moe_qrule rule,
  */
 void moe_weight_tile_f32(const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64_t nc, float *out);
 
+/* ------------------------------------------------------------------ token blocks */
+
+/** Token rows of every SGEMM call of an expert (L1, L2): one token per call (moe_token_blocks.c). */
+#define MOE_EXPERT_TOKEN_BLOCK 1
+/** Token rows of every SGEMM call of the router's logits (moe_token_blocks.c). */
+#define MOE_ROUTER_TOKEN_BLOCK 16
+
+/**
+ * The token rows of one GEMM, cut into blocks of a fixed number of rows: full blocks are
+ * read and written in place, the tail block through zero-padded copies (borrowed buffers).
+ */
+typedef struct moe_token_blocks {
+    const float *a; /**< [m, lda] activations (borrowed) */
+    int64_t lda;    /**< leading dimension of a and of tail_a */
+    float *c;       /**< [m, ldc] outputs (borrowed) */
+    int64_t ldc;    /**< leading dimension of c and of tail_c */
+    int64_t block;  /**< rows of every SGEMM call (fixed per kind of GEMM) */
+    int64_t m;      /**< token rows */
+    int64_t full;   /**< rows in full blocks (m rounded down to the block) */
+    float *tail_a;  /**< [block, lda]: the tail rows, then zero rows; NULL if none */
+    float *tail_c;  /**< [block, ldc]: the tail block's outputs; NULL if none */
+} moe_token_blocks;
+
+/**
+ * Prepare the blocks of @p block rows (a constant of the GEMM's kind, never a function of m)
+ * over the @p m rows of @p a (leading dimension @p lda) whose GEMM results go to @p c (leading
+ * dimension @p ldc).  When m is not a multiple of the block, the tail rows are copied into
+ * @p *tail_a (grown to block * lda floats, rows after the tail zeroed) and @p *tail_c (grown
+ * to block * ldc floats, zeroed).  Nothing is copied when block = 1.
+ * @return 0, or -1 on allocation failure
+ */
+int moe_token_blocks_begin(moe_token_blocks *tb, int64_t block, const float *a, int64_t lda, int64_t m, float *c,
+                           int64_t ldc, float **tail_a, size_t *tail_a_cap, float **tail_c, size_t *tail_c_cap);
+
+/**
+ * For every block: C[:, c_col0 : c_col0+nr] = A[:, a_col0 : a_col0+kk] . W^T + beta * C[...],
+ * with W [nr, kk] row-major (leading dimension @p ldw), one SGEMM of exactly tb->block rows
+ * per block.
+ */
+void moe_token_blocks_sgemm(const moe_token_blocks *tb, int64_t a_col0, const float *w, int64_t nr, int64_t kk,
+                            int64_t ldw, float beta, int64_t c_col0);
+
+/** Copy the real rows of the tail block's outputs into the caller's C. */
+void moe_token_blocks_end(const moe_token_blocks *tb);
+
 /* ------------------------------------------------------------------ expert GEMMs */
 
 /** Scratch for the tiled GEMMs (grown on demand, owned by the layer). */
@@ -167,6 +212,10 @@ typedef struct moe_scratch {
     size_t up_cap;   /**< floats allocated in up */
     float *yl2;      /**< L2 accumulators [m, D] */
     size_t yl2_cap;  /**< floats allocated in yl2 */
+    float *tail_a;   /**< zero-padded tail block of the GEMM input (moe_token_blocks) */
+    size_t tail_a_cap; /**< floats allocated in tail_a */
+    float *tail_c;   /**< tail block of the GEMM output (moe_token_blocks) */
+    size_t tail_c_cap; /**< floats allocated in tail_c */
 } moe_scratch;
 
 /** Grow @p *buf to at least @p n floats. @return 0 on success, -1 on allocation failure. */
