@@ -157,8 +157,8 @@ void moe_weight_tile_f32(const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, i
 
 /** Token rows of every SGEMM call of an expert (L1, L2): one token per call (moe_token_blocks.c). */
 #define MOE_EXPERT_TOKEN_BLOCK 1
-/** Token rows of every SGEMM call of the router's logits (moe_token_blocks.c). */
-#define MOE_ROUTER_TOKEN_BLOCK 16
+/** Token rows of every SGEMM call of the router's logits: one, as for the experts (moe_token_blocks.c). */
+#define MOE_ROUTER_TOKEN_BLOCK 1
 
 /**
  * The token rows of one GEMM, cut into blocks of a fixed number of rows: full blocks are

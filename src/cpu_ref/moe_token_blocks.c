@@ -18,7 +18,7 @@
  * ## The fix: one shape per GEMM
  * Every SGEMM call of the oracle has a fixed number of rows B, whatever the number of tokens:
  * B = ::MOE_EXPERT_TOKEN_BLOCK = 1 for the expert GEMMs (L1, L2, fused shared expert) and
- * B = ::MOE_ROUTER_TOKEN_BLOCK = 16 for the router's logits.  The other two dimensions were
+ * B = ::MOE_ROUTER_TOKEN_BLOCK = 1 for the router's logits.  The other two dimensions were
  * already fixed by the tiling of moe_expert_gemm.c (a weight tile of a fixed height, K either
  * the full D or a fixed chunk of 128) and by the router (N = E, K = D).  A call of m token rows
  * runs floor(m / B) full blocks in place and, when m is not a multiple of B, one tail block:
@@ -42,7 +42,7 @@
  * unblocked GEMM failed) and on the tail block [moe_batchinv].  With B = 1 the argument is
  * simplest: the call sees one token only.
  *
- * ## Why B = 1 for the experts and 16 for the router
+ * ## Why B = 1, for the experts and for the router
  * Measured on the development VM (OpenBLAS 0.3.21, Zen 4, per call of m rows, microseconds,
  * noisy): for an L1 tile (N = 128, K = 4096, tile in cache) OpenBLAS answers M = 1 without
  * packing (33 us) while every M from 2 to 16 pays for packing the 2 MiB tile (420-650 us); one
@@ -52,8 +52,11 @@
  * and the fastest fixed block; only large prefills (m >> 16 tokens per expert) pay, about 2x
  * on L1 against one unblocked call.  The L2 tile (N = 256, K = 128) behaves alike (1.6 us at
  * M = 1).  The router's gate (E x D = 256 x 4096 floats, 4 MiB) does not stay in the cache, so
- * one row per call would stream it once per token (about 1.2 ms each); a block of 16 streams
- * it once per 16 tokens for about the cost of one unblocked call.
+ * one row per call streams it once per token (about 1.2 ms at E = 256; 1.6 ms for all 64
+ * tokens at E = 32).  A block of 16 would stream it once per 16 tokens, but B = 1 needs no
+ * assumption about the kernels at all (the position-in-block property above was verified on
+ * one CPU only, while a one-row call sees nothing but its token on any BLAS and CPU), and the
+ * router is a few percent of a layer either way, so the router uses B = 1 too.
  *
  * ## If the assumption ever breaks
  * The tests above fail loudly on a BLAS that mixes rows.  The exact fallback would be partial

@@ -709,8 +709,13 @@ def main(argv):
     # everywhere), no FP8 round trip of the window kv (first row 0: 7.9e-2), no FP8 round trip of the
     # compressed kv (first row 3: 3.3e-2 -- the closest call; such a bug is certain to show as non-bit-exact
     # in the usual, flip-free run).
+    # The MTP block reads the main model's final streams, so a flip in main row r reaches MTP row r through one
+    # more block of FP8 steps, which can grow it past FLIP_SEED (seen: 3.9e-2 and 5.0e-2).  So an MTP divergence
+    # that starts exactly at the main logits' first flipped row is judged as downstream of that flip (the bulk
+    # criteria only); one that starts earlier, or while the main logits are bit-exact, must meet FLIP_SEED itself.
     FLIP_SEED = 3e-2
     ok = True
+    main_first = None
     for name, a, b in [("logits", got, ref)] + ([("mtp_logits", c["mtp_logits"], mtp)] if want_mtp else []):
         if a.shape != b.shape:
             print("%s: shape %s, expected %s" % (name, a.shape, b.shape))
@@ -723,8 +728,13 @@ def main(argv):
         verdict = "bit-exact"
         if differing.size:
             first = int(differing[0])
-            flip_like = rows[first] <= FLIP_SEED and np.mean(rows <= 0.1) >= 0.95 and argmax_eq >= 0.9
-            verdict = "rounding-flip cascade from row %d (first row %.1e)" % (first, rows[first]) if flip_like \
+            downstream = name == "mtp_logits" and main_first is not None and first == main_first
+            seed_ok = rows[first] <= FLIP_SEED or downstream
+            flip_like = seed_ok and np.mean(rows <= 0.1) >= 0.95 and argmax_eq >= 0.9
+            if name == "logits":
+                main_first = first
+            verdict = "rounding-flip cascade from row %d (first row %.1e%s)" % (
+                first, rows[first], ", downstream of the main logits' flip" if downstream else "") if flip_like \
                 else "MISMATCH (first differing row %d, %.1e)" % (first, rows[first])
             ok = ok and flip_like
         print("%s: T=%d vocab=%d, %d of %d rows bit-exact, rel_err=%.3e max_abs=%.3e argmax_agree=%.3f: %s" % (
