@@ -71,17 +71,18 @@ void moe_scratch_free(moe_scratch *s)
     free(s->yl2);
     free(s->tail_a);
     free(s->tail_c);
-    *s = (moe_scratch){0};
+    *s = (moe_scratch){.pool = s->pool};
 }
 
 /** L1: out[m, N] = a[m, K] . W^T in row tiles of MOE_L1_ROWS over the full K. */
-static void l1_gemm(const moe_mat *w, const moe_token_blocks *tb, int64_t m, float *tile, moe_gemm_clock *clk)
+static void l1_gemm(const moe_mat *w, const moe_token_blocks *tb, int64_t m, float *tile, moe_dequant_pool *pool,
+                    moe_gemm_clock *clk)
 {
     const int64_t k = w->cols, n = w->rows;
     for (int64_t r0 = 0; r0 < n; r0 += MOE_L1_ROWS) {
         int64_t nr = n - r0 < MOE_L1_ROWS ? n - r0 : MOE_L1_ROWS;
         double t0 = moe_now_s();
-        moe_weight_tile_f32(w, r0, nr, 0, k, tile);
+        moe_dequant_tiles(pool, w, r0, nr, 0, k, k, tile);
         double t1 = moe_now_s();
         moe_token_blocks_sgemm(tb, 0, tile, nr, k, k, 0.0f, r0);
         double t2 = moe_now_s();
@@ -92,20 +93,22 @@ static void l1_gemm(const moe_mat *w, const moe_token_blocks *tb, int64_t m, flo
 }
 
 /** L2: out[m, N] = a[m, K] . W^T in row tiles, K in chunks of MOE_K_CHUNK added in order. */
-static void l2_gemm(const moe_mat *w, const moe_token_blocks *tb, int64_t m, float *tile, moe_gemm_clock *clk)
+static void l2_gemm(const moe_mat *w, const moe_token_blocks *tb, int64_t m, float *tile, moe_dequant_pool *pool,
+                    moe_gemm_clock *clk)
 {
     const int64_t k = w->cols, n = w->rows;
     for (int64_t r0 = 0; r0 < n; r0 += MOE_L2_ROWS) {
         int64_t nr = n - r0 < MOE_L2_ROWS ? n - r0 : MOE_L2_ROWS;
-        for (int64_t k0 = 0; k0 < k; k0 += MOE_K_CHUNK) {
-            double t0 = moe_now_s();
-            moe_weight_tile_f32(w, r0, nr, k0, MOE_K_CHUNK, tile);
-            double t1 = moe_now_s();
-            moe_token_blocks_sgemm(tb, k0, tile, nr, MOE_K_CHUNK, MOE_K_CHUNK, k0 == 0 ? 0.0f : 1.0f, r0);
-            double t2 = moe_now_s();
-            clk->dequant_s += t1 - t0;
-            clk->gemm_s += t2 - t1;
-        }
+        /* all K chunks of the row tile in one job (one wake-up of the pool), chunk t at tile + t*nr*128 */
+        double t0 = moe_now_s();
+        moe_dequant_tiles(pool, w, r0, nr, 0, k, MOE_K_CHUNK, tile);
+        double t1 = moe_now_s();
+        for (int64_t k0 = 0; k0 < k; k0 += MOE_K_CHUNK)
+            moe_token_blocks_sgemm(tb, k0, tile + (k0 / MOE_K_CHUNK) * nr * MOE_K_CHUNK, nr, MOE_K_CHUNK, MOE_K_CHUNK,
+                                   k0 == 0 ? 0.0f : 1.0f, r0);
+        double t2 = moe_now_s();
+        clk->dequant_s += t1 - t0;
+        clk->gemm_s += t2 - t1;
     }
     clk->flops += 2.0 * (double)m * (double)n * (double)k;
 }
@@ -115,7 +118,7 @@ int moe_expert_gemm(const moe_mat *w, const float *a, int64_t m, int k_chunked, 
 {
     if (m <= 0)
         return 0;
-    size_t tile_n = k_chunked ? (size_t)MOE_L2_ROWS * MOE_K_CHUNK : (size_t)MOE_L1_ROWS * (size_t)w->cols;
+    size_t tile_n = k_chunked ? (size_t)MOE_L2_ROWS * (size_t)w->cols : (size_t)MOE_L1_ROWS * (size_t)w->cols;
     if (moe_scratch_reserve(&s->tile, &s->tile_cap, tile_n) != 0)
         return -1;
     moe_token_blocks tb;
@@ -123,9 +126,9 @@ int moe_expert_gemm(const moe_mat *w, const float *a, int64_t m, int k_chunked, 
                                &s->tail_c, &s->tail_c_cap) != 0)
         return -1;
     if (k_chunked)
-        l2_gemm(w, &tb, m, s->tile, clk);
+        l2_gemm(w, &tb, m, s->tile, s->pool, clk);
     else
-        l1_gemm(w, &tb, m, s->tile, clk);
+        l1_gemm(w, &tb, m, s->tile, s->pool, clk);
     moe_token_blocks_end(&tb);
     return 0;
 }
