@@ -11,8 +11,8 @@
  * is exact in double and rounds once to float: (float)(x * s) is fl(x * s), the oracle's rule
  * for F32 block scales, and exact for power-of-two scales.
  *
- * Shapes are random with the seed printed: row counts from 1 (fewer rows than threads: empty
- * shares) to a few hundred, FP8 column counts and scale blocks odd, several chunks per job,
+ * Shapes are random with the seed printed: row counts from 1 (fewer grabs than threads) to a
+ * few hundred, FP8 column counts and scale blocks odd, several chunks per job,
  * thread counts 1 to 5, jobs above and below the pool's parallel threshold.
  */
 #include <check.h>
@@ -178,12 +178,25 @@ static void check_job(const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int6
         mmoe_error err;
         ck_assert_int_eq(moe_dequant_pool_create(threads, &pool, &err), MMOE_OK);
         ck_assert_int_eq(moe_dequant_pool_threads(pool), threads);
-        for (int rep = 0; rep < 2; rep++) { /* twice: a pool is reused across jobs */
+        for (int rep = 0; rep < 3; rep++) { /* a pool is reused across jobs */
             mmoe_test_poison_f32(got, n);
-            moe_dequant_tiles(pool, m, r0, nr, c0, nc, chunk, got);
+            if (rep < 2) {
+                moe_dequant_tiles(pool, m, r0, nr, c0, nc, chunk, got);
+            } else {
+                /* started, then the caller works elsewhere (as during the SGEMMs), then finishes */
+                moe_dequant_start(pool, m, r0, nr, c0, nc, chunk, got);
+                float *other = malloc((size_t)chunk * sizeof(float));
+                ck_assert_ptr_nonnull(other);
+                moe_weight_tile_f32(m, r0, 1, c0, chunk, other);
+                ck_assert(memcmp(other, ref, (size_t)chunk * sizeof(float)) == 0);
+                free(other);
+                moe_dequant_finish(pool);
+                moe_dequant_finish(pool); /* a second finish is a no-op */
+            }
             ck_assert_msg(memcmp(got, ref, n * sizeof(float)) == 0,
-                          "%d threads differ (fmt %d, rows %lld+%lld, cols %lld+%lld, chunk %lld)", threads,
-                          (int)m->fmt, (long long)r0, (long long)nr, (long long)c0, (long long)nc, (long long)chunk);
+                          "%d threads differ (fmt %d, rows %lld+%lld, cols %lld+%lld, chunk %lld, rep %d)", threads,
+                          (int)m->fmt, (long long)r0, (long long)nr, (long long)c0, (long long)nc, (long long)chunk,
+                          rep);
         }
         moe_dequant_pool_destroy(pool);
     }
@@ -210,7 +223,7 @@ START_TEST(fp4_threads_bit_identical)
         check_job(&rm.m, r0, nr, 32 * g0, 32 * ng, 32 * cg);
         rand_mat_free(&rm);
     }
-    /* a job above the parallel threshold with fewer rows than threads (empty shares) */
+    /* a job above the parallel threshold with fewer rows (grabs) than threads */
     rand_mat rm;
     rand_mat_make(&rm, &rng, MOE_W_FP4, 3, 8192, 0, 0, 0);
     check_job(&rm.m, 0, 3, 0, 8192, 8192);

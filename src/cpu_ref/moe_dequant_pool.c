@@ -15,8 +15,18 @@
  * [nr, chunk] floats, tile t at out + t * nr * chunk".  L1 uses one tile (chunk = nc = D); L2
  * decodes all its K chunks of one row tile at once (chunk = 128), so that a job is large enough
  * to be worth a wake-up (one 256 x 128 L2 tile alone takes about 15 us).  The job's rows are cut
- * into n_threads contiguous ranges; the caller decodes range 0 itself and waits for the others.
+ * into grabs of about ::MOE_DEQUANT_GRAB_WEIGHTS weights; the workers and the caller take grabs
+ * from one atomic counter until none is left, so a thread that is late (descheduled, or busy
+ * with something else) simply takes fewer.
  *
+ * ## Overlap with the GEMMs
+ * A job is started by moe_dequant_start() and completed by moe_dequant_finish(): between the
+ * two the workers decode while the caller does something else.  moe_expert_gemm.c uses this to
+ * decode the next weight tile into a second buffer while the caller runs the SGEMMs of the
+ * current one (OpenBLAS runs these one-row calls on the caller's thread), and the caller joins
+ * the decoding in moe_dequant_finish() when its SGEMMs are done.  Which buffer holds which tile
+ * depends on the tile index only, so the calls are as deterministic as before.
+
  * ## The pool
  * n_threads - 1 POSIX threads are created with the layer (mmoe_moe_layer_create) and joined by
  * mmoe_moe_layer_destroy; between jobs they sleep on a condition variable.  One mutex guards the
@@ -55,13 +65,13 @@ typedef struct dequant_job {
     int64_t nc;       /**< columns (a multiple of chunk) */
     int64_t chunk;    /**< columns per output tile */
     float *out;       /**< nc / chunk tiles of [nr, chunk] */
-    int parts;        /**< number of row ranges the job is cut into */
+    int64_t grab_rows; /**< rows per grab */
+    int n_grabs;      /**< grabs of the job: ceil(nr / grab_rows) */
 } dequant_job;
 
-/** A worker's handle: the pool and its part index (1..n_threads-1). */
+/** A worker's handle. */
 typedef struct dequant_worker {
     struct moe_dequant_pool *pool; /**< the owning pool */
-    int part;                      /**< which row range this worker decodes */
     pthread_t thread;              /**< the thread */
 } dequant_worker;
 
@@ -71,13 +81,39 @@ struct moe_dequant_pool {
     pthread_mutex_t mu;         /**< guards the sleeping side: work_cv and stop */
     pthread_cond_t work_cv;     /**< signalled when a new generation starts (or stop) */
     atomic_ulong generation;    /**< incremented per job (written under mu, read by spinners) */
-    atomic_int busy;            /**< workers still decoding the current job */
+    atomic_int busy;            /**< workers that have not yet left the current job */
+    atomic_int next_grab;       /**< the next grab of the current job to take */
+    atomic_int grabs_done;      /**< grabs of the current job completed */
     atomic_int stop;            /**< set by destroy */
     dequant_job job;            /**< the current job (published by the generation's release store) */
+    int in_flight;              /**< a job was started and not finished (the caller's own flag) */
 };
 
 /** Seconds a worker spins on the generation before it sleeps on the condition variable. */
 #define DEQUANT_SPIN_S 100e-6
+
+/** Decode grab @p g of @p j: its rows of every tile of the job. */
+static void run_grab(const dequant_job *j, int g)
+{
+    const int64_t a = (int64_t)g * j->grab_rows;
+    const int64_t b = a + j->grab_rows < j->nr ? a + j->grab_rows : j->nr;
+    const int64_t n_tiles = j->nc / j->chunk;
+    for (int64_t t = 0; t < n_tiles; t++)
+        moe_weight_tile_f32(j->m, j->r0 + a, b - a, j->c0 + t * j->chunk, j->chunk,
+                            j->out + t * j->nr * j->chunk + a * j->chunk);
+}
+
+/** Take and decode grabs of the current job until none is left. */
+static void take_grabs(moe_dequant_pool *p, const dequant_job *j)
+{
+    for (;;) {
+        int g = atomic_fetch_add_explicit(&p->next_grab, 1, memory_order_relaxed);
+        if (g >= j->n_grabs)
+            return;
+        run_grab(j, g);
+        atomic_fetch_add_explicit(&p->grabs_done, 1, memory_order_release);
+    }
+}
 
 /** Wait (spin, then sleep) until the generation differs from @p seen or stop; return the new one. */
 static unsigned long wait_for_job(moe_dequant_pool *p, unsigned long seen)
@@ -102,19 +138,7 @@ static unsigned long wait_for_job(moe_dequant_pool *p, unsigned long seen)
     return g;
 }
 
-/** Decode row range @p part of @p parts of the job (possibly empty). */
-static void run_part(const dequant_job *j, int part)
-{
-    const int64_t a = j->nr * part / j->parts, b = j->nr * (part + 1) / j->parts;
-    if (b <= a)
-        return;
-    const int64_t n_tiles = j->nc / j->chunk;
-    for (int64_t t = 0; t < n_tiles; t++)
-        moe_weight_tile_f32(j->m, j->r0 + a, b - a, j->c0 + t * j->chunk, j->chunk,
-                            j->out + t * j->nr * j->chunk + a * j->chunk);
-}
-
-/** Worker loop: wait for a new generation, decode its part, report, repeat until stop. */
+/** Worker loop: wait for a new generation, take grabs of it, report, repeat until stop. */
 static void *worker_main(void *arg)
 {
     dequant_worker *w = arg;
@@ -125,7 +149,7 @@ static void *worker_main(void *arg)
         if (atomic_load_explicit(&p->stop, memory_order_acquire))
             return NULL;
         seen = g;
-        run_part(&p->job, w->part);
+        take_grabs(p, &p->job);
         atomic_fetch_sub_explicit(&p->busy, 1, memory_order_release);
     }
 }
@@ -187,9 +211,11 @@ mmoe_status moe_dequant_pool_create(int n_threads, moe_dequant_pool **out, mmoe_
     pthread_cond_init(&p->work_cv, NULL);
     atomic_init(&p->generation, 0);
     atomic_init(&p->busy, 0);
+    atomic_init(&p->next_grab, 0);
+    atomic_init(&p->grabs_done, 0);
     atomic_init(&p->stop, 0);
     for (int i = 0; i < n_threads - 1; i++) {
-        p->workers[i] = (dequant_worker){.pool = p, .part = i + 1};
+        p->workers[i] = (dequant_worker){.pool = p};
         int rc = pthread_create(&p->workers[i].thread, NULL, worker_main, &p->workers[i]);
         if (rc != 0) {
             pool_teardown(p, i);
@@ -214,27 +240,53 @@ int moe_dequant_pool_threads(const moe_dequant_pool *p)
     return p != NULL ? p->n_threads : 1;
 }
 
-void moe_dequant_tiles(moe_dequant_pool *p, const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+void moe_dequant_start(moe_dequant_pool *p, const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
                        int64_t chunk, float *out)
 {
-    dequant_job job = {.m = m, .r0 = r0, .nr = nr, .c0 = c0, .nc = nc, .chunk = chunk, .out = out, .parts = 1};
-    if (p == NULL || p->n_threads == 1 || nr < 2 || nr * nc < MOE_DEQUANT_MIN_PARALLEL) {
-        run_part(&job, 0);
+    int64_t grab_rows = MOE_DEQUANT_GRAB_WEIGHTS / (nc > 0 ? nc : 1);
+    if (grab_rows < 1)
+        grab_rows = 1;
+    dequant_job job = {.m = m, .r0 = r0, .nr = nr, .c0 = c0, .nc = nc, .chunk = chunk, .out = out,
+                       .grab_rows = grab_rows, .n_grabs = (int)moe_ceil_div(nr, grab_rows)};
+    if (p == NULL || p->n_threads == 1 || job.n_grabs < 2 || nr * nc < MOE_DEQUANT_MIN_PARALLEL) {
+        /* too small to share (or no workers): decode now, on the caller */
+        job.grab_rows = nr > 0 ? nr : 1;
+        job.n_grabs = nr > 0 ? 1 : 0;
+        if (job.n_grabs == 1)
+            run_grab(&job, 0);
         return;
     }
-    job.parts = p->n_threads;
-    /* publish: the job, then the generation (release) under the mutex, so that a sleeper cannot miss it */
+    /* the previous job's workers have all left it (finish waited), so the job can be rewritten */
     p->job = job;
+    atomic_store_explicit(&p->next_grab, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->grabs_done, 0, memory_order_relaxed);
     atomic_store_explicit(&p->busy, p->n_threads - 1, memory_order_relaxed);
+    /* publish: the generation (release) under the mutex, so that a sleeper cannot miss it */
     pthread_mutex_lock(&p->mu);
     atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
     pthread_cond_broadcast(&p->work_cv);
     pthread_mutex_unlock(&p->mu);
+    p->in_flight = 1;
+}
 
-    run_part(&job, 0);
-
-    /* the workers' shares are as large as ours: spin, yielding the CPU to them when they are late */
-    for (unsigned spins = 0; atomic_load_explicit(&p->busy, memory_order_acquire) > 0; spins++)
+void moe_dequant_finish(moe_dequant_pool *p)
+{
+    if (p == NULL || !p->in_flight)
+        return;
+    p->in_flight = 0;
+    take_grabs(p, &p->job);
+    /* every grab decoded, and every worker out of the job (so that the next start may rewrite
+     * it); the workers' shares are small: spin, yielding the CPU to them when they are late */
+    for (unsigned spins = 0; atomic_load_explicit(&p->grabs_done, memory_order_acquire) < p->job.n_grabs ||
+                             atomic_load_explicit(&p->busy, memory_order_acquire) > 0;
+         spins++)
         if (spins >= 1024u)
             sched_yield();
+}
+
+void moe_dequant_tiles(moe_dequant_pool *p, const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                       int64_t chunk, float *out)
+{
+    moe_dequant_start(p, m, r0, nr, c0, nc, chunk, out);
+    moe_dequant_finish(p);
 }

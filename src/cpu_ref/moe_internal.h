@@ -163,6 +163,9 @@ void moe_weight_tile_f32(const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, i
 /** Jobs of fewer weights than this run on the caller alone. */
 #define MOE_DEQUANT_MIN_PARALLEL 16384
 
+/** Weights per grab: the unit of work that a thread takes from a job (moe_dequant_pool.c). */
+#define MOE_DEQUANT_GRAB_WEIGHTS 32768
+
 /** A pool of dequantization workers (moe_dequant_pool.c); one per layer. */
 typedef struct moe_dequant_pool moe_dequant_pool;
 
@@ -195,6 +198,18 @@ int moe_dequant_pool_threads(const moe_dequant_pool *p);
  */
 void moe_dequant_tiles(moe_dequant_pool *p, const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
                        int64_t chunk, float *out);
+
+/**
+ * Start the job of moe_dequant_tiles() and return at once: the pool's workers decode it while
+ * the caller does other work (the output must not be read, nor the pool used for another job,
+ * before moe_dequant_finish()).  Jobs that are too small to share, and every job of a NULL or
+ * one-thread pool, are decoded by the caller before this returns.
+ */
+void moe_dequant_start(moe_dequant_pool *p, const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                       int64_t chunk, float *out);
+
+/** Complete the started job: the caller decodes what is left and waits for the workers. */
+void moe_dequant_finish(moe_dequant_pool *p);
 
 /* ------------------------------------------------------------------ token blocks */
 
