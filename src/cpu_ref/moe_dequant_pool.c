@@ -95,6 +95,9 @@ struct moe_dequant_pool {
     int in_flight;              /**< a job was started and not finished (the caller's own flag) */
 };
 
+/** Stack of a worker thread (it only runs the row decoders). */
+#define DEQUANT_STACK_BYTES ((size_t)256 * 1024)
+
 /** Seconds a worker spins on the generation before it sleeps on the condition variable. */
 #define DEQUANT_SPIN_S 100e-6
 
@@ -220,10 +223,15 @@ mmoe_status moe_dequant_pool_create(int n_threads, moe_dequant_pool **out, mmoe_
     atomic_init(&p->next_grab, 0);
     atomic_init(&p->grabs_done, 0);
     atomic_init(&p->stop, 0);
+    /* the decoders need little stack; a model has one pool per MoE layer, so keep them small */
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, DEQUANT_STACK_BYTES);
     for (int i = 0; i < n_threads - 1; i++) {
         p->workers[i] = (dequant_worker){.pool = p};
-        int rc = pthread_create(&p->workers[i].thread, NULL, worker_main, &p->workers[i]);
+        int rc = pthread_create(&p->workers[i].thread, &attr, worker_main, &p->workers[i]);
         if (rc != 0) {
+            pthread_attr_destroy(&attr);
             pool_teardown(p, i);
             return mmoe_error_set(err, MMOE_ENOMEM,
                                   "moe: cannot start dequantization thread %d of %d (%s); "
@@ -231,6 +239,7 @@ mmoe_status moe_dequant_pool_create(int n_threads, moe_dequant_pool **out, mmoe_
                                   i + 2, n_threads, strerror(rc));
         }
     }
+    pthread_attr_destroy(&attr);
     *out = p;
     return MMOE_OK;
 }
