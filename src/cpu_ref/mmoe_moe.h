@@ -57,7 +57,11 @@
  * ## Threads
  *
  * A layer may be run by one thread at a time (it keeps scratch buffers and counters).  The
- * GEMMs use OpenBLAS, which may use its own threads.
+ * GEMMs use OpenBLAS, which may use its own threads.  The dequantization of weight tiles is
+ * split over a small pool of worker threads that the layer starts in mmoe_moe_layer_create()
+ * and joins in mmoe_moe_layer_destroy(): the environment variable MMOE_DEQUANT_THREADS (1..64,
+ * the calling thread included; 1 starts no thread) sets their number, by default the number of
+ * online CPUs, at most 8.  The result does not depend on it, bit for bit.
  */
 #ifndef MMOE_MOE_H
 #define MMOE_MOE_H
@@ -218,7 +222,9 @@ typedef struct mmoe_moe_memory {
  * @param desc the description (validated)
  * @param out  receives the layer; NULL on failure
  * @param err  error report
- * @return MMOE_OK, MMOE_EINVAL (invalid description, field named) or MMOE_ENOMEM
+ * @return MMOE_OK, MMOE_EINVAL (invalid description, field named; or an invalid
+ *         MMOE_DEQUANT_THREADS, named) or MMOE_ENOMEM (also when a dequantization thread
+ *         cannot be started)
  */
 mmoe_status mmoe_moe_layer_create(const mmoe_moe_desc *desc, mmoe_moe_layer **out, mmoe_error *err);
 

@@ -39,7 +39,13 @@
  * ## Cost
  * Every weight tile is decoded once per call (only for experts that received tokens) and used
  * by all m tokens of the expert (one single-row SGEMM per token); the tiles (128 x D for L1,
- * 256 x 128 for L2) stay in the cache while SGEMM reads them.
+ * 256 x 128 for L2) stay in the cache while SGEMM reads them.  Decoding used to dominate the
+ * layer (a 2 MiB tile is written at the L3's store bandwidth), so it is done by the layer's
+ * dequantization workers (moe_dequant_pool.c), one tile ahead: tile i + 1 is decoded into a
+ * second buffer while the SGEMMs of tile i run, and the caller helps with what is left when
+ * its SGEMMs are done.  L2 decodes all K chunks of a 256-row tile as one job (256 x I floats,
+ * the same size as an L1 tile at I = D / 2).  Nothing of this reaches the SGEMMs: the same
+ * calls, with the same shapes, the same K order and the same values, on the caller's thread.
  */
 #include "moe_internal.h"
 
@@ -71,41 +77,45 @@ void moe_scratch_free(moe_scratch *s)
     free(s->yl2);
     free(s->tail_a);
     free(s->tail_c);
-    *s = (moe_scratch){0};
+    *s = (moe_scratch){.pool = s->pool};
 }
 
-/** L1: out[m, N] = a[m, K] . W^T in row tiles of MOE_L1_ROWS over the full K. */
-static void l1_gemm(const moe_mat *w, const moe_token_blocks *tb, int64_t m, float *tile, moe_gemm_clock *clk)
+/** The smaller of two sizes. */
+static int64_t min_i64(int64_t a, int64_t b)
+{
+    return a < b ? a : b;
+}
+
+/**
+ * out[m, N] = a[m, K] . W^T in row tiles of @p tile_rows rows, K in chunks of @p chunk columns
+ * whose partial sums are added in ascending order (L1: chunk = K, one SGEMM per token and
+ * tile; L2: chunk = ::MOE_K_CHUNK).  Pipelined: while the SGEMMs of tile i run on this thread,
+ * the dequantization workers decode tile i + 1 into the other buffer (tile i lives in
+ * bufs[i % 2]); with no workers the decode simply runs before the SGEMMs.  The SGEMM calls,
+ * their shapes and their order are the same as without the pipeline.
+ */
+static void tiled_gemm(const moe_mat *w, const moe_token_blocks *tb, int64_t m, int64_t tile_rows, int64_t chunk,
+                       float *const bufs[2], moe_dequant_pool *pool, moe_gemm_clock *clk)
 {
     const int64_t k = w->cols, n = w->rows;
-    for (int64_t r0 = 0; r0 < n; r0 += MOE_L1_ROWS) {
-        int64_t nr = n - r0 < MOE_L1_ROWS ? n - r0 : MOE_L1_ROWS;
-        double t0 = moe_now_s();
-        moe_weight_tile_f32(w, r0, nr, 0, k, tile);
+    double t0 = moe_now_s();
+    moe_dequant_start(pool, w, 0, min_i64(tile_rows, n), 0, k, chunk, bufs[0]);
+    clk->dequant_s += moe_now_s() - t0;
+    for (int64_t i = 0, r0 = 0; r0 < n; i++, r0 += tile_rows) {
+        const int64_t nr = min_i64(tile_rows, n - r0);
+        const float *tile = bufs[i % 2];
         double t1 = moe_now_s();
-        moe_token_blocks_sgemm(tb, 0, tile, nr, k, k, 0.0f, r0);
+        moe_dequant_finish(pool); /* tile i is complete */
+        if (r0 + tile_rows < n)   /* tile i + 1 decodes while the SGEMMs of tile i run */
+            moe_dequant_start(pool, w, r0 + tile_rows, min_i64(tile_rows, n - r0 - tile_rows), 0, k, chunk,
+                              bufs[(i + 1) % 2]);
         double t2 = moe_now_s();
-        clk->dequant_s += t1 - t0;
-        clk->gemm_s += t2 - t1;
-    }
-    clk->flops += 2.0 * (double)m * (double)n * (double)k;
-}
-
-/** L2: out[m, N] = a[m, K] . W^T in row tiles, K in chunks of MOE_K_CHUNK added in order. */
-static void l2_gemm(const moe_mat *w, const moe_token_blocks *tb, int64_t m, float *tile, moe_gemm_clock *clk)
-{
-    const int64_t k = w->cols, n = w->rows;
-    for (int64_t r0 = 0; r0 < n; r0 += MOE_L2_ROWS) {
-        int64_t nr = n - r0 < MOE_L2_ROWS ? n - r0 : MOE_L2_ROWS;
-        for (int64_t k0 = 0; k0 < k; k0 += MOE_K_CHUNK) {
-            double t0 = moe_now_s();
-            moe_weight_tile_f32(w, r0, nr, k0, MOE_K_CHUNK, tile);
-            double t1 = moe_now_s();
-            moe_token_blocks_sgemm(tb, k0, tile, nr, MOE_K_CHUNK, MOE_K_CHUNK, k0 == 0 ? 0.0f : 1.0f, r0);
-            double t2 = moe_now_s();
-            clk->dequant_s += t1 - t0;
-            clk->gemm_s += t2 - t1;
-        }
+        for (int64_t k0 = 0; k0 < k; k0 += chunk)
+            moe_token_blocks_sgemm(tb, k0, tile + (k0 / chunk) * nr * chunk, nr, chunk, chunk, k0 == 0 ? 0.0f : 1.0f,
+                                   r0);
+        double t3 = moe_now_s();
+        clk->dequant_s += t2 - t1;
+        clk->gemm_s += t3 - t2;
     }
     clk->flops += 2.0 * (double)m * (double)n * (double)k;
 }
@@ -115,17 +125,17 @@ int moe_expert_gemm(const moe_mat *w, const float *a, int64_t m, int k_chunked, 
 {
     if (m <= 0)
         return 0;
-    size_t tile_n = k_chunked ? (size_t)MOE_L2_ROWS * MOE_K_CHUNK : (size_t)MOE_L1_ROWS * (size_t)w->cols;
-    if (moe_scratch_reserve(&s->tile, &s->tile_cap, tile_n) != 0)
+    /* two tile buffers (decode of the next tile overlaps the SGEMMs of this one) */
+    const int64_t tile_rows = k_chunked ? MOE_L2_ROWS : MOE_L1_ROWS;
+    const size_t tile_n = (size_t)tile_rows * (size_t)w->cols;
+    if (moe_scratch_reserve(&s->tile, &s->tile_cap, 2 * tile_n) != 0)
         return -1;
     moe_token_blocks tb;
     if (moe_token_blocks_begin(&tb, MOE_EXPERT_TOKEN_BLOCK, a, w->cols, m, out, w->rows, &s->tail_a, &s->tail_a_cap,
                                &s->tail_c, &s->tail_c_cap) != 0)
         return -1;
-    if (k_chunked)
-        l2_gemm(w, &tb, m, s->tile, clk);
-    else
-        l1_gemm(w, &tb, m, s->tile, clk);
+    float *const bufs[2] = {s->tile, s->tile + tile_n};
+    tiled_gemm(w, &tb, m, tile_rows, k_chunked ? MOE_K_CHUNK : w->cols, bufs, s->pool, clk);
     moe_token_blocks_end(&tb);
     return 0;
 }

@@ -13,6 +13,7 @@
  * | moe_router.c     | sqrtsoftplus scores, biased top-k / hash, renormalization        |
  * | moe_act_quant.c  | FP8 activation quantizers of the recipes (x and the intermediate)|
  * | moe_weight_tile.c| exact dequantization of FP4 / FP8 weight tiles to FP32           |
+ * | moe_dequant_pool.c| the same, split over a few threads (a pool owned by the layer)  |
  * | moe_expert_gemm.c| the tiled GEMMs of one expert (L1 gate/up, L2 down)              |
  * | moe_epilogue.c   | the L1 epilogue: BF16, clamp, SwiGLU, routing weight, requant    |
  * | moe_combine.c    | the combine: slot or expert-id order, shared last, one BF16 store|
@@ -153,6 +154,63 @@ void moe_act_quant_rows(const float *x, int64_t rows, int64_t k, moe_qrule rule,
  */
 void moe_weight_tile_f32(const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64_t nc, float *out);
 
+/* ------------------------------------------------------------------ dequantization threads */
+
+/** Upper bound of MMOE_DEQUANT_THREADS. */
+#define MOE_DEQUANT_MAX_THREADS 64
+/** Default thread count: the online CPUs, at most this many. */
+#define MOE_DEQUANT_DEFAULT_CAP 8
+/** Jobs of fewer weights than this run on the caller alone. */
+#define MOE_DEQUANT_MIN_PARALLEL 16384
+
+/** Weights per grab: the unit of work that a thread takes from a job (moe_dequant_pool.c). */
+#define MOE_DEQUANT_GRAB_WEIGHTS 32768
+
+/** A pool of dequantization workers (moe_dequant_pool.c); one per layer. */
+typedef struct moe_dequant_pool moe_dequant_pool;
+
+/**
+ * The thread count from the environment variable MMOE_DEQUANT_THREADS (1..64, the caller
+ * included), or min(online CPUs, ::MOE_DEQUANT_DEFAULT_CAP) when it is unset or empty.
+ * @return MMOE_OK, or MMOE_EINVAL naming the variable and its value
+ */
+mmoe_status moe_dequant_threads_from_env(int *n_threads, mmoe_error *err);
+
+/**
+ * Start a pool of @p n_threads - 1 workers (1: none; the caller decodes alone).
+ * @return MMOE_OK and the pool in @p out; MMOE_EINVAL (bad count) or MMOE_ENOMEM (allocation
+ *         or pthread_create failed; nothing is left running)
+ */
+mmoe_status moe_dequant_pool_create(int n_threads, moe_dequant_pool **out, mmoe_error *err);
+
+/** Stop and join the workers and free @p p (NULL is a no-op). */
+void moe_dequant_pool_destroy(moe_dequant_pool *p);
+
+/** Threads of @p p including the caller (1 for NULL). */
+int moe_dequant_pool_threads(const moe_dequant_pool *p);
+
+/**
+ * Dequantize W[r0 : r0+nr, c0 : c0+nc] into nc / @p chunk tiles of [nr, chunk] floats (row-major,
+ * leading dimension chunk), tile t (columns c0 + t*chunk ...) at out + t*nr*chunk; the rows are
+ * split over the pool's threads.  Bit-identical to moe_weight_tile_f32() per tile, for every
+ * thread count.  nc is a multiple of @p chunk (and chunk of 32 for FP4).  @p p may be NULL (the
+ * caller decodes alone).  Not reentrant: one job per pool at a time.
+ */
+void moe_dequant_tiles(moe_dequant_pool *p, const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                       int64_t chunk, float *out);
+
+/**
+ * Start the job of moe_dequant_tiles() and return at once: the pool's workers decode it while
+ * the caller does other work (the output must not be read, nor the pool used for another job,
+ * before moe_dequant_finish()).  Jobs that are too small to share, and every job of a NULL or
+ * one-thread pool, are decoded by the caller before this returns.
+ */
+void moe_dequant_start(moe_dequant_pool *p, const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                       int64_t chunk, float *out);
+
+/** Complete the started job: the caller decodes what is left and waits for the workers. */
+void moe_dequant_finish(moe_dequant_pool *p);
+
 /* ------------------------------------------------------------------ token blocks */
 
 /** Token rows of every SGEMM call of an expert (L1, L2): one token per call (moe_token_blocks.c). */
@@ -216,6 +274,7 @@ typedef struct moe_scratch {
     size_t tail_a_cap; /**< floats allocated in tail_a */
     float *tail_c;   /**< tail block of the GEMM output (moe_token_blocks) */
     size_t tail_c_cap; /**< floats allocated in tail_c */
+    moe_dequant_pool *pool; /**< the layer's dequantization workers (borrowed; NULL: caller only) */
 } moe_scratch;
 
 /** Grow @p *buf to at least @p n floats. @return 0 on success, -1 on allocation failure. */
@@ -331,6 +390,7 @@ struct mmoe_moe_layer {
     size_t owned_peak_bytes;     /**< weight bytes owned at the peak */
     int64_t *counters;           /**< [E] cumulative received pairs */
     moe_scratch scratch;         /**< GEMM scratch */
+    moe_dequant_pool *dequant_pool; /**< dequantization workers (owned; MMOE_DEQUANT_THREADS) */
 };
 
 /** Account @p delta owned bytes (positive: allocated; negative: freed) and update the peak. */

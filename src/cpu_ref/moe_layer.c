@@ -73,6 +73,16 @@ mmoe_status mmoe_moe_layer_create(const mmoe_moe_desc *desc, mmoe_moe_layer **ou
         return mmoe_error_set(err, MMOE_ENOMEM, "moe: out of memory for %lld expert counters",
                               (long long)desc->n_experts);
     }
+    int n_threads = 1;
+    st = moe_dequant_threads_from_env(&n_threads, err);
+    if (st == MMOE_OK)
+        st = moe_dequant_pool_create(n_threads, &layer->dequant_pool, err);
+    if (st != MMOE_OK) {
+        free(layer->counters);
+        free(layer);
+        return st;
+    }
+    layer->scratch.pool = layer->dequant_pool;
     *out = layer;
     return MMOE_OK;
 }
@@ -102,6 +112,7 @@ void mmoe_moe_layer_destroy(mmoe_moe_layer *layer)
         return;
     release_weights(layer);
     moe_scratch_free(&layer->scratch);
+    moe_dequant_pool_destroy(layer->dequant_pool);
     free(layer->counters);
     free(layer);
 }

@@ -1,0 +1,307 @@
+/**
+ * @file moe_dequant_pool.c
+ * @brief Weight-tile dequantization split over a few threads: a small worker pool owned by the
+ *        layer object.
+ *
+ * ## The idea
+ * Dequantization (moe_weight_tile.c) is exact: every output float is a function of its own
+ * code byte and scale only, so the rows of a tile can be decoded in any order, by any thread,
+ * and the tile has the same bits.  The GEMMs are not touched at all: they still run on the
+ * caller's thread (OpenBLAS uses its own threads inside each call), with exactly the shapes,
+ * leading dimensions and K order of moe_expert_gemm.c, on a tile that holds the same values.
+ * Batch invariance and padding invariance are therefore preserved by construction.
+ *
+ * A job is "decode rows [r0, r0 + nr) of columns [c0, c0 + nc) as nc / chunk tiles of
+ * [nr, chunk] floats, tile t at out + t * nr * chunk".  L1 uses one tile (chunk = nc = D); L2
+ * decodes all its K chunks of one row tile at once (chunk = 128), so that a job is large enough
+ * to be worth a wake-up (one 256 x 128 L2 tile alone takes about 15 us).  The job's rows are cut
+ * into grabs of about ::MOE_DEQUANT_GRAB_WEIGHTS weights; the workers and the caller take grabs
+ * from one atomic counter until none is left, so a thread that is late (descheduled, or busy
+ * with something else) simply takes fewer.
+ *
+ * ## Overlap with the GEMMs
+ * A job is started by moe_dequant_start() and completed by moe_dequant_finish(): between the
+ * two the workers decode while the caller does something else.  moe_expert_gemm.c uses this to
+ * decode the next weight tile into a second buffer while the caller runs the SGEMMs of the
+ * current one (OpenBLAS runs these one-row calls on the caller's thread), and the caller joins
+ * the decoding in moe_dequant_finish() when its SGEMMs are done.  Which buffer holds which tile
+ * depends on the tile index only, so the calls are as deterministic as before.
+
+ * ## The pool
+ * n_threads - 1 POSIX threads are created with the layer (mmoe_moe_layer_create) and joined by
+ * mmoe_moe_layer_destroy; between jobs they sleep on a condition variable.  One mutex guards the
+ * job description, a generation counter (a new job is a new generation) and the count of
+ * workers still busy; nothing else is shared, and each worker writes only its own rows.  There
+ * is no global state: two layers have two pools.  The pool is not reentrant (one job at a time),
+ * like the layer's scratch buffers.
+ *
+ * ## Thread count
+ * The environment variable MMOE_DEQUANT_THREADS (an integer 1..::MOE_DEQUANT_MAX_THREADS) sets
+ * the number of threads including the caller; 1 decodes on the caller only (no threads are
+ * created).  Unset, the count is the number of online CPUs, capped at
+ * ::MOE_DEQUANT_DEFAULT_CAP.  An invalid value is an error of mmoe_moe_layer_create (MMOE_EINVAL
+ * naming the variable), not a silent default.  Jobs of fewer than ::MOE_DEQUANT_MIN_PARALLEL
+ * weights run on the caller alone (the wake-up would cost more than it saves).
+ *
+ * ## Measurements
+ * `megamoe bench moe --shape v4-flash --experts 32 --tokens 1,8,64 --reps 5`, medians of 3
+ * runs on the 2-core development VM (AMD EPYC Zen 4, OpenBLAS 0.3.21), 2026-11-29, layer
+ * milliseconds with MMOE_DEQUANT_THREADS=1 -> 2 (with the pipeline of moe_expert_gemm.c):
+ * T=1 104.7 -> 48.0, T=8 414.2 -> 188.2, T=64 1095.9 -> 781.6 (ratio to SGEMM 0.48 -> 0.69).
+ * Without the pipeline (threads only, each tile decoded and then multiplied) the gain was
+ * smaller: T=1 84, T=8 316, T=64 1057 ms, because a sleeping worker takes about as long to wake
+ * as half a tile takes to decode.  Details in docs/moe-oracle.md (performance).
+ */
+#include "moe_internal.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/** One job: the arguments of moe_dequant_tiles(). */
+typedef struct dequant_job {
+    const moe_mat *m; /**< the matrix (borrowed for the job's duration) */
+    int64_t r0;       /**< first row */
+    int64_t nr;       /**< rows */
+    int64_t c0;       /**< first column */
+    int64_t nc;       /**< columns (a multiple of chunk) */
+    int64_t chunk;    /**< columns per output tile */
+    float *out;       /**< nc / chunk tiles of [nr, chunk] */
+    int64_t grab_rows; /**< rows per grab */
+    int n_grabs;      /**< grabs of the job: ceil(nr / grab_rows) */
+} dequant_job;
+
+/** A worker's handle. */
+typedef struct dequant_worker {
+    struct moe_dequant_pool *pool; /**< the owning pool */
+    pthread_t thread;              /**< the thread */
+} dequant_worker;
+
+struct moe_dequant_pool {
+    int n_threads;              /**< threads including the caller */
+    dequant_worker *workers;    /**< [n_threads - 1] */
+    pthread_mutex_t mu;         /**< guards the sleeping side: work_cv and stop */
+    pthread_cond_t work_cv;     /**< signalled when a new generation starts (or stop) */
+    atomic_ulong generation;    /**< incremented per job (written under mu, read by spinners) */
+    atomic_int busy;            /**< workers that have not yet left the current job */
+    atomic_int next_grab;       /**< the next grab of the current job to take */
+    atomic_int grabs_done;      /**< grabs of the current job completed */
+    atomic_int stop;            /**< set by destroy */
+    dequant_job job;            /**< the current job (published by the generation's release store) */
+    int in_flight;              /**< a job was started and not finished (the caller's own flag) */
+};
+
+/** Stack of a worker thread (it only runs the row decoders). */
+#define DEQUANT_STACK_BYTES ((size_t)256 * 1024)
+
+/** Seconds a worker spins on the generation before it sleeps on the condition variable. */
+#define DEQUANT_SPIN_S 100e-6
+
+/** Decode grab @p g of @p j: its rows of every tile of the job. */
+static void run_grab(const dequant_job *j, int g)
+{
+    const int64_t a = (int64_t)g * j->grab_rows;
+    const int64_t b = a + j->grab_rows < j->nr ? a + j->grab_rows : j->nr;
+    const int64_t n_tiles = j->nc / j->chunk;
+    for (int64_t t = 0; t < n_tiles; t++)
+        moe_weight_tile_f32(j->m, j->r0 + a, b - a, j->c0 + t * j->chunk, j->chunk,
+                            j->out + t * j->nr * j->chunk + a * j->chunk);
+}
+
+/** Take and decode grabs of the current job until none is left. */
+static void take_grabs(moe_dequant_pool *p, const dequant_job *j)
+{
+    for (;;) {
+        int g = atomic_fetch_add_explicit(&p->next_grab, 1, memory_order_relaxed);
+        if (g >= j->n_grabs)
+            return;
+        run_grab(j, g);
+        atomic_fetch_add_explicit(&p->grabs_done, 1, memory_order_release);
+    }
+}
+
+/** Wait (spin, then sleep) until the generation differs from @p seen or stop; return the new one. */
+static unsigned long wait_for_job(moe_dequant_pool *p, unsigned long seen)
+{
+    const double t0 = mmoe_clock_s();
+    for (unsigned spins = 0;; spins++) {
+        if (atomic_load_explicit(&p->stop, memory_order_acquire))
+            return seen;
+        unsigned long g = atomic_load_explicit(&p->generation, memory_order_acquire);
+        if (g != seen)
+            return g;
+        if ((spins & 63u) == 63u && mmoe_clock_s() - t0 > DEQUANT_SPIN_S)
+            break;
+    }
+    pthread_mutex_lock(&p->mu);
+    unsigned long g;
+    while (!atomic_load_explicit(&p->stop, memory_order_acquire) &&
+           (g = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen)
+        pthread_cond_wait(&p->work_cv, &p->mu);
+    g = atomic_load_explicit(&p->generation, memory_order_acquire);
+    pthread_mutex_unlock(&p->mu);
+    return g;
+}
+
+/** Worker loop: wait for a new generation, take grabs of it, report, repeat until stop. */
+static void *worker_main(void *arg)
+{
+    dequant_worker *w = arg;
+    moe_dequant_pool *p = w->pool;
+    unsigned long seen = 0;
+    for (;;) {
+        unsigned long g = wait_for_job(p, seen);
+        if (atomic_load_explicit(&p->stop, memory_order_acquire))
+            return NULL;
+        seen = g;
+        take_grabs(p, &p->job);
+        atomic_fetch_sub_explicit(&p->busy, 1, memory_order_release);
+    }
+}
+
+mmoe_status moe_dequant_threads_from_env(int *n_threads, mmoe_error *err)
+{
+    const char *v = getenv("MMOE_DEQUANT_THREADS");
+    if (v == NULL || v[0] == '\0') {
+        long online = sysconf(_SC_NPROCESSORS_ONLN);
+        if (online < 1)
+            online = 1;
+        *n_threads = online > MOE_DEQUANT_DEFAULT_CAP ? MOE_DEQUANT_DEFAULT_CAP : (int)online;
+        return MMOE_OK;
+    }
+    char *end = NULL;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    if (errno != 0 || end == v || *end != '\0' || n < 1 || n > MOE_DEQUANT_MAX_THREADS)
+        return mmoe_error_set(err, MMOE_EINVAL, "moe: MMOE_DEQUANT_THREADS='%s': expected an integer 1..%d", v,
+                              MOE_DEQUANT_MAX_THREADS);
+    *n_threads = (int)n;
+    return MMOE_OK;
+}
+
+/** Stop and join the first @p n_started workers, then free the pool. */
+static void pool_teardown(moe_dequant_pool *p, int n_started)
+{
+    pthread_mutex_lock(&p->mu);
+    atomic_store_explicit(&p->stop, 1, memory_order_release);
+    pthread_cond_broadcast(&p->work_cv);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < n_started; i++)
+        pthread_join(p->workers[i].thread, NULL);
+    pthread_cond_destroy(&p->work_cv);
+    pthread_mutex_destroy(&p->mu);
+    free(p->workers);
+    free(p);
+}
+
+mmoe_status moe_dequant_pool_create(int n_threads, moe_dequant_pool **out, mmoe_error *err)
+{
+    *out = NULL;
+    if (n_threads < 1 || n_threads > MOE_DEQUANT_MAX_THREADS)
+        return mmoe_error_set(err, MMOE_EINVAL, "moe: dequantization threads %d: expected 1..%d", n_threads,
+                              MOE_DEQUANT_MAX_THREADS);
+    moe_dequant_pool *p = calloc(1, sizeof *p);
+    if (p == NULL)
+        return mmoe_error_set(err, MMOE_ENOMEM, "moe: out of memory for the dequantization pool");
+    p->n_threads = n_threads;
+    if (n_threads > 1) {
+        p->workers = calloc((size_t)(n_threads - 1), sizeof *p->workers);
+        if (p->workers == NULL) {
+            free(p);
+            return mmoe_error_set(err, MMOE_ENOMEM, "moe: out of memory for %d dequantization workers",
+                                  n_threads - 1);
+        }
+    }
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->work_cv, NULL);
+    atomic_init(&p->generation, 0);
+    atomic_init(&p->busy, 0);
+    atomic_init(&p->next_grab, 0);
+    atomic_init(&p->grabs_done, 0);
+    atomic_init(&p->stop, 0);
+    /* the decoders need little stack; a model has one pool per MoE layer, so keep them small */
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, DEQUANT_STACK_BYTES);
+    for (int i = 0; i < n_threads - 1; i++) {
+        p->workers[i] = (dequant_worker){.pool = p};
+        int rc = pthread_create(&p->workers[i].thread, &attr, worker_main, &p->workers[i]);
+        if (rc != 0) {
+            pthread_attr_destroy(&attr);
+            pool_teardown(p, i);
+            return mmoe_error_set(err, MMOE_ENOMEM,
+                                  "moe: cannot start dequantization thread %d of %d (%s); "
+                                  "set MMOE_DEQUANT_THREADS=1 to decode on the caller only",
+                                  i + 2, n_threads, strerror(rc));
+        }
+    }
+    pthread_attr_destroy(&attr);
+    *out = p;
+    return MMOE_OK;
+}
+
+void moe_dequant_pool_destroy(moe_dequant_pool *p)
+{
+    if (p != NULL)
+        pool_teardown(p, p->n_threads - 1);
+}
+
+int moe_dequant_pool_threads(const moe_dequant_pool *p)
+{
+    return p != NULL ? p->n_threads : 1;
+}
+
+void moe_dequant_start(moe_dequant_pool *p, const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                       int64_t chunk, float *out)
+{
+    int64_t grab_rows = MOE_DEQUANT_GRAB_WEIGHTS / (nc > 0 ? nc : 1);
+    if (grab_rows < 1)
+        grab_rows = 1;
+    dequant_job job = {.m = m, .r0 = r0, .nr = nr, .c0 = c0, .nc = nc, .chunk = chunk, .out = out,
+                       .grab_rows = grab_rows, .n_grabs = (int)moe_ceil_div(nr, grab_rows)};
+    if (p == NULL || p->n_threads == 1 || job.n_grabs < 2 || nr * nc < MOE_DEQUANT_MIN_PARALLEL) {
+        /* too small to share (or no workers): decode now, on the caller */
+        job.grab_rows = nr > 0 ? nr : 1;
+        job.n_grabs = nr > 0 ? 1 : 0;
+        if (job.n_grabs == 1)
+            run_grab(&job, 0);
+        return;
+    }
+    /* the previous job's workers have all left it (finish waited), so the job can be rewritten */
+    p->job = job;
+    atomic_store_explicit(&p->next_grab, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->grabs_done, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->busy, p->n_threads - 1, memory_order_relaxed);
+    /* publish: the generation (release) under the mutex, so that a sleeper cannot miss it */
+    pthread_mutex_lock(&p->mu);
+    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+    pthread_cond_broadcast(&p->work_cv);
+    pthread_mutex_unlock(&p->mu);
+    p->in_flight = 1;
+}
+
+void moe_dequant_finish(moe_dequant_pool *p)
+{
+    if (p == NULL || !p->in_flight)
+        return;
+    p->in_flight = 0;
+    take_grabs(p, &p->job);
+    /* every grab decoded, and every worker out of the job (so that the next start may rewrite
+     * it); the workers' shares are small: spin, yielding the CPU to them when they are late */
+    for (unsigned spins = 0; atomic_load_explicit(&p->grabs_done, memory_order_acquire) < p->job.n_grabs ||
+                             atomic_load_explicit(&p->busy, memory_order_acquire) > 0;
+         spins++)
+        if (spins >= 1024u)
+            sched_yield();
+}
+
+void moe_dequant_tiles(moe_dequant_pool *p, const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                       int64_t chunk, float *out)
+{
+    moe_dequant_start(p, m, r0, nr, c0, nc, chunk, out);
+    moe_dequant_finish(p);
+}
