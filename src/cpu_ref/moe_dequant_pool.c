@@ -81,6 +81,7 @@ typedef struct dequant_worker {
     pthread_t thread;              /**< the thread */
 } dequant_worker;
 
+/** The pool: the worker threads, the current job and the counters the threads take work from. */
 struct moe_dequant_pool {
     int n_threads;              /**< threads including the caller */
     dequant_worker *workers;    /**< [n_threads - 1] */
