@@ -62,6 +62,11 @@
  * and joins in mmoe_moe_layer_destroy(): the environment variable MMOE_DEQUANT_THREADS (1..64,
  * the calling thread included; 1 starts no thread) sets their number, by default the number of
  * online CPUs, at most 8.  The result does not depend on it, bit for bit.
+ *
+ * Several layers may share one pool (::mmoe_moe_pool, mmoe_moe_layer_create_shared()): a model
+ * runs its MoE layers one after another, so one pool serves them all.  Layers that share a pool
+ * should not run concurrently; if two threads do run them at once, the calls take turns (each
+ * call holds the pool for its duration) and give the same bits as when run alone.
  */
 #ifndef MMOE_MOE_H
 #define MMOE_MOE_H
@@ -227,6 +232,46 @@ typedef struct mmoe_moe_memory {
  *         cannot be started)
  */
 mmoe_status mmoe_moe_layer_create(const mmoe_moe_desc *desc, mmoe_moe_layer **out, mmoe_error *err);
+
+/**
+ * A pool of dequantization worker threads that several layers may share (reference-counted).
+ * It runs one layer call at a time: mmoe_moe_layer_run() holds it for the whole call, so
+ * layers sharing a pool that are run from two threads at once are serialized, not corrupted.
+ */
+typedef struct mmoe_moe_pool mmoe_moe_pool;
+
+/**
+ * Start a pool of @p n_threads threads, the caller of each layer call included (n_threads - 1
+ * worker threads are created; 1: none).
+ * @param n_threads 1..64, or 0: MMOE_DEQUANT_THREADS, or by default the online CPUs (at most 8)
+ * @param out       receives the pool (the caller's reference); NULL on failure
+ * @param err       error report
+ * @return MMOE_OK, MMOE_EINVAL (bad count, or invalid MMOE_DEQUANT_THREADS, named) or
+ *         MMOE_ENOMEM (also when a thread cannot be started; nothing is left running)
+ */
+mmoe_status mmoe_moe_pool_create(int n_threads, mmoe_moe_pool **out, mmoe_error *err);
+
+/**
+ * Drop the caller's reference to @p pool (NULL: no-op).  Layers created on it keep their own
+ * references: the threads are joined when the last of them is destroyed.
+ */
+void mmoe_moe_pool_destroy(mmoe_moe_pool *pool);
+
+/** Threads of @p pool including the caller's (1 for NULL). */
+int mmoe_moe_pool_threads(const mmoe_moe_pool *pool);
+
+/**
+ * Create a layer for @p desc (copied) that decodes its weight tiles on @p pool instead of a pool
+ * of its own; the layer takes a reference to the pool (the caller may destroy its own reference
+ * at any time).  Results are bit-identical to mmoe_moe_layer_create()'s layer.
+ * @param desc the description (validated)
+ * @param pool the shared pool (required)
+ * @param out  receives the layer; NULL on failure
+ * @param err  error report
+ * @return MMOE_OK, MMOE_EINVAL (invalid description, field named; NULL pool) or MMOE_ENOMEM
+ */
+mmoe_status mmoe_moe_layer_create_shared(const mmoe_moe_desc *desc, mmoe_moe_pool *pool, mmoe_moe_layer **out,
+                                         mmoe_error *err);
 
 /**
  * Attach the weights.  Every view is checked (dtype, shape, scale byte 255 rejected) before

@@ -63,6 +63,7 @@ struct mmoe_model {
     model_head head;           /**< the main head */
     int n_blocks;              /**< n_layers + n_mtp_layers */
     model_block *blocks;       /**< [n_blocks] */
+    mmoe_moe_pool *moe_pool;   /**< the dequantization workers shared by every MoE layer (MTP too) */
     model_mtp *mtp;            /**< [n_mtp_layers] */
     float **owned;             /**< converted vectors, freed at close */
     int n_owned;               /**< count of owned */

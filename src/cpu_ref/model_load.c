@@ -270,7 +270,8 @@ static mmoe_status bind_block(mmoe_model *m, int layer, mmoe_error *err)
     d.math = MMOE_MATH_PRECISE;
     d.shared_mode = MMOE_SHARED_SERIAL; /* the reference's shared expert is a plain FP8 linear */
     d.pad_to = 0;
-    if ((st = mmoe_moe_layer_create(&d, &b->moe, err)) != MMOE_OK)
+    /* one pool for all layers: they run one after another (moe_dequant_pool.c, "Sharing") */
+    if ((st = mmoe_moe_layer_create_shared(&d, m->moe_pool, &b->moe, err)) != MMOE_OK)
         return st;
     char from[32];
     snprintf(from, sizeof from, "layers.%d.", layer);
@@ -341,6 +342,8 @@ mmoe_status mmoe_model_open(const char *dir, mmoe_model_progress_fn progress, vo
         st = mmoe_error_set(err, MMOE_ENOMEM, "out of memory");
         goto fail;
     }
+    if ((st = mmoe_moe_pool_create(0, &m->moe_pool, err)) != MMOE_OK)
+        goto fail;
     for (int L = 0; L < m->n_blocks; L++) {
         if ((st = bind_block(m, L, err)) != MMOE_OK) {
             mmoe_error_prefix(err, "checkpoint %s: %s: ", dir, m->blocks[L].prefix);
@@ -366,6 +369,7 @@ void mmoe_model_close(mmoe_model *m)
     if (m->blocks)
         for (int L = 0; L < m->n_blocks; L++)
             mmoe_moe_layer_destroy(m->blocks[L].moe);
+    mmoe_moe_pool_destroy(m->moe_pool);
     free(m->blocks);
     free(m->mtp);
     for (int i = 0; i < m->n_owned; i++)

@@ -1,7 +1,7 @@
 /**
  * @file moe_dequant_pool.c
- * @brief Weight-tile dequantization split over a few threads: a small worker pool owned by the
- *        layer object.
+ * @brief Weight-tile dequantization split over a few threads: a small worker pool, owned by one
+ *        layer or shared by several (::mmoe_moe_pool, reference-counted).
  *
  * ## The idea
  * Dequantization (moe_weight_tile.c) is exact: every output float is a function of its own
@@ -28,12 +28,28 @@
  * depends on the tile index only, so the calls are as deterministic as before.
 
  * ## The pool
- * n_threads - 1 POSIX threads are created with the layer (mmoe_moe_layer_create) and joined by
- * mmoe_moe_layer_destroy; between jobs they sleep on a condition variable.  One mutex guards the
- * job description, a generation counter (a new job is a new generation) and the count of
- * workers still busy; nothing else is shared, and each worker writes only its own rows.  There
- * is no global state: two layers have two pools.  The pool is not reentrant (one job at a time),
- * like the layer's scratch buffers.
+ * n_threads - 1 POSIX threads are created with the pool and joined when its last reference is
+ * dropped; between jobs they sleep on a condition variable.  One mutex guards the sleeping
+ * side, a generation counter (a new job is a new generation) publishes the job description,
+ * and a count of workers still busy tells the caller when the job may be rewritten; nothing
+ * else is shared, and each worker writes only its own rows.  There is no global state.
+ *
+ * ## Sharing: one pool for many layers
+ * mmoe_moe_layer_create() makes a pool for its layer alone.  A whole model has one MoE layer
+ * per transformer layer (43 + MTP for DeepSeek-V4-Flash) and runs them one after another on
+ * one thread, so one pool per layer would start hundreds of threads of which all but one
+ * pool's sleep at any time.  mmoe_moe_pool_create() makes a public pool that the caller passes
+ * to mmoe_moe_layer_create_shared() for every layer.  The pool is reference-counted: the
+ * creator holds one reference, each layer created on it one more, and the threads are joined
+ * when the last one is dropped, so layers and pool may be destroyed in any order.
+ *
+ * The pool runs one job at a time (the job description, the counters and the caller's
+ * in_flight flag are single).  The rule is therefore: layers that share a pool must not run
+ * concurrently.  Misuse is made safe, not undefined: mmoe_moe_layer_run() holds the pool's
+ * run mutex (moe_dequant_pool_lock()) for the whole call, so two threads that run two layers
+ * of one pool at once take turns; each gets the same bits as when run alone (the dequantized
+ * tiles do not depend on which thread decodes them, and the SGEMMs are untouched).  The
+ * mutex costs one uncontended lock per layer call, nothing per tile.
  *
  * ## Thread count
  * The environment variable MMOE_DEQUANT_THREADS (an integer 1..::MOE_DEQUANT_MAX_THREADS) sets
@@ -77,13 +93,15 @@ typedef struct dequant_job {
 
 /** A worker's handle. */
 typedef struct dequant_worker {
-    struct moe_dequant_pool *pool; /**< the owning pool */
+    struct mmoe_moe_pool *pool; /**< the owning pool */
     pthread_t thread;              /**< the thread */
 } dequant_worker;
 
 /** The pool: the worker threads, the current job and the counters the threads take work from. */
-struct moe_dequant_pool {
+struct mmoe_moe_pool {
     int n_threads;              /**< threads including the caller */
+    atomic_int refs;            /**< references: the creator's and each layer's */
+    pthread_mutex_t run_mu;     /**< held by a layer call for its duration (one user at a time) */
     dequant_worker *workers;    /**< [n_threads - 1] */
     pthread_mutex_t mu;         /**< guards the sleeping side: work_cv and stop */
     pthread_cond_t work_cv;     /**< signalled when a new generation starts (or stop) */
@@ -195,6 +213,7 @@ static void pool_teardown(moe_dequant_pool *p, int n_started)
         pthread_join(p->workers[i].thread, NULL);
     pthread_cond_destroy(&p->work_cv);
     pthread_mutex_destroy(&p->mu);
+    pthread_mutex_destroy(&p->run_mu);
     free(p->workers);
     free(p);
 }
@@ -218,13 +237,15 @@ mmoe_status moe_dequant_pool_create(int n_threads, moe_dequant_pool **out, mmoe_
         }
     }
     pthread_mutex_init(&p->mu, NULL);
+    pthread_mutex_init(&p->run_mu, NULL);
     pthread_cond_init(&p->work_cv, NULL);
+    atomic_init(&p->refs, 1);
     atomic_init(&p->generation, 0);
     atomic_init(&p->busy, 0);
     atomic_init(&p->next_grab, 0);
     atomic_init(&p->grabs_done, 0);
     atomic_init(&p->stop, 0);
-    /* the decoders need little stack; a model has one pool per MoE layer, so keep them small */
+    /* the decoders need little stack */
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, DEQUANT_STACK_BYTES);
@@ -245,10 +266,54 @@ mmoe_status moe_dequant_pool_create(int n_threads, moe_dequant_pool **out, mmoe_
     return MMOE_OK;
 }
 
+void moe_dequant_pool_retain(moe_dequant_pool *p)
+{
+    atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
+}
+
 void moe_dequant_pool_destroy(moe_dequant_pool *p)
 {
-    if (p != NULL)
+    /* acq_rel: every use by the other holders happens before the teardown */
+    if (p != NULL && atomic_fetch_sub_explicit(&p->refs, 1, memory_order_acq_rel) == 1)
         pool_teardown(p, p->n_threads - 1);
+}
+
+void moe_dequant_pool_lock(moe_dequant_pool *p)
+{
+    if (p != NULL)
+        pthread_mutex_lock(&p->run_mu);
+}
+
+void moe_dequant_pool_unlock(moe_dequant_pool *p)
+{
+    if (p != NULL)
+        pthread_mutex_unlock(&p->run_mu);
+}
+
+mmoe_status mmoe_moe_pool_create(int n_threads, mmoe_moe_pool **out, mmoe_error *err)
+{
+    if (out == NULL)
+        return mmoe_error_set(err, MMOE_EINVAL, "moe pool: out is required");
+    *out = NULL;
+    if (n_threads < 0 || n_threads > MOE_DEQUANT_MAX_THREADS)
+        return mmoe_error_set(err, MMOE_EINVAL, "moe pool: %d threads: expected 0 (default) or 1..%d", n_threads,
+                              MOE_DEQUANT_MAX_THREADS);
+    if (n_threads == 0) {
+        mmoe_status st = moe_dequant_threads_from_env(&n_threads, err);
+        if (st != MMOE_OK)
+            return st;
+    }
+    return moe_dequant_pool_create(n_threads, out, err);
+}
+
+void mmoe_moe_pool_destroy(mmoe_moe_pool *pool)
+{
+    moe_dequant_pool_destroy(pool);
+}
+
+int mmoe_moe_pool_threads(const mmoe_moe_pool *pool)
+{
+    return moe_dequant_pool_threads(pool);
 }
 
 int moe_dequant_pool_threads(const moe_dequant_pool *p)

@@ -13,7 +13,7 @@
  * | moe_router.c     | sqrtsoftplus scores, biased top-k / hash, renormalization        |
  * | moe_act_quant.c  | FP8 activation quantizers of the recipes (x and the intermediate)|
  * | moe_weight_tile.c| exact dequantization of FP4 / FP8 weight tiles to FP32           |
- * | moe_dequant_pool.c| the same, split over a few threads (a pool owned by the layer)  |
+ * | moe_dequant_pool.c| the same, split over a few threads (a pool, own or shared)      |
  * | moe_expert_gemm.c| the tiled GEMMs of one expert (L1 gate/up, L2 down)              |
  * | moe_epilogue.c   | the L1 epilogue: BF16, clamp, SwiGLU, routing weight, requant    |
  * | moe_combine.c    | the combine: slot or expert-id order, shared last, one BF16 store|
@@ -166,8 +166,8 @@ void moe_weight_tile_f32(const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, i
 /** Weights per grab: the unit of work that a thread takes from a job (moe_dequant_pool.c). */
 #define MOE_DEQUANT_GRAB_WEIGHTS 32768
 
-/** A pool of dequantization workers (moe_dequant_pool.c); one per layer. */
-typedef struct moe_dequant_pool moe_dequant_pool;
+/** A pool of dequantization workers (moe_dequant_pool.c): the public ::mmoe_moe_pool. */
+typedef struct mmoe_moe_pool moe_dequant_pool;
 
 /**
  * The thread count from the environment variable MMOE_DEQUANT_THREADS (1..64, the caller
@@ -183,8 +183,17 @@ mmoe_status moe_dequant_threads_from_env(int *n_threads, mmoe_error *err);
  */
 mmoe_status moe_dequant_pool_create(int n_threads, moe_dequant_pool **out, mmoe_error *err);
 
-/** Stop and join the workers and free @p p (NULL is a no-op). */
+/** Take one more reference to @p p (a layer that uses it). */
+void moe_dequant_pool_retain(moe_dequant_pool *p);
+
+/** Drop one reference to @p p; the last one stops and joins the workers and frees it (NULL: no-op). */
 void moe_dequant_pool_destroy(moe_dequant_pool *p);
+
+/** Take @p p for one layer call (blocks while another thread's call holds it; NULL: no-op). */
+void moe_dequant_pool_lock(moe_dequant_pool *p);
+
+/** Give @p p back after a layer call (NULL: no-op). */
+void moe_dequant_pool_unlock(moe_dequant_pool *p);
 
 /** Threads of @p p including the caller (1 for NULL). */
 int moe_dequant_pool_threads(const moe_dequant_pool *p);
@@ -390,7 +399,7 @@ struct mmoe_moe_layer {
     size_t owned_peak_bytes;     /**< weight bytes owned at the peak */
     int64_t *counters;           /**< [E] cumulative received pairs */
     moe_scratch scratch;         /**< GEMM scratch */
-    moe_dequant_pool *dequant_pool; /**< dequantization workers (owned; MMOE_DEQUANT_THREADS) */
+    moe_dequant_pool *dequant_pool; /**< dequantization workers (one reference; own or shared pool) */
 };
 
 /** Account @p delta owned bytes (positive: allocated; negative: freed) and update the peak. */

@@ -57,7 +57,9 @@ size_t moe_layer_borrowed_bytes(const mmoe_moe_layer *layer)
     return n;
 }
 
-mmoe_status mmoe_moe_layer_create(const mmoe_moe_desc *desc, mmoe_moe_layer **out, mmoe_error *err)
+/** Create a layer on @p pool (a reference the layer takes over), or on a new pool of its own (NULL). */
+static mmoe_status layer_create_on(const mmoe_moe_desc *desc, moe_dequant_pool *pool, mmoe_moe_layer **out,
+                                   mmoe_error *err)
 {
     *out = NULL;
     mmoe_status st = mmoe_moe_desc_validate(desc, err);
@@ -73,18 +75,38 @@ mmoe_status mmoe_moe_layer_create(const mmoe_moe_desc *desc, mmoe_moe_layer **ou
         return mmoe_error_set(err, MMOE_ENOMEM, "moe: out of memory for %lld expert counters",
                               (long long)desc->n_experts);
     }
-    int n_threads = 1;
-    st = moe_dequant_threads_from_env(&n_threads, err);
-    if (st == MMOE_OK)
-        st = moe_dequant_pool_create(n_threads, &layer->dequant_pool, err);
-    if (st != MMOE_OK) {
-        free(layer->counters);
-        free(layer);
-        return st;
+    if (pool != NULL) {
+        moe_dequant_pool_retain(pool);
+        layer->dequant_pool = pool;
+    } else {
+        int n_threads = 1;
+        st = moe_dequant_threads_from_env(&n_threads, err);
+        if (st == MMOE_OK)
+            st = moe_dequant_pool_create(n_threads, &layer->dequant_pool, err);
+        if (st != MMOE_OK) {
+            free(layer->counters);
+            free(layer);
+            return st;
+        }
     }
     layer->scratch.pool = layer->dequant_pool;
     *out = layer;
     return MMOE_OK;
+}
+
+mmoe_status mmoe_moe_layer_create(const mmoe_moe_desc *desc, mmoe_moe_layer **out, mmoe_error *err)
+{
+    return layer_create_on(desc, NULL, out, err);
+}
+
+mmoe_status mmoe_moe_layer_create_shared(const mmoe_moe_desc *desc, mmoe_moe_pool *pool, mmoe_moe_layer **out,
+                                         mmoe_error *err)
+{
+    if (pool == NULL) {
+        *out = NULL;
+        return mmoe_error_set(err, MMOE_EINVAL, "moe: mmoe_moe_layer_create_shared needs a pool (got NULL)");
+    }
+    return layer_create_on(desc, pool, out, err);
 }
 
 /** Drop every weight view and free every owned weight buffer. */
@@ -382,8 +404,9 @@ static mmoe_status run_routed(mmoe_moe_layer *layer, call_bufs *b, moe_gemm_cloc
     return MMOE_OK;
 }
 
-mmoe_status mmoe_moe_layer_run(mmoe_moe_layer *layer, const mmoe_moe_input *in, const mmoe_moe_output *out,
-                               mmoe_moe_result *result, mmoe_error *err)
+/** One layer call (mmoe_moe_layer_run()), with the layer's pool already held. */
+static mmoe_status layer_run_held(mmoe_moe_layer *layer, const mmoe_moe_input *in, const mmoe_moe_output *out,
+                                  mmoe_moe_result *result, mmoe_error *err)
 {
     const double t_start = mmoe_clock_s();
     mmoe_error local_err;
@@ -518,4 +541,16 @@ mmoe_status mmoe_moe_layer_run(mmoe_moe_layer *layer, const mmoe_moe_input *in, 
     if (result != NULL)
         result->status = MMOE_OK;
     return MMOE_OK;
+}
+
+mmoe_status mmoe_moe_layer_run(mmoe_moe_layer *layer, const mmoe_moe_input *in, const mmoe_moe_output *out,
+                               mmoe_moe_result *result, mmoe_error *err)
+{
+    /* a shared pool runs one call at a time: another thread's call on a layer of the same pool
+     * waits here (moe_dequant_pool.c, "Sharing") */
+    moe_dequant_pool *pool = layer != NULL ? layer->dequant_pool : NULL;
+    moe_dequant_pool_lock(pool);
+    mmoe_status st = layer_run_held(layer, in, out, result, err);
+    moe_dequant_pool_unlock(pool);
+    return st;
 }
