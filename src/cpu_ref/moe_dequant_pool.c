@@ -56,8 +56,7 @@
  * the number of threads including the caller; 1 decodes on the caller only (no threads are
  * created).  Unset, the count is the number of online CPUs, capped at
  * ::MOE_DEQUANT_DEFAULT_CAP.  An invalid value is an error of mmoe_moe_layer_create and of
- * mmoe_moe_pool_create(0, ...) (MMOE_EINVAL
- * naming the variable), not a silent default.  Jobs of fewer than ::MOE_DEQUANT_MIN_PARALLEL
+ * mmoe_moe_pool_create(0, ...) (MMOE_EINVAL naming the variable), not a silent default.  Jobs of fewer than ::MOE_DEQUANT_MIN_PARALLEL
  * weights run on the caller alone (the wake-up would cost more than it saves).
  *
  * ## Measurements
