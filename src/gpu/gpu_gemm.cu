@@ -206,7 +206,6 @@ __global__ void __launch_bounds__(threads_of<BM>::value, BM == 16 ? 4 : 2) gemm_
     extern __shared__ __align__(16) uint8_t smem[];
     __shared__ float sBs[4][BN];      /* per 32-group (row of this array) and weight row: the FP32 factor */
     __shared__ uint2 sLut[16];        /* E2M1 magnitude -> E4M3 tables for the shifts r = -8..7 */
-    __shared__ int sRowFlag[BN];
     __shared__ int sTileFlag[BN / 8];
     __shared__ int sArow[BM];
 
@@ -328,13 +327,16 @@ __global__ void __launch_bounds__(threads_of<BM>::value, BM == 16 ? 4 : 2) gemm_
             kmin = min(kmin, k[g]);
         }
         const int fold_ok = BFMT == MMOE_B_FP4 ? (kmax - kmin <= 14) : (kmax == kmin);
-        if (bhalf == 0)
-            sRowFlag[brow] = !fold_ok;
-        __syncthreads();
-        int tile_flag = 0;
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            tile_flag |= sRowFlag[(brow & ~7) + i];
+        /*
+         * The 8 rows of an MMA column group are decoded by 8 * TPR consecutive lanes of one warp
+         * (row = tid / TPR), so one warp vote gives the group's flag: no shared-memory array and
+         * no block-wide barrier (there were three per K step, now two).
+         */
+        const uint32_t unfoldable = __ballot_sync(0xffffffffu, !fold_ok);
+        static_assert(TPR == 1 || TPR == 2, "a column group spans 8 or 16 lanes of one warp");
+        constexpr uint32_t GROUP_MASK = TPR == 1 ? 0xffu : 0xffffu;
+        const int group_lane0 = lane & ~(8 * TPR - 1);
+        const int tile_flag = ((unfoldable >> group_lane0) & GROUP_MASK) != 0u;
         if (tid % (8 * TPR) == 0)
             sTileFlag[brow >> 3] = tile_flag;
         const int base = BFMT == MMOE_B_FP4 ? kmax - 6 : kmax;
