@@ -19,29 +19,39 @@
 #include <stdio.h>
 #include <string.h>
 
-void mmoe_attn_params_default_v4_flash(mmoe_attn_params *p, int compress_ratio)
+void mmoe_attn_params_from_config(const mmoe_config *c, int compress_ratio, mmoe_attn_params *p)
 {
     memset(p, 0, sizeof *p);
-    p->dim = 4096;
-    p->n_heads = 64;
-    p->head_dim = 512;
-    p->rope_dim = 64;
-    p->q_lora_rank = 1024;
-    p->o_groups = 8;
-    p->o_lora_rank = 1024;
-    p->window = 128;
+    p->dim = (int)c->dim;
+    p->n_heads = c->n_heads;
+    p->head_dim = c->head_dim;
+    p->rope_dim = c->rope_head_dim;
+    p->q_lora_rank = (int)c->q_lora_rank;
+    p->o_groups = c->o_groups;
+    p->o_lora_rank = (int)c->o_lora_rank;
+    p->window = c->window_size;
     p->compress_ratio = compress_ratio;
-    p->index_n_heads = 64;
-    p->index_head_dim = 128;
-    p->index_topk = 512;
-    p->weight_block = 128;
-    p->rope_theta = 10000.0;
-    p->compress_rope_theta = 160000.0;
-    p->rope_factor = 16.0;
-    p->original_seq_len = 65536;
-    p->beta_fast = 32.0;
-    p->beta_slow = 1.0;
-    p->norm_eps = 1e-6;
+    p->index_n_heads = c->index_n_heads;
+    p->index_head_dim = c->index_head_dim;
+    p->index_topk = c->index_topk;
+    p->weight_block = c->weight_block_n;
+    p->rope_theta = c->rope_theta;
+    p->compress_rope_theta = c->compress_rope_theta;
+    p->rope_factor = c->rope_factor;
+    p->original_seq_len = c->original_seq_len;
+    p->beta_fast = c->beta_fast;
+    p->beta_slow = c->beta_slow;
+    p->norm_eps = c->norm_eps;
+}
+
+void mmoe_attn_params_default_v4_flash(mmoe_attn_params *p, int compress_ratio)
+{
+    mmoe_config c;
+    /* the "v4-flash" preset with its own layer count cannot fail; if it ever did, the params
+     * stay zero and mmoe_attn_params_validate() rejects them */
+    memset(p, 0, sizeof *p);
+    if (mmoe_config_preset("v4-flash", 0, &c, NULL) == MMOE_OK)
+        mmoe_attn_params_from_config(&c, compress_ratio, p);
 }
 
 /** Return MMOE_ERANGE with a message when @p cond holds. */

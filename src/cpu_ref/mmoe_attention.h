@@ -37,6 +37,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "mmoe_config.h"
 #include "mmoe_error.h"
 #include "mmoe_tensor.h"
 
@@ -72,8 +73,18 @@ typedef struct mmoe_attn_params {
     double norm_eps;       /**< RMSNorm epsilon [norm_eps] = 1e-6 (also the per-head q scaling) */
 } mmoe_attn_params;
 
-/** Fill @p p with V4-Flash's values for a layer of the given compress ratio (0, 4 or 128). */
+/**
+ * Fill @p p with V4-Flash's values for a layer of the given compress ratio (0, 4 or 128):
+ * mmoe_attn_params_from_config() of the built-in "v4-flash" config preset, so the published
+ * values are written down once, in mmoe_config.c.
+ */
 void mmoe_attn_params_default_v4_flash(mmoe_attn_params *p, int compress_ratio);
+
+/**
+ * The attention hyper-parameters a model config gives a layer of the given compress ratio
+ * (use mmoe_config_ratio() for a layer's ratio).
+ */
+void mmoe_attn_params_from_config(const mmoe_config *c, int compress_ratio, mmoe_attn_params *p);
 
 /**
  * Check the invariants the forward relies on (positive sizes, divisibility by 128

@@ -186,31 +186,6 @@ static mmoe_status bind_head(mmoe_model *m, const char *pre, model_head *h, mmoe
     return st;
 }
 
-/** The attention hyper-parameters of layer @p layer from the config. */
-static void attn_params_of(const mmoe_config *c, int layer, mmoe_attn_params *p)
-{
-    memset(p, 0, sizeof *p);
-    p->dim = (int)c->dim;
-    p->n_heads = c->n_heads;
-    p->head_dim = c->head_dim;
-    p->rope_dim = c->rope_head_dim;
-    p->q_lora_rank = (int)c->q_lora_rank;
-    p->o_groups = c->o_groups;
-    p->o_lora_rank = (int)c->o_lora_rank;
-    p->window = c->window_size;
-    p->compress_ratio = mmoe_config_ratio(c, layer);
-    p->index_n_heads = c->index_n_heads;
-    p->index_head_dim = c->index_head_dim;
-    p->index_topk = c->index_topk;
-    p->weight_block = c->weight_block_n;
-    p->rope_theta = c->rope_theta;
-    p->compress_rope_theta = c->compress_rope_theta;
-    p->rope_factor = c->rope_factor;
-    p->original_seq_len = c->original_seq_len;
-    p->beta_fast = c->beta_fast;
-    p->beta_slow = c->beta_slow;
-    p->norm_eps = c->norm_eps;
-}
 
 /** Bind block @p layer: mHC, norms, attention (fwd-blocks' binder) and the MoE layer. */
 static mmoe_status bind_block(mmoe_model *m, int layer, mmoe_error *err)
@@ -234,7 +209,7 @@ static mmoe_status bind_block(mmoe_model *m, int layer, mmoe_error *err)
         return st;
 
     /* attention: fwd-blocks' binder, names "<prefix>attn.*" */
-    attn_params_of(c, layer, &b->attn_p);
+    mmoe_attn_params_from_config(c, mmoe_config_ratio(c, layer), &b->attn_p);
     if ((st = mmoe_attn_params_validate(&b->attn_p, err)) != MMOE_OK)
         return st;
     lookup_ctx lc = {m->ck, NULL, NULL};
