@@ -156,3 +156,12 @@ int mmoe_test_run_cli(const char *dir, const char *args, const char *stdin_text,
     fprintf(stderr, "$ %s\n  exit %d\n  stdout: %.400s\n  stderr: %.600s\n", cmd, rc, *out, *err);
     return rc;
 }
+
+int32_t mmoe_test_argmax_f32(const float *v, int64_t n)
+{
+    int32_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (v[i] > v[best])
+            best = (int32_t)i;
+    return best;
+}

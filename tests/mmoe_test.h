@@ -89,6 +89,12 @@ uint8_t *mmoe_test_read_file(const char *path, size_t *n);
 void mmoe_test_write_file(const char *path, const void *p, size_t n);
 
 /**
+ * Index of the largest of @p n floats, the lowest index on ties (as torch.argmax and the
+ * greedy sampler): the tests' own argmax, independent of the code under test.
+ */
+int32_t mmoe_test_argmax_f32(const float *v, int64_t n);
+
+/**
  * Run the CLI: `$MMOE_BIN ARGS < dir/stdin.txt > dir/stdout.txt 2> dir/stderr.txt` ($MMOE_BIN
  * is set by `make check`; ./megamoe when unset), with @p stdin_text as its input (NULL: none).
  * The command, its status and the start of both outputs go to the test log.

@@ -62,16 +62,6 @@ static int parse_ids(const char *s, int32_t *ids, int cap)
     return n;
 }
 
-/** Index of the largest value, the lowest index on ties (the test's own argmax). */
-static int32_t argmax(const float *v, int64_t n)
-{
-    int32_t best = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (v[i] > v[best])
-            best = (int32_t)i;
-    return best;
-}
-
 /**
  * The independent driver: greedy continuation of @p ctx (n_ctx ids) for at most @p max
  * tokens, stopping before @p eos; every step reruns the whole sequence on a fresh state.
@@ -94,7 +84,7 @@ static int driver_greedy(const char *dir, const int32_t *ctx, int n_ctx, int max
         mmoe_test_poison_f32(logits, (size_t)vocab);
         ck_assert_msg(mmoe_model_forward(m, s, seq, n_ctx + n_gen, logits, 1, NULL, &err) == MMOE_OK, "%s", err.msg);
         mmoe_model_state_destroy(s);
-        int32_t id = argmax(logits, vocab);
+        int32_t id = mmoe_test_argmax_f32(logits, vocab);
         if (id == eos)
             break;
         seq[n_ctx + n_gen] = id;

@@ -98,16 +98,6 @@ static mmoe_tokenizer *open_tokenizer(void)
     return tok;
 }
 
-/** Index of the largest value; ties go to the lowest index (as torch.argmax). */
-static int32_t argmax(const float *v, int64_t n)
-{
-    int32_t best = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (v[i] > v[best])
-            best = (int32_t)i;
-    return best;
-}
-
 /** Greedy: prefill @p ids, then one decode step per generated token; writes @p n_gen ids to @p out. */
 static void greedy(mmoe_model *m, const int32_t *ids, size_t n, int32_t *out, size_t n_gen)
 {
@@ -121,7 +111,7 @@ static void greedy(mmoe_model *m, const int32_t *ids, size_t n, int32_t *out, si
     mmoe_test_poison_f32(logits, (size_t)V);
     ck_assert_msg(mmoe_model_forward(m, s, ids, (int64_t)n, logits, 1, NULL, &err) == MMOE_OK, "%s", err.msg);
     for (size_t i = 0; i < n_gen; i++) {
-        out[i] = argmax(logits, V);
+        out[i] = mmoe_test_argmax_f32(logits, V);
         if (i + 1 == n_gen)
             break;
         mmoe_test_poison_f32(logits, (size_t)V);
@@ -280,7 +270,7 @@ static void compare_rows(json_t *rows, const char *pos_key, const float *c_logit
             if (bound[v] > worst_bound)
                 worst_bound = bound[v];
         }
-        ck_assert_int_eq(argmax(row, V), argmax(want, V));
+        ck_assert_int_eq(mmoe_test_argmax_f32(row, V), mmoe_test_argmax_f32(want, V));
         free(want);
     }
     fprintf(stderr, "tiny_model: %s: %zu rows, max |C - PyTorch| = %.3g (bound up to %.3g)\n", what,

@@ -98,22 +98,22 @@ static void tiled_gemm(const moe_mat *w, const moe_token_blocks *tb, int64_t m, 
                        float *const bufs[2], moe_dequant_pool *pool, moe_gemm_clock *clk)
 {
     const int64_t k = w->cols, n = w->rows;
-    double t0 = moe_now_s();
+    double t0 = mmoe_clock_s();
     moe_dequant_start(pool, w, 0, min_i64(tile_rows, n), 0, k, chunk, bufs[0]);
-    clk->dequant_s += moe_now_s() - t0;
+    clk->dequant_s += mmoe_clock_s() - t0;
     for (int64_t i = 0, r0 = 0; r0 < n; i++, r0 += tile_rows) {
         const int64_t nr = min_i64(tile_rows, n - r0);
         const float *tile = bufs[i % 2];
-        double t1 = moe_now_s();
+        double t1 = mmoe_clock_s();
         moe_dequant_finish(pool); /* tile i is complete */
         if (r0 + tile_rows < n)   /* tile i + 1 decodes while the SGEMMs of tile i run */
             moe_dequant_start(pool, w, r0 + tile_rows, min_i64(tile_rows, n - r0 - tile_rows), 0, k, chunk,
                               bufs[(i + 1) % 2]);
-        double t2 = moe_now_s();
+        double t2 = mmoe_clock_s();
         for (int64_t k0 = 0; k0 < k; k0 += chunk)
             moe_token_blocks_sgemm(tb, k0, tile + (k0 / chunk) * nr * chunk, nr, chunk, chunk, k0 == 0 ? 0.0f : 1.0f,
                                    r0);
-        double t3 = moe_now_s();
+        double t3 = mmoe_clock_s();
         clk->dequant_s += t2 - t1;
         clk->gemm_s += t3 - t2;
     }

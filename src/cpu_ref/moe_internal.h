@@ -33,9 +33,6 @@
 #include "mmoe_clock.h"
 #include "mmoe_moe.h"
 
-/** The per-stage timings' clock under its former name, until moe_expert_gemm.c calls mmoe_clock_s(). */
-#define moe_now_s mmoe_clock_s
-
 /** ceil(a / b) for a >= 0, b > 0. */
 static inline int64_t moe_ceil_div(int64_t a, int64_t b)
 {
