@@ -19,13 +19,19 @@
  * relative) with probability ~2^-5 and then moves by a whole E4M3 step, so one
  * FP8 linear fed inputs that differ by bf16 roundings differs by ~1.6% at its
  * output (measured on this configuration).  With four such stages (wq_b, the kv
- * round trip, wo_b, and the compressed blocks) the observed error is 3.0-3.7%
- * without bf16 points (bound LAYER_REL_TOL = 5%) and 1.2-1.7% with them (bound
- * LAYER_SPEC_TOL = 2%: the bf16 P and the bf16 q scaling remain).  To show the
- * comparison can fail, the same check against the reference with one detail
- * changed must exceed 3 x LAYER_SPEC_TOL (no inverse RoPE: ~50%; no compressed
- * blocks: 15-65%; no sink: 9-38%) or 1.5 x LAYER_SPEC_TOL (no kv FP8 round
- * trip: ~3.7%).
+ * round trip, wo_b, and the compressed blocks) the error is a random variable of
+ * the seed; over 900 seeded layers (300 runs of the three cases, T = 64, 90 and
+ * 168 tokens) it was 3.0-4.4% without bf16 points (bound LAYER_REL_TOL = 5%) and
+ * 1.2-1.9% with them (bound LAYER_SPEC_TOL = 2.5%: the bf16 P and the bf16 q
+ * scaling remain).  An earlier 21-token case with a 2% bound failed about once
+ * in a few hundred runs: few tokens means a wide spread, so the cases are now
+ * long enough that the tail stays well inside the bound.
+ *
+ * To show the comparison can fail, the same check against the reference with
+ * one detail changed must exceed 3 x LAYER_SPEC_TOL (no inverse RoPE: 47-72%;
+ * no compressed blocks: 12-78%; no sink: 43-64% with the test's sink logits of
+ * 2.5 +- 0.5), or, for the subtle one, 1.5 x this run's own error (no kv FP8
+ * round trip: 3.5-4.5%, which is 2.2-3.3 times the run's error).
  */
 #include <math.h>
 #include <stdio.h>
@@ -41,7 +47,7 @@
 /** Relative Frobenius error allowed between the oracle and the float64 reference. */
 #define LAYER_REL_TOL 5e-2
 /** The same with the reference rounding to bf16 where the spec does. */
-#define LAYER_SPEC_TOL 2e-2
+#define LAYER_SPEC_TOL 2.5e-2
 
 /** Wiring variations of the reference (0 = as specified). */
 enum { REF_EXACT = 0, REF_NO_INVERSE_ROPE = 1, REF_NO_BLOCKS = 2, REF_NO_SINK = 3, REF_NO_KV_QAT = 4 };
@@ -286,6 +292,17 @@ static void check_layer(int ratio, int64_t T)
     p.index_topk = 1000; /* >= every block count here: the indexer selects all */
     attn_test_layer L;
     attn_test_layer_make(&L, &p, &rng, 0);
+    /* Sink logits of N(0,1) can all be small next to the ~T keys a token attends in
+     * the HCA case, and then leaving the sink out moves the output by only ~5%
+     * (seen in CI: 0.055 < the 0.06 this test needs to call the mistake
+     * detectable).  Logits of 2.5 +- 0.5 give the sink a share of the softmax
+     * that no seed makes negligible, so the "no sink" check below is decisive;
+     * the oracle-vs-reference comparison holds for any sink value. */
+    {
+        float *sink = (float *)L.w.attn_sink.data;
+        for (int64_t h = 0; h < p.n_heads; h++)
+            sink[h] = 2.5f + 0.5f * (float)(2.0 * mmoe_rng_uniform(&rng) - 1.0);
+    }
     const size_t n = (size_t)(T * p.dim);
     uint16_t *x = malloc(sizeof(uint16_t) * n), *out = malloc(sizeof(uint16_t) * n);
     double *ref = malloc(sizeof(double) * n);
@@ -314,8 +331,10 @@ static void check_layer(int ratio, int64_t T)
         ref_layer(&p, &L.w, x, T, v, 1, ref);
         const double e_v = rel_err(out, ref, n);
         fprintf(stderr, "attn_layer ratio %d: against a reference with %s: %.3g\n", ratio, what[v], e_v);
-        /* gross mistakes are far off; the kv FP8 round trip moves the output by ~3.7% */
-        const double must_exceed = (v == REF_NO_KV_QAT ? 1.5 : 3.0) * LAYER_SPEC_TOL;
+        /* gross mistakes are far off; the kv FP8 round trip moves the output by
+         * ~4%, which is compared with this run's own error (paired, so the
+         * seed-to-seed spread of both cancels) */
+        const double must_exceed = v == REF_NO_KV_QAT ? 1.5 * e_spec : 3.0 * LAYER_SPEC_TOL;
         ck_assert_msg(e_v > must_exceed, "ratio %d: '%s' undetectable (%g)", ratio, what[v], e_v);
     }
     mmoe_attn_cache_destroy(cache);
@@ -327,13 +346,13 @@ static void check_layer(int ratio, int64_t T)
 
 START_TEST(swa_layer)
 {
-    check_layer(0, 21);
+    check_layer(0, 64);
 }
 END_TEST
 
 START_TEST(csa_layer_all_blocks)
 {
-    check_layer(4, 42);
+    check_layer(4, 90);
 }
 END_TEST
 
