@@ -597,6 +597,27 @@ START_TEST(layer_sm90_v4_flash_widths)
 }
 END_TEST
 
+/**
+ * The whole V4-Flash layer: D 4096, I 2048, 256 routed experts (3.4 GB of MXFP4 weights on the
+ * host and the device), top-6, one shared expert; 96 tokens of random routing, so that most
+ * experts receive 1..6 tokens and some none.  No exact-path blocks (wide_frac 0): this is the
+ * folded fast path at full size; the smaller cases cover the exact path.
+ */
+START_TEST(layer_sm90_v4_flash_full)
+{
+    if (!gpu_ok())
+        return;
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 10);
+    test_layer L;
+    make_layer(&L, 4096, 2048, 256, 6, 1, MMOE_RECIPE_SM90, 0.0, &rng);
+    mmoe_gpu_moe_result det;
+    run_case("sm90 v4-flash full (E=256)", &L, 96, ROUTE_RANDOM, &det);
+    ck_assert_int_eq(det.exact_path_blocks_l1, 0);
+    free_layer(&L);
+}
+END_TEST
+
 /** V4.1-Flash widths (D 5120, I 2304: not a multiple of 256) with 32x32 shared scale blocks. */
 START_TEST(layer_sm90_v41_flash_widths)
 {
@@ -641,6 +662,7 @@ static Suite *gpu_suite(void)
     tcase_add_test(tc, layer_sm90_v4_flash_widths);
     tcase_add_test(tc, layer_sm90_v41_flash_widths);
     tcase_add_test(tc, layer_sm90_many_experts);
+    tcase_add_test(tc, layer_sm90_v4_flash_full);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -8,7 +8,7 @@
 # checkout that carries .gpu/ (the tarball of `make dist` and the .deb files):
 #   mkdir /tmp/m && tar -xzf .gpu/megamoe-*.tar.gz -C /tmp/m --strip-components=1 &&
 #   MMOE_DEBS=$PWD/.gpu/debs bash /tmp/m/tools/gpu-check.sh [STEPS]
-# with STEPS a subset of "build test memcheck bench" (default: all).
+# with STEPS a subset of "build test memcheck bench profile tiles" (default: build test memcheck bench).
 set -u
 OUT=${OUT:-/tmp/mmoe-out}
 mkdir -p "$OUT"
@@ -29,19 +29,28 @@ esac
 cd "$BUILD" || exit 1
 export MMOE_SRCDIR=$BUILD MMOE_BUILDDIR=$BUILD CK_VERBOSITY=normal
 case " $STEPS " in *" test "*)
-  CK_VERBOSITY=verbose timeout 240 ./tests/test_gpu_moe > "$OUT/test_gpu_moe.log" 2>&1; rc=$?; echo "test_gpu_moe: rc=$rc"
-  if [ $rc -ge 128 ] && command -v cuda-gdb > /dev/null; then
-    CK_VERBOSITY=verbose timeout 200 cuda-gdb -batch -ex run -ex bt ./tests/test_gpu_moe > "$OUT/gdb.log" 2>&1
-    grep -A12 "signal" "$OUT/gdb.log" | head -30
-  fi
-  grep -E "^case|rel L2|[0-9]+%: Checks|:[PFE]:|error" "$OUT/test_gpu_moe.log" | tail -n 60;;
+  # the suite once per GEMM kernel family: the portable mma.sync one and wgmma (sm_90a)
+  for gemm in ${MMOE_GEMMS:-mma wgmma}; do
+    log="$OUT/test_gpu_moe-$gemm.log"
+    MMOE_GPU_GEMM=$gemm CK_VERBOSITY=verbose timeout 300 ./tests/test_gpu_moe > "$log" 2>&1; rc=$?
+    echo "test_gpu_moe (MMOE_GPU_GEMM=$gemm): rc=$rc"
+    if [ $rc -ge 128 ] && command -v cuda-gdb > /dev/null; then
+      MMOE_GPU_GEMM=$gemm CK_VERBOSITY=verbose timeout 200 cuda-gdb -batch -ex run -ex bt ./tests/test_gpu_moe > "$OUT/gdb-$gemm.log" 2>&1
+      grep -A12 "signal" "$OUT/gdb-$gemm.log" | head -30
+    fi
+    grep -E "^case|rel L2|[0-9]+%: Checks|:[PFE]:|error" "$log" | tail -n 40
+  done;;
 esac
 case " $STEPS " in *" memcheck "*)
   if command -v compute-sanitizer > /dev/null; then
-    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 ./tests/bench_moe_gpu --shape tiny --tokens 1,40,300 \
-      --iters 2 --peer none > "$OUT/memcheck.log" 2>&1; echo "memcheck: rc=$?"; tail -n 6 "$OUT/memcheck.log"
-    timeout 120 compute-sanitizer --tool racecheck --error-exitcode 3 ./tests/bench_moe_gpu --shape tiny --tokens 40 \
-      --iters 1 --peer none > "$OUT/racecheck.log" 2>&1; echo "racecheck: rc=$?"; tail -n 4 "$OUT/racecheck.log"
+    for gemm in ${MMOE_GEMMS:-mma wgmma}; do
+      timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 ./tests/bench_moe_gpu --shape tiny --tokens 1,40,300 \
+        --iters 2 --gemm "$gemm" --peer none > "$OUT/memcheck-$gemm.log" 2>&1
+      echo "memcheck ($gemm): rc=$?"; tail -n 6 "$OUT/memcheck-$gemm.log"
+      timeout 120 compute-sanitizer --tool racecheck --error-exitcode 3 ./tests/bench_moe_gpu --shape tiny --tokens 40 \
+        --iters 1 --gemm "$gemm" --peer none > "$OUT/racecheck-$gemm.log" 2>&1
+      echo "racecheck ($gemm): rc=$?"; tail -n 4 "$OUT/racecheck-$gemm.log"
+    done
   else echo "memcheck: compute-sanitizer not found"; fi;;
 esac
 case " $STEPS " in *" profile "*)
@@ -57,14 +66,19 @@ case " $STEPS " in *" profile "*)
   done;;
 esac
 case " $STEPS " in *" bench "*)
+  # MMOE_BENCH_ARGS: extra options (e.g. "--gemm mma" or "--peer none")
+  # shellcheck disable=SC2086
   PYTHON3=python3 timeout 240 ./tests/bench_moe_gpu --shape v4-flash --tokens ${MMOE_BENCH_TOKENS:-1,8,32,128,512,2048,8192} \
-    --iters ${MMOE_BENCH_ITERS:-50} --peer "$BUILD/bench/torch_peer.py" > "$OUT/bench.log" 2>&1; echo "bench: rc=$?"
+    --iters ${MMOE_BENCH_ITERS:-50} --peer "$BUILD/bench/torch_peer.py" ${MMOE_BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
+  echo "bench: rc=$?"
   cat "$OUT/bench.log";;
 esac
 case " $STEPS " in *" tiles "*)
-  # both tile heights over the middle token counts, no peer
-  for bm in 16 64; do
-    timeout 120 ./tests/bench_moe_gpu --shape v4-flash --tokens 32,128,512,2048 --iters 20 --block-m $bm --peer none \
-      > "$OUT/tiles-$bm.log" 2>&1; echo "block_m $bm: rc=$?"; grep "^T=" "$OUT/tiles-$bm.log"
+  # every tile height of each kernel family over the token counts, no peer (an A/B in one call)
+  for spec in mma:16 mma:64 wgmma:16 wgmma:64 wgmma:128; do
+    g=${spec%%:*}; bm=${spec#*:}
+    timeout 120 ./tests/bench_moe_gpu --shape v4-flash --tokens ${MMOE_TILE_TOKENS:-1,32,128,512,2048,8192} --iters 10 \
+      --gemm "$g" --block-m "$bm" --peer none > "$OUT/tiles-$g-$bm.log" 2>&1
+    echo "gemm $g block_m $bm: rc=$?"; grep "^T=" "$OUT/tiles-$g-$bm.log"
   done;;
 esac

@@ -91,6 +91,7 @@ int mmoe_bench_moe_gpu(int argc, char **argv)
     int iters = 50, experts = 0, block_m = 0;
     unsigned long long seed = 1234;
     mmoe_gpu_recipe recipe = MMOE_GPU_RECIPE_AUTO;
+    mmoe_gpu_gemm gemm = MMOE_GPU_GEMM_AUTO;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--backend") == 0 && v) {
@@ -103,6 +104,12 @@ int mmoe_bench_moe_gpu(int argc, char **argv)
             iters = atoi(v), i++;
         } else if (strcmp(a, "--block-m") == 0 && v) {
             block_m = atoi(v), i++;
+        } else if (strcmp(a, "--gemm") == 0 && v) {
+            if (mmoe_gpu_gemm_parse(v, &gemm) != 0) {
+                fprintf(stderr, "bench moe (gpu): --gemm must be auto, mma or wgmma, got '%s'\n", v);
+                return 2;
+            }
+            i++;
         } else if (strcmp(a, "--experts") == 0 && v) {
             experts = atoi(v), i++;
         } else if (strcmp(a, "--peer") == 0 && v) {
@@ -128,7 +135,8 @@ int mmoe_bench_moe_gpu(int argc, char **argv)
         } else {
             fprintf(stderr, "bench moe (gpu): unknown or incomplete option '%s'\n"
                             "usage: bench moe --backend gpu [--shape S] [--experts N] [--tokens LIST] [--iters N]\n"
-                            "       [--recipe sm90|sm100] [--block-m 16|64] [--peer PATH|none] [--seed S]\n", a);
+                            "       [--recipe sm90|sm100] [--block-m 16|64|128] [--gemm auto|mma|wgmma]\n"
+                            "       [--peer PATH|none] [--seed S]\n", a);
             return 2;
         }
     }
@@ -162,6 +170,7 @@ int mmoe_bench_moe_gpu(int argc, char **argv)
     d.swiglu_limit = 10.0f;
     d.recipe = recipe;
     d.block_m = block_m;
+    d.gemm = gemm;
     mmoe_gpu_moe *L = NULL;
     if (mmoe_gpu_moe_create(&d, NULL, seed, &L, &err) != MMOE_OK) {
         fprintf(stderr, "bench moe (gpu): %s\n", err.msg);

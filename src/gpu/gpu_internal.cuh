@@ -94,6 +94,13 @@ cudaError_t mmoe_launch_gemm(const mmoe_gemm_args *args, int block_m, int b_fmt,
                              int max_tiles, cudaStream_t stream);
 
 /**
+ * Launch the warp-specialized wgmma GEMM (gpu_gemm_wgmma.cu; sm_90a devices only): the same
+ * arguments and results as mmoe_launch_gemm(), with tiles of @p block_m = 16, 64 or 128 tokens.
+ */
+cudaError_t mmoe_launch_gemm_wgmma(const mmoe_gemm_args *args, int block_m, int b_fmt, int a_group, int epi,
+                                   int max_tiles, cudaStream_t stream);
+
+/**
  * Quantize rows to FP8 E4M3.
  * @param in_bf16  BF16 input rows [rows, cols], or NULL
  * @param in_f32   FP32 input rows [rows, cols], or NULL (exactly one of the two is given)

@@ -222,6 +222,14 @@ mmoe_status mmoe_gpu_layer_create(const mmoe_moe_desc *desc, const mmoe_moe_weig
     gd.topk = d->topk;
     gd.swiglu_limit = isinf(d->swiglu_limit) ? 0.0f : d->swiglu_limit;
     gd.recipe = d->recipe == MMOE_RECIPE_SM90 ? MMOE_GPU_RECIPE_SM90 : MMOE_GPU_RECIPE_SM100;
+    /* The GEMM kernel family: the device's native one unless MMOE_GPU_GEMM (auto, mma, wgmma)
+     * says otherwise; the GPU test suite runs once per family this way. */
+    const char *gemm_env = getenv("MMOE_GPU_GEMM");
+    if (gemm_env != NULL && gemm_env[0] != '\0' && mmoe_gpu_gemm_parse(gemm_env, &gd.gemm) != 0) {
+        free(L);
+        return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: MMOE_GPU_GEMM=%s: expected auto, mma or wgmma",
+                              gemm_env);
+    }
 
     const uint8_t **ptrs = (const uint8_t **)calloc(6 * (size_t)d->n_experts, sizeof *ptrs);
     uint8_t *ss1 = NULL, *ss3 = NULL, *ss2 = NULL;

@@ -36,6 +36,7 @@ struct mmoe_gpu_moe {
     mmoe_gpu_moe_desc d;      /**< sizes (inter_src/shared_inter_src filled in) */
     mmoe_gpu_recipe recipe;   /**< the recipe computed */
     int cc;                   /**< compute capability */
+    int wgmma;                /**< 1: the GEMMs run the sm_90a wgmma kernel; 0: the portable mma.sync one */
     cudaStream_t stream;      /**< the call's stream: inputs, routed experts, combine */
     cudaStream_t side;        /**< the shared expert runs here, concurrently with the routed GEMMs */
     cudaEvent_t x_ready;      /**< the quantized x is ready (side stream waits) */
@@ -77,10 +78,6 @@ struct mmoe_gpu_moe {
     mmoe_tile *tiles;         /**< routed tile list */
 };
 
-const char *mmoe_gpu_recipe_name(mmoe_gpu_recipe r)
-{
-    return r == MMOE_GPU_RECIPE_SM90 ? "sm90" : r == MMOE_GPU_RECIPE_SM100 ? "sm100" : "auto";
-}
 
 /** Turn a CUDA error into an mmoe_error naming the step. */
 static mmoe_status cuda_fail(mmoe_error *err, cudaError_t e, const char *what)
@@ -198,8 +195,13 @@ static mmoe_status check_desc(const mmoe_gpu_moe_desc *d, mmoe_error *err)
         return mmoe_error_set(err, MMOE_ESHAPE,
                               "gpu layer: shared_inter_src must be a multiple of 128 in [0, shared_inter=%d], got %d",
                               d->shared_inter, d->shared_inter_src);
-    if (d->block_m != 0 && d->block_m != 16 && d->block_m != 64)
-        return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: block_m must be 0 (auto), 16 or 64, got %d", d->block_m);
+    if (d->block_m != 0 && d->block_m != 16 && d->block_m != 64 && d->block_m != 128)
+        return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: block_m must be 0 (auto), 16, 64 or 128, got %d",
+                              d->block_m);
+    if (d->gemm != MMOE_GPU_GEMM_AUTO && d->gemm != MMOE_GPU_GEMM_MMA && d->gemm != MMOE_GPU_GEMM_WGMMA)
+        return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: unknown GEMM kernel family %d", (int)d->gemm);
+    if (d->block_m == 128 && d->gemm == MMOE_GPU_GEMM_MMA)
+        return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: block_m 128 needs the wgmma kernel (mma.sync: 16 or 64)");
     if (d->n_experts <= 0 || d->n_experts > 4096)
         return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: n_experts must be in 1..4096, got %d", d->n_experts);
     if (d->topk <= 0 || d->topk > 31)
@@ -244,6 +246,19 @@ mmoe_status mmoe_gpu_moe_create(const mmoe_gpu_moe_desc *desc, const mmoe_gpu_mo
     if (L->d.shared_inter_src == 0)
         L->d.shared_inter_src = L->d.shared_inter;
     L->cc = cc;
+    if (desc->gemm == MMOE_GPU_GEMM_WGMMA && cc != 90) {
+        free(L);
+        return mmoe_error_set(err, MMOE_ENODEV,
+                              "gpu layer: the wgmma kernel needs a compute-capability-9.0 device (sm_90a); "
+                              "this one is sm_%d (use gemm auto or mma)", cc);
+    }
+    if (desc->block_m == 128 && cc != 90) {
+        free(L);
+        return mmoe_error_set(err, MMOE_ENODEV, "gpu layer: block_m 128 needs the wgmma kernel, which sm_%d lacks", cc);
+    }
+    /* AUTO stays on the verified mma.sync kernel until the wgmma kernel has passed the GPU suite
+     * on a device (see mmoe_gpu_gemm in mmoe_gpu_moe.h) */
+    L->wgmma = desc->gemm == MMOE_GPU_GEMM_WGMMA;
     L->recipe = desc->recipe != MMOE_GPU_RECIPE_AUTO ? desc->recipe
                 : cc >= 100                         ? MMOE_GPU_RECIPE_SM100
                                                     : MMOE_GPU_RECIPE_SM90;
@@ -468,14 +483,26 @@ static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
 
 /* ------------------------------------------------------------------ one call */
 
-/** Tile height: the description's, or 16 while the expected pairs per expert are <= 16.5, else 64. */
-static int choose_block_m(int forced, int T, int topk, int E)
+/**
+ * Tile height: the description's, or by the expected pairs per expert (as in
+ * get_block_config_for_mega_moe): 16 while they are <= 16.5, else 64; with the wgmma
+ * kernel 128 from 64.5 on (each tile decodes its weight block once, so wider tiles
+ * decode less per FLOP).
+ */
+static int choose_block_m(int forced, int wgmma, int T, int topk, int E)
 {
-    if (forced == 16 || forced == 64)
+    if (forced == 16 || forced == 64 || forced == 128)
         return forced;
-    /* expected pairs per expert, as in get_block_config_for_mega_moe */
     double e = (double)T * topk / E;
-    return e <= 16.5 ? 16 : 64;
+    return e <= 16.5 ? 16 : (!wgmma || e <= 64.5) ? 64 : 128;
+}
+
+/** One grouped GEMM with the layer's kernel family. */
+static cudaError_t layer_gemm(const mmoe_gpu_moe *L, const mmoe_gemm_args *a, int bm, int bfmt, int ag, int epi,
+                              int tiles, cudaStream_t s)
+{
+    return L->wgmma ? mmoe_launch_gemm_wgmma(a, bm, bfmt, ag, epi, tiles, s)
+                    : mmoe_launch_gemm(a, bm, bfmt, ag, epi, tiles, s);
 }
 
 /** Launch the whole pipeline on inputs already on the device (L->x, L->idx, L->tw). */
@@ -484,7 +511,7 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
     const int D = L->d.hidden, I = L->d.inter, K = L->d.topk, E = L->d.n_experts, SI = L->d.shared_inter;
     const int sm90 = L->recipe == MMOE_GPU_RECIPE_SM90;
     const int ag = sm90 ? 128 : 32;
-    const int bm = choose_block_m(L->d.block_m, T, K, E);
+    const int bm = choose_block_m(L->d.block_m, L->wgmma, T, K, E);
     cudaStream_t s = L->stream;
     const int split = T <= MMOE_SPLIT_MAX_T; /* few tokens: split K so that enough blocks stream the weights */
     L->last_split = split;
@@ -498,7 +525,7 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
         CK(cudaEventRecord(L->x_ready, s), "cudaEventRecord");
         CK(cudaStreamWaitEvent(L->side, L->x_ready, 0), "cudaStreamWaitEvent");
         s = L->side;
-        const int sbm = T <= 16 ? 16 : 64;
+        const int sbm = T <= 16 ? 16 : (L->wgmma && T > 64) ? 128 : 64;
         const int stiles = (T + sbm - 1) / sbm;
         memset(&a, 0, sizeof a);
         a.K = D;
@@ -517,7 +544,7 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
             a.partial_rows = T;
             a.partial_cols = 2 * SI;
         }
-        CK(mmoe_launch_gemm(&a, sbm, MMOE_B_FP8, ag, MMOE_EPI_SWIGLU, stiles, s), "L1 GEMM (shared)");
+        CK(layer_gemm(L, &a, sbm, MMOE_B_FP8, ag, MMOE_EPI_SWIGLU, stiles, s), "L1 GEMM (shared)");
         if (split)
             CK(mmoe_launch_split_finish(&a, MMOE_EPI_SWIGLU, (int)split_count(D), T, NULL, s), "L1 split-K sum (shared)");
         CK(mmoe_launch_quant(NULL, L->sh_a1, T, SI, sm90 ? 0 : 2, L->sh_l2q, L->sh_l2s, s), "requantize L1 (shared)");
@@ -538,7 +565,7 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
             a.partial_rows = T;
             a.partial_cols = D;
         }
-        CK(mmoe_launch_gemm(&a, sbm, MMOE_B_FP8, ag, MMOE_EPI_SLOT_BF16, stiles, s), "L2 GEMM (shared)");
+        CK(layer_gemm(L, &a, sbm, MMOE_B_FP8, ag, MMOE_EPI_SLOT_BF16, stiles, s), "L2 GEMM (shared)");
         if (split)
             CK(mmoe_launch_split_finish(&a, MMOE_EPI_SLOT_BF16, (int)split_count(SI), T, NULL, s),
                "L2 split-K sum (shared)");
@@ -573,7 +600,7 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
         a.partial_rows = T * K;
         a.partial_cols = 2 * I;
     }
-    CK(mmoe_launch_gemm(&a, bm, MMOE_B_FP4, ag, MMOE_EPI_SWIGLU, max_tiles, s), "L1 GEMM (routed)");
+    CK(layer_gemm(L, &a, bm, MMOE_B_FP4, ag, MMOE_EPI_SWIGLU, max_tiles, s), "L1 GEMM (routed)");
     if (split)
         CK(mmoe_launch_split_finish(&a, MMOE_EPI_SWIGLU, (int)split_count(D), T * K, L->num_pairs, s),
            "L1 split-K sum (routed)");
@@ -600,7 +627,7 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
         a.partial_rows = T * K;
         a.partial_cols = D;
     }
-    CK(mmoe_launch_gemm(&a, bm, MMOE_B_FP4, ag, MMOE_EPI_SLOT_BF16, max_tiles, s), "L2 GEMM (routed)");
+    CK(layer_gemm(L, &a, bm, MMOE_B_FP4, ag, MMOE_EPI_SLOT_BF16, max_tiles, s), "L2 GEMM (routed)");
     if (split)
         CK(mmoe_launch_split_finish(&a, MMOE_EPI_SLOT_BF16, (int)split_count(I), T * K, L->num_pairs, s),
            "L2 split-K sum (routed)");
@@ -641,8 +668,13 @@ static void fill_result(mmoe_gpu_moe *L, int bm, long long pairs, mmoe_gpu_moe_r
     memset(res, 0, sizeof *res);
     res->device_cc = L->cc;
     res->recipe = L->recipe;
-    res->kernel = L->last_split ? "mma.sync.m16n8k32 e4m3 grouped GEMM, split-K (staged)"
-                                : "mma.sync.m16n8k32 e4m3 grouped GEMM (staged, 9 launches)";
+    if (L->wgmma)
+        res->kernel = L->last_split ? "wgmma e4m3 warp-specialized grouped GEMM, split-K (staged)"
+                                    : "wgmma e4m3 warp-specialized grouped GEMM (staged, 9 launches)";
+    else
+        res->kernel = L->last_split ? "mma.sync.m16n8k32 e4m3 grouped GEMM, split-K (staged)"
+                                    : "mma.sync.m16n8k32 e4m3 grouped GEMM (staged, 9 launches)";
+    res->gemm = L->wgmma ? MMOE_GPU_GEMM_WGMMA : MMOE_GPU_GEMM_MMA;
     res->block_m = bm;
     res->shared_fused = L->d.shared_inter > 0;
     res->routed_pairs = pairs;
@@ -658,7 +690,15 @@ static void fill_result(mmoe_gpu_moe *L, int bm, long long pairs, mmoe_gpu_moe_r
     } else if (L->recipe == MMOE_GPU_RECIPE_SM100) {
         res->fallback = 1;
         snprintf(res->fallback_reason, sizeof res->fallback_reason,
-                 "sm100 recipe requested on sm_%d: the portable mma.sync kernel emulates its formats", L->cc);
+                 "sm100 recipe requested on sm_%d: the %s kernel emulates its formats (per-32 promotion)", L->cc,
+                 L->wgmma ? "wgmma" : "portable mma.sync");
+    } else if (!L->wgmma) {
+        res->fallback = 1;
+        snprintf(res->fallback_reason, sizeof res->fallback_reason,
+                 "sm_%d: the portable mma.sync kernel ran (%s)", L->cc,
+                 L->d.gemm == MMOE_GPU_GEMM_MMA ? "requested"
+                 : L->cc == 90 ? "the wgmma kernel is opt-in (gemm wgmma) until it has passed the GPU suite on a device"
+                               : "no wgmma on this device");
     }
 }
 

@@ -67,7 +67,3 @@ mmoe_status mmoe_gpu_quantize_input(mmoe_gpu_recipe recipe, int rows, int cols, 
     return no_cuda(err);
 }
 
-const char *mmoe_gpu_recipe_name(mmoe_gpu_recipe r)
-{
-    return r == MMOE_GPU_RECIPE_SM90 ? "sm90" : r == MMOE_GPU_RECIPE_SM100 ? "sm100" : "auto";
-}

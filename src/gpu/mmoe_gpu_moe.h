@@ -55,6 +55,20 @@ typedef enum mmoe_gpu_recipe {
     MMOE_GPU_RECIPE_SM100 = 2  /**< UE8M0 scale per 32 channels (input ceil rule, kernel requant rule) */
 } mmoe_gpu_recipe;
 
+/**
+ * Which GEMM kernel family the layer runs.
+ *
+ * Status (2026-11-29): the wgmma kernel is written, compiles for sm_90a without spills, and
+ * has **not yet run on a device** (the session that wrote it had no device time left).  Until
+ * the GPU suite passes with it (tools/gpu-check.sh runs the suite once per family), AUTO
+ * runs the verified mma.sync kernel and the result reports that as a fallback on sm_90.
+ */
+typedef enum mmoe_gpu_gemm {
+    MMOE_GPU_GEMM_AUTO = 0,  /**< the device's verified default: mma.sync for now (see above) */
+    MMOE_GPU_GEMM_MMA = 1,   /**< the portable mma.sync kernel (gpu_gemm.cu), any sm_89+ device */
+    MMOE_GPU_GEMM_WGMMA = 2  /**< the warp-specialized wgmma kernel (gpu_gemm_wgmma.cu), sm_90 only */
+} mmoe_gpu_gemm;
+
 /** Sizes and options of one layer. */
 typedef struct mmoe_gpu_moe_desc {
     int hidden;           /**< D: model width, multiple of 128 */
@@ -66,7 +80,9 @@ typedef struct mmoe_gpu_moe_desc {
     int shared_inter_src; /**< width of the given shared weights (<= shared_inter); 0 = shared_inter */
     float swiglu_limit;   /**< clamp c (gate <= c, -c <= up <= c); 0 or negative = no clamp */
     mmoe_gpu_recipe recipe; /**< activation formats; AUTO follows the device */
-    int block_m;          /**< tokens per GEMM tile: 0 = by the expected pairs per expert, or 16 / 64 */
+    int block_m;          /**< tokens per GEMM tile: 0 = by the expected pairs per expert, or 16 / 64
+                               (/ 128 with the wgmma kernel) */
+    mmoe_gpu_gemm gemm;   /**< GEMM kernel family; AUTO follows the device */
 } mmoe_gpu_moe_desc;
 
 /**
@@ -107,6 +123,7 @@ typedef struct mmoe_gpu_moe_result {
     int fallback;                 /**< 1 when a portable (non-native) kernel ran; see fallback_reason */
     char fallback_reason[256];    /**< why, or "" */
     const char *kernel;           /**< name of the GEMM kernel family that ran */
+    mmoe_gpu_gemm gemm;           /**< the GEMM kernel family that ran (never AUTO) */
     int block_m;                  /**< tokens per GEMM tile chosen for this call */
     int shared_fused;             /**< 1 when the shared expert ran as the last combine slot */
     int64_t routed_pairs;         /**< valid (token, slot) pairs of this call */
@@ -214,6 +231,17 @@ mmoe_status mmoe_gpu_quantize_input(mmoe_gpu_recipe recipe, int rows, int cols, 
 
 /** Name of a recipe ("sm90", "sm100", "auto"). */
 const char *mmoe_gpu_recipe_name(mmoe_gpu_recipe r);
+
+/** Name of a GEMM kernel family ("auto", "mma", "wgmma"). */
+const char *mmoe_gpu_gemm_name(mmoe_gpu_gemm g);
+
+/**
+ * Parse a GEMM kernel family name ("auto", "mma" or "wgmma").
+ * @param s    the name
+ * @param out  the family, written on success
+ * @return 0 on success, -1 for an unknown name
+ */
+int mmoe_gpu_gemm_parse(const char *s, mmoe_gpu_gemm *out);
 
 #ifdef __cplusplus
 }

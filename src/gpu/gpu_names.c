@@ -1,0 +1,31 @@
+/**
+ * @file gpu_names.c
+ * @brief Names of the GPU layer's recipes and GEMM kernel families (built with or without CUDA).
+ *
+ * The command line and the benchmarks print and parse these names; keeping them
+ * in one plain C file means the CUDA build and the stub build agree on them.
+ */
+#include <string.h>
+
+#include "mmoe_gpu_moe.h"
+
+const char *mmoe_gpu_recipe_name(mmoe_gpu_recipe r)
+{
+    return r == MMOE_GPU_RECIPE_SM90 ? "sm90" : r == MMOE_GPU_RECIPE_SM100 ? "sm100" : "auto";
+}
+
+const char *mmoe_gpu_gemm_name(mmoe_gpu_gemm g)
+{
+    return g == MMOE_GPU_GEMM_MMA ? "mma" : g == MMOE_GPU_GEMM_WGMMA ? "wgmma" : "auto";
+}
+
+int mmoe_gpu_gemm_parse(const char *s, mmoe_gpu_gemm *out)
+{
+    static const mmoe_gpu_gemm all[] = {MMOE_GPU_GEMM_AUTO, MMOE_GPU_GEMM_MMA, MMOE_GPU_GEMM_WGMMA};
+    for (size_t i = 0; s != NULL && i < sizeof all / sizeof all[0]; i++)
+        if (strcmp(s, mmoe_gpu_gemm_name(all[i])) == 0) {
+            *out = all[i];
+            return 0;
+        }
+    return -1;
+}

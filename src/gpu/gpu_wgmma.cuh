@@ -1,0 +1,166 @@
+/**
+ * @file gpu_wgmma.cuh
+ * @brief sm_90a building blocks: wgmma on shared-memory descriptors, mbarriers, proxy fences.
+ *
+ * **wgmma.**  A warpgroup (4 warps, 128 threads) issues
+ * `wgmma.mma_async.m64nNk32.f32.e4m3.e4m3`: D (64 x N, FP32, in registers)
+ * += A (64 x 32, E4M3) * B (N x 32, E4M3)^T, both read from shared memory
+ * through 64-bit matrix descriptors.  For 8-bit types both operands must be
+ * K-major: each of the 64 (or N) rows holds its 32 K values contiguously.
+ *
+ * **The shared-memory layout (128-byte swizzle).**  A tile of R rows x 128
+ * bytes of K (one K block of the GEMM) is stored row after row, 128 bytes per
+ * row, with the 16-byte chunk c of row r placed at chunk position c ^ (r % 8):
+ *
+ *     byte (r, k)  at  r * 128 + (((k / 16) ^ (r % 8)) * 16) + k % 16
+ *
+ * Eight rows form a 1024-byte swizzle atom; the tile must start on a 1024-byte
+ * boundary.  The descriptor holds the start address / 16, the stride between
+ * 8-row groups (SBO = 1024 bytes), and the swizzle mode (1 = 128 B in bits
+ * 62-63); the leading-byte offset is unused for a K-major swizzled operand whose
+ * K extent fits in the 128-byte row.  The k-th 32-wide slice of the K block is
+ * addressed by adding 32 * k bytes to the start address: the hardware applies
+ * the XOR to the final address bits, so the slice reads the right chunks.  The
+ * swizzle spreads the 8 rows of a core matrix over all 32 banks, for the
+ * tensor cores and for the threads that write the tile.
+ *
+ * **Accumulator layout.**  Thread t of the warpgroup holds, for j = 0..N/8-1,
+ * d[4j + 0..3] = D(row, col), D(row, col+1), D(row+8, col), D(row+8, col+1)
+ * with row = 16 * (t / 32) + (t % 32) / 4 and col = 8j + 2 * (t % 4).
+ *
+ * **Ordering.**  `wgmma.fence` before the first wgmma of a batch (the
+ * accumulators were touched by ordinary instructions), `commit_group` after the
+ * batch, `wait_group 0` before the accumulators are read.  Shared memory
+ * written by ordinary stores or cp.async (the generic proxy) must be made
+ * visible to wgmma (the async proxy) with `fence.proxy.async.shared::cta` by
+ * the writing thread before it signals the consumers.
+ *
+ * **mbarriers.**  A 64-bit shared-memory barrier completes a phase when its
+ * expected number of arrivals is reached; waiters spin on `try_wait.parity`
+ * with the parity of the phase they need (0, 1, 0, ... for the uses of one
+ * ring stage).
+ */
+#ifndef MMOE_GPU_WGMMA_CUH
+#define MMOE_GPU_WGMMA_CUH
+
+#include <stdint.h>
+
+namespace {
+
+/** Shared-memory address of a generic pointer, as the 32-bit value the PTX instructions take. */
+__device__ __forceinline__ uint32_t smem_u32(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/** Descriptor of a K-major, 128B-swizzled tile of rows x 128 bytes starting at @p smem_addr (1024-aligned). */
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t smem_addr)
+{
+    uint64_t d = (uint64_t)((smem_addr & 0x3FFFFu) >> 4);
+    d |= (uint64_t)1 << 16;               /* leading-byte offset: unused here, 16 bytes */
+    d |= (uint64_t)(1024 >> 4) << 32;     /* stride-byte offset: 8 rows x 128 bytes */
+    d |= (uint64_t)1 << 62;               /* 128-byte swizzle */
+    return d;
+}
+
+/** Byte offset of (row, 16-byte chunk) inside a 128B-swizzled tile. */
+__device__ __forceinline__ int sw128_offset(int row, int chunk)
+{
+    return row * 128 + ((chunk ^ (row & 7)) << 4);
+}
+
+__device__ __forceinline__ void wgmma_fence()
+{
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmma_commit()
+{
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmma_wait_all()
+{
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+
+/** Keep the compiler from moving accesses of an accumulator register across a wgmma fence or wait. */
+__device__ __forceinline__ void reg_fence(float &r)
+{
+    asm volatile("" : "+f"(r)::"memory");
+}
+
+__device__ __forceinline__ void fence_proxy_async_smem()
+{
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t *bar, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+
+/** Spin until the phase of parity @p parity of @p bar has completed. */
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, int parity)
+{
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "WAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT_%=;\n"
+                 "}\n" ::"r"(smem_u32(bar)),
+                 "r"(parity)
+                 : "memory");
+}
+
+/** The E4M3 x E4M3 -> FP32 wgmma of width N (16, 32 or 64 columns). */
+template <int N>
+struct wgmma_e4m3;
+
+/** D(64x16, FP32) (+)= A(64x32, E4M3, smem) * B(16x32, E4M3, smem)^T; scale_d = 0 overwrites D. */
+template <>
+struct wgmma_e4m3<16> {
+    static __device__ __forceinline__ void mma(float (&d)[8], uint64_t desc_a, uint64_t desc_b, int scale_d)
+    {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                     : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+    }
+};
+
+/** D(64x32, FP32) (+)= A(64x32, E4M3, smem) * B(32x32, E4M3, smem)^T; scale_d = 0 overwrites D. */
+template <>
+struct wgmma_e4m3<32> {
+    static __device__ __forceinline__ void mma(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int scale_d)
+    {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                     : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+    }
+};
+
+/** D(64x64, FP32) (+)= A(64x32, E4M3, smem) * B(64x32, E4M3, smem)^T; scale_d = 0 overwrites D. */
+template <>
+struct wgmma_e4m3<64> {
+    static __device__ __forceinline__ void mma(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d)
+    {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                     : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+    }
+};
+
+} // namespace
+
+#endif /* MMOE_GPU_WGMMA_CUH */
