@@ -423,38 +423,25 @@ __global__ void __launch_bounds__(threads_of<BM>::value, BM == 16 ? 4 : 2) gemm_
         }
 }
 
-template <int BM, int BFMT, int AG, int EPI>
-cudaError_t launch4(const mmoe_gemm_args *a, dim3 grid, cudaStream_t s)
-{
-    constexpr int bytes = smem_layout<BM, BFMT, AG>::TOTAL;
-    /* raise the dynamic shared-memory limit once per instance (cheap, and idempotent) */
-    cudaError_t e = cudaFuncSetAttribute(gemm_kernel<BM, BFMT, AG, EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         bytes);
-    if (e != cudaSuccess)
-        return e;
-    gemm_kernel<BM, BFMT, AG, EPI><<<grid, threads_of<BM>::value, bytes, s>>>(*a);
-    return cudaGetLastError();
-}
-
-template <int BM, int BFMT, int AG>
-cudaError_t launch3(const mmoe_gemm_args *a, int epi, dim3 grid, cudaStream_t s)
-{
-    return epi == MMOE_EPI_SWIGLU ? launch4<BM, BFMT, AG, MMOE_EPI_SWIGLU>(a, grid, s)
-                                  : launch4<BM, BFMT, AG, MMOE_EPI_SLOT_BF16>(a, grid, s);
-}
-
-template <int BM, int BFMT>
-cudaError_t launch2(const mmoe_gemm_args *a, int ag, int epi, dim3 grid, cudaStream_t s)
-{
-    return ag == 32 ? launch3<BM, BFMT, 32>(a, epi, grid, s) : launch3<BM, BFMT, 128>(a, epi, grid, s);
-}
-
+/** Launches the instance of gemm_kernel for tile height BM that mmoe_gemm_dispatch() picks. */
 template <int BM>
-cudaError_t launch1(const mmoe_gemm_args *a, int bfmt, int ag, int epi, dim3 grid, cudaStream_t s)
-{
-    return bfmt == MMOE_B_FP4 ? launch2<BM, MMOE_B_FP4>(a, ag, epi, grid, s)
-                              : launch2<BM, MMOE_B_FP8>(a, ag, epi, grid, s);
-}
+struct mma_launcher {
+    const mmoe_gemm_args *a;
+    dim3 grid;
+    cudaStream_t s;
+    template <int BFMT, int AG, int EPI>
+    cudaError_t run() const
+    {
+        constexpr int bytes = smem_layout<BM, BFMT, AG>::TOTAL;
+        /* raise the dynamic shared-memory limit once per instance (cheap, and idempotent) */
+        cudaError_t e = cudaFuncSetAttribute(gemm_kernel<BM, BFMT, AG, EPI>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+        if (e != cudaSuccess)
+            return e;
+        gemm_kernel<BM, BFMT, AG, EPI><<<grid, threads_of<BM>::value, bytes, s>>>(*a);
+        return cudaGetLastError();
+    }
+};
 
 } // namespace
 
@@ -486,10 +473,7 @@ cudaError_t mmoe_launch_gemm(const mmoe_gemm_args *args, int block_m, int b_fmt,
 {
     if (max_tiles <= 0)
         return cudaSuccess;
-    const int nblocks = epi == MMOE_EPI_SWIGLU ? args->n_out / 64 : args->n_out / BN;
-    const int nkb = args->K / BK;
-    const int nsplit = args->split_kb > 0 ? (nkb + args->split_kb - 1) / args->split_kb : 1;
-    dim3 grid((unsigned)max_tiles, (unsigned)nblocks, (unsigned)nsplit);
-    return block_m == 16 ? launch1<16>(args, b_fmt, a_group, epi, grid, stream)
-                         : launch1<64>(args, b_fmt, a_group, epi, grid, stream);
+    const dim3 grid = mmoe_gemm_grid(args, epi, max_tiles);
+    return block_m == 16 ? mmoe_gemm_dispatch(mma_launcher<16>{args, grid, stream}, b_fmt, a_group, epi)
+                         : mmoe_gemm_dispatch(mma_launcher<64>{args, grid, stream}, b_fmt, a_group, epi);
 }

@@ -368,37 +368,24 @@ __global__ void __launch_bounds__(wg_cfg<BT>::THREADS, wg_cfg<BT>::MIN_BLOCKS) w
 #endif
 }
 
-template <int BT, int BFMT, int AG, int EPI>
-cudaError_t wg_launch4(const mmoe_gemm_args *a, dim3 grid, cudaStream_t s)
-{
-    constexpr int bytes = wg_layout<BT, BFMT, AG>::TOTAL;
-    cudaError_t e = cudaFuncSetAttribute(wgmma_gemm_kernel<BT, BFMT, AG, EPI>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (e != cudaSuccess)
-        return e;
-    wgmma_gemm_kernel<BT, BFMT, AG, EPI><<<grid, wg_cfg<BT>::THREADS, bytes, s>>>(*a);
-    return cudaGetLastError();
-}
-
-template <int BT, int BFMT, int AG>
-cudaError_t wg_launch3(const mmoe_gemm_args *a, int epi, dim3 grid, cudaStream_t s)
-{
-    return epi == MMOE_EPI_SWIGLU ? wg_launch4<BT, BFMT, AG, MMOE_EPI_SWIGLU>(a, grid, s)
-                                  : wg_launch4<BT, BFMT, AG, MMOE_EPI_SLOT_BF16>(a, grid, s);
-}
-
-template <int BT, int BFMT>
-cudaError_t wg_launch2(const mmoe_gemm_args *a, int ag, int epi, dim3 grid, cudaStream_t s)
-{
-    return ag == 32 ? wg_launch3<BT, BFMT, 32>(a, epi, grid, s) : wg_launch3<BT, BFMT, 128>(a, epi, grid, s);
-}
-
+/** Launches the instance of wgmma_gemm_kernel for tile width BT that mmoe_gemm_dispatch() picks. */
 template <int BT>
-cudaError_t wg_launch1(const mmoe_gemm_args *a, int bfmt, int ag, int epi, dim3 grid, cudaStream_t s)
-{
-    return bfmt == MMOE_B_FP4 ? wg_launch2<BT, MMOE_B_FP4>(a, ag, epi, grid, s)
-                              : wg_launch2<BT, MMOE_B_FP8>(a, ag, epi, grid, s);
-}
+struct wgmma_launcher {
+    const mmoe_gemm_args *a;
+    dim3 grid;
+    cudaStream_t s;
+    template <int BFMT, int AG, int EPI>
+    cudaError_t run() const
+    {
+        constexpr int bytes = wg_layout<BT, BFMT, AG>::TOTAL;
+        cudaError_t e = cudaFuncSetAttribute(wgmma_gemm_kernel<BT, BFMT, AG, EPI>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+        if (e != cudaSuccess)
+            return e;
+        wgmma_gemm_kernel<BT, BFMT, AG, EPI><<<grid, wg_cfg<BT>::THREADS, bytes, s>>>(*a);
+        return cudaGetLastError();
+    }
+};
 
 } // namespace
 
@@ -407,17 +394,14 @@ cudaError_t mmoe_launch_gemm_wgmma(const mmoe_gemm_args *args, int block_m, int 
 {
     if (max_tiles <= 0)
         return cudaSuccess;
-    const int nblocks = epi == MMOE_EPI_SWIGLU ? args->n_out / 64 : args->n_out / WROWS;
-    const int nkb = args->K / WK;
-    const int nsplit = args->split_kb > 0 ? (nkb + args->split_kb - 1) / args->split_kb : 1;
-    dim3 grid((unsigned)max_tiles, (unsigned)nblocks, (unsigned)nsplit);
+    const dim3 grid = mmoe_gemm_grid(args, epi, max_tiles);
     switch (block_m) {
     case 16:
-        return wg_launch1<16>(args, b_fmt, a_group, epi, grid, stream);
+        return mmoe_gemm_dispatch(wgmma_launcher<16>{args, grid, stream}, b_fmt, a_group, epi);
     case 64:
-        return wg_launch1<64>(args, b_fmt, a_group, epi, grid, stream);
+        return mmoe_gemm_dispatch(wgmma_launcher<64>{args, grid, stream}, b_fmt, a_group, epi);
     case 128:
-        return wg_launch1<128>(args, b_fmt, a_group, epi, grid, stream);
+        return mmoe_gemm_dispatch(wgmma_launcher<128>{args, grid, stream}, b_fmt, a_group, epi);
     default:
         return cudaErrorInvalidValue;
     }

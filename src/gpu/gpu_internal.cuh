@@ -89,6 +89,36 @@ cudaError_t mmoe_launch_split_finish(const mmoe_gemm_args *args, int epi, int ns
 cudaError_t mmoe_tile_rows(const uint32_t *src, uint32_t *dst, int n_blocks, int nkb, int src_row_words,
                            int tile_row_words, int l1_interleave, int half_rows, cudaStream_t stream);
 
+/** Grid of a grouped GEMM launch: (tiles, 128-row weight blocks, K splits). */
+inline dim3 mmoe_gemm_grid(const mmoe_gemm_args *a, int epi, int max_tiles)
+{
+    const int nblocks = epi == MMOE_EPI_SWIGLU ? a->n_out / 64 : a->n_out / 128;
+    const int nkb = a->K / 128;
+    const int nsplit = a->split_kb > 0 ? (nkb + a->split_kb - 1) / a->split_kb : 1;
+    return dim3((unsigned)max_tiles, (unsigned)nblocks, (unsigned)nsplit);
+}
+
+/** mmoe_gemm_dispatch() for a known weight format and activation group: the epilogue. */
+template <int BFMT, int AG, typename Launcher>
+cudaError_t mmoe_gemm_dispatch_epi(const Launcher &l, int epi)
+{
+    return epi == MMOE_EPI_SWIGLU ? l.template run<BFMT, AG, MMOE_EPI_SWIGLU>()
+                                  : l.template run<BFMT, AG, MMOE_EPI_SLOT_BF16>();
+}
+
+/**
+ * Turn the run-time switches of a GEMM launch (weight format, activation group of 32 or 128,
+ * epilogue) into the template arguments of @p l.run<BFMT, AG, EPI>(): the one place where both
+ * GEMM kernel families (gpu_gemm.cu, gpu_gemm_wgmma.cu) pick among their 8 instances.
+ */
+template <typename Launcher>
+cudaError_t mmoe_gemm_dispatch(const Launcher &l, int bfmt, int ag, int epi)
+{
+    if (bfmt == MMOE_B_FP4)
+        return ag == 32 ? mmoe_gemm_dispatch_epi<MMOE_B_FP4, 32>(l, epi) : mmoe_gemm_dispatch_epi<MMOE_B_FP4, 128>(l, epi);
+    return ag == 32 ? mmoe_gemm_dispatch_epi<MMOE_B_FP8, 32>(l, epi) : mmoe_gemm_dispatch_epi<MMOE_B_FP8, 128>(l, epi);
+}
+
 /** Launch the grouped GEMM with the given tile height, weight format, activation group and epilogue. */
 cudaError_t mmoe_launch_gemm(const mmoe_gemm_args *args, int block_m, int b_fmt, int a_group, int epi,
                              int max_tiles, cudaStream_t stream);
