@@ -311,10 +311,10 @@ static void run_case(const char *name, test_layer *L, int64_t T, enum route_kind
     rg.expert_recv_stats = stats;
     ck_assert_msg(mmoe_gpu_layer_run(gl, &in, &out_gpu, &rg, &err) == MMOE_OK, "gpu run: %s", err.msg);
     const mmoe_gpu_moe_result *gd = mmoe_gpu_layer_details(gl);
-    printf("case %s: T=%lld D=%lld I=%lld E=%lld topk=%d recipe=%s block_m=%d pairs=%lld exact-path blocks "
+    printf("case %s: T=%lld D=%lld I=%lld E=%lld topk=%d recipe=%s gemm=%s block_m=%d pairs=%lld exact-path blocks "
            "L1 %lld L2 %lld%s%s\n",
            name, (long long)T, (long long)D, (long long)d->inter, (long long)E, K, mmoe_moe_recipe_name(d->recipe),
-           gd->block_m, (long long)gd->routed_pairs, (long long)gd->exact_path_blocks_l1,
+           mmoe_gpu_gemm_name(gd->gemm), gd->block_m, (long long)gd->routed_pairs, (long long)gd->exact_path_blocks_l1,
            (long long)gd->exact_path_blocks_l2, gd->fallback ? "; kernel fallback: " : "", gd->fallback_reason);
 
     /* the result agrees with the oracle's on everything but the backend and times */
