@@ -317,6 +317,11 @@ static void run_case(const char *name, test_layer *L, int64_t T, enum route_kind
            mmoe_gpu_gemm_name(gd->gemm), gd->block_m, (long long)gd->routed_pairs, (long long)gd->exact_path_blocks_l1,
            (long long)gd->exact_path_blocks_l2, gd->fallback ? "; kernel fallback: " : "", gd->fallback_reason);
 
+    /* the kernel family asked for through MMOE_GPU_GEMM is the one that ran (no silent fallback) */
+    const char *want_env = getenv("MMOE_GPU_GEMM");
+    mmoe_gpu_gemm want = MMOE_GPU_GEMM_AUTO;
+    if (want_env != NULL && mmoe_gpu_gemm_parse(want_env, &want) == 0 && want != MMOE_GPU_GEMM_AUTO)
+        ck_assert_int_eq(gd->gemm, want);
     /* the result agrees with the oracle's on everything but the backend and times */
     ck_assert_str_eq(rg.backend, "gpu");
     ck_assert_int_eq(rg.recipe, rc.recipe);
