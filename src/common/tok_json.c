@@ -277,10 +277,13 @@ static mmoe_status read_merges(loader *L, const json_t *merges)
         if (left < 0 || right < 0 || merged < 0) {
             const char *what = left < 0 ? a : right < 0 ? b : joined;
             int what_len = (int)(left < 0 ? a_len : right < 0 ? b_len : a_len + b_len);
+            /* write the message before freeing: 'what' may point into 'joined' */
+            mmoe_status bad_merge = mmoe_error_set(L->err, MMOE_EFORMAT,
+                                                   "tokenizer %s: key 'model.merges[%zu]': expected tokens of "
+                                                   "model.vocab, found '%.*s' which is not in the vocabulary",
+                                                   L->name, r, what_len > 100 ? 100 : what_len, what);
             free(joined);
-            return mmoe_error_set(L->err, MMOE_EFORMAT,
-                                  "tokenizer %s: key 'model.merges[%zu]': expected tokens of model.vocab, found '%.*s' "
-                                  "which is not in the vocabulary", L->name, r, what_len > 100 ? 100 : what_len, what);
+            return bad_merge;
         }
         tok_merge mg = {(int32_t)r, merged};
         tok_pairmap_insert(&tok->merges, left, right, mg);
