@@ -462,13 +462,15 @@ static mmoe_status add_pre_step(loader *L, tok_pre_step step)
     return MMOE_OK;
 }
 
-/** Compile a pattern with PCRE2_UTF | PCRE2_UCP (PCRE2_LITERAL for String patterns), JIT if possible. */
+/** Compile a pattern with PCRE2_UTF | PCRE2_UCP (PCRE2_UTF | PCRE2_LITERAL for String patterns), JIT if possible. */
 static mmoe_status compile_regex(loader *L, const char *pattern, size_t len, int literal, const char *path,
                                  pcre2_code **out)
 {
     int errcode;
     PCRE2_SIZE erroff;
-    uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0u);
+    /* PCRE2_LITERAL admits PCRE2_UTF but refuses PCRE2_UCP ("invalid option bits"), and a literal
+       has no character classes for UCP to change: String patterns get UTF only */
+    uint32_t options = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, len, options, &errcode, &erroff, NULL);
     if (re == NULL) {
         PCRE2_UCHAR msg[256];
