@@ -997,6 +997,10 @@ START_TEST(tokenizer_fixed_refusals)
     /* regression: this message was formatted from a freed buffer */
     tokenizer_refused(TOK_MODEL("\"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [\"a b\"]"), MMOE_EFORMAT,
                       "model.merges[0]", "'ab'");
+    /* regression: a first merge with two empty halves copied 0 bytes to a NULL buffer (UBSan) */
+    tokenizer_refused(TOK_MODEL("\"vocab\": {\"a\": 0}, \"merges\": [\" \"]"), MMOE_EFORMAT, "model.merges[0]", "''");
+    tokenizer_refused(TOK_MODEL("\"vocab\": {\"a\": 0}, \"merges\": [[\"\", \"\"], \"a a\"]"), MMOE_EFORMAT,
+                      "model.merges[0]", NULL);
     tokenizer_refused(TOK_MODEL("\"vocab\": {\"a\": -1}, \"merges\": []"), MMOE_EFORMAT, "model.vocab.a", "-1");
     tokenizer_refused(TOK_MODEL("\"vocab\": {\"a\": 2147483648}, \"merges\": []"), MMOE_EFORMAT, "model.vocab.a",
                       NULL);

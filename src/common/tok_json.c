@@ -262,7 +262,9 @@ static mmoe_status read_merges(loader *L, const json_t *merges)
         }
         int32_t left = tok_strmap_find(&tok->vocab, tok, a, a_len);
         int32_t right = tok_strmap_find(&tok->vocab, tok, b, b_len);
-        if (a_len + b_len > joined_cap) {
+        /* allocate on the first merge even when both halves are empty ("" + ""): memcpy to a NULL
+           buffer is undefined even for 0 bytes */
+        if (joined == NULL || a_len + b_len > joined_cap) {
             joined_cap = 2 * (a_len + b_len) + 16;
             char *grown = realloc(joined, joined_cap);
             if (grown == NULL) {
