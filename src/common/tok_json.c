@@ -262,7 +262,9 @@ static mmoe_status read_merges(loader *L, const json_t *merges)
         }
         int32_t left = tok_strmap_find(&tok->vocab, tok, a, a_len);
         int32_t right = tok_strmap_find(&tok->vocab, tok, b, b_len);
-        if (a_len + b_len > joined_cap) {
+        /* allocate on the first merge even when both halves are empty ("" + ""): memcpy to a NULL
+           buffer is undefined even for 0 bytes */
+        if (joined == NULL || a_len + b_len > joined_cap) {
             joined_cap = 2 * (a_len + b_len) + 16;
             char *grown = realloc(joined, joined_cap);
             if (grown == NULL) {
@@ -277,10 +279,13 @@ static mmoe_status read_merges(loader *L, const json_t *merges)
         if (left < 0 || right < 0 || merged < 0) {
             const char *what = left < 0 ? a : right < 0 ? b : joined;
             int what_len = (int)(left < 0 ? a_len : right < 0 ? b_len : a_len + b_len);
+            /* write the message before freeing: 'what' may point into 'joined' */
+            mmoe_status bad_merge = mmoe_error_set(L->err, MMOE_EFORMAT,
+                                                   "tokenizer %s: key 'model.merges[%zu]': expected tokens of "
+                                                   "model.vocab, found '%.*s' which is not in the vocabulary",
+                                                   L->name, r, what_len > 100 ? 100 : what_len, what);
             free(joined);
-            return mmoe_error_set(L->err, MMOE_EFORMAT,
-                                  "tokenizer %s: key 'model.merges[%zu]': expected tokens of model.vocab, found '%.*s' "
-                                  "which is not in the vocabulary", L->name, r, what_len > 100 ? 100 : what_len, what);
+            return bad_merge;
         }
         tok_merge mg = {(int32_t)r, merged};
         tok_pairmap_insert(&tok->merges, left, right, mg);
@@ -459,13 +464,15 @@ static mmoe_status add_pre_step(loader *L, tok_pre_step step)
     return MMOE_OK;
 }
 
-/** Compile a pattern with PCRE2_UTF | PCRE2_UCP (PCRE2_LITERAL for String patterns), JIT if possible. */
+/** Compile a pattern with PCRE2_UTF | PCRE2_UCP (PCRE2_UTF | PCRE2_LITERAL for String patterns), JIT if possible. */
 static mmoe_status compile_regex(loader *L, const char *pattern, size_t len, int literal, const char *path,
                                  pcre2_code **out)
 {
     int errcode;
     PCRE2_SIZE erroff;
-    uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0u);
+    /* PCRE2_LITERAL admits PCRE2_UTF but refuses PCRE2_UCP ("invalid option bits"), and a literal
+       has no character classes for UCP to change: String patterns get UTF only */
+    uint32_t options = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, len, options, &errcode, &erroff, NULL);
     if (re == NULL) {
         PCRE2_UCHAR msg[256];

@@ -233,8 +233,15 @@ static mmoe_status read_quant(json_t *root, json_t *top, const char *source, mmo
             !json_is_integer(json_array_get(bs, 1)))
             return mmoe_error_set(err, MMOE_EFORMAT,
                                   "%s: key 'quantization_config.weight_block_size': expected [n, k]", source);
-        cfg->weight_block_n = (int)json_integer_value(json_array_get(bs, 0));
-        cfg->weight_block_k = (int)json_integer_value(json_array_get(bs, 1));
+        json_int_t bn = json_integer_value(json_array_get(bs, 0)), bk = json_integer_value(json_array_get(bs, 1));
+        /* range-check before narrowing to int: (int)4294967424 is 128, which validation would accept */
+        if (bn < 1 || bn > 65536 || bk < 1 || bk > 65536)
+            return mmoe_error_set(err, MMOE_ERANGE,
+                                  "%s: key 'quantization_config.weight_block_size' = [%lld, %lld]: expected [128, 128] "
+                                  "or [32, 32]",
+                                  source, (long long)bn, (long long)bk);
+        cfg->weight_block_n = (int)bn;
+        cfg->weight_block_k = (int)bk;
     }
     /* scale format: "ue8m0" is the only one the V4 checkpoints use */
     const char *used;
