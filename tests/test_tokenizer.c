@@ -274,6 +274,19 @@ START_TEST(bad_tokenizer_json)
                       MMOE_EUNSUPPORTED, "normalizer.normalizers[0].type", "NFC");
     expect_load_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []},"
                       " \"added_tokens\": [{\"id\": 1}]}", MMOE_EFORMAT, "added_tokens[0].content", "key missing");
+    /* sparse ids: 2 tokens, one of them at id 67108863, would need 64 M table entries */
+    expect_load_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 67108863}, \"merges\": []}}",
+                      MMOE_EFORMAT, "ids reach 67108863", "nearly dense");
+    /* gaps within the allowance load: 2 tokens at ids 0 and 65537 (65536 unused ids) */
+    {
+        static const char ok_json[] =
+            "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 65537}, \"merges\": []}}";
+        mmoe_tokenizer *sparse = NULL;
+        mmoe_error e2;
+        ck_assert_msg(mmoe_tokenizer_load_string(ok_json, strlen(ok_json), "gap.json", &sparse, &e2) == MMOE_OK, "%s",
+                      e2.msg);
+        mmoe_tokenizer_free(sparse);
+    }
     mmoe_tokenizer *tok = NULL;
     mmoe_error err;
     ck_assert_int_eq(mmoe_tokenizer_load("/nonexistent/tokenizer.json", &tok, &err), MMOE_EIO);

@@ -28,6 +28,13 @@
 
 /** A sanity bound on token ids (64 M): larger ids would only waste memory. */
 #define MMOE_TOK_MAX_IDS (1 << 26)
+/**
+ * The id tables are indexed by id, so their size is the largest id + 1.  Real vocabularies are
+ * dense (ids 0..n-1, added tokens just after); gaps of up to this many unused ids are accepted,
+ * more are refused, so that a 100-byte file with one id near the 64 M bound cannot make the
+ * loader allocate a gigabyte (found by the json_fuzz suite).
+ */
+#define MMOE_TOK_MAX_UNUSED_IDS (1 << 16)
 
 /** Loader state: the tokenizer being built and the file name for messages. */
 typedef struct loader {
@@ -147,6 +154,12 @@ static mmoe_status read_ids_and_pool(loader *L, const json_t *vocab, const json_
     if (pool_size > UINT32_MAX)
         return mmoe_error_set(L->err, MMOE_EFORMAT, "tokenizer %s: token strings too large (%zu bytes)", L->name,
                               pool_size);
+    const size_t n_defined = json_object_size(vocab) + n_added;
+    if ((size_t)(max_id + 1) > n_defined + MMOE_TOK_MAX_UNUSED_IDS)
+        return mmoe_error_set(L->err, MMOE_EFORMAT,
+                              "tokenizer %s: ids reach %lld but only %zu tokens are defined: expected nearly dense ids "
+                              "(at most %d unused below the largest)",
+                              L->name, (long long)max_id, n_defined, MMOE_TOK_MAX_UNUSED_IDS);
     tok->n_ids = (int32_t)(max_id + 1);
     tok->pool = malloc(pool_size);
     tok->tok_off = malloc((size_t)tok->n_ids * sizeof *tok->tok_off + 1);
