@@ -174,6 +174,8 @@ START_TEST(errors_name_the_key)
                       err.msg);
         ck_assert_msg(strstr(err.msg, cases[i].in_msg) != NULL, "message '%s' does not name %s", err.msg,
                       cases[i].in_msg);
+        /* ... and the file: range checks too, not only the reader (parse_modified names it config.json) */
+        ck_assert_msg(strncmp(err.msg, "config.json: ", 13) == 0, "message '%s' does not start with the file", err.msg);
     }
     mmoe_config c;
     mmoe_error_clear(&err);

@@ -271,6 +271,20 @@ static mmoe_status read_quant(json_t *root, json_t *top, const char *source, mmo
     return MMOE_OK;
 }
 
+/**
+ * mmoe_config_validate() knows no file and says "config: ..."; when it fails on a parsed file,
+ * put the file's name (@p source) in place of that prefix, so that the message says which file.
+ */
+static void name_the_source(mmoe_error *err, mmoe_status st, const char *source)
+{
+    static const char prefix[] = "config: ";
+    if (st == MMOE_OK || err == NULL || source == NULL || strncmp(err->msg, prefix, sizeof prefix - 1) != 0)
+        return;
+    char rest[MMOE_ERROR_MSG_LEN];
+    snprintf(rest, sizeof rest, "%s", err->msg + sizeof prefix - 1);
+    mmoe_error_set(err, st, "%s: %s", source, rest);
+}
+
 mmoe_status mmoe_config_parse(const char *json_text, const char *source, mmoe_config *cfg,
                               mmoe_error *err)
 {
@@ -307,8 +321,10 @@ mmoe_status mmoe_config_parse(const char *json_text, const char *source, mmoe_co
                                 "%s: key 'num_key_value_heads': DeepSeek-V4 has one shared kv latent (1)",
                                 source);
     }
-    if (st == MMOE_OK)
+    if (st == MMOE_OK) {
         st = mmoe_config_validate(cfg, err);
+        name_the_source(err, st, source);
+    }
 done:
     json_decref(top);
     return st;
