@@ -199,6 +199,13 @@ START_TEST(errors)
     expect_error("[{\"content\": \"x\"}]", MMOE_EFORMAT, "'role'");
     expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": []}", MMOE_EFORMAT, "system");
     expect_error("[{\"role\": \"user\", \"content\": [1]}]", MMOE_EFORMAT, "message 0");
+    /* tools and tool_calls must be arrays (a lone object rendered an empty block before) */
+    expect_error("[{\"role\": \"system\", \"content\": \"s\", \"tools\": {\"type\": \"function\"}},"
+                 " {\"role\": \"user\", \"content\": \"x\"}]",
+                 MMOE_EFORMAT, "message 0 (system): key 'tools': expected an array");
+    expect_error("[{\"role\": \"user\", \"content\": \"x\"},"
+                 " {\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": \"get_weather\"}]",
+                 MMOE_EFORMAT, "message 1 (assistant): key 'tool_calls': expected an array");
 }
 END_TEST
 

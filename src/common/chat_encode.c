@@ -328,6 +328,21 @@ static json_t *drop_filter(const json_t *msgs)
 
 /* ------------------------------------------------------------------ 4. rendering */
 
+/**
+ * Is @p v (a message's 'tools' or 'tool_calls') a JSON array?  If not, fail the encoding with a
+ * message naming the message and the key: a lone object or a string there used to render an empty
+ * block silently (found by the json_fuzz suite).
+ */
+static int require_array(chat_enc *e, const json_t *m, const json_t *v, size_t index, const char *key)
+{
+    if (json_is_array(v))
+        return 1;
+    if (e->st == MMOE_OK)
+        e->st = mmoe_error_set(e->err, MMOE_EFORMAT, "chat: message %zu (%s): key '%s': expected an array, found %s",
+                               index, role_of(m), key, json_is_object(v) ? "an object" : "a non-array value");
+    return 0;
+}
+
 /** The TOOLS block: fixed text, one JSON line per tool function, fixed tail. */
 static void render_tools(chat_enc *e, const json_t *tools, size_t index)
 {
@@ -351,7 +366,7 @@ static void render_tools(chat_enc *e, const json_t *tools, size_t index)
 static void render_tools_and_format(chat_enc *e, const json_t *m, size_t index)
 {
     const json_t *tools = json_object_get(m, "tools"), *rf = json_object_get(m, "response_format");
-    if (truthy(tools)) {
+    if (truthy(tools) && require_array(e, m, tools, index, "tools")) {
         emit_str(e, "\n\n");
         render_tools(e, tools, index);
     }
@@ -520,7 +535,7 @@ static void render_message(chat_enc *e, const json_t *msgs, size_t i)
             return;
         emit(e, text, text_len);
         const json_t *calls = json_object_get(m, "tool_calls");
-        if (truthy(calls))
+        if (truthy(calls) && require_array(e, m, calls, i, "tool_calls"))
             render_tool_calls(e, calls, i);
         if (!json_is_true(json_object_get(m, "wo_eos")))
             emit_str(e, EOS);
