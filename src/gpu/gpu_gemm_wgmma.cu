@@ -30,10 +30,14 @@
  *     same rounding as the mma.sync kernel.  When a weight row's four UE8M0
  *     exponents span more than E4M3 can hold (or with SM100's per-32 activation
  *     scales), every k32 part is promoted on its own: the exact path.  Here the
- *     decision is taken per stage for the whole tile (one flag per producer
+ *     decision is taken per stage and per m64 half (from one flag per producer
  *     warp of 32 rows): rows of a flagged warp are decoded unscaled and promoted
- *     with 2^(k_g - 127) per group, the others keep their folded values and are
- *     promoted with 2^(base - 127) per group, which is the same product.
+ *     with 2^(k_g - 127) per group; the other rows of a flagged half keep their
+ *     folded values and are promoted with 2^(base - 127) per group: the same
+ *     products, summed in a different order than the mma.sync kernel (whose flag
+ *     covers 8 rows), so the two kernels may differ in the last FP32 bits there.
+ *   - **Overlap.**  The producer decodes block i while the consumers multiply
+ *     block i - 1 (its copies run S - 2 blocks ahead of the decode).
  *
  * Tile sizes: BT = 16 tokens (one consumer warpgroup, wgmma n16, 3 stages, two
  * blocks per SM), BT = 64 (two consumer warpgroups of n32, 4 stages) or BT = 128
@@ -114,8 +118,9 @@ __global__ void __launch_bounds__(wg_cfg<BT>::THREADS, wg_cfg<BT>::MIN_BLOCKS) w
     static_assert(wg_layout<BT, BFMT, AG>::OFF_WDEC % 1024 == 0 && wg_layout<BT, BFMT, AG>::OFF_ACT % 1024 == 0 &&
                       (wg_layout<BT, BFMT, AG>::OFF_ACT + wg_cfg<BT>::NT * 128) % 1024 == 0,
                   "swizzled tiles (and each consumer's token half) start on 1024-byte boundaries");
-    static_assert(wg_layout<BT, BFMT, AG>::TOTAL <= 227 * 1024 / wg_cfg<BT>::MIN_BLOCKS,
-                  "the stages fit the shared memory of MIN_BLOCKS blocks per SM");
+    static_assert(wg_layout<BT, BFMT, AG>::TOTAL <= 227 * 1024 &&
+                      wg_cfg<BT>::MIN_BLOCKS * (wg_layout<BT, BFMT, AG>::TOTAL + 1024) <= 228 * 1024,
+                  "the stages fit the shared memory of MIN_BLOCKS blocks per SM (each block reserves 1 KB)");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using CFG = wg_cfg<BT>;
     using SL = wg_layout<BT, BFMT, AG>;
@@ -181,7 +186,14 @@ __global__ void __launch_bounds__(wg_cfg<BT>::THREADS, wg_cfg<BT>::MIN_BLOCKS) w
         const int n = tid, lane = tid & 31, warp = tid >> 5;
         const uint8_t *bexp = p.b + (size_t)expert * p.b_expert_stride + (size_t)nb * nkb * (WROWS * BROW);
         const uint8_t *bsexp = p.b_scale + (size_t)expert * p.bs_expert_stride + (size_t)nb * nkb * (WROWS * 4);
-        constexpr int P = S - 1; /* K blocks whose copies are in flight ahead of the decode */
+        /*
+         * Step j: wait until block j - S has been released, issue the copies of block j, then
+         * decode block i = j - P.  With P = S - 2 the decode of block i waits (through that
+         * release) only for block i - 2, so it overlaps the consumers' MMAs on block i - 1;
+         * with P = S - 1 decode and MMA would strictly alternate (review finding, 2026-11-29).
+         */
+        static_assert(S >= 3, "the decode runs one block ahead of the MMAs");
+        constexpr int P = S - 2; /* K blocks whose copies are in flight ahead of the decode */
         for (int j = 0; j < nk + P; j++) {
             if (j < nk) {
                 if (j >= S)
@@ -278,13 +290,15 @@ __global__ void __launch_bounds__(wg_cfg<BT>::THREADS, wg_cfg<BT>::MIN_BLOCKS) w
         uint8_t *st = smem + s * SL::STAGE_BYTES;
         mbar_wait(&full[s], (i / S) & 1);
         const int *flags = reinterpret_cast<const int *>(st + SL::OFF_FLAG);
-        const bool per_group = AG == 32 || (flags[0] | flags[1] | flags[2] | flags[3]) != 0;
+        /* the exact path per m64 half: producer warps 0-1 wrote the flags of rows 0-63, warps 2-3 of 64-127 */
+        const bool pg0 = AG == 32 || (flags[0] | flags[1]) != 0;
+        const bool pg1 = AG == 32 || (flags[2] | flags[3]) != 0;
         const uint32_t wdec = smem_u32(st + SL::OFF_WDEC);
         const uint64_t da0 = wgmma_desc_sw128(wdec), da1 = wgmma_desc_sw128(wdec + 64 * 128);
         const uint64_t db = wgmma_desc_sw128(smem_u32(st + SL::OFF_ACT + cw * NT * 128));
         const float *asc = reinterpret_cast<const float *>(st + SL::OFF_ASC);
         const float *sb = reinterpret_cast<const float *>(st + SL::OFF_SB);
-        if (!per_group) {
+        if (!pg0 && !pg1) {
             fence_regs(tmp0);
             fence_regs(tmp1);
             wgmma_fence();
@@ -300,20 +314,28 @@ __global__ void __launch_bounds__(wg_cfg<BT>::THREADS, wg_cfg<BT>::MIN_BLOCKS) w
             promote<NT, AGPB>(acc0, tmp0, sb, asc, 0, r0, col0);
             promote<NT, AGPB>(acc1, tmp1, sb + 64, asc, 0, r0, col0);
         } else {
+            /* a flagged half is promoted after each k32 part with its own factors (scale-d = 0
+             * restarts its scratch sum); an unflagged half keeps summing and is promoted once */
 #pragma unroll
             for (int ks = 0; ks < 4; ks++) {
                 fence_regs(tmp0);
                 fence_regs(tmp1);
                 wgmma_fence();
-                MMA::mma(tmp0, da0 + 2 * ks, db + 2 * ks, 0);
-                MMA::mma(tmp1, da1 + 2 * ks, db + 2 * ks, 0);
+                MMA::mma(tmp0, da0 + 2 * ks, db + 2 * ks, pg0 ? 0 : ks);
+                MMA::mma(tmp1, da1 + 2 * ks, db + 2 * ks, pg1 ? 0 : ks);
                 wgmma_commit();
                 wgmma_wait_all();
                 fence_regs(tmp0);
                 fence_regs(tmp1);
-                promote<NT, AGPB>(acc0, tmp0, sb + ks * WROWS, asc, AG == 32 ? ks : 0, r0, col0);
-                promote<NT, AGPB>(acc1, tmp1, sb + ks * WROWS + 64, asc, AG == 32 ? ks : 0, r0, col0);
+                if (pg0)
+                    promote<NT, AGPB>(acc0, tmp0, sb + ks * WROWS, asc, AG == 32 ? ks : 0, r0, col0);
+                if (pg1)
+                    promote<NT, AGPB>(acc1, tmp1, sb + ks * WROWS + 64, asc, AG == 32 ? ks : 0, r0, col0);
             }
+            if (!pg0)
+                promote<NT, AGPB>(acc0, tmp0, sb, asc, 0, r0, col0);
+            if (!pg1)
+                promote<NT, AGPB>(acc1, tmp1, sb + 64, asc, 0, r0, col0);
         }
         mbar_arrive(&empty[s]);
     }
@@ -387,7 +409,35 @@ struct wgmma_launcher {
     }
 };
 
+/** Writes 1 when this translation unit was compiled for sm_90a (the wgmma body exists), else 0. */
+__global__ void wgmma_probe_kernel(int *built)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    *built = 1;
+#else
+    *built = 0;
+#endif
+}
+
 } // namespace
+
+cudaError_t mmoe_wgmma_built_for_device(int *built)
+{
+    *built = 0;
+    int *d = nullptr;
+    cudaError_t e = cudaMalloc((void **)&d, sizeof *d);
+    if (e != cudaSuccess)
+        return e;
+    wgmma_probe_kernel<<<1, 1>>>(d);
+    e = cudaGetLastError();
+    if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction) {
+        e = cudaSuccess; /* no code for this device at all: not built for it */
+    } else if (e == cudaSuccess) {
+        e = cudaMemcpy(built, d, sizeof *built, cudaMemcpyDeviceToHost);
+    }
+    cudaFree(d);
+    return e;
+}
 
 cudaError_t mmoe_launch_gemm_wgmma(const mmoe_gemm_args *args, int block_m, int b_fmt, int a_group, int epi,
                                    int max_tiles, cudaStream_t stream)

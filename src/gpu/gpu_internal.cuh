@@ -131,6 +131,13 @@ cudaError_t mmoe_launch_gemm_wgmma(const mmoe_gemm_args *args, int block_m, int 
                                    int max_tiles, cudaStream_t stream);
 
 /**
+ * Was the wgmma kernel compiled for the current device?  A build whose CUDA_GENCODE lacks
+ * compute_90a has only the kernel's trap stub: *built = 0 then (also when the build has no code
+ * for this device at all).  Runs a one-thread probe kernel.
+ */
+cudaError_t mmoe_wgmma_built_for_device(int *built);
+
+/**
  * Quantize rows to FP8 E4M3.
  * @param in_bf16  BF16 input rows [rows, cols], or NULL
  * @param in_f32   FP32 input rows [rows, cols], or NULL (exactly one of the two is given)

@@ -252,6 +252,20 @@ mmoe_status mmoe_gpu_moe_create(const mmoe_gpu_moe_desc *desc, const mmoe_gpu_mo
                               "gpu layer: the wgmma kernel needs a compute-capability-9.0 device (sm_90a); "
                               "this one is sm_%d (use gemm auto or mma)", cc);
     }
+    if (desc->gemm == MMOE_GPU_GEMM_WGMMA) {
+        int built = 0;
+        cudaError_t pe = mmoe_wgmma_built_for_device(&built);
+        if (pe != cudaSuccess) {
+            free(L);
+            return cuda_fail(err, pe, "wgmma build probe");
+        }
+        if (!built) {
+            free(L);
+            return mmoe_error_set(err, MMOE_ENODEV,
+                                  "gpu layer: this build has no sm_90a code for the wgmma kernel (CUDA_GENCODE lacks "
+                                  "-gencode=arch=compute_90a,code=sm_90a); use gemm auto or mma");
+        }
+    }
     if (desc->block_m == 128 && cc != 90) {
         free(L);
         return mmoe_error_set(err, MMOE_ENODEV, "gpu layer: block_m 128 needs the wgmma kernel, which sm_%d lacks", cc);
