@@ -432,14 +432,8 @@ struct mma_launcher {
     template <int BFMT, int AG, int EPI>
     cudaError_t run() const
     {
-        constexpr int bytes = smem_layout<BM, BFMT, AG>::TOTAL;
-        /* raise the dynamic shared-memory limit once per instance (cheap, and idempotent) */
-        cudaError_t e = cudaFuncSetAttribute(gemm_kernel<BM, BFMT, AG, EPI>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-        if (e != cudaSuccess)
-            return e;
-        gemm_kernel<BM, BFMT, AG, EPI><<<grid, threads_of<BM>::value, bytes, s>>>(*a);
-        return cudaGetLastError();
+        return mmoe_launch_gemm_kernel(gemm_kernel<BM, BFMT, AG, EPI>, grid, threads_of<BM>::value,
+                                       smem_layout<BM, BFMT, AG>::TOTAL, s, a);
     }
 };
 

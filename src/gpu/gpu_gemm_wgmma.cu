@@ -399,13 +399,8 @@ struct wgmma_launcher {
     template <int BFMT, int AG, int EPI>
     cudaError_t run() const
     {
-        constexpr int bytes = wg_layout<BT, BFMT, AG>::TOTAL;
-        cudaError_t e = cudaFuncSetAttribute(wgmma_gemm_kernel<BT, BFMT, AG, EPI>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-        if (e != cudaSuccess)
-            return e;
-        wgmma_gemm_kernel<BT, BFMT, AG, EPI><<<grid, wg_cfg<BT>::THREADS, bytes, s>>>(*a);
-        return cudaGetLastError();
+        return mmoe_launch_gemm_kernel(wgmma_gemm_kernel<BT, BFMT, AG, EPI>, grid, wg_cfg<BT>::THREADS,
+                                       wg_layout<BT, BFMT, AG>::TOTAL, s, a);
     }
 };
 

@@ -98,6 +98,22 @@ inline dim3 mmoe_gemm_grid(const mmoe_gemm_args *a, int epi, int max_tiles)
     return dim3((unsigned)max_tiles, (unsigned)nblocks, (unsigned)nsplit);
 }
 
+/**
+ * Launch one GEMM kernel instance with @p smem_bytes of dynamic shared memory: raise the
+ * instance's limit first (cheap, and idempotent), then launch; the launchers of both kernel
+ * families go through here.
+ */
+template <typename Kernel>
+cudaError_t mmoe_launch_gemm_kernel(Kernel kernel, dim3 grid, int threads, int smem_bytes, cudaStream_t s,
+                                    const mmoe_gemm_args *a)
+{
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+    if (e != cudaSuccess)
+        return e;
+    kernel<<<grid, threads, smem_bytes, s>>>(*a);
+    return cudaGetLastError();
+}
+
 /** mmoe_gemm_dispatch() for a known weight format and activation group: the epilogue. */
 template <int BFMT, int AG, typename Launcher>
 cudaError_t mmoe_gemm_dispatch_epi(const Launcher &l, int epi)

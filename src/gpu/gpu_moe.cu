@@ -511,6 +511,15 @@ static int choose_block_m(int forced, int wgmma, int T, int topk, int E)
     return e <= 16.5 ? 16 : (!wgmma || e <= 64.5) ? 64 : 128;
 }
 
+/** Make @p a a split-K launch: MMOE_SPLIT_KB K blocks per split, raw FP32 sums into @p partial [splits][rows][cols]. */
+static void use_split_k(mmoe_gemm_args *a, float *partial, int rows, int cols)
+{
+    a->split_kb = MMOE_SPLIT_KB;
+    a->partial = partial;
+    a->partial_rows = rows;
+    a->partial_cols = cols;
+}
+
 /** One grouped GEMM with the layer's kernel family. */
 static cudaError_t layer_gemm(const mmoe_gpu_moe *L, const mmoe_gemm_args *a, int bm, int bfmt, int ag, int epi,
                               int tiles, cudaStream_t s)
@@ -552,12 +561,8 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
         a.b_up_row0 = SI;
         a.clamp = L->d.swiglu_limit;
         a.out_f32 = L->sh_a1;
-        if (split) {
-            a.split_kb = MMOE_SPLIT_KB;
-            a.partial = L->sh_part;
-            a.partial_rows = T;
-            a.partial_cols = 2 * SI;
-        }
+        if (split)
+            use_split_k(&a, L->sh_part, T, 2 * SI);
         CK(layer_gemm(L, &a, sbm, MMOE_B_FP8, ag, MMOE_EPI_SWIGLU, stiles, s), "L1 GEMM (shared)");
         if (split)
             CK(mmoe_launch_split_finish(&a, MMOE_EPI_SWIGLU, (int)split_count(D), T, NULL, s), "L1 split-K sum (shared)");
@@ -573,12 +578,8 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
         a.shared_slot = K;
         a.out_slots = L->slots;
         a.slots = K + 1;
-        if (split) {
-            a.split_kb = MMOE_SPLIT_KB;
-            a.partial = L->sh_part;
-            a.partial_rows = T;
-            a.partial_cols = D;
-        }
+        if (split)
+            use_split_k(&a, L->sh_part, T, D);
         CK(layer_gemm(L, &a, sbm, MMOE_B_FP8, ag, MMOE_EPI_SLOT_BF16, stiles, s), "L2 GEMM (shared)");
         if (split)
             CK(mmoe_launch_split_finish(&a, MMOE_EPI_SLOT_BF16, (int)split_count(SI), T, NULL, s),
@@ -608,12 +609,8 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
     a.clamp = L->d.swiglu_limit;
     a.pool = L->pool;
     a.out_f32 = L->a1;
-    if (split) {
-        a.split_kb = MMOE_SPLIT_KB;
-        a.partial = L->part;
-        a.partial_rows = T * K;
-        a.partial_cols = 2 * I;
-    }
+    if (split)
+        use_split_k(&a, L->part, T * K, 2 * I);
     CK(layer_gemm(L, &a, bm, MMOE_B_FP4, ag, MMOE_EPI_SWIGLU, max_tiles, s), "L1 GEMM (routed)");
     if (split)
         CK(mmoe_launch_split_finish(&a, MMOE_EPI_SWIGLU, (int)split_count(D), T * K, L->num_pairs, s),
@@ -635,12 +632,8 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
     a.pool = L->pool;
     a.out_slots = L->slots;
     a.slots = K + 1;
-    if (split) {
-        a.split_kb = MMOE_SPLIT_KB;
-        a.partial = L->part;
-        a.partial_rows = T * K;
-        a.partial_cols = D;
-    }
+    if (split)
+        use_split_k(&a, L->part, T * K, D);
     CK(layer_gemm(L, &a, bm, MMOE_B_FP4, ag, MMOE_EPI_SLOT_BF16, max_tiles, s), "L2 GEMM (routed)");
     if (split)
         CK(mmoe_launch_split_finish(&a, MMOE_EPI_SLOT_BF16, (int)split_count(I), T * K, L->num_pairs, s),
