@@ -12,8 +12,72 @@
 #ifndef MMOE_CLI_H
 #define MMOE_CLI_H
 
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mmoe_error.h"
+
 /** Exit status of a usage error (unknown option, missing argument). */
 #define MMOE_EXIT_USAGE 2
+
+/**
+ * @name Numeric option values (cli_args.c)
+ *
+ * Every numeric option of every command is parsed here: the whole string must be the
+ * number (decimal, or hexadecimal after `0x`; no blank, no trailing character), it must
+ * fit, and it must lie in the option's range.  A rejected value gives
+ * `megamoe CMD: --OPT: expected an integer in [LO, HI], got 'VALUE'`.
+ * @{
+ */
+
+/** Open ends of a double range for mmoe_cli_parse_f64() (bit flags; 0: both ends closed). */
+enum mmoe_cli_open {
+    MMOE_CLI_LO_OPEN = 1u, /**< the lower bound itself is refused: (lo, ... */
+    MMOE_CLI_HI_OPEN = 2u  /**< the upper bound itself is refused: ..., hi) */
+};
+
+/**
+ * Parse a signed integer in [@p lo, @p hi].
+ * @return MMOE_OK and *@p v, or MMOE_EINVAL with "expected an integer in [lo, hi], got 'S'"
+ */
+mmoe_status mmoe_cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *v, mmoe_error *err);
+
+/** Parse an unsigned integer in [@p lo, @p hi] (a minus sign is refused); as mmoe_cli_parse_i64(). */
+mmoe_status mmoe_cli_parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *v, mmoe_error *err);
+
+/**
+ * Parse a finite number in the range from @p lo to @p hi (either may be +-INFINITY: unbounded),
+ * with the ends named in @p open (::mmoe_cli_open flags) excluded.
+ * @return MMOE_OK and *@p v, or MMOE_EINVAL with "expected a number in (lo, hi], got 'S'"
+ */
+mmoe_status mmoe_cli_parse_f64(const char *s, double lo, double hi, unsigned open, double *v, mmoe_error *err);
+
+/**
+ * Parse a comma-separated list of at most @p max_n integers in [@p lo, @p hi] ("1,8,64").
+ * @param items  receives a malloc'd array (caller frees), NULL on failure
+ * @param n      receives the count (>= 1: an empty item is refused)
+ * @return MMOE_OK, MMOE_EINVAL naming the item ("item 2: expected ..."), MMOE_ENOMEM
+ */
+mmoe_status mmoe_cli_parse_i64_list(const char *s, int64_t lo, int64_t hi, size_t max_n, int64_t **items, size_t *n,
+                                    mmoe_error *err);
+
+/**
+ * The getopt-loop forms: parse the value @p s of option --@p opt of command @p cmd
+ * ("moe", "bench moe"); on failure print `megamoe CMD: --OPT: ...` on stderr.
+ * @return 0 (value stored) or ::MMOE_EXIT_USAGE (nothing stored)
+ */
+int mmoe_cli_opt_i64(const char *cmd, const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *v);
+/** As mmoe_cli_opt_i64() into an int. */
+int mmoe_cli_opt_int(const char *cmd, const char *opt, const char *s, int lo, int hi, int *v);
+/** As mmoe_cli_opt_i64() for an unsigned value. */
+int mmoe_cli_opt_u64(const char *cmd, const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *v);
+/** As mmoe_cli_opt_i64() for a number (see mmoe_cli_parse_f64()). */
+int mmoe_cli_opt_f64(const char *cmd, const char *opt, const char *s, double lo, double hi, unsigned open, double *v);
+/** As mmoe_cli_opt_i64() for a list (see mmoe_cli_parse_i64_list()); 1 when out of memory. */
+int mmoe_cli_opt_i64_list(const char *cmd, const char *opt, const char *s, int64_t lo, int64_t hi, size_t max_n,
+                          int64_t **items, size_t *n);
+
+/** @} */
 
 int mmoe_cmd_inspect(int argc, char **argv);     /**< `megamoe inspect FILE` */
 int mmoe_cmd_moe(int argc, char **argv);         /**< `megamoe moe`: one MoE layer */
