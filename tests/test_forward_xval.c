@@ -59,7 +59,7 @@ static int compare_one_model(uint64_t seed)
                                 (unsigned long long)mmoe_rng_below(&r, (uint64_t)cfg.vocab_size));
     int verdict = 0;
     for (int decode = 0; decode < 2; decode++) {
-        snprintf(cmd, sizeof cmd, "'%s' logits --model '%s' --tokens %s --out '%s/logits.st' --mtp %s", bin, dir,
+        snprintf(cmd, sizeof cmd, "'%s' logits --model '%s' --ids %s --out '%s/logits.st' --mtp %s", bin, dir,
                  tokens, root, decode ? "--decode" : "");
         ck_assert_int_eq(mmoe_test_system(cmd), 0);
         snprintf(cmd, sizeof cmd, "sh '%s/tests/xval/run-xval.sh' forward_numpy.py '%s' %s --compare '%s/logits.st'",

@@ -399,13 +399,13 @@ START_TEST(bad_inputs_fail_with_a_message)
     snprintf(args, sizeof args, "--model %s --prompt hi --chat", g_model);
     expect_failure(args, 2, "exclude each other");
     snprintf(args, sizeof args, "--model %s --prompt hi --temperature -1", g_model);
-    expect_failure(args, 2, "--temperature '-1'");
+    expect_failure(args, 2, "megamoe generate: --temperature: expected a number in [0, 1e+06], got '-1'");
     snprintf(args, sizeof args, "--model %s --prompt hi --top-p 0", g_model);
-    expect_failure(args, 2, "--top-p '0'");
+    expect_failure(args, 2, "megamoe generate: --top-p: expected a number in (0, 1], got '0'");
     snprintf(args, sizeof args, "--model %s --prompt hi --max-tokens lots", g_model);
-    expect_failure(args, 2, "--max-tokens 'lots'");
+    expect_failure(args, 2, "megamoe generate: --max-tokens: expected an integer in [0, 1099511627776], got 'lots'");
     snprintf(args, sizeof args, "--model %s --prompt hi --threads 0", g_model);
-    expect_failure(args, 2, "--threads '0'");
+    expect_failure(args, 2, "megamoe generate: --threads: expected an integer in [1, 1024], got '0'");
     snprintf(args, sizeof args, "--model %s --prompt hi --frobnicate", g_model);
     expect_failure(args, 2, "unknown option '--frobnicate'");
     snprintf(args, sizeof args, "--model %s --prompt hi --thinking", g_model);

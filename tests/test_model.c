@@ -353,21 +353,21 @@ START_TEST(cli_bad_input)
         return;
     char root[512], dir[600], cmd[2048];
     make_tiny(root, sizeof root, dir, sizeof dir, 1, 0);
-    snprintf(cmd, sizeof cmd, "'%s' logits --model '%s/none' --tokens 1,2 --out '%s/o.st'", bin, root, root);
+    snprintf(cmd, sizeof cmd, "'%s' logits --model '%s/none' --ids 1,2 --out '%s/o.st'", bin, root, root);
     ck_assert_int_eq(mmoe_test_system(cmd), 1);
-    snprintf(cmd, sizeof cmd, "'%s' logits --model '%s' --tokens 1,x --out '%s/o.st'", bin, dir, root);
+    snprintf(cmd, sizeof cmd, "'%s' logits --model '%s' --ids 1,x --out '%s/o.st'", bin, dir, root);
     ck_assert_int_eq(mmoe_test_system(cmd), 2);
-    snprintf(cmd, sizeof cmd, "'%s' logits --model '%s' --tokens 1,99999 --out '%s/o.st'", bin, dir, root);
+    snprintf(cmd, sizeof cmd, "'%s' logits --model '%s' --ids 1,99999 --out '%s/o.st'", bin, dir, root);
     ck_assert_int_eq(mmoe_test_system(cmd), 1);
     snprintf(cmd, sizeof cmd, "test ! -e '%s/o.st'", root); /* no half-written output */
     ck_assert_int_eq(mmoe_test_system(cmd), 0);
-    snprintf(cmd, sizeof cmd, "'%s' logits --model '%s' --tokens 1,2,3 --out '%s/o.st' --last", bin, dir, root);
+    snprintf(cmd, sizeof cmd, "'%s' logits --model '%s' --ids 1,2,3 --out '%s/o.st' --last", bin, dir, root);
     ck_assert_int_eq(mmoe_test_system(cmd), 0);
     snprintf(cmd, sizeof cmd, "'%s' synth-model --shape tiny --layers 1 --out '%s'", bin, dir); /* not empty */
     ck_assert_int_eq(mmoe_test_system(cmd), 1);
     snprintf(cmd, sizeof cmd, "'%s' synth-model --shape huge --out '%s/x'", bin, root);
     ck_assert_int_eq(mmoe_test_system(cmd), 2);
-    snprintf(cmd, sizeof cmd, "'%s' bench forward --model '%s' --tokens 4 --decode 2 >/dev/null", bin, dir);
+    snprintf(cmd, sizeof cmd, "'%s' bench forward --model '%s' --prefill 4 --decode 2 >/dev/null", bin, dir);
     ck_assert_int_eq(mmoe_test_system(cmd), 0);
     mmoe_test_rmtree(root);
 }

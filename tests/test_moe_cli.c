@@ -64,7 +64,7 @@ static void teardown(void)
 START_TEST(synth_then_moe_round_trip)
 {
     char args[512];
-    snprintf(args, sizeof args, "synth-layer --shape tiny --experts 6 --seed %llu --tokens 5 --layer 7 --out l.safetensors",
+    snprintf(args, sizeof args, "synth-layer --shape tiny --experts 6 --seed %llu --input-tokens 5 --layer 7 --out l.safetensors",
              (unsigned long long)g_seed);
     ck_assert_int_eq(cli(args), 0);
     ck_assert(exists("l.safetensors") && exists("l.input.safetensors"));
@@ -106,7 +106,7 @@ END_TEST
 START_TEST(hash_layer_via_cli)
 {
     char args[512];
-    snprintf(args, sizeof args, "synth-layer --shape tiny --hash --seed %llu --tokens 3 --out h.safetensors",
+    snprintf(args, sizeof args, "synth-layer --shape tiny --hash --seed %llu --input-tokens 3 --out h.safetensors",
              (unsigned long long)g_seed);
     ck_assert_int_eq(cli(args), 0);
     ck_assert_int_eq(cli("moe --weights h.safetensors --input h.input.safetensors --out y.safetensors"), 0);
@@ -117,7 +117,7 @@ END_TEST
 START_TEST(bad_inputs_fail_clearly)
 {
     char args[512];
-    snprintf(args, sizeof args, "synth-layer --shape tiny --seed %llu --tokens 2 --out l.safetensors",
+    snprintf(args, sizeof args, "synth-layer --shape tiny --seed %llu --input-tokens 2 --out l.safetensors",
              (unsigned long long)g_seed);
     ck_assert_int_eq(cli(args), 0);
     /* missing file */

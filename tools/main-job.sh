@@ -15,6 +15,6 @@ fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/megamoe-main.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 echo "== megamoe moe on a synthetic tiny layer (CPU oracle, recipe sm100)"
-$bin synth-layer --shape tiny --tokens 16 --seed 1 --out "$work/layer.safetensors"
+$bin synth-layer --shape tiny --input-tokens 16 --seed 1 --out "$work/layer.safetensors"
 $bin moe --weights "$work/layer.safetensors" --input "$work/layer.input.safetensors" --out "$work/y.safetensors"
 $bin inspect "$work/y.safetensors" --stats

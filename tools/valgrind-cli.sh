@@ -80,7 +80,7 @@ check 0 $none inspect "$model" --stats --filter layers.0.attn
 check 1 $none inspect "$tmp/no-such-file.safetensors"
 
 if implemented synth-layer && implemented moe; then
-    check 0 $none synth-layer --shape tiny --seed 3 --tokens 8 --out "$tmp/layer.safetensors" \
+    check 0 $none synth-layer --shape tiny --seed 3 --input-tokens 8 --out "$tmp/layer.safetensors" \
         --input-out "$tmp/x.safetensors"
     check 0 $none moe --weights "$tmp/layer.safetensors" --input "$tmp/x.safetensors" --out "$tmp/y.safetensors"
     check 1 $none moe --weights "$tmp/layer.safetensors" --input "$tmp/no-such-input.safetensors" \
@@ -99,8 +99,8 @@ else
 fi
 
 if implemented logits; then
-    check 0 $none logits --model "$model" --tokens 0,5,6,7 --out "$tmp/logits.safetensors"
-    check 0 $none logits --model "$model" --tokens 0,5,6,7 --out "$tmp/logits2.safetensors" --last --decode
+    check 0 $none logits --model "$model" --ids 0,5,6,7 --out "$tmp/logits.safetensors"
+    check 0 $none logits --model "$model" --ids 0,5,6,7 --out "$tmp/logits2.safetensors" --last --decode
 else
     skipped="$skipped logits"
 fi

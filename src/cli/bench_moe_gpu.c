@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "bench_moe_gpu.h"
+#include "mmoe_cli.h"
 #include "mmoe_formats.h"
 #include "mmoe_gpu_moe.h"
 #include "mmoe_rng.h"
@@ -49,24 +50,6 @@ static const bench_shape shapes[] = {
     {"tiny", 256, 256, 8, 2, 256},
 };
 
-/** Parse "1,8,32" into @p out; -1 on a bad list. */
-static int parse_tokens(const char *s, int *out, int max)
-{
-    int n = 0;
-    const char *p = s;
-    while (*p != '\0' && n < max) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 1 || v > 1 << 20)
-            return -1;
-        out[n++] = (int)v;
-        p = *end == ',' ? end + 1 : end;
-        if (*end != ',' && *end != '\0')
-            return -1;
-    }
-    return n;
-}
-
 /** Write the inputs of one T for the peer: x.bf16, idx.i32, w.f32 in @p dir. */
 static int dump_inputs(const char *dir, int T, int D, int K, const uint16_t *x, const int32_t *idx, const float *w)
 {
@@ -88,8 +71,9 @@ static int dump_inputs(const char *dir, int T, int D, int K, const uint16_t *x, 
 int mmoe_bench_moe_gpu(int argc, char **argv)
 {
     const char *shape_name = "v4-flash", *tokens_s = "1,8,32,128,512,2048,8192", *peer = NULL;
+    const char *cmd_name = "bench moe";
     int iters = 50, experts = 0, block_m = 0;
-    unsigned long long seed = 1234;
+    uint64_t seed = 1234;
     mmoe_gpu_recipe recipe = MMOE_GPU_RECIPE_AUTO;
     mmoe_gpu_gemm gemm = MMOE_GPU_GEMM_AUTO;
     for (int i = 1; i < argc; i++) {
@@ -101,24 +85,32 @@ int mmoe_bench_moe_gpu(int argc, char **argv)
         } else if (strcmp(a, "--tokens") == 0 && v) {
             tokens_s = v, i++;
         } else if ((strcmp(a, "--iters") == 0 || strcmp(a, "--reps") == 0) && v) {
-            iters = atoi(v), i++;
+            if (mmoe_cli_opt_int(cmd_name, a + 2, v, 1, 1000000, &iters) != 0)
+                return MMOE_EXIT_USAGE;
+            i++;
         } else if (strcmp(a, "--block-m") == 0 && v) {
-            block_m = atoi(v), i++;
+            if (mmoe_cli_opt_int(cmd_name, "block-m", v, 0, 1024, &block_m) != 0)
+                return MMOE_EXIT_USAGE;
+            i++;
         } else if (strcmp(a, "--gemm") == 0 && v) {
             if (mmoe_gpu_gemm_parse(v, &gemm) != 0) {
-                fprintf(stderr, "bench moe (gpu): --gemm must be auto, mma or wgmma, got '%s'\n", v);
+                fprintf(stderr, "megamoe bench moe: --gemm must be auto, mma or wgmma, got '%s'\n", v);
                 return 2;
             }
             i++;
         } else if (strcmp(a, "--experts") == 0 && v) {
-            experts = atoi(v), i++;
+            if (mmoe_cli_opt_int(cmd_name, "experts", v, 1, 1 << 16, &experts) != 0)
+                return MMOE_EXIT_USAGE;
+            i++;
         } else if (strcmp(a, "--peer") == 0 && v) {
             peer = v, i++;
         } else if (strcmp(a, "--seed") == 0 && v) {
-            seed = strtoull(v, NULL, 10), i++;
+            if (mmoe_cli_opt_u64(cmd_name, "seed", v, 0, UINT64_MAX, &seed) != 0)
+                return MMOE_EXIT_USAGE;
+            i++;
         } else if (strcmp(a, "--shared") == 0 && v) {
             if (strcmp(v, "serial") == 0) {
-                fprintf(stderr, "bench moe (gpu): the GPU layer has no serial shared path (--shared fused|auto)\n");
+                fprintf(stderr, "megamoe bench moe: the GPU layer has no serial shared path (--shared fused|auto)\n");
                 return 2;
             }
             i++;
@@ -128,12 +120,12 @@ int mmoe_bench_moe_gpu(int argc, char **argv)
             else if (strcmp(v, "sm100") == 0)
                 recipe = MMOE_GPU_RECIPE_SM100;
             else {
-                fprintf(stderr, "bench moe (gpu): --recipe must be sm90 or sm100, got '%s'\n", v);
+                fprintf(stderr, "megamoe bench moe: --recipe must be sm90 or sm100, got '%s'\n", v);
                 return 2;
             }
             i++;
         } else {
-            fprintf(stderr, "bench moe (gpu): unknown or incomplete option '%s'\n"
+            fprintf(stderr, "megamoe bench moe: unknown or incomplete option '%s'\n"
                             "usage: bench moe --backend gpu [--shape S] [--experts N] [--tokens LIST] [--iters N]\n"
                             "       [--recipe sm90|sm100] [--block-m 16|64|128] [--gemm auto|mma|wgmma]\n"
                             "       [--peer PATH|none] [--seed S]\n", a);
@@ -145,19 +137,22 @@ int mmoe_bench_moe_gpu(int argc, char **argv)
         if (strcmp(shapes[i].name, shape_name) == 0)
             sh = &shapes[i];
     if (sh == NULL) {
-        fprintf(stderr, "bench moe (gpu): unknown shape '%s' (v4-flash, v4.1-flash, v4-pro, tiny)\n", shape_name);
+        fprintf(stderr, "megamoe bench moe: unknown shape '%s' (v4-flash, v4.1-flash, v4-pro, tiny)\n", shape_name);
         return 2;
     }
     int Ts[64];
-    int nT = parse_tokens(tokens_s, Ts, 64);
-    if (nT <= 0 || iters <= 0) {
-        fprintf(stderr, "bench moe (gpu): bad --tokens '%s' or --iters %d\n", tokens_s, iters);
-        return 2;
-    }
+    int64_t *tlist = NULL;
+    size_t nlist = 0;
+    if (mmoe_cli_opt_i64_list(cmd_name, "tokens", tokens_s, 1, 1 << 20, 64, &tlist, &nlist) != 0)
+        return MMOE_EXIT_USAGE;
+    const int nT = (int)nlist;
+    for (int it = 0; it < nT; it++)
+        Ts[it] = (int)tlist[it];
+    free(tlist);
     mmoe_error err;
     int cc = 0;
     if (mmoe_gpu_available(&cc, &err) != MMOE_OK) {
-        fprintf(stderr, "bench moe (gpu): %s\n", err.msg);
+        fprintf(stderr, "megamoe bench moe: %s\n", err.msg);
         return 77;
     }
     mmoe_gpu_moe_desc d;
@@ -173,7 +168,7 @@ int mmoe_bench_moe_gpu(int argc, char **argv)
     d.gemm = gemm;
     mmoe_gpu_moe *L = NULL;
     if (mmoe_gpu_moe_create(&d, NULL, seed, &L, &err) != MMOE_OK) {
-        fprintf(stderr, "bench moe (gpu): %s\n", err.msg);
+        fprintf(stderr, "megamoe bench moe: %s\n", err.msg);
         return 1;
     }
     /* peer inputs */
@@ -207,7 +202,7 @@ int mmoe_bench_moe_gpu(int argc, char **argv)
         float *w = malloc((size_t)T * K * 4);
         char *touched = calloc((size_t)d.n_experts, 1);
         if (!x || !idx || !w || !touched) {
-            fprintf(stderr, "bench moe (gpu): out of memory\n");
+            fprintf(stderr, "megamoe bench moe: out of memory\n");
             free(x), free(idx), free(w), free(touched);
             rc = 1;
             break;
@@ -233,7 +228,7 @@ int mmoe_bench_moe_gpu(int argc, char **argv)
         double med = 0, mn = 0;
         int n = T >= 2048 ? (iters + 3) / 4 : iters;
         if (mmoe_gpu_moe_time(L, T, x, idx, w, 3, n, &med, &mn, &res, &err) != MMOE_OK) {
-            fprintf(stderr, "bench moe (gpu): T=%d: %s\n", T, err.msg);
+            fprintf(stderr, "megamoe bench moe: T=%d: %s\n", T, err.msg);
             rc = 1;
         }
         us[it] = med;
@@ -283,7 +278,7 @@ int mmoe_bench_moe_gpu(int argc, char **argv)
         char cmd[600];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
         if (system(cmd) != 0)
-            fprintf(stderr, "bench moe (gpu): could not remove %s\n", dir);
+            fprintf(stderr, "megamoe bench moe: could not remove %s\n", dir);
     }
     return rc;
 }

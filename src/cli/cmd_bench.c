@@ -15,10 +15,15 @@ int mmoe_cmd_bench(int argc, char **argv)
                      "       megamoe bench forward [OPTIONS]   full forward (megamoe bench forward --help)\n");
         return argc < 2 ? MMOE_EXIT_USAGE : 0;
     }
-    if (strcmp(argv[1], "moe") == 0)
+    char prog[] = "megamoe bench moe", prog_fwd[] = "megamoe bench forward"; /* getopt's message prefix */
+    if (strcmp(argv[1], "moe") == 0) {
+        argv[1] = prog;
         return mmoe_cmd_bench_moe(argc - 1, argv + 1);
-    if (strcmp(argv[1], "forward") == 0)
+    }
+    if (strcmp(argv[1], "forward") == 0) {
+        argv[1] = prog_fwd;
         return mmoe_cmd_bench_forward(argc - 1, argv + 1);
+    }
     fprintf(stderr, "megamoe bench: unknown benchmark '%s' (expected moe or forward)\n", argv[1]);
     return MMOE_EXIT_USAGE;
 }

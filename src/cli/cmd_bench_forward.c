@@ -2,9 +2,9 @@
  * @file cmd_bench_forward.c
  * @brief `megamoe bench forward`: prefill tokens/s, decode ms/token and the layer-by-layer split of the CPU oracle.
  *
- *     megamoe bench forward --model DIR [--tokens 64] [--decode 8] [--seed S]
+ *     megamoe bench forward --model DIR [--prefill 64] [--decode 8] [--seed S] [--threads N]
  *
- * Prefills --tokens random token ids from position 0 (one call), then decodes --decode
+ * Prefills --prefill random token ids from position 0 (one call), then decodes --decode
  * more tokens one call each (greedy from the logits).  Reports the wall times, the
  * split per layer (attention, MoE, mHC) and per global part (embedding, head), the
  * resident-set peak (getrusage) against the checkpoint's tensor bytes and the KV-cache
@@ -24,16 +24,25 @@
 /** Print the usage text to @p out. */
 static void usage(FILE *out)
 {
-    fprintf(out, "usage: megamoe bench forward --model DIR [--tokens N] [--decode K] [--seed S]\n"
-                 "  Prefill N random tokens (default 64), then decode K tokens one by one (default 8);\n"
-                 "  prints prefill tokens/s, decode ms/token, the per-layer split and peak RSS.\n");
+    fprintf(out, "usage: megamoe bench forward --model DIR [options]\n\n"
+                 "Prefill random tokens, then decode tokens one by one (greedy); prints prefill tokens/s,\n"
+                 "decode ms/token, the per-layer split and the peak RSS.\n\n"
+                 "  --model DIR     checkpoint directory (required)\n"
+                 "  --prefill N     prompt tokens, 1..1000000 (default 64)\n"
+                 "  --decode K      tokens decoded one at a time, 0..100000 (default 8)\n"
+                 "  --seed S        RNG seed of the prompt (default 1)\n"
+                 "  --threads N     OpenBLAS and dequantization threads, 1..%d (default: their own defaults)\n\n"
+                 "example:\n"
+                 "  megamoe bench forward --model fixtures/tiny-dsv4 --prefill 64 --decode 8\n",
+            MMOE_CLI_MAX_THREADS);
 }
 
-/** Progress line on stderr. */
+/** Progress line on stderr, rewritten in place: only on a terminal. */
 static void progress(void *ctx, int done, int total, const char *what)
 {
     (void)ctx;
-    fprintf(stderr, "\rloading: %d/%d layers (%s)%s", done, total, what, done == total ? "\n" : "   ");
+    if (mmoe_cli_progress_allowed())
+        fprintf(stderr, "\rloading: %d/%d layers (%s)%s", done, total, what, done == total ? "\n" : "   ");
 }
 
 /** Print one phase's split: per layer attention / MoE / mHC seconds (differences of two snapshots). */
@@ -62,34 +71,40 @@ static void print_split(const char *phase, const mmoe_model_timings *a, const do
 
 int mmoe_cmd_bench_forward(int argc, char **argv)
 {
-    static const struct option opts[] = {{"model", required_argument, 0, 'm'}, {"tokens", required_argument, 0, 't'},
+    enum { O_THREADS = 256, O_TOKENS };
+    static const struct option opts[] = {{"model", required_argument, 0, 'm'}, {"prefill", required_argument, 0, 't'},
                                          {"decode", required_argument, 0, 'd'}, {"seed", required_argument, 0, 's'},
+                                         {"threads", required_argument, 0, O_THREADS},
+                                         {"tokens", required_argument, 0, O_TOKENS},
                                          {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
-    const char *model_dir = NULL;
-    long n_prefill = 64, n_decode = 8;
-    unsigned long long seed = 1;
-    int c;
+    const char *cmd = "bench forward", *model_dir = NULL;
+    int64_t n_prefill = 64, n_decode = 8;
+    uint64_t seed = 1;
+    int c, rc = 0, threads = 0;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        char *end = NULL;
+    while (rc == 0 && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
         case 'm': model_dir = optarg; break;
-        case 't': n_prefill = strtol(optarg, &end, 10); break;
-        case 'd': n_decode = strtol(optarg, &end, 10); break;
-        case 's': seed = strtoull(optarg, &end, 10); break;
+        case 't': rc = mmoe_cli_opt_i64(cmd, "prefill", optarg, 1, 1000000, &n_prefill); break;
+        case 'd': rc = mmoe_cli_opt_i64(cmd, "decode", optarg, 0, 100000, &n_decode); break;
+        case 's': rc = mmoe_cli_opt_u64(cmd, "seed", optarg, 0, UINT64_MAX, &seed); break;
+        case O_THREADS: rc = mmoe_cli_opt_int(cmd, "threads", optarg, 1, MMOE_CLI_MAX_THREADS, &threads); break;
+        case O_TOKENS:
+            fprintf(stderr, "megamoe bench forward: --tokens is now --prefill N (the prompt's token count)\n");
+            rc = MMOE_EXIT_USAGE;
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return MMOE_EXIT_USAGE;
         }
-        if (end && (*end || end == optarg)) {
-            fprintf(stderr, "megamoe bench forward: '%s' is not a number\n", optarg);
-            return MMOE_EXIT_USAGE;
-        }
     }
-    if (!model_dir || optind != argc || n_prefill < 1 || n_decode < 0 || n_prefill > 1000000 || n_decode > 100000) {
-        fprintf(stderr, "megamoe bench forward: --model is required; --tokens >= 1, --decode >= 0\n");
+    if (rc != 0)
+        return rc;
+    if (!model_dir || optind != argc) {
+        fprintf(stderr, "megamoe bench forward: %s\n", !model_dir ? "--model DIR is required" : "unexpected argument");
         usage(stderr);
         return MMOE_EXIT_USAGE;
     }
+    mmoe_cli_set_threads(threads);
     mmoe_error err;
     mmoe_error_clear(&err);
     mmoe_model *m = NULL;
@@ -97,7 +112,7 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
     int32_t *ids = NULL;
     float *logits = NULL;
     double *snap = NULL;
-    int rc = 1;
+    rc = 1;
     double t0 = mmoe_clock_s();
     mmoe_status st = mmoe_model_open(model_dir, progress, NULL, &m, &err);
     if (st != MMOE_OK)
@@ -130,7 +145,7 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
            cfg->n_mtp_layers, (long long)cfg->dim, cfg->n_routed_experts, cfg->n_activated_experts,
            (double)mmoe_model_weight_bytes(m) / (1u << 30));
     printf("load (mmap + checks): %.3f s\n", t_load);
-    printf("prefill: %ld tokens in %.3f s = %.2f tokens/s\n", n_prefill, t_prefill, (double)n_prefill / t_prefill);
+    printf("prefill: %lld tokens in %.3f s = %.2f tokens/s\n", (long long)n_prefill, t_prefill, (double)n_prefill / t_prefill);
     double *a0 = snap, *m0 = snap + nb, *h0 = snap + 2 * nb;
     print_split("prefill", &tm, a0, m0, h0, 0, 0, t_prefill);
     memcpy(a0, tm.attn_s, sizeof(double) * (size_t)nb);
@@ -138,7 +153,7 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
     memcpy(h0, tm.mhc_s, sizeof(double) * (size_t)nb);
     double e0 = tm.embed_s, hd0 = tm.head_s;
     t0 = mmoe_clock_s();
-    for (long i = 0; i < n_decode && st == MMOE_OK; i++) {
+    for (int64_t i = 0; i < n_decode && st == MMOE_OK; i++) {
         int32_t best = 0; /* greedy next token */
         for (int64_t v = 1; v < V; v++)
             if (logits[v] > logits[best])
@@ -150,7 +165,7 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
     if (st != MMOE_OK)
         goto done;
     if (n_decode > 0) {
-        printf("decode: %ld tokens in %.3f s = %.2f ms/token\n", n_decode, t_decode, 1e3 * t_decode / (double)n_decode);
+        printf("decode: %lld tokens in %.3f s = %.2f ms/token\n", (long long)n_decode, t_decode, 1e3 * t_decode / (double)n_decode);
         mmoe_model_state_timings(s, &tm);
         print_split("decode", &tm, a0, m0, h0, e0, hd0, t_decode);
     }

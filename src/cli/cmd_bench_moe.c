@@ -3,7 +3,11 @@
  * @brief `megamoe bench moe`: time the MoE layer and compare its GEMM rate with OpenBLAS SGEMM.
  *
  *     megamoe bench moe --shape v4-flash --experts 32 --tokens 1,8,64 --backend cpu
- *                       [--reps N] [--recipe R] [--shared M] [--pad-to N] [--seed S]
+ *                       [--reps N] [--recipe R] [--shared M] [--pad-to N] [--seed S] [--threads N]
+ *
+ * --tokens is the list of token counts T to time.  The layer has the shape's D, I and top-k,
+ * and --experts routed experts (default 32, not a full model's 256 or 384, to keep the
+ * setup short): the header line prints the shape as run, with E and what the full shape has.
  *
  * For each token count T: a synthetic layer of the shape (quantized normals) and a random
  * input; one warm-up call, then N timed calls; the median wall time of the whole call.
@@ -35,6 +39,8 @@
 
 /** Most token counts in one --tokens list. */
 #define BENCH_MAX_T 32
+/** Largest token count in --tokens. */
+#define BENCH_MAX_TOKENS (INT64_C(1) << 20)
 
 /** qsort comparator of doubles. */
 static int cmp_double(const void *a, const void *b)
@@ -50,12 +56,29 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/** Experts of the layer when --experts is not given (a full model's 256/384 take long to set up). */
+#define BENCH_DEFAULT_EXPERTS 32
+
 /** Print the usage. */
 static void bench_usage(FILE *out)
 {
-    fprintf(out, "usage: megamoe bench moe --shape v4-flash|v4-pro|v4.1-flash|tiny [--experts N]\n"
-                 "                         [--tokens T1,T2,...] [--reps N] [--backend cpu|gpu] [--recipe R]\n"
-                 "                         [--shared auto|fused|serial] [--pad-to N] [--seed S]\n");
+    fprintf(out, "usage: megamoe bench moe [options]\n\n"
+                 "Time the MoE layer (CPU oracle) against OpenBLAS SGEMM on the same GEMM shapes\n"
+                 "(--backend gpu: the GPU layer against PyTorch; see docs/perf.md).\n\n"
+                 "  --shape S        v4-flash, v4-pro, v4.1-flash or tiny (default v4-flash)\n"
+                 "  --experts N      routed experts of the layer (default %d, or all of a shape with fewer;\n"
+                 "                   the full shape's count is printed next to it)\n"
+                 "  --tokens LIST    token counts to time, comma-separated, each 0..%lld (default 1,8,64)\n"
+                 "  --reps N         timed calls per token count, 1..100000 (default 5; the median is shown)\n"
+                 "  --backend B      cpu or gpu (default cpu)\n"
+                 "  --recipe R       sm100, sm90 or dsv4-ref (default sm100)\n"
+                 "  --shared M       auto, fused or serial (default auto)\n"
+                 "  --pad-to N       pad the intermediate width to a multiple of N (multiple of 128; default 0)\n"
+                 "  --seed S         RNG seed of weights and inputs (default 1)\n"
+                 "  --threads N      OpenBLAS and dequantization threads, 1..%d (default: their own defaults)\n\n"
+                 "example:\n"
+                 "  megamoe bench moe --shape v4-flash --experts 32 --tokens 1,8,64 --reps 5\n",
+            BENCH_DEFAULT_EXPERTS, (long long)BENCH_MAX_TOKENS, MMOE_CLI_MAX_THREADS);
 }
 
 /** Dequantize an FP4 expert matrix [n, k] to FP32 with the format library. */
@@ -191,53 +214,65 @@ int mmoe_cmd_bench_moe(int argc, char **argv)
     int gpu_rc = delegate_gpu(argc, argv);
     if (gpu_rc >= 0)
         return gpu_rc;
+    enum { O_THREADS = 256 };
     static const struct option longopts[] = {
         {"shape", required_argument, 0, 'S'}, {"experts", required_argument, 0, 'e'},
         {"tokens", required_argument, 0, 't'}, {"reps", required_argument, 0, 'n'},
         {"backend", required_argument, 0, 'b'}, {"recipe", required_argument, 0, 'r'},
         {"shared", required_argument, 0, 's'}, {"pad-to", required_argument, 0, 'p'},
-        {"seed", required_argument, 0, 'x'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    const char *shape = "v4-flash", *tokens = "1,8,64", *backend = "cpu", *recipe = NULL, *shared = NULL;
-    long long experts = 32, pad_to = 0;
-    int reps = 5;
-    unsigned long long seed = 1;
-    int c;
+        {"seed", required_argument, 0, 'x'}, {"threads", required_argument, 0, O_THREADS},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    const char *cmd = "bench moe", *shape = "v4-flash", *tokens = "1,8,64", *backend = "cpu", *recipe = NULL,
+               *shared = NULL;
+    int64_t experts = 0, pad_to = 0; /* 0: BENCH_DEFAULT_EXPERTS, or all of a smaller shape's */
+    int reps = 5, threads = 0, c, rc = 0;
+    uint64_t seed = 1;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    while (rc == 0 && (c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
         case 'S': shape = optarg; break;
-        case 'e': experts = atoll(optarg); break;
+        case 'e': rc = mmoe_cli_opt_i64(cmd, "experts", optarg, 1, 1 << 16, &experts); break;
         case 't': tokens = optarg; break;
-        case 'n': reps = atoi(optarg); break;
+        case 'n': rc = mmoe_cli_opt_int(cmd, "reps", optarg, 1, 100000, &reps); break;
         case 'b': backend = optarg; break;
         case 'r': recipe = optarg; break;
         case 's': shared = optarg; break;
-        case 'p': pad_to = atoll(optarg); break;
-        case 'x': seed = strtoull(optarg, NULL, 0); break;
+        case 'p':
+            if ((rc = mmoe_cli_opt_i64(cmd, "pad-to", optarg, 0, INT64_C(1) << 40, &pad_to)) == 0 && pad_to % 128) {
+                fprintf(stderr, "megamoe bench moe: --pad-to: expected a multiple of 128, got '%s'\n", optarg);
+                rc = MMOE_EXIT_USAGE;
+            }
+            break;
+        case 'x': rc = mmoe_cli_opt_u64(cmd, "seed", optarg, 0, UINT64_MAX, &seed); break;
+        case O_THREADS: rc = mmoe_cli_opt_int(cmd, "threads", optarg, 1, MMOE_CLI_MAX_THREADS, &threads); break;
         case 'h': bench_usage(stdout); return 0;
         default: bench_usage(stderr); return MMOE_EXIT_USAGE;
         }
     }
-    if (strcmp(backend, "cpu") != 0 || reps < 1) {
-        fprintf(stderr, "megamoe bench moe: expected --backend cpu|gpu and --reps >= 1\n");
+    if (rc != 0)
+        return rc;
+    if (optind < argc) {
+        fprintf(stderr, "megamoe bench moe: unexpected argument '%s'\n", argv[optind]);
         return MMOE_EXIT_USAGE;
     }
-    long long tv[BENCH_MAX_T];
-    int nt = 0;
-    for (const char *p = tokens; *p != '\0' && nt < BENCH_MAX_T;) {
-        char *end;
-        tv[nt] = strtoll(p, &end, 10);
-        if (end == p || tv[nt] < 0) {
-            fprintf(stderr, "megamoe bench moe: bad --tokens list '%s'\n", tokens);
-            return MMOE_EXIT_USAGE;
-        }
-        nt++;
-        p = *end == ',' ? end + 1 : end;
+    if (strcmp(backend, "cpu") != 0) {
+        fprintf(stderr, "megamoe bench moe: --backend: expected cpu or gpu, got '%s'\n", backend);
+        return MMOE_EXIT_USAGE;
     }
+    int64_t *tv = NULL;
+    size_t nt = 0;
+    if ((rc = mmoe_cli_opt_i64_list(cmd, "tokens", tokens, 0, BENCH_MAX_TOKENS, BENCH_MAX_T, &tv, &nt)) != 0)
+        return rc;
+    mmoe_cli_set_threads(threads);
     mmoe_error err;
     mmoe_error_clear(&err);
     mmoe_moe_desc d;
-    mmoe_status st = mmoe_moe_desc_from_shape(shape, experts, &d, &err);
+    mmoe_moe_desc full;
+    mmoe_status st = mmoe_moe_desc_from_shape(shape, 0, &full, &err);
+    if (st == MMOE_OK && experts == 0)
+        experts = full.n_experts < BENCH_DEFAULT_EXPERTS ? full.n_experts : BENCH_DEFAULT_EXPERTS;
+    if (st == MMOE_OK)
+        st = mmoe_moe_desc_from_shape(shape, experts, &d, &err);
     if (st == MMOE_OK && recipe != NULL)
         st = mmoe_moe_recipe_from_name(recipe, &d.recipe, &err);
     if (st == MMOE_OK && shared != NULL)
@@ -260,15 +295,14 @@ int mmoe_cmd_bench_moe(int argc, char **argv)
         if (w13 == NULL || w2 == NULL)
             st = mmoe_error_set(&err, MMOE_ENOMEM, "out of memory for the FP32 reference weights");
     }
-    int rc = 0;
     if (st == MMOE_OK) {
-        printf("bench moe: shape %s, D %lld, I %lld, E %lld, topk %d, recipe %s, shared %s, pad-to %lld, reps %d, "
-               "OpenBLAS %s x%d threads (setup %.1f s)\n",
-               shape, (long long)d.hidden, (long long)d.inter, (long long)d.n_experts, d.topk,
-               mmoe_moe_recipe_name(d.recipe), mmoe_moe_shared_mode_name(d.shared_mode), pad_to, reps,
-               openblas_get_corename(), openblas_get_num_threads(), mmoe_clock_s() - t0);
+        printf("bench moe: shape %s with %lld of its %lld routed experts (--experts), D %lld, I %lld, topk %d, "
+               "recipe %s, shared %s, pad-to %lld, reps %d, OpenBLAS %s x%d threads (setup %.1f s)\n",
+               shape, (long long)d.n_experts, (long long)full.n_experts, (long long)d.hidden, (long long)d.inter,
+               d.topk, mmoe_moe_recipe_name(d.recipe), mmoe_moe_shared_mode_name(d.shared_mode), (long long)pad_to,
+               reps, openblas_get_corename(), openblas_get_num_threads(), mmoe_clock_s() - t0);
         printf("     T    pairs  active   layer_ms  layer_GF   sgemm_ms  sgemm_GF   ratio dequant_ms   gemm_ms  shared\n");
-        for (int i = 0; i < nt && rc == 0; i++)
+        for (size_t i = 0; i < nt && rc == 0; i++)
             rc = bench_one(&d, layer, s, tv[i], reps, seed, w13, w2);
         printf("ratio = SGEMM time / layer time for the same GEMM FLOPs (target at T=64: >= 0.5); "
                "dequant_ms / gemm_ms: mean per call inside the layer\n");
@@ -276,6 +310,7 @@ int mmoe_cmd_bench_moe(int argc, char **argv)
         fprintf(stderr, "megamoe bench moe: %s\n", err.msg);
         rc = 1;
     }
+    free(tv);
     free(w13);
     free(w2);
     mmoe_moe_layer_destroy(layer);

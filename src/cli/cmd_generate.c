@@ -105,54 +105,26 @@ static void usage(FILE *out)
             "usage: megamoe generate --model DIR [--prompt TEXT | --chat] [OPTIONS]\n"
             "  Generate text with a DeepSeek-V4 checkpoint on the CPU (DIR holds config.json,\n"
             "  the safetensors shards and tokenizer.json).\n"
-            "  --prompt TEXT       complete TEXT (raw: BOS + the text's tokens)\n"
-            "  --chat              interactive chat: one user turn per stdin line, Ctrl-D ends;\n"
-            "                      the KV cache is kept between turns\n"
+            "  --model DIR         the checkpoint directory (required)\n"
+            "  --prompt TEXT       complete TEXT (raw: BOS + the text's tokens) (this or --chat is required)\n"
+            "  --chat              interactive chat: one user turn per stdin line, Ctrl-D ends (default off);\n"
+            "                      the KV cache is kept between turns; Ctrl-C stops an answer, twice exits\n"
             "  --raw               --prompt is raw text (the default)\n"
-            "  --chat-format       --prompt is one user message in the DeepSeek-V4 chat encoding\n"
-            "  --system TEXT       a system message (chat encodings)\n"
-            "  --thinking          thinking mode: the assistant turn opens with <think>\n"
-            "  --no-bos            do not start a raw prompt with BOS\n"
+            "  --chat-format       --prompt is one user message in the DeepSeek-V4 chat encoding (default off)\n"
+            "  --system TEXT       a system message (chat encodings) (default: none)\n"
+            "  --thinking          thinking mode: the assistant turn opens with <think> (default off)\n"
+            "  --no-bos            do not start a raw prompt with BOS (default: BOS first)\n"
             "  --max-tokens N      most tokens to generate per turn (default 256)\n"
             "  --temperature T     0 = greedy, deterministic (default 0)\n"
             "  --top-p P           nucleus sampling mass in (0, 1] (default 1)\n"
             "  --seed S            sampler seed (default 1)\n"
             "  --threads N         OpenBLAS threads (default: OpenBLAS's own choice)\n"
             "  --ctx-size N        KV cache size in tokens (default: min(config max_seq_len, %d))\n"
-            "  --print-ids         print generated token ids instead of text\n"
-            "  --quiet             no progress or stats lines\n",
+            "  --print-ids         print generated token ids instead of text (default: text)\n"
+            "  --quiet             no progress or stats lines (default: shown)\n\n"
+            "example:\n"
+            "  megamoe generate --model fixtures/tiny-dsv4 --prompt '1 2 3 4' --max-tokens 8\n",
             GEN_DEFAULT_CTX);
-}
-
-/** Parse a decimal integer in [lo, hi]; -1 when @p s is not one. */
-static int parse_ll(const char *s, long long lo, long long hi, long long *v)
-{
-    char *end;
-    errno = 0;
-    long long x = strtoll(s, &end, 10);
-    if (!s[0] || *end || errno || x < lo || x > hi)
-        return -1;
-    *v = x;
-    return 0;
-}
-
-/** Parse a finite float in [lo, hi]; -1 when @p s is not one. */
-static int parse_float(const char *s, float lo, float hi, float *v)
-{
-    char *end;
-    errno = 0;
-    float x = strtof(s, &end);
-    if (!s[0] || *end || errno || !isfinite(x) || x < lo || x > hi)
-        return -1;
-    *v = x;
-    return 0;
-}
-
-/** Report a bad option value; returns the usage exit status. */
-static int bad_value(const char *name, const char *value, const char *expected)
-{
-    fprintf(stderr, "megamoe generate: --%s '%s': expected %s\n", name, value, expected);
-    return MMOE_EXIT_USAGE;
 }
 
 /** Parse argv into @p o. Returns 0, MMOE_EXIT_USAGE on a usage error, or -1 after --help. */
@@ -174,11 +146,14 @@ static int parse_options(int argc, char **argv, gen_options *o)
     o->max_tokens = 256;
     o->top_p = 1.0f;
     o->seed = 1;
-    long long v;
-    int c;
+    const char *cmd = "generate";
+    int64_t v = 0;
+    uint64_t u = 0;
+    double d = 0;
+    int c, rc = 0;
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while (rc == 0 && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
         case O_MODEL: o->model_dir = optarg; break;
         case O_PROMPT: o->prompt = optarg; break;
@@ -190,32 +165,12 @@ static int parse_options(int argc, char **argv, gen_options *o)
         case O_NOBOS: o->no_bos = 1; break;
         case O_IDS: o->print_ids = 1; break;
         case O_QUIET: o->quiet = 1; break;
-        case O_MAX:
-            if (parse_ll(optarg, 0, 1LL << 40, &o->max_tokens))
-                return bad_value("max-tokens", optarg, "an integer >= 0");
-            break;
-        case O_TEMP:
-            if (parse_float(optarg, 0.0f, 1e6f, &o->temperature))
-                return bad_value("temperature", optarg, "a finite number >= 0");
-            break;
-        case O_TOPP:
-            if (parse_float(optarg, 0.0f, 1.0f, &o->top_p) || o->top_p <= 0.0f)
-                return bad_value("top-p", optarg, "a number in (0, 1]");
-            break;
-        case O_SEED:
-            if (parse_ll(optarg, 0, INT64_MAX, &v))
-                return bad_value("seed", optarg, "a non-negative integer");
-            o->seed = (unsigned long long)v;
-            break;
-        case O_THREADS:
-            if (parse_ll(optarg, 1, 1024, &v))
-                return bad_value("threads", optarg, "an integer in [1, 1024]");
-            o->threads = (int)v;
-            break;
-        case O_CTX:
-            if (parse_ll(optarg, 1, 1LL << 40, &o->ctx_size))
-                return bad_value("ctx-size", optarg, "a positive integer");
-            break;
+        case O_MAX: rc = mmoe_cli_opt_i64(cmd, "max-tokens", optarg, 0, INT64_C(1) << 40, &v), o->max_tokens = v; break;
+        case O_TEMP: rc = mmoe_cli_opt_f64(cmd, "temperature", optarg, 0.0, 1e6, 0, &d), o->temperature = (float)d; break;
+        case O_TOPP: rc = mmoe_cli_opt_f64(cmd, "top-p", optarg, 0.0, 1.0, MMOE_CLI_LO_OPEN, &d), o->top_p = (float)d; break;
+        case O_SEED: rc = mmoe_cli_opt_u64(cmd, "seed", optarg, 0, UINT64_MAX, &u), o->seed = u; break;
+        case O_THREADS: rc = mmoe_cli_opt_int(cmd, "threads", optarg, 1, MMOE_CLI_MAX_THREADS, &o->threads); break;
+        case O_CTX: rc = mmoe_cli_opt_i64(cmd, "ctx-size", optarg, 1, INT64_C(1) << 40, &v), o->ctx_size = v; break;
         case 'h': usage(stdout); return -1;
         default:
             if (optopt >= O_MODEL)
@@ -226,6 +181,8 @@ static int parse_options(int argc, char **argv, gen_options *o)
             return MMOE_EXIT_USAGE;
         }
     }
+    if (rc != 0)
+        return rc;
     const char *problem = NULL;
     if (optind < argc)
         problem = "unexpected argument (text goes after --prompt)";
@@ -295,7 +252,7 @@ static int print_token(void *ctx, int32_t id)
             fflush(stdout);
         }
         if (mmoe_text_append(&r->answer, r->out_text.data, r->out_text.len) != MMOE_OK) {
-            r->out_status = mmoe_error_set(&r->out_err, MMOE_ENOMEM, "generate: out of memory for the answer text");
+            r->out_status = mmoe_error_set(&r->out_err, MMOE_ENOMEM, "out of memory for the answer text");
             return 1;
         }
     }
@@ -470,7 +427,7 @@ static mmoe_status encode_conversation(gen_run *r, json_t *msgs, size_t n_contex
 {
     char *json = json_dumps(msgs, JSON_COMPACT);
     if (json == NULL)
-        return mmoe_error_set(err, MMOE_ENOMEM, "generate: out of memory for the conversation");
+        return mmoe_error_set(err, MMOE_ENOMEM, "out of memory for the conversation");
     mmoe_chat_options co;
     chat_options(r->opt, n_context, &co);
     mmoe_text prompt = {0};
@@ -487,7 +444,7 @@ static mmoe_status push_message(json_t *msgs, const char *role, const char *text
 {
     json_t *m = json_pack("{s:s, s:s%}", "role", role, "content", text ? text : "", text ? len : 0);
     if (m == NULL || json_array_append_new(msgs, m) != 0)
-        return mmoe_error_set(err, MMOE_EFORMAT, "generate: cannot store the %s message (invalid UTF-8?)", role);
+        return mmoe_error_set(err, MMOE_EFORMAT, "cannot store the %s message (invalid UTF-8?)", role);
     return MMOE_OK;
 }
 
@@ -500,7 +457,7 @@ static mmoe_status run_prompt(gen_run *r, mmoe_error *err)
     if (o->chat_format) {
         json_t *msgs = json_array();
         if (msgs == NULL)
-            return mmoe_error_set(err, MMOE_ENOMEM, "generate: out of memory");
+            return mmoe_error_set(err, MMOE_ENOMEM, "out of memory");
         if (o->system)
             st = push_message(msgs, "system", o->system, strlen(o->system), err);
         if (st == MMOE_OK)
@@ -558,7 +515,7 @@ static mmoe_status run_chat(gen_run *r, mmoe_error *err)
 {
     json_t *msgs = json_array();
     if (msgs == NULL)
-        return mmoe_error_set(err, MMOE_ENOMEM, "generate: out of memory");
+        return mmoe_error_set(err, MMOE_ENOMEM, "out of memory");
     mmoe_status st = MMOE_OK;
     if (r->opt->system)
         st = push_message(msgs, "system", r->opt->system, strlen(r->opt->system), err);

@@ -49,9 +49,11 @@ static void inspect_usage(FILE *out)
             "Every file is fully validated first; a malformed one is an error (exit 1).\n\n"
             "options:\n"
             "  --stats             also print min, max, mean, abs-max of the finite values\n"
-            "                      and the NaN and Inf counts (float and integer dtypes)\n"
-            "  --filter SUBSTRING  only tensors whose name contains SUBSTRING\n"
-            "  -h, --help          this text\n");
+            "                      and the NaN and Inf counts (default: not computed)\n"
+            "  --filter SUBSTRING  only tensors whose name contains SUBSTRING (default: all)\n"
+            "  -h, --help          this text\n\n"
+            "example:\n"
+            "  megamoe inspect fixtures/tiny-dsv4 --filter layers.0.ffn --stats\n");
 }
 
 /** Parse the options; returns -1 to go on, else the exit status. */

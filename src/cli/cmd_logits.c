@@ -2,15 +2,15 @@
  * @file cmd_logits.c
  * @brief `megamoe logits`: the full model's F32 logits for a token sequence, written to a safetensors file.
  *
- *     megamoe logits --model DIR --tokens 0,15,27,... --out FILE [--last] [--mtp] [--decode]
+ *     megamoe logits --model DIR --ids 0,15,27,... --out FILE [--last] [--mtp] [--decode] [--threads N]
  *
- * Loads the checkpoint (a progress line per layer on stderr), runs one prefill over the
- * tokens from position 0 and writes `logits` F32 [T, vocab] (`--last`: [1, vocab]) to
- * FILE atomically.  `--mtp` also writes `mtp_logits` F32 [T-1, vocab]: the MTP block fed
+ * Loads the checkpoint (a progress line per layer on stderr when it is a terminal), runs one
+ * prefill over the token ids from position 0 and writes `logits` F32 [T, vocab] (`--last`:
+ * [1, vocab]) to FILE atomically; FILE may not be a file of the checkpoint.  `--mtp` also writes `mtp_logits` F32 [T-1, vocab]: the MTP block fed
  * with the final streams of positions 0..T-2 and the tokens 1..T-1 (the DeepSeek-V3
  * wiring; an assumption, spec 7.8).  `--decode` runs the tokens one at a time instead of
- * one prefill (same logits; for comparisons).  The metadata records the token list and
- * the mode.
+ * one prefill (same logits; for comparisons).  The metadata records the id list and
+ * the mode (key `tokens`).
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -21,59 +21,47 @@
 #include "mmoe_model.h"
 #include "mmoe_safetensors.h"
 
+/** Most ids in one --ids list. */
+#define LOGITS_MAX_IDS (1 << 20)
+
 /** Print the usage text to @p out. */
 static void usage(FILE *out)
 {
-    fprintf(out, "usage: megamoe logits --model DIR --tokens ID,ID,... --out FILE [--last] [--mtp] [--decode]\n"
-                 "  Run the CPU oracle of the whole model and write F32 'logits' [T, vocab] (safetensors).\n"
-                 "  --last    only the last position's logits ([1, vocab])\n"
-                 "  --mtp     also 'mtp_logits' [T-1, vocab] (MTP block on streams t and token t+1)\n"
-                 "  --decode  feed the tokens one by one (decode path) instead of one prefill\n");
+    fprintf(out, "usage: megamoe logits --model DIR --ids ID,ID,... --out FILE [options]\n\n"
+                 "Run the CPU oracle of the whole model and write F32 'logits' [T, vocab] (safetensors).\n\n"
+                 "  --model DIR   checkpoint directory (required)\n"
+                 "  --ids LIST    the token ids, comma-separated, each 0..2147483647 (required)\n"
+                 "  --out FILE    the output (required; written atomically, never a file of DIR)\n"
+                 "  --last        only the last position's logits ([1, vocab]) (default: all positions)\n"
+                 "  --mtp         also 'mtp_logits' [T-1, vocab] (MTP block on streams t and token t+1) (default off)\n"
+                 "  --decode      feed the tokens one by one (decode path) instead of one prefill (default off)\n"
+                 "  --threads N   OpenBLAS and dequantization threads, 1..%d (default: their own defaults)\n\n"
+                 "example:\n"
+                 "  megamoe logits --model fixtures/tiny-dsv4 --ids 0,15,27 --out logits.safetensors\n",
+            MMOE_CLI_MAX_THREADS);
 }
 
-/** Parse "0,15,27" into a new array; returns the count, or -1 with a message. */
-static int64_t parse_tokens(const char *s, int32_t **out)
-{
-    int64_t n = 1;
-    for (const char *p = s; *p; p++)
-        n += *p == ',';
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
-    if (!ids)
-        return -1;
-    const char *p = s;
-    for (int64_t i = 0; i < n; i++) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || (*end != ',' && *end != '\0') || v < 0 || v > 0x7fffffff) {
-            fprintf(stderr, "megamoe logits: --tokens: item %lld ('%.*s') is not a token id\n", (long long)i,
-                    (int)strcspn(p, ","), p);
-            free(ids);
-            return -1;
-        }
-        ids[i] = (int32_t)v;
-        p = *end ? end + 1 : end;
-    }
-    *out = ids;
-    return n;
-}
-
-/** Progress line on stderr. */
+/** Progress line on stderr, rewritten in place: only on a terminal. */
 static void progress(void *ctx, int done, int total, const char *what)
 {
     (void)ctx;
-    fprintf(stderr, "\rloading: %d/%d layers (%s)%s", done, total, what, done == total ? "\n" : "   ");
+    if (mmoe_cli_progress_allowed())
+        fprintf(stderr, "\rloading: %d/%d layers (%s)%s", done, total, what, done == total ? "\n" : "   ");
 }
 
 int mmoe_cmd_logits(int argc, char **argv)
 {
-    static const struct option opts[] = {{"model", required_argument, 0, 'm'}, {"tokens", required_argument, 0, 't'},
+    enum { O_THREADS = 256, O_TOKENS };
+    static const struct option opts[] = {{"model", required_argument, 0, 'm'}, {"ids", required_argument, 0, 't'},
                                          {"out", required_argument, 0, 'o'},   {"last", no_argument, 0, 'l'},
                                          {"mtp", no_argument, 0, 'p'},         {"decode", no_argument, 0, 'd'},
+                                         {"threads", required_argument, 0, O_THREADS},
+                                         {"tokens", required_argument, 0, O_TOKENS},
                                          {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
     const char *model_dir = NULL, *tokens = NULL, *out_path = NULL;
-    int last = 0, mtp = 0, decode = 0, c;
+    int last = 0, mtp = 0, decode = 0, threads = 0, c, rc = 0;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while (rc == 0 && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
         case 'm': model_dir = optarg; break;
         case 't': tokens = optarg; break;
@@ -81,19 +69,38 @@ int mmoe_cmd_logits(int argc, char **argv)
         case 'l': last = 1; break;
         case 'p': mtp = 1; break;
         case 'd': decode = 1; break;
+        case O_THREADS: rc = mmoe_cli_opt_int("logits", "threads", optarg, 1, MMOE_CLI_MAX_THREADS, &threads); break;
+        case O_TOKENS:
+            fprintf(stderr, "megamoe logits: --tokens is now --ids ID,ID,... (the token ids)\n");
+            rc = MMOE_EXIT_USAGE;
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return MMOE_EXIT_USAGE;
         }
     }
+    if (rc != 0)
+        return rc;
     if (!model_dir || !tokens || !out_path || optind != argc) {
-        fprintf(stderr, "megamoe logits: --model, --tokens and --out are required\n");
+        fprintf(stderr, "megamoe logits: %s\n", optind != argc ? "unexpected argument"
+                                                               : "--model, --ids and --out are required");
         usage(stderr);
         return MMOE_EXIT_USAGE;
     }
-    int32_t *ids = NULL;
-    int64_t T = parse_tokens(tokens, &ids);
-    if (T < 0)
-        return MMOE_EXIT_USAGE;
+    int64_t *list = NULL;
+    size_t n_ids = 0;
+    if ((rc = mmoe_cli_opt_i64_list("logits", "ids", tokens, 0, INT32_MAX, LOGITS_MAX_IDS, &list, &n_ids)) != 0)
+        return rc;
+    const int64_t T = (int64_t)n_ids;
+    int32_t *ids = malloc(sizeof(int32_t) * n_ids);
+    if (ids == NULL) {
+        free(list);
+        fprintf(stderr, "megamoe logits: out of memory for %zu ids\n", n_ids);
+        return 1;
+    }
+    for (size_t i = 0; i < n_ids; i++)
+        ids[i] = (int32_t)list[i];
+    free(list);
+    mmoe_cli_set_threads(threads);
     mmoe_error err;
     mmoe_error_clear(&err);
     mmoe_model *m = NULL;
@@ -101,8 +108,12 @@ int mmoe_cmd_logits(int argc, char **argv)
     float *logits = NULL, *mtp_logits = NULL;
     uint16_t *streams = NULL;
     mmoe_st_writer *w = NULL;
-    int rc = 1;
-    mmoe_status st = mmoe_model_open(model_dir, progress, NULL, &m, &err);
+    rc = 1;
+    const mmoe_cli_path outs[] = {{"out", out_path, 0}}, ins[] = {{"model", model_dir, 0}};
+    mmoe_status st = mmoe_cli_check_outputs(outs, 1, ins, 1, &err);
+    if (st != MMOE_OK)
+        goto done;
+    st = mmoe_model_open(model_dir, progress, NULL, &m, &err);
     if (st != MMOE_OK)
         goto done;
     const mmoe_config *cfg = mmoe_model_config(m);

@@ -5,30 +5,40 @@
  *     megamoe moe --weights FILE|DIR --input FILE --out FILE [--recipe sm100|sm90|dsv4-ref]
  *                 [--shared auto|fused|serial] [--pad-to N] [--layer L] [--backend cpu|gpu]
  *                 [--math precise|fast] [--topk K] [--route-scale S] [--swiglu-limit C]
+ *                 [--scoring-func sqrtsoftplus] [--threads N]
  *
  * The weights use DeepSeek-V4's checkpoint names (moe_load.c), with or without a
  * `layers.L.` prefix: without --layer, bare names are used if present, else the one layer
  * whose `layers.L.ffn.gate.weight` is in the file (several: --layer is required).  The layer's
- * sizes come from the tensors' shapes (D and E from the gate, I from expert 0's w1, hash routing
- * when `ffn.gate.tid2eid` exists, the shared width and scale block from the shared tensors);
- * what shapes cannot tell (topk of a score-routed layer, routed_scaling_factor, swiglu_limit)
- * comes from the file's `moe.*` metadata (written by synth-layer), else from the options, else
- * from DeepSeek-V4's values (6, 1.5 for D=4096/5120, 2.5 for D=7168, 10).
+ * sizes come from the tensors' shapes (D and E from the gate, I from expert 0's w1, the shared
+ * width and scale block from the shared tensors).
+ *
+ * What shapes cannot tell -- top-k, routed_scaling_factor, swiglu_limit, the score function
+ * and whether the layer routes by hash -- comes, in this order, from the option, the
+ * checkpoint's `config.json` (when --weights is a checkpoint directory: num_experts_per_tok,
+ * routed_scaling_factor, swiglu_limit, scoring_func, num_hash_layers) or the file's `moe.*`
+ * metadata (written by synth-layer).  A hash layer is one below num_hash_layers, or, without a
+ * config, one with `ffn.gate.tid2eid` (whose columns are its top-k).  A value none of them
+ * gives is refused, naming the value and where it was looked for: no model's values are
+ * assumed.  The run prints each value with its source.
  *
  * Input file: `x` BF16 [T, D]; optional `token_ids` I32/I64 [T] (hash layers), `topk_idx`
  * I64/I32 [T, topk] (-1 = masked) with `topk_weights` F32 [T, topk].  Output file (written
- * atomically): `y` BF16 [T, D], `topk_idx` I64 [T, topk], `topk_weights` F32 [T, topk].
- * The command prints the recipe, the shared expert's path and any fallback reason, the
- * padding, the weight memory and the per-stage timings.
+ * atomically; never one of the inputs): `y` BF16 [T, D], `topk_idx` I64 [T, topk],
+ * `topk_weights` F32 [T, topk].  The command prints the recipe, the shared expert's path and
+ * any fallback reason, the padding, the weight memory and the per-stage timings.
  */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "mmoe_cli.h"
 #include "mmoe_clock.h"
+#include "mmoe_config.h"
 #include "mmoe_gpu_layer.h"
 #include "mmoe_gpu_moe.h"
 #include "mmoe_moe.h"
@@ -45,9 +55,11 @@ typedef struct moe_opts {
     const char *math;     /**< --math (NULL: precise) */
     long long pad_to;     /**< --pad-to (0: none) */
     int layer;            /**< --layer (-1: detect) */
-    int topk;             /**< --topk (0: from the file) */
-    double route_scale;   /**< --route-scale (0: from the file) */
-    double swiglu_limit;  /**< --swiglu-limit (< 0: from the file) */
+    int topk;             /**< --topk (0: from the checkpoint) */
+    double route_scale;   /**< --route-scale (0: from the checkpoint) */
+    double swiglu_limit;  /**< --swiglu-limit (< 0: from the checkpoint) */
+    const char *scoring;  /**< --scoring-func (NULL: from the checkpoint) */
+    int threads;          /**< --threads (0: the defaults) */
 } moe_opts;
 
 /** Print the usage. */
@@ -56,27 +68,28 @@ static void moe_usage(FILE *out)
     fprintf(out,
             "usage: megamoe moe --weights FILE|DIR --input FILE --out FILE [options]\n\n"
             "Run one DeepSeek-V4 MoE layer (CPU oracle) on an input file.\n\n"
-            "  --weights FILE|DIR   safetensors file or checkpoint (DeepSeek-V4 names, optional layers.L. prefix)\n"
-            "  --input FILE         x BF16 [T, D]; optional token_ids [T], topk_idx [T, topk] + topk_weights\n"
-            "  --out FILE           y BF16 [T, D], topk_idx I64 [T, topk], topk_weights F32 [T, topk]\n"
-            "  --recipe R           sm100 (default), sm90 or dsv4-ref\n"
-            "  --shared M           auto (default), fused or serial\n"
-            "  --pad-to N           pad the intermediate width to a multiple of N (multiple of 128)\n"
-            "  --layer L            use the tensors named layers.L.*\n"
-            "  --backend B          cpu (default) or gpu\n"
-            "  --math M             precise (default) or fast\n"
-            "  --topk K, --route-scale S, --swiglu-limit C   override the layer's values\n");
-}
-
-/** Lookup callback over a checkpoint. */
-static mmoe_status ckpt_lookup(void *ctx, const char *name, mmoe_tensor *out, mmoe_error *err)
-{
-    (void)err;
-    const mmoe_tensor *t = mmoe_ckpt_find((const mmoe_ckpt *)ctx, name);
-    if (t == NULL)
-        return MMOE_ENOTFOUND;
-    *out = *t;
-    return MMOE_OK;
+            "  --weights FILE|DIR   safetensors file or checkpoint directory (required; DeepSeek-V4 names,\n"
+            "                       optional layers.L. prefix)\n"
+            "  --input FILE         x BF16 [T, D]; optional token_ids [T], topk_idx [T, topk] + topk_weights (required)\n"
+            "  --out FILE           y BF16 [T, D], topk_idx I64 [T, topk], topk_weights F32 [T, topk] (required;\n"
+            "                       written atomically; may not be one of the inputs)\n"
+            "  --recipe R           sm100, sm90 or dsv4-ref (default sm100)\n"
+            "  --shared M           auto, fused or serial (default auto)\n"
+            "  --pad-to N           pad the intermediate width to a multiple of N, a multiple of 128\n"
+            "                       (default 0: no padding)\n"
+            "  --layer L            use the tensors named layers.L.* (default: the only layer in the file)\n"
+            "  --backend B          cpu or gpu (default cpu)\n"
+            "  --math M             precise or fast (default precise)\n"
+            "  --topk K             experts per token, 1..%d (default: config.json num_experts_per_tok,\n"
+            "                       else the file's moe.topk, else a hash layer's tid2eid width)\n"
+            "  --route-scale S      routed_scaling_factor > 0 (default: config.json, else moe.routed_scaling_factor)\n"
+            "  --swiglu-limit C     SwiGLU clamp >= 0, 0 = none (default: config.json, else moe.swiglu_limit)\n"
+            "  --scoring-func F     sqrtsoftplus (default: config.json scoring_func, else moe.scoring_func)\n"
+            "  --threads N          OpenBLAS and dequantization threads, 1..%d (default: their own defaults)\n"
+            "A value that neither the options, config.json nor the metadata give is an error.\n\n"
+            "example:\n"
+            "  megamoe moe --weights layer.safetensors --input layer.input.safetensors --out y.safetensors\n",
+            MMOE_MOE_MAX_TOPK, MMOE_CLI_MAX_THREADS);
 }
 
 /** The tensor "layers.L.name" (L >= 0) or "name". */
@@ -119,16 +132,149 @@ static int pick_layer(const mmoe_ckpt *ck, int requested, mmoe_error *err, int *
     return -1;
 }
 
+/** Where the values that shapes cannot tell come from (the checkpoint's config, its metadata). */
+typedef struct layer_sources {
+    const mmoe_ckpt *ck;  /**< the weights */
+    const char *weights;  /**< --weights, for messages */
+    int have_config;      /**< config.json was found next to the weights */
+    mmoe_config cfg;      /**< its values */
+    char config_path[4200]; /**< its path */
+} layer_sources;
+
 /** A metadata value of the first shard, or NULL. */
 static const char *meta(const mmoe_ckpt *ck, const char *key)
 {
     return mmoe_ckpt_shard_count(ck) > 0 ? mmoe_st_metadata(mmoe_ckpt_shard(ck, 0), key) : NULL;
 }
 
-/** Sizes and options of the layer from the tensors, metadata and options. */
-static mmoe_status desc_from_ckpt(const mmoe_ckpt *ck, int layer, const moe_opts *o, mmoe_moe_desc *d,
-                                  mmoe_error *err)
+/** Metadata @p key as an integer in [lo, hi]: 1 when present (value in *v), 0 when absent, -1 when malformed. */
+static int meta_int(const layer_sources *src, const char *key, int64_t lo, int64_t hi, int64_t *v, mmoe_error *err)
 {
+    const char *m = meta(src->ck, key);
+    if (m == NULL)
+        return 0;
+    if (mmoe_cli_parse_i64(m, lo, hi, v, err) != MMOE_OK) {
+        mmoe_error_prefix(err, "%s: metadata '%s': ", src->weights, key);
+        return -1;
+    }
+    return 1;
+}
+
+/** Metadata @p key as a number in [lo, +inf) (open at lo when @p open): as meta_int(). */
+static int meta_num(const layer_sources *src, const char *key, double lo, unsigned open, double *v, mmoe_error *err)
+{
+    const char *m = meta(src->ck, key);
+    if (m == NULL)
+        return 0;
+    if (mmoe_cli_parse_f64(m, lo, INFINITY, open, v, err) != MMOE_OK) {
+        mmoe_error_prefix(err, "%s: metadata '%s': ", src->weights, key);
+        return -1;
+    }
+    return 1;
+}
+
+/** Read DIR/config.json when --weights is a directory that has one. */
+static mmoe_status load_config(layer_sources *src, mmoe_error *err)
+{
+    struct stat sb;
+    src->have_config = 0;
+    if (stat(src->weights, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return MMOE_OK;
+    snprintf(src->config_path, sizeof src->config_path, "%s/config.json", src->weights);
+    if (access(src->config_path, F_OK) != 0)
+        return MMOE_OK;
+    mmoe_status st = mmoe_config_load(src->config_path, &src->cfg, err);
+    src->have_config = st == MMOE_OK;
+    return st;
+}
+
+/** The refusal of a value nobody gives. */
+static mmoe_status missing(const layer_sources *src, const char *what, const char *meta_key, const char *option,
+                           mmoe_error *err)
+{
+    return mmoe_error_set(err, MMOE_ENOTFOUND,
+                          "%s: the layer's %s is not given: no config.json next to the weights and no '%s' metadata "
+                          "in them; pass %s", src->weights, what, meta_key, option);
+}
+
+/** Top-k, route scale, SwiGLU limit, score function and routing; each one's source in @p from. */
+static mmoe_status layer_values(const layer_sources *src, int layer, const mmoe_tensor *t2e, const moe_opts *o,
+                                mmoe_moe_desc *d, const char *from[4], mmoe_error *err)
+{
+    const mmoe_config *c = src->have_config ? &src->cfg : NULL;
+    int64_t iv;
+    double fv;
+    int got;
+    /* routing: config's num_hash_layers for a layers.L. layer, else the presence of tid2eid */
+    if (c != NULL && layer >= 0)
+        d->routing = layer < c->n_hash_layers ? MMOE_ROUTING_HASH : MMOE_ROUTING_BIASED;
+    else
+        d->routing = t2e != NULL ? MMOE_ROUTING_HASH : MMOE_ROUTING_BIASED;
+    if (d->routing == MMOE_ROUTING_HASH) {
+        if (t2e == NULL || t2e->ndim != 2)
+            return mmoe_error_set(err, MMOE_ENOTFOUND, "%s: layer %d is a hash layer (config.json num_hash_layers %d) "
+                                  "but has no tensor 'ffn.gate.tid2eid' [vocab, topk]", src->weights, layer,
+                                  c ? c->n_hash_layers : 0);
+        d->vocab = t2e->shape[0];
+    }
+    /* top-k */
+    if (o->topk > 0)
+        d->topk = o->topk, from[0] = "--topk";
+    else if (c != NULL)
+        d->topk = c->n_activated_experts, from[0] = "config.json";
+    else if ((got = meta_int(src, "moe.topk", 1, MMOE_MOE_MAX_TOPK, &iv, err)) != 0) {
+        if (got < 0)
+            return err->code;
+        d->topk = (int)iv, from[0] = "metadata";
+    } else if (d->routing == MMOE_ROUTING_HASH)
+        d->topk = (int)t2e->shape[1], from[0] = "tid2eid";
+    else
+        return missing(src, "top-k", "moe.topk", "--topk K", err);
+    /* route scale */
+    if (o->route_scale > 0)
+        d->routed_scaling_factor = (float)o->route_scale, from[1] = "--route-scale";
+    else if (c != NULL)
+        d->routed_scaling_factor = (float)c->route_scale, from[1] = "config.json";
+    else if ((got = meta_num(src, "moe.routed_scaling_factor", 0.0, MMOE_CLI_LO_OPEN, &fv, err)) != 0) {
+        if (got < 0)
+            return err->code;
+        d->routed_scaling_factor = (float)fv, from[1] = "metadata";
+    } else
+        return missing(src, "routed scaling factor", "moe.routed_scaling_factor",
+                       "--route-scale S", err);
+    /* SwiGLU limit */
+    if (o->swiglu_limit >= 0)
+        d->swiglu_limit = (float)o->swiglu_limit, from[2] = "--swiglu-limit";
+    else if (c != NULL)
+        d->swiglu_limit = (float)c->swiglu_limit, from[2] = "config.json";
+    else if ((got = meta_num(src, "moe.swiglu_limit", 0.0, 0, &fv, err)) != 0) {
+        if (got < 0)
+            return err->code;
+        d->swiglu_limit = (float)fv, from[2] = "metadata";
+    } else
+        return missing(src, "SwiGLU limit", "moe.swiglu_limit", "--swiglu-limit C", err);
+    /* score function: the oracle implements sqrtsoftplus, and is told so explicitly */
+    const char *scoring = NULL;
+    if (o->scoring != NULL)
+        scoring = o->scoring, from[3] = "--scoring-func";
+    else if (c != NULL)
+        scoring = mmoe_score_func_name(c->score_func), from[3] = "config.json";
+    else if ((scoring = meta(src->ck, "moe.scoring_func")) != NULL)
+        from[3] = "metadata";
+    else
+        return missing(src, "score function", "moe.scoring_func", "--scoring-func sqrtsoftplus", err);
+    if (strcmp(scoring, "sqrtsoftplus") != 0)
+        return mmoe_error_set(err, MMOE_EUNSUPPORTED, "%s: score function '%s' (from %s): the MoE oracle implements "
+                              "sqrtsoftplus only", src->weights, scoring, from[3]);
+    d->scoring = MMOE_SCORING_SQRTSOFTPLUS;
+    return MMOE_OK;
+}
+
+/** Sizes and options of the layer from the tensors, the config or metadata, and the options. */
+static mmoe_status desc_from_ckpt(const layer_sources *src, int layer, const moe_opts *o, mmoe_moe_desc *d,
+                                  const char *from[4], mmoe_error *err)
+{
+    const mmoe_ckpt *ck = src->ck;
     mmoe_moe_desc_init(d);
     const mmoe_tensor *gate = find_layer_tensor(ck, layer, "ffn.gate.weight");
     const mmoe_tensor *w1 = find_layer_tensor(ck, layer, "ffn.experts.0.w1.weight");
@@ -139,41 +285,31 @@ static mmoe_status desc_from_ckpt(const mmoe_ckpt *ck, int layer, const moe_opts
     d->n_experts = gate->shape[0];
     d->hidden = gate->shape[1];
     d->inter = w1->shape[0];
-    const mmoe_tensor *t2e = find_layer_tensor(ck, layer, "ffn.gate.tid2eid");
-    const char *m;
-    d->topk = (m = meta(ck, "moe.topk")) != NULL ? atoi(m) : 6;
-    if (t2e != NULL && t2e->ndim == 2) {
-        d->routing = MMOE_ROUTING_HASH;
-        d->vocab = t2e->shape[0];
-        d->topk = (int)t2e->shape[1];
-    }
-    if (o->topk > 0)
-        d->topk = o->topk;
-    d->routed_scaling_factor = d->hidden == 7168 ? 2.5f : 1.5f;
-    if ((m = meta(ck, "moe.routed_scaling_factor")) != NULL)
-        d->routed_scaling_factor = strtof(m, NULL);
-    if (o->route_scale > 0)
-        d->routed_scaling_factor = (float)o->route_scale;
-    if ((m = meta(ck, "moe.swiglu_limit")) != NULL)
-        d->swiglu_limit = strtof(m, NULL);
-    if (o->swiglu_limit >= 0)
-        d->swiglu_limit = (float)o->swiglu_limit;
+    mmoe_status st = layer_values(src, layer, find_layer_tensor(ck, layer, "ffn.gate.tid2eid"), o, d, from, err);
+    if (st != MMOE_OK)
+        return st;
     const mmoe_tensor *sw1 = find_layer_tensor(ck, layer, "ffn.shared_experts.w1.weight");
     const mmoe_tensor *ssf = find_layer_tensor(ck, layer, "ffn.shared_experts.w1.scale");
     if (sw1 != NULL && sw1->ndim == 2) {
         const int64_t ws = sw1->shape[0];
+        int64_t iv;
+        int got;
         d->n_shared = ws % d->inter == 0 ? (int)(ws / d->inter) : 1;
-        d->shared_inter = ws / d->n_shared;
-        if ((m = meta(ck, "moe.n_shared")) != NULL && atoi(m) > 0) {
-            d->n_shared = atoi(m);
-            d->shared_inter = ws / d->n_shared;
+        if (src->have_config && src->cfg.n_shared_experts > 0)
+            d->n_shared = src->cfg.n_shared_experts;
+        else if ((got = meta_int(src, "moe.n_shared", 1, 1024, &iv, err)) != 0) {
+            if (got < 0)
+                return err->code;
+            d->n_shared = (int)iv;
         }
-        if ((m = meta(ck, "moe.shared_block")) != NULL)
-            d->shared_block = atoi(m);
-        else if (ssf != NULL && ssf->ndim == 2 && ssf->shape[0] > 0)
+        d->shared_inter = ws / d->n_shared;
+        if ((got = meta_int(src, "moe.shared_block", 1, 1 << 20, &iv, err)) != 0) {
+            if (got < 0)
+                return err->code;
+            d->shared_block = (int)iv;
+        } else if (ssf != NULL && ssf->ndim == 2 && ssf->shape[0] > 0)
             d->shared_block = (ws + 127) / 128 == ssf->shape[0] ? 128 : (int)((ws + ssf->shape[0] - 1) / ssf->shape[0]);
     }
-    mmoe_status st;
     if (o->recipe != NULL && (st = mmoe_moe_recipe_from_name(o->recipe, &d->recipe, err)) != MMOE_OK)
         return st;
     if (o->shared != NULL && (st = mmoe_moe_shared_mode_from_name(o->shared, &d->shared_mode, err)) != MMOE_OK)
@@ -184,7 +320,7 @@ static mmoe_status desc_from_ckpt(const mmoe_ckpt *ck, int layer, const moe_opts
         else if (strcmp(o->math, "fast") == 0)
             d->math = MMOE_MATH_FAST;
         else
-            return mmoe_error_set(err, MMOE_EINVAL, "unknown --math '%s' (expected precise or fast)", o->math);
+            return mmoe_error_set(err, MMOE_EINVAL, "--math: expected precise or fast, got '%s'", o->math);
     }
     d->pad_to = o->pad_to;
     return mmoe_moe_desc_validate(d, err);
@@ -302,22 +438,24 @@ static void print_result(const mmoe_moe_desc *d, const mmoe_moe_result *r, const
 /** Parse the options: 0 to run, -1 after --help, else the exit status. */
 static int parse(int argc, char **argv, moe_opts *o)
 {
+    enum { O_PAD = 256, O_LAYER, O_TOPK, O_RSCALE, O_SWIGLU, O_SCORING, O_THREADS };
     static const struct option longopts[] = {
         {"weights", required_argument, 0, 'w'}, {"input", required_argument, 0, 'i'},
         {"out", required_argument, 0, 'o'},     {"recipe", required_argument, 0, 'r'},
-        {"shared", required_argument, 0, 's'},  {"pad-to", required_argument, 0, 'p'},
-        {"layer", required_argument, 0, 'l'},   {"backend", required_argument, 0, 'b'},
-        {"math", required_argument, 0, 'm'},    {"topk", required_argument, 0, 'k'},
-        {"route-scale", required_argument, 0, 'R'}, {"swiglu-limit", required_argument, 0, 'c'},
+        {"shared", required_argument, 0, 's'},  {"pad-to", required_argument, 0, O_PAD},
+        {"layer", required_argument, 0, O_LAYER}, {"backend", required_argument, 0, 'b'},
+        {"math", required_argument, 0, 'm'},    {"topk", required_argument, 0, O_TOPK},
+        {"route-scale", required_argument, 0, O_RSCALE}, {"swiglu-limit", required_argument, 0, O_SWIGLU},
+        {"scoring-func", required_argument, 0, O_SCORING}, {"threads", required_argument, 0, O_THREADS},
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->layer = -1;
     o->swiglu_limit = -1;
     o->backend = "cpu";
-    int c;
+    int c, rc = 0;
+    int64_t v;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        char *end = NULL;
+    while (rc == 0 && (c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
         case 'w': o->weights = optarg; break;
         case 'i': o->input = optarg; break;
@@ -326,27 +464,27 @@ static int parse(int argc, char **argv, moe_opts *o)
         case 's': o->shared = optarg; break;
         case 'b': o->backend = optarg; break;
         case 'm': o->math = optarg; break;
-        case 'p':
-            o->pad_to = strtoll(optarg, &end, 10);
-            if (*end != '\0' || o->pad_to < 0 || o->pad_to % 128 != 0) {
-                fprintf(stderr, "megamoe moe: --pad-to '%s' must be a non-negative multiple of 128\n", optarg);
-                return MMOE_EXIT_USAGE;
+        case O_PAD:
+            if ((rc = mmoe_cli_opt_i64("moe", "pad-to", optarg, 0, INT64_C(1) << 40, &v)) == 0 && v % 128 != 0) {
+                fprintf(stderr, "megamoe moe: --pad-to: expected a multiple of 128, got '%s'\n", optarg);
+                rc = MMOE_EXIT_USAGE;
             }
+            o->pad_to = v;
             break;
-        case 'l':
-            o->layer = (int)strtol(optarg, &end, 10);
-            if (*end != '\0' || o->layer < 0) {
-                fprintf(stderr, "megamoe moe: --layer '%s' must be a non-negative integer\n", optarg);
-                return MMOE_EXIT_USAGE;
-            }
+        case O_LAYER: rc = mmoe_cli_opt_int("moe", "layer", optarg, 0, 1 << 20, &o->layer); break;
+        case O_TOPK: rc = mmoe_cli_opt_int("moe", "topk", optarg, 1, MMOE_MOE_MAX_TOPK, &o->topk); break;
+        case O_RSCALE:
+            rc = mmoe_cli_opt_f64("moe", "route-scale", optarg, 0.0, 1e6, MMOE_CLI_LO_OPEN, &o->route_scale);
             break;
-        case 'k': o->topk = atoi(optarg); break;
-        case 'R': o->route_scale = atof(optarg); break;
-        case 'c': o->swiglu_limit = atof(optarg); break;
+        case O_SWIGLU: rc = mmoe_cli_opt_f64("moe", "swiglu-limit", optarg, 0.0, 1e6, 0, &o->swiglu_limit); break;
+        case O_SCORING: o->scoring = optarg; break;
+        case O_THREADS: rc = mmoe_cli_opt_int("moe", "threads", optarg, 1, MMOE_CLI_MAX_THREADS, &o->threads); break;
         case 'h': moe_usage(stdout); return -1;
         default: moe_usage(stderr); return MMOE_EXIT_USAGE;
         }
     }
+    if (rc != 0)
+        return rc;
     if (optind < argc) {
         fprintf(stderr, "megamoe moe: unexpected argument '%s'\n", argv[optind]);
         return MMOE_EXIT_USAGE;
@@ -357,7 +495,7 @@ static int parse(int argc, char **argv, moe_opts *o)
         return MMOE_EXIT_USAGE;
     }
     if (strcmp(o->backend, "cpu") != 0 && strcmp(o->backend, "gpu") != 0) {
-        fprintf(stderr, "megamoe moe: unknown --backend '%s' (expected cpu or gpu)\n", o->backend);
+        fprintf(stderr, "megamoe moe: --backend: expected cpu or gpu, got '%s'\n", o->backend);
         return MMOE_EXIT_USAGE;
     }
     return 0;
@@ -381,7 +519,7 @@ static mmoe_status run_on_gpu(mmoe_ckpt *ck, int li, const mmoe_moe_desc *d, con
         return mmoe_error_set(err, MMOE_ENOMEM, "out of memory for the GPU output");
     for (size_t i = 0; i < n; i++)
         y_gpu[i] = 0x7FC0u; /* NaN: an element the GPU does not write shows up below */
-    mmoe_status st = mmoe_moe_weights_lookup(d, ckpt_lookup, ck, li, &w, err);
+    mmoe_status st = mmoe_moe_weights_lookup(d, mmoe_ckpt_lookup, ck, li, &w, err);
     if (st == MMOE_OK) {
         st = mmoe_gpu_layer_create(d, &w, &g, err);
         mmoe_moe_weights_release(&w);
@@ -449,15 +587,29 @@ int mmoe_cmd_moe(int argc, char **argv)
     float *wts = NULL;
     mmoe_moe_desc d;
     int li = -1;
-    mmoe_status st = mmoe_ckpt_open(o.weights, &ck, &err);
+    const mmoe_cli_path outs[] = {{"out", o.out, 0}}, ins[] = {{"weights", o.weights, 0}, {"input", o.input, 0}};
+    mmoe_status st = mmoe_cli_check_outputs(outs, 1, ins, 2, &err);
+    mmoe_cli_set_threads(o.threads);
+    layer_sources src;
+    memset(&src, 0, sizeof src);
+    src.weights = o.weights;
+    const char *from[4] = {"?", "?", "?", "?"};
+    if (st == MMOE_OK)
+        st = mmoe_ckpt_open(o.weights, &ck, &err);
+    src.ck = ck;
+    if (st == MMOE_OK)
+        st = load_config(&src, &err);
     if (st == MMOE_OK && pick_layer(ck, o.layer, &err, &li) != 0)
         st = err.code;
     if (st == MMOE_OK)
-        st = desc_from_ckpt(ck, li, &o, &d, &err);
+        st = desc_from_ckpt(&src, li, &o, &d, from, &err);
+    if (st == MMOE_OK)
+        printf("values: topk %d (%s), route scale %g (%s), swiglu limit %g (%s), scoring sqrtsoftplus (%s)\n", d.topk,
+               from[0], (double)d.routed_scaling_factor, from[1], (double)d.swiglu_limit, from[2], from[3]);
     if (st == MMOE_OK)
         st = mmoe_moe_layer_create(&d, &layer, &err);
     if (st == MMOE_OK)
-        st = mmoe_moe_layer_load(layer, ckpt_lookup, ck, li, &err);
+        st = mmoe_moe_layer_load(layer, mmoe_ckpt_lookup, ck, li, &err);
     if (st == MMOE_OK)
         st = mmoe_st_open(o.input, &inf, &err);
     mmoe_moe_input in = {0};

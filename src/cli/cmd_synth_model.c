@@ -22,13 +22,16 @@
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: megamoe synth-model --shape tiny|v4-flash|v4-pro --out DIR [--layers N] [--seed S]\n"
-            "                           [--shard-mib M]\n"
-            "  Write a random checkpoint (config.json, index, shards) with the real tensor names,\n"
-            "  dtypes and quantization (FP8 128x128 blocks + UE8M0; experts FP4 1x32 + UE8M0).\n"
-            "  --layers N     main layers (default: the shape's own; tiny 4); plus one MTP layer\n"
+            "usage: megamoe synth-model --shape tiny|v4-flash|v4-pro --out DIR [options]\n\n"
+            "Write a random checkpoint (config.json, index, shards) with the real tensor names,\n"
+            "dtypes and quantization (FP8 128x128 blocks + UE8M0; experts FP4 1x32 + UE8M0).\n\n"
+            "  --shape S      tiny, v4-flash or v4-pro (required)\n"
+            "  --out DIR      the checkpoint directory (required; must not exist, or be empty)\n"
+            "  --layers N     main layers, 1..200 (default: the shape's own; tiny 4); plus one MTP layer\n"
             "  --seed S       RNG seed (default 1)\n"
-            "  --shard-mib M  shard size target in MiB (default 4096)\n");
+            "  --shard-mib M  shard size target in MiB, >= 1 (default 4096)\n\n"
+            "example:\n"
+            "  megamoe synth-model --shape tiny --seed 1 --out tiny-ck\n");
 }
 
 /** Progress line on stderr. */
@@ -39,16 +42,6 @@ static void progress(void *ctx, int shard, int n_shards, uint64_t bytes)
             (double)bytes / (1024.0 * 1024.0));
 }
 
-/** Parse a non-negative integer (0x allowed); 0 on success, -1 on error. */
-static int parse_u64(const char *s, uint64_t *v)
-{
-    char *end;
-    if (!s[0] || s[0] == '-')
-        return -1;
-    *v = strtoull(s, &end, 0);
-    return *end ? -1 : 0;
-}
-
 int mmoe_cmd_synth_model(int argc, char **argv)
 {
     static const struct option opts[] = {{"shape", required_argument, 0, 's'}, {"layers", required_argument, 0, 'l'},
@@ -56,35 +49,23 @@ int mmoe_cmd_synth_model(int argc, char **argv)
                                          {"shard-mib", required_argument, 0, 'm'}, {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *shape = NULL, *out = NULL;
+    const char *cmd = "synth-model";
     uint64_t layers = 0, seed = 1, shard_mib = 4096;
-    int c;
+    int c, rc = 0;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while (rc == 0 && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
         case 's': shape = optarg; break;
         case 'o': out = optarg; break;
-        case 'l':
-            if (parse_u64(optarg, &layers) || layers < 1 || layers > 200) {
-                fprintf(stderr, "megamoe synth-model: --layers '%s': expected an integer in [1, 200]\n", optarg);
-                return MMOE_EXIT_USAGE;
-            }
-            break;
-        case 'S':
-            if (parse_u64(optarg, &seed)) {
-                fprintf(stderr, "megamoe synth-model: --seed '%s': expected a non-negative integer\n", optarg);
-                return MMOE_EXIT_USAGE;
-            }
-            break;
-        case 'm':
-            if (parse_u64(optarg, &shard_mib) || shard_mib < 1) {
-                fprintf(stderr, "megamoe synth-model: --shard-mib '%s': expected a positive integer\n", optarg);
-                return MMOE_EXIT_USAGE;
-            }
-            break;
+        case 'l': rc = mmoe_cli_opt_u64(cmd, "layers", optarg, 1, 200, &layers); break;
+        case 'S': rc = mmoe_cli_opt_u64(cmd, "seed", optarg, 0, UINT64_MAX, &seed); break;
+        case 'm': rc = mmoe_cli_opt_u64(cmd, "shard-mib", optarg, 1, UINT64_C(1) << 30, &shard_mib); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return MMOE_EXIT_USAGE;
         }
     }
+    if (rc != 0)
+        return rc;
     if (!shape || !out || optind != argc) {
         fprintf(stderr, "megamoe synth-model: %s\n", !shape ? "--shape is required" : !out ? "--out is required"
                                                                                        : "unexpected argument");

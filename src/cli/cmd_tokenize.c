@@ -34,7 +34,7 @@ static void usage(FILE *out)
             "Encode text to token ids, decode ids to text, or render a conversation with the\n"
             "DeepSeek-V4 chat encoding.  The tokenizer is DIR/tokenizer.json or FILE.\n"
             "\n"
-            "actions (one of):\n"
+            "actions (one of them is required):\n"
             "  --text TEXT        print the ids of TEXT, comma-separated\n"
             "  --text-file FILE   print the ids of the bytes of FILE\n"
             "  --ids 1,2,3        print the decoded text\n"
@@ -47,12 +47,18 @@ static void usage(FILE *out)
             "  --batch FILE       JSON lines: {\"text\": ...} -> {\"ids\": [...]},\n"
             "                     {\"ids\": [...]} -> {\"text\": ..., \"stream\": ...}  (FILE - is stdin)\n"
             "options:\n"
-            "  --thinking         chat: thinking mode (the prompt ends in <think>); default chat mode\n"
-            "  --keep-thinking    chat: keep the reasoning of earlier turns (drop_thinking off)\n"
-            "  --effort max       chat: the maximum-reasoning-effort preamble (thinking mode)\n"
-            "  --skip-special     decode: leave out special tokens (BOS, EOS)\n"
-            "  --verbose          encode: one line per token: id and its decoded text\n"
-            "  --help             this text\n");
+            "  --model DIR        the tokenizer is DIR/tokenizer.json (this or --tokenizer is required,\n"
+            "                     except for --chat and --parse)\n"
+            "  --tokenizer FILE   the tokenizer file (see --model)\n"
+            "                     (default: --model's)\n"
+            "  --thinking         chat: thinking mode (the prompt ends in <think>) (default: chat mode)\n"
+            "  --keep-thinking    chat: keep the reasoning of earlier turns (default: dropped)\n"
+            "  --effort max       chat: the maximum-reasoning-effort preamble (thinking mode) (default: none)\n"
+            "  --skip-special     decode: leave out special tokens (BOS, EOS) (default: kept)\n"
+            "  --verbose          encode: one line per token: id and its decoded text (default: ids only)\n"
+            "  --help             this text\n\n"
+            "example:\n"
+            "  megamoe tokenize --model fixtures/tiny-dsv4 --text 'Hello world'\n");
 }
 
 /** Read a whole file (or stdin for "-") into a NUL-terminated buffer. */

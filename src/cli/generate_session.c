@@ -13,6 +13,7 @@
  * Timing uses CLOCK_MONOTONIC wall time: the numbers include OpenBLAS's threads.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,7 +61,7 @@ mmoe_status mmoe_gen_session_init(mmoe_gen_session *g, mmoe_model *model, mmoe_m
     memset(g, 0, sizeof *g);
     const mmoe_config *cfg = mmoe_model_config(model);
     if (max_ctx <= 0)
-        return mmoe_error_set(err, MMOE_EINVAL, "generate: context size %lld: expected > 0", (long long)max_ctx);
+        return mmoe_error_set(err, MMOE_EINVAL, "context size %lld: expected > 0", (long long)max_ctx);
     g->model = model;
     g->state = state;
     g->vocab = cfg->vocab_size;
@@ -72,7 +73,7 @@ mmoe_status mmoe_gen_session_init(mmoe_gen_session *g, mmoe_model *model, mmoe_m
     g->logits = malloc((size_t)g->vocab * sizeof *g->logits);
     if (g->logits == NULL || (st = find_undecodable(g, tok)) != MMOE_OK) {
         mmoe_gen_session_free(g);
-        return mmoe_error_set(err, MMOE_ENOMEM, "generate: out of memory for %lld logits", (long long)g->vocab);
+        return mmoe_error_set(err, MMOE_ENOMEM, "out of memory for %lld logits", (long long)g->vocab);
     }
     return MMOE_OK;
 }
@@ -91,7 +92,7 @@ void mmoe_gen_session_free(mmoe_gen_session *g)
 mmoe_status mmoe_gen_push_pending(mmoe_gen_session *g, int32_t id, mmoe_error *err)
 {
     if (g->n_pending >= 2)
-        return mmoe_error_set(err, MMOE_EINVAL, "generate: pending token queue full (2 tokens)");
+        return mmoe_error_set(err, MMOE_EINVAL, "pending token queue full (2 tokens)");
     g->pending[g->n_pending++] = id;
     g->have_logits = 0;
     return MMOE_OK;
@@ -113,15 +114,24 @@ mmoe_status mmoe_gen_prefill(mmoe_gen_session *g, const int32_t *ids, int64_t n,
     int64_t total = g->n_pending + n;
     stats->n_reused = pos;
     if (total < 1)
-        return mmoe_error_set(err, MMOE_EINVAL, "generate: nothing to prefill (empty prompt)");
-    if (pos + total > g->max_ctx)
-        return mmoe_error_set(err, MMOE_EINVAL,
-                              "generate: context full: %lld cached + %lld new tokens > context size %lld "
-                              "(raise --ctx-size or start a new conversation)",
-                              (long long)pos, (long long)total, (long long)g->max_ctx);
+        return mmoe_error_set(err, MMOE_EINVAL, "nothing to prefill (empty prompt)");
+    if (pos + total > g->max_ctx) {
+        /* advice that can be followed: --ctx-size cannot go past the config's max_seq_len */
+        const int64_t limit = mmoe_model_config(g->model)->max_seq_len;
+        char advice[160];
+        if (pos + total <= limit)
+            snprintf(advice, sizeof advice, "raise --ctx-size (up to the model's max_seq_len %lld)", (long long)limit);
+        else if (total <= limit && pos > 0)
+            snprintf(advice, sizeof advice, "the model's max_seq_len is %lld: start a new conversation",
+                     (long long)limit);
+        else
+            snprintf(advice, sizeof advice, "the model's max_seq_len is %lld: shorten the text", (long long)limit);
+        return mmoe_error_set(err, MMOE_EINVAL, "context full: %lld cached + %lld new tokens > context size %lld (%s)",
+                              (long long)pos, (long long)total, (long long)g->max_ctx, advice);
+    }
     for (int64_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= g->vocab)
-            return mmoe_error_set(err, MMOE_EINVAL, "generate: prompt token %lld has id %d: the model's vocabulary "
+            return mmoe_error_set(err, MMOE_EINVAL, "prompt token %lld has id %d: the model's vocabulary "
                                   "has %lld ids", (long long)i, ids[i], (long long)g->vocab);
     double t0 = mmoe_clock_s();
     mmoe_status st = MMOE_OK;
@@ -157,7 +167,7 @@ mmoe_status mmoe_gen_decode(mmoe_gen_session *g, int64_t max_tokens, mmoe_gen_to
     stats->generate_s = 0.0;
     stats->stop = MMOE_GEN_STOP_NONE;
     if (!g->have_logits || g->n_pending > 0)
-        return mmoe_error_set(err, MMOE_EINVAL, "generate: decode needs a prefill first");
+        return mmoe_error_set(err, MMOE_EINVAL, "decode needs a prefill first");
     double t0 = mmoe_clock_s();
     mmoe_status st = MMOE_OK;
     while (stats->stop == MMOE_GEN_STOP_NONE) {

@@ -14,7 +14,7 @@
 /** One subcommand: its name on the command line, its entry point and a one-line summary. */
 typedef struct cli_command {
     const char *name;                  /**< the word after `megamoe` */
-    int (*run)(int argc, char **argv); /**< entry point; argv[0] is the subcommand name */
+    int (*run)(int argc, char **argv); /**< entry point; argv[0] is "megamoe NAME" (getopt's message prefix) */
     const char *summary;               /**< one line for `megamoe --help` */
 } cli_command;
 
@@ -74,8 +74,13 @@ int main(int argc, char **argv)
         return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (strcmp(name, commands[i].name) == 0)
+        if (strcmp(name, commands[i].name) == 0) {
+            /* getopt names argv[0] in its messages: make it the prefix every message has */
+            char prog[64];
+            snprintf(prog, sizeof prog, "megamoe %s", commands[i].name);
+            argv[1] = prog;
             return commands[i].run(argc - 1, argv + 1);
+        }
     fprintf(stderr, "megamoe: unknown command '%s'\n", name);
     usage(stderr);
     return MMOE_EXIT_USAGE;

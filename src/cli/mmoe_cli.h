@@ -3,7 +3,8 @@
  * @brief The `megamoe` program: one entry point per subcommand.
  *
  * main() (src/cli/main.c) looks the first argument up in a table and calls the
- * subcommand with the remaining arguments (argv[0] is the subcommand's name).
+ * subcommand with the remaining arguments (argv[0] is "megamoe NAME", so that getopt's own
+ * messages carry the same prefix as the command's).
  * Each subcommand lives in its own file `src/cli/cmd_<name>.c`, parses its own
  * options with getopt_long, prints `--help`, and returns the process exit
  * status: 0 on success, 1 on a runtime error (with a message on stderr that
@@ -76,6 +77,37 @@ int mmoe_cli_opt_f64(const char *cmd, const char *opt, const char *s, double lo,
 /** As mmoe_cli_opt_i64() for a list (see mmoe_cli_parse_i64_list()); 1 when out of memory. */
 int mmoe_cli_opt_i64_list(const char *cmd, const char *opt, const char *s, int64_t lo, int64_t hi, size_t max_n,
                           int64_t **items, size_t *n);
+
+/** @} */
+
+/**
+ * @name Shared by the commands (cli_util.c)
+ * @{
+ */
+
+/** A path given on the command line and the option that gave it (for messages). */
+typedef struct mmoe_cli_path {
+    const char *opt;  /**< the option's name without dashes ("out", "weights") */
+    const char *path; /**< the path (NULL: option not given, skipped) */
+    int is_output;    /**< set internally when comparing two outputs */
+} mmoe_cli_path;
+
+/**
+ * Refuse outputs that would replace an input or another output: same device and inode after
+ * following links; a directory input stands for every file directly in it (a checkpoint).
+ * @return MMOE_OK or MMOE_EINVAL naming both options and paths
+ */
+mmoe_status mmoe_cli_check_outputs(const mmoe_cli_path *outs, size_t n_out, const mmoe_cli_path *ins, size_t n_in,
+                                   mmoe_error *err);
+
+/** `--threads N`: OpenBLAS threads and MoE dequantization threads (N <= 0: leave the defaults). */
+void mmoe_cli_set_threads(int n);
+
+/** Most threads `--threads` accepts. */
+#define MMOE_CLI_MAX_THREADS 1024
+
+/** May progress lines (rewritten in place with \r) be printed?  Only when stderr is a terminal. */
+int mmoe_cli_progress_allowed(void);
 
 /** @} */
 

@@ -188,6 +188,18 @@ const mmoe_st_file *mmoe_ckpt_shard(const mmoe_ckpt *ck, size_t i);
 /** The tensor named @p name, or NULL. */
 const mmoe_tensor *mmoe_ckpt_find(const mmoe_ckpt *ck, const char *name);
 
+/**
+ * A name lookup over a checkpoint in the form the loaders take (::mmoe_moe_lookup_fn of
+ * mmoe_moe.h, ::mmoe_tensor_lookup_fn of mmoe_attention.h):
+ * `mmoe_moe_layer_load(layer, mmoe_ckpt_lookup, ck, 3, &err)` loads layer 3 of @p ck.
+ * @param ckpt  the checkpoint (a `const mmoe_ckpt *`, passed as the loaders' context)
+ * @param name  the tensor's name
+ * @param out   receives the view (borrowed from the checkpoint)
+ * @param err   error report
+ * @return MMOE_OK, or MMOE_ENOTFOUND naming the tensor and the checkpoint
+ */
+mmoe_status mmoe_ckpt_lookup(void *ckpt, const char *name, mmoe_tensor *out, mmoe_error *err);
+
 /** The entry named @p name (with its shard), or NULL. */
 const mmoe_ckpt_entry *mmoe_ckpt_find_entry(const mmoe_ckpt *ck, const char *name);
 

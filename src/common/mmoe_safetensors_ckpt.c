@@ -324,6 +324,16 @@ const mmoe_tensor *mmoe_ckpt_find(const mmoe_ckpt *ck, const char *name)
     return e ? &e->view : NULL;
 }
 
+mmoe_status mmoe_ckpt_lookup(void *ckpt, const char *name, mmoe_tensor *out, mmoe_error *err)
+{
+    const mmoe_ckpt *ck = ckpt;
+    const mmoe_tensor *t = mmoe_ckpt_find(ck, name);
+    if (t == NULL)
+        return mmoe_error_set(err, MMOE_ENOTFOUND, "checkpoint %s: no tensor '%s'", ck->path, name);
+    *out = *t;
+    return MMOE_OK;
+}
+
 mmoe_status mmoe_ckpt_require(const mmoe_ckpt *ck, const char *name, mmoe_dtype dtype, int ndim,
                               const int64_t *shape, mmoe_tensor *view, mmoe_error *err)
 {

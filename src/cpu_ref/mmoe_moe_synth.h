@@ -60,7 +60,7 @@ void mmoe_moe_synth_input(const mmoe_moe_desc *desc, int64_t t, uint64_t seed, m
 /**
  * Write the layer as a safetensors file with the checkpoint names (prefixed "layers.L." when
  * @p layer_index >= 0) and the metadata keys moe.topk, moe.n_shared, moe.shared_inter,
- * moe.shared_block, moe.routed_scaling_factor and moe.swiglu_limit (atomic write).
+ * moe.shared_block, moe.routed_scaling_factor, moe.swiglu_limit and moe.scoring_func (atomic write).
  */
 mmoe_status mmoe_moe_synth_write(const mmoe_moe_synth *s, int layer_index, const char *path, mmoe_error *err);
 

@@ -31,7 +31,7 @@ typedef struct lookup_ctx {
     const char *to;      /**< e.g. "mtp.0." */
 } lookup_ctx;
 
-/** The lookup callback given to the attention binder and the MoE loader. */
+/** The lookup callback given to the attention binder and the MoE loader: mmoe_ckpt_lookup() after the MTP rewrite. */
 static mmoe_status ckpt_lookup(void *vctx, const char *name, mmoe_tensor *out, mmoe_error *err)
 {
     const lookup_ctx *ctx = vctx;
@@ -40,11 +40,7 @@ static mmoe_status ckpt_lookup(void *vctx, const char *name, mmoe_tensor *out, m
         snprintf(buf, sizeof buf, "%s%s", ctx->to, name + strlen(ctx->from));
         name = buf;
     }
-    const mmoe_tensor *t = mmoe_ckpt_find(ctx->ck, name);
-    if (!t)
-        return mmoe_error_set(err, MMOE_ENOTFOUND, "missing tensor '%s'", name);
-    *out = *t;
-    return MMOE_OK;
+    return mmoe_ckpt_lookup((void *)ctx->ck, name, out, err);
 }
 
 /** Does a found tensor satisfy @p s, allowing the documented alternatives? */

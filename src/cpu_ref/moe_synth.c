@@ -308,6 +308,8 @@ mmoe_status mmoe_moe_synth_write(const mmoe_moe_synth *s, int layer_index, const
         }
         st = mmoe_st_writer_set_metadata(wr, keys[i].k, v, err);
     }
+    if (st == MMOE_OK) /* the only score function of the oracle; stated so that readers need not assume it */
+        st = mmoe_st_writer_set_metadata(wr, "moe.scoring_func", "sqrtsoftplus", err);
     if (st == MMOE_OK)
         st = mmoe_st_writer_finish(wr, path, err);
     mmoe_st_writer_destroy(wr);

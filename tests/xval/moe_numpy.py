@@ -238,7 +238,7 @@ def main():
         for kind, extra in cases:
             lpath = os.path.join(tmp, f"{kind}.safetensors")
             ipath = os.path.join(tmp, f"{kind}.input.safetensors")
-            subprocess.run([binary, "synth-layer", "--shape", "tiny", "--experts", "8", "--tokens", "6",
+            subprocess.run([binary, "synth-layer", "--shape", "tiny", "--experts", "8", "--input-tokens", "6",
                             "--values", "dyadic", "--seed", str(seed), "--out", lpath] + extra,
                            check=True, stdout=subprocess.DEVNULL)
             layer, meta = read_safetensors(lpath)

@@ -34,7 +34,7 @@ def main():
     toks = ",".join(str(i) for i in ids)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "logits.st")
-        rc = subprocess.call([binary, "logits", "--model", fx, "--tokens", toks, "--out", out, "--mtp"])
+        rc = subprocess.call([binary, "logits", "--model", fx, "--ids", toks, "--out", out, "--mtp"])
         if rc != 0:
             print("megamoe logits failed with %d" % rc)
             return 1
