@@ -154,6 +154,131 @@ START_TEST(bad_inputs_fail_clearly)
 }
 END_TEST
 
+/** Write x BF16 [t, d] (small values) and token_ids I32 [t] to dir/NAME. */
+static void write_input_file(const char *name, int64_t t, int64_t d)
+{
+    uint16_t *x = malloc((size_t)(t * d) * 2);
+    int32_t *ids = malloc((size_t)t * 4);
+    ck_assert(x != NULL && ids != NULL);
+    for (int64_t i = 0; i < t * d; i++) { /* k/64 with |k| <= 11: exact in BF16, the top half of the FP32 bits */
+        float v = (float)((i * 7) % 23 - 11) / 64.0f;
+        uint32_t bits;
+        memcpy(&bits, &v, sizeof bits);
+        x[i] = (uint16_t)(bits >> 16);
+    }
+    for (int64_t i = 0; i < t; i++)
+        ids[i] = (int32_t)(i * 5 % 17);
+    char path[700];
+    snprintf(path, sizeof path, "%s/%s", g_dir, name);
+    mmoe_error err;
+    mmoe_st_writer *w = NULL;
+    const int64_t xs[2] = {t, d}, is[1] = {t};
+    ck_assert_int_eq(mmoe_st_writer_create(&w, &err), MMOE_OK);
+    ck_assert_int_eq(mmoe_st_writer_add(w, "x", MMOE_DT_BF16, 2, xs, x, (size_t)(t * d) * 2, &err), MMOE_OK);
+    ck_assert_int_eq(mmoe_st_writer_add(w, "token_ids", MMOE_DT_I32, 1, is, ids, (size_t)t * 4, &err), MMOE_OK);
+    ck_assert_int_eq(mmoe_st_writer_finish(w, path, &err), MMOE_OK);
+    mmoe_st_writer_destroy(w);
+    free(x);
+    free(ids);
+}
+
+/** The second dimension of tensor @p name in dir/FILE. */
+static int64_t dim1_of(const char *file, const char *name)
+{
+    char path[700];
+    snprintf(path, sizeof path, "%s/%s", g_dir, file);
+    mmoe_st_file *f;
+    mmoe_error err;
+    ck_assert_int_eq(mmoe_st_open(path, &f, &err), MMOE_OK);
+    const mmoe_tensor *t = mmoe_st_find(f, name);
+    ck_assert_ptr_nonnull(t);
+    int64_t n = t->shape[1];
+    mmoe_st_close(f);
+    return n;
+}
+
+START_TEST(checkpoint_values_come_from_its_config)
+{
+    /* the tiny preset (mmoe_config.h): top-2 of 8 experts, the first 2 layers hash-routed */
+    char args[512];
+    snprintf(args, sizeof args, "synth-model --shape tiny --layers 3 --seed %llu --out ck", (unsigned long long)g_seed);
+    ck_assert_int_eq(cli(args), 0);
+    write_input_file("in.safetensors", 3, 256);
+    ck_assert_int_eq(cli("moe --weights ck --layer 2 --input in.safetensors --out y.safetensors"), 0);
+    ck_assert_int_eq(dim1_of("y.safetensors", "topk_idx"), 2); /* 2 experts routed, not V4-Flash's 6 */
+    ck_assert(output_has("routing biased"));
+    ck_assert(output_has("values: topk 2 (config.json), route scale 1.5 (config.json)"));
+    ck_assert_int_eq(cli("moe --weights ck --layer 0 --input in.safetensors --out y0.safetensors"), 0);
+    ck_assert(output_has("routing hash"));
+    ck_assert_int_eq(dim1_of("y0.safetensors", "topk_idx"), 2);
+    /* an option still overrides */
+    ck_assert_int_eq(cli("moe --weights ck --layer 2 --topk 3 --input in.safetensors --out y3.safetensors"), 0);
+    ck_assert(output_has("topk 3 (--topk)"));
+    ck_assert_int_eq(dim1_of("y3.safetensors", "topk_idx"), 3);
+}
+END_TEST
+
+START_TEST(values_nobody_gives_are_refused)
+{
+    char args[512];
+    snprintf(args, sizeof args, "synth-layer --shape tiny --seed %llu --input-tokens 2 --out l.safetensors",
+             (unsigned long long)g_seed);
+    ck_assert_int_eq(cli(args), 0);
+    /* the same tensors without any metadata */
+    char path[700];
+    snprintf(path, sizeof path, "%s/l.safetensors", g_dir);
+    mmoe_st_file *f;
+    mmoe_error err;
+    ck_assert_int_eq(mmoe_st_open(path, &f, &err), MMOE_OK);
+    mmoe_st_writer *w = NULL;
+    ck_assert_int_eq(mmoe_st_writer_create(&w, &err), MMOE_OK);
+    for (size_t i = 0; i < mmoe_st_count(f); i++)
+        ck_assert_int_eq(mmoe_st_writer_add_tensor(w, mmoe_st_get(f, i)->name, &mmoe_st_get(f, i)->view, &err), MMOE_OK);
+    snprintf(path, sizeof path, "%s/bare.safetensors", g_dir);
+    ck_assert_int_eq(mmoe_st_writer_finish(w, path, &err), MMOE_OK);
+    mmoe_st_writer_destroy(w);
+    mmoe_st_close(f);
+    const char *run = "moe --weights bare.safetensors --input l.input.safetensors --out y.safetensors";
+    ck_assert_int_eq(cli(run), 1);
+    ck_assert(output_has("megamoe moe: bare.safetensors: the layer's top-k is not given: no config.json next to the "
+                         "weights and no 'moe.topk' metadata in them; pass --topk K"));
+    snprintf(args, sizeof args, "%s --topk 2", run);
+    ck_assert_int_eq(cli(args), 1);
+    ck_assert(output_has("routed scaling factor is not given"));
+    snprintf(args, sizeof args, "%s --topk 2 --route-scale 1.5", run);
+    ck_assert_int_eq(cli(args), 1);
+    ck_assert(output_has("SwiGLU limit is not given"));
+    snprintf(args, sizeof args, "%s --topk 2 --route-scale 1.5 --swiglu-limit 10", run);
+    ck_assert_int_eq(cli(args), 1);
+    ck_assert(output_has("score function is not given"));
+    ck_assert(!exists("y.safetensors"));
+    snprintf(args, sizeof args, "%s --topk 2 --route-scale 1.5 --swiglu-limit 10 --scoring-func sqrtsoftplus", run);
+    ck_assert_int_eq(cli(args), 0);
+    /* the same bits as the file with metadata (which says the same values) */
+    ck_assert_int_eq(cli("moe --weights l.safetensors --input l.input.safetensors --out ym.safetensors"), 0);
+    uint8_t *a, *b;
+    size_t na, nb;
+    snprintf(path, sizeof path, "%s/y.safetensors", g_dir);
+    a = mmoe_test_read_file(path, &na);
+    snprintf(path, sizeof path, "%s/ym.safetensors", g_dir);
+    b = mmoe_test_read_file(path, &nb);
+    ck_assert(na == nb && memcmp(a, b, na) == 0);
+    free(a);
+    free(b);
+    /* a malformed metadata value is named */
+    ck_assert_int_eq(cli("moe --weights bare.safetensors --input l.input.safetensors --out y.safetensors --topk 2 "
+                         "--route-scale 1.5 --swiglu-limit 10 --scoring-func softmax"), 1);
+    ck_assert(output_has("score function 'softmax' (from --scoring-func): the MoE oracle implements sqrtsoftplus only"));
+}
+END_TEST
+
+START_TEST(bench_prints_the_shape_it_runs)
+{
+    ck_assert_int_eq(cli("bench moe --shape tiny --experts 4 --tokens 1 --reps 1"), 0);
+    ck_assert(output_has("shape tiny with 4 of its 8 routed experts (--experts)"));
+}
+END_TEST
+
 START_TEST(bench_runs_on_tiny)
 {
     ck_assert_int_eq(cli("bench moe --shape tiny --experts 8 --tokens 0,3 --reps 1"), 0);
@@ -172,6 +297,9 @@ int main(void)
     tcase_add_test(tc, hash_layer_via_cli);
     tcase_add_test(tc, bad_inputs_fail_clearly);
     tcase_add_test(tc, bench_runs_on_tiny);
+    tcase_add_test(tc, checkpoint_values_come_from_its_config);
+    tcase_add_test(tc, values_nobody_gives_are_refused);
+    tcase_add_test(tc, bench_prints_the_shape_it_runs);
     suite_add_tcase(s, tc);
     return mmoe_test_run(s);
 }
