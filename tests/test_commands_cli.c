@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "mmoe_safetensors.h"
 #include "mmoe_test.h"
 
 static char g_dir[512];
@@ -264,6 +265,168 @@ START_TEST(an_output_never_replaces_an_input)
 }
 END_TEST
 
+/** Copy the safetensors file @p src to @p dst with one more space in its header: every tensor moves by one byte. */
+static void misaligned_copy(const char *src, const char *dst)
+{
+    size_t n;
+    uint8_t *in = mmoe_test_read_file(src, &n);
+    uint64_t hl = 0;
+    for (int i = 0; i < 8; i++)
+        hl |= (uint64_t)in[i] << (8 * i);
+    uint8_t *out = malloc(n + 1);
+    ck_assert_ptr_nonnull(out);
+    for (int i = 0; i < 8; i++)
+        out[i] = (uint8_t)((hl + 1) >> (8 * i));
+    memcpy(out + 8, in + 8, hl);
+    out[8 + hl] = ' '; /* trailing blanks after the JSON object are allowed */
+    memcpy(out + 9 + hl, in + 8 + hl, n - 8 - hl);
+    mmoe_test_write_file(dst, out, n + 1);
+    free(in);
+    free(out);
+}
+
+/** Do two files have the same bytes? */
+static int same_bytes(const char *a, const char *b)
+{
+    size_t na, nb;
+    uint8_t *x = mmoe_test_read_file(a, &na), *y = mmoe_test_read_file(b, &nb);
+    int same = na == nb && memcmp(x, y, na) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+START_TEST(unaligned_tensors_are_read)
+{
+    misaligned_copy("l.safetensors", "lu.safetensors");
+    misaligned_copy("l.input.safetensors", "lu.input.safetensors");
+    char *out, *err;
+    ck_assert_int_eq(run("moe --weights l.safetensors --input l.input.safetensors --out y.safetensors", &out, &err), 0);
+    free(out), free(err);
+    ck_assert_int_eq(run("moe --weights lu.safetensors --input lu.input.safetensors --out yu.safetensors", &out, &err),
+                     0);
+    free(out), free(err);
+    ck_assert(same_bytes("y.safetensors", "yu.safetensors"));
+    /* a whole checkpoint whose shard is misaligned gives the same logits */
+    ck_assert_int_eq(mmoe_test_system("cp -r ck cku"), 0);
+    misaligned_copy("ck/model.safetensors", "cku/model.safetensors");
+    ck_assert_int_eq(run("logits --model ck --ids 1,2,3 --out a.safetensors", &out, &err), 0);
+    free(out), free(err);
+    ck_assert_int_eq(run("logits --model cku --ids 1,2,3 --out b.safetensors", &out, &err), 0);
+    free(out), free(err);
+    ck_assert(same_bytes("a.safetensors", "b.safetensors"));
+    /* inspect says which tensors were copied */
+    ck_assert_int_eq(run("inspect lu.safetensors", &out, &err), 0);
+    ck_assert_msg(strstr(out, "ffn.gate.weight") && strstr(out, "  copied\n") &&
+                      strstr(out, "marked 'copied' are not aligned to their dtype in the file"), "%s", out);
+    free(out), free(err);
+}
+END_TEST
+
+/** Write a safetensors file from a header (padded here to 8 bytes) and its data section. */
+static void write_raw(const char *name, const char *header, const void *data, size_t n)
+{
+    size_t hl = strlen(header), padded = (hl + 7) / 8 * 8;
+    uint8_t *img = malloc(8 + padded + n);
+    ck_assert_ptr_nonnull(img);
+    for (int i = 0; i < 8; i++)
+        img[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+    memcpy(img + 8, header, hl);
+    memset(img + 8 + hl, ' ', padded - hl);
+    memcpy(img + 8 + padded, data, n);
+    mmoe_test_write_file(name, img, 8 + padded + n);
+    free(img);
+}
+
+START_TEST(inspect_shows_what_the_file_is)
+{
+    char *out, *err;
+    /* control characters in a name are escaped, never written raw */
+    write_raw("esc.safetensors", "{\"a\\u001b[2Jb\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", "x", 1);
+    ck_assert_int_eq(run("inspect esc.safetensors", &out, &err), 0);
+    ck_assert_msg(strstr(out, "a\\x1b[2Jb") != NULL && strchr(out, 0x1b) == NULL, "%s", out);
+    free(out), free(err);
+    /* BOOL, U16, U32, U64 are safetensors dtypes: listed, with statistics */
+    const uint8_t data[16] = {1, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 7, 0, 0, 0, 0, 0, 0, 0};
+    write_raw("u.safetensors",
+              "{\"b\":{\"dtype\":\"BOOL\",\"shape\":[2],\"data_offsets\":[0,2]},"
+              "\"h\":{\"dtype\":\"U16\",\"shape\":[1],\"data_offsets\":[2,4]},"
+              "\"w\":{\"dtype\":\"U32\",\"shape\":[1],\"data_offsets\":[4,8]},"
+              "\"q\":{\"dtype\":\"U64\",\"shape\":[1],\"data_offsets\":[8,16]}}",
+              data, sizeof data);
+    ck_assert_int_eq(run("inspect u.safetensors --stats", &out, &err), 0);
+    /* the hand-derived maxima: BOOL {1, 0} -> 1; U16 0xffff = 65535; U32 0xffffffff; U64 7 */
+    ck_assert_msg(strstr(out, "BOOL") && strstr(out, "U16") && strstr(out, "U32") && strstr(out, "U64"), "%s", out);
+    ck_assert_msg(strstr(out, "65535") && strstr(out, "4.295e+09") && strstr(out, "note: no statistics") == NULL,
+                  "%s", out);
+    free(out), free(err);
+    /* a file of another format is named as such */
+    mmoe_test_write_file("model.gguf", "GGUF\x03\x00\x00\x00\x05\x00\x00\x00\x00\x00\x00\x00", 16);
+    expect_error_line("inspect model.gguf", 1, "megamoe inspect: safetensors: model.gguf: not a safetensors file (a "
+                      "safetensors file starts with an 8-byte header length and a JSON header '{...'; this one starts "
+                      "with 'GGUF....')");
+    /* a FIFO is refused at once (timeout: an open that waits for a writer would hang) */
+    ck_assert_int_eq(mkfifo("pipe.safetensors", 0600), 0);
+    ck_assert_int_eq(mmoe_test_system("timeout 20 \"$MMOE_BIN\" inspect pipe.safetensors 2> fifo.txt; test $? = 1"), 0);
+    size_t n;
+    char *msg = (char *)mmoe_test_read_file("fifo.txt", &n);
+    ck_assert_msg(strstr(msg, "pipe.safetensors: not a regular file (a FIFO)") != NULL, "%s", msg);
+    free(msg);
+}
+END_TEST
+
+START_TEST(outputs_keep_their_mode_and_links)
+{
+    char *out, *err;
+    ck_assert_int_eq(run("logits --model ck --ids 1,2 --out o.safetensors", &out, &err), 0);
+    free(out), free(err);
+    ck_assert_int_eq(chmod("o.safetensors", 0600), 0);
+    ck_assert_int_eq(run("logits --model ck --ids 1,2,3 --out o.safetensors", &out, &err), 0);
+    free(out), free(err);
+    struct stat sb;
+    ck_assert_int_eq(stat("o.safetensors", &sb), 0);
+    ck_assert_uint_eq(sb.st_mode & 07777, 0600);
+    /* through a link: the link stays a link, the file it names gets the logits */
+    ck_assert_int_eq(symlink("real.safetensors", "via-link.safetensors"), 0);
+    mmoe_test_write_file("real.safetensors", "old", 3);
+    ck_assert_int_eq(run("logits --model ck --ids 1,2 --out via-link.safetensors", &out, &err), 0);
+    free(out), free(err);
+    ck_assert_int_eq(lstat("via-link.safetensors", &sb), 0);
+    ck_assert(S_ISLNK(sb.st_mode));
+    ck_assert_int_eq(stat("real.safetensors", &sb), 0);
+    ck_assert_int_gt(sb.st_size, 3);
+    /* a link to nothing: refused, named */
+    ck_assert_int_eq(symlink("no/such/dir/x.safetensors", "dangling.safetensors"), 0);
+    ck_assert_int_eq(run("logits --model ck --ids 1,2 --out dangling.safetensors", &out, &err), 1);
+    ck_assert_msg(strstr(err, "dangling.safetensors: a symbolic link to a file that does not exist") != NULL, "%s", err);
+    free(out), free(err);
+}
+END_TEST
+
+START_TEST(token_ids_out_of_range_are_named)
+{
+    char *out, *err;
+    ck_assert_int_eq(run("synth-layer --shape tiny --hash --seed 2 --out h.safetensors", &out, &err), 0);
+    free(out), free(err);
+    /* x [2, 256] zeros, token_ids I64 {3, 2^63 - 1} */
+    static uint16_t x[2 * 256];
+    const int64_t ids[2] = {3, INT64_MAX};
+    mmoe_st_writer *w;
+    mmoe_error e;
+    const int64_t xs[2] = {2, 256}, is[1] = {2};
+    ck_assert_int_eq(mmoe_st_writer_create(&w, &e), MMOE_OK);
+    ck_assert_int_eq(mmoe_st_writer_add(w, "x", MMOE_DT_BF16, 2, xs, x, sizeof x, &e), MMOE_OK);
+    ck_assert_int_eq(mmoe_st_writer_add(w, "token_ids", MMOE_DT_I64, 1, is, ids, sizeof ids, &e), MMOE_OK);
+    ck_assert_int_eq(mmoe_st_writer_finish(w, "big-ids.safetensors", &e), MMOE_OK);
+    mmoe_st_writer_destroy(w);
+    ck_assert_int_eq(run("moe --weights h.safetensors --input big-ids.safetensors --out y.safetensors", &out, &err), 1);
+    ck_assert_msg(strstr(err, "tensor 'token_ids': element 1 is 9223372036854775807, outside [0, 1024)") != NULL,
+                  "%s", err);
+    free(out), free(err);
+    ck_assert_int_eq(file_size("y.safetensors"), -1);
+}
+END_TEST
+
 static Suite *commands_cli_suite(void)
 {
     Suite *s = suite_create("commands_cli");
@@ -277,6 +440,10 @@ static Suite *commands_cli_suite(void)
     tcase_add_test(tc, threads_on_every_compute_command);
     tcase_add_test(tc, no_carriage_returns_off_a_terminal);
     tcase_add_test(tc, an_output_never_replaces_an_input);
+    tcase_add_test(tc, unaligned_tensors_are_read);
+    tcase_add_test(tc, inspect_shows_what_the_file_is);
+    tcase_add_test(tc, outputs_keep_their_mode_and_links);
+    tcase_add_test(tc, token_ids_out_of_range_are_named);
     suite_add_tcase(s, tc);
     return s;
 }

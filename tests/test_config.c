@@ -165,6 +165,8 @@ START_TEST(errors_name_the_key)
         {"qk_rope_head_dim", "96", MMOE_ERANGE, "head_dim"},
         {"index_head_dim", "96", MMOE_ERANGE, "'index_head_dim'"},
         {"expert_dtype", "\"fp16\"", MMOE_ERANGE, "'expert_dtype'"},
+        /* no rope_scaling at all: the compressed layers' YaRN needs its original length, named */
+        {"rope_scaling", NULL, MMOE_ERANGE, "'rope_scaling.original_max_position_embeddings' is missing"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         mmoe_error_clear(&err);
@@ -184,6 +186,29 @@ START_TEST(errors_name_the_key)
     mmoe_error_clear(&err);
     ck_assert_int_eq(mmoe_config_load("/nonexistent/config.json", &c, &err), MMOE_ENOTFOUND);
     ck_assert(strstr(err.msg, "/nonexistent/config.json") != NULL);
+}
+END_TEST
+
+START_TEST(config_size_cap_is_64_mib)
+{
+    /* "{" + spaces + "}": valid JSON of 70 MiB, past the cap, refused as "not a config" */
+    char dir[512], path[600];
+    ck_assert_int_eq(mmoe_test_mkdtemp(dir, sizeof dir), 0);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    const size_t n = (size_t)70 << 20;
+    char *big = malloc(n);
+    ck_assert_ptr_nonnull(big);
+    memset(big, ' ', n);
+    big[0] = '{';
+    big[n - 1] = '}';
+    mmoe_test_write_file(path, big, n);
+    free(big);
+    mmoe_config c;
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    ck_assert_int_eq(mmoe_config_load(path, &c, &err), MMOE_EFORMAT);
+    ck_assert_msg(strstr(err.msg, "larger than 64 MiB, not a config") != NULL, "%s", err.msg);
+    mmoe_test_rmtree(dir);
 }
 END_TEST
 
@@ -281,6 +306,7 @@ static Suite *config_suite(void)
     tcase_add_test(tc, flash_reference_keys_and_defaults);
     tcase_add_test(tc, pro_and_v41);
     tcase_add_test(tc, errors_name_the_key);
+    tcase_add_test(tc, config_size_cap_is_64_mib);
     tcase_add_test(tc, presets_round_trip);
     tcase_add_test(tc, flash_tensor_list_matches_published_checkpoint);
     suite_add_tcase(s, tc);

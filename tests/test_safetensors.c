@@ -21,6 +21,8 @@
 
 #include <math.h>
 
+#include "mmoe_atomic_file.h"
+#include "mmoe_cleanup.h"
 #include "mmoe_safetensors.h"
 #include "mmoe_tensor_stats.h"
 #include "mmoe_test.h"
@@ -462,11 +464,11 @@ START_TEST(atomic_write_failures)
     ck_assert_int_eq(write_small(path, &err), MMOE_EIO);
     ck_assert(strstr(err.msg, path));
     ck_assert_int_eq(count_dir_entries(dir), 0);
-    /* 2. the target is a directory: rename fails, the temporary file goes */
+    /* 2. the target is a directory: refused before a temporary file exists */
     snprintf(path, sizeof path, "%s/target", dir);
     ck_assert_int_eq(mkdir(path, 0755), 0);
     ck_assert_int_eq(write_small(path, &err), MMOE_EIO);
-    ck_assert(strstr(err.msg, "rename"));
+    ck_assert(strstr(err.msg, "is not a regular file (a directory)"));
     ck_assert_int_eq(count_dir_entries(dir), 1);
     struct stat sb;
     ck_assert(stat(path, &sb) == 0 && S_ISDIR(sb.st_mode));
@@ -814,8 +816,8 @@ START_TEST(checkpoint_sharded_writer)
 }
 END_TEST
 
-/** Unaligned data (from a foreign writer) is readable, but require() refuses typed access. */
-START_TEST(require_checks_alignment)
+/** Unaligned data (from a foreign writer) is copied once into aligned memory, values intact. */
+START_TEST(unaligned_tensors_are_copied_aligned)
 {
     char dir[512], path[700];
     ck_assert_int_eq(mmoe_test_mkdtemp(dir, sizeof dir), 0);
@@ -830,11 +832,18 @@ START_TEST(require_checks_alignment)
     mmoe_ckpt *ck;
     mmoe_error err;
     ck_assert_int_eq(mmoe_ckpt_open(path, &ck, &err), MMOE_OK);
-    ck_assert_ptr_nonnull(mmoe_ckpt_find(ck, "w.f1"));
+    const mmoe_tensor *t = mmoe_ckpt_find(ck, "w.f1");
+    ck_assert_ptr_nonnull(t);
+    ck_assert_uint_eq((uintptr_t)t->data % 4, 0);
     int64_t one[1] = {1};
-    ck_assert_int_eq(mmoe_ckpt_require(ck, "w.f1", MMOE_DT_F32, 1, one, NULL, &err),
-                     MMOE_EUNSUPPORTED);
-    ck_assert(strstr(err.msg, "'w.f1'") && strstr(err.msg, "aligned"));
+    mmoe_tensor view;
+    ck_assert_int_eq(mmoe_ckpt_require(ck, "w.f1", MMOE_DT_F32, 1, one, &view, &err), MMOE_OK);
+    /* the bytes are the file's: the 4 data bytes make_image() wrote after the header */
+    const uint8_t *raw = mmoe_test_read_file(path, &size);
+    ck_assert(memcmp(view.data, raw + size - 4, 4) == 0);
+    free((void *)raw);
+    ck_assert_int_eq(mmoe_ckpt_find_entry(ck, "w.f1")->realigned, 1);
+    ck_assert_uint_eq(mmoe_st_realigned_bytes(mmoe_ckpt_shard(ck, 0)), 4);
     mmoe_ckpt_close(ck);
     mmoe_test_rmtree(dir);
 }
@@ -990,6 +999,160 @@ START_TEST(tensor_stats_hand_values)
 }
 END_TEST
 
+/* ------------------------------------------------------------------------- */
+/* Signals, modes and links of outputs                                        */
+/* ------------------------------------------------------------------------- */
+
+/** Child of signal_removes_temporaries: start an atomic file and a partial directory, then SIGINT. */
+static void interrupted_writer(const char *dir)
+{
+    mmoe_error err;
+    if (mmoe_cleanup_install(&err) != MMOE_OK)
+        _exit(10);
+    char path[700], part[700], inner[800];
+    snprintf(path, sizeof path, "%s/out.safetensors", dir);
+    mmoe_atomic_file af;
+    if (mmoe_atomic_open(&af, path, &err) != MMOE_OK || mmoe_atomic_write(&af, "12345678", 8, &err) != MMOE_OK)
+        _exit(11);
+    snprintf(part, sizeof part, "%s/ck.partial-1", dir);
+    snprintf(inner, sizeof inner, "%s/model.safetensors", part);
+    if (mkdir(part, 0777) != 0)
+        _exit(12);
+    FILE *f = fopen(inner, "w");
+    if (f == NULL || fputs("partial", f) < 0 || fclose(f) != 0)
+        _exit(13);
+    if (mmoe_cleanup_add(part, MMOE_CLEANUP_DIR) < 0)
+        _exit(14);
+    raise(SIGINT);
+    _exit(15); /* not reached: the handler re-raises with the default action */
+}
+
+START_TEST(signal_removes_temporaries)
+{
+    char dir[512];
+    ck_assert_int_eq(mmoe_test_mkdtemp(dir, sizeof dir), 0);
+    pid_t pid = fork();
+    ck_assert(pid >= 0);
+    if (pid == 0)
+        interrupted_writer(dir);
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT, "child status 0x%x: not killed by SIGINT",
+                  status);
+    ck_assert_int_eq(count_dir_entries(dir), 0); /* neither out.safetensors.tmp.* nor ck.partial-1/ */
+    mmoe_test_rmtree(dir);
+}
+END_TEST
+
+START_TEST(truncated_mapping_is_named_not_sigbus)
+{
+    char dir[512], path[700], errpath[700];
+    ck_assert_int_eq(mmoe_test_mkdtemp(dir, sizeof dir), 0);
+    snprintf(path, sizeof path, "%s/shrinks.safetensors", dir);
+    snprintf(errpath, sizeof errpath, "%s/stderr.txt", dir);
+    /* one 1 MiB tensor: most of its pages lie beyond 64 KiB */
+    const size_t n = (size_t)1 << 20;
+    uint8_t *bytes = calloc(n, 1);
+    ck_assert_ptr_nonnull(bytes);
+    int64_t shape[1] = {(int64_t)n};
+    mmoe_st_writer *w;
+    mmoe_error err;
+    ck_assert_int_eq(mmoe_st_writer_create(&w, &err), MMOE_OK);
+    ck_assert_int_eq(mmoe_st_writer_add(w, "big", MMOE_DT_U8, 1, shape, bytes, n, &err), MMOE_OK);
+    ck_assert_int_eq(mmoe_st_writer_finish(w, path, &err), MMOE_OK);
+    mmoe_st_writer_destroy(w);
+    free(bytes);
+    pid_t pid = fork();
+    ck_assert(pid >= 0);
+    if (pid == 0) {
+        int fd = open(errpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0 || dup2(fd, STDERR_FILENO) < 0 || mmoe_cleanup_install(&err) != MMOE_OK)
+            _exit(10);
+        mmoe_st_file *f;
+        if (mmoe_st_open(path, &f, &err) != MMOE_OK || truncate(path, 65536) != 0)
+            _exit(11);
+        const volatile uint8_t *p = mmoe_st_find(f, "big")->data;
+        uint8_t sum = 0;
+        for (size_t i = 0; i < n; i += 4096)
+            sum = (uint8_t)(sum + p[i]);
+        _exit(20 + (sum & 1)); /* not reached: the pages past 64 KiB are gone */
+    }
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 1, "child status 0x%x: expected exit 1", status);
+    size_t len;
+    char *msg = (char *)mmoe_test_read_file(errpath, &len);
+    char want[800];
+    snprintf(want, sizeof want, "megamoe: %s: the file shrank while it was being read (bus error at byte ", path);
+    ck_assert_msg(strncmp(msg, want, strlen(want)) == 0, "stderr: %s", msg);
+    free(msg);
+    mmoe_test_rmtree(dir);
+}
+END_TEST
+
+START_TEST(outputs_keep_mode_and_links)
+{
+    char dir[512], path[700], target[700], link_path[700], dangling[700];
+    ck_assert_int_eq(mmoe_test_mkdtemp(dir, sizeof dir), 0);
+    mmoe_error err;
+    /* an existing 0600 file stays 0600 (and a new file is not made 0600 by mkstemp habits) */
+    snprintf(path, sizeof path, "%s/private.safetensors", dir);
+    ck_assert_int_eq(write_small(path, &err), MMOE_OK);
+    ck_assert_int_eq(chmod(path, 0600), 0);
+    ck_assert_int_eq(write_small(path, &err), MMOE_OK);
+    struct stat sb;
+    ck_assert_int_eq(stat(path, &sb), 0);
+    ck_assert_uint_eq(sb.st_mode & 07777, 0600);
+    ck_assert_int_eq(chmod(path, 0640), 0);
+    ck_assert_int_eq(write_small(path, &err), MMOE_OK);
+    ck_assert_int_eq(stat(path, &sb), 0);
+    ck_assert_uint_eq(sb.st_mode & 07777, 0640);
+    /* a symbolic link is written through: the link stays, its target gets the new bytes */
+    snprintf(target, sizeof target, "%s/target.safetensors", dir);
+    snprintf(link_path, sizeof link_path, "%s/link.safetensors", dir);
+    mmoe_test_write_file(target, "old", 3);
+    ck_assert_int_eq(symlink("target.safetensors", link_path), 0);
+    ck_assert_int_eq(write_small(link_path, &err), MMOE_OK);
+    ck_assert_int_eq(lstat(link_path, &sb), 0);
+    ck_assert(S_ISLNK(sb.st_mode));
+    ck_assert_int_eq(stat(target, &sb), 0);
+    ck_assert_int_gt(sb.st_size, 3);
+    mmoe_st_file *f;
+    ck_assert_int_eq(mmoe_st_open(target, &f, &err), MMOE_OK);
+    ck_assert_ptr_nonnull(mmoe_st_find(f, "w.small"));
+    mmoe_st_close(f);
+    /* a link to nothing is refused, named, and nothing is created */
+    snprintf(dangling, sizeof dangling, "%s/dangling.safetensors", dir);
+    ck_assert_int_eq(symlink("nowhere/x.safetensors", dangling), 0);
+    ck_assert_int_eq(write_small(dangling, &err), MMOE_EIO);
+    ck_assert_msg(strstr(err.msg, "a symbolic link to a file that does not exist") != NULL, "%s", err.msg);
+    ck_assert_int_eq(count_dir_entries(dir), 4); /* private, target, link, dangling */
+    mmoe_test_rmtree(dir);
+}
+END_TEST
+
+START_TEST(fifo_and_foreign_files_are_named)
+{
+    char dir[512], path[700];
+    ck_assert_int_eq(mmoe_test_mkdtemp(dir, sizeof dir), 0);
+    snprintf(path, sizeof path, "%s/pipe", dir);
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
+    mmoe_st_file *f = NULL;
+    mmoe_error err;
+    alarm(20); /* an open that waits for a writer would hang here: let the alarm fail the test */
+    ck_assert_int_eq(mmoe_st_open(path, &f, &err), MMOE_EIO);
+    alarm(0);
+    ck_assert_msg(strstr(err.msg, "not a regular file (a FIFO)") != NULL, "%s", err.msg);
+    /* a GGUF file: its "header length" is the magic and version, not a length */
+    snprintf(path, sizeof path, "%s/model.gguf", dir);
+    mmoe_test_write_file(path, "GGUF\x03\x00\x00\x00\x05\x00\x00\x00\x00\x00\x00\x00", 16);
+    ck_assert_int_eq(mmoe_st_open(path, &f, &err), MMOE_EFORMAT);
+    ck_assert_msg(strstr(err.msg, "not a safetensors file") != NULL && strstr(err.msg, "'GGUF....'") != NULL, "%s",
+                  err.msg);
+    mmoe_test_rmtree(dir);
+}
+END_TEST
+
 static Suite *safetensors_suite(void)
 {
     Suite *s = suite_create("safetensors");
@@ -1005,10 +1168,14 @@ static Suite *safetensors_suite(void)
     tcase_add_test(tc, checkpoint_with_index);
     tcase_add_test(tc, checkpoint_layouts);
     tcase_add_test(tc, checkpoint_sharded_writer);
-    tcase_add_test(tc, require_checks_alignment);
+    tcase_add_test(tc, unaligned_tensors_are_copied_aligned);
     tcase_add_test(tc, utf8_vectors);
     tcase_add_test(tc, utf8_put_next_roundtrip);
     tcase_add_test(tc, tensor_stats_hand_values);
+    tcase_add_test(tc, signal_removes_temporaries);
+    tcase_add_test(tc, truncated_mapping_is_named_not_sigbus);
+    tcase_add_test(tc, outputs_keep_mode_and_links);
+    tcase_add_test(tc, fifo_and_foreign_files_are_named);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -16,6 +16,12 @@
  * Dtypes whose values cannot be decoded yet show "-" and are listed under
  * the table, so that a missing statistic is never mistaken for a zero.
  * Then the totals, overall and per dtype, and the file's metadata.
+ *
+ * A tensor that is not aligned to its dtype in the file (the format allows it; the
+ * reader copies it once into aligned memory) is marked `copied` after its line, and
+ * a note gives the count and the bytes copied.  Names, metadata keys and values are
+ * printed with control characters escaped (`\x1b`), so that a hostile file cannot
+ * move the cursor or rewrite the terminal.
  */
 #include <getopt.h>
 #include <inttypes.h>
@@ -86,6 +92,28 @@ static int parse_inspect_args(int argc, char **argv, inspect_opts *o)
     return -1;
 }
 
+/** Bytes of @p s as printed by print_escaped(). */
+static int escaped_len(const char *s)
+{
+    int n = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        n += *p < 0x20 || *p == 0x7f ? 4 : 1;
+    return n;
+}
+
+/** Print @p s with control characters as \xNN, padded with spaces to @p width. */
+static void print_escaped(const char *s, int width)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p < 0x20 || *p == 0x7f)
+            printf("\\x%02x", *p);
+        else
+            putchar(*p);
+    }
+    for (int n = escaped_len(s); n < width; n++)
+        putchar(' ');
+}
+
 /** Does the tensor @p name pass the --filter? */
 static int matches(const inspect_opts *o, const char *name)
 {
@@ -141,8 +169,13 @@ static void print_metadata(const mmoe_ckpt *ck)
         printf("metadata of %s:\n", mmoe_st_path(f));
         for (size_t i = 0; i < n; i++) {
             const char *k, *v;
-            if (mmoe_st_metadata_at(f, i, &k, &v) == MMOE_OK)
-                printf("  %s = %s\n", k, v);
+            if (mmoe_st_metadata_at(f, i, &k, &v) == MMOE_OK) {
+                printf("  ");
+                print_escaped(k, 0);
+                printf(" = ");
+                print_escaped(v, 0);
+                printf("\n");
+            }
         }
     }
 }
@@ -173,7 +206,7 @@ int mmoe_cmd_inspect(int argc, char **argv)
             continue;
         char shape[256];
         mmoe_shape_str(e->view.ndim, e->view.shape, shape, sizeof shape);
-        int nl = (int)strlen(e->name), sl = (int)strlen(shape);
+        int nl = escaped_len(e->name), sl = (int)strlen(shape);
         name_w = nl > name_w ? (nl < INSPECT_MAX_NAME_COL ? nl : INSPECT_MAX_NAME_COL) : name_w;
         shape_w = sl > shape_w ? sl : shape_w;
     }
@@ -187,18 +220,25 @@ int mmoe_cmd_inspect(int argc, char **argv)
     uint64_t total_bytes = 0, dt_bytes[MMOE_DT_COUNT] = {0};
     size_t total_n = 0, dt_n[MMOE_DT_COUNT] = {0};
     int no_stats[MMOE_DT_COUNT] = {0};
+    size_t n_copied = 0;
+    uint64_t copied_bytes = 0;
     for (size_t i = 0; i < mmoe_ckpt_count(ck); i++) {
         const mmoe_ckpt_entry *e = mmoe_ckpt_get(ck, i);
         if (!matches(&o, e->name))
             continue;
         char shape[256];
         mmoe_shape_str(e->view.ndim, e->view.shape, shape, sizeof shape);
-        printf("%-*s %-8s %-*s %14zu", name_w, e->name, mmoe_dtype_name(e->view.dtype), shape_w,
-               shape, e->view.nbytes);
+        print_escaped(e->name, name_w);
+        printf(" %-8s %-*s %14zu", mmoe_dtype_name(e->view.dtype), shape_w, shape, e->view.nbytes);
         if (o.stats && print_stats_columns(e))
             no_stats[e->view.dtype] = 1;
         if (show_shard)
             printf("  %s", e->shard);
+        if (e->realigned) {
+            printf("  copied");
+            n_copied++;
+            copied_bytes += e->view.nbytes;
+        }
         printf("\n");
         total_n++;
         total_bytes += e->view.nbytes;
@@ -221,6 +261,9 @@ int mmoe_cmd_inspect(int argc, char **argv)
             printf("note: no statistics for %s tensors (shown as '-'): decoding of this dtype "
                    "is not available in inspect yet\n",
                    mmoe_dtype_name((mmoe_dtype)d));
+    if (n_copied > 0)
+        printf("note: %zu tensors (%" PRIu64 " bytes) marked 'copied' are not aligned to their dtype in the file; "
+               "they were copied once into aligned memory\n", n_copied, copied_bytes);
     print_metadata(ck);
     mmoe_ckpt_close(ck);
     return 0;

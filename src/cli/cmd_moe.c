@@ -360,7 +360,11 @@ static mmoe_status read_input(const mmoe_st_file *f, const mmoe_moe_desc *d, mmo
             return mmoe_error_set(err, MMOE_ENOMEM, "out of memory");
         for (int64_t i = 0; i < t; i++) {
             int64_t v = ids->dtype == MMOE_DT_I64 ? ((const int64_t *)ids->data)[i] : ((const int32_t *)ids->data)[i];
-            bufs->token_ids[i] = v < 0 || v > INT32_MAX ? -1 : (int32_t)v;
+            if (v < 0 || v > INT32_MAX || (d->routing == MMOE_ROUTING_HASH && v >= d->vocab))
+                return mmoe_error_set(err, MMOE_ERANGE, "%s: tensor 'token_ids': element %lld is %lld, outside [0, %lld)",
+                                      path, (long long)i, (long long)v,
+                                      d->routing == MMOE_ROUTING_HASH ? (long long)d->vocab : (long long)INT32_MAX + 1);
+            bufs->token_ids[i] = (int32_t)v;
         }
         in->token_ids = bufs->token_ids;
     }

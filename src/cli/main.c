@@ -3,12 +3,15 @@
  * @brief `megamoe`: the command-line front end (subcommand dispatch).
  *
  * `megamoe COMMAND [OPTIONS]`; `megamoe COMMAND --help` describes each command.
+ * Before a command runs, the signal handlers of mmoe_cleanup.h are installed: an
+ * interrupted run leaves no temporary file behind.
  */
 #include "config.h"
 
 #include <stdio.h>
 #include <string.h>
 
+#include "mmoe_cleanup.h"
 #include "mmoe_cli.h"
 
 /** One subcommand: its name on the command line, its entry point and a one-line summary. */
@@ -72,6 +75,14 @@ int main(int argc, char **argv)
     if (strcmp(name, "--version") == 0) {
         version();
         return 0;
+    }
+    /* Ctrl-C, SIGTERM, SIGHUP remove the temporaries of unfinished outputs; a mapped input that
+     * shrinks under us is named instead of a bare SIGBUS (mmoe_cleanup.h) */
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    if (mmoe_cleanup_install(&err) != MMOE_OK) {
+        fprintf(stderr, "megamoe: %s\n", err.msg);
+        return 1;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (strcmp(name, commands[i].name) == 0) {

@@ -15,7 +15,17 @@
  *    mmoe_atomic_abort() closes and removes the temporary file instead.
  *
  * Any failing step removes the temporary file before it returns, so the caller
- * only has to call mmoe_atomic_abort() when it stops for its own reasons.
+ * only has to call mmoe_atomic_abort() when it stops for its own reasons.  While it exists,
+ * the temporary file is registered with mmoe_cleanup.h, so that SIGINT or SIGTERM removes it.
+ *
+ * What an existing target keeps, deliberately:
+ *  - **its mode**: the new file gets the old one's permission bits (a 0600 file stays 0600);
+ *    a new target gets 0666 minus the umask;
+ *  - **its links**: a target that is a symbolic link is written *through*: the link stays, and
+ *    the file it points to (after every link, as realpath() resolves it) is replaced; the
+ *    temporary file is made next to that file, so the rename stays on one file system.  A link
+ *    that points nowhere is refused (there is no file to replace and no directory to assume);
+ *  - a target that exists but is not a regular file (a directory, a FIFO, a device) is refused.
  */
 #ifndef MMOE_ATOMIC_FILE_H
 #define MMOE_ATOMIC_FILE_H
@@ -33,11 +43,13 @@ typedef struct mmoe_atomic_file {
     int fd;            /**< descriptor of the temporary file (-1 when closed) */
     char *path;        /**< the target path (owned) */
     char *tmp_path;    /**< the temporary file's path (owned) */
+    int cleanup_slot;  /**< its slot in the signal-cleanup table (-1: none) */
 } mmoe_atomic_file;
 
 /**
- * Create the temporary file next to @p path.
- * @return MMOE_OK, MMOE_EIO (message names @p path and the system error), MMOE_ENOMEM
+ * Create the temporary file next to @p path (next to the file a symbolic link @p path leads to).
+ * @return MMOE_OK, MMOE_EIO (message names @p path and the system error; a dangling link; a
+ *         target that is not a regular file), MMOE_ENOMEM
  */
 mmoe_status mmoe_atomic_open(mmoe_atomic_file *af, const char *path, mmoe_error *err);
 

@@ -23,6 +23,22 @@
  * through them faults) and live until mmoe_st_close().  Tensors are indexed
  * in sorted name order (byte-wise strcmp), whatever the order in the header.
  *
+ * **Alignment.**  The format does not require a tensor to start at a multiple of
+ * its element size (writers other than the reference one, and its older versions
+ * whose header length was not padded, produce such files), but typed loads need
+ * it.  The reader accepts every file the format allows: a tensor whose bytes are
+ * not aligned to its dtype's size in the mapping is copied once, at open, into
+ * aligned memory owned by the file, and its view points at the copy
+ * (::mmoe_st_entry::realigned; mmoe_st_realigned_bytes() counts the copies,
+ * `megamoe inspect` lists them).  Every view is therefore aligned to its dtype.
+ *
+ * **Opening.**  Only regular files are opened (a FIFO or device is refused before
+ * anything blocks on it).  A file whose first bytes cannot be a safetensors
+ * header (a length beyond the limit or the file, not followed by `{`) is named
+ * as "not a safetensors file".  Each mapping is registered with mmoe_cleanup.h,
+ * so that a program that installed its handlers reports a file truncated under
+ * it by name instead of dying of SIGBUS.
+ *
  * **Checkpoints.**  A ::mmoe_ckpt is a set of safetensors shards seen as one
  * name -> tensor map: one file, a directory with `model.safetensors`, or a
  * directory with `model.safetensors.index.json` whose "weight_map" maps each
@@ -77,6 +93,7 @@ typedef struct mmoe_st_entry {
     const char *name;     /**< tensor name (UTF-8, NUL-terminated); owned by the file */
     mmoe_tensor view;     /**< dtype, shape and read-only bytes inside the mapping */
     uint64_t file_offset; /**< byte offset of the first byte in the file (8 + N + begin) */
+    int realigned;        /**< 1: not aligned to its dtype in the file; view.data is an aligned copy */
 } mmoe_st_entry;
 
 /**
@@ -113,6 +130,9 @@ const char *mmoe_st_path(const mmoe_st_file *f);
 
 /** Size of the whole file in bytes. */
 uint64_t mmoe_st_file_size(const mmoe_st_file *f);
+
+/** Bytes of the tensors that were copied into aligned memory at open (0: every view is in the mapping). */
+uint64_t mmoe_st_realigned_bytes(const mmoe_st_file *f);
 
 /** Number of tensors (the "__metadata__" entry is not a tensor). */
 size_t mmoe_st_count(const mmoe_st_file *f);
@@ -152,6 +172,7 @@ typedef struct mmoe_ckpt_entry {
     mmoe_tensor view;     /**< read-only view into the shard's mapping */
     const char *shard;    /**< the shard's file name as in the index (or the file's path) */
     int shard_index;      /**< 0-based shard number, in sorted shard-name order */
+    int realigned;        /**< the view is an aligned copy (see mmoe_st_entry::realigned) */
 } mmoe_ckpt_entry;
 
 /**

@@ -99,6 +99,7 @@ static mmoe_status collect_entries(mmoe_ckpt *ck, mmoe_error *err)
             mmoe_ckpt_entry *c = &ck->entries[ck->n_entries++];
             c->name = e->name;
             c->view = e->view;
+            c->realigned = e->realigned;
             c->shard = ck->shard_names[s];
             c->shard_index = (int)s;
         }

@@ -27,6 +27,10 @@
  *    reference implementation; it also means every byte of the file is
  *    accounted for.)
  *
+ * 5. **Alignment.**  A tensor whose bytes do not start at a multiple of its
+ *    element size is copied into one aligned block owned by the file (see
+ *    mmoe_safetensors.h, "Alignment").
+ *
  * The entries keep pointers into the jansson tree (names, metadata strings),
  * so the tree lives as long as the file object.
  */
@@ -43,7 +47,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "mmoe_cleanup.h"
 #include "mmoe_utf8.h"
+
+/** Alignment of the block that holds the realigned tensors (a cache line: enough for every dtype). */
+#define ST_COPY_ALIGN 64
 
 /** Reserved header key of the free-form string map. */
 #define ST_METADATA_KEY "__metadata__"
@@ -60,6 +68,9 @@ struct mmoe_st_file {
     const char **meta_keys;   /**< sorted by key */
     const char **meta_values; /**< values, same order as the keys */
     size_t n_meta;            /**< number of metadata entries */
+    void *aligned_copy;       /**< the realigned tensors' bytes (owned; NULL if none) */
+    uint64_t realigned_bytes; /**< their total size */
+    int map_slot;             /**< the mapping's slot in mmoe_cleanup.h's table (-1: none) */
 };
 
 /* ------------------------------------------------------------------------- */
@@ -133,7 +144,7 @@ static mmoe_status parse_entry(const mmoe_st_file *f, const char *name, const js
     if (mmoe_dtype_from_name(json_string_value(jdtype), &e->view.dtype) != MMOE_OK)
         return mmoe_error_set(err, MMOE_EFORMAT,
                               "safetensors: %s: tensor '%s': unknown dtype '%s' (expected one of "
-                              "BF16 F16 F32 F64 I8 U8 I16 I32 I64 F8_E4M3 F8_E5M2 F8_E8M0)",
+                              "BOOL BF16 F16 F32 F64 I8 U8 I16 U16 I32 U32 I64 U64 F8_E4M3 F8_E5M2 F8_E8M0)",
                               path, name, json_string_value(jdtype));
     /* shape */
     const json_t *jshape = json_object_get(value, "shape");
@@ -294,6 +305,41 @@ static mmoe_status parse_metadata(mmoe_st_file *f, const json_t *meta, mmoe_erro
     return MMOE_OK;
 }
 
+/** Is the view's data aligned to its element size? */
+static int view_aligned(const mmoe_tensor *t)
+{
+    const size_t a = mmoe_dtype_size(t->dtype);
+    return a <= 1 || (uintptr_t)t->data % a == 0;
+}
+
+/** Copy the tensors that are not aligned to their dtype into one aligned block (see the file comment). */
+static mmoe_status realign(mmoe_st_file *f, mmoe_error *err)
+{
+    uint64_t total = 0;
+    for (size_t i = 0; i < f->n_entries; i++)
+        if (!view_aligned(&f->entries[i].view))
+            total += (f->entries[i].view.nbytes + ST_COPY_ALIGN - 1) / ST_COPY_ALIGN * ST_COPY_ALIGN;
+    if (total == 0)
+        return MMOE_OK;
+    if (total > SIZE_MAX || posix_memalign(&f->aligned_copy, ST_COPY_ALIGN, (size_t)total) != 0) {
+        f->aligned_copy = NULL;
+        return mmoe_error_set(err, MMOE_ENOMEM, "safetensors: %s: out of memory for an aligned copy of the %" PRIu64
+                              " bytes of tensors that are not aligned to their dtype in the file", f->path, total);
+    }
+    uint8_t *dst = f->aligned_copy;
+    for (size_t i = 0; i < f->n_entries; i++) {
+        mmoe_st_entry *e = &f->entries[i];
+        if (view_aligned(&e->view))
+            continue;
+        memcpy(dst, e->view.data, e->view.nbytes);
+        e->view.data = dst;
+        e->realigned = 1;
+        f->realigned_bytes += e->view.nbytes;
+        dst += (e->view.nbytes + ST_COPY_ALIGN - 1) / ST_COPY_ALIGN * ST_COPY_ALIGN;
+    }
+    return MMOE_OK;
+}
+
 /** Parse the image in f->bytes / f->size; fill everything else in @p f. */
 static mmoe_status st_parse(mmoe_st_file *f, mmoe_error *err)
 {
@@ -303,6 +349,17 @@ static mmoe_status st_parse(mmoe_st_file *f, mmoe_error *err)
                               "length field",
                               f->path, f->size);
     uint64_t header_len = read_le64(f->bytes);
+    if ((header_len > MMOE_ST_MAX_HEADER_BYTES || header_len > f->size - 8) && (f->size < 9 || f->bytes[8] != '{')) {
+        char start[9];
+        size_t n = f->size < 8 ? f->size : 8;
+        for (size_t i = 0; i < n; i++)
+            start[i] = f->bytes[i] >= 0x20 && f->bytes[i] < 0x7f ? (char)f->bytes[i] : '.';
+        start[n] = '\0';
+        return mmoe_error_set(err, MMOE_EFORMAT,
+                              "safetensors: %s: not a safetensors file (a safetensors file starts with an "
+                              "8-byte header length and a JSON header '{...'; this one starts with '%s')",
+                              f->path, start);
+    }
     if (header_len > MMOE_ST_MAX_HEADER_BYTES)
         return mmoe_error_set(err, MMOE_EFORMAT,
                               "safetensors: %s: header length %" PRIu64
@@ -369,6 +426,7 @@ static mmoe_status st_parse(mmoe_st_file *f, mmoe_error *err)
             e->view.data = (void *)(f->bytes + off);
         }
         qsort(f->entries, f->n_entries, sizeof *f->entries, cmp_entry_name);
+        st = realign(f, err);
     }
     free(spans);
     return st;
@@ -382,8 +440,10 @@ static mmoe_status st_parse(mmoe_st_file *f, mmoe_error *err)
 static mmoe_st_file *st_new(const char *label, mmoe_error *err)
 {
     mmoe_st_file *f = calloc(1, sizeof *f);
-    if (f)
+    if (f) {
         f->path = strdup(label ? label : "(memory)");
+        f->map_slot = -1;
+    }
     if (!f || !f->path) {
         free(f);
         mmoe_error_set(err, MMOE_ENOMEM, "safetensors: %s: out of memory", label ? label : "");
@@ -415,7 +475,8 @@ mmoe_status mmoe_st_open_memory(const void *data, size_t size, const char *label
 mmoe_status mmoe_st_open(const char *path, mmoe_st_file **out, mmoe_error *err)
 {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below) */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return mmoe_error_set(err, errno == ENOENT ? MMOE_ENOTFOUND : MMOE_EIO,
                               "safetensors: %s: cannot open: %s", path, strerror(errno));
@@ -427,7 +488,11 @@ mmoe_status mmoe_st_open(const char *path, mmoe_st_file **out, mmoe_error *err)
     }
     if (!S_ISREG(sb.st_mode)) {
         close(fd);
-        return mmoe_error_set(err, MMOE_EIO, "safetensors: %s: not a regular file", path);
+        return mmoe_error_set(err, MMOE_EIO, "safetensors: %s: not a regular file (%s)", path,
+                              S_ISDIR(sb.st_mode)    ? "a directory"
+                              : S_ISFIFO(sb.st_mode) ? "a FIFO"
+                              : S_ISSOCK(sb.st_mode) ? "a socket"
+                                                     : "a device");
     }
     mmoe_st_file *f = st_new(path, err);
     if (!f) {
@@ -446,6 +511,7 @@ mmoe_status mmoe_st_open(const char *path, mmoe_st_file **out, mmoe_error *err)
         }
         f->bytes = map;
         f->mapped = 1;
+        f->map_slot = mmoe_cleanup_map(map, f->size, path);
     }
     close(fd); /* the mapping keeps the file alive */
     mmoe_status st = st_parse(f, err);
@@ -461,8 +527,11 @@ void mmoe_st_close(mmoe_st_file *f)
 {
     if (!f)
         return;
-    if (f->mapped)
+    if (f->mapped) {
+        mmoe_cleanup_unmap(f->map_slot);
         munmap((void *)f->bytes, f->size);
+    }
+    free(f->aligned_copy);
     json_decref(f->header);
     free(f->entries);
     free(f->meta_keys);
@@ -479,6 +548,11 @@ const char *mmoe_st_path(const mmoe_st_file *f)
 uint64_t mmoe_st_file_size(const mmoe_st_file *f)
 {
     return f->size;
+}
+
+uint64_t mmoe_st_realigned_bytes(const mmoe_st_file *f)
+{
+    return f->realigned_bytes;
 }
 
 size_t mmoe_st_count(const mmoe_st_file *f)

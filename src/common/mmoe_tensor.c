@@ -22,6 +22,8 @@ static const struct {
     [MMOE_DT_I16] = {"I16", 2},      [MMOE_DT_I32] = {"I32", 4},
     [MMOE_DT_I64] = {"I64", 8},      [MMOE_DT_F8_E4M3] = {"F8_E4M3", 1},
     [MMOE_DT_F8_E5M2] = {"F8_E5M2", 1}, [MMOE_DT_F8_E8M0] = {"F8_E8M0", 1},
+    [MMOE_DT_BOOL] = {"BOOL", 1},    [MMOE_DT_U16] = {"U16", 2},
+    [MMOE_DT_U32] = {"U32", 4},      [MMOE_DT_U64] = {"U64", 8},
 };
 
 size_t mmoe_dtype_size(mmoe_dtype dt)

@@ -37,6 +37,10 @@ typedef enum mmoe_dtype {
     MMOE_DT_F8_E4M3,    /**< FP8 E4M3FN, 1 byte */
     MMOE_DT_F8_E5M2,    /**< FP8 E5M2, 1 byte */
     MMOE_DT_F8_E8M0,    /**< E8M0 / UE8M0 scale, 1 byte */
+    MMOE_DT_BOOL,       /**< boolean, 1 byte (0 false, else true) */
+    MMOE_DT_U16,        /**< uint16 */
+    MMOE_DT_U32,        /**< uint32 */
+    MMOE_DT_U64,        /**< uint64 */
     MMOE_DT_COUNT       /**< number of dtypes (not a dtype) */
 } mmoe_dtype;
 

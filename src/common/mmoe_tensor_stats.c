@@ -30,6 +30,10 @@ int mmoe_tensor_stats_supported(mmoe_dtype dt)
     case MMOE_DT_F8_E4M3:
     case MMOE_DT_F8_E5M2:
     case MMOE_DT_F8_E8M0:
+    case MMOE_DT_BOOL:
+    case MMOE_DT_U16:
+    case MMOE_DT_U32:
+    case MMOE_DT_U64:
         return 1;
     default:
         return 0;
@@ -102,6 +106,23 @@ static double element(const mmoe_tensor *t, int64_t i)
         return mmoe_fp8_e5m2_to_f32(p[0]);
     case MMOE_DT_F8_E8M0:
         return mmoe_ue8m0_to_f32(p[0]);
+    case MMOE_DT_BOOL:
+        return p[0] != 0;
+    case MMOE_DT_U16: {
+        uint16_t v;
+        memcpy(&v, p, 2);
+        return v;
+    }
+    case MMOE_DT_U32: {
+        uint32_t v;
+        memcpy(&v, p, 4);
+        return v;
+    }
+    case MMOE_DT_U64: {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        return (double)v; /* exact up to 2^53 */
+    }
     default:
         return NAN;
     }

@@ -345,12 +345,13 @@ mmoe_status mmoe_config_load(const char *path, mmoe_config *cfg, mmoe_error *err
     size_t got;
     while ((got = fread(buf + len, 1, cap - len - 1, f)) > 0) {
         len += got;
+        if (len > MMOE_CONFIG_MAX_BYTES) {
+            free(buf);
+            fclose(f);
+            return mmoe_error_set(err, MMOE_EFORMAT, "%s: larger than %d MiB, not a config", path,
+                                  MMOE_CONFIG_MAX_BYTES >> 20);
+        }
         if (len + 1 == cap) {
-            if (cap > ((size_t)64 << 20)) {
-                free(buf);
-                fclose(f);
-                return mmoe_error_set(err, MMOE_EFORMAT, "%s: larger than 64 MiB, not a config", path);
-            }
             char *nb = realloc(buf, cap * 2);
             if (!nb) {
                 free(buf);
@@ -428,6 +429,11 @@ mmoe_status mmoe_config_validate(const mmoe_config *c, mmoe_error *err)
         BAD("config: key 'quantization_config.weight_block_size' = [%d, %d]: expected [128, 128] or "
             "[32, 32]",
             c->weight_block_n, c->weight_block_k);
+    for (int i = 0; i < c->n_ratios; i++)
+        if (c->compress_ratios[i] > 1 && c->original_seq_len <= 0)
+            BAD("config: key 'rope_scaling.original_max_position_embeddings' is missing (or not positive): "
+                "layer %d is compressed (ratio %d) and its YaRN RoPE needs the original context length", i,
+                c->compress_ratios[i]);
     if (c->beta_fast < c->beta_slow)
         BAD("config: key 'rope_scaling.beta_fast' = %g: must not be below beta_slow = %g", c->beta_fast,
             c->beta_slow);

@@ -36,6 +36,8 @@ extern "C" {
 
 /** Largest number of layers (main + MTP) a config may describe. */
 #define MMOE_CONFIG_MAX_LAYERS 256
+/** Largest config.json read (bytes); a larger file is refused as not a config. */
+#define MMOE_CONFIG_MAX_BYTES (64 << 20)
 
 /** Width of one activation-quantization block along K (the reference's `block_size`). */
 #define MMOE_ACT_BLOCK 128

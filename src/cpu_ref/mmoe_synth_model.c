@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "mmoe_atomic_file.h"
+#include "mmoe_cleanup.h"
 #include "mmoe_formats.h"
 #include "mmoe_model_tensors.h"
 #include "mmoe_rng.h"
@@ -301,6 +302,7 @@ mmoe_status mmoe_synth_model_write(const mmoe_config *cfg, uint64_t seed, const 
         st = mmoe_error_set(err, MMOE_EIO, "synth-model: cannot create '%s': %s", partial, strerror(errno));
         goto done;
     }
+    const int cleanup_slot = mmoe_cleanup_add(partial, MMOE_CLEANUP_DIR); /* a signal removes it */
     {
         uint64_t written = 0;
         size_t first = 0;
@@ -341,6 +343,7 @@ mmoe_status mmoe_synth_model_write(const mmoe_config *cfg, uint64_t seed, const 
     }
     if (st != MMOE_OK)
         remove_partial(partial);
+    mmoe_cleanup_remove(cleanup_slot);
 done:
     if (shard_names)
         for (int s = 0; s < n_shards; s++)

@@ -39,6 +39,8 @@ DTYPES = {
     "I16": ("int16", 2, np.int16), "I32": ("int32", 4, np.int32), "I64": ("int64", 8, np.int64),
     "BF16": ("bfloat16", 2, None), "F8_E4M3": ("float8_e4m3fn", 1, None),
     "F8_E5M2": ("float8_e5m2", 1, None), "F8_E8M0": ("float8_e8m0fnu", 1, None),
+    "BOOL": ("bool", 1, np.bool_), "U16": ("uint16", 2, np.uint16), "U32": ("uint32", 4, np.uint32),
+    "U64": ("uint64", 8, np.uint64),
 }
 
 
