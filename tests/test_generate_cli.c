@@ -16,9 +16,13 @@
  */
 #include <check.h>
 #include <jansson.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "gen_fixture.h"
 #include "mmoe_model.h"
@@ -447,6 +451,128 @@ START_TEST(bad_inputs_fail_with_a_message)
 }
 END_TEST
 
+/** The text of @p path ("" when absent), malloc'd. */
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return strdup("");
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    rewind(f);
+    char *buf = calloc((size_t)n + 1, 1);
+    ck_assert(buf != NULL && fread(buf, 1, (size_t)n, f) == (size_t)n);
+    fclose(f);
+    return buf;
+}
+
+/** Wait (at most 60 s) until @p path holds more than @p min_len bytes and contains @p needle. */
+static void wait_for(const char *path, size_t min_len, const char *needle)
+{
+    for (int i = 0; i < 6000; i++) {
+        char *t = slurp(path);
+        int ok = strlen(t) > min_len && strstr(t + min_len, needle) != NULL;
+        free(t);
+        if (ok)
+            return;
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    char *t = slurp(path);
+    fprintf(stderr, "%s:\n%.2000s\n", path, t);
+    ck_abort_msg("timed out waiting for '%s' in %s (its start is in the log)", needle, path);
+}
+
+/** Write all of @p s to @p fd. */
+static void write_all(int fd, const char *s, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, s, n);
+        ck_assert(w > 0);
+        s += w;
+        n -= (size_t)w;
+    }
+}
+
+START_TEST(chat_survives_bad_lines_and_ctrl_c)
+{
+    /* fixtures/tiny-dsv4 answers the chat turn "1 2 3 4 5 6 7 8" with sums ("3+9=12\n...") for more
+     * than 1000 tokens without an EOS (greedy, deterministic): an answer long enough to interrupt */
+    char model[1024], out_path[700], err_path[700];
+    snprintf(model, sizeof model, "%s/fixtures/tiny-dsv4", getenv("MMOE_SRCDIR"));
+    snprintf(out_path, sizeof out_path, "%s/chat-out.txt", g_root);
+    snprintf(err_path, sizeof err_path, "%s/chat-err.txt", g_root);
+    int in[2];
+    ck_assert_int_eq(pipe(in), 0);
+    signal(SIGPIPE, SIG_IGN);
+    pid_t pid = fork();
+    ck_assert(pid >= 0);
+    if (pid == 0) {
+        FILE *o = fopen(out_path, "w"), *e = fopen(err_path, "w");
+        if (o == NULL || e == NULL || dup2(in[0], 0) < 0 || dup2(fileno(o), 1) < 0 || dup2(fileno(e), 2) < 0)
+            _exit(99);
+        close(in[1]);
+        execl(getenv("MMOE_BIN"), "megamoe", "generate", "--model", model, "--chat", "--max-tokens", "100000",
+              (char *)NULL);
+        _exit(98);
+    }
+    close(in[0]);
+    /* 1. invalid UTF-8, then a line longer than the whole context: reported, skipped */
+    write_all(in[1], "\xff\xfe bad\n", 8);
+    size_t long_len = 2 * 6000;
+    char *longline = malloc(long_len + 1);
+    ck_assert_ptr_nonnull(longline);
+    for (size_t i = 0; i < long_len; i += 2)
+        memcpy(longline + i, "a ", 2);
+    longline[long_len - 1] = '\n';
+    write_all(in[1], longline, long_len);
+    free(longline);
+    wait_for(err_path, 0, "line 1 is not valid UTF-8 (byte 0xff at offset 0): not sent; the conversation goes on");
+    wait_for(err_path, 0, "line 2: context full: ");
+    char *e = slurp(err_path);
+    fprintf(stderr, "stderr so far:\n%.2000s\n", e);
+    ck_assert(strstr(e, "(the model's max_seq_len is 4096: shorten the text): not sent") != NULL);
+    ck_assert_msg(strstr(e, "raise --ctx-size") == NULL, "advice that cannot be followed");
+    free(e);
+    /* 2. a long answer, interrupted once: it stops, the stats say so, the chat goes on */
+    write_all(in[1], "1 2 3 4 5 6 7 8\n", 16);
+    wait_for(out_path, strlen("> > > ") + 40, "\n"); /* 40 bytes of the answer are out */
+    kill(pid, SIGINT);
+    wait_for(err_path, 0, "stop: interrupted");
+    e = slurp(err_path);
+    ck_assert(strstr(e, "turn 1 stats") != NULL);
+    free(e);
+    /* 3. the next turn runs on the same cache, and is interrupted twice: the process ends */
+    char *o = slurp(out_path);
+    size_t before = strlen(o);
+    free(o);
+    write_all(in[1], "1 2 3 4 5 6 7 8\n", 16);
+    wait_for(out_path, before + 40, "\n");
+    e = slurp(err_path);
+    ck_assert_msg(strstr(e, "turn 2 stats") == NULL, "turn 2 ended by itself");
+    free(e);
+    kill(pid, SIGINT);
+    struct timespec gap = {0, 200 * 1000 * 1000}; /* two presses, not one coalesced signal */
+    nanosleep(&gap, NULL);
+    kill(pid, SIGINT);
+    int status = 0;
+    pid_t done = 0;
+    for (int i = 0; i < 3000 && done == 0; i++) {
+        done = waitpid(pid, &status, WNOHANG);
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    if (done == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        ck_abort_msg("two Ctrl-C did not end the chat");
+    }
+    ck_assert_msg((WIFSIGNALED(status) && WTERMSIG(status) == SIGINT) || (WIFEXITED(status) && WEXITSTATUS(status) == 0),
+                  "status 0x%x", status);
+    close(in[1]);
+}
+END_TEST
+
 static Suite *generate_cli_suite(void)
 {
     Suite *s = suite_create("generate_cli");
@@ -460,6 +586,7 @@ static Suite *generate_cli_suite(void)
     tcase_add_test(tc, chat_two_turns_reuse_the_kv_cache);
     tcase_add_test(tc, bad_inputs_fail_with_a_message);
     tcase_add_test(tc, readme_model_when_present);
+    tcase_add_test(tc, chat_survives_bad_lines_and_ctrl_c);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -31,6 +31,20 @@
  *    previous answer, then `<｜User｜>TEXT<｜Assistant｜></think>`), never the history, and
  *    its stats line says how many tokens were prefilled and how many were reused.
  *
+ * ## A chat survives its input
+ *
+ * A line that cannot become a turn -- not valid UTF-8, or too long for the context left --
+ * is reported on stderr (with advice that can be followed: --ctx-size only up to the
+ * model's max_seq_len) and dropped; the conversation and its KV cache go on as if it had
+ * not been typed.  Only errors after the model has run (a forward that fails) end the
+ * session.
+ *
+ * Ctrl-C (SIGINT): the first one stops the answer being generated; its stats line ends in
+ * `stop: interrupted` and the next prompt appears (the partial answer stays in the
+ * conversation).  A second Ctrl-C before the next answer starts exits (killed by SIGINT, as
+ * usual); one at the prompt ends the chat like Ctrl-D.  The counter lives in the one
+ * process-wide variable a signal handler can write.
+ *
  * ## Sampling and threads
  *
  * Temperature 0 (the default) is greedy and deterministic: the same command prints the
@@ -51,6 +65,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <signal.h>
+
 #include "chat_internal.h" /* the marker strings of the chat encoding */
 #include "mmoe_chat.h"
 #include "mmoe_cli.h"
@@ -58,6 +74,29 @@
 #include "mmoe_generate.h"
 #include "mmoe_model.h"
 #include "mmoe_tokenizer.h"
+#include "mmoe_utf8.h"
+
+/** Ctrl-C presses since the current answer started (written by the SIGINT handler only, and reset per answer). */
+static volatile sig_atomic_t g_interrupts;
+
+/** SIGINT: count; the second press restores the default action and dies of it. */
+static void on_interrupt(int sig)
+{
+    if (++g_interrupts >= 2) {
+        signal(sig, SIG_DFL);
+        raise(sig); /* delivered when the handler returns */
+    }
+}
+
+/** Install on_interrupt() without SA_RESTART, so that a Ctrl-C at the prompt interrupts the read. */
+static void install_interrupt_handler(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_interrupt;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+}
 
 /** Default context size (tokens) when the config allows more: keeps the KV caches small. */
 #define GEN_DEFAULT_CTX 4096
@@ -96,6 +135,7 @@ typedef struct gen_run {
     int stderr_tty;            /**< stderr is a terminal: progress lines rewrite themselves */
     mmoe_status out_status;    /**< a decode error inside the token callback */
     mmoe_error out_err;        /**< its message */
+    int interrupted;           /**< the current answer was stopped by Ctrl-C */
 } gen_run;
 
 /** Print the command's help to @p out. */
@@ -236,6 +276,8 @@ static void prefill_progress(void *ctx, int64_t done, int64_t total)
 static int print_token(void *ctx, int32_t id)
 {
     gen_run *r = ctx;
+    if (g_interrupts > 0)
+        r->interrupted = 1; /* this token is still shown; the answer stops after it */
     if (r->opt->print_ids) {
         printf("%d ", id);
         fflush(stdout);
@@ -256,7 +298,7 @@ static int print_token(void *ctx, int32_t id)
             return 1;
         }
     }
-    return 0;
+    return r->interrupted;
 }
 
 /** Tokens per second and milliseconds per token, 0 for an empty interval. */
@@ -280,7 +322,7 @@ static void print_stats(const gen_run *r, int turn, const mmoe_gen_stats *p, con
             "stats: prefilled %lld new tokens (%lld reused from the KV cache) in %.3f s (%.1f tokens/s, %.2f "
             "ms/token); generated %lld tokens in %.3f s (%.1f tokens/s, %.2f ms/token); stop: %s\n",
             (long long)p->n_prefill, (long long)p->n_reused, p->prefill_s, pt, pm, (long long)d->n_generated,
-            d->generate_s, gt, gm, mmoe_gen_stop_name(d->stop));
+            d->generate_s, gt, gm, r->interrupted ? "interrupted" : mmoe_gen_stop_name(d->stop));
 }
 
 /** Print an error message and return the runtime-error exit status. */
@@ -392,6 +434,8 @@ static mmoe_status gen_turn(gen_run *r, const mmoe_token_ids *ids, int turn, mmo
     mmoe_decode_stream_init(&r->stream, r->tok, 0);
     r->answer.len = 0;
     r->out_status = MMOE_OK;
+    r->interrupted = 0;
+    g_interrupts = 0; /* a Ctrl-C during the prefill would stop the answer at its first token */
     st = mmoe_gen_decode(&r->session, r->opt->max_tokens, print_token, r, &dec, err);
     if (st == MMOE_OK && r->out_status != MMOE_OK) {
         *err = r->out_err;
@@ -489,28 +533,43 @@ static size_t chomp(char *line, size_t len)
 /**
  * One chat turn: render the new user message (everything earlier is context in the cache),
  * close the previous answer with EOS when it did not end with one, generate, record the answer.
+ * @p n_done is the number of turns completed so far.  A failure before the model ran (a line
+ * the encoder or the context cannot take) leaves the conversation as it was: *@p skipped is
+ * set and the caller reports the message and goes on.
  */
-static mmoe_status chat_turn(gen_run *r, json_t *msgs, const char *line, size_t len, int turn, mmoe_error *err)
+static mmoe_status chat_turn(gen_run *r, json_t *msgs, const char *line, size_t len, int n_done, int *skipped,
+                             mmoe_error *err)
 {
-    size_t n_context = turn == 1 ? 0 : json_array_size(msgs); /* turn 1 renders the system message too */
+    mmoe_gen_session *g = &r->session;
+    const size_t n_msgs = json_array_size(msgs);
+    const int n_pending = g->n_pending;
+    const int64_t pos = mmoe_model_state_pos(r->state);
+    size_t n_context = n_done == 0 ? 0 : n_msgs; /* the first turn renders the system message too */
+    *skipped = 0;
     mmoe_status st = push_message(msgs, "user", line, len, err);
     mmoe_token_ids ids = {0};
     if (st == MMOE_OK)
         st = encode_conversation(r, msgs, n_context, &ids, err);
-    mmoe_gen_session *g = &r->session;
     /* The previous answer is in the cache up to its last token (pending); the chat encoding
      * closes an assistant message with EOS: queue it unless the model already sampled it. */
-    if (st == MMOE_OK && turn > 1 && !(g->n_pending == 1 && g->pending[0] == g->eos_id))
+    if (st == MMOE_OK && n_done > 0 && !(g->n_pending == 1 && g->pending[0] == g->eos_id))
         st = mmoe_gen_push_pending(g, g->eos_id, err);
     if (st == MMOE_OK)
-        st = gen_turn(r, &ids, turn, err);
+        st = gen_turn(r, &ids, n_done + 1, err);
     mmoe_token_ids_free(&ids);
+    if (st != MMOE_OK && mmoe_model_state_pos(r->state) == pos && st != MMOE_ENOMEM) {
+        while (json_array_size(msgs) > n_msgs) /* undo: the conversation as before the line */
+            json_array_remove(msgs, json_array_size(msgs) - 1);
+        g->n_pending = n_pending;
+        *skipped = 1;
+        return st;
+    }
     if (st == MMOE_OK)
         st = push_message(msgs, "assistant", r->answer.data, r->answer.len, err);
     return st;
 }
 
-/** The interactive chat: one user turn per line of stdin until end of input. */
+/** The interactive chat: one user turn per line of stdin until end of input (or Ctrl-C at the prompt). */
 static mmoe_status run_chat(gen_run *r, mmoe_error *err)
 {
     json_t *msgs = json_array();
@@ -521,19 +580,35 @@ static mmoe_status run_chat(gen_run *r, mmoe_error *err)
         st = push_message(msgs, "system", r->opt->system, strlen(r->opt->system), err);
     char *line = NULL;
     size_t cap = 0;
-    int turn = 0;
+    int n_done = 0;
+    long long n_line = 0;
+    install_interrupt_handler();
     while (st == MMOE_OK) {
         fputs("> ", stdout);
         fflush(stdout);
+        errno = 0;
         ssize_t got = getline(&line, &cap, stdin);
-        if (got < 0) {
+        if (got < 0) { /* end of input, or Ctrl-C at the prompt (EINTR) */
             fputc('\n', stdout);
             break;
         }
+        n_line++;
         size_t len = chomp(line, (size_t)got);
         if (len == 0)
             continue;
-        st = chat_turn(r, msgs, line, len, ++turn, err);
+        size_t bad;
+        if (!mmoe_utf8_valid(line, len, &bad)) {
+            fprintf(stderr, "megamoe generate: line %lld is not valid UTF-8 (byte 0x%02x at offset %zu): not sent; "
+                    "the conversation goes on\n", n_line, (unsigned)(unsigned char)line[bad], bad);
+            continue;
+        }
+        int skipped;
+        st = chat_turn(r, msgs, line, len, n_done, &skipped, err);
+        if (skipped) {
+            fprintf(stderr, "megamoe generate: line %lld: %s: not sent; the conversation goes on\n", n_line, err->msg);
+            st = MMOE_OK;
+        } else if (st == MMOE_OK)
+            n_done++;
     }
     free(line);
     json_decref(msgs);
@@ -552,6 +627,8 @@ int mmoe_cmd_generate(int argc, char **argv)
     r.stderr_tty = isatty(STDERR_FILENO);
     mmoe_error err = {0};
     mmoe_status st = gen_load(&r, &err);
+    if (st == MMOE_OK && !opt.chat)
+        install_interrupt_handler(); /* a single prompt: Ctrl-C stops the answer and prints the stats */
     if (st == MMOE_OK)
         st = opt.chat ? run_chat(&r, &err) : run_prompt(&r, &err);
     gen_cleanup(&r);
