@@ -106,31 +106,39 @@ static void print_ids(const mmoe_token_ids *ids)
     printf("\n");
 }
 
-/** Parse "1,2,3" (spaces allowed) into ids; prints the problem and returns nonzero on bad input. */
+/** Parse "1,2,3" (spaces allowed as separators too) into ids, each with the strict option parser. */
 static int parse_ids(const char *s, mmoe_token_ids *ids)
 {
-    const char *p = s;
-    while (*p != '\0') {
-        while (*p == ' ' || *p == ',')
-            p++;
-        if (*p == '\0')
-            break;
-        char *end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (end == p || errno != 0 || v < 0 || v > INT32_MAX) {
-            fprintf(stderr, "megamoe tokenize: --ids: expected comma-separated non-negative integers, found '%s'\n", p);
-            return 1;
-        }
-        int32_t id = (int32_t)v;
-        mmoe_token_ids_push(ids, &id, 1);
-        p = end;
+    char item[64];
+    size_t k = 0;
+    for (const char *p = s;; p++) {
         if (*p != '\0' && *p != ',' && *p != ' ') {
-            fprintf(stderr, "megamoe tokenize: --ids: unexpected character '%c' in '%s'\n", *p, s);
-            return 1;
+            if (k + 1 >= sizeof item) {
+                fprintf(stderr, "megamoe tokenize: --ids: item %zu is too long\n", ids->n + 1);
+                return 1;
+            }
+            item[k++] = *p;
+            continue;
         }
+        if (k > 0) {
+            item[k] = '\0';
+            int64_t v;
+            mmoe_error err;
+            mmoe_error_clear(&err);
+            if (mmoe_cli_parse_i64(item, 0, INT32_MAX, &v, &err) != MMOE_OK) {
+                fprintf(stderr, "megamoe tokenize: --ids: item %zu: %s\n", ids->n + 1, err.msg);
+                return 1;
+            }
+            int32_t id = (int32_t)v;
+            if (mmoe_token_ids_push(ids, &id, 1) != MMOE_OK) {
+                fprintf(stderr, "megamoe tokenize: --ids: out of memory\n");
+                return 1;
+            }
+            k = 0;
+        }
+        if (*p == '\0')
+            return 0;
     }
-    return 0;
 }
 
 /** `--text` / `--text-file`: encode and print the ids (and with --verbose one line per token). */
