@@ -85,6 +85,9 @@ if implemented synth-layer && implemented moe; then
     check 0 $none moe --weights "$tmp/layer.safetensors" --input "$tmp/x.safetensors" --out "$tmp/y.safetensors"
     check 1 $none moe --weights "$tmp/layer.safetensors" --input "$tmp/no-such-input.safetensors" \
         --out "$tmp/y2.safetensors"
+    check 1 $none moe --weights "$tmp/layer.safetensors" --input "$tmp/x.safetensors" --out "$tmp/layer.safetensors"
+    check 2 $none moe --weights "$tmp/layer.safetensors" --input "$tmp/x.safetensors" --out "$tmp/y3.safetensors" \
+        --topk abc
 else
     skipped="$skipped synth-layer/moe"
 fi
