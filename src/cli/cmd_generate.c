@@ -50,11 +50,11 @@
  * Temperature 0 (the default) is greedy and deterministic: the same command prints the
  * same tokens.  With --temperature > 0 (and --top-p) the sampler of mmoe_sampler.h draws
  * with a seeded generator: --seed S replays a generation (the default seed is 1, printed).
- * --threads N sets OpenBLAS's thread count (openblas_set_num_threads); without it
- * OpenBLAS decides (OPENBLAS_NUM_THREADS, else one thread per core).  The forward's own
- * code is single-threaded: only the GEMMs inside OpenBLAS use the threads.
+ * --threads N sets OpenBLAS's thread count and the MoE layers' dequantization threads
+ * (mmoe_cli_set_threads()); without it each keeps its default (OPENBLAS_NUM_THREADS,
+ * MMOE_DEQUANT_THREADS, else the machine's cores).  The rest of the forward is
+ * single-threaded.
  */
-#include <cblas.h>
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
@@ -158,7 +158,7 @@ static void usage(FILE *out)
             "  --temperature T     0 = greedy, deterministic (default 0)\n"
             "  --top-p P           nucleus sampling mass in (0, 1] (default 1)\n"
             "  --seed S            sampler seed (default 1)\n"
-            "  --threads N         OpenBLAS threads (default: OpenBLAS's own choice)\n"
+            "  --threads N         OpenBLAS and dequantization threads, 1..1024 (default: their own defaults)\n"
             "  --ctx-size N        KV cache size in tokens (default: min(config max_seq_len, %d))\n"
             "  --print-ids         print generated token ids instead of text (default: text)\n"
             "  --quiet             no progress or stats lines (default: shown)\n\n"
@@ -365,8 +365,7 @@ static mmoe_status gen_load(gen_run *r, mmoe_error *err)
     mmoe_status st = mmoe_tokenizer_load_dir(o->model_dir, &r->tok, err);
     if (st != MMOE_OK)
         return st;
-    if (o->threads > 0)
-        openblas_set_num_threads(o->threads);
+    mmoe_cli_set_threads(o->threads); /* before the model creates its dequantization pool */
     double t0 = mmoe_clock_s();
     if ((st = mmoe_model_open(o->model_dir, load_progress, r, &r->model, err)) != MMOE_OK) {
         if (r->stderr_tty && !o->quiet)
