@@ -101,7 +101,7 @@ static int escaped_len(const char *s)
     return n;
 }
 
-/** Print @p s with control characters as \xNN, padded with spaces to @p width. */
+/** Print @p s with each control character as a backslash, an x and two hex digits, padded with spaces to @p width. */
 static void print_escaped(const char *s, int width)
 {
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {

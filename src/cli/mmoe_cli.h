@@ -106,7 +106,7 @@ void mmoe_cli_set_threads(int n);
 /** Most threads `--threads` accepts. */
 #define MMOE_CLI_MAX_THREADS 1024
 
-/** May progress lines (rewritten in place with \r) be printed?  Only when stderr is a terminal. */
+/** May progress lines (rewritten in place with a carriage return) be printed?  Only when stderr is a terminal. */
 int mmoe_cli_progress_allowed(void);
 
 /** @} */

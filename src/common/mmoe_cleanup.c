@@ -40,8 +40,10 @@ typedef struct cleanup_mapping {
     char path[CLEANUP_MAP_PATH_MAX]; /**< the file (cut if longer) */
 } cleanup_mapping;
 
-/* The only global mutable state of the library: a signal handler can reach nothing else. */
+/** The temporaries being written (with g_maps, the only global mutable state of the library: a signal
+ *  handler can reach nothing else). */
 static cleanup_path g_paths[MMOE_CLEANUP_MAX_PATHS];
+/** The mapped input files. */
 static cleanup_mapping g_maps[MMOE_CLEANUP_MAX_MAPS];
 
 int mmoe_cleanup_add(const char *path, mmoe_cleanup_kind kind)
