@@ -9,10 +9,14 @@
  * Expected messages are written here from the rules of mmoe_cli.h, not taken from a run.
  */
 #include <check.h>
+#include <dirent.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "mmoe_safetensors.h"
@@ -427,6 +431,50 @@ START_TEST(token_ids_out_of_range_are_named)
 }
 END_TEST
 
+/** Does the current directory hold an entry whose name starts with @p prefix? */
+static int has_entry(const char *prefix)
+{
+    DIR *d = opendir(".");
+    ck_assert_ptr_nonnull(d);
+    struct dirent *e;
+    int found = 0;
+    while (!found && (e = readdir(d)) != NULL)
+        found = strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    closedir(d);
+    return found;
+}
+
+START_TEST(ctrl_c_leaves_no_temporaries)
+{
+    /* a 100-layer tiny checkpoint takes seconds to write; its DIR.partial-PID/ exists from the start */
+    pid_t pid = fork();
+    ck_assert(pid >= 0);
+    if (pid == 0) {
+        if (freopen("/dev/null", "w", stderr) == NULL)
+            _exit(99);
+        execl(getenv("MMOE_BIN"), "megamoe", "synth-model", "--shape", "tiny", "--layers", "100", "--seed", "1",
+              "--shard-mib", "4", "--out", "big", (char *)NULL);
+        _exit(98);
+    }
+    int seen = 0;
+    for (int i = 0; i < 60000 && !seen; i++) {
+        seen = has_entry("big.partial-");
+        if (!seen) {
+            struct timespec ts = {0, 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    ck_assert_msg(seen, "no big.partial-PID directory appeared");
+    struct timespec ts = {0, 300 * 1000 * 1000}; /* a few shards in: temporary files inside too */
+    nanosleep(&ts, NULL);
+    kill(pid, SIGINT);
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT, "status 0x%x: not ended by SIGINT", status);
+    ck_assert_msg(!has_entry("big"), "an interrupted synth-model left files behind");
+}
+END_TEST
+
 static Suite *commands_cli_suite(void)
 {
     Suite *s = suite_create("commands_cli");
@@ -444,6 +492,7 @@ static Suite *commands_cli_suite(void)
     tcase_add_test(tc, inspect_shows_what_the_file_is);
     tcase_add_test(tc, outputs_keep_their_mode_and_links);
     tcase_add_test(tc, token_ids_out_of_range_are_named);
+    tcase_add_test(tc, ctrl_c_leaves_no_temporaries);
     suite_add_tcase(s, tc);
     return s;
 }
