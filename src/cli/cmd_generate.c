@@ -53,6 +53,7 @@
 
 #include "chat_internal.h" /* the marker strings of the chat encoding */
 #include "mmoe_chat.h"
+#include "cli_ep.h"
 #include "mmoe_cli.h"
 #include "mmoe_clock.h"
 #include "mmoe_generate.h"
@@ -80,6 +81,7 @@ typedef struct gen_options {
     unsigned long long seed; /**< --seed */
     int threads;             /**< --threads (0: OpenBLAS's default) */
     long long ctx_size;      /**< --ctx-size (0: min(config max_seq_len, GEN_DEFAULT_CTX)) */
+    mmoe_cli_ep ep;          /**< --ep-ranks, --gpus, --gpu-memory (cli_ep.h) */
 } gen_options;
 
 /** Everything a run holds: owned resources are released by gen_cleanup(). */
@@ -87,6 +89,7 @@ typedef struct gen_run {
     const gen_options *opt;    /**< the command line (borrowed) */
     mmoe_tokenizer *tok;       /**< DIR/tokenizer.json (owned) */
     mmoe_model *model;         /**< the checkpoint (owned) */
+    mmoe_ep_model *ep;         /**< --ep-ranks: the MoE layers over in-process ranks (owned) */
     mmoe_model_state *state;   /**< the sequence's KV caches (owned) */
     mmoe_gen_session session;  /**< the generation loop (owned) */
     int have_session;          /**< session is initialised (to free) */
@@ -120,7 +123,7 @@ static void usage(FILE *out)
             "  --threads N         OpenBLAS threads (default: OpenBLAS's own choice)\n"
             "  --ctx-size N        KV cache size in tokens (default: min(config max_seq_len, %d))\n"
             "  --print-ids         print generated token ids instead of text\n"
-            "  --quiet             no progress or stats lines\n",
+            "  --quiet             no progress or stats lines\n" MMOE_CLI_EP_USAGE,
             GEN_DEFAULT_CTX);
 }
 
@@ -159,7 +162,7 @@ static int bad_value(const char *name, const char *value, const char *expected)
 static int parse_options(int argc, char **argv, gen_options *o)
 {
     enum { O_MODEL = 256, O_PROMPT, O_CHAT, O_RAW, O_CHATFMT, O_SYSTEM, O_THINK, O_NOBOS, O_MAX, O_TEMP,
-           O_TOPP, O_SEED, O_THREADS, O_CTX, O_IDS, O_QUIET };
+           O_TOPP, O_SEED, O_THREADS, O_CTX, O_IDS, O_QUIET, O_EP_RANKS, O_GPUS, O_GPU_MEM };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},  {"prompt", required_argument, 0, O_PROMPT},
         {"chat", no_argument, 0, O_CHAT},          {"raw", no_argument, 0, O_RAW},
@@ -169,6 +172,8 @@ static int parse_options(int argc, char **argv, gen_options *o)
         {"top-p", required_argument, 0, O_TOPP},   {"seed", required_argument, 0, O_SEED},
         {"threads", required_argument, 0, O_THREADS}, {"ctx-size", required_argument, 0, O_CTX},
         {"print-ids", no_argument, 0, O_IDS},      {"quiet", no_argument, 0, O_QUIET},
+        {"ep-ranks", required_argument, 0, O_EP_RANKS}, {"gpus", required_argument, 0, O_GPUS},
+        {"gpu-memory", required_argument, 0, O_GPU_MEM},
         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->max_tokens = 256;
@@ -215,6 +220,13 @@ static int parse_options(int argc, char **argv, gen_options *o)
         case O_CTX:
             if (parse_ll(optarg, 1, 1LL << 40, &o->ctx_size))
                 return bad_value("ctx-size", optarg, "a positive integer");
+            break;
+        case O_EP_RANKS:
+        case O_GPUS:
+        case O_GPU_MEM:
+            if (mmoe_cli_ep_option("generate", c == O_EP_RANKS ? "ep-ranks" : c == O_GPUS ? "gpus" : "gpu-memory",
+                                   optarg, &o->ep))
+                return MMOE_EXIT_USAGE;
             break;
         case 'h': usage(stdout); return -1;
         default:
@@ -368,12 +380,16 @@ static mmoe_status gen_load(gen_run *r, mmoe_error *err)
         return st;
     if (o->threads > 0)
         openblas_set_num_threads(o->threads);
+    if ((st = mmoe_cli_ep_before_load(&o->ep, o->model_dir, err)) != MMOE_OK)
+        return st;
     double t0 = mmoe_clock_s();
     if ((st = mmoe_model_open(o->model_dir, load_progress, r, &r->model, err)) != MMOE_OK) {
         if (r->stderr_tty && !o->quiet)
             fputc('\n', stderr);
         return st;
     }
+    if ((st = mmoe_cli_ep_attach(&o->ep, r->model, &r->ep, err)) != MMOE_OK)
+        return st;
     const mmoe_config *cfg = mmoe_model_config(r->model);
     int32_t n_tok = mmoe_tokenizer_n_ids(r->tok);
     if (n_tok > cfg->vocab_size)
@@ -416,6 +432,9 @@ static void gen_cleanup(gen_run *r)
     if (r->have_session)
         mmoe_gen_session_free(&r->session);
     mmoe_model_state_destroy(r->state);
+    if (r->ep != NULL && !r->opt->quiet)
+        mmoe_cli_ep_report(stderr, r->ep);
+    mmoe_ep_model_detach(r->ep);
     mmoe_model_close(r->model);
     mmoe_tokenizer_free(r->tok);
     mmoe_text_free(&r->out_text);

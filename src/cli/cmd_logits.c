@@ -3,6 +3,7 @@
  * @brief `megamoe logits`: the full model's F32 logits for a token sequence, written to a safetensors file.
  *
  *     megamoe logits --model DIR --tokens 0,15,27,... --out FILE [--last] [--mtp] [--decode]
+ *                    [--ep-ranks N | --gpus N [--gpu-memory GIB]]
  *
  * Loads the checkpoint (a progress line per layer on stderr), runs one prefill over the
  * tokens from position 0 and writes `logits` F32 [T, vocab] (`--last`: [1, vocab]) to
@@ -10,13 +11,14 @@
  * with the final streams of positions 0..T-2 and the tokens 1..T-1 (the DeepSeek-V3
  * wiring; an assumption, spec 7.8).  `--decode` runs the tokens one at a time instead of
  * one prefill (same logits; for comparisons).  The metadata records the token list and
- * the mode.
+ * the mode.  The expert-parallel options are cli_ep.h's.
  */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli_ep.h"
 #include "mmoe_cli.h"
 #include "mmoe_model.h"
 #include "mmoe_safetensors.h"
@@ -28,7 +30,7 @@ static void usage(FILE *out)
                  "  Run the CPU oracle of the whole model and write F32 'logits' [T, vocab] (safetensors).\n"
                  "  --last    only the last position's logits ([1, vocab])\n"
                  "  --mtp     also 'mtp_logits' [T-1, vocab] (MTP block on streams t and token t+1)\n"
-                 "  --decode  feed the tokens one by one (decode path) instead of one prefill\n");
+                 "  --decode  feed the tokens one by one (decode path) instead of one prefill\n" MMOE_CLI_EP_USAGE);
 }
 
 /** Parse "0,15,27" into a new array; returns the count, or -1 with a message. */
@@ -69,9 +71,12 @@ int mmoe_cmd_logits(int argc, char **argv)
     static const struct option opts[] = {{"model", required_argument, 0, 'm'}, {"tokens", required_argument, 0, 't'},
                                          {"out", required_argument, 0, 'o'},   {"last", no_argument, 0, 'l'},
                                          {"mtp", no_argument, 0, 'p'},         {"decode", no_argument, 0, 'd'},
+                                         {"ep-ranks", required_argument, 0, 'E'}, {"gpus", required_argument, 0, 'G'},
+                                         {"gpu-memory", required_argument, 0, 'M'},
                                          {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
     const char *model_dir = NULL, *tokens = NULL, *out_path = NULL;
     int last = 0, mtp = 0, decode = 0, c;
+    mmoe_cli_ep ep_opt = {0};
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -81,6 +86,18 @@ int mmoe_cmd_logits(int argc, char **argv)
         case 'l': last = 1; break;
         case 'p': mtp = 1; break;
         case 'd': decode = 1; break;
+        case 'E':
+            if (mmoe_cli_ep_option("logits", "ep-ranks", optarg, &ep_opt))
+                return MMOE_EXIT_USAGE;
+            break;
+        case 'G':
+            if (mmoe_cli_ep_option("logits", "gpus", optarg, &ep_opt))
+                return MMOE_EXIT_USAGE;
+            break;
+        case 'M':
+            if (mmoe_cli_ep_option("logits", "gpu-memory", optarg, &ep_opt))
+                return MMOE_EXIT_USAGE;
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return MMOE_EXIT_USAGE;
         }
@@ -101,8 +118,13 @@ int mmoe_cmd_logits(int argc, char **argv)
     float *logits = NULL, *mtp_logits = NULL;
     uint16_t *streams = NULL;
     mmoe_st_writer *w = NULL;
+    mmoe_ep_model *ep = NULL;
     int rc = 1;
-    mmoe_status st = mmoe_model_open(model_dir, progress, NULL, &m, &err);
+    mmoe_status st = mmoe_cli_ep_before_load(&ep_opt, model_dir, &err);
+    if (st == MMOE_OK)
+        st = mmoe_model_open(model_dir, progress, NULL, &m, &err);
+    if (st == MMOE_OK)
+        st = mmoe_cli_ep_attach(&ep_opt, m, &ep, &err);
     if (st != MMOE_OK)
         goto done;
     const mmoe_config *cfg = mmoe_model_config(m);
@@ -151,6 +173,7 @@ int mmoe_cmd_logits(int argc, char **argv)
         st = mmoe_st_writer_finish(w, out_path, &err);
     if (st == MMOE_OK) {
         fprintf(stderr, "logits: %lld x %lld written to %s\n", (long long)rows, (long long)V, out_path);
+        mmoe_cli_ep_report(stderr, ep);
         rc = 0;
     }
 done:
@@ -161,6 +184,7 @@ done:
     free(mtp_logits);
     free(streams);
     mmoe_model_state_destroy(s);
+    mmoe_ep_model_detach(ep);
     mmoe_model_close(m);
     free(ids);
     return rc;

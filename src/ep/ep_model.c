@@ -98,6 +98,11 @@ mmoe_status mmoe_ep_model_attach(mmoe_model *model, int n_ranks, mmoe_ep_comm_ki
     return MMOE_OK;
 }
 
+int mmoe_ep_model_ranks(const mmoe_ep_model *e)
+{
+    return mmoe_ep_group_size(e->group);
+}
+
 const mmoe_ep_result *mmoe_ep_model_last(const mmoe_ep_model *e)
 {
     return &e->last;

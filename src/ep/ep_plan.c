@@ -187,14 +187,15 @@ mmoe_status mmoe_ep_memory_check(const mmoe_ep_memory_plan *plan, mmoe_error *er
     if (plan->min_gpus > 0)
         snprintf(need, sizeof need, "at least %d GPUs", plan->min_gpus);
     else
-        snprintf(need, sizeof need, "more GPUs than experts (the replicated part alone is %.2f GiB)",
-                 (double)plan->replicated_bytes / gib);
+        snprintf(need, sizeof need, "GPUs larger than that (no number of GPUs up to E holds it)");
     return mmoe_error_set(err, MMOE_EUNSUPPORTED,
-                          "the model needs %.2f GiB of weights per GPU on %d GPUs (%.2f GiB replicated + %.2f GiB "
-                          "of routed experts), more than the %.2f GiB usable on one GPU: it needs %s",
-                          (double)plan->per_gpu_bytes / gib, plan->n_gpus, (double)plan->replicated_bytes / gib,
-                          (double)(plan->per_gpu_bytes - plan->replicated_bytes) / gib,
-                          (double)plan->capacity_bytes / gib, need);
+                          "the model needs %llu bytes (%.2f GiB) of weights per GPU on %d GPUs (%llu bytes replicated "
+                          "+ %llu bytes of routed experts), more than the %llu bytes (%.2f GiB) usable on one GPU: "
+                          "it needs %s",
+                          (unsigned long long)plan->per_gpu_bytes, (double)plan->per_gpu_bytes / gib, plan->n_gpus,
+                          (unsigned long long)plan->replicated_bytes,
+                          (unsigned long long)(plan->per_gpu_bytes - plan->replicated_bytes),
+                          (unsigned long long)plan->capacity_bytes, (double)plan->capacity_bytes / gib, need);
 }
 
 mmoe_tensor ep_row_slice(const mmoe_tensor *t, int64_t first, int64_t n)

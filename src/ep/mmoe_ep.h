@@ -294,6 +294,9 @@ mmoe_status mmoe_ep_model_attach(struct mmoe_model *model, int n_ranks, mmoe_ep_
 /** Give the model back its oracle layers and free everything (NULL allowed). */
 void mmoe_ep_model_detach(mmoe_ep_model *e);
 
+/** Ranks of @p e. */
+int mmoe_ep_model_ranks(const mmoe_ep_model *e);
+
 /** Statistics of the last MoE call (any block). */
 const mmoe_ep_result *mmoe_ep_model_last(const mmoe_ep_model *e);
 
