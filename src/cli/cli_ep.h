@@ -55,4 +55,11 @@ mmoe_status mmoe_cli_ep_attach(const mmoe_cli_ep *o, mmoe_model *m, mmoe_ep_mode
 /** One line on @p f: ranks and the routed pairs each computed (nothing for NULL). */
 void mmoe_cli_ep_report(FILE *f, const mmoe_ep_model *e);
 
+/**
+ * `megamoe bench moe --gpus N | --ep-ranks N ...` (bench_moe_ep.c).
+ * @return -1 when neither option is in @p argv (another benchmark's arguments), else the
+ *         command's exit status
+ */
+int mmoe_bench_moe_ep(int argc, char **argv);
+
 #endif /* MMOE_CLI_EP_H */
