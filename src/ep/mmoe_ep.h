@@ -10,7 +10,7 @@
  * router, shared expert, and in a model the attention, embedding and head -- is replicated:
  * every rank holds it and every rank computes it for every token.  At batch-1 decode these
  * parts are latency-bound, so replicating them costs no time, while splitting them would add
- * a collective per layer; and the routed experts are 96 % of V4-Flash's bytes, so the
+ * a collective per layer; and the routed experts are 94 % of V4-Flash's bytes, so the
  * replicated rest fits every GPU (docs/expert-parallel.md has the numbers).
  *
  * An uneven split (E not a multiple of N) is allowed: which rank computes an expert changes
