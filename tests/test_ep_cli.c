@@ -2,8 +2,9 @@
  * @file test_ep_cli.c
  * @brief Suite "ep_cli": the expert-parallel options of `megamoe logits` and `generate`.
  *
- *  - `logits --ep-ranks N` (N = 2, 8) writes the same file, byte for byte, as without it, and
- *    reports the routed pairs per rank (which add up to tokens x topk x layers);
+ *  - `logits --mtp --ep-ranks N` (N = 2, 8) writes the same file (logits and MTP logits), byte
+ *    for byte, as without it, and reports the routed pairs per rank (which add up to
+ *    tokens x topk x layers + MTP rows x topk);
  *  - `generate --ep-ranks 3` prints the same greedy continuation as without it;
  *  - `--gpus 2 --gpu-memory` smaller than the model's weights per GPU is refused before
  *    loading, with the bytes per GPU (tiny-dsv4: its tensors' bytes, derived below);
@@ -35,7 +36,7 @@ START_TEST(logits_same_bytes)
 {
     char m[1100], args[4096], *out, *err;
     model_dir(m, sizeof m);
-    snprintf(args, sizeof args, "logits --model '%s' --tokens 0,20,21,22,23 --out '%s/ref.st'", m, g_dir);
+    snprintf(args, sizeof args, "logits --model '%s' --tokens 0,20,21,22,23 --mtp --out '%s/ref.st'", m, g_dir);
     ck_assert_int_eq(run(args, &out, &err), 0);
     free(out);
     free(err);
@@ -45,16 +46,16 @@ START_TEST(logits_same_bytes)
     uint8_t *ref = mmoe_test_read_file(ref_path, &n_ref);
     static const int ranks[] = {2, 8};
     for (int i = 0; i < 2; i++) {
-        snprintf(args, sizeof args, "logits --model '%s' --tokens 0,20,21,22,23 --out '%s/ep.st' --ep-ranks %d", m,
+        snprintf(args, sizeof args, "logits --model '%s' --tokens 0,20,21,22,23 --mtp --out '%s/ep.st' --ep-ranks %d", m,
                  g_dir, ranks[i]);
         ck_assert_int_eq(run(args, &out, &err), 0);
         ck_assert_msg(strstr(err, "in-process ranks, routed pairs per rank:") != NULL, "%s", err);
-        /* the pairs add up to 5 tokens x top 2 x 4 layers = 40 */
+        /* the pairs add up to 5 tokens x top 2 x 4 layers + 4 MTP rows x top 2 = 48 */
         const char *p = strstr(err, "per rank:") + strlen("per rank:");
         long sum = 0;
         for (int r = 0; r < ranks[i]; r++)
             sum += strtol(p, (char **)&p, 10);
-        ck_assert_int_eq(sum, 40);
+        ck_assert_int_eq(sum, 48);
         free(out);
         free(err);
         snprintf(path, sizeof path, "%s/ep.st", g_dir);
