@@ -117,18 +117,21 @@ static mmoe_status epb_weights_make(const mmoe_moe_desc *d, uint64_t seed, epb_w
     return MMOE_OK;
 }
 
+/** Free the weights of epb_weights_make(). */
 static void epb_weights_free(epb_weights *w)
 {
     free(w->bytes);
     free(w->experts);
 }
 
+/** qsort comparator of doubles. */
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
 
+/** Median of @p n values (sorts them). */
 static double median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
@@ -137,10 +140,11 @@ static double median(double *v, int n)
 
 /** The unsplit baseline: the oracle layer (CPU) or the GPU layer holding every expert. */
 typedef struct epb_base {
-    mmoe_moe_layer *cpu;
-    mmoe_gpu_layer *gpu;
+    mmoe_moe_layer *cpu; /**< the oracle layer (--ep-ranks), or NULL */
+    mmoe_gpu_layer *gpu; /**< the GPU layer with every expert (--gpus), or NULL */
 } epb_base;
 
+/** One call of the baseline. */
 static mmoe_status base_run(epb_base *b, const mmoe_moe_input *in, const mmoe_moe_output *out, mmoe_error *err)
 {
     return b->gpu != NULL ? mmoe_gpu_layer_run(b->gpu, in, out, NULL, err)

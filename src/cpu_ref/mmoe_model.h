@@ -178,7 +178,11 @@ int mmoe_model_n_blocks(const mmoe_model *m);
 /**
  * The MoE layer of block @p block as description and weight views (into the mapped
  * checkpoint; valid while the model is open), for another executor of the same layer.
- * @param w  filled by mmoe_moe_weights_lookup(): release with mmoe_moe_weights_release()
+ * @param m      the model
+ * @param block  the block (main layers, then MTP blocks)
+ * @param desc   the block's MoE description, written
+ * @param w      filled by mmoe_moe_weights_lookup(): release with mmoe_moe_weights_release()
+ * @param err    error report
  * @return MMOE_OK; MMOE_EINVAL (block out of range); a lookup error
  */
 mmoe_status mmoe_model_moe_layer(const mmoe_model *m, int block, mmoe_moe_desc *desc, mmoe_moe_weights *w,

@@ -92,6 +92,7 @@ static cudaError_t grow(char **h, char **d, size_t *cap, size_t bytes)
     return e;
 }
 
+/** The exchange (steps 1-4 of the file comment). */
 static mmoe_status nccl_exchange(mmoe_ep_comm *c, const mmoe_ep_batch *send, const mmoe_ep_batch *recv,
                                  mmoe_status local, int *peer_failed, mmoe_error *err)
 {
@@ -178,13 +179,16 @@ static mmoe_status nccl_exchange(mmoe_ep_comm *c, const mmoe_ep_batch *send, con
     return MMOE_OK;
 }
 
+/** Payload bytes the rank sent so far. */
 static uint64_t nccl_bytes_sent(const mmoe_ep_comm *c)
 {
     return ((const nccl_rank *)c)->sent;
 }
 
+/** The NCCL communicator's functions. */
 static const mmoe_ep_comm_ops nccl_ops = {nccl_exchange, nccl_bytes_sent};
 
+/** Free every rank's buffers, stream and communicator, then the state. */
 static void nccl_destroy(void *v)
 {
     nccl_impl *p = (nccl_impl *)v;
@@ -203,6 +207,7 @@ static void nccl_destroy(void *v)
     free(p);
 }
 
+/** Bind the calling thread to the rank's GPU. */
 static mmoe_status nccl_bind(void *v, int rank, mmoe_error *err)
 {
     return ep_cuda_set_device(((nccl_impl *)v)->ranks[rank].device, err);

@@ -34,6 +34,7 @@ typedef struct cpu_exec {
     mmoe_moe_expert_weights *aliases; /**< [topk] views of the first local expert (shared layer) */
 } cpu_exec;
 
+/** run_pairs: the pairs as rows of the routed layer (topk 1). */
 static mmoe_status cpu_run_pairs(mmoe_ep_executor *x, int64_t n, const uint16_t *x_rows, const int64_t *local_expert,
                                  const float *weight, uint16_t *y_rows, mmoe_error *err)
 {
@@ -45,6 +46,7 @@ static mmoe_status cpu_run_pairs(mmoe_ep_executor *x, int64_t n, const uint16_t 
     return mmoe_moe_layer_run(c->routed, &in, &out, NULL, err);
 }
 
+/** run_shared: the rows through the shared layer with every slot masked. */
 static mmoe_status cpu_run_shared(mmoe_ep_executor *x, int64_t n, const uint16_t *x_rows, uint16_t *y, mmoe_error *err)
 {
     cpu_exec *c = (cpu_exec *)x;
@@ -68,6 +70,7 @@ static mmoe_status cpu_run_shared(mmoe_ep_executor *x, int64_t n, const uint16_t
     return st;
 }
 
+/** destroy: both layers and the alias array. */
 static void cpu_destroy(mmoe_ep_executor *x)
 {
     cpu_exec *c = (cpu_exec *)x;
@@ -79,6 +82,7 @@ static void cpu_destroy(mmoe_ep_executor *x)
     free(c);
 }
 
+/** The CPU executor's functions. */
 static const mmoe_ep_executor_ops cpu_ops = {cpu_run_pairs, cpu_run_shared, cpu_destroy};
 
 /** Create one oracle layer (on @p pool when given) and attach @p w. */

@@ -29,6 +29,7 @@ typedef struct gpu_exec {
     mmoe_gpu_layer *shared; /**< the shared expert, its one slot masked (NULL: none) */
 } gpu_exec;
 
+/** run_pairs: the pairs as rows of the routed GPU layer (topk 1). */
 static mmoe_status gpu_run_pairs(mmoe_ep_executor *x, int64_t n, const uint16_t *x_rows, const int64_t *local_expert,
                                  const float *weight, uint16_t *y_rows, mmoe_error *err)
 {
@@ -40,6 +41,7 @@ static mmoe_status gpu_run_pairs(mmoe_ep_executor *x, int64_t n, const uint16_t 
     return mmoe_gpu_layer_run(g->routed, &in, &out, NULL, err);
 }
 
+/** run_shared: the rows through the shared GPU layer, its slot masked. */
 static mmoe_status gpu_run_shared(mmoe_ep_executor *x, int64_t n, const uint16_t *x_rows, uint16_t *y, mmoe_error *err)
 {
     gpu_exec *g = (gpu_exec *)x;
@@ -62,6 +64,7 @@ static mmoe_status gpu_run_shared(mmoe_ep_executor *x, int64_t n, const uint16_t
     return st;
 }
 
+/** destroy: both GPU layers (on the calling thread's GPU). */
 static void gpu_destroy(mmoe_ep_executor *x)
 {
     gpu_exec *g = (gpu_exec *)x;
@@ -72,6 +75,7 @@ static void gpu_destroy(mmoe_ep_executor *x)
     free(g);
 }
 
+/** The GPU executor's functions. */
 static const mmoe_ep_executor_ops gpu_ops = {gpu_run_pairs, gpu_run_shared, gpu_destroy};
 
 mmoe_status mmoe_ep_executor_gpu(void *ctx, const mmoe_moe_desc *desc, const mmoe_moe_weights *w, int rank,

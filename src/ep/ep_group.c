@@ -66,6 +66,7 @@ static int first_failed(const inproc_impl *p)
     return -1;
 }
 
+/** The exchange: post, barrier, check and pull, barrier (the file comment). */
 static mmoe_status inproc_exchange(mmoe_ep_comm *c, const mmoe_ep_batch *send, const mmoe_ep_batch *recv,
                                    mmoe_status local, int *peer_failed, mmoe_error *err)
 {
@@ -103,13 +104,16 @@ static mmoe_status inproc_exchange(mmoe_ep_comm *c, const mmoe_ep_batch *send, c
     return st;
 }
 
+/** Payload bytes the rank posted to peers so far. */
 static uint64_t inproc_bytes_sent(const mmoe_ep_comm *c)
 {
     return impl_of(c)->sent[c->rank];
 }
 
+/** The in-process communicator's functions. */
 static const mmoe_ep_comm_ops inproc_ops = {inproc_exchange, inproc_bytes_sent};
 
+/** Free the in-process state. */
 static void inproc_destroy(void *v)
 {
     inproc_impl *p = v;

@@ -19,6 +19,7 @@
 #include "mmoe_ep.h"
 #include "mmoe_model.h"
 
+/** The attachment: the group, team, pool and one EP layer per block of the model. */
 struct mmoe_ep_model {
     mmoe_model *model;      /**< the model (borrowed) */
     mmoe_ep_group *group;   /**< the ranks' communicators */

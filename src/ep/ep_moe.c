@@ -40,6 +40,7 @@
 #include "mmoe_formats.h"
 #include "moe_internal.h"
 
+/** The EP layer: the unsplit description, the router views, the partition and the executors. */
 struct mmoe_ep_moe {
     mmoe_moe_desc desc;                        /**< the unsplit description */
     mmoe_moe_weights router;                   /**< gate, bias, tid2eid views (borrowed); experts unused */
@@ -154,6 +155,7 @@ typedef struct rank_bufs {
     uint16_t *rx;  /**< [P - n_r, D] */
 } rank_bufs;
 
+/** Free the buffers of a rank's call. */
 static void rank_bufs_free(rank_bufs *b)
 {
     free(b->xr);

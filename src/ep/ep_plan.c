@@ -114,8 +114,8 @@ mmoe_status mmoe_ep_dispatch_build(const mmoe_ep_partition *p, const int64_t *id
 }
 
 /**
- * The routed-expert index in a tensor name `....ffn.experts.<e>.<...>`, or -1 for a tensor
- * that is not a routed expert's (the shared experts are `ffn.shared_experts.`).
+ * The routed-expert index e in a tensor name that contains `ffn.experts.e`, or -1 for a tensor
+ * that is not a routed expert's (the shared experts are `ffn.shared_experts`).
  */
 static int64_t expert_of_name(const char *name)
 {

@@ -31,6 +31,7 @@ typedef struct team_rank {
     mmoe_error err;     /**< message of the last job */
 } team_rank;
 
+/** The team: its threads and the job being handed to them. */
 struct mmoe_ep_team {
     mmoe_ep_group *group;       /**< the group (borrowed) */
     int size;                   /**< ranks = threads */

@@ -157,16 +157,33 @@ typedef mmoe_status (*mmoe_ep_executor_factory)(void *ctx, const mmoe_moe_desc *
 
 /**
  * The CPU oracle executor (ep_exec_cpu.c): borrows the weight views (keep them alive).
- * @param ctx  an ::mmoe_moe_pool for the oracle layers' dequantization, or NULL for each
- *             layer's own pool
+ * @param ctx      an ::mmoe_moe_pool for the oracle layers' dequantization, or NULL for each
+ *                 layer's own pool
+ * @param desc     the unsplit layer's description
+ * @param w        the unsplit layer's weights (all E experts)
+ * @param rank     the rank (unused by this executor)
+ * @param first    the rank's first expert
+ * @param n_local  the rank's number of experts
+ * @param out      the executor
+ * @param err      error report
+ * @return MMOE_OK; an oracle layer's error (validation, MMOE_ENOMEM)
  */
 mmoe_status mmoe_ep_executor_cpu(void *ctx, const mmoe_moe_desc *desc, const mmoe_moe_weights *w, int rank,
                                  int64_t first, int64_t n_local, mmoe_ep_executor **out, mmoe_error *err);
 
 /**
  * The GPU layer executor (ep_exec_gpu.c): copies its experts and the shared expert to the
- * calling thread's GPU.  @p ctx unused.  MMOE_ENODEV without CUDA; MMOE_EUNSUPPORTED where the
- * GPU layer is (recipe dsv4-ref, a serial shared expert, topk + 1 > 32 with a shared expert).
+ * calling thread's GPU.
+ * @param ctx      unused
+ * @param desc     the unsplit layer's description
+ * @param w        the unsplit layer's weights (all E experts)
+ * @param rank     the rank (unused: the thread is already on the rank's GPU)
+ * @param first    the rank's first expert
+ * @param n_local  the rank's number of experts
+ * @param out      the executor
+ * @param err      error report
+ * @return MMOE_OK; MMOE_ENODEV without CUDA; MMOE_EUNSUPPORTED where the GPU layer is
+ *         (recipe dsv4-ref, a serial shared expert, topk > 31); the GPU layer's errors
  */
 mmoe_status mmoe_ep_executor_gpu(void *ctx, const mmoe_moe_desc *desc, const mmoe_moe_weights *w, int rank,
                                  int64_t first, int64_t n_local, mmoe_ep_executor **out, mmoe_error *err);
@@ -222,7 +239,11 @@ const mmoe_ep_partition *mmoe_ep_moe_partition(const mmoe_ep_moe *ep);
 /**
  * Run one call: same contract as mmoe_moe_layer_run() (routing given or routed, hash layers
  * need token_ids; out->topk_idx / topk_weights written when given), same output bits.
- * @param res  optional per-rank statistics
+ * @param ep   the layer
+ * @param in   the inputs of the call
+ * @param out  the outputs (caller-allocated)
+ * @param res  optional per-rank statistics (NULL: not wanted)
+ * @param err  error report
  * @return MMOE_OK; MMOE_EINVAL (bad routing input); a rank's error ("rank R: ...")
  */
 mmoe_status mmoe_ep_moe_run(mmoe_ep_moe *ep, const mmoe_moe_input *in, const mmoe_moe_output *out,
@@ -245,8 +266,8 @@ typedef struct mmoe_ep_memory_plan {
 
 /**
  * Plan the weights of a model with @p n_experts routed experts per layer over @p n_gpus GPUs,
- * from its tensor list (mmoe_model_tensors.h): tensors named `*.ffn.experts.E.*` go to the
- * rank that holds expert E (::mmoe_ep_partition), everything else to every rank.
+ * from its tensor list (mmoe_model_tensors.h): a tensor whose name contains `ffn.experts.E` (E its expert)
+ * goes to the rank that holds expert E (::mmoe_ep_partition), everything else to every rank.
  * @param names     [n] tensor names
  * @param bytes     [n] their sizes
  * @param n         tensors
@@ -282,9 +303,14 @@ typedef struct mmoe_ep_model mmoe_ep_model;
  * @p factory, and install them as the model's MoE executor (mmoe_model_set_moe_executor()):
  * from then on mmoe_model_forward() runs its MoE sub-layers expert-parallel, with the same
  * output bits as the oracle layers.
+ * @param model        the model (borrowed; detach before closing it)
+ * @param n_ranks      N
+ * @param kind         in-process ranks or NCCL GPUs
  * @param factory      mmoe_ep_executor_cpu (NULL: the same), mmoe_ep_executor_gpu, ...
  * @param factory_ctx  its context; for the CPU executor NULL gives one dequantization pool
  *                     shared by every rank and layer (made here)
+ * @param out          the attachment
+ * @param err          error report
  * @return MMOE_OK; a group, team or layer error (naming the block)
  */
 mmoe_status mmoe_ep_model_attach(struct mmoe_model *model, int n_ranks, mmoe_ep_comm_kind kind,
