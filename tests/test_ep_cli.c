@@ -9,7 +9,8 @@
  *  - `--gpus 2 --gpu-memory` smaller than the model's weights per GPU is refused before
  *    loading, with the bytes per GPU (tiny-dsv4: its tensors' bytes, derived below);
  *  - bad values and `--ep-ranks` with `--gpus` are refused with exit status 2 or 1, naming the
- *    option; N above the experts (9 > 8) is refused naming both counts; no output file appears.
+ *    option; N above the experts (9 > 8) is refused naming both counts; every refusal comes
+ *    before the model is loaded (no progress line), and no output file appears.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,6 +109,7 @@ START_TEST(refusals)
         snprintf(args, sizeof args, "logits --model '%s' --tokens 0,20 --out '%s' %s", m, path, cases[i].opts);
         ck_assert_int_eq(run(args, &out, &err), cases[i].status);
         ck_assert_msg(strstr(err, cases[i].msg) != NULL, "%s: %s", cases[i].opts, err);
+        ck_assert_msg(strstr(err, "loading:") == NULL, "%s: refused only after loading the model", cases[i].opts);
         ck_assert_int_ne(stat(path, &sb), 0);
         free(out);
         free(err);

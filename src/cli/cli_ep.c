@@ -81,11 +81,20 @@ mmoe_status mmoe_cli_ep_before_load(const mmoe_cli_ep *o, const char *model_dir,
 {
     if (o->ep_ranks > 0 && o->gpus > 0)
         return mmoe_error_set(err, MMOE_EINVAL, "--ep-ranks (CPU ranks) and --gpus exclude each other");
-    if (o->gpus == 0) {
-        if (o->gpu_mem_gib > 0)
-            return mmoe_error_set(err, MMOE_EINVAL, "--gpu-memory plans --gpus, which was not given");
-        return MMOE_OK;
+    if (o->gpus == 0 && o->gpu_mem_gib > 0)
+        return mmoe_error_set(err, MMOE_EINVAL, "--gpu-memory plans --gpus, which was not given");
+    if (o->ep_ranks > 0) { /* N > E is known from the config: refused before loading */
+        char path[4096];
+        snprintf(path, sizeof path, "%s/config.json", model_dir);
+        mmoe_config cfg;
+        mmoe_status st = mmoe_config_load(path, &cfg, err);
+        mmoe_ep_partition part;
+        if (st == MMOE_OK)
+            st = mmoe_ep_partition_make(cfg.n_routed_experts, o->ep_ranks, &part, err);
+        return st != MMOE_OK ? mmoe_error_prefix(err, "--ep-ranks %d: %s: ", o->ep_ranks, model_dir) : MMOE_OK;
     }
+    if (o->gpus == 0)
+        return MMOE_OK;
     int n_dev = 0;
     uint64_t dev_bytes = 0;
     mmoe_error dev_err;

@@ -88,7 +88,7 @@ mmoe_status mmoe_ep_model_attach(mmoe_model *model, int n_ranks, mmoe_ep_comm_ki
             mmoe_moe_weights_release(&w);
         }
         if (st != MMOE_OK)
-            mmoe_error_prefix(err, "ep: block %d: ", b);
+            mmoe_error_prefix(err, "block %d: ", b);
     }
     if (st != MMOE_OK) {
         mmoe_ep_model_detach(e);
