@@ -8,7 +8,8 @@
 # checkout that carries .gpu/ (the tarball of `make dist` and the .deb files):
 #   mkdir /tmp/m && tar -xzf .gpu/megamoe-*.tar.gz -C /tmp/m --strip-components=1 &&
 #   MMOE_DEBS=$PWD/.gpu/debs bash /tmp/m/tools/gpu-check.sh [STEPS]
-# with STEPS a subset of "build test memcheck bench profile tiles" (default: build test memcheck bench).
+# with STEPS a subset of "build test memcheck bench profile tiles ep" (default: build test memcheck bench).
+#   ep: expert parallelism on every GPU of the machine (tests/test_ep_gpu, bench moe --gpus N).
 set -u
 OUT=${OUT:-/tmp/mmoe-out}
 mkdir -p "$OUT"
@@ -28,6 +29,17 @@ case " $STEPS " in *" build "*)
 esac
 cd "$BUILD" || exit 1
 export MMOE_SRCDIR=$BUILD MMOE_BUILDDIR=$BUILD CK_VERBOSITY=normal
+case " $STEPS " in *" ep "*)
+  # expert parallelism: the NCCL exchange and the EP layer on all GPUs, then the EP benchmark
+  make -j16 tests/test_ep_gpu > "$OUT/build-ep.log" 2>&1 || { echo "ep build failed"; tail -n 20 "$OUT/build-ep.log"; }
+  CK_VERBOSITY=verbose timeout 300 ./tests/test_ep_gpu > "$OUT/test_ep_gpu.log" 2>&1
+  echo "test_ep_gpu: rc=$?"
+  grep -E "GPUs used|nccl exchange|rel L2|differ|[0-9]+%: Checks|:[PFE]:" "$OUT/test_ep_gpu.log" | tail -n 70
+  n_gpus=$(nvidia-smi -L | wc -l)
+  timeout 300 ./megamoe bench moe --gpus "$n_gpus" --shape v4-flash --tokens 1,2,8,64,512 --reps 10 \
+    > "$OUT/bench-ep.log" 2>&1
+  echo "bench moe --gpus $n_gpus: rc=$?"; cat "$OUT/bench-ep.log";;
+esac
 case " $STEPS " in *" test "*)
   # the suite once per GEMM kernel family: the portable mma.sync one and wgmma (sm_90a)
   for gemm in ${MMOE_GEMMS:-mma wgmma}; do

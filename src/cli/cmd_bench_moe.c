@@ -23,7 +23,8 @@
  * is as fast as if its weights had been FP32 to begin with.
  *
  * Any fallback of the shared expert is printed.  `--backend gpu` runs the GPU benchmark
- * (bench_moe_gpu.c) with the PyTorch peer measured in the same run.
+ * (bench_moe_gpu.c) with the PyTorch peer measured in the same run; `--gpus N` / `--ep-ranks N`
+ * the expert-parallel layer (bench_moe_ep.c).
  */
 #include <cblas.h>
 #include <getopt.h>
@@ -32,6 +33,7 @@
 #include <string.h>
 
 #include "bench_moe_gpu.h"
+#include "cli_ep.h"
 #include "mmoe_cli.h"
 #include "mmoe_clock.h"
 #include "mmoe_formats.h"
@@ -211,6 +213,9 @@ static int delegate_gpu(int argc, char **argv)
 
 int mmoe_cmd_bench_moe(int argc, char **argv)
 {
+    int ep_rc = mmoe_bench_moe_ep(argc, argv);
+    if (ep_rc >= 0)
+        return ep_rc;
     int gpu_rc = delegate_gpu(argc, argv);
     if (gpu_rc >= 0)
         return gpu_rc;

@@ -69,6 +69,7 @@
 
 #include "chat_internal.h" /* the marker strings of the chat encoding */
 #include "mmoe_chat.h"
+#include "cli_ep.h"
 #include "mmoe_cli.h"
 #include "mmoe_clock.h"
 #include "mmoe_generate.h"
@@ -119,6 +120,7 @@ typedef struct gen_options {
     unsigned long long seed; /**< --seed */
     int threads;             /**< --threads (0: OpenBLAS's default) */
     long long ctx_size;      /**< --ctx-size (0: min(config max_seq_len, GEN_DEFAULT_CTX)) */
+    mmoe_cli_ep ep;          /**< --ep-ranks, --gpus, --gpu-memory (cli_ep.h) */
 } gen_options;
 
 /** Everything a run holds: owned resources are released by gen_cleanup(). */
@@ -126,6 +128,7 @@ typedef struct gen_run {
     const gen_options *opt;    /**< the command line (borrowed) */
     mmoe_tokenizer *tok;       /**< DIR/tokenizer.json (owned) */
     mmoe_model *model;         /**< the checkpoint (owned) */
+    mmoe_ep_model *ep;         /**< --ep-ranks: the MoE layers over in-process ranks (owned) */
     mmoe_model_state *state;   /**< the sequence's KV caches (owned) */
     mmoe_gen_session session;  /**< the generation loop (owned) */
     int have_session;          /**< session is initialised (to free) */
@@ -161,7 +164,7 @@ static void usage(FILE *out)
             "  --threads N         OpenBLAS and dequantization threads, 1..1024 (default: their own defaults)\n"
             "  --ctx-size N        KV cache size in tokens (default: min(config max_seq_len, %d))\n"
             "  --print-ids         print generated token ids instead of text (default: text)\n"
-            "  --quiet             no progress or stats lines (default: shown)\n\n"
+            "  --quiet             no progress or stats lines (default: shown)\n" MMOE_CLI_EP_USAGE "\n"
             "example:\n"
             "  megamoe generate --model fixtures/tiny-dsv4 --prompt '1 2 3 4' --max-tokens 8\n",
             GEN_DEFAULT_CTX);
@@ -171,7 +174,7 @@ static void usage(FILE *out)
 static int parse_options(int argc, char **argv, gen_options *o)
 {
     enum { O_MODEL = 256, O_PROMPT, O_CHAT, O_RAW, O_CHATFMT, O_SYSTEM, O_THINK, O_NOBOS, O_MAX, O_TEMP,
-           O_TOPP, O_SEED, O_THREADS, O_CTX, O_IDS, O_QUIET };
+           O_TOPP, O_SEED, O_THREADS, O_CTX, O_IDS, O_QUIET, O_EP_RANKS, O_GPUS, O_GPU_MEM };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},  {"prompt", required_argument, 0, O_PROMPT},
         {"chat", no_argument, 0, O_CHAT},          {"raw", no_argument, 0, O_RAW},
@@ -181,6 +184,8 @@ static int parse_options(int argc, char **argv, gen_options *o)
         {"top-p", required_argument, 0, O_TOPP},   {"seed", required_argument, 0, O_SEED},
         {"threads", required_argument, 0, O_THREADS}, {"ctx-size", required_argument, 0, O_CTX},
         {"print-ids", no_argument, 0, O_IDS},      {"quiet", no_argument, 0, O_QUIET},
+        {"ep-ranks", required_argument, 0, O_EP_RANKS}, {"gpus", required_argument, 0, O_GPUS},
+        {"gpu-memory", required_argument, 0, O_GPU_MEM},
         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->max_tokens = 256;
@@ -211,6 +216,13 @@ static int parse_options(int argc, char **argv, gen_options *o)
         case O_SEED: rc = mmoe_cli_opt_u64(cmd, "seed", optarg, 0, UINT64_MAX, &u), o->seed = u; break;
         case O_THREADS: rc = mmoe_cli_opt_int(cmd, "threads", optarg, 1, MMOE_CLI_MAX_THREADS, &o->threads); break;
         case O_CTX: rc = mmoe_cli_opt_i64(cmd, "ctx-size", optarg, 1, INT64_C(1) << 40, &v), o->ctx_size = v; break;
+        case O_EP_RANKS:
+        case O_GPUS:
+        case O_GPU_MEM:
+            if (mmoe_cli_ep_option("generate", c == O_EP_RANKS ? "ep-ranks" : c == O_GPUS ? "gpus" : "gpu-memory",
+                                   optarg, &o->ep))
+                return MMOE_EXIT_USAGE;
+            break;
         case 'h': usage(stdout); return -1;
         default:
             if (optopt >= O_MODEL)
@@ -366,12 +378,16 @@ static mmoe_status gen_load(gen_run *r, mmoe_error *err)
     if (st != MMOE_OK)
         return st;
     mmoe_cli_set_threads(o->threads); /* before the model creates its dequantization pool */
+    if ((st = mmoe_cli_ep_before_load(&o->ep, o->model_dir, err)) != MMOE_OK)
+        return st;
     double t0 = mmoe_clock_s();
     if ((st = mmoe_model_open(o->model_dir, load_progress, r, &r->model, err)) != MMOE_OK) {
         if (r->stderr_tty && !o->quiet)
             fputc('\n', stderr);
         return st;
     }
+    if ((st = mmoe_cli_ep_attach(&o->ep, r->model, &r->ep, err)) != MMOE_OK)
+        return st;
     const mmoe_config *cfg = mmoe_model_config(r->model);
     int32_t n_tok = mmoe_tokenizer_n_ids(r->tok);
     if (n_tok > cfg->vocab_size)
@@ -414,6 +430,9 @@ static void gen_cleanup(gen_run *r)
     if (r->have_session)
         mmoe_gen_session_free(&r->session);
     mmoe_model_state_destroy(r->state);
+    if (r->ep != NULL && !r->opt->quiet)
+        mmoe_cli_ep_report(stderr, r->ep);
+    mmoe_ep_model_detach(r->ep);
     mmoe_model_close(r->model);
     mmoe_tokenizer_free(r->tok);
     mmoe_text_free(&r->out_text);

@@ -3,6 +3,7 @@
  * @brief `megamoe logits`: the full model's F32 logits for a token sequence, written to a safetensors file.
  *
  *     megamoe logits --model DIR --ids 0,15,27,... --out FILE [--last] [--mtp] [--decode] [--threads N]
+ *                    [--ep-ranks N | --gpus N [--gpu-memory GIB]]
  *
  * Loads the checkpoint (a progress line per layer on stderr when it is a terminal), runs one
  * prefill over the token ids from position 0 and writes `logits` F32 [T, vocab] (`--last`:
@@ -10,13 +11,14 @@
  * with the final streams of positions 0..T-2 and the tokens 1..T-1 (the DeepSeek-V3
  * wiring; an assumption, spec 7.8).  `--decode` runs the tokens one at a time instead of
  * one prefill (same logits; for comparisons).  The metadata records the id list and
- * the mode (key `tokens`).
+ * the mode (key `tokens`).  The expert-parallel options are cli_ep.h's.
  */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli_ep.h"
 #include "mmoe_cli.h"
 #include "mmoe_model.h"
 #include "mmoe_safetensors.h"
@@ -35,7 +37,7 @@ static void usage(FILE *out)
                  "  --last        only the last position's logits ([1, vocab]) (default: all positions)\n"
                  "  --mtp         also 'mtp_logits' [T-1, vocab] (MTP block on streams t and token t+1) (default off)\n"
                  "  --decode      feed the tokens one by one (decode path) instead of one prefill (default off)\n"
-                 "  --threads N   OpenBLAS and dequantization threads, 1..%d (default: their own defaults)\n\n"
+                 "  --threads N   OpenBLAS and dequantization threads, 1..%d (default: their own defaults)\n" MMOE_CLI_EP_USAGE "\n"
                  "example:\n"
                  "  megamoe logits --model fixtures/tiny-dsv4 --ids 0,15,27 --out logits.safetensors\n",
             MMOE_CLI_MAX_THREADS);
@@ -57,9 +59,12 @@ int mmoe_cmd_logits(int argc, char **argv)
                                          {"mtp", no_argument, 0, 'p'},         {"decode", no_argument, 0, 'd'},
                                          {"threads", required_argument, 0, O_THREADS},
                                          {"tokens", required_argument, 0, O_TOKENS},
+                                         {"ep-ranks", required_argument, 0, 'E'}, {"gpus", required_argument, 0, 'G'},
+                                         {"gpu-memory", required_argument, 0, 'M'},
                                          {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
     const char *model_dir = NULL, *tokens = NULL, *out_path = NULL;
     int last = 0, mtp = 0, decode = 0, threads = 0, c, rc = 0;
+    mmoe_cli_ep ep_opt = {0};
     optind = 1;
     while (rc == 0 && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -73,6 +78,10 @@ int mmoe_cmd_logits(int argc, char **argv)
         case O_TOKENS:
             fprintf(stderr, "megamoe logits: --tokens is now --ids ID,ID,... (the token ids)\n");
             rc = MMOE_EXIT_USAGE;
+            break;
+        case 'E': rc = mmoe_cli_ep_option("logits", "ep-ranks", optarg, &ep_opt); break;
+        case 'G': rc = mmoe_cli_ep_option("logits", "gpus", optarg, &ep_opt); break;
+        case 'M': rc = mmoe_cli_ep_option("logits", "gpu-memory", optarg, &ep_opt);
             break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return MMOE_EXIT_USAGE;
@@ -108,12 +117,17 @@ int mmoe_cmd_logits(int argc, char **argv)
     float *logits = NULL, *mtp_logits = NULL;
     uint16_t *streams = NULL;
     mmoe_st_writer *w = NULL;
+    mmoe_ep_model *ep = NULL;
     rc = 1;
     const mmoe_cli_path outs[] = {{"out", out_path, 0}}, ins[] = {{"model", model_dir, 0}};
     mmoe_status st = mmoe_cli_check_outputs(outs, 1, ins, 1, &err);
     if (st != MMOE_OK)
         goto done;
-    st = mmoe_model_open(model_dir, progress, NULL, &m, &err);
+    st = mmoe_cli_ep_before_load(&ep_opt, model_dir, &err);
+    if (st == MMOE_OK)
+        st = mmoe_model_open(model_dir, progress, NULL, &m, &err);
+    if (st == MMOE_OK)
+        st = mmoe_cli_ep_attach(&ep_opt, m, &ep, &err);
     if (st != MMOE_OK)
         goto done;
     const mmoe_config *cfg = mmoe_model_config(m);
@@ -162,6 +176,7 @@ int mmoe_cmd_logits(int argc, char **argv)
         st = mmoe_st_writer_finish(w, out_path, &err);
     if (st == MMOE_OK) {
         fprintf(stderr, "logits: %lld x %lld written to %s\n", (long long)rows, (long long)V, out_path);
+        mmoe_cli_ep_report(stderr, ep);
         rc = 0;
     }
 done:
@@ -172,6 +187,7 @@ done:
     free(mtp_logits);
     free(streams);
     mmoe_model_state_destroy(s);
+    mmoe_ep_model_detach(ep);
     mmoe_model_close(m);
     free(ids);
     return rc;

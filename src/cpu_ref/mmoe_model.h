@@ -44,6 +44,7 @@
 
 #include "mmoe_config.h"
 #include "mmoe_error.h"
+#include "mmoe_moe.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -159,6 +160,33 @@ mmoe_status mmoe_model_forward(mmoe_model *m, mmoe_model_state *s, const int32_t
  */
 mmoe_status mmoe_model_mtp_forward(mmoe_model *m, mmoe_model_state *s, const uint16_t *streams,
                                    const int32_t *next_ids, int64_t T, float *logits, mmoe_error *err);
+
+/**
+ * An executor of the model's MoE sub-layers: called for block @p block (main layers, then the
+ * MTP blocks) instead of the block's oracle layer, with the oracle layer's inputs and outputs
+ * (routing not given; token ids given on hash layers).  Expert parallelism (src/ep) installs one.
+ */
+typedef mmoe_status (*mmoe_model_moe_fn)(void *ctx, int block, const mmoe_moe_input *in, const mmoe_moe_output *out,
+                                         mmoe_error *err);
+
+/** Route the MoE sub-layers through @p fn (NULL: back to the oracle layers). */
+void mmoe_model_set_moe_executor(mmoe_model *m, mmoe_model_moe_fn fn, void *ctx);
+
+/** Blocks of the model: main layers + MTP blocks. */
+int mmoe_model_n_blocks(const mmoe_model *m);
+
+/**
+ * The MoE layer of block @p block as description and weight views (into the mapped
+ * checkpoint; valid while the model is open), for another executor of the same layer.
+ * @param m      the model
+ * @param block  the block (main layers, then MTP blocks)
+ * @param desc   the block's MoE description, written
+ * @param w      filled by mmoe_moe_weights_lookup(): release with mmoe_moe_weights_release()
+ * @param err    error report
+ * @return MMOE_OK; MMOE_EINVAL (block out of range); a lookup error
+ */
+mmoe_status mmoe_model_moe_layer(const mmoe_model *m, int block, mmoe_moe_desc *desc, mmoe_moe_weights *w,
+                                 mmoe_error *err);
 
 #ifdef __cplusplus
 }

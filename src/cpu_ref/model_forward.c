@@ -173,7 +173,7 @@ static mmoe_status run_block(const mmoe_model *m, mmoe_model_state *s, int L, co
     mmoe_rmsnorm_bf16(b->y, T, D, &blk->ffn_norm, eps, b->y);
     mmoe_moe_input in = {T, b->y, blk->hash ? ids : NULL, NULL, NULL};
     mmoe_moe_output out = {b->o, NULL, NULL};
-    st = mmoe_moe_layer_run(blk->moe, &in, &out, NULL, err);
+    st = m->moe_fn != NULL ? m->moe_fn(m->moe_ctx, L, &in, &out, err) : mmoe_moe_layer_run(blk->moe, &in, &out, NULL, err);
     if (st != MMOE_OK)
         return mmoe_error_prefix(err, "%sffn: ", blk->prefix);
     double t4 = mmoe_clock_s();

@@ -69,6 +69,8 @@ struct mmoe_model {
     int n_owned;               /**< count of owned */
     uint64_t weight_bytes;     /**< sum of tensor bytes */
     mmoe_hc_params hcp;        /**< mHC parameters */
+    mmoe_model_moe_fn moe_fn;  /**< executor of the MoE sub-layers (NULL: the blocks' oracle layers) */
+    void *moe_ctx;             /**< its context */
 };
 
 /** Per-sequence state: positions, per-layer caches, timings. */

@@ -352,4 +352,27 @@ void mmoe_model_close(mmoe_model *m)
 
 const mmoe_config *mmoe_model_config(const mmoe_model *m) { return &m->cfg; }
 
+void mmoe_model_set_moe_executor(mmoe_model *m, mmoe_model_moe_fn fn, void *ctx)
+{
+    m->moe_fn = fn;
+    m->moe_ctx = ctx;
+}
+
+int mmoe_model_n_blocks(const mmoe_model *m) { return m->n_blocks; }
+
+mmoe_status mmoe_model_moe_layer(const mmoe_model *m, int block, mmoe_moe_desc *desc, mmoe_moe_weights *w,
+                                 mmoe_error *err)
+{
+    if (block < 0 || block >= m->n_blocks)
+        return mmoe_error_set(err, MMOE_EINVAL, "model: block %d outside [0, %d)", block, m->n_blocks);
+    const model_block *b = &m->blocks[block];
+    *desc = *mmoe_moe_layer_desc(b->moe);
+    /* the names bind_block() used: "layers.L." rewritten to the MTP prefix for MTP blocks */
+    char from[32];
+    snprintf(from, sizeof from, "layers.%d.", block);
+    const int mtp = block >= m->cfg.n_layers;
+    lookup_ctx mc = {m->ck, mtp ? from : NULL, mtp ? b->prefix : NULL};
+    return mmoe_moe_weights_lookup(desc, ckpt_lookup, &mc, block, w, err);
+}
+
 uint64_t mmoe_model_weight_bytes(const mmoe_model *m) { return m->weight_bytes; }

@@ -1,0 +1,146 @@
+/**
+ * @file cli_ep.c
+ * @brief The expert-parallel options of `logits` and `generate` (cli_ep.h): parsing, the plan
+ *        before loading, and the in-process split after it.
+ *
+ * `--gpus N` is decided entirely before the checkpoint is opened: the weights per GPU come from
+ * the config's tensor list (the bytes the checkpoint must hold, mmoe_model_tensors.h), split as
+ * the EP layer splits them (mmoe_ep_memory_plan_make()), so a model that cannot fit N GPUs is
+ * refused with its bytes per GPU before a byte of it is read.  A model that fits is then refused
+ * for what this build lacks: the forward's attention, embedding and head have no GPU path yet,
+ * and the model's MoE recipe (dsv4-ref, serial shared expert) has no GPU kernel.  The MoE layers
+ * themselves do run over N GPUs: `megamoe bench moe --gpus N`.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli_ep.h"
+#include "ep_internal.h"
+#include "mmoe_cli.h"
+#include "mmoe_config.h"
+#include "mmoe_model_tensors.h"
+
+int mmoe_cli_ep_option(const char *cmd, const char *name, const char *arg, mmoe_cli_ep *o)
+{
+    char *end;
+    errno = 0;
+    if (strcmp(name, "gpu-memory") == 0) {
+        double v = strtod(arg, &end);
+        if (end == arg || *end != '\0' || errno != 0 || !(v > 0.0 && v <= 1e6)) {
+            fprintf(stderr, "megamoe %s: --gpu-memory '%s': expected a size in GiB in (0, 1e6]\n", cmd, arg);
+            return MMOE_EXIT_USAGE;
+        }
+        o->gpu_mem_gib = v;
+        return 0;
+    }
+    long v = strtol(arg, &end, 10);
+    if (end == arg || *end != '\0' || errno != 0 || v < 1 || v > MMOE_EP_MAX_RANKS) {
+        fprintf(stderr, "megamoe %s: --%s '%s': expected an integer in [1, %d]\n", cmd, name, arg, MMOE_EP_MAX_RANKS);
+        return MMOE_EXIT_USAGE;
+    }
+    if (strcmp(name, "gpus") == 0)
+        o->gpus = (int)v;
+    else
+        o->ep_ranks = (int)v;
+    return 0;
+}
+
+/** The weights-per-GPU plan of the checkpoint in @p dir over @p o->gpus GPUs. */
+static mmoe_status plan_gpus(const mmoe_cli_ep *o, const char *dir, uint64_t capacity, mmoe_ep_memory_plan *plan,
+                             mmoe_error *err)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    mmoe_config cfg;
+    mmoe_status st = mmoe_config_load(path, &cfg, err);
+    if (st != MMOE_OK)
+        return st;
+    mmoe_tensor_spec *specs = NULL;
+    size_t n = 0;
+    if ((st = mmoe_model_tensor_list(&cfg, &specs, &n, err)) != MMOE_OK)
+        return st;
+    const char **names = malloc((n + 1) * sizeof *names);
+    uint64_t *bytes = malloc((n + 1) * sizeof *bytes);
+    if (names == NULL || bytes == NULL) {
+        st = mmoe_error_set(err, MMOE_ENOMEM, "out of memory for the tensor list");
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            names[i] = specs[i].name;
+            bytes[i] = mmoe_model_tensor_bytes(&specs[i], 1);
+        }
+        st = mmoe_ep_memory_plan_make(names, bytes, n, cfg.n_routed_experts, o->gpus, capacity, plan, err);
+    }
+    free(names);
+    free(bytes);
+    free(specs);
+    return st;
+}
+
+mmoe_status mmoe_cli_ep_before_load(const mmoe_cli_ep *o, const char *model_dir, mmoe_error *err)
+{
+    if (o->ep_ranks > 0 && o->gpus > 0)
+        return mmoe_error_set(err, MMOE_EINVAL, "--ep-ranks (CPU ranks) and --gpus exclude each other");
+    if (o->gpus == 0 && o->gpu_mem_gib > 0)
+        return mmoe_error_set(err, MMOE_EINVAL, "--gpu-memory plans --gpus, which was not given");
+    if (o->ep_ranks > 0) { /* N > E is known from the config: refused before loading */
+        char path[4096];
+        snprintf(path, sizeof path, "%s/config.json", model_dir);
+        mmoe_config cfg;
+        mmoe_status st = mmoe_config_load(path, &cfg, err);
+        mmoe_ep_partition part;
+        if (st == MMOE_OK)
+            st = mmoe_ep_partition_make(cfg.n_routed_experts, o->ep_ranks, &part, err);
+        return st != MMOE_OK ? mmoe_error_prefix(err, "--ep-ranks %d: %s: ", o->ep_ranks, model_dir) : MMOE_OK;
+    }
+    if (o->gpus == 0)
+        return MMOE_OK;
+    int n_dev = 0;
+    uint64_t dev_bytes = 0;
+    mmoe_error dev_err;
+    mmoe_status dev_st = ep_cuda_devices(&n_dev, &dev_bytes, &dev_err);
+    uint64_t gpu_bytes = o->gpu_mem_gib > 0 ? (uint64_t)(o->gpu_mem_gib * 1024.0 * 1024.0 * 1024.0) : dev_bytes;
+    if (gpu_bytes == 0)
+        return mmoe_error_set(err, MMOE_ENODEV, "--gpus %d: %s; --gpu-memory GIB plans without a GPU", o->gpus,
+                              dev_err.msg);
+    mmoe_ep_memory_plan plan;
+    mmoe_status st = plan_gpus(o, model_dir, (uint64_t)((double)gpu_bytes * MMOE_CLI_EP_WEIGHT_SHARE), &plan, err);
+    if (st == MMOE_OK)
+        st = mmoe_ep_memory_check(&plan, err);
+    if (st != MMOE_OK)
+        return mmoe_error_prefix(err, "--gpus %d: %s: ", o->gpus, model_dir);
+    fprintf(stderr, "gpus: %d, %.3f GiB of weights per GPU (%.3f GiB replicated, %.3f GiB of experts in all)\n",
+            o->gpus, (double)plan.per_gpu_bytes / (1024.0 * 1024.0 * 1024.0),
+            (double)plan.replicated_bytes / (1024.0 * 1024.0 * 1024.0),
+            (double)plan.expert_bytes / (1024.0 * 1024.0 * 1024.0));
+    if (dev_st != MMOE_OK)
+        return mmoe_error_set(err, MMOE_ENODEV, "--gpus %d: %s", o->gpus, dev_err.msg);
+    if (n_dev < o->gpus)
+        return mmoe_error_set(err, MMOE_ENODEV, "--gpus %d: this machine has %d GPU(s)", o->gpus, n_dev);
+    return mmoe_error_set(err, MMOE_EUNSUPPORTED,
+                          "--gpus %d: this build has no GPU model forward (attention, embedding and head run on the "
+                          "CPU only, and the model's MoE recipe dsv4-ref with its serial shared expert has no GPU "
+                          "kernel); the expert-parallel MoE runs on GPUs in `megamoe bench moe --gpus N`, and "
+                          "--ep-ranks N runs this model's split on the CPU",
+                          o->gpus);
+}
+
+mmoe_status mmoe_cli_ep_attach(const mmoe_cli_ep *o, mmoe_model *m, mmoe_ep_model **out, mmoe_error *err)
+{
+    *out = NULL;
+    if (o->ep_ranks == 0)
+        return MMOE_OK;
+    return mmoe_ep_model_attach(m, o->ep_ranks, MMOE_EP_COMM_INPROC, NULL, NULL, out, err);
+}
+
+void mmoe_cli_ep_report(FILE *f, const mmoe_ep_model *e)
+{
+    if (e == NULL)
+        return;
+    const int n = mmoe_ep_model_ranks(e);
+    const int64_t *pairs = mmoe_ep_model_pairs(e);
+    fprintf(f, "ep: %d in-process ranks, routed pairs per rank:", n);
+    for (int r = 0; r < n; r++)
+        fprintf(f, " %lld", (long long)pairs[r]);
+    fputc('\n', f);
+}

@@ -1,0 +1,65 @@
+/**
+ * @file cli_ep.h
+ * @brief The expert-parallel options shared by `megamoe logits` and `megamoe generate`.
+ *
+ *     --ep-ranks N       the MoE sub-layers over N in-process ranks (threads) on the CPU:
+ *                        the same split, bookkeeping and combine as on N GPUs, same bits
+ *     --gpus N           the model over N GPUs (expert parallel, NCCL): planned before loading
+ *                        (a model whose weights per GPU exceed a GPU is refused with the bytes
+ *                        per GPU), then refused where this build has no GPU forward
+ *     --gpu-memory GIB   the GPU size to plan --gpus with (default: GPU 0's own memory)
+ */
+#ifndef MMOE_CLI_EP_H
+#define MMOE_CLI_EP_H
+
+#include <stdio.h>
+
+#include "mmoe_ep.h"
+#include "mmoe_model.h"
+
+/** Share of a GPU's memory that the weights may take; the rest is left to activations,
+ *  workspaces and the KV caches. */
+#define MMOE_CLI_EP_WEIGHT_SHARE 0.90
+
+/** The options as parsed. */
+typedef struct mmoe_cli_ep {
+    int ep_ranks;      /**< --ep-ranks (0: not given) */
+    int gpus;          /**< --gpus (0: not given) */
+    double gpu_mem_gib;/**< --gpu-memory (0: not given) */
+} mmoe_cli_ep;
+
+/** Usage lines of the options (for a command's help text). */
+#define MMOE_CLI_EP_USAGE                                                                                   \
+    "  --ep-ranks N      MoE sub-layers over N in-process ranks on the CPU (expert parallel, same bits)\n" \
+    "  --gpus N          the model over N GPUs (expert parallel): checked before loading\n"                 \
+    "  --gpu-memory GIB  GPU size for the --gpus plan (default: GPU 0's memory)\n"
+
+/**
+ * Take option @p name ("ep-ranks", "gpus", "gpu-memory") with value @p arg into @p o.
+ * @return 0, or MMOE_EXIT_USAGE after a message naming @p cmd, the option and the value
+ */
+int mmoe_cli_ep_option(const char *cmd, const char *name, const char *arg, mmoe_cli_ep *o);
+
+/**
+ * What is decided before loading: --ep-ranks and --gpus exclude each other; for --gpus, the
+ * weights per GPU of the model in @p model_dir (its config.json) against the GPU size, the
+ * number of GPUs present, and the GPU forward this build lacks.
+ * @return MMOE_OK (nothing or --ep-ranks to do); MMOE_EINVAL, MMOE_EUNSUPPORTED, MMOE_ENODEV with
+ *         the message
+ */
+mmoe_status mmoe_cli_ep_before_load(const mmoe_cli_ep *o, const char *model_dir, mmoe_error *err);
+
+/** --ep-ranks N: spread @p m's MoE layers over N in-process ranks (*out NULL when not given). */
+mmoe_status mmoe_cli_ep_attach(const mmoe_cli_ep *o, mmoe_model *m, mmoe_ep_model **out, mmoe_error *err);
+
+/** One line on @p f: ranks and the routed pairs each computed (nothing for NULL). */
+void mmoe_cli_ep_report(FILE *f, const mmoe_ep_model *e);
+
+/**
+ * `megamoe bench moe --gpus N | --ep-ranks N ...` (bench_moe_ep.c).
+ * @return -1 when neither option is in @p argv (another benchmark's arguments), else the
+ *         command's exit status
+ */
+int mmoe_bench_moe_ep(int argc, char **argv);
+
+#endif /* MMOE_CLI_EP_H */

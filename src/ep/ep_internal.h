@@ -1,0 +1,59 @@
+/**
+ * @file ep_internal.h
+ * @brief Internal vocabulary of expert parallelism: the group object shared by the
+ *        communicator implementations, and the entry points of each chapter.
+ *
+ * | chapter            | concept                                                         |
+ * |--------------------|-----------------------------------------------------------------|
+ * | ep_group.c         | the group object, the in-process communicator                   |
+ * | ep_comm_nccl.cu    | the NCCL communicator (one GPU per rank, ncclCommInitAll)       |
+ * | ep_comm_nccl_stub.c| the same entry points in a build without NCCL (MMOE_ENODEV)     |
+ * | ep_team.c          | one persistent thread per rank, jobs run on all of them         |
+ * | ep_plan.c          | expert partition, dispatch bookkeeping, memory plan per GPU     |
+ * | ep_exec_cpu.c      | the per-rank executor on the CPU oracle                         |
+ * | ep_exec_gpu.c      | the per-rank executor on the GPU layer                          |
+ * | ep_moe.c           | the expert-parallel layer: route, compute, exchange, combine    |
+ * | ep_model.c         | the model's MoE sub-layers through expert-parallel layers       |
+ */
+#ifndef MMOE_EP_INTERNAL_H
+#define MMOE_EP_INTERNAL_H
+
+#include "mmoe_ep_comm.h"
+#include "mmoe_tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** A group: the ranks' communicators and the implementation's shared state. */
+struct mmoe_ep_group {
+    mmoe_ep_comm_kind kind;                   /**< which implementation */
+    int size;                                 /**< ranks */
+    mmoe_ep_comm *comms[MMOE_EP_MAX_RANKS];   /**< [size] the ranks' communicators (owned by impl) */
+    void *impl;                               /**< the implementation's state */
+    void (*impl_destroy)(void *impl);         /**< frees impl and the communicators */
+    mmoe_status (*impl_bind)(void *impl, int rank, mmoe_error *err); /**< thread binding (may be NULL) */
+};
+
+/**
+ * Fill @p g (kind, size, comms, impl and its functions) with NCCL communicators over GPUs
+ * 0..n-1 (ep_comm_nccl.cu; the stub answers MMOE_ENODEV).
+ */
+mmoe_status ep_nccl_group_init(mmoe_ep_group *g, int n_ranks, mmoe_error *err);
+
+/**
+ * Count the CUDA devices (0 and MMOE_ENODEV with a reason in a build without CUDA or without
+ * a device) and, when @p mem_bytes is not NULL, the total memory of device 0.
+ */
+mmoe_status ep_cuda_devices(int *count, uint64_t *mem_bytes, mmoe_error *err);
+
+/** Make GPU @p device the calling thread's current device (MMOE_ENODEV without CUDA). */
+mmoe_status ep_cuda_set_device(int device, mmoe_error *err);
+
+/** The rows [first, first + n) of a 2-D view (e.g. the gate rows of a rank's experts). */
+mmoe_tensor ep_row_slice(const mmoe_tensor *t, int64_t first, int64_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MMOE_EP_INTERNAL_H */
