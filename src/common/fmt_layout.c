@@ -1,7 +1,7 @@
 /**
  * @file fmt_layout.c
  * @brief Where the scales and weight rows go: the SM100 scale layouts and the L1 gate/up
- *        interleave, each with its inverse (megamoe-layer.md 3.5 and 3.6).
+ *        interleave, each with its inverse (@ref spec_fmt_sm100_layouts).
  *
  * None of these transforms changes a value; they only move bytes so that the tensor
  * memory accelerator (TMA) and the UTCCP copy into tensor memory read them in the order

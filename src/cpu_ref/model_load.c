@@ -12,7 +12,7 @@
  *    dtype/shape) -- with a few documented alternatives where real checkpoints may
  *    differ from the published layout (norm weights F32 instead of BF16; `wo_a`
  *    already dequantized to BF16 by convert.py; `tid2eid` I32; experts U8);
- * 4. each layer's attention weights are bound through fwd-blocks' binder and its
+ * 4. each layer's attention weights are bound through the attention binder (attn_params.c) and its
  *    MoE layer is created (recipe dsv4-ref, shared expert serial) and loaded through
  *    the MoE oracle's loader, both with a lookup into the checkpoint.
  */
@@ -187,7 +187,7 @@ static mmoe_status bind_head(mmoe_model *m, const char *pre, model_head *h, mmoe
 }
 
 
-/** Bind block @p layer: mHC, norms, attention (fwd-blocks' binder) and the MoE layer. */
+/** Bind block @p layer: mHC, norms, attention (attn_params.c's binder) and the MoE layer. */
 static mmoe_status bind_block(mmoe_model *m, int layer, mmoe_error *err)
 {
     const mmoe_config *c = &m->cfg;
@@ -208,7 +208,7 @@ static mmoe_status bind_block(mmoe_model *m, int layer, mmoe_error *err)
     if (st != MMOE_OK)
         return st;
 
-    /* attention: fwd-blocks' binder, names "<prefix>attn.*" */
+    /* attention: attn_params.c's binder, names "<prefix>attn.*" */
     mmoe_attn_params_from_config(c, mmoe_config_ratio(c, layer), &b->attn_p);
     if ((st = mmoe_attn_params_validate(&b->attn_p, err)) != MMOE_OK)
         return st;

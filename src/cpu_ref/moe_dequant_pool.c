@@ -61,7 +61,7 @@
  *
  * ## Measurements
  * `megamoe bench moe --shape v4-flash --experts 32 --tokens 1,8,64 --reps 5`, medians of 3
- * runs on the 2-core development VM (AMD EPYC Zen 4, OpenBLAS 0.3.21), 2026-11-29, layer
+ * runs on the 2-core development VM (AMD EPYC Zen 4, OpenBLAS 0.3.21), layer
  * milliseconds with MMOE_DEQUANT_THREADS=1 -> 2 (with the pipeline of moe_expert_gemm.c):
  * T=1 104.7 -> 48.0, T=8 414.2 -> 188.2, T=64 1095.9 -> 781.6 (ratio to SGEMM 0.48 -> 0.69).
  * Without the pipeline (threads only, each tile decoded and then multiplied) the gain was
