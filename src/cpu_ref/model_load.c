@@ -246,7 +246,7 @@ static mmoe_status bind_block(mmoe_model *m, int layer, mmoe_error *err)
     d.shared_mode = MMOE_SHARED_SERIAL; /* the reference's shared expert is a plain FP8 linear */
     d.pad_to = 0;
     /* one pool for all layers: they run one after another (moe_dequant_pool.c, "Sharing") */
-    if ((st = mmoe_moe_layer_create_shared(&d, m->moe_pool, &b->moe, err)) != MMOE_OK)
+    if ((st = mmoe_moe_layer_create_on_pool(&d, m->moe_pool, &b->moe, err)) != MMOE_OK)
         return st;
     char from[32];
     snprintf(from, sizeof from, "layers.%d.", layer);
