@@ -9,7 +9,7 @@
  * checkpoint layout directly, and the SM90 kernels of src/gpu load their own tiles
  * (gpu_moe.cu).  They stay, with their tests (each against its inverse and against the index
  * formulas written out again), as the executable definition of the SM100 layouts of
- * @ref spec_fmt_sm100_layouts: what an SM100 kernel of this project, or a caller preparing
+ * @ref spec_fmt_sm100_layouts, i.e. what an SM100 kernel of this project, or a caller preparing
  * inputs for DeepGEMM's kernel, has to produce.
  *
  * ## 1. MN-major, TMA-aligned, packed UE8M0 (`transform_sf_into_required_layout`)

@@ -9,7 +9,7 @@
  * times 2^e).  For the SM90 continuous FP32 scale the product is rounded once, fl(q * sf).
  *
  * The scale rules are the format library's (mmoe_formats.h, @ref spec_fmt_ue8m0); which rule
- * quantizes what is rows R1 and R7 of @ref spec_moe_recipes:
+ * quantizes what is rows R1 and R7 of @ref spec_moe_recipes (the recipe table).
  *
  * | rule                      | scale rule (mmoe_formats.h)   | used for              |
  * |---------------------------|-------------------------------|-----------------------|
