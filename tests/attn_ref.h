@@ -2,7 +2,7 @@
  * @file attn_ref.h
  * @brief Float64 oracles of the spec's number handling, shared by the attention suites.
  *
- * Written from spec section 3.0 and the bit layouts, independently of the code
+ * Written from docs/spec/architecture.md (linear layers) and the bit layouts, independently of the code
  * under test: the E4M3 grid is enumerated from its fields (bias 7, 3 mantissa
  * bits, no Inf, 0x7F NaN), rounding is a brute-force nearest search with ties to
  * the even code, and power-of-two scales come from exact comparisons.

@@ -76,11 +76,6 @@ static void ref_quant(const float *v, int64_t k, ref_q rule, double *out)
     }
 }
 
-static float bf16r(float v)
-{
-    return mmoe_bf16_to_f32(mmoe_bf16_from_f32(v));
-}
-
 /** Weight value W[r, c] of a routed FP4 matrix or a shared FP8 one. */
 static double wval(const mmoe_tensor *w, const mmoe_tensor *sf, int64_t r, int64_t c, int64_t block)
 {
@@ -115,10 +110,10 @@ static void ref_expert(const mmoe_moe_desc *d, const mmoe_moe_expert_weights *x_
             g += xq[k] * wval(&x_w->w1, &x_w->w1_scale, j, k, block);
             u += xq[k] * wval(&x_w->w3, &x_w->w3_scale, j, k, block);
         }
-        float gf = bf16r((float)g), uf = bf16r((float)u);
+        float gf = mmoe_bf16_round((float)g), uf = mmoe_bf16_round((float)u);
         const float lim = d->swiglu_limit;
         if (lim > 0 && !isinf(lim)) {
-            const float c = rr->kernel_epilogue ? bf16r(lim) : lim;
+            const float c = rr->kernel_epilogue ? mmoe_bf16_round(lim) : lim;
             gf = gf > c ? c : gf;
             uf = uf > c ? c : (uf < -c ? -c : uf);
         }
@@ -129,7 +124,7 @@ static void ref_expert(const mmoe_moe_desc *d, const mmoe_moe_expert_weights *x_
             act = gf / (1.0f + expf(-gf));
         float h = (act * uf) * wt;
         if (!rr->kernel_epilogue)
-            h = bf16r(h);
+            h = mmoe_bf16_round(h);
         hbuf[j] = h;
     }
     ref_quant(hbuf, width, rr->hq, hq);
@@ -142,7 +137,7 @@ static void ref_expert(const mmoe_moe_desc *d, const mmoe_moe_expert_weights *x_
             s += term;
             a += fabs(term);
         }
-        ybf[r] = bf16r((float)s);
+        ybf[r] = mmoe_bf16_round((float)s);
         delta[r] = gamma * a + U32 * fabs(s) + ref64_ulp_bf16(fabs(s) + gamma * a);
     }
 }

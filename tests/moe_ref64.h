@@ -6,7 +6,7 @@
  * It shares only the scalar format conversions (mmoe_formats.h) with the code under test.
  * GEMMs are summed in double (exact for the dyadic test layers' L1, and within a derived
  * bound for L2); every rounding point of each recipe is re-implemented from
- * megamoe-layer.md / dsv4-architecture.md, without looking at the oracle's tables.
+ * docs/spec/moe-layer.md, without looking at the oracle's tables.
  */
 #ifndef MOE_REF64_H
 #define MOE_REF64_H

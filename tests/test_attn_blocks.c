@@ -18,7 +18,7 @@
 
 /* ================================================================ compressor */
 
-/** Float64 pooling of one block from the per-token projections (spec 3.4, step 3). */
+/** Float64 pooling of one block from the per-token projections (docs/spec/architecture.md, compressor). */
 static void oracle_pool(int r, int dh, int64_t j, const float *kv, const float *gate, const float *ape,
                         double *out)
 {

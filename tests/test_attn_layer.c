@@ -2,7 +2,7 @@
  * @file test_attn_layer.c
  * @brief Suite "attn_layer": the whole attention sub-layer against a float64 reference written from the spec.
  *
- * The reference below follows spec 3.3-3.4 literally, in double precision, with
+ * The reference below follows docs/spec/architecture.md (attention, compressor) literally, in double precision, with
  * every *quantization* of the spec (FP8 activation quantization of each FP8 linear,
  * the FP8 round trip of the kv nope dims, in window and compressed caches) and a
  * dense softmax with the sink logit in the denominator (no chunked online

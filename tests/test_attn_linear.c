@@ -2,7 +2,7 @@
  * @file test_attn_linear.c
  * @brief Suite "attn_linear": FP8 block-scaled and dense linears, RMSNorm, the FP8/FP4 QAT round trips.
  *
- * The oracles are written here from spec section 3.0, in float64, without the
+ * The oracles are written here from docs/spec/architecture.md (linear layers), in float64, without the
  * code under test: the E4M3 and E2M1 grids are enumerated from their bit layouts,
  * rounding is a brute-force nearest search (ties to the even code), and the
  * power-of-two scales are found by exact comparisons with 448 * 2^e (resp. 6 * 2^e).

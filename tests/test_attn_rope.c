@@ -2,7 +2,7 @@
  * @file test_attn_rope.c
  * @brief Suite "attn_rope": RoPE frequency tables with and without YaRN, rotation and inverse rotation.
  *
- * Hand derivations used below (spec 3.3):
+ * Hand derivations used below (docs/spec/architecture.md, attention):
  * - base 10000, rope_dim 64: f_0 = 1, f_16 = 10000^-0.5 = 0.01, f_31 = 10000^(-62/64).
  * - YaRN for base 160000, original 65536, beta_fast 32, beta_slow 1:
  *   corr(32) = 64 ln(65536 / 64 pi) / (2 ln 160000) = 15.45..  -> low = 15,

@@ -77,7 +77,7 @@ static void expect_prompt(const char *json, mmoe_chat_mode mode, mmoe_chat_effor
 START_TEST(generation_prompts)
 {
     const char *conv = "[{\"role\": \"user\", \"content\": \"Hi\"}]";
-    /* §3.10.5: a prompt for generation ends with ASSISTANT + THINK_CLOSE (chat) or THINK_OPEN (thinking) */
+    /* transition suffix (docs/spec/architecture.md): a prompt for generation ends with ASSISTANT + THINK_CLOSE (chat) or THINK_OPEN (thinking) */
     expect_prompt(conv, MMOE_CHAT_MODE_CHAT, MMOE_CHAT_EFFORT_NONE, BOS USER "Hi" ASSISTANT "</think>");
     expect_prompt(conv, MMOE_CHAT_MODE_THINKING, MMOE_CHAT_EFFORT_NONE, BOS USER "Hi" ASSISTANT "<think>");
     /* high effort changes nothing; max puts the preamble before message 0 (thinking only) */

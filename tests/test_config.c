@@ -2,7 +2,7 @@
  * @file test_config.c
  * @brief Suite "config": config.json in both spellings, defaults, presets, and errors that name the key.
  *
- * Golden values are the published numbers of spec section 2 (written here by hand),
+ * Golden values are the published numbers of docs/spec/architecture.md (configuration) (written here by hand),
  * read from the verbatim config files in fixtures/configs/.
  */
 #include <stdio.h>
@@ -246,8 +246,7 @@ START_TEST(presets_round_trip)
 END_TEST
 
 /*
- * The tensor list of the V4-Flash config against the published checkpoint facts (spec
- * section 1, "V4-Flash checkpoint facts"): 69,187 tensors, 159,609,485,896 bytes.  A
+ * The tensor list of the V4-Flash config against the published checkpoint facts: 69,187 tensors, 159,609,485,896 bytes.  A
  * wrong shape, dtype or a missing/extra tensor anywhere would change one of the two.
  */
 START_TEST(flash_tensor_list_matches_published_checkpoint)
@@ -264,7 +263,7 @@ START_TEST(flash_tensor_list_matches_published_checkpoint)
     ck_assert_msg(mmoe_model_tensor_list(&c, &specs, &n, &err) == MMOE_OK, "%s", err.msg);
     ck_assert_uint_eq(n, 69187);
     ck_assert_uint_eq(mmoe_model_tensor_bytes(specs, n), 159609485896ull);
-    /* spot checks from the table of spec section 4 */
+    /* spot checks from the checkpoint table of docs/spec/architecture.md */
     int seen = 0;
     for (size_t i = 0; i < n; i++) {
         const mmoe_tensor_spec *s = &specs[i];

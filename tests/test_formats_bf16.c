@@ -3,7 +3,7 @@
  * @brief Suite "formats_bf16": BF16 decoding, RNE encoding with quiet NaN (fmt_bf16.c).
  *
  * Golden values: (1 + m/128) * 2^(e-127) by ldexp for every one of the 65536 codes; the
- * vector table of number-formats.md 4; and, for random floats, the nearer of the two bf16
+ * vector table of docs/spec/formats.md (BF16); and, for random floats, the nearer of the two bf16
  * values that bracket x (computed from the field formula in double), ties to the even code,
  * with 2^128 standing for "past the largest finite value" (IEEE overflow to Inf).
  */
@@ -51,7 +51,7 @@ START_TEST(every_code)
 }
 END_TEST
 
-/* number-formats.md 4: input bits -> expected bf16 (NaN: compared as a class, quiet). */
+/* docs/spec/formats.md, BF16: input bits -> expected bf16 (NaN: compared as a class, quiet). */
 START_TEST(spec_vectors)
 {
     static const struct { uint32_t bits; uint16_t want; const char *what; } t[] = {

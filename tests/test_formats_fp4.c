@@ -4,7 +4,7 @@
  *        (fmt_fp4.c).
  *
  * Golden values: the field formula (0.m * 2^0 or 1.m * 2^(e-1)), the conversion table of
- * number-formats.md 1.1 (CUDA RNE-sat and DeepGEMM columns), the E2M1 and packing lines
+ * docs/spec/formats.md (E2M1: RNE-sat and DeepGEMM's ties-down), the E2M1 and packing lines
  * of the section-5 sheet, and the brute-force nearest-value oracle of fmt_oracle.h.
  */
 #include <math.h>
@@ -19,7 +19,7 @@
 
 START_TEST(decode_every_code)
 {
-    /* number-formats.md 1: codes 0..7 are 0, .5, 1, 1.5, 2, 3, 4, 6; 8..15 the negatives */
+    /* docs/spec/formats.md, E2M1: codes 0..7 are 0, .5, 1, 1.5, 2, 3, 4, 6; 8..15 the negatives */
     static const double listed[8] = {0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0};
     const float *pair = mmoe_fp4_e2m1_pair_table();
     for (int c = 0; c < 16; c++) {
@@ -50,7 +50,7 @@ START_TEST(round_trip_every_code)
 }
 END_TEST
 
-/* number-formats.md 1.1 (CUDA RNE-sat and DeepGEMM columns) and the section-5 E2M1 line. */
+/* docs/spec/formats.md, E2M1 (RNE-sat and ties-down vectors). */
 static const struct { uint32_t bits; int rne, down; const char *what; } fp4_vectors[] = {
     {0x3e800000u, 0x0, 0x0, "0.25 tie 0/0.5"},
     {0x3e800001u, 0x1, 0x1, "0.25+ulp"},

@@ -4,7 +4,7 @@
  *
  * - every code decoded and checked against 1.m * 2^(e-bias) from its fields;
  * - every non-NaN code survives decode -> encode, saturating and not;
- * - the tricky vectors of number-formats.md 3.1 and the test-vector sheet of section 5;
+ * - the tricky vectors of docs/spec/formats.md (FP8);
  * - random floats (random bits, in-range values, exact RNE ties and their neighbours)
  *   against the brute-force "nearest, ties to even" oracle of fmt_oracle.h;
  * - monotonicity over a stride of the whole float line.
@@ -75,7 +75,7 @@ START_TEST(decode_every_code)
 {
     check_decode_all(&E4M3, mmoe_fp8_e4m3_table());
     check_decode_all(&E5M2, mmoe_fp8_e5m2_table());
-    /* the named limits of number-formats.md 3 */
+    /* the named limits of docs/spec/formats.md */
     ck_assert(mmoe_fp8_e4m3_to_f32(0x7E) == 448.0f && mmoe_fp8_e4m3_to_f32(0x08) == 0x1p-6f);
     ck_assert(mmoe_fp8_e4m3_to_f32(0x01) == 0x1p-9f);
     ck_assert(mmoe_fp8_e5m2_to_f32(0x7B) == 57344.0f && mmoe_fp8_e5m2_to_f32(0x04) == 0x1p-14f);
@@ -106,7 +106,7 @@ START_TEST(round_trip_every_code)
 }
 END_TEST
 
-/* number-formats.md 3.1 (table and "Ties") and section 5 (test-vector sheet): fp32 bits ->
+/* docs/spec/formats.md (FP8 ties and overflow): fp32 bits ->
  * expected byte, SATFINITE and non-saturating.  -1 = "NaN with the input's sign". */
 static const struct { uint32_t bits; int sat, nosat; const char *what; } e4m3_vectors[] = {
     {0x00000000u, 0x00, 0x00, "+0"},

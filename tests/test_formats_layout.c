@@ -3,7 +3,7 @@
  * @brief Suite "formats_layout": scale and weight layout transforms (fmt_layout.c) and their
  *        inverses, on random shapes.
  *
- * The index formulas of megamoe-layer.md 3.5 and 3.6 are written out again here and each
+ * The index formulas of docs/spec/formats.md (SM100 layouts) are written out again here and each
  * transform is checked element by element against them, then against its inverse.
  */
 #include <stdlib.h>

@@ -3,7 +3,7 @@
  * @brief Suite "formats_quant": the row quantizers and dequantizers (fmt_quant.c) against a
  *        scalar reference written here.
  *
- * The reference follows the recipes of number-formats.md 2.3 and megamoe-layer.md 3.4 in
+ * The reference follows the scale rules of docs/spec/formats.md in
  * double precision: the amax in double, the power-of-two ceiling from frexp, the element
  * rounding from the brute-force nearest-even oracle of fmt_oracle.h, the FP4 and E4M3 values
  * from their field formulas.  Where a rule is defined by an fp32 operation (fl(a/448),
@@ -212,7 +212,7 @@ START_TEST(fp4_matches_reference)
                 double s = ldexp(1.0, want_sf - 127);
                 for (size_t i = 32 * b; i < 32 * (b + 1); i++) {
                     uint8_t want = ref_e2m1((double)x[i] / s, ties_down);
-                    /* megamoe-layer.md 3.2: packed = c[2i] | c[2i+1] << 4 */
+                    /* docs/spec/formats.md, FP4 packing: packed = c[2i] | c[2i+1] << 4 */
                     uint8_t got = (uint8_t)((packed[i / 2] >> (4 * (i % 2))) & 15);
                     FMT_CHECK(got == want, "fp4(%s) x[%zu] = %a: %x want %x", ties_down ? "down" : "rne", i,
                               (double)x[i], got, want);

@@ -4,8 +4,8 @@
  *        of DeepGEMM / DeepSeek-V4 / SM100 / SM90 / OCP, and packed int32 words (fmt_ue8m0.c).
  *
  * Golden values: 2^(b-127) by ldexp; ceil/floor of log2 from frexp in double precision;
- * the tables of number-formats.md 2.1 and the section-5 sheet; the
- * SM100 rule of megamoe-layer.md 3.4 (fl(1/448) = 0x3B124925, byte 0 for amax 0).
+ * the UE8M0 rules of docs/spec/formats.md and its test vectors; the
+ * SM100 requant rule (fl(1/448) = 0x3B124925, byte 0 for amax 0).
  */
 #include <float.h>
 #include <math.h>
@@ -116,7 +116,7 @@ START_TEST(random_against_oracle)
 }
 END_TEST
 
-/* number-formats.md 2.1 (ceil and floor rows) and section 5 (UE8M0 ceil). */
+/* docs/spec/formats.md, UE8M0: the ceil and floor rules. */
 START_TEST(spec_vectors)
 {
     static const struct { float x; int ceil_b, floor_b; } t[] = {
@@ -143,7 +143,7 @@ START_TEST(spec_vectors)
 }
 END_TEST
 
-/* OCP MX shared exponent (number-formats.md 2.2 and the section-5 MXFP4 block tests). */
+/* OCP MX shared exponent (the OCP MX rule of docs/spec/formats.md). */
 START_TEST(mx_shared_exponent)
 {
     ck_assert_uint_eq(mmoe_ue8m0_mx_shared_exp(6.0f, 2), 0x7f);  /* floor(log2 6) - 2 = 0 */
@@ -164,7 +164,7 @@ START_TEST(mx_shared_exponent)
 }
 END_TEST
 
-/* megamoe-layer.md 3.4: the SM100 in-kernel requant scale. */
+/* docs/spec/formats.md: the SM100 in-kernel requant scale. */
 START_TEST(sm100_requant_rule)
 {
     ck_assert_uint_eq(oracle_bits(1.0f / 448.0f), MMOE_RCP_448_BITS); /* fl(1/448) */

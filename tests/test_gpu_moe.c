@@ -397,7 +397,7 @@ START_TEST(quant_bitexact)
                 for (int c = 0; c < G; c++)
                     amax = fmaxf(amax, fabsf(mmoe_bf16_to_f32(x[r * cols + g * G + c])));
                 float sf, inv;
-                if (G == 128) { /* the spec formula, written out (megamoe-layer.md 3.4) */
+                if (G == 128) { /* the spec formula, written out (docs/spec/formats.md, SM90) */
                     volatile float a = fmaxf(amax, 1e-4f);
                     sf = a / 448.0f;
                     inv = 1.0f / sf;

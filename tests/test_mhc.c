@@ -2,7 +2,7 @@
  * @file test_mhc.c
  * @brief Suite "mhc": stream expansion, Sinkhorn, hc_pre, hc_post, hc_head and RMSNorm against float64 references.
  *
- * The references below are written from spec 3.2 / 3.7 / 3.0 in double precision.
+ * The references below are written from docs/spec/architecture.md (mHC, head, RMSNorm) in double precision.
  * Tolerances (GSL style, named):
  * - TOL_SINKHORN: the fp32 Sinkhorn does ~40 normalization steps on values in (0, 1];
  *   each step adds at most a few fp32 roundings (2^-24 relative) that partly propagate,

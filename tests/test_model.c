@@ -135,7 +135,7 @@ static float f32_of(const mmoe_tensor *t, int64_t i)
 }
 
 /**
- * The embedding (exact rows) and the head against float64 (spec 3.7) on the final streams of a short prefill.
+ * The embedding (exact rows) and the head against float64 (docs/spec/architecture.md, head) on the final streams of a short prefill.
  * Bound: the C head's bf16 hc_head output and bf16 norm output may each differ by one
  * bf16 ulp (2^-8 relative) from the double path, so logit v may move by at most
  * 2^-7 * sum_c |y_c * w_vc| (+ fp32 rounding of the result).

@@ -179,7 +179,7 @@ END_TEST
 
 /* ------------------------------------------------------------------ epilogue and combine */
 
-/** The spec's epilogue, re-derived (megamoe-layer.md 2.4 step 3; dsv4-architecture.md 3.6). */
+/** The spec's epilogue, re-derived (docs/spec/moe-layer.md, R3-R7). */
 static float spec_swiglu(mmoe_moe_recipe r, float limit, float acc_g, float acc_u, float w)
 {
     float g = mmoe_bf16_round(acc_g), u = mmoe_bf16_round(acc_u);

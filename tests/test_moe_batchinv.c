@@ -12,7 +12,7 @@
  *
  * The shapes include the small ones where OpenBLAS's summation order was seen to depend on the
  * number of rows (router K = D = 256 with N = E = 8; L1 tiles with K = 256), and T values that
- * cross the router's token block of 16 and give the experts from a few to about 40 tokens
+ * cross a block of 16 tokens and give the experts from a few to about 40 tokens
  * (E = 4 or 8, topk = 2; the shared expert gets all T).  The values are the realistic
  * MMOE_SYNTH_NORMAL family, whose FP32 sums are *not* exact, so a changed summation order shows.
  * Seeds are printed (replay with MMOE_SEED=n).

@@ -198,7 +198,7 @@ static void check_job(const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int6
                           (int)m->fmt, (long long)r0, (long long)nr, (long long)c0, (long long)nc, (long long)chunk,
                           rep);
         }
-        moe_dequant_pool_destroy(pool);
+        moe_dequant_pool_release(pool);
     }
     free(ref);
     free(got);

@@ -115,7 +115,7 @@ START_TEST(shared_pool_same_bits)
     ck_assert_int_eq(mmoe_moe_pool_create(POOL_THREADS, &pool, &err), MMOE_OK);
     ck_assert_int_eq(mmoe_moe_pool_threads(pool), POOL_THREADS);
     mmoe_moe_layer *layer = NULL;
-    ck_assert_int_eq(mmoe_moe_layer_create_shared(&f.desc, pool, &layer, &err), MMOE_OK);
+    ck_assert_int_eq(mmoe_moe_layer_create_on_pool(&f.desc, pool, &layer, &err), MMOE_OK);
     attach(layer, &f);
     for (int rep = 0; rep < 2; rep++) {
         run_layer(layer, &f, got);
@@ -146,7 +146,7 @@ static void two_layers_init(two_layers *t)
     for (int i = 0; i < 2; i++) {
         fixture_init(&t->f[i], g_seed + 1000u * (uint64_t)(i + 1));
         run_own_pool(&t->f[i], t->ref[i]);
-        ck_assert_int_eq(mmoe_moe_layer_create_shared(&t->f[i].desc, pool, &t->layer[i], &err), MMOE_OK);
+        ck_assert_int_eq(mmoe_moe_layer_create_on_pool(&t->f[i].desc, pool, &t->layer[i], &err), MMOE_OK);
         attach(t->layer[i], &t->f[i]);
     }
     mmoe_moe_pool_destroy(pool);
@@ -238,7 +238,7 @@ START_TEST(argument_errors)
     mmoe_moe_desc d;
     ck_assert_int_eq(mmoe_moe_desc_from_shape("tiny", 0, &d, &err), MMOE_OK);
     mmoe_moe_layer *layer = (mmoe_moe_layer *)&err;
-    ck_assert_int_eq(mmoe_moe_layer_create_shared(&d, NULL, &layer, &err), MMOE_EINVAL);
+    ck_assert_int_eq(mmoe_moe_layer_create_on_pool(&d, NULL, &layer, &err), MMOE_EINVAL);
     ck_assert_ptr_null(layer);
     ck_assert_msg(strstr(err.msg, "pool") != NULL, "message: %s", err.msg);
     /* an invalid description is reported before the pool is touched; the pool is intact after */
@@ -246,7 +246,7 @@ START_TEST(argument_errors)
     ck_assert_int_eq(mmoe_moe_pool_threads(pool), 1);
     mmoe_moe_desc bad = d;
     bad.hidden = 100;
-    ck_assert_int_eq(mmoe_moe_layer_create_shared(&bad, pool, &layer, &err), MMOE_EINVAL);
+    ck_assert_int_eq(mmoe_moe_layer_create_on_pool(&bad, pool, &layer, &err), MMOE_EINVAL);
     ck_assert_ptr_null(layer);
     mmoe_moe_pool_destroy(pool);
     mmoe_moe_pool_destroy(NULL);

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Quantize the trained tiny DeepSeek-V4 model to the published checkpoint format, then produce goldens.
 
-1. export: every tensor of the tensor list (tiny_dsv4_model.tensor_list, the table of spec section 4)
+1. export: every tensor of the tensor list (tiny_dsv4_model.tensor_list, the checkpoint table of docs/spec/architecture.md)
    in its checkpoint dtype: dense linears FP8 E4M3 with one UE8M0 scale per 128x128 block (scale =
    power-of-two ceiling of amax/448), routed experts FP4 E2M1 packed two per byte (element 2k in the
    low nibble) with one UE8M0 scale per 1x32 block (ceiling of amax/6), norms/embedding/head/gate/

@@ -1,6 +1,6 @@
 """The tiny DeepSeek-V4 model in PyTorch: one forward, two modes (float training, quantized evaluation).
 
-The forward follows spec dsv4-architecture.md section 3 step by step (embedding and stream expansion,
+The forward follows docs/spec/architecture.md step by step (embedding and stream expansion,
 mHC pre/post with Sinkhorn, attention with q/kv low rank, per-head q scaling, interleaved RoPE with
 YaRN on compressed layers, sliding window + compressed blocks (ratio 128) or indexer-picked blocks
 (ratio 4), attention sink, inverse RoPE, grouped output projection; MoE with sqrtsoftplus scores,
@@ -71,7 +71,7 @@ def hf_config_json(c):
 
 
 # ----------------------------------------------------------------------------------------------
-# Tensor list (names, checkpoint dtype, shape): the table of spec section 4 at the tiny widths.
+# Tensor list (names, checkpoint dtype, shape): the checkpoint table of docs/spec/architecture.md at the tiny widths.
 # kinds: fp8 (E4M3 + 128x128 E8M0 scale), fp4 (packed E2M1 + 1x32 E8M0 scale), bf16, f32, i64.
 # ----------------------------------------------------------------------------------------------
 def tensor_list(c):
@@ -586,7 +586,7 @@ class TinyDSV4(nn.Module):
         return self.linear(z.reshape(B, T, G * c["o_lora"]), p + ".wo_b")
 
     def attend_in_order(self, s, m, keys, sink, ratio, T, top, top_valid):
-        """Evaluation: the sparse-attention sums of spec 3.3 in the list order of the reference (window rows
+        """Evaluation: the sparse-attention sums of docs/spec/architecture.md (attention) in the list order of the reference (window rows
         by ascending position, then the compressed rows: ascending for ratio 128, indexer order for ratio 4),
         one fp32 rounding per addition; P rounded to bf16 for P.V; the sink in the denominator only.
         (Every list here is shorter than the 64-row chunk, so the online softmax is this plain one.)

@@ -9,7 +9,7 @@
  * prefill over the token ids from position 0 and writes `logits` F32 [T, vocab] (`--last`:
  * [1, vocab]) to FILE atomically; FILE may not be a file of the checkpoint.  `--mtp` also writes `mtp_logits` F32 [T-1, vocab]: the MTP block fed
  * with the final streams of positions 0..T-2 and the tokens 1..T-1 (the DeepSeek-V3
- * wiring; an assumption, spec 7.8).  `--decode` runs the tokens one at a time instead of
+ * wiring; an assumption, @ref spec_arch_mtp).  `--decode` runs the tokens one at a time instead of
  * one prefill (same logits; for comparisons).  The metadata records the id list and
  * the mode (key `tokens`).  The expert-parallel options are cli_ep.h's.
  */

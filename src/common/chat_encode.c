@@ -1,10 +1,10 @@
 /**
  * @file chat_encode.c
- * @brief The DeepSeek-V4 chat encoder (spec dsv4-architecture.md §3.10), step by step.
+ * @brief The DeepSeek-V4 chat encoder (@ref spec_arch_chat), step by step.
  *
  * The input is parsed with jansson; the encoder then works on jansson values:
  *
- *  1. **Merge** (§3.10.3): `tool` messages become `tool_result` blocks and `user`
+ *  1. **Merge** (@ref spec_arch_chat_preprocess): `tool` messages become `tool_result` blocks and `user`
  *     messages become `text` blocks of one user message (key `content_blocks`); a tool
  *     result joins the preceding user turn, a user message joins a preceding user turn
  *     without `task`.  Context and new messages are merged separately.
@@ -12,10 +12,10 @@
  *  3. **Drop filter** (thinking mode with drop_thinking, unless some message has tools):
  *     before the last user/developer message u, assistant messages lose their
  *     reasoning and developer messages disappear.
- *  4. **Render** each message after the context: its body (§3.10.4), then the
- *     transition suffix (§3.10.5) that opens the next assistant turn.
+ *  4. **Render** each message after the context: its body (@ref spec_arch_chat_bodies), then the
+ *     transition suffix (@ref spec_arch_chat_suffix) that opens the next assistant turn.
  *
- * Fixed strings and text blocks are spelled out below exactly as in the spec; the
+ * Fixed strings and text blocks are spelled out below exactly as the encoder emits them; the
  * four official test vectors (fixtures/chat-encoding/) pin them down byte for byte.
  * JSON inside the prompt is written in Python's style (chat_json.c).
  */
@@ -28,7 +28,7 @@
 #include "mmoe_chat.h"
 
 
-/** The TOOLS block up to the tool schemas (lines 1-22 of §3.10.6, each ending with NL). */
+/** The TOOLS block up to the tool schemas (lines 1-22 of the TOOLS block, @ref spec_arch_chat_blocks, each ending with NL). */
 static const char tools_head[] =
     "## Tools\n"
     "\n"
@@ -308,7 +308,7 @@ static long last_user_index(const json_t *msgs)
     return -1;
 }
 
-/** The drop filter of §3.10.3: a new list without earlier reasoning and earlier developer messages. */
+/** A new list (the drop filter of @ref spec_arch_chat_preprocess) without earlier reasoning and earlier developer messages. */
 static json_t *drop_filter(const json_t *msgs)
 {
     long u = last_user_index(msgs);
@@ -435,7 +435,7 @@ static void render_parameter(chat_enc *e, const char *key, const json_t *value)
     emit_str(e, "</" DSML "parameter>");
 }
 
-/** The DSML tool-call block of an assistant message (§3.10.7). */
+/** The DSML tool-call block of an assistant message (@ref spec_arch_chat_toolcalls). */
 static void render_tool_calls(chat_enc *e, const json_t *calls, size_t index)
 {
     emit_str(e, "\n\n<" DSML "tool_calls>\n");
@@ -486,7 +486,7 @@ static int has_task(const json_t *m)
     return t != NULL && !json_is_null(t);
 }
 
-/** Body (§3.10.4) and transition suffix (§3.10.5) of message @p i of the full list. */
+/** Body (@ref spec_arch_chat_bodies) and transition suffix (@ref spec_arch_chat_suffix) of message @p i of the full list. */
 static void render_message(chat_enc *e, const json_t *msgs, size_t i)
 {
     const json_t *m = json_array_get(msgs, i);

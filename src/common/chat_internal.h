@@ -10,7 +10,7 @@
 #include "mmoe_error.h"
 #include "mmoe_tokenizer.h"
 
-/* Fixed strings of spec §3.10.1, UTF-8 spelled out: ｜ is EF BD 9C, ▁ is E2 96 81. */
+/* Fixed strings of docs/spec/architecture.md (chat encoding), UTF-8 spelled out: ｜ is EF BD 9C, ▁ is E2 96 81. */
 /** BOS `<｜begin▁of▁sentence｜>` */
 #define BOS "<\xEF\xBD\x9C" "begin\xE2\x96\x81" "of\xE2\x96\x81" "sentence\xEF\xBD\x9C>"
 /** EOS `<｜end▁of▁sentence｜>` */

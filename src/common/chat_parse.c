@@ -1,11 +1,11 @@
 /**
  * @file chat_parse.c
- * @brief Parsing a generated completion back into an assistant message (spec §3.10.10).
+ * @brief Parsing a generated completion back into an assistant message (@ref spec_arch_chat_parse).
  *
  * The completion is the text the model generated after the prompt, up to and
  * including EOS.  In thinking mode it starts with the reasoning (the prompt already
  * ended in `<think>`), closed by `</think>`; then comes the answer, and optionally a
- * tool-call block in the DSML layout the encoder writes (§3.10.7):
+ * tool-call block in the DSML layout the encoder writes (@ref spec_arch_chat_toolcalls):
  *
  * @verbatim
  *     reasoning</think>content\n\n<｜DSML｜tool_calls>\n

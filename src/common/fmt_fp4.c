@@ -15,7 +15,7 @@
  * `ee = 00` is subnormal (value m * 0.5); otherwise (2 + m) * 2^(ee-2).  Codes 8..15
  * are the negatives, 8 being -0 (decoded here as -0.0f, which compares equal to 0).
  *
- * ## fp32 -> E2M1: two conventions (number-formats.md 1.1)
+ * ## fp32 -> E2M1: two conventions (@ref spec_fmt_e2m1)
  *
  * | input | mmoe_fp4_e2m1_from_f32 (RNE-sat: CUDA, SM100 cvt) | ..._ties_down (DeepGEMM test reference) |
  * |---|---|---|

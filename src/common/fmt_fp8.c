@@ -24,7 +24,7 @@
  *
  * The magnitude is rounded to nearest, ties to even, by fmt_round_magnitude()
  * (fmt_minifloat.h); a result past the largest finite code is then handled by
- * one of two policies, which is where libraries differ (number-formats.md 3.1):
+ * one of two policies, which is where libraries differ (@ref spec_fmt_fp8):
  *
  * | input | SATFINITE (CUDA `__nv_fp8_e4m3`, our default) | non-saturating (PyTorch, ml_dtypes) |
  * |---|---|---|

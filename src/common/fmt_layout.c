@@ -1,12 +1,16 @@
 /**
  * @file fmt_layout.c
  * @brief Where the scales and weight rows go: the SM100 scale layouts and the L1 gate/up
- *        interleave, each with its inverse (megamoe-layer.md 3.5 and 3.6).
+ *        interleave, each with its inverse (@ref spec_fmt_sm100_layouts).
  *
  * None of these transforms changes a value; they only move bytes so that the tensor
  * memory accelerator (TMA) and the UTCCP copy into tensor memory read them in the order
- * the MMA wants.  The CPU oracle never needs them; the GPU path does, and the tests
- * check each against its inverse.
+ * the SM100 MMA wants.  Nothing in the library calls them today: the CPU oracle reads the
+ * checkpoint layout directly, and the SM90 kernels of src/gpu load their own tiles
+ * (gpu_moe.cu).  They stay, with their tests (each against its inverse and against the index
+ * formulas written out again), as the executable definition of the SM100 layouts of
+ * @ref spec_fmt_sm100_layouts, i.e. what an SM100 kernel of this project, or a caller preparing
+ * inputs for DeepGEMM's kernel, has to produce.
  *
  * ## 1. MN-major, TMA-aligned, packed UE8M0 (`transform_sf_into_required_layout`)
  *

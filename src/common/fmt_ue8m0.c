@@ -12,7 +12,7 @@
  * fp32 with bits `e << 23` *is* the scale; e = 0 is the fp32 subnormal 0x00400000.
  * ("E8M0" in the OCP MX spec, "UE8M0" in DeepGEMM, `float8_e8m0fnu` in PyTorch.)
  *
- * ## Rounding a scale to a power of two (number-formats.md 2.1)
+ * ## Rounding a scale to a power of two (@ref spec_fmt_ue8m0)
  *
  * | function | rule | used by | 1.0625 | 1.5 | 0 | 2^-128 | -448 | +Inf | NaN |
  * |---|---|---|---|---|---|---|---|---|---|

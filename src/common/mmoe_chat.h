@@ -3,7 +3,7 @@
  * @brief DeepSeek-V4 chat encoding: OpenAI-style messages -> the prompt text the model was trained on.
  *
  * DeepSeek-V4 has no Jinja template; its `encoding_dsv4.py` writes a conversation
- * as one string with special marker strings (spec dsv4-architecture.md §3.10):
+ * as one string with special marker strings (@ref spec_arch_chat):
  *
  * @verbatim
  *     <｜begin▁of▁sentence｜>SYSTEM<｜User｜>QUESTION<｜Assistant｜></think>ANSWER<｜end▁of▁sentence｜><｜User｜>...
@@ -72,7 +72,7 @@ mmoe_status mmoe_chat_encode_json(const char *json, size_t len, const mmoe_chat_
 
 /**
  * Parse a generated completion (the text after the prompt, ending with EOS) back into an
- * assistant message (spec §3.10.10), appended to @p message as JSON text:
+ * assistant message (@ref spec_arch_chat_parse), appended to @p message as JSON text:
  * `{"role": "assistant", "content": ..., "reasoning_content": ..., "tool_calls": [...]}`
  * with the tool calls in OpenAI form (`{"type": "function", "function": {"name", "arguments"}}`,
  * arguments a JSON object string).  The message can be appended to the conversation for

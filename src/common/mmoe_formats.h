@@ -16,8 +16,7 @@
  * |                 | weight quantizer, and fast dequantizers                               |
  * | fmt_layout.c    | MN-major packing, UTCCP transpose, SF pool rows, gate/up interleave     |
  *
- * The exact rules come from the project's spec, `number-formats.md` and
- * `megamoe-layer.md` sections 3.1-3.6; docs/formats.md says which rule each
+ * The exact rules are @ref spec_formats; @ref formats says which rule each
  * function implements and why.  All functions are pure (no global mutable
  * state) and thread-safe.
  *
@@ -206,7 +205,7 @@ uint8_t mmoe_sf_ue8m0_deepgemm(float amax, float fmt_max);
 /**
  * DeepSeek-V4 reference `act_quant` scale: ceil_clamped(fl(max(amax, 1e-4) * fl(1/fmt_max)))
  * (multiplication by the rounded reciprocal, as the tilelang kernel does).  Equal to
- * mmoe_sf_ue8m0_deepgemm() for every finite amax (megamoe-layer.md 3.4).
+ * mmoe_sf_ue8m0_deepgemm() for every finite amax (@ref spec_fmt_ue8m0).
  */
 uint8_t mmoe_sf_ue8m0_v4(float amax, float fmt_max);
 
@@ -447,8 +446,8 @@ mmoe_status mmoe_sf_utccp_untranspose(const int32_t *in, size_t g, size_t mn, si
                                       int32_t *out, mmoe_error *err);
 
 /**
- * Activation-SF pool row of token @p m for M-blocks of @p block_m tokens (megamoe-layer.md
- * 3.5): (m / BM) * align(BM, 128) + (i & ~127) + (i % 32) * 4 + (i / 32) % 4, i = m % BM.
+ * Activation-SF pool row of token @p m for M-blocks of @p block_m tokens (@ref
+ * spec_fmt_sm100_layouts): (m / BM) * align(BM, 128) + (i & ~127) + (i % 32) * 4 + (i / 32) % 4, i = m % BM.
  */
 size_t mmoe_sf_pool_row(size_t m, size_t block_m);
 

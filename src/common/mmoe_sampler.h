@@ -4,7 +4,7 @@
  *
  * The generation loop's last step.  With temperature T = 0 the sampler is greedy:
  * the id of the largest logit, the lowest such id on ties (deterministic).  With
- * T > 0 it follows DeepSeek-V4's generate.py (spec dsv4-architecture.md §3.9):
+ * T > 0 it follows DeepSeek-V4's generate.py (@ref spec_arch_generate):
  *
  *     p = softmax_fp32(logits / max(T, 1e-5)),   E_i ~ Exp(1) i.i.d.,   token = argmax_i p_i / E_i
  *

@@ -101,9 +101,6 @@ int32_t mmoe_tokenizer_token_id(const mmoe_tokenizer *tok, const char *s, size_t
 /** Nonzero when @p id is an added token marked `"special": true` (BOS, EOS, pad...). */
 int mmoe_tokenizer_is_special(const mmoe_tokenizer *tok, int32_t id);
 
-/** Nonzero when the pre-tokenizer regexes run through the PCRE2 JIT (speed only, same results). */
-int mmoe_tokenizer_regex_jit(const mmoe_tokenizer *tok);
-
 /**
  * Encode UTF-8 text to token ids, appending them to @p out.
  * @param tok           the tokenizer

@@ -241,7 +241,6 @@ struct mmoe_tokenizer {
     int byte_level;            /**< the pre-tokenizer has a ByteLevel step: pieces are mapped byte-wise */
     int32_t byte_sym[256];     /**< byte-level: vocab id of each byte's stand-in (-1 if absent) */
     int decoder_byte_level;    /**< decoder is ByteLevel (the only decoder supported) */
-    int regex_jit;             /**< all regexes JIT-compiled */
     int post_adds_tokens;      /**< the post-processor would add special tokens (not supported) */
     tok_added *added;          /**< the added tokens, in file order */
     size_t n_added;            /**< how many */

@@ -494,8 +494,7 @@ static mmoe_status compile_regex(loader *L, const char *pattern, size_t len, int
                               "tokenizer %s: key '%s': expected a regex PCRE2 can compile, found an error at offset "
                               "%zu: %s", L->name, path, (size_t)erroff, (const char *)msg);
     }
-    if (pcre2_jit_compile(re, PCRE2_JIT_COMPLETE) != 0)
-        L->tok->regex_jit = 0; /* the interpreter gives the same matches, only slower */
+    (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* if it fails, the interpreter gives the same matches */
     *out = re;
     return MMOE_OK;
 }
@@ -713,7 +712,6 @@ static mmoe_status load_root(json_t *root, const char *name, mmoe_tokenizer **ou
         mmoe_tokenizer_free(tok);
         return mmoe_error_set(err, MMOE_ENOMEM, "tokenizer %s: out of memory", name);
     }
-    tok->regex_jit = 1;
     loader L = {tok, name, err};
     mmoe_status st = MMOE_OK;
     if (!json_is_object(root))
@@ -811,7 +809,3 @@ int mmoe_tokenizer_is_special(const mmoe_tokenizer *tok, int32_t id)
     return id >= 0 && id < tok->n_ids && tok->is_special[id];
 }
 
-int mmoe_tokenizer_regex_jit(const mmoe_tokenizer *tok)
-{
-    return tok->regex_jit;
-}

@@ -2,7 +2,7 @@
  * @file attn_cache.c
  * @brief The per-sequence KV cache of one attention layer, and the forward's scratch memory.
  *
- * What a layer must remember between forward calls (spec 3.3, 3.4):
+ * What a layer must remember between forward calls (@ref spec_arch_attention, @ref spec_arch_compressor):
  *
  * - **window ring buffer**, bf16 [window, d]: the raw kv (normalized, rotated, FP8
  *   round trip on the nope dims) of the last `window` positions; position q lives in

@@ -1,6 +1,6 @@
 /**
  * @file attn_compressor.c
- * @brief The KV compressor: gated softmax pooling of r-token blocks into one vector (spec 3.4).
+ * @brief The KV compressor: gated softmax pooling of r-token blocks into one vector (@ref spec_arch_compressor).
  *
  * Compressed layers keep, besides the sliding window, one vector per block of r
  * tokens (r = 4 for CSA, 128 for HCA); the indexer of a CSA layer has its own,

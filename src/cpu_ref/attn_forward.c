@@ -3,7 +3,7 @@
  * @brief The attention sub-layer, assembled: q path, kv path, compressors, indexer, sparse attention, output.
  *
  * For the T tokens of a call (positions p = start_pos + t), in the reference's
- * order (spec 3.3-3.5):
+ * order (@ref spec_arch_attention to @ref spec_arch_indexer):
  *
  * **Row-parallel projections** (every row independent of the others):
  *

@@ -1,6 +1,6 @@
 /**
  * @file attn_indexer.c
- * @brief The lightning indexer of CSA layers: which compressed 4-token blocks a query attends to (spec 3.5).
+ * @brief The lightning indexer of CSA layers: which compressed 4-token blocks a query attends to (@ref spec_arch_indexer).
  *
  * A CSA layer compresses every 4 tokens into one kv vector but attends only to the
  * index_topk (512 or 1024) most relevant ones.  Relevance comes from a cheap

@@ -9,7 +9,7 @@
  * indexer head is a power of two (Hadamard) and a multiple of the 32-wide FP4 block;
  * the heads split evenly into o_groups.
  *
- * The weight tables follow spec section 4; names are relative to the layer prefix
+ * The weight tables follow @ref spec_arch_checkpoint; names are relative to the layer prefix
  * ("layers.L.attn" or "mtp.0.attn").  Norm weights, wkv/wgate of the compressors and
  * weights_proj are accepted as BF16 (the checkpoint) or F32 (an upcast copy); wo_a
  * as BF16 (converted) or F8_E4M3 + scale (published).

@@ -5,7 +5,7 @@
  * RoPE acts on the last rope_dim (64) dims of every query head, of the kv vector,
  * of the compressed kv blocks and of the indexer's queries and keys.  The dims are
  * taken as rope_dim/2 *adjacent* pairs (x[2i], x[2i+1]) = real and imaginary part
- * of a complex number, which is multiplied by e^{i pos f_i} (spec 3.3).
+ * of a complex number, which is multiplied by e^{i pos f_i} (@ref spec_arch_attention).
  *
  * **The frequency table** is built in fp32 like the reference:
  *     f_i = 1 / fp32(base ^ fp32(2i / rope_dim)),    i = 0 .. rope_dim/2 - 1

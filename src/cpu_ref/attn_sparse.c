@@ -1,6 +1,6 @@
 /**
  * @file attn_sparse.c
- * @brief Sparse attention with an attention sink: one query over an explicit list of kv rows (spec 3.3).
+ * @brief Sparse attention with an attention sink: one query over an explicit list of kv rows (@ref spec_arch_attention).
  *
  * Every V4 attention layer reduces to the same core: a query token with H heads
  * attends to a *list* of 512-d kv rows -- the raw kv of the sliding window, then

@@ -1,6 +1,6 @@
 /**
  * @file linear_fp8.c
- * @brief The FP8 block-scaled linear layer of DeepSeek-V4 (spec 3.0), with an order-free exact partial.
+ * @brief The FP8 block-scaled linear layer of DeepSeek-V4 (@ref spec_arch_linear), with an order-free exact partial.
  *
  * Every FP8 `Linear` of the reference (wq_a, wq_b, wkv, wo_b, the indexer's wq_b,
  * the shared experts, the MTP projections) computes y = x W^T as follows.

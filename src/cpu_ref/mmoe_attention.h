@@ -3,7 +3,7 @@
  * @brief The attention sub-layer of DeepSeek-V4 on the CPU: weights, hyper-parameters, KV cache, forward.
  *
  * One call of mmoe_attention_forward() computes `o = Attn(x)` for T consecutive
- * tokens of one sequence (spec dsv4-architecture.md section 3.3), where x is the
+ * tokens of one sequence (@ref spec_arch_attention), where x is the
  * output of the layer's `attn_norm` (bf16 [T, D]).  The three layer types are
  * selected by ::mmoe_attn_params.compress_ratio:
  *
@@ -28,8 +28,8 @@
  *
  * Activations cross this interface as BF16 bit patterns (uint16_t) or as F32
  * holding values that the layer rounds to bf16 first; the weights are borrowed
- * ::mmoe_tensor views with the checkpoint's names, dtypes and shapes (spec
- * section 4), e.g. straight from an mmapped safetensors file.
+ * ::mmoe_tensor views with the checkpoint's names, dtypes and shapes (@ref
+ * spec_arch_checkpoint), e.g. straight from an mmapped safetensors file.
  */
 #ifndef MMOE_ATTENTION_H
 #define MMOE_ATTENTION_H
@@ -46,7 +46,7 @@ extern "C" {
 #endif
 
 /**
- * Hyper-parameters of one attention layer (spec section 2; ref ModelArgs names in brackets).
+ * Hyper-parameters of one attention layer (@ref spec_arch_config; ref ModelArgs names in brackets).
  * Fill it with mmoe_attn_params_default_v4_flash() or by hand, then check it with
  * mmoe_attn_params_validate().
  */
@@ -108,7 +108,7 @@ typedef struct mmoe_compressor_weights {
 } mmoe_compressor_weights;
 
 /**
- * The weights of one attention layer, as borrowed views (spec section 4; names
+ * The weights of one attention layer, as borrowed views (@ref spec_arch_checkpoint; names
  * relative to the prefix `layers.L.attn`, or `mtp.0.attn` for the MTP block).  FP8 weights
  * are F8_E4M3 [out, in] with F8_E8M0 scales [ceil(out/b), ceil(in/b)], b = weight_block.
  * Tensors a layer type does not have (compressor for ratio 0, indexer unless
@@ -157,7 +157,7 @@ mmoe_status mmoe_attn_weights_bind(const mmoe_attn_params *p, const char *prefix
 
 /**
  * Check every tensor of @p w needed by a layer of type p->compress_ratio for dtype
- * and shape (section 4, scaled by @p p).  @p prefix is only used in messages.
+ * and shape (@ref spec_arch_checkpoint, scaled by @p p).  @p prefix is only used in messages.
  * @return MMOE_OK, MMOE_ENOTFOUND (data == NULL), MMOE_EDTYPE or MMOE_ESHAPE
  */
 mmoe_status mmoe_attn_weights_validate(const mmoe_attn_params *p, const char *prefix,

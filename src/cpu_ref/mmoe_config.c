@@ -36,7 +36,7 @@ typedef struct key_spec {
 
 /** Offset of a field of ::mmoe_config. */
 #define OFF(f) offsetof(mmoe_config, f)
-/** Every scalar field: HF key, reference key, storage, default, range (spec section 2). */
+/** Every scalar field: HF key, reference key, storage, default, range (@ref spec_arch_config). */
 static const key_spec key_table[] = {
     {"vocab_size", "vocab_size", KEY_I64, OFF(vocab_size), 0, 0, 1, 1e9},
     {"hidden_size", "dim", KEY_I64, OFF(dim), 0, 0, 128, 1e6},
@@ -463,7 +463,7 @@ const char *mmoe_score_func_name(mmoe_score_func f)
     return "?";
 }
 
-/** The values shared by V4-Flash and V4-Pro (spec section 2). */
+/** The values shared by V4-Flash and V4-Pro (@ref spec_arch_config). */
 static void preset_v4_common(mmoe_config *c)
 {
     memset(c, 0, sizeof *c);

@@ -7,7 +7,7 @@
  * `rope_scaling.factor`, ...); the reference inference code reads its own
  * `inference/config.json` with the `ModelArgs` names (`dim`, `n_layers`,
  * `rope_factor`, ...).  ::mmoe_config_parse accepts either spelling for every
- * field (spec section 2 gives the mapping), and a V4.1-style file whose text
+ * field (@ref spec_arch_config gives the keys), and a V4.1-style file whose text
  * keys sit under `text_config`.  A key that appears in neither spelling takes
  * the reference code's default where the reference has one (`rms_norm_eps`
  * 1e-6, `hc_eps` 1e-6, one MTP layer, UE8M0 scales, `max_seq_len` 4096);

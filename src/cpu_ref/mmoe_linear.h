@@ -1,6 +1,6 @@
 /**
  * @file mmoe_linear.h
- * @brief Linear layers, RMSNorm and the in-place QAT round trips of the DeepSeek-V4 oracle (spec 3.0).
+ * @brief Linear layers, RMSNorm and the in-place QAT round trips of the DeepSeek-V4 oracle (@ref spec_arch_linear).
  *
  * Every `Linear` of the reference is one of three kinds:
  *
@@ -53,7 +53,7 @@ mmoe_status mmoe_linear_fp8_check(const mmoe_tensor *w, const mmoe_tensor *scale
                                   int64_t K, int block, const char *name, mmoe_error *err);
 
 /**
- * y = bf16(x @ W^T) for an FP8 block-scaled weight (spec 3.0).
+ * y = bf16(x @ W^T) for an FP8 block-scaled weight (@ref spec_arch_linear).
  * @param x      bf16 [T, K], K a multiple of 128
  * @param T      rows
  * @param w      F8_E4M3 [N, K]

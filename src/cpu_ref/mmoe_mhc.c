@@ -2,7 +2,7 @@
  * @file mmoe_mhc.c
  * @brief mHC stream mixing: pre-weights, Sinkhorn, write-back and the head mix (see mmoe_mhc.h).
  *
- * The code follows spec 3.2 line by line.  One helper, `stream_mix_logits`,
+ * The code follows @ref spec_arch_mhc line by line.  One helper, `stream_mix_logits`,
  * computes the shared first two steps of hc_pre and hc_head: the RMS of all
  * hc*D values of a token and the n_out dot products with the rows of `fn`,
  * both accumulated in double (exact products of fp32 values, fixed order) and

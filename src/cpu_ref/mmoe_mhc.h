@@ -1,6 +1,6 @@
 /**
  * @file mmoe_mhc.h
- * @brief Manifold-constrained hyper-connections (mHC): the 4-stream residual of DeepSeek-V4 (spec 3.1, 3.2, 3.7).
+ * @brief Manifold-constrained hyper-connections (mHC): the 4-stream residual of DeepSeek-V4 (@ref spec_arch_mhc).
  *
  * DeepSeek-V4 does not carry one residual vector per token but `hc` (= 4)
  * *streams* X[j], j = 0..hc-1, each of width D, stored bf16 and stream-major:
@@ -61,7 +61,7 @@ typedef struct mmoe_hc_params {
 void mmoe_hc_expand(const mmoe_hc_params *p, const uint16_t *h, int64_t T, uint16_t *X);
 
 /**
- * Make a raw 4x4 mixing matrix doubly stochastic, in place (fp32, spec 3.2 step 5):
+ * Make a raw 4x4 mixing matrix doubly stochastic, in place (fp32, @ref spec_arch_mhc step 3):
  * row softmax, + hc_eps, one column normalization, then iters-1 times (row, column)
  * normalization, each dividing by (sum + hc_eps).
  * @param C       hc*hc values, row j = input stream j (C[j*hc + k])
@@ -101,7 +101,7 @@ void mmoe_hc_post(const mmoe_hc_params *p, const uint16_t *out, const uint16_t *
                   const float *post, const float *comb, uint16_t *Xn);
 
 /**
- * Head mix (spec 3.7): pre = sigmoid(m*scale[0] + base) + hc_eps with m from @p fn [hc, hc*D];
+ * Head mix (@ref spec_arch_head): pre = sigmoid(m*scale[0] + base) + hc_eps with m from @p fn [hc, hc*D];
  * y[t] = bf16(sum_j pre[j]*X[t,j]).
  * @param p      mHC parameters
  * @param X      bf16 [T, hc, D] final streams

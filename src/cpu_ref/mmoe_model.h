@@ -2,15 +2,15 @@
  * @file mmoe_model.h
  * @brief The whole DeepSeek-V4 model on the CPU: loading a checkpoint directory, prefill and decode, logits.
  *
- * ## Data flow (spec section 3)
+ * ## Data flow (@ref spec_arch)
  *
- *     ids [T] ──embed──▶ h bf16 [T, D] ──expand──▶ X bf16 [T, hc, D]        (3.1)
- *     for each layer L:                                                      (3.2)
+ *     ids [T] ──embed──▶ h bf16 [T, D] ──expand──▶ X bf16 [T, hc, D]
+ *     for each layer L:
  *        y,post,C = hc_pre(X, hc_attn_L); o = Attn_L(attn_norm_L(y)); X = hc_post(o, X, post, C)
  *        y,post,C = hc_pre(X, hc_ffn_L);  o = MoE_L(ffn_norm_L(y), ids); X = hc_post(o, X, post, C)
- *     y = hc_head(X); y = norm(y); logits = fp32(y) @ fp32(head)^T           (3.7)
+ *     y = hc_head(X); y = norm(y); logits = fp32(y) @ fp32(head)^T
  *
- * and, for the multi-token-prediction block (3.8), from the final streams X at
+ * and, for the multi-token-prediction block (@ref spec_arch_mtp), from the final streams X at
  * positions t and the tokens at t+1: `X' = e_proj(enorm(embed(ids))) + h_proj(hnorm(X))`,
  * one more block, and the head with the MTP block's own hc_head and norm.
  *
@@ -118,7 +118,7 @@ typedef struct mmoe_model_timings {
 void mmoe_model_state_timings(const mmoe_model_state *s, mmoe_model_timings *out);
 
 /**
- * The embedding (spec 3.1): h[t] = embed.weight[ids[t]], bf16 rows copied from the mapping.
+ * The embedding (@ref spec_arch_embed): h[t] = embed.weight[ids[t]], bf16 rows copied from the mapping.
  * @param m    the model
  * @param ids  [T] token ids
  * @param T    tokens
@@ -145,7 +145,7 @@ mmoe_status mmoe_model_forward(mmoe_model *m, mmoe_model_state *s, const int32_t
                                float *logits, int last_only, uint16_t *streams, mmoe_error *err);
 
 /**
- * The MTP block 0 (spec 3.8, wiring assumed as in DeepSeek-V3): for rows i = 0..T-1 it takes
+ * The MTP block 0 (@ref spec_arch_mtp, wiring assumed as in DeepSeek-V3): for rows i = 0..T-1 it takes
  * the main model's final streams of position p+i and the token id that follows it
  * (@p next_ids[i] = id at p+i+1) and writes the MTP logits (predicting the token at p+i+2).
  * Its own SWA cache advances by T.

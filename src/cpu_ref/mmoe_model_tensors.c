@@ -5,7 +5,7 @@
  * A small growable array and three helpers (`add`, `add_fp8`, `add_fp4`)
  * that append a tensor, an FP8 weight with its block scale, or a packed FP4
  * expert weight with its 1x32 scale.  The layer function reads like the
- * table of spec section 4.
+ * table of @ref spec_arch_checkpoint.
  */
 #include "mmoe_model_tensors.h"
 

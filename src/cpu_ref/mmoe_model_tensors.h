@@ -1,6 +1,6 @@
 /**
  * @file mmoe_model_tensors.h
- * @brief The tensor list of a DeepSeek-V4 checkpoint: every name, dtype and shape a config implies (spec section 4).
+ * @brief The tensor list of a DeepSeek-V4 checkpoint: every name, dtype and shape a config implies (@ref spec_arch_checkpoint).
  *
  * One function, mmoe_model_tensor_list(), turns an ::mmoe_config into the
  * list of tensors the published checkpoint format holds for it, in a fixed

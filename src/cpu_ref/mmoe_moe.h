@@ -19,8 +19,8 @@
  *               y_e = BF16(a_q . W2_e^T)
  *       combine: y_t = BF16(sum of the slots' y_e in FP32, shared last)
  *
- * Exactly *where* each value is rounded is the **recipe** (::mmoe_moe_recipe); the full list
- * of rounding points of each recipe is in moe_recipe.c and docs/moe-oracle.md.
+ * Exactly *where* each value is rounded is the **recipe** (::mmoe_moe_recipe); the rounding
+ * points of each recipe are the table @ref spec_moe_recipes.
  *
  * ## Weights: checkpoint layout, borrowed
  *
@@ -63,7 +63,7 @@
  * the calling thread included; 1 starts no thread) sets their number, by default the number of
  * online CPUs, at most 8.  The result does not depend on it, bit for bit.
  *
- * Several layers may share one pool (::mmoe_moe_pool, mmoe_moe_layer_create_shared()): a model
+ * Several layers may share one pool (::mmoe_moe_pool, mmoe_moe_layer_create_on_pool()): a model
  * runs its MoE layers one after another, so one pool serves them all.  Layers that share a pool
  * should not run concurrently; if two threads do run them at once, the calls take turns (each
  * call holds the pool for its duration) and give the same bits as when run alone.
@@ -85,17 +85,15 @@ extern "C" {
 /** @name Options of a layer */
 /** @{ */
 
-/** The numeric recipe: the list of rounding points the layer reproduces (moe_recipe.c). */
+/**
+ * The numeric recipe: the column of @ref spec_moe_recipes the layer reproduces.  These values
+ * are the reference numbering of the recipes; the GPU layer's ::mmoe_gpu_recipe names the
+ * same recipes (plus "auto") and is converted case by case (gpu_layer.c), never by value.
+ */
 typedef enum mmoe_moe_recipe {
-    /** SM100 fused kernel: x and the intermediate in FP8 with 1x32 UE8M0 scales; L1 accumulators
-     *  rounded to BF16; routing weight applied in the L1 epilogue; combine in slot order. */
-    MMOE_RECIPE_SM100 = 0,
-    /** SM90 kernels: x and the intermediate in FP8 with one continuous FP32 scale per 128
-     *  channels; otherwise as SM100. */
-    MMOE_RECIPE_SM90 = 1,
-    /** DeepSeek-V4 reference inference code: FP8 per 128 with UE8M0 ceil scales, the
-     *  intermediate rounded to BF16 before its quantization, combine in ascending expert id. */
-    MMOE_RECIPE_DSV4_REF = 2,
+    MMOE_RECIPE_SM100 = 0,    /**< the SM100 fused kernel (FP8 with 1x32 UE8M0 scales) */
+    MMOE_RECIPE_SM90 = 1,     /**< the SM90 kernels (FP8 with one FP32 scale per 128 channels) */
+    MMOE_RECIPE_DSV4_REF = 2, /**< DeepSeek-V4's reference inference code (FP8 per 128, UE8M0) */
     MMOE_RECIPE_COUNT = 3 /**< number of recipes (not a recipe) */
 } mmoe_moe_recipe;
 
@@ -270,7 +268,7 @@ int mmoe_moe_pool_threads(const mmoe_moe_pool *pool);
  * @param err  error report
  * @return MMOE_OK, MMOE_EINVAL (invalid description, field named; NULL pool) or MMOE_ENOMEM
  */
-mmoe_status mmoe_moe_layer_create_shared(const mmoe_moe_desc *desc, mmoe_moe_pool *pool, mmoe_moe_layer **out,
+mmoe_status mmoe_moe_layer_create_on_pool(const mmoe_moe_desc *desc, mmoe_moe_pool *pool, mmoe_moe_layer **out,
                                          mmoe_error *err);
 
 /**
@@ -440,6 +438,36 @@ mmoe_status mmoe_moe_layer_run(mmoe_moe_layer *layer, const mmoe_moe_input *in,
  */
 mmoe_moe_path mmoe_moe_layer_shared_plan(const mmoe_moe_layer *layer, mmoe_moe_fallback *fallback,
                                          char *reason);
+
+/** What decides whether the shared expert can be fused; every backend fills it from its weights. */
+typedef struct mmoe_moe_shared_facts {
+    mmoe_dtype dtype;       /**< F8_E4M3 when all three shared weights are; else the first other dtype */
+    int scales_ue8m0;       /**< 1 when every shared block scale has an exact UE8M0 byte */
+    int64_t width_used;     /**< S * shared_inter after padding */
+    int64_t inter_used;     /**< the routed I after padding */
+} mmoe_moe_shared_facts;
+
+/**
+ * The UE8M0 byte of scale @p i of a scale tensor: the byte itself (F8_E8M0, U8), or for an F32
+ * scale its exact UE8M0 form (a power of two in [2^-127, 2^127]); -1 when it has none.
+ */
+int mmoe_moe_scale_ue8m0_byte(const mmoe_tensor *sc, int64_t i);
+
+/** Fill @p f from the shared expert's weight views @p shared and the widths after padding. */
+void mmoe_moe_shared_facts_of(const mmoe_moe_expert_weights *shared, int64_t inter_used, int64_t width_used,
+                              mmoe_moe_shared_facts *f);
+
+/**
+ * The shared-expert plan of both backends: fused, or serial with the first reason that forbids
+ * fusion, in the order of ::mmoe_moe_fallback (@ref spec_moe_shared).  A layer without shared
+ * experts (n_shared 0) gives MMOE_PATH_NONE.
+ * @param d         the description (shared_mode, topk, shared_block, n_shared)
+ * @param f         the facts of the weights
+ * @param fallback  optional: the reason code
+ * @param reason    optional buffer of MMOE_MOE_REASON_LEN bytes ("" when fused)
+ */
+mmoe_moe_path mmoe_moe_shared_plan(const mmoe_moe_desc *d, const mmoe_moe_shared_facts *f,
+                                   mmoe_moe_fallback *fallback, char *reason);
 /** @} */
 
 #ifdef __cplusplus

@@ -9,7 +9,7 @@
  *     o     [T, D]      the sub-layer output
  *     post  [T, hc] f32, comb [T, hc, hc] f32   the mHC write-back weights
  *
- * A block is exactly the six lines of spec 3.2 ("Block").  Each rounding point
+ * A block is exactly the six lines of a block (@ref spec_arch_mhc).  Each rounding point
  * is inside the callee that owns it: hc_pre/hc_post round to bf16 once
  * (mmoe_mhc.h), RMSNorm rounds its output, attention and MoE return bf16.
  */

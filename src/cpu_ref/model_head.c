@@ -1,6 +1,6 @@
 /**
  * @file model_head.c
- * @brief The head (spec 3.7): stream mix, final RMSNorm, fp32 logits.
+ * @brief The head (@ref spec_arch_head): stream mix, final RMSNorm, fp32 logits.
  *
  * `y = norm(hc_head(X))` is bf16 [T, D]; the logits are `fp32(y) @ fp32(head)^T`.
  * The reference runs this as one fp32 GEMM.  Here it is mmoe_linear_dense() of the

@@ -12,7 +12,7 @@
  *    dtype/shape) -- with a few documented alternatives where real checkpoints may
  *    differ from the published layout (norm weights F32 instead of BF16; `wo_a`
  *    already dequantized to BF16 by convert.py; `tid2eid` I32; experts U8);
- * 4. each layer's attention weights are bound through fwd-blocks' binder and its
+ * 4. each layer's attention weights are bound through the attention binder (attn_params.c) and its
  *    MoE layer is created (recipe dsv4-ref, shared expert serial) and loaded through
  *    the MoE oracle's loader, both with a lookup into the checkpoint.
  */
@@ -183,7 +183,7 @@ static mmoe_status bind_head(mmoe_model *m, const char *pre, model_head *h, mmoe
 }
 
 
-/** Bind block @p layer: mHC, norms, attention (fwd-blocks' binder) and the MoE layer. */
+/** Bind block @p layer: mHC, norms, attention (attn_params.c's binder) and the MoE layer. */
 static mmoe_status bind_block(mmoe_model *m, int layer, mmoe_error *err)
 {
     const mmoe_config *c = &m->cfg;
@@ -204,7 +204,7 @@ static mmoe_status bind_block(mmoe_model *m, int layer, mmoe_error *err)
     if (st != MMOE_OK)
         return st;
 
-    /* attention: fwd-blocks' binder, names "<prefix>attn.*" */
+    /* attention: attn_params.c's binder, names "<prefix>attn.*" */
     mmoe_attn_params_from_config(c, mmoe_config_ratio(c, layer), &b->attn_p);
     if ((st = mmoe_attn_params_validate(&b->attn_p, err)) != MMOE_OK)
         return st;
@@ -242,7 +242,7 @@ static mmoe_status bind_block(mmoe_model *m, int layer, mmoe_error *err)
     d.shared_mode = MMOE_SHARED_SERIAL; /* the reference's shared expert is a plain FP8 linear */
     d.pad_to = 0;
     /* one pool for all layers: they run one after another (moe_dequant_pool.c, "Sharing") */
-    if ((st = mmoe_moe_layer_create_shared(&d, m->moe_pool, &b->moe, err)) != MMOE_OK)
+    if ((st = mmoe_moe_layer_create_on_pool(&d, m->moe_pool, &b->moe, err)) != MMOE_OK)
         return st;
     char from[32];
     snprintf(from, sizeof from, "layers.%d.", layer);

@@ -8,16 +8,16 @@
  * multiplies.  For the power-of-two scales (UE8M0) the product is exact (a 4-bit significand
  * times 2^e).  For the SM90 continuous FP32 scale the product is rounded once, fl(q * sf).
  *
- * The scale rules themselves are the format library's (mmoe_formats.h):
+ * The scale rules are the format library's (mmoe_formats.h, @ref spec_fmt_ue8m0); which rule
+ * quantizes what is rows R1 and R7 of @ref spec_moe_recipes (the recipe table).
  *
- * | rule                      | scale                                        | element           |
- * |---------------------------|----------------------------------------------|-------------------|
- * | MOE_Q_UE8M0_32            | ceil_pow2(max(amax,1e-4)/448), [1,254]       | e4m3(x * (1/sf))  |
- * | MOE_Q_UE8M0_128           | ceil_pow2(max(amax,1e-4)*fl(1/448)), [1,254] | e4m3(clamp(x/sf)) |
- * | MOE_Q_SM100_REQUANT_32    | ceil bits of fl(amax*fl(1/448)), no clamps   | e4m3(x * sf_inv)  |
- * | MOE_Q_F32_128             | fl(max(amax,1e-4)/448)                       | e4m3(x * fl(1/sf))|
+ * | rule                      | scale rule (mmoe_formats.h)   | used for              |
+ * |---------------------------|-------------------------------|-----------------------|
+ * | MOE_Q_UE8M0_32            | mmoe_sf_ue8m0_deepgemm()      | sm100 R1              |
+ * | MOE_Q_UE8M0_128           | mmoe_sf_ue8m0_v4()            | dsv4-ref R1 and R7    |
+ * | MOE_Q_SM100_REQUANT_32    | mmoe_sf_ue8m0_sm100_requant() | sm100 R7              |
+ * | MOE_Q_F32_128             | mmoe_sf_f32_sm90()            | sm90 R1 and R7        |
  *
- * The E4M3 conversion is round-to-nearest-even with saturation to +-448 in all four.
  * MOE_Q_NONE leaves the values alone (a shared expert stored in BF16 runs a plain BF16 linear).
  */
 #include "moe_internal.h"

@@ -3,18 +3,13 @@
  * @brief The combine: one token's expert outputs summed in FP32, in a fixed order, stored once
  *        as BF16.
  *
- * Each expert task of a token produced a BF16 row y_e (the L2 output rounded to BF16).  The
- * combine widens each to FP32 and adds it into an accumulator that starts at +0.0f:
- *
- *     acc = ((0 + y_{s0}) + y_{s1}) + ... + y_shared;     y = bf16(acc)
- *
- * FP32 addition is not associative, so the order is part of the recipe:
- *  - fused kernels (sm100, sm90): the unmasked slots in ascending *slot* order (the warp
- *    ballot visits set bits from the lowest), then the shared slot;
- *  - DeepSeek's reference (dsv4-ref): ascending *expert id* (its loop runs over the
- *    experts), slots of equal id in slot order, then the shared expert.
- * Masked slots (id -1) contribute nothing; a token with no slot and no shared expert gets
- * bf16(+0) = 0.
+ * Each expert task of a token produced a BF16 row (the L2 output rounded to BF16).  The
+ * combine widens each to FP32 and adds it into an accumulator that starts at +0.0f, then
+ * stores one BF16 row: row R9 of @ref spec_moe_recipes.  FP32 addition is not associative,
+ * so the order is part of the recipe: ascending slot for the fused kernels (their warp
+ * ballot visits set bits from the lowest), ascending expert id for DeepSeek's reference (its
+ * loop runs over the experts); the shared expert always last.  Masked slots (id -1)
+ * contribute nothing; a token with no slot and no shared expert gets bf16(+0) = 0.
  */
 #include "moe_internal.h"
 

@@ -39,7 +39,7 @@
  * per transformer layer (43 + MTP for DeepSeek-V4-Flash) and runs them one after another on
  * one thread, so one pool per layer would start hundreds of threads of which all but one
  * pool's sleep at any time.  mmoe_moe_pool_create() makes a public pool that the caller passes
- * to mmoe_moe_layer_create_shared() for every layer.  The pool is reference-counted: the
+ * to mmoe_moe_layer_create_on_pool() for every layer.  The pool is reference-counted: the
  * creator holds one reference, each layer created on it one more, and the threads are joined
  * when the last one is dropped, so layers and pool may be destroyed in any order.
  *
@@ -61,7 +61,7 @@
  *
  * ## Measurements
  * `megamoe bench moe --shape v4-flash --experts 32 --tokens 1,8,64 --reps 5`, medians of 3
- * runs on the 2-core development VM (AMD EPYC Zen 4, OpenBLAS 0.3.21), 2026-11-29, layer
+ * runs on the 2-core development VM (AMD EPYC Zen 4, OpenBLAS 0.3.21), layer
  * milliseconds with MMOE_DEQUANT_THREADS=1 -> 2 (with the pipeline of moe_expert_gemm.c):
  * T=1 104.7 -> 48.0, T=8 414.2 -> 188.2, T=64 1095.9 -> 781.6 (ratio to SGEMM 0.48 -> 0.69).
  * Without the pipeline (threads only, each tile decoded and then multiplied) the gain was
@@ -271,7 +271,7 @@ void moe_dequant_pool_retain(moe_dequant_pool *p)
     atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
 }
 
-void moe_dequant_pool_destroy(moe_dequant_pool *p)
+void moe_dequant_pool_release(moe_dequant_pool *p)
 {
     /* acq_rel: every use by the other holders happens before the teardown */
     if (p != NULL && atomic_fetch_sub_explicit(&p->refs, 1, memory_order_acq_rel) == 1)
@@ -308,7 +308,7 @@ mmoe_status mmoe_moe_pool_create(int n_threads, mmoe_moe_pool **out, mmoe_error 
 
 void mmoe_moe_pool_destroy(mmoe_moe_pool *pool)
 {
-    moe_dequant_pool_destroy(pool);
+    moe_dequant_pool_release(pool);
 }
 
 int mmoe_moe_pool_threads(const mmoe_moe_pool *pool)

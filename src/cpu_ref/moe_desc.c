@@ -3,7 +3,7 @@
  * @brief Layer descriptions: defaults, the named shapes of DeepSeek-V4, validation, option names.
  *
  * A ::mmoe_moe_desc is plain data.  The named shapes come from the model configurations
- * (dsv4-architecture.md section 2): V4-Flash D 4096 / I 2048 / E 256, V4-Pro D 7168 / I 3072 /
+ * (@ref spec_arch_config): V4-Flash D 4096 / I 2048 / E 256, V4-Pro D 7168 / I 3072 /
  * E 384 (routed_scaling_factor 2.5), V4.1-Flash D 5120 / I 2304 / E 384 with 32x32 shared
  * scale blocks (unverified model, used here for its awkward I = 2304 = 4.5 x 512).  Every shape
  * has top-6 routing, one shared expert of width I and swiglu_limit 10.  "tiny" is a test shape
@@ -42,7 +42,7 @@ typedef struct shape_row {
     float route_scale; /**< routed_scaling_factor */
 } shape_row;
 
-/** The shapes of dsv4-architecture.md section 2 (and "tiny" for tests). */
+/** The shapes of @ref spec_arch_config (and "tiny" for tests). */
 static const shape_row shapes[] = {
     {"v4-flash", 4096, 2048, 256, 6, 128, 1.5f},
     {"v4-pro", 7168, 3072, 384, 6, 128, 2.5f},

@@ -4,14 +4,11 @@
  *        and the FP8 requantization that feeds L2.
  *
  * In the fused kernel this is the code between the two GEMMs, run on the FP32 accumulators
- * of L1 while they sit in TMEM/registers.  Per token row and intermediate channel j:
- *
- *     g = bf16(acc_gate[j])            u = bf16(acc_up[j])                 (both recipes)
- *     g = min(g, c)                    u = min(max(u, -c), c)              c = swiglu_limit
- *     gate = g * (1 / (1 + exp(-g)))   (kernels)  |  g / (1 + exp(-g))    (torch F.silu)
- *     a = (gate * u) * w               w: routing weight of the slot; 1 for the shared expert
- *     a = bf16(a)                      (reference only: h.to(bfloat16) before w2)
- *     a_q = FP8(a) per 32 / 128 channels with the recipe's requant rule
+ * of L1 while they sit in TMEM/registers.  Per token row and intermediate channel it applies
+ * rows R3 to R7 of @ref spec_moe_recipes, in the form the recipe's ::moe_epilogue_rules name:
+ * BF16 rounding of both accumulators, the clamp, silu, the up projection and the routing
+ * weight (1 for the shared expert), the reference's BF16 rounding of the result, and the
+ * requantization of each 32- or 128-channel group.
  *
  * The clamp bounds only the gate from above (a large negative gate makes silu vanish anyway)
  * and the up projection on both sides.  The kernels clamp BF16 values against a BF16 bound;

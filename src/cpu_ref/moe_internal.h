@@ -130,9 +130,6 @@ const moe_rules *moe_recipe_rules(mmoe_moe_recipe recipe);
 /** The rules of the serial shared expert (DeepSeek's plain FP8 linear; the same for all recipes). */
 const moe_rules *moe_serial_shared_rules(void);
 
-/** Channels per scale group of a quantizer (32 or 128). */
-int64_t moe_qrule_group(moe_qrule rule);
-
 /* ------------------------------------------------------------------ activation quantization */
 
 /**
@@ -184,7 +181,7 @@ mmoe_status moe_dequant_pool_create(int n_threads, moe_dequant_pool **out, mmoe_
 void moe_dequant_pool_retain(moe_dequant_pool *p);
 
 /** Drop one reference to @p p; the last one stops and joins the workers and frees it (NULL: no-op). */
-void moe_dequant_pool_destroy(moe_dequant_pool *p);
+void moe_dequant_pool_release(moe_dequant_pool *p);
 
 /** Take @p p for one layer call (blocks while another thread's call holds it; NULL: no-op). */
 void moe_dequant_pool_lock(moe_dequant_pool *p);
@@ -391,6 +388,7 @@ struct mmoe_moe_layer {
     moe_mat shared_fused_w3;     /**< shared W3 with 1x32 expanded scales (fused path) */
     moe_mat shared_fused_w2;     /**< shared W2 with 1x32 expanded scales (fused path) */
     int shared_fused_ready;      /**< 1 when the expanded scales exist */
+    mmoe_moe_shared_facts shared_facts; /**< dtype and scale facts of the shared weights (set_weights) */
     size_t gate_bytes;           /**< bytes of the gate views */
     size_t owned_bytes;          /**< weight bytes owned now */
     size_t owned_peak_bytes;     /**< weight bytes owned at the peak */
@@ -424,7 +422,7 @@ void moe_mat_from_fp8(moe_mat *m, const mmoe_tensor *w, const mmoe_tensor *sf, i
 mmoe_status moe_pad_mat(mmoe_moe_layer *layer, moe_mat *m, int64_t new_rows, int64_t new_cols,
                         int row_groups, int col_groups, mmoe_error *err);
 
-/** Decide the shared path for the layer's current weights (see moe_shared.c). */
+/** Decide the shared path for the layer's current weights: mmoe_moe_shared_plan() on its facts. */
 mmoe_moe_path moe_shared_decide(const mmoe_moe_layer *layer, mmoe_moe_fallback *fb, char *reason);
 
 /** Build the 1x32 expanded shared scales for the fused path (owned).  MMOE_ENOMEM on failure. */
@@ -433,7 +431,5 @@ mmoe_status moe_shared_expand(mmoe_moe_layer *layer, mmoe_error *err);
 /** Free the expanded shared scales. */
 void moe_shared_release(mmoe_moe_layer *layer);
 
-/** Human-readable text of a fallback code (without details). */
-const char *moe_fallback_text(mmoe_moe_fallback fb);
 
 #endif /* MOE_INTERNAL_H */

@@ -99,12 +99,12 @@ mmoe_status mmoe_moe_layer_create(const mmoe_moe_desc *desc, mmoe_moe_layer **ou
     return layer_create_on(desc, NULL, out, err);
 }
 
-mmoe_status mmoe_moe_layer_create_shared(const mmoe_moe_desc *desc, mmoe_moe_pool *pool, mmoe_moe_layer **out,
+mmoe_status mmoe_moe_layer_create_on_pool(const mmoe_moe_desc *desc, mmoe_moe_pool *pool, mmoe_moe_layer **out,
                                          mmoe_error *err)
 {
     if (pool == NULL) {
         *out = NULL;
-        return mmoe_error_set(err, MMOE_EINVAL, "moe: mmoe_moe_layer_create_shared needs a pool (got NULL)");
+        return mmoe_error_set(err, MMOE_EINVAL, "moe: mmoe_moe_layer_create_on_pool needs a pool (got NULL)");
     }
     return layer_create_on(desc, pool, out, err);
 }
@@ -134,7 +134,7 @@ void mmoe_moe_layer_destroy(mmoe_moe_layer *layer)
         return;
     release_weights(layer);
     moe_scratch_free(&layer->scratch);
-    moe_dequant_pool_destroy(layer->dequant_pool);
+    moe_dequant_pool_release(layer->dequant_pool);
     free(layer->counters);
     free(layer);
 }
@@ -168,6 +168,7 @@ mmoe_status mmoe_moe_layer_set_weights(mmoe_moe_layer *layer, const mmoe_moe_wei
         moe_mat_from_fp8(&layer->shared.w1, &w->shared.w1, &w->shared.w1_scale, d->shared_block);
         moe_mat_from_fp8(&layer->shared.w3, &w->shared.w3, &w->shared.w3_scale, d->shared_block);
         moe_mat_from_fp8(&layer->shared.w2, &w->shared.w2, &w->shared.w2_scale, d->shared_block);
+        mmoe_moe_shared_facts_of(&w->shared, d->inter, (int64_t)d->n_shared * d->shared_inter, &layer->shared_facts);
     }
     layer->inter_used = d->inter;
     layer->shared_inter_used = d->shared_inter;
@@ -254,7 +255,7 @@ static void call_free(call_bufs *b)
 }
 
 /** malloc(n * size) (at least 1 byte); sets *fail on failure. */
-static void *xmalloc(size_t n, size_t size, int *fail)
+static void *alloc_or_flag(size_t n, size_t size, int *fail)
 {
     void *p = malloc(n * size > 0 ? n * size : 1);
     if (p == NULL)
@@ -451,21 +452,21 @@ static mmoe_status layer_run_held(mmoe_moe_layer *layer, const mmoe_moe_input *i
     call_bufs b = {0};
     int oom = 0;
     const size_t td = (size_t)t * (size_t)d;
-    b.xf = xmalloc(td, sizeof(float), &oom);
-    b.xq = xmalloc(td, sizeof(float), &oom);
-    b.idx = xmalloc((size_t)t * (size_t)topk, sizeof(int64_t), &oom);
-    b.wts = xmalloc((size_t)t * (size_t)topk, sizeof(float), &oom);
-    b.logits = xmalloc((size_t)t * (size_t)e_n, sizeof(float), &oom);
-    b.slot_y = xmalloc(td * (size_t)topk, sizeof(uint16_t), &oom);
-    b.count = xmalloc((size_t)e_n, sizeof(int64_t), &oom);
-    b.start = xmalloc((size_t)e_n + 1, sizeof(int64_t), &oom);
-    b.fill = xmalloc((size_t)e_n, sizeof(int64_t), &oom);
-    b.pair = xmalloc((size_t)t * (size_t)topk, sizeof(int64_t), &oom);
-    b.pair_w = xmalloc((size_t)t * (size_t)topk, sizeof(float), &oom);
+    b.xf = alloc_or_flag(td, sizeof(float), &oom);
+    b.xq = alloc_or_flag(td, sizeof(float), &oom);
+    b.idx = alloc_or_flag((size_t)t * (size_t)topk, sizeof(int64_t), &oom);
+    b.wts = alloc_or_flag((size_t)t * (size_t)topk, sizeof(float), &oom);
+    b.logits = alloc_or_flag((size_t)t * (size_t)e_n, sizeof(float), &oom);
+    b.slot_y = alloc_or_flag(td * (size_t)topk, sizeof(uint16_t), &oom);
+    b.count = alloc_or_flag((size_t)e_n, sizeof(int64_t), &oom);
+    b.start = alloc_or_flag((size_t)e_n + 1, sizeof(int64_t), &oom);
+    b.fill = alloc_or_flag((size_t)e_n, sizeof(int64_t), &oom);
+    b.pair = alloc_or_flag((size_t)t * (size_t)topk, sizeof(int64_t), &oom);
+    b.pair_w = alloc_or_flag((size_t)t * (size_t)topk, sizeof(float), &oom);
     if (path != MMOE_PATH_NONE)
-        b.shared_y = xmalloc(td, sizeof(uint16_t), &oom);
+        b.shared_y = alloc_or_flag(td, sizeof(uint16_t), &oom);
     if (path == MMOE_PATH_SERIAL)
-        b.xs = xmalloc(td, sizeof(float), &oom);
+        b.xs = alloc_or_flag(td, sizeof(float), &oom);
     if (oom) {
         call_free(&b);
         return fail(result, err, mmoe_error_set(err, MMOE_ENOMEM, "moe run: out of memory for T = %lld tokens",

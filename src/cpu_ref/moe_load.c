@@ -2,7 +2,7 @@
  * @file moe_load.c
  * @brief From DeepSeek-V4 checkpoint names to the weights of a layer.
  *
- * The checkpoint stores one MoE layer under these names (dsv4-architecture.md section 4),
+ * The checkpoint stores one MoE layer under these names (@ref spec_arch_checkpoint),
  * optionally prefixed with `layers.L.`:
  *
  *     ffn.gate.weight                      BF16 [E, D]

@@ -3,7 +3,7 @@
  * @brief The router: FP32 logits, sqrtsoftplus scores, biased top-k or hash selection,
  *        renormalized and scaled routing weights.
  *
- * For each token t (dsv4-architecture.md 3.6):
+ * For each token t (@ref spec_moe_router):
  *
  *     z[e]   = x_t . W_g[e]                       FP32 (x and W_g are BF16, widened exactly)
  *     s[e]   = sqrt(softplus(z[e]))               softplus(z) = z > 20 ? z : log1p(exp(z))

@@ -39,47 +39,85 @@
 
 #include "mmoe_formats.h"
 
-const char *moe_fallback_text(mmoe_moe_fallback fb)
+int mmoe_moe_scale_ue8m0_byte(const mmoe_tensor *sc, int64_t i)
 {
-    switch (fb) {
-    case MMOE_FALLBACK_NONE: return "none";
-    case MMOE_FALLBACK_REQUESTED: return "serial shared expert requested";
-    case MMOE_FALLBACK_TOPK_LIMIT: return "topk + 1 > 32 combine slots";
-    case MMOE_FALLBACK_SHARED_DTYPE: return "shared weights are not F8_E4M3";
-    case MMOE_FALLBACK_SCALE_BLOCK: return "shared scale block is not a multiple of 32";
-    case MMOE_FALLBACK_SCALE_NOT_POW2: return "an F32 shared scale is not a power of two";
-    case MMOE_FALLBACK_SHARED_WIDTH: return "shared width is not a multiple of the routed width";
-    case MMOE_FALLBACK_COUNT: break;
-    }
-    return "?";
+    if (sc->dtype != MMOE_DT_F32)
+        return ((const uint8_t *)sc->data)[i];
+    float f;
+    uint32_t u;
+    memcpy(&f, (const uint8_t *)sc->data + 4 * i, sizeof f);
+    memcpy(&u, &f, sizeof u);
+    if (u == 0x00400000u) /* 2^-127, the one subnormal with a UE8M0 byte */
+        return 0;
+    const uint32_t e = u >> 23; /* the sign bit makes e > 255 */
+    return (u & 0x007FFFFFu) == 0 && e >= 1 && e <= 254 ? (int)e : -1;
 }
 
-/** Is @p s a positive finite power of two? */
-static int is_pow2(float s)
+/** 1 when every scale of @p sc has an exact UE8M0 byte. */
+static int scales_ue8m0(const mmoe_tensor *sc)
 {
-    int e;
-    return s > 0.0f && !isinf(s) && frexpf(s, &e) == 0.5f;
-}
-
-/** Are all scales of @p m powers of two (always true for UE8M0 bytes)? */
-static int scales_pow2(const moe_mat *m)
-{
-    if (!m->sf_f32)
-        return 1;
-    const float *f = m->sf;
-    for (int64_t i = 0; i < m->sf_rows * m->sf_cols; i++)
-        if (!is_pow2(f[i]))
+    const int64_t n = mmoe_tensor_numel(sc);
+    for (int64_t i = 0; i < n; i++)
+        if (mmoe_moe_scale_ue8m0_byte(sc, i) < 0)
             return 0;
     return 1;
+}
+
+void mmoe_moe_shared_facts_of(const mmoe_moe_expert_weights *shared, int64_t inter_used, int64_t width_used,
+                              mmoe_moe_shared_facts *f)
+{
+    const mmoe_tensor *w[3] = {&shared->w1, &shared->w3, &shared->w2};
+    f->dtype = MMOE_DT_F8_E4M3;
+    for (int i = 2; i >= 0; i--)
+        if (w[i]->dtype != MMOE_DT_F8_E4M3)
+            f->dtype = w[i]->dtype;
+    f->scales_ue8m0 = scales_ue8m0(&shared->w1_scale) && scales_ue8m0(&shared->w3_scale) &&
+                      scales_ue8m0(&shared->w2_scale);
+    f->width_used = width_used;
+    f->inter_used = inter_used;
+}
+
+mmoe_moe_path mmoe_moe_shared_plan(const mmoe_moe_desc *d, const mmoe_moe_shared_facts *f,
+                                   mmoe_moe_fallback *fallback, char *reason)
+{
+    char buf[MMOE_MOE_REASON_LEN] = "";
+    mmoe_moe_fallback fb = MMOE_FALLBACK_NONE;
+    if (d->n_shared == 0) {
+        /* nothing to fuse */
+    } else if (d->shared_mode == MMOE_SHARED_SERIAL) {
+        fb = MMOE_FALLBACK_REQUESTED;
+        snprintf(buf, sizeof buf, "serial shared expert requested (--shared serial)");
+    } else if (d->topk + 1 > 32) {
+        fb = MMOE_FALLBACK_TOPK_LIMIT;
+        snprintf(buf, sizeof buf, "topk %d + 1 shared slot > 32 combine slots", d->topk);
+    } else if (f->dtype != MMOE_DT_F8_E4M3) {
+        fb = MMOE_FALLBACK_SHARED_DTYPE;
+        snprintf(buf, sizeof buf, "shared weights are %s, the fused MMA needs F8_E4M3", mmoe_dtype_name(f->dtype));
+    } else if (d->shared_block <= 0 || d->shared_block % 32 != 0) {
+        fb = MMOE_FALLBACK_SCALE_BLOCK;
+        snprintf(buf, sizeof buf, "shared scale block %d is not a multiple of 32 (no 1x32 expansion)",
+                 d->shared_block);
+    } else if (!f->scales_ue8m0) {
+        fb = MMOE_FALLBACK_SCALE_NOT_POW2;
+        snprintf(buf, sizeof buf, "an F32 shared scale is not a power of two (no UE8M0 form)");
+    } else if (f->inter_used <= 0 || f->width_used % f->inter_used != 0) {
+        fb = MMOE_FALLBACK_SHARED_WIDTH;
+        snprintf(buf, sizeof buf,
+                 "shared width %lld is not a multiple of the routed width %lld (pad the shared expert too)",
+                 (long long)f->width_used, (long long)f->inter_used);
+    }
+    if (fallback)
+        *fallback = fb;
+    if (reason)
+        memcpy(reason, buf, sizeof buf);
+    if (d->n_shared == 0)
+        return MMOE_PATH_NONE;
+    return fb == MMOE_FALLBACK_NONE ? MMOE_PATH_FUSED : MMOE_PATH_SERIAL;
 }
 
 mmoe_moe_path moe_shared_decide(const mmoe_moe_layer *layer, mmoe_moe_fallback *fb, char *reason)
 {
     const mmoe_moe_desc *d = &layer->desc;
-    char buf[MMOE_MOE_REASON_LEN] = "";
-    mmoe_moe_fallback f = MMOE_FALLBACK_NONE;
-    const moe_expert *s = &layer->shared;
-    const int64_t width = (int64_t)d->n_shared * layer->shared_inter_used;
     if (d->n_shared == 0 || !layer->has_weights || layer->inter_used <= 0) {
         if (fb)
             *fb = MMOE_FALLBACK_NONE;
@@ -87,34 +125,10 @@ mmoe_moe_path moe_shared_decide(const mmoe_moe_layer *layer, mmoe_moe_fallback *
             reason[0] = '\0';
         return MMOE_PATH_NONE;
     }
-    if (d->shared_mode == MMOE_SHARED_SERIAL) {
-        f = MMOE_FALLBACK_REQUESTED;
-        snprintf(buf, sizeof buf, "serial shared expert requested (--shared serial)");
-    } else if (d->topk + 1 > 32) {
-        f = MMOE_FALLBACK_TOPK_LIMIT;
-        snprintf(buf, sizeof buf, "topk %d + 1 shared slot > 32 combine slots", d->topk);
-    } else if (s->w1.fmt != MOE_W_FP8) {
-        f = MMOE_FALLBACK_SHARED_DTYPE;
-        snprintf(buf, sizeof buf, "shared weights are %s, the fused MMA needs F8_E4M3",
-                 s->w1.fmt == MOE_W_BF16 ? "BF16" : "not FP8");
-    } else if (d->shared_block % 32 != 0) {
-        f = MMOE_FALLBACK_SCALE_BLOCK;
-        snprintf(buf, sizeof buf, "shared scale block %d is not a multiple of 32 (no 1x32 expansion)",
-                 d->shared_block);
-    } else if (!scales_pow2(&s->w1) || !scales_pow2(&s->w3) || !scales_pow2(&s->w2)) {
-        f = MMOE_FALLBACK_SCALE_NOT_POW2;
-        snprintf(buf, sizeof buf, "an F32 shared scale is not a power of two (no UE8M0 form)");
-    } else if (width % layer->inter_used != 0) {
-        f = MMOE_FALLBACK_SHARED_WIDTH;
-        snprintf(buf, sizeof buf,
-                 "shared width %lld is not a multiple of the routed width %lld (pad the shared expert too)",
-                 (long long)width, (long long)layer->inter_used);
-    }
-    if (fb)
-        *fb = f;
-    if (reason)
-        memcpy(reason, buf, sizeof buf);
-    return f == MMOE_FALLBACK_NONE ? MMOE_PATH_FUSED : MMOE_PATH_SERIAL;
+    mmoe_moe_shared_facts f = layer->shared_facts;
+    f.inter_used = layer->inter_used;
+    f.width_used = (int64_t)d->n_shared * layer->shared_inter_used;
+    return mmoe_moe_shared_plan(d, &f, fb, reason);
 }
 
 /** The UE8M0 byte of block scale (br, bc) of @p m. */

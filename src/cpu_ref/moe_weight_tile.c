@@ -13,7 +13,7 @@
  * mmoe_formats.h (element 2j = low nibble, 2j+1 = high nibble), then multiplies by the group's
  * scale: one table load and two multiplies per byte, no branches.  The loop takes two bytes per
  * step (independent loads, half the loop overhead): 0.25 -> 0.18 ms per 128 x 4096 tile (best
- * of 40, gcc 12 -O2, Zen 4 VM, 2026-11-29); on a quiet machine both forms run at about 0.14 ms,
+ * of 40, gcc 12 -O2, Zen 4 VM); on a quiet machine both forms run at about 0.14 ms,
  * the rate at which the 2 MiB tile can be stored, so the decoder is store-bound, not
  * compute-bound.  Alternatives measured and dropped: computing the E2M1 bits arithmetically
  * (vectorized by gcc -O2 with SSE2; 0.34-0.40 ms), a 16-entry table scaled once per 32-block

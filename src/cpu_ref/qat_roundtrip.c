@@ -4,7 +4,7 @@
  *
  * Some bf16 tensors of the V4 forward are pushed through a narrow format and back,
  * so that the model sees the values a quantized cache or kernel would hold; the
- * tensor stays bf16 (spec 3.0, "In-place round trips"):
+ * tensor stays bf16 (@ref spec_arch_linear, "In-place round trips"):
  *
  * - FP8 (`act_quant(..., inplace)`): per block, s = 2^ceil(log2(max(amax, 1e-4)/448))
  *   (UE8M0, mmoe_formats.h's ::MMOE_SF_RULE_V4), x <- bf16(e4m3(clamp(x/s, +-448)) * s).

@@ -32,7 +32,6 @@ struct mmoe_tile {
     int expert;   /**< expert index (0 for the shared expert) */
     int row0;     /**< first pool row */
     int nrows;    /**< rows in this tile, 1..BLOCK_M */
-    int pad;      /**< unused */
 };
 
 /** Weight format of the GEMM's B operand. */

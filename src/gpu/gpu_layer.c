@@ -13,10 +13,8 @@
  *   is exact.  F32 block scales are accepted when they are powers of two
  *   (byte = bits >> 23); otherwise the shared expert cannot be fused.
  *
- * The shared-expert plan follows the oracle's fallback reasons, checked in
- * the order of ::mmoe_moe_fallback: requested, topk+1 > 32 slots, dtype,
- * scale block not a multiple of 32, F32 scale not a power of two, shared
- * width not a multiple of the (padded) routed width.  The GPU has only the
+ * The shared-expert plan is the oracle's, mmoe_moe_shared_plan() (one
+ * function for both backends).  The GPU has only the
  * fused path: a serial plan is refused with MMOE_EUNSUPPORTED naming the
  * reason (never run silently in another way).
  *
@@ -77,21 +75,6 @@ static mmoe_status expect2(const mmoe_tensor *t, const char *what, int byte_kind
     return MMOE_OK;
 }
 
-/** Byte of a shared block scale, or -1 when an F32 scale is not a positive normal power of two. */
-static int shared_scale_byte(const mmoe_tensor *sc, int64_t i)
-{
-    if (sc->dtype == MMOE_DT_F32) {
-        float f;
-        memcpy(&f, (const uint8_t *)sc->data + 4 * i, 4);
-        uint32_t u;
-        memcpy(&u, &f, 4);
-        if ((u & 0x807fffffu) != 0 || (u >> 23) == 0 || (u >> 23) == 255)
-            return -1;
-        return (int)(u >> 23);
-    }
-    return ((const uint8_t *)sc->data)[i];
-}
-
 /**
  * Expand a shared block-scale tensor [ceil(rows/B), ceil(cols/B)] to [rows, cols/32] bytes.
  * @return 0, or -1 when an F32 scale has no UE8M0 form (caller reports SCALE_NOT_POW2)
@@ -101,58 +84,12 @@ static int expand_shared_scales(const mmoe_tensor *sc, int64_t rows, int64_t col
     const int64_t bcols = (cols + B - 1) / B;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t g = 0; g < cols / 32; g++) {
-            int b = shared_scale_byte(sc, (r / B) * bcols + (g * 32) / B);
+            int b = mmoe_moe_scale_ue8m0_byte(sc, (r / B) * bcols + (g * 32) / B);
             if (b < 0 || b == 255)
                 return -1;
             out[r * (cols / 32) + g] = (uint8_t)b;
         }
     return 0;
-}
-
-/** 1 unless @p sc is F32 with a scale that is not a positive normal power of two. */
-static int shared_scales_pow2(const mmoe_tensor *sc)
-{
-    if (sc->dtype != MMOE_DT_F32)
-        return 1;
-    int64_t n = mmoe_tensor_numel(sc);
-    for (int64_t i = 0; i < n; i++)
-        if (shared_scale_byte(sc, i) < 0)
-            return 0;
-    return 1;
-}
-
-/** The shared plan with the oracle's rules; writes the reason. */
-static mmoe_moe_fallback shared_plan(const mmoe_moe_desc *d, const mmoe_moe_weights *w, int64_t inter_used,
-                                     int64_t shared_used, char *reason)
-{
-    const mmoe_moe_expert_weights *s = &w->shared;
-    reason[0] = '\0';
-    if (d->shared_mode == MMOE_SHARED_SERIAL) {
-        snprintf(reason, MMOE_MOE_REASON_LEN, "serial shared expert requested");
-        return MMOE_FALLBACK_REQUESTED;
-    }
-    if (d->topk + 1 > 32) {
-        snprintf(reason, MMOE_MOE_REASON_LEN, "topk+1 = %d combine slots exceed 32", d->topk + 1);
-        return MMOE_FALLBACK_TOPK_LIMIT;
-    }
-    if (s->w1.dtype != MMOE_DT_F8_E4M3 || s->w3.dtype != MMOE_DT_F8_E4M3 || s->w2.dtype != MMOE_DT_F8_E4M3) {
-        snprintf(reason, MMOE_MOE_REASON_LEN, "shared weights are not F8_E4M3 (w1 %s)", mmoe_dtype_name(s->w1.dtype));
-        return MMOE_FALLBACK_SHARED_DTYPE;
-    }
-    if (d->shared_block <= 0 || d->shared_block % 32 != 0) {
-        snprintf(reason, MMOE_MOE_REASON_LEN, "shared scale block %d is not a multiple of 32", d->shared_block);
-        return MMOE_FALLBACK_SCALE_BLOCK;
-    }
-    if (!shared_scales_pow2(&s->w1_scale) || !shared_scales_pow2(&s->w3_scale) || !shared_scales_pow2(&s->w2_scale)) {
-        snprintf(reason, MMOE_MOE_REASON_LEN, "an F32 shared scale is not a power of two (no UE8M0 form)");
-        return MMOE_FALLBACK_SCALE_NOT_POW2;
-    }
-    if (shared_used % inter_used != 0) {
-        snprintf(reason, MMOE_MOE_REASON_LEN, "shared width %lld is not a multiple of the routed width %lld",
-                 (long long)shared_used, (long long)inter_used);
-        return MMOE_FALLBACK_SHARED_WIDTH;
-    }
-    return MMOE_FALLBACK_NONE;
 }
 
 /** Check every routed expert's six tensors (dtype, shape, scale bytes). */
@@ -258,8 +195,9 @@ mmoe_status mmoe_gpu_layer_create(const mmoe_moe_desc *desc, const mmoe_moe_weig
     L->shared_path = MMOE_PATH_NONE;
     if (d->n_shared > 0) {
         char reason[MMOE_MOE_REASON_LEN];
-        mmoe_moe_fallback fb = shared_plan(d, w, L->inter_used, L->shared_inter_used, reason);
-        if (fb != MMOE_FALLBACK_NONE) {
+        mmoe_moe_shared_facts facts;
+        mmoe_moe_shared_facts_of(&w->shared, L->inter_used, L->shared_inter_used, &facts);
+        if (mmoe_moe_shared_plan(d, &facts, NULL, reason) != MMOE_PATH_FUSED) {
             st = mmoe_error_set(err, MMOE_EUNSUPPORTED,
                                 "gpu layer: the shared expert cannot be fused (%s) and the GPU has no serial shared path",
                                 reason);

@@ -6,8 +6,8 @@
  * FP32 value silu(g)*u*w, the L2 input).  One warp handles one 128-channel
  * chunk of one row; each lane holds four consecutive channels.
  *
- * Three scale rules, each bit-exact to the oracle (number-formats.md §2.3,
- * megamoe-layer.md §3.4):
+ * Three scale rules, each bit-exact to the oracle (docs/spec/formats.md, UE8M0;
+ * docs/spec/moe-layer.md, R1 and R7):
  * - mode 0, SM90 (input and intermediate): one FP32 scale per 128 channels,
  *   sf = fl(max(amax, 1e-4) / 448) (IEEE division), then q = e4m3(x * fl(1/sf))
  *   where fl(1/sf) is the correctly rounded reciprocal and the product is

@@ -88,7 +88,6 @@ __global__ void route_kernel(const int32_t *topk_idx, const float *topk_w, int T
             tl.expert = e;
             tl.row0 = row_off[e] + j * block_m;
             tl.nrows = min(block_m, n - j * block_m);
-            tl.pad = 0;
             tiles[tile_off[e] + j] = tl;
         }
         counts[e] = n;

@@ -5,9 +5,9 @@ Runs the C conversions through the test helper tests/fmt_dump (built by `make ch
 compares them with ml_dtypes' float8_e4m3fn, float8_e5m2, float4_e2m1fn, bfloat16 (and
 float8_e8m0fnu for decoding), over random floats (fresh seed, printed; MMOE_SEED replays),
 exact round-to-nearest ties between adjacent codes and one float ulp either side, and the
-special values of number-formats.md.
+special values of docs/spec/formats.md.
 
-Documented differences, handled explicitly (number-formats.md 1.1 and 3.1):
+Documented differences, handled explicitly (docs/spec/formats.md, E2M1 and FP8):
   * ml_dtypes' E4M3FN and E5M2 casts do not saturate: they are compared with the C
     "_nosat" variants; the saturating C variants are compared with ml_dtypes applied to
     the input clipped to +-max (which is what SATFINITE means).

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Independent NumPy implementation of the DeepSeek-V4 forward pass (spec dsv4-architecture.md, section 3).
+"""Independent NumPy implementation of the DeepSeek-V4 forward pass (docs/spec/architecture.md).
 
 Written from the specification alone, not from the C code: it reads a checkpoint directory
 (config.json, model.safetensors.index.json, shards) with a tiny pure-NumPy safetensors reader,
@@ -39,7 +39,7 @@ F32 = np.float32
 
 
 # --------------------------------------------------------------------------------------------
-# fp32 transcendentals.  The spec leaves their last ulp to the library (section 5, "Transcendentals"), so
+# fp32 transcendentals.  The spec leaves their last ulp to the library (docs/spec/architecture.md, numerics), so
 # this reference calls the platform's C math library (expf, log1pf, cosf, sinf) when it can, which makes a
 # comparison with a C implementation on the same machine free of that noise; else NumPy's float64
 # functions rounded to fp32 (correctly rounded almost always).
@@ -215,7 +215,7 @@ class Checkpoint:
 
 
 # --------------------------------------------------------------------------------------------
-# Config (HF or reference keys, spec section 2)
+# Config (HF or reference keys, docs/spec/architecture.md)
 # --------------------------------------------------------------------------------------------
 def load_config(path):
     with open(os.path.join(path, "config.json")) as f:
@@ -262,7 +262,7 @@ def load_config(path):
 
 
 # --------------------------------------------------------------------------------------------
-# Linear layers (spec 3.0) and RMSNorm
+# Linear layers (docs/spec/architecture.md, linear layers) and RMSNorm
 # --------------------------------------------------------------------------------------------
 class Model:
     def __init__(self, path):
@@ -329,7 +329,7 @@ class Model:
 
 
 # --------------------------------------------------------------------------------------------
-# mHC (spec 3.2) and head mix (3.7)
+# mHC and head mix (docs/spec/architecture.md)
 # --------------------------------------------------------------------------------------------
 def sigmoid(z):
     """fp32 sigmoid: 1 / (1 + exp(-z)), each operation rounded to fp32."""
@@ -397,7 +397,7 @@ def head_logits(m, X, prefix, norm_name):
 
 
 # --------------------------------------------------------------------------------------------
-# RoPE with YaRN (spec 3.3)
+# RoPE with YaRN (docs/spec/architecture.md, attention)
 # --------------------------------------------------------------------------------------------
 def rope_freqs(cfg, ratio):
     rd = cfg["rope_dim"]
@@ -656,7 +656,7 @@ def forward(m, ids, with_mtp=False):
     logits = head_logits(m, X, "", "norm.weight")
     mtp = None
     if with_mtp and cfg["n_mtp"] > 0 and len(ids) > 1:
-        # assumed wiring (spec 3.8 / 7.8): state at t with the token at t+1
+        # assumed wiring (docs/spec/architecture.md, MTP): state at t with the token at t+1
         Xs, nid = X[:-1], np.asarray(ids[1:])
         e = m.rmsnorm(bf16(emb[nid]), "mtp.0.enorm.weight")
         hn = m.rmsnorm(Xs, "mtp.0.hnorm.weight")

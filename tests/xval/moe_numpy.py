@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Cross-check of `megamoe moe` against an independent NumPy implementation of each recipe.
 
-Written from the specification (megamoe-layer.md 2.3-2.5, 3.4; dsv4-architecture.md 3.0, 3.6;
-number-formats.md), not from the C code.  For each recipe (sm100, sm90, dsv4-ref) and shared
+Written from the specification (docs/spec/moe-layer.md, docs/spec/architecture.md and
+docs/spec/formats.md), not from the C code.  For each recipe (sm100, sm90, dsv4-ref) and shared
 path (fused, serial), on random small layers made by `megamoe synth-layer --values dyadic`
 (values for which every L1 sum is exact in FP32), the script
 
