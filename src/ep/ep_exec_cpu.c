@@ -89,7 +89,7 @@ static const mmoe_ep_executor_ops cpu_ops = {cpu_run_pairs, cpu_run_shared, cpu_
 static mmoe_status make_layer(const mmoe_moe_desc *d, const mmoe_moe_weights *w, mmoe_moe_pool *pool,
                               mmoe_moe_layer **out, mmoe_error *err)
 {
-    mmoe_status st = pool != NULL ? mmoe_moe_layer_create_shared(d, pool, out, err) : mmoe_moe_layer_create(d, out, err);
+    mmoe_status st = pool != NULL ? mmoe_moe_layer_create_on_pool(d, pool, out, err) : mmoe_moe_layer_create(d, out, err);
     if (st == MMOE_OK && (st = mmoe_moe_layer_set_weights(*out, w, err)) != MMOE_OK) {
         mmoe_moe_layer_destroy(*out);
         *out = NULL;
