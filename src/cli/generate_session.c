@@ -57,6 +57,32 @@ mmoe_status mmoe_gen_session_init(mmoe_gen_session *g, mmoe_model *model, mmoe_m
                                   int64_t max_ctx, const mmoe_tokenizer *tok, float temperature, float top_p, uint64_t seed,
                                   mmoe_error *err)
 {
+    mmoe_sampler_params sp;
+    mmoe_sampler_params_default(&sp);
+    sp.temperature = temperature;
+    sp.top_p = top_p;
+    sp.seed = seed;
+    return mmoe_gen_session_init_params(g, model, state, max_ctx, tok, &sp, err);
+}
+
+mmoe_status mmoe_gen_session_restart(mmoe_gen_session *g, const mmoe_sampler_params *sp, mmoe_error *err)
+{
+    mmoe_sampler fresh;
+    mmoe_status st = mmoe_sampler_init_params(&fresh, sp, err);
+    if (st != MMOE_OK)
+        return st;
+    mmoe_sampler_free(&g->sampler);
+    g->sampler = fresh;
+    mmoe_model_state_reset(g->state);
+    g->n_pending = 0;
+    g->have_logits = 0;
+    return MMOE_OK;
+}
+
+mmoe_status mmoe_gen_session_init_params(mmoe_gen_session *g, mmoe_model *model, mmoe_model_state *state,
+                                         int64_t max_ctx, const mmoe_tokenizer *tok, const mmoe_sampler_params *sp,
+                                         mmoe_error *err)
+{
     memset(g, 0, sizeof *g);
     const mmoe_config *cfg = mmoe_model_config(model);
     if (max_ctx <= 0)
@@ -66,7 +92,7 @@ mmoe_status mmoe_gen_session_init(mmoe_gen_session *g, mmoe_model *model, mmoe_m
     g->vocab = cfg->vocab_size;
     g->max_ctx = max_ctx;
     g->eos_id = (int32_t)cfg->eos_token_id;
-    mmoe_status st = mmoe_sampler_init(&g->sampler, temperature, top_p, seed, err);
+    mmoe_status st = mmoe_sampler_init_params(&g->sampler, sp, err);
     if (st != MMOE_OK)
         return st;
     g->logits = malloc((size_t)g->vocab * sizeof *g->logits);
@@ -94,6 +120,7 @@ mmoe_status mmoe_gen_push_pending(mmoe_gen_session *g, int32_t id, mmoe_error *e
         return mmoe_error_set(err, MMOE_EINVAL, "generate: pending token queue full (2 tokens)");
     g->pending[g->n_pending++] = id;
     g->have_logits = 0;
+    mmoe_sampler_accept(&g->sampler, id);
     return MMOE_OK;
 }
 
@@ -123,6 +150,8 @@ mmoe_status mmoe_gen_prefill(mmoe_gen_session *g, const int32_t *ids, int64_t n,
         if (ids[i] < 0 || ids[i] >= g->vocab)
             return mmoe_error_set(err, MMOE_EINVAL, "generate: prompt token %lld has id %d: the model's vocabulary "
                                   "has %lld ids", (long long)i, ids[i], (long long)g->vocab);
+    for (int64_t i = 0; i < n; i++)
+        mmoe_sampler_accept(&g->sampler, ids[i]);
     double t0 = mmoe_clock_s();
     mmoe_status st = MMOE_OK;
     int64_t done = 0;
@@ -170,6 +199,7 @@ mmoe_status mmoe_gen_decode(mmoe_gen_session *g, int64_t max_tokens, mmoe_gen_to
         if ((st = mmoe_sampler_sample(&g->sampler, g->logits, (size_t)g->vocab, &id, err)) != MMOE_OK)
             break;
         g->have_logits = 0;
+        mmoe_sampler_accept(&g->sampler, id);
         g->pending[0] = id;
         g->n_pending = 1;
         if (id == g->eos_id) {

@@ -118,6 +118,23 @@ mmoe_status mmoe_gen_session_init(mmoe_gen_session *g, mmoe_model *model, mmoe_m
                                   int64_t max_ctx, const mmoe_tokenizer *tok, float temperature, float top_p, uint64_t seed,
                                   mmoe_error *err);
 
+/**
+ * Set up a session with every sampler parameter (repetition penalty, top-k, min-p...):
+ * as mmoe_gen_session_init() otherwise.  The sampler's penalty history receives every
+ * prompt token and every produced token.
+ */
+mmoe_status mmoe_gen_session_init_params(mmoe_gen_session *g, mmoe_model *model, mmoe_model_state *state,
+                                         int64_t max_ctx, const mmoe_tokenizer *tok, const mmoe_sampler_params *sp,
+                                         mmoe_error *err);
+
+/**
+ * Start a new, unrelated sequence in the same session: the state goes back to position 0,
+ * the pending tokens and the logits are dropped, and the sampler starts afresh with @p sp
+ * (its seed, its empty history).
+ * @return MMOE_OK or the sampler's MMOE_ERANGE naming the bad parameter
+ */
+mmoe_status mmoe_gen_session_restart(mmoe_gen_session *g, const mmoe_sampler_params *sp, mmoe_error *err);
+
 /** Free what the session owns (not the model, state or tokenizer). */
 void mmoe_gen_session_free(mmoe_gen_session *g);
 
