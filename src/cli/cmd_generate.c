@@ -63,7 +63,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "chat_internal.h" /* the marker strings of the chat encoding */
 #include "mmoe_chat.h"
 #include "mmoe_cli.h"
 #include "mmoe_clock.h"
@@ -544,28 +543,6 @@ static int fail(mmoe_status st, const mmoe_error *err)
     return 1;
 }
 
-/**
- * The chat encoding writes its markers as text; they must be single tokens of this
- * tokenizer, and BOS/EOS must be the config's ids, or the model would see something else
- * than it was trained on (a tokenizer without them gets an error, not a silent byte split).
- */
-static mmoe_status check_chat_markers(const gen_run *r, mmoe_error *err)
-{
-    const mmoe_config *cfg = mmoe_model_config(r->model);
-    static const char *const markers[] = {BOS, EOS, USER, ASSISTANT, THINK_OPEN, THINK_CLOSE};
-    for (size_t i = 0; i < sizeof markers / sizeof markers[0]; i++) {
-        int32_t id = mmoe_tokenizer_token_id(r->tok, markers[i], strlen(markers[i]));
-        if (id < 0)
-            return mmoe_error_set(err, MMOE_EFORMAT, "%s/tokenizer.json has no token '%s': the chat encoding needs "
-                                  "DeepSeek-V4's chat markers (use a raw --prompt)", r->opt->model_dir, markers[i]);
-        int64_t want = i == 0 ? cfg->bos_token_id : i == 1 ? cfg->eos_token_id : id;
-        if (id != want)
-            return mmoe_error_set(err, MMOE_EFORMAT, "%s: token '%s' has id %d in tokenizer.json but config.json "
-                                  "says %lld", r->opt->model_dir, markers[i], id, (long long)want);
-    }
-    return MMOE_OK;
-}
-
 /** Load tokenizer and model, create the state and the session. */
 static mmoe_status gen_load(gen_run *r, mmoe_error *err)
 {
@@ -591,7 +568,7 @@ static mmoe_status gen_load(gen_run *r, mmoe_error *err)
         return mmoe_error_set(err, MMOE_ESHAPE, "%s/tokenizer.json has %d ids but the model's vocab_size is %lld: "
                               "tokenizer and checkpoint do not belong together", o->model_dir, n_tok,
                               (long long)cfg->vocab_size);
-    if ((o->chat || o->chat_format) && (st = check_chat_markers(r, err)) != MMOE_OK)
+    if ((o->chat || o->chat_format) && (st = mmoe_gen_check_chat_markers(r->tok, cfg, o->model_dir, err)) != MMOE_OK)
         return st;
     int64_t ctx = o->ctx_size > 0 ? o->ctx_size
                                   : (cfg->max_seq_len < GEN_DEFAULT_CTX ? cfg->max_seq_len : GEN_DEFAULT_CTX);

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chat_internal.h" /* the marker strings of the chat encoding */
 #include "mmoe_clock.h"
 #include "mmoe_generate.h"
 
@@ -222,4 +223,21 @@ mmoe_status mmoe_gen_decode(mmoe_gen_session *g, int64_t max_tokens, mmoe_gen_to
     }
     stats->generate_s = mmoe_clock_s() - t0;
     return st;
+}
+
+mmoe_status mmoe_gen_check_chat_markers(const mmoe_tokenizer *tok, const mmoe_config *cfg, const char *dir,
+                                        mmoe_error *err)
+{
+    static const char *const markers[] = {BOS, EOS, USER, ASSISTANT, THINK_OPEN, THINK_CLOSE};
+    for (size_t i = 0; i < sizeof markers / sizeof markers[0]; i++) {
+        int32_t id = mmoe_tokenizer_token_id(tok, markers[i], strlen(markers[i]));
+        if (id < 0)
+            return mmoe_error_set(err, MMOE_EFORMAT, "%s/tokenizer.json has no token '%s': the chat encoding needs "
+                                  "DeepSeek-V4's chat markers (use a raw --prompt)", dir, markers[i]);
+        int64_t want = i == 0 ? cfg->bos_token_id : i == 1 ? cfg->eos_token_id : id;
+        if (id != want)
+            return mmoe_error_set(err, MMOE_EFORMAT, "%s: token '%s' has id %d in tokenizer.json but config.json "
+                                  "says %lld", dir, markers[i], id, (long long)want);
+    }
+    return MMOE_OK;
 }

@@ -80,7 +80,8 @@ typedef void (*mmoe_gen_prefill_fn)(void *ctx, int64_t done, int64_t total);
 /**
  * Token callback of the decode loop, called once per produced token (EOS excluded)
  * before it is run through the model.  Return 0 to go on, nonzero to stop the turn
- * (the token still counts as produced).
+ * (the token still counts as produced).  During the call the session's logits still hold
+ * the logits the token was sampled from (undecodable rows at -inf).
  */
 typedef int (*mmoe_gen_token_fn)(void *ctx, int32_t id);
 
@@ -174,6 +175,16 @@ mmoe_status mmoe_gen_prefill(mmoe_gen_session *g, const int32_t *ids, int64_t n,
  */
 mmoe_status mmoe_gen_decode(mmoe_gen_session *g, int64_t max_tokens, mmoe_gen_token_fn on_token, void *token_ctx,
                             mmoe_gen_stats *stats, mmoe_error *err);
+
+/**
+ * The chat encoding writes its markers as text; they must be single tokens of this
+ * tokenizer, and BOS/EOS must be the config's ids, or the model would see something else
+ * than it was trained on (a tokenizer without them gets an error, not a silent byte split).
+ * @param dir  the model directory (for the message)
+ * @return MMOE_OK or MMOE_EFORMAT naming the marker
+ */
+mmoe_status mmoe_gen_check_chat_markers(const mmoe_tokenizer *tok, const mmoe_config *cfg, const char *dir,
+                                        mmoe_error *err);
 
 #ifdef __cplusplus
 }
