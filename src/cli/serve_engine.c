@@ -135,6 +135,7 @@ typedef struct serve_run {
     mmoe_text piece;            /**< scratch: one token's text */
     mmoe_text released;         /**< scratch: what the stop matcher released */
     int matched;                /**< a stop string ended the answer */
+    int abandoned;              /**< the job ended early because its client went away */
     mmoe_status st;             /**< an error inside the token callback */
     mmoe_error err;             /**< its message */
 } serve_run;
@@ -220,6 +221,7 @@ static int on_token(void *ctx, int32_t id)
         return 1;
     pthread_mutex_lock(&run->srv->lock);
     int give_up = run->job->cancelled || run->srv->stopping;
+    run->abandoned = give_up && run->job->cancelled;
     pthread_mutex_unlock(&run->srv->lock);
     return run->matched || give_up;
 }
@@ -319,6 +321,7 @@ static void run_job(serve_server *srv, serve_job *job)
     } else {
         job->state = SERVE_JOB_DONE;
         srv->n_served++;
+        srv->n_cancelled += run.abandoned;
         pthread_cond_broadcast(&srv->changed);
     }
     pthread_mutex_unlock(&srv->lock);
@@ -348,6 +351,7 @@ static void *worker_main(void *arg)
             break;
         serve_job *job = pop_locked(srv);
         if (job->cancelled) {
+            srv->n_cancelled++;
             fail_locked(srv, job, 499, serve_error_json("the client went away", "cancelled", NULL, NULL));
             job_release_locked(job);
             continue;

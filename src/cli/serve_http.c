@@ -6,7 +6,7 @@
  *
  * | method and path | answer |
  * | --- | --- |
- * | `GET /health` | `{"status": "ok", "model", "queued", "busy", "served", "scheduling"}` |
+ * | `GET /health` | `{"status": "ok", "model", "queued", "busy", "served", "cancelled", "scheduling"}` |
  * | `GET /v1/models` | the one model: `{"object": "list", "data": [{"id", "object": "model", "context_length", ...}]}` |
  * | `POST /v1/completions` | a `text_completion` (serve_request.c) |
  * | `POST /v1/chat/completions` | a `chat.completion` |
@@ -314,9 +314,10 @@ static enum MHD_Result handle_generation(struct MHD_Connection *c, serve_server 
 static json_t *health_json(serve_server *srv)
 {
     pthread_mutex_lock(&srv->lock);
-    json_t *o = json_pack("{s:s, s:s, s:I, s:b, s:I, s:s}", "status", srv->stopping ? "stopping" : "ok", "model",
-                          srv->model_name, "queued", (json_int_t)srv->n_queued, "busy", srv->busy, "served",
-                          (json_int_t)srv->n_served, "scheduling", SERVE_SCHEDULING);
+    json_t *o = json_pack("{s:s, s:s, s:I, s:b, s:I, s:I, s:s}", "status", srv->stopping ? "stopping" : "ok",
+                          "model", srv->model_name, "queued", (json_int_t)srv->n_queued, "busy", srv->busy, "served",
+                          (json_int_t)srv->n_served, "cancelled", (json_int_t)srv->n_cancelled, "scheduling",
+                          SERVE_SCHEDULING);
     pthread_mutex_unlock(&srv->lock);
     return o;
 }

@@ -113,6 +113,7 @@ typedef struct serve_server {
     int stopping;                 /**< shutdown: the worker ends, waiters give up */
     int64_t next_number;          /**< number of the next accepted request */
     int64_t n_served;             /**< requests finished (DONE) */
+    int64_t n_cancelled;          /**< requests skipped or stopped early because their client went away */
 } serve_server;
 
 /* serve_request.c */
