@@ -1,7 +1,7 @@
 # tools/gpu-env.sh: source this on the GPU machine (Ubuntu, no Check there) before configure.
-# Unpacks the .deb files carried in $MMOE_DEBS (default .gpu/debs: check, libsubunit, and
-# jansson/pcre2 in case they are missing) into $MMOE_PREFIX and points pkg-config, the compiler
-# and the loader at it.  The .pc files are rewritten to the prefix (rather than using
+# Unpacks the .deb files carried in $MMOE_DEBS (default .gpu/debs: check, libsubunit,
+# libmicrohttpd12 and libmicrohttpd-dev, and jansson/pcre2 in case they are missing) into
+# $MMOE_PREFIX and points pkg-config, the compiler and the loader at it.  The .pc files are rewritten to the prefix (rather than using
 # PKG_CONFIG_SYSROOT_DIR, which would also re-root the system's own openblas.pc).
 MMOE_DEBS=${MMOE_DEBS:-$PWD/.gpu/debs}
 test -d "$MMOE_DEBS" || echo "gpu-env: no .deb folder at $MMOE_DEBS" >&2

@@ -186,6 +186,8 @@ static mmoe_status serve(const serve_options *o, mmoe_error *err)
         fprintf(stderr, "megamoe serve: listening on http://%s%s%s:%d (model %s, context %lld tokens; requests are "
                 "served one at a time, in arrival order)\n", colon, o->host, colon[0] ? "]" : "",
                 serve_http_port(http), srv.model_name, (long long)srv.ctx);
+        if (srv.chat_refusal[0] != '\0')
+            fprintf(stderr, "megamoe serve: /v1/chat/completions is refused: %s\n", srv.chat_refusal);
         fflush(stderr);
         int sig = 0;
         sigwait(&stop_signals, &sig);

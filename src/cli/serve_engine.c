@@ -35,8 +35,9 @@ mmoe_status serve_engine_load(serve_server *srv, int64_t ctx_size, int64_t defau
         return mmoe_error_set(err, MMOE_ESHAPE, "%s/tokenizer.json has %d ids but the model's vocab_size is %lld: "
                               "tokenizer and checkpoint do not belong together", srv->model_dir, n_tok,
                               (long long)cfg->vocab_size);
-    if ((st = mmoe_gen_check_chat_markers(srv->tok, cfg, srv->model_dir, err)) != MMOE_OK)
-        return st;
+    mmoe_error chat_err = {0};
+    if (mmoe_gen_check_chat_markers(srv->tok, cfg, srv->model_dir, &chat_err) != MMOE_OK)
+        snprintf(srv->chat_refusal, sizeof srv->chat_refusal, "this model cannot chat: %s", chat_err.msg);
     srv->ctx = ctx_size > 0 ? ctx_size : cfg->max_seq_len < default_ctx ? cfg->max_seq_len : default_ctx;
     if (srv->ctx > cfg->max_seq_len)
         return mmoe_error_set(err, MMOE_ERANGE, "--ctx-size %lld: the model's max_seq_len is %lld",
@@ -282,7 +283,9 @@ static void run_job(serve_server *srv, serve_job *job)
     mmoe_error err = {0};
     mmoe_token_ids ids = {0};
     json_t *refusal = NULL;
-    mmoe_status st = prompt_ids(srv, req, &ids, &err);
+    mmoe_status st = req->kind == SERVE_CHAT && srv->chat_refusal[0] != '\0'
+                         ? mmoe_error_set(&err, MMOE_EUNSUPPORTED, "%s", srv->chat_refusal)
+                         : prompt_ids(srv, req, &ids, &err);
     if (st != MMOE_OK)
         refusal = serve_error_json(err.msg, "invalid_request_error", req->kind == SERVE_CHAT ? "messages" : "prompt",
                                    NULL);
