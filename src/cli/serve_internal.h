@@ -95,7 +95,7 @@ typedef struct serve_server {
     size_t max_body;              /**< largest accepted request body (bytes) */
     size_t max_queue;             /**< most requests waiting at once (more: HTTP 503) */
     uint64_t default_seed;        /**< seed of requests that give none */
-    char chat_refusal[512];       /**< why chat requests are refused ("" when the chat encoding works) */
+    char chat_refusal[1100];      /**< why chat requests are refused ("" when the chat encoding works) */
     time_t started;               /**< server start (the model's "created") */
     /* the worker's own */
     mmoe_tokenizer *tok;          /**< DIR/tokenizer.json */
