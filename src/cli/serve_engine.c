@@ -15,12 +15,15 @@
  * Each generated token goes through the streaming UTF-8 decoder and the stop-string matcher
  * (mmoe_stop_strings.h); what they release is appended to the job's text under the lock and
  * the waiting connection is woken.  Between tokens the worker looks at the job's cancelled
- * flag and the server's stopping flag: either ends the job at once.
+ * flag and the server's stopping flag: either ends the job at once.  Each finished request
+ * leaves one line on stderr (number, endpoint, token counts, time, how it ended).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "mmoe_chat.h"
+#include "mmoe_clock.h"
 #include "mmoe_stop_strings.h"
 #include "serve_internal.h"
 
@@ -308,7 +311,9 @@ static void run_job(serve_server *srv, serve_job *job)
     mmoe_decode_stream_init(&run.decode, srv->tok, 0);
     mmoe_stop_init(&run.stop, (const char *const *)req->stops, req->n_stops);
     mmoe_gen_stats dec = {0};
+    double t0 = mmoe_clock_s();
     st = generate(&run, &ids, max_tokens, &dec, &err);
+    double seconds = mmoe_clock_s() - t0;
     mmoe_token_ids_free(&ids);
     mmoe_stop_free(&run.stop);
     mmoe_text_free(&run.piece);
@@ -328,6 +333,10 @@ static void run_job(serve_server *srv, serve_job *job)
         pthread_cond_broadcast(&srv->changed);
     }
     pthread_mutex_unlock(&srv->lock);
+    fprintf(stderr, "megamoe serve: request %lld (%s%s): %lld prompt tokens, %lld generated in %.3f s, %s\n",
+            (long long)job->number, req->kind == SERVE_CHAT ? "chat" : "completion", req->stream ? ", stream" : "",
+            (long long)job->prompt_tokens, (long long)dec.n_generated, seconds,
+            st != MMOE_OK ? "failed" : run.abandoned ? "cancelled: the client went away" : job->finish_reason);
 }
 
 /** Take the oldest job off the queue (lock held; the queue is not empty). */
