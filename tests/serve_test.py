@@ -93,6 +93,24 @@ def golden():
         return {p["name"]: p for p in json.load(f)["prompts"]}
 
 
+def test_listens_on_loopback_only():
+    """The listening socket of the port is bound to 127.0.0.1 only (Linux: /proc/net/tcp, tcp6)."""
+    if not os.path.exists("/proc/net/tcp"):
+        print("skip listening address check: no /proc/net/tcp")
+        return
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if not os.path.exists(table):
+            continue
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                addr, port = fields[1].split(":")
+                if int(port, 16) == ARGS.port and fields[3] == "0A":  # 0A: LISTEN
+                    found.append(addr)
+    check("listens on 127.0.0.1 only", found == ["0100007F"], repr(found))
+
+
 def test_completions_equal_generate():
     g = golden()
     for name in ("count", "alphabet", "add"):
@@ -378,7 +396,7 @@ def main():
     ap.add_argument("--ctx", type=int, required=True)
     ap.add_argument("--max-body", type=int, required=True)
     ARGS = ap.parse_args()
-    for test in (test_models_and_health, test_completions_equal_generate, test_chat_equals_generate,
+    for test in (test_models_and_health, test_listens_on_loopback_only, test_completions_equal_generate, test_chat_equals_generate,
                  test_streams_concatenate, test_sampling_fields, test_context_overflow, test_hostile_bodies,
                  test_routes_and_sizes, test_slow_clients, test_concurrent_clients, test_disconnect_frees_the_slot):
         try:
