@@ -64,7 +64,7 @@ static void bench_usage(FILE *out)
     fprintf(out, "usage: megamoe bench moe --shape v4-flash|v4-pro|v4.1-flash|tiny [--experts N]\n"
                  "                         [--tokens T1,T2,...] [--reps N] [--backend cpu|gpu] [--recipe R]\n"
                  "                         [--shared auto|fused|serial] [--pad-to N] [--seed S] [--json]\n"
-                 "  --json  one JSON object per token count on stdout instead of the table\n");
+                 "  --json  one JSON object per token count on stdout instead of the table (default: the table)\n");
 }
 
 /** Dequantize an FP4 expert matrix [n, k] to FP32 with the format library. */

@@ -60,7 +60,8 @@ static void inspect_usage(FILE *out)
             "  --stats             also print min, max, mean, abs-max of the finite values\n"
             "                      and the NaN and Inf counts (float and integer dtypes)\n"
             "  --filter SUBSTRING  only tensors whose name contains SUBSTRING\n"
-            "  --json              the report as JSON Lines (one object per tensor, then totals)\n"
+            "  --json              the report as JSON Lines, one object per tensor, then totals\n"
+            "                      (default: the table)\n"
             "  -h, --help          this text\n");
 }
 

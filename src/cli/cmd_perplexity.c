@@ -78,7 +78,9 @@ static void usage(FILE *out)
             "  --ctx N          window in positions, BOS included, N >= 2 (default: min(%d, max_seq_len))\n"
             "  --stride S       window step in tokens, 1 <= S <= N - 1 (default (N - 1) / 2)\n"
             "  --threads N      OpenBLAS threads (default: OpenBLAS's own choice)\n"
-            "  --json           the result as one JSON object on stdout\n",
+            "  --json           the result as one JSON object on stdout (default: one human line)\n\n"
+            "example:\n"
+            "  megamoe perplexity --model fixtures/tiny-dsv4 --text-file notes.txt --ctx 256\n",
             PPL_DEFAULT_CTX);
 }
 

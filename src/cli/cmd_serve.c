@@ -70,7 +70,9 @@ static void usage(FILE *out)
             "  --max-body BYTES        largest request body (default 1048576)\n"
             "  --max-queue N           most requests waiting; more get HTTP 503 (default 16)\n"
             "  --timeout S             close a connection silent for S seconds (default 30)\n"
-            "  --max-connections N     most open connections (default 64)\n",
+            "  --max-connections N     most open connections (default 64)\n\n"
+            "example:\n"
+            "  megamoe serve --model fixtures/tiny-dsv4 --port 8080\n",
             SERVE_DEFAULT_CTX);
 }
 
