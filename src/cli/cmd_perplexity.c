@@ -170,7 +170,7 @@ static mmoe_status run_window(mmoe_model *m, mmoe_model_state *s, const int32_t 
     int64_t n = 1 + (end - start); /* BOS + tokens */
     int32_t *ids = malloc((size_t)n * sizeof *ids);
     if (ids == NULL)
-        return mmoe_error_set(err, MMOE_ENOMEM, "perplexity: out of memory");
+        return mmoe_error_set(err, MMOE_ENOMEM, "out of memory");
     ids[0] = (int32_t)cfg->bos_token_id;
     memcpy(ids + 1, text + start, (size_t)(end - start) * sizeof *ids);
     mmoe_model_state_reset(s);
@@ -228,7 +228,7 @@ static mmoe_status perplexity(const ppl_options *o, ppl_result *r, int64_t *ctx_
             st = mmoe_error_set(err, MMOE_ERANGE, "--stride %lld: at most --ctx - 1 = %lld", (long long)stride,
                                 (long long)(ctx - 1));
         if (st == MMOE_OK && (logits = malloc((size_t)PPL_CHUNK * (size_t)cfg->vocab_size * sizeof *logits)) == NULL)
-            st = mmoe_error_set(err, MMOE_ENOMEM, "perplexity: out of memory for %d x %lld logits", PPL_CHUNK,
+            st = mmoe_error_set(err, MMOE_ENOMEM, "out of memory for %d x %lld logits", PPL_CHUNK,
                                 (long long)cfg->vocab_size);
     }
     if (st == MMOE_OK)

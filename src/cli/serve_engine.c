@@ -195,7 +195,7 @@ static mmoe_status record_logprobs(serve_run *run, int32_t id)
     json_object_set_new(e, "top", top);
     /* only the worker touches lp_tokens until the job is DONE */
     if (json_array_append_new(run->job->lp_tokens, e) != 0)
-        return mmoe_error_set(&run->err, MMOE_ENOMEM, "serve: out of memory for logprobs");
+        return mmoe_error_set(&run->err, MMOE_ENOMEM, "out of memory for logprobs");
     return MMOE_OK;
 }
 
@@ -204,12 +204,12 @@ static mmoe_status publish(serve_run *run, const char *text, size_t len)
 {
     run->released.len = 0;
     if (mmoe_stop_push(&run->stop, text, len, &run->released, &run->matched) != MMOE_OK)
-        return mmoe_error_set(&run->err, MMOE_ENOMEM, "serve: out of memory for the answer");
+        return mmoe_error_set(&run->err, MMOE_ENOMEM, "out of memory for the answer");
     pthread_mutex_lock(&run->srv->lock);
     mmoe_status st = mmoe_text_append(&run->job->text, run->released.data ? run->released.data : "", run->released.len);
     pthread_cond_broadcast(&run->srv->changed);
     pthread_mutex_unlock(&run->srv->lock);
-    return st != MMOE_OK ? mmoe_error_set(&run->err, MMOE_ENOMEM, "serve: out of memory for the answer") : MMOE_OK;
+    return st != MMOE_OK ? mmoe_error_set(&run->err, MMOE_ENOMEM, "out of memory for the answer") : MMOE_OK;
 }
 
 /** Token callback: logprobs, decode, stop strings, publish; nonzero stops (stop string, cancel, error). */
@@ -389,7 +389,7 @@ static void *worker_main(void *arg)
 mmoe_status serve_engine_start(serve_server *srv, mmoe_error *err)
 {
     if (pthread_create(&srv->worker, NULL, worker_main, srv) != 0)
-        return mmoe_error_set(err, MMOE_EINTERNAL, "serve: cannot start the worker thread");
+        return mmoe_error_set(err, MMOE_EINTERNAL, "cannot start the worker thread");
     srv->have_worker = 1;
     return MMOE_OK;
 }

@@ -410,7 +410,7 @@ mmoe_status serve_http_start(serve_server *srv, const char *host, int port, unsi
     serve_http *h = calloc(1, sizeof *h);
     if (h == NULL) {
         freeaddrinfo(ai);
-        return mmoe_error_set(err, MMOE_ENOMEM, "serve: out of memory");
+        return mmoe_error_set(err, MMOE_ENOMEM, "out of memory");
     }
     h->srv = srv;
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL;
@@ -422,7 +422,7 @@ mmoe_status serve_http_start(serve_server *srv, const char *host, int port, unsi
     freeaddrinfo(ai);
     if (h->daemon == NULL) {
         free(h);
-        return mmoe_error_set(err, MMOE_EIO, "serve: cannot listen on %s port %d (in use, or not an address of "
+        return mmoe_error_set(err, MMOE_EIO, "cannot listen on %s port %d (in use, or not an address of "
                               "this machine?)", host, port);
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
