@@ -180,7 +180,10 @@ mmoe_status mmoe_gen_decode(mmoe_gen_session *g, int64_t max_tokens, mmoe_gen_to
  * The chat encoding writes its markers as text; they must be single tokens of this
  * tokenizer, and BOS/EOS must be the config's ids, or the model would see something else
  * than it was trained on (a tokenizer without them gets an error, not a silent byte split).
+ * @param tok  the tokenizer
+ * @param cfg  the model's config (bos_token_id, eos_token_id)
  * @param dir  the model directory (for the message)
+ * @param err  message on failure
  * @return MMOE_OK or MMOE_EFORMAT naming the marker
  */
 mmoe_status mmoe_gen_check_chat_markers(const mmoe_tokenizer *tok, const mmoe_config *cfg, const char *dir,

@@ -40,6 +40,10 @@ void mmoe_stop_init(mmoe_stop_matcher *m, const char *const *stops, size_t n_sto
 
 /**
  * Add @p len bytes of generated text; append what is safe to release to @p out.
+ * @param m        the matcher
+ * @param text     the new text
+ * @param len      its length in bytes
+ * @param out      receives (appended) the text that can no longer be part of a stop string
  * @param matched  set to 1 when a stop string was found (the text before it is released,
  *                 the stop string and anything after are dropped), else left as is
  * @return MMOE_OK or MMOE_ENOMEM

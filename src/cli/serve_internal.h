@@ -108,7 +108,8 @@ typedef struct serve_server {
     /* shared, under lock */
     pthread_mutex_t lock;         /**< guards everything below and every job */
     pthread_cond_t changed;       /**< broadcast on every job or queue change */
-    serve_job *head, *tail;       /**< the FIFO queue */
+    serve_job *head;              /**< the FIFO queue: oldest job */
+    serve_job *tail;              /**< the FIFO queue: newest job */
     size_t n_queued;              /**< jobs in it */
     int busy;                     /**< the worker is running a job */
     int stopping;                 /**< shutdown: the worker ends, waiters give up */
@@ -122,7 +123,12 @@ typedef struct serve_server {
 /**
  * Parse and check a request body for @p kind.  On failure *@p error receives an OpenAI
  * error object (type invalid_request_error, param naming the field) for HTTP 400.
- * @param defaults_seed  the seed of a request that gives none
+ * @param body          the request body (not NUL-terminated)
+ * @param len           its length
+ * @param kind          the endpoint
+ * @param default_seed  the seed of a request that gives none
+ * @param req           receives the request (free with serve_request_free())
+ * @param error         receives the error object on failure (the caller owns it)
  * @return MMOE_OK or MMOE_EFORMAT
  */
 mmoe_status serve_request_parse(const char *body, size_t len, serve_kind kind, uint64_t default_seed,
@@ -151,7 +157,10 @@ json_t *serve_usage_chunk_json(const serve_server *srv, const serve_job *job);
 
 /**
  * Load tokenizer and model, create state and session (before the worker starts).
+ * @param srv          the server (model_dir set)
  * @param ctx_size     the context (--ctx-size); 0: min(config max_seq_len, @p default_ctx)
+ * @param default_ctx  the default context cap
+ * @param err          message on failure
  */
 mmoe_status serve_engine_load(serve_server *srv, int64_t ctx_size, int64_t default_ctx, mmoe_error *err);
 
@@ -181,8 +190,13 @@ typedef struct serve_http serve_http;
 
 /**
  * Listen on @p host : @p port (port 0: any free port) with libmicrohttpd.
+ * @param srv        the server (its worker started)
+ * @param host       the address to bind (name or numeric, IPv4 or IPv6)
+ * @param port       the TCP port, 0: any free one
  * @param timeout_s  seconds of silence after which a connection is closed
  * @param max_conn   most connections at once
+ * @param out        receives the HTTP side (free with serve_http_stop())
+ * @param err        message on failure
  */
 mmoe_status serve_http_start(serve_server *srv, const char *host, int port, unsigned timeout_s, unsigned max_conn,
                              serve_http **out, mmoe_error *err);
