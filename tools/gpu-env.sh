@@ -1,7 +1,7 @@
 # tools/gpu-env.sh: source this on the GPU machine (Ubuntu, no Check there) before configure.
-# Unpacks the .deb files carried in $MMOE_DEBS (default .gpu/debs: check, libsubunit, and
-# jansson/pcre2 in case they are missing) into $MMOE_PREFIX and points pkg-config, the compiler
-# and the loader at it.  The .pc files are rewritten to the prefix (rather than using
+# Unpacks the .deb files carried in $MMOE_DEBS (default .gpu/debs: check, libsubunit,
+# libmicrohttpd12 and libmicrohttpd-dev, and jansson/pcre2 in case they are missing) into
+# $MMOE_PREFIX and points pkg-config, the compiler and the loader at it.  The .pc files are rewritten to the prefix (rather than using
 # PKG_CONFIG_SYSROOT_DIR, which would also re-root the system's own openblas.pc).
 MMOE_DEBS=${MMOE_DEBS:-$PWD/.gpu/debs}
 test -d "$MMOE_DEBS" || echo "gpu-env: no .deb folder at $MMOE_DEBS" >&2
@@ -19,6 +19,13 @@ done
 for pc in $(find "$MMOE_PREFIX" -name '*.pc' 2>/dev/null); do
   sed -i "s|^prefix=/usr|prefix=$MMOE_PREFIX/usr|" "$pc"
 done
+# libmicrohttpd.pc names gnutls in Requires.private (for static links only); without gnutls.pc
+# on the machine pkg-config would refuse libmicrohttpd altogether, so drop that line there.
+# The shared library's own dependency (libgnutls.so.30) is part of the base system.
+mhd_pc=$(find "$MMOE_PREFIX" -name libmicrohttpd.pc 2>/dev/null | head -n 1)
+if test -n "$mhd_pc" && ! pkg-config --exists gnutls 2>/dev/null; then
+  sed -i '/^Requires.private:.*gnutls/d' "$mhd_pc"
+fi
 libdir=$MMOE_PREFIX/usr/lib/x86_64-linux-gnu
 export PKG_CONFIG_PATH="$libdir/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
 export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

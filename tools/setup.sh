@@ -5,7 +5,7 @@ set -eu
 cd "$(dirname "$0")/.."
 SUDO=; test "$(id -u)" -eq 0 || SUDO=sudo
 pkgs="autoconf automake autoconf-archive libtool pkg-config make gcc check libopenblas-dev \
- libjansson-dev libpcre2-dev doxygen graphviz python3 python3-pip valgrind"
+ libjansson-dev libpcre2-dev libmicrohttpd-dev doxygen graphviz python3 python3-pip valgrind"
 missing=; for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if test -n "$missing"; then
   echo "setup: installing:$missing"

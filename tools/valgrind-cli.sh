@@ -117,8 +117,54 @@ if implemented generate; then
     check 1 $none generate --model "$tmp/no-such-model" --prompt "x"
     check 1 $none generate --model "$model" --prompt "one two three four five" --ctx-size 3
     check 2 $none generate --model "$model" --prompt "x" --temperature nan
+    check 0 $none generate --model "$model" --prompt "The quick" --max-tokens 5 --temperature 0.7 --top-k 5 \
+        --min-p 0.05 --repeat-penalty 1.3 --stop "zz" --logprobs 2 --json --seed 4
 else
     skipped="$skipped generate"
+fi
+
+if implemented perplexity; then
+    printf 'The quick brown fox jumps over the lazy dog. 1 2 3 4 5 6 7 8 9 10' >"$tmp/ppl.txt"
+    check 0 $none perplexity --model "$model" --text-file "$tmp/ppl.txt" --ctx 8 --stride 3
+    check 0 $none perplexity --model "$model" --text-file "$tmp/ppl.txt" --json
+    check 1 $none perplexity --model "$model" --text-file "$tmp/no-such-text.txt"
+else
+    skipped="$skipped perplexity"
+fi
+
+# serve: one server under valgrind, a few requests through curl, SIGTERM, a clean exit
+if implemented serve && command -v curl >/dev/null 2>&1; then
+    vlog="$tmp/valgrind-serve.log"
+    valgrind --quiet --leak-check=full --errors-for-leak-kinds=definite,indirect,possible \
+        --error-exitcode=99 --log-file="$vlog" "$bin" serve --model "$model" --port 0 2>"$tmp/serve.txt" &
+    vpid=$!
+    n=0
+    while ! grep -q 'listening on' "$tmp/serve.txt" 2>/dev/null && kill -0 "$vpid" 2>/dev/null && [ $n -lt 3000 ]; do
+        sleep 0.2; n=$((n + 1))
+    done
+    port=$(sed -n 's|.*listening on http://127\.0\.0\.1:\([0-9]*\).*|\1|p' "$tmp/serve.txt")
+    if [ -n "$port" ]; then
+        u=http://127.0.0.1:$port
+        curl -s --max-time 600 "$u/v1/completions" -d '{"prompt": "The quick", "max_tokens": 3, "logprobs": 2}' >/dev/null
+        curl -s -N --max-time 600 "$u/v1/chat/completions" \
+            -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "stream": true, "stop": "x"}' >/dev/null
+        curl -s --max-time 600 "$u/v1/completions" -d '{"prompt": ' >/dev/null
+        curl -s --max-time 600 "$u/health" >/dev/null
+    fi
+    kill "$vpid" 2>/dev/null
+    wait "$vpid"
+    got=$?
+    if [ -n "$port" ] && [ "$got" = 0 ] && [ ! -s "$vlog" ]; then
+        n_pass=$((n_pass + 1))
+        echo "PASS: megamoe serve (completion, streamed chat, bad JSON, health; SIGTERM)"
+    else
+        n_fail=$((n_fail + 1))
+        echo "FAIL: megamoe serve (exit $got, port '${port:-none}')"
+        sed 's/^/  stderr: /' "$tmp/serve.txt" | head -20
+        sed 's/^/  valgrind: /' "$vlog" | head -60
+    fi
+else
+    skipped="$skipped serve(needs curl)"
 fi
 
 echo "valgrind-cli: $n_pass passed, $n_fail failed${skipped:+; skipped (not implemented):$skipped}"

@@ -2,15 +2,23 @@
  * @file cmd_bench_forward.c
  * @brief `megamoe bench forward`: prefill tokens/s, decode ms/token and the layer-by-layer split of the CPU oracle.
  *
- *     megamoe bench forward --model DIR [--prefill 64] [--decode 8] [--seed S] [--threads N]
+ *     megamoe bench forward --model DIR [--prefill 64] [--decode 8] [--seed S] [--threads N] [--json]
  *
  * Prefills --prefill random token ids from position 0 (one call), then decodes --decode
  * more tokens one call each (greedy from the logits).  Reports the wall times, the
  * split per layer (attention, MoE, mHC) and per global part (embedding, head), the
  * resident-set peak (getrusage) against the checkpoint's tensor bytes and the KV-cache
  * bytes.  The weights are mmapped, so the RSS counts only the pages actually touched.
+ *
+ * With --json the report is one JSON object on stdout (mmoe_json_report.h): {"bench":
+ * "forward", "backend": "cpu", "model", "layers", "load_s", "prefill_tokens", "prefill_s",
+ * "prefill_tokens_per_s", "decode_tokens", "decode_s", "decode_ms_per_token",
+ * "peak_rss_bytes", "weight_bytes", "kv_cache_bytes", "prefill_split", "decode_split"}; a
+ * split is {"attention_s", "moe_s", "mhc_s", "embed_s", "head_s", "layers": [{"layer",
+ * "attention_s", "moe_s", "mhc_s"}]}.
  */
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +26,7 @@
 
 #include "mmoe_cli.h"
 #include "mmoe_clock.h"
+#include "mmoe_json_report.h"
 #include "mmoe_model.h"
 #include "mmoe_rng.h"
 
@@ -31,7 +40,8 @@ static void usage(FILE *out)
                  "  --prefill N     prompt tokens, 1..1000000 (default 64)\n"
                  "  --decode K      tokens decoded one at a time, 0..100000 (default 8)\n"
                  "  --seed S        RNG seed of the prompt (default 1)\n"
-                 "  --threads N     OpenBLAS and dequantization threads, 1..%d (default: their own defaults)\n\n"
+                 "  --threads N     OpenBLAS and dequantization threads, 1..%d (default: their own defaults)\n"
+                 "  --json          the report as one JSON object (default: text)\n\n"
                  "example:\n"
                  "  megamoe bench forward --model fixtures/tiny-dsv4 --prefill 64 --decode 8\n",
             MMOE_CLI_MAX_THREADS);
@@ -69,6 +79,31 @@ static void print_split(const char *phase, const mmoe_model_timings *a, const do
            100 * (a->head_s - hd0) / t);
 }
 
+/** One phase's split as JSON (the differences of two snapshots, as print_split()). */
+static json_t *split_json(const mmoe_model_timings *a, const double *a0, const double *m0, const double *h0, double e0,
+                          double hd0)
+{
+    json_t *o = json_object(), *layers = json_array();
+    double sa = 0, sm = 0, sh = 0;
+    for (int L = 0; L < a->n_layers; L++) {
+        double at = a->attn_s[L] - a0[L], mo = a->moe_s[L] - m0[L], hc = a->mhc_s[L] - h0[L];
+        sa += at, sm += mo, sh += hc;
+        json_t *l = json_object();
+        mmoe_json_set_int(l, "layer", L);
+        mmoe_json_set_real(l, "attention_s", at);
+        mmoe_json_set_real(l, "moe_s", mo);
+        mmoe_json_set_real(l, "mhc_s", hc);
+        json_array_append_new(layers, l);
+    }
+    mmoe_json_set_real(o, "attention_s", sa);
+    mmoe_json_set_real(o, "moe_s", sm);
+    mmoe_json_set_real(o, "mhc_s", sh);
+    mmoe_json_set_real(o, "embed_s", a->embed_s - e0);
+    mmoe_json_set_real(o, "head_s", a->head_s - hd0);
+    json_object_set_new(o, "layers", layers);
+    return o;
+}
+
 int mmoe_cmd_bench_forward(int argc, char **argv)
 {
     enum { O_THREADS = 256, O_TOKENS };
@@ -76,11 +111,12 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
                                          {"decode", required_argument, 0, 'd'}, {"seed", required_argument, 0, 's'},
                                          {"threads", required_argument, 0, O_THREADS},
                                          {"tokens", required_argument, 0, O_TOKENS},
+                                         {"json", no_argument, 0, 'j'},
                                          {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
     const char *cmd = "bench forward", *model_dir = NULL;
     int64_t n_prefill = 64, n_decode = 8;
     uint64_t seed = 1;
-    int c, rc = 0, threads = 0;
+    int c, rc = 0, threads = 0, json = 0;
     optind = 1;
     while (rc == 0 && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -93,6 +129,7 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
             fprintf(stderr, "megamoe bench forward: --tokens is now --prefill N (the prompt's token count)\n");
             rc = MMOE_EXIT_USAGE;
             break;
+        case 'j': json = 1; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return MMOE_EXIT_USAGE;
         }
@@ -112,6 +149,7 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
     int32_t *ids = NULL;
     float *logits = NULL;
     double *snap = NULL;
+    json_t *report = json ? json_object() : NULL;
     rc = 1;
     double t0 = mmoe_clock_s();
     mmoe_status st = mmoe_model_open(model_dir, progress, NULL, &m, &err);
@@ -141,13 +179,27 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
         goto done;
     mmoe_model_timings tm;
     mmoe_model_state_timings(s, &tm);
-    printf("model %s: %d layers + %d MTP, D %lld, %d experts top-%d, weights %.2f GiB\n", model_dir, cfg->n_layers,
-           cfg->n_mtp_layers, (long long)cfg->dim, cfg->n_routed_experts, cfg->n_activated_experts,
-           (double)mmoe_model_weight_bytes(m) / (1u << 30));
-    printf("load (mmap + checks): %.3f s\n", t_load);
-    printf("prefill: %lld tokens in %.3f s = %.2f tokens/s\n", (long long)n_prefill, t_prefill, (double)n_prefill / t_prefill);
     double *a0 = snap, *m0 = snap + nb, *h0 = snap + 2 * nb;
-    print_split("prefill", &tm, a0, m0, h0, 0, 0, t_prefill);
+    if (json) {
+        json_object_set_new(report, "bench", json_string("forward"));
+        json_object_set_new(report, "backend", json_string("cpu"));
+        mmoe_json_set_str(report, "model", model_dir);
+        mmoe_json_set_int(report, "layers", cfg->n_layers);
+        mmoe_json_set_int(report, "mtp_layers", cfg->n_mtp_layers);
+        mmoe_json_set_real(report, "load_s", t_load);
+        mmoe_json_set_int(report, "prefill_tokens", n_prefill);
+        mmoe_json_set_real(report, "prefill_s", t_prefill);
+        mmoe_json_set_real(report, "prefill_tokens_per_s", (double)n_prefill / t_prefill);
+        json_object_set_new(report, "prefill_split", split_json(&tm, a0, m0, h0, 0, 0));
+    } else {
+        printf("model %s: %d layers + %d MTP, D %lld, %d experts top-%d, weights %.2f GiB\n", model_dir,
+               cfg->n_layers, cfg->n_mtp_layers, (long long)cfg->dim, cfg->n_routed_experts,
+               cfg->n_activated_experts, (double)mmoe_model_weight_bytes(m) / (1u << 30));
+        printf("load (mmap + checks): %.3f s\n", t_load);
+        printf("prefill: %lld tokens in %.3f s = %.2f tokens/s\n", (long long)n_prefill, t_prefill,
+               (double)n_prefill / t_prefill);
+        print_split("prefill", &tm, a0, m0, h0, 0, 0, t_prefill);
+    }
     memcpy(a0, tm.attn_s, sizeof(double) * (size_t)nb);
     memcpy(m0, tm.moe_s, sizeof(double) * (size_t)nb);
     memcpy(h0, tm.mhc_s, sizeof(double) * (size_t)nb);
@@ -164,13 +216,27 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
     double t_decode = mmoe_clock_s() - t0;
     if (st != MMOE_OK)
         goto done;
-    if (n_decode > 0) {
+    if (n_decode > 0 && !json) {
         printf("decode: %lld tokens in %.3f s = %.2f ms/token\n", (long long)n_decode, t_decode, 1e3 * t_decode / (double)n_decode);
         mmoe_model_state_timings(s, &tm);
         print_split("decode", &tm, a0, m0, h0, e0, hd0, t_decode);
     }
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
+    if (json) {
+        mmoe_model_state_timings(s, &tm);
+        mmoe_json_set_int(report, "decode_tokens", n_decode);
+        mmoe_json_set_real(report, "decode_s", t_decode);
+        mmoe_json_set_real(report, "decode_ms_per_token", n_decode > 0 ? 1e3 * t_decode / (double)n_decode : NAN);
+        json_object_set_new(report, "decode_split", split_json(&tm, a0, m0, h0, e0, hd0));
+        mmoe_json_set_int(report, "peak_rss_bytes", (int64_t)ru.ru_maxrss * 1024);
+        mmoe_json_set_int(report, "weight_bytes", (int64_t)mmoe_model_weight_bytes(m));
+        mmoe_json_set_int(report, "kv_cache_bytes", (int64_t)mmoe_model_state_bytes(s));
+        st = mmoe_json_print_line(stdout, report, &err);
+        report = NULL;
+        rc = st == MMOE_OK ? 0 : 1;
+        goto done;
+    }
     printf("memory: peak RSS %.1f MiB, checkpoint tensors %.1f MiB (ratio %.2f), KV caches %.1f MiB\n",
            (double)ru.ru_maxrss / 1024.0, (double)mmoe_model_weight_bytes(m) / (1 << 20),
            (double)ru.ru_maxrss * 1024.0 / (double)mmoe_model_weight_bytes(m),
@@ -182,6 +248,7 @@ done:
     free(ids);
     free(logits);
     free(snap);
+    json_decref(report);
     mmoe_model_state_destroy(s);
     mmoe_model_close(m);
     return rc;

@@ -3,7 +3,7 @@
  * @brief `megamoe bench moe`: time the MoE layer and compare its GEMM rate with OpenBLAS SGEMM.
  *
  *     megamoe bench moe --shape v4-flash --experts 32 --tokens 1,8,64 --backend cpu
- *                       [--reps N] [--recipe R] [--shared M] [--pad-to N] [--seed S] [--threads N]
+ *                       [--reps N] [--recipe R] [--shared M] [--pad-to N] [--seed S] [--threads N] [--json]
  *
  * --tokens is the list of token counts T to time.  The layer has the shape's D, I and top-k,
  * and --experts routed experts (default 32, not a full model's 256 or 384, to keep the
@@ -22,6 +22,13 @@
  * layer / SGEMM is what "dequantization must not dominate" measures: 1.0 means the FP4 layer
  * is as fast as if its weights had been FP32 to begin with.
  *
+ * With --json the table becomes JSON Lines on stdout (mmoe_json_report.h), one object per
+ * token count: {"bench": "moe", "backend": "cpu", "shape", "experts", "tokens", "reps",
+ * "median_ms", "tflops", "peer": "openblas-sgemm", "peer_median_ms", "peer_tflops",
+ * "ratio_to_peer", "gemm_flops", "routed_pairs", "active_experts", "dequant_ms", "gemm_ms",
+ * "recipe", "shared_path", "fallback_reason"}; ratio_to_peer = peer_median_ms / median_ms
+ * (above 1: faster than the peer), the table's "ratio".
+ *
  * Any fallback of the shared expert is printed.  `--backend gpu` runs the GPU benchmark
  * (bench_moe_gpu.c) with the PyTorch peer measured in the same run; `--gpus N` / `--ep-ranks N`
  * the expert-parallel layer (bench_moe_ep.c).
@@ -37,6 +44,7 @@
 #include "mmoe_cli.h"
 #include "mmoe_clock.h"
 #include "mmoe_formats.h"
+#include "mmoe_json_report.h"
 #include "mmoe_moe_synth.h"
 
 /** Most token counts in one --tokens list. */
@@ -77,7 +85,9 @@ static void bench_usage(FILE *out)
                  "  --shared M       auto, fused or serial (default auto)\n"
                  "  --pad-to N       pad the intermediate width to a multiple of N (multiple of 128; default 0)\n"
                  "  --seed S         RNG seed of weights and inputs (default 1)\n"
-                 "  --threads N      OpenBLAS and dequantization threads, 1..%d (default: their own defaults)\n\n"
+                 "  --threads N      OpenBLAS and dequantization threads, 1..%d (default: their own defaults)\n"
+                 "  --json           one JSON object per token count on stdout instead of the table\n"
+                 "                   (default: the table)\n\n"
                  "example:\n"
                  "  megamoe bench moe --shape v4-flash --experts 32 --tokens 1,8,64 --reps 5\n",
             BENCH_DEFAULT_EXPERTS, (long long)BENCH_MAX_TOKENS, MMOE_CLI_MAX_THREADS);
@@ -113,9 +123,42 @@ static double sgemm_same_shapes(const mmoe_moe_desc *d, const int64_t *counts, i
     return mmoe_clock_s() - t0;
 }
 
-/** Time the layer and the SGEMM yardstick at one token count; print one row. */
+/** The JSON Lines row of one token count (--json). */
+static int print_json_row(const mmoe_moe_desc *d, const char *shape, int64_t t, int reps, double flops, double tl,
+                          double ts, const mmoe_moe_result *res, double dq_ms, double gemm_ms)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "bench", json_string("moe"));
+    json_object_set_new(o, "backend", json_string("cpu"));
+    mmoe_json_set_str(o, "shape", shape);
+    mmoe_json_set_int(o, "experts", d->n_experts);
+    mmoe_json_set_int(o, "tokens", t);
+    mmoe_json_set_int(o, "reps", reps);
+    mmoe_json_set_real(o, "median_ms", 1e3 * tl);
+    mmoe_json_set_real(o, "tflops", flops / tl * 1e-12);
+    json_object_set_new(o, "peer", json_string("openblas-sgemm"));
+    mmoe_json_set_real(o, "peer_median_ms", 1e3 * ts);
+    mmoe_json_set_real(o, "peer_tflops", flops / ts * 1e-12);
+    mmoe_json_set_real(o, "ratio_to_peer", ts / tl);
+    mmoe_json_set_real(o, "gemm_flops", flops);
+    mmoe_json_set_int(o, "routed_pairs", res->routed_pairs);
+    mmoe_json_set_int(o, "active_experts", res->active_experts);
+    mmoe_json_set_real(o, "dequant_ms", dq_ms);
+    mmoe_json_set_real(o, "gemm_ms", gemm_ms);
+    mmoe_json_set_str(o, "recipe", mmoe_moe_recipe_name(d->recipe));
+    mmoe_json_set_str(o, "shared_path", mmoe_moe_path_name(res->shared_path));
+    mmoe_json_set_str(o, "fallback_reason", res->shared_path == MMOE_PATH_SERIAL ? res->fallback_reason : NULL);
+    mmoe_error err;
+    if (mmoe_json_print_line(stdout, o, &err) != MMOE_OK) {
+        fprintf(stderr, "megamoe bench moe: %s\n", err.msg);
+        return 1;
+    }
+    return 0;
+}
+
+/** Time the layer and the SGEMM yardstick at one token count; print one row (a JSON line with @p json). */
 static int bench_one(const mmoe_moe_desc *d, mmoe_moe_layer *layer, const mmoe_moe_synth *s, int64_t t, int reps,
-                     uint64_t seed, const float *w13, const float *w2)
+                     uint64_t seed, const float *w13, const float *w2, const char *shape, int json)
 {
     mmoe_error err;
     const int64_t D = d->hidden;
@@ -158,6 +201,10 @@ static int bench_one(const mmoe_moe_desc *d, mmoe_moe_layer *layer, const mmoe_m
         ref[r] = sgemm_same_shapes(d, counts, t, shared, w13, w2, a, c);
     }
     double tl = median(times, reps), ts = median(ref, reps);
+    if (json) {
+        rc = print_json_row(d, shape, t, reps, flops, tl, ts, &res, 1e3 * dq / reps, 1e3 * gm / reps);
+        goto done;
+    }
     printf("%6lld %8lld %7lld %10.3f %9.2f %10.3f %9.2f %7.2f %10.3f %9.3f  %s%s%s\n", (long long)t,
            (long long)res.routed_pairs, (long long)res.active_experts, 1e3 * tl, flops / tl * 1e-9, 1e3 * ts,
            flops / ts * 1e-9, ts / tl, 1e3 * dq / reps, 1e3 * gm / reps, mmoe_moe_path_name(res.shared_path),
@@ -226,11 +273,11 @@ int mmoe_cmd_bench_moe(int argc, char **argv)
         {"backend", required_argument, 0, 'b'}, {"recipe", required_argument, 0, 'r'},
         {"shared", required_argument, 0, 's'}, {"pad-to", required_argument, 0, 'p'},
         {"seed", required_argument, 0, 'x'}, {"threads", required_argument, 0, O_THREADS},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const char *cmd = "bench moe", *shape = "v4-flash", *tokens = "1,8,64", *backend = "cpu", *recipe = NULL,
                *shared = NULL;
     int64_t experts = 0, pad_to = 0; /* 0: BENCH_DEFAULT_EXPERTS, or all of a smaller shape's */
-    int reps = 5, threads = 0, c, rc = 0;
+    int reps = 5, threads = 0, c, rc = 0, json = 0;
     uint64_t seed = 1;
     optind = 1;
     while (rc == 0 && (c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -250,6 +297,7 @@ int mmoe_cmd_bench_moe(int argc, char **argv)
             break;
         case 'x': rc = mmoe_cli_opt_u64(cmd, "seed", optarg, 0, UINT64_MAX, &seed); break;
         case O_THREADS: rc = mmoe_cli_opt_int(cmd, "threads", optarg, 1, MMOE_CLI_MAX_THREADS, &threads); break;
+        case 'j': json = 1; break;
         case 'h': bench_usage(stdout); return 0;
         default: bench_usage(stderr); return MMOE_EXIT_USAGE;
         }
@@ -300,7 +348,10 @@ int mmoe_cmd_bench_moe(int argc, char **argv)
         if (w13 == NULL || w2 == NULL)
             st = mmoe_error_set(&err, MMOE_ENOMEM, "out of memory for the FP32 reference weights");
     }
-    if (st == MMOE_OK) {
+    if (st == MMOE_OK && json) {
+        for (size_t i = 0; i < nt && rc == 0; i++)
+            rc = bench_one(&d, layer, s, tv[i], reps, seed, w13, w2, shape, 1);
+    } else if (st == MMOE_OK) {
         printf("bench moe: shape %s with %lld of its %lld routed experts (--experts), D %lld, I %lld, topk %d, "
                "recipe %s, shared %s, pad-to %lld, reps %d, OpenBLAS %s x%d threads (setup %.1f s)\n",
                shape, (long long)d.n_experts, (long long)full.n_experts, (long long)d.hidden, (long long)d.inter,
@@ -308,7 +359,7 @@ int mmoe_cmd_bench_moe(int argc, char **argv)
                reps, openblas_get_corename(), openblas_get_num_threads(), mmoe_clock_s() - t0);
         printf("     T    pairs  active   layer_ms  layer_GF   sgemm_ms  sgemm_GF   ratio dequant_ms   gemm_ms  shared\n");
         for (size_t i = 0; i < nt && rc == 0; i++)
-            rc = bench_one(&d, layer, s, tv[i], reps, seed, w13, w2);
+            rc = bench_one(&d, layer, s, tv[i], reps, seed, w13, w2, shape, 0);
         printf("ratio = SGEMM time / layer time for the same GEMM FLOPs (target at T=64: >= 0.5); "
                "dequant_ms / gemm_ms: mean per call inside the layer\n");
     } else {

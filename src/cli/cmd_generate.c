@@ -3,7 +3,8 @@
  * @brief `megamoe generate`: text generation on the CPU forward, one prompt or an interactive chat.
  *
  *     megamoe generate --model DIR [--prompt TEXT | --chat] [--max-tokens N] [--temperature T]
- *                      [--top-p P] [--seed S] [--threads N] [--quiet] [--thinking] ...
+ *                      [--top-p P] [--top-k K] [--min-p M] [--repeat-penalty R] [--stop STRING]...
+ *                      [--logprobs N] [--seed S] [--threads N] [--json] [--quiet] [--thinking] ...
  *
  * ## What it does
  *
@@ -50,10 +51,22 @@
  * Temperature 0 (the default) is greedy and deterministic: the same command prints the
  * same tokens.  With --temperature > 0 (and --top-p) the sampler of mmoe_sampler.h draws
  * with a seeded generator: --seed S replays a generation (the default seed is 1, printed).
+ * --top-k, --min-p and --repeat-penalty (over the last --repeat-last-n tokens, prompt
+ * included) are the other cuts of mmoe_sampler.h, in its order; none changes what a seed
+ * replays.  --stop STRING (repeatable) ends the answer where the string is completed; the
+ * string itself is not printed (mmoe_stop_strings.h: the text that could still start one is
+ * held back, so the output streams at most a stop string's length behind).
+ * --logprobs N lists, after each turn, every generated token with its log-probability and
+ * the N most probable alternatives (mmoe_logprobs_top(): the model's own distribution over
+ * the ids the tokenizer can decode, before temperature and cuts), on stderr.
+ * --json prints the stats (and logprobs) as JSON Lines on stderr instead of the human
+ * lines (mmoe_json_report.h), and drops the progress and model lines.
+ *
  * --threads N sets OpenBLAS's thread count and the MoE layers' dequantization threads
  * (mmoe_cli_set_threads()); without it each keeps its default (OPENBLAS_NUM_THREADS,
  * MMOE_DEQUANT_THREADS, else the machine's cores).  The rest of the forward is
- * single-threaded.
+ * single-threaded.  The expert-parallel options (--ep-ranks, --gpus, --gpu-memory) are
+ * cli_ep.h's.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -67,13 +80,14 @@
 
 #include <signal.h>
 
-#include "chat_internal.h" /* the marker strings of the chat encoding */
 #include "mmoe_chat.h"
 #include "cli_ep.h"
 #include "mmoe_cli.h"
 #include "mmoe_clock.h"
 #include "mmoe_generate.h"
+#include "mmoe_json_report.h"
 #include "mmoe_model.h"
+#include "mmoe_stop_strings.h"
 #include "mmoe_tokenizer.h"
 #include "mmoe_utf8.h"
 
@@ -102,6 +116,12 @@ static void install_interrupt_handler(void)
 /** Default context size (tokens) when the config allows more: keeps the KV caches small. */
 #define GEN_DEFAULT_CTX 4096
 
+/** Most --stop strings on one command line. */
+#define GEN_MAX_STOPS 16
+
+/** Most --logprobs alternatives per token (OpenAI's limit). */
+#define GEN_MAX_LOGPROBS 20
+
 /** The command line, parsed. */
 typedef struct gen_options {
     const char *model_dir;   /**< --model */
@@ -119,9 +139,25 @@ typedef struct gen_options {
     float top_p;             /**< --top-p */
     unsigned long long seed; /**< --seed */
     int threads;             /**< --threads (0: OpenBLAS's default) */
-    long long ctx_size;      /**< --ctx-size (0: min(config max_seq_len, GEN_DEFAULT_CTX)) */
     mmoe_cli_ep ep;          /**< --ep-ranks, --gpus, --gpu-memory (cli_ep.h) */
+    long long ctx_size;      /**< --ctx-size (0: min(config max_seq_len, GEN_DEFAULT_CTX)) */
+    int64_t top_k;           /**< --top-k (0: off) */
+    double min_p;            /**< --min-p (0: off) */
+    double repeat_penalty;   /**< --repeat-penalty (1: off) */
+    int64_t repeat_last_n;   /**< --repeat-last-n */
+    const char *stops[GEN_MAX_STOPS]; /**< --stop strings */
+    size_t n_stops;          /**< how many */
+    int64_t logprobs;        /**< --logprobs N (-1: not asked) */
+    int json;                /**< --json: stats as JSON Lines */
 } gen_options;
+
+/** The log-probabilities of one generated token (--logprobs). */
+typedef struct gen_logprob {
+    int32_t id;                         /**< the token */
+    double logprob;                     /**< its log-probability */
+    int32_t top_ids[GEN_MAX_LOGPROBS];  /**< the most probable ids */
+    double top_lp[GEN_MAX_LOGPROBS];    /**< their log-probabilities */
+} gen_logprob;
 
 /** Everything a run holds: owned resources are released by gen_cleanup(). */
 typedef struct gen_run {
@@ -138,6 +174,11 @@ typedef struct gen_run {
     int stderr_tty;            /**< stderr is a terminal: progress lines rewrite themselves */
     mmoe_status out_status;    /**< a decode error inside the token callback */
     mmoe_error out_err;        /**< its message */
+    mmoe_stop_matcher stop;    /**< the --stop strings over the current turn's text */
+    mmoe_text released;        /**< scratch: text the stop matcher released */
+    int stop_matched;          /**< a stop string ended the current turn */
+    gen_logprob *lp;           /**< --logprobs of the current turn's tokens (owned) */
+    size_t n_lp, cap_lp;       /**< entries used and allocated */
     int interrupted;           /**< the current answer was stopped by Ctrl-C */
 } gen_run;
 
@@ -160,6 +201,17 @@ static void usage(FILE *out)
             "  --max-tokens N      most tokens to generate per turn (default 256)\n"
             "  --temperature T     0 = greedy, deterministic (default 0)\n"
             "  --top-p P           nucleus sampling mass in (0, 1] (default 1)\n"
+            "  --top-k K           sample among the K most probable tokens (default 0: off)\n"
+            "  --min-p M           drop tokens below M times the top probability, M in [0, 1] (default 0: off)\n"
+            "  --repeat-penalty R  divide positive / multiply negative logits of recent tokens by R > 0\n"
+            "                      (default 1: off)\n"
+            "  --repeat-last-n N   recent tokens the penalty looks at, prompt included (default %d)\n"
+            "  --stop STRING       end the answer where STRING appears (not printed); repeatable, at most %d\n"
+            "                      (default: none)\n"
+            "  --logprobs N        list each generated token's log-probability and the N most probable\n"
+            "                      alternatives (N in [0, %d]) on stderr after each turn (default: off)\n"
+            "  --json              stats (and logprobs) as JSON Lines on stderr; no progress lines\n"
+            "                      (default: human lines)\n"
             "  --seed S            sampler seed (default 1)\n"
             "  --threads N         OpenBLAS and dequantization threads, 1..1024 (default: their own defaults)\n"
             "  --ctx-size N        KV cache size in tokens (default: min(config max_seq_len, %d))\n"
@@ -167,14 +219,15 @@ static void usage(FILE *out)
             "  --quiet             no progress or stats lines (default: shown)\n" MMOE_CLI_EP_USAGE "\n"
             "example:\n"
             "  megamoe generate --model fixtures/tiny-dsv4 --prompt '1 2 3 4' --max-tokens 8\n",
-            GEN_DEFAULT_CTX);
+            MMOE_SAMPLER_REPEAT_LAST_N, GEN_MAX_STOPS, GEN_MAX_LOGPROBS, GEN_DEFAULT_CTX);
 }
 
 /** Parse argv into @p o. Returns 0, MMOE_EXIT_USAGE on a usage error, or -1 after --help. */
 static int parse_options(int argc, char **argv, gen_options *o)
 {
     enum { O_MODEL = 256, O_PROMPT, O_CHAT, O_RAW, O_CHATFMT, O_SYSTEM, O_THINK, O_NOBOS, O_MAX, O_TEMP,
-           O_TOPP, O_SEED, O_THREADS, O_CTX, O_IDS, O_QUIET, O_EP_RANKS, O_GPUS, O_GPU_MEM };
+           O_TOPP, O_SEED, O_THREADS, O_CTX, O_IDS, O_QUIET, O_TOPK, O_MINP, O_PENALTY, O_LASTN, O_STOP,
+           O_LOGPROBS, O_JSON, O_EP_RANKS, O_GPUS, O_GPU_MEM };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},  {"prompt", required_argument, 0, O_PROMPT},
         {"chat", no_argument, 0, O_CHAT},          {"raw", no_argument, 0, O_RAW},
@@ -184,6 +237,10 @@ static int parse_options(int argc, char **argv, gen_options *o)
         {"top-p", required_argument, 0, O_TOPP},   {"seed", required_argument, 0, O_SEED},
         {"threads", required_argument, 0, O_THREADS}, {"ctx-size", required_argument, 0, O_CTX},
         {"print-ids", no_argument, 0, O_IDS},      {"quiet", no_argument, 0, O_QUIET},
+        {"top-k", required_argument, 0, O_TOPK},   {"min-p", required_argument, 0, O_MINP},
+        {"repeat-penalty", required_argument, 0, O_PENALTY}, {"repeat-last-n", required_argument, 0, O_LASTN},
+        {"stop", required_argument, 0, O_STOP},    {"logprobs", required_argument, 0, O_LOGPROBS},
+        {"json", no_argument, 0, O_JSON},
         {"ep-ranks", required_argument, 0, O_EP_RANKS}, {"gpus", required_argument, 0, O_GPUS},
         {"gpu-memory", required_argument, 0, O_GPU_MEM},
         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0}};
@@ -191,6 +248,9 @@ static int parse_options(int argc, char **argv, gen_options *o)
     o->max_tokens = 256;
     o->top_p = 1.0f;
     o->seed = 1;
+    o->repeat_penalty = 1.0;
+    o->repeat_last_n = MMOE_SAMPLER_REPEAT_LAST_N;
+    o->logprobs = -1;
     const char *cmd = "generate";
     int64_t v = 0;
     uint64_t u = 0;
@@ -216,12 +276,30 @@ static int parse_options(int argc, char **argv, gen_options *o)
         case O_SEED: rc = mmoe_cli_opt_u64(cmd, "seed", optarg, 0, UINT64_MAX, &u), o->seed = u; break;
         case O_THREADS: rc = mmoe_cli_opt_int(cmd, "threads", optarg, 1, MMOE_CLI_MAX_THREADS, &o->threads); break;
         case O_CTX: rc = mmoe_cli_opt_i64(cmd, "ctx-size", optarg, 1, INT64_C(1) << 40, &v), o->ctx_size = v; break;
+        case O_TOPK: rc = mmoe_cli_opt_i64(cmd, "top-k", optarg, 0, INT32_MAX, &o->top_k); break;
+        case O_MINP: rc = mmoe_cli_opt_f64(cmd, "min-p", optarg, 0.0, 1.0, 0, &o->min_p); break;
+        case O_PENALTY:
+            rc = mmoe_cli_opt_f64(cmd, "repeat-penalty", optarg, 0.0, 1e6, MMOE_CLI_LO_OPEN, &o->repeat_penalty);
+            break;
+        case O_LASTN:
+            rc = mmoe_cli_opt_i64(cmd, "repeat-last-n", optarg, 0, MMOE_SAMPLER_REPEAT_LAST_N_MAX, &o->repeat_last_n);
+            break;
+        case O_STOP:
+            if (optarg[0] == '\0' || o->n_stops == GEN_MAX_STOPS) {
+                fprintf(stderr, "megamoe generate: --stop: expected a non-empty string, at most %d of them\n",
+                        GEN_MAX_STOPS);
+                rc = MMOE_EXIT_USAGE;
+            } else {
+                o->stops[o->n_stops++] = optarg;
+            }
+            break;
+        case O_LOGPROBS: rc = mmoe_cli_opt_i64(cmd, "logprobs", optarg, 0, GEN_MAX_LOGPROBS, &o->logprobs); break;
+        case O_JSON: o->json = 1; break;
         case O_EP_RANKS:
         case O_GPUS:
         case O_GPU_MEM:
-            if (mmoe_cli_ep_option("generate", c == O_EP_RANKS ? "ep-ranks" : c == O_GPUS ? "gpus" : "gpu-memory",
-                                   optarg, &o->ep))
-                return MMOE_EXIT_USAGE;
+            rc = mmoe_cli_ep_option("generate", c == O_EP_RANKS ? "ep-ranks" : c == O_GPUS ? "gpus" : "gpu-memory", optarg,
+                                    &o->ep);
             break;
         case 'h': usage(stdout); return -1;
         default:
@@ -264,7 +342,7 @@ static int parse_options(int argc, char **argv, gen_options *o)
 static void load_progress(void *ctx, int done, int total, const char *what)
 {
     const gen_run *r = ctx;
-    if (r->opt->quiet || !r->stderr_tty)
+    if (r->opt->quiet || r->opt->json || !r->stderr_tty)
         return;
     fprintf(stderr, "\rloading model: %d/%d %s\033[K", done, total, what ? what : "");
     fflush(stderr);
@@ -274,7 +352,7 @@ static void load_progress(void *ctx, int done, int total, const char *what)
 static void prefill_progress(void *ctx, int64_t done, int64_t total)
 {
     const gen_run *r = ctx;
-    if (r->opt->quiet || total <= MMOE_GEN_PREFILL_CHUNK)
+    if (r->opt->quiet || r->opt->json || total <= MMOE_GEN_PREFILL_CHUNK)
         return;
     if (r->stderr_tty)
         fprintf(stderr, "\rprefill: %lld/%lld tokens\033[K%s", (long long)done, (long long)total,
@@ -284,12 +362,54 @@ static void prefill_progress(void *ctx, int64_t done, int64_t total)
     fflush(stderr);
 }
 
-/** Token callback: print the token (text through the streaming decoder, or its id). */
+/** Pass answer text through the stop matcher; print and keep what it releases. Nonzero: stop (or error). */
+static int emit_text(gen_run *r, const char *text, size_t len)
+{
+    r->released.len = 0;
+    if (mmoe_stop_push(&r->stop, text, len, &r->released, &r->stop_matched) != MMOE_OK ||
+        mmoe_text_append(&r->answer, r->released.data ? r->released.data : "", r->released.len) != MMOE_OK) {
+        r->out_status = mmoe_error_set(&r->out_err, MMOE_ENOMEM, "out of memory for the answer text");
+        return 1;
+    }
+    if (r->released.len > 0 && !r->opt->print_ids) {
+        fwrite(r->released.data, 1, r->released.len, stdout);
+        fflush(stdout);
+    }
+    return r->stop_matched;
+}
+
+/** Record the log-probabilities of @p id (--logprobs); the session's logits are those it was sampled from. */
+static int record_logprobs(gen_run *r, int32_t id)
+{
+    if (r->n_lp == r->cap_lp) {
+        size_t cap = r->cap_lp ? 2 * r->cap_lp : 64;
+        gen_logprob *lp = realloc(r->lp, cap * sizeof *lp);
+        if (lp == NULL) {
+            r->out_status = mmoe_error_set(&r->out_err, MMOE_ENOMEM, "out of memory for logprobs");
+            return 1;
+        }
+        r->lp = lp;
+        r->cap_lp = cap;
+    }
+    gen_logprob *e = &r->lp[r->n_lp++];
+    e->id = id;
+    mmoe_status st = mmoe_logprobs_top(r->session.logits, (size_t)r->session.vocab, id, (size_t)r->opt->logprobs,
+                                       &e->logprob, e->top_ids, e->top_lp, &r->out_err);
+    if (st != MMOE_OK) {
+        r->out_status = st;
+        return 1;
+    }
+    return 0;
+}
+
+/** Token callback: print the token (text through the streaming decoder and the stop matcher, or its id). */
 static int print_token(void *ctx, int32_t id)
 {
     gen_run *r = ctx;
     if (g_interrupts > 0)
         r->interrupted = 1; /* this token is still shown; the answer stops after it */
+    if (r->opt->logprobs >= 0 && record_logprobs(r, id) != 0)
+        return 1;
     if (r->opt->print_ids) {
         printf("%d ", id);
         fflush(stdout);
@@ -300,17 +420,71 @@ static int print_token(void *ctx, int32_t id)
         r->out_status = st;
         return 1;
     }
-    if (r->out_text.len > 0) {
-        if (!r->opt->print_ids) {
-            fwrite(r->out_text.data, 1, r->out_text.len, stdout);
-            fflush(stdout);
-        }
-        if (mmoe_text_append(&r->answer, r->out_text.data, r->out_text.len) != MMOE_OK) {
-            r->out_status = mmoe_error_set(&r->out_err, MMOE_ENOMEM, "out of memory for the answer text");
-            return 1;
-        }
-    }
+    if (r->out_text.len > 0 && emit_text(r, r->out_text.data, r->out_text.len) != 0)
+        return 1;
     return r->interrupted;
+}
+
+/** The text of one token as a JSON value (null when the token alone is not valid UTF-8); NULL on failure. */
+static json_t *token_json(const gen_run *r, int32_t id)
+{
+    mmoe_text t = {0};
+    json_t *v = NULL;
+    if (mmoe_tokenizer_decode(r->tok, &id, 1, 0, &t, NULL) == MMOE_OK)
+        v = json_stringn(t.data ? t.data : "", t.len);
+    mmoe_text_free(&t);
+    return v != NULL ? v : json_null();
+}
+
+/** One --logprobs entry as a JSON object {"index","id","text","logprob","top":[...]}. */
+static json_t *logprob_json(const gen_run *r, size_t index)
+{
+    const gen_logprob *e = &r->lp[index];
+    json_t *o = json_object(), *top = json_array();
+    mmoe_json_set_int(o, "index", (int64_t)index);
+    mmoe_json_set_int(o, "id", e->id);
+    json_object_set_new(o, "text", token_json(r, e->id));
+    mmoe_json_set_real(o, "logprob", e->logprob);
+    for (int64_t k = 0; k < r->opt->logprobs; k++) {
+        json_t *t = json_object();
+        mmoe_json_set_int(t, "id", e->top_ids[k]);
+        json_object_set_new(t, "text", token_json(r, e->top_ids[k]));
+        mmoe_json_set_real(t, "logprob", e->top_lp[k]);
+        json_array_append_new(top, t);
+    }
+    json_object_set_new(o, "top", top);
+    return o;
+}
+
+/** Print the turn's --logprobs on stderr: JSON Lines with --json, else one human line per token. */
+static mmoe_status print_logprobs(const gen_run *r, int turn, mmoe_error *err)
+{
+    for (size_t i = 0; i < r->n_lp; i++) {
+        json_t *o = logprob_json(r, i);
+        if (r->opt->json) {
+            json_object_set_new(o, "type", json_string("logprobs"));
+            mmoe_json_set_int(o, "turn", turn);
+            mmoe_status st = mmoe_json_print_line(stderr, o, err);
+            if (st != MMOE_OK)
+                return st;
+            continue;
+        }
+        char *text = json_dumps(json_object_get(o, "text"), JSON_ENCODE_ANY);
+        fprintf(stderr, "logprobs: token %zu: id %d %s %.6f", i, r->lp[i].id, text ? text : "?", r->lp[i].logprob);
+        free(text);
+        json_t *top = json_object_get(o, "top");
+        for (size_t k = 0; k < json_array_size(top); k++) {
+            json_t *t = json_array_get(top, k);
+            char *tt = json_dumps(json_object_get(t, "text"), JSON_ENCODE_ANY);
+            fprintf(stderr, "%s%d %s %.6f", k == 0 ? " | top: " : ", ",
+                    (int)json_integer_value(json_object_get(t, "id")), tt ? tt : "?",
+                    json_real_value(json_object_get(t, "logprob")));
+            free(tt);
+        }
+        fputc('\n', stderr);
+        json_decref(o);
+    }
+    return MMOE_OK;
 }
 
 /** Tokens per second and milliseconds per token, 0 for an empty interval. */
@@ -320,10 +494,39 @@ static void rates(int64_t n, double s, double *tok_s, double *ms_tok)
     *ms_tok = n > 0 ? 1e3 * s / (double)n : 0.0;
 }
 
+/** Why the turn stopped, in words ("stop-string" when a --stop string ended it). */
+static const char *stop_name(const gen_run *r, const mmoe_gen_stats *d)
+{
+    return r->interrupted ? "interrupted" : r->stop_matched ? "stop-string" : mmoe_gen_stop_name(d->stop);
+}
+
+/** The stats of one turn as one JSON object (--json), units in the keys. */
+static mmoe_status print_stats_json(const gen_run *r, int turn, const mmoe_gen_stats *p, const mmoe_gen_stats *d,
+                                    mmoe_error *err)
+{
+    double pt, pm, gt, gm;
+    rates(p->n_prefill, p->prefill_s, &pt, &pm);
+    rates(d->n_generated, d->generate_s, &gt, &gm);
+    json_t *o = json_object();
+    json_object_set_new(o, "type", json_string("stats"));
+    mmoe_json_set_int(o, "turn", turn);
+    mmoe_json_set_int(o, "prefill_tokens", p->n_prefill);
+    mmoe_json_set_int(o, "reused_tokens", p->n_reused);
+    mmoe_json_set_real(o, "prefill_s", p->prefill_s);
+    mmoe_json_set_real(o, "prefill_tokens_per_s", pt);
+    mmoe_json_set_real(o, "prefill_ms_per_token", pm);
+    mmoe_json_set_int(o, "generated_tokens", d->n_generated);
+    mmoe_json_set_real(o, "generate_s", d->generate_s);
+    mmoe_json_set_real(o, "generate_tokens_per_s", gt);
+    mmoe_json_set_real(o, "generate_ms_per_token", gm);
+    json_object_set_new(o, "stop", json_string(stop_name(r, d)));
+    return mmoe_json_print_line(stderr, o, err);
+}
+
 /** The stats line of one turn (stderr). */
 static void print_stats(const gen_run *r, int turn, const mmoe_gen_stats *p, const mmoe_gen_stats *d)
 {
-    if (r->opt->quiet)
+    if (r->opt->quiet || r->opt->json)
         return;
     double pt, pm, gt, gm;
     rates(p->n_prefill, p->prefill_s, &pt, &pm);
@@ -334,7 +537,7 @@ static void print_stats(const gen_run *r, int turn, const mmoe_gen_stats *p, con
             "stats: prefilled %lld new tokens (%lld reused from the KV cache) in %.3f s (%.1f tokens/s, %.2f "
             "ms/token); generated %lld tokens in %.3f s (%.1f tokens/s, %.2f ms/token); stop: %s\n",
             (long long)p->n_prefill, (long long)p->n_reused, p->prefill_s, pt, pm, (long long)d->n_generated,
-            d->generate_s, gt, gm, r->interrupted ? "interrupted" : mmoe_gen_stop_name(d->stop));
+            d->generate_s, gt, gm, stop_name(r, d));
 }
 
 /** Print an error message and return the runtime-error exit status. */
@@ -342,28 +545,6 @@ static int fail(mmoe_status st, const mmoe_error *err)
 {
     fprintf(stderr, "megamoe generate: %s (%s)\n", err->msg, mmoe_status_name(st));
     return 1;
-}
-
-/**
- * The chat encoding writes its markers as text; they must be single tokens of this
- * tokenizer, and BOS/EOS must be the config's ids, or the model would see something else
- * than it was trained on (a tokenizer without them gets an error, not a silent byte split).
- */
-static mmoe_status check_chat_markers(const gen_run *r, mmoe_error *err)
-{
-    const mmoe_config *cfg = mmoe_model_config(r->model);
-    static const char *const markers[] = {BOS, EOS, USER, ASSISTANT, THINK_OPEN, THINK_CLOSE};
-    for (size_t i = 0; i < sizeof markers / sizeof markers[0]; i++) {
-        int32_t id = mmoe_tokenizer_token_id(r->tok, markers[i], strlen(markers[i]));
-        if (id < 0)
-            return mmoe_error_set(err, MMOE_EFORMAT, "%s/tokenizer.json has no token '%s': the chat encoding needs "
-                                  "DeepSeek-V4's chat markers (use a raw --prompt)", r->opt->model_dir, markers[i]);
-        int64_t want = i == 0 ? cfg->bos_token_id : i == 1 ? cfg->eos_token_id : id;
-        if (id != want)
-            return mmoe_error_set(err, MMOE_EFORMAT, "%s: token '%s' has id %d in tokenizer.json but config.json "
-                                  "says %lld", r->opt->model_dir, markers[i], id, (long long)want);
-    }
-    return MMOE_OK;
 }
 
 /** Load tokenizer and model, create the state and the session. */
@@ -382,7 +563,7 @@ static mmoe_status gen_load(gen_run *r, mmoe_error *err)
         return st;
     double t0 = mmoe_clock_s();
     if ((st = mmoe_model_open(o->model_dir, load_progress, r, &r->model, err)) != MMOE_OK) {
-        if (r->stderr_tty && !o->quiet)
+        if (r->stderr_tty && !o->quiet && !o->json)
             fputc('\n', stderr);
         return st;
     }
@@ -394,7 +575,7 @@ static mmoe_status gen_load(gen_run *r, mmoe_error *err)
         return mmoe_error_set(err, MMOE_ESHAPE, "%s/tokenizer.json has %d ids but the model's vocab_size is %lld: "
                               "tokenizer and checkpoint do not belong together", o->model_dir, n_tok,
                               (long long)cfg->vocab_size);
-    if ((o->chat || o->chat_format) && (st = check_chat_markers(r, err)) != MMOE_OK)
+    if ((o->chat || o->chat_format) && (st = mmoe_gen_check_chat_markers(r->tok, cfg, o->model_dir, err)) != MMOE_OK)
         return st;
     int64_t ctx = o->ctx_size > 0 ? o->ctx_size
                                   : (cfg->max_seq_len < GEN_DEFAULT_CTX ? cfg->max_seq_len : GEN_DEFAULT_CTX);
@@ -403,11 +584,20 @@ static mmoe_status gen_load(gen_run *r, mmoe_error *err)
                               (long long)cfg->max_seq_len);
     if ((st = mmoe_model_state_create(r->model, ctx, &r->state, err)) != MMOE_OK)
         return st;
-    st = mmoe_gen_session_init(&r->session, r->model, r->state, ctx, r->tok, o->temperature, o->top_p, o->seed, err);
+    mmoe_sampler_params sp;
+    mmoe_sampler_params_default(&sp);
+    sp.temperature = o->temperature;
+    sp.top_p = o->top_p;
+    sp.top_k = (int32_t)o->top_k;
+    sp.min_p = (float)o->min_p;
+    sp.repeat_penalty = (float)o->repeat_penalty;
+    sp.repeat_last_n = (int32_t)o->repeat_last_n;
+    sp.seed = o->seed;
+    st = mmoe_gen_session_init_params(&r->session, r->model, r->state, ctx, r->tok, &sp, err);
     if (st != MMOE_OK)
         return st;
     r->have_session = 1;
-    if (!o->quiet) {
+    if (!o->quiet && !o->json) {
         fprintf(stderr, "%smodel: %s: %lld layers, vocab %lld, %.1f MiB of weights, loaded in %.2f s; context %lld "
                 "tokens (KV cache %.1f MiB)\n", r->stderr_tty ? "\r\033[K" : "", o->model_dir,
                 (long long)cfg->n_layers, (long long)cfg->vocab_size,
@@ -417,9 +607,13 @@ static mmoe_status gen_load(gen_run *r, mmoe_error *err)
             fprintf(stderr, "model: %lld of the %lld head rows have no token in tokenizer.json: never sampled\n",
                     (long long)r->session.n_masked, (long long)cfg->vocab_size);
         if (o->temperature > 0)
-            fprintf(stderr, "sampling: temperature %g, top-p %g, seed %llu\n", o->temperature, o->top_p, o->seed);
+            fprintf(stderr, "sampling: temperature %g, top-p %g, top-k %lld, min-p %g, seed %llu\n", o->temperature,
+                    o->top_p, (long long)o->top_k, o->min_p, o->seed);
         else
             fprintf(stderr, "sampling: greedy (temperature 0)\n");
+        if (o->repeat_penalty != 1.0)
+            fprintf(stderr, "sampling: repeat penalty %g over the last %lld tokens\n", o->repeat_penalty,
+                    (long long)o->repeat_last_n);
     }
     return MMOE_OK;
 }
@@ -437,6 +631,8 @@ static void gen_cleanup(gen_run *r)
     mmoe_tokenizer_free(r->tok);
     mmoe_text_free(&r->out_text);
     mmoe_text_free(&r->answer);
+    mmoe_text_free(&r->released);
+    free(r->lp);
 }
 
 /**
@@ -450,6 +646,9 @@ static mmoe_status gen_turn(gen_run *r, const mmoe_token_ids *ids, int turn, mmo
     if (st != MMOE_OK)
         return st;
     mmoe_decode_stream_init(&r->stream, r->tok, 0);
+    mmoe_stop_init(&r->stop, r->opt->stops, r->opt->n_stops);
+    r->stop_matched = 0;
+    r->n_lp = 0;
     r->answer.len = 0;
     r->out_status = MMOE_OK;
     r->interrupted = 0;
@@ -463,15 +662,27 @@ static mmoe_status gen_turn(gen_run *r, const mmoe_token_ids *ids, int turn, mmo
     mmoe_status fin = mmoe_decode_stream_finish(&r->stream, &r->out_text, st == MMOE_OK ? err : &r->out_err);
     if (st == MMOE_OK)
         st = fin;
-    if (st == MMOE_OK && r->out_text.len > 0) {
-        if (!r->opt->print_ids)
-            fwrite(r->out_text.data, 1, r->out_text.len, stdout);
-        st = mmoe_text_append(&r->answer, r->out_text.data, r->out_text.len);
+    if (st == MMOE_OK && r->out_text.len > 0 && emit_text(r, r->out_text.data, r->out_text.len) != 0 &&
+        r->out_status != MMOE_OK) {
+        *err = r->out_err;
+        st = r->out_status;
     }
+    r->released.len = 0;
+    if (st == MMOE_OK && (st = mmoe_stop_finish(&r->stop, &r->released)) == MMOE_OK && r->released.len > 0) {
+        if (!r->opt->print_ids)
+            fwrite(r->released.data, 1, r->released.len, stdout);
+        st = mmoe_text_append(&r->answer, r->released.data, r->released.len);
+    }
+    mmoe_stop_free(&r->stop);
     fputc('\n', stdout);
     fflush(stdout);
-    if (st == MMOE_OK)
+    if (st == MMOE_OK) {
         print_stats(r, turn, &pre, &dec);
+        if (r->opt->json)
+            st = print_stats_json(r, turn, &pre, &dec, err);
+    }
+    if (st == MMOE_OK)
+        st = print_logprobs(r, turn, err);
     return st;
 }
 

@@ -2,7 +2,7 @@
  * @file cmd_inspect.c
  * @brief `megamoe inspect`: list the tensors of a safetensors file or checkpoint.
  *
- *     megamoe inspect FILE|DIR [--stats] [--filter SUBSTRING]
+ *     megamoe inspect FILE|DIR [--stats] [--filter SUBSTRING] [--json]
  *
  * The argument is anything mmoe_ckpt_open() accepts: one .safetensors file, a
  * directory with model.safetensors.index.json and its shards, or a directory
@@ -16,6 +16,13 @@
  * Dtypes whose values cannot be decoded yet show "-" and are listed under
  * the table, so that a missing statistic is never mistaken for a zero.
  * Then the totals, overall and per dtype, and the file's metadata.
+ *
+ * With --json the same report is JSON Lines on stdout (mmoe_json_report.h): one
+ * {"type": "tensor", "name", "dtype", "shape": [...], "bytes", "shard"} per tensor (with
+ * --stats also "min", "max", "mean", "absmax", "nan_count", "inf_count", null where the dtype
+ * cannot be decoded or no value is finite, and "stats_available"), then one {"type": "total",
+ * "tensors", "bytes", "filter", "by_dtype": {DTYPE: {"tensors", "bytes"}}}, then one
+ * {"type": "metadata", "file", "metadata": {...}} per shard that has metadata.
  *
  * A tensor that is not aligned to its dtype in the file (the format allows it; the
  * reader copies it once into aligned memory) is marked `copied` after its line, and
@@ -31,6 +38,7 @@
 #include <string.h>
 
 #include "mmoe_cli.h"
+#include "mmoe_json_report.h"
 #include "mmoe_safetensors.h"
 #include "mmoe_tensor_stats.h"
 
@@ -42,6 +50,7 @@ typedef struct inspect_opts {
     const char *path;   /**< the file or directory */
     const char *filter; /**< NULL: all tensors */
     int stats;          /**< 1: print statistics */
+    int json;           /**< 1: JSON Lines instead of the table */
 } inspect_opts;
 
 /** Print the --help text to @p out. */
@@ -57,6 +66,8 @@ static void inspect_usage(FILE *out)
             "  --stats             also print min, max, mean, abs-max of the finite values\n"
             "                      and the NaN and Inf counts (default: not computed)\n"
             "  --filter SUBSTRING  only tensors whose name contains SUBSTRING (default: all)\n"
+            "  --json              the report as JSON Lines, one object per tensor, then totals\n"
+            "                      (default: the table)\n"
             "  -h, --help          this text\n\n"
             "example:\n"
             "  megamoe inspect fixtures/tiny-dsv4 --filter layers.0.ffn --stats\n");
@@ -68,6 +79,7 @@ static int parse_inspect_args(int argc, char **argv, inspect_opts *o)
     static const struct option long_opts[] = {
         {"stats", no_argument, NULL, 's'},
         {"filter", required_argument, NULL, 'f'},
+        {"json", no_argument, NULL, 'j'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -78,6 +90,7 @@ static int parse_inspect_args(int argc, char **argv, inspect_opts *o)
         switch (c) {
         case 's': o->stats = 1; break;
         case 'f': o->filter = optarg; break;
+        case 'j': o->json = 1; break;
         case 'h': inspect_usage(stdout); return 0;
         default: inspect_usage(stderr); return MMOE_EXIT_USAGE;
         }
@@ -180,6 +193,85 @@ static void print_metadata(const mmoe_ckpt *ck)
     }
 }
 
+/** One tensor as a JSON object (--json). */
+static json_t *tensor_json(const inspect_opts *o, const mmoe_ckpt_entry *e)
+{
+    json_t *t = json_object(), *shape = json_array();
+    json_object_set_new(t, "type", json_string("tensor"));
+    mmoe_json_set_str(t, "name", e->name);
+    mmoe_json_set_str(t, "dtype", mmoe_dtype_name(e->view.dtype));
+    for (int d = 0; d < e->view.ndim; d++)
+        json_array_append_new(shape, json_integer((json_int_t)e->view.shape[d]));
+    json_object_set_new(t, "shape", shape);
+    mmoe_json_set_int(t, "bytes", (int64_t)e->view.nbytes);
+    mmoe_json_set_str(t, "shard", e->shard);
+    if (o->stats) {
+        mmoe_tensor_stats st;
+        int ok = mmoe_tensor_stats_compute(&e->view, &st, NULL) == MMOE_OK;
+        json_object_set_new(t, "stats_available", json_boolean(ok));
+        mmoe_json_set_real(t, "min", ok ? st.min : NAN);
+        mmoe_json_set_real(t, "max", ok ? st.max : NAN);
+        mmoe_json_set_real(t, "mean", ok ? st.mean : NAN);
+        mmoe_json_set_real(t, "absmax", ok ? st.absmax : NAN);
+        json_object_set_new(t, "nan_count", ok ? json_integer((json_int_t)st.n_nan) : json_null());
+        json_object_set_new(t, "inf_count", ok ? json_integer((json_int_t)st.n_inf) : json_null());
+    }
+    return t;
+}
+
+/** The whole report as JSON Lines (--json); returns the exit status. */
+static int inspect_json(const inspect_opts *o, const mmoe_ckpt *ck)
+{
+    mmoe_error err;
+    uint64_t total_bytes = 0, dt_bytes[MMOE_DT_COUNT] = {0};
+    size_t total_n = 0, dt_n[MMOE_DT_COUNT] = {0};
+    for (size_t i = 0; i < mmoe_ckpt_count(ck); i++) {
+        const mmoe_ckpt_entry *e = mmoe_ckpt_get(ck, i);
+        if (!matches(o, e->name))
+            continue;
+        if (mmoe_json_print_line(stdout, tensor_json(o, e), &err) != MMOE_OK)
+            goto fail;
+        total_n++;
+        total_bytes += e->view.nbytes;
+        dt_n[e->view.dtype]++;
+        dt_bytes[e->view.dtype] += e->view.nbytes;
+    }
+    json_t *by = json_object();
+    for (int d = 0; d < MMOE_DT_COUNT; d++)
+        if (dt_n[d] > 0)
+            json_object_set_new(by, mmoe_dtype_name((mmoe_dtype)d),
+                                json_pack("{s:I, s:I}", "tensors", (json_int_t)dt_n[d], "bytes", (json_int_t)dt_bytes[d]));
+    json_t *total = json_object();
+    json_object_set_new(total, "type", json_string("total"));
+    mmoe_json_set_str(total, "path", o->path);
+    mmoe_json_set_int(total, "shards", (int64_t)mmoe_ckpt_shard_count(ck));
+    mmoe_json_set_int(total, "tensors", (int64_t)total_n);
+    mmoe_json_set_int(total, "bytes", (int64_t)total_bytes);
+    mmoe_json_set_str(total, "filter", o->filter);
+    json_object_set_new(total, "by_dtype", by);
+    if (mmoe_json_print_line(stdout, total, &err) != MMOE_OK)
+        goto fail;
+    for (size_t s = 0; s < mmoe_ckpt_shard_count(ck); s++) {
+        const mmoe_st_file *f = mmoe_ckpt_shard(ck, s);
+        if (mmoe_st_metadata_count(f) == 0)
+            continue;
+        json_t *md = json_object();
+        for (size_t i = 0; i < mmoe_st_metadata_count(f); i++) {
+            const char *k, *v;
+            if (mmoe_st_metadata_at(f, i, &k, &v) == MMOE_OK)
+                mmoe_json_set_str(md, k, v);
+        }
+        json_t *line = json_pack("{s:s, s:o}", "type", "metadata", "metadata", md);
+        mmoe_json_set_str(line, "file", mmoe_st_path(f));
+        if (mmoe_json_print_line(stdout, line, &err) != MMOE_OK)
+            goto fail;
+    }
+    return 0;
+fail:
+    fprintf(stderr, "megamoe inspect: %s\n", err.msg);
+    return 1;
+}
+
 int mmoe_cmd_inspect(int argc, char **argv)
 {
     inspect_opts o;
@@ -192,6 +284,11 @@ int mmoe_cmd_inspect(int argc, char **argv)
     if (mmoe_ckpt_open(o.path, &ck, &err) != MMOE_OK) {
         fprintf(stderr, "megamoe inspect: %s\n", err.msg);
         return 1;
+    }
+    if (o.json) {
+        rc = inspect_json(&o, ck);
+        mmoe_ckpt_close(ck);
+        return rc;
     }
     size_t n_shards = mmoe_ckpt_shard_count(ck);
     int show_shard = n_shards > 1;

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chat_internal.h" /* the marker strings of the chat encoding */
 #include "mmoe_clock.h"
 #include "mmoe_generate.h"
 
@@ -58,6 +59,32 @@ mmoe_status mmoe_gen_session_init(mmoe_gen_session *g, mmoe_model *model, mmoe_m
                                   int64_t max_ctx, const mmoe_tokenizer *tok, float temperature, float top_p, uint64_t seed,
                                   mmoe_error *err)
 {
+    mmoe_sampler_params sp;
+    mmoe_sampler_params_default(&sp);
+    sp.temperature = temperature;
+    sp.top_p = top_p;
+    sp.seed = seed;
+    return mmoe_gen_session_init_params(g, model, state, max_ctx, tok, &sp, err);
+}
+
+mmoe_status mmoe_gen_session_restart(mmoe_gen_session *g, const mmoe_sampler_params *sp, mmoe_error *err)
+{
+    mmoe_sampler fresh;
+    mmoe_status st = mmoe_sampler_init_params(&fresh, sp, err);
+    if (st != MMOE_OK)
+        return st;
+    mmoe_sampler_free(&g->sampler);
+    g->sampler = fresh;
+    mmoe_model_state_reset(g->state);
+    g->n_pending = 0;
+    g->have_logits = 0;
+    return MMOE_OK;
+}
+
+mmoe_status mmoe_gen_session_init_params(mmoe_gen_session *g, mmoe_model *model, mmoe_model_state *state,
+                                         int64_t max_ctx, const mmoe_tokenizer *tok, const mmoe_sampler_params *sp,
+                                         mmoe_error *err)
+{
     memset(g, 0, sizeof *g);
     const mmoe_config *cfg = mmoe_model_config(model);
     if (max_ctx <= 0)
@@ -67,7 +94,7 @@ mmoe_status mmoe_gen_session_init(mmoe_gen_session *g, mmoe_model *model, mmoe_m
     g->vocab = cfg->vocab_size;
     g->max_ctx = max_ctx;
     g->eos_id = (int32_t)cfg->eos_token_id;
-    mmoe_status st = mmoe_sampler_init(&g->sampler, temperature, top_p, seed, err);
+    mmoe_status st = mmoe_sampler_init_params(&g->sampler, sp, err);
     if (st != MMOE_OK)
         return st;
     g->logits = malloc((size_t)g->vocab * sizeof *g->logits);
@@ -95,6 +122,7 @@ mmoe_status mmoe_gen_push_pending(mmoe_gen_session *g, int32_t id, mmoe_error *e
         return mmoe_error_set(err, MMOE_EINVAL, "pending token queue full (2 tokens)");
     g->pending[g->n_pending++] = id;
     g->have_logits = 0;
+    mmoe_sampler_accept(&g->sampler, id);
     return MMOE_OK;
 }
 
@@ -133,6 +161,8 @@ mmoe_status mmoe_gen_prefill(mmoe_gen_session *g, const int32_t *ids, int64_t n,
         if (ids[i] < 0 || ids[i] >= g->vocab)
             return mmoe_error_set(err, MMOE_EINVAL, "prompt token %lld has id %d: the model's vocabulary "
                                   "has %lld ids", (long long)i, ids[i], (long long)g->vocab);
+    for (int64_t i = 0; i < n; i++)
+        mmoe_sampler_accept(&g->sampler, ids[i]);
     double t0 = mmoe_clock_s();
     mmoe_status st = MMOE_OK;
     int64_t done = 0;
@@ -180,6 +210,7 @@ mmoe_status mmoe_gen_decode(mmoe_gen_session *g, int64_t max_tokens, mmoe_gen_to
         if ((st = mmoe_sampler_sample(&g->sampler, g->logits, (size_t)g->vocab, &id, err)) != MMOE_OK)
             break;
         g->have_logits = 0;
+        mmoe_sampler_accept(&g->sampler, id);
         g->pending[0] = id;
         g->n_pending = 1;
         if (id == g->eos_id) {
@@ -202,4 +233,21 @@ mmoe_status mmoe_gen_decode(mmoe_gen_session *g, int64_t max_tokens, mmoe_gen_to
     }
     stats->generate_s = mmoe_clock_s() - t0;
     return st;
+}
+
+mmoe_status mmoe_gen_check_chat_markers(const mmoe_tokenizer *tok, const mmoe_config *cfg, const char *dir,
+                                        mmoe_error *err)
+{
+    static const char *const markers[] = {BOS, EOS, USER, ASSISTANT, THINK_OPEN, THINK_CLOSE};
+    for (size_t i = 0; i < sizeof markers / sizeof markers[0]; i++) {
+        int32_t id = mmoe_tokenizer_token_id(tok, markers[i], strlen(markers[i]));
+        if (id < 0)
+            return mmoe_error_set(err, MMOE_EFORMAT, "%s/tokenizer.json has no token '%s': the chat encoding needs "
+                                  "DeepSeek-V4's chat markers (use a raw --prompt)", dir, markers[i]);
+        int64_t want = i == 0 ? cfg->bos_token_id : i == 1 ? cfg->eos_token_id : id;
+        if (id != want)
+            return mmoe_error_set(err, MMOE_EFORMAT, "%s: token '%s' has id %d in tokenizer.json but config.json "
+                                  "says %lld", dir, markers[i], id, (long long)want);
+    }
+    return MMOE_OK;
 }

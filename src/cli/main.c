@@ -24,6 +24,8 @@ typedef struct cli_command {
 /** The command table, in the order `megamoe --help` lists it. */
 static const cli_command commands[] = {
     {"generate", mmoe_cmd_generate, "generate text with a DeepSeek-V4 checkpoint"},
+    {"serve", mmoe_cmd_serve, "an OpenAI-compatible HTTP server (completions, chat)"},
+    {"perplexity", mmoe_cmd_perplexity, "perplexity of a text file"},
     {"logits", mmoe_cmd_logits, "write the logits of a token sequence (CPU forward)"},
     {"moe", mmoe_cmd_moe, "run one fused MoE layer on an input file"},
     {"bench", mmoe_cmd_bench, "benchmarks: `bench moe`, `bench forward`"},

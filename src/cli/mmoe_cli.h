@@ -121,5 +121,7 @@ int mmoe_cmd_logits(int argc, char **argv);      /**< `megamoe logits`: full-mod
 int mmoe_cmd_synth_model(int argc, char **argv); /**< `megamoe synth-model`: a random checkpoint */
 int mmoe_cmd_tokenize(int argc, char **argv);    /**< `megamoe tokenize` */
 int mmoe_cmd_generate(int argc, char **argv);    /**< `megamoe generate` */
+int mmoe_cmd_serve(int argc, char **argv);       /**< `megamoe serve`: the OpenAI-compatible server */
+int mmoe_cmd_perplexity(int argc, char **argv);  /**< `megamoe perplexity` */
 
 #endif /* MMOE_CLI_H */

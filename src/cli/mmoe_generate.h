@@ -80,7 +80,8 @@ typedef void (*mmoe_gen_prefill_fn)(void *ctx, int64_t done, int64_t total);
 /**
  * Token callback of the decode loop, called once per produced token (EOS excluded)
  * before it is run through the model.  Return 0 to go on, nonzero to stop the turn
- * (the token still counts as produced).
+ * (the token still counts as produced).  During the call the session's logits still hold
+ * the logits the token was sampled from (undecodable rows at -inf).
  */
 typedef int (*mmoe_gen_token_fn)(void *ctx, int32_t id);
 
@@ -117,6 +118,23 @@ typedef struct mmoe_gen_session {
 mmoe_status mmoe_gen_session_init(mmoe_gen_session *g, mmoe_model *model, mmoe_model_state *state,
                                   int64_t max_ctx, const mmoe_tokenizer *tok, float temperature, float top_p, uint64_t seed,
                                   mmoe_error *err);
+
+/**
+ * Set up a session with every sampler parameter (repetition penalty, top-k, min-p...):
+ * as mmoe_gen_session_init() otherwise.  The sampler's penalty history receives every
+ * prompt token and every produced token.
+ */
+mmoe_status mmoe_gen_session_init_params(mmoe_gen_session *g, mmoe_model *model, mmoe_model_state *state,
+                                         int64_t max_ctx, const mmoe_tokenizer *tok, const mmoe_sampler_params *sp,
+                                         mmoe_error *err);
+
+/**
+ * Start a new, unrelated sequence in the same session: the state goes back to position 0,
+ * the pending tokens and the logits are dropped, and the sampler starts afresh with @p sp
+ * (its seed, its empty history).
+ * @return MMOE_OK or the sampler's MMOE_ERANGE naming the bad parameter
+ */
+mmoe_status mmoe_gen_session_restart(mmoe_gen_session *g, const mmoe_sampler_params *sp, mmoe_error *err);
 
 /** Free what the session owns (not the model, state or tokenizer). */
 void mmoe_gen_session_free(mmoe_gen_session *g);
@@ -157,6 +175,19 @@ mmoe_status mmoe_gen_prefill(mmoe_gen_session *g, const int32_t *ids, int64_t n,
  */
 mmoe_status mmoe_gen_decode(mmoe_gen_session *g, int64_t max_tokens, mmoe_gen_token_fn on_token, void *token_ctx,
                             mmoe_gen_stats *stats, mmoe_error *err);
+
+/**
+ * The chat encoding writes its markers as text; they must be single tokens of this
+ * tokenizer, and BOS/EOS must be the config's ids, or the model would see something else
+ * than it was trained on (a tokenizer without them gets an error, not a silent byte split).
+ * @param tok  the tokenizer
+ * @param cfg  the model's config (bos_token_id, eos_token_id)
+ * @param dir  the model directory (for the message)
+ * @param err  message on failure
+ * @return MMOE_OK or MMOE_EFORMAT naming the marker
+ */
+mmoe_status mmoe_gen_check_chat_markers(const mmoe_tokenizer *tok, const mmoe_config *cfg, const char *dir,
+                                        mmoe_error *err);
 
 #ifdef __cplusplus
 }
