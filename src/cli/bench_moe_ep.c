@@ -258,47 +258,23 @@ int mmoe_bench_moe_ep(int argc, char **argv)
         {"gpus", required_argument, 0, 'G'}, {"ep-ranks", required_argument, 0, 'E'},
         {"no-baseline", no_argument, 0, 'B'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const char *shape = "v4-flash", *tokens = "1,8,64,512", *recipe = NULL;
-    long long experts = 0;
-    int reps = 20, no_base = 0, c;
-    unsigned long long seed = 1;
+    int64_t experts = 0, reps = 20;
+    int no_base = 0, c, rc = 0;
+    uint64_t seed = 1;
     mmoe_cli_ep o = {0};
+    const char *cmd = "bench moe";
     optind = 1;
-    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        char *end = NULL;
+    while (rc == 0 && (c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
         case 'S': shape = optarg; break;
         case 't': tokens = optarg; break;
         case 'r': recipe = optarg; break;
         case 'B': no_base = 1; break;
-        case 'e':
-            experts = strtoll(optarg, &end, 10);
-            if (*end != '\0' || experts < 0) {
-                fprintf(stderr, "megamoe bench moe: --experts '%s': expected an integer >= 0\n", optarg);
-                return MMOE_EXIT_USAGE;
-            }
-            break;
-        case 'n':
-            reps = (int)strtol(optarg, &end, 10);
-            if (*end != '\0' || reps < 1 || reps > 100000) {
-                fprintf(stderr, "megamoe bench moe: --reps '%s': expected an integer in [1, 100000]\n", optarg);
-                return MMOE_EXIT_USAGE;
-            }
-            break;
-        case 'x':
-            seed = strtoull(optarg, &end, 0);
-            if (*end != '\0') {
-                fprintf(stderr, "megamoe bench moe: --seed '%s': expected an integer\n", optarg);
-                return MMOE_EXIT_USAGE;
-            }
-            break;
-        case 'G':
-            if (mmoe_cli_ep_option("bench moe", "gpus", optarg, &o))
-                return MMOE_EXIT_USAGE;
-            break;
-        case 'E':
-            if (mmoe_cli_ep_option("bench moe", "ep-ranks", optarg, &o))
-                return MMOE_EXIT_USAGE;
-            break;
+        case 'e': rc = mmoe_cli_opt_i64(cmd, "experts", optarg, 0, INT32_MAX, &experts); break;
+        case 'n': rc = mmoe_cli_opt_i64(cmd, "reps", optarg, 1, 100000, &reps); break;
+        case 'x': rc = mmoe_cli_opt_u64(cmd, "seed", optarg, 0, UINT64_MAX, &seed); break;
+        case 'G': rc = mmoe_cli_ep_option(cmd, "gpus", optarg, &o); break;
+        case 'E': rc = mmoe_cli_ep_option(cmd, "ep-ranks", optarg, &o); break;
         case 'h':
             printf("usage: megamoe bench moe --gpus N | --ep-ranks N [--shape S] [--experts E] [--tokens T1,...]\n"
                    "                         [--reps R] [--recipe sm90|sm100] [--seed S] [--no-baseline]\n");
@@ -306,22 +282,21 @@ int mmoe_bench_moe_ep(int argc, char **argv)
         default: return MMOE_EXIT_USAGE;
         }
     }
+    if (rc != 0)
+        return rc;
     if ((o.gpus > 0) == (o.ep_ranks > 0) || optind != argc) {
         fprintf(stderr, "megamoe bench moe: give one of --gpus N and --ep-ranks N (and no other argument)\n");
         return MMOE_EXIT_USAGE;
     }
+    int64_t *list = NULL;
+    size_t n_list = 0;
+    if ((rc = mmoe_cli_opt_i64_list(cmd, "tokens", tokens, 0, INT32_MAX, EPB_MAX_T, &list, &n_list)) != 0)
+        return rc;
     long long tv[EPB_MAX_T];
-    int nt = 0;
-    for (const char *p = tokens; *p != '\0';) {
-        char *end;
-        if (nt == EPB_MAX_T || (tv[nt] = strtoll(p, &end, 10)) < 0 || end == p || (*end != ',' && *end != '\0')) {
-            fprintf(stderr, "megamoe bench moe: --tokens '%s': expected up to %d integers >= 0, comma-separated\n",
-                    tokens, EPB_MAX_T);
-            return MMOE_EXIT_USAGE;
-        }
-        nt++;
-        p = *end == ',' ? end + 1 : end;
-    }
+    const int nt = (int)n_list;
+    for (int i = 0; i < nt; i++)
+        tv[i] = list[i];
+    free(list);
     const int gpu = o.gpus > 0, n = gpu ? o.gpus : o.ep_ranks;
     mmoe_error err;
     mmoe_error_clear(&err);
@@ -351,17 +326,17 @@ int mmoe_bench_moe_ep(int argc, char **argv)
         else if ((st = mmoe_moe_layer_create(&d, &base.cpu, &err)) == MMOE_OK)
             st = mmoe_moe_layer_set_weights(base.cpu, &w.w, &err);
     }
-    int rc = 0;
+    rc = 0;
     if (st == MMOE_OK) {
         printf("bench moe: %s, shape %s, D %lld, I %lld, E %lld (%lld per rank at most), topk %d, recipe %s, %s %d, "
                "reps %d (setup %.1f s)\n",
                gpu ? "expert parallel over GPUs (NCCL)" : "expert parallel over in-process ranks (CPU)", shape,
                (long long)d.hidden, (long long)d.inter, (long long)d.n_experts,
                (long long)((d.n_experts + n - 1) / n), d.topk, mmoe_moe_recipe_name(d.recipe),
-               gpu ? "gpus" : "ranks", n, reps, mmoe_clock_s() - t0);
+               gpu ? "gpus" : "ranks", n, (int)reps, mmoe_clock_s() - t0);
         printf("     T    pairs      ep_ms compute_ms   xchg_ms  comb_ms  sent_KiB    base_ms  speedup  bitexact\n");
         for (int i = 0; i < nt && rc == 0; i++)
-            rc = bench_t(&d, ep, &base, tv[i], reps, seed);
+            rc = bench_t(&d, ep, &base, tv[i], (int)reps, seed);
         printf("ep_ms: median wall time of an EP call (host in/out); compute/xchg/comb: medians of the slowest rank; "
                "sent_KiB: most bytes one rank sent; base_ms: the unsplit layer on one device\n");
     } else {

@@ -11,7 +11,6 @@
  * and the model's MoE recipe (dsv4-ref, serial shared expert) has no GPU kernel.  The MoE layers
  * themselves do run over N GPUs: `megamoe bench moe --gpus N`.
  */
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,27 +22,9 @@
 
 int mmoe_cli_ep_option(const char *cmd, const char *name, const char *arg, mmoe_cli_ep *o)
 {
-    char *end;
-    errno = 0;
-    if (strcmp(name, "gpu-memory") == 0) {
-        double v = strtod(arg, &end);
-        if (end == arg || *end != '\0' || errno != 0 || !(v > 0.0 && v <= 1e6)) {
-            fprintf(stderr, "megamoe %s: --gpu-memory '%s': expected a size in GiB in (0, 1e6]\n", cmd, arg);
-            return MMOE_EXIT_USAGE;
-        }
-        o->gpu_mem_gib = v;
-        return 0;
-    }
-    long v = strtol(arg, &end, 10);
-    if (end == arg || *end != '\0' || errno != 0 || v < 1 || v > MMOE_EP_MAX_RANKS) {
-        fprintf(stderr, "megamoe %s: --%s '%s': expected an integer in [1, %d]\n", cmd, name, arg, MMOE_EP_MAX_RANKS);
-        return MMOE_EXIT_USAGE;
-    }
-    if (strcmp(name, "gpus") == 0)
-        o->gpus = (int)v;
-    else
-        o->ep_ranks = (int)v;
-    return 0;
+    if (strcmp(name, "gpu-memory") == 0)
+        return mmoe_cli_opt_f64(cmd, name, arg, 0.0, 1e6, MMOE_CLI_LO_OPEN, &o->gpu_mem_gib);
+    return mmoe_cli_opt_int(cmd, name, arg, 1, MMOE_EP_MAX_RANKS, strcmp(name, "gpus") == 0 ? &o->gpus : &o->ep_ranks);
 }
 
 /** The weights-per-GPU plan of the checkpoint in @p dir over @p o->gpus GPUs. */

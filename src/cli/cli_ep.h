@@ -30,8 +30,8 @@ typedef struct mmoe_cli_ep {
 
 /** Usage lines of the options (for a command's help text). */
 #define MMOE_CLI_EP_USAGE                                                                                   \
-    "  --ep-ranks N      MoE sub-layers over N in-process ranks on the CPU (expert parallel, same bits)\n" \
-    "  --gpus N          the model over N GPUs (expert parallel): checked before loading\n"                 \
+    "  --ep-ranks N      MoE sub-layers over N in-process ranks on the CPU (expert parallel, same bits; default: none)\n" \
+    "  --gpus N          the model over N GPUs (expert parallel): checked before loading (default: none)\n"                 \
     "  --gpu-memory GIB  GPU size for the --gpus plan (default: GPU 0's memory)\n"
 
 /**
