@@ -100,9 +100,9 @@ START_TEST(refusals)
         {"--gpus 2 --gpu-memory 0.000001", 1, "of weights per GPU on 2 GPUs"},
         {"--ep-ranks 9", 1, "9 ranks for 8 routed experts"},
         {"--ep-ranks 2 --gpus 2", 1, "--ep-ranks (CPU ranks) and --gpus exclude each other"},
-        {"--ep-ranks 0", 2, "--ep-ranks '0': expected an integer in [1, 64]"},
-        {"--gpus 2x", 2, "--gpus '2x'"},
-        {"--gpu-memory -1 --gpus 1", 2, "--gpu-memory '-1'"},
+        {"--ep-ranks 0", 2, "--ep-ranks: expected an integer in [1, 64], got '0'"},
+        {"--gpus 2x", 2, "--gpus: expected an integer in [1, 64], got '2x'"},
+        {"--gpu-memory -1 --gpus 1", 2, "--gpu-memory: expected a number in (0, 1e+06], got '-1'"},
         {"--gpu-memory 1", 1, "--gpu-memory plans --gpus"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
