@@ -36,6 +36,7 @@
 #include "mmoe_formats.h"
 #include "mmoe_gpu_layer.h"
 #include "mmoe_gpu_moe.h"
+#include "mmoe_gpu_stage.h"
 #include "mmoe_moe.h"
 #include "mmoe_rng.h"
 #include "mmoe_test.h"
@@ -652,12 +653,229 @@ START_TEST(layer_sm90_many_experts)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ single stages */
+
+/*
+ * The GEMM stage alone (mmoe_gpu_stage.h): one expert's FP32 sums from a chosen kernel family,
+ * tile height, weight format, activation group and K split, against a float64 sum of the same
+ * exact products computed here.  Bound, per element: the GPU adds exact products (E4M3 x E4M3 or
+ * their F16 images) in FP32 with at most one rounding per tensor-core step (k16/k32, at most 8
+ * per K block of 128) and one per promotion FMA and per split sum, each at most 2^-23 of a
+ * partial sum bounded by sum|terms|:
+ *     |gpu - ref| <= (8 + K/128 + splits) * 2^-23 * sum|terms|.
+ * Normwise, FP32-class accumulation stays near 1e-6 of ||ref||; an accumulator that keeps 13
+ * mantissa bits (Hopper's E4M3 wgmma) gives ~1e-4: the bound 2^-15 separates the two.
+ */
+enum scale_spread {
+    SPREAD_FOLDED,   /**< the four exponents of a K block within 3: every kernel folds them */
+    SPREAD_WIDE,     /**< some blocks span 15..20: past E4M3's fold (mma.sync exact path), inside F16's */
+    SPREAD_VERY_WIDE /**< some blocks span 40..45: the exact path of every kernel */
+};
+
+typedef struct gemm_case {
+    mmoe_gpu_gemm gemm;
+    int block_m;
+    mmoe_gpu_weight_format weights;
+    int a_group, split_kb, rows, n, k;
+    enum scale_spread spread;
+} gemm_case;
+
+/** E4M3 bytes without NaN (0x7f / 0xff become 0). */
+static uint8_t random_e4m3(mmoe_rng *rng)
+{
+    uint8_t b = (uint8_t)mmoe_rng_u32(rng);
+    return (b & 0x7f) == 0x7f ? 0 : b;
+}
+
+static void fill_weight_scales(mmoe_rng *rng, uint8_t *sc, int n, int k, enum scale_spread spread)
+{
+    for (int64_t i = 0; i < (int64_t)n * (k / 32); i++)
+        sc[i] = (uint8_t)(122 - (int)mmoe_rng_below(rng, 4));
+    if (spread == SPREAD_FOLDED)
+        return;
+    const int gap = spread == SPREAD_WIDE ? 15 : 40;
+    for (int r = 0; r < n; r++)
+        for (int kb = 0; kb < k / 128; kb++)
+            if (mmoe_rng_below(rng, 8) == 0)
+                sc[(int64_t)r * (k / 32) + kb * 4 + (int)mmoe_rng_below(rng, 4)] =
+                    (uint8_t)(122 - gap - (int)mmoe_rng_below(rng, 6));
+}
+
+static void run_gemm_case(const gemm_case *c, mmoe_rng *rng)
+{
+    const int R = c->rows, N = c->n, K = c->k, fp4 = c->weights == MMOE_GPU_WEIGHTS_MXFP4;
+    const int64_t wbytes = (int64_t)N * (fp4 ? K / 2 : K);
+    uint8_t *a = malloc((size_t)R * K), *w = malloc((size_t)wbytes), *ws = malloc((size_t)N * K / 32);
+    float *as = malloc((size_t)R * (K / c->a_group) * 4), *out = malloc((size_t)R * N * 4);
+    ck_assert(a && w && ws && as && out);
+    for (int64_t i = 0; i < (int64_t)R * K; i++)
+        a[i] = random_e4m3(rng);
+    for (int64_t i = 0; i < (int64_t)R * (K / c->a_group); i++)
+        as[i] = (float)ldexp(1.0 + mmoe_rng_uniform(rng), -10 - (int)mmoe_rng_below(rng, 4));
+    for (int64_t i = 0; i < wbytes; i++)
+        w[i] = fp4 ? (uint8_t)mmoe_rng_u32(rng) : random_e4m3(rng);
+    fill_weight_scales(rng, ws, N, K, c->spread);
+    mmoe_test_poison_f32(out, (size_t)R * N);
+    mmoe_gpu_stage_gemm_desc d = {c->gemm, c->block_m, c->weights, c->a_group, c->split_kb, R, N, K};
+    mmoe_error err;
+    ck_assert_msg(mmoe_gpu_stage_gemm(&d, a, as, w, ws, out, &err) == MMOE_OK, "stage gemm: %s", err.msg);
+    const int nkb = K / 128, splits = c->split_kb > 0 ? (nkb + c->split_kb - 1) / c->split_kb : 1;
+    const double unit = (8.0 + nkb + splits) * ldexp(1.0, -23);
+    double num = 0.0, den = 0.0, worst = 0.0;
+    int64_t bad = 0;
+    for (int r = 0; r < R; r++)
+        for (int n = 0; n < N; n++) {
+            double ref = 0.0, abs_sum = 0.0;
+            for (int k = 0; k < K; k++) {
+                const double av = (double)mmoe_fp8_e4m3_to_f32(a[(int64_t)r * K + k]) *
+                                  as[(int64_t)r * (K / c->a_group) + k / c->a_group];
+                const uint8_t byte = fp4 ? w[(int64_t)n * (K / 2) + k / 2] : w[(int64_t)n * K + k];
+                const double wv = (fp4 ? (double)mmoe_fp4_e2m1_to_f32(k % 2 ? byte >> 4 : byte & 15)
+                                       : (double)mmoe_fp8_e4m3_to_f32(byte)) *
+                                  ldexp(1.0, ws[(int64_t)n * (K / 32) + k / 32] - 127);
+                ref += av * wv;
+                abs_sum += fabs(av * wv);
+            }
+            const double g = out[(int64_t)r * N + n], e = fabs(g - ref);
+            ck_assert_msg(!isnan(g), "stage gemm: NaN at [%d][%d] (seed %llu)", r, n, (unsigned long long)g_seed);
+            num += e * e;
+            den += ref * ref;
+            if (abs_sum > 0 && e / abs_sum > worst)
+                worst = e / abs_sum;
+            bad += e > unit * abs_sum;
+        }
+    const double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    printf("  stage gemm %s block_m %d %s a_group %d split_kb %d spread %d (%dx%dx%d): rel L2 %.3g, "
+           "max err/sum|terms| %.3g (bound %.3g), %lld beyond\n",
+           mmoe_gpu_gemm_name(c->gemm), c->block_m, fp4 ? "mxfp4" : "fp8", c->a_group, c->split_kb, (int)c->spread, R,
+           N, K, rel, worst, unit, (long long)bad);
+    ck_assert_msg(bad == 0, "stage gemm: %lld elements beyond the FP32 accumulation bound (seed %llu)",
+                  (long long)bad, (unsigned long long)g_seed);
+    ck_assert_msg(rel <= 0x1.0p-15, "stage gemm: relative L2 error %g > 2^-15 (seed %llu)", rel,
+                  (unsigned long long)g_seed);
+    free(a);
+    free(w);
+    free(ws);
+    free(as);
+    free(out);
+}
+
+/** The cases of one kernel family: each tile height, both weight formats, both groups, split K, each spread. */
+static void run_gemm_family(mmoe_gpu_gemm gemm)
+{
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 20 + (uint64_t)gemm);
+    const int big = gemm == MMOE_GPU_GEMM_WGMMA ? 128 : 64;
+    const gemm_case cases[] = {
+        {gemm, 16, MMOE_GPU_WEIGHTS_MXFP4, 128, 0, 40, 256, 1024, SPREAD_FOLDED},
+        {gemm, 64, MMOE_GPU_WEIGHTS_MXFP4, 128, 0, 70, 256, 1024, SPREAD_WIDE},
+        {gemm, big, MMOE_GPU_WEIGHTS_MXFP4, 128, 0, 150, 256, 1024, SPREAD_VERY_WIDE},
+        {gemm, 16, MMOE_GPU_WEIGHTS_MXFP4, 128, 4, 3, 256, 2048, SPREAD_WIDE},
+        {gemm, 64, MMOE_GPU_WEIGHTS_FP8, 128, 0, 40, 256, 1024, SPREAD_WIDE},
+        {gemm, 16, MMOE_GPU_WEIGHTS_FP8, 128, 2, 5, 128, 1024, SPREAD_FOLDED},
+        {gemm, 16, MMOE_GPU_WEIGHTS_MXFP4, 32, 0, 20, 128, 1024, SPREAD_WIDE},
+        {gemm, big, MMOE_GPU_WEIGHTS_FP8, 32, 0, 130, 128, 512, SPREAD_VERY_WIDE},
+        {gemm, 64, MMOE_GPU_WEIGHTS_MXFP4, 128, 0, 64, 128, 4096, SPREAD_FOLDED},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_gemm_case(&cases[i], &rng);
+}
+
+START_TEST(stage_gemm_mma)
+{
+    if (!gpu_ok())
+        return;
+    run_gemm_family(MMOE_GPU_GEMM_MMA);
+}
+END_TEST
+
+START_TEST(stage_gemm_wgmma)
+{
+    int cc = 0;
+    mmoe_error err;
+    if (mmoe_gpu_available(&cc, &err) != MMOE_OK)
+        return;
+    if (cc != 90) {
+        printf("stage_gemm_wgmma: sm_%d has no wgmma; not run\n", cc);
+        return;
+    }
+    run_gemm_family(MMOE_GPU_GEMM_WGMMA);
+}
+END_TEST
+
+/**
+ * The requantization of the L1 output alone, bit-exact against the rules written out here:
+ * sm90: sf = fl(max(amax, 1e-4) / 448), q = e4m3(fl(x * fl(1/sf)));
+ * sm100 (kernel rule): s = fl(amax * fl(1/448)), e = exponent of s rounded up to a power of two
+ * (none for amax = 0: e = -127), sf = 2^e, q = e4m3(fl(x * 2^-e)).
+ */
+START_TEST(stage_requant_bitexact)
+{
+    if (!gpu_ok())
+        return;
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 30);
+    const int rows = 29, cols = 384;
+    float *x = malloc((size_t)rows * cols * 4), *s = malloc((size_t)rows * cols / 32 * 4);
+    uint8_t *q = malloc((size_t)rows * cols);
+    ck_assert(x && s && q);
+    for (int i = 0; i < rows * cols; i++)
+        x[i] = (float)(mmoe_rng_normal(&rng) * ldexp(1.0, (int)mmoe_rng_below(&rng, 50) - 30));
+    for (int c = 0; c < 128; c++)
+        x[c] = 0.0f; /* a zero group */
+    for (int c = 128; c < 160; c++)
+        x[c] = 1e-30f; /* a tiny group: the 1e-4 clamp (sm90), a deep exponent (sm100) */
+    for (int recipe = MMOE_GPU_RECIPE_SM90; recipe <= MMOE_GPU_RECIPE_SM100; recipe++) {
+        const int G = recipe == MMOE_GPU_RECIPE_SM90 ? 128 : 32;
+        memset(q, 0xAA, (size_t)rows * cols);
+        mmoe_test_poison_f32(s, (size_t)rows * cols / G);
+        mmoe_error err;
+        ck_assert_msg(mmoe_gpu_stage_requant((mmoe_gpu_recipe)recipe, rows, cols, x, q, s, &err) == MMOE_OK, "%s",
+                      err.msg);
+        for (int r = 0; r < rows; r++)
+            for (int g = 0; g < cols / G; g++) {
+                float amax = 0.0f;
+                for (int c = 0; c < G; c++)
+                    amax = fmaxf(amax, fabsf(x[r * cols + g * G + c]));
+                float sf, inv;
+                if (G == 128) {
+                    volatile float a = fmaxf(amax, 1e-4f);
+                    sf = a / 448.0f;
+                    inv = 1.0f / sf;
+                } else {
+                    volatile float sv = amax * (1.0f / 448.0f);
+                    float svv = sv;
+                    uint32_t bits;
+                    memcpy(&bits, &svv, 4);
+                    const int e = (int)((bits >> 23) & 0xff) - 127 + ((bits & 0x7fffff) != 0);
+                    sf = ldexpf(1.0f, e);
+                    inv = ldexpf(1.0f, -e);
+                }
+                ck_assert_msg(memcmp(&sf, &s[r * (cols / G) + g], 4) == 0, "recipe %d row %d group %d: scale %a != %a",
+                              recipe, r, g, (double)s[r * (cols / G) + g], (double)sf);
+                for (int c = 0; c < G; c++) {
+                    volatile float prod = x[r * cols + g * G + c] * inv;
+                    const uint8_t want = mmoe_fp8_e4m3_from_f32(prod);
+                    ck_assert_msg(q[r * cols + g * G + c] == want, "recipe %d [%d][%d]: q %02x != %02x", recipe, r,
+                                  g * G + c, q[r * cols + g * G + c], want);
+                }
+            }
+    }
+    free(x);
+    free(s);
+    free(q);
+}
+END_TEST
+
 static Suite *gpu_suite(void)
 {
     Suite *s = suite_create("gpu_moe");
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, quant_bitexact);
+    tcase_add_test(tc, stage_requant_bitexact);
+    tcase_add_test(tc, stage_gemm_mma);
+    tcase_add_test(tc, stage_gemm_wgmma);
     tcase_add_test(tc, layer_sm90_token_counts);
     tcase_add_test(tc, layer_sm90_skewed_no_shared);
     tcase_add_test(tc, layer_sm100_formats);

@@ -462,7 +462,7 @@ cudaError_t mmoe_tile_rows(const uint32_t *src, uint32_t *dst, int n_blocks, int
     return cudaGetLastError();
 }
 
-cudaError_t mmoe_launch_gemm(const mmoe_gemm_args *args, int block_m, int b_fmt, int a_group, int epi,
+cudaError_t mmoe_launch_gemm(const mmoe_gemm_args *args, int block_m, mmoe_bfmt b_fmt, int a_group, mmoe_epi epi,
                              int max_tiles, cudaStream_t stream)
 {
     if (max_tiles <= 0)

@@ -521,7 +521,7 @@ static void use_split_k(mmoe_gemm_args *a, float *partial, int rows, int cols)
 }
 
 /** One grouped GEMM with the layer's kernel family. */
-static cudaError_t layer_gemm(const mmoe_gpu_moe *L, const mmoe_gemm_args *a, int bm, int bfmt, int ag, int epi,
+static cudaError_t layer_gemm(const mmoe_gpu_moe *L, const mmoe_gemm_args *a, int bm, mmoe_bfmt bfmt, int ag, mmoe_epi epi,
                               int tiles, cudaStream_t s)
 {
     return L->wgmma ? mmoe_launch_gemm_wgmma(a, bm, bfmt, ag, epi, tiles, s)
@@ -541,7 +541,7 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
     *block_m_out = bm;
     if (T == 0)
         return MMOE_OK;
-    CK(mmoe_launch_quant(L->x, NULL, T, D, sm90 ? 0 : 1, L->xq, L->xs, s), "quantize x");
+    CK(mmoe_launch_quant(L->x, NULL, T, D, sm90 ? MMOE_QUANT_SM90 : MMOE_QUANT_SM100_INPUT, L->xq, L->xs, s), "quantize x");
     mmoe_gemm_args a;
     if (SI > 0) {
         /* the shared expert on the side stream: it needs only the quantized x */
@@ -566,7 +566,7 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
         CK(layer_gemm(L, &a, sbm, MMOE_B_FP8, ag, MMOE_EPI_SWIGLU, stiles, s), "L1 GEMM (shared)");
         if (split)
             CK(mmoe_launch_split_finish(&a, MMOE_EPI_SWIGLU, (int)split_count(D), T, NULL, s), "L1 split-K sum (shared)");
-        CK(mmoe_launch_quant(NULL, L->sh_a1, T, SI, sm90 ? 0 : 2, L->sh_l2q, L->sh_l2s, s), "requantize L1 (shared)");
+        CK(mmoe_launch_quant(NULL, L->sh_a1, T, SI, sm90 ? MMOE_QUANT_SM90 : MMOE_QUANT_SM100_REQUANT, L->sh_l2q, L->sh_l2s, s), "requantize L1 (shared)");
         memset(&a, 0, sizeof a);
         a.K = SI;
         a.n_out = D;
@@ -616,7 +616,7 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
         CK(mmoe_launch_split_finish(&a, MMOE_EPI_SWIGLU, (int)split_count(D), T * K, L->num_pairs, s),
            "L1 split-K sum (routed)");
     /* requantize: rows beyond the valid pairs are quantized too (garbage in, never read) */
-    CK(mmoe_launch_quant(NULL, L->a1, T * K, I, sm90 ? 0 : 2, L->l2q, L->l2s, s), "requantize L1 (routed)");
+    CK(mmoe_launch_quant(NULL, L->a1, T * K, I, sm90 ? MMOE_QUANT_SM90 : MMOE_QUANT_SM100_REQUANT, L->l2q, L->l2s, s), "requantize L1 (routed)");
     /* L2 routed */
     memset(&a, 0, sizeof a);
     a.K = I;
@@ -846,7 +846,7 @@ mmoe_status mmoe_gpu_quantize_input(mmoe_gpu_recipe recipe, int rows, int cols, 
     if (e == cudaSuccess) e = cudaMalloc(&dq, n);
     if (e == cudaSuccess) e = cudaMalloc(&ds, ns * 4);
     if (e == cudaSuccess) e = cudaMemcpy(dx, x, n * 2, cudaMemcpyHostToDevice);
-    if (e == cudaSuccess) e = mmoe_launch_quant(dx, NULL, rows, cols, sm90 ? 0 : 1, dq, ds, 0);
+    if (e == cudaSuccess) e = mmoe_launch_quant(dx, NULL, rows, cols, sm90 ? MMOE_QUANT_SM90 : MMOE_QUANT_SM100_INPUT, dq, ds, 0);
     if (e == cudaSuccess) e = cudaMemcpy(q, dq, n, cudaMemcpyDeviceToHost);
     if (e == cudaSuccess) e = cudaMemcpy(scales, ds, ns * 4, cudaMemcpyDeviceToHost);
     cudaFree(dx);

@@ -68,7 +68,7 @@ __global__ void split_finish_slot(const mmoe_gemm_args p, int nsplit, int rows, 
     }
 }
 
-cudaError_t mmoe_launch_split_finish(const mmoe_gemm_args *args, int epi, int nsplit, int rows,
+cudaError_t mmoe_launch_split_finish(const mmoe_gemm_args *args, mmoe_epi epi, int nsplit, int rows,
                                      const int *num_rows_dev, cudaStream_t stream)
 {
     if (rows <= 0)
