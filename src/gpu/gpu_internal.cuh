@@ -49,6 +49,25 @@ enum mmoe_quant_mode {
     MMOE_QUANT_SM100_REQUANT = 2  /**< UE8M0 per 32, the kernel's requant rule, no clamps */
 };
 
+/**
+ * The L1 epilogue of one intermediate channel, shared by both GEMM families and the split-K
+ * finish: the gate and up sums rounded to BF16, clamped in BF16 (gate from above, up on both
+ * sides) when @p clamp > 0, then silu(g) * u * w in FP32 with expf and IEEE division (the
+ * oracle's precise mode), each product rounded on its own (no FMA contraction).
+ */
+__device__ __forceinline__ float mmoe_swiglu_channel(float acc_gate, float acc_up, float clamp, float w)
+{
+    float g = __bfloat162float(__float2bfloat16_rn(acc_gate));
+    float u = __bfloat162float(__float2bfloat16_rn(acc_up));
+    if (clamp > 0.0f) {
+        const float cb = __bfloat162float(__float2bfloat16_rn(clamp));
+        g = fminf(g, cb);
+        u = fminf(fmaxf(u, -cb), cb);
+    }
+    const float sig = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-g)));
+    return __fmul_rn(__fmul_rn(__fmul_rn(g, sig), u), w);
+}
+
 /** Arguments of one grouped GEMM launch (all pointers are device pointers). */
 struct mmoe_gemm_args {
     int K;                      /**< reduction length (D for L1, I for L2), multiple of 128 */

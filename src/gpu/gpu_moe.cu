@@ -36,7 +36,8 @@ struct mmoe_gpu_moe {
     mmoe_gpu_moe_desc d;      /**< sizes (inter_src/shared_inter_src filled in) */
     mmoe_gpu_recipe recipe;   /**< the recipe computed */
     int cc;                   /**< compute capability */
-    int wgmma;                /**< 1: the GEMMs run the sm_90a wgmma kernel; 0: the portable mma.sync one */
+    int wgmma_ok;             /**< 1: the sm_90a wgmma kernel can run here (cc 9.0 and built for it) */
+    int last_wgmma;           /**< 1: the last call ran the wgmma kernel; 0: the portable mma.sync one */
     cudaStream_t stream;      /**< the call's stream: inputs, routed experts, combine */
     cudaStream_t side;        /**< the shared expert runs here, concurrently with the routed GEMMs */
     cudaEvent_t x_ready;      /**< the quantized x is ready (side stream waits) */
@@ -252,27 +253,26 @@ mmoe_status mmoe_gpu_moe_create(const mmoe_gpu_moe_desc *desc, const mmoe_gpu_mo
                               "gpu layer: the wgmma kernel needs a compute-capability-9.0 device (sm_90a); "
                               "this one is sm_%d (use gemm auto or mma)", cc);
     }
-    if (desc->gemm == MMOE_GPU_GEMM_WGMMA) {
+    if (cc == 90) {
         int built = 0;
         cudaError_t pe = mmoe_wgmma_built_for_device(&built);
         if (pe != cudaSuccess) {
             free(L);
             return cuda_fail(err, pe, "wgmma build probe");
         }
-        if (!built) {
-            free(L);
-            return mmoe_error_set(err, MMOE_ENODEV,
-                                  "gpu layer: this build has no sm_90a code for the wgmma kernel (CUDA_GENCODE lacks "
-                                  "-gencode=arch=compute_90a,code=sm_90a); use gemm auto or mma");
-        }
+        L->wgmma_ok = built;
     }
-    if (desc->block_m == 128 && cc != 90) {
+    if (desc->gemm == MMOE_GPU_GEMM_WGMMA && !L->wgmma_ok) {
         free(L);
-        return mmoe_error_set(err, MMOE_ENODEV, "gpu layer: block_m 128 needs the wgmma kernel, which sm_%d lacks", cc);
+        return mmoe_error_set(err, MMOE_ENODEV,
+                              "gpu layer: this build has no sm_90a code for the wgmma kernel (CUDA_GENCODE lacks "
+                              "-gencode=arch=compute_90a,code=sm_90a); use gemm auto or mma");
     }
-    /* AUTO stays on the verified mma.sync kernel until the wgmma kernel has passed the GPU suite
-     * on a device (see mmoe_gpu_gemm in mmoe_gpu_moe.h) */
-    L->wgmma = desc->gemm == MMOE_GPU_GEMM_WGMMA;
+    if (desc->block_m == 128 && !L->wgmma_ok) {
+        free(L);
+        return mmoe_error_set(err, MMOE_ENODEV, "gpu layer: block_m 128 needs the wgmma kernel, which this "
+                              "device or build lacks (sm_%d)", cc);
+    }
     L->recipe = desc->recipe != MMOE_GPU_RECIPE_AUTO ? desc->recipe
                 : cc >= 100                         ? MMOE_GPU_RECIPE_SM100
                                                     : MMOE_GPU_RECIPE_SM90;
@@ -498,10 +498,29 @@ static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
 /* ------------------------------------------------------------------ one call */
 
 /**
- * Tile height: the description's, or by the expected pairs per expert (as in
- * get_block_config_for_mega_moe): 16 while they are <= 16.5, else 64; with the wgmma
- * kernel 128 from 64.5 on (each tile decodes its weight block once, so wider tiles
- * decode less per FLOP).
+ * The expected pairs per expert above which AUTO runs the wgmma kernel (with 128-token tiles)
+ * rather than the mma.sync one.  Measured on one H200, V4-Flash layer (docs/perf.md): below
+ * it the mma.sync kernel's small tiles stream the weights faster, above it the wgmma kernel's
+ * wide tiles convert each weight tile once for 128 tokens.
+ */
+#define MMOE_AUTO_WGMMA_MIN_PAIRS 96.5
+
+/** The kernel family of one call: the requested one, or for AUTO the faster one at this size. */
+static int use_wgmma(const mmoe_gpu_moe *L, int T)
+{
+    if (L->d.gemm != MMOE_GPU_GEMM_AUTO)
+        return L->d.gemm == MMOE_GPU_GEMM_WGMMA;
+    if (L->d.block_m == 128)
+        return 1;
+    const double e = (double)T * L->d.topk / L->d.n_experts;
+    return L->wgmma_ok && e > MMOE_AUTO_WGMMA_MIN_PAIRS;
+}
+
+/**
+ * Tile height: the description's, or by the expected pairs per expert e (as in
+ * get_block_config_for_mega_moe): 16 while e <= 16.5, else 64; with the wgmma kernel 128
+ * from 64.5 on (each tile converts its weight block once, so wider tiles convert less per
+ * FLOP).
  */
 static int choose_block_m(int forced, int wgmma, int T, int topk, int E)
 {
@@ -520,11 +539,11 @@ static void use_split_k(mmoe_gemm_args *a, float *partial, int rows, int cols)
     a->partial_cols = cols;
 }
 
-/** One grouped GEMM with the layer's kernel family. */
+/** One grouped GEMM with the kernel family of this call. */
 static cudaError_t layer_gemm(const mmoe_gpu_moe *L, const mmoe_gemm_args *a, int bm, mmoe_bfmt bfmt, int ag, mmoe_epi epi,
                               int tiles, cudaStream_t s)
 {
-    return L->wgmma ? mmoe_launch_gemm_wgmma(a, bm, bfmt, ag, epi, tiles, s)
+    return L->last_wgmma ? mmoe_launch_gemm_wgmma(a, bm, bfmt, ag, epi, tiles, s)
                     : mmoe_launch_gemm(a, bm, bfmt, ag, epi, tiles, s);
 }
 
@@ -534,7 +553,8 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
     const int D = L->d.hidden, I = L->d.inter, K = L->d.topk, E = L->d.n_experts, SI = L->d.shared_inter;
     const int sm90 = L->recipe == MMOE_GPU_RECIPE_SM90;
     const int ag = sm90 ? 128 : 32;
-    const int bm = choose_block_m(L->d.block_m, L->wgmma, T, K, E);
+    L->last_wgmma = use_wgmma(L, T);
+    const int bm = choose_block_m(L->d.block_m, L->last_wgmma, T, K, E);
     cudaStream_t s = L->stream;
     const int split = T <= MMOE_SPLIT_MAX_T; /* few tokens: split K so that enough blocks stream the weights */
     L->last_split = split;
@@ -548,7 +568,7 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
         CK(cudaEventRecord(L->x_ready, s), "cudaEventRecord");
         CK(cudaStreamWaitEvent(L->side, L->x_ready, 0), "cudaStreamWaitEvent");
         s = L->side;
-        const int sbm = T <= 16 ? 16 : (L->wgmma && T > 64) ? 128 : 64;
+        const int sbm = T <= 16 ? 16 : (L->last_wgmma && T > 64) ? 128 : 64;
         const int stiles = (T + sbm - 1) / sbm;
         memset(&a, 0, sizeof a);
         a.K = D;
@@ -675,13 +695,13 @@ static void fill_result(mmoe_gpu_moe *L, int bm, long long pairs, mmoe_gpu_moe_r
     memset(res, 0, sizeof *res);
     res->device_cc = L->cc;
     res->recipe = L->recipe;
-    if (L->wgmma)
-        res->kernel = L->last_split ? "wgmma e4m3 warp-specialized grouped GEMM, split-K (staged)"
-                                    : "wgmma e4m3 warp-specialized grouped GEMM (staged, 9 launches)";
+    if (L->last_wgmma)
+        res->kernel = L->last_split ? "wgmma f16 (E4M3/E2M1 converted) warp-specialized grouped GEMM, split-K (staged)"
+                                    : "wgmma f16 (E4M3/E2M1 converted) warp-specialized grouped GEMM (staged, 9 launches)";
     else
         res->kernel = L->last_split ? "mma.sync.m16n8k32 e4m3 grouped GEMM, split-K (staged)"
                                     : "mma.sync.m16n8k32 e4m3 grouped GEMM (staged, 9 launches)";
-    res->gemm = L->wgmma ? MMOE_GPU_GEMM_WGMMA : MMOE_GPU_GEMM_MMA;
+    res->gemm = L->last_wgmma ? MMOE_GPU_GEMM_WGMMA : MMOE_GPU_GEMM_MMA;
     res->block_m = bm;
     res->shared_fused = L->d.shared_inter > 0;
     res->routed_pairs = pairs;
@@ -692,20 +712,17 @@ static void fill_result(mmoe_gpu_moe *L, int bm, long long pairs, mmoe_gpu_moe_r
     if (L->cc >= 100) {
         res->fallback = 1;
         snprintf(res->fallback_reason, sizeof res->fallback_reason,
-                 "sm_%d: no native tcgen05 kernel yet; the portable mma.sync kernel ran (%s formats)", L->cc,
+                 "sm_%d: no native tcgen05 kernel; the portable mma.sync kernel ran (%s formats)", L->cc,
                  mmoe_gpu_recipe_name(L->recipe));
     } else if (L->recipe == MMOE_GPU_RECIPE_SM100) {
         res->fallback = 1;
         snprintf(res->fallback_reason, sizeof res->fallback_reason,
                  "sm100 recipe requested on sm_%d: the %s kernel emulates its formats (per-32 promotion)", L->cc,
-                 L->wgmma ? "wgmma" : "portable mma.sync");
-    } else if (!L->wgmma) {
+                 L->last_wgmma ? "wgmma" : "portable mma.sync");
+    } else if (L->d.gemm == MMOE_GPU_GEMM_AUTO && !L->wgmma_ok) {
         res->fallback = 1;
         snprintf(res->fallback_reason, sizeof res->fallback_reason,
-                 "sm_%d: the portable mma.sync kernel ran (%s)", L->cc,
-                 L->d.gemm == MMOE_GPU_GEMM_MMA ? "requested"
-                 : L->cc == 90 ? "the wgmma kernel is opt-in (gemm wgmma) until it has passed the GPU suite on a device"
-                               : "no wgmma on this device");
+                 "sm_%d: no sm_90a wgmma code for this device; the portable mma.sync kernel ran", L->cc);
     }
 }
 

@@ -56,15 +56,13 @@ typedef enum mmoe_gpu_recipe {
 } mmoe_gpu_recipe;
 
 /**
- * Which GEMM kernel family the layer runs.
- *
- * Status (2026-11-29): the wgmma kernel is written, compiles for sm_90a without spills, and
- * has **not yet run on a device** (the session that wrote it had no device time left).  Until
- * the GPU suite passes with it (tools/gpu-check.sh runs the suite once per family), AUTO
- * runs the verified mma.sync kernel and the result reports that as a fallback on sm_90.
+ * Which GEMM kernel family the layer runs.  Both compute the same exact products with FP32
+ * sums (the GPU suite checks each family alone and in the layer).  AUTO picks per call: on an
+ * sm_90a build and device, the wgmma kernel once the expected pairs per expert exceed a
+ * measured threshold (prefill), else the mma.sync kernel (decode); on other devices mma.sync.
  */
 typedef enum mmoe_gpu_gemm {
-    MMOE_GPU_GEMM_AUTO = 0,  /**< the device's verified default: mma.sync for now (see above) */
+    MMOE_GPU_GEMM_AUTO = 0,  /**< the faster verified family for each call size (see above) */
     MMOE_GPU_GEMM_MMA = 1,   /**< the portable mma.sync kernel (gpu_gemm.cu), any sm_89+ device */
     MMOE_GPU_GEMM_WGMMA = 2  /**< the warp-specialized wgmma kernel (gpu_gemm_wgmma.cu), sm_90 only */
 } mmoe_gpu_gemm;
