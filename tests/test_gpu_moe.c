@@ -21,10 +21,15 @@
  * the intermediate) only for the rare values that lie that close to a
  * rounding boundary; one such move changes an output by at most one E4M3
  * step (2^-3 relative) of one intermediate channel times its W2 column, or by
- * one BF16 ulp.  So we require:
+ * one BF16 ulp.  The E4M3 move shifts every output of its token, by about
+ * 2^-4 |a_i| |W2[j][i]|, i.e. ~2^-4 / sqrt(I * slots) of the row's RMS (5e-4 at
+ * the V4-Flash widths): far below a BF16 ulp of the RMS, but many BF16 ulps of
+ * the outputs near zero, and one move happens often enough at D 4096 that a
+ * per-element count relative to |y_ref| alone fails by chance (seen: ~1100 of
+ * 163840 elements, all at rel L2 2.6e-4).  So we require:
  *   - GPU_NORM_TOL: ||y_gpu - y_ref||_2 <= 2^-8 * ||y_ref||_2 (one BF16 ulp, normwise);
  *   - GPU_ELEM_FRAC: at most 0.5% of the elements differ by more than
- *     2 BF16 ulps of max(|y_ref|, a tiny floor).
+ *     2 BF16 ulps of max(|y_ref|, RMS of the token's reference row).
  *   - no NaN anywhere, and exact zeros where the oracle has a token whose
  *     slots are all masked and no shared expert.
  */
@@ -240,21 +245,31 @@ static void make_inputs(mmoe_rng *rng, int64_t T, int64_t D, int64_t E, int topk
 
 /* ------------------------------------------------------------------ comparison */
 
-static void compare_outputs(const char *what, const uint16_t *gpu, const uint16_t *ref, int64_t n)
+static void compare_outputs(const char *what, const uint16_t *gpu, const uint16_t *ref, int64_t T, int64_t D)
 {
     double num = 0.0, den = 0.0;
     int64_t bad = 0, nan_count = 0;
-    for (int64_t i = 0; i < n; i++) {
-        float g = mmoe_bf16_to_f32(gpu[i]), r = mmoe_bf16_to_f32(ref[i]);
-        if (isnan(g) || isnan(r)) {
-            nan_count++;
-            continue;
+    const int64_t n = T * D;
+    for (int64_t t = 0; t < T; t++) {
+        double row_sq = 0.0;
+        for (int64_t j = 0; j < D; j++) {
+            const double r = mmoe_bf16_to_f32(ref[t * D + j]);
+            row_sq += isnan(r) ? 0.0 : r * r;
         }
-        num += ((double)g - r) * ((double)g - r);
-        den += (double)r * r;
-        double ulp = ldexp(1.0, ilogb(fmax(fabs((double)r), 1e-30)) - 7);
-        if (fabs((double)g - r) > 2.0 * ulp)
-            bad++;
+        const double row_rms = sqrt(row_sq / (double)D);
+        for (int64_t j = 0; j < D; j++) {
+            const int64_t i = t * D + j;
+            float g = mmoe_bf16_to_f32(gpu[i]), r = mmoe_bf16_to_f32(ref[i]);
+            if (isnan(g) || isnan(r)) {
+                nan_count++;
+                continue;
+            }
+            num += ((double)g - r) * ((double)g - r);
+            den += (double)r * r;
+            double ulp = ldexp(1.0, ilogb(fmax(fmax(fabs((double)r), row_rms), 1e-30)) - 7);
+            if (fabs((double)g - r) > 2.0 * ulp)
+                bad++;
+        }
     }
     double rel = den > 0 ? sqrt(num / den) : sqrt(num);
     printf("  %s: rel L2 %.3g, elements beyond 2 bf16 ulp %lld / %lld\n", what, rel, (long long)bad, (long long)n);
@@ -342,7 +357,7 @@ static void run_case(const char *name, test_layer *L, int64_t T, enum route_kind
         ck_assert_int_eq(dev_counts[e], cpu_counts[e]);
         ck_assert_int_eq(stats[e], cpu_counts[e]);
     }
-    compare_outputs(name, y_gpu, y_ref, T * D);
+    compare_outputs(name, y_gpu, y_ref, T, D);
     /* tokens with every slot masked and no shared expert: exactly zero */
     if (d->n_shared == 0)
         for (int64_t t = 0; t < T; t++) {
