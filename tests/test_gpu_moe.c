@@ -400,12 +400,14 @@ START_TEST(quant_bitexact)
         x[c] = 0; /* a zero group: the 1e-4 clamp */
     for (int c = 128; c < 256; c++)
         x[c] = mmoe_bf16_from_f32(1e-30f); /* a tiny group */
-    for (int recipe = MMOE_GPU_RECIPE_SM90; recipe <= MMOE_GPU_RECIPE_SM100; recipe++) {
+    static const mmoe_gpu_recipe recipes[] = {MMOE_GPU_RECIPE_SM90, MMOE_GPU_RECIPE_SM100};
+    for (size_t ri = 0; ri < sizeof recipes / sizeof recipes[0]; ri++) {
+        const mmoe_gpu_recipe recipe = recipes[ri];
         const int G = recipe == MMOE_GPU_RECIPE_SM90 ? 128 : 32;
         memset(q, 0xAA, (size_t)rows * cols);
         mmoe_test_poison_f32(s, (size_t)rows * cols / G);
         mmoe_error err;
-        ck_assert_msg(mmoe_gpu_quantize_input((mmoe_gpu_recipe)recipe, rows, cols, x, q, s, &err) == MMOE_OK, "%s",
+        ck_assert_msg(mmoe_gpu_quantize_input(recipe, rows, cols, x, q, s, &err) == MMOE_OK, "%s",
                       err.msg);
         for (int r = 0; r < rows; r++)
             for (int g = 0; g < cols / G; g++) {
@@ -840,12 +842,14 @@ START_TEST(stage_requant_bitexact)
         x[c] = 0.0f; /* a zero group */
     for (int c = 128; c < 160; c++)
         x[c] = 1e-30f; /* a tiny group: the 1e-4 clamp (sm90), a deep exponent (sm100) */
-    for (int recipe = MMOE_GPU_RECIPE_SM90; recipe <= MMOE_GPU_RECIPE_SM100; recipe++) {
+    static const mmoe_gpu_recipe recipes[] = {MMOE_GPU_RECIPE_SM90, MMOE_GPU_RECIPE_SM100};
+    for (size_t ri = 0; ri < sizeof recipes / sizeof recipes[0]; ri++) {
+        const mmoe_gpu_recipe recipe = recipes[ri];
         const int G = recipe == MMOE_GPU_RECIPE_SM90 ? 128 : 32;
         memset(q, 0xAA, (size_t)rows * cols);
         mmoe_test_poison_f32(s, (size_t)rows * cols / G);
         mmoe_error err;
-        ck_assert_msg(mmoe_gpu_stage_requant((mmoe_gpu_recipe)recipe, rows, cols, x, q, s, &err) == MMOE_OK, "%s",
+        ck_assert_msg(mmoe_gpu_stage_requant(recipe, rows, cols, x, q, s, &err) == MMOE_OK, "%s",
                       err.msg);
         for (int r = 0; r < rows; r++)
             for (int g = 0; g < cols / G; g++) {

@@ -199,6 +199,8 @@ static mmoe_status check_desc(const mmoe_gpu_moe_desc *d, mmoe_error *err)
     if (d->block_m != 0 && d->block_m != 16 && d->block_m != 64 && d->block_m != 128)
         return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: block_m must be 0 (auto), 16, 64 or 128, got %d",
                               d->block_m);
+    if (d->recipe != MMOE_GPU_RECIPE_AUTO && d->recipe != MMOE_GPU_RECIPE_SM90 && d->recipe != MMOE_GPU_RECIPE_SM100)
+        return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: unknown recipe %d", (int)d->recipe);
     if (d->gemm != MMOE_GPU_GEMM_AUTO && d->gemm != MMOE_GPU_GEMM_MMA && d->gemm != MMOE_GPU_GEMM_WGMMA)
         return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: unknown GEMM kernel family %d", (int)d->gemm);
     if (d->block_m == 128 && d->gemm == MMOE_GPU_GEMM_MMA)

@@ -48,11 +48,15 @@
 extern "C" {
 #endif
 
-/** Which activation formats the GPU layer computes (the oracle's recipe names). */
+/**
+ * Which activation formats the GPU layer computes: the oracle's recipes, with the oracle's
+ * numbers (mmoe_moe_recipe: SM100 = 0, SM90 = 1), and AUTO outside that range.  A description
+ * cleared to zero therefore asks for SM100: set the recipe explicitly.
+ */
 typedef enum mmoe_gpu_recipe {
-    MMOE_GPU_RECIPE_AUTO = 0,  /**< pick from the device: sm_90 -> SM90, sm_100 -> SM100 */
-    MMOE_GPU_RECIPE_SM90 = 1,  /**< FP32 scale per 128 channels for input and intermediate */
-    MMOE_GPU_RECIPE_SM100 = 2  /**< UE8M0 scale per 32 channels (input ceil rule, kernel requant rule) */
+    MMOE_GPU_RECIPE_AUTO = -1, /**< pick from the device: sm_90 -> SM90, sm_100 -> SM100 */
+    MMOE_GPU_RECIPE_SM100 = 0, /**< UE8M0 scale per 32 channels (input ceil rule, kernel requant rule) */
+    MMOE_GPU_RECIPE_SM90 = 1   /**< FP32 scale per 128 channels for input and intermediate */
 } mmoe_gpu_recipe;
 
 /**
