@@ -123,16 +123,21 @@ __device__ __forceinline__ uint32_t hash32(uint64_t x)
     return (uint32_t)x;
 }
 
-/**
- * kind 0: any byte (E2M1 pairs); 1: UE8M0 in 118..125; 2: E4M3 without NaN, |v| < 2;
- * 3: UE8M0 in 118..125, constant over each 4 consecutive bytes (an expanded 128-wide block
- * scale, as the shared expert's checkpoint scales give).
- */
-__global__ void fill_random(uint8_t *p, size_t n, uint64_t seed, int kind)
+/** What fill_random() draws. */
+enum fill_kind {
+    FILL_E2M1_PAIRS = 0,   /**< any byte (two E2M1 codes) */
+    FILL_UE8M0 = 1,        /**< UE8M0 in 118..125 */
+    FILL_E4M3 = 2,         /**< E4M3 without NaN, |v| < 2 */
+    FILL_UE8M0_BLOCK = 3   /**< UE8M0 in 118..125, constant over each 4 consecutive bytes (an
+                                expanded 128-wide block scale, as the shared expert's are) */
+};
+
+/** Random bytes of one kind (hash of seed and index). */
+__global__ void fill_random(uint8_t *p, size_t n, uint64_t seed, fill_kind kind)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = hash32(seed * 0x9E3779B97F4A7C15ULL + (kind == 3 ? i / 4 : i));
-        p[i] = kind == 0 ? (uint8_t)h : kind == 2 ? (uint8_t)(h & 0xBF) : (uint8_t)(118 + (h & 7));
+        uint32_t h = hash32(seed * 0x9E3779B97F4A7C15ULL + (kind == FILL_UE8M0_BLOCK ? i / 4 : i));
+        p[i] = kind == FILL_E2M1_PAIRS ? (uint8_t)h : kind == FILL_E4M3 ? (uint8_t)(h & 0xBF) : (uint8_t)(118 + (h & 7));
     }
 }
 
@@ -213,6 +218,161 @@ static mmoe_status check_desc(const mmoe_gpu_moe_desc *d, mmoe_error *err)
     return MMOE_OK;
 }
 
+/** Byte sizes of the layer's weight arrays. */
+struct weight_sizes {
+    size_t w13, s13, w2, s2, sw13, ss13, sw2, ss2;
+};
+
+static weight_sizes weight_sizes_of(const mmoe_gpu_moe_desc *desc)
+{
+    const size_t D = (size_t)desc->hidden, I = (size_t)desc->inter, E = (size_t)desc->n_experts;
+    const size_t SI = (size_t)desc->shared_inter;
+    weight_sizes z;
+    z.w13 = E * 2 * I * D / 2;
+    z.s13 = E * 2 * I * D / 32;
+    z.w2 = E * D * I / 2;
+    z.s2 = E * D * I / 32;
+    z.sw13 = 2 * SI * D;
+    z.ss13 = 2 * SI * D / 32;
+    z.sw2 = D * SI;
+    z.ss2 = D * SI / 32;
+    return z;
+}
+
+/**
+ * Upload the checkpoint's weights: each matrix goes through a staging buffer in the checkpoint
+ * layout (zero codes and unit scales first: the padding), then one kernel writes it tile-major
+ * into the layer's arrays (see mmoe_tile_rows).
+ */
+static cudaError_t upload_weights(mmoe_gpu_moe *L, const mmoe_gpu_moe_weights *w)
+{
+    const size_t D = (size_t)L->d.hidden, I = (size_t)L->d.inter, E = (size_t)L->d.n_experts;
+    const size_t SI = (size_t)L->d.shared_inter;
+    const size_t Is = (size_t)L->d.inter_src, SIs = (size_t)L->d.shared_inter_src;
+    const size_t n13 = I * D > 2 * SI * D ? I * D : 2 * SI * D;
+    const size_t n2 = D * I / 2 > D * SI ? D * I / 2 : D * SI;
+    uint8_t *st13 = NULL, *sts13 = NULL, *st2 = NULL, *sts2 = NULL;
+    cudaError_t pe = cudaMalloc((void **)&st13, n13);
+    if (pe == cudaSuccess) pe = cudaMalloc((void **)&sts13, n13 / 16);
+    if (pe == cudaSuccess) pe = cudaMalloc((void **)&st2, n2);
+    if (pe == cudaSuccess) pe = cudaMalloc((void **)&sts2, n2 / 16);
+    for (size_t x = 0; x < E + (SI > 0) && pe == cudaSuccess; x++) {
+        const int shared = x == E;
+        const size_t rows13 = shared ? SI : I, src13 = shared ? SIs : Is;
+        const size_t b13 = shared ? D : D / 2; /* bytes per L1 row */
+        const size_t k2 = shared ? SI : I, src2 = shared ? SIs : Is;
+        const size_t b2 = shared ? k2 : k2 / 2, bsrc2 = shared ? src2 : src2 / 2;
+        pe = cudaMemset(st13, 0, 2 * rows13 * b13);
+        if (pe == cudaSuccess) pe = cudaMemset(sts13, 127, 2 * rows13 * D / 32);
+        if (pe == cudaSuccess) pe = cudaMemset(st2, 0, D * b2);
+        if (pe == cudaSuccess) pe = cudaMemset(sts2, 127, D * k2 / 32);
+        const uint8_t *g = shared ? w->sw1 : w->w1[x], *u = shared ? w->sw3 : w->w3[x];
+        const uint8_t *gs = shared ? w->ss1 : w->s1[x], *us = shared ? w->ss3 : w->s3[x];
+        const uint8_t *d2 = shared ? w->sw2 : w->w2[x], *ds2 = shared ? w->ss2 : w->s2[x];
+        if (pe == cudaSuccess) pe = cudaMemcpy(st13, g, src13 * b13, cudaMemcpyHostToDevice);
+        if (pe == cudaSuccess) pe = cudaMemcpy(st13 + rows13 * b13, u, src13 * b13, cudaMemcpyHostToDevice);
+        if (pe == cudaSuccess) pe = cudaMemcpy(sts13, gs, src13 * D / 32, cudaMemcpyHostToDevice);
+        if (pe == cudaSuccess)
+            pe = cudaMemcpy(sts13 + rows13 * D / 32, us, src13 * D / 32, cudaMemcpyHostToDevice);
+        if (pe == cudaSuccess) pe = cudaMemcpy2D(st2, b2, d2, bsrc2, bsrc2, D, cudaMemcpyHostToDevice);
+        if (pe == cudaSuccess) pe = cudaMemcpy2D(sts2, k2 / 32, ds2, src2 / 32, src2 / 32, D, cudaMemcpyHostToDevice);
+        uint8_t *o13 = shared ? L->sw13 : L->w13 + x * (2 * I * D / 2);
+        uint8_t *os13 = shared ? L->ss13 : L->s13 + x * (2 * I * D / 32);
+        uint8_t *o2 = shared ? L->sw2 : L->w2 + x * (D * I / 2);
+        uint8_t *os2 = shared ? L->ss2 : L->s2 + x * (D * I / 32);
+        if (pe == cudaSuccess)
+            pe = mmoe_tile_rows((const uint32_t *)st13, (uint32_t *)o13, (int)(rows13 / 64), (int)(D / 128),
+                                (int)(b13 / 4), shared ? 32 : 16, 1, (int)rows13, 0);
+        if (pe == cudaSuccess)
+            pe = mmoe_tile_rows((const uint32_t *)sts13, (uint32_t *)os13, (int)(rows13 / 64), (int)(D / 128),
+                                (int)(D / 128), 1, 1, (int)rows13, 0);
+        if (pe == cudaSuccess)
+            pe = mmoe_tile_rows((const uint32_t *)st2, (uint32_t *)o2, (int)(D / 128), (int)(k2 / 128),
+                                (int)(b2 / 4), shared ? 32 : 16, 0, 0, 0);
+        if (pe == cudaSuccess)
+            pe = mmoe_tile_rows((const uint32_t *)sts2, (uint32_t *)os2, (int)(D / 128), (int)(k2 / 128),
+                                (int)(k2 / 128), 1, 0, 0, 0);
+        if (pe == cudaSuccess)
+            pe = cudaDeviceSynchronize(); /* the staging buffers are reused by the next matrix */
+    }
+    cudaFree(st13);
+    cudaFree(sts13);
+    cudaFree(st2);
+    cudaFree(sts2);
+    return pe;
+}
+
+/** Random weights drawn on the device (benchmarks; see fill_random for the value ranges). */
+static cudaError_t fill_random_weights(mmoe_gpu_moe *L, uint64_t seed)
+{
+    const weight_sizes z = weight_sizes_of(&L->d);
+    fill_random<<<1024, 256>>>(L->w13, z.w13, seed, FILL_E2M1_PAIRS);
+    fill_random<<<1024, 256>>>(L->s13, z.s13, seed + 1, FILL_UE8M0);
+    fill_random<<<1024, 256>>>(L->w2, z.w2, seed + 2, FILL_E2M1_PAIRS);
+    fill_random<<<1024, 256>>>(L->s2, z.s2, seed + 3, FILL_UE8M0);
+    fill_random<<<1024, 256>>>(L->sw13, z.sw13, seed + 4, FILL_E4M3);
+    fill_random<<<1024, 256>>>(L->ss13, z.ss13, seed + 5, FILL_UE8M0_BLOCK);
+    fill_random<<<1024, 256>>>(L->sw2, z.sw2, seed + 6, FILL_E4M3);
+    fill_random<<<1024, 256>>>(L->ss2, z.ss2, seed + 7, FILL_UE8M0_BLOCK);
+    return cudaGetLastError();
+}
+
+/** Count the weight blocks the mma.sync kernel computes on its exact path (E4M3 fold inexact). */
+static mmoe_status count_exact_path(mmoe_gpu_moe *L, mmoe_error *err)
+{
+    const weight_sizes z = weight_sizes_of(&L->d);
+    mmoe_status st = count_wide(L->s13, z.s13, 0, &L->wide_l1, err);
+    if (st == MMOE_OK)
+        st = count_wide(L->s2, z.s2, 0, &L->wide_l2, err);
+    if (st == MMOE_OK)
+        st = count_wide(L->ss13, z.ss13, 1, &L->wide_l1, err);
+    if (st == MMOE_OK)
+        st = count_wide(L->ss2, z.ss2, 1, &L->wide_l2, err);
+    return st;
+}
+
+/**
+ * Which GEMM families can run: the wgmma one needs a compute-capability-9.0 device and this
+ * build's sm_90a code (probed once).  Refuses a request the device cannot serve.
+ */
+static mmoe_status probe_families(mmoe_gpu_moe *L, mmoe_error *err)
+{
+    const mmoe_gpu_moe_desc *desc = &L->d;
+    const int cc = L->cc;
+    if (desc->gemm == MMOE_GPU_GEMM_WGMMA && cc != 90)
+        return mmoe_error_set(err, MMOE_ENODEV,
+                              "gpu layer: the wgmma kernel needs a compute-capability-9.0 device (sm_90a); "
+                              "this one is sm_%d (use gemm auto or mma)", cc);
+    if (cc == 90) {
+        int built = 0;
+        cudaError_t pe = mmoe_wgmma_built_for_device(&built);
+        if (pe != cudaSuccess)
+            return cuda_fail(err, pe, "wgmma build probe");
+        L->wgmma_ok = built;
+    }
+    if (desc->gemm == MMOE_GPU_GEMM_WGMMA && !L->wgmma_ok)
+        return mmoe_error_set(err, MMOE_ENODEV,
+                              "gpu layer: this build has no sm_90a code for the wgmma kernel (CUDA_GENCODE lacks "
+                              "-gencode=arch=compute_90a,code=sm_90a); use gemm auto or mma");
+    if (desc->block_m == 128 && !L->wgmma_ok)
+        return mmoe_error_set(err, MMOE_ENODEV, "gpu layer: block_m 128 needs the wgmma kernel, which this "
+                              "device or build lacks (sm_%d)", cc);
+    return MMOE_OK;
+}
+
+/** Check that the weights a layer needs are given (NULL: random weights). */
+static mmoe_status check_weights(const mmoe_gpu_moe_desc *desc, const mmoe_gpu_moe_weights *w, mmoe_error *err)
+{
+    if (w != NULL && (w->w1 == NULL || w->w3 == NULL || w->w2 == NULL || w->s1 == NULL || w->s3 == NULL ||
+                      w->s2 == NULL))
+        return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: routed weights w1/w3/w2 and scales s1/s3/s2 are required");
+    if (w != NULL && desc->shared_inter > 0 &&
+        (w->sw1 == NULL || w->sw3 == NULL || w->sw2 == NULL || w->ss1 == NULL || w->ss3 == NULL || w->ss2 == NULL))
+        return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: shared_inter=%d but shared weights or scales are missing",
+                              desc->shared_inter);
+    return MMOE_OK;
+}
+
 /** Allocate device memory for the layer or fail (freeing the layer). */
 #define DALLOC(ptr, bytes, what)                                                   \
     do {                                                                           \
@@ -226,20 +386,14 @@ static mmoe_status check_desc(const mmoe_gpu_moe_desc *d, mmoe_error *err)
 mmoe_status mmoe_gpu_moe_create(const mmoe_gpu_moe_desc *desc, const mmoe_gpu_moe_weights *w, uint64_t seed,
                                 mmoe_gpu_moe **out, mmoe_error *err)
 {
-    mmoe_status st = check_desc(desc, err);
-    if (st != MMOE_OK)
-        return st;
     int cc = 0;
-    st = mmoe_gpu_available(&cc, err);
+    mmoe_status st = check_desc(desc, err);
+    if (st == MMOE_OK)
+        st = mmoe_gpu_available(&cc, err);
+    if (st == MMOE_OK)
+        st = check_weights(desc, w, err);
     if (st != MMOE_OK)
         return st;
-    if (w != NULL && (w->w1 == NULL || w->w3 == NULL || w->w2 == NULL || w->s1 == NULL || w->s3 == NULL ||
-                      w->s2 == NULL))
-        return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: routed weights w1/w3/w2 and scales s1/s3/s2 are required");
-    if (w != NULL && desc->shared_inter > 0 &&
-        (w->sw1 == NULL || w->sw3 == NULL || w->sw2 == NULL || w->ss1 == NULL || w->ss3 == NULL || w->ss2 == NULL))
-        return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: shared_inter=%d but shared weights or scales are missing",
-                              desc->shared_inter);
     mmoe_gpu_moe *L = (mmoe_gpu_moe *)calloc(1, sizeof *L);
     if (L == NULL)
         return mmoe_error_set(err, MMOE_ENOMEM, "gpu layer: out of host memory");
@@ -249,31 +403,10 @@ mmoe_status mmoe_gpu_moe_create(const mmoe_gpu_moe_desc *desc, const mmoe_gpu_mo
     if (L->d.shared_inter_src == 0)
         L->d.shared_inter_src = L->d.shared_inter;
     L->cc = cc;
-    if (desc->gemm == MMOE_GPU_GEMM_WGMMA && cc != 90) {
+    st = probe_families(L, err);
+    if (st != MMOE_OK) {
         free(L);
-        return mmoe_error_set(err, MMOE_ENODEV,
-                              "gpu layer: the wgmma kernel needs a compute-capability-9.0 device (sm_90a); "
-                              "this one is sm_%d (use gemm auto or mma)", cc);
-    }
-    if (cc == 90) {
-        int built = 0;
-        cudaError_t pe = mmoe_wgmma_built_for_device(&built);
-        if (pe != cudaSuccess) {
-            free(L);
-            return cuda_fail(err, pe, "wgmma build probe");
-        }
-        L->wgmma_ok = built;
-    }
-    if (desc->gemm == MMOE_GPU_GEMM_WGMMA && !L->wgmma_ok) {
-        free(L);
-        return mmoe_error_set(err, MMOE_ENODEV,
-                              "gpu layer: this build has no sm_90a code for the wgmma kernel (CUDA_GENCODE lacks "
-                              "-gencode=arch=compute_90a,code=sm_90a); use gemm auto or mma");
-    }
-    if (desc->block_m == 128 && !L->wgmma_ok) {
-        free(L);
-        return mmoe_error_set(err, MMOE_ENODEV, "gpu layer: block_m 128 needs the wgmma kernel, which this "
-                              "device or build lacks (sm_%d)", cc);
+        return st;
     }
     L->recipe = desc->recipe != MMOE_GPU_RECIPE_AUTO ? desc->recipe
                 : cc >= 100                         ? MMOE_GPU_RECIPE_SM100
@@ -289,110 +422,29 @@ mmoe_status mmoe_gpu_moe_create(const mmoe_gpu_moe_desc *desc, const mmoe_gpu_mo
         mmoe_gpu_moe_destroy(L);
         return cuda_fail(err, e, "cudaStreamCreate/cudaEventCreate");
     }
-    const size_t D = (size_t)desc->hidden, I = (size_t)desc->inter, E = (size_t)desc->n_experts;
-    const size_t SI = (size_t)desc->shared_inter;
-    const size_t b_w13 = E * 2 * I * D / 2, b_s13 = E * 2 * I * D / 32;
-    const size_t b_w2 = E * D * I / 2, b_s2 = E * D * I / 32;
-    const size_t b_sw13 = 2 * SI * D, b_ss13 = 2 * SI * D / 32, b_sw2 = D * SI, b_ss2 = D * SI / 32;
-    DALLOC(L->w13, b_w13, "w13");
-    DALLOC(L->s13, b_s13, "s13");
-    DALLOC(L->w2, b_w2, "w2");
-    DALLOC(L->s2, b_s2, "s2");
-    DALLOC(L->sw13, b_sw13, "shared w13");
-    DALLOC(L->ss13, b_ss13, "shared s13");
-    DALLOC(L->sw2, b_sw2, "shared w2");
-    DALLOC(L->ss2, b_ss2, "shared s2");
+    const size_t E = (size_t)desc->n_experts;
+    const weight_sizes z = weight_sizes_of(desc);
+    DALLOC(L->w13, z.w13, "w13");
+    DALLOC(L->s13, z.s13, "s13");
+    DALLOC(L->w2, z.w2, "w2");
+    DALLOC(L->s2, z.s2, "s2");
+    DALLOC(L->sw13, z.sw13, "shared w13");
+    DALLOC(L->ss13, z.ss13, "shared s13");
+    DALLOC(L->sw2, z.sw2, "shared w2");
+    DALLOC(L->ss2, z.ss2, "shared s2");
     DALLOC(L->cum_counts, E * sizeof(long long), "expert counters");
     DALLOC(L->counts, E * sizeof(int), "counts");
     DALLOC(L->num_tiles, 2 * sizeof(int), "tile count");
     L->num_pairs = L->num_tiles + 1;
-    L->weight_bytes = b_w13 + b_s13 + b_w2 + b_s2 + b_sw13 + b_ss13 + b_sw2 + b_ss2;
+    L->weight_bytes = z.w13 + z.s13 + z.w2 + z.s2 + z.sw13 + z.ss13 + z.sw2 + z.ss2;
     e = cudaMemset(L->cum_counts, 0, E * sizeof(long long));
+    if (e == cudaSuccess)
+        e = w != NULL ? upload_weights(L, w) : fill_random_weights(L, seed);
     if (e != cudaSuccess) {
         mmoe_gpu_moe_destroy(L);
-        return cuda_fail(err, e, "cudaMemset(counters)");
+        return cuda_fail(err, e, w != NULL ? "upload of the weights" : "random weights");
     }
-    if (w != NULL) {
-        /* Each matrix goes through a staging buffer in the checkpoint layout: zero codes and
-           unit scales (127) first (the padding), then the given rows; then one kernel writes
-           it tile-major into the layer's arrays (see mmoe_tile_rows). */
-        const size_t Is = (size_t)L->d.inter_src, SIs = (size_t)L->d.shared_inter_src;
-        const size_t n13 = I * D > 2 * SI * D ? I * D : 2 * SI * D;
-        const size_t n2 = D * I / 2 > D * SI ? D * I / 2 : D * SI;
-        uint8_t *st13 = NULL, *sts13 = NULL, *st2 = NULL, *sts2 = NULL;
-        cudaError_t pe = cudaMalloc((void **)&st13, n13);
-        if (pe == cudaSuccess) pe = cudaMalloc((void **)&sts13, n13 / 16);
-        if (pe == cudaSuccess) pe = cudaMalloc((void **)&st2, n2);
-        if (pe == cudaSuccess) pe = cudaMalloc((void **)&sts2, n2 / 16);
-        for (size_t x = 0; x < E + (SI > 0) && pe == cudaSuccess; x++) {
-            const int shared = x == E;
-            const size_t rows13 = shared ? SI : I, src13 = shared ? SIs : Is;
-            const size_t b13 = shared ? D : D / 2; /* bytes per L1 row */
-            const size_t k2 = shared ? SI : I, src2 = shared ? SIs : Is;
-            const size_t b2 = shared ? k2 : k2 / 2, bsrc2 = shared ? src2 : src2 / 2;
-            pe = cudaMemset(st13, 0, 2 * rows13 * b13);
-            if (pe == cudaSuccess) pe = cudaMemset(sts13, 127, 2 * rows13 * D / 32);
-            if (pe == cudaSuccess) pe = cudaMemset(st2, 0, D * b2);
-            if (pe == cudaSuccess) pe = cudaMemset(sts2, 127, D * k2 / 32);
-            const uint8_t *g = shared ? w->sw1 : w->w1[x], *u = shared ? w->sw3 : w->w3[x];
-            const uint8_t *gs = shared ? w->ss1 : w->s1[x], *us = shared ? w->ss3 : w->s3[x];
-            const uint8_t *d2 = shared ? w->sw2 : w->w2[x], *ds2 = shared ? w->ss2 : w->s2[x];
-            if (pe == cudaSuccess) pe = cudaMemcpy(st13, g, src13 * b13, cudaMemcpyHostToDevice);
-            if (pe == cudaSuccess) pe = cudaMemcpy(st13 + rows13 * b13, u, src13 * b13, cudaMemcpyHostToDevice);
-            if (pe == cudaSuccess) pe = cudaMemcpy(sts13, gs, src13 * D / 32, cudaMemcpyHostToDevice);
-            if (pe == cudaSuccess)
-                pe = cudaMemcpy(sts13 + rows13 * D / 32, us, src13 * D / 32, cudaMemcpyHostToDevice);
-            if (pe == cudaSuccess) pe = cudaMemcpy2D(st2, b2, d2, bsrc2, bsrc2, D, cudaMemcpyHostToDevice);
-            if (pe == cudaSuccess) pe = cudaMemcpy2D(sts2, k2 / 32, ds2, src2 / 32, src2 / 32, D, cudaMemcpyHostToDevice);
-            uint8_t *o13 = shared ? L->sw13 : L->w13 + x * (2 * I * D / 2);
-            uint8_t *os13 = shared ? L->ss13 : L->s13 + x * (2 * I * D / 32);
-            uint8_t *o2 = shared ? L->sw2 : L->w2 + x * (D * I / 2);
-            uint8_t *os2 = shared ? L->ss2 : L->s2 + x * (D * I / 32);
-            if (pe == cudaSuccess)
-                pe = mmoe_tile_rows((const uint32_t *)st13, (uint32_t *)o13, (int)(rows13 / 64), (int)(D / 128),
-                                    (int)(b13 / 4), shared ? 32 : 16, 1, (int)rows13, 0);
-            if (pe == cudaSuccess)
-                pe = mmoe_tile_rows((const uint32_t *)sts13, (uint32_t *)os13, (int)(rows13 / 64), (int)(D / 128),
-                                    (int)(D / 128), 1, 1, (int)rows13, 0);
-            if (pe == cudaSuccess)
-                pe = mmoe_tile_rows((const uint32_t *)st2, (uint32_t *)o2, (int)(D / 128), (int)(k2 / 128),
-                                    (int)(b2 / 4), shared ? 32 : 16, 0, 0, 0);
-            if (pe == cudaSuccess)
-                pe = mmoe_tile_rows((const uint32_t *)sts2, (uint32_t *)os2, (int)(D / 128), (int)(k2 / 128),
-                                    (int)(k2 / 128), 1, 0, 0, 0);
-            if (pe == cudaSuccess)
-                pe = cudaDeviceSynchronize(); /* the staging buffers are reused by the next matrix */
-        }
-        cudaFree(st13);
-        cudaFree(sts13);
-        cudaFree(st2);
-        cudaFree(sts2);
-        if (pe != cudaSuccess) {
-            mmoe_gpu_moe_destroy(L);
-            return cuda_fail(err, pe, "upload of the weights");
-        }
-    } else {
-        fill_random<<<1024, 256>>>(L->w13, b_w13, seed, 0);
-        fill_random<<<1024, 256>>>(L->s13, b_s13, seed + 1, 1);
-        fill_random<<<1024, 256>>>(L->w2, b_w2, seed + 2, 0);
-        fill_random<<<1024, 256>>>(L->s2, b_s2, seed + 3, 1);
-        fill_random<<<1024, 256>>>(L->sw13, b_sw13, seed + 4, 2);
-        fill_random<<<1024, 256>>>(L->ss13, b_ss13, seed + 5, 3);
-        fill_random<<<1024, 256>>>(L->sw2, b_sw2, seed + 6, 2);
-        fill_random<<<1024, 256>>>(L->ss2, b_ss2, seed + 7, 3);
-        e = cudaGetLastError();
-        if (e != cudaSuccess) {
-            mmoe_gpu_moe_destroy(L);
-            return cuda_fail(err, e, "fill_random");
-        }
-    }
-    st = count_wide(L->s13, b_s13, 0, &L->wide_l1, err);
-    if (st == MMOE_OK)
-        st = count_wide(L->s2, b_s2, 0, &L->wide_l2, err);
-    if (st == MMOE_OK)
-        st = count_wide(L->ss13, b_ss13, 1, &L->wide_l1, err);
-    if (st == MMOE_OK)
-        st = count_wide(L->ss2, b_ss2, 1, &L->wide_l2, err);
+    st = count_exact_path(L, err);
     if (st != MMOE_OK) {
         mmoe_gpu_moe_destroy(L);
         return st;
