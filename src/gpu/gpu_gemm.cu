@@ -246,8 +246,8 @@ __global__ void __launch_bounds__(threads_of<BM>::value, BM == 16 ? 4 : 2) gemm_
         const int fold_ok = BFMT == MMOE_B_FP4 ? (kmax - kmin <= 14) : (kmax == kmin);
         /*
          * The 8 rows of an MMA column group are decoded by 8 * TPR consecutive lanes of one warp
-         * (row = tid / TPR), so one warp vote gives the group's flag: no shared-memory array and
-         * no block-wide barrier: two block barriers per K step.
+         * (row = tid / TPR), so one warp vote gives the group's flag, without a shared-memory
+         * array of per-row flags or a block-wide barrier for it (the K step has two).
          */
         const uint32_t unfoldable = __ballot_sync(0xffffffffu, !fold_ok);
         static_assert(TPR == 1 || TPR == 2, "a column group spans 8 or 16 lanes of one warp");
