@@ -886,6 +886,131 @@ START_TEST(stage_requant_bitexact)
 }
 END_TEST
 
+/**
+ * Route alone: against the grouping derived here from topk_idx (the CPU dispatch): per expert
+ * the count and the set of (token, slot, weight) pairs (the order inside an expert's segment is
+ * free); segments in ascending expert order; tiles of block_m rows covering each segment in order.
+ */
+static void check_route(int T, int topk, int E, int block_m, mmoe_rng *rng)
+{
+    const int pairs = T * topk;
+    int32_t *idx = malloc((size_t)pairs * 4), *counts = malloc((size_t)E * 4);
+    float *w = malloc((size_t)pairs * 4);
+    int32_t *tok = malloc((size_t)pairs * 4), *slot = malloc((size_t)pairs * 4);
+    float *pw = malloc((size_t)pairs * 4);
+    int32_t *te = malloc((size_t)(pairs + E) * 4), *tr = malloc((size_t)(pairs + E) * 4),
+            *tn = malloc((size_t)(pairs + E) * 4);
+    char *seen = calloc((size_t)pairs, 1);
+    ck_assert(idx && counts && w && tok && slot && pw && te && tr && tn && seen);
+    for (int i = 0; i < pairs; i++) {
+        idx[i] = mmoe_rng_below(rng, 5) == 0 ? -1 : (int32_t)mmoe_rng_below(rng, (uint64_t)E);
+        w[i] = (float)mmoe_rng_uniform(rng);
+    }
+    mmoe_gpu_stage_route_out out = {counts, tok, slot, pw, te, tr, tn, -1, -1};
+    mmoe_error err;
+    ck_assert_msg(mmoe_gpu_stage_route(T, topk, E, block_m, idx, w, &out, &err) == MMOE_OK, "%s", err.msg);
+    int row = 0, tile = 0, valid = 0;
+    for (int i = 0; i < pairs; i++)
+        valid += idx[i] >= 0;
+    ck_assert_int_eq(out.num_pairs, valid);
+    for (int e = 0; e < E; e++) {
+        int want = 0;
+        for (int i = 0; i < pairs; i++)
+            want += idx[i] == e;
+        ck_assert_int_eq(counts[e], want);
+        for (int r = row; r < row + want; r++) { /* each row of the segment is a distinct pair of e */
+            const int i = tok[r] * topk + slot[r];
+            ck_assert(tok[r] >= 0 && tok[r] < T && slot[r] >= 0 && slot[r] < topk);
+            ck_assert_msg(idx[i] == e && !seen[i], "route: pool row %d (expert %d) holds pair %d", r, e, i);
+            seen[i] = 1;
+            ck_assert(memcmp(&pw[r], &w[i], 4) == 0);
+        }
+        for (int r0 = row; r0 < row + want; r0 += block_m, tile++) {
+            ck_assert_int_lt(tile, out.num_tiles);
+            ck_assert_int_eq(te[tile], e);
+            ck_assert_int_eq(tr[tile], r0);
+            ck_assert_int_eq(tn[tile], row + want - r0 < block_m ? row + want - r0 : block_m);
+        }
+        row += want;
+    }
+    ck_assert_int_eq(out.num_tiles, tile);
+    free(idx), free(counts), free(w), free(tok), free(slot), free(pw), free(te), free(tr), free(tn), free(seen);
+}
+
+START_TEST(stage_route_grouping)
+{
+    if (!gpu_ok())
+        return;
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 40);
+    check_route(50, 6, 37, 16, &rng);
+    check_route(50, 6, 37, 64, &rng);
+    check_route(300, 6, 256, 16, &rng);
+    check_route(1, 2, 8, 16, &rng);
+}
+END_TEST
+
+/** Combine alone, bit-exact: FP32 sums from zero in ascending slot order, shared slot last, one BF16 rounding. */
+START_TEST(stage_combine_bitexact)
+{
+    if (!gpu_ok())
+        return;
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 41);
+    const int T = 23, topk = 6, D = 384;
+    uint16_t *slots = malloc((size_t)T * (topk + 1) * D * 2), *y = malloc((size_t)T * D * 2);
+    int32_t *idx = malloc((size_t)T * topk * 4);
+    ck_assert(slots && y && idx);
+    for (size_t i = 0; i < (size_t)T * (topk + 1) * D; i++)
+        slots[i] = mmoe_bf16_from_f32((float)(mmoe_rng_normal(&rng) * ldexp(1.0, (int)mmoe_rng_below(&rng, 16) - 8)));
+    for (int has_shared = 0; has_shared <= 1; has_shared++) {
+        for (int i = 0; i < T * topk; i++)
+            idx[i] = mmoe_rng_below(&rng, 3) == 0 || i / topk == 5 ? -1 : (int32_t)mmoe_rng_below(&rng, 64);
+        mmoe_test_poison_bf16(y, (size_t)T * D);
+        mmoe_error err;
+        ck_assert_msg(mmoe_gpu_stage_combine(T, topk, has_shared, D, slots, idx, y, &err) == MMOE_OK, "%s", err.msg);
+        for (int t = 0; t < T; t++)
+            for (int d = 0; d < D; d++) {
+                volatile float acc = 0.0f;
+                for (int k = 0; k <= topk; k++)
+                    if ((k < topk && idx[t * topk + k] >= 0) || (k == topk && has_shared))
+                        acc = acc + mmoe_bf16_to_f32(slots[((size_t)t * (topk + 1) + k) * D + d]);
+                const uint16_t want = mmoe_bf16_from_f32(acc);
+                ck_assert_msg(y[t * D + d] == want, "combine shared=%d [%d][%d]: %04x != %04x", has_shared, t, d,
+                              y[t * D + d], want);
+            }
+    }
+    free(slots), free(y), free(idx);
+}
+END_TEST
+
+/** The split-K finish of L2 alone, bit-exact: FP32 sum of the splits in order from zero, one BF16 rounding. */
+START_TEST(stage_split_sum_bitexact)
+{
+    if (!gpu_ok())
+        return;
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 42);
+    const int nsplit = 5, rows = 7, cols = 640;
+    float *part = malloc((size_t)nsplit * rows * cols * 4);
+    uint16_t *out = malloc((size_t)rows * cols * 2);
+    ck_assert(part && out);
+    for (size_t i = 0; i < (size_t)nsplit * rows * cols; i++)
+        part[i] = (float)(mmoe_rng_normal(&rng) * ldexp(1.0, (int)mmoe_rng_below(&rng, 20) - 10));
+    mmoe_test_poison_bf16(out, (size_t)rows * cols);
+    mmoe_error err;
+    ck_assert_msg(mmoe_gpu_stage_split_sum(nsplit, rows, cols, part, out, &err) == MMOE_OK, "%s", err.msg);
+    for (int i = 0; i < rows * cols; i++) {
+        volatile float acc = 0.0f;
+        for (int z = 0; z < nsplit; z++)
+            acc = acc + part[(size_t)z * rows * cols + i];
+        ck_assert_msg(out[i] == mmoe_bf16_from_f32(acc), "split sum [%d]: %04x != %04x", i, out[i],
+                      mmoe_bf16_from_f32(acc));
+    }
+    free(part), free(out);
+}
+END_TEST
+
 static Suite *gpu_suite(void)
 {
     Suite *s = suite_create("gpu_moe");
@@ -895,6 +1020,9 @@ static Suite *gpu_suite(void)
     tcase_add_test(tc, stage_requant_bitexact);
     tcase_add_test(tc, stage_gemm_mma);
     tcase_add_test(tc, stage_gemm_wgmma);
+    tcase_add_test(tc, stage_route_grouping);
+    tcase_add_test(tc, stage_combine_bitexact);
+    tcase_add_test(tc, stage_split_sum_bitexact);
     tcase_add_test(tc, layer_sm90_token_counts);
     tcase_add_test(tc, layer_sm90_skewed_no_shared);
     tcase_add_test(tc, layer_sm100_formats);

@@ -183,3 +183,132 @@ mmoe_status mmoe_gpu_stage_requant(mmoe_gpu_recipe recipe, int rows, int cols, c
         return stage_fail(err, e, "requant");
     return MMOE_OK;
 }
+
+mmoe_status mmoe_gpu_stage_route(int T, int topk, int E, int block_m, const int32_t *topk_idx, const float *topk_w,
+                                 mmoe_gpu_stage_route_out *out, mmoe_error *err)
+{
+    mmoe_status st = mmoe_gpu_available(NULL, err);
+    if (st != MMOE_OK)
+        return st;
+    if (T <= 0 || topk <= 0 || E <= 0 || block_m <= 0)
+        return mmoe_error_set(err, MMOE_EINVAL, "gpu stage route: T, topk, E and block_m must be positive "
+                              "(T %d, topk %d, E %d, block_m %d)", T, topk, E, block_m);
+    const size_t pairs = (size_t)T * topk, max_tiles = pairs + (size_t)E;
+    int32_t *d_idx = NULL;
+    float *d_w = NULL;
+    int *d_counts = NULL, *d_nums = NULL;
+    long long *d_cum = NULL;
+    mmoe_pool_entry *d_pool = NULL;
+    mmoe_tile *d_tiles = NULL;
+    cudaError_t e = cudaMalloc((void **)&d_idx, pairs * 4);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&d_w, pairs * 4);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&d_counts, (size_t)E * sizeof(int));
+    if (e == cudaSuccess) e = cudaMalloc((void **)&d_nums, 2 * sizeof(int));
+    if (e == cudaSuccess) e = cudaMalloc((void **)&d_cum, (size_t)E * sizeof(long long));
+    if (e == cudaSuccess) e = cudaMalloc((void **)&d_pool, pairs * sizeof(mmoe_pool_entry));
+    if (e == cudaSuccess) e = cudaMalloc((void **)&d_tiles, max_tiles * sizeof(mmoe_tile));
+    if (e == cudaSuccess) e = cudaMemcpy(d_idx, topk_idx, pairs * 4, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy(d_w, topk_w, pairs * 4, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemset(d_cum, 0, (size_t)E * sizeof(long long));
+    if (e == cudaSuccess)
+        e = mmoe_launch_route(d_idx, d_w, T, topk, E, block_m, d_counts, d_cum, d_pool, d_tiles, d_nums, d_nums + 1, 0);
+    mmoe_pool_entry *pool = (mmoe_pool_entry *)malloc(pairs * sizeof *pool);
+    mmoe_tile *tiles = (mmoe_tile *)malloc(max_tiles * sizeof *tiles);
+    int nums[2] = {0, 0};
+    if (pool == NULL || tiles == NULL)
+        e = cudaErrorMemoryAllocation;
+    if (e == cudaSuccess) e = cudaMemcpy(nums, d_nums, sizeof nums, cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess) e = cudaMemcpy(out->counts, d_counts, (size_t)E * sizeof(int), cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess) e = cudaMemcpy(pool, d_pool, pairs * sizeof *pool, cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess) e = cudaMemcpy(tiles, d_tiles, max_tiles * sizeof *tiles, cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess && (nums[0] < 0 || (size_t)nums[0] > max_tiles || nums[1] < 0 || (size_t)nums[1] > pairs))
+        e = cudaErrorInvalidValue;
+    if (e == cudaSuccess) {
+        out->num_tiles = nums[0];
+        out->num_pairs = nums[1];
+        for (int i = 0; i < nums[1]; i++) {
+            out->pool_token[i] = pool[i].token;
+            out->pool_slot[i] = pool[i].slot;
+            out->pool_weight[i] = pool[i].weight;
+        }
+        for (int i = 0; i < nums[0]; i++) {
+            out->tile_expert[i] = tiles[i].expert;
+            out->tile_row0[i] = tiles[i].row0;
+            out->tile_rows[i] = tiles[i].nrows;
+        }
+    }
+    free(pool);
+    free(tiles);
+    cudaFree(d_idx);
+    cudaFree(d_w);
+    cudaFree(d_counts);
+    cudaFree(d_nums);
+    cudaFree(d_cum);
+    cudaFree(d_pool);
+    cudaFree(d_tiles);
+    if (e != cudaSuccess)
+        return stage_fail(err, e, "route");
+    return MMOE_OK;
+}
+
+mmoe_status mmoe_gpu_stage_combine(int T, int topk, int has_shared, int D, const uint16_t *slots,
+                                   const int32_t *topk_idx, uint16_t *y, mmoe_error *err)
+{
+    mmoe_status st = mmoe_gpu_available(NULL, err);
+    if (st != MMOE_OK)
+        return st;
+    if (T <= 0 || topk <= 0 || topk > 31 || D <= 0 || D % 2 != 0)
+        return mmoe_error_set(err, MMOE_EINVAL, "gpu stage combine: need T >= 1, topk in 1..31, D even and "
+                              "positive (T %d, topk %d, D %d)", T, topk, D);
+    const size_t nslots = (size_t)T * (topk + 1) * D, ny = (size_t)T * D;
+    __nv_bfloat16 *d_slots = NULL, *d_y = NULL;
+    int32_t *d_idx = NULL;
+    cudaError_t e = cudaMalloc((void **)&d_slots, nslots * 2);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&d_y, ny * 2);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&d_idx, (size_t)T * topk * 4);
+    if (e == cudaSuccess) e = cudaMemcpy(d_slots, slots, nslots * 2, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy(d_idx, topk_idx, (size_t)T * topk * 4, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemset(d_y, 0xff, ny * 2);
+    if (e == cudaSuccess) e = mmoe_launch_combine(d_slots, d_idx, T, topk, has_shared, D, d_y, 0);
+    if (e == cudaSuccess) e = cudaMemcpy(y, d_y, ny * 2, cudaMemcpyDeviceToHost);
+    cudaFree(d_slots);
+    cudaFree(d_y);
+    cudaFree(d_idx);
+    if (e != cudaSuccess)
+        return stage_fail(err, e, "combine");
+    return MMOE_OK;
+}
+
+mmoe_status mmoe_gpu_stage_split_sum(int nsplit, int rows, int cols, const float *partial, uint16_t *out,
+                                     mmoe_error *err)
+{
+    mmoe_status st = mmoe_gpu_available(NULL, err);
+    if (st != MMOE_OK)
+        return st;
+    if (nsplit <= 0 || rows <= 0 || cols <= 0)
+        return mmoe_error_set(err, MMOE_EINVAL, "gpu stage split sum: nsplit, rows and cols must be positive "
+                              "(%d, %d, %d)", nsplit, rows, cols);
+    const size_t np = (size_t)nsplit * rows * cols, no = (size_t)rows * cols;
+    float *d_part = NULL;
+    __nv_bfloat16 *d_out = NULL;
+    cudaError_t e = cudaMalloc((void **)&d_part, np * 4);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&d_out, no * 2);
+    if (e == cudaSuccess) e = cudaMemcpy(d_part, partial, np * 4, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemset(d_out, 0xff, no * 2);
+    mmoe_gemm_args g;
+    memset(&g, 0, sizeof g);
+    g.n_out = cols;
+    g.partial = d_part;
+    g.partial_rows = rows;
+    g.partial_cols = cols;
+    g.out_slots = d_out; /* one slot per row: out[row][0][col] */
+    g.slots = 1;
+    g.shared_slot = 0;
+    if (e == cudaSuccess) e = mmoe_launch_split_finish(&g, MMOE_EPI_SLOT_BF16, nsplit, rows, NULL, 0);
+    if (e == cudaSuccess) e = cudaMemcpy(out, d_out, no * 2, cudaMemcpyDeviceToHost);
+    cudaFree(d_part);
+    cudaFree(d_out);
+    if (e != cudaSuccess)
+        return stage_fail(err, e, "split sum");
+    return MMOE_OK;
+}

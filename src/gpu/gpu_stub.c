@@ -82,3 +82,24 @@ mmoe_status mmoe_gpu_stage_requant(mmoe_gpu_recipe recipe, int rows, int cols, c
     (void)recipe; (void)rows; (void)cols; (void)x; (void)q; (void)scales;
     return no_cuda(err);
 }
+
+mmoe_status mmoe_gpu_stage_route(int T, int topk, int E, int block_m, const int32_t *topk_idx, const float *topk_w,
+                                 mmoe_gpu_stage_route_out *out, mmoe_error *err)
+{
+    (void)T; (void)topk; (void)E; (void)block_m; (void)topk_idx; (void)topk_w; (void)out;
+    return no_cuda(err);
+}
+
+mmoe_status mmoe_gpu_stage_combine(int T, int topk, int has_shared, int D, const uint16_t *slots,
+                                   const int32_t *topk_idx, uint16_t *y, mmoe_error *err)
+{
+    (void)T; (void)topk; (void)has_shared; (void)D; (void)slots; (void)topk_idx; (void)y;
+    return no_cuda(err);
+}
+
+mmoe_status mmoe_gpu_stage_split_sum(int nsplit, int rows, int cols, const float *partial, uint16_t *out,
+                                     mmoe_error *err)
+{
+    (void)nsplit; (void)rows; (void)cols; (void)partial; (void)out;
+    return no_cuda(err);
+}

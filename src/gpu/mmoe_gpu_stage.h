@@ -9,7 +9,11 @@
  *     MXFP4 or FP8 weights with UE8M0 scales), through a chosen kernel family and tile height,
  *     with or without split K; the FP32 sums before any epilogue;
  *   - mmoe_gpu_stage_requant(): the requantization of FP32 rows (the L1 output) with the
- *     recipe's kernel rule.
+ *     recipe's kernel rule;
+ *   - mmoe_gpu_stage_route(): the grouping of (token, slot) pairs by expert and the tile list;
+ *   - mmoe_gpu_stage_combine(): the slot sum of each token;
+ *   - mmoe_gpu_stage_split_sum(): the split-K finish of an L2 GEMM (sum of the splits in
+ *     order, BF16).
  * Without CUDA both answer ::MMOE_ENODEV.
  */
 #ifndef MMOE_GPU_STAGE_H
@@ -62,6 +66,43 @@ mmoe_status mmoe_gpu_stage_gemm(const mmoe_gpu_stage_gemm_desc *d, const uint8_t
  */
 mmoe_status mmoe_gpu_stage_requant(mmoe_gpu_recipe recipe, int rows, int cols, const float *x, uint8_t *q,
                                    float *scales, mmoe_error *err);
+
+/** What mmoe_gpu_stage_route() returns (arrays owned by the caller). */
+typedef struct mmoe_gpu_stage_route_out {
+    int32_t *counts;      /**< [E] valid pairs per expert */
+    int32_t *pool_token;  /**< [T*topk] token of each pool row (rows [0, num_pairs) are written) */
+    int32_t *pool_slot;   /**< [T*topk] its slot */
+    float *pool_weight;   /**< [T*topk] its routing weight */
+    int32_t *tile_expert; /**< [T*topk + E] expert of each tile (tiles [0, num_tiles) are written) */
+    int32_t *tile_row0;   /**< first pool row of each tile */
+    int32_t *tile_rows;   /**< rows of each tile, 1..block_m */
+    int num_pairs;        /**< valid pairs */
+    int num_tiles;        /**< tiles */
+} mmoe_gpu_stage_route_out;
+
+/**
+ * Group the valid (token, slot) pairs of topk_idx [T, topk] (-1: masked) by expert, as the
+ * layer's route kernel does: expert segments in ascending expert order, tiles of @p block_m
+ * rows.  The order of the pairs inside one segment is not fixed.
+ */
+mmoe_status mmoe_gpu_stage_route(int T, int topk, int E, int block_m, const int32_t *topk_idx, const float *topk_w,
+                                 mmoe_gpu_stage_route_out *out, mmoe_error *err);
+
+/**
+ * The combine: y[t][d] = bf16(sum over the valid slots k of token t in ascending order, the
+ * shared slot topk last when @p has_shared, of slots[t][k][d] in FP32 from zero).
+ * @param slots  BF16 [T][topk + 1][D]
+ * @param y      BF16 [T][D]
+ */
+mmoe_status mmoe_gpu_stage_combine(int T, int topk, int has_shared, int D, const uint16_t *slots,
+                                   const int32_t *topk_idx, uint16_t *y, mmoe_error *err);
+
+/**
+ * The split-K finish of an L2 GEMM: out[r][c] = bf16(sum over z in ascending order of
+ * partial[z][r][c], in FP32 from zero).
+ */
+mmoe_status mmoe_gpu_stage_split_sum(int nsplit, int rows, int cols, const float *partial, uint16_t *out,
+                                     mmoe_error *err);
 
 #ifdef __cplusplus
 }
