@@ -3,13 +3,14 @@
 #   1. build this unpacked dist tree with CUDA (sm_90a + sm_100a);
 #   2. run the GPU suite (tests/test_gpu_moe) against the CPU oracle;
 #   3. compute-sanitizer memcheck on a small case (when the tool can see the device);
-#   4. the benchmark with the PyTorch peer.
+#   4. the benchmark with the PyTorch peer (table in bench.log, JSON lines in bench.jsonl).
 # Logs go to $OUT (the device tool brings them back).  Usage, on the device machine, from the
 # checkout that carries .gpu/ (the tarball of `make dist` and the .deb files):
 #   mkdir /tmp/m && tar -xzf .gpu/megamoe-*.tar.gz -C /tmp/m --strip-components=1 &&
 #   MMOE_DEBS=$PWD/.gpu/debs bash /tmp/m/tools/gpu-check.sh [STEPS]
 # with STEPS a subset of "build test memcheck bench profile tiles ep" (default: build test memcheck bench).
 #   ep: expert parallelism on every GPU of the machine (tests/test_ep_gpu, bench moe --gpus N).
+# MMOE_GEMMS (default "mma wgmma") names the kernel families that test and memcheck run.
 set -u
 OUT=${OUT:-/tmp/mmoe-out}
 mkdir -p "$OUT"
@@ -66,28 +67,30 @@ case " $STEPS " in *" memcheck "*)
   else echo "memcheck: compute-sanitizer not found"; fi;;
 esac
 case " $STEPS " in *" profile "*)
-  # Nsight Compute on the routed L1 GEMM at T=128 (block_m 16) and T=8192 (block_m 64)
-  for spec in "128:gemm_kernel<.int.16, .int.0, .int.128, .int.0>" "8192:gemm_kernel<.int.64, .int.0, .int.128, .int.0>"; do
-    t=${spec%%:*}; k=${spec#*:}
-    timeout 200 ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:${k}" --launch-skip 2 \
-      --launch-count 1 --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
-      --section SchedulerStats ./tests/bench_moe_gpu --shape v4-flash --tokens $t --iters 1 --peer none \
-      > "$OUT/ncu-$t.log" 2>&1; echo "ncu T=$t: rc=$?"
-    grep -E "Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Issue Slots Busy|Issued Warp|Eligible Warps|Warp Cycles Per Issued|No Eligible|Block Limit|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Registers Per" "$OUT/ncu-$t.log" | head -40
-    grep -iE "stall|cycles being stalled" "$OUT/ncu-$t.log" | head -8
+  # Nsight Compute on the routed L1 GEMM of each family (MMOE_PROFILE_T, default 128 and 8192)
+  for t in ${MMOE_PROFILE_T:-128 8192}; do
+    for g in ${MMOE_GEMMS:-mma wgmma}; do
+      case $g in mma) k="regex:gemm_kernel<.*int.0, .int.128, .int.0>";; *) k="regex:wgmma_gemm_kernel<.*int.0, .int.128, .int.0>";; esac
+      timeout 200 ncu --clock-control none --kernel-name-base demangled --kernel-name "$k" --launch-skip 2 \
+        --launch-count 1 --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+        --section SchedulerStats ./tests/bench_moe_gpu --shape v4-flash --tokens "$t" --iters 1 --gemm "$g" --peer none \
+        > "$OUT/ncu-$g-$t.log" 2>&1; echo "ncu $g T=$t: rc=$?"
+      grep -E "wgmma_gemm_kernel|gemm_kernel|Duration|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Issue Slots Busy|No Eligible|Registers Per" "$OUT/ncu-$g-$t.log" | head -12
+    done
   done;;
 esac
 case " $STEPS " in *" bench "*)
   # MMOE_BENCH_ARGS: extra options (e.g. "--gemm mma" or "--peer none")
   # shellcheck disable=SC2086
-  PYTHON3=python3 timeout 240 ./tests/bench_moe_gpu --shape v4-flash --tokens ${MMOE_BENCH_TOKENS:-1,8,32,128,512,2048,8192} \
-    --iters ${MMOE_BENCH_ITERS:-50} --peer "$BUILD/bench/torch_peer.py" ${MMOE_BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
+  PYTHON3=python3 PYTHONUNBUFFERED=1 timeout ${MMOE_BENCH_TIMEOUT:-300} ./tests/bench_moe_gpu --shape v4-flash \
+    --tokens ${MMOE_BENCH_TOKENS:-1,8,32,128,512,2048,8192} --iters ${MMOE_BENCH_ITERS:-50} \
+    --peer "$BUILD/bench/torch_peer.py" --json ${MMOE_BENCH_ARGS:-} > "$OUT/bench.jsonl" 2> "$OUT/bench.log"
   echo "bench: rc=$?"
   cat "$OUT/bench.log";;
 esac
 case " $STEPS " in *" tiles "*)
   # every tile height of each kernel family over the token counts, no peer (an A/B in one call)
-  for spec in mma:16 mma:64 wgmma:16 wgmma:64 wgmma:128; do
+  for spec in ${MMOE_TILES:-mma:16 mma:64 wgmma:16 wgmma:64 wgmma:128}; do
     g=${spec%%:*}; bm=${spec#*:}
     timeout 120 ./tests/bench_moe_gpu --shape v4-flash --tokens ${MMOE_TILE_TOKENS:-1,32,128,512,2048,8192} --iters 10 \
       --gemm "$g" --block-m "$bm" --peer none > "$OUT/tiles-$g-$bm.log" 2>&1

@@ -1,7 +1,7 @@
 /**
  * @file gpu_e2m1_decode.cuh
  * @brief Device helpers of the GEMM kernels: the E2M1 -> E4M3 decoder with folded scales, exact
- *        powers of two, BF16 rounding and the cp.async copies.
+ *        powers of two and the cp.async copies.
  *
  * Both GEMM kernels (gpu_gemm.cu: mma.sync, portable; gpu_gemm_wgmma.cu: wgmma,
  * sm_90a) decode MXFP4 weights the same way, so the decoder lives here, once.
@@ -82,11 +82,6 @@ __device__ __forceinline__ void decode8(uint32_t w, uint32_t lo, uint32_t hi, ui
     const uint32_t E = mE | sE, O = mO | sO;
     *out_lo = __byte_perm(E, O, 0x6240u); /* n0 n1 n2 n3 */
     *out_hi = __byte_perm(E, O, 0x7351u); /* n4 n5 n6 n7 */
-}
-
-__device__ __forceinline__ float bf16_round(float x)
-{
-    return __bfloat162float(__float2bfloat16_rn(x));
 }
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem)

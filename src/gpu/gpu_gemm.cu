@@ -46,8 +46,8 @@
  * memory stages, STAGES-1 blocks ahead of the tensor cores, so that the loads
  * of later blocks overlap the decode and the MMAs of the current one.
  *
- * Iteration plan (not done yet): wgmma with TMA-fed, 128B-swizzled tiles and
- * a persistent warp-specialized schedule.
+ * The sm_90a family (gpu_gemm_wgmma.cu) computes the same GEMM with
+ * warp-specialized wgmma; the layer picks between the two per call size.
  */
 #include "gpu_internal.cuh"
 #include "gpu_e2m1_decode.cuh"
@@ -59,8 +59,8 @@ constexpr int BK = 128;        /* K per pipeline step */
 constexpr int LDS = BK + 16;   /* shared-memory row stride in bytes (bank-conflict padding) */
 /*
  * Threads per block: 4 warps for the small tile (block_m 16: more blocks per SM is better
- * there), 8 warps for block_m 64 (two threads decode each weight row; twice the warps per SM
- * of the 4-warp version, which was limited to 2 blocks by registers: T=8192 29.0 -> 22.2 ms).
+ * there), 8 warps for block_m 64 (two threads decode each weight row; registers limit the
+ * large tile to 2 blocks per SM, so the extra warps are what hides the latency).
  */
 template <int BM>
 struct threads_of {
@@ -246,8 +246,8 @@ __global__ void __launch_bounds__(threads_of<BM>::value, BM == 16 ? 4 : 2) gemm_
         const int fold_ok = BFMT == MMOE_B_FP4 ? (kmax - kmin <= 14) : (kmax == kmin);
         /*
          * The 8 rows of an MMA column group are decoded by 8 * TPR consecutive lanes of one warp
-         * (row = tid / TPR), so one warp vote gives the group's flag: no shared-memory array and
-         * no block-wide barrier (there were three per K step, now two).
+         * (row = tid / TPR), so one warp vote gives the group's flag, without a shared-memory
+         * array of per-row flags or a block-wide barrier for it (the K step has two).
          */
         const uint32_t unfoldable = __ballot_sync(0xffffffffu, !fold_ok);
         static_assert(TPR == 1 || TPR == 2, "a column group spans 8 or 16 lanes of one warp");
@@ -386,22 +386,13 @@ __global__ void __launch_bounds__(threads_of<BM>::value, BM == 16 ? 4 : 2) gemm_
             const int pr = row0 + r;
             if (EPI == MMOE_EPI_SWIGLU) {
                 const float w = p.pool != nullptr ? p.pool[pr].weight : 1.0f;
-                const float cb = p.clamp > 0.0f ? bf16_round(p.clamp) : 0.0f;
 #pragma unroll
                 for (int j = 0; j < NTH; j++) {
                     const int ntile = wn * NTH + j;
                     float out[2];
 #pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        float g = bf16_round(acc[mt][j][2 * h + e]);
-                        float u = bf16_round(acc[mt][j + NTH][2 * h + e]);
-                        if (p.clamp > 0.0f) {
-                            g = fminf(g, cb);
-                            u = fminf(fmaxf(u, -cb), cb);
-                        }
-                        const float sig = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-g)));
-                        out[e] = __fmul_rn(__fmul_rn(__fmul_rn(g, sig), u), w);
-                    }
+                    for (int e = 0; e < 2; e++)
+                        out[e] = mmoe_swiglu_channel(acc[mt][j][2 * h + e], acc[mt][j + NTH][2 * h + e], p.clamp, w);
                     const int ch = nb * 64 + ntile * 8 + tig * 2;
                     *reinterpret_cast<float2 *>(p.out_f32 + (size_t)pr * p.n_out + ch) = make_float2(out[0], out[1]);
                 }
@@ -462,7 +453,7 @@ cudaError_t mmoe_tile_rows(const uint32_t *src, uint32_t *dst, int n_blocks, int
     return cudaGetLastError();
 }
 
-cudaError_t mmoe_launch_gemm(const mmoe_gemm_args *args, int block_m, int b_fmt, int a_group, int epi,
+cudaError_t mmoe_launch_gemm(const mmoe_gemm_args *args, int block_m, mmoe_bfmt b_fmt, int a_group, mmoe_epi epi,
                              int max_tiles, cudaStream_t stream)
 {
     if (max_tiles <= 0)

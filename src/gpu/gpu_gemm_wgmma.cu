@@ -1,48 +1,72 @@
 /**
  * @file gpu_gemm_wgmma.cu
- * @brief The grouped GEMM on sm_90a: warp-specialized, mbarrier ring, wgmma from shared memory.
+ * @brief The grouped GEMM on sm_90a: warp-specialized, mbarrier ring, F16 wgmma from shared memory.
  *
  * The same computation as gpu_gemm.cu (read that chapter first: the operands,
- * the scale folding and its exactness, the epilogues are identical), organised
- * the way Hopper wants it:
+ * the scale folding, the epilogues are identical), organised the way Hopper
+ * wants it:
  *
  *   - **Roles.**  Warpgroup 0 is the *producer*: it copies the raw bytes of each
- *     K block into a ring of shared-memory stages with cp.async and decodes the
- *     E2M1 weight codes into E4M3 there.  Warpgroups 1 (and 2) are *consumers*:
- *     they run `wgmma` on the decoded stage and promote the partial sums into
- *     FP32 accumulators.  No block-wide barrier sits in the K loop; the roles
- *     meet only at two mbarriers per stage ("full": the producer's 128 threads
- *     have landed and decoded stage s; "empty": every consumer thread is done
+ *     K block into a ring of shared-memory stages with cp.async and converts
+ *     them there to F16.  Warpgroups 1 (and 2) are *consumers*: they run
+ *     `wgmma` on the converted stage and promote the partial sums into FP32
+ *     accumulators.  No block-wide barrier sits in the K loop; the roles meet
+ *     only at two mbarriers per stage ("full": the producer's 128 threads have
+ *     landed and converted stage s; "empty": every consumer thread is done
  *     reading it).
+ *   - **Why F16 operands, not E4M3.**  Hopper's E4M3 wgmma (QGMMA) returns its
+ *     sums with about 13 mantissa bits (truncated), i.e. a relative error near
+ *     1e-4 in every 128-wide partial sum however often it is promoted.  The
+ *     layer requantizes the SwiGLU output to E4M3 (steps of 2^-3..2^-4
+ *     relative), and an error e in front of a rounding with step s moves about
+ *     e/s of the roundings by a whole step: the output error grows to about
+ *     sqrt(e * s) ~ 3e-3, which the oracle comparison rejects.  Every E4M3 and
+ *     every E2M1 value (times the folded scale below) is an F16 number, and the
+ *     F16 wgmma keeps FP32 sums: the products are the oracle's, exactly, and
+ *     only the order of the FP32 additions differs, as in the mma.sync kernel
+ *     (whose FP8 mma.sync runs on the F16 tensor-core path of sm_90 too).  The
+ *     price is the F16 rate (half the E4M3 rate) and twice the shared memory
+ *     per converted tile.
  *   - **Swap AB.**  The weights are the wgmma's M operand (64 rows per
  *     instruction; a tile of 128 weight rows is two m64 halves: gate and up for
  *     L1, so SwiGLU stays in registers), the tokens its N operand (16, 32 or 64
  *     per warpgroup).  MoE tiles have few tokens per expert: with tokens as N the
  *     tensor-core work is not padded to 64 tokens.
- *   - **Layout.**  Both operands are K-major, 128 bytes (one K block) per row,
- *     in the 128-byte swizzle of gpu_wgmma.cuh.  The producer writes the
- *     decoded weight rows and places each activation chunk at its swizzled
- *     position directly with cp.async; FP8 weights (the shared expert) need no
- *     decode and are copied straight into place.
- *   - **Promotion.**  Per K block (128) the four k32 wgmmas of each half sum
+ *   - **Layout.**  Both operands are K-major F16, 256 bytes (one K block of
+ *     128) per row, held as two 128B-swizzled sub-tiles of 64 K values each
+ *     (gpu_wgmma.cuh).  The raw bytes of a row (64 B of E2M1 codes, 128 B of
+ *     E4M3 weights or activations) are copied into the row's place in the
+ *     second sub-tile and converted in place: each producer thread reads its
+ *     raw chunks into registers, the producer warpgroup meets at a named
+ *     barrier, then writes the F16 values.
+ *   - **Scale folding into F16.**  A weight is e2m1(code) * 2^(k_g - 127) per
+ *     32-group g.  Per row and K block the producer folds 2^(k_g - base) into
+ *     the F16 value, with base = max_g k_g - 13 (E2M1) or - 7 (E4M3), and
+ *     2^(base - 127) is applied in FP32 at the promotion.  E2M1 magnitudes
+ *     {0.5 .. 6} times 2^r are F16 numbers exactly for -23 <= r <= 13, E4M3
+ *     ones (2^-9 .. 448) for -15 <= r <= 7: the fold is exact when the four
+ *     exponents span at most 36 (E2M1) or 22 (E4M3).  Rows beyond that take
+ *     the exact path: decoded unscaled, promoted per 32-group with
+ *     2^(k_g - 127).  The decision is taken per K block and per m64 half (from
+ *     one flag per producer warp of 32 rows); unflagged rows of a flagged half
+ *     keep their folded values and are promoted per group with 2^(base - 127).
+ *   - **Promotion.**  Per K block (128) the eight k16 wgmmas of each half sum
  *     into a scratch accumulator (scale-d = 0 on the first), which is then added
  *     to the FP32 accumulator times a_scale(token) * 2^(base - 127)(row), with the
- *     same rounding as the mma.sync kernel.  When a weight row's four UE8M0
- *     exponents span more than E4M3 can hold (or with SM100's per-32 activation
- *     scales), every k32 part is promoted on its own: the exact path.  Here the
- *     decision is taken per stage and per m64 half (from one flag per producer
- *     warp of 32 rows): rows of a flagged warp are decoded unscaled and promoted
- *     with 2^(k_g - 127) per group; the other rows of a flagged half keep their
- *     folded values and are promoted with 2^(base - 127) per group: the same
- *     products, summed in a different order than the mma.sync kernel (whose flag
- *     covers 8 rows), so the two kernels may differ in the last FP32 bits there.
- *   - **Overlap.**  The producer decodes block i while the consumers multiply
- *     block i - 1 (its copies run S - 2 blocks ahead of the decode).
+ *     same rounding as the mma.sync kernel; per 32-group (two k16 steps) on the
+ *     exact path and with SM100's per-32 activation scales.
+ *   - **Overlap.**  The producer converts block i while the consumers multiply
+ *     block i - 1 (its copies run S - 2 blocks ahead of the conversion).  A
+ *     variant with a separate, deeper raw ring (copies up to 7 blocks ahead, two
+ *     converted slots) measured no faster on the H200 (T=8192: 20.0 ms against
+ *     19.5; T=128 with 16-token tiles: 4.1 ms against 3.9): the producer's
+ *     conversion, not the copy latency, limits this kernel (Nsight Compute:
+ *     one issue every 2.6 cycles per scheduler, 12 warps per SM).
  *
- * Tile sizes: BT = 16 tokens (one consumer warpgroup, wgmma n16, 3 stages, two
- * blocks per SM), BT = 64 (two consumer warpgroups of n32, 4 stages) or BT = 128
- * (two of n64, 4 stages).  The grid is the mma.sync kernel's: (tile, 128-row
- * weight block, K split).
+ * Tile sizes: BT = 16 tokens (one consumer warpgroup, wgmma n16, 4 stages),
+ * BT = 64 (two consumer warpgroups of n32, 4 stages) or BT = 128 (two of n64,
+ * 3 stages); one block per SM.  The grid is the mma.sync kernel's: (tile,
+ * 128-row weight block, K split).
  *
  * The kernel body exists only for sm_90a (`__CUDA_ARCH_FEAT_SM90_ALL`): wgmma
  * is not part of sm_100a.  The host chooses it only on a compute-capability-9.0
@@ -52,11 +76,12 @@
 #include "gpu_e2m1_decode.cuh"
 #include "gpu_wgmma.cuh"
 
+#include <cuda_fp16.h>
+
 namespace {
 
 constexpr int WROWS = 128;     /* weight rows per tile: two m64 halves */
 constexpr int WK = 128;        /* K per step (one promotion block on SM90) */
-constexpr int RAW_STRIDE = 80; /* raw E2M1 row stride in shared memory: 64 bytes + 16 of padding (no bank conflicts) */
 
 /** Thread roles and pipeline depth per tile width. */
 template <int BT>
@@ -64,19 +89,22 @@ struct wg_cfg {
     static constexpr int NWG = BT == 16 ? 1 : 2;      /* consumer warpgroups */
     static constexpr int NT = BT / NWG;               /* tokens (wgmma N) per consumer warpgroup */
     static constexpr int THREADS = 128 * (1 + NWG);
-    static constexpr int STAGES = BT == 16 ? 3 : 4;
-    static constexpr int MIN_BLOCKS = BT == 16 ? 2 : 1;
+    static constexpr int STAGES = BT == 128 ? 3 : 4;
+    static constexpr int MIN_BLOCKS = 1;
 };
 
-/** Shared-memory layout: STAGES stages (1024-aligned), then the barriers, row map and decode tables. */
+/**
+ * Shared-memory layout: STAGES stages (1024-aligned), then the barriers, row map and decode
+ * tables.  Each F16 tile is two 128B-swizzled sub-tiles (K 0..63, K 64..127).
+ */
 template <int BT, int BFMT, int AG>
 struct wg_layout {
     static constexpr int AGPB = WK / AG;                                  /* activation scales per row and step */
-    static constexpr int OFF_WDEC = 0;                                    /* 128 x 128 B E4M3, swizzled */
-    static constexpr int OFF_ACT = WROWS * 128;                           /* BT x 128 B E4M3, swizzled */
-    static constexpr int OFF_WRAW = OFF_ACT + BT * 128;                   /* FP4: 128 x RAW_STRIDE raw codes */
-    static constexpr int WRAW_BYTES = BFMT == MMOE_B_FP4 ? WROWS * RAW_STRIDE : 0;
-    static constexpr int OFF_WSC = OFF_WRAW + WRAW_BYTES;                 /* 128 x 4 UE8M0 bytes */
+    static constexpr int W_HALF = WROWS * 128;                            /* one weight sub-tile */
+    static constexpr int A_HALF = BT * 128;                               /* one activation sub-tile */
+    static constexpr int OFF_W = 0;                                       /* 128 x 256 B F16, swizzled */
+    static constexpr int OFF_ACT = 2 * W_HALF;                            /* BT x 256 B F16, swizzled */
+    static constexpr int OFF_WSC = OFF_ACT + 2 * A_HALF;                  /* 128 x 4 UE8M0 bytes */
     static constexpr int OFF_ASC = OFF_WSC + WROWS * 4;                   /* BT x AGPB FP32 */
     static constexpr int OFF_SB = OFF_ASC + BT * AGPB * 4;                /* [4][128] FP32 promotion factors */
     static constexpr int OFF_FLAG = OFF_SB + 4 * WROWS * 4;               /* 4 ints: exact path, per producer warp */
@@ -84,9 +112,49 @@ struct wg_layout {
     static constexpr int STAGES = wg_cfg<BT>::STAGES;
     static constexpr int OFF_BAR = STAGES * STAGE_BYTES;                  /* full[STAGES], empty[STAGES] */
     static constexpr int OFF_AROW = OFF_BAR + 2 * STAGES * 8;             /* BT ints: A row of each tile row */
-    static constexpr int OFF_LUT = OFF_AROW + BT * 4;                     /* 16 x uint2 decode tables */
-    static constexpr int TOTAL = OFF_LUT + 16 * 8 + 1024;                 /* + slack to align the base */
+    static constexpr int OFF_LUT = OFF_AROW + BT * 4;                     /* E2M1 -> E4M3 table (shift 0) */
+    static constexpr int TOTAL = OFF_LUT + 8 + 1024;                      /* + slack to align the base */
 };
+
+/** Largest spread of the four UE8M0 exponents of a row and K block that folds into F16 exactly. */
+template <int BFMT>
+struct f16_fold {
+    static constexpr int TOP = BFMT == MMOE_B_FP4 ? 13 : 7;      /* r of the largest group: 6 * 2^13, 448 * 2^7 < 65504 */
+    static constexpr int SPREAD = BFMT == MMOE_B_FP4 ? 36 : 22;  /* r >= -23 (0.5 * 2^-23) or -15 (2^-9 * 2^-15) */
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) /* the conversion helpers exist where the kernel body does */
+/** 2^r as an F16 pair, exact for -24 <= r <= 15. */
+__device__ __forceinline__ __half2 pow2_h2(int r)
+{
+    const unsigned short bits = (unsigned short)(r >= -14 ? (r + 15) << 10 : 1 << (r + 24));
+    const __half h = __ushort_as_half(bits);
+    return __halves2half2(h, h);
+}
+
+/** Two E4M3 bytes (low byte first) to an F16 pair, exactly. */
+__device__ __forceinline__ __half2 e4m3x2_to_h2(uint32_t two)
+{
+    const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(two & 0xffffu), __NV_E4M3);
+    return __half2(r);
+}
+
+/** Eight E4M3 bytes (two words, K order) to eight F16 values times @p scale (a power of two), as one 16-byte chunk. */
+__device__ __forceinline__ uint4 e4m3x8_to_f16(uint32_t lo, uint32_t hi, __half2 scale)
+{
+    const __half2 h0 = __hmul2(e4m3x2_to_h2(lo), scale), h1 = __hmul2(e4m3x2_to_h2(lo >> 16), scale);
+    const __half2 h2 = __hmul2(e4m3x2_to_h2(hi), scale), h3 = __hmul2(e4m3x2_to_h2(hi >> 16), scale);
+    return make_uint4(*reinterpret_cast<const uint32_t *>(&h0), *reinterpret_cast<const uint32_t *>(&h1),
+                      *reinterpret_cast<const uint32_t *>(&h2), *reinterpret_cast<const uint32_t *>(&h3));
+}
+
+/** Byte offset of F16 chunk @p kc (8 values: K 8kc..8kc+7, kc < 16) of row @p row in a two-sub-tile F16 tile. */
+__device__ __forceinline__ int f16_chunk_offset(int row, int kc, int half_bytes)
+{
+    return (kc >> 3) * half_bytes + sw128_offset(row, kc & 7);
+}
+
+#endif
 
 /** Add the scratch sums of one promotion into the accumulators of one m64 half. */
 template <int NT, int AGPB>
@@ -115,17 +183,18 @@ __device__ __forceinline__ void fence_regs(float (&r)[N])
 template <int BT, int BFMT, int AG, int EPI>
 __global__ void __launch_bounds__(wg_cfg<BT>::THREADS, wg_cfg<BT>::MIN_BLOCKS) wgmma_gemm_kernel(const mmoe_gemm_args p)
 {
-    static_assert(wg_layout<BT, BFMT, AG>::OFF_WDEC % 1024 == 0 && wg_layout<BT, BFMT, AG>::OFF_ACT % 1024 == 0 &&
-                      (wg_layout<BT, BFMT, AG>::OFF_ACT + wg_cfg<BT>::NT * 128) % 1024 == 0,
-                  "swizzled tiles (and each consumer's token half) start on 1024-byte boundaries");
-    static_assert(wg_layout<BT, BFMT, AG>::TOTAL <= 227 * 1024 &&
-                      wg_cfg<BT>::MIN_BLOCKS * (wg_layout<BT, BFMT, AG>::TOTAL + 1024) <= 228 * 1024,
-                  "the stages fit the shared memory of MIN_BLOCKS blocks per SM (each block reserves 1 KB)");
+    using SLc = wg_layout<BT, BFMT, AG>;
+    static_assert(SLc::OFF_W % 1024 == 0 && SLc::OFF_ACT % 1024 == 0 && SLc::A_HALF % 1024 == 0 &&
+                      (wg_cfg<BT>::NT * 128) % 1024 == 0,
+                  "swizzled sub-tiles (and each consumer's token part) start on 1024-byte boundaries");
+    static_assert(SLc::TOTAL <= 227 * 1024, "the stages fit the shared memory of one block");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using CFG = wg_cfg<BT>;
     using SL = wg_layout<BT, BFMT, AG>;
     constexpr int S = SL::STAGES, AGPB = SL::AGPB, NT = CFG::NT, NWG = CFG::NWG;
     constexpr int BROW = BFMT == MMOE_B_FP4 ? WK / 2 : WK; /* raw weight bytes per row and K block */
+    constexpr int WCH = BROW / 16;                         /* raw 16-byte chunks per weight row */
+    constexpr int ACT_TASKS = BT * 8 / 128;                /* raw activation chunks per producer thread */
 
     extern __shared__ __align__(16) uint8_t smem_raw[];
     uint8_t *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
@@ -157,22 +226,20 @@ __global__ void __launch_bounds__(wg_cfg<BT>::THREADS, wg_cfg<BT>::MIN_BLOCKS) w
 
     for (int r = tid; r < BT; r += CFG::THREADS)
         sArow[r] = r < nrows ? (p.a_gather != nullptr ? p.a_gather[row0 + r].token : row0 + r) : -1;
-    if (tid < 16) {
-        uint32_t lo, hi;
-        e2m1_lut(tid - 8, &lo, &hi);
-        sLut[tid] = make_uint2(lo, hi);
-    }
     if (tid == 0) {
+        uint32_t lo, hi;
+        e2m1_lut(0, &lo, &hi);
+        *sLut = make_uint2(lo, hi);
         for (int s = 0; s < S; s++) {
             mbar_init(&full[s], 128);
             mbar_init(&empty[s], 128 * NWG);
         }
     }
-    /* token rows past the tile's end are never loaded: zero them (and their scales) once */
+    /* token rows past the tile's end are never loaded nor converted: zero them (and their scales) once */
     for (int s = 0; s < S; s++) {
         uint8_t *st = smem + s * SL::STAGE_BYTES;
-        for (int i = tid; i < BT * 8; i += CFG::THREADS)
-            if (i / 8 >= nrows)
+        for (int i = tid; i < 2 * BT * 8; i += CFG::THREADS)
+            if ((i >> 3) % BT >= nrows)
                 *reinterpret_cast<uint4 *>(st + SL::OFF_ACT + i * 16) = make_uint4(0, 0, 0, 0);
         for (int i = tid; i < BT * AGPB; i += CFG::THREADS)
             if (i / AGPB >= nrows)
@@ -186,24 +253,27 @@ __global__ void __launch_bounds__(wg_cfg<BT>::THREADS, wg_cfg<BT>::MIN_BLOCKS) w
         const int n = tid, lane = tid & 31, warp = tid >> 5;
         const uint8_t *bexp = p.b + (size_t)expert * p.b_expert_stride + (size_t)nb * nkb * (WROWS * BROW);
         const uint8_t *bsexp = p.b_scale + (size_t)expert * p.bs_expert_stride + (size_t)nb * nkb * (WROWS * 4);
+        const uint2 lut = *sLut;
         /*
          * Step j: wait until block j - S has been released, issue the copies of block j, then
-         * decode block i = j - P.  With P = S - 2 the decode of block i waits (through that
-         * release) only for block i - 2, so it overlaps the consumers' MMAs on block i - 1;
-         * with P = S - 1 decode and MMA would strictly alternate (review finding, 2026-11-29).
+         * convert block i = j - P.  With P = S - 2 the conversion of block i waits (through that
+         * release) only for block i - 2, so it overlaps the consumers' MMAs on block i - 1.
+         * Raw bytes land in the second F16 sub-tile of their row and are converted in place.
          */
-        static_assert(S >= 3, "the decode runs one block ahead of the MMAs");
-        constexpr int P = S - 2; /* K blocks whose copies are in flight ahead of the decode */
+        static_assert(S >= 3, "the conversion runs one block ahead of the MMAs");
+        constexpr int P = S - 2; /* K blocks whose copies are in flight ahead of the conversion */
         for (int j = 0; j < nk + P; j++) {
             if (j < nk) {
                 if (j >= S)
                     mbar_wait(&empty[j % S], ((j / S) - 1) & 1);
                 uint8_t *st = smem + (j % S) * SL::STAGE_BYTES;
                 const int kb = kb0 + j;
-                for (int i = n; i < BT * 8; i += 128) {
-                    const int r = i >> 3, c = i & 7, ar = sArow[r];
+#pragma unroll
+                for (int t = 0; t < ACT_TASKS; t++) {
+                    const int i = n + 128 * t, r = i >> 3, c = i & 7, ar = sArow[r];
                     if (ar >= 0)
-                        cp_async16(st + SL::OFF_ACT + sw128_offset(r, c), p.a + (size_t)ar * K + (size_t)kb * WK + c * 16);
+                        cp_async16(st + SL::OFF_ACT + SL::A_HALF + sw128_offset(r, c),
+                                   p.a + (size_t)ar * K + (size_t)kb * WK + c * 16);
                 }
                 for (int i = n; i < BT * AGPB; i += 128) {
                     const int ar = sArow[i / AGPB];
@@ -212,15 +282,9 @@ __global__ void __launch_bounds__(wg_cfg<BT>::THREADS, wg_cfg<BT>::MIN_BLOCKS) w
                                   p.a_scale + (size_t)ar * (K / AG) + (size_t)kb * AGPB + i % AGPB);
                 }
                 const uint8_t *wrow = bexp + (size_t)kb * (WROWS * BROW) + (size_t)n * BROW;
-                if (BFMT == MMOE_B_FP4) {
 #pragma unroll
-                    for (int c = 0; c < 4; c++)
-                        cp_async16(st + SL::OFF_WRAW + n * RAW_STRIDE + c * 16, wrow + c * 16);
-                } else {
-#pragma unroll
-                    for (int c = 0; c < 8; c++)
-                        cp_async16(st + SL::OFF_WDEC + sw128_offset(n, c), wrow + c * 16);
-                }
+                for (int c = 0; c < WCH; c++)
+                    cp_async16(st + SL::OFF_W + SL::W_HALF + sw128_offset(n, c), wrow + c * 16);
                 cp_async4(st + SL::OFF_WSC + n * 4, bsexp + (size_t)kb * (WROWS * 4) + n * 4);
             }
             cp_async_commit();
@@ -237,33 +301,62 @@ __global__ void __launch_bounds__(wg_cfg<BT>::THREADS, wg_cfg<BT>::MIN_BLOCKS) w
                 kmax = max(kmax, kg);
                 kmin = min(kmin, kg);
             }
-            const int fold_ok = BFMT == MMOE_B_FP4 ? (kmax - kmin <= 14) : (kmax == kmin);
+            const int fold_ok = kmax - kmin <= f16_fold<BFMT>::SPREAD;
             const int flag = AG == 32 ? 1 : (__ballot_sync(0xffffffffu, !fold_ok) != 0u);
             if (lane == 0)
                 reinterpret_cast<int *>(st + SL::OFF_FLAG)[warp] = flag;
-            const int base = BFMT == MMOE_B_FP4 ? kmax - 6 : kmax;
+            const int base = kmax - f16_fold<BFMT>::TOP;
             float *sb = reinterpret_cast<float *>(st + SL::OFF_SB);
 #pragma unroll
             for (int g = 0; g < 4; g++) {
                 const int kg = (int)((sw >> (8 * g)) & 0xffu);
                 sb[g * WROWS + n] = pow2i((flag ? kg : base) - 127);
             }
-            if (BFMT == MMOE_B_FP4) {
-                const uint4 *src = reinterpret_cast<const uint4 *>(st + SL::OFF_WRAW + n * RAW_STRIDE);
-                uint8_t *dst = st + SL::OFF_WDEC;
+            /* read this thread's raw chunks (weight row n, its activation chunks), then meet */
+            uint4 wraw[WCH], araw[ACT_TASKS];
 #pragma unroll
-                for (int q = 0; q < 4; q++) { /* 16 bytes = 32 codes = one 32-group */
-                    const uint4 v = src[q];
-                    const int kq = (int)((sw >> (8 * q)) & 0xffu);
-                    const uint2 lut = sLut[(flag ? 0 : kq - base) + 8];
-                    uint4 o0, o1;
-                    decode8(v.x, lut.x, lut.y, &o0.x, &o0.y);
-                    decode8(v.y, lut.x, lut.y, &o0.z, &o0.w);
-                    decode8(v.z, lut.x, lut.y, &o1.x, &o1.y);
-                    decode8(v.w, lut.x, lut.y, &o1.z, &o1.w);
-                    *reinterpret_cast<uint4 *>(dst + sw128_offset(n, 2 * q)) = o0;
-                    *reinterpret_cast<uint4 *>(dst + sw128_offset(n, 2 * q + 1)) = o1;
+            for (int c = 0; c < WCH; c++)
+                wraw[c] = *reinterpret_cast<const uint4 *>(st + SL::OFF_W + SL::W_HALF + sw128_offset(n, c));
+#pragma unroll
+            for (int t = 0; t < ACT_TASKS; t++) {
+                const int a = n + 128 * t;
+                araw[t] = *reinterpret_cast<const uint4 *>(st + SL::OFF_ACT + SL::A_HALF + sw128_offset(a >> 3, a & 7));
+            }
+            named_bar_sync(1, 128);
+            /* weights: 32-group q (K 32q..32q+31) becomes F16 chunks 4q..4q+3 of row n */
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int kq = (int)((sw >> (8 * q)) & 0xffu);
+                const __half2 scale = pow2_h2(flag ? 0 : kq - base);
+                uint32_t e8[8]; /* the group's 32 values as E4M3 bytes, K order */
+                if (BFMT == MMOE_B_FP4) {
+                    const uint4 v = wraw[q];
+                    decode8(v.x, lut.x, lut.y, &e8[0], &e8[1]);
+                    decode8(v.y, lut.x, lut.y, &e8[2], &e8[3]);
+                    decode8(v.z, lut.x, lut.y, &e8[4], &e8[5]);
+                    decode8(v.w, lut.x, lut.y, &e8[6], &e8[7]);
+                } else {
+                    const uint4 v0 = wraw[2 * q], v1 = wraw[2 * q + 1];
+                    e8[0] = v0.x; e8[1] = v0.y; e8[2] = v0.z; e8[3] = v0.w;
+                    e8[4] = v1.x; e8[5] = v1.y; e8[6] = v1.z; e8[7] = v1.w;
                 }
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    *reinterpret_cast<uint4 *>(st + SL::OFF_W + f16_chunk_offset(n, 4 * q + c, SL::W_HALF)) =
+                        e4m3x8_to_f16(e8[2 * c], e8[2 * c + 1], scale);
+            }
+            /* activations: raw chunk c (K 16c..16c+15) of row r becomes F16 chunks 2c, 2c+1 */
+            const __half2 one = pow2_h2(0);
+#pragma unroll
+            for (int t = 0; t < ACT_TASKS; t++) {
+                const int a = n + 128 * t, r = a >> 3, c = a & 7;
+                if (sArow[r] < 0)
+                    continue;
+                const uint4 v = araw[t];
+                *reinterpret_cast<uint4 *>(st + SL::OFF_ACT + f16_chunk_offset(r, 2 * c, SL::A_HALF)) =
+                    e4m3x8_to_f16(v.x, v.y, one);
+                *reinterpret_cast<uint4 *>(st + SL::OFF_ACT + f16_chunk_offset(r, 2 * c + 1, SL::A_HALF)) =
+                    e4m3x8_to_f16(v.z, v.w, one);
             }
             fence_proxy_async_smem();
             mbar_arrive(&full[i % S]);
@@ -272,7 +365,7 @@ __global__ void __launch_bounds__(wg_cfg<BT>::THREADS, wg_cfg<BT>::MIN_BLOCKS) w
     }
 
     /* ---------------------------------------------------------------- consumers */
-    using MMA = wgmma_e4m3<NT>;
+    using MMA = wgmma_f16<NT>;
     const int cw = (tid - 128) >> 7;        /* consumer warpgroup: tokens [cw * NT, cw * NT + NT) */
     const int ct = (tid - 128) & 127;
     const int r0 = 16 * (ct >> 5) + ((ct & 31) >> 2); /* accumulator rows r0, r0 + 8 of each half */
@@ -293,9 +386,11 @@ __global__ void __launch_bounds__(wg_cfg<BT>::THREADS, wg_cfg<BT>::MIN_BLOCKS) w
         /* the exact path per m64 half: producer warps 0-1 wrote the flags of rows 0-63, warps 2-3 of 64-127 */
         const bool pg0 = AG == 32 || (flags[0] | flags[1]) != 0;
         const bool pg1 = AG == 32 || (flags[2] | flags[3]) != 0;
-        const uint32_t wdec = smem_u32(st + SL::OFF_WDEC);
-        const uint64_t da0 = wgmma_desc_sw128(wdec), da1 = wgmma_desc_sw128(wdec + 64 * 128);
-        const uint64_t db = wgmma_desc_sw128(smem_u32(st + SL::OFF_ACT + cw * NT * 128));
+        const uint32_t wb = smem_u32(st + SL::OFF_W), ab = smem_u32(st + SL::OFF_ACT + cw * NT * 128);
+        /* descriptors of sub-tile h (K 64h..64h+63): weight rows 0-63, 64-127, this consumer's tokens */
+        const uint64_t da0[2] = {wgmma_desc_sw128(wb), wgmma_desc_sw128(wb + SL::W_HALF)};
+        const uint64_t da1[2] = {wgmma_desc_sw128(wb + 64 * 128), wgmma_desc_sw128(wb + SL::W_HALF + 64 * 128)};
+        const uint64_t db[2] = {wgmma_desc_sw128(ab), wgmma_desc_sw128(ab + SL::A_HALF)};
         const float *asc = reinterpret_cast<const float *>(st + SL::OFF_ASC);
         const float *sb = reinterpret_cast<const float *>(st + SL::OFF_SB);
         if (!pg0 && !pg1) {
@@ -303,9 +398,9 @@ __global__ void __launch_bounds__(wg_cfg<BT>::THREADS, wg_cfg<BT>::MIN_BLOCKS) w
             fence_regs(tmp1);
             wgmma_fence();
 #pragma unroll
-            for (int ks = 0; ks < 4; ks++) {
-                MMA::mma(tmp0, da0 + 2 * ks, db + 2 * ks, ks);
-                MMA::mma(tmp1, da1 + 2 * ks, db + 2 * ks, ks);
+            for (int ks = 0; ks < 8; ks++) { /* k16 step ks: sub-tile ks / 4, slice ks % 4 */
+                MMA::mma(tmp0, da0[ks >> 2] + 2 * (ks & 3), db[ks >> 2] + 2 * (ks & 3), ks);
+                MMA::mma(tmp1, da1[ks >> 2] + 2 * (ks & 3), db[ks >> 2] + 2 * (ks & 3), ks);
             }
             wgmma_commit();
             wgmma_wait_all();
@@ -314,23 +409,27 @@ __global__ void __launch_bounds__(wg_cfg<BT>::THREADS, wg_cfg<BT>::MIN_BLOCKS) w
             promote<NT, AGPB>(acc0, tmp0, sb, asc, 0, r0, col0);
             promote<NT, AGPB>(acc1, tmp1, sb + 64, asc, 0, r0, col0);
         } else {
-            /* a flagged half is promoted after each k32 part with its own factors (scale-d = 0
-             * restarts its scratch sum); an unflagged half keeps summing and is promoted once */
+            /* a flagged half is promoted after each 32-group (two k16 steps) with its own factors
+             * (scale-d = 0 restarts its scratch sum); an unflagged half keeps summing, promoted once */
 #pragma unroll
-            for (int ks = 0; ks < 4; ks++) {
+            for (int g = 0; g < 4; g++) {
                 fence_regs(tmp0);
                 fence_regs(tmp1);
                 wgmma_fence();
-                MMA::mma(tmp0, da0 + 2 * ks, db + 2 * ks, pg0 ? 0 : ks);
-                MMA::mma(tmp1, da1 + 2 * ks, db + 2 * ks, pg1 ? 0 : ks);
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int ks = 2 * g + h;
+                    MMA::mma(tmp0, da0[ks >> 2] + 2 * (ks & 3), db[ks >> 2] + 2 * (ks & 3), pg0 ? h : ks);
+                    MMA::mma(tmp1, da1[ks >> 2] + 2 * (ks & 3), db[ks >> 2] + 2 * (ks & 3), pg1 ? h : ks);
+                }
                 wgmma_commit();
                 wgmma_wait_all();
                 fence_regs(tmp0);
                 fence_regs(tmp1);
                 if (pg0)
-                    promote<NT, AGPB>(acc0, tmp0, sb + ks * WROWS, asc, AG == 32 ? ks : 0, r0, col0);
+                    promote<NT, AGPB>(acc0, tmp0, sb + g * WROWS, asc, AG == 32 ? g : 0, r0, col0);
                 if (pg1)
-                    promote<NT, AGPB>(acc1, tmp1, sb + ks * WROWS + 64, asc, AG == 32 ? ks : 0, r0, col0);
+                    promote<NT, AGPB>(acc1, tmp1, sb + g * WROWS + 64, asc, AG == 32 ? g : 0, r0, col0);
             }
             if (!pg0)
                 promote<NT, AGPB>(acc0, tmp0, sb, asc, 0, r0, col0);
@@ -339,7 +438,6 @@ __global__ void __launch_bounds__(wg_cfg<BT>::THREADS, wg_cfg<BT>::MIN_BLOCKS) w
         }
         mbar_arrive(&empty[s]);
     }
-
     /* ---------------------------------------------------------------- epilogue */
 #pragma unroll
     for (int j = 0; j < NT / 8; j++)
@@ -364,14 +462,7 @@ __global__ void __launch_bounds__(wg_cfg<BT>::THREADS, wg_cfg<BT>::MIN_BLOCKS) w
                     }
                 } else if (EPI == MMOE_EPI_SWIGLU) {
                     const float w = p.pool != nullptr ? p.pool[pr].weight : 1.0f;
-                    float g = bf16_round(a0), u = bf16_round(a1);
-                    if (p.clamp > 0.0f) {
-                        const float cb = bf16_round(p.clamp);
-                        g = fminf(g, cb);
-                        u = fminf(fmaxf(u, -cb), cb);
-                    }
-                    const float sig = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-g)));
-                    p.out_f32[(size_t)pr * p.n_out + nb * 64 + r] = __fmul_rn(__fmul_rn(__fmul_rn(g, sig), u), w);
+                    p.out_f32[(size_t)pr * p.n_out + nb * 64 + r] = mmoe_swiglu_channel(a0, a1, p.clamp, w);
                 } else {
                     int token = pr, slot = p.shared_slot;
                     if (p.pool != nullptr) {
@@ -434,7 +525,7 @@ cudaError_t mmoe_wgmma_built_for_device(int *built)
     return e;
 }
 
-cudaError_t mmoe_launch_gemm_wgmma(const mmoe_gemm_args *args, int block_m, int b_fmt, int a_group, int epi,
+cudaError_t mmoe_launch_gemm_wgmma(const mmoe_gemm_args *args, int block_m, mmoe_bfmt b_fmt, int a_group, mmoe_epi epi,
                                    int max_tiles, cudaStream_t stream)
 {
     if (max_tiles <= 0)

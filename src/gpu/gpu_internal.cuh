@@ -35,9 +35,37 @@ struct mmoe_tile {
 };
 
 /** Weight format of the GEMM's B operand. */
-enum { MMOE_B_FP4 = 0, MMOE_B_FP8 = 1 };
+enum mmoe_bfmt { MMOE_B_FP4 = 0, MMOE_B_FP8 = 1 };
 /** Epilogue of the GEMM. */
-enum { MMOE_EPI_SWIGLU = 0, MMOE_EPI_SLOT_BF16 = 1 };
+enum mmoe_epi {
+    MMOE_EPI_SWIGLU = 0,   /**< L1: SwiGLU of the gate/up pair, FP32 out */
+    MMOE_EPI_SLOT_BF16 = 1 /**< L2: BF16 into the (token, slot) row of the combine buffer */
+};
+/** Scale rule of the activation quantizer (see gpu_quant.cu). */
+enum mmoe_quant_mode {
+    MMOE_QUANT_SM90 = 0,          /**< FP32 scale per 128, 1e-4 clamp (input and intermediate) */
+    MMOE_QUANT_SM100_INPUT = 1,   /**< UE8M0 ceil per 32, 1e-4 and [1, 254] clamps */
+    MMOE_QUANT_SM100_REQUANT = 2  /**< UE8M0 per 32, the kernel's requant rule, no clamps */
+};
+
+/**
+ * The L1 epilogue of one intermediate channel, shared by both GEMM families and the split-K
+ * finish: the gate and up sums rounded to BF16, clamped in BF16 (gate from above, up on both
+ * sides) when @p clamp > 0, then silu(g) * u * w in FP32 with expf and IEEE division (the
+ * oracle's precise mode), each product rounded on its own (no FMA contraction).
+ */
+__device__ __forceinline__ float mmoe_swiglu_channel(float acc_gate, float acc_up, float clamp, float w)
+{
+    float g = __bfloat162float(__float2bfloat16_rn(acc_gate));
+    float u = __bfloat162float(__float2bfloat16_rn(acc_up));
+    if (clamp > 0.0f) {
+        const float cb = __bfloat162float(__float2bfloat16_rn(clamp));
+        g = fminf(g, cb);
+        u = fminf(fmaxf(u, -cb), cb);
+    }
+    const float sig = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-g)));
+    return __fmul_rn(__fmul_rn(__fmul_rn(g, sig), u), w);
+}
 
 /** Arguments of one grouped GEMM launch (all pointers are device pointers). */
 struct mmoe_gemm_args {
@@ -77,7 +105,7 @@ struct mmoe_gemm_args {
  * only exact zeros at the end) and run the epilogue of @p args (SwiGLU to out_f32, or BF16
  * into the combine slots) for the pool rows [0, *num_rows_dev) or [0, rows) when it is NULL.
  */
-cudaError_t mmoe_launch_split_finish(const mmoe_gemm_args *args, int epi, int nsplit, int rows,
+cudaError_t mmoe_launch_split_finish(const mmoe_gemm_args *args, mmoe_epi epi, int nsplit, int rows,
                                      const int *num_rows_dev, cudaStream_t stream);
 
 /**
@@ -89,7 +117,7 @@ cudaError_t mmoe_tile_rows(const uint32_t *src, uint32_t *dst, int n_blocks, int
                            int tile_row_words, int l1_interleave, int half_rows, cudaStream_t stream);
 
 /** Grid of a grouped GEMM launch: (tiles, 128-row weight blocks, K splits). */
-inline dim3 mmoe_gemm_grid(const mmoe_gemm_args *a, int epi, int max_tiles)
+inline dim3 mmoe_gemm_grid(const mmoe_gemm_args *a, mmoe_epi epi, int max_tiles)
 {
     const int nblocks = epi == MMOE_EPI_SWIGLU ? a->n_out / 64 : a->n_out / 128;
     const int nkb = a->K / 128;
@@ -115,7 +143,7 @@ cudaError_t mmoe_launch_gemm_kernel(Kernel kernel, dim3 grid, int threads, int s
 
 /** mmoe_gemm_dispatch() for a known weight format and activation group: the epilogue. */
 template <int BFMT, int AG, typename Launcher>
-cudaError_t mmoe_gemm_dispatch_epi(const Launcher &l, int epi)
+cudaError_t mmoe_gemm_dispatch_epi(const Launcher &l, mmoe_epi epi)
 {
     return epi == MMOE_EPI_SWIGLU ? l.template run<BFMT, AG, MMOE_EPI_SWIGLU>()
                                   : l.template run<BFMT, AG, MMOE_EPI_SLOT_BF16>();
@@ -127,7 +155,7 @@ cudaError_t mmoe_gemm_dispatch_epi(const Launcher &l, int epi)
  * GEMM kernel families (gpu_gemm.cu, gpu_gemm_wgmma.cu) pick among their 8 instances.
  */
 template <typename Launcher>
-cudaError_t mmoe_gemm_dispatch(const Launcher &l, int bfmt, int ag, int epi)
+cudaError_t mmoe_gemm_dispatch(const Launcher &l, mmoe_bfmt bfmt, int ag, mmoe_epi epi)
 {
     if (bfmt == MMOE_B_FP4)
         return ag == 32 ? mmoe_gemm_dispatch_epi<MMOE_B_FP4, 32>(l, epi) : mmoe_gemm_dispatch_epi<MMOE_B_FP4, 128>(l, epi);
@@ -135,14 +163,14 @@ cudaError_t mmoe_gemm_dispatch(const Launcher &l, int bfmt, int ag, int epi)
 }
 
 /** Launch the grouped GEMM with the given tile height, weight format, activation group and epilogue. */
-cudaError_t mmoe_launch_gemm(const mmoe_gemm_args *args, int block_m, int b_fmt, int a_group, int epi,
+cudaError_t mmoe_launch_gemm(const mmoe_gemm_args *args, int block_m, mmoe_bfmt b_fmt, int a_group, mmoe_epi epi,
                              int max_tiles, cudaStream_t stream);
 
 /**
  * Launch the warp-specialized wgmma GEMM (gpu_gemm_wgmma.cu; sm_90a devices only): the same
  * arguments and results as mmoe_launch_gemm(), with tiles of @p block_m = 16, 64 or 128 tokens.
  */
-cudaError_t mmoe_launch_gemm_wgmma(const mmoe_gemm_args *args, int block_m, int b_fmt, int a_group, int epi,
+cudaError_t mmoe_launch_gemm_wgmma(const mmoe_gemm_args *args, int block_m, mmoe_bfmt b_fmt, int a_group, mmoe_epi epi,
                                    int max_tiles, cudaStream_t stream);
 
 /**
@@ -159,12 +187,11 @@ cudaError_t mmoe_wgmma_built_for_device(int *built);
  * @param rows     rows
  * @param cols     channels per row, a multiple of 128
  * @param q        E4M3 output [rows, cols]
- * @param scales   FP32 scales [rows, cols/128] (mode 0) or [rows, cols/32] (modes 1, 2)
+ * @param mode     the scale rule
+ * @param scales   FP32 scales [rows, cols/128] (MMOE_QUANT_SM90) or [rows, cols/32] (the SM100 rules)
  * @param stream   CUDA stream
- * @param mode  0: SM90 FP32 per 128 (1e-4 clamp); 1: SM100 input rule (UE8M0 ceil per 32, 1e-4 and
- *              [1,254] clamps); 2: SM100 kernel requant rule (UE8M0 per 32, no clamps)
  */
-cudaError_t mmoe_launch_quant(const __nv_bfloat16 *in_bf16, const float *in_f32, int rows, int cols, int mode,
+cudaError_t mmoe_launch_quant(const __nv_bfloat16 *in_bf16, const float *in_f32, int rows, int cols, mmoe_quant_mode mode,
                               uint8_t *q, float *scales, cudaStream_t stream);
 
 /** Group the valid (token, slot) pairs by expert and build the tile list (one block). */

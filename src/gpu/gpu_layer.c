@@ -158,6 +158,9 @@ mmoe_status mmoe_gpu_layer_create(const mmoe_moe_desc *desc, const mmoe_moe_weig
     gd.n_experts = (int)d->n_experts;
     gd.topk = d->topk;
     gd.swiglu_limit = isinf(d->swiglu_limit) ? 0.0f : d->swiglu_limit;
+    _Static_assert((int)MMOE_GPU_RECIPE_SM90 == (int)MMOE_RECIPE_SM90 &&
+                       (int)MMOE_GPU_RECIPE_SM100 == (int)MMOE_RECIPE_SM100,
+                   "the GPU recipes carry the oracle's numbers");
     gd.recipe = d->recipe == MMOE_RECIPE_SM90 ? MMOE_GPU_RECIPE_SM90 : MMOE_GPU_RECIPE_SM100;
     /* The GEMM kernel family: the device's native one unless MMOE_GPU_GEMM (auto, mma, wgmma)
      * says otherwise; the GPU test suite runs once per family this way. */

@@ -36,7 +36,8 @@ struct mmoe_gpu_moe {
     mmoe_gpu_moe_desc d;      /**< sizes (inter_src/shared_inter_src filled in) */
     mmoe_gpu_recipe recipe;   /**< the recipe computed */
     int cc;                   /**< compute capability */
-    int wgmma;                /**< 1: the GEMMs run the sm_90a wgmma kernel; 0: the portable mma.sync one */
+    int wgmma_ok;             /**< 1: the sm_90a wgmma kernel can run here (cc 9.0 and built for it) */
+    int last_wgmma;           /**< 1: the last call ran the wgmma kernel; 0: the portable mma.sync one */
     cudaStream_t stream;      /**< the call's stream: inputs, routed experts, combine */
     cudaStream_t side;        /**< the shared expert runs here, concurrently with the routed GEMMs */
     cudaEvent_t x_ready;      /**< the quantized x is ready (side stream waits) */
@@ -122,16 +123,21 @@ __device__ __forceinline__ uint32_t hash32(uint64_t x)
     return (uint32_t)x;
 }
 
-/**
- * kind 0: any byte (E2M1 pairs); 1: UE8M0 in 118..125; 2: E4M3 without NaN, |v| < 2;
- * 3: UE8M0 in 118..125, constant over each 4 consecutive bytes (an expanded 128-wide block
- * scale, as the shared expert's checkpoint scales give).
- */
-__global__ void fill_random(uint8_t *p, size_t n, uint64_t seed, int kind)
+/** What fill_random() draws. */
+enum fill_kind {
+    FILL_E2M1_PAIRS = 0,   /**< any byte (two E2M1 codes) */
+    FILL_UE8M0 = 1,        /**< UE8M0 in 118..125 */
+    FILL_E4M3 = 2,         /**< E4M3 without NaN, |v| < 2 */
+    FILL_UE8M0_BLOCK = 3   /**< UE8M0 in 118..125, constant over each 4 consecutive bytes (an
+                                expanded 128-wide block scale, as the shared expert's are) */
+};
+
+/** Random bytes of one kind (hash of seed and index). */
+__global__ void fill_random(uint8_t *p, size_t n, uint64_t seed, fill_kind kind)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = hash32(seed * 0x9E3779B97F4A7C15ULL + (kind == 3 ? i / 4 : i));
-        p[i] = kind == 0 ? (uint8_t)h : kind == 2 ? (uint8_t)(h & 0xBF) : (uint8_t)(118 + (h & 7));
+        uint32_t h = hash32(seed * 0x9E3779B97F4A7C15ULL + (kind == FILL_UE8M0_BLOCK ? i / 4 : i));
+        p[i] = kind == FILL_E2M1_PAIRS ? (uint8_t)h : kind == FILL_E4M3 ? (uint8_t)(h & 0xBF) : (uint8_t)(118 + (h & 7));
     }
 }
 
@@ -198,6 +204,8 @@ static mmoe_status check_desc(const mmoe_gpu_moe_desc *d, mmoe_error *err)
     if (d->block_m != 0 && d->block_m != 16 && d->block_m != 64 && d->block_m != 128)
         return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: block_m must be 0 (auto), 16, 64 or 128, got %d",
                               d->block_m);
+    if (d->recipe != MMOE_GPU_RECIPE_AUTO && d->recipe != MMOE_GPU_RECIPE_SM90 && d->recipe != MMOE_GPU_RECIPE_SM100)
+        return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: unknown recipe %d", (int)d->recipe);
     if (d->gemm != MMOE_GPU_GEMM_AUTO && d->gemm != MMOE_GPU_GEMM_MMA && d->gemm != MMOE_GPU_GEMM_WGMMA)
         return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: unknown GEMM kernel family %d", (int)d->gemm);
     if (d->block_m == 128 && d->gemm == MMOE_GPU_GEMM_MMA)
@@ -207,6 +215,161 @@ static mmoe_status check_desc(const mmoe_gpu_moe_desc *d, mmoe_error *err)
     if (d->topk <= 0 || d->topk > 31)
         return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: topk must be in 1..31 (topk+1 combine slots <= 32), got %d",
                               d->topk);
+    return MMOE_OK;
+}
+
+/** Byte sizes of the layer's weight arrays. */
+struct weight_sizes {
+    size_t w13, s13, w2, s2, sw13, ss13, sw2, ss2;
+};
+
+static weight_sizes weight_sizes_of(const mmoe_gpu_moe_desc *desc)
+{
+    const size_t D = (size_t)desc->hidden, I = (size_t)desc->inter, E = (size_t)desc->n_experts;
+    const size_t SI = (size_t)desc->shared_inter;
+    weight_sizes z;
+    z.w13 = E * 2 * I * D / 2;
+    z.s13 = E * 2 * I * D / 32;
+    z.w2 = E * D * I / 2;
+    z.s2 = E * D * I / 32;
+    z.sw13 = 2 * SI * D;
+    z.ss13 = 2 * SI * D / 32;
+    z.sw2 = D * SI;
+    z.ss2 = D * SI / 32;
+    return z;
+}
+
+/**
+ * Upload the checkpoint's weights: each matrix goes through a staging buffer in the checkpoint
+ * layout (zero codes and unit scales first: the padding), then one kernel writes it tile-major
+ * into the layer's arrays (see mmoe_tile_rows).
+ */
+static cudaError_t upload_weights(mmoe_gpu_moe *L, const mmoe_gpu_moe_weights *w)
+{
+    const size_t D = (size_t)L->d.hidden, I = (size_t)L->d.inter, E = (size_t)L->d.n_experts;
+    const size_t SI = (size_t)L->d.shared_inter;
+    const size_t Is = (size_t)L->d.inter_src, SIs = (size_t)L->d.shared_inter_src;
+    const size_t n13 = I * D > 2 * SI * D ? I * D : 2 * SI * D;
+    const size_t n2 = D * I / 2 > D * SI ? D * I / 2 : D * SI;
+    uint8_t *st13 = NULL, *sts13 = NULL, *st2 = NULL, *sts2 = NULL;
+    cudaError_t pe = cudaMalloc((void **)&st13, n13);
+    if (pe == cudaSuccess) pe = cudaMalloc((void **)&sts13, n13 / 16);
+    if (pe == cudaSuccess) pe = cudaMalloc((void **)&st2, n2);
+    if (pe == cudaSuccess) pe = cudaMalloc((void **)&sts2, n2 / 16);
+    for (size_t x = 0; x < E + (SI > 0) && pe == cudaSuccess; x++) {
+        const int shared = x == E;
+        const size_t rows13 = shared ? SI : I, src13 = shared ? SIs : Is;
+        const size_t b13 = shared ? D : D / 2; /* bytes per L1 row */
+        const size_t k2 = shared ? SI : I, src2 = shared ? SIs : Is;
+        const size_t b2 = shared ? k2 : k2 / 2, bsrc2 = shared ? src2 : src2 / 2;
+        pe = cudaMemset(st13, 0, 2 * rows13 * b13);
+        if (pe == cudaSuccess) pe = cudaMemset(sts13, 127, 2 * rows13 * D / 32);
+        if (pe == cudaSuccess) pe = cudaMemset(st2, 0, D * b2);
+        if (pe == cudaSuccess) pe = cudaMemset(sts2, 127, D * k2 / 32);
+        const uint8_t *g = shared ? w->sw1 : w->w1[x], *u = shared ? w->sw3 : w->w3[x];
+        const uint8_t *gs = shared ? w->ss1 : w->s1[x], *us = shared ? w->ss3 : w->s3[x];
+        const uint8_t *d2 = shared ? w->sw2 : w->w2[x], *ds2 = shared ? w->ss2 : w->s2[x];
+        if (pe == cudaSuccess) pe = cudaMemcpy(st13, g, src13 * b13, cudaMemcpyHostToDevice);
+        if (pe == cudaSuccess) pe = cudaMemcpy(st13 + rows13 * b13, u, src13 * b13, cudaMemcpyHostToDevice);
+        if (pe == cudaSuccess) pe = cudaMemcpy(sts13, gs, src13 * D / 32, cudaMemcpyHostToDevice);
+        if (pe == cudaSuccess)
+            pe = cudaMemcpy(sts13 + rows13 * D / 32, us, src13 * D / 32, cudaMemcpyHostToDevice);
+        if (pe == cudaSuccess) pe = cudaMemcpy2D(st2, b2, d2, bsrc2, bsrc2, D, cudaMemcpyHostToDevice);
+        if (pe == cudaSuccess) pe = cudaMemcpy2D(sts2, k2 / 32, ds2, src2 / 32, src2 / 32, D, cudaMemcpyHostToDevice);
+        uint8_t *o13 = shared ? L->sw13 : L->w13 + x * (2 * I * D / 2);
+        uint8_t *os13 = shared ? L->ss13 : L->s13 + x * (2 * I * D / 32);
+        uint8_t *o2 = shared ? L->sw2 : L->w2 + x * (D * I / 2);
+        uint8_t *os2 = shared ? L->ss2 : L->s2 + x * (D * I / 32);
+        if (pe == cudaSuccess)
+            pe = mmoe_tile_rows((const uint32_t *)st13, (uint32_t *)o13, (int)(rows13 / 64), (int)(D / 128),
+                                (int)(b13 / 4), shared ? 32 : 16, 1, (int)rows13, 0);
+        if (pe == cudaSuccess)
+            pe = mmoe_tile_rows((const uint32_t *)sts13, (uint32_t *)os13, (int)(rows13 / 64), (int)(D / 128),
+                                (int)(D / 128), 1, 1, (int)rows13, 0);
+        if (pe == cudaSuccess)
+            pe = mmoe_tile_rows((const uint32_t *)st2, (uint32_t *)o2, (int)(D / 128), (int)(k2 / 128),
+                                (int)(b2 / 4), shared ? 32 : 16, 0, 0, 0);
+        if (pe == cudaSuccess)
+            pe = mmoe_tile_rows((const uint32_t *)sts2, (uint32_t *)os2, (int)(D / 128), (int)(k2 / 128),
+                                (int)(k2 / 128), 1, 0, 0, 0);
+        if (pe == cudaSuccess)
+            pe = cudaDeviceSynchronize(); /* the staging buffers are reused by the next matrix */
+    }
+    cudaFree(st13);
+    cudaFree(sts13);
+    cudaFree(st2);
+    cudaFree(sts2);
+    return pe;
+}
+
+/** Random weights drawn on the device (benchmarks; see fill_random for the value ranges). */
+static cudaError_t fill_random_weights(mmoe_gpu_moe *L, uint64_t seed)
+{
+    const weight_sizes z = weight_sizes_of(&L->d);
+    fill_random<<<1024, 256>>>(L->w13, z.w13, seed, FILL_E2M1_PAIRS);
+    fill_random<<<1024, 256>>>(L->s13, z.s13, seed + 1, FILL_UE8M0);
+    fill_random<<<1024, 256>>>(L->w2, z.w2, seed + 2, FILL_E2M1_PAIRS);
+    fill_random<<<1024, 256>>>(L->s2, z.s2, seed + 3, FILL_UE8M0);
+    fill_random<<<1024, 256>>>(L->sw13, z.sw13, seed + 4, FILL_E4M3);
+    fill_random<<<1024, 256>>>(L->ss13, z.ss13, seed + 5, FILL_UE8M0_BLOCK);
+    fill_random<<<1024, 256>>>(L->sw2, z.sw2, seed + 6, FILL_E4M3);
+    fill_random<<<1024, 256>>>(L->ss2, z.ss2, seed + 7, FILL_UE8M0_BLOCK);
+    return cudaGetLastError();
+}
+
+/** Count the weight blocks the mma.sync kernel computes on its exact path (E4M3 fold inexact). */
+static mmoe_status count_exact_path(mmoe_gpu_moe *L, mmoe_error *err)
+{
+    const weight_sizes z = weight_sizes_of(&L->d);
+    mmoe_status st = count_wide(L->s13, z.s13, 0, &L->wide_l1, err);
+    if (st == MMOE_OK)
+        st = count_wide(L->s2, z.s2, 0, &L->wide_l2, err);
+    if (st == MMOE_OK)
+        st = count_wide(L->ss13, z.ss13, 1, &L->wide_l1, err);
+    if (st == MMOE_OK)
+        st = count_wide(L->ss2, z.ss2, 1, &L->wide_l2, err);
+    return st;
+}
+
+/**
+ * Which GEMM families can run: the wgmma one needs a compute-capability-9.0 device and this
+ * build's sm_90a code (probed once).  Refuses a request the device cannot serve.
+ */
+static mmoe_status probe_families(mmoe_gpu_moe *L, mmoe_error *err)
+{
+    const mmoe_gpu_moe_desc *desc = &L->d;
+    const int cc = L->cc;
+    if (desc->gemm == MMOE_GPU_GEMM_WGMMA && cc != 90)
+        return mmoe_error_set(err, MMOE_ENODEV,
+                              "gpu layer: the wgmma kernel needs a compute-capability-9.0 device (sm_90a); "
+                              "this one is sm_%d (use gemm auto or mma)", cc);
+    if (cc == 90) {
+        int built = 0;
+        cudaError_t pe = mmoe_wgmma_built_for_device(&built);
+        if (pe != cudaSuccess)
+            return cuda_fail(err, pe, "wgmma build probe");
+        L->wgmma_ok = built;
+    }
+    if (desc->gemm == MMOE_GPU_GEMM_WGMMA && !L->wgmma_ok)
+        return mmoe_error_set(err, MMOE_ENODEV,
+                              "gpu layer: this build has no sm_90a code for the wgmma kernel (CUDA_GENCODE lacks "
+                              "-gencode=arch=compute_90a,code=sm_90a); use gemm auto or mma");
+    if (desc->block_m == 128 && !L->wgmma_ok)
+        return mmoe_error_set(err, MMOE_ENODEV, "gpu layer: block_m 128 needs the wgmma kernel, which this "
+                              "device or build lacks (sm_%d)", cc);
+    return MMOE_OK;
+}
+
+/** Check that the weights a layer needs are given (NULL: random weights). */
+static mmoe_status check_weights(const mmoe_gpu_moe_desc *desc, const mmoe_gpu_moe_weights *w, mmoe_error *err)
+{
+    if (w != NULL && (w->w1 == NULL || w->w3 == NULL || w->w2 == NULL || w->s1 == NULL || w->s3 == NULL ||
+                      w->s2 == NULL))
+        return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: routed weights w1/w3/w2 and scales s1/s3/s2 are required");
+    if (w != NULL && desc->shared_inter > 0 &&
+        (w->sw1 == NULL || w->sw3 == NULL || w->sw2 == NULL || w->ss1 == NULL || w->ss3 == NULL || w->ss2 == NULL))
+        return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: shared_inter=%d but shared weights or scales are missing",
+                              desc->shared_inter);
     return MMOE_OK;
 }
 
@@ -223,20 +386,14 @@ static mmoe_status check_desc(const mmoe_gpu_moe_desc *d, mmoe_error *err)
 mmoe_status mmoe_gpu_moe_create(const mmoe_gpu_moe_desc *desc, const mmoe_gpu_moe_weights *w, uint64_t seed,
                                 mmoe_gpu_moe **out, mmoe_error *err)
 {
-    mmoe_status st = check_desc(desc, err);
-    if (st != MMOE_OK)
-        return st;
     int cc = 0;
-    st = mmoe_gpu_available(&cc, err);
+    mmoe_status st = check_desc(desc, err);
+    if (st == MMOE_OK)
+        st = mmoe_gpu_available(&cc, err);
+    if (st == MMOE_OK)
+        st = check_weights(desc, w, err);
     if (st != MMOE_OK)
         return st;
-    if (w != NULL && (w->w1 == NULL || w->w3 == NULL || w->w2 == NULL || w->s1 == NULL || w->s3 == NULL ||
-                      w->s2 == NULL))
-        return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: routed weights w1/w3/w2 and scales s1/s3/s2 are required");
-    if (w != NULL && desc->shared_inter > 0 &&
-        (w->sw1 == NULL || w->sw3 == NULL || w->sw2 == NULL || w->ss1 == NULL || w->ss3 == NULL || w->ss2 == NULL))
-        return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: shared_inter=%d but shared weights or scales are missing",
-                              desc->shared_inter);
     mmoe_gpu_moe *L = (mmoe_gpu_moe *)calloc(1, sizeof *L);
     if (L == NULL)
         return mmoe_error_set(err, MMOE_ENOMEM, "gpu layer: out of host memory");
@@ -246,33 +403,11 @@ mmoe_status mmoe_gpu_moe_create(const mmoe_gpu_moe_desc *desc, const mmoe_gpu_mo
     if (L->d.shared_inter_src == 0)
         L->d.shared_inter_src = L->d.shared_inter;
     L->cc = cc;
-    if (desc->gemm == MMOE_GPU_GEMM_WGMMA && cc != 90) {
+    st = probe_families(L, err);
+    if (st != MMOE_OK) {
         free(L);
-        return mmoe_error_set(err, MMOE_ENODEV,
-                              "gpu layer: the wgmma kernel needs a compute-capability-9.0 device (sm_90a); "
-                              "this one is sm_%d (use gemm auto or mma)", cc);
+        return st;
     }
-    if (desc->gemm == MMOE_GPU_GEMM_WGMMA) {
-        int built = 0;
-        cudaError_t pe = mmoe_wgmma_built_for_device(&built);
-        if (pe != cudaSuccess) {
-            free(L);
-            return cuda_fail(err, pe, "wgmma build probe");
-        }
-        if (!built) {
-            free(L);
-            return mmoe_error_set(err, MMOE_ENODEV,
-                                  "gpu layer: this build has no sm_90a code for the wgmma kernel (CUDA_GENCODE lacks "
-                                  "-gencode=arch=compute_90a,code=sm_90a); use gemm auto or mma");
-        }
-    }
-    if (desc->block_m == 128 && cc != 90) {
-        free(L);
-        return mmoe_error_set(err, MMOE_ENODEV, "gpu layer: block_m 128 needs the wgmma kernel, which sm_%d lacks", cc);
-    }
-    /* AUTO stays on the verified mma.sync kernel until the wgmma kernel has passed the GPU suite
-     * on a device (see mmoe_gpu_gemm in mmoe_gpu_moe.h) */
-    L->wgmma = desc->gemm == MMOE_GPU_GEMM_WGMMA;
     L->recipe = desc->recipe != MMOE_GPU_RECIPE_AUTO ? desc->recipe
                 : cc >= 100                         ? MMOE_GPU_RECIPE_SM100
                                                     : MMOE_GPU_RECIPE_SM90;
@@ -287,110 +422,29 @@ mmoe_status mmoe_gpu_moe_create(const mmoe_gpu_moe_desc *desc, const mmoe_gpu_mo
         mmoe_gpu_moe_destroy(L);
         return cuda_fail(err, e, "cudaStreamCreate/cudaEventCreate");
     }
-    const size_t D = (size_t)desc->hidden, I = (size_t)desc->inter, E = (size_t)desc->n_experts;
-    const size_t SI = (size_t)desc->shared_inter;
-    const size_t b_w13 = E * 2 * I * D / 2, b_s13 = E * 2 * I * D / 32;
-    const size_t b_w2 = E * D * I / 2, b_s2 = E * D * I / 32;
-    const size_t b_sw13 = 2 * SI * D, b_ss13 = 2 * SI * D / 32, b_sw2 = D * SI, b_ss2 = D * SI / 32;
-    DALLOC(L->w13, b_w13, "w13");
-    DALLOC(L->s13, b_s13, "s13");
-    DALLOC(L->w2, b_w2, "w2");
-    DALLOC(L->s2, b_s2, "s2");
-    DALLOC(L->sw13, b_sw13, "shared w13");
-    DALLOC(L->ss13, b_ss13, "shared s13");
-    DALLOC(L->sw2, b_sw2, "shared w2");
-    DALLOC(L->ss2, b_ss2, "shared s2");
+    const size_t E = (size_t)desc->n_experts;
+    const weight_sizes z = weight_sizes_of(desc);
+    DALLOC(L->w13, z.w13, "w13");
+    DALLOC(L->s13, z.s13, "s13");
+    DALLOC(L->w2, z.w2, "w2");
+    DALLOC(L->s2, z.s2, "s2");
+    DALLOC(L->sw13, z.sw13, "shared w13");
+    DALLOC(L->ss13, z.ss13, "shared s13");
+    DALLOC(L->sw2, z.sw2, "shared w2");
+    DALLOC(L->ss2, z.ss2, "shared s2");
     DALLOC(L->cum_counts, E * sizeof(long long), "expert counters");
     DALLOC(L->counts, E * sizeof(int), "counts");
     DALLOC(L->num_tiles, 2 * sizeof(int), "tile count");
     L->num_pairs = L->num_tiles + 1;
-    L->weight_bytes = b_w13 + b_s13 + b_w2 + b_s2 + b_sw13 + b_ss13 + b_sw2 + b_ss2;
+    L->weight_bytes = z.w13 + z.s13 + z.w2 + z.s2 + z.sw13 + z.ss13 + z.sw2 + z.ss2;
     e = cudaMemset(L->cum_counts, 0, E * sizeof(long long));
+    if (e == cudaSuccess)
+        e = w != NULL ? upload_weights(L, w) : fill_random_weights(L, seed);
     if (e != cudaSuccess) {
         mmoe_gpu_moe_destroy(L);
-        return cuda_fail(err, e, "cudaMemset(counters)");
+        return cuda_fail(err, e, w != NULL ? "upload of the weights" : "random weights");
     }
-    if (w != NULL) {
-        /* Each matrix goes through a staging buffer in the checkpoint layout: zero codes and
-           unit scales (127) first (the padding), then the given rows; then one kernel writes
-           it tile-major into the layer's arrays (see mmoe_tile_rows). */
-        const size_t Is = (size_t)L->d.inter_src, SIs = (size_t)L->d.shared_inter_src;
-        const size_t n13 = I * D > 2 * SI * D ? I * D : 2 * SI * D;
-        const size_t n2 = D * I / 2 > D * SI ? D * I / 2 : D * SI;
-        uint8_t *st13 = NULL, *sts13 = NULL, *st2 = NULL, *sts2 = NULL;
-        cudaError_t pe = cudaMalloc((void **)&st13, n13);
-        if (pe == cudaSuccess) pe = cudaMalloc((void **)&sts13, n13 / 16);
-        if (pe == cudaSuccess) pe = cudaMalloc((void **)&st2, n2);
-        if (pe == cudaSuccess) pe = cudaMalloc((void **)&sts2, n2 / 16);
-        for (size_t x = 0; x < E + (SI > 0) && pe == cudaSuccess; x++) {
-            const int shared = x == E;
-            const size_t rows13 = shared ? SI : I, src13 = shared ? SIs : Is;
-            const size_t b13 = shared ? D : D / 2; /* bytes per L1 row */
-            const size_t k2 = shared ? SI : I, src2 = shared ? SIs : Is;
-            const size_t b2 = shared ? k2 : k2 / 2, bsrc2 = shared ? src2 : src2 / 2;
-            pe = cudaMemset(st13, 0, 2 * rows13 * b13);
-            if (pe == cudaSuccess) pe = cudaMemset(sts13, 127, 2 * rows13 * D / 32);
-            if (pe == cudaSuccess) pe = cudaMemset(st2, 0, D * b2);
-            if (pe == cudaSuccess) pe = cudaMemset(sts2, 127, D * k2 / 32);
-            const uint8_t *g = shared ? w->sw1 : w->w1[x], *u = shared ? w->sw3 : w->w3[x];
-            const uint8_t *gs = shared ? w->ss1 : w->s1[x], *us = shared ? w->ss3 : w->s3[x];
-            const uint8_t *d2 = shared ? w->sw2 : w->w2[x], *ds2 = shared ? w->ss2 : w->s2[x];
-            if (pe == cudaSuccess) pe = cudaMemcpy(st13, g, src13 * b13, cudaMemcpyHostToDevice);
-            if (pe == cudaSuccess) pe = cudaMemcpy(st13 + rows13 * b13, u, src13 * b13, cudaMemcpyHostToDevice);
-            if (pe == cudaSuccess) pe = cudaMemcpy(sts13, gs, src13 * D / 32, cudaMemcpyHostToDevice);
-            if (pe == cudaSuccess)
-                pe = cudaMemcpy(sts13 + rows13 * D / 32, us, src13 * D / 32, cudaMemcpyHostToDevice);
-            if (pe == cudaSuccess) pe = cudaMemcpy2D(st2, b2, d2, bsrc2, bsrc2, D, cudaMemcpyHostToDevice);
-            if (pe == cudaSuccess) pe = cudaMemcpy2D(sts2, k2 / 32, ds2, src2 / 32, src2 / 32, D, cudaMemcpyHostToDevice);
-            uint8_t *o13 = shared ? L->sw13 : L->w13 + x * (2 * I * D / 2);
-            uint8_t *os13 = shared ? L->ss13 : L->s13 + x * (2 * I * D / 32);
-            uint8_t *o2 = shared ? L->sw2 : L->w2 + x * (D * I / 2);
-            uint8_t *os2 = shared ? L->ss2 : L->s2 + x * (D * I / 32);
-            if (pe == cudaSuccess)
-                pe = mmoe_tile_rows((const uint32_t *)st13, (uint32_t *)o13, (int)(rows13 / 64), (int)(D / 128),
-                                    (int)(b13 / 4), shared ? 32 : 16, 1, (int)rows13, 0);
-            if (pe == cudaSuccess)
-                pe = mmoe_tile_rows((const uint32_t *)sts13, (uint32_t *)os13, (int)(rows13 / 64), (int)(D / 128),
-                                    (int)(D / 128), 1, 1, (int)rows13, 0);
-            if (pe == cudaSuccess)
-                pe = mmoe_tile_rows((const uint32_t *)st2, (uint32_t *)o2, (int)(D / 128), (int)(k2 / 128),
-                                    (int)(b2 / 4), shared ? 32 : 16, 0, 0, 0);
-            if (pe == cudaSuccess)
-                pe = mmoe_tile_rows((const uint32_t *)sts2, (uint32_t *)os2, (int)(D / 128), (int)(k2 / 128),
-                                    (int)(k2 / 128), 1, 0, 0, 0);
-            if (pe == cudaSuccess)
-                pe = cudaDeviceSynchronize(); /* the staging buffers are reused by the next matrix */
-        }
-        cudaFree(st13);
-        cudaFree(sts13);
-        cudaFree(st2);
-        cudaFree(sts2);
-        if (pe != cudaSuccess) {
-            mmoe_gpu_moe_destroy(L);
-            return cuda_fail(err, pe, "upload of the weights");
-        }
-    } else {
-        fill_random<<<1024, 256>>>(L->w13, b_w13, seed, 0);
-        fill_random<<<1024, 256>>>(L->s13, b_s13, seed + 1, 1);
-        fill_random<<<1024, 256>>>(L->w2, b_w2, seed + 2, 0);
-        fill_random<<<1024, 256>>>(L->s2, b_s2, seed + 3, 1);
-        fill_random<<<1024, 256>>>(L->sw13, b_sw13, seed + 4, 2);
-        fill_random<<<1024, 256>>>(L->ss13, b_ss13, seed + 5, 3);
-        fill_random<<<1024, 256>>>(L->sw2, b_sw2, seed + 6, 2);
-        fill_random<<<1024, 256>>>(L->ss2, b_ss2, seed + 7, 3);
-        e = cudaGetLastError();
-        if (e != cudaSuccess) {
-            mmoe_gpu_moe_destroy(L);
-            return cuda_fail(err, e, "fill_random");
-        }
-    }
-    st = count_wide(L->s13, b_s13, 0, &L->wide_l1, err);
-    if (st == MMOE_OK)
-        st = count_wide(L->s2, b_s2, 0, &L->wide_l2, err);
-    if (st == MMOE_OK)
-        st = count_wide(L->ss13, b_ss13, 1, &L->wide_l1, err);
-    if (st == MMOE_OK)
-        st = count_wide(L->ss2, b_ss2, 1, &L->wide_l2, err);
+    st = count_exact_path(L, err);
     if (st != MMOE_OK) {
         mmoe_gpu_moe_destroy(L);
         return st;
@@ -498,10 +552,29 @@ static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
 /* ------------------------------------------------------------------ one call */
 
 /**
- * Tile height: the description's, or by the expected pairs per expert (as in
- * get_block_config_for_mega_moe): 16 while they are <= 16.5, else 64; with the wgmma
- * kernel 128 from 64.5 on (each tile decodes its weight block once, so wider tiles
- * decode less per FLOP).
+ * The expected pairs per expert above which AUTO runs the wgmma kernel (with 128-token tiles)
+ * rather than the mma.sync one.  Measured on one H200, V4-Flash layer (docs/perf.md): below
+ * it the mma.sync kernel's small tiles stream the weights faster, above it the wgmma kernel's
+ * wide tiles convert each weight tile once for 128 tokens.
+ */
+#define MMOE_AUTO_WGMMA_MIN_PAIRS 96.5
+
+/** The kernel family of one call: the requested one, or for AUTO the faster one at this size. */
+static int use_wgmma(const mmoe_gpu_moe *L, int T)
+{
+    if (L->d.gemm != MMOE_GPU_GEMM_AUTO)
+        return L->d.gemm == MMOE_GPU_GEMM_WGMMA;
+    if (L->d.block_m == 128)
+        return 1;
+    const double e = (double)T * L->d.topk / L->d.n_experts;
+    return L->wgmma_ok && e > MMOE_AUTO_WGMMA_MIN_PAIRS;
+}
+
+/**
+ * Tile height: the description's, or by the expected pairs per expert e (as in
+ * get_block_config_for_mega_moe): 16 while e <= 16.5, else 64; with the wgmma kernel 128
+ * from 64.5 on (each tile converts its weight block once, so wider tiles convert less per
+ * FLOP).
  */
 static int choose_block_m(int forced, int wgmma, int T, int topk, int E)
 {
@@ -520,11 +593,11 @@ static void use_split_k(mmoe_gemm_args *a, float *partial, int rows, int cols)
     a->partial_cols = cols;
 }
 
-/** One grouped GEMM with the layer's kernel family. */
-static cudaError_t layer_gemm(const mmoe_gpu_moe *L, const mmoe_gemm_args *a, int bm, int bfmt, int ag, int epi,
+/** One grouped GEMM with the kernel family of this call. */
+static cudaError_t layer_gemm(const mmoe_gpu_moe *L, const mmoe_gemm_args *a, int bm, mmoe_bfmt bfmt, int ag, mmoe_epi epi,
                               int tiles, cudaStream_t s)
 {
-    return L->wgmma ? mmoe_launch_gemm_wgmma(a, bm, bfmt, ag, epi, tiles, s)
+    return L->last_wgmma ? mmoe_launch_gemm_wgmma(a, bm, bfmt, ag, epi, tiles, s)
                     : mmoe_launch_gemm(a, bm, bfmt, ag, epi, tiles, s);
 }
 
@@ -534,21 +607,22 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
     const int D = L->d.hidden, I = L->d.inter, K = L->d.topk, E = L->d.n_experts, SI = L->d.shared_inter;
     const int sm90 = L->recipe == MMOE_GPU_RECIPE_SM90;
     const int ag = sm90 ? 128 : 32;
-    const int bm = choose_block_m(L->d.block_m, L->wgmma, T, K, E);
+    L->last_wgmma = use_wgmma(L, T);
+    const int bm = choose_block_m(L->d.block_m, L->last_wgmma, T, K, E);
     cudaStream_t s = L->stream;
     const int split = T <= MMOE_SPLIT_MAX_T; /* few tokens: split K so that enough blocks stream the weights */
     L->last_split = split;
     *block_m_out = bm;
     if (T == 0)
         return MMOE_OK;
-    CK(mmoe_launch_quant(L->x, NULL, T, D, sm90 ? 0 : 1, L->xq, L->xs, s), "quantize x");
+    CK(mmoe_launch_quant(L->x, NULL, T, D, sm90 ? MMOE_QUANT_SM90 : MMOE_QUANT_SM100_INPUT, L->xq, L->xs, s), "quantize x");
     mmoe_gemm_args a;
     if (SI > 0) {
         /* the shared expert on the side stream: it needs only the quantized x */
         CK(cudaEventRecord(L->x_ready, s), "cudaEventRecord");
         CK(cudaStreamWaitEvent(L->side, L->x_ready, 0), "cudaStreamWaitEvent");
         s = L->side;
-        const int sbm = T <= 16 ? 16 : (L->wgmma && T > 64) ? 128 : 64;
+        const int sbm = T <= 16 ? 16 : (L->last_wgmma && T > 64) ? 128 : 64;
         const int stiles = (T + sbm - 1) / sbm;
         memset(&a, 0, sizeof a);
         a.K = D;
@@ -566,7 +640,7 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
         CK(layer_gemm(L, &a, sbm, MMOE_B_FP8, ag, MMOE_EPI_SWIGLU, stiles, s), "L1 GEMM (shared)");
         if (split)
             CK(mmoe_launch_split_finish(&a, MMOE_EPI_SWIGLU, (int)split_count(D), T, NULL, s), "L1 split-K sum (shared)");
-        CK(mmoe_launch_quant(NULL, L->sh_a1, T, SI, sm90 ? 0 : 2, L->sh_l2q, L->sh_l2s, s), "requantize L1 (shared)");
+        CK(mmoe_launch_quant(NULL, L->sh_a1, T, SI, sm90 ? MMOE_QUANT_SM90 : MMOE_QUANT_SM100_REQUANT, L->sh_l2q, L->sh_l2s, s), "requantize L1 (shared)");
         memset(&a, 0, sizeof a);
         a.K = SI;
         a.n_out = D;
@@ -616,7 +690,7 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
         CK(mmoe_launch_split_finish(&a, MMOE_EPI_SWIGLU, (int)split_count(D), T * K, L->num_pairs, s),
            "L1 split-K sum (routed)");
     /* requantize: rows beyond the valid pairs are quantized too (garbage in, never read) */
-    CK(mmoe_launch_quant(NULL, L->a1, T * K, I, sm90 ? 0 : 2, L->l2q, L->l2s, s), "requantize L1 (routed)");
+    CK(mmoe_launch_quant(NULL, L->a1, T * K, I, sm90 ? MMOE_QUANT_SM90 : MMOE_QUANT_SM100_REQUANT, L->l2q, L->l2s, s), "requantize L1 (routed)");
     /* L2 routed */
     memset(&a, 0, sizeof a);
     a.K = I;
@@ -675,13 +749,13 @@ static void fill_result(mmoe_gpu_moe *L, int bm, long long pairs, mmoe_gpu_moe_r
     memset(res, 0, sizeof *res);
     res->device_cc = L->cc;
     res->recipe = L->recipe;
-    if (L->wgmma)
-        res->kernel = L->last_split ? "wgmma e4m3 warp-specialized grouped GEMM, split-K (staged)"
-                                    : "wgmma e4m3 warp-specialized grouped GEMM (staged, 9 launches)";
+    if (L->last_wgmma)
+        res->kernel = L->last_split ? "wgmma f16 (E4M3/E2M1 converted) warp-specialized grouped GEMM, split-K (staged)"
+                                    : "wgmma f16 (E4M3/E2M1 converted) warp-specialized grouped GEMM (staged, 9 launches)";
     else
         res->kernel = L->last_split ? "mma.sync.m16n8k32 e4m3 grouped GEMM, split-K (staged)"
                                     : "mma.sync.m16n8k32 e4m3 grouped GEMM (staged, 9 launches)";
-    res->gemm = L->wgmma ? MMOE_GPU_GEMM_WGMMA : MMOE_GPU_GEMM_MMA;
+    res->gemm = L->last_wgmma ? MMOE_GPU_GEMM_WGMMA : MMOE_GPU_GEMM_MMA;
     res->block_m = bm;
     res->shared_fused = L->d.shared_inter > 0;
     res->routed_pairs = pairs;
@@ -692,20 +766,17 @@ static void fill_result(mmoe_gpu_moe *L, int bm, long long pairs, mmoe_gpu_moe_r
     if (L->cc >= 100) {
         res->fallback = 1;
         snprintf(res->fallback_reason, sizeof res->fallback_reason,
-                 "sm_%d: no native tcgen05 kernel yet; the portable mma.sync kernel ran (%s formats)", L->cc,
+                 "sm_%d: no native tcgen05 kernel; the portable mma.sync kernel ran (%s formats)", L->cc,
                  mmoe_gpu_recipe_name(L->recipe));
     } else if (L->recipe == MMOE_GPU_RECIPE_SM100) {
         res->fallback = 1;
         snprintf(res->fallback_reason, sizeof res->fallback_reason,
                  "sm100 recipe requested on sm_%d: the %s kernel emulates its formats (per-32 promotion)", L->cc,
-                 L->wgmma ? "wgmma" : "portable mma.sync");
-    } else if (!L->wgmma) {
+                 L->last_wgmma ? "wgmma" : "portable mma.sync");
+    } else if (L->d.gemm == MMOE_GPU_GEMM_AUTO && !L->wgmma_ok) {
         res->fallback = 1;
         snprintf(res->fallback_reason, sizeof res->fallback_reason,
-                 "sm_%d: the portable mma.sync kernel ran (%s)", L->cc,
-                 L->d.gemm == MMOE_GPU_GEMM_MMA ? "requested"
-                 : L->cc == 90 ? "the wgmma kernel is opt-in (gemm wgmma) until it has passed the GPU suite on a device"
-                               : "no wgmma on this device");
+                 "sm_%d: no sm_90a wgmma code for this device; the portable mma.sync kernel ran", L->cc);
     }
 }
 
@@ -846,7 +917,7 @@ mmoe_status mmoe_gpu_quantize_input(mmoe_gpu_recipe recipe, int rows, int cols, 
     if (e == cudaSuccess) e = cudaMalloc(&dq, n);
     if (e == cudaSuccess) e = cudaMalloc(&ds, ns * 4);
     if (e == cudaSuccess) e = cudaMemcpy(dx, x, n * 2, cudaMemcpyHostToDevice);
-    if (e == cudaSuccess) e = mmoe_launch_quant(dx, NULL, rows, cols, sm90 ? 0 : 1, dq, ds, 0);
+    if (e == cudaSuccess) e = mmoe_launch_quant(dx, NULL, rows, cols, sm90 ? MMOE_QUANT_SM90 : MMOE_QUANT_SM100_INPUT, dq, ds, 0);
     if (e == cudaSuccess) e = cudaMemcpy(q, dq, n, cudaMemcpyDeviceToHost);
     if (e == cudaSuccess) e = cudaMemcpy(scales, ds, ns * 4, cudaMemcpyDeviceToHost);
     cudaFree(dx);

@@ -8,14 +8,14 @@
  *
  * Three scale rules, each bit-exact to the oracle (docs/spec/formats.md, UE8M0;
  * docs/spec/moe-layer.md, R1 and R7):
- * - mode 0, SM90 (input and intermediate): one FP32 scale per 128 channels,
+ * - MMOE_QUANT_SM90 (input and intermediate): one FP32 scale per 128 channels,
  *   sf = fl(max(amax, 1e-4) / 448) (IEEE division), then q = e4m3(x * fl(1/sf))
  *   where fl(1/sf) is the correctly rounded reciprocal and the product is
  *   rounded once before the E4M3 cast (RN, satfinite).
- * - mode 1, SM100 input: one UE8M0 scale per 32 channels, amax clamped to
+ * - MMOE_QUANT_SM100_INPUT: one UE8M0 scale per 32 channels, amax clamped to
  *   1e-4, s = amax/448, exponent e = biased_exp(s) + (mantissa != 0) clamped to
  *   [1, 254] (a ceil to a power of two); q = e4m3(x * 2^(127-e)).
- * - mode 2, SM100 in-kernel requant: s = amax * fl(1/448) with no clamp at all;
+ * - MMOE_QUANT_SM100_REQUANT, the SM100 in-kernel requant: s = amax * fl(1/448) with no clamp at all;
  *   amax = 0 gives the byte 0 (sf = 2^-127, sf_inv = 2^127) and zeros.
  * The stored scale is always the FP32 value of the scale (2^(e-127) for the
  * UE8M0 modes).  No FMA contraction is allowed here: every product uses
@@ -94,14 +94,14 @@ __global__ void quant_kernel(const TIn *in, int rows, int cols, uint8_t *q, floa
     float v[4];
     load4<TIn>(in + row * cols + c0, v);
     float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-    /* MODE 0 reduces over the whole warp (128 channels); modes 1, 2 over 8 lanes (32 channels). */
-    const int width = MODE == 0 ? 32 : 8;
+    /* SM90 reduces over the whole warp (128 channels); the SM100 rules over 8 lanes (32 channels). */
+    const int width = MODE == MMOE_QUANT_SM90 ? 32 : 8;
     for (int off = width / 2; off > 0; off >>= 1)
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
     float sf, inv;
-    if (MODE == 0)
+    if (MODE == MMOE_QUANT_SM90)
         scale_sm90(amax, &sf, &inv);
-    else if (MODE == 1)
+    else if (MODE == MMOE_QUANT_SM100_INPUT)
         scale_sm100_input(amax, &sf, &inv);
     else
         scale_sm100_requant(amax, &sf, &inv);
@@ -109,7 +109,7 @@ __global__ void quant_kernel(const TIn *in, int rows, int cols, uint8_t *q, floa
     for (int i = 0; i < 4; i++)
         packed |= (uint32_t)e4m3_rn_sat(__fmul_rn(v[i], inv)) << (8 * i);
     *reinterpret_cast<uint32_t *>(q + row * cols + c0) = packed;
-    if (MODE == 0) {
+    if (MODE == MMOE_QUANT_SM90) {
         if (lane == 0)
             scales[row * (cols >> 7) + (c0 >> 7)] = sf;
     } else if ((lane & 7) == 0) {
@@ -119,7 +119,7 @@ __global__ void quant_kernel(const TIn *in, int rows, int cols, uint8_t *q, floa
 
 /** Launch quant_kernel for one input type and mode. */
 template <typename TIn>
-static cudaError_t launch_quant_t(const TIn *in, int rows, int cols, int mode, uint8_t *q, float *scales,
+static cudaError_t launch_quant_t(const TIn *in, int rows, int cols, mmoe_quant_mode mode, uint8_t *q, float *scales,
                                   cudaStream_t stream)
 {
     long long warps = (long long)rows * (cols / 128);
@@ -127,16 +127,16 @@ static cudaError_t launch_quant_t(const TIn *in, int rows, int cols, int mode, u
         return cudaSuccess;
     const int threads = 256;
     unsigned blocks = (unsigned)((warps + threads / 32 - 1) / (threads / 32));
-    if (mode == 0)
-        quant_kernel<TIn, 0><<<blocks, threads, 0, stream>>>(in, rows, cols, q, scales);
-    else if (mode == 1)
-        quant_kernel<TIn, 1><<<blocks, threads, 0, stream>>>(in, rows, cols, q, scales);
+    if (mode == MMOE_QUANT_SM90)
+        quant_kernel<TIn, MMOE_QUANT_SM90><<<blocks, threads, 0, stream>>>(in, rows, cols, q, scales);
+    else if (mode == MMOE_QUANT_SM100_INPUT)
+        quant_kernel<TIn, MMOE_QUANT_SM100_INPUT><<<blocks, threads, 0, stream>>>(in, rows, cols, q, scales);
     else
-        quant_kernel<TIn, 2><<<blocks, threads, 0, stream>>>(in, rows, cols, q, scales);
+        quant_kernel<TIn, MMOE_QUANT_SM100_REQUANT><<<blocks, threads, 0, stream>>>(in, rows, cols, q, scales);
     return cudaGetLastError();
 }
 
-cudaError_t mmoe_launch_quant(const __nv_bfloat16 *in_bf16, const float *in_f32, int rows, int cols, int mode,
+cudaError_t mmoe_launch_quant(const __nv_bfloat16 *in_bf16, const float *in_f32, int rows, int cols, mmoe_quant_mode mode,
                               uint8_t *q, float *scales, cudaStream_t stream)
 {
     if (in_bf16 != NULL)

@@ -12,12 +12,6 @@
  */
 #include "gpu_internal.cuh"
 
-/** bf16_rn(x) as a float. */
-__device__ __forceinline__ float bf16r(float x)
-{
-    return __bfloat162float(__float2bfloat16_rn(x));
-}
-
 /** L1: g, u = sums over the splits; SwiGLU with clamp and routing weight (as the GEMM epilogue). */
 __global__ void split_finish_swiglu(const mmoe_gemm_args p, int nsplit, int rows, const int *num_rows_dev)
 {
@@ -27,7 +21,6 @@ __global__ void split_finish_swiglu(const mmoe_gemm_args p, int nsplit, int rows
         return;
     const size_t plane = (size_t)p.partial_rows * p.partial_cols;
     const float w = p.pool != nullptr ? p.pool[r].weight : 1.0f;
-    const float cb = p.clamp > 0.0f ? bf16r(p.clamp) : 0.0f;
     for (int j = threadIdx.x; j < p.n_out; j += blockDim.x) {
         float g = 0.0f, u = 0.0f;
         for (int z = 0; z < nsplit; z++) {
@@ -35,14 +28,7 @@ __global__ void split_finish_swiglu(const mmoe_gemm_args p, int nsplit, int rows
             g = __fadd_rn(g, row[j]);
             u = __fadd_rn(u, row[p.n_out + j]);
         }
-        g = bf16r(g);
-        u = bf16r(u);
-        if (p.clamp > 0.0f) {
-            g = fminf(g, cb);
-            u = fminf(fmaxf(u, -cb), cb);
-        }
-        const float sig = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-g)));
-        p.out_f32[(size_t)r * p.n_out + j] = __fmul_rn(__fmul_rn(__fmul_rn(g, sig), u), w);
+        p.out_f32[(size_t)r * p.n_out + j] = mmoe_swiglu_channel(g, u, p.clamp, w);
     }
 }
 
@@ -68,7 +54,7 @@ __global__ void split_finish_slot(const mmoe_gemm_args p, int nsplit, int rows, 
     }
 }
 
-cudaError_t mmoe_launch_split_finish(const mmoe_gemm_args *args, int epi, int nsplit, int rows,
+cudaError_t mmoe_launch_split_finish(const mmoe_gemm_args *args, mmoe_epi epi, int nsplit, int rows,
                                      const int *num_rows_dev, cudaStream_t stream)
 {
     if (rows <= 0)

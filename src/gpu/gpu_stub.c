@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "mmoe_gpu_moe.h"
+#include "mmoe_gpu_stage.h"
 
 /** The answer of every entry point: MMOE_ENODEV. */
 static mmoe_status no_cuda(mmoe_error *err)
@@ -67,3 +68,38 @@ mmoe_status mmoe_gpu_quantize_input(mmoe_gpu_recipe recipe, int rows, int cols, 
     return no_cuda(err);
 }
 
+
+mmoe_status mmoe_gpu_stage_gemm(const mmoe_gpu_stage_gemm_desc *d, const uint8_t *a, const float *a_scale,
+                                const uint8_t *w, const uint8_t *w_scale, float *out, mmoe_error *err)
+{
+    (void)d; (void)a; (void)a_scale; (void)w; (void)w_scale; (void)out;
+    return no_cuda(err);
+}
+
+mmoe_status mmoe_gpu_stage_requant(mmoe_gpu_recipe recipe, int rows, int cols, const float *x, uint8_t *q,
+                                   float *scales, mmoe_error *err)
+{
+    (void)recipe; (void)rows; (void)cols; (void)x; (void)q; (void)scales;
+    return no_cuda(err);
+}
+
+mmoe_status mmoe_gpu_stage_route(int T, int topk, int E, int block_m, const int32_t *topk_idx, const float *topk_w,
+                                 mmoe_gpu_stage_route_out *out, mmoe_error *err)
+{
+    (void)T; (void)topk; (void)E; (void)block_m; (void)topk_idx; (void)topk_w; (void)out;
+    return no_cuda(err);
+}
+
+mmoe_status mmoe_gpu_stage_combine(int T, int topk, int has_shared, int D, const uint16_t *slots,
+                                   const int32_t *topk_idx, uint16_t *y, mmoe_error *err)
+{
+    (void)T; (void)topk; (void)has_shared; (void)D; (void)slots; (void)topk_idx; (void)y;
+    return no_cuda(err);
+}
+
+mmoe_status mmoe_gpu_stage_split_sum(int nsplit, int rows, int cols, const float *partial, uint16_t *out,
+                                     mmoe_error *err)
+{
+    (void)nsplit; (void)rows; (void)cols; (void)partial; (void)out;
+    return no_cuda(err);
+}

@@ -3,13 +3,13 @@
  * @brief sm_90a building blocks: wgmma on shared-memory descriptors, mbarriers, proxy fences.
  *
  * **wgmma.**  A warpgroup (4 warps, 128 threads) issues
- * `wgmma.mma_async.m64nNk32.f32.e4m3.e4m3`: D (64 x N, FP32, in registers)
- * += A (64 x 32, E4M3) * B (N x 32, E4M3)^T, both read from shared memory
- * through 64-bit matrix descriptors.  For 8-bit types both operands must be
- * K-major: each of the 64 (or N) rows holds its 32 K values contiguously.
+ * `wgmma.mma_async.m64nNk16.f32.f16.f16`: D (64 x N, FP32, in registers)
+ * += A (64 x 16, F16) * B (N x 16, F16)^T, both read from shared memory
+ * through 64-bit matrix descriptors, both K-major here: each of the 64 (or N)
+ * rows holds its 16 K values contiguously.
  *
  * **The shared-memory layout (128-byte swizzle).**  A tile of R rows x 128
- * bytes of K (one K block of the GEMM) is stored row after row, 128 bytes per
+ * bytes of K (64 F16 values: half a K block of the GEMM) is stored row after row, 128 bytes per
  * row, with the 16-byte chunk c of row r placed at chunk position c ^ (r % 8):
  *
  *     byte (r, k)  at  r * 128 + (((k / 16) ^ (r % 8)) * 16) + k % 16
@@ -18,7 +18,7 @@
  * boundary.  The descriptor holds the start address / 16, the stride between
  * 8-row groups (SBO = 1024 bytes), and the swizzle mode (1 = 128 B in bits
  * 62-63); the leading-byte offset is unused for a K-major swizzled operand whose
- * K extent fits in the 128-byte row.  The k-th 32-wide slice of the K block is
+ * K extent fits in the 128-byte row.  The k-th 16-wide F16 slice of the tile is
  * addressed by adding 32 * k bytes to the start address: the hardware applies
  * the XOR to the final address bits, so the slice reads the right chunks.  The
  * swizzle spreads the 8 rows of a core matrix over all 32 banks, for the
@@ -90,6 +90,12 @@ __device__ __forceinline__ void reg_fence(float &r)
     asm volatile("" : "+f"(r)::"memory");
 }
 
+/** Barrier over the @p count threads of named barrier @p id (one warpgroup, not the whole block). */
+__device__ __forceinline__ void named_bar_sync(int id, int count)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
 __device__ __forceinline__ void fence_proxy_async_smem()
 {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -118,44 +124,49 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, int parity)
                  : "memory");
 }
 
-/** The E4M3 x E4M3 -> FP32 wgmma of width N (16, 32 or 64 columns). */
+/**
+ * The F16 x F16 -> FP32 wgmma of width N (16, 32 or 64 columns), both operands K-major
+ * (transpose flags 0).  The GEMM kernel uses F16 rather than E4M3 operands: the E4M3 form
+ * (QGMMA) returns its sums with about 13 mantissa bits, the F16 form keeps FP32 sums (see
+ * gpu_gemm_wgmma.cu).
+ */
 template <int N>
-struct wgmma_e4m3;
+struct wgmma_f16;
 
-/** D(64x16, FP32) (+)= A(64x32, E4M3, smem) * B(16x32, E4M3, smem)^T; scale_d = 0 overwrites D. */
+/** D(64x16, FP32) (+)= A(64x16, F16, smem) * B(16x16, F16, smem)^T; scale_d = 0 overwrites D. */
 template <>
-struct wgmma_e4m3<16> {
+struct wgmma_f16<16> {
     static __device__ __forceinline__ void mma(float (&d)[8], uint64_t desc_a, uint64_t desc_b, int scale_d)
     {
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
-                     "{%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1;\n}\n"
+                     "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
                      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
                      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
     }
 };
 
-/** D(64x32, FP32) (+)= A(64x32, E4M3, smem) * B(32x32, E4M3, smem)^T; scale_d = 0 overwrites D. */
+/** D(64x32, FP32) (+)= A(64x16, F16, smem) * B(32x16, F16, smem)^T; scale_d = 0 overwrites D. */
 template <>
-struct wgmma_e4m3<32> {
+struct wgmma_f16<32> {
     static __device__ __forceinline__ void mma(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int scale_d)
     {
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
-                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1;\n}\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
                      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
                      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
     }
 };
 
-/** D(64x64, FP32) (+)= A(64x32, E4M3, smem) * B(64x32, E4M3, smem)^T; scale_d = 0 overwrites D. */
+/** D(64x64, FP32) (+)= A(64x16, F16, smem) * B(64x16, F16, smem)^T; scale_d = 0 overwrites D. */
 template <>
-struct wgmma_e4m3<64> {
+struct wgmma_f16<64> {
     static __device__ __forceinline__ void mma(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d)
     {
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1;\n}\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
                      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
                      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
     }

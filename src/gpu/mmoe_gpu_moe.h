@@ -48,23 +48,25 @@
 extern "C" {
 #endif
 
-/** Which activation formats the GPU layer computes (the oracle's recipe names). */
+/**
+ * Which activation formats the GPU layer computes: the oracle's recipes, with the oracle's
+ * numbers (mmoe_moe_recipe: SM100 = 0, SM90 = 1), and AUTO outside that range.  A description
+ * cleared to zero therefore asks for SM100: set the recipe explicitly.
+ */
 typedef enum mmoe_gpu_recipe {
-    MMOE_GPU_RECIPE_AUTO = 0,  /**< pick from the device: sm_90 -> SM90, sm_100 -> SM100 */
-    MMOE_GPU_RECIPE_SM90 = 1,  /**< FP32 scale per 128 channels for input and intermediate */
-    MMOE_GPU_RECIPE_SM100 = 2  /**< UE8M0 scale per 32 channels (input ceil rule, kernel requant rule) */
+    MMOE_GPU_RECIPE_AUTO = -1, /**< pick from the device: sm_90 -> SM90, sm_100 -> SM100 */
+    MMOE_GPU_RECIPE_SM100 = 0, /**< UE8M0 scale per 32 channels (input ceil rule, kernel requant rule) */
+    MMOE_GPU_RECIPE_SM90 = 1   /**< FP32 scale per 128 channels for input and intermediate */
 } mmoe_gpu_recipe;
 
 /**
- * Which GEMM kernel family the layer runs.
- *
- * Status (2026-11-29): the wgmma kernel is written, compiles for sm_90a without spills, and
- * has **not yet run on a device** (the session that wrote it had no device time left).  Until
- * the GPU suite passes with it (tools/gpu-check.sh runs the suite once per family), AUTO
- * runs the verified mma.sync kernel and the result reports that as a fallback on sm_90.
+ * Which GEMM kernel family the layer runs.  Both compute the same exact products with FP32
+ * sums (the GPU suite checks each family alone and in the layer).  AUTO picks per call: on an
+ * sm_90a build and device, the wgmma kernel once the expected pairs per expert exceed a
+ * measured threshold (prefill), else the mma.sync kernel (decode); on other devices mma.sync.
  */
 typedef enum mmoe_gpu_gemm {
-    MMOE_GPU_GEMM_AUTO = 0,  /**< the device's verified default: mma.sync for now (see above) */
+    MMOE_GPU_GEMM_AUTO = 0,  /**< the faster verified family for each call size (see above) */
     MMOE_GPU_GEMM_MMA = 1,   /**< the portable mma.sync kernel (gpu_gemm.cu), any sm_89+ device */
     MMOE_GPU_GEMM_WGMMA = 2  /**< the warp-specialized wgmma kernel (gpu_gemm_wgmma.cu), sm_90 only */
 } mmoe_gpu_gemm;
@@ -128,7 +130,9 @@ typedef struct mmoe_gpu_moe_result {
     int shared_fused;             /**< 1 when the shared expert ran as the last combine slot */
     int64_t routed_pairs;         /**< valid (token, slot) pairs of this call */
     int64_t exact_path_blocks_l1; /**< (expert,row,128-K) weight blocks of L1 whose 1x32 scale exponents
-                                       span more than E4M3 can hold: computed by per-32 promotion */
+                                       span more than E4M3 can hold: the mma.sync kernel computes them
+                                       by per-32 promotion (the wgmma kernel folds into F16 and takes
+                                       that path only for spreads beyond 36, or 22 for FP8 weights) */
     int64_t exact_path_blocks_l2; /**< the same for L2 (and the shared expert's blocks) */
     size_t gpu_weight_bytes;      /**< bytes of weights (codes + scales) held on the GPU */
     size_t gpu_workspace_bytes;   /**< bytes of the token workspace after this call */
