@@ -18,6 +18,7 @@
  * MMOE_SYNTH_NORMAL family, whose FP32 sums are *not* exact, so a changed summation order shows.
  * Seeds are printed (replay with MMOE_SEED=n).
  */
+#include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -261,5 +262,9 @@ static Suite *batchinv_suite(void)
 int main(void)
 {
     g_seed = mmoe_test_seed("moe_batchinv");
+    /* which kernels OpenBLAS runs (.ci/run checks that OPENBLAS_CORETYPE took effect); the oracle's
+     * GEMMs do not use them, so the bits must not depend on it */
+    fprintf(stderr, "moe_batchinv: OpenBLAS core %s, fixed-order GEMM variant %s\n", openblas_get_corename(),
+            moe_dot_isa_name(moe_dot_isa_best()));
     return mmoe_test_run(batchinv_suite());
 }
