@@ -16,6 +16,9 @@
  * - Hand-derived values: the lane order (a sum where sequential order gives 3 and the lanes 6)
  *   and the single rounding of the fused multiply-add (2^-24, where mul + add gives 0).
  * - Zero runs of a multiple of 8 inserted into K (the padding of I) change no bit.
+ * - The FP4 variant that decodes weights in registers equals the definition applied to the rows
+ *   decoded by moe_weight_tile_f32() (tested against the formats' formulas in moe_dequant), for
+ *   every code and scale bytes from 0 to 254, the extremes included.
  * Seeds are printed (replay with MMOE_SEED=n).
  */
 #include <check.h>
@@ -180,6 +183,58 @@ START_TEST(zero_runs_of_eight_change_no_bit)
 }
 END_TEST
 
+/* FP4 weights decoded on the fly: the same bits as decoding the rows first. */
+START_TEST(fp4_on_the_fly_matches_decoded_rows)
+{
+    const moe_dot_isa isa = (moe_dot_isa)_i;
+    if (!moe_dot_isa_runs_here(isa))
+        return;
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 977u * (uint64_t)(_i + 1));
+    static const int64_t ks[] = {32, 64, 96, 512, 4096};
+    for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+        for (int64_t m = 1; m <= 5; m++) {
+            const int64_t k = ks[ki], rows = 2 + (int64_t)mmoe_rng_below(&rng, 30);
+            const int64_t r0 = (int64_t)mmoe_rng_below(&rng, 2), n = rows - r0 - (int64_t)mmoe_rng_below(&rng, 2);
+            const int64_t lda = k + 3, ldc = n + 2;
+            uint8_t *wb = malloc((size_t)(rows * k / 2)), *sb = malloc((size_t)(rows * k / 32));
+            float *a = malloc((size_t)(m * lda) * sizeof(float)), *row = malloc((size_t)k * sizeof(float));
+            float *c = malloc((size_t)(m * ldc) * sizeof(float));
+            ck_assert(wb && sb && a && row && c);
+            for (int64_t i = 0; i < rows * k / 2; i++)
+                wb[i] = (uint8_t)mmoe_rng_below(&rng, 256);
+            /* mostly realistic scales; every 7th an extreme (0: subnormal, 254: overflow with large a) */
+            for (int64_t i = 0; i < rows * k / 32; i++)
+                sb[i] = (uint8_t)(i % 7 == 3 ? (i % 2 ? 0 : 254) : 110 + mmoe_rng_below(&rng, 30));
+            for (int64_t i = 0; i < m * lda; i++)
+                a[i] = (float)mmoe_rng_normal(&rng);
+            moe_mat w = {.fmt = MOE_W_FP4, .rows = rows, .cols = k, .w = wb, .sf = sb, .block_n = 1,
+                         .block_k = 32, .sf_rows = rows, .sf_cols = k / 32};
+            mmoe_test_poison_f32(c, (size_t)(m * ldc));
+            ck_assert_int_eq(moe_dot_gemm_fp4(isa, a, lda, m, &w, r0, n, c, ldc), 0);
+            for (int64_t j = 0; j < n; j++) {
+                moe_weight_tile_f32(&w, r0 + j, 1, 0, k, row);
+                for (int64_t t = 0; t < m; t++) {
+                    const float want = reference_dot(a + t * lda, row, k), got = c[t * ldc + j];
+                    ck_assert_msg(bits_of(got) == bits_of(want) || (isnan(got) && isnan(want)),
+                                  "%s fp4 k=%lld m=%lld: c[%lld][%lld] = %a, decoded rows give %a",
+                                  moe_dot_isa_name(isa), (long long)k, (long long)m, (long long)t, (long long)j,
+                                  (double)got, (double)want);
+                }
+            }
+            for (int64_t t = 0; t < m; t++)
+                for (int64_t j = n; j < ldc; j++)
+                    ck_assert(isnan(c[t * ldc + j]));
+            free(wb);
+            free(sb);
+            free(a);
+            free(row);
+            free(c);
+        }
+    }
+}
+END_TEST
+
 static Suite *dot_suite(void)
 {
     Suite *s = suite_create("moe_dot");
@@ -188,6 +243,7 @@ static Suite *dot_suite(void)
     tcase_add_loop_test(tc, variants_match_the_definition, 0, MOE_DOT_ISA_COUNT);
     tcase_add_test(tc, hand_derived_order_and_rounding);
     tcase_add_test(tc, zero_runs_of_eight_change_no_bit);
+    tcase_add_loop_test(tc, fp4_on_the_fly_matches_decoded_rows, 0, MOE_DOT_ISA_COUNT);
     suite_add_tcase(s, tc);
     return s;
 }

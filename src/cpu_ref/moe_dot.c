@@ -66,6 +66,9 @@
 #include "moe_internal.h"
 
 #include <math.h>
+#include <stdlib.h>
+
+#include "mmoe_formats.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define MOE_DOT_HAVE_X86 1
@@ -128,6 +131,23 @@ static void gemm_generic(const float *a, int64_t lda, int64_t m, const float *w,
     for (int64_t t = 0; t < m; t++)
         for (int64_t j = 0; j < n; j++)
             c[t * ldc + j] = dot_generic(a + t * lda, w + j * ldw, k);
+}
+
+/** FP4 rows decoded one at a time (moe_weight_tile.c), then the scalar formula. */
+static int gemm_fp4_generic(const float *a, int64_t lda, int64_t m, const moe_mat *w, int64_t r0, int64_t n,
+                            float *c, int64_t ldc)
+{
+    const int64_t k = w->cols;
+    float *row = malloc((size_t)k * sizeof(float));
+    if (row == NULL)
+        return -1;
+    for (int64_t j = 0; j < n; j++) {
+        moe_weight_tile_f32(w, r0 + j, 1, 0, k, row);
+        for (int64_t t = 0; t < m; t++)
+            c[t * ldc + j] = dot_generic(a + t * lda, row, k);
+    }
+    free(row);
+    return 0;
 }
 
 #if MOE_DOT_HAVE_X86
@@ -205,6 +225,82 @@ DOT_AVX2 static void gemm_avx2(const float *a, int64_t lda, int64_t m, const flo
         rows_avx2(a, lda, m, w + j0 * ldw, ldw, n - j0 < rb ? n - j0 : rb, k, c + j0, ldc);
 }
 
+/**
+ * The 32 weights of one FP4 group (16 bytes: element 2i in the low nibble of byte i, 2i + 1 in
+ * the high one) as four vectors of exact FP32 values.  A 16-entry byte table holds 2 x the E2M1
+ * value of each code (0, 1, 2, 3, 4, 6, 8, 12 and their negatives; code 8, -0, becomes +0, which
+ * no lane can tell from -0: see "Zeros"); the integers are converted exactly and multiplied by
+ * half the group's power-of-two scale, an exact product (or the same infinity) as the decoder's
+ * e2m1 x scale.
+ */
+DOT_AVX2 static inline __attribute__((always_inline)) void fp4_group_avx2(const uint8_t *bytes, float half_scale,
+                                                                          __m256 out[4])
+{
+    const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m128i nibble = _mm_set1_epi8(0x0F);
+    const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)bytes);
+    const __m128i lo = _mm_and_si128(b, nibble), hi = _mm_and_si128(_mm_srli_epi16(b, 4), nibble);
+    const __m128i v0 = _mm_shuffle_epi8(table, _mm_unpacklo_epi8(lo, hi)); /* elements 0 .. 15 */
+    const __m128i v1 = _mm_shuffle_epi8(table, _mm_unpackhi_epi8(lo, hi)); /* elements 16 .. 31 */
+    const __m256 hs = _mm256_set1_ps(half_scale);
+    out[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v0)), hs);
+    out[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v0, 8))), hs);
+    out[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v1)), hs);
+    out[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v1, 8))), hs);
+}
+
+/**
+ * RT tokens x RN FP4 weight rows, decoded in registers group by group: the same values and the
+ * same fused multiply-adds, in the same lane order, as decoding the rows and calling block_avx2.
+ */
+DOT_AVX2 static inline __attribute__((always_inline)) void fp4_block_avx2(int rt, int rn, const float *a,
+                                                                          int64_t lda, const moe_mat *w, int64_t r0,
+                                                                          float *c, int64_t ldc)
+{
+    const int64_t k = w->cols, row_bytes = k / 2;
+    const uint8_t *sf = (const uint8_t *)w->sf;
+    __m256 acc[2][8];
+    for (int t = 0; t < rt; t++)
+        for (int j = 0; j < rn; j++)
+            acc[t][j] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < k / 32; g++) {
+        for (int j = 0; j < rn; j++) {
+            __m256 wv[4];
+            const float half_scale = mmoe_ue8m0_to_f32(sf[(r0 + j) * w->sf_cols + g]) * 0.5f;
+            fp4_group_avx2(w->w + (r0 + j) * row_bytes + g * 16, half_scale, wv);
+            for (int t = 0; t < rt; t++)
+                for (int q = 0; q < 4; q++)
+                    acc[t][j] = _mm256_fmadd_ps(_mm256_loadu_ps(a + t * lda + g * 32 + q * 8), wv[q], acc[t][j]);
+        }
+    }
+    for (int t = 0; t < rt; t++)
+        for (int j = 0; j < rn; j++) {
+            float p[MOE_DOT_LANES];
+            _mm256_storeu_ps(p, acc[t][j]);
+            c[t * ldc + j] = combine_lanes(p);
+        }
+}
+
+DOT_AVX2 static void gemm_fp4_avx2(const float *a, int64_t lda, int64_t m, const moe_mat *w, int64_t r0, int64_t n,
+                                   float *c, int64_t ldc)
+{
+    int64_t t = 0;
+    for (; t + 2 <= m; t += 2) {
+        int64_t j = 0;
+        for (; j + 4 <= n; j += 4)
+            fp4_block_avx2(2, 4, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
+        for (; j < n; j++)
+            fp4_block_avx2(2, 1, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
+    }
+    for (; t < m; t++) {
+        int64_t j = 0;
+        for (; j + 8 <= n; j += 8)
+            fp4_block_avx2(1, 8, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
+        for (; j < n; j++)
+            fp4_block_avx2(1, 1, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
+    }
+}
+
 #endif /* MOE_DOT_HAVE_X86 */
 
 void moe_dot_gemm(moe_dot_isa isa, const float *a, int64_t lda, int64_t m, const float *w, int64_t ldw, int64_t n,
@@ -218,4 +314,17 @@ void moe_dot_gemm(moe_dot_isa isa, const float *a, int64_t lda, int64_t m, const
 #endif
     (void)isa;
     gemm_generic(a, lda, m, w, ldw, n, k, c, ldc);
+}
+
+int moe_dot_gemm_fp4(moe_dot_isa isa, const float *a, int64_t lda, int64_t m, const moe_mat *w, int64_t r0,
+                     int64_t n, float *c, int64_t ldc)
+{
+#if MOE_DOT_HAVE_X86
+    if (isa == MOE_DOT_ISA_AVX2_FMA) {
+        gemm_fp4_avx2(a, lda, m, w, r0, n, c, ldc);
+        return 0;
+    }
+#endif
+    (void)isa;
+    return gemm_fp4_generic(a, lda, m, w, r0, n, c, ldc);
 }

@@ -35,6 +35,8 @@
 #define MOE_L1_ROWS 128
 /** Rows of W2 per L2 tile. */
 #define MOE_L2_ROWS 256
+/** Experts with at most this many tokens multiply FP4 weights decoded in registers (no tiles). */
+#define MOE_FP4_FUSED_MAX_TOKENS 4
 
 int moe_scratch_reserve(float **buf, size_t *cap, size_t n)
 {
@@ -96,6 +98,15 @@ int moe_expert_gemm(const moe_mat *w, const float *a, int64_t m, moe_gemm_kind k
 {
     if (m <= 0)
         return 0;
+    const moe_dot_isa isa = moe_dot_isa_best();
+    if (w->fmt == MOE_W_FP4 && m <= MOE_FP4_FUSED_MAX_TOKENS && isa != MOE_DOT_ISA_GENERIC) {
+        double t0 = mmoe_clock_s();
+        if (moe_dot_gemm_fp4(isa, a, w->cols, m, w, 0, w->rows, out, w->rows) != 0)
+            return -1;
+        clk->gemm_s += mmoe_clock_s() - t0;
+        clk->flops += 2.0 * (double)m * (double)w->rows * (double)w->cols;
+        return 0;
+    }
     /* two tile buffers (decode of the next tile overlaps the GEMM of this one) */
     const int64_t tile_rows = kind == MOE_GEMM_L2 ? MOE_L2_ROWS : MOE_L1_ROWS;
     const size_t tile_n = (size_t)tile_rows * (size_t)w->cols;

@@ -247,6 +247,14 @@ moe_dot_isa moe_dot_isa_best(void);
 void moe_dot_gemm(moe_dot_isa isa, const float *a, int64_t lda, int64_t m, const float *w, int64_t ldw, int64_t n,
                   int64_t k, float *c, int64_t ldc);
 
+/**
+ * As moe_dot_gemm() with W = rows [r0, r0 + n) of the FP4 matrix @p w, decoded on the fly
+ * (the same values as moe_weight_tile_f32(), so the same bits): c[t * ldc + j] = a_t . W[r0 + j].
+ * @return 0, or -1 on allocation failure (the generic variant's row buffer)
+ */
+int moe_dot_gemm_fp4(moe_dot_isa isa, const float *a, int64_t lda, int64_t m, const moe_mat *w, int64_t r0,
+                     int64_t n, float *c, int64_t ldc);
+
 /* ------------------------------------------------------------------ expert GEMMs */
 
 /** Scratch for the tiled GEMMs (grown on demand, owned by the layer). */
