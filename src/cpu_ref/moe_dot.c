@@ -129,6 +129,7 @@ static float dot_generic(const float *a, const float *w, int64_t k)
     return combine_lanes(p);
 }
 
+/** Every output of the GEMM by the scalar formula. */
 static void gemm_generic(const float *a, int64_t lda, int64_t m, const float *w, int64_t ldw, int64_t n, int64_t k,
                          float *c, int64_t ldc)
 {
@@ -227,6 +228,7 @@ DOT_AVX2 static void rows_avx2(const float *a, int64_t lda, int64_t m, const flo
     }
 }
 
+/** The AVX2 GEMM: row blocks of about ::DOT_ROW_BLOCK_BYTES, each passed by every token. */
 DOT_AVX2 static void gemm_avx2(const float *a, int64_t lda, int64_t m, const float *w, int64_t ldw, int64_t n,
                                int64_t k, float *c, int64_t ldc)
 {
@@ -299,6 +301,7 @@ DOT_AVX2 static inline __attribute__((always_inline)) void fp4_block_avx2(int rt
         }
 }
 
+/** The FP4 GEMM in registers: pairs of tokens x 4 rows, then single tokens x 8 rows. */
 DOT_AVX2 static void gemm_fp4_avx2(const float *a, int64_t lda, int64_t m, const moe_mat *w, int64_t r0, int64_t n,
                                    float *c, int64_t ldc)
 {
