@@ -15,7 +15,7 @@
  * | moe_weight_tile.c| exact dequantization of FP4 / FP8 weight tiles to FP32           |
  * | moe_dequant_pool.c| the same, split over a few threads (a pool, own or shared)      |
  * | moe_dot.c        | the fixed-order GEMM (8 FMA lanes per output), scalar and AVX2   |
- * | moe_expert_gemm.c| the tiled GEMMs of one expert (L1 gate/up, L2 down)              |
+ * | moe_expert_gemm.c| an expert's GEMMs: decoded tiles, or FP4 decoded in registers   |
  * | moe_epilogue.c   | the L1 epilogue: BF16, clamp, SwiGLU, routing weight, requant    |
  * | moe_combine.c    | the combine: slot or expert-id order, shared last, one BF16 store|
  * | moe_shared.c     | fused or serial shared expert, the fallback conditions           |
