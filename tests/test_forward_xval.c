@@ -11,11 +11,11 @@
  *
  * Expected: bit-exact in most models.  The MoE oracle's fp32 GEMMs (eight FMA lanes,
  * src/cpu_ref/moe_dot.c) and NumPy's double sums may round one fp32 result differently, which
- * flips one bf16 rounding and spreads from there (measured: 2 of 6 models on the Zen 3
+ * flips one bf16 rounding and spreads from there (measured: 2 of 10 models on the Zen 3
  * development machine; see the script).  So the test accepts a flip-like divergence (script
  * exit 3) only if another random model (up to ::XVAL_MAX_MODELS in all, each seed printed) then
  * comes out bit-exact in both runs: a wrong formula makes every model differ, a flip does not.
- * A gross mismatch (exit 1) fails at once.  At one flip-like model in three, the chance that a
+ * A gross mismatch (exit 1) fails at once.  Even at one flip-like model in three, the chance that a
  * correct build sees no bit-exact model among eight is (1/3)^8 = 0.015%.
  */
 #include <stdio.h>
