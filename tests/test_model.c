@@ -6,11 +6,9 @@
  * every layer type: hash + window-only, hash + ratio 4, ratio 128, MTP) and opens it.
  *
  * Prefill versus decode: the attention, mHC, norms and head are row-independent and
- * order-fixed, and the MoE oracle is batch-invariant (every SGEMM has a fixed number of token
- * rows, src/cpu_ref/moe_token_blocks.c), so a prefill, token-by-token decode, a chunked
- * prefill and the MTP head row by row give the same bits: the comparisons are bit-exact.
- * (Before the MoE oracle was made batch-invariant, about one run in 16 flipped a BF16
- * rounding.)  The sequence length crosses the window (16 in the tiny shape), has more
+ * order-fixed, and the MoE oracle is batch-invariant (every GEMM output is summed in one fixed
+ * order, src/cpu_ref/moe_dot.c), so a prefill, token-by-token decode, a chunked prefill and
+ * the MTP head row by row give the same bits: the comparisons are bit-exact.  The sequence length crosses the window (16 in the tiny shape), has more
  * ratio-4 blocks than index_topk (4) and completes a ratio-128 block.
  */
 #include <stdio.h>

@@ -183,7 +183,7 @@ static void check_job(const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int6
             if (rep < 2) {
                 moe_dequant_tiles(pool, m, r0, nr, c0, nc, chunk, got);
             } else {
-                /* started, then the caller works elsewhere (as during the SGEMMs), then finishes */
+                /* started, then the caller works elsewhere (as during the GEMMs), then finishes */
                 moe_dequant_start(pool, m, r0, nr, c0, nc, chunk, got);
                 float *other = malloc((size_t)chunk * sizeof(float));
                 ck_assert_ptr_nonnull(other);

@@ -6,7 +6,7 @@
  * The reference of every comparison is the same layer on a pool of its own
  * (mmoe_moe_layer_create()), the behaviour the oracle had before pools could be shared; its
  * exactness against the formats' definitions is test_moe_dequant's subject.  Dequantization is
- * exact and the SGEMMs are untouched, so every comparison is bit for bit (no tolerance).
+ * exact and the GEMMs are untouched, so every comparison is bit for bit (no tolerance).
  *
  * Cases: one layer on a shared pool; two layers of different weights on one pool, run
  * alternately, with the creator's reference dropped first (the layers keep the pool alive);

@@ -18,7 +18,8 @@
  *  - greedy generation (one prefill, then one decode step per token) reproduces the
  *    PyTorch continuation token for token;
  *  - the logits (main head and MTP head) match the saved rows within the bound derived at
- *    logits_bound() below, and have the same argmax;
+ *    logits_bound() below up to position ::ROPE_FORMS_AGREE_UP_TO, and every saved row has the
+ *    same argmax;
  *  - with fresh random inputs (seed printed): counting from a random start and a random
  *    one-digit sum are continued correctly (the golden is arithmetic, not a saved file).
  */
@@ -36,6 +37,21 @@
 #include "mmoe_tokenizer.h"
 
 static uint64_t g_seed;
+
+/**
+ * The last position of the fixture's long prompt up to which its PyTorch golden and the oracle
+ * can agree.  The PyTorch model that wrote golden.json rounds RoPE's real part twice,
+ * fp32(fp32(a cos) - fp32(b sin)) (tools/tiny_dsv4_model.py, plain CPU arithmetic), where the
+ * reference and the oracle round it once (one fused multiply-add, src/cpu_ref/attn_rope.c).
+ * The two give another bf16 value for about one RoPE output in 10^5; the first such flip on this
+ * prompt comes at position 60, and from there on the FP8/FP4 round trips and top-k choices
+ * carry it into every later logit (docs/moe-oracle.md, "agreement with other implementations").
+ * tests/xval/tiny_model_numpy.test shows that this is the only difference: its NumPy forward
+ * equals the oracle bit for bit on all 146 positions with the reference's rounding, and the
+ * PyTorch rows bit for bit with PyTorch's, and it reports the position where the two part.
+ * Rows up to here are held to the bound below; later rows to the same argmax only.
+ */
+#define ROPE_FORMS_AGREE_UP_TO 59
 
 static void fixture_path(char *buf, size_t n, const char *file)
 {
@@ -213,7 +229,8 @@ END_TEST
  * and sum_i |y_i| |W_vi| <= ||y||_2 ||W_v||_2 <= max|g| sqrt(D) (1 + 2^-8) ||W_v||_2
  * (||x / rms(x)||_2 = sqrt(D); the last factor covers the rounding of y itself).  A flip
  * further up (an FP8 code, an indexer pick) is not covered on purpose: that is a real
- * disagreement about the model.  Measured on this fixture: bit-exact (the difference is 0).
+ * disagreement about the model.  Measured on this fixture: bit-exact (the difference is 0) up to
+ * position ::ROPE_FORMS_AGREE_UP_TO.
  */
 static void logits_bound(const mmoe_model *m, const char *norm_name, double *bound)
 {
@@ -251,7 +268,7 @@ static void compare_rows(json_t *rows, const char *pos_key, const float *c_logit
 {
     size_t i;
     json_t *r;
-    double worst = 0, worst_bound = 0;
+    double worst = 0, worst_bound = 0, worst_after = 0;
     json_array_foreach(rows, i, r)
     {
         int64_t pos = json_integer_value(json_object_get(r, pos_key));
@@ -263,6 +280,11 @@ static void compare_rows(json_t *rows, const char *pos_key, const float *c_logit
         for (int64_t v = 0; v < V; v++) {
             want[v] = (float)json_real_value(json_array_get(vals, (size_t)v));
             double d = fabs((double)row[v] - (double)want[v]);
+            if (pos > ROPE_FORMS_AGREE_UP_TO) { /* after the first RoPE flip: argmax only (see above) */
+                if (d > worst_after)
+                    worst_after = d;
+                continue;
+            }
             ck_assert_msg(d <= bound[v], "%s row %lld, id %lld: C %.9g, PyTorch %.9g, |diff| %.3g > bound %.3g", what,
                           (long long)pos, (long long)v, row[v], want[v], d, bound[v]);
             if (d > worst)
@@ -273,8 +295,10 @@ static void compare_rows(json_t *rows, const char *pos_key, const float *c_logit
         ck_assert_int_eq(mmoe_test_argmax_f32(row, V), mmoe_test_argmax_f32(want, V));
         free(want);
     }
-    fprintf(stderr, "tiny_model: %s: %zu rows, max |C - PyTorch| = %.3g (bound up to %.3g)\n", what,
-            json_array_size(rows), worst, worst_bound);
+    fprintf(stderr,
+            "tiny_model: %s: %zu rows, max |C - PyTorch| = %.3g up to position %d (bound up to %.3g), %.3g after "
+            "(argmax only)\n",
+            what, json_array_size(rows), worst, ROPE_FORMS_AGREE_UP_TO, worst_bound, worst_after);
 }
 
 START_TEST(logits_match_pytorch)

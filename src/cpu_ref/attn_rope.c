@@ -23,7 +23,20 @@
  * positions), and cos/sin are taken in fp32.  The rotation
  *     (a + ib)(c + is) = (ac - bs) + i(as + bc)
  * is done in fp32 and rounded to bf16; the inverse rotation used on the attention
- * output multiplies by the conjugate: (ac + bs) + i(bc - as).
+ * output multiplies by the conjugate, i.e. the same formula with s' = -s.
+ *
+ * **The rounding points of the rotation** are those of the reference, which multiplies
+ * complex64 tensors on the GPU, where the compiler contracts the real part into one
+ * fused multiply-add:
+ *     re = fp32( a c - fp32(b s) )      one fma: a c is never rounded on its own
+ *     im = fp32( fp32(a s) + fp32(b c) )
+ * each then rounded once to bf16.  The plain form fp32(fp32(a c) - fp32(b s)) rounds a c
+ * first and gives another bf16 result for about one output in 10^5, which a model
+ * amplifies into visible differences later in a sequence (docs/moe-oracle.md, "agreement
+ * with other implementations").  For the imaginary part no contraction of the reference is
+ * established; it keeps the three roundings.  The fma is written with C's fmaf (correctly
+ * rounded on every platform) and the file is compiled as ISO C, where the compiler does not
+ * contract the other expressions on its own.
  */
 #include "attn_internal.h"
 
@@ -90,15 +103,10 @@ void attn_rope_rotate_bf16(uint16_t *x, int rope_dim, const float *cos_v, const 
 {
     for (int i = 0; i < rope_dim / 2; i++) {
         const float a = mmoe_bf16_to_f32(x[2 * i]), b = mmoe_bf16_to_f32(x[2 * i + 1]);
-        const float c = cos_v[i], s = sin_v[i];
-        float re, im;
-        if (!inverse) {
-            re = a * c - b * s;
-            im = a * s + b * c;
-        } else {
-            re = a * c + b * s;
-            im = b * c - a * s;
-        }
+        const float c = cos_v[i], s = inverse ? -sin_v[i] : sin_v[i];
+        const float bs = b * s, as = a * s, bc = b * c;
+        const float re = fmaf(a, c, -bs);
+        const float im = as + bc;
         x[2 * i] = mmoe_bf16_from_f32(re);
         x[2 * i + 1] = mmoe_bf16_from_f32(im);
     }

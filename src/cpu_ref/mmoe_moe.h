@@ -57,7 +57,7 @@
  * ## Threads
  *
  * A layer may be run by one thread at a time (it keeps scratch buffers and counters).  The
- * GEMMs use OpenBLAS, which may use its own threads.  The dequantization of weight tiles is
+ * GEMMs run on the calling thread, in one fixed summation order.  The dequantization of weight tiles is
  * split over a small pool of worker threads that the layer starts in mmoe_moe_layer_create()
  * and joins in mmoe_moe_layer_destroy(): the environment variable MMOE_DEQUANT_THREADS (1..64,
  * the calling thread included; 1 starts no thread) sets their number, by default the number of

@@ -6,15 +6,14 @@
  * ## The idea
  * Dequantization (moe_weight_tile.c) is exact: every output float is a function of its own
  * code byte and scale only, so the rows of a tile can be decoded in any order, by any thread,
- * and the tile has the same bits.  The GEMMs are not touched at all: they still run on the
- * caller's thread (OpenBLAS uses its own threads inside each call), with exactly the shapes,
- * leading dimensions and K order of moe_expert_gemm.c, on a tile that holds the same values.
- * Batch invariance and padding invariance are therefore preserved by construction.
+ * and the tile has the same bits.  The GEMM (moe_dot.c) runs on the caller's thread in its
+ * fixed order, on a tile that holds the same values, so batch invariance and padding
+ * invariance hold by construction.
  *
  * A job is "decode rows [r0, r0 + nr) of columns [c0, c0 + nc) as nc / chunk tiles of
- * [nr, chunk] floats, tile t at out + t * nr * chunk".  L1 uses one tile (chunk = nc = D); L2
- * decodes all its K chunks of one row tile at once (chunk = 128), so that a job is large enough
- * to be worth a wake-up (one 256 x 128 L2 tile alone takes about 15 us).  The job's rows are cut
+ * [nr, chunk] floats, tile t at out + t * nr * chunk".  The layer uses one tile per job
+ * (chunk = nc = K): 128 rows x D for L1, 256 rows x I for L2, so that a job is large enough to
+ * be worth a wake-up (a 256 x 128 piece alone takes about 15 us); the tests also use chunks.  The job's rows are cut
  * into grabs of about ::MOE_DEQUANT_GRAB_WEIGHTS weights; the workers and the caller take grabs
  * from one atomic counter until none is left, so a thread that is late (descheduled, or busy
  * with something else) simply takes fewer.
@@ -22,9 +21,8 @@
  * ## Overlap with the GEMMs
  * A job is started by moe_dequant_start() and completed by moe_dequant_finish(): between the
  * two the workers decode while the caller does something else.  moe_expert_gemm.c uses this to
- * decode the next weight tile into a second buffer while the caller runs the SGEMMs of the
- * current one (OpenBLAS runs these one-row calls on the caller's thread), and the caller joins
- * the decoding in moe_dequant_finish() when its SGEMMs are done.  Which buffer holds which tile
+ * decode the next weight tile into a second buffer while the caller runs the GEMM of the
+ * current one, and the caller joins the decoding in moe_dequant_finish() when its GEMM is done.  Which buffer holds which tile
  * depends on the tile index only, so the calls are as deterministic as before.
 
  * ## The pool
@@ -48,7 +46,7 @@
  * concurrently.  Misuse is made safe, not undefined: mmoe_moe_layer_run() holds the pool's
  * run mutex (moe_dequant_pool_lock()) for the whole call, so two threads that run two layers
  * of one pool at once take turns; each gets the same bits as when run alone (the dequantized
- * tiles do not depend on which thread decodes them, and the SGEMMs are untouched).  The
+ * tiles do not depend on which thread decodes them, and the GEMMs are untouched).  The
  * mutex costs one uncontended lock per layer call, nothing per tile.
  *
  * ## Thread count
@@ -63,10 +61,11 @@
  * `megamoe bench moe --shape v4-flash --experts 32 --tokens 1,8,64 --reps 5`, medians of 3
  * runs on the 2-core development VM (AMD EPYC Zen 4, OpenBLAS 0.3.21), layer
  * milliseconds with MMOE_DEQUANT_THREADS=1 -> 2 (with the pipeline of moe_expert_gemm.c):
- * T=1 104.7 -> 48.0, T=8 414.2 -> 188.2, T=64 1095.9 -> 781.6 (ratio to SGEMM 0.48 -> 0.69).
+ * T=1 104.7 -> 48.0, T=8 414.2 -> 188.2, T=64 1095.9 -> 781.6, with every expert on decoded
+ * tiles (today experts with at most 4 tokens decode FP4 in registers instead, moe_expert_gemm.c).
  * Without the pipeline (threads only, each tile decoded and then multiplied) the gain was
  * smaller: T=1 84, T=8 316, T=64 1057 ms, because a sleeping worker takes about as long to wake
- * as half a tile takes to decode.  Details in docs/moe-oracle.md (performance).
+ * as half a tile takes to decode.  The layer's current numbers are in docs/perf.md.
  */
 #include "moe_internal.h"
 

@@ -14,7 +14,8 @@
  * | moe_act_quant.c  | FP8 activation quantizers of the recipes (x and the intermediate)|
  * | moe_weight_tile.c| exact dequantization of FP4 / FP8 weight tiles to FP32           |
  * | moe_dequant_pool.c| the same, split over a few threads (a pool, own or shared)      |
- * | moe_expert_gemm.c| the tiled GEMMs of one expert (L1 gate/up, L2 down)              |
+ * | moe_dot.c        | the fixed-order GEMM (8 FMA lanes per output), scalar and AVX2   |
+ * | moe_expert_gemm.c| an expert's GEMMs: decoded tiles, or FP4 decoded in registers   |
  * | moe_epilogue.c   | the L1 epilogue: BF16, clamp, SwiGLU, routing weight, requant    |
  * | moe_combine.c    | the combine: slot or expert-id order, shared last, one BF16 store|
  * | moe_shared.c     | fused or serial shared expert, the fallback conditions           |
@@ -214,50 +215,42 @@ void moe_dequant_start(moe_dequant_pool *p, const moe_mat *m, int64_t r0, int64_
 /** Complete the started job: the caller decodes what is left and waits for the workers. */
 void moe_dequant_finish(moe_dequant_pool *p);
 
-/* ------------------------------------------------------------------ token blocks */
+/* ------------------------------------------------------------------ fixed-order GEMM */
 
-/** Token rows of every SGEMM call of an expert (L1, L2): one token per call (moe_token_blocks.c). */
-#define MOE_EXPERT_TOKEN_BLOCK 1
-/** Token rows of every SGEMM call of the router's logits: one, as for the experts (moe_token_blocks.c). */
-#define MOE_ROUTER_TOKEN_BLOCK 1
+/** Partial sums ("lanes") of every dot product of the MoE oracle (moe_dot.c). */
+#define MOE_DOT_LANES 8
 
-/**
- * The token rows of one GEMM, cut into blocks of a fixed number of rows: full blocks are
- * read and written in place, the tail block through zero-padded copies (borrowed buffers).
- */
-typedef struct moe_token_blocks {
-    const float *a; /**< [m, lda] activations (borrowed) */
-    int64_t lda;    /**< leading dimension of a and of tail_a */
-    float *c;       /**< [m, ldc] outputs (borrowed) */
-    int64_t ldc;    /**< leading dimension of c and of tail_c */
-    int64_t block;  /**< rows of every SGEMM call (fixed per kind of GEMM) */
-    int64_t m;      /**< token rows */
-    int64_t full;   /**< rows in full blocks (m rounded down to the block) */
-    float *tail_a;  /**< [block, lda]: the tail rows, then zero rows; NULL if none */
-    float *tail_c;  /**< [block, ldc]: the tail block's outputs; NULL if none */
-} moe_token_blocks;
+/** Implementations of the fixed-order GEMM (all give the same bits). */
+typedef enum moe_dot_isa {
+    MOE_DOT_ISA_GENERIC = 0,  /**< the scalar formula (every CPU) */
+    MOE_DOT_ISA_AVX2_FMA = 1, /**< x86-64 with AVX2 and FMA */
+    MOE_DOT_ISA_COUNT         /**< number of variants */
+} moe_dot_isa;
+
+/** A short name of @p isa ("generic", "avx2+fma"). */
+const char *moe_dot_isa_name(moe_dot_isa isa);
+
+/** 1 if this CPU (and this build) can run @p isa. */
+int moe_dot_isa_runs_here(moe_dot_isa isa);
+
+/** The fastest variant that runs here (the one the oracle uses). */
+moe_dot_isa moe_dot_isa_best(void);
 
 /**
- * Prepare the blocks of @p block rows (a constant of the GEMM's kind, never a function of m)
- * over the @p m rows of @p a (leading dimension @p lda) whose GEMM results go to @p c (leading
- * dimension @p ldc).  When m is not a multiple of the block, the tail rows are copied into
- * @p *tail_a (grown to block * lda floats, rows after the tail zeroed) and @p *tail_c (grown
- * to block * ldc floats, zeroed).  Nothing is copied when block = 1.
- * @return 0, or -1 on allocation failure
+ * c[t * ldc + j] = sum_k a[t * lda + k] * w[j * ldw + k] for t < @p m, j < @p n, k < @p k, each
+ * in the fixed order of moe_dot.c (8 lanes of fmaf in ascending k, then a fixed combine).
+ * @p isa must run here (moe_dot_isa_runs_here()); the result does not depend on it.
  */
-int moe_token_blocks_begin(moe_token_blocks *tb, int64_t block, const float *a, int64_t lda, int64_t m, float *c,
-                           int64_t ldc, float **tail_a, size_t *tail_a_cap, float **tail_c, size_t *tail_c_cap);
+void moe_dot_gemm(moe_dot_isa isa, const float *a, int64_t lda, int64_t m, const float *w, int64_t ldw, int64_t n,
+                  int64_t k, float *c, int64_t ldc);
 
 /**
- * For every block: C[:, c_col0 : c_col0+nr] = A[:, a_col0 : a_col0+kk] . W^T + beta * C[...],
- * with W [nr, kk] row-major (leading dimension @p ldw), one SGEMM of exactly tb->block rows
- * per block.
+ * As moe_dot_gemm() with W = rows [r0, r0 + n) of the FP4 matrix @p w, decoded on the fly
+ * (the same values as moe_weight_tile_f32(), so the same bits): c[t * ldc + j] = a_t . W[r0 + j].
+ * @return 0, or -1 on allocation failure (the generic variant's row buffer)
  */
-void moe_token_blocks_sgemm(const moe_token_blocks *tb, int64_t a_col0, const float *w, int64_t nr, int64_t kk,
-                            int64_t ldw, float beta, int64_t c_col0);
-
-/** Copy the real rows of the tail block's outputs into the caller's C. */
-void moe_token_blocks_end(const moe_token_blocks *tb);
+int moe_dot_gemm_fp4(moe_dot_isa isa, const float *a, int64_t lda, int64_t m, const moe_mat *w, int64_t r0,
+                     int64_t n, float *c, int64_t ldc);
 
 /* ------------------------------------------------------------------ expert GEMMs */
 
@@ -273,10 +266,6 @@ typedef struct moe_scratch {
     size_t up_cap;   /**< floats allocated in up */
     float *yl2;      /**< L2 accumulators [m, D] */
     size_t yl2_cap;  /**< floats allocated in yl2 */
-    float *tail_a;   /**< zero-padded tail block of the GEMM input (moe_token_blocks) */
-    size_t tail_a_cap; /**< floats allocated in tail_a */
-    float *tail_c;   /**< tail block of the GEMM output (moe_token_blocks) */
-    size_t tail_c_cap; /**< floats allocated in tail_c */
     moe_dequant_pool *pool; /**< the layer's dequantization workers (borrowed; NULL: caller only) */
 } moe_scratch;
 
@@ -289,17 +278,22 @@ void moe_scratch_free(moe_scratch *s);
 /** Dequantization / GEMM timers of one call (seconds, accumulated). */
 typedef struct moe_gemm_clock {
     double dequant_s; /**< time in moe_weight_tile_f32 */
-    double gemm_s;    /**< time in SGEMM */
+    double gemm_s;    /**< time in the fixed-order GEMM */
     double flops;     /**< 2*M*N*K performed */
 } moe_gemm_clock;
 
+/** The two GEMM kinds of an expert (they differ in the height of a weight tile only). */
+typedef enum moe_gemm_kind {
+    MOE_GEMM_L1 = 0, /**< gate / up: K = D */
+    MOE_GEMM_L2 = 1  /**< down: K = I (padded) */
+} moe_gemm_kind;
+
 /**
- * out[m, rows(W)] = a[m, K] . W^T with the tiling that makes the result independent of the
- * padding of rows(W) (fixed row tiles) and, for L2, of the padding of K (fixed 128-wide K
- * chunks accumulated in ascending order).  @p k_chunked selects the L2 form.
+ * out[m, rows(W)] = a[m, K] . W^T, every element in the fixed order of moe_dot.c (so the
+ * result depends neither on m nor on the padding of rows(W) or of K).
  * @return 0, or -1 on allocation failure
  */
-int moe_expert_gemm(const moe_mat *w, const float *a, int64_t m, int k_chunked, float *out,
+int moe_expert_gemm(const moe_mat *w, const float *a, int64_t m, moe_gemm_kind kind, float *out,
                     moe_scratch *s, moe_gemm_clock *clk);
 
 /* ------------------------------------------------------------------ L1 epilogue */

@@ -14,9 +14,9 @@
  *
  * The order of idx is the slot order: slot 0 holds the best expert.  The combine of the
  * fused kernels adds the experts in this slot order, so the tie rule is part of the result.
- * The logits are an FP32 GEMM (OpenBLAS; order free, but run in fixed blocks of
- * ::MOE_ROUTER_TOKEN_BLOCK tokens by moe_token_blocks.c so that a token's logits do not depend
- * on the other tokens of the call); everything after them is deterministic.
+ * The logits are an FP32 GEMM in the fixed order of moe_dot.c (each product of two BF16 values
+ * is exact in FP32; the sums run in eight FMA lanes and a fixed combine), so a token's logits
+ * depend on that token only, on every CPU; everything after them is deterministic.
  * A NaN score is never preferred to a number.
  */
 #include "moe_internal.h"
@@ -95,20 +95,7 @@ mmoe_status moe_route(const mmoe_moe_desc *desc, const float *x, int64_t t, cons
                               (long long)e_n, (long long)d);
     }
     mmoe_bf16_to_f32_row(gate, (size_t)(e_n * d), gate_f32);
-    float *tail_a = NULL, *tail_c = NULL;
-    size_t tail_a_cap = 0, tail_c_cap = 0;
-    moe_token_blocks tb;
-    if (moe_token_blocks_begin(&tb, MOE_ROUTER_TOKEN_BLOCK, x, d, t, logits, e_n, &tail_a, &tail_a_cap, &tail_c,
-                               &tail_c_cap) != 0) {
-        free(gate_f32);
-        free(sel);
-        return mmoe_error_set(err, MMOE_ENOMEM, "moe: router: out of memory for a padded block of %d tokens",
-                              MOE_ROUTER_TOKEN_BLOCK);
-    }
-    moe_token_blocks_sgemm(&tb, 0, gate_f32, e_n, d, d, 0.0f, 0);
-    moe_token_blocks_end(&tb);
-    free(tail_a);
-    free(tail_c);
+    moe_dot_gemm(moe_dot_isa_best(), x, d, t, gate_f32, d, e_n, d, logits, e_n);
     for (int64_t i = 0; i < t; i++) {
         float *s = logits + i * e_n;
         for (int64_t e = 0; e < e_n; e++)

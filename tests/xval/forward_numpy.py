@@ -265,10 +265,12 @@ def load_config(path):
 # Linear layers (docs/spec/architecture.md, linear layers) and RMSNorm
 # --------------------------------------------------------------------------------------------
 class Model:
-    def __init__(self, path):
+    def __init__(self, path, rope_form="reference"):
         self.cfg = load_config(path)
         self.ck = Checkpoint(path)
         self.cache = {}
+        assert rope_form in ROPE_FORMS, rope_form
+        self.rope_form = rope_form
 
     def _w(self, name):
         if name not in self.cache:
@@ -416,7 +418,33 @@ def rope_freqs(cfg, ratio):
     return f
 
 
-def rope(x, pos, freqs, inverse=False):
+# How the real part of the rotation is rounded: "reference" is the spec's (the reference's GPU code contracts
+# it into one fused multiply-add, re = fp32(a*cos - fp32(b*sin))); "plain" rounds a*cos first, as the
+# PyTorch model of the tiny fixture (tools/tiny_dsv4_model.py) does on the CPU: fp32(fp32(a*cos) - fp32(b*sin)).
+ROPE_FORMS = ("reference", "plain")
+
+
+def fma_f32(a, b, c):
+    """fp32(a*b + c) rounded once, for fp32 arrays where a*b is exact in float64 (a bf16 value times an fp32
+    value: 8 + 24 significant bits).  TwoSum gives s + e = a*b + c exactly with s = fl64(a*b + c); rounding
+    s to fp32 is the correct rounding of the exact sum unless s lies exactly halfway between two fp32
+    numbers (fp32 midpoints are float64 numbers, so no other midpoint can lie between s and s + e), and
+    there the sign of e decides."""
+    x = a.astype(np.float64) * b.astype(np.float64)
+    y = np.asarray(c, dtype=np.float64)
+    s = x + y
+    bb = s - x
+    e = (x - (s - bb)) + (y - bb)
+    f = s.astype(F32)
+    fd = f.astype(np.float64)
+    other = np.where(s > fd, np.nextafter(f, F32(np.inf)), np.nextafter(f, F32(-np.inf))).astype(F32)
+    od = other.astype(np.float64)
+    mid = (s != fd) & (np.abs(s - fd) == np.abs(od - s))
+    fix = mid & (e != 0) & ((od > fd) == (e > 0))
+    return np.where(fix, other, f).astype(F32)
+
+
+def rope(x, pos, freqs, inverse=False, form="reference"):
     """Rotate the adjacent pairs of the last 2*len(freqs) dims of x [..., n] (x bf16, pos per row)."""
     rd = 2 * len(freqs)
     ang = f32(f32(np.asarray(pos, dtype=F32))[..., None] * freqs)  # [..., rd/2]
@@ -430,8 +458,13 @@ def rope(x, pos, freqs, inverse=False):
     while c.ndim < a.ndim:
         c = c[..., None, :]
         s = s[..., None, :]
-    y[..., -rd::2] = bf16(a * c - b * s)
-    y[..., -rd + 1::2] = bf16(a * s + b * c)
+    bs = f32(b * s)
+    if form == "reference":
+        re = fma_f32(a, np.broadcast_to(c, a.shape), -bs)
+    else:
+        re = f32(f32(a * c) - bs)
+    y[..., -rd::2] = bf16(re)
+    y[..., -rd + 1::2] = bf16(f32(f32(a * s) + f32(b * c)))
     return y
 
 
@@ -480,7 +513,7 @@ def compress(m, x, prefix, ratio, dh, freqs, kind):
             acc = f32(acc + f32(f32(e[i] / den) * kvs[i]))
         out[j] = acc
     out = m.rmsnorm(bf16(out), prefix + ".norm.weight")
-    out = rope(out, np.arange(nb) * ratio, freqs)
+    out = rope(out, np.arange(nb) * ratio, freqs, form=m.rope_form)
     if kind == "attn":
         nope = dh - 2 * len(freqs)
         out[:, :nope] = fp8_roundtrip(out[:, :nope], 64)
@@ -493,7 +526,7 @@ def indexer_topk(m, x, qr, prefix, freqs, cfg, L_ratio):
     T = x.shape[0]
     nh, dh = cfg["idx_heads"], cfg["idx_dim"]
     qi = m.linear(qr, prefix + ".wq_b").reshape(T, nh, dh)
-    qi = rope(qi, np.arange(T), freqs)
+    qi = rope(qi, np.arange(T), freqs, form=m.rope_form)
     qi = fp4_roundtrip(hadamard(qi), 32)
     K = compress(m, x, prefix + ".compressor", L_ratio, dh, freqs, "index")
     w = m.linear(x, prefix + ".weights_proj")  # bf16 [T, nh]
@@ -547,9 +580,9 @@ def attention(m, x, layer, ratio, prefix, cfg):
     mean = bf16(f32(q2.astype(np.float64).sum(axis=-1, keepdims=True)) / F32(d))
     r = bf16(F32(1.0) / f32(np.sqrt(bf16(mean + F32(cfg["eps"])))))  # fp32 sqrt and reciprocal, then bf16
     q = bf16(q * r)
-    q = rope(q, pos, freqs)
+    q = rope(q, pos, freqs, form=m.rope_form)
     kv = m.rmsnorm(m.linear(x, prefix + ".wkv"), prefix + ".kv_norm.weight")
-    kv = rope(kv, pos, freqs)
+    kv = rope(kv, pos, freqs, form=m.rope_form)
     kv[:, :d - rd] = fp8_roundtrip(kv[:, :d - rd], 64)
     comp = None
     picks = None
@@ -567,7 +600,7 @@ def attention(m, x, layer, ratio, prefix, cfg):
         elif ratio == 4:
             rows += [comp[j] for j in picks[p]]
         o[p] = sparse_attention(q[p], np.stack(rows), sink, scale)
-    o = rope(o, pos, freqs, inverse=True)
+    o = rope(o, pos, freqs, inverse=True, form=m.rope_form)
     G = cfg["o_groups"]
     og = o.reshape(T, G, H * d // G).astype(np.float64)
     if m.ck.dtype(prefix + ".wo_a.weight") == "F8_E4M3":
@@ -696,8 +729,8 @@ def main(argv):
     # Expected: bit-exact, almost always.  Both sides round at the spec's points, sum exact products (FP8 x FP8,
     # bf16 x bf16) in double and round once, do the remaining fp32 arithmetic (mHC, Sinkhorn, softmax, SwiGLU)
     # operation by operation in index order, and take fp32 transcendentals from the same C library.  What the
-    # spec leaves free and the C MoE oracle does differently (its expert GEMMs and router are fp32 BLAS calls,
-    # whose summation order is the library's) occasionally moves an fp32 result by an ulp, which flips one bf16
+    # spec leaves free and the C MoE oracle does differently (its expert GEMMs and router sum in fp32, in eight
+    # fused multiply-add lanes, src/cpu_ref/moe_dot.c) occasionally moves an fp32 result by an ulp, which flips one bf16
     # rounding; the flip then spreads (through FP8 steps of 6-12% of an element, the window, the compressed
     # blocks and the indexer's top-k) to later rows at the level of a few percent.  So the test accepts:
     #   - bit-exact logits, or

@@ -1,0 +1,351 @@
+/**
+ * @file moe_dot.c
+ * @brief The MoE oracle's GEMM with one fixed summation order: every output element is the same
+ *        sequence of FP32 fused multiply-adds on every CPU, whatever the batch, the thread count,
+ *        the vector width or the BLAS installed.
+ *
+ * ## The order
+ * Every GEMM of the MoE oracle (the experts' L1 and L2, the fused shared expert, the serial
+ * shared expert, the router's logits) is C[t, j] = sum_k a[t, k] w[j, k] with both operands
+ * K-contiguous.  Each output element is computed with ::MOE_DOT_LANES = 8 FP32 partial sums
+ * ("lanes") and one fixed combine:
+ *
+ * \f[ p_l = 0,\qquad p_{k \bmod 8} \leftarrow \mathrm{fma}(a_k, w_k, p_{k \bmod 8})
+ *     \quad\text{for } k = 0, 1, \ldots, K-1 \text{ in ascending order,} \f]
+ * \f[ C = \big((p_0 + p_4) + (p_2 + p_6)\big) + \big((p_1 + p_5) + (p_3 + p_7)\big), \f]
+ *
+ * with fma rounded once (C's fmaf) and every + rounded to FP32 (round to nearest even).  This
+ * is a definition, not a description of a kernel: the scalar loop above, an AVX2 loop that keeps
+ * the eight lanes in one register, and a loop over several tokens and rows at once all produce
+ * exactly these operations on exactly these values, so they give the same bits.  Nothing about
+ * an output element depends on the other tokens (m), on the other output rows (n), on how the
+ * work is blocked, or on the CPU.  The combine is the usual horizontal sum of an 8-float
+ * register (upper half onto lower half, then pairs), so the vector variant needs no extra step.
+ *
+ * Why lanes and not one accumulator: the operands are stored with K contiguous (the checkpoint
+ * layout, and the layout the weight decoder writes), so the natural vector loop runs along K;
+ * one accumulator per output would need either a transposed weight tile or horizontal work per
+ * k.  With 8 lanes the vector loop is one fused multiply-add per 8 products, and the order is
+ * still a plain formula that a scalar loop reproduces.
+ *
+ * ## Rounding: fma, always
+ * In the recipes with power-of-two scales every product a_k w_k is exact in FP32 (an E4M3 or
+ * BF16 activation, with at most 8 significant bits, times an E2M1, E4M3 or BF16 weight, times
+ * powers of two; the router multiplies two BF16 values: 8 x 8 significant bits), and then
+ * fma(a, w, p) = fl(fl(a w) + p).  Not always: the continuous-scale activation rule
+ * (MOE_Q_F32_128) and non-power-of-two F32 weight scales give products of up to 48 bits.  So
+ * the rounding is part of the definition: one fused multiply-add per product.  The vector
+ * variant uses the FMA instruction, the scalar variant C's fmaf(), which is correctly rounded
+ * on every platform (a library call where the CPU has no FMA unit: slow, but the same bits).
+ * No compiler contraction can change a bit: the source has no separate multiply to contract.
+ *
+ * ## Zeros: padding changes no bit
+ * A lane starts at +0 and can never become -0 (an RN sum is -0 only when both addends are -0),
+ * so adding a zero product (+0 or -0) leaves it unchanged.  Zero runs inserted into K whose
+ * length is a multiple of 8 (the layer pads I by multiples of 128, the shared experts group by
+ * group) keep every real k in its lane and in its order, and add only zero products: the result
+ * is bit-identical to the unpadded one.  Padded output rows are separate outputs.
+ *
+ * ## Variants
+ * ::MOE_DOT_ISA_GENERIC is the scalar formula (every CPU).  ::MOE_DOT_ISA_AVX2_FMA (x86-64,
+ * compiled with GCC's target attribute, used when the CPU reports AVX2 and FMA) keeps the eight
+ * lanes of one output in one YMM register and computes a register block of several tokens x
+ * several weight rows per pass, so that each loaded weight vector serves several tokens and each
+ * activation vector several rows.  Both must give the same bits; tests/test_moe_dot.c checks
+ * every variant that the CPU runs against an independent scalar loop, on random inputs whose
+ * products are not exact.  There is no AVX-512 variant: the AVX2 variant runs on every AVX-512
+ * CPU, and a variant that the development and CI machines cannot execute could not be tested.
+ *
+ * ## Blocking
+ * The weight rows are taken in blocks of about ::DOT_ROW_BLOCK_BYTES (they stay in the L2 cache
+ * while every token passes over them); inside a block, groups of 4 tokens x 3 rows (12
+ * accumulators), then single tokens x 8 rows (8 independent FMA chains, enough to hide the FMA
+ * latency), then what is left one row at a time.  The blocking decides only which outputs are
+ * computed together, never the operations of one output.  The loops over a register block are
+ * unrolled by pragma so that the accumulator arrays live in registers (left to itself, GCC 12
+ * -O2 kept some blocks in memory, and the FP4 kernel for two tokens ran about 10x slower than
+ * for one; thread CPU time per 2048 x 4096 FP4 matrix with the pragma: 1.5 ms for one token,
+ * 2.3 ms for two, 3.4 ms for four, on the Zen 3 development machine).
+ */
+#include "moe_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "mmoe_formats.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define MOE_DOT_HAVE_X86 1
+#include <immintrin.h>
+#else
+#define MOE_DOT_HAVE_X86 0
+#endif
+
+/** Weight bytes per row block (kept in the L2 cache while all tokens pass over it). */
+#define DOT_ROW_BLOCK_BYTES ((int64_t)192 * 1024)
+
+const char *moe_dot_isa_name(moe_dot_isa isa)
+{
+    switch (isa) {
+    case MOE_DOT_ISA_GENERIC: return "generic";
+    case MOE_DOT_ISA_AVX2_FMA: return "avx2+fma";
+    case MOE_DOT_ISA_COUNT: break;
+    }
+    return "?";
+}
+
+int moe_dot_isa_runs_here(moe_dot_isa isa)
+{
+    switch (isa) {
+    case MOE_DOT_ISA_GENERIC: return 1;
+    case MOE_DOT_ISA_AVX2_FMA:
+#if MOE_DOT_HAVE_X86
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+        return 0;
+#endif
+    case MOE_DOT_ISA_COUNT: break;
+    }
+    return 0;
+}
+
+moe_dot_isa moe_dot_isa_best(void)
+{
+    return moe_dot_isa_runs_here(MOE_DOT_ISA_AVX2_FMA) ? MOE_DOT_ISA_AVX2_FMA : MOE_DOT_ISA_GENERIC;
+}
+
+/** The fixed combine of the eight lanes. */
+static float combine_lanes(const float p[MOE_DOT_LANES])
+{
+    return ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
+}
+
+/** One output of the fixed order, scalar: the definition itself. */
+static float dot_generic(const float *a, const float *w, int64_t k)
+{
+    float p[MOE_DOT_LANES] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t i = 0; i < k; i++)
+        p[i % MOE_DOT_LANES] = fmaf(a[i], w[i], p[i % MOE_DOT_LANES]);
+    return combine_lanes(p);
+}
+
+/** Every output of the GEMM by the scalar formula. */
+static void gemm_generic(const float *a, int64_t lda, int64_t m, const float *w, int64_t ldw, int64_t n, int64_t k,
+                         float *c, int64_t ldc)
+{
+    for (int64_t t = 0; t < m; t++)
+        for (int64_t j = 0; j < n; j++)
+            c[t * ldc + j] = dot_generic(a + t * lda, w + j * ldw, k);
+}
+
+/** FP4 rows decoded one at a time (moe_weight_tile.c), then the scalar formula. */
+static int gemm_fp4_generic(const float *a, int64_t lda, int64_t m, const moe_mat *w, int64_t r0, int64_t n,
+                            float *c, int64_t ldc)
+{
+    const int64_t k = w->cols;
+    float *row = malloc((size_t)k * sizeof(float));
+    if (row == NULL)
+        return -1;
+    for (int64_t j = 0; j < n; j++) {
+        moe_weight_tile_f32(w, r0 + j, 1, 0, k, row);
+        for (int64_t t = 0; t < m; t++)
+            c[t * ldc + j] = dot_generic(a + t * lda, row, k);
+    }
+    free(row);
+    return 0;
+}
+
+#if MOE_DOT_HAVE_X86
+
+#define DOT_AVX2 __attribute__((target("avx2,fma")))
+
+/**
+ * Finish one output: the lanes of @p acc, then the k that do not fill a whole vector (k0 ..
+ * k - 1, into their lanes k mod 8, in order), then the combine.
+ */
+DOT_AVX2 static inline float finish_avx2(__m256 acc, const float *a, const float *w, int64_t k0, int64_t k)
+{
+    float p[MOE_DOT_LANES];
+    _mm256_storeu_ps(p, acc);
+    for (int64_t i = k0; i < k; i++)
+        p[i % MOE_DOT_LANES] = fmaf(a[i], w[i], p[i % MOE_DOT_LANES]);
+    return combine_lanes(p);
+}
+
+/**
+ * A register block of RT tokens x RN weight rows: RT * RN accumulators, one FMA each per
+ * 8 values of k.  Always inlined with constant RT and RN, so the arrays live in registers.
+ */
+DOT_AVX2 static inline __attribute__((always_inline)) void block_avx2(int rt, int rn, const float *a, int64_t lda,
+                                                                      const float *w, int64_t ldw, int64_t k,
+                                                                      float *c, int64_t ldc)
+{
+    __m256 acc[4][8];
+    _Pragma("GCC unroll 8")
+    for (int t = 0; t < rt; t++)
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < rn; j++)
+            acc[t][j] = _mm256_setzero_ps();
+    const int64_t kv = k - k % MOE_DOT_LANES;
+    for (int64_t i = 0; i < kv; i += MOE_DOT_LANES) {
+        __m256 wv[8];
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < rn; j++)
+            wv[j] = _mm256_loadu_ps(w + j * ldw + i);
+        _Pragma("GCC unroll 8")
+        for (int t = 0; t < rt; t++) {
+            const __m256 av = _mm256_loadu_ps(a + t * lda + i);
+            _Pragma("GCC unroll 8")
+            for (int j = 0; j < rn; j++)
+                acc[t][j] = _mm256_fmadd_ps(av, wv[j], acc[t][j]);
+        }
+    }
+    _Pragma("GCC unroll 8")
+    for (int t = 0; t < rt; t++)
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < rn; j++)
+            c[t * ldc + j] = finish_avx2(acc[t][j], a + t * lda, w + j * ldw, kv, k);
+}
+
+/** Tokens [0, m) against weight rows [0, n) of one row block. */
+DOT_AVX2 static void rows_avx2(const float *a, int64_t lda, int64_t m, const float *w, int64_t ldw, int64_t n,
+                               int64_t k, float *c, int64_t ldc)
+{
+    int64_t t = 0;
+    for (; t + 4 <= m; t += 4) {
+        int64_t j = 0;
+        for (; j + 3 <= n; j += 3)
+            block_avx2(4, 3, a + t * lda, lda, w + j * ldw, ldw, k, c + t * ldc + j, ldc);
+        for (; j < n; j++)
+            block_avx2(4, 1, a + t * lda, lda, w + j * ldw, ldw, k, c + t * ldc + j, ldc);
+    }
+    for (; t < m; t++) {
+        int64_t j = 0;
+        for (; j + 8 <= n; j += 8)
+            block_avx2(1, 8, a + t * lda, lda, w + j * ldw, ldw, k, c + t * ldc + j, ldc);
+        for (; j < n; j++)
+            block_avx2(1, 1, a + t * lda, lda, w + j * ldw, ldw, k, c + t * ldc + j, ldc);
+    }
+}
+
+/** The AVX2 GEMM: row blocks of about ::DOT_ROW_BLOCK_BYTES, each passed by every token. */
+DOT_AVX2 static void gemm_avx2(const float *a, int64_t lda, int64_t m, const float *w, int64_t ldw, int64_t n,
+                               int64_t k, float *c, int64_t ldc)
+{
+    int64_t rb = DOT_ROW_BLOCK_BYTES / ((k > 0 ? k : 1) * (int64_t)sizeof(float));
+    rb = rb < 24 ? 24 : rb - rb % 24; /* a multiple of 3 and of 8 */
+    for (int64_t j0 = 0; j0 < n; j0 += rb)
+        rows_avx2(a, lda, m, w + j0 * ldw, ldw, n - j0 < rb ? n - j0 : rb, k, c + j0, ldc);
+}
+
+/**
+ * The 32 weights of one FP4 group (16 bytes: element 2i in the low nibble of byte i, 2i + 1 in
+ * the high one) as four vectors of exact FP32 values.  A 16-entry byte table holds 2 x the E2M1
+ * value of each code (0, 1, 2, 3, 4, 6, 8, 12 and their negatives; code 8, -0, becomes +0, which
+ * no lane can tell from -0: see "Zeros"); the integers are converted exactly and multiplied by
+ * half the group's power-of-two scale, an exact product (or the same infinity) as the decoder's
+ * e2m1 x scale.
+ */
+DOT_AVX2 static inline __attribute__((always_inline)) void fp4_group_avx2(const uint8_t *bytes, float half_scale,
+                                                                          __m256 out[4])
+{
+    const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m128i nibble = _mm_set1_epi8(0x0F);
+    const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)bytes);
+    const __m128i lo = _mm_and_si128(b, nibble), hi = _mm_and_si128(_mm_srli_epi16(b, 4), nibble);
+    const __m128i v0 = _mm_shuffle_epi8(table, _mm_unpacklo_epi8(lo, hi)); /* elements 0 .. 15 */
+    const __m128i v1 = _mm_shuffle_epi8(table, _mm_unpackhi_epi8(lo, hi)); /* elements 16 .. 31 */
+    const __m256 hs = _mm256_set1_ps(half_scale);
+    out[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v0)), hs);
+    out[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v0, 8))), hs);
+    out[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v1)), hs);
+    out[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v1, 8))), hs);
+}
+
+/**
+ * RT tokens x RN FP4 weight rows, decoded in registers group by group: the same values and the
+ * same fused multiply-adds, in the same lane order, as decoding the rows and calling block_avx2.
+ */
+DOT_AVX2 static inline __attribute__((always_inline)) void fp4_block_avx2(int rt, int rn, const float *a,
+                                                                          int64_t lda, const moe_mat *w, int64_t r0,
+                                                                          float *c, int64_t ldc)
+{
+    const int64_t k = w->cols, row_bytes = k / 2;
+    const uint8_t *sf = (const uint8_t *)w->sf;
+    __m256 acc[2][8];
+    _Pragma("GCC unroll 8")
+    for (int t = 0; t < rt; t++)
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < rn; j++)
+            acc[t][j] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < k / 32; g++) {
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < rn; j++) {
+            __m256 wv[4];
+            const float half_scale = mmoe_ue8m0_to_f32(sf[(r0 + j) * w->sf_cols + g]) * 0.5f;
+            fp4_group_avx2(w->w + (r0 + j) * row_bytes + g * 16, half_scale, wv);
+            _Pragma("GCC unroll 8")
+            for (int t = 0; t < rt; t++)
+                _Pragma("GCC unroll 8")
+                for (int q = 0; q < 4; q++)
+                    acc[t][j] = _mm256_fmadd_ps(_mm256_loadu_ps(a + t * lda + g * 32 + q * 8), wv[q], acc[t][j]);
+        }
+    }
+    _Pragma("GCC unroll 8")
+    for (int t = 0; t < rt; t++)
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < rn; j++) {
+            float p[MOE_DOT_LANES];
+            _mm256_storeu_ps(p, acc[t][j]);
+            c[t * ldc + j] = combine_lanes(p);
+        }
+}
+
+/** The FP4 GEMM in registers: pairs of tokens x 4 rows, then single tokens x 8 rows. */
+DOT_AVX2 static void gemm_fp4_avx2(const float *a, int64_t lda, int64_t m, const moe_mat *w, int64_t r0, int64_t n,
+                                   float *c, int64_t ldc)
+{
+    int64_t t = 0;
+    for (; t + 2 <= m; t += 2) {
+        int64_t j = 0;
+        for (; j + 4 <= n; j += 4)
+            fp4_block_avx2(2, 4, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
+        for (; j < n; j++)
+            fp4_block_avx2(2, 1, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
+    }
+    for (; t < m; t++) {
+        int64_t j = 0;
+        for (; j + 8 <= n; j += 8)
+            fp4_block_avx2(1, 8, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
+        for (; j < n; j++)
+            fp4_block_avx2(1, 1, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
+    }
+}
+
+#endif /* MOE_DOT_HAVE_X86 */
+
+void moe_dot_gemm(moe_dot_isa isa, const float *a, int64_t lda, int64_t m, const float *w, int64_t ldw, int64_t n,
+                  int64_t k, float *c, int64_t ldc)
+{
+#if MOE_DOT_HAVE_X86
+    if (isa == MOE_DOT_ISA_AVX2_FMA) {
+        gemm_avx2(a, lda, m, w, ldw, n, k, c, ldc);
+        return;
+    }
+#endif
+    (void)isa;
+    gemm_generic(a, lda, m, w, ldw, n, k, c, ldc);
+}
+
+int moe_dot_gemm_fp4(moe_dot_isa isa, const float *a, int64_t lda, int64_t m, const moe_mat *w, int64_t r0,
+                     int64_t n, float *c, int64_t ldc)
+{
+#if MOE_DOT_HAVE_X86
+    if (isa == MOE_DOT_ISA_AVX2_FMA) {
+        gemm_fp4_avx2(a, lda, m, w, r0, n, c, ldc);
+        return 0;
+    }
+#endif
+    (void)isa;
+    return gemm_fp4_generic(a, lda, m, w, r0, n, c, ldc);
+}
