@@ -1,0 +1,99 @@
+/**
+ * @file gpu_forward_kernels.cuh
+ * @brief Device building blocks of the GPU forward: number formats and the rounding helpers.
+ *
+ * Every fp32 operation of the oracle's recipe that is followed by a rounding is written here
+ * with an explicit round-to-nearest intrinsic (__fmul_rn, __fadd_rn, __fdiv_rn, ...), so that
+ * the compiler cannot contract a multiply and an add into one FMA: the oracle (plain C11,
+ * no contraction) rounds after each.  Double accumulations of exact products may use FMA: an
+ * exact product is the same whether rounded alone or inside the FMA.
+ *
+ * The E4M3 decode table is the oracle's (uploaded to constant memory at model creation);
+ * E4M3 encoding is CUDA's round-to-nearest-even conversion with saturation; E2M1 encoding
+ * is written out (nearest, ties to the even code, saturating, sign kept).
+ */
+#ifndef MMOE_GPU_FORWARD_KERNELS_CUH
+#define MMOE_GPU_FORWARD_KERNELS_CUH
+
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+/** bf16 bits -> fp32 (exact). */
+__device__ __forceinline__ float gfw_bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+
+/** fp32 -> bf16 bits, round to nearest even; NaN keeps its sign and becomes quiet (the oracle's rule). */
+__device__ __forceinline__ uint16_t gfw_f2bf(float f)
+{
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u)
+        return (uint16_t)((u >> 16) | 0x0040u);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+/** Round fp32 to bf16 and back. */
+__device__ __forceinline__ float gfw_bfr(float f) { return gfw_bf2f(gfw_f2bf(f)); }
+
+/** UE8M0 byte -> fp32: 2^(b-127); 0 -> 2^-127; 255 -> NaN. */
+__device__ __forceinline__ float gfw_ue8m0(uint8_t b)
+{
+    if (b == 255)
+        return __uint_as_float(0x7FC00000u);
+    if (b == 0)
+        return __uint_as_float(0x00400000u);
+    return __uint_as_float((uint32_t)b << 23);
+}
+
+/** Biased exponent of the smallest power of two >= |s|, clamped to [1, 254]. */
+__device__ __forceinline__ uint8_t gfw_ue8m0_ceil_clamped(float s)
+{
+    uint32_t ua = __float_as_uint(s) & 0x7FFFFFFFu;
+    int e = (int)(ua >> 23) + ((ua & 0x7FFFFFu) != 0);
+    e = e < 1 ? 1 : (e > 254 ? 254 : e);
+    return (uint8_t)e;
+}
+
+/** E4M3 code of @p v: nearest even, saturating to +-448. */
+__device__ __forceinline__ uint8_t gfw_e4m3_code(float v)
+{
+    return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+}
+
+/** Magnitudes of the eight E2M1 codes. */
+__device__ __forceinline__ float gfw_e2m1_mag(int c)
+{
+    const float t[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    return t[c & 7];
+}
+
+/** Signed value of an E2M1 nibble (code 8 is -0). */
+__device__ __forceinline__ float gfw_e2m1_value(int n) { return (n & 8) ? -gfw_e2m1_mag(n) : gfw_e2m1_mag(n); }
+
+/** E2M1 round trip of @p v (|v| <= 6 expected): nearest, ties to the even code, sign kept. */
+__device__ __forceinline__ float gfw_e2m1_round(float v)
+{
+    const float a = fabsf(v);
+    float m;
+    if (a <= 0.25f) m = 0.0f;
+    else if (a < 0.75f) m = 0.5f;
+    else if (a <= 1.25f) m = 1.0f;
+    else if (a < 1.75f) m = 1.5f;
+    else if (a <= 2.5f) m = 2.0f;
+    else if (a < 3.5f) m = 3.0f;
+    else if (a <= 5.0f) m = 4.0f;
+    else m = 6.0f;
+    return copysignf(m, v);
+}
+
+/**
+ * exp in fp32 through double: exp of the double value, rounded once.  This is the correctly
+ * rounded fp32 result except when the exact value lies within about 2^-29 ulp of a rounding
+ * boundary; the host's expf may differ from it by one ulp (it is not correctly rounded).
+ */
+__device__ __forceinline__ float gfw_expf(float x) { return __double2float_rn(exp((double)x)); }
+
+/** 1 / (1 + exp(-z)) with IEEE operations. */
+__device__ __forceinline__ float gfw_sigmoid(float z) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, gfw_expf(-z))); }
+
+#endif /* MMOE_GPU_FORWARD_KERNELS_CUH */
