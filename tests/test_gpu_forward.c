@@ -22,6 +22,11 @@
  *     FWD_MARGIN_TOL * (max|logit| + 1) (a margin smaller than the bound cannot decide);
  *   - greedy generation: 12 tokens decoded one at a time on both backends, teacher-forced
  *     with the oracle's choice, the GPU picks the same token under the same margin rule.
+ * The CLI: `megamoe logits --backend gpu|cpu` (70 tokens: two GPU calls; --mtp) under the same
+ * bound, `megamoe generate --backend cpu|gpu|auto` greedy continuations identical.  Without a
+ * GPU the program still checks the refusals (`--backend gpu` exits 1 naming the option and
+ * writes no file; `auto` runs on the CPU and says so; a bad name exits 2), then exits 77.
+ *
  * Exactly equal logits are counted and printed (most tokens of most models are bit-exact).
  * Decode on the GPU (one token per call) is compared with the GPU prefill under the same
  * bound (the fixed-order kernels make them equal except through the MoE's GEMM order,
@@ -31,12 +36,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "mmoe_config.h"
 #include "mmoe_gpu_forward.h"
 #include "mmoe_gpu_moe.h"
 #include "mmoe_model.h"
 #include "mmoe_rng.h"
+#include "mmoe_safetensors.h"
 #include "mmoe_synth_model.h"
 #include "mmoe_test.h"
 
@@ -155,6 +162,11 @@ static void run_model(const char *what, const char *dir, int64_t T, int64_t chun
     char label[128];
     snprintf(label, sizeof label, "%s prefill", what);
     compare_logits(label, lg, lc, T, V);
+    int64_t same = 0;
+    for (int64_t i = 0; i < T * row; i++)
+        same += sc[i] == sg[i];
+    fprintf(stderr, "gpu_forward: %s: final streams: %lld of %lld bf16 values identical\n", what, (long long)same,
+            (long long)(T * row));
     float m0, a0;
     int64_t next = argmax_margin(lc + (T - 1) * V, V, &m0, &a0);
 
@@ -219,6 +231,45 @@ START_TEST(test_tiny_fixture)
 }
 END_TEST
 
+/** Write a synth checkpoint of preset @p preset with @p layers layers (optional overrides) and run it. */
+static void synth_case(const char *what, const char *preset, int layers, int64_t experts, int64_t vocab, int64_t T,
+                       int n_gen)
+{
+    char root[512], dir[600];
+    ck_assert_int_eq(mmoe_test_mkdtemp(root, sizeof root), 0);
+    snprintf(dir, sizeof dir, "%s/ckpt", root);
+    mmoe_config cfg;
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    ck_assert(mmoe_config_preset(preset, layers, &cfg, &err) == MMOE_OK);
+    if (experts > 0)
+        cfg.n_routed_experts = experts;
+    if (vocab > 0)
+        cfg.vocab_size = vocab;
+    if (cfg.max_seq_len > 1024)
+        cfg.max_seq_len = 1024;
+    ck_assert_msg(mmoe_synth_model_write(&cfg, g_seed, dir, 256 << 20, NULL, NULL, &err) == MMOE_OK, "%s", err.msg);
+    run_model(what, dir, T, 64, n_gen);
+    mmoe_test_rmtree(root);
+}
+
+/* one layer type more at a time: window only (hash), + ratio 4 (hash), + ratio 128 */
+START_TEST(test_synth_layers)
+{
+    synth_case("synth tiny x1", "tiny", 1, 0, 0, 40, 4);
+    synth_case("synth tiny x2", "tiny", 2, 0, 0, 40, 4);
+}
+END_TEST
+
+/* V4-Flash widths (D 4096, 64 heads of 512, q_lora 1024, 8 groups, indexer 64 x 128, window 128,
+   top-512; layers [0, 0, 4, 128] + MTP) with 8 experts and a 1024-token vocabulary: 160 tokens pass
+   the window, make 40 ratio-4 blocks and one ratio-128 block */
+START_TEST(test_synth_flash)
+{
+    synth_case("synth v4-flash widths x4", "v4-flash", 4, 8, 1024, 160, 4);
+}
+END_TEST
+
 START_TEST(test_synth_long)
 {
     char root[512], dir[600];
@@ -260,22 +311,141 @@ START_TEST(test_refuses)
 }
 END_TEST
 
+/** Run a shell command; its exit status (-1 when it did not exit). */
+static int sh(const char *cmd)
+{
+    const int rc = system(cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+/** The megamoe program and the tiny fixture, or fail. */
+static void cli_paths(const char **bin, char *dir, size_t n)
+{
+    *bin = getenv("MMOE_BIN");
+    ck_assert_msg(*bin != NULL, "MMOE_BIN is not set (run through make check)");
+    tiny_dir(dir, n);
+}
+
+/* megamoe logits --backend gpu against --backend cpu (prefill over two GPU chunks, and --mtp) */
+START_TEST(test_cli_logits)
+{
+    const char *bin;
+    char dir[4096], root[512], cmd[16384], toks[4096];
+    cli_paths(&bin, dir, sizeof dir);
+    ck_assert_int_eq(mmoe_test_mkdtemp(root, sizeof root), 0);
+    size_t len = 0;
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed ^ 0xc1);
+    for (int i = 0; i < 70; i++)
+        len += (size_t)snprintf(toks + len, sizeof toks - len, "%s%llu", i ? "," : "",
+                                (unsigned long long)mmoe_rng_below(&r, 512));
+    const char *be[2] = {"cpu", "gpu"};
+    mmoe_st_file *f[2] = {NULL, NULL};
+    mmoe_error err;
+    for (int b = 0; b < 2; b++) {
+        snprintf(cmd, sizeof cmd, "'%s' logits --model '%s' --tokens %s --mtp --backend %s --out '%s/%s.st' 2>'%s/%s.err'",
+                 bin, dir, toks, be[b], root, be[b], root, be[b]);
+        ck_assert_msg(sh(cmd) == 0, "%s failed", cmd);
+        snprintf(cmd, sizeof cmd, "%s/%s.st", root, be[b]);
+        ck_assert_msg(mmoe_st_open(cmd, &f[b], &err) == MMOE_OK, "%s", err.msg);
+    }
+    const char *names[2] = {"logits", "mtp_logits"};
+    for (int i = 0; i < 2; i++) {
+        const mmoe_tensor *c = mmoe_st_find(f[0], names[i]), *g = mmoe_st_find(f[1], names[i]);
+        ck_assert(c && g && c->shape[0] == g->shape[0] && c->shape[1] == g->shape[1]);
+        compare_logits(names[i], g->data, c->data, c->shape[0], c->shape[1]);
+    }
+    snprintf(cmd, sizeof cmd, "grep -q 'backend: gpu (requested' '%s/gpu.err'", root);
+    ck_assert_msg(sh(cmd) == 0, "megamoe logits --backend gpu does not say which backend ran");
+    mmoe_st_close(f[0]);
+    mmoe_st_close(f[1]);
+    mmoe_test_rmtree(root);
+}
+END_TEST
+
+/* megamoe generate: greedy continuations of the fixture on both backends; auto says it took the GPU */
+START_TEST(test_cli_generate)
+{
+    const char *bin;
+    char dir[4096], root[512], cmd[16384];
+    cli_paths(&bin, dir, sizeof dir);
+    ck_assert_int_eq(mmoe_test_mkdtemp(root, sizeof root), 0);
+    const char *be[3] = {"cpu", "gpu", "auto"};
+    for (int b = 0; b < 3; b++) {
+        snprintf(cmd, sizeof cmd, "'%s' generate --model '%s' --prompt 'the quick brown fox' --max-tokens 12 --print-ids "
+                 "--backend %s > '%s/%s.out' 2>'%s/%s.err'", bin, dir, be[b], root, be[b], root, be[b]);
+        ck_assert_msg(sh(cmd) == 0, "%s failed", cmd);
+    }
+    snprintf(cmd, sizeof cmd, "cmp -s '%s/cpu.out' '%s/gpu.out' && cmp -s '%s/cpu.out' '%s/auto.out'", root, root, root,
+             root);
+    if (sh(cmd) != 0) {
+        snprintf(cmd, sizeof cmd, "cat '%s/cpu.out' '%s/gpu.out' >&2", root, root);
+        sh(cmd);
+        ck_abort_msg("greedy generate: the GPU's continuation differs from the CPU's (ids above)");
+    }
+    snprintf(cmd, sizeof cmd, "grep -q 'backend: gpu (auto' '%s/auto.err'", root);
+    ck_assert_msg(sh(cmd) == 0, "generate --backend auto does not say that it took the GPU");
+    mmoe_test_rmtree(root);
+}
+END_TEST
+
+/**
+ * Without a usable GPU: `--backend gpu` is refused (exit 1, the message names the option),
+ * `--backend auto` runs on the CPU and says so, a bad name is a usage error (exit 2).
+ */
+static int check_refusal_without_gpu(void)
+{
+    const char *bin = getenv("MMOE_BIN");
+    if (bin == NULL)
+        return 0;
+    char dir[4096], root[512], cmd[16384];
+    tiny_dir(dir, sizeof dir);
+    if (mmoe_test_mkdtemp(root, sizeof root) != 0)
+        return 1;
+    int bad = 0;
+    snprintf(cmd, sizeof cmd, "'%s' logits --model '%s' --tokens 1,2 --backend gpu --out '%s/g.st' 2>'%s/g.err'", bin,
+             dir, root, root);
+    bad |= sh(cmd) != 1;
+    snprintf(cmd, sizeof cmd, "grep -q -- '--backend gpu:' '%s/g.err' && test ! -e '%s/g.st'", root, root);
+    bad |= sh(cmd) != 0;
+    snprintf(cmd, sizeof cmd, "'%s' logits --model '%s' --tokens 1,2 --backend auto --out '%s/a.st' 2>'%s/a.err'", bin,
+             dir, root, root);
+    bad |= sh(cmd) != 0;
+    snprintf(cmd, sizeof cmd, "grep -q 'backend: cpu (auto' '%s/a.err'", root);
+    bad |= sh(cmd) != 0;
+    snprintf(cmd, sizeof cmd, "'%s' generate --model '%s' --prompt x --backend tpu 2>/dev/null", bin, dir);
+    bad |= sh(cmd) != 2;
+    mmoe_test_rmtree(root);
+    if (bad)
+        fprintf(stderr, "gpu_forward: the CPU-only behaviour of --backend is wrong\n");
+    return bad;
+}
+
 static Suite *gpu_forward_suite(void)
 {
     Suite *s = suite_create("gpu_forward");
-    TCase *tc = tcase_create("forward");
-    tcase_set_timeout(tc, 1200);
-    tcase_add_test(tc, test_refuses);
-    tcase_add_test(tc, test_tiny_fixture);
-    tcase_add_test(tc, test_synth_long);
-    suite_add_tcase(s, tc);
+    struct {
+        const char *name;
+        const TTest *test;
+    } cases[] = {{"refuse", test_refuses},         {"tiny", test_tiny_fixture}, {"layers", test_synth_layers},
+                 {"long", test_synth_long},        {"flash", test_synth_flash},
+                 {"cli_logits", test_cli_logits},  {"cli_generate", test_cli_generate}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_set_timeout(tc, 1200);
+        tcase_add_test(tc, cases[i].test);
+        suite_add_tcase(s, tc);
+    }
     return s;
 }
 
 int main(void)
 {
     if (!have_gpu()) {
-        fprintf(stderr, "gpu_forward: no CUDA device (or no CUDA in this build): skipped\n");
+        if (check_refusal_without_gpu() != 0)
+            return 1;
+        fprintf(stderr, "gpu_forward: no CUDA device (or no CUDA in this build): --backend refusals checked, "
+                        "the GPU cases skipped\n");
         return MMOE_TEST_SKIP;
     }
     g_seed = mmoe_test_seed("gpu_forward");

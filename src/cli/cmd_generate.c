@@ -55,6 +55,7 @@
 #include "mmoe_chat.h"
 #include "mmoe_cli.h"
 #include "mmoe_clock.h"
+#include "mmoe_fwd_backend.h"
 #include "mmoe_generate.h"
 #include "mmoe_model.h"
 #include "mmoe_tokenizer.h"
@@ -80,6 +81,7 @@ typedef struct gen_options {
     unsigned long long seed; /**< --seed */
     int threads;             /**< --threads (0: OpenBLAS's default) */
     long long ctx_size;      /**< --ctx-size (0: min(config max_seq_len, GEN_DEFAULT_CTX)) */
+    mmoe_backend backend;    /**< --backend (default cpu) */
 } gen_options;
 
 /** Everything a run holds: owned resources are released by gen_cleanup(). */
@@ -88,6 +90,7 @@ typedef struct gen_run {
     mmoe_tokenizer *tok;       /**< DIR/tokenizer.json (owned) */
     mmoe_model *model;         /**< the checkpoint (owned) */
     mmoe_model_state *state;   /**< the sequence's KV caches (owned) */
+    mmoe_gpu_model *gpu;       /**< the model on the GPU with --backend gpu/auto (owned), else NULL */
     mmoe_gen_session session;  /**< the generation loop (owned) */
     int have_session;          /**< session is initialised (to free) */
     mmoe_decode_stream stream; /**< streaming UTF-8 decoder of the current turn */
@@ -120,6 +123,8 @@ static void usage(FILE *out)
             "  --threads N         OpenBLAS threads (default: OpenBLAS's own choice)\n"
             "  --ctx-size N        KV cache size in tokens (default: min(config max_seq_len, %d))\n"
             "  --print-ids         print generated token ids instead of text\n"
+            "  --backend B         cpu (the oracle, default), gpu (refused without a usable GPU), or auto\n"
+            "                      (the GPU when there is one and the model fits, else the CPU; says which)\n"
             "  --quiet             no progress or stats lines\n",
             GEN_DEFAULT_CTX);
 }
@@ -159,7 +164,7 @@ static int bad_value(const char *name, const char *value, const char *expected)
 static int parse_options(int argc, char **argv, gen_options *o)
 {
     enum { O_MODEL = 256, O_PROMPT, O_CHAT, O_RAW, O_CHATFMT, O_SYSTEM, O_THINK, O_NOBOS, O_MAX, O_TEMP,
-           O_TOPP, O_SEED, O_THREADS, O_CTX, O_IDS, O_QUIET };
+           O_TOPP, O_SEED, O_THREADS, O_CTX, O_IDS, O_QUIET, O_BACKEND };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},  {"prompt", required_argument, 0, O_PROMPT},
         {"chat", no_argument, 0, O_CHAT},          {"raw", no_argument, 0, O_RAW},
@@ -169,6 +174,7 @@ static int parse_options(int argc, char **argv, gen_options *o)
         {"top-p", required_argument, 0, O_TOPP},   {"seed", required_argument, 0, O_SEED},
         {"threads", required_argument, 0, O_THREADS}, {"ctx-size", required_argument, 0, O_CTX},
         {"print-ids", no_argument, 0, O_IDS},      {"quiet", no_argument, 0, O_QUIET},
+        {"backend", required_argument, 0, O_BACKEND},
         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->max_tokens = 256;
@@ -215,6 +221,10 @@ static int parse_options(int argc, char **argv, gen_options *o)
         case O_CTX:
             if (parse_ll(optarg, 1, 1LL << 40, &o->ctx_size))
                 return bad_value("ctx-size", optarg, "a positive integer");
+            break;
+        case O_BACKEND:
+            if (mmoe_backend_parse(optarg, &o->backend) != 0)
+                return bad_value("backend", optarg, "cpu, gpu or auto");
             break;
         case 'h': usage(stdout); return -1;
         default:
@@ -389,9 +399,13 @@ static mmoe_status gen_load(gen_run *r, mmoe_error *err)
                               (long long)cfg->max_seq_len);
     if ((st = mmoe_model_state_create(r->model, ctx, &r->state, err)) != MMOE_OK)
         return st;
+    if ((st = mmoe_backend_open(o->backend, r->model, ctx, MMOE_GEN_PREFILL_CHUNK, "megamoe generate", o->quiet,
+                                &r->gpu, err)) != MMOE_OK)
+        return st;
     st = mmoe_gen_session_init(&r->session, r->model, r->state, ctx, r->tok, o->temperature, o->top_p, o->seed, err);
     if (st != MMOE_OK)
         return st;
+    r->session.gpu = r->gpu;
     r->have_session = 1;
     if (!o->quiet) {
         fprintf(stderr, "%smodel: %s: %lld layers, vocab %lld, %.1f MiB of weights, loaded in %.2f s; context %lld "
@@ -415,6 +429,7 @@ static void gen_cleanup(gen_run *r)
 {
     if (r->have_session)
         mmoe_gen_session_free(&r->session);
+    mmoe_gpu_model_destroy(r->gpu);
     mmoe_model_state_destroy(r->state);
     mmoe_model_close(r->model);
     mmoe_tokenizer_free(r->tok);
