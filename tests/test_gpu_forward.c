@@ -262,11 +262,17 @@ START_TEST(test_synth_layers)
 END_TEST
 
 /* V4-Flash widths (D 4096, 64 heads of 512, q_lora 1024, 8 groups, indexer 64 x 128, window 128,
-   top-512; layers [0, 0, 4, 128] + MTP) with 8 experts and a 1024-token vocabulary: 160 tokens pass
-   the window, make 40 ratio-4 blocks and one ratio-128 block */
+   top-512; layers [0, 0, 4, 128] + MTP) with 8 experts and a 1024-token vocabulary: 136 tokens pass
+   the window, make 34 ratio-4 blocks and one ratio-128 block.  MMOE_GPU_FWD_FLASH_DIR may name
+   such a checkpoint written beforehand (`megamoe synth-model --shape v4-flash --layers 4 --experts 8
+   --vocab 1024`) to save writing it twice */
 START_TEST(test_synth_flash)
 {
-    synth_case("synth v4-flash widths x4", "v4-flash", 4, 8, 1024, 160, 4);
+    const char *dir = getenv("MMOE_GPU_FWD_FLASH_DIR"); /* the same checkpoint written by `megamoe synth-model` */
+    if (dir != NULL)
+        run_model("synth v4-flash widths x4", dir, 136, 64, 4);
+    else
+        synth_case("synth v4-flash widths x4", "v4-flash", 4, 8, 1024, 136, 4);
 }
 END_TEST
 

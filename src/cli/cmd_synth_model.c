@@ -27,6 +27,8 @@ static void usage(FILE *out)
             "  Write a random checkpoint (config.json, index, shards) with the real tensor names,\n"
             "  dtypes and quantization (FP8 128x128 blocks + UE8M0; experts FP4 1x32 + UE8M0).\n"
             "  --layers N     main layers (default: the shape's own; tiny 4); plus one MTP layer\n"
+            "  --experts E    routed experts per layer (default: the shape's; >= its top-k)\n"
+            "  --vocab V      vocabulary rows of embedding and head (default: the shape's)\n"
             "  --seed S       RNG seed (default 1)\n"
             "  --shard-mib M  shard size target in MiB (default 4096)\n");
 }
@@ -54,9 +56,10 @@ int mmoe_cmd_synth_model(int argc, char **argv)
     static const struct option opts[] = {{"shape", required_argument, 0, 's'}, {"layers", required_argument, 0, 'l'},
                                          {"seed", required_argument, 0, 'S'},  {"out", required_argument, 0, 'o'},
                                          {"shard-mib", required_argument, 0, 'm'}, {"help", no_argument, 0, 'h'},
+                                         {"experts", required_argument, 0, 'e'}, {"vocab", required_argument, 0, 'v'},
                                          {0, 0, 0, 0}};
     const char *shape = NULL, *out = NULL;
-    uint64_t layers = 0, seed = 1, shard_mib = 4096;
+    uint64_t layers = 0, seed = 1, shard_mib = 4096, experts = 0, vocab = 0;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -81,6 +84,18 @@ int mmoe_cmd_synth_model(int argc, char **argv)
                 return MMOE_EXIT_USAGE;
             }
             break;
+        case 'e':
+            if (parse_u64(optarg, &experts) || experts < 1 || experts > 4096) {
+                fprintf(stderr, "megamoe synth-model: --experts '%s': expected an integer in [1, 4096]\n", optarg);
+                return MMOE_EXIT_USAGE;
+            }
+            break;
+        case 'v':
+            if (parse_u64(optarg, &vocab) || vocab < 2 || vocab > (1u << 24)) {
+                fprintf(stderr, "megamoe synth-model: --vocab '%s': expected an integer in [2, 16777216]\n", optarg);
+                return MMOE_EXIT_USAGE;
+            }
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return MMOE_EXIT_USAGE;
         }
@@ -98,6 +113,15 @@ int mmoe_cmd_synth_model(int argc, char **argv)
         fprintf(stderr, "megamoe synth-model: %s\n", err.msg);
         return MMOE_EXIT_USAGE;
     }
+    if (experts > 0 && (int64_t)experts < cfg.n_activated_experts) {
+        fprintf(stderr, "megamoe synth-model: --experts %llu: the shape routes to %d experts per token\n",
+                (unsigned long long)experts, cfg.n_activated_experts);
+        return MMOE_EXIT_USAGE;
+    }
+    if (experts > 0)
+        cfg.n_routed_experts = (int)experts;
+    if (vocab > 0)
+        cfg.vocab_size = (int64_t)vocab;
     fprintf(stderr, "synth-model: shape %s, %d layers + %d MTP, seed %llu -> %s\n", shape, cfg.n_layers,
             cfg.n_mtp_layers, (unsigned long long)seed, out);
     if (mmoe_synth_model_write(&cfg, seed, out, shard_mib << 20, progress, NULL, &err) != MMOE_OK) {

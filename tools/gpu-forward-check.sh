@@ -1,0 +1,55 @@
+#!/bin/bash
+# tools/gpu-forward-check.sh: the GPU forward's checks in one device call.
+#   1. build megamoe and tests/test_gpu_forward with CUDA for sm_90a only (the H200);
+#   2. write one V4-Flash-width checkpoint (4 layers, 8 experts, vocab 1024) for test and bench;
+#   3. tests/test_gpu_forward (every case), then compute-sanitizer memcheck on the small cases;
+#   4. megamoe bench forward --backend gpu on the tiny fixture and on the V4-Flash-width checkpoint.
+# Logs go to $OUT.  Usage on the device machine (see tools/gpu-check.sh for the tarball layout):
+#   MMOE_DEBS=$PWD/.gpu/debs bash /tmp/m/tools/gpu-forward-check.sh [STEPS]
+# STEPS: a subset of "build test memcheck bench" (default: all).
+set -u
+OUT=${OUT:-/tmp/mmoe-out}
+mkdir -p "$OUT"
+STEPS=${1:-build test memcheck bench}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=tools/gpu-env.sh
+. "$ROOT/tools/gpu-env.sh"
+export PATH=/usr/local/cuda/bin:$PATH
+cd "$ROOT" || exit 1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/device.txt" 2>&1
+cat "$OUT/device.txt"
+case " $STEPS " in *" build "*)
+  t0=$(date +%s)
+  ( ./configure --with-cuda --disable-doxygen-doc CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" \
+      > "$OUT/configure.log" 2>&1 && make -j16 megamoe tests/test_gpu_forward > "$OUT/build.log" 2>&1 ) \
+    || { echo "BUILD FAILED"; tail -n 40 "$OUT/configure.log" "$OUT/build.log"; exit 1; }
+  echo "build: ok ($(( $(date +%s) - t0 )) s)";;
+esac
+export MMOE_SRCDIR=$ROOT MMOE_BUILDDIR=$ROOT MMOE_BIN=$ROOT/megamoe CK_VERBOSITY=verbose
+FLASH=/tmp/mmoe-flash4
+if [ ! -d "$FLASH" ]; then
+  t0=$(date +%s)
+  ./megamoe synth-model --shape v4-flash --layers 4 --experts 8 --vocab 1024 --seed 7 --out "$FLASH" \
+    > "$OUT/synth.log" 2>&1 || { echo "synth-model failed"; tail "$OUT/synth.log"; }
+  echo "synth-model v4-flash x4: $(( $(date +%s) - t0 )) s"
+fi
+case " $STEPS " in *" test "*)
+  t0=$(date +%s)
+  MMOE_GPU_FWD_FLASH_DIR=$FLASH OPENBLAS_NUM_THREADS=16 timeout 400 ./tests/test_gpu_forward > "$OUT/test.log" 2>&1
+  echo "test_gpu_forward: rc=$? ($(( $(date +%s) - t0 )) s)"
+  grep -E "gpu_forward:|:[PFE]:|Checks" "$OUT/test.log" | tail -n 60;;
+esac
+case " $STEPS " in *" memcheck "*)
+  if command -v compute-sanitizer > /dev/null; then
+    t0=$(date +%s)
+    CK_RUN_CASE=tiny CK_FORK=no timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 \
+      ./tests/test_gpu_forward > "$OUT/memcheck.log" 2>&1
+    echo "memcheck (tiny): rc=$? ($(( $(date +%s) - t0 )) s)"; grep -E "ERROR SUMMARY|Invalid|Checks" "$OUT/memcheck.log" | head
+  else echo "memcheck: compute-sanitizer not found"; fi;;
+esac
+case " $STEPS " in *" bench "*)
+  timeout 60 ./megamoe bench forward --model fixtures/tiny-dsv4 --tokens 64 --decode 32 --backend gpu \
+    > "$OUT/bench-tiny.log" 2>&1; echo "bench tiny: rc=$?"; grep -vE "^ +[0-9]+ " "$OUT/bench-tiny.log" | head -30
+  timeout 120 ./megamoe bench forward --model "$FLASH" --tokens 64 --decode 16 --backend gpu \
+    > "$OUT/bench-flash.log" 2>&1; echo "bench v4-flash x4: rc=$?"; cat "$OUT/bench-flash.log" | head -60;;
+esac
