@@ -1682,11 +1682,13 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
                         a.eps, b->cs, 1, b->idx_keys, pos0, T};
         k_compress<<<1, 256, sizeof(float) * (size_t)(2 * id)>>>(ia);
         GFW_CHECK("indexer compressor");
-        k_indexer_scores<<<nblk(T * b->max_blocks, 128), 128>>>(g->qi, g->wi, b->idx_keys, (int)ih, (int)id, T, pos0,
-                                                                b->max_blocks, g->scores);
-        GFW_CHECK("indexer scores");
-        k_topk<<<(unsigned)T, 256>>>(g->scores, T, pos0, b->max_blocks, a.topk, g->topk_idx);
-        GFW_CHECK("indexer top-k");
+        if (b->max_blocks > 0) {
+            k_indexer_scores<<<nblk(T * b->max_blocks, 128), 128>>>(g->qi, g->wi, b->idx_keys, (int)ih, (int)id, T,
+                                                                    pos0, b->max_blocks, g->scores);
+            GFW_CHECK("indexer scores");
+            k_topk<<<(unsigned)T, 256>>>(g->scores, T, pos0, b->max_blocks, a.topk, g->topk_idx);
+            GFW_CHECK("indexer top-k");
+        }
     }
     attend_args aa = {g->q, g->kv, b->ring, b->comp, g->topk_idx, b->sink, (int)H, (int)d, a.window, a.ratio,
                       a.topk, pos0, (float)(1.0 / sqrt((double)d)), g->att};
@@ -1862,4 +1864,230 @@ extern "C" mmoe_status mmoe_gpu_model_mtp_forward(mmoe_gpu_model *g, const uint1
     if (logits)
         st = head(g, g->mh_fn, g->mh_base, g->mh_scale, g->mtp_norm, 0, T, logits, err);
     return st;
+}
+
+/* ================================================================== single blocks for the tests */
+
+/** Device buffers of one test call, freed together. */
+struct tarena {
+    void *p[16];
+    int n;
+    cudaError_t ce;
+};
+
+/** Allocate @p bytes and copy @p src (when given) into them. */
+static void *tput(tarena *a, const void *src, size_t bytes)
+{
+    void *p = NULL;
+    if (a->ce != cudaSuccess)
+        return NULL;
+    if ((a->ce = cudaMalloc(&p, bytes > 0 ? bytes : 1)) != cudaSuccess)
+        return NULL;
+    a->p[a->n++] = p;
+    if (src)
+        a->ce = cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice);
+    return p;
+}
+
+/** Copy back @p bytes (if all went well), free everything, report. */
+static mmoe_status tfinish(tarena *a, void *dst, const void *src, size_t bytes, mmoe_error *err, const char *what)
+{
+    if (a->ce == cudaSuccess)
+        a->ce = cudaGetLastError();
+    if (a->ce == cudaSuccess)
+        a->ce = cudaDeviceSynchronize();
+    if (a->ce == cudaSuccess && dst)
+        a->ce = cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+    for (int i = 0; i < a->n; i++)
+        cudaFree(a->p[i]);
+    return a->ce == cudaSuccess ? MMOE_OK : cuda_fail(err, a->ce, what);
+}
+
+/** Start a test call: a device and the E4M3 table. */
+static mmoe_status tbegin(tarena *a, mmoe_error *err)
+{
+    memset(a, 0, sizeof *a);
+    mmoe_status st = need_device(err);
+    if (st == MMOE_OK && (a->ce = upload_tables()) != cudaSuccess)
+        st = cuda_fail(err, a->ce, "constant tables");
+    return st;
+}
+
+extern "C" mmoe_status gfw_test_rmsnorm(const uint16_t *x, int64_t T, int64_t n, const uint16_t *w, float eps,
+                                        uint16_t *y, mmoe_error *err)
+{
+    tarena a;
+    mmoe_status st = tbegin(&a, err);
+    if (st != MMOE_OK)
+        return st;
+    ddense wd;
+    memset(&wd, 0, sizeof wd);
+    wd.dtype = GFW_BF16;
+    wd.cols = n;
+    wd.rows = 1;
+    wd.p = tput(&a, w, 2 * (size_t)n);
+    uint16_t *dx = (uint16_t *)tput(&a, x, 2 * (size_t)(T * n));
+    if (a.ce == cudaSuccess)
+        k_rmsnorm<<<(unsigned)T, 256>>>(dx, n, wd, eps, dx);
+    return tfinish(&a, y, dx, 2 * (size_t)(T * n), err, "rmsnorm");
+}
+
+extern "C" mmoe_status gfw_test_linear_fp8(const uint16_t *x, int64_t T, const uint8_t *w, const uint8_t *scale,
+                                           int64_t N, int64_t K, int block, uint16_t *y, mmoe_error *err)
+{
+    tarena a;
+    mmoe_status st = tbegin(&a, err);
+    if (st != MMOE_OK)
+        return st;
+    dfp8 f;
+    f.N = N;
+    f.K = K;
+    f.block = block;
+    f.scols = (K + block - 1) / block;
+    f.w = (const uint8_t *)tput(&a, w, (size_t)(N * K));
+    f.s = (const uint8_t *)tput(&a, scale, (size_t)(((N + block - 1) / block) * f.scols));
+    uint16_t *dx = (uint16_t *)tput(&a, x, 2 * (size_t)(T * K));
+    uint8_t *q = (uint8_t *)tput(&a, NULL, (size_t)(T * K));
+    float *s = (float *)tput(&a, NULL, sizeof(float) * (size_t)(T * K / 128));
+    uint16_t *dy = (uint16_t *)tput(&a, NULL, 2 * (size_t)(T * N));
+    if (a.ce == cudaSuccess) {
+        k_act_quant<<<dim3((unsigned)(K / 128), (unsigned)T), 128>>>(dx, K, q, s);
+        k_linear_fp8<<<nblk(T * N * 32), 256>>>(q, s, T, f, dy);
+    }
+    return tfinish(&a, y, dy, 2 * (size_t)(T * N), err, "fp8 linear");
+}
+
+extern "C" mmoe_status gfw_test_linear_dense(const uint16_t *x, int64_t T, int64_t K, const void *w, int w_f32,
+                                             int64_t N, float *y, mmoe_error *err)
+{
+    tarena a;
+    mmoe_status st = tbegin(&a, err);
+    if (st != MMOE_OK)
+        return st;
+    ddense wd;
+    memset(&wd, 0, sizeof wd);
+    wd.dtype = w_f32 ? GFW_F32 : GFW_BF16;
+    wd.rows = N;
+    wd.cols = K;
+    wd.p = tput(&a, w, (w_f32 ? 4 : 2) * (size_t)(N * K));
+    uint16_t *dx = (uint16_t *)tput(&a, x, 2 * (size_t)(T * K));
+    float *dy = (float *)tput(&a, NULL, sizeof(float) * (size_t)(T * N));
+    if (a.ce == cudaSuccess)
+        k_linear_dense<<<nblk(T * N, 128), 128>>>(dx, T, K, K, wd, N, 0, 0, dy, NULL);
+    return tfinish(&a, y, dy, sizeof(float) * (size_t)(T * N), err, "dense linear");
+}
+
+extern "C" mmoe_status gfw_test_hc_pre(int hc, int64_t D, int iters, float norm_eps, float hc_eps, const uint16_t *X,
+                                       int64_t T, const float *fn, const float *base, const float *scale, uint16_t *y,
+                                       float *post, float *comb, mmoe_error *err)
+{
+    tarena a;
+    mmoe_status st = tbegin(&a, err);
+    if (st != MMOE_OK)
+        return st;
+    const int n_mix = (2 + hc) * hc;
+    const uint16_t *dX = (const uint16_t *)tput(&a, X, 2 * (size_t)(T * hc * D));
+    const float *dfn = (const float *)tput(&a, fn, sizeof(float) * (size_t)(n_mix * hc * D));
+    const float *db = (const float *)tput(&a, base, sizeof(float) * (size_t)n_mix);
+    const float *ds = (const float *)tput(&a, scale, sizeof(float) * 3);
+    uint16_t *dy = (uint16_t *)tput(&a, NULL, 2 * (size_t)(T * D));
+    float *dp = (float *)tput(&a, NULL, sizeof(float) * (size_t)(T * hc));
+    float *dc = (float *)tput(&a, NULL, sizeof(float) * (size_t)(T * hc * hc));
+    if (a.ce == cudaSuccess)
+        k_hc_mix<<<(unsigned)T, 128>>>(dX, D, hc, dfn, db, ds, n_mix, norm_eps, hc_eps, iters, dy, dp, dc);
+    if (a.ce == cudaSuccess)
+        a.ce = cudaDeviceSynchronize();
+    if (a.ce == cudaSuccess)
+        a.ce = cudaMemcpy(post, dp, sizeof(float) * (size_t)(T * hc), cudaMemcpyDeviceToHost);
+    if (a.ce == cudaSuccess)
+        a.ce = cudaMemcpy(comb, dc, sizeof(float) * (size_t)(T * hc * hc), cudaMemcpyDeviceToHost);
+    return tfinish(&a, y, dy, 2 * (size_t)(T * D), err, "hc_pre");
+}
+
+extern "C" mmoe_status gfw_test_hc_post(int hc, int64_t D, const uint16_t *out, uint16_t *X, int64_t T,
+                                        const float *post, const float *comb, mmoe_error *err)
+{
+    tarena a;
+    mmoe_status st = tbegin(&a, err);
+    if (st != MMOE_OK)
+        return st;
+    const uint16_t *dout = (const uint16_t *)tput(&a, out, 2 * (size_t)(T * D));
+    uint16_t *dX = (uint16_t *)tput(&a, X, 2 * (size_t)(T * hc * D));
+    const float *dp = (const float *)tput(&a, post, sizeof(float) * (size_t)(T * hc));
+    const float *dc = (const float *)tput(&a, comb, sizeof(float) * (size_t)(T * hc * hc));
+    if (a.ce == cudaSuccess)
+        k_hc_post<<<nblk(T * D), 256>>>(dout, dX, T, D, hc, dp, dc);
+    return tfinish(&a, X, dX, 2 * (size_t)(T * hc * D), err, "hc_post");
+}
+
+extern "C" mmoe_status gfw_test_attend(const uint16_t *q, int H, int d, const uint16_t *rows, int64_t n,
+                                       const float *sink, uint16_t *out, mmoe_error *err)
+{
+    tarena a;
+    mmoe_status st = tbegin(&a, err);
+    if (st != MMOE_OK)
+        return st;
+    /* the list as a window of n positions: the query at position n-1, earlier rows in the ring */
+    const uint16_t *dq = (const uint16_t *)tput(&a, q, 2 * (size_t)H * (size_t)d);
+    const uint16_t *dr = (const uint16_t *)tput(&a, rows, 2 * (size_t)(n * d));
+    const float *dsink = (const float *)tput(&a, sink, sizeof(float) * (size_t)H);
+    uint16_t *dout = (uint16_t *)tput(&a, NULL, 2 * (size_t)H * (size_t)d);
+    if (a.ce == cudaSuccess) {
+        attend_args aa = {dq, dr + (n - 1) * d, dr, NULL, NULL, dsink, H, d, (int)n, 0, 0, n - 1,
+                          (float)(1.0 / sqrt((double)d)), dout};
+        k_attend<<<dim3(1, (unsigned)H), 128>>>(aa);
+    }
+    return tfinish(&a, out, dout, 2 * (size_t)H * (size_t)d, err, "attention");
+}
+
+/** The QAT steps of the forward on whole rows, one thread per row. */
+__global__ void k_test_qat(uint16_t *x, int64_t rows, int width, int kind, float *scratch)
+{
+    const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows)
+        return;
+    if (kind == 0) {
+        fp8_roundtrip_row(x + r * width, width - 64);
+    } else {
+        hadamard_row(x + r * width, width, scratch + r * width);
+        fp4_roundtrip_row(x + r * width, width);
+    }
+}
+
+extern "C" mmoe_status gfw_test_qat(uint16_t *x, int64_t rows, int width, int kind, mmoe_error *err)
+{
+    tarena a;
+    mmoe_status st = tbegin(&a, err);
+    if (st != MMOE_OK)
+        return st;
+    uint16_t *dx = (uint16_t *)tput(&a, x, 2 * (size_t)(rows * width));
+    float *sc = (float *)tput(&a, NULL, sizeof(float) * (size_t)(rows * width));
+    if (a.ce == cudaSuccess)
+        k_test_qat<<<nblk(rows, 64), 64>>>(dx, rows, width, kind, sc);
+    return tfinish(&a, x, dx, 2 * (size_t)(rows * width), err, "qat round trip");
+}
+
+extern "C" mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, const uint16_t *keys, int ih, int id,
+                                        int64_t n_blocks, int topk, float *scores, int32_t *idx, mmoe_error *err)
+{
+    tarena a;
+    mmoe_status st = tbegin(&a, err);
+    if (st != MMOE_OK)
+        return st;
+    const uint16_t *dq = (const uint16_t *)tput(&a, qi, 2 * (size_t)ih * (size_t)id);
+    const uint16_t *dw = (const uint16_t *)tput(&a, wi, 2 * (size_t)ih);
+    const uint16_t *dk = (const uint16_t *)tput(&a, keys, 2 * (size_t)(n_blocks * id));
+    float *ds = (float *)tput(&a, NULL, sizeof(float) * (size_t)n_blocks);
+    int32_t *di = (int32_t *)tput(&a, NULL, sizeof(int32_t) * (size_t)topk);
+    const int64_t pos = 4 * n_blocks - 1;
+    if (a.ce == cudaSuccess) {
+        k_indexer_scores<<<nblk(n_blocks, 128), 128>>>(dq, dw, dk, ih, id, 1, pos, n_blocks, ds);
+        k_topk<<<1, 256>>>(ds, 1, pos, n_blocks, topk, di);
+    }
+    if (a.ce == cudaSuccess)
+        a.ce = cudaDeviceSynchronize();
+    const int64_t k = n_blocks < topk ? n_blocks : topk;
+    if (a.ce == cudaSuccess)
+        a.ce = cudaMemcpy(idx, di, sizeof(int32_t) * (size_t)k, cudaMemcpyDeviceToHost);
+    return tfinish(&a, scores, ds, sizeof(float) * (size_t)n_blocks, err, "indexer");
 }

@@ -135,6 +135,41 @@ void gfw_model_src_free(gfw_model_src *src);
 /** Host bytes of a dense weight (elements of its dtype; F8: codes only). */
 size_t gfw_dense_bytes(const gfw_dense *w);
 
+/**
+ * @name Single blocks on the device, host arrays in and out (for the block tests)
+ * Each runs exactly the kernel the forward runs, on one synchronous call; MMOE_ENODEV
+ * without CUDA, MMOE_EINTERNAL naming a CUDA error.
+ * @{
+ */
+/** RMSNorm of T rows of width n with a bf16 weight (k_rmsnorm). */
+mmoe_status gfw_test_rmsnorm(const uint16_t *x, int64_t T, int64_t n, const uint16_t *w, float eps, uint16_t *y,
+                             mmoe_error *err);
+/** FP8 linear: x bf16 [T, K], w E4M3 [N, K], scale E8M0 [ceil(N/b), ceil(K/b)] (k_act_quant + k_linear_fp8). */
+mmoe_status gfw_test_linear_fp8(const uint16_t *x, int64_t T, const uint8_t *w, const uint8_t *scale, int64_t N,
+                                int64_t K, int block, uint16_t *y, mmoe_error *err);
+/** Dense linear: x bf16 [T, K], w BF16 (w_f32 = 0) or F32 [N, K], y fp32 [T, N] (k_linear_dense). */
+mmoe_status gfw_test_linear_dense(const uint16_t *x, int64_t T, int64_t K, const void *w, int w_f32, int64_t N,
+                                  float *y, mmoe_error *err);
+/** hc_pre of T tokens (k_hc_mix with (2+hc)*hc outputs). */
+mmoe_status gfw_test_hc_pre(int hc, int64_t D, int iters, float norm_eps, float hc_eps, const uint16_t *X, int64_t T,
+                            const float *fn, const float *base, const float *scale, uint16_t *y, float *post,
+                            float *comb, mmoe_error *err);
+/** hc_post, in place on X (k_hc_post). */
+mmoe_status gfw_test_hc_post(int hc, int64_t D, const uint16_t *out, uint16_t *X, int64_t T, const float *post,
+                             const float *comb, mmoe_error *err);
+/** One query token (H heads of d) over n kv rows [n, d] with sinks [H] (k_attend); out [H, d]. */
+mmoe_status gfw_test_attend(const uint16_t *q, int H, int d, const uint16_t *rows, int64_t n, const float *sink,
+                            uint16_t *out, mmoe_error *err);
+/** In place on rows of width @p width: kind 0 FP8 round trip of the first width-64 dims; kind 1 Hadamard + FP4. */
+mmoe_status gfw_test_qat(uint16_t *x, int64_t rows, int width, int kind, mmoe_error *err);
+/**
+ * The indexer of one token at position 4*n_blocks - 1 (so n_blocks blocks are causal): scores [n_blocks]
+ * (k_indexer_scores) and the top-@p topk block ids in order [min(topk, n_blocks)] (k_topk).
+ */
+mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, const uint16_t *keys, int ih, int id,
+                             int64_t n_blocks, int topk, float *scores, int32_t *idx, mmoe_error *err);
+/** @} */
+
 #ifdef __cplusplus
 }
 #endif

@@ -4,7 +4,7 @@
  */
 #include <string.h>
 
-#include "mmoe_gpu_forward.h"
+#include "gpu_forward_internal.h"
 
 /** The answer of every entry point. */
 static mmoe_status no_cuda(mmoe_error *err)
@@ -82,4 +82,61 @@ void mmoe_gpu_model_timings_get(const mmoe_gpu_model *g, mmoe_gpu_model_timings 
 {
     (void)g;
     memset(out, 0, sizeof *out);
+}
+
+mmoe_status gfw_test_rmsnorm(const uint16_t *x, int64_t T, int64_t n, const uint16_t *w, float eps, uint16_t *y,
+                             mmoe_error *err)
+{
+    (void)x; (void)T; (void)n; (void)w; (void)eps; (void)y;
+    return no_cuda(err);
+}
+
+mmoe_status gfw_test_linear_fp8(const uint16_t *x, int64_t T, const uint8_t *w, const uint8_t *scale, int64_t N,
+                                int64_t K, int block, uint16_t *y, mmoe_error *err)
+{
+    (void)x; (void)T; (void)w; (void)scale; (void)N; (void)K; (void)block; (void)y;
+    return no_cuda(err);
+}
+
+mmoe_status gfw_test_linear_dense(const uint16_t *x, int64_t T, int64_t K, const void *w, int w_f32, int64_t N,
+                                  float *y, mmoe_error *err)
+{
+    (void)x; (void)T; (void)K; (void)w; (void)w_f32; (void)N; (void)y;
+    return no_cuda(err);
+}
+
+mmoe_status gfw_test_hc_pre(int hc, int64_t D, int iters, float norm_eps, float hc_eps, const uint16_t *X, int64_t T,
+                            const float *fn, const float *base, const float *scale, uint16_t *y, float *post,
+                            float *comb, mmoe_error *err)
+{
+    (void)hc; (void)D; (void)iters; (void)norm_eps; (void)hc_eps; (void)X; (void)T; (void)fn; (void)base;
+    (void)scale; (void)y; (void)post; (void)comb;
+    return no_cuda(err);
+}
+
+mmoe_status gfw_test_hc_post(int hc, int64_t D, const uint16_t *out, uint16_t *X, int64_t T, const float *post,
+                             const float *comb, mmoe_error *err)
+{
+    (void)hc; (void)D; (void)out; (void)X; (void)T; (void)post; (void)comb;
+    return no_cuda(err);
+}
+
+mmoe_status gfw_test_attend(const uint16_t *q, int H, int d, const uint16_t *rows, int64_t n, const float *sink,
+                            uint16_t *out, mmoe_error *err)
+{
+    (void)q; (void)H; (void)d; (void)rows; (void)n; (void)sink; (void)out;
+    return no_cuda(err);
+}
+
+mmoe_status gfw_test_qat(uint16_t *x, int64_t rows, int width, int kind, mmoe_error *err)
+{
+    (void)x; (void)rows; (void)width; (void)kind;
+    return no_cuda(err);
+}
+
+mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, const uint16_t *keys, int ih, int id,
+                             int64_t n_blocks, int topk, float *scores, int32_t *idx, mmoe_error *err)
+{
+    (void)qi; (void)wi; (void)keys; (void)ih; (void)id; (void)n_blocks; (void)topk; (void)scores; (void)idx;
+    return no_cuda(err);
 }
