@@ -10,8 +10,8 @@
  * chunks of 64 (the GPU model's max_tokens), so chunked prefill is exercised as well.
  *
  * **The bound.**  The GPU runs the oracle's recipe with the same rounding points; it differs
- * in (a) exp and log1p, computed in double and rounded once (the C library's fp32 expf is
- * within 0.502 ulp, not correctly rounded), i.e. at most one fp32 ulp per call, and (b) the
+ * in (a) log1p of the router (double, rounded once: within one fp32 ulp of log1pf) and exp
+ * where the host's expf is not glibc's FMA build (one ulp per call), and (b) the
  * order of the MoE's fp32 GEMM sums and router logits (the oracle's BLAS), at most about
  * K * 2^-24 relative.  Either moves a later bf16 rounding only when a value sits that close
  * to a rounding boundary; one moved rounding is one bf16 ulp (2^-8 relative) of one element,

@@ -11,8 +11,12 @@
  * the mHC write-back, the FP8 and Hadamard + FP4 round trips, the indexer scores and the
  * top-k order (ties included).
  *
- * **Bounded** (the GPU's exp is exp in double rounded once; the C library's expf is within
- * 0.502 ulp but not correctly rounded, so the two differ by at most one fp32 ulp per call):
+ * **exp.**  The device's expf (gfw_expf) is glibc's algorithm (the build for CPUs with FMA),
+ * so that it returns the host's expf bit for bit there; test_expf checks that on 2^22 inputs
+ * over the whole range (and +-inf, NaN).  Where every input agrees (exp_probe()), the
+ * exp-based blocks below must be bit-exact too; with another C library they are held to:
+ *
+ * **Bounded** (two fp32 exps that differ by at most one ulp per call):
  * - hc_pre: pre = sigmoid(.) + eps and post = 2 sigmoid(.) move by a few fp32 ulp
  *   (|d| <= 2^-20 here, values <= 2); the Sinkhorn matrix, built from exps and 39 rounds of
  *   normalization, moves by |d| <= 2^-16 (entries in [0, 1]); y = bf16(sum pre X) may round
@@ -109,6 +113,47 @@ static void check_rmsnorm(int64_t T, int64_t n)
     expect_same_u16("rmsnorm", yg, yc, (size_t)(T * n));
     free(x), free(w), free(yc), free(yg);
 }
+
+/**
+ * The device's expf against the host's on 2^22 random inputs of the whole range and the specials;
+ * fails when one differs by more than one ulp.  Returns 1 when all are equal.  (Each test runs
+ * in its own process, so every test that needs the answer asks for it.)
+ */
+static int exp_probe(void)
+{
+    const int64_t n = 1 << 22;
+    float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)n);
+    ck_assert(x && y);
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed ^ 0xe4f);
+    const float special[6] = {INFINITY, -INFINITY, 0.0f, -0.0f, 88.72283f, -103.97208f};
+    for (int64_t i = 0; i < n; i++)
+        x[i] = i < 6 ? special[i] : (i & 1 ? unif(&r, 110.0f) : unif(&r, 12.0f));
+    mmoe_test_poison_f32(y, (size_t)n);
+    mmoe_error err;
+    ck_assert_msg(gfw_test_expf(x, n, y, &err) == MMOE_OK, "%s", err.msg);
+    int64_t diff = 0, far = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const float h = expf(x[i]);
+        if (memcmp(&h, &y[i], 4) != 0) {
+            diff++;
+            far += mmoe_test_ulp_f32(h, y[i]) > 1;
+        }
+    }
+    fprintf(stderr, "gpu_forward_blocks: expf: %lld of %lld differ from the host's (by more than 1 ulp: %lld)\n",
+            (long long)diff, (long long)n, (long long)far);
+    ck_assert_msg(far == 0 && y[1] == 0.0f && isinf(y[0]), "device expf is off by more than one ulp (seed %llu)",
+                  (unsigned long long)g_seed);
+    free(x);
+    free(y);
+    return diff == 0;
+}
+
+START_TEST(test_expf)
+{
+    exp_probe();
+}
+END_TEST
 
 START_TEST(test_rmsnorm)
 {
@@ -224,6 +269,11 @@ static void check_mhc(int64_t T, int64_t D)
     }
     fprintf(stderr, "gpu_forward_blocks: hc_pre D=%lld: %lld of %lld y values bit-exact\n", (long long)D,
             (long long)exact, (long long)(T * D));
+    if (exp_probe()) {
+        expect_same_u16("hc_pre y (exact exp)", yg, yc, (size_t)(T * D));
+        expect_same_f32("hc_pre post (exact exp)", pg, pc, (size_t)(T * hc));
+        expect_same_f32("hc_pre comb (exact exp)", cg, cc, (size_t)(T * hc * hc));
+    }
     /* hc_post on the CPU's post and comb: exact */
     uint16_t *out = rand_bf16(&r, (size_t)(T * D), 2.0f);
     uint16_t *Xc = malloc(2 * (size_t)(T * hc * D)), *Xg = malloc(2 * (size_t)(T * hc * D));
@@ -270,6 +320,8 @@ static void check_attend(int H, int d, int64_t n)
     }
     fprintf(stderr, "gpu_forward_blocks: attention H=%d d=%d n=%lld: %lld of %lld bit-exact\n", H, d, (long long)n,
             (long long)exact, (long long)H * d);
+    if (exp_probe())
+        expect_same_u16("attention (exact exp)", og, oc, (size_t)H * (size_t)d);
     free(q), free(rows), free(sink), free(ptr), free(acc), free(oc), free(og);
 }
 
@@ -350,6 +402,7 @@ static Suite *blocks_suite(void)
     Suite *s = suite_create("gpu_forward_blocks");
     TCase *tc = tcase_create("blocks");
     tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_expf);
     tcase_add_test(tc, test_rmsnorm);
     tcase_add_test(tc, test_linear_fp8);
     tcase_add_test(tc, test_linear_dense);

@@ -20,13 +20,13 @@
  * | k_act_quant       | 1x128 E4M3, UE8M0 ceil scale of the V4 rule [linear_fp8.c] | yes |
  * | k_linear_fp8      | exact block partials, fp32 scaled sum in block order    | yes    |
  * | k_linear_dense    | the four-lane double dot of linear_dense.c              | yes    |
- * | k_hc_mix          | mHC logits (double, index order), sigmoid, Sinkhorn, mix | exp    |
+ * | k_hc_mix          | mHC logits (double, index order), sigmoid, Sinkhorn, mix | yes*   |
  * | k_hc_post         | fp32 write-back, j ascending, then the post term       | yes    |
  * | k_scale_heads     | per-head q scaling in bf16 steps [attn_forward.c]       | yes    |
  * | k_rope            | fp32 rotation with host cos/sin tables [attn_rope.c]    | yes    |
  * | k_fp8_roundtrip   | in-place QAT round trip, block 64 [qat_roundtrip.c]     | yes    |
  * | k_indexer_q       | weights scaling, Hadamard, FP4 round trip               | yes    |
- * | k_compress        | gated pooling per channel, finish [attn_compressor.c]   | exp    |
+ * | k_compress        | gated pooling per channel, finish [attn_compressor.c]   | yes*   |
  * | k_indexer_scores  | bf16-rounded head terms, double sums [attn_indexer.c]   | yes    |
  * | k_topk            | descending, NaN last, ties to the lower index           | yes    |
  * | k_attend          | chunked online softmax, sink, bf16 P [attn_sparse.c]    | exp    |
@@ -34,8 +34,9 @@
  * | k_moe_l1, _l2     | FP8 x MXFP4 / FP8 x FP8 sums in double; dsv4-ref epilogue | GEMM |
  * | k_moe_combine     | ascending expert id, shared last, fp32 from 0           | yes    |
  *
- * The "exact" kernels are bit-identical to the oracle given identical inputs; the others are
- * bounded in tests/test_gpu_forward.c.  All kernels are plain (one thread, warp or block per
+ * The "exact" kernels are bit-identical to the oracle given identical inputs (yes*: where the
+ * host's expf is glibc's FMA build, which gfw_expf() reproduces); the others are bounded in
+ * tests/test_gpu_forward.c and tests/test_gpu_forward_blocks.c.  All kernels are plain (one thread, warp or block per
  * output row or element); they are the specification's shape on the device, not tuned.
  *
  * ## Attention within one call
@@ -1466,10 +1467,26 @@ extern "C" mmoe_status mmoe_gpu_model_bytes_needed(const mmoe_model *m, int64_t 
     return st;
 }
 
-/** Upload the E4M3 table to constant memory. */
+/** The table of gfw_expf(): bits of the double nearest 2^(i/32), minus i << 47. */
+static void exp_table(unsigned long long *tab)
+{
+    for (int i = 0; i < 32; i++) {
+        const double v = (double)exp2l((long double)i / 32.0L);
+        unsigned long long u;
+        memcpy(&u, &v, sizeof u);
+        tab[i] = u - ((unsigned long long)i << 47);
+    }
+}
+
+/** Upload the E4M3 and exp tables to constant memory. */
 static cudaError_t upload_tables(void)
 {
-    return cudaMemcpyToSymbol(c_e4m3, mmoe_fp8_e4m3_table(), sizeof(float) * 256);
+    unsigned long long tab[32];
+    exp_table(tab);
+    cudaError_t ce = cudaMemcpyToSymbol(c_exp2_tab, tab, sizeof tab);
+    if (ce == cudaSuccess)
+        ce = cudaMemcpyToSymbol(c_e4m3, mmoe_fp8_e4m3_table(), sizeof(float) * 256);
+    return ce;
 }
 
 extern "C" mmoe_status mmoe_gpu_model_create(const mmoe_model *m, int64_t max_seq_len, int64_t max_tokens,
@@ -2090,4 +2107,25 @@ extern "C" mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, 
     if (a.ce == cudaSuccess)
         a.ce = cudaMemcpy(idx, di, sizeof(int32_t) * (size_t)k, cudaMemcpyDeviceToHost);
     return tfinish(&a, scores, ds, sizeof(float) * (size_t)n_blocks, err, "indexer");
+}
+
+/** y[i] = gfw_expf(x[i]). */
+__global__ void k_test_expf(const float *x, int64_t n, float *y)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        y[i] = gfw_expf(x[i]);
+}
+
+extern "C" mmoe_status gfw_test_expf(const float *x, int64_t n, float *y, mmoe_error *err)
+{
+    tarena a;
+    mmoe_status st = tbegin(&a, err);
+    if (st != MMOE_OK)
+        return st;
+    const float *dx = (const float *)tput(&a, x, sizeof(float) * (size_t)n);
+    float *dy = (float *)tput(&a, NULL, sizeof(float) * (size_t)n);
+    if (a.ce == cudaSuccess)
+        k_test_expf<<<nblk(n), 256>>>(dx, n, dy);
+    return tfinish(&a, y, dy, sizeof(float) * (size_t)n, err, "expf");
 }

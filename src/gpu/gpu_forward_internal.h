@@ -168,6 +168,8 @@ mmoe_status gfw_test_qat(uint16_t *x, int64_t rows, int width, int kind, mmoe_er
  */
 mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, const uint16_t *keys, int ih, int id,
                              int64_t n_blocks, int topk, float *scores, int32_t *idx, mmoe_error *err);
+/** y[i] = the device's expf(x[i]) (gfw_expf, the exp of every exp-based block). */
+mmoe_status gfw_test_expf(const float *x, int64_t n, float *y, mmoe_error *err);
 /** @} */
 
 #ifdef __cplusplus

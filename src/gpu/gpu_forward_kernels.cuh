@@ -87,11 +87,43 @@ __device__ __forceinline__ float gfw_e2m1_round(float v)
 }
 
 /**
- * exp in fp32 through double: exp of the double value, rounded once.  This is the correctly
- * rounded fp32 result except when the exact value lies within about 2^-29 ulp of a rounding
- * boundary; the host's expf may differ from it by one ulp (it is not correctly rounded).
+ * The 32-entry table of gfw_expf(): bits of 2^(i/32) minus i << 47 (so that adding k << 47 scales
+ * by 2^(k/32)); filled at model creation by gfw_exp_table() on the host.
  */
-__device__ __forceinline__ float gfw_expf(float x) { return __double2float_rn(exp((double)x)); }
+__constant__ unsigned long long c_exp2_tab[32];
+
+/**
+ * expf as the host's C library computes it (glibc's expf, the variant for CPUs with FMA, which the
+ * oracle's machines have), so that the device reproduces the oracle's fp32 exp bit for bit:
+ * with N = 32, z = x * N/ln2 is split into an integer k (rounded through the 1.5 * 2^52 shift)
+ * and r = z - k in [-1/2, 1/2]; exp(x) = 2^(k/N) * p(r) with 2^(k/N) from the table and
+ * p(r) = C0 r^3 + C1 r^2 + C2 r + 1, everything in double with the fused multiply-adds of that
+ * build, and one rounding to fp32 at the end.  +-inf and NaN are answered first.  A C library
+ * without this algorithm makes the comparison of the exp-based blocks bounded rather than exact.
+ */
+__device__ __forceinline__ float gfw_expf(float x)
+{
+    if (isnan(x))
+        return x + x;
+    if (isinf(x))
+        return x > 0.0f ? x : 0.0f;
+    const double inv_ln2_n = 0x1.71547652b82fep+0 * 32, shift = 0x1.8p+52;
+    const double c0 = 0x1.c6af84b912394p-5 / 32 / 32 / 32, c1 = 0x1.ebfce50fac4f3p-3 / 32 / 32,
+                 c2 = 0x1.62e42ff0c52d6p-1 / 32;
+    const double xd = (double)x;
+    double kd = fma(inv_ln2_n, xd, shift);
+    const unsigned long long ki = (unsigned long long)__double_as_longlong(kd);
+    kd = __dsub_rn(kd, shift);
+    const double r = fma(inv_ln2_n, xd, -kd);
+    const unsigned long long t = c_exp2_tab[ki % 32] + (ki << 47);
+    const double s = __longlong_as_double((long long)t);
+    const double z = fma(c0, r, c1);
+    const double r2 = __dmul_rn(r, r);
+    double y = fma(c2, r, 1.0);
+    y = fma(z, r2, y);
+    y = __dmul_rn(y, s);
+    return __double2float_rn(y);
+}
 
 /** 1 / (1 + exp(-z)) with IEEE operations. */
 __device__ __forceinline__ float gfw_sigmoid(float z) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, gfw_expf(-z))); }

@@ -25,11 +25,13 @@
  *   RoPE (cos/sin tables computed on the host by the oracle's own function), the FP8 and FP4
  *   round trips, the Hadamard rotation, the indexer scores and their top-k order, the grouped
  *   output projection, the head's logits;
- * - **transcendental** (the device's exp and log1p in double, rounded once to fp32, where the
- *   host's C library has its own fp32 routines that are not correctly rounded): sigmoid and
- *   Sinkhorn of mHC, the compressor's softmax pooling, the attention softmax and its sink,
- *   SiLU and the router's softplus.  These differ from the oracle by at most one fp32 ulp per
- *   call, which moves a later bf16 rounding now and then;
+ * - **exp**: the device's expf is the C library's algorithm (glibc's expf as built for CPUs
+ *   with FMA: a 32-entry table of 2^(i/32) and a cubic in double), so sigmoid and Sinkhorn of
+ *   mHC, the compressor's softmax pooling, the attention softmax and its sink and SiLU give the
+ *   oracle's bits where the oracle runs on such a library (checked by the tests, which
+ *   otherwise fall back to a one-ulp-per-exp bound);
+ * - **log1p** (the router's softplus): computed in double and rounded once, within one fp32 ulp
+ *   of the C library's log1pf;
  * - **order-free GEMM sums** (the MoE's L1/L2 and router logits, which the oracle evaluates as
  *   fp32 BLAS GEMMs with an unspecified order): here exact products accumulated in double and
  *   rounded once to fp32, i.e. at least as accurate as any fp32 order.
