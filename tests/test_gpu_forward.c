@@ -4,10 +4,11 @@
  *        (skipped, exit 77, without CUDA or a device).
  *
  * Models: the embedded tiny model (fixtures/tiny-dsv4: hash layers, window-only, ratio 4 with
- * the indexer, ratio 128, MTP) and a fresh synth-model checkpoint of the "tiny" preset (seed
- * printed) run for 140 tokens: past the 16-token window, 35 ratio-4 blocks for index_topk 4
- * (more blocks than the indexer keeps), one complete ratio-128 block; the prefill goes in
- * chunks of 64 (the GPU model's max_tokens), so chunked prefill is exercised as well.
+ * the indexer, ratio 128, MTP); fresh synth-model checkpoints (seed printed) of the "tiny"
+ * preset with 1, 2 and 3 layers (one layer type more each), the last run for 140 tokens: past
+ * the 16-token window, 35 ratio-4 blocks for index_topk 4 (more blocks than the indexer keeps),
+ * one complete ratio-128 block; and one at V4-Flash widths (test_synth_flash).  Prefills go
+ * in chunks of 64 (the GPU model's max_tokens), so chunked prefill is exercised as well.
  *
  * **The bound.**  The GPU runs the oracle's recipe with the same rounding points; it differs
  * in (a) log1p of the router (double, rounded once: within one fp32 ulp of log1pf) and exp
@@ -130,9 +131,10 @@ static int have_gpu(void)
 
 /**
  * Prefill @p T random tokens on both backends (GPU in chunks of @p chunk), compare all logits;
- * then the MTP logits; then greedy decode of @p n_gen tokens.
+ * then the MTP logits; then greedy decode of @p n_gen tokens; then the first @p n_replay tokens
+ * again, one per GPU call, against the CPU's prefill.
  */
-static void run_model(const char *what, const char *dir, int64_t T, int64_t chunk, int n_gen)
+static void run_model(const char *what, const char *dir, int64_t T, int64_t chunk, int n_gen, int64_t n_replay)
 {
     mmoe_model *m = open_model(dir);
     const mmoe_config *c = mmoe_model_config(m);
@@ -203,8 +205,8 @@ static void run_model(const char *what, const char *dir, int64_t T, int64_t chun
             n_gen, undecided);
     ck_assert_int_eq(mmoe_gpu_model_pos(g), T + n_gen);
 
-    /* decode = prefill on the GPU: replay the first 20 tokens one at a time */
-    const int64_t n_dec = T < 20 ? T : 20;
+    /* decode = prefill on the GPU: replay the first n_replay tokens one at a time */
+    const int64_t n_dec = T < n_replay ? T : n_replay;
     ck_assert_msg(mmoe_gpu_model_reset(g, &err) == MMOE_OK, "%s", err.msg);
     mmoe_model_state_reset(s);
     ck_assert_msg(mmoe_model_forward(m, s, ids, n_dec, lc, 0, NULL, &err) == MMOE_OK, "%s", err.msg);
@@ -227,67 +229,82 @@ START_TEST(test_tiny_fixture)
 {
     char dir[4096];
     tiny_dir(dir, sizeof dir);
-    run_model("tiny-dsv4", dir, 40, 64, 12);
+    run_model("tiny-dsv4", dir, 40, 64, 12, 20);
 }
 END_TEST
 
-/** Write a synth checkpoint of preset @p preset with @p layers layers (optional overrides) and run it. */
-static void synth_case(const char *what, const char *preset, int layers, int64_t experts, int64_t vocab, int64_t T,
-                       int n_gen)
+/**
+ * Write a synth checkpoint of preset @p preset with @p layers layers into @p dir (overrides: experts,
+ * vocab when > 0; @p ratios, when given, the compress ratio of each main layer, and @p n_hash hash layers).
+ */
+static void synth_write(const char *dir, const char *preset, int layers, int64_t experts, int64_t vocab,
+                        const int *ratios, int n_hash)
 {
-    char root[512], dir[600];
-    ck_assert_int_eq(mmoe_test_mkdtemp(root, sizeof root), 0);
-    snprintf(dir, sizeof dir, "%s/ckpt", root);
     mmoe_config cfg;
     mmoe_error err;
     mmoe_error_clear(&err);
     ck_assert(mmoe_config_preset(preset, layers, &cfg, &err) == MMOE_OK);
     if (experts > 0)
-        cfg.n_routed_experts = experts;
+        cfg.n_routed_experts = (int)experts;
     if (vocab > 0)
         cfg.vocab_size = vocab;
+    if (ratios != NULL) {
+        for (int i = 0; i < layers; i++)
+            cfg.compress_ratios[i] = ratios[i];
+        cfg.n_hash_layers = n_hash;
+    }
     if (cfg.max_seq_len > 1024)
         cfg.max_seq_len = 1024;
     ck_assert_msg(mmoe_synth_model_write(&cfg, g_seed, dir, 256 << 20, NULL, NULL, &err) == MMOE_OK, "%s", err.msg);
-    run_model(what, dir, T, 64, n_gen);
+}
+
+/** A synth checkpoint in a temporary directory, run and removed. */
+static void synth_case(const char *what, const char *preset, int layers, int64_t T, int n_gen)
+{
+    char root[512], dir[600];
+    ck_assert_int_eq(mmoe_test_mkdtemp(root, sizeof root), 0);
+    snprintf(dir, sizeof dir, "%s/ckpt", root);
+    synth_write(dir, preset, layers, 0, 0, NULL, 0);
+    run_model(what, dir, T, 64, n_gen, 20);
     mmoe_test_rmtree(root);
 }
 
 /* one layer type more at a time: window only (hash), + ratio 4 (hash), + ratio 128 */
 START_TEST(test_synth_layers)
 {
-    synth_case("synth tiny x1", "tiny", 1, 0, 0, 40, 4);
-    synth_case("synth tiny x2", "tiny", 2, 0, 0, 40, 4);
+    synth_case("synth tiny x1", "tiny", 1, 40, 4);
+    synth_case("synth tiny x2", "tiny", 2, 40, 4);
 }
 END_TEST
 
-/* V4-Flash widths (D 4096, 64 heads of 512, q_lora 1024, 8 groups, indexer 64 x 128, window 128,
-   top-512; layers [0, 0, 4, 128] + MTP) with 8 experts and a 1024-token vocabulary: 136 tokens pass
-   the window, make 34 ratio-4 blocks and one ratio-128 block.  MMOE_GPU_FWD_FLASH_DIR may name
-   such a checkpoint written beforehand (`megamoe synth-model --shape v4-flash --layers 4 --experts 8
-   --vocab 1024`) to save writing it twice */
+/*
+ * V4-Flash widths (D 4096, 64 heads of 512, q_lora 1024, 8 groups, indexer 64 x 128, window 128,
+ * top-512, 6 of 8 experts + 1 shared, vocabulary 1024): layer 0 ratio 4 (hash-routed), layer 1
+ * ratio 128 (score-routed), the MTP block window-only.  136 tokens pass the window, make 34
+ * ratio-4 blocks and one ratio-128 block.  With MMOE_GPU_FWD_FLASH_DIR set the checkpoint is
+ * written there and kept (for `megamoe bench forward`), else in a temporary directory.
+ */
 START_TEST(test_synth_flash)
 {
-    const char *dir = getenv("MMOE_GPU_FWD_FLASH_DIR"); /* the same checkpoint written by `megamoe synth-model` */
-    if (dir != NULL)
-        run_model("synth v4-flash widths x4", dir, 136, 64, 4);
-    else
-        synth_case("synth v4-flash widths x4", "v4-flash", 4, 8, 1024, 136, 4);
+    const int ratios[2] = {4, 128};
+    const char *keep = getenv("MMOE_GPU_FWD_FLASH_DIR");
+    char root[512] = "", dir[600];
+    if (keep != NULL) {
+        snprintf(dir, sizeof dir, "%s", keep);
+    } else {
+        ck_assert_int_eq(mmoe_test_mkdtemp(root, sizeof root), 0);
+        snprintf(dir, sizeof dir, "%s/ckpt", root);
+    }
+    synth_write(dir, "v4-flash", 2, 8, 1024, ratios, 1);
+    run_model("synth v4-flash widths", dir, 136, 64, 4, 6);
+    if (keep == NULL)
+        mmoe_test_rmtree(root);
 }
 END_TEST
 
 START_TEST(test_synth_long)
 {
-    char root[512], dir[600];
-    ck_assert_int_eq(mmoe_test_mkdtemp(root, sizeof root), 0);
-    snprintf(dir, sizeof dir, "%s/ckpt", root);
-    mmoe_config cfg;
-    mmoe_error err;
-    mmoe_error_clear(&err);
-    ck_assert(mmoe_config_preset("tiny", 3, &cfg, &err) == MMOE_OK);
-    ck_assert_msg(mmoe_synth_model_write(&cfg, g_seed, dir, 1 << 20, NULL, NULL, &err) == MMOE_OK, "%s", err.msg);
-    run_model("synth tiny x3", dir, 140, 64, 12);
-    mmoe_test_rmtree(root);
+    synth_case("synth tiny x3", "tiny", 3, 140, 12);
 }
 END_TEST
 

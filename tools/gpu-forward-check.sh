@@ -1,8 +1,9 @@
 #!/bin/bash
 # tools/gpu-forward-check.sh: the GPU forward's checks in one device call.
 #   1. build megamoe and tests/test_gpu_forward with CUDA for sm_90a only (the H200);
-#   2. write one V4-Flash-width checkpoint (4 layers, 8 experts, vocab 1024) for test and bench;
-#   3. tests/test_gpu_forward (every case), then compute-sanitizer memcheck on the small cases;
+#   2. tests/test_gpu_forward_blocks and tests/test_gpu_forward (every case; the V4-Flash-width
+#      checkpoint that test_synth_flash writes is kept in $FLASH for the bench);
+#   3. compute-sanitizer memcheck on the small cases;
 #   4. megamoe bench forward --backend gpu on the tiny fixture and on the V4-Flash-width checkpoint.
 # Logs go to $OUT.  Usage on the device machine (see tools/gpu-check.sh for the tarball layout):
 #   MMOE_DEBS=$PWD/.gpu/debs bash /tmp/m/tools/gpu-forward-check.sh [STEPS]
@@ -21,19 +22,18 @@ cat "$OUT/device.txt"
 case " $STEPS " in *" build "*)
   t0=$(date +%s)
   ( ./configure --with-cuda --disable-doxygen-doc CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" \
-      > "$OUT/configure.log" 2>&1 && make -j16 megamoe tests/test_gpu_forward > "$OUT/build.log" 2>&1 ) \
+      > "$OUT/configure.log" 2>&1 && make -j16 megamoe tests/test_gpu_forward tests/test_gpu_forward_blocks \
+      > "$OUT/build.log" 2>&1 ) \
     || { echo "BUILD FAILED"; tail -n 40 "$OUT/configure.log" "$OUT/build.log"; exit 1; }
   echo "build: ok ($(( $(date +%s) - t0 )) s)";;
 esac
 export MMOE_SRCDIR=$ROOT MMOE_BUILDDIR=$ROOT MMOE_BIN=$ROOT/megamoe CK_VERBOSITY=verbose
-FLASH=/tmp/mmoe-flash4
-if [ ! -d "$FLASH" ]; then
-  t0=$(date +%s)
-  ./megamoe synth-model --shape v4-flash --layers 4 --experts 8 --vocab 1024 --seed 7 --out "$FLASH" \
-    > "$OUT/synth.log" 2>&1 || { echo "synth-model failed"; tail "$OUT/synth.log"; }
-  echo "synth-model v4-flash x4: $(( $(date +%s) - t0 )) s"
-fi
+FLASH=/tmp/mmoe-flash
 case " $STEPS " in *" test "*)
+  t0=$(date +%s)
+  timeout 200 ./tests/test_gpu_forward_blocks > "$OUT/test-blocks.log" 2>&1
+  echo "test_gpu_forward_blocks: rc=$? ($(( $(date +%s) - t0 )) s)"
+  grep -E "gpu_forward_blocks:|:[PFE]:|Checks" "$OUT/test-blocks.log" | tail -n 30
   t0=$(date +%s)
   MMOE_GPU_FWD_FLASH_DIR=$FLASH OPENBLAS_NUM_THREADS=16 timeout 400 ./tests/test_gpu_forward > "$OUT/test.log" 2>&1
   echo "test_gpu_forward: rc=$? ($(( $(date +%s) - t0 )) s)"

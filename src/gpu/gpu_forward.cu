@@ -248,9 +248,11 @@ __global__ void k_hc_mix(const uint16_t *X, int64_t D, int hc, const float *fn, 
     __shared__ float m[(2 + 8) * 8];
     __shared__ float pre[8];
     __shared__ float rs_sh;
+    __shared__ double raw[(2 + 8) * 8];
     const int64_t t = blockIdx.x, n = (int64_t)hc * D;
     const uint16_t *Xt = X + t * n;
-    if (threadIdx.x == 0) {
+    /* the last thread sums the squares while the others form the n_out dot products */
+    if (threadIdx.x == blockDim.x - 1) {
         double s = 0.0;
         for (int64_t i = 0; i < n; i++) {
             const double v = (double)gfw_bf2f(Xt[i]);
@@ -258,15 +260,18 @@ __global__ void k_hc_mix(const uint16_t *X, int64_t D, int hc, const float *fn, 
         }
         const float mean = __double2float_rn(__ddiv_rn(s, (double)n));
         rs_sh = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, norm_eps)));
+    } else {
+        for (int r = threadIdx.x; r < n_out; r += blockDim.x - 1) {
+            const float *row = fn + (int64_t)r * n;
+            double acc = 0.0;
+            for (int64_t i = 0; i < n; i++)
+                acc += (double)row[i] * (double)gfw_bf2f(Xt[i]); /* exact products */
+            raw[r] = acc;
+        }
     }
     __syncthreads();
-    for (int r = threadIdx.x; r < n_out; r += blockDim.x) {
-        const float *row = fn + (int64_t)r * n;
-        double acc = 0.0;
-        for (int64_t i = 0; i < n; i++)
-            acc += (double)row[i] * (double)gfw_bf2f(Xt[i]); /* exact products */
-        m[r] = __fmul_rn(__double2float_rn(acc), rs_sh);
-    }
+    for (int r = threadIdx.x; r < n_out; r += blockDim.x)
+        m[r] = __fmul_rn(__double2float_rn(raw[r]), rs_sh);
     __syncthreads();
     if (threadIdx.x == 0) {
         for (int j = 0; j < hc; j++) {
