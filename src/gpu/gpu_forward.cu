@@ -192,11 +192,19 @@ __global__ void k_linear_fp8(const uint8_t *xq, const float *xs, int64_t T, dfp8
     const int64_t K = w.K, kb_w = K / w.block;
     const uint8_t *xr = xq + t * K, *wr = w.w + n * K;
     float acc = 0.0f;
+    const int per_lane = w.block / 32; /* 4 contiguous codes per lane for 128-blocks, 1 for 32-blocks */
     for (int64_t kb = 0; kb < kb_w; kb++) {
         double part = 0.0;
-        for (int64_t k = kb * w.block + lane; k < (kb + 1) * w.block; k += 32)
-            part += (double)c_e4m3[xr[k]] * (double)c_e4m3[wr[k]];
-        part = warp_sum(part);
+        const int64_t k0 = kb * w.block + (int64_t)lane * per_lane;
+        if (per_lane == 4) {
+            const uint32_t xa = *(const uint32_t *)(xr + k0), wa = *(const uint32_t *)(wr + k0);
+            for (int i = 0; i < 4; i++)
+                part += (double)c_e4m3[(xa >> (8 * i)) & 0xFF] * (double)c_e4m3[(wa >> (8 * i)) & 0xFF];
+        } else {
+            for (int i = 0; i < per_lane; i++)
+                part += (double)c_e4m3[xr[k0 + i]] * (double)c_e4m3[wr[k0 + i]];
+        }
+        part = warp_sum(part); /* exact: the order of the additions does not matter */
         const float s_x = xs[t * (K / 128) + kb * w.block / 128];
         const float s_w = gfw_ue8m0(w.s[(n / w.block) * w.scols + kb]);
         acc = __fadd_rn(acc, __fmul_rn(__double2float_rn(part), __fmul_rn(s_x, s_w)));
@@ -872,6 +880,16 @@ __device__ __forceinline__ float fp4_w(const uint8_t *w, const uint8_t *s, int64
     return __fmul_rn(gfw_e2m1_value(nib), gfw_ue8m0(s[(e * rows + row) * (cols / 32) + k / 32]));
 }
 
+/** Weights (row, k0 .. k0+7) of routed expert e (k0 a multiple of 8): one 32-bit word of codes, one scale. */
+__device__ __forceinline__ void fp4_w8(const uint8_t *w, const uint8_t *s, int64_t e, int64_t rows, int64_t cols,
+                                       int64_t row, int64_t k0, float *out)
+{
+    const uint32_t word = *(const uint32_t *)(w + (e * rows + row) * (cols / 2) + k0 / 2);
+    const float sc = gfw_ue8m0(s[(e * rows + row) * (cols / 32) + k0 / 32]);
+    for (int i = 0; i < 8; i++)
+        out[i] = __fmul_rn(gfw_e2m1_value((int)((word >> (4 * i)) & 15u)), sc);
+}
+
 /** Weight (row, k) of a shared FP8 matrix [rows, cols] with fp32 block scales: fl(e4m3 * scale). */
 __device__ __forceinline__ float fp8_w(const uint8_t *w, const float *s, int B, int64_t rows, int64_t cols,
                                        int64_t row, int64_t k)
@@ -904,14 +922,22 @@ __global__ void k_moe_l1(dmoe m, const float *xv, const int32_t *idx, const floa
     const float w = shared ? 1.0f : wts[p];
     const float *x = xv + tok * m.D;
     double g = 0.0, u = 0.0;
-    for (int64_t k = lane; k < m.D; k += 32) {
-        const double xk = (double)x[k];
+    /* each lane takes 8 consecutive k per step: one 32-bit word of E2M1 codes (or two of E4M3) */
+    for (int64_t k0 = (int64_t)lane * 8; k0 < m.D; k0 += 256) {
+        float wg[8], wu[8];
         if (shared) {
-            g += xk * (double)fp8_w(m.sw1, m.ss1, m.B, m.Ws, m.D, j, k);
-            u += xk * (double)fp8_w(m.sw3, m.ss3, m.B, m.Ws, m.D, j, k);
+            for (int i = 0; i < 8; i++) {
+                wg[i] = fp8_w(m.sw1, m.ss1, m.B, m.Ws, m.D, j, k0 + i);
+                wu[i] = fp8_w(m.sw3, m.ss3, m.B, m.Ws, m.D, j, k0 + i);
+            }
         } else {
-            g += xk * (double)fp4_w(m.w1, m.s1, e, m.I, m.D, j, k);
-            u += xk * (double)fp4_w(m.w3, m.s3, e, m.I, m.D, j, k);
+            fp4_w8(m.w1, m.s1, e, m.I, m.D, j, k0, wg);
+            fp4_w8(m.w3, m.s3, e, m.I, m.D, j, k0, wu);
+        }
+        for (int i = 0; i < 8; i++) {
+            const double xk = (double)x[k0 + i];
+            g += xk * (double)wg[i];
+            u += xk * (double)wu[i];
         }
     }
     g = warp_sum(g);
@@ -976,10 +1002,16 @@ __global__ void k_moe_l2(dmoe m, const float *h, const int32_t *idx, int64_t T, 
     const int64_t I = shared ? m.Ws : m.I;
     const float *hr = h + p * width;
     double acc = 0.0;
-    for (int64_t j = lane; j < I; j += 32) {
-        const double wv = shared ? (double)fp8_w(m.sw2, m.ss2, m.B, m.D, m.Ws, n, j)
-                                 : (double)fp4_w(m.w2, m.s2, e, m.D, m.I, n, j);
-        acc += (double)hr[j] * wv;
+    for (int64_t j0 = (int64_t)lane * 8; j0 < I; j0 += 256) {
+        float wv[8];
+        if (shared) {
+            for (int i = 0; i < 8; i++)
+                wv[i] = fp8_w(m.sw2, m.ss2, m.B, m.D, m.Ws, n, j0 + i);
+        } else {
+            fp4_w8(m.w2, m.s2, e, m.D, m.I, n, j0, wv);
+        }
+        for (int i = 0; i < 8; i++)
+            acc += (double)hr[j0 + i] * (double)wv[i];
     }
     acc = warp_sum(acc);
     if (lane == 0)
