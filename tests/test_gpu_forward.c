@@ -471,6 +471,9 @@ int main(void)
                         "the GPU cases skipped\n");
         return MMOE_TEST_SKIP;
     }
+    /* CUDA state does not survive fork(): run the tests in this process */
+    setenv("CK_FORK", "no", 1);
+    setvbuf(stderr, NULL, _IONBF, 0);
     g_seed = mmoe_test_seed("gpu_forward");
     return mmoe_test_run(gpu_forward_suite());
 }

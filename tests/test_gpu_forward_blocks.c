@@ -116,8 +116,7 @@ static void check_rmsnorm(int64_t T, int64_t n)
 
 /**
  * The device's expf against the host's on 2^22 random inputs of the whole range and the specials;
- * fails when one differs by more than one ulp.  Returns 1 when all are equal.  (Each test runs
- * in its own process, so every test that needs the answer asks for it.)
+ * fails when one differs by more than one ulp.  Returns 1 when all are equal.
  */
 static int exp_probe(void)
 {
@@ -422,6 +421,9 @@ int main(void)
         fprintf(stderr, "gpu_forward_blocks: %s: skipped\n", err.msg);
         return MMOE_TEST_SKIP;
     }
+    /* CUDA state does not survive fork(): run the tests in this process */
+    setenv("CK_FORK", "no", 1);
+    setvbuf(stderr, NULL, _IONBF, 0);
     g_seed = mmoe_test_seed("gpu_forward_blocks");
     return mmoe_test_run(blocks_suite());
 }
