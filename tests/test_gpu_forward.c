@@ -455,6 +455,7 @@ static Suite *gpu_forward_suite(void)
                  {"cli_logits", test_cli_logits},  {"cli_generate", test_cli_generate}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
+        tcase_set_tags(tc, cases[i].name); /* CK_RUN_CASE / CK_EXCLUDE_TAGS select cases */
         tcase_set_timeout(tc, 1200);
         tcase_add_test(tc, cases[i].test);
         suite_add_tcase(s, tc);
