@@ -23,6 +23,10 @@
  *     FWD_MARGIN_TOL * (max|logit| + 1) (a margin smaller than the bound cannot decide);
  *   - greedy generation: 12 tokens decoded one at a time on both backends, teacher-forced
  *     with the oracle's choice, the GPU picks the same token under the same margin rule.
+ * Sub-layers (test_sublayers, and in the V4-Flash case): every block's attention, with its
+ * caches over 140 tokens, and its MoE, each on its own against the CPU sub-layer: attention
+ * bit-exact where the device's expf is the host's, the MoE normwise within 2^-7.
+ *
  * The CLI: `megamoe logits --backend gpu|cpu` (70 tokens: two GPU calls; --mtp) under the same
  * bound, `megamoe generate --backend cpu|gpu|auto` greedy continuations identical.  Without a
  * GPU the program still checks the refusals (`--backend gpu` exits 1 naming the option and
@@ -39,7 +43,9 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "gpu_forward_internal.h"
 #include "mmoe_config.h"
+#include "mmoe_formats.h"
 #include "mmoe_gpu_forward.h"
 #include "mmoe_gpu_moe.h"
 #include "mmoe_model.h"
@@ -47,6 +53,7 @@
 #include "mmoe_safetensors.h"
 #include "mmoe_synth_model.h"
 #include "mmoe_test.h"
+#include "model_internal.h"
 
 #define FWD_REL_TOL 0x1.0p-4
 #define FWD_MARGIN_TOL 0x1.0p-4
@@ -269,6 +276,136 @@ static void synth_case(const char *what, const char *preset, int layers, int64_t
     mmoe_test_rmtree(root);
 }
 
+/** Does the device's expf equal the host's on a sample (then the exp-based kernels are exact)? */
+static int exp_is_exact(void)
+{
+    enum { N = 1 << 16 };
+    static float x[N], y[N];
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed ^ 0xe4f);
+    for (int i = 0; i < N; i++)
+        x[i] = (float)((double)mmoe_rng_below(&r, 1u << 24) / (double)(1u << 24) * 40.0 - 30.0);
+    mmoe_error err;
+    ck_assert_msg(gfw_test_expf(x, N, y, &err) == MMOE_OK, "%s", err.msg);
+    for (int i = 0; i < N; i++) {
+        const float h = expf(x[i]);
+        if (memcmp(&h, &y[i], 4) != 0)
+            return 0;
+    }
+    return 1;
+}
+
+/** Normwise relative difference of two bf16 arrays, and the count of identical elements. */
+static double bf16_rel(const uint16_t *g, const uint16_t *c, int64_t n, int64_t *same)
+{
+    double num = 0.0, den = 0.0;
+    *same = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double a = mmoe_bf16_to_f32(g[i]), b = mmoe_bf16_to_f32(c[i]);
+        if (isnan(a))
+            return INFINITY;
+        num += (a - b) * (a - b);
+        den += b * b;
+        *same += g[i] == c[i];
+    }
+    return sqrt(num) / (den > 0 ? sqrt(den) : 1e-30);
+}
+
+/**
+ * Every block's attention and MoE sub-layer on its own, on random normalized inputs: the CPU
+ * sub-layer (mmoe_attention_forward with a fresh cache, mmoe_moe_layer_run) against the GPU
+ * model's (gfw_test_sublayer), T tokens in calls of @p chunk.  Attention is exact where exp is
+ * (all its other steps are); the MoE differs by its GEMM order and the router's log1p: normwise
+ * within 2^-7 (a flipped bf16 or E4M3 rounding of an intermediate moves an output by one bf16
+ * ulp, 2^-8 relative, of a few elements).
+ */
+static void check_sublayers(const char *what, const char *dir, int64_t T, int64_t chunk)
+{
+    mmoe_model *m = open_model(dir);
+    const mmoe_config *c = mmoe_model_config(m);
+    const int64_t D = c->dim;
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    mmoe_gpu_model *g = NULL;
+    ck_assert_msg(mmoe_gpu_model_create(m, T, chunk, &g, &err) == MMOE_OK, "%s", err.msg);
+    const int exact_exp = exp_is_exact();
+    uint16_t *x = malloc(2 * (size_t)(T * D)), *yc = malloc(2 * (size_t)(T * D)), *yg = malloc(2 * (size_t)(T * D));
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)T);
+    ck_assert(x && yc && yg && ids);
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed ^ 0x5b);
+    for (int L = 0; L < m->n_blocks; L++) {
+        const model_block *b = &m->blocks[L];
+        for (int64_t i = 0; i < T * D; i++)
+            x[i] = mmoe_bf16_from_f32((float)((double)mmoe_rng_below(&r, 1u << 24) / (double)(1u << 24) * 4.0 - 2.0));
+        for (int64_t i = 0; i < T; i++)
+            ids[i] = (int32_t)mmoe_rng_below(&r, (uint64_t)c->vocab_size);
+        /* attention */
+        mmoe_attn_cache *cache = NULL;
+        ck_assert_msg(mmoe_attn_cache_create(&b->attn_p, T, &cache, &err) == MMOE_OK, "%s", err.msg);
+        mmoe_test_poison_bf16(yg, (size_t)(T * D));
+        for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+            const int64_t n = T - t0 < chunk ? T - t0 : chunk;
+            mmoe_tensor xi, xo;
+            memset(&xi, 0, sizeof xi);
+            xi.dtype = MMOE_DT_BF16;
+            xi.ndim = 2;
+            xi.shape[0] = n;
+            xi.shape[1] = D;
+            xi.data = x + t0 * D;
+            xi.nbytes = 2 * (size_t)(n * D);
+            xo = xi;
+            xo.data = yc + t0 * D;
+            ck_assert_msg(mmoe_attention_forward(&b->attn_p, &b->attn_w, cache, &xi, t0, n, &xo, NULL, &err) == MMOE_OK,
+                          "%s", err.msg);
+            ck_assert_msg(gfw_test_sublayer(g, L, 0, x + t0 * D, NULL, n, t0, yg + t0 * D, &err) == MMOE_OK, "%s",
+                          err.msg);
+        }
+        mmoe_attn_cache_destroy(cache);
+        int64_t same;
+        double rel = bf16_rel(yg, yc, T * D, &same);
+        fprintf(stderr, "gpu_forward: %s: block %d (ratio %d) attention: %lld of %lld bit-exact, rel %.3g\n", what, L,
+                b->attn_p.compress_ratio, (long long)same, (long long)(T * D), rel);
+        if (exact_exp)
+            ck_assert_msg(same == T * D, "%s: block %d attention differs from the oracle (seed %llu)", what, L,
+                          (unsigned long long)g_seed);
+        ck_assert_msg(rel <= 0x1.0p-6, "%s: block %d attention: rel %.3g (seed %llu)", what, L, rel,
+                      (unsigned long long)g_seed);
+        /* MoE */
+        mmoe_test_poison_bf16(yg, (size_t)(T * D));
+        for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+            const int64_t n = T - t0 < chunk ? T - t0 : chunk;
+            mmoe_moe_input in = {n, x + t0 * D, b->hash ? ids + t0 : NULL, NULL, NULL};
+            mmoe_moe_output out = {yc + t0 * D, NULL, NULL};
+            ck_assert_msg(mmoe_moe_layer_run(b->moe, &in, &out, NULL, &err) == MMOE_OK, "%s", err.msg);
+            ck_assert_msg(gfw_test_sublayer(g, L, 1, x + t0 * D, ids + t0, n, t0, yg + t0 * D, &err) == MMOE_OK, "%s",
+                          err.msg);
+        }
+        rel = bf16_rel(yg, yc, T * D, &same);
+        fprintf(stderr, "gpu_forward: %s: block %d (%s) moe: %lld of %lld bit-exact, rel %.3g\n", what, L,
+                b->hash ? "hash" : "score", (long long)same, (long long)(T * D), rel);
+        ck_assert_msg(rel <= 0x1.0p-7, "%s: block %d moe: rel %.3g (seed %llu)", what, L, rel,
+                      (unsigned long long)g_seed);
+    }
+    free(x), free(yc), free(yg), free(ids);
+    mmoe_gpu_model_destroy(g);
+    mmoe_model_close(m);
+}
+
+START_TEST(test_sublayers)
+{
+    char dir[4096];
+    tiny_dir(dir, sizeof dir);
+    check_sublayers("tiny-dsv4", dir, 40, 16);
+    char root[512], sdir[600];
+    ck_assert_int_eq(mmoe_test_mkdtemp(root, sizeof root), 0);
+    snprintf(sdir, sizeof sdir, "%s/ckpt", root);
+    synth_write(sdir, "tiny", 3, 0, 0, NULL, 0);
+    check_sublayers("synth tiny x3", sdir, 140, 64);
+    mmoe_test_rmtree(root);
+}
+END_TEST
+
 /* one layer type more at a time: window only (hash), + ratio 4 (hash), + ratio 128 */
 START_TEST(test_synth_layers)
 {
@@ -296,6 +433,7 @@ START_TEST(test_synth_flash)
         snprintf(dir, sizeof dir, "%s/ckpt", root);
     }
     synth_write(dir, "v4-flash", 2, 8, 1024, ratios, 1);
+    check_sublayers("synth v4-flash widths", dir, 136, 64);
     run_model("synth v4-flash widths", dir, 136, 64, 4, 6);
     if (keep == NULL)
         mmoe_test_rmtree(root);
@@ -450,7 +588,8 @@ static Suite *gpu_forward_suite(void)
     struct {
         const char *name;
         const TTest *test;
-    } cases[] = {{"refuse", test_refuses},         {"tiny", test_tiny_fixture}, {"layers", test_synth_layers},
+    } cases[] = {{"refuse", test_refuses},         {"sublayers", test_sublayers},
+                 {"tiny", test_tiny_fixture},      {"layers", test_synth_layers},
                  {"long", test_synth_long},        {"flash", test_synth_flash},
                  {"cli_logits", test_cli_logits},  {"cli_generate", test_cli_generate}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

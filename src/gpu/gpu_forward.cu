@@ -2166,3 +2166,21 @@ extern "C" mmoe_status gfw_test_expf(const float *x, int64_t n, float *y, mmoe_e
         k_test_expf<<<nblk(n), 256>>>(dx, n, dy);
     return tfinish(&a, y, dy, sizeof(float) * (size_t)n, err, "expf");
 }
+
+extern "C" mmoe_status gfw_test_sublayer(mmoe_gpu_model *g, int L, int which, const uint16_t *x, const int32_t *ids,
+                                         int64_t T, int64_t pos0, uint16_t *out, mmoe_error *err)
+{
+    if (L < 0 || L >= g->n_blocks || T < 1 || T > g->Tm || pos0 + T > g->max_seq_len)
+        return mmoe_error_set(err, MMOE_EINVAL, "gfw_test_sublayer: block %d, T %lld, pos0 %lld out of range", L,
+                              (long long)T, (long long)pos0);
+    cudaError_t ce = cudaMemcpy(g->y, x, 2 * (size_t)(T * g->D), cudaMemcpyHostToDevice);
+    if (ce == cudaSuccess && ids)
+        ce = cudaMemcpy(g->ids, ids, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice);
+    if (ce != cudaSuccess)
+        return cuda_fail(err, ce, "sub-layer input copy");
+    mmoe_status st = which == 0 ? attention(g, &g->blocks[L], pos0, T, err) : moe(g, &g->blocks[L], g->ids, T, err);
+    if (st != MMOE_OK)
+        return st;
+    ce = cudaMemcpy(out, g->o, 2 * (size_t)(T * g->D), cudaMemcpyDeviceToHost);
+    return ce == cudaSuccess ? MMOE_OK : cuda_fail(err, ce, "sub-layer output copy");
+}

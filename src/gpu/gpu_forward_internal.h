@@ -168,6 +168,15 @@ mmoe_status gfw_test_qat(uint16_t *x, int64_t rows, int width, int kind, mmoe_er
  */
 mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, const uint16_t *keys, int ih, int id,
                              int64_t n_blocks, int topk, float *scores, int32_t *idx, mmoe_error *err);
+/**
+ * One sub-layer of block @p L of a GPU model on given inputs: @p which 0 the attention (the
+ * block's caches advance: @p pos0 must continue them), 1 the MoE (router, experts, shared
+ * expert, combine; @p ids for hash layers).  x bf16 [T, D] is the sub-layer's normalized input,
+ * out bf16 [T, D] its output.
+ */
+mmoe_status gfw_test_sublayer(mmoe_gpu_model *g, int L, int which, const uint16_t *x, const int32_t *ids,
+                              int64_t T, int64_t pos0, uint16_t *out, mmoe_error *err);
+
 /** y[i] = the device's expf(x[i]) (gfw_expf, the exp of every exp-based block). */
 mmoe_status gfw_test_expf(const float *x, int64_t n, float *y, mmoe_error *err);
 /** @} */
