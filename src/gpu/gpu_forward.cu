@@ -1123,6 +1123,10 @@ static void *galloc(mmoe_gpu_model *g, size_t bytes, cudaError_t *ce)
     void *p = NULL;
     if ((*ce = cudaMalloc(&p, bytes)) != cudaSuccess)
         return NULL;
+    if ((*ce = cudaMemset(p, 0, bytes)) != cudaSuccess) { /* no read of a never-written byte, ever */
+        cudaFree(p);
+        return NULL;
+    }
     if (g->n_allocs == g->cap_allocs) {
         int nc = g->cap_allocs ? 2 * g->cap_allocs : 256;
         void **na = (void **)realloc(g->allocs, sizeof(void *) * (size_t)nc);
