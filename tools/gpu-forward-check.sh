@@ -7,7 +7,9 @@
 #   5. megamoe bench forward --backend gpu on the tiny fixture and on the V4-Flash-width checkpoint.
 # Logs go to $OUT.  Usage on the device machine (see tools/gpu-check.sh for the tarball layout):
 #   MMOE_DEBS=$PWD/.gpu/debs bash /tmp/m/tools/gpu-forward-check.sh [STEPS]
-# STEPS: a subset of "build test memcheck flash bench" (default: all).
+# STEPS: a subset of "build test memcheck flash bench break" (default: all but break).
+# "break" (last: it edits the tree) applies $BREAK_PATCH (deliberate bugs, one per block) and
+# runs the suites again, which must fail.
 set -u
 OUT=${OUT:-/tmp/mmoe-out}
 mkdir -p "$OUT"
@@ -53,6 +55,17 @@ case " $STEPS " in *" flash "*)
     > "$OUT/test-flash.log" 2>&1
   echo "test_gpu_forward (flash): rc=$? ($(( $(date +%s) - t0 )) s)"
   grep -E "gpu_forward:|:[PFE]:|Checks" "$OUT/test-flash.log" | tail -n 20;;
+esac
+case " $STEPS " in *" break "*)
+  if [ -f "${BREAK_PATCH:-}" ] && patch -p1 < "$BREAK_PATCH" > "$OUT/break.log" 2>&1 \
+     && make -j16 tests/test_gpu_forward tests/test_gpu_forward_blocks >> "$OUT/break.log" 2>&1; then
+    timeout 60 ./tests/test_gpu_forward_blocks > "$OUT/break-blocks.log" 2>&1
+    echo "broken build, test_gpu_forward_blocks: rc=$? (must fail)"; grep -E ":[FE]:|Checks" "$OUT/break-blocks.log"
+    CK_RUN_CASE=sublayers timeout 60 ./tests/test_gpu_forward > "$OUT/break-fwd.log" 2>&1
+    echo "broken build, test_gpu_forward sublayers: rc=$? (must fail)"; grep -E ":[FE]:|Checks" "$OUT/break-fwd.log"
+    CK_RUN_CASE=tiny timeout 60 ./tests/test_gpu_forward > "$OUT/break-fwd2.log" 2>&1
+    echo "broken build, test_gpu_forward tiny: rc=$? (must fail)"; grep -E ":[FE]:|Checks" "$OUT/break-fwd2.log"
+  else echo "break: no patch or it did not apply/build"; tail -5 "$OUT/break.log"; fi;;
 esac
 case " $STEPS " in *" bench "*)
   timeout 60 ./megamoe bench forward --model fixtures/tiny-dsv4 --tokens 64 --decode 32 --backend gpu \

@@ -19,7 +19,7 @@
  * | k_rmsnorm         | sum of squares in double, index order [rmsnorm.c]       | yes    |
  * | k_act_quant       | 1x128 E4M3, UE8M0 ceil scale of the V4 rule [linear_fp8.c] | yes |
  * | k_linear_fp8      | exact block partials, fp32 scaled sum in block order    | yes    |
- * | k_linear_dense    | the four-lane double dot of linear_dense.c              | yes    |
+ * | k_linear_dense    | the four-lane double dot of linear_dense.c (warp-staged) | yes   |
  * | k_hc_mix          | mHC logits (double, index order), sigmoid, Sinkhorn, mix | yes*   |
  * | k_hc_post         | fp32 write-back, j ascending, then the post term       | yes    |
  * | k_scale_heads     | per-head q scaling in bf16 steps [attn_forward.c]       | yes    |
@@ -213,34 +213,51 @@ __global__ void k_linear_fp8(const uint8_t *xq, const float *xs, int64_t T, dfp8
         y[t * w.N + n] = gfw_f2bf(acc);
 }
 
+/** Products a tile of k values holds per warp in k_linear_dense. */
+#define GFW_DENSE_TILE 256
+
 /**
  * Dense linear (linear_dense.c): y[t, n] = fl32(((l0 + l1) + (l2 + l3))) with four interleaved
- * double lanes over k.  x row t starts at x + t*ldx + (n / group_rows) * group_width (the grouped
- * output projection reads its head group; group_rows = 0: no grouping).  One thread per output.
+ * double lanes over k (l_j sums k = j mod 4 in ascending order, the K mod 4 tail joins l0).
+ * x row t starts at x + t*ldx + (n / group_rows) * group_width (the grouped output projection
+ * reads its head group; group_rows = 0: no grouping).  One warp per output: all 32 lanes load
+ * a tile of 256 consecutive k (coalesced) and form the exact double products in shared memory,
+ * then lanes 0..3 extend their chains over the tile in the oracle's order, so the sums are the
+ * oracle's bit for bit while the loads run in parallel.  Blocks of 4 warps.
  */
 __global__ void k_linear_dense(const uint16_t *x, int64_t T, int64_t ldx, int64_t K, ddense w, int64_t N,
                                int64_t group_rows, int64_t group_width, float *y_f32, uint16_t *y_bf16)
 {
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= T * N)
+    __shared__ double prod[4][GFW_DENSE_TILE];
+    const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x & 31, wib = (threadIdx.x / 32) & 3;
+    if (warp >= T * N)
         return;
-    const int64_t t = i / N, n = i % N;
+    const int64_t t = warp / N, n = warp % N;
     const uint16_t *xr = x + t * ldx + (group_rows > 0 ? (n / group_rows) * group_width : 0);
-    double l0 = 0.0, l1 = 0.0, l2 = 0.0, l3 = 0.0;
-    int64_t k = 0;
-    for (; k + 4 <= K; k += 4) {
-        l0 = __dadd_rn(l0, (double)gfw_bf2f(xr[k]) * dd_at(w, n, k));
-        l1 = __dadd_rn(l1, (double)gfw_bf2f(xr[k + 1]) * dd_at(w, n, k + 1));
-        l2 = __dadd_rn(l2, (double)gfw_bf2f(xr[k + 2]) * dd_at(w, n, k + 2));
-        l3 = __dadd_rn(l3, (double)gfw_bf2f(xr[k + 3]) * dd_at(w, n, k + 3));
+    const int64_t K4 = K & ~(int64_t)3;
+    double l = 0.0; /* lane j < 4: the chain of k = j mod 4 */
+    for (int64_t k0 = 0; k0 < K4; k0 += GFW_DENSE_TILE) {
+        const int cnt = (int)(K4 - k0 < GFW_DENSE_TILE ? K4 - k0 : GFW_DENSE_TILE);
+        for (int i = lane; i < cnt; i += 32)
+            prod[wib][i] = (double)gfw_bf2f(xr[k0 + i]) * dd_at(w, n, k0 + i); /* exact */
+        __syncwarp();
+        if (lane < 4)
+            for (int i = lane; i < cnt; i += 4)
+                l = __dadd_rn(l, prod[wib][i]);
+        __syncwarp();
     }
-    for (; k < K; k++)
+    double l0 = __shfl_sync(0xFFFFFFFFu, l, 0), l1 = __shfl_sync(0xFFFFFFFFu, l, 1);
+    const double l2 = __shfl_sync(0xFFFFFFFFu, l, 2), l3 = __shfl_sync(0xFFFFFFFFu, l, 3);
+    if (lane != 0)
+        return;
+    for (int64_t k = K4; k < K; k++)
         l0 = __dadd_rn(l0, (double)gfw_bf2f(xr[k]) * dd_at(w, n, k));
     const float v = __double2float_rn(__dadd_rn(__dadd_rn(l0, l1), __dadd_rn(l2, l3)));
     if (y_f32)
-        y_f32[i] = v;
+        y_f32[warp] = v;
     if (y_bf16)
-        y_bf16[i] = gfw_f2bf(v);
+        y_bf16[warp] = gfw_f2bf(v);
 }
 
 /* ================================================================== kernels: mHC */
@@ -694,6 +711,7 @@ __global__ void k_attend(attend_args a)
 {
     __shared__ float sc[64];
     __shared__ float pb[64];
+    __shared__ const uint16_t *rowp[64]; /* the chunk's kv rows */
     __shared__ float alpha_sh, m_sh, den_sh;
     const int64_t t = blockIdx.x;
     const int h = blockIdx.y;
@@ -722,6 +740,7 @@ __global__ void k_attend(attend_args a)
         const int cn = (int)((n - c0) < 64 ? (n - c0) : 64);
         if (threadIdx.x < cn) {
             const uint16_t *kv = attend_row(a, t, pos, first, n_win, c0 + threadIdx.x);
+            rowp[threadIdx.x] = kv;
             double dot = 0.0;
             for (int c = 0; c < d; c++)
                 dot = __dadd_rn(dot, (double)gfw_bf2f(qh[c]) * (double)gfw_bf2f(kv[c]));
@@ -757,10 +776,8 @@ __global__ void k_attend(attend_args a)
                 if (c >= d)
                     break;
                 float v = __fmul_rn(acc[ci], alpha);
-                for (int i = 0; i < cn; i++) {
-                    const uint16_t *kv = attend_row(a, t, pos, first, n_win, c0 + i);
-                    v = __fadd_rn(v, __fmul_rn(pb[i], gfw_bf2f(kv[c])));
-                }
+                for (int i = 0; i < cn; i++)
+                    v = __fadd_rn(v, __fmul_rn(pb[i], gfw_bf2f(rowp[i][c])));
                 acc[ci] = v;
             }
         }
@@ -894,8 +911,9 @@ __device__ __forceinline__ void fp4_w8(const uint8_t *w, const uint8_t *s, int64
 __device__ __forceinline__ float fp8_w(const uint8_t *w, const float *s, int B, int64_t rows, int64_t cols,
                                        int64_t row, int64_t k)
 {
-    const int64_t scols = (cols + B - 1) / B;
-    return __fmul_rn(c_e4m3[w[row * cols + k]], s[(row / B) * scols + k / B]);
+    /* 32-bit index arithmetic for the block scale (rows, cols < 2^31) */
+    const int scols = ((int)cols + B - 1) / B;
+    return __fmul_rn(c_e4m3[w[row * cols + k]], s[(int64_t)((int)row / B) * scols + (int)k / B]);
 }
 
 /**
@@ -1685,7 +1703,7 @@ static mmoe_status linear_fp8(mmoe_gpu_model *g, const uint16_t *x, int64_t rows
 static mmoe_status linear_dense(const uint16_t *x, int64_t rows, int64_t ldx, int64_t K, const ddense &w, int64_t N,
                                 int64_t group_rows, int64_t group_width, float *yf, uint16_t *yb, mmoe_error *err)
 {
-    k_linear_dense<<<nblk(rows * N, 128), 128>>>(x, rows, ldx, K, w, N, group_rows, group_width, yf, yb);
+    k_linear_dense<<<nblk(rows * N * 32, 128), 128>>>(x, rows, ldx, K, w, N, group_rows, group_width, yf, yb);
     GFW_CHECK("dense linear");
     return MMOE_OK;
 }
@@ -2031,7 +2049,7 @@ extern "C" mmoe_status gfw_test_linear_dense(const uint16_t *x, int64_t T, int64
     uint16_t *dx = (uint16_t *)tput(&a, x, 2 * (size_t)(T * K));
     float *dy = (float *)tput(&a, NULL, sizeof(float) * (size_t)(T * N));
     if (a.ce == cudaSuccess)
-        k_linear_dense<<<nblk(T * N, 128), 128>>>(dx, T, K, K, wd, N, 0, 0, dy, NULL);
+        k_linear_dense<<<nblk(T * N * 32, 128), 128>>>(dx, T, K, K, wd, N, 0, 0, dy, NULL);
     return tfinish(&a, y, dy, sizeof(float) * (size_t)(T * N), err, "dense linear");
 }
 
