@@ -36,8 +36,14 @@
  *   fp32 BLAS GEMMs with an unspecified order): here exact products accumulated in double and
  *   rounded once to fp32, i.e. at least as accurate as any fp32 order.
  *
- * The tests (tests/test_gpu_forward.c) hold the exact blocks to bit equality and the others to
- * the bounds derived there.
+ * The tests (tests/test_gpu_forward.c, tests/test_gpu_forward_blocks.c) hold the exact blocks
+ * to bit equality and the others to the bounds derived there.
+ *
+ * The MoE sub-layer here is its own sequence of small kernels with the `dsv4-ref` rounding
+ * points and the serial shared expert, which is what the model's oracle computes (router,
+ * hash table, L1 with the BF16 gate/up, the clamp, SiLU as one division, BF16 h, the E4M3
+ * requantization per 128, L2, the combine in ascending expert id); the fused GPU layer
+ * (mmoe_gpu_moe.h) implements the sm90/sm100 recipes instead.
  *
  * ## Memory
  *
