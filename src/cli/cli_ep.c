@@ -7,8 +7,8 @@
  * the config's tensor list (the bytes the checkpoint must hold, mmoe_model_tensors.h), split as
  * the EP layer splits them (mmoe_ep_memory_plan_make()), so a model that cannot fit N GPUs is
  * refused with its bytes per GPU before a byte of it is read.  A model that fits is then refused
- * for what this build lacks: the forward's attention, embedding and head have no GPU path yet,
- * and the model's MoE recipe (dsv4-ref, serial shared expert) has no GPU kernel.  The MoE layers
+ * for what this build lacks: the GPU forward (mmoe_gpu_forward.h) runs on one GPU and does not
+ * yet hand its MoE layers to the expert-parallel executor.  The MoE layers
  * themselves do run over N GPUs: `megamoe bench moe --gpus N`.
  */
 #include <stdlib.h>
@@ -99,10 +99,9 @@ mmoe_status mmoe_cli_ep_before_load(const mmoe_cli_ep *o, const char *model_dir,
     if (n_dev < o->gpus)
         return mmoe_error_set(err, MMOE_ENODEV, "--gpus %d: this machine has %d GPU(s)", o->gpus, n_dev);
     return mmoe_error_set(err, MMOE_EUNSUPPORTED,
-                          "--gpus %d: this build has no GPU model forward (attention, embedding and head run on the "
-                          "CPU only, and the model's MoE recipe dsv4-ref with its serial shared expert has no GPU "
-                          "kernel); the expert-parallel MoE runs on GPUs in `megamoe bench moe --gpus N`, and "
-                          "--ep-ranks N runs this model's split on the CPU",
+                          "--gpus %d: the GPU forward (--backend gpu) runs on one GPU; its MoE layers are not "
+                          "yet split over GPUs (the expert-parallel MoE runs on GPUs in `megamoe bench moe --gpus N`, "
+                          "and --ep-ranks N runs this model's split on the CPU)",
                           o->gpus);
 }
 

@@ -3,6 +3,7 @@
  * @brief `megamoe bench forward`: prefill tokens/s, decode ms/token and the layer-by-layer split of the CPU oracle.
  *
  *     megamoe bench forward --model DIR [--prefill 64] [--decode 8] [--seed S] [--threads N] [--json]
+ *                           [--backend cpu|gpu|auto]
  *
  * Prefills --prefill random token ids from position 0 (one call), then decodes --decode
  * more tokens one call each (greedy from the logits).  Reports the wall times, the
@@ -16,6 +17,11 @@
  * "peak_rss_bytes", "weight_bytes", "kv_cache_bytes", "prefill_split", "decode_split"}; a
  * split is {"attention_s", "moe_s", "mhc_s", "embed_s", "head_s", "layers": [{"layer",
  * "attention_s", "moe_s", "mhc_s"}]}.
+ *
+ * With the GPU (mmoe_gpu_forward.h) the totals come from a run without synchronization
+ * between the parts (after one untimed warm-up run of the same tokens, so that the kernels
+ * are loaded), and the split from a second run that synchronizes the device around each
+ * part (which adds a few microseconds per part).
  */
 #include <getopt.h>
 #include <math.h>
@@ -27,6 +33,7 @@
 #include "mmoe_cli.h"
 #include "mmoe_clock.h"
 #include "mmoe_json_report.h"
+#include "mmoe_fwd_backend.h"
 #include "mmoe_model.h"
 #include "mmoe_rng.h"
 
@@ -41,7 +48,8 @@ static void usage(FILE *out)
                  "  --decode K      tokens decoded one at a time, 0..100000 (default 8)\n"
                  "  --seed S        RNG seed of the prompt (default 1)\n"
                  "  --threads N     OpenBLAS and dequantization threads, 1..%d (default: their own defaults)\n"
-                 "  --json          the report as one JSON object (default: text)\n\n"
+                 "  --json          the report as one JSON object (default: text)\n"
+                 "  --backend B     cpu (the oracle), gpu or auto (the GPU when there is one) (default cpu)\n\n"
                  "example:\n"
                  "  megamoe bench forward --model fixtures/tiny-dsv4 --prefill 64 --decode 8\n",
             MMOE_CLI_MAX_THREADS);
@@ -104,6 +112,93 @@ static json_t *split_json(const mmoe_model_timings *a, const double *a0, const d
     return o;
 }
 
+/** The greedy next token of @p logits. */
+static int32_t greedy(const float *logits, int64_t V)
+{
+    int32_t best = 0;
+    for (int64_t v = 1; v < V; v++)
+        if (logits[v] > logits[best])
+            best = (int32_t)v;
+    return best;
+}
+
+/** The GPU model's timings in the CPU's struct (same fields). */
+static void gpu_timings(const mmoe_gpu_model *g, mmoe_model_timings *tm)
+{
+    mmoe_gpu_model_timings gt;
+    mmoe_gpu_model_timings_get(g, &gt);
+    tm->n_layers = gt.n_layers;
+    tm->attn_s = gt.attn_s;
+    tm->moe_s = gt.moe_s;
+    tm->mhc_s = gt.mhc_s;
+    tm->embed_s = gt.embed_s;
+    tm->head_s = gt.head_s;
+}
+
+/** One prefill of ids[0, n_prefill) and n_decode greedy steps on the GPU; the two wall times. */
+static mmoe_status gpu_pass(mmoe_gpu_model *g, int32_t *ids, long n_prefill, long n_decode, int64_t V, float *logits,
+                            double *t_prefill, double *t_decode, mmoe_error *err)
+{
+    mmoe_status st = mmoe_gpu_model_reset(g, err);
+    double t0 = mmoe_clock_s();
+    if (st == MMOE_OK)
+        st = mmoe_gpu_model_forward(g, ids, n_prefill, logits, 1, NULL, err);
+    *t_prefill = mmoe_clock_s() - t0;
+    t0 = mmoe_clock_s();
+    for (long i = 0; i < n_decode && st == MMOE_OK; i++) {
+        ids[n_prefill + i] = greedy(logits, V);
+        st = mmoe_gpu_model_forward(g, &ids[n_prefill + i], 1, logits, 1, NULL, err);
+    }
+    *t_decode = mmoe_clock_s() - t0;
+    return st;
+}
+
+/** The GPU benchmark: warm-up, an unsynchronized pass for the totals, a synchronized pass for the split. */
+static mmoe_status bench_gpu(mmoe_gpu_model *g, int32_t *ids, long n_prefill, long n_decode, int64_t V, float *logits,
+                             mmoe_error *err)
+{
+    double tp, td, sp, sd;
+    mmoe_status st = gpu_pass(g, ids, n_prefill, n_decode, V, logits, &tp, &td, err);
+    if (st == MMOE_OK)
+        st = gpu_pass(g, ids, n_prefill, n_decode, V, logits, &tp, &td, err);
+    if (st != MMOE_OK)
+        return st;
+    mmoe_gpu_model_bytes b;
+    mmoe_gpu_model_bytes_held(g, &b);
+    printf("gpu: %.1f MiB on the device (weights %.1f, caches %.1f, work %.1f)\n", (double)b.total / 1048576.0,
+           (double)b.weights / 1048576.0, (double)b.caches / 1048576.0, (double)b.work / 1048576.0);
+    printf("prefill: %ld tokens in %.4f s = %.2f tokens/s\n", n_prefill, tp, (double)n_prefill / tp);
+    if (n_decode > 0)
+        printf("decode: %ld tokens in %.4f s = %.3f ms/token\n", n_decode, td, 1e3 * td / (double)n_decode);
+    mmoe_gpu_model_set_timing(g, 1);
+    st = gpu_pass(g, ids, n_prefill, 0, V, logits, &sp, &sd, err);
+    if (st != MMOE_OK)
+        return st;
+    mmoe_model_timings tm;
+    gpu_timings(g, &tm);
+    const int nb = tm.n_layers;
+    double *snap = calloc((size_t)(3 * nb), sizeof(double));
+    if (!snap)
+        return mmoe_error_set(err, MMOE_ENOMEM, "out of memory");
+    print_split("prefill (synchronized per part)", &tm, snap, snap + nb, snap + 2 * nb, 0, 0, sp);
+    memcpy(snap, tm.attn_s, sizeof(double) * (size_t)nb);
+    memcpy(snap + nb, tm.moe_s, sizeof(double) * (size_t)nb);
+    memcpy(snap + 2 * nb, tm.mhc_s, sizeof(double) * (size_t)nb);
+    const double e0 = tm.embed_s, h0 = tm.head_s;
+    double t0 = mmoe_clock_s();
+    for (long i = 0; i < n_decode && st == MMOE_OK; i++) {
+        ids[n_prefill + i] = greedy(logits, V);
+        st = mmoe_gpu_model_forward(g, &ids[n_prefill + i], 1, logits, 1, NULL, err);
+    }
+    sd = mmoe_clock_s() - t0;
+    if (st == MMOE_OK && n_decode > 0) {
+        gpu_timings(g, &tm);
+        print_split("decode (synchronized per part)", &tm, snap, snap + nb, snap + 2 * nb, e0, h0, sd);
+    }
+    free(snap);
+    return st;
+}
+
 int mmoe_cmd_bench_forward(int argc, char **argv)
 {
     enum { O_THREADS = 256, O_TOKENS };
@@ -111,12 +206,13 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
                                          {"decode", required_argument, 0, 'd'}, {"seed", required_argument, 0, 's'},
                                          {"threads", required_argument, 0, O_THREADS},
                                          {"tokens", required_argument, 0, O_TOKENS},
-                                         {"json", no_argument, 0, 'j'},
+                                         {"json", no_argument, 0, 'j'}, {"backend", required_argument, 0, 'b'},
                                          {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
     const char *cmd = "bench forward", *model_dir = NULL;
     int64_t n_prefill = 64, n_decode = 8;
     uint64_t seed = 1;
     int c, rc = 0, threads = 0, json = 0;
+    mmoe_backend backend = MMOE_BACKEND_CPU;
     optind = 1;
     while (rc == 0 && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -130,6 +226,12 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
             rc = MMOE_EXIT_USAGE;
             break;
         case 'j': json = 1; break;
+        case 'b':
+            if (mmoe_backend_parse(optarg, &backend) != 0) {
+                fprintf(stderr, "megamoe bench forward: --backend '%s': expected cpu, gpu or auto\n", optarg);
+                rc = MMOE_EXIT_USAGE;
+            }
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return MMOE_EXIT_USAGE;
         }
@@ -146,6 +248,7 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
     mmoe_error_clear(&err);
     mmoe_model *m = NULL;
     mmoe_model_state *s = NULL;
+    mmoe_gpu_model *gpu = NULL;
     int32_t *ids = NULL;
     float *logits = NULL;
     double *snap = NULL;
@@ -158,7 +261,8 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
     double t_load = mmoe_clock_s() - t0;
     const mmoe_config *cfg = mmoe_model_config(m);
     const int64_t V = cfg->vocab_size, T = n_prefill + n_decode;
-    if ((st = mmoe_model_state_create(m, T, &s, &err)) != MMOE_OK)
+    if ((st = mmoe_model_state_create(m, T, &s, &err)) != MMOE_OK ||
+        (st = mmoe_backend_open(backend, m, T, n_prefill, "megamoe bench forward", 0, &gpu, &err)) != MMOE_OK)
         goto done;
     ids = malloc(sizeof(int32_t) * (size_t)T);
     logits = malloc(sizeof(float) * (size_t)V);
@@ -172,6 +276,18 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
     mmoe_rng_seed(&rng, seed);
     for (int64_t i = 0; i < n_prefill; i++)
         ids[i] = (int32_t)mmoe_rng_below(&rng, (uint64_t)V);
+    if (gpu && json) {
+        st = mmoe_error_set(&err, MMOE_EUNSUPPORTED, "--json reports the CPU backend only: run the GPU one without it");
+        goto done;
+    }
+    if (gpu) {
+        printf("model %s: %d layers + %d MTP, D %lld, %d experts top-%d, weights %.2f GiB; backend gpu\n", model_dir,
+               cfg->n_layers, cfg->n_mtp_layers, (long long)cfg->dim, cfg->n_routed_experts, cfg->n_activated_experts,
+               (double)mmoe_model_weight_bytes(m) / (1u << 30));
+        st = bench_gpu(gpu, ids, n_prefill, n_decode, V, logits, &err);
+        rc = st == MMOE_OK ? 0 : 1;
+        goto done;
+    }
     t0 = mmoe_clock_s();
     st = mmoe_model_forward(m, s, ids, n_prefill, logits, 1, NULL, &err);
     double t_prefill = mmoe_clock_s() - t0;
@@ -249,6 +365,7 @@ done:
     free(logits);
     free(snap);
     json_decref(report);
+    mmoe_gpu_model_destroy(gpu);
     mmoe_model_state_destroy(s);
     mmoe_model_close(m);
     return rc;

@@ -84,6 +84,7 @@
 #include "cli_ep.h"
 #include "mmoe_cli.h"
 #include "mmoe_clock.h"
+#include "mmoe_fwd_backend.h"
 #include "mmoe_generate.h"
 #include "mmoe_json_report.h"
 #include "mmoe_model.h"
@@ -149,6 +150,7 @@ typedef struct gen_options {
     size_t n_stops;          /**< how many */
     int64_t logprobs;        /**< --logprobs N (-1: not asked) */
     int json;                /**< --json: stats as JSON Lines */
+    mmoe_backend backend;    /**< --backend (default cpu) */
 } gen_options;
 
 /** The log-probabilities of one generated token (--logprobs). */
@@ -166,6 +168,7 @@ typedef struct gen_run {
     mmoe_model *model;         /**< the checkpoint (owned) */
     mmoe_ep_model *ep;         /**< --ep-ranks: the MoE layers over in-process ranks (owned) */
     mmoe_model_state *state;   /**< the sequence's KV caches (owned) */
+    mmoe_gpu_model *gpu;       /**< the model on the GPU with --backend gpu/auto (owned), else NULL */
     mmoe_gen_session session;  /**< the generation loop (owned) */
     int have_session;          /**< session is initialised (to free) */
     mmoe_decode_stream stream; /**< streaming UTF-8 decoder of the current turn */
@@ -216,6 +219,9 @@ static void usage(FILE *out)
             "  --threads N         OpenBLAS and dequantization threads, 1..1024 (default: their own defaults)\n"
             "  --ctx-size N        KV cache size in tokens (default: min(config max_seq_len, %d))\n"
             "  --print-ids         print generated token ids instead of text (default: text)\n"
+            "  --backend B         cpu (the oracle), gpu (refused without a usable GPU), or auto\n"
+            "                      (the GPU when there is one and the model fits, else the CPU; says which)\n"
+            "                      (default cpu)\n"
             "  --quiet             no progress or stats lines (default: shown)\n" MMOE_CLI_EP_USAGE "\n"
             "example:\n"
             "  megamoe generate --model fixtures/tiny-dsv4 --prompt '1 2 3 4' --max-tokens 8\n",
@@ -227,7 +233,7 @@ static int parse_options(int argc, char **argv, gen_options *o)
 {
     enum { O_MODEL = 256, O_PROMPT, O_CHAT, O_RAW, O_CHATFMT, O_SYSTEM, O_THINK, O_NOBOS, O_MAX, O_TEMP,
            O_TOPP, O_SEED, O_THREADS, O_CTX, O_IDS, O_QUIET, O_TOPK, O_MINP, O_PENALTY, O_LASTN, O_STOP,
-           O_LOGPROBS, O_JSON, O_EP_RANKS, O_GPUS, O_GPU_MEM };
+           O_LOGPROBS, O_JSON, O_EP_RANKS, O_GPUS, O_GPU_MEM, O_BACKEND };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},  {"prompt", required_argument, 0, O_PROMPT},
         {"chat", no_argument, 0, O_CHAT},          {"raw", no_argument, 0, O_RAW},
@@ -243,6 +249,7 @@ static int parse_options(int argc, char **argv, gen_options *o)
         {"json", no_argument, 0, O_JSON},
         {"ep-ranks", required_argument, 0, O_EP_RANKS}, {"gpus", required_argument, 0, O_GPUS},
         {"gpu-memory", required_argument, 0, O_GPU_MEM},
+        {"backend", required_argument, 0, O_BACKEND},
         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->max_tokens = 256;
@@ -301,6 +308,12 @@ static int parse_options(int argc, char **argv, gen_options *o)
             rc = mmoe_cli_ep_option("generate", c == O_EP_RANKS ? "ep-ranks" : c == O_GPUS ? "gpus" : "gpu-memory", optarg,
                                     &o->ep);
             break;
+        case O_BACKEND:
+            if (mmoe_backend_parse(optarg, &o->backend) != 0) {
+                fprintf(stderr, "megamoe generate: --backend '%s': expected cpu, gpu or auto\n", optarg);
+                rc = MMOE_EXIT_USAGE;
+            }
+            break;
         case 'h': usage(stdout); return -1;
         default:
             if (optopt >= O_MODEL)
@@ -328,6 +341,8 @@ static int parse_options(int argc, char **argv, gen_options *o)
         problem = "--system and --thinking need a chat encoding (--chat-format or --chat)";
     else if (o->no_bos && (o->chat_format || o->chat))
         problem = "--no-bos applies to raw prompts only";
+    else if ((o->ep.ep_ranks > 0 || o->ep.gpus > 0) && o->backend != MMOE_BACKEND_CPU)
+        problem = "--ep-ranks and --gpus split the CPU forward's MoE layers: use them with --backend cpu";
     if (problem != NULL) {
         fprintf(stderr, "megamoe generate: %s\n", problem);
         if (optind < argc)
@@ -584,6 +599,9 @@ static mmoe_status gen_load(gen_run *r, mmoe_error *err)
                               (long long)cfg->max_seq_len);
     if ((st = mmoe_model_state_create(r->model, ctx, &r->state, err)) != MMOE_OK)
         return st;
+    if ((st = mmoe_backend_open(o->backend, r->model, ctx, MMOE_GEN_PREFILL_CHUNK, "megamoe generate", o->quiet || o->json,
+                                &r->gpu, err)) != MMOE_OK)
+        return st;
     mmoe_sampler_params sp;
     mmoe_sampler_params_default(&sp);
     sp.temperature = o->temperature;
@@ -596,6 +614,7 @@ static mmoe_status gen_load(gen_run *r, mmoe_error *err)
     st = mmoe_gen_session_init_params(&r->session, r->model, r->state, ctx, r->tok, &sp, err);
     if (st != MMOE_OK)
         return st;
+    r->session.gpu = r->gpu;
     r->have_session = 1;
     if (!o->quiet && !o->json) {
         fprintf(stderr, "%smodel: %s: %lld layers, vocab %lld, %.1f MiB of weights, loaded in %.2f s; context %lld "
@@ -623,6 +642,7 @@ static void gen_cleanup(gen_run *r)
 {
     if (r->have_session)
         mmoe_gen_session_free(&r->session);
+    mmoe_gpu_model_destroy(r->gpu);
     mmoe_model_state_destroy(r->state);
     if (r->ep != NULL && !r->opt->quiet)
         mmoe_cli_ep_report(stderr, r->ep);

@@ -3,7 +3,7 @@
  * @brief `megamoe logits`: the full model's F32 logits for a token sequence, written to a safetensors file.
  *
  *     megamoe logits --model DIR --ids 0,15,27,... --out FILE [--last] [--mtp] [--decode] [--threads N]
- *                    [--ep-ranks N | --gpus N [--gpu-memory GIB]]
+ *                    [--backend cpu|gpu|auto] [--ep-ranks N | --gpus N [--gpu-memory GIB]]
  *
  * Loads the checkpoint (a progress line per layer on stderr when it is a terminal), runs one
  * prefill over the token ids from position 0 and writes `logits` F32 [T, vocab] (`--last`:
@@ -11,7 +11,9 @@
  * with the final streams of positions 0..T-2 and the tokens 1..T-1 (the DeepSeek-V3
  * wiring; an assumption, @ref spec_arch_mtp).  `--decode` runs the tokens one at a time instead of
  * one prefill (same logits; for comparisons).  The metadata records the id list and
- * the mode (key `tokens`).  The expert-parallel options are cli_ep.h's.
+ * the mode (key `tokens`) and the backend.  `--backend gpu` runs the forward on the GPU
+ * (mmoe_gpu_forward.h) in calls of at most LOGITS_GPU_CHUNK tokens; `auto` takes the GPU when
+ * there is one and says so.  The expert-parallel options are cli_ep.h's (CPU backend only).
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -20,24 +22,28 @@
 
 #include "cli_ep.h"
 #include "mmoe_cli.h"
+#include "mmoe_fwd_backend.h"
 #include "mmoe_model.h"
 #include "mmoe_safetensors.h"
 
 /** Most ids in one --ids list. */
 #define LOGITS_MAX_IDS (1 << 20)
+/** Tokens per GPU forward call (the GPU model's work buffers hold this many). */
+#define LOGITS_GPU_CHUNK 64
 
 /** Print the usage text to @p out. */
 static void usage(FILE *out)
 {
     fprintf(out, "usage: megamoe logits --model DIR --ids ID,ID,... --out FILE [options]\n\n"
-                 "Run the CPU oracle of the whole model and write F32 'logits' [T, vocab] (safetensors).\n\n"
+                 "Run the whole model (CPU oracle or GPU) and write F32 'logits' [T, vocab] (safetensors).\n\n"
                  "  --model DIR   checkpoint directory (required)\n"
                  "  --ids LIST    the token ids, comma-separated, each 0..2147483647 (required)\n"
                  "  --out FILE    the output (required; written atomically, never a file of DIR)\n"
                  "  --last        only the last position's logits ([1, vocab]) (default: all positions)\n"
                  "  --mtp         also 'mtp_logits' [T-1, vocab] (MTP block on streams t and token t+1) (default off)\n"
                  "  --decode      feed the tokens one by one (decode path) instead of one prefill (default off)\n"
-                 "  --threads N   OpenBLAS and dequantization threads, 1..%d (default: their own defaults)\n" MMOE_CLI_EP_USAGE "\n"
+                 "  --threads N   OpenBLAS and dequantization threads, 1..%d (default: their own defaults)\n"
+                 "  --backend B   cpu (the oracle), gpu (refused without a usable GPU) or auto (default cpu)\n" MMOE_CLI_EP_USAGE "\n"
                  "example:\n"
                  "  megamoe logits --model fixtures/tiny-dsv4 --ids 0,15,27 --out logits.safetensors\n",
             MMOE_CLI_MAX_THREADS);
@@ -61,10 +67,12 @@ int mmoe_cmd_logits(int argc, char **argv)
                                          {"tokens", required_argument, 0, O_TOKENS},
                                          {"ep-ranks", required_argument, 0, 'E'}, {"gpus", required_argument, 0, 'G'},
                                          {"gpu-memory", required_argument, 0, 'M'},
-                                         {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
+                                         {"backend", required_argument, 0, 'b'}, {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     const char *model_dir = NULL, *tokens = NULL, *out_path = NULL;
     int last = 0, mtp = 0, decode = 0, threads = 0, c, rc = 0;
     mmoe_cli_ep ep_opt = {0};
+    mmoe_backend backend = MMOE_BACKEND_CPU;
     optind = 1;
     while (rc == 0 && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -83,12 +91,23 @@ int mmoe_cmd_logits(int argc, char **argv)
         case 'G': rc = mmoe_cli_ep_option("logits", "gpus", optarg, &ep_opt); break;
         case 'M': rc = mmoe_cli_ep_option("logits", "gpu-memory", optarg, &ep_opt);
             break;
+        case 'b':
+            if (mmoe_backend_parse(optarg, &backend) != 0) {
+                fprintf(stderr, "megamoe logits: --backend '%s': expected cpu, gpu or auto\n", optarg);
+                rc = MMOE_EXIT_USAGE;
+            }
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return MMOE_EXIT_USAGE;
         }
     }
     if (rc != 0)
         return rc;
+    if ((ep_opt.ep_ranks > 0 || ep_opt.gpus > 0) && backend != MMOE_BACKEND_CPU) {
+        fprintf(stderr, "megamoe logits: --ep-ranks and --gpus split the CPU forward's MoE layers: use them with "
+                        "--backend cpu\n");
+        return MMOE_EXIT_USAGE;
+    }
     if (!model_dir || !tokens || !out_path || optind != argc) {
         fprintf(stderr, "megamoe logits: %s\n", optind != argc ? "unexpected argument"
                                                                : "--model, --ids and --out are required");
@@ -114,6 +133,7 @@ int mmoe_cmd_logits(int argc, char **argv)
     mmoe_error_clear(&err);
     mmoe_model *m = NULL;
     mmoe_model_state *s = NULL;
+    mmoe_gpu_model *gpu = NULL;
     float *logits = NULL, *mtp_logits = NULL;
     uint16_t *streams = NULL;
     mmoe_st_writer *w = NULL;
@@ -137,7 +157,8 @@ int mmoe_cmd_logits(int argc, char **argv)
         rc = MMOE_EXIT_USAGE;
         goto done;
     }
-    if ((st = mmoe_model_state_create(m, T + 1, &s, &err)) != MMOE_OK)
+    if ((st = mmoe_model_state_create(m, T + 1, &s, &err)) != MMOE_OK ||
+        (st = mmoe_backend_open(backend, m, T + 1, LOGITS_GPU_CHUNK, "megamoe logits", 0, &gpu, &err)) != MMOE_OK)
         goto done;
     logits = malloc(sizeof(float) * (size_t)(rows * V));
     if (mtp) {
@@ -148,17 +169,28 @@ int mmoe_cmd_logits(int argc, char **argv)
         st = mmoe_error_set(&err, MMOE_ENOMEM, "out of memory for the logits");
         goto done;
     }
-    if (!decode) {
+    const size_t srow = (size_t)(cfg->hc_mult * cfg->dim);
+    if (!decode && !gpu) {
         st = mmoe_model_forward(m, s, ids, T, logits, last, streams, &err);
     } else {
-        const size_t srow = (size_t)(cfg->hc_mult * cfg->dim);
-        for (int64_t t = 0; t < T && st == MMOE_OK; t++) {
-            float *dst = last ? (t == T - 1 ? logits : NULL) : logits + t * V;
-            st = mmoe_model_forward(m, s, ids + t, 1, dst, 0, streams ? streams + (size_t)t * srow : NULL, &err);
+        /* one token per call (--decode), or the GPU's chunks */
+        const int64_t step = decode ? 1 : LOGITS_GPU_CHUNK;
+        for (int64_t t = 0; t < T && st == MMOE_OK; t += step) {
+            const int64_t n = T - t < step ? T - t : step;
+            const int tail = last && t + n == T;
+            float *dst = last ? (tail ? logits : NULL) : logits + t * V;
+            uint16_t *sd = streams ? streams + (size_t)t * srow : NULL;
+            st = gpu ? mmoe_gpu_model_forward(gpu, ids + t, n, dst, tail, sd, &err)
+                     : mmoe_model_forward(m, s, ids + t, n, dst, tail, sd, &err);
         }
     }
-    if (st == MMOE_OK && mtp)
-        st = mmoe_model_mtp_forward(m, s, streams, ids + 1, T - 1, mtp_logits, &err);
+    for (int64_t t = 0; st == MMOE_OK && mtp && t < T - 1; t += LOGITS_GPU_CHUNK) {
+        const int64_t n = !gpu ? T - 1 : (T - 1 - t < LOGITS_GPU_CHUNK ? T - 1 - t : LOGITS_GPU_CHUNK);
+        st = gpu ? mmoe_gpu_model_mtp_forward(gpu, streams + (size_t)t * srow, ids + 1 + t, n, mtp_logits + t * V, &err)
+                 : mmoe_model_mtp_forward(m, s, streams, ids + 1, T - 1, mtp_logits, &err);
+        if (!gpu)
+            break;
+    }
     if (st != MMOE_OK)
         goto done;
     if ((st = mmoe_st_writer_create(&w, &err)) != MMOE_OK)
@@ -173,6 +205,8 @@ int mmoe_cmd_logits(int argc, char **argv)
     if (st == MMOE_OK)
         st = mmoe_st_writer_set_metadata(w, "mode", decode ? "decode" : "prefill", &err);
     if (st == MMOE_OK)
+        st = mmoe_st_writer_set_metadata(w, "backend", gpu ? "gpu" : "cpu", &err);
+    if (st == MMOE_OK)
         st = mmoe_st_writer_finish(w, out_path, &err);
     if (st == MMOE_OK) {
         fprintf(stderr, "logits: %lld x %lld written to %s\n", (long long)rows, (long long)V, out_path);
@@ -186,6 +220,7 @@ done:
     free(logits);
     free(mtp_logits);
     free(streams);
+    mmoe_gpu_model_destroy(gpu);
     mmoe_model_state_destroy(s);
     mmoe_ep_model_detach(ep);
     mmoe_model_close(m);

@@ -28,6 +28,8 @@ static void usage(FILE *out)
             "  --shape S      tiny, v4-flash or v4-pro (required)\n"
             "  --out DIR      the checkpoint directory (required; must not exist, or be empty)\n"
             "  --layers N     main layers, 1..200 (default: the shape's own; tiny 4); plus one MTP layer\n"
+            "  --experts E    routed experts per layer, 1..4096 (default: the shape's; >= its top-k)\n"
+            "  --vocab V      vocabulary rows of embedding and head, 2..16777216 (default: the shape's)\n"
             "  --seed S       RNG seed (default 1)\n"
             "  --shard-mib M  shard size target in MiB, >= 1 (default 4096)\n\n"
             "example:\n"
@@ -47,10 +49,11 @@ int mmoe_cmd_synth_model(int argc, char **argv)
     static const struct option opts[] = {{"shape", required_argument, 0, 's'}, {"layers", required_argument, 0, 'l'},
                                          {"seed", required_argument, 0, 'S'},  {"out", required_argument, 0, 'o'},
                                          {"shard-mib", required_argument, 0, 'm'}, {"help", no_argument, 0, 'h'},
+                                         {"experts", required_argument, 0, 'e'}, {"vocab", required_argument, 0, 'v'},
                                          {0, 0, 0, 0}};
     const char *shape = NULL, *out = NULL;
     const char *cmd = "synth-model";
-    uint64_t layers = 0, seed = 1, shard_mib = 4096;
+    uint64_t layers = 0, seed = 1, shard_mib = 4096, experts = 0, vocab = 0;
     int c, rc = 0;
     optind = 1;
     while (rc == 0 && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -60,6 +63,8 @@ int mmoe_cmd_synth_model(int argc, char **argv)
         case 'l': rc = mmoe_cli_opt_u64(cmd, "layers", optarg, 1, 200, &layers); break;
         case 'S': rc = mmoe_cli_opt_u64(cmd, "seed", optarg, 0, UINT64_MAX, &seed); break;
         case 'm': rc = mmoe_cli_opt_u64(cmd, "shard-mib", optarg, 1, UINT64_C(1) << 30, &shard_mib); break;
+        case 'e': rc = mmoe_cli_opt_u64(cmd, "experts", optarg, 1, 4096, &experts); break;
+        case 'v': rc = mmoe_cli_opt_u64(cmd, "vocab", optarg, 2, UINT64_C(1) << 24, &vocab); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return MMOE_EXIT_USAGE;
         }
@@ -79,6 +84,15 @@ int mmoe_cmd_synth_model(int argc, char **argv)
         fprintf(stderr, "megamoe synth-model: %s\n", err.msg);
         return MMOE_EXIT_USAGE;
     }
+    if (experts > 0 && (int64_t)experts < cfg.n_activated_experts) {
+        fprintf(stderr, "megamoe synth-model: --experts %llu: the shape routes to %d experts per token\n",
+                (unsigned long long)experts, cfg.n_activated_experts);
+        return MMOE_EXIT_USAGE;
+    }
+    if (experts > 0)
+        cfg.n_routed_experts = (int)experts;
+    if (vocab > 0)
+        cfg.vocab_size = (int64_t)vocab;
     fprintf(stderr, "synth-model: shape %s, %d layers + %d MTP, seed %llu -> %s\n", shape, cfg.n_layers,
             cfg.n_mtp_layers, (unsigned long long)seed, out);
     if (mmoe_synth_model_write(&cfg, seed, out, shard_mib << 20, progress, NULL, &err) != MMOE_OK) {

@@ -73,6 +73,10 @@ mmoe_status mmoe_gen_session_restart(mmoe_gen_session *g, const mmoe_sampler_par
     mmoe_status st = mmoe_sampler_init_params(&fresh, sp, err);
     if (st != MMOE_OK)
         return st;
+    if (g->gpu != NULL && (st = mmoe_gpu_model_reset(g->gpu, err)) != MMOE_OK) {
+        mmoe_sampler_free(&fresh);
+        return st;
+    }
     mmoe_sampler_free(&g->sampler);
     g->sampler = fresh;
     mmoe_model_state_reset(g->state);
@@ -126,10 +130,17 @@ mmoe_status mmoe_gen_push_pending(mmoe_gen_session *g, int32_t id, mmoe_error *e
     return MMOE_OK;
 }
 
+/** Tokens the sequence's caches hold (the GPU model's or the CPU state's). */
+static int64_t cached_pos(const mmoe_gen_session *g)
+{
+    return g->gpu ? mmoe_gpu_model_pos(g->gpu) : mmoe_model_state_pos(g->state);
+}
+
 /** Run @p n tokens through the model, keeping the last token's logits. */
 static mmoe_status run_tokens(mmoe_gen_session *g, const int32_t *ids, int64_t n, mmoe_error *err)
 {
-    mmoe_status st = mmoe_model_forward(g->model, g->state, ids, n, g->logits, 1, NULL, err);
+    mmoe_status st = g->gpu ? mmoe_gpu_model_forward(g->gpu, ids, n, g->logits, 1, NULL, err)
+                            : mmoe_model_forward(g->model, g->state, ids, n, g->logits, 1, NULL, err);
     g->have_logits = st == MMOE_OK;
     return st;
 }
@@ -138,7 +149,7 @@ mmoe_status mmoe_gen_prefill(mmoe_gen_session *g, const int32_t *ids, int64_t n,
                              void *progress_ctx, mmoe_gen_stats *stats, mmoe_error *err)
 {
     memset(stats, 0, sizeof *stats);
-    int64_t pos = mmoe_model_state_pos(g->state);
+    int64_t pos = cached_pos(g);
     int64_t total = g->n_pending + n;
     stats->n_reused = pos;
     if (total < 1)
@@ -222,7 +233,7 @@ mmoe_status mmoe_gen_decode(mmoe_gen_session *g, int64_t max_tokens, mmoe_gen_to
             stats->stop = MMOE_GEN_STOP_CALLER;
         else if (stats->n_generated >= max_tokens)
             stats->stop = MMOE_GEN_STOP_MAX_TOKENS;
-        else if (mmoe_model_state_pos(g->state) + 1 > g->max_ctx)
+        else if (cached_pos(g) + 1 > g->max_ctx)
             stats->stop = MMOE_GEN_STOP_CONTEXT_FULL;
         else {
             g->n_pending = 0;

@@ -41,6 +41,7 @@
 #include <stdint.h>
 
 #include "mmoe_error.h"
+#include "mmoe_gpu_forward.h"
 #include "mmoe_model.h"
 #include "mmoe_sampler.h"
 #include "mmoe_tokenizer.h"
@@ -99,6 +100,7 @@ typedef struct mmoe_gen_session {
     int have_logits;           /**< logits hold the prediction for the next position */
     int32_t pending[2];        /**< sampled tokens not yet run through the model */
     int n_pending;             /**< how many (0..2) */
+    mmoe_gpu_model *gpu;       /**< borrowed: when set, the forward runs on the GPU (its own state; @p state unused) */
 } mmoe_gen_session;
 
 /**

@@ -1,0 +1,2208 @@
+/**
+ * @file gpu_forward.cu
+ * @brief The DeepSeek-V4 forward on one GPU: upload, caches, and one simple kernel per step of the
+ *        oracle's recipe (see mmoe_gpu_forward.h for the contract and the three kinds of steps).
+ *
+ * ## Layout
+ *
+ * Weights keep the checkpoint's bytes: FP8 linears as E4M3 codes [N, K] plus their E8M0 block
+ * scale bytes; routed experts as packed E2M1 [E][rows][cols/2] plus UE8M0 [E][rows][cols/32];
+ * the shared expert as E4M3 plus its block scales widened to fp32 values; BF16 and F32 tensors
+ * as they are.  Activations are bf16 bit patterns [T, ...] unless a name says f32, exactly the
+ * oracle's buffers (model_forward.c, attn_forward.c, moe_layer.c).
+ *
+ * ## Kernels and their rounding points (oracle file in brackets)
+ *
+ * | kernel            | what                                                   | exact? |
+ * |-------------------|--------------------------------------------------------|--------|
+ * | k_embed           | X[t,j,:] = E[id] [model_forward.c, mmoe_mhc.c]          | yes    |
+ * | k_rmsnorm         | sum of squares in double, index order [rmsnorm.c]       | yes    |
+ * | k_act_quant       | 1x128 E4M3, UE8M0 ceil scale of the V4 rule [linear_fp8.c] | yes |
+ * | k_linear_fp8      | exact block partials, fp32 scaled sum in block order    | yes    |
+ * | k_linear_dense    | the four-lane double dot of linear_dense.c (warp-staged) | yes   |
+ * | k_hc_mix          | mHC logits (double, index order), sigmoid, Sinkhorn, mix | yes*   |
+ * | k_hc_post         | fp32 write-back, j ascending, then the post term       | yes    |
+ * | k_scale_heads     | per-head q scaling in bf16 steps [attn_forward.c]       | yes    |
+ * | k_rope            | fp32 rotation with host cos/sin tables [attn_rope.c]    | yes    |
+ * | k_fp8_roundtrip   | in-place QAT round trip, block 64 [qat_roundtrip.c]     | yes    |
+ * | k_indexer_q       | weights scaling, Hadamard, FP4 round trip               | yes    |
+ * | k_compress        | gated pooling per channel, finish [attn_compressor.c]   | yes*   |
+ * | k_indexer_scores  | bf16-rounded head terms, double sums [attn_indexer.c]   | yes    |
+ * | k_topk            | descending, NaN last, ties to the lower index           | yes    |
+ * | k_attend          | chunked online softmax, sink, bf16 P [attn_sparse.c]    | exp    |
+ * | k_moe_route       | sqrt-softplus, bias for selection, top-k or hash        | exp/log|
+ * | k_moe_l1, _l2     | FP8 x MXFP4 / FP8 x FP8 sums in double; dsv4-ref epilogue | GEMM |
+ * | k_moe_combine     | ascending expert id, shared last, fp32 from 0           | yes    |
+ *
+ * The "exact" kernels are bit-identical to the oracle given identical inputs (yes*: where the
+ * host's expf is glibc's FMA build, which gfw_expf() reproduces); the others are bounded in
+ * tests/test_gpu_forward.c and tests/test_gpu_forward_blocks.c.  All kernels are plain (one thread, warp or block per
+ * output row or element); they are the specification's shape on the device, not tuned.
+ *
+ * ## Attention within one call
+ *
+ * The oracle appends each token's kv to the window ring before that token attends.  Here all
+ * T tokens of a call attend in parallel, so a window entry at a position of this call is read
+ * from the call's kv buffer and an older one from the ring; the ring is updated after the
+ * attention.  The compressor runs first, token by token in one block (its state is
+ * sequential), and writes every block completed in the call: a token reads only blocks
+ * j < (pos+1)/ratio, all complete at its position, so the values read are the oracle's.
+ */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gpu_forward_internal.h"
+#include "gpu_forward_kernels.cuh"
+#include "mmoe_formats.h"
+
+/* ================================================================== device structures */
+
+/** A dense weight on the device. */
+struct ddense {
+    int dtype;              /**< gfw_dtype */
+    const void *p;          /**< elements */
+    const uint8_t *scale;   /**< F8 only */
+    int64_t rows, cols;     /**< shape */
+    int block;              /**< F8 only */
+    int64_t scols;          /**< F8 only: scale columns */
+};
+
+/** An FP8 linear on the device. */
+struct dfp8 {
+    const uint8_t *w, *s;   /**< codes [N, K], scale bytes */
+    int64_t N, K;           /**< shape */
+    int block;              /**< scale block */
+    int64_t scols;          /**< scale columns */
+};
+
+/** E4M3 decode table (the oracle's values). */
+__constant__ float c_e4m3[256];
+
+/** Element (r, k) of a dense weight as the oracle's dense linear reads it. */
+__device__ __forceinline__ double dd_at(const ddense &w, int64_t r, int64_t k)
+{
+    const int64_t i = r * w.cols + k;
+    if (w.dtype == GFW_BF16)
+        return (double)gfw_bf2f(((const uint16_t *)w.p)[i]);
+    if (w.dtype == GFW_F32)
+        return (double)((const float *)w.p)[i];
+    const float v = __fmul_rn(c_e4m3[((const uint8_t *)w.p)[i]], gfw_ue8m0(w.scale[(r / w.block) * w.scols + k / w.block]));
+    return (double)gfw_bfr(v);
+}
+
+/** Element i of a vector (BF16 or F32) as fp32. */
+__device__ __forceinline__ float dv_at(const ddense &w, int64_t i)
+{
+    return w.dtype == GFW_F32 ? ((const float *)w.p)[i] : gfw_bf2f(((const uint16_t *)w.p)[i]);
+}
+
+/** Warp sum of doubles (butterfly: every lane gets the same value). */
+__device__ __forceinline__ double warp_sum(double v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    return v;
+}
+
+/* ================================================================== kernels: embedding, norms, linears */
+
+/** X[t, j, :] = E[ids[t], :] for j < hc (hc = 1: the plain embedding). */
+__global__ void k_embed(const uint16_t *E, const int32_t *ids, int64_t D, int hc, uint16_t *X)
+{
+    const int64_t t = blockIdx.x;
+    const uint16_t *row = E + (int64_t)ids[t] * D;
+    for (int64_t c = threadIdx.x; c < D; c += blockDim.x)
+        for (int j = 0; j < hc; j++)
+            X[(t * hc + j) * D + c] = row[c];
+}
+
+/** RMSNorm of rows of width n: y = bf16(w * (x * rsqrt(mean + eps))); y may alias x. */
+__global__ void k_rmsnorm(const uint16_t *x, int64_t n, ddense w, float eps, uint16_t *y)
+{
+    __shared__ float rs_sh;
+    const uint16_t *xr = x + (int64_t)blockIdx.x * n;
+    uint16_t *yr = y + (int64_t)blockIdx.x * n;
+    if (threadIdx.x == 0) {
+        double s = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            const double v = (double)gfw_bf2f(xr[i]);
+            s = __dadd_rn(s, __dmul_rn(v, v));
+        }
+        const float mean = __double2float_rn(__ddiv_rn(s, (double)n));
+        rs_sh = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+    }
+    __syncthreads();
+    const float rs = rs_sh;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+        yr[i] = gfw_f2bf(__fmul_rn(dv_at(w, i), __fmul_rn(gfw_bf2f(xr[i]), rs)));
+}
+
+/**
+ * Quantize rows of width K (multiple of 128) to E4M3 with one UE8M0 scale per 128 (V4 rule:
+ * s = 2^ceil(log2(max(amax, 1e-4) * fl(1/448))), q = e4m3(clamp(x/s, +-448))).  One block of
+ * 128 threads per (row, 128-block).  @p q codes [rows, K], @p s fp32 scale values [rows, K/128].
+ */
+__global__ void k_act_quant(const uint16_t *x, int64_t K, uint8_t *q, float *s)
+{
+    __shared__ float red[128];
+    const int64_t row = blockIdx.y, kb = blockIdx.x;
+    const int64_t i = row * K + kb * 128 + threadIdx.x;
+    const float v = gfw_bf2f(x[i]);
+    red[threadIdx.x] = fabsf(v);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float amax = 0.0f;
+        for (int k = 0; k < 128; k++) {
+            const float a = red[k];
+            if (isnan(a)) {
+                amax = a;
+                break;
+            }
+            if (a > amax)
+                amax = a;
+        }
+        const float clamped = amax < 1e-4f ? 1e-4f : amax;
+        red[0] = gfw_ue8m0(gfw_ue8m0_ceil_clamped(__fmul_rn(clamped, 1.0f / 448.0f)));
+    }
+    __syncthreads();
+    const float sc = red[0];
+    float w = __fdiv_rn(v, sc);
+    w = w > 448.0f ? 448.0f : (w < -448.0f ? -448.0f : w);
+    q[i] = gfw_e4m3_code(w);
+    if (threadIdx.x == 0)
+        s[row * (K / 128) + kb] = sc;
+}
+
+/**
+ * y[t, n] = bf16(sum_kb fl(partial_kb) * (s_x * s_w)) with the exact block partials of
+ * linear_fp8.c: one warp per output; the lanes' double partial sums of E4M3 products are
+ * exact, so their reduction order does not matter.
+ */
+__global__ void k_linear_fp8(const uint8_t *xq, const float *xs, int64_t T, dfp8 w, uint16_t *y)
+{
+    const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x & 31;
+    if (warp >= T * w.N)
+        return;
+    const int64_t t = warp / w.N, n = warp % w.N;
+    const int64_t K = w.K, kb_w = K / w.block;
+    const uint8_t *xr = xq + t * K, *wr = w.w + n * K;
+    float acc = 0.0f;
+    const int per_lane = w.block / 32; /* 4 contiguous codes per lane for 128-blocks, 1 for 32-blocks */
+    for (int64_t kb = 0; kb < kb_w; kb++) {
+        double part = 0.0;
+        const int64_t k0 = kb * w.block + (int64_t)lane * per_lane;
+        if (per_lane == 4) {
+            const uint32_t xa = *(const uint32_t *)(xr + k0), wa = *(const uint32_t *)(wr + k0);
+            for (int i = 0; i < 4; i++)
+                part += (double)c_e4m3[(xa >> (8 * i)) & 0xFF] * (double)c_e4m3[(wa >> (8 * i)) & 0xFF];
+        } else {
+            for (int i = 0; i < per_lane; i++)
+                part += (double)c_e4m3[xr[k0 + i]] * (double)c_e4m3[wr[k0 + i]];
+        }
+        part = warp_sum(part); /* exact: the order of the additions does not matter */
+        const float s_x = xs[t * (K / 128) + kb * w.block / 128];
+        const float s_w = gfw_ue8m0(w.s[(n / w.block) * w.scols + kb]);
+        acc = __fadd_rn(acc, __fmul_rn(__double2float_rn(part), __fmul_rn(s_x, s_w)));
+    }
+    if (lane == 0)
+        y[t * w.N + n] = gfw_f2bf(acc);
+}
+
+/** Products a tile of k values holds per warp in k_linear_dense. */
+#define GFW_DENSE_TILE 256
+
+/**
+ * Dense linear (linear_dense.c): y[t, n] = fl32(((l0 + l1) + (l2 + l3))) with four interleaved
+ * double lanes over k (l_j sums k = j mod 4 in ascending order, the K mod 4 tail joins l0).
+ * x row t starts at x + t*ldx + (n / group_rows) * group_width (the grouped output projection
+ * reads its head group; group_rows = 0: no grouping).  One warp per output: all 32 lanes load
+ * a tile of 256 consecutive k (coalesced) and form the exact double products in shared memory,
+ * then lanes 0..3 extend their chains over the tile in the oracle's order, so the sums are the
+ * oracle's bit for bit while the loads run in parallel.  Blocks of 4 warps.
+ */
+__global__ void k_linear_dense(const uint16_t *x, int64_t T, int64_t ldx, int64_t K, ddense w, int64_t N,
+                               int64_t group_rows, int64_t group_width, float *y_f32, uint16_t *y_bf16)
+{
+    __shared__ double prod[4][GFW_DENSE_TILE];
+    const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x & 31, wib = (threadIdx.x / 32) & 3;
+    if (warp >= T * N)
+        return;
+    const int64_t t = warp / N, n = warp % N;
+    const uint16_t *xr = x + t * ldx + (group_rows > 0 ? (n / group_rows) * group_width : 0);
+    const int64_t K4 = K & ~(int64_t)3;
+    double l = 0.0; /* lane j < 4: the chain of k = j mod 4 */
+    for (int64_t k0 = 0; k0 < K4; k0 += GFW_DENSE_TILE) {
+        const int cnt = (int)(K4 - k0 < GFW_DENSE_TILE ? K4 - k0 : GFW_DENSE_TILE);
+        for (int i = lane; i < cnt; i += 32)
+            prod[wib][i] = (double)gfw_bf2f(xr[k0 + i]) * dd_at(w, n, k0 + i); /* exact */
+        __syncwarp();
+        if (lane < 4)
+            for (int i = lane; i < cnt; i += 4)
+                l = __dadd_rn(l, prod[wib][i]);
+        __syncwarp();
+    }
+    double l0 = __shfl_sync(0xFFFFFFFFu, l, 0), l1 = __shfl_sync(0xFFFFFFFFu, l, 1);
+    const double l2 = __shfl_sync(0xFFFFFFFFu, l, 2), l3 = __shfl_sync(0xFFFFFFFFu, l, 3);
+    if (lane != 0)
+        return;
+    for (int64_t k = K4; k < K; k++)
+        l0 = __dadd_rn(l0, (double)gfw_bf2f(xr[k]) * dd_at(w, n, k));
+    const float v = __double2float_rn(__dadd_rn(__dadd_rn(l0, l1), __dadd_rn(l2, l3)));
+    if (y_f32)
+        y_f32[warp] = v;
+    if (y_bf16)
+        y_bf16[warp] = gfw_f2bf(v);
+}
+
+/* ================================================================== kernels: mHC */
+
+/**
+ * hc_pre (n_out = (2+hc)*hc: pre, post, Sinkhorn comb, mix) or hc_head (n_out = hc: pre and
+ * mix only) for one token per block (mmoe_mhc.c, step by step).
+ */
+__global__ void k_hc_mix(const uint16_t *X, int64_t D, int hc, const float *fn, const float *base,
+                         const float *scale, int n_out, float norm_eps, float hc_eps, int iters, uint16_t *y,
+                         float *post, float *comb)
+{
+    __shared__ float m[(2 + 8) * 8];
+    __shared__ float pre[8];
+    __shared__ float rs_sh;
+    __shared__ double raw[(2 + 8) * 8];
+    const int64_t t = blockIdx.x, n = (int64_t)hc * D;
+    const uint16_t *Xt = X + t * n;
+    /* the last thread sums the squares while the others form the n_out dot products */
+    if (threadIdx.x == blockDim.x - 1) {
+        double s = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            const double v = (double)gfw_bf2f(Xt[i]);
+            s = __dadd_rn(s, __dmul_rn(v, v));
+        }
+        const float mean = __double2float_rn(__ddiv_rn(s, (double)n));
+        rs_sh = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, norm_eps)));
+    } else {
+        for (int r = threadIdx.x; r < n_out; r += blockDim.x - 1) {
+            const float *row = fn + (int64_t)r * n;
+            double acc = 0.0;
+            for (int64_t i = 0; i < n; i++)
+                acc += (double)row[i] * (double)gfw_bf2f(Xt[i]); /* exact products */
+            raw[r] = acc;
+        }
+    }
+    __syncthreads();
+    for (int r = threadIdx.x; r < n_out; r += blockDim.x)
+        m[r] = __fmul_rn(__double2float_rn(raw[r]), rs_sh);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int j = 0; j < hc; j++) {
+            pre[j] = __fadd_rn(gfw_sigmoid(__fadd_rn(__fmul_rn(m[j], scale[0]), base[j])), hc_eps);
+            if (n_out > hc)
+                post[t * hc + j] = __fmul_rn(2.0f, gfw_sigmoid(__fadd_rn(__fmul_rn(m[hc + j], scale[1]), base[hc + j])));
+        }
+        if (n_out > hc) {
+            float *C = comb + t * hc * hc;
+            for (int i = 0; i < hc * hc; i++)
+                C[i] = __fadd_rn(__fmul_rn(m[2 * hc + i], scale[2]), base[2 * hc + i]);
+            for (int j = 0; j < hc; j++) { /* row softmax, + eps */
+                float *rw = C + j * hc;
+                float mx = rw[0];
+                for (int k = 1; k < hc; k++)
+                    mx = rw[k] > mx ? rw[k] : mx;
+                float sum = 0.0f;
+                for (int k = 0; k < hc; k++) {
+                    rw[k] = gfw_expf(__fsub_rn(rw[k], mx));
+                    sum = __fadd_rn(sum, rw[k]);
+                }
+                for (int k = 0; k < hc; k++)
+                    rw[k] = __fadd_rn(__fdiv_rn(rw[k], sum), hc_eps);
+            }
+            for (int it = 0; it < iters; it++) {
+                if (it > 0)
+                    for (int j = 0; j < hc; j++) {
+                        float s = 0.0f;
+                        for (int k = 0; k < hc; k++)
+                            s = __fadd_rn(s, C[j * hc + k]);
+                        for (int k = 0; k < hc; k++)
+                            C[j * hc + k] = __fdiv_rn(C[j * hc + k], __fadd_rn(s, hc_eps));
+                    }
+                for (int k = 0; k < hc; k++) {
+                    float s = 0.0f;
+                    for (int j = 0; j < hc; j++)
+                        s = __fadd_rn(s, C[j * hc + k]);
+                    for (int j = 0; j < hc; j++)
+                        C[j * hc + k] = __fdiv_rn(C[j * hc + k], __fadd_rn(s, hc_eps));
+                }
+            }
+        }
+    }
+    __syncthreads();
+    for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
+        float acc = 0.0f;
+        for (int j = 0; j < hc; j++)
+            acc = __fadd_rn(acc, __fmul_rn(pre[j], gfw_bf2f(Xt[j * D + c])));
+        y[t * D + c] = gfw_f2bf(acc);
+    }
+}
+
+/** hc_post: X[t,k,c] = bf16(post[k]*out[c] + sum_j comb[j][k] * R[t,j,c]); in place. */
+__global__ void k_hc_post(const uint16_t *out, uint16_t *X, int64_t T, int64_t D, int hc, const float *post,
+                          const float *comb)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= T * D)
+        return;
+    const int64_t t = i / D, c = i % D;
+    uint16_t *Xt = X + t * hc * D;
+    const float *C = comb + t * hc * hc;
+    const float o = gfw_bf2f(out[i]);
+    float res[8];
+    for (int k = 0; k < hc; k++) {
+        float acc = 0.0f;
+        for (int j = 0; j < hc; j++)
+            acc = __fadd_rn(acc, __fmul_rn(C[j * hc + k], gfw_bf2f(Xt[j * D + c])));
+        res[k] = __fadd_rn(__fmul_rn(post[t * hc + k], o), acc);
+    }
+    for (int k = 0; k < hc; k++)
+        Xt[k * D + c] = gfw_f2bf(res[k]);
+}
+
+/* ================================================================== kernels: attention */
+
+/** q_h <- q_h * rsqrt(mean(q_h^2) + eps) in bf16 steps; one block per (t, head). */
+__global__ void k_scale_heads(uint16_t *q, int64_t d, float eps)
+{
+    __shared__ float rs_sh;
+    uint16_t *qh = q + (int64_t)blockIdx.x * d;
+    if (threadIdx.x == 0) {
+        double sum = 0.0;
+        for (int64_t c = 0; c < d; c++) {
+            const float v = gfw_bf2f(qh[c]);
+            sum = __dadd_rn(sum, (double)gfw_bfr(__fmul_rn(v, v)));
+        }
+        const float mean = gfw_bfr(__fdiv_rn(__double2float_rn(sum), (float)d));
+        const float with_eps = gfw_bfr(__fadd_rn(mean, eps));
+        rs_sh = gfw_bfr(__fdiv_rn(1.0f, __fsqrt_rn(with_eps)));
+    }
+    __syncthreads();
+    for (int64_t c = threadIdx.x; c < d; c += blockDim.x)
+        qh[c] = gfw_f2bf(__fmul_rn(gfw_bf2f(qh[c]), rs_sh));
+}
+
+/**
+ * RoPE (or its inverse) on the last rope_dim dims of rows of width @p width: row r (of
+ * rows_per_t per token) of token t at position pos0 + t (or pos_of[t] when given).  cs holds
+ * [position][half] cos then sin: cs[(p * half + i) * 2 + {0,1}].
+ */
+__global__ void k_rope(uint16_t *x, int64_t n_rows, int64_t rows_per_t, int64_t width, int rope_dim,
+                       const float *cs, int64_t pos0, int inverse)
+{
+    const int half = rope_dim / 2;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_rows * half)
+        return;
+    const int64_t r = i / half;
+    const int p = (int)(i % half);
+    const int64_t pos = pos0 + r / rows_per_t;
+    uint16_t *v = x + r * width + width - rope_dim;
+    const float a = gfw_bf2f(v[2 * p]), b = gfw_bf2f(v[2 * p + 1]);
+    const float c = cs[(pos * half + p) * 2], s = cs[(pos * half + p) * 2 + 1];
+    float re, im;
+    if (!inverse) {
+        re = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+        im = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+    } else {
+        re = __fadd_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+        im = __fsub_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    }
+    v[2 * p] = gfw_f2bf(re);
+    v[2 * p + 1] = gfw_f2bf(im);
+}
+
+/** In-place FP8 round trip of the first n values (whole blocks of 64) of a row. */
+__device__ void fp8_roundtrip_row(uint16_t *x, int64_t n)
+{
+    for (int64_t b0 = 0; b0 + 64 <= n; b0 += 64) {
+        float amax = 0.0f;
+        for (int i = 0; i < 64; i++) {
+            const float a = fabsf(gfw_bf2f(x[b0 + i]));
+            if (isnan(a)) {
+                amax = a;
+                break;
+            }
+            if (a > amax)
+                amax = a;
+        }
+        const float clamped = amax < 1e-4f ? 1e-4f : amax;
+        const float s = gfw_ue8m0(gfw_ue8m0_ceil_clamped(__fmul_rn(clamped, 1.0f / 448.0f)));
+        for (int i = 0; i < 64; i++) {
+            float v = __fdiv_rn(gfw_bf2f(x[b0 + i]), s);
+            v = v > 448.0f ? 448.0f : (v < -448.0f ? -448.0f : v);
+            x[b0 + i] = gfw_f2bf(__fmul_rn(c_e4m3[gfw_e4m3_code(v)], s));
+        }
+    }
+}
+
+/** In-place FP4 round trip of n values (whole blocks of 32). */
+__device__ void fp4_roundtrip_row(uint16_t *x, int64_t n)
+{
+    for (int64_t b0 = 0; b0 + 32 <= n; b0 += 32) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) {
+            const float a = fabsf(gfw_bf2f(x[b0 + i]));
+            if (a > amax)
+                amax = a;
+        }
+        const float clamped = amax < 0x1.8p-124f ? 0x1.8p-124f : amax;
+        const float s = gfw_ue8m0(gfw_ue8m0_ceil_clamped(__fmul_rn(clamped, 1.0f / 6.0f)));
+        for (int i = 0; i < 32; i++) {
+            float v = __fdiv_rn(gfw_bf2f(x[b0 + i]), s);
+            v = v > 6.0f ? 6.0f : (v < -6.0f ? -6.0f : v);
+            x[b0 + i] = gfw_f2bf(__fmul_rn(gfw_e2m1_round(v), s));
+        }
+    }
+}
+
+/** Normalized Walsh-Hadamard rotation of n (<= 1024) bf16 values, fp32 butterflies. */
+__device__ void hadamard_row(uint16_t *x, int n, float *v)
+{
+    for (int i = 0; i < n; i++)
+        v[i] = gfw_bf2f(x[i]);
+    for (int h = 1; h < n; h *= 2)
+        for (int i = 0; i < n; i += 2 * h)
+            for (int j = i; j < i + h; j++) {
+                const float a = v[j], b = v[j + h];
+                v[j] = __fadd_rn(a, b);
+                v[j + h] = __fsub_rn(a, b);
+            }
+    const float scale = (float)(1.0 / sqrt((double)n));
+    for (int i = 0; i < n; i++)
+        x[i] = gfw_f2bf(__fmul_rn(v[i], scale));
+}
+
+/** FP8 round trip of the nope dims of each kv row (one thread per row). */
+__global__ void k_fp8_roundtrip(uint16_t *x, int64_t rows, int64_t width, int64_t n)
+{
+    const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r < rows)
+        fp8_roundtrip_row(x + r * width, n);
+}
+
+/** Indexer queries of one token per block: Hadamard per head, then FP4 over all heads (RoPE done before). */
+__global__ void k_indexer_q(uint16_t *qi, int ih, int id)
+{
+    extern __shared__ float hv[];
+    uint16_t *q = qi + (int64_t)blockIdx.x * ih * id;
+    if (threadIdx.x == 0) {
+        for (int h = 0; h < ih; h++)
+            hadamard_row(q + (int64_t)h * id, id, hv);
+        fp4_roundtrip_row(q, (int64_t)ih * id);
+    }
+}
+
+/** wi = bf16(bf16(weights_proj(x)) * w_scale), elementwise. */
+__global__ void k_scale_bf16(uint16_t *x, int64_t n, float s)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        x[i] = gfw_f2bf(__fmul_rn(gfw_bf2f(x[i]), s));
+}
+
+/** Arguments of the compressor kernel. */
+struct comp_args {
+    const float *kv, *gate;   /**< [T, c*dh] projections of the call */
+    const float *ape;         /**< [ratio, c*dh] */
+    float *kv_state, *score_state; /**< [c*ratio, c*dh] */
+    ddense norm;              /**< [dh] */
+    int ratio, overlap, dh, rope_dim;
+    float eps;
+    const float *cs;          /**< cos/sin table of the layer */
+    int kind;                 /**< 0: attention kv (FP8 round trip), 1: indexer (Hadamard + FP4) */
+    uint16_t *out;            /**< [max_blocks, dh]: block j in row j */
+    int64_t pos0, T;          /**< positions of the call */
+};
+
+/**
+ * The compressor of attn_compressor.c for the T tokens of a call, in order, one block of
+ * threads: each token is stored in its slot; a completed block is pooled (one thread per
+ * channel: max, fp32 sum of exps in slot order, weighted sum) and finished (bf16, RMSNorm,
+ * RoPE at the block's first position, FP8 round trip or Hadamard + FP4).
+ */
+__global__ void k_compress(comp_args a)
+{
+    extern __shared__ float sh[]; /* pooled [dh], then hadamard scratch [dh] */
+    __shared__ float rs_sh;
+    const int r = a.ratio, c = a.overlap, dh = a.dh, width = c * dh;
+    uint16_t *row_out = NULL;
+    for (int64_t t = 0; t < a.T; t++) {
+        const int64_t pos = a.pos0 + t;
+        const int in_block = (int)(pos % r);
+        const int slot = (c - 1) * r + in_block;
+        for (int ch = threadIdx.x; ch < width; ch += blockDim.x) {
+            a.kv_state[(int64_t)slot * width + ch] = a.kv[t * width + ch];
+            a.score_state[(int64_t)slot * width + ch] = __fadd_rn(a.gate[t * width + ch], a.ape[(int64_t)in_block * width + ch]);
+        }
+        __syncthreads();
+        if (in_block != r - 1)
+            continue;
+        for (int ch = threadIdx.x; ch < dh; ch += blockDim.x) {
+            const int n = c == 2 ? 2 * r : r;
+            float m = -INFINITY;
+            for (int i = 0; i < n; i++) {
+                const int s = i, cc = (c == 2 && i >= r) ? dh + ch : ch;
+                const float g = a.score_state[(int64_t)s * width + cc];
+                if (g > m)
+                    m = g;
+            }
+            float res = 0.0f;
+            if (m != -INFINITY) {
+                float den = 0.0f;
+                for (int i = 0; i < n; i++) {
+                    const int cc = (c == 2 && i >= r) ? dh + ch : ch;
+                    den = __fadd_rn(den, gfw_expf(__fsub_rn(a.score_state[(int64_t)i * width + cc], m)));
+                }
+                float acc = 0.0f;
+                for (int i = 0; i < n; i++) {
+                    const int cc = (c == 2 && i >= r) ? dh + ch : ch;
+                    const float p = __fdiv_rn(gfw_expf(__fsub_rn(a.score_state[(int64_t)i * width + cc], m)), den);
+                    acc = __fadd_rn(acc, __fmul_rn(p, a.kv_state[(int64_t)i * width + cc]));
+                }
+                res = acc;
+            }
+            sh[ch] = res;
+        }
+        __syncthreads();
+        const int64_t j = pos / r;
+        row_out = a.out + j * dh;
+        for (int ch = threadIdx.x; ch < dh; ch += blockDim.x)
+            row_out[ch] = gfw_f2bf(sh[ch]);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            double s = 0.0;
+            for (int i = 0; i < dh; i++) {
+                const double v = (double)gfw_bf2f(row_out[i]);
+                s = __dadd_rn(s, __dmul_rn(v, v));
+            }
+            const float mean = __double2float_rn(__ddiv_rn(s, (double)dh));
+            rs_sh = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, a.eps)));
+        }
+        __syncthreads();
+        for (int ch = threadIdx.x; ch < dh; ch += blockDim.x)
+            row_out[ch] = gfw_f2bf(__fmul_rn(dv_at(a.norm, ch), __fmul_rn(gfw_bf2f(row_out[ch]), rs_sh)));
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const int half = a.rope_dim / 2;
+            const int64_t bp = j * r;
+            uint16_t *v = row_out + dh - a.rope_dim;
+            for (int p = 0; p < half; p++) {
+                const float x0 = gfw_bf2f(v[2 * p]), x1 = gfw_bf2f(v[2 * p + 1]);
+                const float cv = a.cs[(bp * half + p) * 2], sv = a.cs[(bp * half + p) * 2 + 1];
+                v[2 * p] = gfw_f2bf(__fsub_rn(__fmul_rn(x0, cv), __fmul_rn(x1, sv)));
+                v[2 * p + 1] = gfw_f2bf(__fadd_rn(__fmul_rn(x0, sv), __fmul_rn(x1, cv)));
+            }
+            if (a.kind == 0) {
+                fp8_roundtrip_row(row_out, dh - a.rope_dim);
+            } else {
+                hadamard_row(row_out, dh, sh + dh);
+                fp4_roundtrip_row(row_out, dh);
+            }
+        }
+        __syncthreads();
+        if (c == 2) { /* the current block becomes the previous one */
+            const int64_t halfn = (int64_t)r * width;
+            for (int64_t i = threadIdx.x; i < halfn; i += blockDim.x) {
+                a.kv_state[i] = a.kv_state[halfn + i];
+                a.score_state[i] = a.score_state[halfn + i];
+            }
+        }
+        __syncthreads();
+    }
+}
+
+/** Indexer block scores of token t (one thread per (t, block j < (pos+1)/4)); -inf padding beyond. */
+__global__ void k_indexer_scores(const uint16_t *qi, const uint16_t *wi, const uint16_t *keys, int ih, int id,
+                                 int64_t T, int64_t pos0, int64_t max_blocks, float *scores)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= T * max_blocks)
+        return;
+    const int64_t t = i / max_blocks, j = i % max_blocks;
+    const int64_t n_causal = (pos0 + t + 1) / 4;
+    if (j >= n_causal)
+        return;
+    const uint16_t *k = keys + j * id;
+    double head_sum = 0.0;
+    for (int h = 0; h < ih; h++) {
+        const uint16_t *q = qi + (t * ih + h) * id;
+        double dot = 0.0;
+        for (int c = 0; c < id; c++)
+            dot = __dadd_rn(dot, (double)gfw_bf2f(q[c]) * (double)gfw_bf2f(k[c]));
+        float s = gfw_bfr(__double2float_rn(dot));
+        if (s < 0.0f)
+            s = 0.0f;
+        head_sum = __dadd_rn(head_sum, (double)gfw_bfr(__fmul_rn(s, gfw_bf2f(wi[t * ih + h]))));
+    }
+    scores[i] = gfw_bfr(__double2float_rn(head_sum));
+}
+
+/** Does candidate a (score sa) come before b in the indexer's order? */
+__device__ __forceinline__ int topk_before(float sa, int64_t a, float sb, int64_t b)
+{
+    const int an = isnan(sa), bn = isnan(sb);
+    if (an != bn)
+        return bn;
+    if (!an && sa != sb)
+        return sa > sb;
+    return a < b;
+}
+
+/** Top-k by rank counting, one block per token; idx[t, rank] = block. */
+__global__ void k_topk(const float *scores, int64_t T, int64_t pos0, int64_t max_blocks, int topk, int32_t *idx)
+{
+    const int64_t t = blockIdx.x;
+    const int64_t n = (pos0 + t + 1) / 4;
+    const int64_t k = n < topk ? n : topk;
+    const float *s = scores + t * max_blocks;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        int64_t rank = 0;
+        for (int64_t j = 0; j < n && rank < k; j++)
+            rank += (j != i) && topk_before(s[j], j, s[i], i);
+        if (rank < k)
+            idx[t * topk + rank] = (int32_t)i;
+    }
+}
+
+/** Arguments of the attention kernel. */
+struct attend_args {
+    const uint16_t *q;        /**< [T, H, d] */
+    const uint16_t *kv_call;  /**< [T, d] this call's kv rows */
+    const uint16_t *ring;     /**< [W, d] window ring (positions before pos0) */
+    const uint16_t *comp;     /**< [max_blocks, d] */
+    const int32_t *topk_idx;  /**< [T, topk] (ratio 4) */
+    const float *sink;        /**< [H] */
+    int H, d, W, ratio, topk;
+    int64_t pos0;
+    float scale;
+    uint16_t *out;            /**< [T, H, d] */
+};
+
+/** Row e of token t's attention list. */
+__device__ __forceinline__ const uint16_t *attend_row(const attend_args &a, int64_t t, int64_t pos, int64_t first,
+                                                      int64_t n_win, int64_t e)
+{
+    if (e < n_win) {
+        const int64_t q = first + e;
+        return q >= a.pos0 ? a.kv_call + (q - a.pos0) * a.d : a.ring + (q % a.W) * a.d;
+    }
+    const int64_t j = a.ratio == 128 ? e - n_win : a.topk_idx[t * a.topk + (e - n_win)];
+    return a.comp + j * a.d;
+}
+
+/**
+ * Sparse attention of attn_sparse.c for one (token, head) per block: the window, then the
+ * compressed rows; chunks of 64 with the running-max softmax; P rounded to bf16 for P.V;
+ * the sink joins the denominator at the end.
+ */
+__global__ void k_attend(attend_args a)
+{
+    __shared__ float sc[64];
+    __shared__ float pb[64];
+    __shared__ const uint16_t *rowp[64]; /* the chunk's kv rows */
+    __shared__ float alpha_sh, m_sh, den_sh;
+    const int64_t t = blockIdx.x;
+    const int h = blockIdx.y;
+    const int d = a.d;
+    const int64_t pos = a.pos0 + t;
+    const int64_t first = pos - a.W + 1 > 0 ? pos - a.W + 1 : 0;
+    const int64_t n_win = pos - first + 1;
+    int64_t n_comp = 0;
+    if (a.ratio == 128)
+        n_comp = (pos + 1) / 128;
+    else if (a.ratio == 4) {
+        const int64_t nc = (pos + 1) / 4;
+        n_comp = nc < a.topk ? nc : a.topk;
+    }
+    const int64_t n = n_win + n_comp;
+    const uint16_t *qh = a.q + (t * a.H + h) * (int64_t)d;
+    float acc[8]; /* channels threadIdx.x + i*blockDim.x; d <= 8 * blockDim.x */
+    for (int i = 0; i < 8; i++)
+        acc[i] = 0.0f;
+    if (threadIdx.x == 0) {
+        m_sh = -INFINITY;
+        den_sh = 0.0f;
+    }
+    __syncthreads();
+    for (int64_t c0 = 0; c0 < n; c0 += 64) {
+        const int cn = (int)((n - c0) < 64 ? (n - c0) : 64);
+        if (threadIdx.x < cn) {
+            const uint16_t *kv = attend_row(a, t, pos, first, n_win, c0 + threadIdx.x);
+            rowp[threadIdx.x] = kv;
+            double dot = 0.0;
+            for (int c = 0; c < d; c++)
+                dot = __dadd_rn(dot, (double)gfw_bf2f(qh[c]) * (double)gfw_bf2f(kv[c]));
+            sc[threadIdx.x] = __fmul_rn(__double2float_rn(dot), a.scale);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float cmax = -INFINITY;
+            for (int i = 0; i < cn; i++)
+                if (sc[i] > cmax)
+                    cmax = sc[i];
+            const float m_new = cmax > m_sh ? cmax : m_sh;
+            if (m_new == -INFINITY) {
+                alpha_sh = NAN; /* marker: skip the chunk */
+            } else {
+                const float alpha = gfw_expf(__fsub_rn(m_sh, m_new));
+                float den = __fmul_rn(den_sh, alpha);
+                for (int i = 0; i < cn; i++) {
+                    const float p = gfw_expf(__fsub_rn(sc[i], m_new));
+                    den = __fadd_rn(den, p);
+                    pb[i] = gfw_bfr(p);
+                }
+                den_sh = den;
+                m_sh = m_new;
+                alpha_sh = alpha;
+            }
+        }
+        __syncthreads();
+        const float alpha = alpha_sh;
+        if (!isnan(alpha)) {
+            for (int ci = 0; ci < 8; ci++) {
+                const int c = threadIdx.x + ci * blockDim.x;
+                if (c >= d)
+                    break;
+                float v = __fmul_rn(acc[ci], alpha);
+                for (int i = 0; i < cn; i++)
+                    v = __fadd_rn(v, __fmul_rn(pb[i], gfw_bf2f(rowp[i][c])));
+                acc[ci] = v;
+            }
+        }
+        __syncthreads();
+    }
+    const float den = __fadd_rn(den_sh, gfw_expf(__fsub_rn(a.sink[h], m_sh)));
+    uint16_t *o = a.out + (t * a.H + h) * (int64_t)d;
+    for (int ci = 0; ci < 8; ci++) {
+        const int c = threadIdx.x + ci * blockDim.x;
+        if (c >= d)
+            break;
+        o[c] = gfw_f2bf(__fdiv_rn(acc[ci], den));
+    }
+}
+
+/** Copy the last min(T, W) kv rows of the call into the ring (slot pos % W). */
+__global__ void k_ring_store(const uint16_t *kv, int64_t T, int64_t pos0, int W, int d, uint16_t *ring)
+{
+    const int64_t first = T > W ? T - W : 0;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (T - first) * d)
+        return;
+    const int64_t t = first + i / d, c = i % d;
+    ring[((pos0 + t) % W) * d + c] = kv[t * d + c];
+}
+
+/* ================================================================== kernels: MoE (dsv4-ref, serial shared) */
+
+/** Router logits: one warp per (t, e), double sum of exact bf16 products, rounded to fp32. */
+__global__ void k_moe_logits(const uint16_t *x, const uint16_t *gate, int64_t T, int64_t E, int64_t D, float *logits)
+{
+    const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x & 31;
+    if (warp >= T * E)
+        return;
+    const int64_t t = warp / E, e = warp % E;
+    double acc = 0.0;
+    for (int64_t k = lane; k < D; k += 32)
+        acc += (double)gfw_bf2f(x[t * D + k]) * (double)gfw_bf2f(gate[e * D + k]);
+    acc = warp_sum(acc);
+    if (lane == 0)
+        logits[warp] = __double2float_rn(acc);
+}
+
+/**
+ * Router selection, one thread per token (moe_router.c): s = sqrt(softplus(z)); top-k of s + bias
+ * (strictly greater wins, so ties keep the lower id; a NaN never beats a number) or the hash
+ * table's row; w = (s[idx] / sum) * scale with the sum in slot order.
+ */
+__global__ void k_moe_route(float *scores, const float *bias, const int32_t *tid2eid, const int32_t *ids, int64_t T,
+                            int64_t E, int k, float route_scale, int32_t *idx, float *wts)
+{
+    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= T)
+        return;
+    float *s = scores + t * E;
+    for (int64_t e = 0; e < E; e++) {
+        const float z = s[e];
+        const float sp = z > 20.0f ? z : __double2float_rn(log1p((double)gfw_expf(z)));
+        s[e] = __fsqrt_rn(sp);
+    }
+    int32_t *ti = idx + t * k;
+    if (tid2eid) {
+        for (int j = 0; j < k; j++)
+            ti[j] = tid2eid[(int64_t)ids[t] * k + j];
+    } else {
+        for (int j = 0; j < k; j++) {
+            int64_t best = -1;
+            float bsel = 0.0f;
+            for (int64_t e = 0; e < E; e++) {
+                int taken = 0;
+                for (int p = 0; p < j; p++)
+                    taken |= ti[p] == e;
+                if (taken)
+                    continue;
+                const float sel = bias ? __fadd_rn(s[e], bias[e]) : __fadd_rn(s[e], 0.0f);
+                if (best < 0 || sel > bsel || (isnan(bsel) && !isnan(sel))) {
+                    best = e;
+                    bsel = sel;
+                }
+            }
+            ti[j] = (int32_t)best;
+        }
+    }
+    float sum = 0.0f;
+    for (int j = 0; j < k; j++)
+        sum = __fadd_rn(sum, s[ti[j]]);
+    for (int j = 0; j < k; j++)
+        wts[t * k + j] = __fmul_rn(__fdiv_rn(s[ti[j]], sum), route_scale);
+}
+
+/** x values of the quantized MoE input: e4m3(code) * scale (exact: a power-of-two scale). */
+__global__ void k_moe_xval(const uint8_t *q, const float *s, int64_t n, float *x)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        x[i] = __fmul_rn(c_e4m3[q[i]], s[i / 128]);
+}
+
+/** The weights of one MoE layer on the device. */
+struct dmoe {
+    int64_t E, I, D, k, Ws;       /**< sizes; Ws = shared width (0: none) */
+    const uint8_t *w1, *w3, *w2;  /**< [E][I][D/2], [E][I][D/2], [E][D][I/2] */
+    const uint8_t *s1, *s3, *s2;  /**< [E][I][D/32], .., [E][D][I/32] */
+    const uint8_t *sw1, *sw3, *sw2; /**< shared [Ws][D], [Ws][D], [D][Ws] */
+    const float *ss1, *ss3, *ss2; /**< shared block scales (fp32 values) */
+    int B;                        /**< shared block */
+    float limit;                  /**< swiglu clamp (<= 0: none) */
+};
+
+/** Weight (row, k) of routed expert e's packed matrix (cols wide) as fp32: e2m1 * 2^s, exact. */
+__device__ __forceinline__ float fp4_w(const uint8_t *w, const uint8_t *s, int64_t e, int64_t rows, int64_t cols,
+                                       int64_t row, int64_t k)
+{
+    const uint8_t b = w[(e * rows + row) * (cols / 2) + k / 2];
+    const int nib = (k & 1) ? (b >> 4) : (b & 15);
+    return __fmul_rn(gfw_e2m1_value(nib), gfw_ue8m0(s[(e * rows + row) * (cols / 32) + k / 32]));
+}
+
+/** Weights (row, k0 .. k0+7) of routed expert e (k0 a multiple of 8): one 32-bit word of codes, one scale. */
+__device__ __forceinline__ void fp4_w8(const uint8_t *w, const uint8_t *s, int64_t e, int64_t rows, int64_t cols,
+                                       int64_t row, int64_t k0, float *out)
+{
+    const uint32_t word = *(const uint32_t *)(w + (e * rows + row) * (cols / 2) + k0 / 2);
+    const float sc = gfw_ue8m0(s[(e * rows + row) * (cols / 32) + k0 / 32]);
+    for (int i = 0; i < 8; i++)
+        out[i] = __fmul_rn(gfw_e2m1_value((int)((word >> (4 * i)) & 15u)), sc);
+}
+
+/** Weight (row, k) of a shared FP8 matrix [rows, cols] with fp32 block scales: fl(e4m3 * scale). */
+__device__ __forceinline__ float fp8_w(const uint8_t *w, const float *s, int B, int64_t rows, int64_t cols,
+                                       int64_t row, int64_t k)
+{
+    /* 32-bit index arithmetic for the block scale (rows, cols < 2^31) */
+    const int scols = ((int)cols + B - 1) / B;
+    return __fmul_rn(c_e4m3[w[row * cols + k]], s[(int64_t)((int)row / B) * scols + (int)k / B]);
+}
+
+/**
+ * L1 and the dsv4-ref epilogue: one warp per (task, channel).  Task p < T*k is (token p/k,
+ * slot p%k) of expert idx[p] with weight wts[p]; task T*k + t is token t's shared expert
+ * (weight 1).  h[p, j] = bf16((silu(g) * u) * w) with g, u = bf16 of the double-accumulated
+ * L1 sums (exact products), clamped in fp32, silu = g / (1 + exp(-g)).
+ */
+__global__ void k_moe_l1(dmoe m, const float *xv, const int32_t *idx, const float *wts, int64_t T, int64_t width,
+                         float *h)
+{
+    const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x & 31;
+    const int64_t n_tasks = T * m.k + (m.Ws > 0 ? T : 0);
+    if (warp >= n_tasks * width)
+        return;
+    const int64_t p = warp / width, j = warp % width;
+    const int shared = p >= T * m.k;
+    const int64_t tok = shared ? p - T * m.k : p / m.k;
+    const int64_t e = shared ? -1 : idx[p];
+    const int64_t I = shared ? m.Ws : m.I;
+    if (j >= I || (!shared && e < 0))
+        return;
+    const float w = shared ? 1.0f : wts[p];
+    const float *x = xv + tok * m.D;
+    double g = 0.0, u = 0.0;
+    /* each lane takes 8 consecutive k per step: one 32-bit word of E2M1 codes (or two of E4M3) */
+    for (int64_t k0 = (int64_t)lane * 8; k0 < m.D; k0 += 256) {
+        float wg[8], wu[8];
+        if (shared) {
+            for (int i = 0; i < 8; i++) {
+                wg[i] = fp8_w(m.sw1, m.ss1, m.B, m.Ws, m.D, j, k0 + i);
+                wu[i] = fp8_w(m.sw3, m.ss3, m.B, m.Ws, m.D, j, k0 + i);
+            }
+        } else {
+            fp4_w8(m.w1, m.s1, e, m.I, m.D, j, k0, wg);
+            fp4_w8(m.w3, m.s3, e, m.I, m.D, j, k0, wu);
+        }
+        for (int i = 0; i < 8; i++) {
+            const double xk = (double)x[k0 + i];
+            g += xk * (double)wg[i];
+            u += xk * (double)wu[i];
+        }
+    }
+    g = warp_sum(g);
+    u = warp_sum(u);
+    if (lane != 0)
+        return;
+    float gf = gfw_bfr(__double2float_rn(g)), uf = gfw_bfr(__double2float_rn(u));
+    if (m.limit > 0.0f && !isinf(m.limit)) {
+        if (gf > m.limit)
+            gf = m.limit;
+        if (uf > m.limit)
+            uf = m.limit;
+        else if (uf < -m.limit)
+            uf = -m.limit;
+    }
+    const float silu = __fdiv_rn(gf, __fadd_rn(1.0f, gfw_expf(-gf)));
+    const float a = __fmul_rn(__fmul_rn(silu, uf), w);
+    h[p * width + j] = gfw_bfr(a);
+}
+
+/** Requantize h rows to E4M3 values per 128 (V4 rule), in place: one block of 128 threads per (task, block). */
+__global__ void k_moe_requant(float *h, int64_t width)
+{
+    __shared__ float red[128];
+    float *row = h + (int64_t)blockIdx.y * width + (int64_t)blockIdx.x * 128;
+    const float v = row[threadIdx.x];
+    red[threadIdx.x] = fabsf(v);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float amax = 0.0f;
+        for (int k = 0; k < 128; k++) {
+            if (isnan(red[k])) {
+                amax = red[k];
+                break;
+            }
+            if (red[k] > amax)
+                amax = red[k];
+        }
+        const float clamped = amax < 1e-4f ? 1e-4f : amax;
+        red[0] = gfw_ue8m0(gfw_ue8m0_ceil_clamped(__fmul_rn(clamped, 1.0f / 448.0f)));
+    }
+    __syncthreads();
+    const float s = red[0];
+    float w = __fdiv_rn(v, s);
+    w = w > 448.0f ? 448.0f : (w < -448.0f ? -448.0f : w);
+    row[threadIdx.x] = __fmul_rn(c_e4m3[gfw_e4m3_code(w)], s);
+}
+
+/** L2: one warp per (task, output channel): y = bf16(double sum of exact products). */
+__global__ void k_moe_l2(dmoe m, const float *h, const int32_t *idx, int64_t T, int64_t width, uint16_t *slot_y)
+{
+    const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x & 31;
+    const int64_t n_tasks = T * m.k + (m.Ws > 0 ? T : 0);
+    if (warp >= n_tasks * m.D)
+        return;
+    const int64_t p = warp / m.D, n = warp % m.D;
+    const int shared = p >= T * m.k;
+    const int64_t e = shared ? -1 : idx[p];
+    if (!shared && e < 0)
+        return;
+    const int64_t I = shared ? m.Ws : m.I;
+    const float *hr = h + p * width;
+    double acc = 0.0;
+    for (int64_t j0 = (int64_t)lane * 8; j0 < I; j0 += 256) {
+        float wv[8];
+        if (shared) {
+            for (int i = 0; i < 8; i++)
+                wv[i] = fp8_w(m.sw2, m.ss2, m.B, m.D, m.Ws, n, j0 + i);
+        } else {
+            fp4_w8(m.w2, m.s2, e, m.D, m.I, n, j0, wv);
+        }
+        for (int i = 0; i < 8; i++)
+            acc += (double)hr[j0 + i] * (double)wv[i];
+    }
+    acc = warp_sum(acc);
+    if (lane == 0)
+        slot_y[p * m.D + n] = gfw_f2bf(__double2float_rn(acc));
+}
+
+/** Combine (moe_combine.c, dsv4-ref order): ascending expert id, ties in slot order, shared last. */
+__global__ void k_moe_combine(const uint16_t *slot_y, const int32_t *idx, int64_t T, int k, int64_t D, int has_shared,
+                              uint16_t *y)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= T * D)
+        return;
+    const int64_t t = i / D, c = i % D;
+    int visit[32];
+    int n = 0;
+    for (int s = 0; s < k; s++) {
+        if (idx[t * k + s] < 0)
+            continue;
+        int pos = n++;
+        while (pos > 0 && idx[t * k + visit[pos - 1]] > idx[t * k + s]) {
+            visit[pos] = visit[pos - 1];
+            pos--;
+        }
+        visit[pos] = s;
+    }
+    float acc = 0.0f;
+    for (int v = 0; v < n; v++)
+        acc = __fadd_rn(acc, gfw_bf2f(slot_y[(t * k + visit[v]) * D + c]));
+    if (has_shared)
+        acc = __fadd_rn(acc, gfw_bf2f(slot_y[(T * k + t) * D + c]));
+    y[i] = gfw_f2bf(acc);
+}
+
+/** X[t, j, :] = bf16(e[t, :] + hp[t, j, :]) (the MTP input). */
+__global__ void k_mtp_sum(const uint16_t *e, const uint16_t *hp, int64_t T, int hc, int64_t D, uint16_t *X)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= T * hc * D)
+        return;
+    const int64_t r = i / (hc * D), c = i % D;
+    X[i] = gfw_f2bf(__fadd_rn(gfw_bf2f(e[r * D + c]), gfw_bf2f(hp[i])));
+}
+
+/* ================================================================== host side: the model object */
+
+/** One block on the device. */
+struct gblock {
+    gfw_attn_dims a;
+    const float *hca_fn, *hca_base, *hca_scale, *hcf_fn, *hcf_base, *hcf_scale;
+    ddense attn_norm, ffn_norm, q_norm, kv_norm, wo_a, idx_wp;
+    dfp8 wq_a, wq_b, wkv, wo_b, idx_wq_b;
+    const float *sink;
+    ddense c_wkv, c_wgate, c_norm, i_wkv, i_wgate, i_norm;
+    const float *c_ape, *i_ape;
+    const float *cs;              /**< cos/sin table [max_seq_len][half][2] */
+    /* MoE */
+    dmoe moe;
+    const uint16_t *gate;
+    const float *bias;
+    const int32_t *tid2eid;
+    float route_scale;
+    /* caches */
+    uint16_t *ring, *comp, *idx_keys;
+    float *c_kv, *c_score, *i_kv, *i_score;
+    int64_t max_blocks;
+    size_t c_state_n, i_state_n;  /**< floats per compressor state array */
+};
+
+/** The model. */
+struct mmoe_gpu_model {
+    int plan;                     /**< 1 while counting bytes only */
+    mmoe_gpu_model_bytes bytes;   /**< planned / held */
+    size_t *bucket;               /**< which counter galloc adds to */
+    void **allocs;                /**< device allocations */
+    int n_allocs, cap_allocs;
+    int64_t D, V, hc, max_seq_len, Tm;
+    int n_layers, n_blocks, iters, has_mtp;
+    float eps, hc_eps;
+    const uint16_t *embed, *head_w;
+    const float *hh_fn, *hh_base, *hh_scale;
+    ddense head_norm;
+    gblock *blocks;
+    /* MTP */
+    dfp8 e_proj, h_proj;
+    ddense enorm, hnorm, mtp_norm;
+    const float *mh_fn, *mh_base, *mh_scale;
+    /* work */
+    uint16_t *X, *y, *o, *qr, *q, *kv, *att, *z, *hn, *hp, *e;
+    float *post, *comb, *ckv, *cgate, *ikv, *igate, *scores, *logits, *moe_x, *moe_scores, *moe_w, *moe_h;
+    uint16_t *qi, *wi, *slot_y;
+    int32_t *ids, *topk_idx, *moe_idx;
+    uint8_t *aq;
+    float *as;
+    int64_t max_blocks_all, kmax, moe_width, moe_kmax;
+    /* state */
+    int64_t pos, mtp_pos;
+    int timing;
+    double *attn_s, *moe_s, *mhc_s, embed_s, head_s;
+};
+
+/** Allocate @p bytes on the device (or count them while planning). */
+static void *galloc(mmoe_gpu_model *g, size_t bytes, cudaError_t *ce)
+{
+    bytes = (bytes + 255) & ~(size_t)255;
+    *g->bucket += bytes;
+    if (g->plan || *ce != cudaSuccess || bytes == 0)
+        return NULL;
+    void *p = NULL;
+    if ((*ce = cudaMalloc(&p, bytes)) != cudaSuccess)
+        return NULL;
+    if ((*ce = cudaMemset(p, 0, bytes)) != cudaSuccess) { /* no read of a never-written byte, ever */
+        cudaFree(p);
+        return NULL;
+    }
+    if (g->n_allocs == g->cap_allocs) {
+        int nc = g->cap_allocs ? 2 * g->cap_allocs : 256;
+        void **na = (void **)realloc(g->allocs, sizeof(void *) * (size_t)nc);
+        if (!na) {
+            cudaFree(p);
+            *ce = cudaErrorMemoryAllocation;
+            return NULL;
+        }
+        g->allocs = na;
+        g->cap_allocs = nc;
+    }
+    g->allocs[g->n_allocs++] = p;
+    return p;
+}
+
+/** Allocate and copy @p bytes of host data. */
+static const void *gupload(mmoe_gpu_model *g, const void *src, size_t bytes, cudaError_t *ce)
+{
+    void *p = galloc(g, bytes, ce);
+    if (p && src && *ce == cudaSuccess)
+        *ce = cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice);
+    return p;
+}
+
+/** Upload a dense weight. */
+static ddense up_dense(mmoe_gpu_model *g, const gfw_dense *w, cudaError_t *ce)
+{
+    ddense d;
+    memset(&d, 0, sizeof d);
+    if (!w->data)
+        return d;
+    d.dtype = w->dtype;
+    d.rows = w->rows;
+    d.cols = w->cols;
+    d.block = w->block;
+    d.p = gupload(g, w->data, gfw_dense_bytes(w), ce);
+    if (w->dtype == GFW_F8) {
+        d.scols = (w->cols + w->block - 1) / w->block;
+        d.scale = (const uint8_t *)gupload(g, w->scale, (size_t)(((w->rows + w->block - 1) / w->block) * d.scols), ce);
+    }
+    return d;
+}
+
+/** Upload an FP8 linear. */
+static dfp8 up_fp8(mmoe_gpu_model *g, const gfw_fp8 *w, cudaError_t *ce)
+{
+    dfp8 d;
+    memset(&d, 0, sizeof d);
+    if (!w->w)
+        return d;
+    d.N = w->N;
+    d.K = w->K;
+    d.block = w->block;
+    d.scols = (w->K + w->block - 1) / w->block;
+    d.w = (const uint8_t *)gupload(g, w->w, (size_t)(w->N * w->K), ce);
+    d.s = (const uint8_t *)gupload(g, w->scale, (size_t)(((w->N + w->block - 1) / w->block) * d.scols), ce);
+    return d;
+}
+
+/** Upload [E] per-expert arrays of @p each bytes into one device array. */
+static const uint8_t *up_experts(mmoe_gpu_model *g, const uint8_t *const *src, int64_t E, size_t each, cudaError_t *ce)
+{
+    uint8_t *p = (uint8_t *)galloc(g, each * (size_t)E, ce);
+    for (int64_t e = 0; p && e < E && *ce == cudaSuccess; e++)
+        *ce = cudaMemcpy(p + (size_t)e * each, src[e], each, cudaMemcpyHostToDevice);
+    return p;
+}
+
+/** The cos/sin table [max_seq_len][half][2] of a frequency table, with the oracle's function. */
+static float *rope_table(const float *freqs, int rope_dim, int64_t n_pos)
+{
+    const int half = rope_dim / 2;
+    float *t = (float *)malloc(sizeof(float) * (size_t)(n_pos * half * 2));
+    float cv[128], sv[128];
+    if (!t)
+        return NULL;
+    for (int64_t p = 0; p < n_pos; p++) {
+        /* attn_rope_cos_sin() of the oracle: fp32 angle pos*f, cosf/sinf */
+        const float fpos = (float)p;
+        for (int i = 0; i < half; i++) {
+            const float angle = fpos * freqs[i];
+            cv[i] = cosf(angle);
+            sv[i] = sinf(angle);
+        }
+        for (int i = 0; i < half; i++) {
+            t[(p * half + i) * 2] = cv[i];
+            t[(p * half + i) * 2 + 1] = sv[i];
+        }
+    }
+    return t;
+}
+
+/** Upload (or plan) everything; returns a CUDA error or cudaSuccess, or -1 through *oom for host memory. */
+static cudaError_t build(mmoe_gpu_model *g, const gfw_model_src *s, int *host_oom)
+{
+    cudaError_t ce = cudaSuccess;
+    const int64_t D = s->D, Tm = g->Tm, hc = s->hc;
+    g->bucket = &g->bytes.weights;
+    g->embed = (const uint16_t *)gupload(g, s->embed, (size_t)(s->V * D) * 2, &ce);
+    g->head_w = (const uint16_t *)gupload(g, s->head_w, (size_t)(s->V * D) * 2, &ce);
+    g->hh_fn = (const float *)gupload(g, s->hc_head.fn, sizeof(float) * (size_t)(hc * hc * D), &ce);
+    g->hh_base = (const float *)gupload(g, s->hc_head.base, sizeof(float) * (size_t)hc, &ce);
+    g->hh_scale = (const float *)gupload(g, s->hc_head.scale, sizeof(float), &ce);
+    g->head_norm = up_dense(g, &s->head_norm, &ce);
+    int64_t kmax = D, maxb = 1, moe_width = 128, moe_k = 1;
+    for (int L = 0; L < s->n_blocks; L++) {
+        const gfw_block_src *b = &s->blocks[L];
+        gblock *d = &g->blocks[L];
+        const gfw_attn_dims *a = &b->a;
+        const int n_mix = (int)((2 + hc) * hc);
+        d->a = *a;
+        g->bucket = &g->bytes.weights;
+        d->hca_fn = (const float *)gupload(g, b->hc_attn.fn, sizeof(float) * (size_t)(n_mix * hc * D), &ce);
+        d->hca_base = (const float *)gupload(g, b->hc_attn.base, sizeof(float) * (size_t)n_mix, &ce);
+        d->hca_scale = (const float *)gupload(g, b->hc_attn.scale, sizeof(float) * 3, &ce);
+        d->hcf_fn = (const float *)gupload(g, b->hc_ffn.fn, sizeof(float) * (size_t)(n_mix * hc * D), &ce);
+        d->hcf_base = (const float *)gupload(g, b->hc_ffn.base, sizeof(float) * (size_t)n_mix, &ce);
+        d->hcf_scale = (const float *)gupload(g, b->hc_ffn.scale, sizeof(float) * 3, &ce);
+        d->attn_norm = up_dense(g, &b->attn_norm, &ce);
+        d->ffn_norm = up_dense(g, &b->ffn_norm, &ce);
+        d->q_norm = up_dense(g, &b->q_norm, &ce);
+        d->kv_norm = up_dense(g, &b->kv_norm, &ce);
+        d->wo_a = up_dense(g, &b->wo_a, &ce);
+        d->idx_wp = up_dense(g, &b->idx_weights_proj, &ce);
+        d->wq_a = up_fp8(g, &b->wq_a, &ce);
+        d->wq_b = up_fp8(g, &b->wq_b, &ce);
+        d->wkv = up_fp8(g, &b->wkv, &ce);
+        d->wo_b = up_fp8(g, &b->wo_b, &ce);
+        d->idx_wq_b = up_fp8(g, &b->idx_wq_b, &ce);
+        d->sink = (const float *)gupload(g, b->sink, sizeof(float) * (size_t)a->H, &ce);
+        const int c = a->ratio == 4 ? 2 : 1;
+        if (a->ratio > 0) {
+            d->c_wkv = up_dense(g, &b->comp.wkv, &ce);
+            d->c_wgate = up_dense(g, &b->comp.wgate, &ce);
+            d->c_norm = up_dense(g, &b->comp.norm, &ce);
+            d->c_ape = (const float *)gupload(g, b->comp.ape, sizeof(float) * (size_t)(a->ratio * c * a->d), &ce);
+        }
+        if (a->ratio == 4) {
+            d->i_wkv = up_dense(g, &b->idx_comp.wkv, &ce);
+            d->i_wgate = up_dense(g, &b->idx_comp.wgate, &ce);
+            d->i_norm = up_dense(g, &b->idx_comp.norm, &ce);
+            d->i_ape = (const float *)gupload(g, b->idx_comp.ape, sizeof(float) * (size_t)(4 * 2 * a->id), &ce);
+        }
+        /* RoPE table: shared with an earlier block of the same frequencies */
+        d->cs = NULL;
+        for (int P = 0; P < L; P++)
+            if (s->blocks[P].a.rope_dim == a->rope_dim && memcmp(s->blocks[P].freqs, b->freqs, sizeof(float) * (size_t)(a->rope_dim / 2)) == 0) {
+                d->cs = g->blocks[P].cs;
+                break;
+            }
+        if (d->cs == NULL && !(g->plan == 0 && ce != cudaSuccess)) {
+            int found = 0;
+            for (int P = 0; P < L; P++)
+                found |= s->blocks[P].a.rope_dim == a->rope_dim &&
+                         memcmp(s->blocks[P].freqs, b->freqs, sizeof(float) * (size_t)(a->rope_dim / 2)) == 0;
+            if (!found) {
+                const size_t tb = sizeof(float) * (size_t)(g->max_seq_len * a->rope_dim);
+                if (g->plan) {
+                    g->bytes.weights += (tb + 255) & ~(size_t)255;
+                } else {
+                    float *tab = rope_table(b->freqs, a->rope_dim, g->max_seq_len);
+                    if (!tab) {
+                        *host_oom = 1;
+                        return ce;
+                    }
+                    d->cs = (const float *)gupload(g, tab, tb, &ce);
+                    free(tab);
+                }
+            }
+        }
+        /* MoE */
+        const gfw_moe *m = &b->moe;
+        dmoe *dm = &d->moe;
+        dm->E = m->n_experts;
+        dm->I = m->inter;
+        dm->D = D;
+        dm->k = m->topk;
+        dm->Ws = m->shared_width;
+        dm->B = m->shared_block;
+        dm->limit = m->swiglu_limit;
+        d->route_scale = m->route_scale;
+        d->gate = (const uint16_t *)gupload(g, m->gate, (size_t)(m->n_experts * D) * 2, &ce);
+        d->bias = m->bias ? (const float *)gupload(g, m->bias, sizeof(float) * (size_t)m->n_experts, &ce) : NULL;
+        d->tid2eid = m->hash ? (const int32_t *)gupload(g, m->tid2eid, sizeof(int32_t) * (size_t)(m->vocab * m->topk), &ce) : NULL;
+        dm->w1 = up_experts(g, m->w1, m->n_experts, (size_t)(m->inter * D / 2), &ce);
+        dm->w3 = up_experts(g, m->w3, m->n_experts, (size_t)(m->inter * D / 2), &ce);
+        dm->w2 = up_experts(g, m->w2, m->n_experts, (size_t)(D * m->inter / 2), &ce);
+        dm->s1 = up_experts(g, m->s1, m->n_experts, (size_t)(m->inter * D / 32), &ce);
+        dm->s3 = up_experts(g, m->s3, m->n_experts, (size_t)(m->inter * D / 32), &ce);
+        dm->s2 = up_experts(g, m->s2, m->n_experts, (size_t)(D * m->inter / 32), &ce);
+        if (m->shared_width > 0) {
+            const int64_t Ws = m->shared_width, B = m->shared_block;
+            dm->sw1 = (const uint8_t *)gupload(g, m->sw1, (size_t)(Ws * D), &ce);
+            dm->sw3 = (const uint8_t *)gupload(g, m->sw3, (size_t)(Ws * D), &ce);
+            dm->sw2 = (const uint8_t *)gupload(g, m->sw2, (size_t)(Ws * D), &ce);
+            const size_t n13 = (size_t)(((Ws + B - 1) / B) * ((D + B - 1) / B));
+            const size_t n2 = (size_t)(((D + B - 1) / B) * ((Ws + B - 1) / B));
+            dm->ss1 = (const float *)gupload(g, m->ss1, sizeof(float) * n13, &ce);
+            dm->ss3 = (const float *)gupload(g, m->ss3, sizeof(float) * n13, &ce);
+            dm->ss2 = (const float *)gupload(g, m->ss2, sizeof(float) * n2, &ce);
+        }
+        /* caches */
+        g->bucket = &g->bytes.caches;
+        d->ring = (uint16_t *)galloc(g, (size_t)(a->window * a->d) * 2, &ce);
+        d->max_blocks = a->ratio > 0 ? g->max_seq_len / a->ratio : 0;
+        if (a->ratio > 0) {
+            d->comp = (uint16_t *)galloc(g, (size_t)((d->max_blocks > 0 ? d->max_blocks : 1) * a->d) * 2, &ce);
+            d->c_state_n = (size_t)(c * a->ratio) * (size_t)(c * a->d);
+            d->c_kv = (float *)galloc(g, sizeof(float) * d->c_state_n, &ce);
+            d->c_score = (float *)galloc(g, sizeof(float) * d->c_state_n, &ce);
+        }
+        if (a->ratio == 4) {
+            d->idx_keys = (uint16_t *)galloc(g, (size_t)((d->max_blocks > 0 ? d->max_blocks : 1) * a->id) * 2, &ce);
+            d->i_state_n = (size_t)(2 * 4) * (size_t)(2 * a->id);
+            d->i_kv = (float *)galloc(g, sizeof(float) * d->i_state_n, &ce);
+            d->i_score = (float *)galloc(g, sizeof(float) * d->i_state_n, &ce);
+            if (d->max_blocks > maxb)
+                maxb = d->max_blocks;
+        }
+        kmax = kmax > a->q_lora ? kmax : a->q_lora;
+        kmax = kmax > (int64_t)a->G * a->o_lora ? kmax : (int64_t)a->G * a->o_lora;
+        moe_width = moe_width > m->inter ? moe_width : m->inter;
+        moe_width = moe_width > m->shared_width ? moe_width : m->shared_width;
+        moe_k = moe_k > m->topk ? moe_k : m->topk;
+    }
+    if (s->has_mtp) {
+        g->bucket = &g->bytes.weights;
+        g->e_proj = up_fp8(g, &s->mtp.e_proj, &ce);
+        g->h_proj = up_fp8(g, &s->mtp.h_proj, &ce);
+        g->enorm = up_dense(g, &s->mtp.enorm, &ce);
+        g->hnorm = up_dense(g, &s->mtp.hnorm, &ce);
+        g->mtp_norm = up_dense(g, &s->mtp.norm, &ce);
+        g->mh_fn = (const float *)gupload(g, s->mtp.hc_head.fn, sizeof(float) * (size_t)(hc * hc * D), &ce);
+        g->mh_base = (const float *)gupload(g, s->mtp.hc_head.base, sizeof(float) * (size_t)hc, &ce);
+        g->mh_scale = (const float *)gupload(g, s->mtp.hc_head.scale, sizeof(float), &ce);
+    }
+    /* work buffers for Tm tokens (T*hc rows for the MTP's stream projections) */
+    g->bucket = &g->bytes.work;
+    g->kmax = kmax;
+    g->max_blocks_all = maxb;
+    g->moe_width = moe_width;
+    g->moe_kmax = moe_k;
+    int64_t H = 0, d = 0, q = 0, gr = 0, ih = 0, id = 0, E = 0;
+    for (int L = 0; L < s->n_blocks; L++) {
+        const gfw_attn_dims *a = &s->blocks[L].a;
+        H = H > a->H ? H : a->H;
+        d = d > a->d ? d : a->d;
+        q = q > a->q_lora ? q : a->q_lora;
+        gr = gr > (int64_t)a->G * a->o_lora ? gr : (int64_t)a->G * a->o_lora;
+        ih = ih > a->ih ? ih : a->ih;
+        id = id > a->id ? id : a->id;
+        E = E > s->blocks[L].moe.n_experts ? E : s->blocks[L].moe.n_experts;
+    }
+    const int64_t rows = Tm * hc;
+    g->ids = (int32_t *)galloc(g, sizeof(int32_t) * (size_t)Tm, &ce);
+    g->X = (uint16_t *)galloc(g, 2 * (size_t)(rows * D), &ce);
+    g->y = (uint16_t *)galloc(g, 2 * (size_t)(Tm * D), &ce);
+    g->o = (uint16_t *)galloc(g, 2 * (size_t)(Tm * D), &ce);
+    g->e = (uint16_t *)galloc(g, 2 * (size_t)(Tm * D), &ce);
+    g->hn = (uint16_t *)galloc(g, 2 * (size_t)(rows * D), &ce);
+    g->hp = (uint16_t *)galloc(g, 2 * (size_t)(rows * D), &ce);
+    g->post = (float *)galloc(g, sizeof(float) * (size_t)(Tm * hc), &ce);
+    g->comb = (float *)galloc(g, sizeof(float) * (size_t)(Tm * hc * hc), &ce);
+    g->qr = (uint16_t *)galloc(g, 2 * (size_t)(Tm * q), &ce);
+    g->q = (uint16_t *)galloc(g, 2 * (size_t)(Tm * H * d), &ce);
+    g->kv = (uint16_t *)galloc(g, 2 * (size_t)(Tm * d), &ce);
+    g->att = (uint16_t *)galloc(g, 2 * (size_t)(Tm * H * d), &ce);
+    g->z = (uint16_t *)galloc(g, 2 * (size_t)(Tm * gr), &ce);
+    g->ckv = (float *)galloc(g, sizeof(float) * (size_t)(Tm * 2 * d), &ce);
+    g->cgate = (float *)galloc(g, sizeof(float) * (size_t)(Tm * 2 * d), &ce);
+    g->ikv = (float *)galloc(g, sizeof(float) * (size_t)(Tm * 2 * (id > 0 ? id : 1)), &ce);
+    g->igate = (float *)galloc(g, sizeof(float) * (size_t)(Tm * 2 * (id > 0 ? id : 1)), &ce);
+    g->qi = (uint16_t *)galloc(g, 2 * (size_t)(Tm * (ih > 0 ? ih * id : 1)), &ce);
+    g->wi = (uint16_t *)galloc(g, 2 * (size_t)(Tm * (ih > 0 ? ih : 1)), &ce);
+    g->scores = (float *)galloc(g, sizeof(float) * (size_t)(Tm * maxb), &ce);
+    int64_t topk_max = 1;
+    for (int L = 0; L < s->n_blocks; L++)
+        topk_max = topk_max > s->blocks[L].a.topk ? topk_max : s->blocks[L].a.topk;
+    g->topk_idx = (int32_t *)galloc(g, sizeof(int32_t) * (size_t)(Tm * topk_max), &ce);
+    g->aq = (uint8_t *)galloc(g, (size_t)(rows * kmax), &ce);
+    g->as = (float *)galloc(g, sizeof(float) * (size_t)(rows * kmax / 128), &ce);
+    g->logits = (float *)galloc(g, sizeof(float) * (size_t)(Tm * s->V), &ce);
+    g->moe_x = (float *)galloc(g, sizeof(float) * (size_t)(Tm * D), &ce);
+    g->moe_scores = (float *)galloc(g, sizeof(float) * (size_t)(Tm * E), &ce);
+    g->moe_idx = (int32_t *)galloc(g, sizeof(int32_t) * (size_t)(Tm * moe_k), &ce);
+    g->moe_w = (float *)galloc(g, sizeof(float) * (size_t)(Tm * moe_k), &ce);
+    g->moe_h = (float *)galloc(g, sizeof(float) * (size_t)(Tm * (moe_k + 1) * moe_width), &ce);
+    g->slot_y = (uint16_t *)galloc(g, 2 * (size_t)(Tm * (moe_k + 1) * D), &ce);
+    return ce;
+}
+
+/** Free every device allocation. */
+static void free_all(mmoe_gpu_model *g)
+{
+    for (int i = 0; i < g->n_allocs; i++)
+        cudaFree(g->allocs[i]);
+    free(g->allocs);
+    g->allocs = NULL;
+    g->n_allocs = g->cap_allocs = 0;
+}
+
+/** The CUDA error as an mmoe error naming @p what. */
+static mmoe_status cuda_fail(mmoe_error *err, cudaError_t ce, const char *what)
+{
+    if (ce == cudaErrorMemoryAllocation)
+        return mmoe_error_set(err, MMOE_ENOMEM, "gpu forward: %s: out of device memory", what);
+    return mmoe_error_set(err, MMOE_EINTERNAL, "gpu forward: %s: CUDA error: %s", what, cudaGetErrorString(ce));
+}
+
+/** Fill the model's scalar fields from @p s (shared by planning and creation). */
+static mmoe_status model_init(mmoe_gpu_model *g, const gfw_model_src *s, int64_t max_seq_len, int64_t max_tokens,
+                              mmoe_error *err)
+{
+    if (max_tokens < 1)
+        return mmoe_error_set(err, MMOE_ERANGE, "gpu forward: max_tokens %lld must be >= 1", (long long)max_tokens);
+    g->max_seq_len = max_seq_len > 0 ? max_seq_len : s->max_seq_len;
+    if (g->max_seq_len < 1)
+        return mmoe_error_set(err, MMOE_ERANGE, "gpu forward: max_seq_len %lld must be >= 1", (long long)g->max_seq_len);
+    if (s->hc > 8)
+        return mmoe_error_set(err, MMOE_EUNSUPPORTED, "gpu forward: hc_mult %lld > 8", (long long)s->hc);
+    for (int L = 0; L < s->n_blocks; L++) {
+        const gfw_attn_dims *a = &s->blocks[L].a;
+        if (a->d > 8 * 128 || (a->ratio == 4 && a->id > 1024) || s->blocks[L].moe.topk > 32)
+            return mmoe_error_set(err, MMOE_EUNSUPPORTED,
+                                  "gpu forward: block %d: head_dim %d (<= 1024), index_head_dim %d (<= 1024), topk %lld (<= 32)",
+                                  L, a->d, a->id, (long long)s->blocks[L].moe.topk);
+    }
+    g->Tm = max_tokens;
+    g->D = s->D;
+    g->V = s->V;
+    g->hc = s->hc;
+    g->n_layers = s->n_layers;
+    g->n_blocks = s->n_blocks;
+    g->iters = s->sinkhorn_iters;
+    g->has_mtp = s->has_mtp;
+    g->eps = s->norm_eps;
+    g->hc_eps = s->hc_eps;
+    g->blocks = (gblock *)calloc((size_t)s->n_blocks, sizeof(gblock));
+    if (!g->blocks)
+        return mmoe_error_set(err, MMOE_ENOMEM, "gpu forward: out of memory");
+    return MMOE_OK;
+}
+
+/** Does a device exist? */
+static mmoe_status need_device(mmoe_error *err)
+{
+    int n = 0;
+    cudaError_t ce = cudaGetDeviceCount(&n);
+    if (ce != cudaSuccess || n < 1)
+        return mmoe_error_set(err, MMOE_ENODEV, "gpu forward: no CUDA device (%s)",
+                              ce != cudaSuccess ? cudaGetErrorString(ce) : "none found");
+    return MMOE_OK;
+}
+
+extern "C" mmoe_status mmoe_gpu_model_bytes_needed(const mmoe_model *m, int64_t max_seq_len, int64_t max_tokens,
+                                                   mmoe_gpu_model_bytes *out, mmoe_error *err)
+{
+    memset(out, 0, sizeof *out);
+    mmoe_status st = need_device(err);
+    if (st != MMOE_OK)
+        return st;
+    gfw_model_src s;
+    if ((st = gfw_model_src_build(m, &s, err)) != MMOE_OK)
+        return st;
+    mmoe_gpu_model g;
+    memset(&g, 0, sizeof g);
+    g.plan = 1;
+    if ((st = model_init(&g, &s, max_seq_len, max_tokens, err)) == MMOE_OK) {
+        int oom = 0;
+        build(&g, &s, &oom);
+        g.bytes.total = g.bytes.weights + g.bytes.caches + g.bytes.work;
+        size_t fr = 0, tot = 0;
+        if (cudaMemGetInfo(&fr, &tot) == cudaSuccess)
+            g.bytes.free_now = fr;
+        *out = g.bytes;
+    }
+    free(g.blocks);
+    gfw_model_src_free(&s);
+    return st;
+}
+
+/** The table of gfw_expf(): bits of the double nearest 2^(i/32), minus i << 47. */
+static void exp_table(unsigned long long *tab)
+{
+    for (int i = 0; i < 32; i++) {
+        const double v = (double)exp2l((long double)i / 32.0L);
+        unsigned long long u;
+        memcpy(&u, &v, sizeof u);
+        tab[i] = u - ((unsigned long long)i << 47);
+    }
+}
+
+/** Upload the E4M3 and exp tables to constant memory. */
+static cudaError_t upload_tables(void)
+{
+    unsigned long long tab[32];
+    exp_table(tab);
+    cudaError_t ce = cudaMemcpyToSymbol(c_exp2_tab, tab, sizeof tab);
+    if (ce == cudaSuccess)
+        ce = cudaMemcpyToSymbol(c_e4m3, mmoe_fp8_e4m3_table(), sizeof(float) * 256);
+    return ce;
+}
+
+extern "C" mmoe_status mmoe_gpu_model_create(const mmoe_model *m, int64_t max_seq_len, int64_t max_tokens,
+                                             mmoe_gpu_model **out, mmoe_error *err)
+{
+    *out = NULL;
+    mmoe_gpu_model_bytes need;
+    mmoe_status st = mmoe_gpu_model_bytes_needed(m, max_seq_len, max_tokens, &need, err);
+    if (st != MMOE_OK)
+        return st;
+    const size_t margin = (size_t)256 << 20; /* the CUDA context and allocator slack */
+    if (need.total + margin > need.free_now)
+        return mmoe_error_set(err, MMOE_ENOMEM,
+                              "gpu forward: the model needs %zu bytes on the GPU (weights %zu, caches %zu for %lld "
+                              "positions, work %zu for %lld tokens, + %zu reserve), %zu are available",
+                              need.total + margin, need.weights, need.caches,
+                              (long long)(max_seq_len > 0 ? max_seq_len : mmoe_model_config(m)->max_seq_len), need.work,
+                              (long long)max_tokens, margin, need.free_now);
+    gfw_model_src s;
+    if ((st = gfw_model_src_build(m, &s, err)) != MMOE_OK)
+        return st;
+    mmoe_gpu_model *g = (mmoe_gpu_model *)calloc(1, sizeof *g);
+    if (!g) {
+        gfw_model_src_free(&s);
+        return mmoe_error_set(err, MMOE_ENOMEM, "gpu forward: out of memory");
+    }
+    if ((st = model_init(g, &s, max_seq_len, max_tokens, err)) != MMOE_OK) {
+        gfw_model_src_free(&s);
+        mmoe_gpu_model_destroy(g);
+        return st;
+    }
+    g->attn_s = (double *)calloc((size_t)g->n_blocks, sizeof(double));
+    g->moe_s = (double *)calloc((size_t)g->n_blocks, sizeof(double));
+    g->mhc_s = (double *)calloc((size_t)g->n_blocks, sizeof(double));
+    cudaError_t ce = upload_tables();
+    int oom = 0;
+    if (ce == cudaSuccess)
+        ce = build(g, &s, &oom);
+    g->bytes.total = g->bytes.weights + g->bytes.caches + g->bytes.work;
+    gfw_model_src_free(&s);
+    if (oom || !g->attn_s || !g->moe_s || !g->mhc_s)
+        st = mmoe_error_set(err, MMOE_ENOMEM, "gpu forward: out of host memory");
+    else if (ce != cudaSuccess)
+        st = cuda_fail(err, ce, "upload");
+    if (st == MMOE_OK)
+        st = mmoe_gpu_model_reset(g, err);
+    if (st != MMOE_OK) {
+        mmoe_gpu_model_destroy(g);
+        return st;
+    }
+    *out = g;
+    return MMOE_OK;
+}
+
+extern "C" void mmoe_gpu_model_destroy(mmoe_gpu_model *g)
+{
+    if (!g)
+        return;
+    free_all(g);
+    free(g->blocks);
+    free(g->attn_s);
+    free(g->moe_s);
+    free(g->mhc_s);
+    free(g);
+}
+
+/** Fill @p n floats with @p v. */
+__global__ void k_fill(float *p, size_t n, float v)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        p[i] = v;
+}
+
+/** Blocks of 256 threads covering @p n. */
+static unsigned nblk(int64_t n, int bs = 256) { return (unsigned)((n + bs - 1) / bs); }
+
+extern "C" mmoe_status mmoe_gpu_model_reset(mmoe_gpu_model *g, mmoe_error *err)
+{
+    for (int L = 0; L < g->n_blocks; L++) {
+        gblock *d = &g->blocks[L];
+        if (d->c_kv) {
+            k_fill<<<nblk((int64_t)d->c_state_n), 256>>>(d->c_kv, d->c_state_n, 0.0f);
+            k_fill<<<nblk((int64_t)d->c_state_n), 256>>>(d->c_score, d->c_state_n, -INFINITY);
+        }
+        if (d->i_kv) {
+            k_fill<<<nblk((int64_t)d->i_state_n), 256>>>(d->i_kv, d->i_state_n, 0.0f);
+            k_fill<<<nblk((int64_t)d->i_state_n), 256>>>(d->i_score, d->i_state_n, -INFINITY);
+        }
+        g->attn_s[L] = g->moe_s[L] = g->mhc_s[L] = 0.0;
+    }
+    g->pos = g->mtp_pos = 0;
+    g->embed_s = g->head_s = 0.0;
+    cudaError_t ce = cudaDeviceSynchronize();
+    return ce == cudaSuccess ? MMOE_OK : cuda_fail(err, ce, "reset");
+}
+
+extern "C" int64_t mmoe_gpu_model_pos(const mmoe_gpu_model *g) { return g->pos; }
+extern "C" int64_t mmoe_gpu_model_max_seq_len(const mmoe_gpu_model *g) { return g->max_seq_len; }
+extern "C" void mmoe_gpu_model_bytes_held(const mmoe_gpu_model *g, mmoe_gpu_model_bytes *out) { *out = g->bytes; }
+extern "C" void mmoe_gpu_model_set_timing(mmoe_gpu_model *g, int on) { g->timing = on; }
+
+extern "C" void mmoe_gpu_model_timings_get(const mmoe_gpu_model *g, mmoe_gpu_model_timings *out)
+{
+    out->n_layers = g->n_blocks;
+    out->attn_s = g->attn_s;
+    out->moe_s = g->moe_s;
+    out->mhc_s = g->mhc_s;
+    out->embed_s = g->embed_s;
+    out->head_s = g->head_s;
+}
+
+/* ================================================================== host side: the forward */
+
+/** Check the last launch; on error set @p err naming @p what. */
+#define GFW_CHECK(what)                                                                                                \
+    do {                                                                                                               \
+        cudaError_t ce_ = cudaGetLastError();                                                                          \
+        if (ce_ != cudaSuccess)                                                                                        \
+            return cuda_fail(err, ce_, what);                                                                          \
+    } while (0)
+
+/** Wall clock (seconds) after the device has finished, when timing is on. */
+static double tick(const mmoe_gpu_model *g)
+{
+    if (!g->timing)
+        return 0.0;
+    cudaDeviceSynchronize();
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/** y = rmsnorm(x) for @p rows rows of width n. */
+static mmoe_status rmsnorm(const uint16_t *x, int64_t rows, int64_t n, const ddense &w, float eps, uint16_t *y,
+                           mmoe_error *err)
+{
+    k_rmsnorm<<<(unsigned)rows, 256>>>(x, n, w, eps, y);
+    GFW_CHECK("rmsnorm");
+    return MMOE_OK;
+}
+
+/** y = fp8_linear(x) for @p rows rows. */
+static mmoe_status linear_fp8(mmoe_gpu_model *g, const uint16_t *x, int64_t rows, const dfp8 &w, uint16_t *y,
+                              mmoe_error *err)
+{
+    k_act_quant<<<dim3((unsigned)(w.K / 128), (unsigned)rows), 128>>>(x, w.K, g->aq, g->as);
+    GFW_CHECK("activation quantization");
+    k_linear_fp8<<<nblk(rows * w.N * 32), 256>>>(g->aq, g->as, rows, w, y);
+    GFW_CHECK("fp8 linear");
+    return MMOE_OK;
+}
+
+/** Dense linear. */
+static mmoe_status linear_dense(const uint16_t *x, int64_t rows, int64_t ldx, int64_t K, const ddense &w, int64_t N,
+                                int64_t group_rows, int64_t group_width, float *yf, uint16_t *yb, mmoe_error *err)
+{
+    k_linear_dense<<<nblk(rows * N * 32, 128), 128>>>(x, rows, ldx, K, w, N, group_rows, group_width, yf, yb);
+    GFW_CHECK("dense linear");
+    return MMOE_OK;
+}
+
+/** The attention sub-layer on g->y (attn_norm output), result in g->o. */
+static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t T, mmoe_error *err)
+{
+    const gfw_attn_dims &a = b->a;
+    const int64_t D = g->D, d = a.d, H = a.H, ih = a.ih, id = a.id;
+    mmoe_status st;
+    /* projections */
+    if ((st = linear_fp8(g, g->y, T, b->wq_a, g->qr, err)) != MMOE_OK ||
+        (st = rmsnorm(g->qr, T, a.q_lora, b->q_norm, a.eps, g->qr, err)) != MMOE_OK ||
+        (st = linear_fp8(g, g->qr, T, b->wq_b, g->q, err)) != MMOE_OK ||
+        (st = linear_fp8(g, g->y, T, b->wkv, g->kv, err)) != MMOE_OK ||
+        (st = rmsnorm(g->kv, T, d, b->kv_norm, a.eps, g->kv, err)) != MMOE_OK)
+        return st;
+    k_scale_heads<<<(unsigned)(T * H), 128>>>(g->q, d, a.eps);
+    GFW_CHECK("q head scaling");
+    k_rope<<<nblk(T * H * (a.rope_dim / 2)), 256>>>(g->q, T * H, H, d, a.rope_dim, b->cs, pos0, 0);
+    k_rope<<<nblk(T * (a.rope_dim / 2)), 256>>>(g->kv, T, 1, d, a.rope_dim, b->cs, pos0, 0);
+    GFW_CHECK("rope");
+    k_fp8_roundtrip<<<nblk(T, 64), 64>>>(g->kv, T, d, d - a.rope_dim);
+    GFW_CHECK("kv fp8 round trip");
+    const int c = a.ratio == 4 ? 2 : 1;
+    if (a.ratio > 0) {
+        if ((st = linear_dense(g->y, T, D, D, b->c_wkv, c * d, 0, 0, g->ckv, NULL, err)) != MMOE_OK ||
+            (st = linear_dense(g->y, T, D, D, b->c_wgate, c * d, 0, 0, g->cgate, NULL, err)) != MMOE_OK)
+            return st;
+    }
+    if (a.ratio == 4) {
+        if ((st = linear_fp8(g, g->qr, T, b->idx_wq_b, g->qi, err)) != MMOE_OK ||
+            (st = linear_dense(g->y, T, D, D, b->idx_wp, ih, 0, 0, NULL, g->wi, err)) != MMOE_OK ||
+            (st = linear_dense(g->y, T, D, D, b->i_wkv, 2 * id, 0, 0, g->ikv, NULL, err)) != MMOE_OK ||
+            (st = linear_dense(g->y, T, D, D, b->i_wgate, 2 * id, 0, 0, g->igate, NULL, err)) != MMOE_OK)
+            return st;
+        const float w_scale = (float)(1.0 / sqrt((double)id) * (1.0 / sqrt((double)ih)));
+        k_scale_bf16<<<nblk(T * ih), 256>>>(g->wi, T * ih, w_scale);
+        k_rope<<<nblk(T * ih * (a.rope_dim / 2)), 256>>>(g->qi, T * ih, ih, id, a.rope_dim, b->cs, pos0, 0);
+        k_indexer_q<<<(unsigned)T, 32, sizeof(float) * (size_t)id>>>(g->qi, (int)ih, (int)id);
+        GFW_CHECK("indexer queries");
+    }
+    /* compressors (sequential over the call's tokens) */
+    if (a.ratio > 0) {
+        comp_args ca = {g->ckv, g->cgate, b->c_ape, b->c_kv, b->c_score, b->c_norm, a.ratio, c, (int)d, a.rope_dim,
+                        a.eps, b->cs, 0, b->comp, pos0, T};
+        k_compress<<<1, 256, sizeof(float) * (size_t)(2 * d)>>>(ca);
+        GFW_CHECK("compressor");
+    }
+    if (a.ratio == 4) {
+        comp_args ia = {g->ikv, g->igate, b->i_ape, b->i_kv, b->i_score, b->i_norm, 4, 2, (int)id, a.rope_dim,
+                        a.eps, b->cs, 1, b->idx_keys, pos0, T};
+        k_compress<<<1, 256, sizeof(float) * (size_t)(2 * id)>>>(ia);
+        GFW_CHECK("indexer compressor");
+        if (b->max_blocks > 0) {
+            k_indexer_scores<<<nblk(T * b->max_blocks, 128), 128>>>(g->qi, g->wi, b->idx_keys, (int)ih, (int)id, T,
+                                                                    pos0, b->max_blocks, g->scores);
+            GFW_CHECK("indexer scores");
+            k_topk<<<(unsigned)T, 256>>>(g->scores, T, pos0, b->max_blocks, a.topk, g->topk_idx);
+            GFW_CHECK("indexer top-k");
+        }
+    }
+    attend_args aa = {g->q, g->kv, b->ring, b->comp, g->topk_idx, b->sink, (int)H, (int)d, a.window, a.ratio,
+                      a.topk, pos0, (float)(1.0 / sqrt((double)d)), g->att};
+    k_attend<<<dim3((unsigned)T, (unsigned)H), 128>>>(aa);
+    GFW_CHECK("attention");
+    k_ring_store<<<nblk((T < a.window ? T : a.window) * d), 256>>>(g->kv, T, pos0, a.window, (int)d, b->ring);
+    k_rope<<<nblk(T * H * (a.rope_dim / 2)), 256>>>(g->att, T * H, H, d, a.rope_dim, b->cs, pos0, 1);
+    GFW_CHECK("window store / inverse rope");
+    /* grouped output projection */
+    const int64_t hd = H * d, gw = hd / a.G, gr = (int64_t)a.G * a.o_lora;
+    if ((st = linear_dense(g->att, T, hd, gw, b->wo_a, gr, a.o_lora, gw, NULL, g->z, err)) != MMOE_OK)
+        return st;
+    return linear_fp8(g, g->z, T, b->wo_b, g->o, err);
+}
+
+/** The MoE sub-layer on g->y (ffn_norm output), result in g->o. */
+static mmoe_status moe(mmoe_gpu_model *g, gblock *b, const int32_t *ids_dev, int64_t T, mmoe_error *err)
+{
+    const dmoe &m = b->moe;
+    const int64_t D = g->D;
+    k_moe_logits<<<nblk(T * m.E * 32), 256>>>(g->y, b->gate, T, m.E, D, g->moe_scores);
+    GFW_CHECK("router logits");
+    k_moe_route<<<nblk(T, 64), 64>>>(g->moe_scores, b->bias, b->tid2eid, ids_dev, T, m.E, (int)m.k, b->route_scale,
+                                      g->moe_idx, g->moe_w);
+    GFW_CHECK("router");
+    k_act_quant<<<dim3((unsigned)(D / 128), (unsigned)T), 128>>>(g->y, D, g->aq, g->as);
+    GFW_CHECK("moe input quantization");
+    k_moe_xval<<<nblk(T * D), 256>>>(g->aq, g->as, T * D, g->moe_x);
+    GFW_CHECK("moe input values");
+    const int64_t width = g->moe_width, tasks = T * m.k + (m.Ws > 0 ? T : 0);
+    k_moe_l1<<<nblk(tasks * width * 32), 256>>>(m, g->moe_x, g->moe_idx, g->moe_w, T, width, g->moe_h);
+    GFW_CHECK("moe L1");
+    k_moe_requant<<<dim3((unsigned)(width / 128), (unsigned)tasks), 128>>>(g->moe_h, width);
+    GFW_CHECK("moe requantization");
+    k_moe_l2<<<nblk(tasks * D * 32), 256>>>(m, g->moe_h, g->moe_idx, T, width, g->slot_y);
+    GFW_CHECK("moe L2");
+    k_moe_combine<<<nblk(T * D), 256>>>(g->slot_y, g->moe_idx, T, (int)m.k, D, m.Ws > 0, g->o);
+    GFW_CHECK("moe combine");
+    return MMOE_OK;
+}
+
+/** One block (spec 3.2) on g->X. */
+static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, int64_t pos0, int64_t T,
+                             mmoe_error *err)
+{
+    gblock *b = &g->blocks[L];
+    const int64_t D = g->D;
+    const int hc = (int)g->hc, n_mix = (2 + hc) * hc;
+    double t0 = tick(g);
+    k_hc_mix<<<(unsigned)T, 128>>>(g->X, D, hc, b->hca_fn, b->hca_base, b->hca_scale, n_mix, g->eps, g->hc_eps,
+                                   g->iters, g->y, g->post, g->comb);
+    GFW_CHECK("hc_pre (attention)");
+    double t1 = tick(g);
+    mmoe_status st = rmsnorm(g->y, T, D, b->attn_norm, g->eps, g->y, err);
+    if (st == MMOE_OK)
+        st = attention(g, b, pos0, T, err);
+    if (st != MMOE_OK)
+        return st;
+    double t2 = tick(g);
+    k_hc_post<<<nblk(T * D), 256>>>(g->o, g->X, T, D, hc, g->post, g->comb);
+    k_hc_mix<<<(unsigned)T, 128>>>(g->X, D, hc, b->hcf_fn, b->hcf_base, b->hcf_scale, n_mix, g->eps, g->hc_eps,
+                                   g->iters, g->y, g->post, g->comb);
+    GFW_CHECK("hc_post / hc_pre (moe)");
+    double t3 = tick(g);
+    if ((st = rmsnorm(g->y, T, D, b->ffn_norm, g->eps, g->y, err)) != MMOE_OK ||
+        (st = moe(g, b, ids_dev, T, err)) != MMOE_OK)
+        return st;
+    double t4 = tick(g);
+    k_hc_post<<<nblk(T * D), 256>>>(g->o, g->X, T, D, hc, g->post, g->comb);
+    GFW_CHECK("hc_post (moe)");
+    double t5 = tick(g);
+    g->mhc_s[L] += (t1 - t0) + (t3 - t2) + (t5 - t4);
+    g->attn_s[L] += t2 - t1;
+    g->moe_s[L] += t4 - t3;
+    return MMOE_OK;
+}
+
+/** Head: logits of rows X[first .. first+n) into @p logits (host). */
+static mmoe_status head(mmoe_gpu_model *g, const float *fn, const float *base, const float *scale, const ddense &norm,
+                        int64_t first, int64_t n, float *logits, mmoe_error *err)
+{
+    const int hc = (int)g->hc;
+    const uint16_t *Xf = g->X + first * hc * g->D;
+    k_hc_mix<<<(unsigned)n, 128>>>(Xf, g->D, hc, fn, base, scale, hc, g->eps, g->hc_eps, 0, g->y, NULL, NULL);
+    GFW_CHECK("hc_head");
+    mmoe_status st = rmsnorm(g->y, n, g->D, norm, g->eps, g->y, err);
+    if (st != MMOE_OK)
+        return st;
+    ddense hw;
+    memset(&hw, 0, sizeof hw);
+    hw.dtype = GFW_BF16;
+    hw.p = g->head_w;
+    hw.rows = g->V;
+    hw.cols = g->D;
+    if ((st = linear_dense(g->y, n, g->D, g->D, hw, g->V, 0, 0, g->logits, NULL, err)) != MMOE_OK)
+        return st;
+    cudaError_t ce = cudaMemcpy(logits, g->logits, sizeof(float) * (size_t)(n * g->V), cudaMemcpyDeviceToHost);
+    return ce == cudaSuccess ? MMOE_OK : cuda_fail(err, ce, "logits copy");
+}
+
+/** Ids in range, T in range. */
+static mmoe_status check_call(const mmoe_gpu_model *g, const int32_t *ids, int64_t T, int64_t pos, mmoe_error *err)
+{
+    if (T < 1 || T > g->Tm)
+        return mmoe_error_set(err, MMOE_EINVAL, "gpu forward: T = %lld, expected 1..%lld (the model's max_tokens)",
+                              (long long)T, (long long)g->Tm);
+    if (pos + T > g->max_seq_len)
+        return mmoe_error_set(err, MMOE_EINVAL, "gpu forward: positions %lld..%lld exceed the state's max_seq_len %lld",
+                              (long long)pos, (long long)(pos + T - 1), (long long)g->max_seq_len);
+    for (int64_t t = 0; t < T; t++)
+        if (ids[t] < 0 || ids[t] >= g->V)
+            return mmoe_error_set(err, MMOE_EINVAL, "token %lld: id %d is outside the vocabulary [0, %lld)", (long long)t,
+                                  ids[t], (long long)g->V);
+    return MMOE_OK;
+}
+
+extern "C" mmoe_status mmoe_gpu_model_forward(mmoe_gpu_model *g, const int32_t *ids, int64_t T, float *logits,
+                                              int last_only, uint16_t *streams, mmoe_error *err)
+{
+    mmoe_status st = check_call(g, ids, T, g->pos, err);
+    if (st != MMOE_OK)
+        return st;
+    cudaError_t ce = cudaMemcpy(g->ids, ids, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice);
+    if (ce != cudaSuccess)
+        return cuda_fail(err, ce, "ids copy");
+    double t0 = tick(g);
+    k_embed<<<(unsigned)T, 256>>>(g->embed, g->ids, g->D, (int)g->hc, g->X);
+    GFW_CHECK("embedding");
+    g->embed_s += tick(g) - t0;
+    for (int L = 0; L < g->n_layers; L++)
+        if ((st = run_block(g, L, g->ids, g->pos, T, err)) != MMOE_OK)
+            return mmoe_error_prefix(err, "layer %d: ", L);
+    g->pos += T;
+    if (streams && (ce = cudaMemcpy(streams, g->X, 2 * (size_t)(T * g->hc * g->D), cudaMemcpyDeviceToHost)) != cudaSuccess)
+        return cuda_fail(err, ce, "streams copy");
+    if (logits) {
+        t0 = tick(g);
+        const int64_t first = last_only ? T - 1 : 0;
+        st = head(g, g->hh_fn, g->hh_base, g->hh_scale, g->head_norm, first, T - first, logits, err);
+        g->head_s += tick(g) - t0;
+    }
+    if (st == MMOE_OK && (ce = cudaDeviceSynchronize()) != cudaSuccess)
+        return cuda_fail(err, ce, "forward");
+    return st;
+}
+
+extern "C" mmoe_status mmoe_gpu_model_mtp_forward(mmoe_gpu_model *g, const uint16_t *streams, const int32_t *next_ids,
+                                                  int64_t T, float *logits, mmoe_error *err)
+{
+    if (!g->has_mtp)
+        return mmoe_error_set(err, MMOE_EUNSUPPORTED, "mtp: the model has no MTP layer");
+    mmoe_status st = check_call(g, next_ids, T, g->mtp_pos, err);
+    if (st != MMOE_OK)
+        return st;
+    const int64_t D = g->D, hc = g->hc;
+    cudaError_t ce = cudaMemcpy(g->ids, next_ids, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice);
+    if (ce == cudaSuccess)
+        ce = cudaMemcpy(g->hn, streams, 2 * (size_t)(T * hc * D), cudaMemcpyHostToDevice);
+    if (ce != cudaSuccess)
+        return cuda_fail(err, ce, "mtp input copy");
+    k_embed<<<(unsigned)T, 256>>>(g->embed, g->ids, D, 1, g->y);
+    GFW_CHECK("mtp embedding");
+    if ((st = rmsnorm(g->y, T, D, g->enorm, g->eps, g->y, err)) != MMOE_OK ||
+        (st = linear_fp8(g, g->y, T, g->e_proj, g->e, err)) != MMOE_OK ||
+        (st = rmsnorm(g->hn, T * hc, D, g->hnorm, g->eps, g->hn, err)) != MMOE_OK ||
+        (st = linear_fp8(g, g->hn, T * hc, g->h_proj, g->hp, err)) != MMOE_OK)
+        return mmoe_error_prefix(err, "mtp: ");
+    k_mtp_sum<<<nblk(T * hc * D), 256>>>(g->e, g->hp, T, (int)hc, D, g->X);
+    GFW_CHECK("mtp input sum");
+    if ((st = run_block(g, g->n_layers, g->ids, g->mtp_pos, T, err)) != MMOE_OK)
+        return mmoe_error_prefix(err, "mtp: ");
+    g->mtp_pos += T;
+    if (logits)
+        st = head(g, g->mh_fn, g->mh_base, g->mh_scale, g->mtp_norm, 0, T, logits, err);
+    return st;
+}
+
+/* ================================================================== single blocks for the tests */
+
+/** Device buffers of one test call, freed together. */
+struct tarena {
+    void *p[16];
+    int n;
+    cudaError_t ce;
+};
+
+/** Allocate @p bytes and copy @p src (when given) into them. */
+static void *tput(tarena *a, const void *src, size_t bytes)
+{
+    void *p = NULL;
+    if (a->ce != cudaSuccess)
+        return NULL;
+    if ((a->ce = cudaMalloc(&p, bytes > 0 ? bytes : 1)) != cudaSuccess)
+        return NULL;
+    a->p[a->n++] = p;
+    if (src)
+        a->ce = cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice);
+    return p;
+}
+
+/** Copy back @p bytes (if all went well), free everything, report. */
+static mmoe_status tfinish(tarena *a, void *dst, const void *src, size_t bytes, mmoe_error *err, const char *what)
+{
+    if (a->ce == cudaSuccess)
+        a->ce = cudaGetLastError();
+    if (a->ce == cudaSuccess)
+        a->ce = cudaDeviceSynchronize();
+    if (a->ce == cudaSuccess && dst)
+        a->ce = cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+    for (int i = 0; i < a->n; i++)
+        cudaFree(a->p[i]);
+    return a->ce == cudaSuccess ? MMOE_OK : cuda_fail(err, a->ce, what);
+}
+
+/** Start a test call: a device and the E4M3 table. */
+static mmoe_status tbegin(tarena *a, mmoe_error *err)
+{
+    memset(a, 0, sizeof *a);
+    mmoe_status st = need_device(err);
+    if (st == MMOE_OK && (a->ce = upload_tables()) != cudaSuccess)
+        st = cuda_fail(err, a->ce, "constant tables");
+    return st;
+}
+
+extern "C" mmoe_status gfw_test_rmsnorm(const uint16_t *x, int64_t T, int64_t n, const uint16_t *w, float eps,
+                                        uint16_t *y, mmoe_error *err)
+{
+    tarena a;
+    mmoe_status st = tbegin(&a, err);
+    if (st != MMOE_OK)
+        return st;
+    ddense wd;
+    memset(&wd, 0, sizeof wd);
+    wd.dtype = GFW_BF16;
+    wd.cols = n;
+    wd.rows = 1;
+    wd.p = tput(&a, w, 2 * (size_t)n);
+    uint16_t *dx = (uint16_t *)tput(&a, x, 2 * (size_t)(T * n));
+    if (a.ce == cudaSuccess)
+        k_rmsnorm<<<(unsigned)T, 256>>>(dx, n, wd, eps, dx);
+    return tfinish(&a, y, dx, 2 * (size_t)(T * n), err, "rmsnorm");
+}
+
+extern "C" mmoe_status gfw_test_linear_fp8(const uint16_t *x, int64_t T, const uint8_t *w, const uint8_t *scale,
+                                           int64_t N, int64_t K, int block, uint16_t *y, mmoe_error *err)
+{
+    tarena a;
+    mmoe_status st = tbegin(&a, err);
+    if (st != MMOE_OK)
+        return st;
+    dfp8 f;
+    f.N = N;
+    f.K = K;
+    f.block = block;
+    f.scols = (K + block - 1) / block;
+    f.w = (const uint8_t *)tput(&a, w, (size_t)(N * K));
+    f.s = (const uint8_t *)tput(&a, scale, (size_t)(((N + block - 1) / block) * f.scols));
+    uint16_t *dx = (uint16_t *)tput(&a, x, 2 * (size_t)(T * K));
+    uint8_t *q = (uint8_t *)tput(&a, NULL, (size_t)(T * K));
+    float *s = (float *)tput(&a, NULL, sizeof(float) * (size_t)(T * K / 128));
+    uint16_t *dy = (uint16_t *)tput(&a, NULL, 2 * (size_t)(T * N));
+    if (a.ce == cudaSuccess) {
+        k_act_quant<<<dim3((unsigned)(K / 128), (unsigned)T), 128>>>(dx, K, q, s);
+        k_linear_fp8<<<nblk(T * N * 32), 256>>>(q, s, T, f, dy);
+    }
+    return tfinish(&a, y, dy, 2 * (size_t)(T * N), err, "fp8 linear");
+}
+
+extern "C" mmoe_status gfw_test_linear_dense(const uint16_t *x, int64_t T, int64_t K, const void *w, int w_f32,
+                                             int64_t N, float *y, mmoe_error *err)
+{
+    tarena a;
+    mmoe_status st = tbegin(&a, err);
+    if (st != MMOE_OK)
+        return st;
+    ddense wd;
+    memset(&wd, 0, sizeof wd);
+    wd.dtype = w_f32 ? GFW_F32 : GFW_BF16;
+    wd.rows = N;
+    wd.cols = K;
+    wd.p = tput(&a, w, (w_f32 ? 4 : 2) * (size_t)(N * K));
+    uint16_t *dx = (uint16_t *)tput(&a, x, 2 * (size_t)(T * K));
+    float *dy = (float *)tput(&a, NULL, sizeof(float) * (size_t)(T * N));
+    if (a.ce == cudaSuccess)
+        k_linear_dense<<<nblk(T * N * 32, 128), 128>>>(dx, T, K, K, wd, N, 0, 0, dy, NULL);
+    return tfinish(&a, y, dy, sizeof(float) * (size_t)(T * N), err, "dense linear");
+}
+
+extern "C" mmoe_status gfw_test_hc_pre(int hc, int64_t D, int iters, float norm_eps, float hc_eps, const uint16_t *X,
+                                       int64_t T, const float *fn, const float *base, const float *scale, uint16_t *y,
+                                       float *post, float *comb, mmoe_error *err)
+{
+    tarena a;
+    mmoe_status st = tbegin(&a, err);
+    if (st != MMOE_OK)
+        return st;
+    const int n_mix = (2 + hc) * hc;
+    const uint16_t *dX = (const uint16_t *)tput(&a, X, 2 * (size_t)(T * hc * D));
+    const float *dfn = (const float *)tput(&a, fn, sizeof(float) * (size_t)(n_mix * hc * D));
+    const float *db = (const float *)tput(&a, base, sizeof(float) * (size_t)n_mix);
+    const float *ds = (const float *)tput(&a, scale, sizeof(float) * 3);
+    uint16_t *dy = (uint16_t *)tput(&a, NULL, 2 * (size_t)(T * D));
+    float *dp = (float *)tput(&a, NULL, sizeof(float) * (size_t)(T * hc));
+    float *dc = (float *)tput(&a, NULL, sizeof(float) * (size_t)(T * hc * hc));
+    if (a.ce == cudaSuccess)
+        k_hc_mix<<<(unsigned)T, 128>>>(dX, D, hc, dfn, db, ds, n_mix, norm_eps, hc_eps, iters, dy, dp, dc);
+    if (a.ce == cudaSuccess)
+        a.ce = cudaDeviceSynchronize();
+    if (a.ce == cudaSuccess)
+        a.ce = cudaMemcpy(post, dp, sizeof(float) * (size_t)(T * hc), cudaMemcpyDeviceToHost);
+    if (a.ce == cudaSuccess)
+        a.ce = cudaMemcpy(comb, dc, sizeof(float) * (size_t)(T * hc * hc), cudaMemcpyDeviceToHost);
+    return tfinish(&a, y, dy, 2 * (size_t)(T * D), err, "hc_pre");
+}
+
+extern "C" mmoe_status gfw_test_hc_post(int hc, int64_t D, const uint16_t *out, uint16_t *X, int64_t T,
+                                        const float *post, const float *comb, mmoe_error *err)
+{
+    tarena a;
+    mmoe_status st = tbegin(&a, err);
+    if (st != MMOE_OK)
+        return st;
+    const uint16_t *dout = (const uint16_t *)tput(&a, out, 2 * (size_t)(T * D));
+    uint16_t *dX = (uint16_t *)tput(&a, X, 2 * (size_t)(T * hc * D));
+    const float *dp = (const float *)tput(&a, post, sizeof(float) * (size_t)(T * hc));
+    const float *dc = (const float *)tput(&a, comb, sizeof(float) * (size_t)(T * hc * hc));
+    if (a.ce == cudaSuccess)
+        k_hc_post<<<nblk(T * D), 256>>>(dout, dX, T, D, hc, dp, dc);
+    return tfinish(&a, X, dX, 2 * (size_t)(T * hc * D), err, "hc_post");
+}
+
+extern "C" mmoe_status gfw_test_attend(const uint16_t *q, int H, int d, const uint16_t *rows, int64_t n,
+                                       const float *sink, uint16_t *out, mmoe_error *err)
+{
+    tarena a;
+    mmoe_status st = tbegin(&a, err);
+    if (st != MMOE_OK)
+        return st;
+    /* the list as a window of n positions: the query at position n-1, earlier rows in the ring */
+    const uint16_t *dq = (const uint16_t *)tput(&a, q, 2 * (size_t)H * (size_t)d);
+    const uint16_t *dr = (const uint16_t *)tput(&a, rows, 2 * (size_t)(n * d));
+    const float *dsink = (const float *)tput(&a, sink, sizeof(float) * (size_t)H);
+    uint16_t *dout = (uint16_t *)tput(&a, NULL, 2 * (size_t)H * (size_t)d);
+    if (a.ce == cudaSuccess) {
+        attend_args aa = {dq, dr + (n - 1) * d, dr, NULL, NULL, dsink, H, d, (int)n, 0, 0, n - 1,
+                          (float)(1.0 / sqrt((double)d)), dout};
+        k_attend<<<dim3(1, (unsigned)H), 128>>>(aa);
+    }
+    return tfinish(&a, out, dout, 2 * (size_t)H * (size_t)d, err, "attention");
+}
+
+/** The QAT steps of the forward on whole rows, one thread per row. */
+__global__ void k_test_qat(uint16_t *x, int64_t rows, int width, int kind, float *scratch)
+{
+    const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows)
+        return;
+    if (kind == 0) {
+        fp8_roundtrip_row(x + r * width, width - 64);
+    } else {
+        hadamard_row(x + r * width, width, scratch + r * width);
+        fp4_roundtrip_row(x + r * width, width);
+    }
+}
+
+extern "C" mmoe_status gfw_test_qat(uint16_t *x, int64_t rows, int width, int kind, mmoe_error *err)
+{
+    tarena a;
+    mmoe_status st = tbegin(&a, err);
+    if (st != MMOE_OK)
+        return st;
+    uint16_t *dx = (uint16_t *)tput(&a, x, 2 * (size_t)(rows * width));
+    float *sc = (float *)tput(&a, NULL, sizeof(float) * (size_t)(rows * width));
+    if (a.ce == cudaSuccess)
+        k_test_qat<<<nblk(rows, 64), 64>>>(dx, rows, width, kind, sc);
+    return tfinish(&a, x, dx, 2 * (size_t)(rows * width), err, "qat round trip");
+}
+
+extern "C" mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, const uint16_t *keys, int ih, int id,
+                                        int64_t n_blocks, int topk, float *scores, int32_t *idx, mmoe_error *err)
+{
+    tarena a;
+    mmoe_status st = tbegin(&a, err);
+    if (st != MMOE_OK)
+        return st;
+    const uint16_t *dq = (const uint16_t *)tput(&a, qi, 2 * (size_t)ih * (size_t)id);
+    const uint16_t *dw = (const uint16_t *)tput(&a, wi, 2 * (size_t)ih);
+    const uint16_t *dk = (const uint16_t *)tput(&a, keys, 2 * (size_t)(n_blocks * id));
+    float *ds = (float *)tput(&a, NULL, sizeof(float) * (size_t)n_blocks);
+    int32_t *di = (int32_t *)tput(&a, NULL, sizeof(int32_t) * (size_t)topk);
+    const int64_t pos = 4 * n_blocks - 1;
+    if (a.ce == cudaSuccess) {
+        k_indexer_scores<<<nblk(n_blocks, 128), 128>>>(dq, dw, dk, ih, id, 1, pos, n_blocks, ds);
+        k_topk<<<1, 256>>>(ds, 1, pos, n_blocks, topk, di);
+    }
+    if (a.ce == cudaSuccess)
+        a.ce = cudaDeviceSynchronize();
+    const int64_t k = n_blocks < topk ? n_blocks : topk;
+    if (a.ce == cudaSuccess)
+        a.ce = cudaMemcpy(idx, di, sizeof(int32_t) * (size_t)k, cudaMemcpyDeviceToHost);
+    return tfinish(&a, scores, ds, sizeof(float) * (size_t)n_blocks, err, "indexer");
+}
+
+/** y[i] = gfw_expf(x[i]). */
+__global__ void k_test_expf(const float *x, int64_t n, float *y)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        y[i] = gfw_expf(x[i]);
+}
+
+extern "C" mmoe_status gfw_test_expf(const float *x, int64_t n, float *y, mmoe_error *err)
+{
+    tarena a;
+    mmoe_status st = tbegin(&a, err);
+    if (st != MMOE_OK)
+        return st;
+    const float *dx = (const float *)tput(&a, x, sizeof(float) * (size_t)n);
+    float *dy = (float *)tput(&a, NULL, sizeof(float) * (size_t)n);
+    if (a.ce == cudaSuccess)
+        k_test_expf<<<nblk(n), 256>>>(dx, n, dy);
+    return tfinish(&a, y, dy, sizeof(float) * (size_t)n, err, "expf");
+}
+
+extern "C" mmoe_status gfw_test_sublayer(mmoe_gpu_model *g, int L, int which, const uint16_t *x, const int32_t *ids,
+                                         int64_t T, int64_t pos0, uint16_t *out, mmoe_error *err)
+{
+    if (L < 0 || L >= g->n_blocks || T < 1 || T > g->Tm || pos0 + T > g->max_seq_len)
+        return mmoe_error_set(err, MMOE_EINVAL, "gfw_test_sublayer: block %d, T %lld, pos0 %lld out of range", L,
+                              (long long)T, (long long)pos0);
+    cudaError_t ce = cudaMemcpy(g->y, x, 2 * (size_t)(T * g->D), cudaMemcpyHostToDevice);
+    if (ce == cudaSuccess && ids)
+        ce = cudaMemcpy(g->ids, ids, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice);
+    if (ce != cudaSuccess)
+        return cuda_fail(err, ce, "sub-layer input copy");
+    mmoe_status st = which == 0 ? attention(g, &g->blocks[L], pos0, T, err) : moe(g, &g->blocks[L], g->ids, T, err);
+    if (st != MMOE_OK)
+        return st;
+    ce = cudaMemcpy(out, g->o, 2 * (size_t)(T * g->D), cudaMemcpyDeviceToHost);
+    return ce == cudaSuccess ? MMOE_OK : cuda_fail(err, ce, "sub-layer output copy");
+}

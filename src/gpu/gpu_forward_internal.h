@@ -1,0 +1,187 @@
+/**
+ * @file gpu_forward_internal.h
+ * @brief The host-side description of a model that gpu_forward_load.c builds from a loaded CPU model
+ *        and gpu_forward.cu uploads: plain C structs of borrowed host pointers, readable from C and CUDA.
+ *
+ * The loader (C) is the only code that reads the CPU model's private structures; the CUDA file
+ * sees only these structs.  Every pointer borrows the CPU model's mapping, except the few
+ * arrays the loader converts (listed in ::gfw_model_src::owned) which it frees.
+ */
+#ifndef MMOE_GPU_FORWARD_INTERNAL_H
+#define MMOE_GPU_FORWARD_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mmoe_error.h"
+#include "mmoe_gpu_forward.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Element type of a dense (non-FP8-linear) weight or vector. */
+typedef enum gfw_dtype {
+    GFW_BF16 = 0, /**< bf16 bit patterns */
+    GFW_F32 = 1,  /**< fp32 */
+    GFW_F8 = 2    /**< E4M3 bytes with E8M0 block scales (dense use: dequantized and rounded to bf16) */
+} gfw_dtype;
+
+/** A dense weight [rows, cols] (or a vector: rows = 1). */
+typedef struct gfw_dense {
+    gfw_dtype dtype;       /**< element type */
+    const void *data;      /**< host bytes (NULL: absent) */
+    const uint8_t *scale;  /**< GFW_F8 only: E8M0 bytes [ceil(rows/block), ceil(cols/block)] */
+    int64_t rows, cols;    /**< shape */
+    int block;             /**< GFW_F8 only: scale block edge */
+} gfw_dense;
+
+/** An FP8 block-scaled linear: E4M3 [N, K] with E8M0 scales [ceil(N/b), ceil(K/b)]. */
+typedef struct gfw_fp8 {
+    const uint8_t *w;      /**< codes (NULL: absent) */
+    const uint8_t *scale;  /**< scale bytes */
+    int64_t N, K;          /**< output and input width */
+    int block;             /**< b */
+} gfw_fp8;
+
+/** One mHC site: fn [n_out, hc*D], base [n_out], scale [3] or [1], fp32. */
+typedef struct gfw_hc {
+    const float *fn, *base, *scale;
+    int n_out;             /**< (2+hc)*hc for a sub-layer, hc for a head */
+    int n_scale;           /**< 3 or 1 */
+} gfw_hc;
+
+/** One compressor (attention: dh = head_dim; indexer: dh = index_head_dim). */
+typedef struct gfw_compressor {
+    gfw_dense wkv, wgate;  /**< [c*dh, D] BF16 or F32 */
+    const float *ape;      /**< [ratio, c*dh] */
+    gfw_dense norm;        /**< [dh] */
+} gfw_compressor;
+
+/** The MoE of one block (recipe dsv4-ref, serial shared expert: the oracle's model MoE). */
+typedef struct gfw_moe {
+    int64_t n_experts, inter, topk;  /**< E, I, k */
+    int hash;                        /**< 1: experts = tid2eid[token] */
+    float route_scale;               /**< routed_scaling_factor */
+    float swiglu_limit;              /**< clamp c (<= 0 or inf: none) */
+    const uint16_t *gate;            /**< bf16 [E, D] */
+    const float *bias;               /**< [E] or NULL */
+    int32_t *tid2eid;                /**< owned [vocab, k] (hash layers), converted to int32 */
+    int64_t vocab;                   /**< rows of tid2eid */
+    const uint8_t **w1, **w3, **w2;  /**< owned arrays of [E] borrowed pointers: packed E2M1 */
+    const uint8_t **s1, **s3, **s2;  /**< owned arrays of [E] borrowed pointers: UE8M0 1x32 */
+    int64_t shared_width;            /**< S * shared_inter (0: none) */
+    const uint8_t *sw1, *sw3, *sw2;  /**< shared FP8 [Ws, D], [Ws, D], [D, Ws] */
+    float *ss1, *ss3, *ss2;          /**< owned fp32 block scales (converted from E8M0/U8/F32) */
+    int shared_block;                /**< B of the shared scales */
+} gfw_moe;
+
+/** The shapes of one block's attention. */
+typedef struct gfw_attn_dims {
+    int D, H, d, rope_dim, q_lora, G, o_lora, window, ratio, ih, id, topk, weight_block;
+    float eps;
+} gfw_attn_dims;
+
+/** One transformer block (main layer or MTP block). */
+typedef struct gfw_block_src {
+    gfw_attn_dims a;                 /**< shapes */
+    float freqs[128];                /**< the layer's rope_dim/2 RoPE frequencies (oracle's table) */
+    gfw_hc hc_attn, hc_ffn;          /**< mHC sites */
+    gfw_dense attn_norm, ffn_norm;   /**< [D] */
+    gfw_fp8 wq_a, wq_b, wkv, wo_b;   /**< FP8 linears */
+    gfw_dense q_norm, kv_norm;       /**< [q_lora], [d] */
+    gfw_dense wo_a;                  /**< [G*o_lora, H*d/G] BF16 or F8 */
+    const float *sink;               /**< [H] */
+    gfw_compressor comp;             /**< ratio > 0 */
+    gfw_fp8 idx_wq_b;                /**< ratio 4 */
+    gfw_dense idx_weights_proj;      /**< ratio 4: [ih, D] */
+    gfw_compressor idx_comp;         /**< ratio 4 */
+    gfw_moe moe;                     /**< the MoE */
+} gfw_block_src;
+
+/** The MTP input projection. */
+typedef struct gfw_mtp_src {
+    gfw_fp8 e_proj, h_proj;          /**< [D, D] */
+    gfw_dense enorm, hnorm;          /**< [D] */
+    gfw_hc hc_head;                  /**< the MTP head's mix */
+    gfw_dense norm;                  /**< its final norm */
+} gfw_mtp_src;
+
+/** The whole model as host views. */
+typedef struct gfw_model_src {
+    int64_t D, V, hc;                /**< width, vocabulary, streams */
+    int n_layers, n_blocks;          /**< main layers; main + MTP blocks */
+    int sinkhorn_iters;              /**< hc_sinkhorn_iters */
+    float norm_eps, hc_eps;          /**< rms_norm_eps, hc_eps */
+    int64_t max_seq_len;             /**< the config's */
+    const uint16_t *embed;           /**< bf16 [V, D] */
+    const uint16_t *head_w;          /**< bf16 [V, D] */
+    gfw_hc hc_head;                  /**< the main head's mix */
+    gfw_dense head_norm;             /**< [D] */
+    gfw_block_src *blocks;           /**< owned [n_blocks] */
+    int has_mtp;                     /**< 1 when mtp is valid */
+    gfw_mtp_src mtp;                 /**< MTP block 0 */
+} gfw_model_src;
+
+/**
+ * Describe @p m as host views (gpu_forward_load.c).
+ * @return MMOE_OK, MMOE_ENOMEM, MMOE_EUNSUPPORTED (a layout not taken, named), or a lookup error
+ */
+mmoe_status gfw_model_src_build(const mmoe_model *m, gfw_model_src *src, mmoe_error *err);
+
+/** Free what gfw_model_src_build() owns. */
+void gfw_model_src_free(gfw_model_src *src);
+
+/** Host bytes of a dense weight (elements of its dtype; F8: codes only). */
+size_t gfw_dense_bytes(const gfw_dense *w);
+
+/**
+ * @name Single blocks on the device, host arrays in and out (for the block tests)
+ * Each runs exactly the kernel the forward runs, on one synchronous call; MMOE_ENODEV
+ * without CUDA, MMOE_EINTERNAL naming a CUDA error.
+ * @{
+ */
+/** RMSNorm of T rows of width n with a bf16 weight (k_rmsnorm). */
+mmoe_status gfw_test_rmsnorm(const uint16_t *x, int64_t T, int64_t n, const uint16_t *w, float eps, uint16_t *y,
+                             mmoe_error *err);
+/** FP8 linear: x bf16 [T, K], w E4M3 [N, K], scale E8M0 [ceil(N/b), ceil(K/b)] (k_act_quant + k_linear_fp8). */
+mmoe_status gfw_test_linear_fp8(const uint16_t *x, int64_t T, const uint8_t *w, const uint8_t *scale, int64_t N,
+                                int64_t K, int block, uint16_t *y, mmoe_error *err);
+/** Dense linear: x bf16 [T, K], w BF16 (w_f32 = 0) or F32 [N, K], y fp32 [T, N] (k_linear_dense). */
+mmoe_status gfw_test_linear_dense(const uint16_t *x, int64_t T, int64_t K, const void *w, int w_f32, int64_t N,
+                                  float *y, mmoe_error *err);
+/** hc_pre of T tokens (k_hc_mix with (2+hc)*hc outputs). */
+mmoe_status gfw_test_hc_pre(int hc, int64_t D, int iters, float norm_eps, float hc_eps, const uint16_t *X, int64_t T,
+                            const float *fn, const float *base, const float *scale, uint16_t *y, float *post,
+                            float *comb, mmoe_error *err);
+/** hc_post, in place on X (k_hc_post). */
+mmoe_status gfw_test_hc_post(int hc, int64_t D, const uint16_t *out, uint16_t *X, int64_t T, const float *post,
+                             const float *comb, mmoe_error *err);
+/** One query token (H heads of d) over n kv rows [n, d] with sinks [H] (k_attend); out [H, d]. */
+mmoe_status gfw_test_attend(const uint16_t *q, int H, int d, const uint16_t *rows, int64_t n, const float *sink,
+                            uint16_t *out, mmoe_error *err);
+/** In place on rows of width @p width: kind 0 FP8 round trip of the first width-64 dims; kind 1 Hadamard + FP4. */
+mmoe_status gfw_test_qat(uint16_t *x, int64_t rows, int width, int kind, mmoe_error *err);
+/**
+ * The indexer of one token at position 4*n_blocks - 1 (so n_blocks blocks are causal): scores [n_blocks]
+ * (k_indexer_scores) and the top-@p topk block ids in order [min(topk, n_blocks)] (k_topk).
+ */
+mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, const uint16_t *keys, int ih, int id,
+                             int64_t n_blocks, int topk, float *scores, int32_t *idx, mmoe_error *err);
+/**
+ * One sub-layer of block @p L of a GPU model on given inputs: @p which 0 the attention (the
+ * block's caches advance: @p pos0 must continue them), 1 the MoE (router, experts, shared
+ * expert, combine; @p ids for hash layers).  x bf16 [T, D] is the sub-layer's normalized input,
+ * out bf16 [T, D] its output.
+ */
+mmoe_status gfw_test_sublayer(mmoe_gpu_model *g, int L, int which, const uint16_t *x, const int32_t *ids,
+                              int64_t T, int64_t pos0, uint16_t *out, mmoe_error *err);
+
+/** y[i] = the device's expf(x[i]) (gfw_expf, the exp of every exp-based block). */
+mmoe_status gfw_test_expf(const float *x, int64_t n, float *y, mmoe_error *err);
+/** @} */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MMOE_GPU_FORWARD_INTERNAL_H */

@@ -1,0 +1,131 @@
+/**
+ * @file gpu_forward_kernels.cuh
+ * @brief Device building blocks of the GPU forward: number formats and the rounding helpers.
+ *
+ * Every fp32 operation of the oracle's recipe that is followed by a rounding is written here
+ * with an explicit round-to-nearest intrinsic (__fmul_rn, __fadd_rn, __fdiv_rn, ...), so that
+ * the compiler cannot contract a multiply and an add into one FMA: the oracle (plain C11,
+ * no contraction) rounds after each.  Double accumulations of exact products may use FMA: an
+ * exact product is the same whether rounded alone or inside the FMA.
+ *
+ * The E4M3 decode table is the oracle's (uploaded to constant memory at model creation);
+ * E4M3 encoding is CUDA's round-to-nearest-even conversion with saturation; E2M1 encoding
+ * is written out (nearest, ties to the even code, saturating, sign kept).
+ */
+#ifndef MMOE_GPU_FORWARD_KERNELS_CUH
+#define MMOE_GPU_FORWARD_KERNELS_CUH
+
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+/** bf16 bits -> fp32 (exact). */
+__device__ __forceinline__ float gfw_bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+
+/** fp32 -> bf16 bits, round to nearest even; NaN keeps its sign and becomes quiet (the oracle's rule). */
+__device__ __forceinline__ uint16_t gfw_f2bf(float f)
+{
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u)
+        return (uint16_t)((u >> 16) | 0x0040u);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+/** Round fp32 to bf16 and back. */
+__device__ __forceinline__ float gfw_bfr(float f) { return gfw_bf2f(gfw_f2bf(f)); }
+
+/** UE8M0 byte -> fp32: 2^(b-127); 0 -> 2^-127; 255 -> NaN. */
+__device__ __forceinline__ float gfw_ue8m0(uint8_t b)
+{
+    if (b == 255)
+        return __uint_as_float(0x7FC00000u);
+    if (b == 0)
+        return __uint_as_float(0x00400000u);
+    return __uint_as_float((uint32_t)b << 23);
+}
+
+/** Biased exponent of the smallest power of two >= |s|, clamped to [1, 254]. */
+__device__ __forceinline__ uint8_t gfw_ue8m0_ceil_clamped(float s)
+{
+    uint32_t ua = __float_as_uint(s) & 0x7FFFFFFFu;
+    int e = (int)(ua >> 23) + ((ua & 0x7FFFFFu) != 0);
+    e = e < 1 ? 1 : (e > 254 ? 254 : e);
+    return (uint8_t)e;
+}
+
+/** E4M3 code of @p v: nearest even, saturating to +-448. */
+__device__ __forceinline__ uint8_t gfw_e4m3_code(float v)
+{
+    return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+}
+
+/** Magnitudes of the eight E2M1 codes. */
+__device__ __forceinline__ float gfw_e2m1_mag(int c)
+{
+    const float t[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    return t[c & 7];
+}
+
+/** Signed value of an E2M1 nibble (code 8 is -0). */
+__device__ __forceinline__ float gfw_e2m1_value(int n) { return (n & 8) ? -gfw_e2m1_mag(n) : gfw_e2m1_mag(n); }
+
+/** E2M1 round trip of @p v (|v| <= 6 expected): nearest, ties to the even code, sign kept. */
+__device__ __forceinline__ float gfw_e2m1_round(float v)
+{
+    const float a = fabsf(v);
+    float m;
+    if (a <= 0.25f) m = 0.0f;
+    else if (a < 0.75f) m = 0.5f;
+    else if (a <= 1.25f) m = 1.0f;
+    else if (a < 1.75f) m = 1.5f;
+    else if (a <= 2.5f) m = 2.0f;
+    else if (a < 3.5f) m = 3.0f;
+    else if (a <= 5.0f) m = 4.0f;
+    else m = 6.0f;
+    return copysignf(m, v);
+}
+
+/**
+ * The 32-entry table of gfw_expf(): bits of 2^(i/32) minus i << 47 (so that adding k << 47 scales
+ * by 2^(k/32)); filled at model creation by gfw_exp_table() on the host.
+ */
+__constant__ unsigned long long c_exp2_tab[32];
+
+/**
+ * expf as the host's C library computes it (glibc's expf, the variant for CPUs with FMA, which the
+ * oracle's machines have), so that the device reproduces the oracle's fp32 exp bit for bit:
+ * with N = 32, z = x * N/ln2 is split into an integer k (rounded through the 1.5 * 2^52 shift)
+ * and r = z - k in [-1/2, 1/2]; exp(x) = 2^(k/N) * p(r) with 2^(k/N) from the table and
+ * p(r) = C0 r^3 + C1 r^2 + C2 r + 1, everything in double with the fused multiply-adds of that
+ * build, and one rounding to fp32 at the end.  +-inf and NaN are answered first.  A C library
+ * without this algorithm makes the comparison of the exp-based blocks bounded rather than exact.
+ */
+__device__ __forceinline__ float gfw_expf(float x)
+{
+    if (isnan(x))
+        return x + x;
+    if (isinf(x))
+        return x > 0.0f ? x : 0.0f;
+    const double inv_ln2_n = 0x1.71547652b82fep+0 * 32, shift = 0x1.8p+52;
+    const double c0 = 0x1.c6af84b912394p-5 / 32 / 32 / 32, c1 = 0x1.ebfce50fac4f3p-3 / 32 / 32,
+                 c2 = 0x1.62e42ff0c52d6p-1 / 32;
+    const double xd = (double)x;
+    double kd = fma(inv_ln2_n, xd, shift);
+    const unsigned long long ki = (unsigned long long)__double_as_longlong(kd);
+    kd = __dsub_rn(kd, shift);
+    const double r = fma(inv_ln2_n, xd, -kd);
+    const unsigned long long t = c_exp2_tab[ki % 32] + (ki << 47);
+    const double s = __longlong_as_double((long long)t);
+    const double z = fma(c0, r, c1);
+    const double r2 = __dmul_rn(r, r);
+    double y = fma(c2, r, 1.0);
+    y = fma(z, r2, y);
+    y = __dmul_rn(y, s);
+    return __double2float_rn(y);
+}
+
+/** 1 / (1 + exp(-z)) with IEEE operations. */
+__device__ __forceinline__ float gfw_sigmoid(float z) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, gfw_expf(-z))); }
+
+#endif /* MMOE_GPU_FORWARD_KERNELS_CUH */

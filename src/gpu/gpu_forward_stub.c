@@ -1,0 +1,155 @@
+/**
+ * @file gpu_forward_stub.c
+ * @brief The GPU forward's API in a build without CUDA: every entry point answers MMOE_ENODEV.
+ */
+#include <string.h>
+
+#include "gpu_forward_internal.h"
+
+/** The answer of every entry point. */
+static mmoe_status no_cuda(mmoe_error *err)
+{
+    return mmoe_error_set(err, MMOE_ENODEV, "gpu: this build has no CUDA support (configure found no nvcc)");
+}
+
+mmoe_status mmoe_gpu_model_bytes_needed(const mmoe_model *m, int64_t max_seq_len, int64_t max_tokens,
+                                        mmoe_gpu_model_bytes *out, mmoe_error *err)
+{
+    (void)m;
+    (void)max_seq_len;
+    (void)max_tokens;
+    memset(out, 0, sizeof *out);
+    return no_cuda(err);
+}
+
+mmoe_status mmoe_gpu_model_create(const mmoe_model *m, int64_t max_seq_len, int64_t max_tokens,
+                                  mmoe_gpu_model **out, mmoe_error *err)
+{
+    (void)m;
+    (void)max_seq_len;
+    (void)max_tokens;
+    *out = NULL;
+    return no_cuda(err);
+}
+
+void mmoe_gpu_model_destroy(mmoe_gpu_model *g) { (void)g; }
+
+mmoe_status mmoe_gpu_model_reset(mmoe_gpu_model *g, mmoe_error *err)
+{
+    (void)g;
+    return no_cuda(err);
+}
+
+int64_t mmoe_gpu_model_pos(const mmoe_gpu_model *g)
+{
+    (void)g;
+    return 0;
+}
+
+int64_t mmoe_gpu_model_max_seq_len(const mmoe_gpu_model *g)
+{
+    (void)g;
+    return 0;
+}
+
+void mmoe_gpu_model_bytes_held(const mmoe_gpu_model *g, mmoe_gpu_model_bytes *out)
+{
+    (void)g;
+    memset(out, 0, sizeof *out);
+}
+
+mmoe_status mmoe_gpu_model_forward(mmoe_gpu_model *g, const int32_t *ids, int64_t T, float *logits,
+                                   int last_only, uint16_t *streams, mmoe_error *err)
+{
+    (void)g; (void)ids; (void)T; (void)logits; (void)last_only; (void)streams;
+    return no_cuda(err);
+}
+
+mmoe_status mmoe_gpu_model_mtp_forward(mmoe_gpu_model *g, const uint16_t *streams, const int32_t *next_ids,
+                                       int64_t T, float *logits, mmoe_error *err)
+{
+    (void)g; (void)streams; (void)next_ids; (void)T; (void)logits;
+    return no_cuda(err);
+}
+
+void mmoe_gpu_model_set_timing(mmoe_gpu_model *g, int on)
+{
+    (void)g;
+    (void)on;
+}
+
+void mmoe_gpu_model_timings_get(const mmoe_gpu_model *g, mmoe_gpu_model_timings *out)
+{
+    (void)g;
+    memset(out, 0, sizeof *out);
+}
+
+mmoe_status gfw_test_rmsnorm(const uint16_t *x, int64_t T, int64_t n, const uint16_t *w, float eps, uint16_t *y,
+                             mmoe_error *err)
+{
+    (void)x; (void)T; (void)n; (void)w; (void)eps; (void)y;
+    return no_cuda(err);
+}
+
+mmoe_status gfw_test_linear_fp8(const uint16_t *x, int64_t T, const uint8_t *w, const uint8_t *scale, int64_t N,
+                                int64_t K, int block, uint16_t *y, mmoe_error *err)
+{
+    (void)x; (void)T; (void)w; (void)scale; (void)N; (void)K; (void)block; (void)y;
+    return no_cuda(err);
+}
+
+mmoe_status gfw_test_linear_dense(const uint16_t *x, int64_t T, int64_t K, const void *w, int w_f32, int64_t N,
+                                  float *y, mmoe_error *err)
+{
+    (void)x; (void)T; (void)K; (void)w; (void)w_f32; (void)N; (void)y;
+    return no_cuda(err);
+}
+
+mmoe_status gfw_test_hc_pre(int hc, int64_t D, int iters, float norm_eps, float hc_eps, const uint16_t *X, int64_t T,
+                            const float *fn, const float *base, const float *scale, uint16_t *y, float *post,
+                            float *comb, mmoe_error *err)
+{
+    (void)hc; (void)D; (void)iters; (void)norm_eps; (void)hc_eps; (void)X; (void)T; (void)fn; (void)base;
+    (void)scale; (void)y; (void)post; (void)comb;
+    return no_cuda(err);
+}
+
+mmoe_status gfw_test_hc_post(int hc, int64_t D, const uint16_t *out, uint16_t *X, int64_t T, const float *post,
+                             const float *comb, mmoe_error *err)
+{
+    (void)hc; (void)D; (void)out; (void)X; (void)T; (void)post; (void)comb;
+    return no_cuda(err);
+}
+
+mmoe_status gfw_test_attend(const uint16_t *q, int H, int d, const uint16_t *rows, int64_t n, const float *sink,
+                            uint16_t *out, mmoe_error *err)
+{
+    (void)q; (void)H; (void)d; (void)rows; (void)n; (void)sink; (void)out;
+    return no_cuda(err);
+}
+
+mmoe_status gfw_test_qat(uint16_t *x, int64_t rows, int width, int kind, mmoe_error *err)
+{
+    (void)x; (void)rows; (void)width; (void)kind;
+    return no_cuda(err);
+}
+
+mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, const uint16_t *keys, int ih, int id,
+                             int64_t n_blocks, int topk, float *scores, int32_t *idx, mmoe_error *err)
+{
+    (void)qi; (void)wi; (void)keys; (void)ih; (void)id; (void)n_blocks; (void)topk; (void)scores; (void)idx;
+    return no_cuda(err);
+}
+
+mmoe_status gfw_test_expf(const float *x, int64_t n, float *y, mmoe_error *err)
+{
+    (void)x; (void)n; (void)y;
+    return no_cuda(err);
+}
+
+mmoe_status gfw_test_sublayer(mmoe_gpu_model *g, int L, int which, const uint16_t *x, const int32_t *ids,
+                              int64_t T, int64_t pos0, uint16_t *out, mmoe_error *err)
+{
+    (void)g; (void)L; (void)which; (void)x; (void)ids; (void)T; (void)pos0; (void)out;
+    return no_cuda(err);
+}

@@ -1,0 +1,626 @@
+/**
+ * @file test_gpu_forward.c
+ * @brief Suite "gpu_forward": the whole DeepSeek-V4 forward on the GPU against the CPU oracle
+ *        (skipped, exit 77, without CUDA or a device).
+ *
+ * Models: the embedded tiny model (fixtures/tiny-dsv4: hash layers, window-only, ratio 4 with
+ * the indexer, ratio 128, MTP); fresh synth-model checkpoints (seed printed) of the "tiny"
+ * preset with 1, 2 and 3 layers (one layer type more each), the last run for 140 tokens: past
+ * the 16-token window, 35 ratio-4 blocks for index_topk 4 (more blocks than the indexer keeps),
+ * one complete ratio-128 block; and one at V4-Flash widths (test_synth_flash).  Prefills go
+ * in chunks of 64 (the GPU model's max_tokens), so chunked prefill is exercised as well.
+ *
+ * **The bound.**  The GPU runs the oracle's recipe with the same rounding points; it differs
+ * in (a) log1p of the router (double, rounded once: within one fp32 ulp of log1pf) and exp
+ * where the host's expf is not glibc's FMA build (one ulp per call), and (b) the
+ * order of the MoE's fp32 GEMM sums and router logits (the oracle's BLAS), at most about
+ * K * 2^-24 relative.  Either moves a later bf16 rounding only when a value sits that close
+ * to a rounding boundary; one moved rounding is one bf16 ulp (2^-8 relative) of one element,
+ * which the following layers spread but do not amplify by more than the model's Lipschitz
+ * factor (a few units for these random models).  So per token:
+ *   - FWD_REL_TOL: ||logits_gpu - logits_cpu||_2 <= 2^-4 * ||logits_cpu||_2;
+ *   - no NaN; and the argmax agrees wherever the oracle's top-2 margin exceeds
+ *     FWD_MARGIN_TOL * (max|logit| + 1) (a margin smaller than the bound cannot decide);
+ *   - greedy generation: 12 tokens decoded one at a time on both backends, teacher-forced
+ *     with the oracle's choice, the GPU picks the same token under the same margin rule.
+ * Sub-layers (test_sublayers, and in the V4-Flash case): every block's attention, with its
+ * caches over 140 tokens, and its MoE, each on its own against the CPU sub-layer: attention
+ * bit-exact where the device's expf is the host's, the MoE normwise within 2^-7.
+ *
+ * The CLI: `megamoe logits --backend gpu|cpu` (70 tokens: two GPU calls; --mtp) under the same
+ * bound, `megamoe generate --backend cpu|gpu|auto` greedy continuations identical.  Without a
+ * GPU the program still checks the refusals (`--backend gpu` exits 1 naming the option and
+ * writes no file; `auto` runs on the CPU and says so; a bad name exits 2), then exits 77.
+ *
+ * Exactly equal logits are counted and printed (most tokens of most models are bit-exact).
+ * Decode on the GPU (one token per call) is compared with the CPU prefill under the same
+ * bound, and with the GPU's own prefill bit for bit: every GPU kernel is row-independent and
+ * sums in a fixed order, so a token's bits do not depend on the other tokens of its call.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "gpu_forward_internal.h"
+#include "mmoe_config.h"
+#include "mmoe_formats.h"
+#include "mmoe_gpu_forward.h"
+#include "mmoe_gpu_moe.h"
+#include "mmoe_model.h"
+#include "mmoe_rng.h"
+#include "mmoe_safetensors.h"
+#include "mmoe_synth_model.h"
+#include "mmoe_test.h"
+#include "model_internal.h"
+
+#define FWD_REL_TOL 0x1.0p-4
+#define FWD_MARGIN_TOL 0x1.0p-4
+
+static uint64_t g_seed;
+
+/** Open a model directory (CPU) or fail the test. */
+static mmoe_model *open_model(const char *dir)
+{
+    mmoe_model *m = NULL;
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    ck_assert_msg(mmoe_model_open(dir, NULL, NULL, &m, &err) == MMOE_OK, "%s", err.msg);
+    return m;
+}
+
+/** The embedded tiny model's directory. */
+static void tiny_dir(char *buf, size_t n)
+{
+    const char *src = getenv("MMOE_SRCDIR");
+    snprintf(buf, n, "%s/fixtures/tiny-dsv4", src ? src : ".");
+}
+
+/** Index of the largest logit and the margin to the second. */
+static int64_t argmax_margin(const float *l, int64_t V, float *margin, float *amax)
+{
+    int64_t b = 0, s = -1;
+    float mx = 0.0f;
+    for (int64_t v = 0; v < V; v++) {
+        if (fabsf(l[v]) > mx)
+            mx = fabsf(l[v]);
+        if (l[v] > l[b])
+            b = v;
+    }
+    for (int64_t v = 0; v < V; v++)
+        if (v != b && (s < 0 || l[v] > l[s]))
+            s = v;
+    *margin = s < 0 ? INFINITY : l[b] - l[s];
+    *amax = mx;
+    return b;
+}
+
+/** Compare [T, V] logits row by row; returns the number of bit-identical rows. */
+static int64_t compare_logits(const char *what, const float *gpu, const float *cpu, int64_t T, int64_t V)
+{
+    int64_t exact = 0;
+    double worst = 0.0;
+    for (int64_t t = 0; t < T; t++) {
+        const float *g = gpu + t * V, *c = cpu + t * V;
+        double num = 0.0, den = 0.0;
+        for (int64_t v = 0; v < V; v++) {
+            ck_assert_msg(!isnan(g[v]), "%s: token %lld: NaN logit at %lld (seed %llu)", what, (long long)t,
+                          (long long)v, (unsigned long long)g_seed);
+            num += ((double)g[v] - c[v]) * ((double)g[v] - c[v]);
+            den += (double)c[v] * c[v];
+        }
+        const double rel = sqrt(num) / (sqrt(den) > 1e-30 ? sqrt(den) : 1e-30);
+        worst = rel > worst ? rel : worst;
+        ck_assert_msg(rel <= FWD_REL_TOL, "%s: token %lld: relative logit error %.3g > %.3g (seed %llu)", what,
+                      (long long)t, rel, FWD_REL_TOL, (unsigned long long)g_seed);
+        float margin, amax;
+        const int64_t bc = argmax_margin(c, V, &margin, &amax);
+        float mg, ag;
+        const int64_t bg = argmax_margin(g, V, &mg, &ag);
+        if (margin > FWD_MARGIN_TOL * (amax + 1.0f))
+            ck_assert_msg(bc == bg, "%s: token %lld: argmax %lld (gpu) vs %lld (cpu), margin %g (seed %llu)", what,
+                          (long long)t, (long long)bg, (long long)bc, margin, (unsigned long long)g_seed);
+        exact += memcmp(g, c, sizeof(float) * (size_t)V) == 0;
+    }
+    fprintf(stderr, "gpu_forward: %s: %lld of %lld tokens bit-exact, worst relative error %.3g\n", what,
+            (long long)exact, (long long)T, worst);
+    return exact;
+}
+
+/** Skip the whole program without a device (checked once in main). */
+static int have_gpu(void)
+{
+    mmoe_error err;
+    int cc = 0;
+    return mmoe_gpu_available(&cc, &err) == MMOE_OK;
+}
+
+/**
+ * Prefill @p T random tokens on both backends (GPU in chunks of @p chunk), compare all logits;
+ * then the MTP logits; then greedy decode of @p n_gen tokens; then the first @p n_replay tokens
+ * again, one per GPU call, against the CPU's prefill.
+ */
+static void run_model(const char *what, const char *dir, int64_t T, int64_t chunk, int n_gen, int64_t n_replay)
+{
+    mmoe_model *m = open_model(dir);
+    const mmoe_config *c = mmoe_model_config(m);
+    const int64_t V = c->vocab_size, row = c->hc_mult * c->dim, total = T + n_gen + 1;
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    mmoe_model_state *s = NULL;
+    ck_assert_msg(mmoe_model_state_create(m, total, &s, &err) == MMOE_OK, "%s", err.msg);
+    mmoe_gpu_model *g = NULL;
+    ck_assert_msg(mmoe_gpu_model_create(m, total, chunk, &g, &err) == MMOE_OK, "%s", err.msg);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)total);
+    float *lc = malloc(sizeof(float) * (size_t)(T * V)), *lg = malloc(sizeof(float) * (size_t)(T * V));
+    uint16_t *sc = malloc(2 * (size_t)(T * row)), *sg = malloc(2 * (size_t)(T * row));
+    ck_assert(ids && lc && lg && sc && sg);
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed ^ (uint64_t)T);
+    for (int64_t i = 0; i < total; i++)
+        ids[i] = (int32_t)mmoe_rng_below(&r, (uint64_t)V);
+
+    ck_assert_msg(mmoe_model_forward(m, s, ids, T, lc, 0, sc, &err) == MMOE_OK, "%s", err.msg);
+    mmoe_test_poison_f32(lg, (size_t)(T * V));
+    for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+        const int64_t n = T - t0 < chunk ? T - t0 : chunk;
+        ck_assert_msg(mmoe_gpu_model_forward(g, ids + t0, n, lg + t0 * V, 0, sg + t0 * row, &err) == MMOE_OK, "%s",
+                      err.msg);
+    }
+    char label[128];
+    snprintf(label, sizeof label, "%s prefill", what);
+    compare_logits(label, lg, lc, T, V);
+    int64_t same = 0;
+    for (int64_t i = 0; i < T * row; i++)
+        same += sc[i] == sg[i];
+    fprintf(stderr, "gpu_forward: %s: final streams: %lld of %lld bf16 values identical\n", what, (long long)same,
+            (long long)(T * row));
+    float m0, a0;
+    int64_t next = argmax_margin(lc + (T - 1) * V, V, &m0, &a0);
+    const int64_t n_dec = T < n_replay ? T : n_replay;
+    float *lg_prefill = malloc(sizeof(float) * (size_t)(n_dec * V));
+    ck_assert_ptr_nonnull(lg_prefill);
+    memcpy(lg_prefill, lg, sizeof(float) * (size_t)(n_dec * V));
+
+    if (c->n_mtp_layers > 0) {
+        /* the MTP block on the oracle's streams, so that only the block itself is compared */
+        const int64_t n = T - 1 < chunk ? T - 1 : chunk;
+        ck_assert_msg(mmoe_model_mtp_forward(m, s, sc, ids + 1, n, lc, &err) == MMOE_OK, "%s", err.msg);
+        mmoe_test_poison_f32(lg, (size_t)(n * V));
+        ck_assert_msg(mmoe_gpu_model_mtp_forward(g, sc, ids + 1, n, lg, &err) == MMOE_OK, "%s", err.msg);
+        snprintf(label, sizeof label, "%s mtp", what);
+        compare_logits(label, lg, lc, n, V);
+    }
+
+    /* greedy decode, teacher-forced with the oracle's choice */
+    int undecided = 0;
+    for (int i = 0; i < n_gen; i++) {
+        int32_t id = (int32_t)next;
+        ck_assert_msg(mmoe_model_forward(m, s, &id, 1, lc, 1, NULL, &err) == MMOE_OK, "%s", err.msg);
+        mmoe_test_poison_f32(lg, (size_t)V);
+        ck_assert_msg(mmoe_gpu_model_forward(g, &id, 1, lg, 1, NULL, &err) == MMOE_OK, "%s", err.msg);
+        float margin, amax, mg, ag;
+        next = argmax_margin(lc, V, &margin, &amax);
+        const int64_t ng = argmax_margin(lg, V, &mg, &ag);
+        if (margin > FWD_MARGIN_TOL * (amax + 1.0f))
+            ck_assert_msg(ng == next, "%s: decode step %d: gpu picks %lld, cpu %lld (margin %g, seed %llu)", what, i,
+                          (long long)ng, (long long)next, margin, (unsigned long long)g_seed);
+        else
+            undecided++;
+        snprintf(label, sizeof label, "%s decode %d", what, i);
+        if (i == n_gen - 1)
+            compare_logits(label, lg, lc, 1, V);
+    }
+    fprintf(stderr, "gpu_forward: %s: greedy decode of %d tokens agrees (%d steps below the margin bound)\n", what,
+            n_gen, undecided);
+    ck_assert_int_eq(mmoe_gpu_model_pos(g), T + n_gen);
+
+    /* decode = prefill on the GPU: replay the first n_replay tokens one at a time */
+    ck_assert_msg(mmoe_gpu_model_reset(g, &err) == MMOE_OK, "%s", err.msg);
+    mmoe_model_state_reset(s);
+    ck_assert_msg(mmoe_model_forward(m, s, ids, n_dec, lc, 0, NULL, &err) == MMOE_OK, "%s", err.msg);
+    for (int64_t t = 0; t < n_dec; t++)
+        ck_assert_msg(mmoe_gpu_model_forward(g, ids + t, 1, lg + t * V, 0, NULL, &err) == MMOE_OK, "%s", err.msg);
+    snprintf(label, sizeof label, "%s gpu decode vs cpu prefill", what);
+    compare_logits(label, lg, lc, n_dec, V);
+    /* every GPU kernel is row-independent with a fixed order: decode = prefill bit for bit */
+    ck_assert_msg(memcmp(lg, lg_prefill, sizeof(float) * (size_t)(n_dec * V)) == 0,
+                  "%s: GPU decode logits differ from the GPU prefill's (seed %llu)", what, (unsigned long long)g_seed);
+    free(lg_prefill);
+
+    free(ids);
+    free(lc);
+    free(lg);
+    free(sc);
+    free(sg);
+    mmoe_gpu_model_destroy(g);
+    mmoe_model_state_destroy(s);
+    mmoe_model_close(m);
+}
+
+START_TEST(test_tiny_fixture)
+{
+    char dir[4096];
+    tiny_dir(dir, sizeof dir);
+    run_model("tiny-dsv4", dir, 40, 64, 12, 20);
+}
+END_TEST
+
+/**
+ * Write a synth checkpoint of preset @p preset with @p layers layers into @p dir (overrides: experts,
+ * vocab when > 0; @p ratios, when given, the compress ratio of each main layer, and @p n_hash hash layers).
+ */
+static void synth_write(const char *dir, const char *preset, int layers, int64_t experts, int64_t vocab,
+                        const int *ratios, int n_hash)
+{
+    mmoe_config cfg;
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    ck_assert(mmoe_config_preset(preset, layers, &cfg, &err) == MMOE_OK);
+    if (experts > 0)
+        cfg.n_routed_experts = (int)experts;
+    if (vocab > 0)
+        cfg.vocab_size = vocab;
+    if (ratios != NULL) {
+        for (int i = 0; i < layers; i++)
+            cfg.compress_ratios[i] = ratios[i];
+        cfg.n_hash_layers = n_hash;
+    }
+    if (cfg.max_seq_len > 1024)
+        cfg.max_seq_len = 1024;
+    ck_assert_msg(mmoe_synth_model_write(&cfg, g_seed, dir, 256 << 20, NULL, NULL, &err) == MMOE_OK, "%s", err.msg);
+}
+
+/** A synth checkpoint in a temporary directory, run and removed. */
+static void synth_case(const char *what, const char *preset, int layers, int64_t T, int n_gen)
+{
+    char root[512], dir[600];
+    ck_assert_int_eq(mmoe_test_mkdtemp(root, sizeof root), 0);
+    snprintf(dir, sizeof dir, "%s/ckpt", root);
+    synth_write(dir, preset, layers, 0, 0, NULL, 0);
+    run_model(what, dir, T, 64, n_gen, 20);
+    mmoe_test_rmtree(root);
+}
+
+/** Does the device's expf equal the host's on a sample (then the exp-based kernels are exact)? */
+static int exp_is_exact(void)
+{
+    enum { N = 1 << 16 };
+    static float x[N], y[N];
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed ^ 0xe4f);
+    for (int i = 0; i < N; i++)
+        x[i] = (float)((double)mmoe_rng_below(&r, 1u << 24) / (double)(1u << 24) * 40.0 - 30.0);
+    mmoe_error err;
+    ck_assert_msg(gfw_test_expf(x, N, y, &err) == MMOE_OK, "%s", err.msg);
+    for (int i = 0; i < N; i++) {
+        const float h = expf(x[i]);
+        if (memcmp(&h, &y[i], 4) != 0)
+            return 0;
+    }
+    return 1;
+}
+
+/** Normwise relative difference of two bf16 arrays, and the count of identical elements. */
+static double bf16_rel(const uint16_t *g, const uint16_t *c, int64_t n, int64_t *same)
+{
+    double num = 0.0, den = 0.0;
+    *same = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double a = mmoe_bf16_to_f32(g[i]), b = mmoe_bf16_to_f32(c[i]);
+        if (isnan(a))
+            return INFINITY;
+        num += (a - b) * (a - b);
+        den += b * b;
+        *same += g[i] == c[i];
+    }
+    return sqrt(num) / (den > 0 ? sqrt(den) : 1e-30);
+}
+
+/**
+ * Every block's attention and MoE sub-layer on its own, on random normalized inputs: the CPU
+ * sub-layer (mmoe_attention_forward with a fresh cache, mmoe_moe_layer_run) against the GPU
+ * model's (gfw_test_sublayer), T tokens in calls of @p chunk.  Attention is exact where exp is
+ * (all its other steps are); the MoE differs by its GEMM order and the router's log1p: normwise
+ * within 2^-7 (a flipped bf16 or E4M3 rounding of an intermediate moves an output by one bf16
+ * ulp, 2^-8 relative, of a few elements).
+ */
+static void check_sublayers(const char *what, const char *dir, int64_t T, int64_t chunk)
+{
+    mmoe_model *m = open_model(dir);
+    const mmoe_config *c = mmoe_model_config(m);
+    const int64_t D = c->dim;
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    mmoe_gpu_model *g = NULL;
+    ck_assert_msg(mmoe_gpu_model_create(m, T, chunk, &g, &err) == MMOE_OK, "%s", err.msg);
+    const int exact_exp = exp_is_exact();
+    uint16_t *x = malloc(2 * (size_t)(T * D)), *yc = malloc(2 * (size_t)(T * D)), *yg = malloc(2 * (size_t)(T * D));
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)T);
+    ck_assert(x && yc && yg && ids);
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed ^ 0x5b);
+    for (int L = 0; L < m->n_blocks; L++) {
+        const model_block *b = &m->blocks[L];
+        for (int64_t i = 0; i < T * D; i++)
+            x[i] = mmoe_bf16_from_f32((float)((double)mmoe_rng_below(&r, 1u << 24) / (double)(1u << 24) * 4.0 - 2.0));
+        for (int64_t i = 0; i < T; i++)
+            ids[i] = (int32_t)mmoe_rng_below(&r, (uint64_t)c->vocab_size);
+        /* attention */
+        mmoe_attn_cache *cache = NULL;
+        ck_assert_msg(mmoe_attn_cache_create(&b->attn_p, T, &cache, &err) == MMOE_OK, "%s", err.msg);
+        mmoe_test_poison_bf16(yg, (size_t)(T * D));
+        for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+            const int64_t n = T - t0 < chunk ? T - t0 : chunk;
+            mmoe_tensor xi, xo;
+            memset(&xi, 0, sizeof xi);
+            xi.dtype = MMOE_DT_BF16;
+            xi.ndim = 2;
+            xi.shape[0] = n;
+            xi.shape[1] = D;
+            xi.data = x + t0 * D;
+            xi.nbytes = 2 * (size_t)(n * D);
+            xo = xi;
+            xo.data = yc + t0 * D;
+            ck_assert_msg(mmoe_attention_forward(&b->attn_p, &b->attn_w, cache, &xi, t0, n, &xo, NULL, &err) == MMOE_OK,
+                          "%s", err.msg);
+            ck_assert_msg(gfw_test_sublayer(g, L, 0, x + t0 * D, NULL, n, t0, yg + t0 * D, &err) == MMOE_OK, "%s",
+                          err.msg);
+        }
+        mmoe_attn_cache_destroy(cache);
+        int64_t same;
+        double rel = bf16_rel(yg, yc, T * D, &same);
+        fprintf(stderr, "gpu_forward: %s: block %d (ratio %d) attention: %lld of %lld bit-exact, rel %.3g\n", what, L,
+                b->attn_p.compress_ratio, (long long)same, (long long)(T * D), rel);
+        if (exact_exp)
+            ck_assert_msg(same == T * D, "%s: block %d attention differs from the oracle (seed %llu)", what, L,
+                          (unsigned long long)g_seed);
+        ck_assert_msg(rel <= 0x1.0p-6, "%s: block %d attention: rel %.3g (seed %llu)", what, L, rel,
+                      (unsigned long long)g_seed);
+        /* MoE */
+        mmoe_test_poison_bf16(yg, (size_t)(T * D));
+        for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+            const int64_t n = T - t0 < chunk ? T - t0 : chunk;
+            mmoe_moe_input in = {n, x + t0 * D, b->hash ? ids + t0 : NULL, NULL, NULL};
+            mmoe_moe_output out = {yc + t0 * D, NULL, NULL};
+            ck_assert_msg(mmoe_moe_layer_run(b->moe, &in, &out, NULL, &err) == MMOE_OK, "%s", err.msg);
+            ck_assert_msg(gfw_test_sublayer(g, L, 1, x + t0 * D, ids + t0, n, t0, yg + t0 * D, &err) == MMOE_OK, "%s",
+                          err.msg);
+        }
+        rel = bf16_rel(yg, yc, T * D, &same);
+        fprintf(stderr, "gpu_forward: %s: block %d (%s) moe: %lld of %lld bit-exact, rel %.3g\n", what, L,
+                b->hash ? "hash" : "score", (long long)same, (long long)(T * D), rel);
+        ck_assert_msg(rel <= 0x1.0p-7, "%s: block %d moe: rel %.3g (seed %llu)", what, L, rel,
+                      (unsigned long long)g_seed);
+    }
+    free(x), free(yc), free(yg), free(ids);
+    mmoe_gpu_model_destroy(g);
+    mmoe_model_close(m);
+}
+
+START_TEST(test_sublayers)
+{
+    char dir[4096];
+    tiny_dir(dir, sizeof dir);
+    check_sublayers("tiny-dsv4", dir, 40, 16);
+    char root[512], sdir[600];
+    ck_assert_int_eq(mmoe_test_mkdtemp(root, sizeof root), 0);
+    snprintf(sdir, sizeof sdir, "%s/ckpt", root);
+    synth_write(sdir, "tiny", 3, 0, 0, NULL, 0);
+    check_sublayers("synth tiny x3", sdir, 140, 64);
+    mmoe_test_rmtree(root);
+}
+END_TEST
+
+/* one layer type more at a time: window only (hash), + ratio 4 (hash), + ratio 128 */
+START_TEST(test_synth_layers)
+{
+    synth_case("synth tiny x1", "tiny", 1, 40, 4);
+    synth_case("synth tiny x2", "tiny", 2, 40, 4);
+}
+END_TEST
+
+/*
+ * V4-Flash widths (D 4096, 64 heads of 512, q_lora 1024, 8 groups, indexer 64 x 128, window 128,
+ * top-512, 6 of 8 experts + 1 shared, vocabulary 1024): layer 0 ratio 4 (hash-routed), layer 1
+ * ratio 128 (score-routed), the MTP block window-only.  136 tokens pass the window, make 34
+ * ratio-4 blocks and one ratio-128 block.  With MMOE_GPU_FWD_FLASH_DIR set the checkpoint is
+ * written there and kept (for `megamoe bench forward`), else in a temporary directory.
+ */
+START_TEST(test_synth_flash)
+{
+    const int ratios[2] = {4, 128};
+    const char *keep = getenv("MMOE_GPU_FWD_FLASH_DIR");
+    char root[512] = "", dir[600];
+    if (keep != NULL) {
+        snprintf(dir, sizeof dir, "%s", keep);
+    } else {
+        ck_assert_int_eq(mmoe_test_mkdtemp(root, sizeof root), 0);
+        snprintf(dir, sizeof dir, "%s/ckpt", root);
+    }
+    synth_write(dir, "v4-flash", 2, 8, 1024, ratios, 1);
+    check_sublayers("synth v4-flash widths", dir, 136, 64);
+    run_model("synth v4-flash widths", dir, 136, 64, 4, 6);
+    if (keep == NULL)
+        mmoe_test_rmtree(root);
+}
+END_TEST
+
+START_TEST(test_synth_long)
+{
+    synth_case("synth tiny x3", "tiny", 3, 140, 12);
+}
+END_TEST
+
+START_TEST(test_refuses)
+{
+    char dir[4096];
+    tiny_dir(dir, sizeof dir);
+    mmoe_model *m = open_model(dir);
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    mmoe_gpu_model *g = NULL;
+    /* a state no device holds: refused before any allocation, naming the bytes */
+    mmoe_status st = mmoe_gpu_model_create(m, (int64_t)1 << 40, 1, &g, &err);
+    ck_assert_int_eq(st, MMOE_ENOMEM);
+    ck_assert_ptr_null(g);
+    ck_assert_msg(strstr(err.msg, "bytes") != NULL && strstr(err.msg, "available") != NULL, "%s", err.msg);
+    /* bad ids and too many tokens */
+    ck_assert_msg(mmoe_gpu_model_create(m, 64, 8, &g, &err) == MMOE_OK, "%s", err.msg);
+    int32_t ids[9] = {0, 1, 2, 3, 4, 5, 6, 7, 8};
+    ck_assert_int_eq(mmoe_gpu_model_forward(g, ids, 9, NULL, 0, NULL, &err), MMOE_EINVAL);
+    ids[2] = -1;
+    ck_assert_int_eq(mmoe_gpu_model_forward(g, ids, 3, NULL, 0, NULL, &err), MMOE_EINVAL);
+    ck_assert_msg(strstr(err.msg, "token 2") != NULL, "%s", err.msg);
+    ck_assert_int_eq(mmoe_gpu_model_pos(g), 0);
+    mmoe_gpu_model_destroy(g);
+    mmoe_model_close(m);
+}
+END_TEST
+
+/** Run a shell command; its exit status (-1 when it did not exit). */
+static int sh(const char *cmd)
+{
+    const int rc = system(cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+/** The megamoe program and the tiny fixture, or fail. */
+static void cli_paths(const char **bin, char *dir, size_t n)
+{
+    *bin = getenv("MMOE_BIN");
+    ck_assert_msg(*bin != NULL, "MMOE_BIN is not set (run through make check)");
+    tiny_dir(dir, n);
+}
+
+/* megamoe logits --backend gpu against --backend cpu (prefill over two GPU chunks, and --mtp) */
+START_TEST(test_cli_logits)
+{
+    const char *bin;
+    char dir[4096], root[512], cmd[16384], toks[4096];
+    cli_paths(&bin, dir, sizeof dir);
+    ck_assert_int_eq(mmoe_test_mkdtemp(root, sizeof root), 0);
+    size_t len = 0;
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed ^ 0xc1);
+    for (int i = 0; i < 70; i++)
+        len += (size_t)snprintf(toks + len, sizeof toks - len, "%s%llu", i ? "," : "",
+                                (unsigned long long)mmoe_rng_below(&r, 512));
+    const char *be[2] = {"cpu", "gpu"};
+    mmoe_st_file *f[2] = {NULL, NULL};
+    mmoe_error err;
+    for (int b = 0; b < 2; b++) {
+        snprintf(cmd, sizeof cmd, "'%s' logits --model '%s' --tokens %s --mtp --backend %s --out '%s/%s.st' 2>'%s/%s.err'",
+                 bin, dir, toks, be[b], root, be[b], root, be[b]);
+        ck_assert_msg(sh(cmd) == 0, "%s failed", cmd);
+        snprintf(cmd, sizeof cmd, "%s/%s.st", root, be[b]);
+        ck_assert_msg(mmoe_st_open(cmd, &f[b], &err) == MMOE_OK, "%s", err.msg);
+    }
+    const char *names[2] = {"logits", "mtp_logits"};
+    for (int i = 0; i < 2; i++) {
+        const mmoe_tensor *c = mmoe_st_find(f[0], names[i]), *g = mmoe_st_find(f[1], names[i]);
+        ck_assert(c && g && c->shape[0] == g->shape[0] && c->shape[1] == g->shape[1]);
+        compare_logits(names[i], g->data, c->data, c->shape[0], c->shape[1]);
+    }
+    snprintf(cmd, sizeof cmd, "grep -q 'backend: gpu (requested' '%s/gpu.err'", root);
+    ck_assert_msg(sh(cmd) == 0, "megamoe logits --backend gpu does not say which backend ran");
+    mmoe_st_close(f[0]);
+    mmoe_st_close(f[1]);
+    mmoe_test_rmtree(root);
+}
+END_TEST
+
+/* megamoe generate: greedy continuations of the fixture on both backends; auto says it took the GPU */
+START_TEST(test_cli_generate)
+{
+    const char *bin;
+    char dir[4096], root[512], cmd[16384];
+    cli_paths(&bin, dir, sizeof dir);
+    ck_assert_int_eq(mmoe_test_mkdtemp(root, sizeof root), 0);
+    const char *be[3] = {"cpu", "gpu", "auto"};
+    for (int b = 0; b < 3; b++) {
+        snprintf(cmd, sizeof cmd, "'%s' generate --model '%s' --prompt 'the quick brown fox' --max-tokens 12 --print-ids "
+                 "--backend %s > '%s/%s.out' 2>'%s/%s.err'", bin, dir, be[b], root, be[b], root, be[b]);
+        ck_assert_msg(sh(cmd) == 0, "%s failed", cmd);
+    }
+    snprintf(cmd, sizeof cmd, "cmp -s '%s/cpu.out' '%s/gpu.out' && cmp -s '%s/cpu.out' '%s/auto.out'", root, root, root,
+             root);
+    if (sh(cmd) != 0) {
+        snprintf(cmd, sizeof cmd, "cat '%s/cpu.out' '%s/gpu.out' >&2", root, root);
+        sh(cmd);
+        ck_abort_msg("greedy generate: the GPU's continuation differs from the CPU's (ids above)");
+    }
+    snprintf(cmd, sizeof cmd, "grep -q 'backend: gpu (auto' '%s/auto.err'", root);
+    ck_assert_msg(sh(cmd) == 0, "generate --backend auto does not say that it took the GPU");
+    mmoe_test_rmtree(root);
+}
+END_TEST
+
+/**
+ * Without a usable GPU: `--backend gpu` is refused (exit 1, the message names the option),
+ * `--backend auto` runs on the CPU and says so, a bad name is a usage error (exit 2).
+ */
+static int check_refusal_without_gpu(void)
+{
+    const char *bin = getenv("MMOE_BIN");
+    if (bin == NULL)
+        return 0;
+    char dir[4096], root[512], cmd[16384];
+    tiny_dir(dir, sizeof dir);
+    if (mmoe_test_mkdtemp(root, sizeof root) != 0)
+        return 1;
+    int bad = 0;
+    snprintf(cmd, sizeof cmd, "'%s' logits --model '%s' --tokens 1,2 --backend gpu --out '%s/g.st' 2>'%s/g.err'", bin,
+             dir, root, root);
+    bad |= sh(cmd) != 1;
+    snprintf(cmd, sizeof cmd, "grep -q -- '--backend gpu:' '%s/g.err' && test ! -e '%s/g.st'", root, root);
+    bad |= sh(cmd) != 0;
+    snprintf(cmd, sizeof cmd, "'%s' logits --model '%s' --tokens 1,2 --backend auto --out '%s/a.st' 2>'%s/a.err'", bin,
+             dir, root, root);
+    bad |= sh(cmd) != 0;
+    snprintf(cmd, sizeof cmd, "grep -q 'backend: cpu (auto' '%s/a.err'", root);
+    bad |= sh(cmd) != 0;
+    snprintf(cmd, sizeof cmd, "'%s' generate --model '%s' --prompt x --backend tpu 2>/dev/null", bin, dir);
+    bad |= sh(cmd) != 2;
+    mmoe_test_rmtree(root);
+    if (bad)
+        fprintf(stderr, "gpu_forward: the CPU-only behaviour of --backend is wrong\n");
+    return bad;
+}
+
+static Suite *gpu_forward_suite(void)
+{
+    Suite *s = suite_create("gpu_forward");
+    struct {
+        const char *name;
+        const TTest *test;
+    } cases[] = {{"refuse", test_refuses},         {"sublayers", test_sublayers},
+                 {"tiny", test_tiny_fixture},      {"layers", test_synth_layers},
+                 {"long", test_synth_long},        {"flash", test_synth_flash},
+                 {"cli_logits", test_cli_logits},  {"cli_generate", test_cli_generate}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_set_tags(tc, cases[i].name); /* CK_RUN_CASE / CK_EXCLUDE_TAGS select cases */
+        tcase_set_timeout(tc, 1200);
+        tcase_add_test(tc, cases[i].test);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+int main(void)
+{
+    if (!have_gpu()) {
+        if (check_refusal_without_gpu() != 0)
+            return 1;
+        fprintf(stderr, "gpu_forward: no CUDA device (or no CUDA in this build): --backend refusals checked, "
+                        "the GPU cases skipped\n");
+        return MMOE_TEST_SKIP;
+    }
+    /* CUDA state does not survive fork(): run the tests in this process */
+    setenv("CK_FORK", "no", 1);
+    setvbuf(stderr, NULL, _IONBF, 0);
+    g_seed = mmoe_test_seed("gpu_forward");
+    return mmoe_test_run(gpu_forward_suite());
+}

@@ -1,0 +1,465 @@
+/**
+ * @file test_gpu_forward_blocks.c
+ * @brief Suite "gpu_forward_blocks": each block of the GPU forward against the same CPU block, on
+ *        random inputs at tiny and V4-Flash widths (skipped, exit 77, without a GPU).
+ *
+ * The GPU entry points (gpu_forward_internal.h, gfw_test_*) run exactly the kernels of the
+ * forward.  Inputs are drawn from a printed seed; outputs are NaN-poisoned first.
+ *
+ * **Bit-exact** (same operations in the same order, or exact sums whose order does not
+ * matter): RMSNorm, the FP8 block-scaled linear, the dense linear (BF16 and F32 weights),
+ * the mHC write-back, the FP8 and Hadamard + FP4 round trips, the indexer scores and the
+ * top-k order (ties included).
+ *
+ * **exp.**  The device's expf (gfw_expf) is glibc's algorithm (the build for CPUs with FMA),
+ * so that it returns the host's expf bit for bit there; test_expf checks that on 2^22 inputs
+ * over the whole range (and +-inf, NaN).  Where every input agrees (exp_probe()), the
+ * exp-based blocks below must be bit-exact too; with another C library they are held to:
+ *
+ * **Bounded** (two fp32 exps that differ by at most one ulp per call):
+ * - hc_pre: pre = sigmoid(.) + eps and post = 2 sigmoid(.) move by a few fp32 ulp
+ *   (|d| <= 2^-20 here, values <= 2); the Sinkhorn matrix, built from exps and 39 rounds of
+ *   normalization, moves by |d| <= 2^-16 (entries in [0, 1]); y = bf16(sum pre X) may round
+ *   the other way: |dy| <= 2^-7 |y| + 2^-20 max|X|.
+ * - attention: each exp(s - m) moves by one ulp, which may flip its bf16 rounding for P.V
+ *   (2^-8 relative of that term); summed over the list this moves acc/den by at most
+ *   2^-8 max|kv|, and the output's own bf16 rounding may flip: |do| <= 2^-7 (max|kv| + |o|).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn_internal.h"
+#include "gpu_forward_internal.h"
+#include "mmoe_formats.h"
+#include "mmoe_gpu_moe.h"
+#include "mmoe_linear.h"
+#include "mmoe_mhc.h"
+#include "mmoe_rng.h"
+#include "mmoe_test.h"
+
+static uint64_t g_seed;
+
+/** A tensor view. */
+static mmoe_tensor view(mmoe_dtype dt, int ndim, int64_t r, int64_t c, void *data)
+{
+    mmoe_tensor t;
+    memset(&t, 0, sizeof t);
+    t.dtype = dt;
+    t.ndim = ndim;
+    t.shape[0] = r;
+    t.shape[1] = c;
+    t.data = data;
+    t.nbytes = (size_t)(ndim == 1 ? r : r * c) * mmoe_dtype_size(dt);
+    return t;
+}
+
+/** Uniform in [-a, a). */
+static float unif(mmoe_rng *r, float a)
+{
+    return (float)((mmoe_rng_below(r, 1u << 24) / (double)(1u << 24)) * 2.0 - 1.0) * a;
+}
+
+/** n random bf16 values of magnitude about @p a. */
+static uint16_t *rand_bf16(mmoe_rng *r, size_t n, float a)
+{
+    uint16_t *p = malloc(2 * n);
+    ck_assert_ptr_nonnull(p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = mmoe_bf16_from_f32(unif(r, a));
+    return p;
+}
+
+/** n random finite E4M3 codes. */
+static uint8_t *rand_e4m3(mmoe_rng *r, size_t n)
+{
+    uint8_t *p = malloc(n);
+    ck_assert_ptr_nonnull(p);
+    for (size_t i = 0; i < n; i++) {
+        uint8_t c = (uint8_t)mmoe_rng_below(r, 256);
+        p[i] = (c & 0x7F) == 0x7F ? 0x7E : c;
+    }
+    return p;
+}
+
+/** Bitwise equal bf16 arrays, or fail naming the first difference. */
+static void expect_same_u16(const char *what, const uint16_t *g, const uint16_t *c, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        ck_assert_msg(g[i] == c[i], "%s: element %zu: gpu 0x%04x, cpu 0x%04x (seed %llu)", what, i, g[i], c[i],
+                      (unsigned long long)g_seed);
+}
+
+/** Bitwise equal floats. */
+static void expect_same_f32(const char *what, const float *g, const float *c, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        ck_assert_msg(memcmp(&g[i], &c[i], 4) == 0, "%s: element %zu: gpu %a, cpu %a (seed %llu)", what, i, g[i], c[i],
+                      (unsigned long long)g_seed);
+}
+
+static void check_rmsnorm(int64_t T, int64_t n)
+{
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed ^ (uint64_t)n);
+    uint16_t *x = rand_bf16(&r, (size_t)(T * n), 3.0f), *w = rand_bf16(&r, (size_t)n, 1.5f);
+    uint16_t *yc = malloc(2 * (size_t)(T * n)), *yg = malloc(2 * (size_t)(T * n));
+    mmoe_tensor wt = view(MMOE_DT_BF16, 1, n, 0, w);
+    mmoe_rmsnorm_bf16(x, T, n, &wt, 1e-6f, yc);
+    mmoe_test_poison_bf16(yg, (size_t)(T * n));
+    mmoe_error err;
+    ck_assert_msg(gfw_test_rmsnorm(x, T, n, w, 1e-6f, yg, &err) == MMOE_OK, "%s", err.msg);
+    expect_same_u16("rmsnorm", yg, yc, (size_t)(T * n));
+    free(x), free(w), free(yc), free(yg);
+}
+
+/**
+ * glibc's expf as built for CPUs with FMA, written out here from its published algorithm (N = 32
+ * table of 2^(i/32), k by the 1.5*2^52 shift, cubic in r, fused multiply-adds): the test's
+ * own statement of what "the host's expf" is on such a machine.
+ */
+static float glibc_fma_expf(float x)
+{
+    if (isnan(x))
+        return x + x;
+    if (isinf(x))
+        return x > 0.0f ? x : 0.0f;
+    const double inv = 0x1.71547652b82fep+0 * 32, shift = 0x1.8p+52;
+    const double c0 = 0x1.c6af84b912394p-5 / 32 / 32 / 32, c1 = 0x1.ebfce50fac4f3p-3 / 32 / 32, c2 = 0x1.62e42ff0c52d6p-1 / 32;
+    double kd = fma(inv, (double)x, shift);
+    uint64_t ki;
+    memcpy(&ki, &kd, 8);
+    kd -= shift;
+    const double r = fma(inv, (double)x, -kd);
+    const double e = (double)exp2l((long double)(ki % 32) / 32.0L);
+    uint64_t t;
+    memcpy(&t, &e, 8);
+    t = t - ((ki % 32) << 47) + (ki << 47);
+    double s;
+    memcpy(&s, &t, 8);
+    const double z = fma(c0, r, c1), r2 = r * r;
+    double y = fma(c2, r, 1.0);
+    y = fma(z, r2, y);
+    return (float)(y * s);
+}
+
+/**
+ * The device's expf against the host's on 2^22 random inputs of the whole range and the specials.
+ * Fails when one differs by more than one ulp, and when the host's expf is glibc's FMA build
+ * (it equals glibc_fma_expf() on the whole sample) but the device's differs anywhere.  Returns 1
+ * when the device equals the host everywhere (then the exp-based blocks must be exact).
+ */
+static int exp_probe(void)
+{
+    const int64_t n = 1 << 22;
+    float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)n);
+    ck_assert(x && y);
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed ^ 0xe4f);
+    const float special[6] = {INFINITY, -INFINITY, 0.0f, -0.0f, 88.72283f, -103.97208f};
+    for (int64_t i = 0; i < n; i++)
+        x[i] = i < 6 ? special[i] : (i & 1 ? unif(&r, 110.0f) : unif(&r, 12.0f));
+    mmoe_test_poison_f32(y, (size_t)n);
+    mmoe_error err;
+    ck_assert_msg(gfw_test_expf(x, n, y, &err) == MMOE_OK, "%s", err.msg);
+    int64_t diff = 0, far = 0, host_glibc = 1;
+    for (int64_t i = 0; i < n; i++) {
+        const float h = expf(x[i]), ref = glibc_fma_expf(x[i]);
+        host_glibc &= memcmp(&h, &ref, 4) == 0;
+        if (memcmp(&h, &y[i], 4) != 0) {
+            diff++;
+            far += mmoe_test_ulp_f32(h, y[i]) > 1;
+        }
+    }
+    fprintf(stderr, "gpu_forward_blocks: expf: %lld of %lld differ from the host's (by more than 1 ulp: %lld); "
+            "host expf %s glibc's FMA build\n", (long long)diff, (long long)n, (long long)far,
+            host_glibc ? "is" : "is not");
+    ck_assert_msg(far == 0 && y[1] == 0.0f && isinf(y[0]), "device expf is off by more than one ulp (seed %llu)",
+                  (unsigned long long)g_seed);
+    ck_assert_msg(!host_glibc || diff == 0, "device expf differs from glibc's on %lld inputs (seed %llu)",
+                  (long long)diff, (unsigned long long)g_seed);
+    free(x);
+    free(y);
+    return diff == 0;
+}
+
+START_TEST(test_expf)
+{
+    exp_probe();
+}
+END_TEST
+
+START_TEST(test_rmsnorm)
+{
+    check_rmsnorm(3, 128);
+    check_rmsnorm(5, 4096);
+    check_rmsnorm(2, 1024);
+}
+END_TEST
+
+static void check_fp8(int64_t T, int64_t N, int64_t K, int block)
+{
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed ^ (uint64_t)(N * 7 + K));
+    uint16_t *x = rand_bf16(&r, (size_t)(T * K), 4.0f);
+    uint8_t *w = rand_e4m3(&r, (size_t)(N * K));
+    const int64_t sr = (N + block - 1) / block, sc = (K + block - 1) / block;
+    uint8_t *s = malloc((size_t)(sr * sc));
+    for (int64_t i = 0; i < sr * sc; i++)
+        s[i] = (uint8_t)(112 + mmoe_rng_below(&r, 12));
+    uint16_t *yc = malloc(2 * (size_t)(T * N)), *yg = malloc(2 * (size_t)(T * N));
+    mmoe_tensor wt = view(MMOE_DT_F8_E4M3, 2, N, K, w), st = view(MMOE_DT_F8_E8M0, 2, sr, sc, s);
+    mmoe_error err;
+    ck_assert_msg(mmoe_linear_fp8(x, T, &wt, &st, block, yc, &err) == MMOE_OK, "%s", err.msg);
+    mmoe_test_poison_bf16(yg, (size_t)(T * N));
+    ck_assert_msg(gfw_test_linear_fp8(x, T, w, s, N, K, block, yg, &err) == MMOE_OK, "%s", err.msg);
+    char what[64];
+    snprintf(what, sizeof what, "fp8 linear %lldx%lld", (long long)N, (long long)K);
+    expect_same_u16(what, yg, yc, (size_t)(T * N));
+    free(x), free(w), free(s), free(yc), free(yg);
+}
+
+START_TEST(test_linear_fp8)
+{
+    check_fp8(3, 128, 256, 128);     /* tiny */
+    check_fp8(5, 1024, 4096, 128);   /* wq_a */
+    check_fp8(2, 32768, 1024, 128);  /* wq_b */
+    check_fp8(3, 4096, 8192, 128);   /* wo_b */
+    check_fp8(2, 256, 512, 32);      /* 32x32 scale blocks */
+}
+END_TEST
+
+static void check_dense(int64_t T, int64_t N, int64_t K, int f32)
+{
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed ^ (uint64_t)(N * 3 + K + f32));
+    uint16_t *x = rand_bf16(&r, (size_t)(T * K), 2.0f);
+    void *w;
+    if (f32) {
+        float *wf = malloc(sizeof(float) * (size_t)(N * K));
+        for (int64_t i = 0; i < N * K; i++)
+            wf[i] = unif(&r, 0.05f);
+        w = wf;
+    } else {
+        w = rand_bf16(&r, (size_t)(N * K), 0.05f);
+    }
+    float *yc = malloc(sizeof(float) * (size_t)(T * N)), *yg = malloc(sizeof(float) * (size_t)(T * N));
+    mmoe_tensor wt = view(f32 ? MMOE_DT_F32 : MMOE_DT_BF16, 2, N, K, w);
+    mmoe_error err;
+    ck_assert_msg(mmoe_linear_dense(x, T, K, &wt, N, yc, NULL, &err) == MMOE_OK, "%s", err.msg);
+    mmoe_test_poison_f32(yg, (size_t)(T * N));
+    ck_assert_msg(gfw_test_linear_dense(x, T, K, w, f32, N, yg, &err) == MMOE_OK, "%s", err.msg);
+    expect_same_f32(f32 ? "dense linear f32" : "dense linear bf16", yg, yc, (size_t)(T * N));
+    free(x), free(w), free(yc), free(yg);
+}
+
+START_TEST(test_linear_dense)
+{
+    check_dense(3, 256, 128, 1);   /* tiny compressor */
+    check_dense(3, 1024, 4096, 1); /* V4-Flash ratio-4 compressor wkv */
+    check_dense(4, 64, 4096, 0);   /* indexer weights_proj */
+    check_dense(2, 1024, 4097, 0); /* a K that is not a multiple of 4 */
+}
+END_TEST
+
+/** hc_pre and hc_post at hc 4 and width D. */
+static void check_mhc(int64_t T, int64_t D)
+{
+    const int hc = 4, n_mix = (2 + hc) * hc;
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed ^ (uint64_t)D ^ 0x3c);
+    uint16_t *X = rand_bf16(&r, (size_t)(T * hc * D), 2.0f);
+    float *fn = malloc(sizeof(float) * (size_t)(n_mix * hc * D)), base[24], scale[3] = {0.5f, 0.7f, 1.3f};
+    for (int64_t i = 0; i < n_mix * hc * D; i++)
+        fn[i] = unif(&r, 0.02f);
+    for (int i = 0; i < n_mix; i++)
+        base[i] = unif(&r, 1.0f);
+    mmoe_hc_params p = {hc, D, 20, 1e-6f, 1e-6f};
+    uint16_t *yc = malloc(2 * (size_t)(T * D)), *yg = malloc(2 * (size_t)(T * D));
+    float *pc = malloc(sizeof(float) * (size_t)(T * hc)), *pg = malloc(sizeof(float) * (size_t)(T * hc));
+    float *cc = malloc(sizeof(float) * (size_t)(T * hc * hc)), *cg = malloc(sizeof(float) * (size_t)(T * hc * hc));
+    mmoe_hc_pre(&p, X, T, fn, base, scale, yc, pc, cc);
+    mmoe_test_poison_bf16(yg, (size_t)(T * D));
+    mmoe_test_poison_f32(pg, (size_t)(T * hc));
+    mmoe_test_poison_f32(cg, (size_t)(T * hc * hc));
+    mmoe_error err;
+    ck_assert_msg(gfw_test_hc_pre(hc, D, 20, 1e-6f, 1e-6f, X, T, fn, base, scale, yg, pg, cg, &err) == MMOE_OK, "%s",
+                  err.msg);
+    float xmax = 0.0f;
+    for (int64_t i = 0; i < T * hc * D; i++)
+        xmax = fmaxf(xmax, fabsf(mmoe_bf16_to_f32(X[i])));
+    int64_t exact = 0;
+    for (int64_t i = 0; i < T * hc; i++)
+        ck_assert_msg(fabsf(pg[i] - pc[i]) <= 0x1.0p-20f, "hc_pre post[%lld]: gpu %a cpu %a (seed %llu)", (long long)i,
+                      pg[i], pc[i], (unsigned long long)g_seed);
+    for (int64_t i = 0; i < T * hc * hc; i++)
+        ck_assert_msg(fabsf(cg[i] - cc[i]) <= 0x1.0p-16f, "hc_pre comb[%lld]: gpu %a cpu %a (seed %llu)", (long long)i,
+                      cg[i], cc[i], (unsigned long long)g_seed);
+    for (int64_t i = 0; i < T * D; i++) {
+        const float g = mmoe_bf16_to_f32(yg[i]), c = mmoe_bf16_to_f32(yc[i]);
+        ck_assert_msg(fabsf(g - c) <= 0x1.0p-7f * fabsf(c) + 0x1.0p-20f * xmax, "hc_pre y[%lld]: gpu %g cpu %g (seed %llu)",
+                      (long long)i, g, c, (unsigned long long)g_seed);
+        exact += yg[i] == yc[i];
+    }
+    fprintf(stderr, "gpu_forward_blocks: hc_pre D=%lld: %lld of %lld y values bit-exact\n", (long long)D,
+            (long long)exact, (long long)(T * D));
+    if (exp_probe()) {
+        expect_same_u16("hc_pre y (exact exp)", yg, yc, (size_t)(T * D));
+        expect_same_f32("hc_pre post (exact exp)", pg, pc, (size_t)(T * hc));
+        expect_same_f32("hc_pre comb (exact exp)", cg, cc, (size_t)(T * hc * hc));
+    }
+    /* hc_post on the CPU's post and comb: exact */
+    uint16_t *out = rand_bf16(&r, (size_t)(T * D), 2.0f);
+    uint16_t *Xc = malloc(2 * (size_t)(T * hc * D)), *Xg = malloc(2 * (size_t)(T * hc * D));
+    mmoe_hc_post(&p, out, X, T, pc, cc, Xc);
+    memcpy(Xg, X, 2 * (size_t)(T * hc * D));
+    ck_assert_msg(gfw_test_hc_post(hc, D, out, Xg, T, pc, cc, &err) == MMOE_OK, "%s", err.msg);
+    expect_same_u16("hc_post", Xg, Xc, (size_t)(T * hc * D));
+    free(X), free(fn), free(yc), free(yg), free(pc), free(pg), free(cc), free(cg), free(out), free(Xc), free(Xg);
+}
+
+START_TEST(test_mhc)
+{
+    check_mhc(3, 128);
+    check_mhc(3, 4096);
+}
+END_TEST
+
+static void check_attend(int H, int d, int64_t n)
+{
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed ^ (uint64_t)(H * 1000 + n));
+    uint16_t *q = rand_bf16(&r, (size_t)H * (size_t)d, 1.0f), *rows = rand_bf16(&r, (size_t)(n * d), 1.0f);
+    float *sink = malloc(sizeof(float) * (size_t)H);
+    for (int h = 0; h < H; h++)
+        sink[h] = unif(&r, 2.0f);
+    const uint16_t **ptr = malloc(sizeof(uint16_t *) * (size_t)n);
+    for (int64_t i = 0; i < n; i++)
+        ptr[i] = rows + i * d;
+    float *acc = malloc(sizeof(float) * (size_t)d), scores[ATTN_SPARSE_CHUNK];
+    uint16_t *oc = malloc(2 * (size_t)H * (size_t)d), *og = malloc(2 * (size_t)H * (size_t)d);
+    attn_sparse_attention(q, H, d, ptr, n, sink, (float)(1.0 / sqrt((double)d)), acc, scores, oc);
+    mmoe_test_poison_bf16(og, (size_t)H * (size_t)d);
+    mmoe_error err;
+    ck_assert_msg(gfw_test_attend(q, H, d, rows, n, sink, og, &err) == MMOE_OK, "%s", err.msg);
+    float kvmax = 0.0f;
+    for (int64_t i = 0; i < n * d; i++)
+        kvmax = fmaxf(kvmax, fabsf(mmoe_bf16_to_f32(rows[i])));
+    int64_t exact = 0;
+    for (int64_t i = 0; i < (int64_t)H * d; i++) {
+        const float g = mmoe_bf16_to_f32(og[i]), c = mmoe_bf16_to_f32(oc[i]);
+        ck_assert_msg(fabsf(g - c) <= 0x1.0p-7f * (kvmax + fabsf(c)), "attention [%lld]: gpu %g cpu %g (seed %llu)",
+                      (long long)i, g, c, (unsigned long long)g_seed);
+        exact += og[i] == oc[i];
+    }
+    fprintf(stderr, "gpu_forward_blocks: attention H=%d d=%d n=%lld: %lld of %lld bit-exact\n", H, d, (long long)n,
+            (long long)exact, (long long)H * d);
+    if (exp_probe())
+        expect_same_u16("attention (exact exp)", og, oc, (size_t)H * (size_t)d);
+    free(q), free(rows), free(sink), free(ptr), free(acc), free(oc), free(og);
+}
+
+START_TEST(test_attend)
+{
+    check_attend(2, 128, 20);   /* tiny: window 16 + 4 blocks */
+    check_attend(64, 512, 640); /* V4-Flash: window 128 + top-512 */
+    check_attend(64, 512, 1);   /* the first token */
+}
+END_TEST
+
+START_TEST(test_qat)
+{
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed ^ 0x9a7);
+    const int widths[2] = {512, 128};
+    for (int kind = 0; kind < 2; kind++) {
+        const int w = widths[kind];
+        const int64_t rows = 37;
+        uint16_t *x = rand_bf16(&r, (size_t)(rows * w), 8.0f);
+        for (int64_t i = 0; i < w; i++) /* a row of tiny values: the scale clamps */
+            x[i] = mmoe_bf16_from_f32(unif(&r, 1e-30f));
+        uint16_t *xg = malloc(2 * (size_t)(rows * w));
+        memcpy(xg, x, 2 * (size_t)(rows * w));
+        for (int64_t i = 0; i < rows; i++) {
+            if (kind == 0) {
+                mmoe_roundtrip_fp8_bf16(x + i * w, w - 64, 64);
+            } else {
+                attn_hadamard_bf16(x + i * w, w);
+                mmoe_roundtrip_fp4_bf16(x + i * w, w, 32);
+            }
+        }
+        mmoe_error err;
+        ck_assert_msg(gfw_test_qat(xg, rows, w, kind, &err) == MMOE_OK, "%s", err.msg);
+        expect_same_u16(kind ? "hadamard + fp4" : "fp8 round trip", xg, x, (size_t)(rows * w));
+        free(x), free(xg);
+    }
+}
+END_TEST
+
+static void check_indexer(int ih, int id, int64_t nb, int topk, int ties)
+{
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed ^ (uint64_t)(nb * 31 + ties));
+    uint16_t *qi = rand_bf16(&r, (size_t)ih * (size_t)id, 1.0f), *wi = rand_bf16(&r, (size_t)ih, 0.1f);
+    uint16_t *keys = rand_bf16(&r, (size_t)(nb * id), 1.0f);
+    if (ties) /* few distinct keys: equal scores everywhere */
+        for (int64_t j = 0; j < nb; j++)
+            memcpy(keys + j * id, keys + (j % 3) * id, 2 * (size_t)id);
+    float *sc = malloc(sizeof(float) * (size_t)nb), *sg = malloc(sizeof(float) * (size_t)nb);
+    attn_scored *work = malloc(sizeof(attn_scored) * (size_t)nb);
+    int64_t *ic = malloc(sizeof(int64_t) * (size_t)topk);
+    int32_t *ig = malloc(sizeof(int32_t) * (size_t)topk);
+    attn_indexer_scores(qi, wi, keys, ih, id, nb, sc);
+    const int64_t k = attn_topk_desc(sc, nb, topk, work, ic);
+    mmoe_test_poison_f32(sg, (size_t)nb);
+    mmoe_error err;
+    ck_assert_msg(gfw_test_indexer(qi, wi, keys, ih, id, nb, topk, sg, ig, &err) == MMOE_OK, "%s", err.msg);
+    expect_same_f32("indexer scores", sg, sc, (size_t)nb);
+    for (int64_t i = 0; i < k; i++)
+        ck_assert_msg(ig[i] == ic[i], "indexer top-k rank %lld: gpu %d cpu %lld (seed %llu)", (long long)i, ig[i],
+                      (long long)ic[i], (unsigned long long)g_seed);
+    free(qi), free(wi), free(keys), free(sc), free(sg), free(work), free(ic), free(ig);
+}
+
+START_TEST(test_indexer)
+{
+    check_indexer(2, 64, 9, 4, 0);
+    check_indexer(4, 128, 35, 4, 1);
+    check_indexer(64, 128, 600, 512, 0);
+    check_indexer(64, 128, 700, 512, 1);
+    check_indexer(64, 128, 300, 512, 0); /* fewer blocks than top-k */
+}
+END_TEST
+
+static Suite *blocks_suite(void)
+{
+    Suite *s = suite_create("gpu_forward_blocks");
+    TCase *tc = tcase_create("blocks");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_expf);
+    tcase_add_test(tc, test_rmsnorm);
+    tcase_add_test(tc, test_linear_fp8);
+    tcase_add_test(tc, test_linear_dense);
+    tcase_add_test(tc, test_mhc);
+    tcase_add_test(tc, test_attend);
+    tcase_add_test(tc, test_qat);
+    tcase_add_test(tc, test_indexer);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    mmoe_error err;
+    int cc = 0;
+    if (mmoe_gpu_available(&cc, &err) != MMOE_OK) {
+        fprintf(stderr, "gpu_forward_blocks: %s: skipped\n", err.msg);
+        return MMOE_TEST_SKIP;
+    }
+    /* CUDA state does not survive fork(): run the tests in this process */
+    setenv("CK_FORK", "no", 1);
+    setvbuf(stderr, NULL, _IONBF, 0);
+    g_seed = mmoe_test_seed("gpu_forward_blocks");
+    return mmoe_test_run(blocks_suite());
+}

@@ -1,0 +1,77 @@
+#!/bin/bash
+# tools/gpu-forward-check.sh: the GPU forward's checks in one device call.
+#   1. build megamoe and tests/test_gpu_forward with CUDA for sm_90a only (the H200);
+#   2. tests/test_gpu_forward_blocks and tests/test_gpu_forward (all cases but the V4-Flash one);
+#   3. compute-sanitizer memcheck on the embedded tiny model's case;
+#   4. the V4-Flash-width case (its checkpoint is kept in $FLASH for the bench);
+#   5. megamoe bench forward --backend gpu on the tiny fixture and on the V4-Flash-width checkpoint.
+# Logs go to $OUT.  Usage on the device machine (see tools/gpu-check.sh for the tarball layout):
+#   MMOE_DEBS=$PWD/.gpu/debs bash /tmp/m/tools/gpu-forward-check.sh [STEPS]
+# STEPS: a subset of "build test memcheck flash bench break" (default: all but break).
+# "break" (last: it edits the tree) applies $BREAK_PATCH (deliberate bugs, one per block) and
+# runs the suites again, which must fail.
+set -u
+OUT=${OUT:-/tmp/mmoe-out}
+mkdir -p "$OUT"
+STEPS=${1:-build test memcheck flash bench}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=tools/gpu-env.sh
+. "$ROOT/tools/gpu-env.sh"
+export PATH=/usr/local/cuda/bin:$PATH
+cd "$ROOT" || exit 1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/device.txt" 2>&1
+cat "$OUT/device.txt"
+case " $STEPS " in *" build "*)
+  t0=$(date +%s)
+  ( ./configure --with-cuda --disable-doxygen-doc CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" \
+      > "$OUT/configure.log" 2>&1 && make -j16 > "$OUT/build.log" 2>&1 \
+      && make -j16 tests/test_gpu_forward tests/test_gpu_forward_blocks >> "$OUT/build.log" 2>&1 ) \
+    || { echo "BUILD FAILED"; tail -n 40 "$OUT/configure.log" "$OUT/build.log"; exit 1; }
+  echo "build: ok ($(( $(date +%s) - t0 )) s)";;
+esac
+export MMOE_SRCDIR=$ROOT MMOE_BUILDDIR=$ROOT MMOE_BIN=$ROOT/megamoe CK_VERBOSITY=verbose
+FLASH=/tmp/mmoe-flash
+case " $STEPS " in *" test "*)
+  t0=$(date +%s)
+  timeout 200 ./tests/test_gpu_forward_blocks > "$OUT/test-blocks.log" 2>&1
+  echo "test_gpu_forward_blocks: rc=$? ($(( $(date +%s) - t0 )) s)"
+  grep -E "gpu_forward_blocks:|:[PFE]:|Checks" "$OUT/test-blocks.log" | tail -n 30
+  t0=$(date +%s)
+  CK_EXCLUDE_TAGS=flash OPENBLAS_NUM_THREADS=16 timeout 300 ./tests/test_gpu_forward > "$OUT/test.log" 2>&1
+  echo "test_gpu_forward (all but flash): rc=$? ($(( $(date +%s) - t0 )) s)"
+  grep -E "gpu_forward:|:[PFE]:|Checks" "$OUT/test.log" | tail -n 60;;
+esac
+case " $STEPS " in *" memcheck "*)
+  if command -v compute-sanitizer > /dev/null; then
+    t0=$(date +%s)
+    CK_RUN_CASE=tiny timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 \
+      ./tests/test_gpu_forward > "$OUT/memcheck.log" 2>&1
+    echo "memcheck (tiny): rc=$? ($(( $(date +%s) - t0 )) s)"; grep -E "ERROR SUMMARY|Invalid|Checks" "$OUT/memcheck.log" | head
+  else echo "memcheck: compute-sanitizer not found"; fi;;
+esac
+case " $STEPS " in *" flash "*)
+  t0=$(date +%s)
+  CK_RUN_CASE=flash MMOE_GPU_FWD_FLASH_DIR=$FLASH OPENBLAS_NUM_THREADS=16 timeout 300 ./tests/test_gpu_forward \
+    > "$OUT/test-flash.log" 2>&1
+  echo "test_gpu_forward (flash): rc=$? ($(( $(date +%s) - t0 )) s)"
+  grep -E "gpu_forward:|:[PFE]:|Checks" "$OUT/test-flash.log" | tail -n 20;;
+esac
+case " $STEPS " in *" break "*)
+  if [ -f "${BREAK_PATCH:-}" ] && patch -p1 < "$BREAK_PATCH" > "$OUT/break.log" 2>&1 \
+     && make -j16 tests/test_gpu_forward tests/test_gpu_forward_blocks >> "$OUT/break.log" 2>&1; then
+    timeout 60 ./tests/test_gpu_forward_blocks > "$OUT/break-blocks.log" 2>&1
+    echo "broken build, test_gpu_forward_blocks: rc=$? (must fail)"; grep -E ":[FE]:|Checks" "$OUT/break-blocks.log"
+    CK_RUN_CASE=sublayers timeout 60 ./tests/test_gpu_forward > "$OUT/break-fwd.log" 2>&1
+    echo "broken build, test_gpu_forward sublayers: rc=$? (must fail)"; grep -E ":[FE]:|Checks" "$OUT/break-fwd.log"
+    CK_RUN_CASE=tiny timeout 60 ./tests/test_gpu_forward > "$OUT/break-fwd2.log" 2>&1
+    echo "broken build, test_gpu_forward tiny: rc=$? (must fail)"; grep -E ":[FE]:|Checks" "$OUT/break-fwd2.log"
+  else echo "break: no patch or it did not apply/build"; tail -5 "$OUT/break.log"; fi;;
+esac
+case " $STEPS " in *" bench "*)
+  timeout 60 ./megamoe bench forward --model fixtures/tiny-dsv4 --tokens 64 --decode 32 --backend gpu \
+    > "$OUT/bench-tiny.log" 2>&1; echo "bench tiny: rc=$?"; grep -vE "^ +[0-9]+ " "$OUT/bench-tiny.log" | head -30
+  if [ -d "$FLASH" ]; then
+    timeout 120 ./megamoe bench forward --model "$FLASH" --tokens 64 --decode 16 --backend gpu \
+      > "$OUT/bench-flash.log" 2>&1; echo "bench v4-flash widths: rc=$?"; head -60 "$OUT/bench-flash.log"
+  fi;;
+esac
