@@ -511,7 +511,7 @@ START_TEST(test_cli_logits)
     mmoe_st_file *f[2] = {NULL, NULL};
     mmoe_error err;
     for (int b = 0; b < 2; b++) {
-        snprintf(cmd, sizeof cmd, "'%s' logits --model '%s' --tokens %s --mtp --backend %s --out '%s/%s.st' 2>'%s/%s.err'",
+        snprintf(cmd, sizeof cmd, "'%s' logits --model '%s' --ids %s --mtp --backend %s --out '%s/%s.st' 2>'%s/%s.err'",
                  bin, dir, toks, be[b], root, be[b], root, be[b]);
         ck_assert_msg(sh(cmd) == 0, "%s failed", cmd);
         snprintf(cmd, sizeof cmd, "%s/%s.st", root, be[b]);
@@ -571,12 +571,12 @@ static int check_refusal_without_gpu(void)
     if (mmoe_test_mkdtemp(root, sizeof root) != 0)
         return 1;
     int bad = 0;
-    snprintf(cmd, sizeof cmd, "'%s' logits --model '%s' --tokens 1,2 --backend gpu --out '%s/g.st' 2>'%s/g.err'", bin,
+    snprintf(cmd, sizeof cmd, "'%s' logits --model '%s' --ids 1,2 --backend gpu --out '%s/g.st' 2>'%s/g.err'", bin,
              dir, root, root);
     bad |= sh(cmd) != 1;
     snprintf(cmd, sizeof cmd, "grep -q -- '--backend gpu:' '%s/g.err' && test ! -e '%s/g.st'", root, root);
     bad |= sh(cmd) != 0;
-    snprintf(cmd, sizeof cmd, "'%s' logits --model '%s' --tokens 1,2 --backend auto --out '%s/a.st' 2>'%s/a.err'", bin,
+    snprintf(cmd, sizeof cmd, "'%s' logits --model '%s' --ids 1,2 --backend auto --out '%s/a.st' 2>'%s/a.err'", bin,
              dir, root, root);
     bad |= sh(cmd) != 0;
     snprintf(cmd, sizeof cmd, "grep -q 'backend: cpu (auto' '%s/a.err'", root);

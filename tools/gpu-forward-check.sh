@@ -68,10 +68,10 @@ case " $STEPS " in *" break "*)
   else echo "break: no patch or it did not apply/build"; tail -5 "$OUT/break.log"; fi;;
 esac
 case " $STEPS " in *" bench "*)
-  timeout 60 ./megamoe bench forward --model fixtures/tiny-dsv4 --tokens 64 --decode 32 --backend gpu \
+  timeout 60 ./megamoe bench forward --model fixtures/tiny-dsv4 --prefill 64 --decode 32 --backend gpu \
     > "$OUT/bench-tiny.log" 2>&1; echo "bench tiny: rc=$?"; grep -vE "^ +[0-9]+ " "$OUT/bench-tiny.log" | head -30
   if [ -d "$FLASH" ]; then
-    timeout 120 ./megamoe bench forward --model "$FLASH" --tokens 64 --decode 16 --backend gpu \
+    timeout 120 ./megamoe bench forward --model "$FLASH" --prefill 64 --decode 16 --backend gpu \
       > "$OUT/bench-flash.log" 2>&1; echo "bench v4-flash widths: rc=$?"; head -60 "$OUT/bench-flash.log"
   fi;;
 esac

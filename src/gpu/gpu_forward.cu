@@ -413,10 +413,10 @@ __global__ void k_rope(uint16_t *x, int64_t n_rows, int64_t rows_per_t, int64_t 
     const float c = cs[(pos * half + p) * 2], s = cs[(pos * half + p) * 2 + 1];
     float re, im;
     if (!inverse) {
-        re = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+        re = __fmaf_rn(a, c, -__fmul_rn(b, s)); /* the real part fused, as attn_rope.c */
         im = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
     } else {
-        re = __fadd_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+        re = __fmaf_rn(a, c, __fmul_rn(b, s));
         im = __fsub_rn(__fmul_rn(b, c), __fmul_rn(a, s));
     }
     v[2 * p] = gfw_f2bf(re);
@@ -601,7 +601,7 @@ __global__ void k_compress(comp_args a)
             for (int p = 0; p < half; p++) {
                 const float x0 = gfw_bf2f(v[2 * p]), x1 = gfw_bf2f(v[2 * p + 1]);
                 const float cv = a.cs[(bp * half + p) * 2], sv = a.cs[(bp * half + p) * 2 + 1];
-                v[2 * p] = gfw_f2bf(__fsub_rn(__fmul_rn(x0, cv), __fmul_rn(x1, sv)));
+                v[2 * p] = gfw_f2bf(__fmaf_rn(x0, cv, -__fmul_rn(x1, sv)));
                 v[2 * p + 1] = gfw_f2bf(__fadd_rn(__fmul_rn(x0, sv), __fmul_rn(x1, cv)));
             }
             if (a.kind == 0) {
