@@ -58,9 +58,11 @@
 #include "mmoe_formats.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
+/** 1 where the AVX2 variant can be compiled (x86-64 with GCC's target attribute), else 0. */
 #define MOE_DOT_HAVE_X86 1
 #include <immintrin.h>
 #else
+/** 0: this build has no AVX2 variant. */
 #define MOE_DOT_HAVE_X86 0
 #endif
 

@@ -42,8 +42,8 @@ typedef struct moe_naive_scratch {
 float moe_naive_weight(const mmoe_tensor *w, const mmoe_tensor *sf, int64_t block, int64_t r, int64_t c);
 
 /**
- * The dot product of every GEMM of the layer, the definition of @ref spec_moe_gemm_order:
- * the sum over k < @p n of a[k] W[row][k], with W[row][k] = moe_naive_weight(@p w, @p sf,
+ * The dot product of every GEMM of the layer, written as @ref spec_moe_gemm_order defines
+ * it: the sum over k < @p n of a[k] W[row][k], with W[row][k] = moe_naive_weight(@p w, @p sf,
  * @p block, @p row, k), in eight FP32 lanes of fmaf (lane k mod 8, k ascending) and the fixed
  * combine ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7)).
  */
