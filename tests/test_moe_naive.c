@@ -3,28 +3,32 @@
  * @brief Suite "moe_naive": the fast oracle against the naive reference (moe_naive.c), which
  *        reads the recipe table of docs/spec/moe-layer.md literally.
  *
- * The naive reference sums every GEMM with one FP32 accumulator per output, k ascending.  The
- * oracle lets OpenBLAS choose its order inside fixed blocks.  The products are exact either
- * way, so the two agree bit for bit whenever the *sums* cannot depend on the order.  Three
- * families of random layers (seeds printed, replay with MMOE_SEED=n):
+ * Both implementations sum every GEMM output in the order of the specification
+ * (@ref spec_moe_gemm_order: eight FP32 lanes of fused multiply-adds, k ascending, a fixed
+ * combine), the oracle in moe_dot.c (scalar or AVX2, several tokens and rows at once), the
+ * naive reference in one plain loop per output.  So they agree bit for bit on every layer, not
+ * only where the order cannot matter.  Three families of random layers (seeds printed, replay
+ * with MMOE_SEED=n), each compared bit for bit:
  *
  *  1. **sparse rows**: realistic quantized weights in which every row of W1, W3, W2, of the
- *     shared expert and of the router gate keeps only two non-zero weights.  A sum of two
- *     exact products and zeros is one rounding in any order, so every stage is order-free and
- *     the layer must match **bit for bit**: the rounding points R1-R9 of every recipe, fused and
- *     serial shared expert, biased and hash routing, the router's ties and weights, masked
- *     slots, precise and fast math.
+ *     shared expert and of the router gate keeps only two non-zero weights (one for sm90).
+ *     A sum of two exact products and zeros is one rounding in any order, so this family
+ *     checks the rounding points R1-R9 of every recipe even if the summation order were
+ *     wrong: fused and serial shared expert, biased and hash routing, the router's ties and
+ *     weights, masked slots, precise and fast math.
  *  2. **dyadic L1, sparse L2**: dense W1/W3 and integer x whose L1 sums are exact in FP32
  *     (MMOE_SYNTH_DYADIC), W2 with two non-zeros per row (one for sm90, whose operands
- *     fl(q s) make rounded products); given routing.  Bit for bit.
- *  3. **dense**: realistic dense weights (MMOE_SYNTH_NORMAL), the oracle's own routing given to
- *     both.  The sums of the two implementations are equal once the oracle also sums k
- *     ascending with one accumulator per output; until then (OpenBLAS's order) an L1 sum can
- *     differ by an FP32 ulp and flip a BF16 rounding, so each output is checked against the
- *     bound derived at dense_bound() and the number of bit-identical outputs is printed.
- *     Define MOE_NAIVE_EXPECT_BIT_EXACT to require bit-exactness in family 3 as well.
+ *     fl(q s) make rounded products); given routing.  Again independent of the order.
+ *  3. **dense**: realistic dense weights and inputs (MMOE_SYNTH_NORMAL), where every L1, L2
+ *     and router sum rounds many times and sm90's products fl(q s) W are not exact (the single
+ *     rounding of the fused multiply-add matters), so this family checks the summation order
+ *     itself.  Whole layers of every recipe, fused and serial, with the router's own choice
+ *     (its FP32 weights show a one-ulp difference in a logit) and with given routing.  A
+ *     one-ulp difference of an L1 or L2 sum rarely survives the BF16 roundings that follow, so
+ *     the GEMM sums are also compared directly in FP32: moe_naive_dot() against the oracle's
+ *     expert GEMM (moe_expert_gemm(), tiled for a batch and with FP4 decoded in registers for
+ *     one token) for L1 and L2 of a routed (FP4) and of the shared (FP8) expert.
  */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +38,7 @@
 #include "mmoe_moe_synth.h"
 #include "mmoe_rng.h"
 #include "mmoe_test.h"
+#include "moe_internal.h"
 #include "moe_naive.h"
 
 static uint64_t g_seed;
@@ -279,116 +284,12 @@ END_TEST
 
 /* ------------------------------------------------------------------ family 3: dense */
 
-/**
- * The bound on |y_oracle - y_naive| for one output d of one token, while the two sum the GEMMs
- * in different orders.  With the oracle's order equal to the naive one it is 0.
- *
- * Derivation, per slot (weight w, naive values g, u, a, â of moe_naive_expert()):
- *  - L1: both orders sum the same exact products, so each sum is within gamma_D * S of the exact
- *    value (S = sum |x̂ W|, gamma_D = D u / (1 - D u), u = 2^-24); R3 then rounds each to BF16.
- *    Two BF16 roundings of values that close differ by at most one BF16 ulp (2^-7 |v|) plus
- *    2 gamma_D S, so |dg| <= 2^-7 |g| + 2 gamma_D S_g, and the same for u.
- *  - R4-R6: the clamp is 1-Lipschitz; |d silu / dg| <= 1.1; so
- *    |da| <= |w| (1.1 |dg| |u| + |silu(g)| |du| + |dg| |du|) plus a few FP32 ulps of |a| (taken
- *    as 2^-20 |a|); dsv4-ref's BF16 rounding of a adds one BF16 ulp (2^-7 |a|).
- *  - R7: each side rounds its a to E4M3 on its own group scale; a rounding moves a value by at
- *    most half an E4M3 step, 2^-4 |a| for normals and 2^-10 s below, and the group scale s is at
- *    most 2 amax / 448 (a ceiling; amax may differ by max |da| between the sides, and SM90's
- *    scale is amax / 448).  So |dâ_i| <= |da_i| + 2 (2^-4 (|a_i| + |da_i|) + 2^-10 (2 (amax + max|da|) / 448)).
- *  - L2: |d L2_d| <= sum_i |dâ_i| |W2_di| + 2 gamma_I sum_i |â_i W2_di| (+ the |dâ| on the right),
- *    then R8 rounds to BF16 (one ulp, 2^-7 |y|).
- *  - R9: the slot outputs (and the shared one) are added in the same order; each addition can
- *    shift by the difference of its inputs plus one FP32 ulp, and the final BF16 store by one
- *    BF16 ulp.
- * The sum of these terms, doubled as a margin, is returned.  The shared expert (weight 1) is
- * bounded the same way with the recipe of its path.
- */
-static double dense_bound(const mmoe_moe_desc *d, const mmoe_moe_weights *w, mmoe_moe_path path, const uint16_t *xt,
-                          const int64_t *idx, const float *wts, moe_naive_scratch *s, double *ybound)
+START_TEST(dense_bit_exact)
 {
-    const double gamma_d = (double)d->hidden * 0x1p-24 / (1.0 - (double)d->hidden * 0x1p-24);
-    const double gamma_i = 512.0 * 0x1p-24 / (1.0 - 512.0 * 0x1p-24);
-    for (int64_t k = 0; k < d->hidden; k++)
-        s->x[k] = mmoe_bf16_to_f32(xt[k]);
-    moe_naive_quant qx = d->recipe == MMOE_RECIPE_SM100 ? MOE_NAIVE_Q_SM100_X
-                         : d->recipe == MMOE_RECIPE_SM90 ? MOE_NAIVE_Q_SM90
-                                                         : MOE_NAIVE_Q_V4;
-    for (int64_t c = 0; c < d->hidden; c++)
-        ybound[c] = 0.0;
-    double ysum = 0.0;
-    uint16_t *yrow = malloc((size_t)d->hidden * 2);
-    double *da = malloc((size_t)(d->inter + d->n_shared * d->shared_inter) * sizeof(double));
-    ck_assert(yrow != NULL && da != NULL);
-    for (int j = -1; j < d->topk; j++) {
-        const mmoe_moe_expert_weights *ew;
-        int64_t width, block;
-        mmoe_moe_recipe recipe = d->recipe;
-        float wt;
-        if (j < 0) { /* the shared expert */
-            if (path == MMOE_PATH_NONE)
-                continue;
-            ew = &w->shared;
-            width = d->n_shared * d->shared_inter;
-            block = d->shared_block;
-            wt = 1.0f;
-            if (path == MMOE_PATH_SERIAL)
-                recipe = MMOE_RECIPE_DSV4_REF;
-        } else {
-            if (idx[j] < 0)
-                continue;
-            ew = &w->experts[idx[j]];
-            width = d->inter;
-            block = 32;
-            wt = wts[j];
-        }
-        moe_naive_quantize(j < 0 && path == MMOE_PATH_SERIAL ? MOE_NAIVE_Q_V4 : qx, s->x, d->hidden, s->xq);
-        moe_naive_expert(ew, width, block, d->hidden, recipe, d->math, d->swiglu_limit, s->xq, wt, s, yrow);
-        const int64_t group = recipe == MMOE_RECIPE_SM100 ? 32 : 128;
-        double max_da = 0.0;
-        for (int64_t i = 0; i < width; i++) {
-            double sg = 0.0, su = 0.0;
-            for (int64_t k = 0; k < d->hidden; k++) {
-                sg += fabs((double)s->xq[k] * moe_naive_weight(&ew->w1, &ew->w1_scale, block, i, k));
-                su += fabs((double)s->xq[k] * moe_naive_weight(&ew->w3, &ew->w3_scale, block, i, k));
-            }
-            const double g = fabs(mmoe_bf16_round(s->g[i])), u = fabs(mmoe_bf16_round(s->u[i]));
-            const double dg = 0x1p-7 * g + 2 * gamma_d * sg, du = 0x1p-7 * u + 2 * gamma_d * su;
-            const double silu = fmax(g, 0.3); /* |silu(g)| <= max(|g|, 0.28) */
-            da[i] = fabs(wt) * (1.1 * dg * u + silu * du + dg * du) + 0x1p-20 * fabs(s->a[i]) +
-                    (recipe == MMOE_RECIPE_DSV4_REF ? 0x1p-7 * fabs(s->a[i]) : 0.0);
-            max_da = fmax(max_da, da[i]);
-        }
-        for (int64_t g0 = 0; g0 < width; g0 += group) {
-            double amax = 0.0;
-            for (int64_t i = g0; i < g0 + group; i++)
-                amax = fmax(amax, fabs(s->a[i]));
-            const double sub = 0x1p-10 * 2.0 * (amax + max_da) / 448.0;
-            for (int64_t i = g0; i < g0 + group; i++)
-                da[i] = da[i] + 2.0 * (0x1p-4 * (fabs(s->a[i]) + da[i]) + sub);
-        }
-        for (int64_t c = 0; c < d->hidden; c++) {
-            double acc = 0.0, mag = 0.0;
-            for (int64_t i = 0; i < width; i++) {
-                const double w2 = fabs(moe_naive_weight(&ew->w2, &ew->w2_scale, block, c, i));
-                acc += da[i] * w2;
-                mag += (fabs(s->aq[i]) + da[i]) * w2;
-            }
-            const double y = fabs(mmoe_bf16_to_f32(yrow[c]));
-            ybound[c] += acc + 2 * gamma_i * mag + 0x1p-7 * (y + acc) + 0x1p-23 * (y + acc);
-            ysum += y;
-        }
-    }
-    for (int64_t c = 0; c < d->hidden; c++)
-        ybound[c] = 2.0 * (ybound[c] + 0x1p-7 * ysum + 0x1p-7 * ybound[c]);
-    free(yrow);
-    free(da);
-    return ysum;
-}
-
-START_TEST(dense_within_bound)
-{
-    naive_case c = {(mmoe_moe_recipe)(_i % MMOE_RECIPE_COUNT), MMOE_ROUTING_BIASED,
-                    _i < MMOE_RECIPE_COUNT ? MMOE_SHARED_AUTO : MMOE_SHARED_SERIAL, MMOE_MATH_PRECISE, 1};
+    const int recipes = MMOE_RECIPE_COUNT;
+    naive_case c = {(mmoe_moe_recipe)(_i % recipes), MMOE_ROUTING_BIASED,
+                    (_i / recipes) % 2 == 0 ? MMOE_SHARED_AUTO : MMOE_SHARED_SERIAL, MMOE_MATH_PRECISE,
+                    _i < 2 * recipes};
     const mmoe_moe_desc d = case_desc(&c);
     const uint64_t seed = g_seed + 104729u * (uint64_t)_i;
     mmoe_error err;
@@ -403,48 +304,112 @@ START_TEST(dense_within_bound)
     int64_t idx[T * 3];
     float wts[T * 3];
     random_routing(&d, T, &rng, idx, wts);
-    naive_runs r = run_both(&d, w, T, x, NULL, idx, wts);
-    mmoe_moe_layer *layer;
-    ck_assert_int_eq(mmoe_moe_layer_create(&d, &layer, &err), MMOE_OK);
-    ck_assert_int_eq(mmoe_moe_layer_set_weights(layer, w, &err), MMOE_OK);
-    const mmoe_moe_path path = mmoe_moe_layer_shared_plan(layer, NULL, NULL);
-    mmoe_moe_layer_destroy(layer);
-    moe_naive_scratch s = {0};
-    const size_t nw = (size_t)(d.n_shared * d.shared_inter);
-    s.x = malloc(256 * sizeof(float));
-    s.xq = malloc(256 * sizeof(float));
-    s.g = malloc(nw * sizeof(float));
-    s.u = malloc(nw * sizeof(float));
-    s.a = malloc(nw * sizeof(float));
-    s.aq = malloc(nw * sizeof(float));
-    double bound[256];
-    int64_t same = 0;
-    double worst = 0.0;
-    for (int64_t t = 0; t < T; t++) {
-        dense_bound(&d, w, path, x + t * 256, idx + t * 3, wts + t * 3, &s, bound);
-        for (int64_t k = 0; k < 256; k++) {
-            const uint16_t a = r.y_fast[t * 256 + k], b = r.y_naive[t * 256 + k];
-            same += a == b;
-#ifdef MOE_NAIVE_EXPECT_BIT_EXACT
-            ck_assert_msg(a == b, "dense y[%lld][%lld]: oracle 0x%04x, naive 0x%04x", (long long)t, (long long)k, a, b);
-#endif
-            const double diff = fabs((double)mmoe_bf16_to_f32(a) - (double)mmoe_bf16_to_f32(b));
-            ck_assert_msg(diff <= bound[k], "dense %s y[%lld][%lld]: oracle %g, naive %g, |diff| %g > bound %g",
-                          mmoe_moe_recipe_name(d.recipe), (long long)t, (long long)k, mmoe_bf16_to_f32(a),
-                          mmoe_bf16_to_f32(b), diff, bound[k]);
-            if (bound[k] > 0)
-                worst = fmax(worst, diff / bound[k]);
+    naive_runs r = run_both(&d, w, T, x, NULL, c.given_routing ? idx : NULL, c.given_routing ? wts : NULL);
+    char what[96];
+    snprintf(what, sizeof what, "dense %s %s%s", mmoe_moe_recipe_name(d.recipe),
+             mmoe_moe_shared_mode_name(d.shared_mode), c.given_routing ? " given routing" : "");
+    assert_bit_exact(&d, &r, what);
+    runs_free(&r);
+    mmoe_moe_synth_destroy(syn);
+}
+END_TEST
+
+/**
+ * One matrix of a layer, as both sides read it: the checkpoint tensors (naive) and the
+ * oracle's view of them.
+ */
+typedef struct gemm_operand {
+    const char *name;
+    const mmoe_tensor *w, *sf;
+    int64_t block; /**< FP8 scale block (FP4: 32) */
+    moe_mat mat;
+} gemm_operand;
+
+/**
+ * Every output a[t] . W[j] of @p op computed by moe_naive_dot() and by the oracle's expert
+ * GEMM, bit for bit in FP32: once for all @p m tokens in one call (tiled path for m > 4) and
+ * once per token (FP4 weights decoded in registers).  @p a is [m, K].
+ */
+static void assert_gemm_same(const gemm_operand *op, const float *a, int64_t m, moe_gemm_kind kind,
+                             const char *recipe)
+{
+    const int64_t n = op->mat.rows, k = op->mat.cols;
+    float *all = malloc((size_t)(m * n) * sizeof(float)), *one = malloc((size_t)n * sizeof(float));
+    ck_assert(all != NULL && one != NULL);
+    mmoe_test_poison_f32(all, (size_t)(m * n));
+    moe_scratch scratch = {0};
+    moe_gemm_clock clk = {0};
+    ck_assert_int_eq(moe_expert_gemm(&op->mat, a, m, kind, all, &scratch, &clk), 0);
+    for (int64_t t = 0; t < m; t++) {
+        mmoe_test_poison_f32(one, (size_t)n);
+        ck_assert_int_eq(moe_expert_gemm(&op->mat, a + t * k, 1, kind, one, &scratch, &clk), 0);
+        for (int64_t j = 0; j < n; j++) {
+            const float naive = moe_naive_dot(a + t * k, op->w, op->sf, op->block, j, k);
+            const int same = memcmp(&naive, &all[t * n + j], sizeof naive) == 0 && memcmp(&naive, &one[j], sizeof naive) == 0;
+            ck_assert_msg(same,
+                          "dense GEMM %s %s: token %lld row %lld: naive %a, oracle %a (%lld tokens), %a (alone)",
+                          recipe, op->name, (long long)t, (long long)j, naive, all[t * n + j], (long long)m, one[j]);
         }
     }
-    fprintf(stderr, "moe_naive: dense %s %s: %lld of %d outputs bit-identical, worst |diff| / bound %.3g\n",
-            mmoe_moe_recipe_name(d.recipe), mmoe_moe_shared_mode_name(d.shared_mode), (long long)same, T * 256, worst);
-    free(s.x);
-    free(s.xq);
-    free(s.g);
-    free(s.u);
-    free(s.a);
-    free(s.aq);
-    runs_free(&r);
+    moe_scratch_free(&scratch);
+    free(all);
+    free(one);
+}
+
+/*
+ * The GEMM sums themselves, before any BF16 rounding can hide a difference of one FP32 ulp:
+ * L1 (gate and up) on the recipe's quantized input, L2 on the naive reference's own quantized
+ * intermediate, for a routed expert (FP4) and the shared expert (FP8, block scales).  sm90's
+ * operands fl(q s) make these products inexact, so the single rounding of each fma is checked.
+ */
+START_TEST(dense_gemm_sums_bit_exact)
+{
+    naive_case c = {(mmoe_moe_recipe)_i, MMOE_ROUTING_BIASED, MMOE_SHARED_AUTO, MMOE_MATH_PRECISE, 1};
+    const mmoe_moe_desc d = case_desc(&c);
+    const uint64_t seed = g_seed + 15485863u * (uint64_t)_i;
+    mmoe_error err;
+    mmoe_moe_synth *syn;
+    ck_assert_int_eq(mmoe_moe_synth_create(&d, seed, MMOE_SYNTH_NORMAL, &syn, &err), MMOE_OK);
+    const mmoe_moe_weights *w = mmoe_moe_synth_weights(syn);
+    enum { T = 6, D = 256, I = 256 };
+    uint16_t x[T * D];
+    mmoe_moe_synth_input(&d, T, seed + 1, MMOE_SYNTH_NORMAL, x, NULL);
+    const moe_naive_quant qx = d.recipe == MMOE_RECIPE_SM100 ? MOE_NAIVE_Q_SM100_X
+                               : d.recipe == MMOE_RECIPE_SM90 ? MOE_NAIVE_Q_SM90
+                                                              : MOE_NAIVE_Q_V4;
+    float xf[T * D], xq[T * D], g[I], u[I], av[I], aq_e[T * I], aq_s[T * I];
+    moe_naive_scratch s = {0};
+    s.g = g;
+    s.u = u;
+    s.a = av;
+    uint16_t y[D];
+    const mmoe_moe_expert_weights *ex = &w->experts[_i % d.n_experts], *sh = &w->shared;
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t k = 0; k < D; k++)
+            xf[t * D + k] = mmoe_bf16_to_f32(x[t * D + k]);
+        moe_naive_quantize(qx, xf + t * D, D, xq + t * D);
+        s.aq = aq_e + t * I; /* the L2 inputs the naive reference forms */
+        moe_naive_expert(ex, I, 32, D, d.recipe, d.math, d.swiglu_limit, xq + t * D, 0.75f, &s, y);
+        s.aq = aq_s + t * I;
+        moe_naive_expert(sh, I, d.shared_block, D, d.recipe, d.math, d.swiglu_limit, xq + t * D, 1.0f, &s, y);
+    }
+    gemm_operand ops[6] = {{"expert W1", &ex->w1, &ex->w1_scale, 32, {0}},
+                           {"expert W3", &ex->w3, &ex->w3_scale, 32, {0}},
+                           {"expert W2", &ex->w2, &ex->w2_scale, 32, {0}},
+                           {"shared W1", &sh->w1, &sh->w1_scale, d.shared_block, {0}},
+                           {"shared W3", &sh->w3, &sh->w3_scale, d.shared_block, {0}},
+                           {"shared W2", &sh->w2, &sh->w2_scale, d.shared_block, {0}}};
+    for (int i = 0; i < 3; i++)
+        moe_mat_from_fp4(&ops[i].mat, ops[i].w, ops[i].sf);
+    for (int i = 3; i < 6; i++)
+        moe_mat_from_fp8(&ops[i].mat, ops[i].w, ops[i].sf, ops[i].block);
+    const char *name = mmoe_moe_recipe_name(d.recipe);
+    assert_gemm_same(&ops[0], xq, T, MOE_GEMM_L1, name);
+    assert_gemm_same(&ops[1], xq, T, MOE_GEMM_L1, name);
+    assert_gemm_same(&ops[2], aq_e, T, MOE_GEMM_L2, name);
+    assert_gemm_same(&ops[3], xq, T, MOE_GEMM_L1, name);
+    assert_gemm_same(&ops[4], xq, T, MOE_GEMM_L1, name);
+    assert_gemm_same(&ops[5], aq_s, T, MOE_GEMM_L2, name);
     mmoe_moe_synth_destroy(syn);
 }
 END_TEST
@@ -456,7 +421,8 @@ static Suite *naive_suite(void)
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, sparse_rows_bit_exact, 0, N_SPARSE);
     tcase_add_loop_test(tc, dyadic_l1_bit_exact, 0, 2 * MMOE_RECIPE_COUNT);
-    tcase_add_loop_test(tc, dense_within_bound, 0, 2 * MMOE_RECIPE_COUNT);
+    tcase_add_loop_test(tc, dense_bit_exact, 0, 4 * MMOE_RECIPE_COUNT);
+    tcase_add_loop_test(tc, dense_gemm_sums_bit_exact, 0, MMOE_RECIPE_COUNT);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -7,8 +7,9 @@
  * The input row is token 42's embedding passed through layer 2's `ffn_norm`, as the MoE of a
  * block sees a normalized row; the layer runs the model's recipe (dsv4-ref).  The numbers come
  * from the naive reference (moe_naive.c), stage by stage; at the end the fast oracle runs the
- * same token and the two outputs are compared.  The manual's walkthrough (@ref walkthrough_moe)
- * shows this program's output; `make check` runs it, so it keeps working.
+ * same token, and the program fails unless the two agree bit for bit (experts, weights and
+ * all D outputs).  The manual's walkthrough (@ref walkthrough_moe) shows this program's
+ * output; `make check` runs it, so it keeps working.
  */
 #include <math.h>
 #include <stdio.h>
@@ -178,7 +179,8 @@ int main(int argc, char **argv)
         same += y_fast[k] == y_naive[k];
         maxdiff = fmax(maxdiff, fabs((double)mmoe_bf16_to_f32(y_fast[k]) - mmoe_bf16_to_f32(y_naive[k])));
     }
-    printf(" oracle experts %lld, %lld; %d of %d outputs bit-identical, largest difference %g\n",
-           (long long)idx_fast[0], (long long)idx_fast[1], same, D, maxdiff);
-    return idx_fast[0] == idx[0] && idx_fast[1] == idx[1] ? 0 : 1;
+    printf(" oracle experts %lld, %lld, weights %.9g, %.9g; %d of %d outputs bit-identical, largest difference %g\n",
+           (long long)idx_fast[0], (long long)idx_fast[1], w_fast[0], w_fast[1], same, D, maxdiff);
+    const int same_routing = idx_fast[0] == idx[0] && idx_fast[1] == idx[1] && memcmp(w_fast, wts, sizeof wts) == 0;
+    return same_routing && same == D ? 0 : 1;
 }

@@ -7,20 +7,16 @@
  * ## The order
  * Every GEMM of the MoE oracle (the experts' L1 and L2, the fused shared expert, the serial
  * shared expert, the router's logits) is C[t, j] = sum_k a[t, k] w[j, k] with both operands
- * K-contiguous.  Each output element is computed with ::MOE_DOT_LANES = 8 FP32 partial sums
- * ("lanes") and one fixed combine:
- *
- * \f[ p_l = 0,\qquad p_{k \bmod 8} \leftarrow \mathrm{fma}(a_k, w_k, p_{k \bmod 8})
- *     \quad\text{for } k = 0, 1, \ldots, K-1 \text{ in ascending order,} \f]
- * \f[ C = \big((p_0 + p_4) + (p_2 + p_6)\big) + \big((p_1 + p_5) + (p_3 + p_7)\big), \f]
- *
- * with fma rounded once (C's fmaf) and every + rounded to FP32 (round to nearest even).  This
- * is a definition, not a description of a kernel: the scalar loop above, an AVX2 loop that keeps
- * the eight lanes in one register, and a loop over several tokens and rows at once all produce
- * exactly these operations on exactly these values, so they give the same bits.  Nothing about
- * an output element depends on the other tokens (m), on the other output rows (n), on how the
- * work is blocked, or on the CPU.  The combine is the usual horizontal sum of an 8-float
- * register (upper half onto lower half, then pairs), so the vector variant needs no extra step.
+ * K-contiguous, and every output element is evaluated in the order that
+ * @ref spec_moe_gemm_order defines: ::MOE_DOT_LANES = 8 FP32 lanes, lane k mod 8 taking one
+ * fused multiply-add per k in ascending order, then the fixed combine of combine_lanes().
+ * That section also says why the fma's single rounding is part of the definition and why
+ * zero runs (the padding) change no bit.  The scalar loop of dot_generic() is the definition
+ * written out; an AVX2 loop that keeps the eight lanes in one register, and a loop over
+ * several tokens and rows at once, perform exactly the same operations on exactly the same
+ * values, so they give the same bits.  The combine is the usual horizontal sum of an 8-float
+ * register (upper half onto lower half, then pairs), so the vector variant needs no extra
+ * step.
  *
  * Why lanes and not one accumulator: the operands are stored with K contiguous (the checkpoint
  * layout, and the layout the weight decoder writes), so the natural vector loop runs along K;
@@ -28,23 +24,10 @@
  * k.  With 8 lanes the vector loop is one fused multiply-add per 8 products, and the order is
  * still a plain formula that a scalar loop reproduces.
  *
- * ## Rounding: fma, always
- * In the recipes with power-of-two scales every product a_k w_k is exact in FP32 (an E4M3 or
- * BF16 activation, with at most 8 significant bits, times an E2M1, E4M3 or BF16 weight, times
- * powers of two; the router multiplies two BF16 values: 8 x 8 significant bits), and then
- * fma(a, w, p) = fl(fl(a w) + p).  Not always: the continuous-scale activation rule
- * (MOE_Q_F32_128) and non-power-of-two F32 weight scales give products of up to 48 bits.  So
- * the rounding is part of the definition: one fused multiply-add per product.  The vector
- * variant uses the FMA instruction, the scalar variant C's fmaf(), which is correctly rounded
- * on every platform (a library call where the CPU has no FMA unit: slow, but the same bits).
- * No compiler contraction can change a bit: the source has no separate multiply to contract.
- *
- * ## Zeros: padding changes no bit
- * A lane starts at +0 and can never become -0 (an RN sum is -0 only when both addends are -0),
- * so adding a zero product (+0 or -0) leaves it unchanged.  Zero runs inserted into K whose
- * length is a multiple of 8 (the layer pads I by multiples of 128, the shared experts group by
- * group) keep every real k in its lane and in its order, and add only zero products: the result
- * is bit-identical to the unpadded one.  Padded output rows are separate outputs.
+ * The vector variant uses the FMA instruction, the scalar variant C's fmaf(), which is
+ * correctly rounded on every platform (a library call where the CPU has no FMA unit: slow, but
+ * the same bits).  No compiler contraction can change a bit: the source has no separate
+ * multiply to contract.
  *
  * ## Variants
  * ::MOE_DOT_ISA_GENERIC is the scalar formula (every CPU).  ::MOE_DOT_ISA_AVX2_FMA (x86-64,
@@ -75,9 +58,11 @@
 #include "mmoe_formats.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
+/** 1 where the AVX2 variant can be compiled (x86-64 with GCC's target attribute), else 0. */
 #define MOE_DOT_HAVE_X86 1
 #include <immintrin.h>
 #else
+/** 0: this build has no AVX2 variant. */
 #define MOE_DOT_HAVE_X86 0
 #endif
 
@@ -242,9 +227,9 @@ DOT_AVX2 static void gemm_avx2(const float *a, int64_t lda, int64_t m, const flo
  * The 32 weights of one FP4 group (16 bytes: element 2i in the low nibble of byte i, 2i + 1 in
  * the high one) as four vectors of exact FP32 values.  A 16-entry byte table holds 2 x the E2M1
  * value of each code (0, 1, 2, 3, 4, 6, 8, 12 and their negatives; code 8, -0, becomes +0, which
- * no lane can tell from -0: see "Zeros"); the integers are converted exactly and multiplied by
- * half the group's power-of-two scale, an exact product (or the same infinity) as the decoder's
- * e2m1 x scale.
+ * no lane can tell from -0, @ref spec_moe_gemm_order); the integers are converted exactly and
+ * multiplied by half the group's power-of-two scale, an exact product (or the same infinity) as
+ * the decoder's e2m1 x scale.
  */
 DOT_AVX2 static inline __attribute__((always_inline)) void fp4_group_avx2(const uint8_t *bytes, float half_scale,
                                                                           __m256 out[4])

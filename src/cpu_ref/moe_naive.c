@@ -6,16 +6,16 @@
  * This file is the short version of the layer, written to be read next to
  * @ref spec_moe_recipes.  It computes exactly what the oracle (moe_layer.c and the chapters
  * it calls) computes, with none of the oracle's machinery: no dequantized weight tiles, no
- * BLAS, no grouping of tokens by expert, no worker threads.  Each weight is decoded where it
- * is used, each GEMM is a loop over k with one FP32 accumulator per output, and every
+ * vector registers, no grouping of tokens by expert, no worker threads.  Each weight is
+ * decoded where it is used, every GEMM output is one call of moe_naive_dot(), and every
  * rounding point is a visible function call, labelled with its row of the recipe table
- * (R1 to R9).  It is slow (one multiply-add per weight per token) and is used only by the
- * tests (`tests/test_moe_naive.c` compares the oracle with it bit for bit) and by the
+ * (R1 to R9).  It is slow (one fused multiply-add per weight per token) and is used only by
+ * the tests (`tests/test_moe_naive.c` compares the oracle with it bit for bit) and by the
  * walkthrough of the manual (@ref walkthrough_moe).
  *
- * The GEMM order here is the simplest one: k ascending from 0, one FP32 accumulator.  Every
- * product is exact in FP32, so this order is one of the orders the specification allows
- * (@ref spec_moe_gemm_order).
+ * The order of the GEMM sums is the one @ref spec_moe_gemm_order defines (eight FP32 lanes of
+ * fused multiply-adds, k ascending, then a fixed combine); moe_naive_dot() is that definition as
+ * a plain loop, written independently of the oracle's moe_dot.c.
  */
 #include "moe_naive.h"
 
@@ -57,6 +57,25 @@ float moe_naive_weight(const mmoe_tensor *w, const mmoe_tensor *sf, int64_t bloc
     }
 }
 
+/* ------------------------------------------------------------------ the dot product */
+
+/** Partial sums ("lanes") of the dot product of @ref spec_moe_gemm_order. */
+#define NAIVE_DOT_LANES 8
+
+/* [naive dot] */
+/* The definition of @ref spec_moe_gemm_order: lane k mod 8 takes the products in ascending k,
+ * one fused multiply-add (fmaf, one rounding) each; the eight lanes, all starting at +0, are
+ * then added in one fixed tree. */
+float moe_naive_dot(const float *a, const mmoe_tensor *w, const mmoe_tensor *sf, int64_t block, int64_t row,
+                    int64_t n)
+{
+    float p[NAIVE_DOT_LANES] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t k = 0; k < n; k++)
+        p[k % NAIVE_DOT_LANES] = fmaf(a[k], moe_naive_weight(w, sf, block, row, k), p[k % NAIVE_DOT_LANES]);
+    return ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
+}
+/* [naive dot] */
+
 /* ------------------------------------------------------------------ the router */
 
 /** \f$\sqrt{\mathrm{softplus}(z)}\f$ with torch's threshold: softplus(z) = z above 20. */
@@ -69,13 +88,8 @@ static float sqrt_softplus(float z)
 void moe_naive_route(const mmoe_moe_desc *d, const mmoe_moe_weights *w, const float *x, int32_t token_id,
                      float *scores, int64_t *idx, float *wts)
 {
-    const uint16_t *gate = w->gate.data;
-    for (int64_t e = 0; e < d->n_experts; e++) { /* z_e = x . G_e, k ascending */
-        float z = 0.0f;
-        for (int64_t k = 0; k < d->hidden; k++)
-            z += x[k] * mmoe_bf16_to_f32(gate[e * d->hidden + k]);
-        scores[e] = sqrt_softplus(z);
-    }
+    for (int64_t e = 0; e < d->n_experts; e++) /* z_e = x . G_e (BF16 gate, no scale) */
+        scores[e] = sqrt_softplus(moe_naive_dot(x, &w->gate, NULL, 0, e, d->hidden));
     for (int j = 0; j < d->topk; j++) {
         if (d->routing == MMOE_ROUTING_HASH) { /* ids from the table */
             const int64_t at = (int64_t)token_id * d->topk + j;
@@ -209,23 +223,14 @@ void moe_naive_expert(const mmoe_moe_expert_weights *ew, int64_t width, int64_t 
     recipe_quantizers(recipe, &qx, &qa);
     if (ew->w1.dtype == MMOE_DT_BF16)
         qa = MOE_NAIVE_Q_NONE;
-    for (int64_t i = 0; i < width; i++) { /* R2: L1, one FP32 accumulator per output, k ascending */
-        float g = 0.0f, u = 0.0f;
-        for (int64_t k = 0; k < hidden; k++) {
-            g += xq[k] * moe_naive_weight(&ew->w1, &ew->w1_scale, block, i, k);
-            u += xq[k] * moe_naive_weight(&ew->w3, &ew->w3_scale, block, i, k);
-        }
-        s->g[i] = g;
-        s->u[i] = u;
-        s->a[i] = moe_naive_swiglu(recipe, math, limit, g, u, w); /* R3 to R6 */
+    for (int64_t i = 0; i < width; i++) { /* R2: L1, one dot product per output */
+        s->g[i] = moe_naive_dot(xq, &ew->w1, &ew->w1_scale, block, i, hidden);
+        s->u[i] = moe_naive_dot(xq, &ew->w3, &ew->w3_scale, block, i, hidden);
+        s->a[i] = moe_naive_swiglu(recipe, math, limit, s->g[i], s->u[i], w); /* R3 to R6 */
     }
     moe_naive_quantize(qa, s->a, width, s->aq); /* R7 */
-    for (int64_t n = 0; n < hidden; n++) { /* R8: L2, the same loop, then one BF16 rounding */
-        float acc = 0.0f;
-        for (int64_t i = 0; i < width; i++)
-            acc += s->aq[i] * moe_naive_weight(&ew->w2, &ew->w2_scale, block, n, i);
-        y[n] = mmoe_bf16_from_f32(acc);
-    }
+    for (int64_t n = 0; n < hidden; n++) /* R8: L2, the same dot product, then one BF16 rounding */
+        y[n] = mmoe_bf16_from_f32(moe_naive_dot(s->aq, &ew->w2, &ew->w2_scale, block, n, width));
 }
 /* [naive expert] */
 

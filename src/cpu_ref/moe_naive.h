@@ -41,6 +41,15 @@ typedef struct moe_naive_scratch {
  *  E4M3 with @p block x @p block scales (UE8M0 or F32), or BF16. */
 float moe_naive_weight(const mmoe_tensor *w, const mmoe_tensor *sf, int64_t block, int64_t r, int64_t c);
 
+/**
+ * The dot product of every GEMM of the layer, written as @ref spec_moe_gemm_order defines
+ * it: the sum over k < @p n of a[k] W[row][k], with W[row][k] = moe_naive_weight(@p w, @p sf,
+ * @p block, @p row, k), in eight FP32 lanes of fmaf (lane k mod 8, k ascending) and the fixed
+ * combine ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7)).
+ */
+float moe_naive_dot(const float *a, const mmoe_tensor *w, const mmoe_tensor *sf, int64_t block, int64_t row,
+                    int64_t n);
+
 /** Route one token: @p scores [E] out, expert ids @p idx and weights @p wts [topk] out. */
 void moe_naive_route(const mmoe_moe_desc *d, const mmoe_moe_weights *w, const float *x, int32_t token_id,
                      float *scores, int64_t *idx, float *wts);
