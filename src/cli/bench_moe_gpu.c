@@ -99,6 +99,7 @@ typedef struct bench_point {
     double weight_bytes;      /**< weight bytes the call must read (touched experts + shared) */
     int touched;              /**< distinct routed experts */
     int block_m;              /**< tile height that ran */
+    mmoe_gpu_gemm gemm;       /**< GEMM kernel family that ran */
     double peer_us;           /**< the fastest peer variant's median, < 0: none */
     const char *peer_name;    /**< its name */
 } bench_point;
@@ -325,13 +326,14 @@ static double sol_us(const bench_point *p, const mmoe_gpu_moe_desc *d, const ben
 /** The table of all points (ours, the peer, the speed of light) to @p f. */
 static void print_table(FILE *f, const bench_point *pts, int nT, const mmoe_gpu_moe_desc *d, const bench_ceilings *c)
 {
-    fprintf(f, "%-6s %11s %11s %9s %9s %8s %11s %9s %10s %6s  %s\n", "T", "ours us", "min us", "TFLOP/s", "GB/s w",
-            "block_m", "peer us", "ours/peer", "SOL us", "%SOL", "peer variant");
+    fprintf(f, "%-6s %11s %11s %9s %9s %6s %8s %11s %9s %10s %6s  %s\n", "T", "ours us", "min us", "TFLOP/s", "GB/s w",
+            "gemm", "block_m", "peer us", "ours/peer", "SOL us", "%SOL", "peer variant");
     for (int i = 0; i < nT; i++) {
         const bench_point *p = &pts[i];
         const double sol = sol_us(p, d, c);
-        fprintf(f, "%-6d %11.1f %11.1f %9.1f %9.0f %8d %11.1f %9.2f %10.1f %5.0f%%  %s\n", p->T, p->us, p->min_us,
-                call_flop(d, p->T) / (p->us * 1e-6) / 1e12, p->weight_bytes / (p->us * 1e-6) / 1e9, p->block_m,
+        fprintf(f, "%-6d %11.1f %11.1f %9.1f %9.0f %6s %8d %11.1f %9.2f %10.1f %5.0f%%  %s\n", p->T, p->us, p->min_us,
+                call_flop(d, p->T) / (p->us * 1e-6) / 1e12, p->weight_bytes / (p->us * 1e-6) / 1e9,
+                mmoe_gpu_gemm_name(p->gemm), p->block_m,
                 p->peer_us, p->peer_us > 0 ? p->us / p->peer_us : NAN, sol, 100.0 * sol / p->us,
                 p->peer_us > 0 ? p->peer_name : "-");
     }
@@ -368,7 +370,7 @@ static void print_json(FILE *f, const bench_point *pts, int nT, const bench_opts
         json_num(f, "peer_weight_bytes", c->peer_fp8_bytes > 0 ? c->peer_fp8_bytes : NAN);
         json_num(f, "gpu_weight_bytes", (double)res->gpu_weight_bytes);
         fprintf(f, ",\"experts_touched\":%d,\"block_m\":%d,\"gemm\":\"%s\",\"recipe\":\"%s\",\"device_cc\":%d}\n",
-                p->touched, p->block_m, mmoe_gpu_gemm_name(res->gemm), mmoe_gpu_recipe_name(res->recipe),
+                p->touched, p->block_m, mmoe_gpu_gemm_name(p->gemm), mmoe_gpu_recipe_name(res->recipe),
                 res->device_cc);
     }
 }
@@ -435,6 +437,7 @@ static int time_points(const bench_opts *o, mmoe_gpu_moe *L, const mmoe_gpu_moe_
         }
         p->weight_bytes = p->touched * routed_bytes_per_expert + shared_bytes;
         p->block_m = res->block_m;
+        p->gemm = res->gemm;
         fprintf(log, "T=%-5d  %10.1f us (min %.1f)  %7.1f TFLOP/s  %7.0f GB/s weights  block_m %d  experts touched %d%s\n",
                 p->T, p->us, p->min_us, call_flop(d, p->T) / (p->us * 1e-6) / 1e12,
                 p->weight_bytes / (p->us * 1e-6) / 1e9, p->block_m, p->touched, res->graph ? "" : "  (no CUDA graph)");
@@ -479,7 +482,7 @@ int mmoe_bench_moe_gpu(int argc, char **argv)
     mmoe_gpu_moe_result res;
     memset(&res, 0, sizeof res);
     rc = time_points(&o, L, &d, pts, &res, log);
-    fprintf(log, "# device sm_%d, recipe %s, kernel: %s%s%s\n# GPU weight bytes %.3f GB, exact-path blocks L1 %lld L2 %lld\n",
+    fprintf(log, "# device sm_%d, recipe %s, kernel of the last call: %s%s%s\n# GPU weight bytes %.3f GB, exact-path blocks L1 %lld L2 %lld\n",
             res.device_cc, mmoe_gpu_recipe_name(res.recipe), res.kernel ? res.kernel : "?",
             res.fallback ? "; FALLBACK: " : "", res.fallback_reason, (double)res.gpu_weight_bytes / 1e9,
             (long long)res.exact_path_blocks_l1, (long long)res.exact_path_blocks_l2);
