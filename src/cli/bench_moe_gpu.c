@@ -96,6 +96,8 @@ typedef struct bench_opts {
 typedef struct bench_point {
     int T;                    /**< tokens */
     double us, min_us;        /**< our median and minimum */
+    /** @var bench_point::us
+     *  our median (microseconds) */
     double weight_bytes;      /**< weight bytes the call must read (touched experts + shared) */
     int touched;              /**< distinct routed experts */
     int block_m;              /**< tile height that ran */
@@ -112,6 +114,7 @@ typedef struct bench_ceilings {
     double peer_bf16_bytes;   /**< the peer's BF16 weight bytes */
 } bench_ceilings;
 
+/** The usage text of bench moe --backend gpu. */
 static const char *const usage_text =
     "usage: bench moe --backend gpu [--shape S] [--experts N] [--tokens LIST] [--iters N]\n"
     "       [--recipe sm90|sm100] [--block-m 16|64|128] [--gemm auto|mma|wgmma]\n"

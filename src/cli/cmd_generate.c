@@ -182,6 +182,8 @@ typedef struct gen_run {
     int stop_matched;          /**< a stop string ended the current turn */
     gen_logprob *lp;           /**< --logprobs of the current turn's tokens (owned) */
     size_t n_lp, cap_lp;       /**< entries used and allocated */
+    /** @var gen_run::n_lp
+     *  entries of lp used */
     int interrupted;           /**< the current answer was stopped by Ctrl-C */
 } gen_run;
 

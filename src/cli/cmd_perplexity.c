@@ -69,6 +69,7 @@ typedef struct ppl_result {
     double seconds;      /**< wall time of the forwards */
 } ppl_result;
 
+/** Print the usage text of megamoe perplexity to @p out. */
 static void usage(FILE *out)
 {
     fprintf(out,
@@ -84,6 +85,10 @@ static void usage(FILE *out)
             PPL_DEFAULT_CTX);
 }
 
+/**
+ * Parse the command line of megamoe perplexity into @p o (messages on stderr).
+ * @return 0 to run, -1 after --help, or MMOE_EXIT_USAGE
+ */
 static int parse_options(int argc, char **argv, ppl_options *o)
 {
     enum { O_MODEL = 256, O_TEXT, O_CTX, O_STRIDE, O_THREADS, O_JSON };

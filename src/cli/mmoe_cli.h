@@ -55,8 +55,13 @@ mmoe_status mmoe_cli_parse_f64(const char *s, double lo, double hi, unsigned ope
 
 /**
  * Parse a comma-separated list of at most @p max_n integers in [@p lo, @p hi] ("1,8,64").
+ * @param s      the text
+ * @param lo     smallest value taken
+ * @param hi     largest value taken
+ * @param max_n  most items taken
  * @param items  receives a malloc'd array (caller frees), NULL on failure
  * @param n      receives the count (>= 1: an empty item is refused)
+ * @param err    message on failure
  * @return MMOE_OK, MMOE_EINVAL naming the item ("item 2: expected ..."), MMOE_ENOMEM
  */
 mmoe_status mmoe_cli_parse_i64_list(const char *s, int64_t lo, int64_t hi, size_t max_n, int64_t **items, size_t *n,

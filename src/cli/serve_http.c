@@ -51,6 +51,7 @@
 /** How the queue is served (shown by /health and /v1/models). */
 #define SERVE_SCHEDULING "fifo, one request at a time"
 
+/** The HTTP front end: the libmicrohttpd daemon and the server it feeds. */
 struct serve_http {
     struct MHD_Daemon *daemon; /**< the listening daemon */
     serve_server *srv;         /**< the server (borrowed) */

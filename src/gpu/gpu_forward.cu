@@ -67,6 +67,8 @@ struct ddense {
     const void *p;          /**< elements */
     const uint8_t *scale;   /**< F8 only */
     int64_t rows, cols;     /**< shape */
+    /** @var ddense::rows
+     *  shape: rows */
     int block;              /**< F8 only */
     int64_t scols;          /**< F8 only: scale columns */
 };
@@ -75,6 +77,10 @@ struct ddense {
 struct dfp8 {
     const uint8_t *w, *s;   /**< codes [N, K], scale bytes */
     int64_t N, K;           /**< shape */
+    /** @var dfp8::w
+     *  codes [N, K]
+     *  @var dfp8::N
+     *  shape: output width */
     int block;              /**< scale block */
     int64_t scols;          /**< scale columns */
 };
@@ -524,6 +530,22 @@ struct comp_args {
     int kind;                 /**< 0: attention kv (FP8 round trip), 1: indexer (Hadamard + FP4) */
     uint16_t *out;            /**< [max_blocks, dh]: block j in row j */
     int64_t pos0, T;          /**< positions of the call */
+    /** @var comp_args::kv
+     *  [T, c*dh] kv projection of the call
+     *  @var comp_args::kv_state
+     *  [c*ratio, c*dh] kv state
+     *  @var comp_args::ratio
+     *  compression ratio
+     *  @var comp_args::overlap
+     *  c: 2 for overlapping blocks (ratio 4), else 1
+     *  @var comp_args::dh
+     *  head dimension
+     *  @var comp_args::rope_dim
+     *  rotary dimensions
+     *  @var comp_args::eps
+     *  RMSNorm epsilon
+     *  @var comp_args::pos0
+     *  position of the call's first token */
 };
 
 /**
@@ -687,6 +709,20 @@ struct attend_args {
     int H, d, W, ratio, topk;
     int64_t pos0;
     float scale;
+    /** @var attend_args::H
+     *  heads
+     *  @var attend_args::d
+     *  head dimension
+     *  @var attend_args::W
+     *  window (rows of ring)
+     *  @var attend_args::ratio
+     *  compression ratio (0: none)
+     *  @var attend_args::topk
+     *  compressed blocks per token (ratio 4)
+     *  @var attend_args::pos0
+     *  position of the call's first token
+     *  @var attend_args::scale
+     *  score scale, 1/sqrt(d) */
     uint16_t *out;            /**< [T, H, d] */
 };
 
@@ -884,6 +920,30 @@ struct dmoe {
     const uint8_t *s1, *s3, *s2;  /**< [E][I][D/32], .., [E][D][I/32] */
     const uint8_t *sw1, *sw3, *sw2; /**< shared [Ws][D], [Ws][D], [D][Ws] */
     const float *ss1, *ss3, *ss2; /**< shared block scales (fp32 values) */
+    /** @var dmoe::E
+     *  routed experts
+     *  @var dmoe::I
+     *  an expert's intermediate width
+     *  @var dmoe::D
+     *  model width
+     *  @var dmoe::k
+     *  experts per token
+     *  @var dmoe::w1
+     *  gate weights [E][I][D/2]
+     *  @var dmoe::w3
+     *  up weights [E][I][D/2]
+     *  @var dmoe::s1
+     *  scales of w1 [E][I][D/32]
+     *  @var dmoe::s3
+     *  scales of w3 [E][I][D/32]
+     *  @var dmoe::sw1
+     *  shared gate weights [Ws][D]
+     *  @var dmoe::sw3
+     *  shared up weights [Ws][D]
+     *  @var dmoe::ss1
+     *  block scales of sw1
+     *  @var dmoe::ss3
+     *  block scales of sw3 */
     int B;                        /**< shared block */
     float limit;                  /**< swiglu clamp (<= 0: none) */
 };
@@ -1097,6 +1157,88 @@ struct gblock {
     float *c_kv, *c_score, *i_kv, *i_score;
     int64_t max_blocks;
     size_t c_state_n, i_state_n;  /**< floats per compressor state array */
+    /** @var gblock::a
+     *  attention shapes
+     *  @var gblock::hca_fn
+     *  mHC fn of the attention sub-layer
+     *  @var gblock::hca_base
+     *  mHC base of the attention sub-layer
+     *  @var gblock::hca_scale
+     *  mHC scale of the attention sub-layer
+     *  @var gblock::hcf_fn
+     *  mHC fn of the MoE sub-layer
+     *  @var gblock::hcf_base
+     *  mHC base of the MoE sub-layer
+     *  @var gblock::hcf_scale
+     *  mHC scale of the MoE sub-layer
+     *  @var gblock::attn_norm
+     *  attention norm [D]
+     *  @var gblock::ffn_norm
+     *  MoE norm [D]
+     *  @var gblock::q_norm
+     *  query low-rank norm [q_lora]
+     *  @var gblock::kv_norm
+     *  kv norm [d]
+     *  @var gblock::wo_a
+     *  grouped output projection
+     *  @var gblock::idx_wp
+     *  indexer head weights [ih, D] (ratio 4)
+     *  @var gblock::wq_a
+     *  query down projection
+     *  @var gblock::wq_b
+     *  query up projection
+     *  @var gblock::wkv
+     *  kv projection
+     *  @var gblock::wo_b
+     *  output projection
+     *  @var gblock::idx_wq_b
+     *  indexer query projection (ratio 4)
+     *  @var gblock::sink
+     *  attention sinks [H]
+     *  @var gblock::c_wkv
+     *  compressor kv projection
+     *  @var gblock::c_wgate
+     *  compressor gate projection
+     *  @var gblock::c_norm
+     *  compressor norm
+     *  @var gblock::i_wkv
+     *  indexer compressor kv projection
+     *  @var gblock::i_wgate
+     *  indexer compressor gate projection
+     *  @var gblock::i_norm
+     *  indexer compressor norm
+     *  @var gblock::c_ape
+     *  compressor position bias [ratio, c*d]
+     *  @var gblock::i_ape
+     *  indexer compressor position bias
+     *  @var gblock::moe
+     *  the MoE weights
+     *  @var gblock::gate
+     *  router weights bf16 [E, D]
+     *  @var gblock::bias
+     *  router bias [E] or NULL
+     *  @var gblock::tid2eid
+     *  hash layers: experts of each token id, NULL otherwise
+     *  @var gblock::route_scale
+     *  routed scaling factor
+     *  @var gblock::ring
+     *  window ring [window, d]
+     *  @var gblock::comp
+     *  compressed kv blocks [max_blocks, d]
+     *  @var gblock::idx_keys
+     *  indexer keys [max_blocks, id] (ratio 4)
+     *  @var gblock::c_kv
+     *  compressor kv state
+     *  @var gblock::c_score
+     *  compressor score state
+     *  @var gblock::i_kv
+     *  indexer compressor kv state
+     *  @var gblock::i_score
+     *  indexer compressor score state
+     *  @var gblock::max_blocks
+     *  compressed blocks of max_seq_len positions
+     *  @var gblock::c_state_n
+     *  floats per attention compressor state array */
 };
 
 /** The model. */
@@ -1129,6 +1271,148 @@ struct mmoe_gpu_model {
     int64_t pos, mtp_pos;
     int timing;
     double *attn_s, *moe_s, *mhc_s, embed_s, head_s;
+    /** @var mmoe_gpu_model::n_allocs
+     *  allocations held
+     *  @var mmoe_gpu_model::cap_allocs
+     *  capacity of allocs
+     *  @var mmoe_gpu_model::D
+     *  model width
+     *  @var mmoe_gpu_model::V
+     *  vocabulary
+     *  @var mmoe_gpu_model::hc
+     *  mHC streams
+     *  @var mmoe_gpu_model::max_seq_len
+     *  positions the caches hold
+     *  @var mmoe_gpu_model::Tm
+     *  most tokens per call
+     *  @var mmoe_gpu_model::n_layers
+     *  main layers
+     *  @var mmoe_gpu_model::n_blocks
+     *  main + MTP blocks
+     *  @var mmoe_gpu_model::iters
+     *  Sinkhorn iterations of the mHC mix
+     *  @var mmoe_gpu_model::has_mtp
+     *  1: the MTP block is loaded
+     *  @var mmoe_gpu_model::eps
+     *  RMSNorm epsilon
+     *  @var mmoe_gpu_model::hc_eps
+     *  mHC epsilon
+     *  @var mmoe_gpu_model::embed
+     *  embedding bf16 [V, D]
+     *  @var mmoe_gpu_model::head_w
+     *  output head bf16 [V, D]
+     *  @var mmoe_gpu_model::hh_fn
+     *  mHC fn of the main head
+     *  @var mmoe_gpu_model::hh_base
+     *  mHC base of the main head
+     *  @var mmoe_gpu_model::hh_scale
+     *  mHC scale of the main head
+     *  @var mmoe_gpu_model::head_norm
+     *  final norm [D]
+     *  @var mmoe_gpu_model::blocks
+     *  [n_blocks] main then MTP blocks
+     *  @var mmoe_gpu_model::e_proj
+     *  MTP embedding projection
+     *  @var mmoe_gpu_model::h_proj
+     *  MTP stream projection
+     *  @var mmoe_gpu_model::enorm
+     *  MTP embedding norm
+     *  @var mmoe_gpu_model::hnorm
+     *  MTP stream norm
+     *  @var mmoe_gpu_model::mtp_norm
+     *  MTP final norm
+     *  @var mmoe_gpu_model::mh_fn
+     *  mHC fn of the MTP head
+     *  @var mmoe_gpu_model::mh_base
+     *  mHC base of the MTP head
+     *  @var mmoe_gpu_model::mh_scale
+     *  mHC scale of the MTP head
+     *  @var mmoe_gpu_model::X
+     *  residual streams [Tm*hc, D]
+     *  @var mmoe_gpu_model::y
+     *  sub-layer input [Tm, D]
+     *  @var mmoe_gpu_model::o
+     *  sub-layer output [Tm, D]
+     *  @var mmoe_gpu_model::qr
+     *  query low-rank [Tm, q_lora]
+     *  @var mmoe_gpu_model::q
+     *  queries [Tm, H*d]
+     *  @var mmoe_gpu_model::kv
+     *  kv rows of the call [Tm, d]
+     *  @var mmoe_gpu_model::att
+     *  attention output [Tm, H*d]
+     *  @var mmoe_gpu_model::z
+     *  grouped output projection [Tm, G*o_lora]
+     *  @var mmoe_gpu_model::hn
+     *  MTP normed streams [Tm*hc, D]
+     *  @var mmoe_gpu_model::hp
+     *  MTP projected streams [Tm*hc, D]
+     *  @var mmoe_gpu_model::e
+     *  MTP projected embedding [Tm, D]
+     *  @var mmoe_gpu_model::post
+     *  mHC post weights [Tm, hc]
+     *  @var mmoe_gpu_model::comb
+     *  mHC combine matrices [Tm, hc, hc]
+     *  @var mmoe_gpu_model::ckv
+     *  compressor kv projection [Tm, 2*d]
+     *  @var mmoe_gpu_model::cgate
+     *  compressor gate projection [Tm, 2*d]
+     *  @var mmoe_gpu_model::ikv
+     *  indexer compressor kv projection [Tm, 2*id]
+     *  @var mmoe_gpu_model::igate
+     *  indexer compressor gate projection [Tm, 2*id]
+     *  @var mmoe_gpu_model::scores
+     *  indexer scores [Tm, max_blocks_all]
+     *  @var mmoe_gpu_model::logits
+     *  logits [Tm, V]
+     *  @var mmoe_gpu_model::moe_x
+     *  dequantized MoE input [Tm, D]
+     *  @var mmoe_gpu_model::moe_scores
+     *  router scores [Tm, E]
+     *  @var mmoe_gpu_model::moe_w
+     *  routing weights [Tm, moe_kmax]
+     *  @var mmoe_gpu_model::moe_h
+     *  expert hidden rows [Tm, moe_kmax + 1, moe_width]
+     *  @var mmoe_gpu_model::qi
+     *  indexer queries [Tm, ih*id]
+     *  @var mmoe_gpu_model::wi
+     *  indexer head weights [Tm, ih]
+     *  @var mmoe_gpu_model::slot_y
+     *  expert outputs per slot [Tm, moe_kmax + 1, D]
+     *  @var mmoe_gpu_model::ids
+     *  token ids of the call [Tm]
+     *  @var mmoe_gpu_model::topk_idx
+     *  selected compressed blocks [Tm, topk]
+     *  @var mmoe_gpu_model::moe_idx
+     *  routed experts [Tm, moe_kmax]
+     *  @var mmoe_gpu_model::aq
+     *  E4M3 activations of an FP8 linear [Tm*hc, kmax]
+     *  @var mmoe_gpu_model::as
+     *  their scales per 128
+     *  @var mmoe_gpu_model::max_blocks_all
+     *  largest max_blocks of the blocks
+     *  @var mmoe_gpu_model::kmax
+     *  largest input width of an FP8 linear
+     *  @var mmoe_gpu_model::moe_width
+     *  largest expert or shared width
+     *  @var mmoe_gpu_model::moe_kmax
+     *  largest experts per token
+     *  @var mmoe_gpu_model::pos
+     *  positions the main model has consumed
+     *  @var mmoe_gpu_model::mtp_pos
+     *  positions the MTP block has consumed
+     *  @var mmoe_gpu_model::timing
+     *  1: per-stage timing on
+     *  @var mmoe_gpu_model::attn_s
+     *  seconds of attention per block
+     *  @var mmoe_gpu_model::moe_s
+     *  seconds of MoE per block
+     *  @var mmoe_gpu_model::mhc_s
+     *  seconds of mHC per block
+     *  @var mmoe_gpu_model::embed_s
+     *  seconds of embedding
+     *  @var mmoe_gpu_model::head_s
+     *  seconds of the heads */
 };
 
 /** Allocate @p bytes on the device (or count them while planning). */
@@ -1946,9 +2230,9 @@ extern "C" mmoe_status mmoe_gpu_model_mtp_forward(mmoe_gpu_model *g, const uint1
 
 /** Device buffers of one test call, freed together. */
 struct tarena {
-    void *p[16];
-    int n;
-    cudaError_t ce;
+    void *p[16];      /**< the buffers */
+    int n;            /**< buffers held */
+    cudaError_t ce;   /**< first CUDA error */
 };
 
 /** Allocate @p bytes and copy @p src (when given) into them. */

@@ -5,7 +5,7 @@
  *
  * The loader (C) is the only code that reads the CPU model's private structures; the CUDA file
  * sees only these structs.  Every pointer borrows the CPU model's mapping, except the few
- * arrays the loader converts (listed in ::gfw_model_src::owned) which it frees.
+ * arrays the loader converts (the members marked "owned") which gfw_model_src_free() frees.
  */
 #ifndef MMOE_GPU_FORWARD_INTERNAL_H
 #define MMOE_GPU_FORWARD_INTERNAL_H
@@ -33,6 +33,8 @@ typedef struct gfw_dense {
     const void *data;      /**< host bytes (NULL: absent) */
     const uint8_t *scale;  /**< GFW_F8 only: E8M0 bytes [ceil(rows/block), ceil(cols/block)] */
     int64_t rows, cols;    /**< shape */
+    /** @var gfw_dense::rows
+     *  shape: rows */
     int block;             /**< GFW_F8 only: scale block edge */
 } gfw_dense;
 
@@ -41,12 +43,20 @@ typedef struct gfw_fp8 {
     const uint8_t *w;      /**< codes (NULL: absent) */
     const uint8_t *scale;  /**< scale bytes */
     int64_t N, K;          /**< output and input width */
+    /** @var gfw_fp8::N
+     *  output width */
     int block;             /**< b */
 } gfw_fp8;
 
 /** One mHC site: fn [n_out, hc*D], base [n_out], scale [3] or [1], fp32. */
 typedef struct gfw_hc {
     const float *fn, *base, *scale;
+    /** @var gfw_hc::fn
+     *  [n_out, hc*D]
+     *  @var gfw_hc::base
+     *  [n_out]
+     *  @var gfw_hc::scale
+     *  [n_scale] */
     int n_out;             /**< (2+hc)*hc for a sub-layer, hc for a head */
     int n_scale;           /**< 3 or 1 */
 } gfw_hc;
@@ -54,6 +64,8 @@ typedef struct gfw_hc {
 /** One compressor (attention: dh = head_dim; indexer: dh = index_head_dim). */
 typedef struct gfw_compressor {
     gfw_dense wkv, wgate;  /**< [c*dh, D] BF16 or F32 */
+    /** @var gfw_compressor::wkv
+     *  kv projection [c*dh, D] BF16 or F32 */
     const float *ape;      /**< [ratio, c*dh] */
     gfw_dense norm;        /**< [dh] */
 } gfw_compressor;
@@ -61,6 +73,10 @@ typedef struct gfw_compressor {
 /** The MoE of one block (recipe dsv4-ref, serial shared expert: the oracle's model MoE). */
 typedef struct gfw_moe {
     int64_t n_experts, inter, topk;  /**< E, I, k */
+    /** @var gfw_moe::n_experts
+     *  E, routed experts
+     *  @var gfw_moe::inter
+     *  I, an expert's intermediate width */
     int hash;                        /**< 1: experts = tid2eid[token] */
     float route_scale;               /**< routed_scaling_factor */
     float swiglu_limit;              /**< clamp c (<= 0 or inf: none) */
@@ -70,9 +86,25 @@ typedef struct gfw_moe {
     int64_t vocab;                   /**< rows of tid2eid */
     const uint8_t **w1, **w3, **w2;  /**< owned arrays of [E] borrowed pointers: packed E2M1 */
     const uint8_t **s1, **s3, **s2;  /**< owned arrays of [E] borrowed pointers: UE8M0 1x32 */
+    /** @var gfw_moe::w1
+     *  gate weights: owned array of [E] borrowed pointers, packed E2M1
+     *  @var gfw_moe::w3
+     *  up weights: owned array of [E] borrowed pointers, packed E2M1
+     *  @var gfw_moe::s1
+     *  scales of w1: owned array of [E] borrowed pointers, UE8M0 1x32
+     *  @var gfw_moe::s3
+     *  scales of w3: owned array of [E] borrowed pointers, UE8M0 1x32 */
     int64_t shared_width;            /**< S * shared_inter (0: none) */
     const uint8_t *sw1, *sw3, *sw2;  /**< shared FP8 [Ws, D], [Ws, D], [D, Ws] */
     float *ss1, *ss3, *ss2;          /**< owned fp32 block scales (converted from E8M0/U8/F32) */
+    /** @var gfw_moe::sw1
+     *  shared gate weights, FP8 [Ws, D]
+     *  @var gfw_moe::sw3
+     *  shared up weights, FP8 [Ws, D]
+     *  @var gfw_moe::ss1
+     *  owned fp32 block scales of sw1
+     *  @var gfw_moe::ss3
+     *  owned fp32 block scales of sw3 */
     int shared_block;                /**< B of the shared scales */
 } gfw_moe;
 
@@ -80,6 +112,34 @@ typedef struct gfw_moe {
 typedef struct gfw_attn_dims {
     int D, H, d, rope_dim, q_lora, G, o_lora, window, ratio, ih, id, topk, weight_block;
     float eps;
+    /** @var gfw_attn_dims::D
+     *  model width
+     *  @var gfw_attn_dims::H
+     *  attention heads
+     *  @var gfw_attn_dims::d
+     *  head dimension
+     *  @var gfw_attn_dims::rope_dim
+     *  rotary dimensions of a head
+     *  @var gfw_attn_dims::q_lora
+     *  query low-rank width
+     *  @var gfw_attn_dims::G
+     *  output projection groups
+     *  @var gfw_attn_dims::o_lora
+     *  output low-rank width per group
+     *  @var gfw_attn_dims::window
+     *  sliding window in positions
+     *  @var gfw_attn_dims::ratio
+     *  compression ratio (0: none)
+     *  @var gfw_attn_dims::ih
+     *  indexer heads
+     *  @var gfw_attn_dims::id
+     *  indexer head dimension
+     *  @var gfw_attn_dims::topk
+     *  compressed blocks the indexer selects
+     *  @var gfw_attn_dims::weight_block
+     *  FP8 weight scale block edge
+     *  @var gfw_attn_dims::eps
+     *  RMSNorm epsilon */
 } gfw_attn_dims;
 
 /** One transformer block (main layer or MTP block). */
@@ -87,9 +147,21 @@ typedef struct gfw_block_src {
     gfw_attn_dims a;                 /**< shapes */
     float freqs[128];                /**< the layer's rope_dim/2 RoPE frequencies (oracle's table) */
     gfw_hc hc_attn, hc_ffn;          /**< mHC sites */
+    /** @var gfw_block_src::hc_attn
+     *  mHC site of the attention sub-layer */
     gfw_dense attn_norm, ffn_norm;   /**< [D] */
     gfw_fp8 wq_a, wq_b, wkv, wo_b;   /**< FP8 linears */
     gfw_dense q_norm, kv_norm;       /**< [q_lora], [d] */
+    /** @var gfw_block_src::attn_norm
+     *  attention norm [D]
+     *  @var gfw_block_src::wq_a
+     *  query down projection (FP8)
+     *  @var gfw_block_src::wq_b
+     *  query up projection (FP8)
+     *  @var gfw_block_src::wkv
+     *  kv projection (FP8)
+     *  @var gfw_block_src::q_norm
+     *  query low-rank norm [q_lora] */
     gfw_dense wo_a;                  /**< [G*o_lora, H*d/G] BF16 or F8 */
     const float *sink;               /**< [H] */
     gfw_compressor comp;             /**< ratio > 0 */
@@ -103,6 +175,10 @@ typedef struct gfw_block_src {
 typedef struct gfw_mtp_src {
     gfw_fp8 e_proj, h_proj;          /**< [D, D] */
     gfw_dense enorm, hnorm;          /**< [D] */
+    /** @var gfw_mtp_src::e_proj
+     *  projection of the embedding [D, D]
+     *  @var gfw_mtp_src::enorm
+     *  norm of the embedding [D] */
     gfw_hc hc_head;                  /**< the MTP head's mix */
     gfw_dense norm;                  /**< its final norm */
 } gfw_mtp_src;
@@ -110,9 +186,17 @@ typedef struct gfw_mtp_src {
 /** The whole model as host views. */
 typedef struct gfw_model_src {
     int64_t D, V, hc;                /**< width, vocabulary, streams */
+    /** @var gfw_model_src::D
+     *  width
+     *  @var gfw_model_src::V
+     *  vocabulary */
     int n_layers, n_blocks;          /**< main layers; main + MTP blocks */
+    /** @var gfw_model_src::n_layers
+     *  main layers */
     int sinkhorn_iters;              /**< hc_sinkhorn_iters */
     float norm_eps, hc_eps;          /**< rms_norm_eps, hc_eps */
+    /** @var gfw_model_src::norm_eps
+     *  rms_norm_eps */
     int64_t max_seq_len;             /**< the config's */
     const uint16_t *embed;           /**< bf16 [V, D] */
     const uint16_t *head_w;          /**< bf16 [V, D] */

@@ -22,8 +22,10 @@
 
 /** Lookup context: the checkpoint and an optional prefix rewrite (MTP blocks). */
 typedef struct gfw_lookup {
-    const mmoe_ckpt *ck;
-    const char *from, *to;
+    const mmoe_ckpt *ck;       /**< the checkpoint */
+    const char *from, *to;     /**< what the prefix from becomes */
+    /** @var gfw_lookup::from
+     *  a name prefix to rewrite (NULL: none) */
 } gfw_lookup;
 
 /** mmoe_moe_lookup_fn over the checkpoint. */

@@ -221,8 +221,25 @@ static mmoe_status check_desc(const mmoe_gpu_moe_desc *d, mmoe_error *err)
 /** Byte sizes of the layer's weight arrays. */
 struct weight_sizes {
     size_t w13, s13, w2, s2, sw13, ss13, sw2, ss2;
+    /** @var weight_sizes::w13
+     *  routed gate and up weights (E2M1 codes)
+     *  @var weight_sizes::s13
+     *  their UE8M0 scales
+     *  @var weight_sizes::w2
+     *  routed down weights (E2M1 codes)
+     *  @var weight_sizes::s2
+     *  their UE8M0 scales
+     *  @var weight_sizes::sw13
+     *  shared gate and up weights (FP8)
+     *  @var weight_sizes::ss13
+     *  their scales
+     *  @var weight_sizes::sw2
+     *  shared down weights (FP8)
+     *  @var weight_sizes::ss2
+     *  their scales */
 };
 
+/** The byte sizes of the weight arrays of the layer @p desc. */
 static weight_sizes weight_sizes_of(const mmoe_gpu_moe_desc *desc)
 {
     const size_t D = (size_t)desc->hidden, I = (size_t)desc->inter, E = (size_t)desc->n_experts;

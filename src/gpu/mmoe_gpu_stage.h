@@ -50,11 +50,13 @@ typedef struct mmoe_gpu_stage_gemm_desc {
  * out[r][c] = sum over k of (a[r][k] * a_scale[r][k / a_group]) * (w[c][k] * 2^(w_scale[c][k / 32] - 127)),
  * computed by the layer's GEMM kernel (FP32 sums, before any epilogue; with split K the splits
  * are added here in ascending order, as the layer's split-K finish does).
+ * @param d        the stage: sizes, formats and kernel
  * @param a        E4M3 activations [rows, k]
  * @param a_scale  FP32 scales [rows, k / a_group]
  * @param w        weights in the checkpoint layout of @p d->weights
  * @param w_scale  UE8M0 scale bytes [n, k / 32]
  * @param out      FP32 [rows, n]
+ * @param err      message on failure
  */
 mmoe_status mmoe_gpu_stage_gemm(const mmoe_gpu_stage_gemm_desc *d, const uint8_t *a, const float *a_scale,
                                 const uint8_t *w, const uint8_t *w_scale, float *out, mmoe_error *err);
@@ -91,8 +93,14 @@ mmoe_status mmoe_gpu_stage_route(int T, int topk, int E, int block_m, const int3
 /**
  * The combine: y[t][d] = bf16(sum over the valid slots k of token t in ascending order, the
  * shared slot topk last when @p has_shared, of slots[t][k][d] in FP32 from zero).
- * @param slots  BF16 [T][topk + 1][D]
- * @param y      BF16 [T][D]
+ * @param T           tokens
+ * @param topk        routed slots per token
+ * @param has_shared  1: slot topk holds the shared expert's output
+ * @param D           hidden width
+ * @param slots       BF16 [T][topk + 1][D]
+ * @param topk_idx    [T, topk] experts of the slots (-1: masked)
+ * @param y           BF16 [T][D]
+ * @param err         message on failure
  */
 mmoe_status mmoe_gpu_stage_combine(int T, int topk, int has_shared, int D, const uint16_t *slots,
                                    const int32_t *topk_idx, uint16_t *y, mmoe_error *err);
