@@ -50,7 +50,7 @@ typedef struct bench_shape {
     int SI;           /**< shared width */
 } bench_shape;
 
-/** The shapes of megamoe-layer.md / dsv4-architecture.md. */
+/** The layer shapes of the V4 configurations (@ref spec_arch). */
 static const bench_shape shapes[] = {
     {"v4-flash", 4096, 2048, 256, 6, 2048},
     {"v4.1-flash", 5120, 2304, 384, 6, 2304},
