@@ -52,6 +52,7 @@ typedef struct serve_options {
     int64_t max_queue;      /**< --max-queue */
     int64_t timeout_s;      /**< --timeout seconds */
     int64_t max_conn;       /**< --max-connections */
+    mmoe_backend backend;   /**< --backend */
 } serve_options;
 
 /** Print the command's help to @p out. */
@@ -70,7 +71,9 @@ static void usage(FILE *out)
             "  --max-body BYTES        largest request body (default 1048576)\n"
             "  --max-queue N           most requests waiting; more get HTTP 503 (default 16)\n"
             "  --timeout S             close a connection silent for S seconds (default 30)\n"
-            "  --max-connections N     most open connections (default 64)\n\n"
+            "  --max-connections N     most open connections (default 64)\n"
+            "  --backend B             cpu (the oracle), gpu (refused without a usable GPU) or auto\n"
+            "                          (the GPU when there is one, said on stderr) (default cpu)\n\n"
             "example:\n"
             "  megamoe serve --model fixtures/tiny-dsv4 --port 8080\n",
             SERVE_DEFAULT_CTX);
@@ -79,14 +82,15 @@ static void usage(FILE *out)
 /** Parse argv into @p o. Returns 0, MMOE_EXIT_USAGE, or -1 after --help. */
 static int parse_options(int argc, char **argv, serve_options *o)
 {
-    enum { O_MODEL = 256, O_HOST, O_PORT, O_CTX, O_THREADS, O_SEED, O_NAME, O_BODY, O_QUEUE, O_TIMEOUT, O_CONN };
+    enum { O_MODEL = 256, O_HOST, O_PORT, O_CTX, O_THREADS, O_SEED, O_NAME, O_BODY, O_QUEUE, O_TIMEOUT, O_CONN, O_BACKEND };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},       {"ctx-size", required_argument, 0, O_CTX},
         {"threads", required_argument, 0, O_THREADS}, {"seed", required_argument, 0, O_SEED},
         {"name", required_argument, 0, O_NAME},       {"max-body", required_argument, 0, O_BODY},
         {"max-queue", required_argument, 0, O_QUEUE}, {"timeout", required_argument, 0, O_TIMEOUT},
-        {"max-connections", required_argument, 0, O_CONN}, {"help", no_argument, 0, 'h'},
+        {"max-connections", required_argument, 0, O_CONN}, {"backend", required_argument, 0, O_BACKEND},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->host = "127.0.0.1";
@@ -112,6 +116,12 @@ static int parse_options(int argc, char **argv, serve_options *o)
         case O_QUEUE: bad = mmoe_cli_opt_i64("serve", "max-queue", optarg, 1, 4096, &o->max_queue); break;
         case O_TIMEOUT: bad = mmoe_cli_opt_i64("serve", "timeout", optarg, 1, 86400, &o->timeout_s); break;
         case O_CONN: bad = mmoe_cli_opt_i64("serve", "max-connections", optarg, 2, 4096, &o->max_conn); break;
+        case O_BACKEND:
+            if (mmoe_backend_parse(optarg, &o->backend) != 0) {
+                fprintf(stderr, "megamoe serve: --backend '%s': expected cpu, gpu or auto\n", optarg);
+                bad = MMOE_EXIT_USAGE;
+            }
+            break;
         case 'h': usage(stdout); return -1;
         default:
             if (optopt >= O_MODEL)
@@ -158,6 +168,7 @@ static mmoe_status serve(const serve_options *o, mmoe_error *err)
     serve_server srv;
     memset(&srv, 0, sizeof srv);
     srv.model_dir = o->model_dir;
+    srv.backend = o->backend;
     srv.max_body = (size_t)o->max_body;
     srv.max_queue = (size_t)o->max_queue;
     srv.default_seed = o->seed;

@@ -47,11 +47,15 @@ mmoe_status serve_engine_load(serve_server *srv, int64_t ctx_size, int64_t defau
                               (long long)srv->ctx, (long long)cfg->max_seq_len);
     if ((st = mmoe_model_state_create(srv->model, srv->ctx, &srv->state, err)) != MMOE_OK)
         return st;
+    if ((st = mmoe_backend_open(srv->backend, srv->model, srv->ctx, MMOE_GEN_PREFILL_CHUNK, "megamoe serve", 0, &srv->gpu,
+                                err)) != MMOE_OK)
+        return st;
     mmoe_sampler_params sp;
     mmoe_sampler_params_default(&sp);
     if ((st = mmoe_gen_session_init_params(&srv->session, srv->model, srv->state, srv->ctx, srv->tok, &sp, err)) !=
         MMOE_OK)
         return st;
+    srv->session.gpu = srv->gpu;
     srv->have_session = 1;
     return MMOE_OK;
 }
@@ -406,6 +410,7 @@ void serve_engine_stop(serve_server *srv)
     if (srv->have_session)
         mmoe_gen_session_free(&srv->session);
     srv->have_session = 0;
+    mmoe_gpu_model_destroy(srv->gpu);
     mmoe_model_state_destroy(srv->state);
     mmoe_model_close(srv->model);
     mmoe_tokenizer_free(srv->tok);

@@ -27,6 +27,7 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "mmoe_fwd_backend.h"
 #include "mmoe_error.h"
 #include "mmoe_generate.h"
 #include "mmoe_model.h"
@@ -101,6 +102,8 @@ typedef struct serve_server {
     mmoe_tokenizer *tok;          /**< DIR/tokenizer.json */
     mmoe_model *model;            /**< the checkpoint */
     mmoe_model_state *state;      /**< the KV state, reset per request */
+    mmoe_backend backend;         /**< --backend: where the forward runs */
+    mmoe_gpu_model *gpu;          /**< the model on the GPU (--backend gpu/auto found one), else NULL */
     mmoe_gen_session session;     /**< the generation loop */
     int have_session;             /**< session initialised */
     pthread_t worker;             /**< the worker thread */
