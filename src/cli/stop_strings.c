@@ -66,10 +66,11 @@ static mmoe_status release(mmoe_stop_matcher *m, size_t n, mmoe_text *out)
 {
     if (n > 0 && mmoe_text_append(out, m->held.data, n) != MMOE_OK)
         return MMOE_ENOMEM;
+    if (m->held.data == NULL) /* nothing was ever held (an answer of no tokens) */
+        return MMOE_OK;
     memmove(m->held.data, m->held.data + n, m->held.len - n);
     m->held.len -= n;
-    if (m->held.data != NULL)
-        m->held.data[m->held.len] = '\0';
+    m->held.data[m->held.len] = '\0';
     return MMOE_OK;
 }
 

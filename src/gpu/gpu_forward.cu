@@ -30,6 +30,7 @@
  * | k_indexer_scores  | bf16-rounded head terms, double sums [attn_indexer.c]   | yes    |
  * | k_topk            | descending, NaN last, ties to the lower index           | yes    |
  * | k_attend          | chunked online softmax, sink, bf16 P [attn_sparse.c]    | exp    |
+ * | k_moe_logits      | router logits in the oracle's fixed GEMM order [moe_dot.c] | yes  |
  * | k_moe_route       | sqrt-softplus, bias for selection, top-k or hash        | exp/log|
  * | k_moe_l1, _l2     | FP8 x MXFP4 / FP8 x FP8 sums in double; dsv4-ref epilogue | GEMM |
  * | k_moe_combine     | ascending expert id, shared last, fp32 from 0           | yes    |
@@ -842,7 +843,12 @@ __global__ void k_ring_store(const uint16_t *kv, int64_t T, int64_t pos0, int W,
 
 /* ================================================================== kernels: MoE (dsv4-ref, serial shared) */
 
-/** Router logits: one warp per (t, e), double sum of exact bf16 products, rounded to fp32. */
+/**
+ * Router logits in the oracle's GEMM order (@ref spec_moe_gemm_order, moe_dot.c): one warp per
+ * (t, e); lane l < 8 sums k = l, l + 8, ... in ascending order with one fused multiply-add each
+ * (the products of two bf16 values are exact), lane 0 combines the eight partial sums as
+ * ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7)).  Bit-identical to the oracle's logits.
+ */
 __global__ void k_moe_logits(const uint16_t *x, const uint16_t *gate, int64_t T, int64_t E, int64_t D, float *logits)
 {
     const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
@@ -850,12 +856,16 @@ __global__ void k_moe_logits(const uint16_t *x, const uint16_t *gate, int64_t T,
     if (warp >= T * E)
         return;
     const int64_t t = warp / E, e = warp % E;
-    double acc = 0.0;
-    for (int64_t k = lane; k < D; k += 32)
-        acc += (double)gfw_bf2f(x[t * D + k]) * (double)gfw_bf2f(gate[e * D + k]);
-    acc = warp_sum(acc);
+    float acc = 0.0f;
+    if (lane < 8)
+        for (int64_t k = lane; k < D; k += 8)
+            acc = __fmaf_rn(gfw_bf2f(x[t * D + k]), gfw_bf2f(gate[e * D + k]), acc);
+    float p[8];
+    for (int l = 0; l < 8; l++)
+        p[l] = __shfl_sync(0xffffffffu, acc, l);
     if (lane == 0)
-        logits[warp] = __double2float_rn(acc);
+        logits[warp] = __fadd_rn(__fadd_rn(__fadd_rn(p[0], p[4]), __fadd_rn(p[2], p[6])),
+                                 __fadd_rn(__fadd_rn(p[1], p[5]), __fadd_rn(p[3], p[7])));
 }
 
 /**
