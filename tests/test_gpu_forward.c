@@ -12,11 +12,10 @@
  *
  * **The bound.**  The GPU runs the oracle's recipe with the same rounding points; it differs
  * in (a) log1p of the router (double, rounded once: within one fp32 ulp of log1pf) and exp
- * where the host's expf is not glibc's FMA build (one ulp per call), and (b) the
- * experts' GEMM sums (exact double sums on the GPU, the oracle's fixed FP32 order on the CPU),
- * at most about K * 2^-24 relative.  The router's logits use the oracle's order on both, so
- * routing differs only when its input already differs.  Either moves a later bf16 rounding only when a value sits that close
- * to a rounding boundary; one moved rounding is one bf16 ulp (2^-8 relative) of one element,
+ * where the host's expf is not glibc's FMA build (one ulp per call).  The GEMM sums of the
+ * router and the experts follow the oracle's fixed order (@ref spec_moe_gemm_order) on both.
+ * Either difference moves a later bf16 rounding only when a value sits that close to a
+ * rounding boundary; one moved rounding is one bf16 ulp (2^-8 relative) of one element,
  * which the following layers spread but do not amplify by more than the model's Lipschitz
  * factor (a few units for these random models).  So per token:
  *   - FWD_REL_TOL: ||logits_gpu - logits_cpu||_2 <= 2^-4 * ||logits_cpu||_2;

@@ -32,7 +32,7 @@
  * | k_attend          | chunked online softmax, sink, bf16 P [attn_sparse.c]    | exp    |
  * | k_moe_logits      | router logits in the oracle's fixed GEMM order [moe_dot.c] | yes  |
  * | k_moe_route       | sqrt-softplus, bias for selection, top-k or hash        | exp/log|
- * | k_moe_l1, _l2     | FP8 x MXFP4 / FP8 x FP8 sums in double; dsv4-ref epilogue | GEMM |
+ * | k_moe_l1, _l2     | FP8 x MXFP4 / FP8 x FP8 in the oracle's GEMM order; dsv4-ref epilogue | yes |
  * | k_moe_combine     | ascending expert id, shared last, fp32 from 0           | yes    |
  *
  * The "exact" kernels are bit-identical to the oracle given identical inputs (yes*: where the
@@ -844,6 +844,20 @@ __global__ void k_ring_store(const uint16_t *kv, int64_t T, int64_t pos0, int W,
 /* ================================================================== kernels: MoE (dsv4-ref, serial shared) */
 
 /**
+ * The fixed combine of the oracle's eight GEMM lanes (moe_dot.c), held by lanes 0..7 of the
+ * warp: ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7)), valid on every lane.  Every lane
+ * of the warp must call it.
+ */
+__device__ __forceinline__ float combine_gemm_lanes(float acc)
+{
+    float p[8];
+    for (int l = 0; l < 8; l++)
+        p[l] = __shfl_sync(0xffffffffu, acc, l);
+    return __fadd_rn(__fadd_rn(__fadd_rn(p[0], p[4]), __fadd_rn(p[2], p[6])),
+                     __fadd_rn(__fadd_rn(p[1], p[5]), __fadd_rn(p[3], p[7])));
+}
+
+/**
  * Router logits in the oracle's GEMM order (@ref spec_moe_gemm_order, moe_dot.c): one warp per
  * (t, e); lane l < 8 sums k = l, l + 8, ... in ascending order with one fused multiply-add each
  * (the products of two bf16 values are exact), lane 0 combines the eight partial sums as
@@ -860,12 +874,9 @@ __global__ void k_moe_logits(const uint16_t *x, const uint16_t *gate, int64_t T,
     if (lane < 8)
         for (int64_t k = lane; k < D; k += 8)
             acc = __fmaf_rn(gfw_bf2f(x[t * D + k]), gfw_bf2f(gate[e * D + k]), acc);
-    float p[8];
-    for (int l = 0; l < 8; l++)
-        p[l] = __shfl_sync(0xffffffffu, acc, l);
+    const float sum = combine_gemm_lanes(acc);
     if (lane == 0)
-        logits[warp] = __fadd_rn(__fadd_rn(__fadd_rn(p[0], p[4]), __fadd_rn(p[2], p[6])),
-                                 __fadd_rn(__fadd_rn(p[1], p[5]), __fadd_rn(p[3], p[7])));
+        logits[warp] = sum;
 }
 
 /**
@@ -989,8 +1000,8 @@ __device__ __forceinline__ float fp8_w(const uint8_t *w, const float *s, int B, 
 /**
  * L1 and the dsv4-ref epilogue: one warp per (task, channel).  Task p < T*k is (token p/k,
  * slot p%k) of expert idx[p] with weight wts[p]; task T*k + t is token t's shared expert
- * (weight 1).  h[p, j] = bf16((silu(g) * u) * w) with g, u = bf16 of the double-accumulated
- * L1 sums (exact products), clamped in fp32, silu = g / (1 + exp(-g)).
+ * (weight 1).  h[p, j] = bf16((silu(g) * u) * w) with g, u = bf16 of the L1 sums (exact
+ * products, the oracle's GEMM order), clamped in fp32, silu = g / (1 + exp(-g)).
  */
 __global__ void k_moe_l1(dmoe m, const float *xv, const int32_t *idx, const float *wts, int64_t T, int64_t width,
                          float *h)
@@ -1009,30 +1020,30 @@ __global__ void k_moe_l1(dmoe m, const float *xv, const int32_t *idx, const floa
         return;
     const float w = shared ? 1.0f : wts[p];
     const float *x = xv + tok * m.D;
-    double g = 0.0, u = 0.0;
-    /* each lane takes 8 consecutive k per step: one 32-bit word of E2M1 codes (or two of E4M3) */
-    for (int64_t k0 = (int64_t)lane * 8; k0 < m.D; k0 += 256) {
-        float wg[8], wu[8];
-        if (shared) {
-            for (int i = 0; i < 8; i++) {
-                wg[i] = fp8_w(m.sw1, m.ss1, m.B, m.Ws, m.D, j, k0 + i);
-                wu[i] = fp8_w(m.sw3, m.ss3, m.B, m.Ws, m.D, j, k0 + i);
+    /* the oracle's GEMM order: lane l < 8 sums k = l, l + 8, ... with one fma each, then the
+     * fixed combine (the products are exact: E4M3 activations and E2M1/E4M3 weights times
+     * their scales).  The 8 lanes read the same 8-weight word, decoded once per lane. */
+    float ga = 0.0f, ua = 0.0f;
+    if (lane < 8)
+        for (int64_t k0 = 0; k0 < m.D; k0 += 8) {
+            float wg, wu;
+            if (shared) {
+                wg = fp8_w(m.sw1, m.ss1, m.B, m.Ws, m.D, j, k0 + lane);
+                wu = fp8_w(m.sw3, m.ss3, m.B, m.Ws, m.D, j, k0 + lane);
+            } else {
+                float w8[8];
+                fp4_w8(m.w1, m.s1, e, m.I, m.D, j, k0, w8);
+                wg = w8[lane];
+                fp4_w8(m.w3, m.s3, e, m.I, m.D, j, k0, w8);
+                wu = w8[lane];
             }
-        } else {
-            fp4_w8(m.w1, m.s1, e, m.I, m.D, j, k0, wg);
-            fp4_w8(m.w3, m.s3, e, m.I, m.D, j, k0, wu);
+            ga = __fmaf_rn(x[k0 + lane], wg, ga);
+            ua = __fmaf_rn(x[k0 + lane], wu, ua);
         }
-        for (int i = 0; i < 8; i++) {
-            const double xk = (double)x[k0 + i];
-            g += xk * (double)wg[i];
-            u += xk * (double)wu[i];
-        }
-    }
-    g = warp_sum(g);
-    u = warp_sum(u);
+    const float gsum = combine_gemm_lanes(ga), usum = combine_gemm_lanes(ua);
     if (lane != 0)
         return;
-    float gf = gfw_bfr(__double2float_rn(g)), uf = gfw_bfr(__double2float_rn(u));
+    float gf = gfw_bfr(gsum), uf = gfw_bfr(usum);
     if (m.limit > 0.0f && !isinf(m.limit)) {
         if (gf > m.limit)
             gf = m.limit;
@@ -1089,21 +1100,22 @@ __global__ void k_moe_l2(dmoe m, const float *h, const int32_t *idx, int64_t T, 
         return;
     const int64_t I = shared ? m.Ws : m.I;
     const float *hr = h + p * width;
-    double acc = 0.0;
-    for (int64_t j0 = (int64_t)lane * 8; j0 < I; j0 += 256) {
-        float wv[8];
-        if (shared) {
-            for (int i = 0; i < 8; i++)
-                wv[i] = fp8_w(m.sw2, m.ss2, m.B, m.D, m.Ws, n, j0 + i);
-        } else {
-            fp4_w8(m.w2, m.s2, e, m.D, m.I, n, j0, wv);
+    float acc = 0.0f; /* the oracle's GEMM order, as in k_moe_l1 */
+    if (lane < 8)
+        for (int64_t j0 = 0; j0 < I; j0 += 8) {
+            float wv;
+            if (shared) {
+                wv = fp8_w(m.sw2, m.ss2, m.B, m.D, m.Ws, n, j0 + lane);
+            } else {
+                float w8[8];
+                fp4_w8(m.w2, m.s2, e, m.D, m.I, n, j0, w8);
+                wv = w8[lane];
+            }
+            acc = __fmaf_rn(hr[j0 + lane], wv, acc);
         }
-        for (int i = 0; i < 8; i++)
-            acc += (double)hr[j0 + i] * (double)wv[i];
-    }
-    acc = warp_sum(acc);
+    const float sum = combine_gemm_lanes(acc);
     if (lane == 0)
-        slot_y[p * m.D + n] = gfw_f2bf(__double2float_rn(acc));
+        slot_y[p * m.D + n] = gfw_f2bf(sum);
 }
 
 /** Combine (moe_combine.c, dsv4-ref order): ascending expert id, ties in slot order, shared last. */
