@@ -52,19 +52,14 @@ static mmoe_status cpu_run_shared(mmoe_ep_executor *x, int64_t n, const uint16_t
     cpu_exec *c = (cpu_exec *)x;
     if (n == 0)
         return MMOE_OK;
-    const size_t slots = (size_t)n * (size_t)c->topk;
-    int64_t *idx = malloc(slots * sizeof *idx);
-    float *w = calloc(slots, sizeof *w);
-    if (idx == NULL || w == NULL) {
-        free(idx);
-        free(w);
-        return mmoe_error_set(err, MMOE_ENOMEM, "ep cpu: out of memory for %lld masked rows", (long long)n);
-    }
-    for (size_t i = 0; i < slots; i++)
-        idx[i] = -1;
+    int64_t *idx;
+    float *w;
+    mmoe_status st = ep_masked_routing(n, c->topk, "ep cpu", &idx, &w, err);
+    if (st != MMOE_OK)
+        return st;
     mmoe_moe_input in = {n, x_rows, NULL, idx, w};
     mmoe_moe_output out = {y, NULL, NULL};
-    mmoe_status st = mmoe_moe_layer_run(c->shared, &in, &out, NULL, err);
+    st = mmoe_moe_layer_run(c->shared, &in, &out, NULL, err);
     free(idx);
     free(w);
     return st;

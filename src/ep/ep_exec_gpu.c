@@ -47,18 +47,14 @@ static mmoe_status gpu_run_shared(mmoe_ep_executor *x, int64_t n, const uint16_t
     gpu_exec *g = (gpu_exec *)x;
     if (n == 0)
         return MMOE_OK;
-    int64_t *idx = malloc((size_t)n * sizeof *idx);
-    float *w = calloc((size_t)n, sizeof *w);
-    if (idx == NULL || w == NULL) {
-        free(idx);
-        free(w);
-        return mmoe_error_set(err, MMOE_ENOMEM, "ep gpu: out of memory for %lld masked rows", (long long)n);
-    }
-    for (int64_t i = 0; i < n; i++)
-        idx[i] = -1;
+    int64_t *idx;
+    float *w;
+    mmoe_status st = ep_masked_routing(n, 1, "ep gpu", &idx, &w, err);
+    if (st != MMOE_OK)
+        return st;
     mmoe_moe_input in = {n, x_rows, NULL, idx, w};
     mmoe_moe_output out = {y, NULL, NULL};
-    mmoe_status st = mmoe_gpu_layer_run(g->shared, &in, &out, NULL, err);
+    st = mmoe_gpu_layer_run(g->shared, &in, &out, NULL, err);
     free(idx);
     free(w);
     return st;

@@ -53,6 +53,13 @@ mmoe_status ep_cuda_set_device(int device, mmoe_error *err);
 /** The rows [first, first + n) of a 2-D view (e.g. the gate rows of a rank's experts). */
 mmoe_tensor ep_row_slice(const mmoe_tensor *t, int64_t first, int64_t n);
 
+/**
+ * Routing of @p n rows whose @p slots slots are all masked (ids -1, weights 0): what the
+ * executors' shared layers run, so that a row's output is its shared expert alone.  Both
+ * arrays are new (free them); MMOE_ENOMEM names @p who.
+ */
+mmoe_status ep_masked_routing(int64_t n, int slots, const char *who, int64_t **idx, float **w, mmoe_error *err);
+
 #ifdef __cplusplus
 }
 #endif

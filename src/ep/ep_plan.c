@@ -207,3 +207,19 @@ mmoe_tensor ep_row_slice(const mmoe_tensor *t, int64_t first, int64_t n)
     s.nbytes = (size_t)n * row_bytes;
     return s;
 }
+
+mmoe_status ep_masked_routing(int64_t n, int slots, const char *who, int64_t **idx, float **w, mmoe_error *err)
+{
+    const size_t count = (size_t)n * (size_t)slots;
+    *idx = malloc(count * sizeof **idx);
+    *w = calloc(count, sizeof **w);
+    if (*idx == NULL || *w == NULL) {
+        free(*idx);
+        free(*w);
+        *idx = NULL, *w = NULL;
+        return mmoe_error_set(err, MMOE_ENOMEM, "%s: out of memory for %lld masked rows", who, (long long)n);
+    }
+    for (size_t i = 0; i < count; i++)
+        (*idx)[i] = -1;
+    return MMOE_OK;
+}
