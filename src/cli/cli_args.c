@@ -248,3 +248,9 @@ int mmoe_cli_opt_i64_list(const char *cmd, const char *opt, const char *s, int64
     return err.code == MMOE_ENOMEM ? (fprintf(stderr, "megamoe %s: %s\n", cmd, err.msg), 1)
                                    : print_option_error(cmd, opt, &err);
 }
+
+void mmoe_cli_bad_option(const char *cmd, int needs_value, const char *arg)
+{
+    fprintf(stderr, "megamoe %s: %s '%s'%s\n", cmd, needs_value ? "option" : "unknown option", arg,
+            needs_value ? " needs a value" : "");
+}

@@ -318,10 +318,7 @@ static int parse_options(int argc, char **argv, gen_options *o)
             break;
         case 'h': usage(stdout); return -1;
         default:
-            if (optopt >= O_MODEL)
-                fprintf(stderr, "megamoe generate: option '%s' needs a value\n", argv[optind - 1]);
-            else
-                fprintf(stderr, "megamoe generate: unknown option '%s'\n", argv[optind - 1]);
+            mmoe_cli_bad_option("generate", optopt >= O_MODEL, argv[optind - 1]);
             usage(stderr);
             return MMOE_EXIT_USAGE;
         }

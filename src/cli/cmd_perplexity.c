@@ -111,10 +111,7 @@ static int parse_options(int argc, char **argv, ppl_options *o)
         case O_THREADS: bad = mmoe_cli_opt_i64("perplexity", "threads", optarg, 1, 1024, &o->threads); break;
         case 'h': usage(stdout); return -1;
         default:
-            if (optopt >= O_MODEL)
-                fprintf(stderr, "megamoe perplexity: option '%s' needs a value\n", argv[optind - 1]);
-            else
-                fprintf(stderr, "megamoe perplexity: unknown option '%s'\n", argv[optind - 1]);
+            mmoe_cli_bad_option("perplexity", optopt >= O_MODEL, argv[optind - 1]);
             usage(stderr);
             return MMOE_EXIT_USAGE;
         }

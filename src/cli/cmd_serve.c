@@ -124,10 +124,7 @@ static int parse_options(int argc, char **argv, serve_options *o)
             break;
         case 'h': usage(stdout); return -1;
         default:
-            if (optopt >= O_MODEL)
-                fprintf(stderr, "megamoe serve: option '%s' needs a value\n", argv[optind - 1]);
-            else
-                fprintf(stderr, "megamoe serve: unknown option '%s'\n", argv[optind - 1]);
+            mmoe_cli_bad_option("serve", optopt >= O_MODEL, argv[optind - 1]);
             usage(stderr);
             return MMOE_EXIT_USAGE;
         }

@@ -73,6 +73,11 @@ mmoe_status mmoe_cli_parse_i64_list(const char *s, int64_t lo, int64_t hi, size_
  * @return 0 (value stored) or ::MMOE_EXIT_USAGE (nothing stored)
  */
 int mmoe_cli_opt_i64(const char *cmd, const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *v);
+/**
+ * Report the option getopt refused in command @p cmd: "megamoe CMD: option 'ARG' needs a
+ * value" when @p needs_value (a known option without its value), else "unknown option".
+ */
+void mmoe_cli_bad_option(const char *cmd, int needs_value, const char *arg);
 /** As mmoe_cli_opt_i64() into an int. */
 int mmoe_cli_opt_int(const char *cmd, const char *opt, const char *s, int lo, int hi, int *v);
 /** As mmoe_cli_opt_i64() for an unsigned value. */
