@@ -9,11 +9,11 @@
  *                        and per rank:
  *       ep_fwd_rank:     the rank's GPU model (replicated tensors + its experts), created on
  *                        the rank's thread with a gfw_ep_part whose exchange is rank_exchange();
- *                        device scratch for its rows; host buffers for the routing and rows
+ *                        device scratch for its rows; host buffers for the routing
  *
  * Host buffers and device scratch are sized once, for the largest call: max_tokens tokens of
  * topk slots, rows of D BF16 values.  A rank sends at most all pairs and receives at most all
- * pairs but its own, so one host buffer of max_tokens * topk rows holds its outgoing rows
+ * pairs but its own, so one device scratch of max_tokens * topk rows holds its outgoing rows
  * followed by its incoming ones.
  *
  * ## A call
@@ -23,9 +23,11 @@
  * rank_exchange() once per MoE sub-layer:
  *
  *     routing -> host (int32 [T, k]); dispatch table (mmoe_ep_dispatch_build)
- *     gather the rank's pairs' rows (dispatch order) -> host batch
- *     exchange: the batch to every peer; every peer's batch into the buffer after it
- *     scatter the received rows to their slot positions on the device
+ *     gather the rank's pairs' rows (dispatch order) into the scratch
+ *     exchange_device: the batch to every peer; every peer's batch into the scratch after it
+ *     scatter the received rows to their slot positions
+ *
+ * The rows stay on the devices: the routing is the only thing copied to the host.
  *
  * ## Failure agreement
  *
@@ -53,7 +55,6 @@ typedef struct ep_fwd_rank {
     int32_t *idx32;             /**< host [max_pairs] routing as downloaded */
     int64_t *idx64;             /**< host [max_pairs] the same, for the dispatch table */
     int64_t *which;             /**< host [max_pairs] slot rows of the received rows */
-    uint16_t *rows;             /**< host [max_pairs, D] outgoing rows, then incoming */
     int64_t exchanges_done;     /**< exchanges of the current call taken part in */
     int peer_failed;            /**< 1: a peer brought a failure to an exchange of this call */
     mmoe_ep_gpu_stats stats;    /**< the rank's view of the statistics */
@@ -81,15 +82,15 @@ static void drain(ep_fwd_rank *R, mmoe_status local)
     memset(none, 0, sizeof none);
     mmoe_error ignored;
     int peer_failed = 0;
-    c->ops->exchange(c, none, none, local, &peer_failed, &ignored);
+    c->ops->exchange_device(c, none, none, local, &peer_failed, &ignored);
     R->exchanges_done++;
 }
 
-/** The rank's pairs' rows to the host (dispatch order), at the start of R->rows. */
+/** The rank's pairs' rows (dispatch order) to the start of its scratch. */
 static mmoe_status gather_own(ep_fwd_rank *R, const mmoe_ep_dispatch *d, const uint16_t *slot_y, mmoe_error *err)
 {
     const int r = R->rank;
-    return ep_rows_gather(&R->scratch, slot_y, d->pair + d->start[r], d->start[r + 1] - d->start[r], R->rows, err);
+    return ep_rows_gather(&R->scratch, slot_y, d->pair + d->start[r], d->start[r + 1] - d->start[r], err);
 }
 
 /** Record the statistics of one exchange from the dispatch table @p d. */
@@ -105,7 +106,7 @@ static void count(ep_fwd_rank *R, const mmoe_ep_dispatch *d)
 
 /**
  * The part's exchange (gfw_ep_exchange_fn): bring the other ranks' slot rows into @p slot_y.
- * Layout of R->rows: [own rows | rows of peer p0 | rows of p1 | ...] (peers ascending).
+ * Layout of the scratch: [own rows | rows of peer p0 | rows of p1 | ...] (peers ascending).
  */
 static mmoe_status rank_exchange(void *ctx, const int32_t *idx_dev, int64_t T, int k, int64_t D, uint16_t *slot_y,
                                  mmoe_error *err)
@@ -134,13 +135,15 @@ static mmoe_status rank_exchange(void *ctx, const int32_t *idx_dev, int64_t T, i
     memset(send, 0, sizeof send);
     memset(recv, 0, sizeof recv);
     const size_t row_bytes = 2 * (size_t)D;
-    int64_t at = st == MMOE_OK ? d.start[r + 1] - d.start[r] : 0, n_in = 0;
+    uint16_t *rows = R->scratch.d_rows;
+    const int64_t n_own = st == MMOE_OK ? d.start[r + 1] - d.start[r] : 0;
+    int64_t at = n_own, n_in = 0;
     for (int q = 0; q < n && st == MMOE_OK; q++) {
         if (q == r)
             continue;
         const int64_t nq = d.start[q + 1] - d.start[q];
-        send[q] = (mmoe_ep_batch){R->rows, row_bytes * (size_t)(d.start[r + 1] - d.start[r])};
-        recv[q] = (mmoe_ep_batch){R->rows + at * D, row_bytes * (size_t)nq};
+        send[q] = (mmoe_ep_batch){rows, row_bytes * (size_t)n_own};
+        recv[q] = (mmoe_ep_batch){rows + at * D, row_bytes * (size_t)nq};
         memcpy(R->which + n_in, d.pair + d.start[q], sizeof(int64_t) * (size_t)nq);
         at += nq;
         n_in += nq;
@@ -149,14 +152,14 @@ static mmoe_status rank_exchange(void *ctx, const int32_t *idx_dev, int64_t T, i
     int peer_failed = 0;
     mmoe_error xerr;
     mmoe_error_clear(&xerr);
-    const mmoe_status xst = c->ops->exchange(c, send, recv, st, &peer_failed, &xerr);
+    const mmoe_status xst = c->ops->exchange_device(c, send, recv, st, &peer_failed, &xerr);
     R->exchanges_done++;
     if (st == MMOE_OK && xst != MMOE_OK) {
         R->peer_failed = peer_failed;
         st = mmoe_error_set(err, xst, "%s", xerr.msg);
     }
     if (st == MMOE_OK)
-        st = ep_rows_scatter(&R->scratch, R->rows + (d.start[r + 1] - d.start[r]) * D, R->which, n_in, slot_y, err);
+        st = ep_rows_scatter(&R->scratch, n_own, R->which, n_in, slot_y, err);
     if (st == MMOE_OK)
         count(R, &d);
     mmoe_ep_dispatch_free(&d);
@@ -199,8 +202,7 @@ static mmoe_status create_rank(ep_fwd_rank *R, const ep_fwd_job *j, mmoe_error *
     R->idx32 = malloc(sizeof(int32_t) * (size_t)e->max_pairs);
     R->idx64 = malloc(sizeof(int64_t) * (size_t)e->max_pairs);
     R->which = malloc(sizeof(int64_t) * (size_t)e->max_pairs);
-    R->rows = malloc(2 * (size_t)(e->max_pairs * e->D));
-    if (!R->idx32 || !R->idx64 || !R->which || !R->rows)
+    if (!R->idx32 || !R->idx64 || !R->which)
         return mmoe_error_set(err, MMOE_ENOMEM, "ep gpu forward: out of host memory for %lld slot rows",
                               (long long)e->max_pairs);
     mmoe_status st = gfw_model_create_part(j->m, &part, j->max_seq_len, j->max_tokens, &R->gpu, err);
@@ -218,10 +220,8 @@ static void destroy_rank(ep_fwd_rank *R)
     free(R->idx32);
     free(R->idx64);
     free(R->which);
-    free(R->rows);
     R->idx32 = NULL;
     R->idx64 = R->which = NULL;
-    R->rows = NULL;
 }
 
 /** A forward call on rank @p R, with the failure agreement of the file comment. */

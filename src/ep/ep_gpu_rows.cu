@@ -1,18 +1,20 @@
 /**
  * @file ep_gpu_rows.cu
  * @brief The device side of the expert-parallel GPU forward's exchange (ep_gpu_forward.c):
- *        the routing to the host, a rank's slot rows gathered into one batch, and the received
- *        rows scattered back to their slot positions.
+ *        the routing to the host, a rank's slot rows gathered into one device batch, and the
+ *        received rows scattered back to their slot positions.
  *
  * A slot-row buffer of the GPU forward holds row t * k + s for slot s of token t
  * (gfw_ep_part).  A rank's pairs are scattered over it; the exchange wants them as one
  * contiguous batch in dispatch order.  Gather and scatter are one thread per BF16 value: a
- * pure copy, no arithmetic, so the bits that arrive are the bits that were computed.
+ * pure copy, no arithmetic, so the bits that arrive are the bits that were computed.  The rows
+ * never leave the device: the exchange (exchange_device of mmoe_ep_comm.h) moves the scratch's
+ * batches between the ranks' devices.
  *
  * Everything runs on the calling thread's current device and its default stream, the stream
- * the GPU forward's kernels run on, and ends with a synchronous copy: when a call returns, its
- * host output is complete, and a scatter is ordered before the combine kernel the forward
- * launches next.
+ * the GPU forward's kernels run on: a gather is ordered after the kernels that wrote the slot
+ * rows, and a scatter before the combine kernel the forward launches next.  The row lists are
+ * copied from pageable host memory, which orders them after the stream's earlier work.
  */
 #include <cuda_runtime.h>
 #include <string.h>
@@ -88,37 +90,30 @@ extern "C" mmoe_status ep_rows_download_i32(const int32_t *dev, int64_t n, int32
 }
 
 extern "C" mmoe_status ep_rows_gather(ep_rows_scratch *s, const uint16_t *rows_dev, const int64_t *which, int64_t n,
-                                      uint16_t *out_host, mmoe_error *err)
+                                      mmoe_error *err)
 {
     mmoe_status st = rows_fit(s, n, err);
     if (st != MMOE_OK || n == 0)
         return st;
-    const size_t bytes = 2 * (size_t)(n * s->width);
     cudaError_t e = cudaMemcpy(s->d_which, which, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice);
     if (e == cudaSuccess) {
         k_rows_gather<<<blocks_for(n * s->width), 256>>>(rows_dev, s->width, s->d_which, n, s->d_rows);
         e = cudaGetLastError();
     }
-    if (e == cudaSuccess)
-        e = cudaMemcpy(out_host, s->d_rows, bytes, cudaMemcpyDeviceToHost);
     return e == cudaSuccess ? MMOE_OK : rows_fail(err, e, "gather");
 }
 
-extern "C" mmoe_status ep_rows_scatter(ep_rows_scratch *s, const uint16_t *in_host, const int64_t *which, int64_t n,
+extern "C" mmoe_status ep_rows_scatter(ep_rows_scratch *s, int64_t first, const int64_t *which, int64_t n,
                                        uint16_t *rows_dev, mmoe_error *err)
 {
-    mmoe_status st = rows_fit(s, n, err);
+    mmoe_status st = rows_fit(s, first + n, err);
     if (st != MMOE_OK || n == 0)
         return st;
-    const size_t bytes = 2 * (size_t)(n * s->width);
     cudaError_t e = cudaMemcpy(s->d_which, which, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice);
-    if (e == cudaSuccess)
-        e = cudaMemcpy(s->d_rows, in_host, bytes, cudaMemcpyHostToDevice);
     if (e == cudaSuccess) {
-        k_rows_scatter<<<blocks_for(n * s->width), 256>>>(s->d_rows, s->width, s->d_which, n, rows_dev);
+        k_rows_scatter<<<blocks_for(n * s->width), 256>>>(s->d_rows + first * s->width, s->width, s->d_which, n,
+                                                          rows_dev);
         e = cudaGetLastError();
     }
-    if (e == cudaSuccess)
-        e = cudaDeviceSynchronize();
     return e == cudaSuccess ? MMOE_OK : rows_fail(err, e, "scatter");
 }

@@ -34,21 +34,20 @@ mmoe_status ep_rows_download_i32(const int32_t *dev, int64_t n, int32_t *host, m
 }
 
 mmoe_status ep_rows_gather(ep_rows_scratch *s, const uint16_t *rows_dev, const int64_t *which, int64_t n,
-                           uint16_t *out_host, mmoe_error *err)
+                           mmoe_error *err)
 {
     (void)s;
     (void)rows_dev;
     (void)which;
     (void)n;
-    (void)out_host;
     return no_cuda(err);
 }
 
-mmoe_status ep_rows_scatter(ep_rows_scratch *s, const uint16_t *in_host, const int64_t *which, int64_t n,
-                            uint16_t *rows_dev, mmoe_error *err)
+mmoe_status ep_rows_scatter(ep_rows_scratch *s, int64_t first, const int64_t *which, int64_t n, uint16_t *rows_dev,
+                            mmoe_error *err)
 {
     (void)s;
-    (void)in_host;
+    (void)first;
     (void)which;
     (void)n;
     (void)rows_dev;

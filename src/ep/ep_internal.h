@@ -52,6 +52,15 @@ mmoe_status ep_cuda_devices(int *count, uint64_t *mem_bytes, mmoe_error *err);
 /** Make GPU @p device the calling thread's current device (MMOE_ENODEV without CUDA). */
 mmoe_status ep_cuda_set_device(int device, mmoe_error *err);
 
+/** Wait until the calling thread's device has finished all queued work (MMOE_ENODEV without CUDA). */
+mmoe_status ep_cuda_sync(mmoe_error *err);
+
+/**
+ * Copy @p bytes between device buffers, of this or another GPU of the process, and wait until
+ * the copy is done (MMOE_ENODEV without CUDA).
+ */
+mmoe_status ep_cuda_copy(void *dst, const void *src, size_t bytes, mmoe_error *err);
+
 /** The rows [first, first + n) of a 2-D view (e.g. the gate rows of a rank's experts). */
 mmoe_tensor ep_row_slice(const mmoe_tensor *t, int64_t first, int64_t n);
 
@@ -68,7 +77,7 @@ mmoe_status ep_masked_routing(int64_t n, int slots, const char *who, int64_t **i
  * @p width BF16 values: row indices and packed rows.
  * @{
  */
-/** The scratch of one rank. */
+/** The scratch of one rank: its outgoing rows, then the incoming ones, in d_rows. */
 typedef struct ep_rows_scratch {
     int64_t max_rows;  /**< rows it holds */
     int64_t width;     /**< BF16 values per row */
@@ -85,13 +94,13 @@ void ep_rows_scratch_free(ep_rows_scratch *s);
 /** Copy @p n int32 values from the device to the host (synchronous). */
 mmoe_status ep_rows_download_i32(const int32_t *dev, int64_t n, int32_t *host, mmoe_error *err);
 
-/** out_host[j] = rows_dev[which[j]] for j < @p n (rows of s->width values). */
+/** s->d_rows[j] = rows_dev[which[j]] for j < @p n (rows of s->width values; @p which on the host). */
 mmoe_status ep_rows_gather(ep_rows_scratch *s, const uint16_t *rows_dev, const int64_t *which, int64_t n,
-                           uint16_t *out_host, mmoe_error *err);
+                           mmoe_error *err);
 
-/** rows_dev[which[j]] = in_host[j] for j < @p n. */
-mmoe_status ep_rows_scatter(ep_rows_scratch *s, const uint16_t *in_host, const int64_t *which, int64_t n,
-                            uint16_t *rows_dev, mmoe_error *err);
+/** rows_dev[which[j]] = s->d_rows[first + j] for j < @p n (@p which on the host). */
+mmoe_status ep_rows_scatter(ep_rows_scratch *s, int64_t first, const int64_t *which, int64_t n, uint16_t *rows_dev,
+                            mmoe_error *err);
 /** @} */
 
 #ifdef __cplusplus

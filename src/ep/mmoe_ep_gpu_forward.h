@@ -35,11 +35,11 @@
  *
  * ## Where the rows travel
  *
- * Through host memory: the rank's rows are gathered on the device and copied to the host once,
- * the exchange moves host batches (in-process: memcpy between the ranks' threads; NCCL: its
- * staging, send/receive on the GPUs), and the received rows are copied to the device once and
- * scattered there.  The routing's copy to the host is needed anyway (the batch sizes of the
- * exchange).
+ * Device to device: the rank's rows are gathered into one device batch, the exchange moves
+ * device batches (exchange_device of mmoe_ep_comm.h: NCCL send/receive between the GPUs; the
+ * in-process communicator copies between device buffers of this process), and the received
+ * rows are scattered on the device.  Only the routing goes to the host (T * topk ids per MoE
+ * sub-layer): every rank derives the batch sizes from it, and NCCL needs them on the host.
  *
  * ## Failure
  *
