@@ -203,7 +203,7 @@ static mmoe_status create_rank(ep_fwd_rank *R, const ep_fwd_job *j, mmoe_error *
     R->idx64 = malloc(sizeof(int64_t) * (size_t)e->max_pairs);
     R->which = malloc(sizeof(int64_t) * (size_t)e->max_pairs);
     if (!R->idx32 || !R->idx64 || !R->which)
-        return mmoe_error_set(err, MMOE_ENOMEM, "ep gpu forward: out of host memory for %lld slot rows",
+        return mmoe_error_set(err, MMOE_ENOMEM, "ep gpu forward: out of host memory for the routing of %lld slots",
                               (long long)e->max_pairs);
     mmoe_status st = gfw_model_create_part(j->m, &part, j->max_seq_len, j->max_tokens, &R->gpu, err);
     if (st == MMOE_OK)
