@@ -20,7 +20,8 @@
  *  - the statistics: every routed pair computed once (pairs add up to tokens x topk per MoE
  *    sub-layer), and with 3 ranks some rank idle in some exchange;
  *  - the CLI: `logits --gpus 1 --mtp` writes the same logits and MTP logits (bytes) as
- *    `logits --backend gpu`, and `generate --gpus 1` the same greedy ids as `--backend gpu`.
+ *    `logits --backend gpu`, and `generate --gpus 1` the same greedy ids as `--backend gpu`;
+ *    `--gpus N` with N above the GPUs present is refused before loading.
  *
  * Without a GPU: N above the experts is refused before any device is touched, a creation
  * names the rank and the missing device, and the CLI refuses `--gpus` with a contradicting
@@ -32,6 +33,7 @@
 #include <sys/stat.h>
 
 #include "config.h"
+#include "ep_internal.h"
 #include "mmoe_config.h"
 #include "mmoe_ep_gpu_forward.h"
 #include "mmoe_gpu_forward.h"
@@ -249,6 +251,21 @@ START_TEST(cli_one_gpu)
     fprintf(stderr, "cli: logits --gpus 1 == --backend gpu (bytes), generate ids %s", ids[1]);
     free(ids[0]);
     free(ids[1]);
+    /* more GPUs than the machine has (and no more than the 8 experts): refused before loading */
+    int n_dev = 0;
+    ck_assert_int_eq(ep_cuda_devices(&n_dev, NULL, &e), MMOE_OK);
+    if (n_dev < 8) {
+        char want[64];
+        snprintf(want, sizeof want, "--gpus %d: this machine has %d GPU(s)", n_dev + 1, n_dev);
+        snprintf(args, sizeof args, "logits --model '%s' --ids 0,20 --gpus %d --out '%s/many.st'", dir, n_dev + 1, g_tmp);
+        ck_assert_int_eq(cli(args, &out, &err), 1);
+        ck_assert_msg(strstr(err, want) != NULL && strstr(err, "loading:") == NULL, "%s", err);
+        snprintf(path, sizeof path, "%s/many.st", g_tmp);
+        struct stat sb;
+        ck_assert_int_ne(stat(path, &sb), 0);
+        free(out);
+        free(err);
+    }
 }
 END_TEST
 
