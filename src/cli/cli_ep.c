@@ -6,15 +6,16 @@
  * `--gpus N` is decided entirely before the checkpoint is opened: the weights per GPU come from
  * the config's tensor list (the bytes the checkpoint must hold, mmoe_model_tensors.h), split as
  * the EP layer splits them (mmoe_ep_memory_plan_make()), so a model that cannot fit N GPUs is
- * refused with its bytes per GPU before a byte of it is read.  A model that fits is then refused
- * for what this build lacks: the GPU forward (mmoe_gpu_forward.h) runs on one GPU and does not
- * yet hand its MoE layers to the expert-parallel executor.  The MoE layers
- * themselves do run over N GPUs: `megamoe bench moe --gpus N`.
+ * refused with its bytes per GPU before a byte of it is read; so is N above the GPUs present or
+ * the routed experts, and a build without NCCL.  After loading, the model is uploaded over the
+ * N GPUs (mmoe_ep_gpu_forward.h: one GPU forward per rank, NCCL over GPUs 0..N-1), and the
+ * command's forward calls go there; N = 1 is the same code with a one-rank communicator.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli_ep.h"
+#include "config.h"
 #include "ep_internal.h"
 #include "mmoe_cli.h"
 #include "mmoe_config.h"
@@ -98,11 +99,34 @@ mmoe_status mmoe_cli_ep_before_load(const mmoe_cli_ep *o, const char *model_dir,
         return mmoe_error_set(err, MMOE_ENODEV, "--gpus %d: %s", o->gpus, dev_err.msg);
     if (n_dev < o->gpus)
         return mmoe_error_set(err, MMOE_ENODEV, "--gpus %d: this machine has %d GPU(s)", o->gpus, n_dev);
-    return mmoe_error_set(err, MMOE_EUNSUPPORTED,
-                          "--gpus %d: the GPU forward (--backend gpu) runs on one GPU; its MoE layers are not "
-                          "yet split over GPUs (the expert-parallel MoE runs on GPUs in `megamoe bench moe --gpus N`, "
-                          "and --ep-ranks N runs this model's split on the CPU)",
-                          o->gpus);
+#ifndef MMOE_HAVE_NCCL
+    return mmoe_error_set(err, MMOE_ENODEV, "--gpus %d: this build has no NCCL (configure --with-nccl)", o->gpus);
+#else
+    return MMOE_OK;
+#endif
+}
+
+mmoe_status mmoe_cli_ep_open_gpus(const mmoe_cli_ep *o, const mmoe_model *m, int64_t max_seq_len, int64_t max_tokens,
+                                  const char *cmd, int quiet, mmoe_ep_gpu_model **out, mmoe_error *err)
+{
+    *out = NULL;
+    if (o->gpus == 0)
+        return MMOE_OK;
+    mmoe_status st = mmoe_ep_gpu_model_create(m, o->gpus, MMOE_EP_COMM_NCCL, max_seq_len, max_tokens, out, err);
+    if (st != MMOE_OK)
+        return mmoe_error_prefix(err, "--gpus %d: ", o->gpus);
+    if (!quiet) {
+        const mmoe_ep_partition *p = mmoe_ep_gpu_model_partition(*out);
+        fprintf(stderr, "%s: backend: gpu over %d GPU(s) (expert parallel, nccl); MiB on each GPU, experts:", cmd,
+                o->gpus);
+        for (int r = 0; r < o->gpus; r++) {
+            mmoe_gpu_model_bytes b;
+            mmoe_gpu_model_bytes_held(mmoe_ep_gpu_model_rank(*out, r), &b);
+            fprintf(stderr, " GPU %d %.1f, [%lld, %lld)%s", r, (double)b.total / 1048576.0, (long long)p->first[r],
+                    (long long)p->first[r + 1], r + 1 < o->gpus ? ";" : "\n");
+        }
+    }
+    return MMOE_OK;
 }
 
 mmoe_status mmoe_cli_ep_attach(const mmoe_cli_ep *o, mmoe_model *m, mmoe_ep_model **out, mmoe_error *err)
@@ -111,6 +135,19 @@ mmoe_status mmoe_cli_ep_attach(const mmoe_cli_ep *o, mmoe_model *m, mmoe_ep_mode
     if (o->ep_ranks == 0)
         return MMOE_OK;
     return mmoe_ep_model_attach(m, o->ep_ranks, MMOE_EP_COMM_INPROC, NULL, NULL, out, err);
+}
+
+void mmoe_cli_ep_gpus_report(FILE *f, const mmoe_ep_gpu_model *e)
+{
+    if (e == NULL)
+        return;
+    mmoe_ep_gpu_stats s;
+    mmoe_ep_gpu_model_stats(e, &s);
+    const int n = mmoe_ep_gpu_model_ranks(e);
+    fprintf(f, "gpus: %d ranks, %lld MoE exchanges, routed pairs per rank:", n, (long long)s.exchanges);
+    for (int r = 0; r < n; r++)
+        fprintf(f, " %lld", (long long)s.pairs[r]);
+    fputc('\n', f);
 }
 
 void mmoe_cli_ep_report(FILE *f, const mmoe_ep_model *e)

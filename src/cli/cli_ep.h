@@ -4,9 +4,11 @@
  *
  *     --ep-ranks N       the MoE sub-layers over N in-process ranks (threads) on the CPU:
  *                        the same split, bookkeeping and combine as on N GPUs, same bits
- *     --gpus N           the model over N GPUs (expert parallel, NCCL): planned before loading
- *                        (a model whose weights per GPU exceed a GPU is refused with the bytes
- *                        per GPU), then refused where this build has no GPU forward
+ *     --gpus N           the GPU forward over N GPUs (expert parallel, NCCL): planned before
+ *                        loading (a model whose weights per GPU exceed a GPU is refused with the
+ *                        bytes per GPU; N above the GPUs present or without NCCL: refused), then
+ *                        one GPU forward per GPU with its block of routed experts, same bits as
+ *                        one GPU
  *     --gpu-memory GIB   the GPU size to plan --gpus with (default: GPU 0's own memory)
  */
 #ifndef MMOE_CLI_EP_H
@@ -15,6 +17,7 @@
 #include <stdio.h>
 
 #include "mmoe_ep.h"
+#include "mmoe_ep_gpu_forward.h"
 #include "mmoe_model.h"
 
 /** Share of a GPU's memory that the weights may take; the rest is left to activations,
@@ -31,7 +34,7 @@ typedef struct mmoe_cli_ep {
 /** Usage lines of the options (for a command's help text). */
 #define MMOE_CLI_EP_USAGE                                                                                   \
     "  --ep-ranks N      MoE sub-layers over N in-process ranks on the CPU (expert parallel, same bits; default: none)\n" \
-    "  --gpus N          the model over N GPUs (expert parallel): checked before loading (default: none)\n"                 \
+    "  --gpus N          the GPU forward over N GPUs (expert parallel, NCCL; same bits as one GPU) (default: none)\n"      \
     "  --gpu-memory GIB  GPU size for the --gpus plan (default: GPU 0's memory)\n"
 
 /**
@@ -43,7 +46,7 @@ int mmoe_cli_ep_option(const char *cmd, const char *name, const char *arg, mmoe_
 /**
  * What is decided before loading: --ep-ranks and --gpus exclude each other; for --gpus, the
  * weights per GPU of the model in @p model_dir (its config.json) against the GPU size, the
- * number of GPUs present, and the GPU forward this build lacks.
+ * number of GPUs present, and NCCL in the build.
  * @return MMOE_OK (nothing or --ep-ranks to do); MMOE_EINVAL, MMOE_EUNSUPPORTED, MMOE_ENODEV with
  *         the message
  */
@@ -51,6 +54,16 @@ mmoe_status mmoe_cli_ep_before_load(const mmoe_cli_ep *o, const char *model_dir,
 
 /** --ep-ranks N: spread @p m's MoE layers over N in-process ranks (*out NULL when not given). */
 mmoe_status mmoe_cli_ep_attach(const mmoe_cli_ep *o, mmoe_model *m, mmoe_ep_model **out, mmoe_error *err);
+
+/**
+ * --gpus N: upload @p m over N GPUs (*out NULL when not given); unless @p quiet, one line on
+ * stderr naming @p cmd, the bytes and experts of each GPU.
+ */
+mmoe_status mmoe_cli_ep_open_gpus(const mmoe_cli_ep *o, const mmoe_model *m, int64_t max_seq_len, int64_t max_tokens,
+                                  const char *cmd, int quiet, mmoe_ep_gpu_model **out, mmoe_error *err);
+
+/** One line on @p f: GPUs, MoE exchanges and the routed pairs each GPU computed (nothing for NULL). */
+void mmoe_cli_ep_gpus_report(FILE *f, const mmoe_ep_gpu_model *e);
 
 /** One line on @p f: ranks and the routed pairs each computed (nothing for NULL). */
 void mmoe_cli_ep_report(FILE *f, const mmoe_ep_model *e);

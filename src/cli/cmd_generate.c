@@ -151,6 +151,7 @@ typedef struct gen_options {
     int64_t logprobs;        /**< --logprobs N (-1: not asked) */
     int json;                /**< --json: stats as JSON Lines */
     mmoe_backend backend;    /**< --backend (default cpu) */
+    int backend_given;       /**< --backend was on the command line */
 } gen_options;
 
 /** The log-probabilities of one generated token (--logprobs). */
@@ -169,6 +170,7 @@ typedef struct gen_run {
     mmoe_ep_model *ep;         /**< --ep-ranks: the MoE layers over in-process ranks (owned) */
     mmoe_model_state *state;   /**< the sequence's KV caches (owned) */
     mmoe_gpu_model *gpu;       /**< the model on the GPU with --backend gpu/auto (owned), else NULL */
+    mmoe_ep_gpu_model *gpus;   /**< the model over N GPUs with --gpus N (owned), else NULL */
     mmoe_gen_session session;  /**< the generation loop (owned) */
     int have_session;          /**< session is initialised (to free) */
     mmoe_decode_stream stream; /**< streaming UTF-8 decoder of the current turn */
@@ -311,6 +313,7 @@ static int parse_options(int argc, char **argv, gen_options *o)
                                     &o->ep);
             break;
         case O_BACKEND:
+            o->backend_given = 1;
             if (mmoe_backend_parse(optarg, &o->backend) != 0) {
                 fprintf(stderr, "megamoe generate: --backend '%s': expected cpu, gpu or auto\n", optarg);
                 rc = MMOE_EXIT_USAGE;
@@ -340,8 +343,10 @@ static int parse_options(int argc, char **argv, gen_options *o)
         problem = "--system and --thinking need a chat encoding (--chat-format or --chat)";
     else if (o->no_bos && (o->chat_format || o->chat))
         problem = "--no-bos applies to raw prompts only";
-    else if ((o->ep.ep_ranks > 0 || o->ep.gpus > 0) && o->backend != MMOE_BACKEND_CPU)
-        problem = "--ep-ranks and --gpus split the CPU forward's MoE layers: use them with --backend cpu";
+    else if (o->ep.ep_ranks > 0 && o->backend != MMOE_BACKEND_CPU)
+        problem = "--ep-ranks splits the CPU forward's MoE layers: use it with --backend cpu";
+    else if (o->ep.gpus > 0 && o->backend_given && o->backend != MMOE_BACKEND_GPU)
+        problem = "--gpus runs the GPU forward over N GPUs: --backend cpu or auto contradicts it";
     if (problem != NULL) {
         fprintf(stderr, "megamoe generate: %s\n", problem);
         if (optind < argc)
@@ -598,8 +603,13 @@ static mmoe_status gen_load(gen_run *r, mmoe_error *err)
                               (long long)cfg->max_seq_len);
     if ((st = mmoe_model_state_create(r->model, ctx, &r->state, err)) != MMOE_OK)
         return st;
-    if ((st = mmoe_backend_open(o->backend, r->model, ctx, MMOE_GEN_PREFILL_CHUNK, "megamoe generate", o->quiet || o->json,
-                                &r->gpu, err)) != MMOE_OK)
+    if (o->ep.gpus > 0)
+        st = mmoe_cli_ep_open_gpus(&o->ep, r->model, ctx, MMOE_GEN_PREFILL_CHUNK, "megamoe generate", o->quiet || o->json,
+                                   &r->gpus, err);
+    else
+        st = mmoe_backend_open(o->backend, r->model, ctx, MMOE_GEN_PREFILL_CHUNK, "megamoe generate", o->quiet || o->json,
+                               &r->gpu, err);
+    if (st != MMOE_OK)
         return st;
     mmoe_sampler_params sp;
     mmoe_sampler_params_default(&sp);
@@ -614,6 +624,7 @@ static mmoe_status gen_load(gen_run *r, mmoe_error *err)
     if (st != MMOE_OK)
         return st;
     r->session.gpu = r->gpu;
+    r->session.gpus = r->gpus;
     r->have_session = 1;
     if (!o->quiet && !o->json) {
         fprintf(stderr, "%smodel: %s: %lld layers, vocab %lld, %.1f MiB of weights, loaded in %.2f s; context %lld "
@@ -642,6 +653,9 @@ static void gen_cleanup(gen_run *r)
     if (r->have_session)
         mmoe_gen_session_free(&r->session);
     mmoe_gpu_model_destroy(r->gpu);
+    if (r->gpus != NULL && !r->opt->quiet && !r->opt->json)
+        mmoe_cli_ep_gpus_report(stderr, r->gpus);
+    mmoe_ep_gpu_model_destroy(r->gpus);
     mmoe_model_state_destroy(r->state);
     if (r->ep != NULL && !r->opt->quiet)
         mmoe_cli_ep_report(stderr, r->ep);

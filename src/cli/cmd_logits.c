@@ -13,7 +13,8 @@
  * one prefill (same logits; for comparisons).  The metadata records the id list and
  * the mode (key `tokens`) and the backend.  `--backend gpu` runs the forward on the GPU
  * (mmoe_gpu_forward.h) in calls of at most LOGITS_GPU_CHUNK tokens; `auto` takes the GPU when
- * there is one and says so.  The expert-parallel options are cli_ep.h's (CPU backend only).
+ * there is one and says so.  The expert-parallel options are cli_ep.h's: `--ep-ranks N` splits the
+ * CPU forward, `--gpus N` runs the GPU forward over N GPUs (same chunks, same bits as one GPU).
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -73,6 +74,7 @@ int mmoe_cmd_logits(int argc, char **argv)
     int last = 0, mtp = 0, decode = 0, threads = 0, c, rc = 0;
     mmoe_cli_ep ep_opt = {0};
     mmoe_backend backend = MMOE_BACKEND_CPU;
+    int backend_given = 0;
     optind = 1;
     while (rc == 0 && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -92,6 +94,7 @@ int mmoe_cmd_logits(int argc, char **argv)
         case 'M': rc = mmoe_cli_ep_option("logits", "gpu-memory", optarg, &ep_opt);
             break;
         case 'b':
+            backend_given = 1;
             if (mmoe_backend_parse(optarg, &backend) != 0) {
                 fprintf(stderr, "megamoe logits: --backend '%s': expected cpu, gpu or auto\n", optarg);
                 rc = MMOE_EXIT_USAGE;
@@ -103,9 +106,12 @@ int mmoe_cmd_logits(int argc, char **argv)
     }
     if (rc != 0)
         return rc;
-    if ((ep_opt.ep_ranks > 0 || ep_opt.gpus > 0) && backend != MMOE_BACKEND_CPU) {
-        fprintf(stderr, "megamoe logits: --ep-ranks and --gpus split the CPU forward's MoE layers: use them with "
-                        "--backend cpu\n");
+    if (ep_opt.ep_ranks > 0 && backend != MMOE_BACKEND_CPU) {
+        fprintf(stderr, "megamoe logits: --ep-ranks splits the CPU forward's MoE layers: use it with --backend cpu\n");
+        return MMOE_EXIT_USAGE;
+    }
+    if (ep_opt.gpus > 0 && backend_given && backend != MMOE_BACKEND_GPU) {
+        fprintf(stderr, "megamoe logits: --gpus runs the GPU forward over N GPUs: --backend cpu or auto contradicts it\n");
         return MMOE_EXIT_USAGE;
     }
     if (!model_dir || !tokens || !out_path || optind != argc) {
@@ -138,6 +144,7 @@ int mmoe_cmd_logits(int argc, char **argv)
     uint16_t *streams = NULL;
     mmoe_st_writer *w = NULL;
     mmoe_ep_model *ep = NULL;
+    mmoe_ep_gpu_model *gpus = NULL;
     rc = 1;
     const mmoe_cli_path outs[] = {{"out", out_path, 0}}, ins[] = {{"model", model_dir, 0}};
     mmoe_status st = mmoe_cli_check_outputs(outs, 1, ins, 1, &err);
@@ -157,9 +164,15 @@ int mmoe_cmd_logits(int argc, char **argv)
         rc = MMOE_EXIT_USAGE;
         goto done;
     }
-    if ((st = mmoe_model_state_create(m, T + 1, &s, &err)) != MMOE_OK ||
-        (st = mmoe_backend_open(backend, m, T + 1, LOGITS_GPU_CHUNK, "megamoe logits", 0, &gpu, &err)) != MMOE_OK)
+    if ((st = mmoe_model_state_create(m, T + 1, &s, &err)) != MMOE_OK)
         goto done;
+    if (ep_opt.gpus > 0)
+        st = mmoe_cli_ep_open_gpus(&ep_opt, m, T + 1, LOGITS_GPU_CHUNK, "megamoe logits", 0, &gpus, &err);
+    else
+        st = mmoe_backend_open(backend, m, T + 1, LOGITS_GPU_CHUNK, "megamoe logits", 0, &gpu, &err);
+    if (st != MMOE_OK)
+        goto done;
+    const int on_gpu = gpu != NULL || gpus != NULL;
     logits = malloc(sizeof(float) * (size_t)(rows * V));
     if (mtp) {
         mtp_logits = malloc(sizeof(float) * (size_t)((T - 1) * V));
@@ -170,7 +183,7 @@ int mmoe_cmd_logits(int argc, char **argv)
         goto done;
     }
     const size_t srow = (size_t)(cfg->hc_mult * cfg->dim);
-    if (!decode && !gpu) {
+    if (!decode && !on_gpu) {
         st = mmoe_model_forward(m, s, ids, T, logits, last, streams, &err);
     } else {
         /* one token per call (--decode), or the GPU's chunks */
@@ -180,15 +193,18 @@ int mmoe_cmd_logits(int argc, char **argv)
             const int tail = last && t + n == T;
             float *dst = last ? (tail ? logits : NULL) : logits + t * V;
             uint16_t *sd = streams ? streams + (size_t)t * srow : NULL;
-            st = gpu ? mmoe_gpu_model_forward(gpu, ids + t, n, dst, tail, sd, &err)
-                     : mmoe_model_forward(m, s, ids + t, n, dst, tail, sd, &err);
+            st = gpus ? mmoe_ep_gpu_model_forward(gpus, ids + t, n, dst, tail, sd, &err)
+                 : gpu ? mmoe_gpu_model_forward(gpu, ids + t, n, dst, tail, sd, &err)
+                       : mmoe_model_forward(m, s, ids + t, n, dst, tail, sd, &err);
         }
     }
     for (int64_t t = 0; st == MMOE_OK && mtp && t < T - 1; t += LOGITS_GPU_CHUNK) {
-        const int64_t n = !gpu ? T - 1 : (T - 1 - t < LOGITS_GPU_CHUNK ? T - 1 - t : LOGITS_GPU_CHUNK);
-        st = gpu ? mmoe_gpu_model_mtp_forward(gpu, streams + (size_t)t * srow, ids + 1 + t, n, mtp_logits + t * V, &err)
-                 : mmoe_model_mtp_forward(m, s, streams, ids + 1, T - 1, mtp_logits, &err);
-        if (!gpu)
+        const int64_t n = !on_gpu ? T - 1 : (T - 1 - t < LOGITS_GPU_CHUNK ? T - 1 - t : LOGITS_GPU_CHUNK);
+        const uint16_t *sin = streams + (size_t)t * srow;
+        st = gpus  ? mmoe_ep_gpu_model_mtp_forward(gpus, sin, ids + 1 + t, n, mtp_logits + t * V, &err)
+             : gpu ? mmoe_gpu_model_mtp_forward(gpu, sin, ids + 1 + t, n, mtp_logits + t * V, &err)
+                   : mmoe_model_mtp_forward(m, s, streams, ids + 1, T - 1, mtp_logits, &err);
+        if (!on_gpu)
             break;
     }
     if (st != MMOE_OK)
@@ -205,12 +221,17 @@ int mmoe_cmd_logits(int argc, char **argv)
     if (st == MMOE_OK)
         st = mmoe_st_writer_set_metadata(w, "mode", decode ? "decode" : "prefill", &err);
     if (st == MMOE_OK)
-        st = mmoe_st_writer_set_metadata(w, "backend", gpu ? "gpu" : "cpu", &err);
+        st = mmoe_st_writer_set_metadata(w, "backend", on_gpu ? "gpu" : "cpu", &err);
+    char n_gpus[16];
+    snprintf(n_gpus, sizeof n_gpus, "%d", ep_opt.gpus);
+    if (st == MMOE_OK && gpus)
+        st = mmoe_st_writer_set_metadata(w, "gpus", n_gpus, &err);
     if (st == MMOE_OK)
         st = mmoe_st_writer_finish(w, out_path, &err);
     if (st == MMOE_OK) {
         fprintf(stderr, "logits: %lld x %lld written to %s\n", (long long)rows, (long long)V, out_path);
         mmoe_cli_ep_report(stderr, ep);
+        mmoe_cli_ep_gpus_report(stderr, gpus);
         rc = 0;
     }
 done:
@@ -221,6 +242,7 @@ done:
     free(mtp_logits);
     free(streams);
     mmoe_gpu_model_destroy(gpu);
+    mmoe_ep_gpu_model_destroy(gpus);
     mmoe_model_state_destroy(s);
     mmoe_ep_model_detach(ep);
     mmoe_model_close(m);

@@ -73,7 +73,8 @@ mmoe_status mmoe_gen_session_restart(mmoe_gen_session *g, const mmoe_sampler_par
     mmoe_status st = mmoe_sampler_init_params(&fresh, sp, err);
     if (st != MMOE_OK)
         return st;
-    if (g->gpu != NULL && (st = mmoe_gpu_model_reset(g->gpu, err)) != MMOE_OK) {
+    if ((g->gpu != NULL && (st = mmoe_gpu_model_reset(g->gpu, err)) != MMOE_OK) ||
+        (g->gpus != NULL && (st = mmoe_ep_gpu_model_reset(g->gpus, err)) != MMOE_OK)) {
         mmoe_sampler_free(&fresh);
         return st;
     }
@@ -133,13 +134,16 @@ mmoe_status mmoe_gen_push_pending(mmoe_gen_session *g, int32_t id, mmoe_error *e
 /** Tokens the sequence's caches hold (the GPU model's or the CPU state's). */
 static int64_t cached_pos(const mmoe_gen_session *g)
 {
-    return g->gpu ? mmoe_gpu_model_pos(g->gpu) : mmoe_model_state_pos(g->state);
+    return g->gpus ? mmoe_ep_gpu_model_pos(g->gpus)
+           : g->gpu ? mmoe_gpu_model_pos(g->gpu)
+                    : mmoe_model_state_pos(g->state);
 }
 
 /** Run @p n tokens through the model, keeping the last token's logits. */
 static mmoe_status run_tokens(mmoe_gen_session *g, const int32_t *ids, int64_t n, mmoe_error *err)
 {
-    mmoe_status st = g->gpu ? mmoe_gpu_model_forward(g->gpu, ids, n, g->logits, 1, NULL, err)
+    mmoe_status st = g->gpus  ? mmoe_ep_gpu_model_forward(g->gpus, ids, n, g->logits, 1, NULL, err)
+                     : g->gpu ? mmoe_gpu_model_forward(g->gpu, ids, n, g->logits, 1, NULL, err)
                             : mmoe_model_forward(g->model, g->state, ids, n, g->logits, 1, NULL, err);
     g->have_logits = st == MMOE_OK;
     return st;

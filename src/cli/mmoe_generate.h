@@ -41,6 +41,7 @@
 #include <stdint.h>
 
 #include "mmoe_error.h"
+#include "mmoe_ep_gpu_forward.h"
 #include "mmoe_gpu_forward.h"
 #include "mmoe_model.h"
 #include "mmoe_sampler.h"
@@ -101,6 +102,7 @@ typedef struct mmoe_gen_session {
     int32_t pending[2];        /**< sampled tokens not yet run through the model */
     int n_pending;             /**< how many (0..2) */
     mmoe_gpu_model *gpu;       /**< borrowed: when set, the forward runs on the GPU (its own state; @p state unused) */
+    mmoe_ep_gpu_model *gpus;   /**< borrowed: when set, the forward runs over N GPUs (likewise) */
 } mmoe_gen_session;
 
 /**

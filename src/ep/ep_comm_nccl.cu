@@ -28,8 +28,19 @@
  * NCCL requires of matching send/receive pairs.
  *
  * The host staging exists because the layer objects of this build take and return host
- * arrays; a GPU forward that keeps its activations on the device passes device pointers and
- * skips steps 1 and 3 (the per-rank executor interface, mmoe_ep.h, is where that changes).
+ * arrays.
+ *
+ * ## The exchange of device batches
+ *
+ * A rank that is a GPU model keeps its rows on the device (exchange_device).  NCCL cannot check
+ * the size of a message, and a send/receive pair of different sizes is undefined, so the sizes
+ * travel first, with the statuses, through the host exchange above: every rank sends every peer
+ * its row of the size table (the bytes it sends to each rank, the bytes it expects from each),
+ * so every rank holds the whole table, checks every pair and reaches the verdict all others
+ * reach.  Then, when all is well, one group of ncclSend/ncclRecv moves the batches themselves,
+ * device to device, on the rank's stream after the device's queued work, and the stream is
+ * synchronized.  The first step costs one small host exchange per call; pairs with nothing to
+ * move are skipped on both ends.
  */
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -61,6 +72,7 @@ typedef struct nccl_rank {
     size_t send_cap;     /**< bytes of h_send and d_send */
     size_t recv_cap;     /**< bytes of h_recv and d_recv */
     uint64_t sent;       /**< payload bytes sent to peers so far */
+    uint64_t *sizes;     /**< [size][2 * size] the size table of a device exchange (rows: senders) */
 } nccl_rank;
 
 /** The group's state: every rank. */
@@ -179,6 +191,78 @@ static mmoe_status nccl_exchange(mmoe_ep_comm *c, const mmoe_ep_batch *send, con
     return MMOE_OK;
 }
 
+/** The size table's check (file comment): every sender's bytes against its receiver's expectation. */
+static mmoe_status check_sizes(const uint64_t *table, int n, mmoe_error *err)
+{
+    for (int a = 0; a < n; a++)
+        for (int q = 0; q < n; q++)
+            if (a != q && table[a * 2 * n + q] != table[q * 2 * n + n + a])
+                return mmoe_error_set(err, MMOE_EINTERNAL,
+                                      "ep exchange: rank %d sends %llu bytes to rank %d, which expects %llu", a,
+                                      (unsigned long long)table[a * 2 * n + q], q,
+                                      (unsigned long long)table[q * 2 * n + n + a]);
+    return MMOE_OK;
+}
+
+/** The exchange of device batches (file comment). */
+static mmoe_status nccl_exchange_device(mmoe_ep_comm *c, const mmoe_ep_batch *send, const mmoe_ep_batch *recv,
+                                        mmoe_status local, int *peer_failed, mmoe_error *err)
+{
+    nccl_rank *R = (nccl_rank *)c;
+    const int n = c->size, r = c->rank;
+    *peer_failed = 0;
+    /* the batches were written by kernels queued on this device: they finish first */
+    mmoe_status own = MMOE_OK;
+    cudaError_t e = local == MMOE_OK ? cudaDeviceSynchronize() : cudaSuccess;
+    if (e != cudaSuccess)
+        local = own = MMOE_EINTERNAL;
+    /* 1: the size table and the statuses, through the host exchange */
+    uint64_t *mine = R->sizes + (size_t)r * 2 * (size_t)n;
+    mmoe_ep_batch hs[MMOE_EP_MAX_RANKS], hr[MMOE_EP_MAX_RANKS];
+    memset(hs, 0, sizeof hs);
+    memset(hr, 0, sizeof hr);
+    for (int q = 0; q < n; q++) {
+        mine[q] = q == r ? 0 : send[q].bytes;
+        mine[n + q] = q == r ? 0 : recv[q].bytes;
+        hs[q] = (mmoe_ep_batch){mine, sizeof(uint64_t) * 2 * (size_t)n};
+        hr[q] = (mmoe_ep_batch){R->sizes + (size_t)q * 2 * (size_t)n, sizeof(uint64_t) * 2 * (size_t)n};
+    }
+    const uint64_t sent_before = R->sent;
+    mmoe_status st = nccl_exchange(c, hs, hr, local, peer_failed, err);
+    R->sent = sent_before; /* the statistics count payload only */
+    if (own != MMOE_OK) {
+        *peer_failed = 0;
+        return mmoe_error_set(err, own, "ep nccl: rank %d: device synchronization: %s", r, cudaGetErrorString(e));
+    }
+    if (st == MMOE_OK)
+        st = check_sizes(R->sizes, n, err);
+    if (st != MMOE_OK)
+        return st;
+    /* 2: the batches, device to device */
+    ncclResult_t nr = ncclSuccess;
+    if (n > 1) {
+        nr = ncclGroupStart();
+        for (int q = 0; q < n && nr == ncclSuccess; q++) {
+            if (q == r)
+                continue;
+            if (send[q].bytes > 0)
+                nr = ncclSend(send[q].data, send[q].bytes, ncclUint8, q, R->nc, R->stream);
+            if (nr == ncclSuccess && recv[q].bytes > 0)
+                nr = ncclRecv(recv[q].data, recv[q].bytes, ncclUint8, q, R->nc, R->stream);
+        }
+        ncclResult_t ne = ncclGroupEnd();
+        nr = nr != ncclSuccess ? nr : ne;
+    }
+    if (nr != ncclSuccess)
+        return mmoe_error_set(err, MMOE_EINTERNAL, "ep nccl: rank %d: device send/recv: %s", r, ncclGetErrorString(nr));
+    if ((e = cudaStreamSynchronize(R->stream)) != cudaSuccess)
+        return mmoe_error_set(err, MMOE_EINTERNAL, "ep nccl: rank %d: device send/recv: %s", r, cudaGetErrorString(e));
+    for (int q = 0; q < n; q++)
+        if (q != r)
+            R->sent += send[q].bytes;
+    return MMOE_OK;
+}
+
 /** Payload bytes the rank sent so far. */
 static uint64_t nccl_bytes_sent(const mmoe_ep_comm *c)
 {
@@ -186,7 +270,7 @@ static uint64_t nccl_bytes_sent(const mmoe_ep_comm *c)
 }
 
 /** The NCCL communicator's functions. */
-static const mmoe_ep_comm_ops nccl_ops = {nccl_exchange, nccl_bytes_sent};
+static const mmoe_ep_comm_ops nccl_ops = {nccl_exchange, nccl_exchange_device, nccl_bytes_sent};
 
 /** Free every rank's buffers, stream and communicator, then the state. */
 static void nccl_destroy(void *v)
@@ -195,6 +279,7 @@ static void nccl_destroy(void *v)
     for (int r = 0; r < p->size; r++) {
         nccl_rank *R = &p->ranks[r];
         cudaSetDevice(R->device);
+        free(R->sizes);
         cudaFreeHost(R->h_send);
         cudaFreeHost(R->h_recv);
         cudaFree(R->d_send);
@@ -247,6 +332,9 @@ extern "C" mmoe_status ep_nccl_group_init(mmoe_ep_group *g, int n_ranks, mmoe_er
         R->nc = comms[r];
         R->device = r;
         g->comms[r] = &R->comm;
+        if ((R->sizes = (uint64_t *)calloc((size_t)(2 * n_ranks * n_ranks), sizeof(uint64_t))) == NULL &&
+            e == cudaSuccess)
+            e = cudaErrorMemoryAllocation;
         if (e == cudaSuccess)
             e = cudaSetDevice(r);
         if (e == cudaSuccess)
@@ -259,7 +347,7 @@ extern "C" mmoe_status ep_nccl_group_init(mmoe_ep_group *g, int n_ranks, mmoe_er
     if (e != cudaSuccess) {
         nccl_destroy(p);
         g->impl = NULL;
-        return mmoe_error_set(err, MMOE_EINTERNAL, "ep nccl: stream creation: %s", cudaGetErrorString(e));
+        return mmoe_error_set(err, MMOE_EINTERNAL, "ep nccl: streams and size tables: %s", cudaGetErrorString(e));
     }
     return MMOE_OK;
 }

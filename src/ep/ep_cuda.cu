@@ -1,7 +1,8 @@
 /**
  * @file ep_cuda.cu
- * @brief The two CUDA facts expert parallelism needs outside the GPU layer: how many GPUs there
- *        are (and how much memory one has), and which GPU the calling thread drives.
+ * @brief The CUDA facts expert parallelism needs outside the GPU layer: how many GPUs there
+ *        are (and how much memory one has), which GPU the calling thread drives; and the two
+ *        device operations of the in-process exchange on device memory (wait, copy).
  *
  * The GPU layer (mmoe_gpu_moe.h) allocates and launches on the calling thread's current device;
  * a rank's thread makes GPU r current once per job (ep_team.c), and every layer object of rank
@@ -35,5 +36,24 @@ extern "C" mmoe_status ep_cuda_set_device(int device, mmoe_error *err)
     cudaError_t e = cudaSetDevice(device);
     if (e != cudaSuccess)
         return mmoe_error_set(err, MMOE_ENODEV, "ep: cannot select GPU %d: %s", device, cudaGetErrorString(e));
+    return MMOE_OK;
+}
+
+extern "C" mmoe_status ep_cuda_sync(mmoe_error *err)
+{
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess)
+        return mmoe_error_set(err, MMOE_EINTERNAL, "ep: device synchronization: %s", cudaGetErrorString(e));
+    return MMOE_OK;
+}
+
+extern "C" mmoe_status ep_cuda_copy(void *dst, const void *src, size_t bytes, mmoe_error *err)
+{
+    /* a device-to-device cudaMemcpy may return before the copy ends: wait for it */
+    cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
+    if (e == cudaSuccess)
+        e = cudaDeviceSynchronize();
+    if (e != cudaSuccess)
+        return mmoe_error_set(err, MMOE_EINTERNAL, "ep: device copy of %zu bytes: %s", bytes, cudaGetErrorString(e));
     return MMOE_OK;
 }

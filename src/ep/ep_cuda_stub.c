@@ -16,3 +16,15 @@ mmoe_status ep_cuda_set_device(int device, mmoe_error *err)
 {
     return mmoe_error_set(err, MMOE_ENODEV, "ep: cannot select GPU %d: this build has no CUDA", device);
 }
+
+mmoe_status ep_cuda_sync(mmoe_error *err)
+{
+    return mmoe_error_set(err, MMOE_ENODEV, "ep: device synchronization: this build has no CUDA");
+}
+
+mmoe_status ep_cuda_copy(void *dst, const void *src, size_t bytes, mmoe_error *err)
+{
+    (void)dst;
+    (void)src;
+    return mmoe_error_set(err, MMOE_ENODEV, "ep: device copy of %zu bytes: this build has no CUDA", bytes);
+}

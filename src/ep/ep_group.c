@@ -24,6 +24,11 @@
  * The table is written in phase 1 and read in phase 2 only, and the barrier orders the two
  * (pthread_barrier_wait synchronizes memory), so the exchange is free of data races by
  * construction; ThreadSanitizer agrees (docs/expert-parallel.md).
+ *
+ * The same exchange moves device memory (exchange_device, for ranks that are GPU models of
+ * this process): each rank first waits for its device's queued work (the kernels that wrote its
+ * batches), and the pull is a device copy that is complete before the second barrier, so the
+ * barriers order the device bytes as they order host bytes.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -66,12 +71,23 @@ static int first_failed(const inproc_impl *p)
     return -1;
 }
 
+/** Where the batches of an exchange live. */
+typedef enum inproc_memory {
+    INPROC_HOST = 0,  /**< host memory: memcpy */
+    INPROC_DEVICE = 1 /**< device memory: a device copy */
+} inproc_memory;
+
 /** The exchange: post, barrier, check and pull, barrier (the file comment). */
-static mmoe_status inproc_exchange(mmoe_ep_comm *c, const mmoe_ep_batch *send, const mmoe_ep_batch *recv,
-                                   mmoe_status local, int *peer_failed, mmoe_error *err)
+static mmoe_status inproc_exchange_in(mmoe_ep_comm *c, const mmoe_ep_batch *send, const mmoe_ep_batch *recv,
+                                      mmoe_status local, int *peer_failed, inproc_memory where, mmoe_error *err)
 {
     inproc_impl *p = impl_of(c);
     const int r = c->rank;
+    /* device batches: the kernels that wrote them finish first; a failure here is this rank's */
+    mmoe_error own_err;
+    mmoe_status own = MMOE_OK;
+    if (where == INPROC_DEVICE && local == MMOE_OK && (own = ep_cuda_sync(&own_err)) != MMOE_OK)
+        local = own;
     /* phase 1: post */
     for (int q = 0; q < p->size; q++) {
         p->posted[r][q] = q == r ? (mmoe_ep_batch){NULL, 0} : send[q];
@@ -96,12 +112,35 @@ static mmoe_status inproc_exchange(mmoe_ep_comm *c, const mmoe_ep_batch *send, c
                     st = mmoe_error_set(err, MMOE_EINTERNAL,
                                         "ep exchange: rank %d sends %zu bytes to rank %d, which expects %zu", a,
                                         p->posted[a][q].bytes, q, p->expect[q][a]);
-        for (int q = 0; q < p->size && st == MMOE_OK; q++)
-            if (q != r && recv[q].bytes > 0)
+        for (int q = 0; q < p->size && st == MMOE_OK; q++) {
+            if (q == r || recv[q].bytes == 0)
+                continue;
+            if (where == INPROC_DEVICE)
+                st = ep_cuda_copy(recv[q].data, p->posted[q][r].data, recv[q].bytes, err);
+            else
                 memcpy(recv[q].data, p->posted[q][r].data, recv[q].bytes);
+        }
     }
     pthread_barrier_wait(&p->barrier);
+    if (own != MMOE_OK) {
+        *peer_failed = 0;
+        return mmoe_error_set(err, own, "%s", own_err.msg);
+    }
     return st;
+}
+
+/** The exchange of host batches. */
+static mmoe_status inproc_exchange(mmoe_ep_comm *c, const mmoe_ep_batch *send, const mmoe_ep_batch *recv,
+                                   mmoe_status local, int *peer_failed, mmoe_error *err)
+{
+    return inproc_exchange_in(c, send, recv, local, peer_failed, INPROC_HOST, err);
+}
+
+/** The exchange of device batches. */
+static mmoe_status inproc_exchange_device(mmoe_ep_comm *c, const mmoe_ep_batch *send, const mmoe_ep_batch *recv,
+                                          mmoe_status local, int *peer_failed, mmoe_error *err)
+{
+    return inproc_exchange_in(c, send, recv, local, peer_failed, INPROC_DEVICE, err);
 }
 
 /** Payload bytes the rank posted to peers so far. */
@@ -111,7 +150,7 @@ static uint64_t inproc_bytes_sent(const mmoe_ep_comm *c)
 }
 
 /** The in-process communicator's functions. */
-static const mmoe_ep_comm_ops inproc_ops = {inproc_exchange, inproc_bytes_sent};
+static const mmoe_ep_comm_ops inproc_ops = {inproc_exchange, inproc_exchange_device, inproc_bytes_sent};
 
 /** Free the in-process state. */
 static void inproc_destroy(void *v)

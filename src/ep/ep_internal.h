@@ -14,6 +14,8 @@
  * | ep_exec_gpu.c      | the per-rank executor on the GPU layer                          |
  * | ep_moe.c           | the expert-parallel layer: route, compute, exchange, combine    |
  * | ep_model.c         | the model's MoE sub-layers through expert-parallel layers       |
+ * | ep_gpu_forward.c   | the whole GPU forward over N ranks (mmoe_ep_gpu_forward.h)      |
+ * | ep_gpu_rows.cu     | its device rows: routing download, gather and scatter of rows   |
  */
 #ifndef MMOE_EP_INTERNAL_H
 #define MMOE_EP_INTERNAL_H
@@ -50,6 +52,15 @@ mmoe_status ep_cuda_devices(int *count, uint64_t *mem_bytes, mmoe_error *err);
 /** Make GPU @p device the calling thread's current device (MMOE_ENODEV without CUDA). */
 mmoe_status ep_cuda_set_device(int device, mmoe_error *err);
 
+/** Wait until the calling thread's device has finished all queued work (MMOE_ENODEV without CUDA). */
+mmoe_status ep_cuda_sync(mmoe_error *err);
+
+/**
+ * Copy @p bytes between device buffers, of this or another GPU of the process, and wait until
+ * the copy is done (MMOE_ENODEV without CUDA).
+ */
+mmoe_status ep_cuda_copy(void *dst, const void *src, size_t bytes, mmoe_error *err);
+
 /** The rows [first, first + n) of a 2-D view (e.g. the gate rows of a rank's experts). */
 mmoe_tensor ep_row_slice(const mmoe_tensor *t, int64_t first, int64_t n);
 
@@ -59,6 +70,38 @@ mmoe_tensor ep_row_slice(const mmoe_tensor *t, int64_t first, int64_t n);
  * arrays are new (free them); MMOE_ENOMEM names @p who.
  */
 mmoe_status ep_masked_routing(int64_t n, int slots, const char *who, int64_t **idx, float **w, mmoe_error *err);
+
+/**
+ * @name Slot rows on the device (ep_gpu_rows.cu; without CUDA every call is MMOE_ENODEV)
+ * A rank's device scratch, allocated once on the rank's device for @p max_rows rows of
+ * @p width BF16 values: row indices and packed rows.
+ * @{
+ */
+/** The scratch of one rank: its outgoing rows, then the incoming ones, in d_rows. */
+typedef struct ep_rows_scratch {
+    int64_t max_rows;  /**< rows it holds */
+    int64_t width;     /**< BF16 values per row */
+    int64_t *d_which;  /**< device [max_rows] row indices */
+    uint16_t *d_rows;  /**< device [max_rows, width] packed rows */
+} ep_rows_scratch;
+
+/** Allocate @p s on the calling thread's device (MMOE_ENOMEM naming the bytes). */
+mmoe_status ep_rows_scratch_init(ep_rows_scratch *s, int64_t max_rows, int64_t width, mmoe_error *err);
+
+/** Free @p s (on the calling thread's device; a zeroed scratch is allowed). */
+void ep_rows_scratch_free(ep_rows_scratch *s);
+
+/** Copy @p n int32 values from the device to the host (synchronous). */
+mmoe_status ep_rows_download_i32(const int32_t *dev, int64_t n, int32_t *host, mmoe_error *err);
+
+/** s->d_rows[j] = rows_dev[which[j]] for j < @p n (rows of s->width values; @p which on the host). */
+mmoe_status ep_rows_gather(ep_rows_scratch *s, const uint16_t *rows_dev, const int64_t *which, int64_t n,
+                           mmoe_error *err);
+
+/** rows_dev[which[j]] = s->d_rows[first + j] for j < @p n (@p which on the host). */
+mmoe_status ep_rows_scatter(ep_rows_scratch *s, int64_t first, const int64_t *which, int64_t n, uint16_t *rows_dev,
+                            mmoe_error *err);
+/** @} */
 
 #ifdef __cplusplus
 }

@@ -57,8 +57,9 @@
  *
  * What a rank does with its pairs is an ::mmoe_ep_executor: the CPU oracle (two oracle layers
  * per rank: its experts with topk 1, and the shared expert) or the GPU layer on the rank's GPU.
- * A GPU model forward plugs in its own executor (device-resident rows) through
- * ::mmoe_ep_executor_factory without changing the rest.
+ * The whole GPU forward over N GPUs does not go through an executor: each of its ranks is a
+ * whole GPU model that holds its block of experts (mmoe_ep_gpu_forward.h), with the same
+ * partition, dispatch table and communicator as here.
  */
 #ifndef MMOE_EP_H
 #define MMOE_EP_H

@@ -62,7 +62,7 @@ typedef enum mmoe_ep_comm_kind {
 /** "inproc" or "nccl". */
 const char *mmoe_ep_comm_kind_name(mmoe_ep_comm_kind kind);
 
-/** One batch of an exchange: @p bytes bytes at @p data (host memory; NULL allowed when 0). */
+/** One batch of an exchange: @p bytes bytes at @p data (host or, for exchange_device, device memory; NULL allowed when 0). */
 typedef struct mmoe_ep_batch {
     void *data;   /**< the bytes (sent from, or received into) */
     size_t bytes; /**< their number; both ends of a batch agree on it */
@@ -89,6 +89,16 @@ typedef struct mmoe_ep_comm_ops {
      */
     mmoe_status (*exchange)(mmoe_ep_comm *c, const mmoe_ep_batch *send, const mmoe_ep_batch *recv,
                             mmoe_status local, int *peer_failed, mmoe_error *err);
+    /**
+     * The same exchange on device memory: every batch's data is a device pointer of the
+     * calling rank's GPU (its current device).  The batches are read after all work the rank
+     * queued before the call (the kernels that wrote them), and the received bytes are in
+     * place when the call returns.  Same statuses, same failure agreement, same size checks
+     * as @p exchange (every rank reaches the same verdict, then moves the bytes or not).
+     * Needs CUDA (MMOE_ENODEV without).
+     */
+    mmoe_status (*exchange_device)(mmoe_ep_comm *c, const mmoe_ep_batch *send, const mmoe_ep_batch *recv,
+                                   mmoe_status local, int *peer_failed, mmoe_error *err);
     /** Bytes this rank has sent to peers so far (statistics). */
     uint64_t (*bytes_sent)(const mmoe_ep_comm *c);
 } mmoe_ep_comm_ops;

@@ -40,6 +40,14 @@
  * tests/test_gpu_forward.c and tests/test_gpu_forward_blocks.c.  All kernels are plain (one thread, warp or block per
  * output row or element); they are the specification's shape on the device, not tuned.
  *
+ * ## Expert parallelism
+ *
+ * One rank of an N-GPU forward (gfw_ep_part, src/ep/ep_gpu_forward.c) is this model with only
+ * its block of routed experts uploaded.  The MoE sub-layer then computes the slot rows of the
+ * pairs it holds (k_moe_restrict masks the others), hands the rows to the part's exchange,
+ * which brings in the other ranks' rows, and combines as always: the same rows in the same
+ * order, hence the unsplit bits.
+ *
  * ## Attention within one call
  *
  * The oracle appends each token's kv to the window ring before that token attends.  Here all
@@ -1118,6 +1126,18 @@ __global__ void k_moe_l2(dmoe m, const float *h, const int32_t *idx, int64_t T, 
         slot_y[p * m.D + n] = gfw_f2bf(sum);
 }
 
+/**
+ * One rank's share of the routing (expert parallelism, gfw_ep_part): local[p] = idx[p] - first
+ * for a pair whose expert the rank holds (its index among the rank's uploaded experts), -1
+ * (masked: L1 and L2 skip it) for every other pair.
+ */
+__global__ void k_moe_restrict(const int32_t *idx, int64_t n, int64_t first, int64_t n_local, int32_t *local)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        local[i] = idx[i] >= first && idx[i] < first + n_local ? (int32_t)(idx[i] - first) : -1;
+}
+
 /** Combine (moe_combine.c, dsv4-ref order): ascending expert id, ties in slot order, shared last. */
 __global__ void k_moe_combine(const uint16_t *slot_y, const int32_t *idx, int64_t T, int k, int64_t D, int has_shared,
                               uint16_t *y)
@@ -1286,6 +1306,9 @@ struct mmoe_gpu_model {
     float *post, *comb, *ckv, *cgate, *ikv, *igate, *scores, *logits, *moe_x, *moe_scores, *moe_w, *moe_h;
     uint16_t *qi, *wi, *slot_y;
     int32_t *ids, *topk_idx, *moe_idx;
+    int32_t *moe_lidx;            /**< expert parallel: the rank's share of moe_idx (k_moe_restrict) */
+    int has_part;                 /**< 1: one rank of an expert-parallel forward (part) */
+    gfw_ep_part part;             /**< its expert range and exchange */
     uint8_t *aq;
     float *as;
     int64_t max_blocks_all, kmax, moe_width, moe_kmax;
@@ -1635,12 +1658,14 @@ static cudaError_t build(mmoe_gpu_model *g, const gfw_model_src *s, int *host_oo
         d->gate = (const uint16_t *)gupload(g, m->gate, (size_t)(m->n_experts * D) * 2, &ce);
         d->bias = m->bias ? (const float *)gupload(g, m->bias, sizeof(float) * (size_t)m->n_experts, &ce) : NULL;
         d->tid2eid = m->hash ? (const int32_t *)gupload(g, m->tid2eid, sizeof(int32_t) * (size_t)(m->vocab * m->topk), &ce) : NULL;
-        dm->w1 = up_experts(g, m->w1, m->n_experts, (size_t)(m->inter * D / 2), &ce);
-        dm->w3 = up_experts(g, m->w3, m->n_experts, (size_t)(m->inter * D / 2), &ce);
-        dm->w2 = up_experts(g, m->w2, m->n_experts, (size_t)(D * m->inter / 2), &ce);
-        dm->s1 = up_experts(g, m->s1, m->n_experts, (size_t)(m->inter * D / 32), &ce);
-        dm->s3 = up_experts(g, m->s3, m->n_experts, (size_t)(m->inter * D / 32), &ce);
-        dm->s2 = up_experts(g, m->s2, m->n_experts, (size_t)(D * m->inter / 32), &ce);
+        /* the routed experts: all, or the rank's block [e0, e0 + ne) */
+        const int64_t e0 = g->has_part ? g->part.first : 0, ne = g->has_part ? g->part.n_local : m->n_experts;
+        dm->w1 = up_experts(g, m->w1 + e0, ne, (size_t)(m->inter * D / 2), &ce);
+        dm->w3 = up_experts(g, m->w3 + e0, ne, (size_t)(m->inter * D / 2), &ce);
+        dm->w2 = up_experts(g, m->w2 + e0, ne, (size_t)(D * m->inter / 2), &ce);
+        dm->s1 = up_experts(g, m->s1 + e0, ne, (size_t)(m->inter * D / 32), &ce);
+        dm->s3 = up_experts(g, m->s3 + e0, ne, (size_t)(m->inter * D / 32), &ce);
+        dm->s2 = up_experts(g, m->s2 + e0, ne, (size_t)(D * m->inter / 32), &ce);
         if (m->shared_width > 0) {
             const int64_t Ws = m->shared_width, B = m->shared_block;
             dm->sw1 = (const uint8_t *)gupload(g, m->sw1, (size_t)(Ws * D), &ce);
@@ -1736,6 +1761,8 @@ static cudaError_t build(mmoe_gpu_model *g, const gfw_model_src *s, int *host_oo
     g->moe_x = (float *)galloc(g, sizeof(float) * (size_t)(Tm * D), &ce);
     g->moe_scores = (float *)galloc(g, sizeof(float) * (size_t)(Tm * E), &ce);
     g->moe_idx = (int32_t *)galloc(g, sizeof(int32_t) * (size_t)(Tm * moe_k), &ce);
+    if (g->has_part)
+        g->moe_lidx = (int32_t *)galloc(g, sizeof(int32_t) * (size_t)(Tm * moe_k), &ce);
     g->moe_w = (float *)galloc(g, sizeof(float) * (size_t)(Tm * moe_k), &ce);
     g->moe_h = (float *)galloc(g, sizeof(float) * (size_t)(Tm * (moe_k + 1) * moe_width), &ce);
     g->slot_y = (uint16_t *)galloc(g, 2 * (size_t)(Tm * (moe_k + 1) * D), &ce);
@@ -1761,8 +1788,8 @@ static mmoe_status cuda_fail(mmoe_error *err, cudaError_t ce, const char *what)
 }
 
 /** Fill the model's scalar fields from @p s (shared by planning and creation). */
-static mmoe_status model_init(mmoe_gpu_model *g, const gfw_model_src *s, int64_t max_seq_len, int64_t max_tokens,
-                              mmoe_error *err)
+static mmoe_status model_init(mmoe_gpu_model *g, const gfw_model_src *s, const gfw_ep_part *part, int64_t max_seq_len,
+                              int64_t max_tokens, mmoe_error *err)
 {
     if (max_tokens < 1)
         return mmoe_error_set(err, MMOE_ERANGE, "gpu forward: max_tokens %lld must be >= 1", (long long)max_tokens);
@@ -1777,6 +1804,14 @@ static mmoe_status model_init(mmoe_gpu_model *g, const gfw_model_src *s, int64_t
             return mmoe_error_set(err, MMOE_EUNSUPPORTED,
                                   "gpu forward: block %d: head_dim %d (<= 1024), index_head_dim %d (<= 1024), topk %lld (<= 32)",
                                   L, a->d, a->id, (long long)s->blocks[L].moe.topk);
+        if (part && (part->first < 0 || part->n_local < 1 || part->first + part->n_local > s->blocks[L].moe.n_experts))
+            return mmoe_error_set(err, MMOE_EINVAL, "gpu forward: block %d: experts [%lld, %lld) of a rank, the layer has %lld",
+                                  L, (long long)part->first, (long long)(part->first + part->n_local),
+                                  (long long)s->blocks[L].moe.n_experts);
+    }
+    if (part) {
+        g->has_part = 1;
+        g->part = *part;
     }
     g->Tm = max_tokens;
     g->D = s->D;
@@ -1808,6 +1843,12 @@ static mmoe_status need_device(mmoe_error *err)
 extern "C" mmoe_status mmoe_gpu_model_bytes_needed(const mmoe_model *m, int64_t max_seq_len, int64_t max_tokens,
                                                    mmoe_gpu_model_bytes *out, mmoe_error *err)
 {
+    return gfw_model_bytes_part(m, NULL, max_seq_len, max_tokens, out, err);
+}
+
+extern "C" mmoe_status gfw_model_bytes_part(const mmoe_model *m, const gfw_ep_part *part, int64_t max_seq_len,
+                                            int64_t max_tokens, mmoe_gpu_model_bytes *out, mmoe_error *err)
+{
     memset(out, 0, sizeof *out);
     mmoe_status st = need_device(err);
     if (st != MMOE_OK)
@@ -1818,7 +1859,7 @@ extern "C" mmoe_status mmoe_gpu_model_bytes_needed(const mmoe_model *m, int64_t 
     mmoe_gpu_model g;
     memset(&g, 0, sizeof g);
     g.plan = 1;
-    if ((st = model_init(&g, &s, max_seq_len, max_tokens, err)) == MMOE_OK) {
+    if ((st = model_init(&g, &s, part, max_seq_len, max_tokens, err)) == MMOE_OK) {
         int oom = 0;
         build(&g, &s, &oom);
         g.bytes.total = g.bytes.weights + g.bytes.caches + g.bytes.work;
@@ -1857,9 +1898,15 @@ static cudaError_t upload_tables(void)
 extern "C" mmoe_status mmoe_gpu_model_create(const mmoe_model *m, int64_t max_seq_len, int64_t max_tokens,
                                              mmoe_gpu_model **out, mmoe_error *err)
 {
+    return gfw_model_create_part(m, NULL, max_seq_len, max_tokens, out, err);
+}
+
+extern "C" mmoe_status gfw_model_create_part(const mmoe_model *m, const gfw_ep_part *part, int64_t max_seq_len,
+                                             int64_t max_tokens, mmoe_gpu_model **out, mmoe_error *err)
+{
     *out = NULL;
     mmoe_gpu_model_bytes need;
-    mmoe_status st = mmoe_gpu_model_bytes_needed(m, max_seq_len, max_tokens, &need, err);
+    mmoe_status st = gfw_model_bytes_part(m, part, max_seq_len, max_tokens, &need, err);
     if (st != MMOE_OK)
         return st;
     const size_t margin = (size_t)256 << 20; /* the CUDA context and allocator slack */
@@ -1878,7 +1925,7 @@ extern "C" mmoe_status mmoe_gpu_model_create(const mmoe_model *m, int64_t max_se
         gfw_model_src_free(&s);
         return mmoe_error_set(err, MMOE_ENOMEM, "gpu forward: out of memory");
     }
-    if ((st = model_init(g, &s, max_seq_len, max_tokens, err)) != MMOE_OK) {
+    if ((st = model_init(g, &s, part, max_seq_len, max_tokens, err)) != MMOE_OK) {
         gfw_model_src_free(&s);
         mmoe_gpu_model_destroy(g);
         return st;
@@ -2100,13 +2147,25 @@ static mmoe_status moe(mmoe_gpu_model *g, gblock *b, const int32_t *ids_dev, int
     GFW_CHECK("moe input quantization");
     k_moe_xval<<<nblk(T * D), 256>>>(g->aq, g->as, T * D, g->moe_x);
     GFW_CHECK("moe input values");
+    /* the slot rows: of every pair, or (one rank of an expert-parallel forward) of the pairs
+     * whose expert the rank holds, the others masked; the shared expert's rows in either case */
+    const int32_t *rows_idx = g->moe_idx;
+    if (g->has_part) {
+        k_moe_restrict<<<nblk(T * m.k), 256>>>(g->moe_idx, T * m.k, g->part.first, g->part.n_local, g->moe_lidx);
+        GFW_CHECK("moe expert range");
+        rows_idx = g->moe_lidx;
+    }
     const int64_t width = g->moe_width, tasks = T * m.k + (m.Ws > 0 ? T : 0);
-    k_moe_l1<<<nblk(tasks * width * 32), 256>>>(m, g->moe_x, g->moe_idx, g->moe_w, T, width, g->moe_h);
+    k_moe_l1<<<nblk(tasks * width * 32), 256>>>(m, g->moe_x, rows_idx, g->moe_w, T, width, g->moe_h);
     GFW_CHECK("moe L1");
     k_moe_requant<<<dim3((unsigned)(width / 128), (unsigned)tasks), 128>>>(g->moe_h, width);
     GFW_CHECK("moe requantization");
-    k_moe_l2<<<nblk(tasks * D * 32), 256>>>(m, g->moe_h, g->moe_idx, T, width, g->slot_y);
+    k_moe_l2<<<nblk(tasks * D * 32), 256>>>(m, g->moe_h, rows_idx, T, width, g->slot_y);
     GFW_CHECK("moe L2");
+    /* expert parallel: the other ranks' slot rows arrive, then every rank combines them all */
+    mmoe_status st;
+    if (g->has_part && (st = g->part.exchange(g->part.ctx, g->moe_idx, T, (int)m.k, D, g->slot_y, err)) != MMOE_OK)
+        return st;
     k_moe_combine<<<nblk(T * D), 256>>>(g->slot_y, g->moe_idx, T, (int)m.k, D, m.Ws > 0, g->o);
     GFW_CHECK("moe combine");
     return MMOE_OK;

@@ -220,6 +220,50 @@ void gfw_model_src_free(gfw_model_src *src);
 size_t gfw_dense_bytes(const gfw_dense *w);
 
 /**
+ * @name One rank of an expert-parallel forward (src/ep/ep_gpu_forward.c)
+ *
+ * A rank's model holds the replicated tensors and only the routed experts [first, first +
+ * n_local) of every MoE layer.  Its MoE sub-layer routes every token as the unsplit model does
+ * (global expert ids), computes the slot rows of the pairs whose expert it holds and the shared
+ * expert's rows, then calls @p exchange, which must fill the slot rows of every other pair
+ * (computed by the other ranks); the combine then runs on the full set of rows in the oracle's
+ * order, so every rank's output is the unsplit model's, bit for bit (each slot row is computed
+ * by the same kernel from the same inputs, whichever rank computes it).
+ * @{
+ */
+/**
+ * Fill the other ranks' rows: @p idx_dev [T, k] is the layer's routing on the device (global
+ * expert ids, -1 for a masked slot); @p slot_y_dev [T * k, D] the slot rows on the device, row
+ * t * k + s for slot s of token t, of which this rank's pairs are written.
+ */
+typedef mmoe_status (*gfw_ep_exchange_fn)(void *ctx, const int32_t *idx_dev, int64_t T, int k, int64_t D,
+                                          uint16_t *slot_y_dev, mmoe_error *err);
+
+/** The expert range and the exchange of one rank. */
+typedef struct gfw_ep_part {
+    int64_t first;               /**< the rank's first routed expert (every MoE layer) */
+    int64_t n_local;             /**< its number of routed experts (>= 1) */
+    gfw_ep_exchange_fn exchange; /**< called once per MoE sub-layer, between the rows and the combine */
+    void *ctx;                   /**< passed to @p exchange */
+} gfw_ep_part;
+
+/**
+ * mmoe_gpu_model_bytes_needed() for one rank (@p part NULL: the whole model).
+ * @return as mmoe_gpu_model_bytes_needed(); MMOE_EINVAL when the range exceeds a layer's experts
+ */
+mmoe_status gfw_model_bytes_part(const mmoe_model *m, const gfw_ep_part *part, int64_t max_seq_len, int64_t max_tokens,
+                                 mmoe_gpu_model_bytes *out, mmoe_error *err);
+
+/**
+ * mmoe_gpu_model_create() for one rank, on the calling thread's current device (@p part NULL:
+ * the whole model; the part is copied).
+ * @return as mmoe_gpu_model_create(); MMOE_EINVAL when the range exceeds a layer's experts
+ */
+mmoe_status gfw_model_create_part(const mmoe_model *m, const gfw_ep_part *part, int64_t max_seq_len,
+                                  int64_t max_tokens, mmoe_gpu_model **out, mmoe_error *err);
+/** @} */
+
+/**
  * @name Single blocks on the device, host arrays in and out (for the block tests)
  * Each runs exactly the kernel the forward runs, on one synchronous call; MMOE_ENODEV
  * without CUDA, MMOE_EINTERNAL naming a CUDA error.

@@ -153,3 +153,17 @@ mmoe_status gfw_test_sublayer(mmoe_gpu_model *g, int L, int which, const uint16_
     (void)g; (void)L; (void)which; (void)x; (void)ids; (void)T; (void)pos0; (void)out;
     return no_cuda(err);
 }
+
+mmoe_status gfw_model_bytes_part(const mmoe_model *m, const gfw_ep_part *part, int64_t max_seq_len, int64_t max_tokens,
+                                 mmoe_gpu_model_bytes *out, mmoe_error *err)
+{
+    (void)part;
+    return mmoe_gpu_model_bytes_needed(m, max_seq_len, max_tokens, out, err);
+}
+
+mmoe_status gfw_model_create_part(const mmoe_model *m, const gfw_ep_part *part, int64_t max_seq_len,
+                                  int64_t max_tokens, mmoe_gpu_model **out, mmoe_error *err)
+{
+    (void)part;
+    return mmoe_gpu_model_create(m, max_seq_len, max_tokens, out, err);
+}
