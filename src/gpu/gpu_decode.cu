@@ -1,0 +1,493 @@
+/**
+ * @file gpu_decode.cu
+ * @brief The decode GEMM of the GPU layer: few tokens, weights streamed from every SM.
+ *
+ * With a handful of tokens the MoE layer is a stream of weights: at T = 1 the six routed
+ * experts and the shared one are ~105 MB of MXFP4 and FP8 bytes that each take part in one
+ * multiply-add per token.  The tile GEMMs (gpu_gemm.cu, gpu_gemm_wgmma.cu) give each block a
+ * 128-row weight tile and walk K through a shallow shared-memory ring, so a few hundred blocks
+ * each keep a few KB in flight.  This kernel is organized the other way round:
+ *
+ *   - **A block = 16 weight rows x all of K x up to 8 tokens of one expert.**  The weights are
+ *     the MMA's M operand (`mma.sync.m16n8k32` E4M3, "swap AB") and the tokens its N operand,
+ *     so one instruction multiplies 16 rows by 8 tokens over 32 K.  The 8 warps of the block
+ *     split K (warp w takes the K blocks w, w + 8, ...) and their sums are added in warp order
+ *     in shared memory at the end.  At T = 1 the V4-Flash layer has 1792 such blocks in the
+ *     L1 GEMM (7 experts x 256 row groups), every SM gets many.
+ *   - **Weights go straight from global memory into MMA registers.**  Lane (g, t) of a warp
+ *     (g = lane / 4, t = lane % 4) loads, for each of its K blocks, the 16 bytes (MXFP4) or 32
+ *     bytes (FP8) of rows g and g + 8 that hold the 32-wide group t of that K block; the
+ *     layer's tile-major layout (gpu_moe.cu) makes the 32 lanes' loads one contiguous 1 KB
+ *     (2 KB) run.  All K blocks of a batch are loaded before the first is used: 4 KB per warp
+ *     and 32 KB per block in flight, with no shared-memory staging and no block barrier.
+ *   - **The K order inside an MMA is free**, since each output is a dot product: lane t's
+ *     "logical" k = 4t + i and 16 + 4t + i (the fragment positions of m16n8k32) stand for the
+ *     actual k = 32t + 8j + i and 32t + 8j + 4 + i in MMA step j = 0..3.  The activation
+ *     fragment of the same lane uses the same map: 8 consecutive bytes of its token's row.
+ *     So every lane decodes only its own group, with its own scale.
+ *
+ * **Scales and exactness** are those of the tile GEMMs (gpu_e2m1_decode.cuh): within a K block
+ * a row's four UE8M0 exponents are folded into the E4M3 values (shift r = k_t - (max - 6))
+ * when they span at most 14 (MXFP4) or are all equal (FP8), and 2^(base - 127) times the
+ * token's activation scale is applied in FP32 when the block's MMA sum is added into the
+ * accumulator.  When any of the warp's 16 rows cannot fold, or the activation scales are
+ * per 32 (sm100 recipe), the K block takes the exact path: each group is multiplied on its own
+ * (the other lanes' fragments zero) and promoted with its own factors.  Every product is exact
+ * in the tensor core; only the order of the FP32 additions differs from the oracle's.
+ *
+ * **Routing in every block.**  The kernel needs no routing kernel before it: each block reads
+ * topk_idx (an input) and derives its tile, the tiles being the experts in ascending order,
+ * each expert's valid (token, slot) pairs in ascending pair order cut into runs of 8.  The
+ * rows of the routed L1 output and L2 input are the pair indices (token * topk + slot).  So
+ * a block knows its weights before any earlier kernel has finished: launched with
+ * programmatic dependent launch, it issues its weight loads, and only then waits
+ * (griddepcontrol.wait) for the activations of the kernel before it.
+ *
+ * **One launch, routed and shared.**  A launch carries two parts: the shared expert (grid rows
+ * [0, shared tiles), uniform tiles of 8 tokens, weight 1, slot topk) and the routed experts
+ * (the next rows).  The shared expert's blocks come first because they stream the most bytes
+ * (FP8, twice as many per row).
+ */
+#include "gpu_internal.cuh"
+#include "gpu_e2m1_decode.cuh"
+
+namespace {
+
+constexpr int DEC_WARPS = 8;               /* warps per block: the K split */
+constexpr int DEC_THREADS = DEC_WARPS * 32;
+constexpr int DEC_BK = 128;                /* K block: the tile-major layout's and sm90's group */
+
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/** Byte @p g of a word (a run-time @p g, without indexing a register array). */
+__device__ __forceinline__ int byte_of(uint32_t w, int g)
+{
+    return (int)((w >> (8 * g)) & 0xffu);
+}
+
+/** Largest and smallest of the four UE8M0 bytes of a scale word. */
+__device__ __forceinline__ void scale_span(uint32_t w, int *kmax, int *kmin)
+{
+    int hi = 0, lo = 255;
+#pragma unroll
+    for (int g = 0; g < 4; g++) {
+        hi = max(hi, byte_of(w, g));
+        lo = min(lo, byte_of(w, g));
+    }
+    *kmax = hi;
+    *kmin = lo;
+}
+
+/** What one block computes: its weights, its A rows and where its results go. */
+struct dec_tile {
+    int part;          /**< 0: shared expert, 1: routed */
+    int expert;        /**< routed expert (0 for the shared part) */
+    int ntok;          /**< tokens (columns) of the tile, 1..8 */
+};
+
+/**
+ * The block's tile of the routed part: experts in ascending order, each expert's valid pairs in
+ * ascending pair order, cut into runs of 8.  Fills s_pair[0..8) with the pair indices (-1 past
+ * the tile's end) and returns the expert, or -1 when tile @p y does not exist.  Uses s_cnt[E]
+ * and s_scan[DEC_WARPS + 1] of shared memory; all threads of the block call it.
+ * The block of tile 0 and row group 0 also stores the call's routing counters (pairs per
+ * expert, their running totals and the number of valid pairs; s_valid is its scratch).
+ */
+__device__ int route_tile(const mmoe_decode_args &p, int y, int *s_cnt, int *s_scan, int *s_pair, int *s_expert,
+                          int *s_j, int *s_valid)
+{
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int E = p.E, pairs = p.T * p.topk;
+    for (int e = tid; e < E; e += DEC_THREADS)
+        s_cnt[e] = 0;
+    if (tid == 0) {
+        *s_expert = -1;
+        *s_valid = 0;
+    }
+    __syncthreads();
+    for (int i = tid; i < pairs; i += DEC_THREADS) {
+        const int e = p.topk_idx[i];
+        if (e >= 0)
+            atomicAdd(&s_cnt[e], 1);
+    }
+    __syncthreads();
+    /* exclusive scan of tiles per expert: each thread owns a contiguous chunk of experts */
+    const int chunk = (E + DEC_THREADS - 1) / DEC_THREADS;
+    const int e0 = min(E, tid * chunk), e1 = min(E, e0 + chunk);
+    int mine = 0, valid = 0;
+    for (int e = e0; e < e1; e++) {
+        mine += (s_cnt[e] + 7) / 8;
+        valid += s_cnt[e];
+    }
+    int incl = mine;
+    for (int off = 1; off < 32; off <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off)
+            incl += v;
+    }
+    if (lane == 31)
+        s_scan[warp] = incl;
+    __syncthreads();
+    int before = 0;
+    for (int w = 0; w < warp; w++)
+        before += s_scan[w];
+    int t = before + incl - mine;
+    for (int e = e0; e < e1; e++) {
+        const int n = (s_cnt[e] + 7) / 8;
+        if (y >= t && y < t + n) {
+            *s_expert = e;
+            *s_j = y - t;
+        }
+        t += n;
+    }
+    if (p.counts != nullptr && y == 0 && blockIdx.x == 0) {
+        /* the call's routing counters, once per call */
+        for (int e = e0; e < e1; e++) {
+            p.counts[e] = s_cnt[e];
+            p.cum_counts[e] += s_cnt[e];
+        }
+        for (int off = 16; off > 0; off >>= 1)
+            valid += __shfl_xor_sync(0xffffffffu, valid, off);
+        if (lane == 0)
+            atomicAdd(s_valid, valid);
+    }
+    __syncthreads();
+    if (p.counts != nullptr && y == 0 && blockIdx.x == 0 && tid == 0)
+        *p.num_pairs = *s_valid;
+    const int expert = *s_expert;
+    if (expert < 0)
+        return -1;
+    if (warp == 0) {
+        /* ranks [8j, 8j + 8) among the expert's pairs, in ascending pair order */
+        const int r0 = *s_j * 8;
+        int seen = 0;
+        if (lane < 8)
+            s_pair[lane] = -1;
+        __syncwarp();
+        for (int base = 0; base < pairs && seen < r0 + 8; base += 32) {
+            const int i = base + lane;
+            const int hit = i < pairs && p.topk_idx[i] == expert;
+            const uint32_t m = __ballot_sync(0xffffffffu, hit);
+            const int rank = seen + __popc(m & ((1u << lane) - 1u));
+            if (hit && rank >= r0 && rank < r0 + 8)
+                s_pair[rank - r0] = i;
+            seen += __popc(m);
+        }
+    }
+    __syncthreads();
+    return expert;
+}
+
+/** A fragment register: the lanes of group @p g keep theirs, the others give zero (exact path). */
+__device__ __forceinline__ uint32_t keep_if(uint32_t v, bool keep)
+{
+    return keep ? v : 0u;
+}
+
+/**
+ * One block's GEMM: 16 rows (L1: 8 gate channels and their 8 up channels) of one expert's
+ * weights against the tile's tokens, K split over the warps; the sums reduced in warp order
+ * and handed to the epilogue.  BFMT: weight format; AG: activation scale group (128 or 32).
+ */
+template <int BFMT, int AG, int EPI>
+__device__ void decode_tile(const mmoe_decode_args &p, const mmoe_decode_part &q, int expert, int row_group,
+                            const int *s_arow, const int *s_orow, const float *s_w, int ntok, float (*s_red)[32][4],
+                            const uint32_t (*s_lut)[2])
+{
+    constexpr int ROW_BYTES = BFMT == MMOE_B_FP4 ? DEC_BK / 2 : DEC_BK; /* bytes of a row in one K block */
+    constexpr int V = BFMT == MMOE_B_FP4 ? 1 : 2;                       /* uint4 per lane, row and K block */
+    constexpr int KBB = BFMT == MMOE_B_FP4 ? 4 : 2;                     /* K blocks per batch of loads */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int K = q.K, nkb = K / DEC_BK;
+    /* the two weight rows of this lane inside the 128-row tile of n-block nb */
+    int nb, trow0, trow1;
+    if (EPI == MMOE_EPI_SWIGLU) {
+        nb = row_group / 8;
+        trow0 = (row_group % 8) * 8 + gid; /* gate channel */
+        trow1 = 64 + trow0;                /* its up channel */
+    } else {
+        nb = row_group / 8;
+        trow0 = (row_group % 8) * 16 + gid;
+        trow1 = trow0 + 8;
+    }
+    const uint8_t *bw = q.b + (size_t)expert * q.b_expert_stride + (size_t)nb * nkb * (128 * ROW_BYTES);
+    const uint8_t *bs = q.b_scale + (size_t)expert * q.bs_expert_stride + (size_t)nb * nkb * (128 * 4);
+
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const int arow = s_arow[gid];                                  /* this lane's token row of A, or -1 */
+    const int tok0 = tig * 2;                                      /* its two output columns */
+    const int ar0 = tok0 < ntok ? s_arow[tok0] : -1, ar1 = tok0 + 1 < ntok ? s_arow[tok0 + 1] : -1;
+
+    bool waited = false;
+    for (int i0 = warp; i0 < nkb; i0 += DEC_WARPS * KBB) {
+        uint4 wv[KBB][2][V];
+        uint32_t sw[KBB][2];
+#pragma unroll
+        for (int b = 0; b < KBB; b++) {
+            const int kb = i0 + b * DEC_WARPS;
+            if (kb < nkb) {
+                const uint8_t *tile = bw + (size_t)kb * (128 * ROW_BYTES);
+#pragma unroll
+                for (int v = 0; v < V; v++) {
+                    wv[b][0][v] = __ldg(reinterpret_cast<const uint4 *>(tile + trow0 * ROW_BYTES + tig * 16 * V) + v);
+                    wv[b][1][v] = __ldg(reinterpret_cast<const uint4 *>(tile + trow1 * ROW_BYTES + tig * 16 * V) + v);
+                }
+                const uint32_t *stile = reinterpret_cast<const uint32_t *>(bs + (size_t)kb * (128 * 4));
+                sw[b][0] = __ldg(stile + trow0);
+                sw[b][1] = __ldg(stile + trow1);
+            }
+        }
+        if (!waited) {
+            /* the weights are on their way; now the activations of the kernel before must be ready */
+            mmoe_grid_dependency_wait();
+            waited = true;
+        }
+#pragma unroll
+        for (int b = 0; b < KBB; b++) {
+            const int kb = i0 + b * DEC_WARPS;
+            if (kb < nkb) {
+            /* activations: 32 bytes of this lane's token at k = 128 kb + 32 tig (8 words, word m = k + 4m) */
+            uint32_t xa[8];
+            if (arow >= 0) {
+                const uint4 *src = reinterpret_cast<const uint4 *>(q.a + (size_t)arow * K + (size_t)kb * DEC_BK + tig * 32);
+                const uint4 x0 = src[0], x1 = src[1];
+                xa[0] = x0.x; xa[1] = x0.y; xa[2] = x0.z; xa[3] = x0.w;
+                xa[4] = x1.x; xa[5] = x1.y; xa[6] = x1.z; xa[7] = x1.w;
+            } else {
+#pragma unroll
+                for (int m = 0; m < 8; m++)
+                    xa[m] = 0u;
+            }
+            /* fold test of both rows, and whether the whole warp can fold */
+            int hi0, lo0, hi1, lo1;
+            scale_span(sw[b][0], &hi0, &lo0);
+            scale_span(sw[b][1], &hi1, &lo1);
+            const bool ok = BFMT == MMOE_B_FP4 ? (hi0 - lo0 <= 14 && hi1 - lo1 <= 14) : (hi0 == lo0 && hi1 == lo1);
+            const bool fold = AG == 128 && __all_sync(0xffffffffu, ok);
+            const int base0 = fold ? (BFMT == MMOE_B_FP4 ? hi0 - 6 : hi0) : 127;
+            const int base1 = fold ? (BFMT == MMOE_B_FP4 ? hi1 - 6 : hi1) : 127;
+            /* the A fragments of the four MMA steps: [step][a0..a3] */
+            uint32_t af[4][4];
+            if (BFMT == MMOE_B_FP4) {
+                const int r0 = fold ? byte_of(sw[b][0], tig) - base0 : 0;
+                const int r1 = fold ? byte_of(sw[b][1], tig) - base1 : 0;
+                const uint32_t l0lo = s_lut[r0 + 8][0], l0hi = s_lut[r0 + 8][1];
+                const uint32_t l1lo = s_lut[r1 + 8][0], l1hi = s_lut[r1 + 8][1];
+                const uint32_t w0[4] = {wv[b][0][0].x, wv[b][0][0].y, wv[b][0][0].z, wv[b][0][0].w};
+                const uint32_t w1[4] = {wv[b][1][0].x, wv[b][1][0].y, wv[b][1][0].z, wv[b][1][0].w};
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    decode8(w0[j], l0lo, l0hi, &af[j][0], &af[j][2]);
+                    decode8(w1[j], l1lo, l1hi, &af[j][1], &af[j][3]);
+                }
+            } else {
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const uint4 u = wv[b][h][0], v = wv[b][h][V - 1];
+                    af[0][h] = u.x; af[0][h + 2] = u.y;
+                    af[1][h] = u.z; af[1][h + 2] = u.w;
+                    af[2][h] = v.x; af[2][h + 2] = v.y;
+                    af[3][h] = v.z; af[3][h + 2] = v.w;
+                }
+            }
+            /* activation scales of this lane's two columns */
+            if (fold) {
+                float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    mma_e4m3(tmp, af[j], xa[2 * j], xa[2 * j + 1]);
+                const float sa0 = ar0 >= 0 ? q.a_scale[(size_t)ar0 * (K / AG) + kb] : 0.0f;
+                const float sa1 = ar1 >= 0 ? q.a_scale[(size_t)ar1 * (K / AG) + kb] : 0.0f;
+                const float f0 = pow2i(base0 - 127), f1 = pow2i(base1 - 127);
+                acc[0] = fmaf(tmp[0], __fmul_rn(sa0, f0), acc[0]);
+                acc[1] = fmaf(tmp[1], __fmul_rn(sa1, f0), acc[1]);
+                acc[2] = fmaf(tmp[2], __fmul_rn(sa0, f1), acc[2]);
+                acc[3] = fmaf(tmp[3], __fmul_rn(sa1, f1), acc[3]);
+            } else {
+#pragma unroll 1
+                for (int g = 0; g < 4; g++) {
+                    float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    const bool mine = tig == g;
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        const uint32_t a[4] = {keep_if(af[j][0], mine), keep_if(af[j][1], mine),
+                                               keep_if(af[j][2], mine), keep_if(af[j][3], mine)};
+                        mma_e4m3(tmp, a, xa[2 * j], xa[2 * j + 1]);
+                    }
+                    const int ga = AG == 32 ? kb * 4 + g : kb;
+                    const float sa0 = ar0 >= 0 ? q.a_scale[(size_t)ar0 * (K / AG) + ga] : 0.0f;
+                    const float sa1 = ar1 >= 0 ? q.a_scale[(size_t)ar1 * (K / AG) + ga] : 0.0f;
+                    const float f0 = pow2i(byte_of(sw[b][0], g) - 127), f1 = pow2i(byte_of(sw[b][1], g) - 127);
+                    acc[0] = fmaf(tmp[0], __fmul_rn(sa0, f0), acc[0]);
+                    acc[1] = fmaf(tmp[1], __fmul_rn(sa1, f0), acc[1]);
+                    acc[2] = fmaf(tmp[2], __fmul_rn(sa0, f1), acc[2]);
+                    acc[3] = fmaf(tmp[3], __fmul_rn(sa1, f1), acc[3]);
+                }
+            }
+            }
+        }
+    }
+    if (!waited)
+        mmoe_grid_dependency_wait(); /* a warp without K blocks still reads nothing before the wait */
+
+    /* ---- the K split: warp sums added in warp order */
+#pragma unroll
+    for (int c = 0; c < 4; c++)
+        s_red[warp][lane][c] = acc[c];
+    __syncthreads();
+    if (warp != 0)
+        return;
+    float sum[4];
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        float s = s_red[0][lane][c];
+        for (int w = 1; w < DEC_WARPS; w++)
+            s = __fadd_rn(s, s_red[w][lane][c]);
+        sum[c] = s;
+    }
+
+    /* ---- epilogue: c0, c1 = row g, columns 2t, 2t+1; c2, c3 = row g + 8 */
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const int col = tok0 + e;
+        if (col >= ntok)
+            continue;
+        const int orow = s_orow[col];
+        if (EPI == MMOE_EPI_SWIGLU) {
+            const int ch = row_group * 8 + gid;
+            q.out_f32[(size_t)orow * q.n_out + ch] = mmoe_swiglu_channel(sum[e], sum[2 + e], p.clamp, s_w[col]);
+        } else if (p.raw != nullptr) {
+            const int n = row_group * 16 + gid;
+            p.raw[(size_t)orow * q.n_out + n] = sum[e];
+            p.raw[(size_t)orow * q.n_out + n + 8] = sum[2 + e];
+        } else {
+            /* orow = token * slots + slot: the (token, slot) row of the combine buffer */
+            const int n = row_group * 16 + gid;
+            __nv_bfloat16 *o = p.out_slots + (size_t)orow * q.n_out;
+            o[n] = __float2bfloat16_rn(sum[e]);
+            o[n + 8] = __float2bfloat16_rn(sum[2 + e]);
+        }
+    }
+}
+
+/**
+ * The decode GEMM (see the file comment).  Grid: x = row groups of 16 weight rows (L1: 8
+ * channels), y = the shared part's tiles, then the routed part's tiles.  EPI: SwiGLU (L1, FP32
+ * out), BF16 combine slots (L2) or raw FP32 sums (the per-stage test).
+ */
+template <int AG, int EPI>
+__global__ void __launch_bounds__(DEC_THREADS, 2) decode_gemm_kernel(const __grid_constant__ mmoe_decode_args p)
+{
+    extern __shared__ int s_cnt[];                 /* [E] pairs per expert (routed blocks) */
+    __shared__ float s_red[DEC_WARPS][32][4];      /* the warps' sums */
+    __shared__ uint32_t s_lut[16][2];              /* E2M1 magnitude -> E4M3 tables, r = -8..7 */
+    __shared__ int s_scan[DEC_WARPS];
+    __shared__ int s_pair[8], s_arow[8], s_orow[8], s_expert, s_j, s_valid;
+    __shared__ float s_w[8];
+    const int tid = threadIdx.x;
+    const int y = (int)blockIdx.y;
+    const bool shared_part = y < p.shared_tiles;
+    const mmoe_decode_part &q = shared_part ? p.shared : p.routed;
+    const int row_group = (int)blockIdx.x;
+    const int groups = EPI == MMOE_EPI_SWIGLU ? q.n_out / 8 : q.n_out / 16;
+    if (tid < 16) {
+        uint32_t lo, hi;
+        e2m1_lut(tid - 8, &lo, &hi);
+        s_lut[tid][0] = lo;
+        s_lut[tid][1] = hi;
+    }
+    int expert = 0, ntok = 0;
+    if (shared_part) {
+        const int t0 = y * 8;
+        ntok = min(8, p.T - t0);
+        if (tid < 8) {
+            const int t = t0 + tid;
+            s_arow[tid] = tid < ntok ? t : -1;
+            /* L1 rows of the shared part are tokens; L2 outputs go to slot topk of each token */
+            s_orow[tid] = EPI == MMOE_EPI_SLOT_BF16 && p.raw == nullptr ? t * (p.topk + 1) + p.topk : t;
+            s_w[tid] = 1.0f;
+        }
+        __syncthreads();
+    } else {
+        expert = route_tile(p, y - p.shared_tiles, s_cnt, s_scan, s_pair, &s_expert, &s_j, &s_valid);
+        if (expert < 0)
+            return; /* beyond the call's tiles (the grid has an upper bound of them) */
+        if (tid < 8) {
+            const int i = s_pair[tid];
+            /* L1 routed: A row = token; L2 routed: A row = pair (the requantized L1 output row) */
+            s_arow[tid] = i < 0 ? -1 : p.routed_a_by_pair ? i : i / p.topk;
+            s_orow[tid] = i < 0 ? -1 : EPI == MMOE_EPI_SLOT_BF16 ? (i / p.topk) * (p.topk + 1) + i % p.topk : i;
+            s_w[tid] = i < 0 ? 0.0f : p.topk_w[i];
+        }
+        __syncthreads();
+        ntok = 0;
+        for (int c = 0; c < 8; c++)
+            ntok += s_pair[c] >= 0;
+    }
+    if (row_group >= groups)
+        return; /* the other part has more row groups */
+    if (q.bfmt == MMOE_B_FP4)
+        decode_tile<MMOE_B_FP4, AG, EPI>(p, q, expert, row_group, s_arow, s_orow, s_w, ntok, s_red, s_lut);
+    else
+        decode_tile<MMOE_B_FP8, AG, EPI>(p, q, expert, row_group, s_arow, s_orow, s_w, ntok, s_red, s_lut);
+}
+
+/** Launch one instance, with programmatic dependent launch when asked. */
+template <int AG, int EPI>
+cudaError_t launch_decode_instance(const mmoe_decode_args *a, dim3 grid, int pdl, cudaStream_t s)
+{
+    const size_t smem = (size_t)(a->E > 0 ? a->E : 1) * sizeof(int);
+    cudaError_t e = cudaFuncSetAttribute(decode_gemm_kernel<AG, EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem);
+    if (e != cudaSuccess)
+        return e;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(DEC_THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    e = cudaLaunchKernelEx(&cfg, decode_gemm_kernel<AG, EPI>, *a);
+    if (e != cudaSuccess)
+        return e;
+    return cudaGetLastError();
+}
+
+} // namespace
+
+int mmoe_decode_max_tiles(int T, int topk, int E)
+{
+    const int pairs = T * topk;
+    const int bound = (pairs + 7) / 8 + E;
+    return pairs < bound ? pairs : bound;
+}
+
+cudaError_t mmoe_launch_decode_gemm(const mmoe_decode_args *a, int a_group, mmoe_epi epi, int pdl, cudaStream_t s)
+{
+    const int groups_of = epi == MMOE_EPI_SWIGLU ? 8 : 16;
+    int gx = 0;
+    if (a->shared_tiles > 0)
+        gx = a->shared.n_out / groups_of;
+    if (a->routed_tiles > 0 && a->routed.n_out / groups_of > gx)
+        gx = a->routed.n_out / groups_of;
+    const int gy = a->shared_tiles + a->routed_tiles;
+    if (gx == 0 || gy == 0)
+        return cudaSuccess;
+    const dim3 grid((unsigned)gx, (unsigned)gy);
+    if (a_group == 32)
+        return epi == MMOE_EPI_SWIGLU ? launch_decode_instance<32, MMOE_EPI_SWIGLU>(a, grid, pdl, s)
+                                      : launch_decode_instance<32, MMOE_EPI_SLOT_BF16>(a, grid, pdl, s);
+    return epi == MMOE_EPI_SWIGLU ? launch_decode_instance<128, MMOE_EPI_SWIGLU>(a, grid, pdl, s)
+                                  : launch_decode_instance<128, MMOE_EPI_SLOT_BF16>(a, grid, pdl, s);
+}
