@@ -740,11 +740,11 @@ static void run_gemm_case(const gemm_case *c, mmoe_rng *rng)
     /*
      * The bound on |out - ref| / sum|terms|, in units of 2^-23 (one FP32 rounding each step of
      * the longest addition chain).  Tile kernels: the MMA's own accumulation (<= 8 steps per K
-     * block), one promotion per K block, one addition per split.  Decode kernel: per K block at
-     * most 4 groups x 4 MMA steps on the exact path, a warp's K blocks (<= ceil(nkb / 8) of
-     * them, 4 promotions each), then the 8 warp sums: <= 4 + 4 ceil(nkb / 8) + 8 <= 16 + nkb.
+     * block), one promotion per K block, one addition per split.  Decode kernel: one warp walks
+     * all of K; per K block 4 MMA steps into a zeroed sum, promoted once (folded) or, on the
+     * exact path, once per 32-wide group: <= 4 + 4 nkb.
      */
-    const double unit = (c->gemm == MMOE_GPU_GEMM_DECODE ? 16.0 + nkb : 8.0 + nkb + splits) * ldexp(1.0, -23);
+    const double unit = (c->gemm == MMOE_GPU_GEMM_DECODE ? 4.0 + 4.0 * nkb : 8.0 + nkb + splits) * ldexp(1.0, -23);
     double num = 0.0, den = 0.0, worst = 0.0;
     int64_t bad = 0;
     for (int r = 0; r < R; r++)
@@ -814,10 +814,12 @@ START_TEST(stage_gemm_mma)
 END_TEST
 
 /**
- * The decode kernel (8-token tiles, K split over 8 warps inside a block): both weight formats,
- * both activation groups, every scale spread, rows that fill 1, part of 1 and several tiles,
- * and K with fewer K blocks than warps (512), not a multiple of 8 K blocks (1152) and the
- * V4-Flash L1 width (4096).
+ * The decode kernel (8-token tiles, one warp per 16 weight rows over all of K, a cp.async ring
+ * of 8 or 4 K blocks per warp): both weight formats, both activation groups, every scale
+ * spread, rows that fill 1, part of 1 and several tiles, K with fewer K blocks than the ring
+ * (512), an odd number of K blocks (1152, 9) and the V4-Flash L1 width (4096); n = 128 with
+ * L2's 16-row groups leaves the block's last warps without rows only when n / 16 is not a
+ * multiple of 4 (384: 24 groups, 6 blocks).
  */
 START_TEST(stage_gemm_decode)
 {

@@ -72,7 +72,7 @@ case " $STEPS " in *" profile "*)
     for g in ${MMOE_GEMMS:-mma wgmma decode}; do
       case $g in
         mma) k="regex:gemm_kernel<.*int.0, .int.128, .int.0>";;
-        decode) k="regex:decode_gemm_kernel<128, 0>";;
+        decode) k="regex:decode_gemm_kernel<.int.128, .int.0>";;
         *) k="regex:wgmma_gemm_kernel<.*int.0, .int.128, .int.0>";;
       esac
       timeout 200 ncu --clock-control none --kernel-name-base demangled --kernel-name "$k" --launch-skip 2 \

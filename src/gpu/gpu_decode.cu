@@ -8,18 +8,19 @@
  * 128-row weight tile and walk K through a shallow shared-memory ring, so a few hundred blocks
  * each keep a few KB in flight.  This kernel is organized the other way round:
  *
- *   - **A block = 16 weight rows x all of K x up to 8 tokens of one expert.**  The weights are
+ *   - **A warp = 16 weight rows x all of K x up to 8 tokens of one expert.**  The weights are
  *     the MMA's M operand (`mma.sync.m16n8k32` E4M3, "swap AB") and the tokens its N operand,
- *     so one instruction multiplies 16 rows by 8 tokens over 32 K.  The 8 warps of the block
- *     split K (warp w takes the K blocks w, w + 8, ...) and their sums are added in warp order
- *     in shared memory at the end.  At T = 1 the V4-Flash layer has 1792 such blocks in the
- *     L1 GEMM (7 experts x 256 row groups), every SM gets many.
- *   - **Weights go straight from global memory into MMA registers.**  Lane (g, t) of a warp
- *     (g = lane / 4, t = lane % 4) loads, for each of its K blocks, the 16 bytes (MXFP4) or 32
- *     bytes (FP8) of rows g and g + 8 that hold the 32-wide group t of that K block; the
- *     layer's tile-major layout (gpu_moe.cu) makes the 32 lanes' loads one contiguous 1 KB
- *     (2 KB) run.  All K blocks of a batch are loaded before the first is used: 4 KB per warp
- *     and 32 KB per block in flight, with no shared-memory staging and no block barrier.
+ *     so one instruction multiplies 16 rows by 8 tokens over 32 K.  A block is 4 warps, 4
+ *     consecutive row groups of one tile, sharing the tile's activations, which the block
+ *     stages in shared memory once.  At T = 1 the V4-Flash layer's L1 GEMM has 1792 warps of
+ *     work (7 experts x 256 row groups) in 448 blocks: every SM gets several.
+ *   - **A deep copy ring per warp.**  Lane (g, t) of a warp (g = lane / 4, t = lane % 4) copies,
+ *     for each K block, the 16 bytes (MXFP4) or 32 bytes (FP8) of rows g and g + 8 that hold
+ *     the 32-wide group t of that K block, and the rows' scale words, with `cp.async` into its
+ *     own slots of a 10 KB ring: 8 (MXFP4) or 4 (FP8) K blocks, up to 7 KB per warp in flight.
+ *     The layer's tile-major layout (gpu_moe.cu) makes the 32 lanes' copies one contiguous
+ *     1 KB (2 KB) run.  Each lane reads back only what it copied itself, so the ring needs no
+ *     barrier: a per-thread `cp.async.wait_group` is the whole synchronisation.
  *   - **The K order inside an MMA is free**, since each output is a dot product: lane t's
  *     "logical" k = 4t + i and 16 + 4t + i (the fragment positions of m16n8k32) stand for the
  *     actual k = 32t + 8j + i and 32t + 8j + 4 + i in MMA step j = 0..3.  The activation
@@ -40,8 +41,12 @@
  * each expert's valid (token, slot) pairs in ascending pair order cut into runs of 8.  The
  * rows of the routed L1 output and L2 input are the pair indices (token * topk + slot).  So
  * a block knows its weights before any earlier kernel has finished: launched with
- * programmatic dependent launch, it issues its weight loads, and only then waits
- * (griddepcontrol.wait) for the activations of the kernel before it.
+ * programmatic dependent launch, its warps issue their first weight copies, and only then does
+ * the block wait (griddepcontrol.wait) for the activations of the kernel before it.
+ *
+ * **Summation order**: per output, one warp adds its K blocks in ascending order (each K block's
+ * 4 MMA steps into a zeroed sum, then promoted with its FP32 factor); fixed, so a call is
+ * deterministic.
  *
  * **One launch, routed and shared.**  A launch carries two parts: the shared expert (grid rows
  * [0, shared tiles), uniform tiles of 8 tokens, weight 1, slot topk) and the routed experts
@@ -53,7 +58,7 @@
 
 namespace {
 
-constexpr int DEC_WARPS = 8;               /* warps per block: the K split */
+constexpr int DEC_WARPS = 4;               /* warps per block: 4 row groups of one tile */
 constexpr int DEC_THREADS = DEC_WARPS * 32;
 constexpr int DEC_BK = 128;                /* K block: the tile-major layout's and sm90's group */
 
@@ -190,170 +195,189 @@ __device__ __forceinline__ uint32_t keep_if(uint32_t v, bool keep)
     return keep ? v : 0u;
 }
 
+/** Bytes of the per-warp copy ring (both weight formats; see ring_of). */
+constexpr int RING_BYTES = 10240;
+
 /**
- * One block's GEMM: 16 rows (L1: 8 gate channels and their 8 up channels) of one expert's
- * weights against the tile's tokens, K split over the warps; the sums reduced in warp order
- * and handed to the epilogue.  BFMT: weight format; AG: activation scale group (128 or 32).
+ * The copy ring of one warp for weight format BFMT: each lane copies, per K block, its 16-byte
+ * (MXFP4) or two 16-byte (FP8) pieces of rows g and g + 8 and their two scale words into its
+ * own slots; STAGES K blocks are in flight.  Stage layout: [piece][lane] of uint4, then
+ * [row][lane] of scale words, so that the lanes' reads back are contiguous (no bank conflict).
+ */
+template <int BFMT>
+struct ring_of {
+    static constexpr int V = BFMT == MMOE_B_FP4 ? 1 : 2;         /* uint4 per lane, row and K block */
+    static constexpr int STAGE_BYTES = 32 * (2 * V * 16 + 2 * 4);  /* one K block of one warp */
+    static constexpr int STAGES = RING_BYTES / STAGE_BYTES;        /* 8 (MXFP4) or 4 (FP8) */
+};
+
+/**
+ * The block stages the tile's activations in shared memory: it waits for the kernel before it
+ * (programmatic dependent launch: the activations are that kernel's output), copies the @p ntok
+ * token rows of A (rows @p s_arow) and their scales (zero past ntok), and meets at a barrier.
+ * Every thread of the block calls it once, after its warp has issued its first weight copies.
+ */
+__device__ void stage_activations(const mmoe_decode_part &q, int ag, int ntok, const int *s_arow, uint8_t *sA, int lda,
+                                  float *sAs)
+{
+    mmoe_grid_dependency_wait();
+    const int K = q.K, chunks = K / 16, ng = K / ag;
+    for (int i = threadIdx.x; i < ntok * chunks; i += DEC_THREADS) {
+        const int r = i / chunks, c = i % chunks;
+        *reinterpret_cast<uint4 *>(sA + r * lda + c * 16) =
+            *reinterpret_cast<const uint4 *>(q.a + (size_t)s_arow[r] * K + c * 16);
+    }
+    for (int i = threadIdx.x; i < 8 * ng; i += DEC_THREADS) {
+        const int r = i / ng;
+        sAs[i] = r < ntok ? q.a_scale[(size_t)s_arow[r] * ng + i % ng] : 0.0f;
+    }
+    __syncthreads();
+}
+
+/**
+ * One warp's GEMM: 16 weight rows (L1: 8 gate channels and their 8 up channels) of one expert
+ * over all of K against the tile's tokens (activations staged in shared memory by the block),
+ * streamed through the warp's cp.async ring; then the epilogue.  BFMT: weight format; AG:
+ * activation scale group (128 or 32).
  */
 template <int BFMT, int AG, int EPI>
-__device__ void decode_tile(const mmoe_decode_args &p, const mmoe_decode_part &q, int expert, int row_group,
-                            const int *s_arow, const int *s_orow, const float *s_w, int ntok, float (*s_red)[32][4],
-                            const uint32_t (*s_lut)[2])
+__device__ void decode_warp(const mmoe_decode_args &p, const mmoe_decode_part &q, int expert, int row_group,
+                            const int *s_arow, uint8_t *sA, int lda, float *sAs, const int *s_orow,
+                            const float *s_w, int ntok, uint8_t *ring, const uint32_t (*s_lut)[2])
 {
+    using R = ring_of<BFMT>;
+    constexpr int V = R::V, STAGES = R::STAGES;
     constexpr int ROW_BYTES = BFMT == MMOE_B_FP4 ? DEC_BK / 2 : DEC_BK; /* bytes of a row in one K block */
-    constexpr int V = BFMT == MMOE_B_FP4 ? 1 : 2;                       /* uint4 per lane, row and K block */
-    constexpr int KBB = BFMT == MMOE_B_FP4 ? 4 : 2;                     /* K blocks per batch of loads */
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31;
     const int gid = lane >> 2, tig = lane & 3;
     const int K = q.K, nkb = K / DEC_BK;
     /* the two weight rows of this lane inside the 128-row tile of n-block nb */
-    int nb, trow0, trow1;
-    if (EPI == MMOE_EPI_SWIGLU) {
-        nb = row_group / 8;
-        trow0 = (row_group % 8) * 8 + gid; /* gate channel */
-        trow1 = 64 + trow0;                /* its up channel */
-    } else {
-        nb = row_group / 8;
-        trow0 = (row_group % 8) * 16 + gid;
-        trow1 = trow0 + 8;
-    }
+    const int nb = row_group / 8;
+    const int trow0 = EPI == MMOE_EPI_SWIGLU ? (row_group % 8) * 8 + gid : (row_group % 8) * 16 + gid;
+    const int trow1 = EPI == MMOE_EPI_SWIGLU ? 64 + trow0 : trow0 + 8; /* L1: the up channel of trow0 */
     const uint8_t *bw = q.b + (size_t)expert * q.b_expert_stride + (size_t)nb * nkb * (128 * ROW_BYTES);
     const uint8_t *bs = q.b_scale + (size_t)expert * q.bs_expert_stride + (size_t)nb * nkb * (128 * 4);
 
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    const int arow = s_arow[gid];                                  /* this lane's token row of A, or -1 */
-    const int tok0 = tig * 2;                                      /* its two output columns */
-    const int ar0 = tok0 < ntok ? s_arow[tok0] : -1, ar1 = tok0 + 1 < ntok ? s_arow[tok0 + 1] : -1;
+    /* issue the copies of K block kb into ring stage st (this lane's slots only) */
+    auto issue = [&](int kb, int st) {
+        uint8_t *stage = ring + st * R::STAGE_BYTES;
+        const uint8_t *tile = bw + (size_t)kb * (128 * ROW_BYTES);
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+            cp_async16(stage + ((0 * V + v) * 32 + lane) * 16, tile + trow0 * ROW_BYTES + tig * 16 * V + v * 16);
+            cp_async16(stage + ((1 * V + v) * 32 + lane) * 16, tile + trow1 * ROW_BYTES + tig * 16 * V + v * 16);
+        }
+        const uint8_t *stile = bs + (size_t)kb * (128 * 4);
+        cp_async4(stage + 2 * V * 32 * 16 + lane * 4, stile + trow0 * 4);
+        cp_async4(stage + 2 * V * 32 * 16 + (32 + lane) * 4, stile + trow1 * 4);
+    };
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < nkb)
+            issue(s, s);
+        cp_async_commit();
+    }
+    /* the weights are on their way; now the block stages the activations (after the wait) */
+    stage_activations(q, AG, ntok, s_arow, sA, lda, sAs);
 
-    bool waited = false;
-    for (int i0 = warp; i0 < nkb; i0 += DEC_WARPS * KBB) {
-        uint4 wv[KBB][2][V];
-        uint32_t sw[KBB][2];
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const int tok0 = tig * 2; /* this lane's two output columns */
+    const bool has_a = gid < ntok;
+    for (int kb = 0; kb < nkb; kb++) {
+        cp_async_wait<STAGES - 2>(); /* K block kb has landed in this lane's slots */
+        const uint8_t *stage = ring + (kb % STAGES) * R::STAGE_BYTES;
+        uint4 wv[2][V];
 #pragma unroll
-        for (int b = 0; b < KBB; b++) {
-            const int kb = i0 + b * DEC_WARPS;
-            if (kb < nkb) {
-                const uint8_t *tile = bw + (size_t)kb * (128 * ROW_BYTES);
+        for (int h = 0; h < 2; h++)
 #pragma unroll
-                for (int v = 0; v < V; v++) {
-                    wv[b][0][v] = __ldg(reinterpret_cast<const uint4 *>(tile + trow0 * ROW_BYTES + tig * 16 * V) + v);
-                    wv[b][1][v] = __ldg(reinterpret_cast<const uint4 *>(tile + trow1 * ROW_BYTES + tig * 16 * V) + v);
-                }
-                const uint32_t *stile = reinterpret_cast<const uint32_t *>(bs + (size_t)kb * (128 * 4));
-                sw[b][0] = __ldg(stile + trow0);
-                sw[b][1] = __ldg(stile + trow1);
+            for (int v = 0; v < V; v++)
+                wv[h][v] = reinterpret_cast<const uint4 *>(stage)[(h * V + v) * 32 + lane];
+        const uint32_t sw0 = reinterpret_cast<const uint32_t *>(stage + 2 * V * 32 * 16)[lane];
+        const uint32_t sw1 = reinterpret_cast<const uint32_t *>(stage + 2 * V * 32 * 16)[32 + lane];
+        /* the stage read last step is free again: refill it STAGES - 1 blocks ahead */
+        if (kb + STAGES - 1 < nkb)
+            issue(kb + STAGES - 1, (kb + STAGES - 1) % STAGES);
+        cp_async_commit();
+
+        /* activations: 32 bytes of this lane's token at k = 128 kb + 32 tig (word m = k + 4m) */
+        uint32_t xa[8];
+        if (has_a) {
+            const uint4 *src = reinterpret_cast<const uint4 *>(sA + gid * lda + kb * DEC_BK + tig * 32);
+            const uint4 x0 = src[0], x1 = src[1];
+            xa[0] = x0.x; xa[1] = x0.y; xa[2] = x0.z; xa[3] = x0.w;
+            xa[4] = x1.x; xa[5] = x1.y; xa[6] = x1.z; xa[7] = x1.w;
+        } else {
+#pragma unroll
+            for (int m = 0; m < 8; m++)
+                xa[m] = 0u;
+        }
+        /* fold test of both rows, and whether the whole warp can fold */
+        int hi0, lo0, hi1, lo1;
+        scale_span(sw0, &hi0, &lo0);
+        scale_span(sw1, &hi1, &lo1);
+        const bool ok = BFMT == MMOE_B_FP4 ? (hi0 - lo0 <= 14 && hi1 - lo1 <= 14) : (hi0 == lo0 && hi1 == lo1);
+        const bool fold = AG == 128 && __all_sync(0xffffffffu, ok);
+        const int base0 = fold ? (BFMT == MMOE_B_FP4 ? hi0 - 6 : hi0) : 127;
+        const int base1 = fold ? (BFMT == MMOE_B_FP4 ? hi1 - 6 : hi1) : 127;
+        /* the A fragments of the four MMA steps: [step][a0..a3] */
+        uint32_t af[4][4];
+        if (BFMT == MMOE_B_FP4) {
+            const int r0 = fold ? byte_of(sw0, tig) - base0 : 0;
+            const int r1 = fold ? byte_of(sw1, tig) - base1 : 0;
+            const uint32_t l0lo = s_lut[r0 + 8][0], l0hi = s_lut[r0 + 8][1];
+            const uint32_t l1lo = s_lut[r1 + 8][0], l1hi = s_lut[r1 + 8][1];
+            const uint32_t w0[4] = {wv[0][0].x, wv[0][0].y, wv[0][0].z, wv[0][0].w};
+            const uint32_t w1[4] = {wv[1][0].x, wv[1][0].y, wv[1][0].z, wv[1][0].w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                decode8(w0[j], l0lo, l0hi, &af[j][0], &af[j][2]);
+                decode8(w1[j], l1lo, l1hi, &af[j][1], &af[j][3]);
+            }
+        } else {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint4 u = wv[h][0], v = wv[h][V - 1];
+                af[0][h] = u.x; af[0][h + 2] = u.y;
+                af[1][h] = u.z; af[1][h + 2] = u.w;
+                af[2][h] = v.x; af[2][h + 2] = v.y;
+                af[3][h] = v.z; af[3][h + 2] = v.w;
             }
         }
-        if (!waited) {
-            /* the weights are on their way; now the activations of the kernel before must be ready */
-            mmoe_grid_dependency_wait();
-            waited = true;
-        }
+        if (fold) {
+            float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int b = 0; b < KBB; b++) {
-            const int kb = i0 + b * DEC_WARPS;
-            if (kb < nkb) {
-            /* activations: 32 bytes of this lane's token at k = 128 kb + 32 tig (8 words, word m = k + 4m) */
-            uint32_t xa[8];
-            if (arow >= 0) {
-                const uint4 *src = reinterpret_cast<const uint4 *>(q.a + (size_t)arow * K + (size_t)kb * DEC_BK + tig * 32);
-                const uint4 x0 = src[0], x1 = src[1];
-                xa[0] = x0.x; xa[1] = x0.y; xa[2] = x0.z; xa[3] = x0.w;
-                xa[4] = x1.x; xa[5] = x1.y; xa[6] = x1.z; xa[7] = x1.w;
-            } else {
-#pragma unroll
-                for (int m = 0; m < 8; m++)
-                    xa[m] = 0u;
-            }
-            /* fold test of both rows, and whether the whole warp can fold */
-            int hi0, lo0, hi1, lo1;
-            scale_span(sw[b][0], &hi0, &lo0);
-            scale_span(sw[b][1], &hi1, &lo1);
-            const bool ok = BFMT == MMOE_B_FP4 ? (hi0 - lo0 <= 14 && hi1 - lo1 <= 14) : (hi0 == lo0 && hi1 == lo1);
-            const bool fold = AG == 128 && __all_sync(0xffffffffu, ok);
-            const int base0 = fold ? (BFMT == MMOE_B_FP4 ? hi0 - 6 : hi0) : 127;
-            const int base1 = fold ? (BFMT == MMOE_B_FP4 ? hi1 - 6 : hi1) : 127;
-            /* the A fragments of the four MMA steps: [step][a0..a3] */
-            uint32_t af[4][4];
-            if (BFMT == MMOE_B_FP4) {
-                const int r0 = fold ? byte_of(sw[b][0], tig) - base0 : 0;
-                const int r1 = fold ? byte_of(sw[b][1], tig) - base1 : 0;
-                const uint32_t l0lo = s_lut[r0 + 8][0], l0hi = s_lut[r0 + 8][1];
-                const uint32_t l1lo = s_lut[r1 + 8][0], l1hi = s_lut[r1 + 8][1];
-                const uint32_t w0[4] = {wv[b][0][0].x, wv[b][0][0].y, wv[b][0][0].z, wv[b][0][0].w};
-                const uint32_t w1[4] = {wv[b][1][0].x, wv[b][1][0].y, wv[b][1][0].z, wv[b][1][0].w};
+            for (int j = 0; j < 4; j++)
+                mma_e4m3(tmp, af[j], xa[2 * j], xa[2 * j + 1]);
+            const float sa0 = sAs[tok0 * (K / AG) + kb], sa1 = sAs[(tok0 + 1) * (K / AG) + kb];
+            const float f0 = pow2i(base0 - 127), f1 = pow2i(base1 - 127);
+            acc[0] = fmaf(tmp[0], __fmul_rn(sa0, f0), acc[0]);
+            acc[1] = fmaf(tmp[1], __fmul_rn(sa1, f0), acc[1]);
+            acc[2] = fmaf(tmp[2], __fmul_rn(sa0, f1), acc[2]);
+            acc[3] = fmaf(tmp[3], __fmul_rn(sa1, f1), acc[3]);
+        } else {
+#pragma unroll 1
+            for (int g = 0; g < 4; g++) {
+                float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                const bool mine = tig == g;
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
-                    decode8(w0[j], l0lo, l0hi, &af[j][0], &af[j][2]);
-                    decode8(w1[j], l1lo, l1hi, &af[j][1], &af[j][3]);
+                    const uint32_t a[4] = {keep_if(af[j][0], mine), keep_if(af[j][1], mine),
+                                           keep_if(af[j][2], mine), keep_if(af[j][3], mine)};
+                    mma_e4m3(tmp, a, xa[2 * j], xa[2 * j + 1]);
                 }
-            } else {
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const uint4 u = wv[b][h][0], v = wv[b][h][V - 1];
-                    af[0][h] = u.x; af[0][h + 2] = u.y;
-                    af[1][h] = u.z; af[1][h + 2] = u.w;
-                    af[2][h] = v.x; af[2][h + 2] = v.y;
-                    af[3][h] = v.z; af[3][h + 2] = v.w;
-                }
-            }
-            /* activation scales of this lane's two columns */
-            if (fold) {
-                float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    mma_e4m3(tmp, af[j], xa[2 * j], xa[2 * j + 1]);
-                const float sa0 = ar0 >= 0 ? q.a_scale[(size_t)ar0 * (K / AG) + kb] : 0.0f;
-                const float sa1 = ar1 >= 0 ? q.a_scale[(size_t)ar1 * (K / AG) + kb] : 0.0f;
-                const float f0 = pow2i(base0 - 127), f1 = pow2i(base1 - 127);
+                const int ga = AG == 32 ? kb * 4 + g : kb;
+                const float sa0 = sAs[tok0 * (K / AG) + ga], sa1 = sAs[(tok0 + 1) * (K / AG) + ga];
+                const float f0 = pow2i(byte_of(sw0, g) - 127), f1 = pow2i(byte_of(sw1, g) - 127);
                 acc[0] = fmaf(tmp[0], __fmul_rn(sa0, f0), acc[0]);
                 acc[1] = fmaf(tmp[1], __fmul_rn(sa1, f0), acc[1]);
                 acc[2] = fmaf(tmp[2], __fmul_rn(sa0, f1), acc[2]);
                 acc[3] = fmaf(tmp[3], __fmul_rn(sa1, f1), acc[3]);
-            } else {
-#pragma unroll 1
-                for (int g = 0; g < 4; g++) {
-                    float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    const bool mine = tig == g;
-#pragma unroll
-                    for (int j = 0; j < 4; j++) {
-                        const uint32_t a[4] = {keep_if(af[j][0], mine), keep_if(af[j][1], mine),
-                                               keep_if(af[j][2], mine), keep_if(af[j][3], mine)};
-                        mma_e4m3(tmp, a, xa[2 * j], xa[2 * j + 1]);
-                    }
-                    const int ga = AG == 32 ? kb * 4 + g : kb;
-                    const float sa0 = ar0 >= 0 ? q.a_scale[(size_t)ar0 * (K / AG) + ga] : 0.0f;
-                    const float sa1 = ar1 >= 0 ? q.a_scale[(size_t)ar1 * (K / AG) + ga] : 0.0f;
-                    const float f0 = pow2i(byte_of(sw[b][0], g) - 127), f1 = pow2i(byte_of(sw[b][1], g) - 127);
-                    acc[0] = fmaf(tmp[0], __fmul_rn(sa0, f0), acc[0]);
-                    acc[1] = fmaf(tmp[1], __fmul_rn(sa1, f0), acc[1]);
-                    acc[2] = fmaf(tmp[2], __fmul_rn(sa0, f1), acc[2]);
-                    acc[3] = fmaf(tmp[3], __fmul_rn(sa1, f1), acc[3]);
-                }
-            }
             }
         }
     }
-    if (!waited)
-        mmoe_grid_dependency_wait(); /* a warp without K blocks still reads nothing before the wait */
+    cp_async_wait<0>();
 
-    /* ---- the K split: warp sums added in warp order */
-#pragma unroll
-    for (int c = 0; c < 4; c++)
-        s_red[warp][lane][c] = acc[c];
-    __syncthreads();
-    if (warp != 0)
-        return;
-    float sum[4];
-#pragma unroll
-    for (int c = 0; c < 4; c++) {
-        float s = s_red[0][lane][c];
-        for (int w = 1; w < DEC_WARPS; w++)
-            s = __fadd_rn(s, s_red[w][lane][c]);
-        sum[c] = s;
-    }
-
-    /* ---- epilogue: c0, c1 = row g, columns 2t, 2t+1; c2, c3 = row g + 8 */
+    /* ---- epilogue: acc0, acc1 = row g, columns 2t, 2t+1; acc2, acc3 = row g + 8 */
 #pragma unroll
     for (int e = 0; e < 2; e++) {
         const int col = tok0 + e;
@@ -362,41 +386,71 @@ __device__ void decode_tile(const mmoe_decode_args &p, const mmoe_decode_part &q
         const int orow = s_orow[col];
         if (EPI == MMOE_EPI_SWIGLU) {
             const int ch = row_group * 8 + gid;
-            q.out_f32[(size_t)orow * q.n_out + ch] = mmoe_swiglu_channel(sum[e], sum[2 + e], p.clamp, s_w[col]);
+            q.out_f32[(size_t)orow * q.n_out + ch] = mmoe_swiglu_channel(acc[e], acc[2 + e], p.clamp, s_w[col]);
         } else if (p.raw != nullptr) {
             const int n = row_group * 16 + gid;
-            p.raw[(size_t)orow * q.n_out + n] = sum[e];
-            p.raw[(size_t)orow * q.n_out + n + 8] = sum[2 + e];
+            p.raw[(size_t)orow * q.n_out + n] = acc[e];
+            p.raw[(size_t)orow * q.n_out + n + 8] = acc[2 + e];
         } else {
             /* orow = token * slots + slot: the (token, slot) row of the combine buffer */
             const int n = row_group * 16 + gid;
             __nv_bfloat16 *o = p.out_slots + (size_t)orow * q.n_out;
-            o[n] = __float2bfloat16_rn(sum[e]);
-            o[n + 8] = __float2bfloat16_rn(sum[2 + e]);
+            o[n] = __float2bfloat16_rn(acc[e]);
+            o[n + 8] = __float2bfloat16_rn(acc[2 + e]);
         }
     }
 }
 
 /**
- * The decode GEMM (see the file comment).  Grid: x = row groups of 16 weight rows (L1: 8
- * channels), y = the shared part's tiles, then the routed part's tiles.  EPI: SwiGLU (L1, FP32
- * out), BF16 combine slots (L2) or raw FP32 sums (the per-stage test).
+ * Tokens a tile holds at most in a call of @p T tokens and @p topk slots (a token may name one
+ * expert in several slots): the activation rows a block stages.
+ */
+__host__ __device__ inline int tile_tokens(int T, int topk)
+{
+    const int most = T * topk > T ? T * topk : T;
+    return most < 8 ? most : 8;
+}
+
+/** Byte stride of a staged activation row: K plus 16, so that the 8 rows fall in different banks. */
+__host__ __device__ inline int staged_row_bytes(int K)
+{
+    return K + 16;
+}
+
+/** Dynamic shared memory of a launch: the warps' rings, the staged activations and scales, the routing counts. */
+inline size_t decode_smem_bytes(int Kmax, int a_group, int T, int topk, int E)
+{
+    const int rows = tile_tokens(T, topk) > 0 ? tile_tokens(T, topk) : 1;
+    return (size_t)DEC_WARPS * RING_BYTES + (size_t)rows * staged_row_bytes(Kmax) +
+           (size_t)8 * (Kmax / a_group) * sizeof(float) + (size_t)(E > 0 ? E : 1) * sizeof(int);
+}
+
+/**
+ * The decode GEMM (see the file comment).  Grid: x = blocks of DEC_WARPS row groups of 16
+ * weight rows (L1: 8 channels each), y = the shared part's tiles, then the routed part's.
+ * EPI: SwiGLU (L1, FP32 out), BF16 combine slots (L2) or raw FP32 sums (the per-stage test).
  */
 template <int AG, int EPI>
-__global__ void __launch_bounds__(DEC_THREADS, 2) decode_gemm_kernel(const __grid_constant__ mmoe_decode_args p)
+__global__ void __launch_bounds__(DEC_THREADS, 4) decode_gemm_kernel(const __grid_constant__ mmoe_decode_args p)
 {
-    extern __shared__ int s_cnt[];                 /* [E] pairs per expert (routed blocks) */
-    __shared__ float s_red[DEC_WARPS][32][4];      /* the warps' sums */
+    extern __shared__ __align__(16) uint8_t smem[];
     __shared__ uint32_t s_lut[16][2];              /* E2M1 magnitude -> E4M3 tables, r = -8..7 */
     __shared__ int s_scan[DEC_WARPS];
     __shared__ int s_pair[8], s_arow[8], s_orow[8], s_expert, s_j, s_valid;
     __shared__ float s_w[8];
-    const int tid = threadIdx.x;
+    const int tid = threadIdx.x, warp = tid >> 5;
     const int y = (int)blockIdx.y;
     const bool shared_part = y < p.shared_tiles;
     const mmoe_decode_part &q = shared_part ? p.shared : p.routed;
-    const int row_group = (int)blockIdx.x;
+    const int row_group = (int)blockIdx.x * DEC_WARPS + warp;
     const int groups = EPI == MMOE_EPI_SWIGLU ? q.n_out / 8 : q.n_out / 16;
+    /* dynamic shared memory: rings | staged activations | their scales | routing counts */
+    const int kmax = max(p.shared.K, p.routed.K);
+    const int lda = staged_row_bytes(kmax);
+    uint8_t *rings = smem;
+    uint8_t *sA = rings + DEC_WARPS * RING_BYTES;
+    float *sAs = reinterpret_cast<float *>(sA + (tile_tokens(p.T, p.topk) > 0 ? tile_tokens(p.T, p.topk) : 1) * lda);
+    int *s_cnt = reinterpret_cast<int *>(sAs + 8 * (kmax / AG));
     if (tid < 16) {
         uint32_t lo, hi;
         e2m1_lut(tid - 8, &lo, &hi);
@@ -427,25 +481,36 @@ __global__ void __launch_bounds__(DEC_THREADS, 2) decode_gemm_kernel(const __gri
             s_w[tid] = i < 0 ? 0.0f : p.topk_w[i];
         }
         __syncthreads();
-        ntok = 0;
         for (int c = 0; c < 8; c++)
             ntok += s_pair[c] >= 0;
     }
-    if (row_group >= groups)
-        return; /* the other part has more row groups */
-    if (q.bfmt == MMOE_B_FP4)
-        decode_tile<MMOE_B_FP4, AG, EPI>(p, q, expert, row_group, s_arow, s_orow, s_w, ntok, s_red, s_lut);
-    else
-        decode_tile<MMOE_B_FP8, AG, EPI>(p, q, expert, row_group, s_arow, s_orow, s_w, ntok, s_red, s_lut);
+    const bool active = row_group < groups; /* the other part may have more row groups */
+    uint8_t *ring = rings + warp * RING_BYTES;
+    /* each warp issues its first weight copies (before the wait; the rest inside decode_warp) */
+    if (active) {
+        if (q.bfmt == MMOE_B_FP4)
+            decode_warp<MMOE_B_FP4, AG, EPI>(p, q, expert, row_group, s_arow, sA, lda, sAs, s_orow, s_w, ntok, ring,
+                                             s_lut);
+        else
+            decode_warp<MMOE_B_FP8, AG, EPI>(p, q, expert, row_group, s_arow, sA, lda, sAs, s_orow, s_w, ntok, ring,
+                                             s_lut);
+    } else {
+        stage_activations(q, AG, ntok, s_arow, sA, lda, sAs); /* its barrier counts every thread */
+    }
 }
 
 /** Launch one instance, with programmatic dependent launch when asked. */
 template <int AG, int EPI>
 cudaError_t launch_decode_instance(const mmoe_decode_args *a, dim3 grid, int pdl, cudaStream_t s)
 {
-    const size_t smem = (size_t)(a->E > 0 ? a->E : 1) * sizeof(int);
+    const int kmax = a->shared.K > a->routed.K ? a->shared.K : a->routed.K;
+    const size_t smem = decode_smem_bytes(kmax, AG, a->T, a->topk, a->E);
     cudaError_t e = cudaFuncSetAttribute(decode_gemm_kernel<AG, EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)smem);
+    /* all of the unified L1 as shared memory: the rings are what keeps bytes in flight */
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(decode_gemm_kernel<AG, EPI>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared);
     if (e != cudaSuccess)
         return e;
     cudaLaunchConfig_t cfg = {};
@@ -475,16 +540,16 @@ int mmoe_decode_max_tiles(int T, int topk, int E)
 
 cudaError_t mmoe_launch_decode_gemm(const mmoe_decode_args *a, int a_group, mmoe_epi epi, int pdl, cudaStream_t s)
 {
-    const int groups_of = epi == MMOE_EPI_SWIGLU ? 8 : 16;
-    int gx = 0;
+    const int rows_per_group = epi == MMOE_EPI_SWIGLU ? 8 : 16;
+    int groups = 0;
     if (a->shared_tiles > 0)
-        gx = a->shared.n_out / groups_of;
-    if (a->routed_tiles > 0 && a->routed.n_out / groups_of > gx)
-        gx = a->routed.n_out / groups_of;
+        groups = a->shared.n_out / rows_per_group;
+    if (a->routed_tiles > 0 && a->routed.n_out / rows_per_group > groups)
+        groups = a->routed.n_out / rows_per_group;
     const int gy = a->shared_tiles + a->routed_tiles;
-    if (gx == 0 || gy == 0)
+    if (groups == 0 || gy == 0)
         return cudaSuccess;
-    const dim3 grid((unsigned)gx, (unsigned)gy);
+    const dim3 grid((unsigned)((groups + DEC_WARPS - 1) / DEC_WARPS), (unsigned)gy);
     if (a_group == 32)
         return epi == MMOE_EPI_SWIGLU ? launch_decode_instance<32, MMOE_EPI_SWIGLU>(a, grid, pdl, s)
                                       : launch_decode_instance<32, MMOE_EPI_SLOT_BF16>(a, grid, pdl, s);

@@ -592,7 +592,7 @@ static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
  * V4-Flash layer, sm90 recipe (docs/perf.md, "Kernel choice"): up to here it streams the
  * weights faster than the tile kernels.
  */
-#define MMOE_AUTO_DECODE_MAX_T 32
+#define MMOE_AUTO_DECODE_MAX_T 64
 
 /**
  * Does this call run the decode kernel?  When asked for, always; under AUTO on a
