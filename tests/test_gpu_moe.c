@@ -741,8 +741,9 @@ static void run_gemm_case(const gemm_case *c, mmoe_rng *rng)
      * The bound on |out - ref| / sum|terms|, in units of 2^-23 (one FP32 rounding each step of
      * the longest addition chain).  Tile kernels: the MMA's own accumulation (<= 8 steps per K
      * block), one promotion per K block, one addition per split.  Decode kernel: one warp walks
-     * all of K; per K block 4 MMA steps into a zeroed sum, promoted once (folded) or, on the
-     * exact path, once per 32-wide group: <= 4 + 4 nkb.
+     * all of K; per K block at most 4 MMA steps into a zeroed sum and at most 4 additions into
+     * the output's chain (MXFP4: the four group sums, then one promotion; FP8: one promotion,
+     * or one per group): <= 4 + 4 nkb.
      */
     const double unit = (c->gemm == MMOE_GPU_GEMM_DECODE ? 4.0 + 4.0 * nkb : 8.0 + nkb + splits) * ldexp(1.0, -23);
     double num = 0.0, den = 0.0, worst = 0.0;
@@ -815,7 +816,7 @@ END_TEST
 
 /**
  * The decode kernel (8-token tiles, one warp per 16 weight rows over all of K, a cp.async ring
- * of 8 or 4 K blocks per warp): both weight formats, both activation groups, every scale
+ * of 8 or 4 K blocks per warp, MXFP4 one group per MMA step): both weight formats, both activation groups, every scale
  * spread, rows that fill 1, part of 1 and several tiles, K with fewer K blocks than the ring
  * (512), an odd number of K blocks (1152, 9) and the V4-Flash L1 width (4096); n = 128 with
  * L2's 16-row groups leaves the block's last warps without rows only when n / 16 is not a

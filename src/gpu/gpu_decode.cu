@@ -14,27 +14,37 @@
  *     consecutive row groups of one tile, sharing the tile's activations, which the block
  *     stages in shared memory once.  At T = 1 the V4-Flash layer's L1 GEMM has 1792 warps of
  *     work (7 experts x 256 row groups) in 448 blocks: every SM gets several.
- *   - **A deep copy ring per warp.**  Lane (g, t) of a warp (g = lane / 4, t = lane % 4) copies,
- *     for each K block, the 16 bytes (MXFP4) or 32 bytes (FP8) of rows g and g + 8 that hold
- *     the 32-wide group t of that K block, and the rows' scale words, with `cp.async` into its
- *     own slots of a 10 KB ring: 8 (MXFP4) or 4 (FP8) K blocks, up to 7 KB per warp in flight.
- *     The layer's tile-major layout (gpu_moe.cu) makes the 32 lanes' copies one contiguous
- *     1 KB (2 KB) run.  Each lane reads back only what it copied itself, so the ring needs no
- *     barrier: a per-thread `cp.async.wait_group` is the whole synchronisation.
- *   - **The K order inside an MMA is free**, since each output is a dot product: lane t's
- *     "logical" k = 4t + i and 16 + 4t + i (the fragment positions of m16n8k32) stand for the
- *     actual k = 32t + 8j + i and 32t + 8j + 4 + i in MMA step j = 0..3.  The activation
- *     fragment of the same lane uses the same map: 8 consecutive bytes of its token's row.
- *     So every lane decodes only its own group, with its own scale.
+ *   - **A deep copy ring per warp.**  Each lane copies, for each K block, its pieces of the
+ *     warp's 16 rows and their scale words with `cp.async` into its own slots of a 10 KB ring:
+ *     8 (MXFP4) or 4 (FP8) K blocks, up to 7 KB per warp in flight.  The layer's tile-major
+ *     layout (gpu_moe.cu) makes the 32 lanes' copies one contiguous 1 KB (2 KB) run.  Each
+ *     lane reads back only what it copied itself, so the ring needs no barrier: a per-thread
+ *     `cp.async.wait_group` is the whole synchronisation.
+ *   - **The K order inside an MMA is free**, since each output is a dot product: the fragment
+ *     positions of m16n8k32 ("logical" k = 4t + i and 16 + 4t + i for lane t = lane % 4) may
+ *     stand for any actual k, as long as the activation fragment of the same lane uses the same
+ *     map.  The block stages the activations in the order the weight fragments need.
  *
- * **Scales and exactness** are those of the tile GEMMs (gpu_e2m1_decode.cuh): within a K block
- * a row's four UE8M0 exponents are folded into the E4M3 values (shift r = k_t - (max - 6))
- * when they span at most 14 (MXFP4) or are all equal (FP8), and 2^(base - 127) times the
- * token's activation scale is applied in FP32 when the block's MMA sum is added into the
- * accumulator.  When any of the warp's 16 rows cannot fold, or the activation scales are
- * per 32 (sm100 recipe), the K block takes the exact path: each group is multiplied on its own
- * (the other lanes' fragments zero) and promoted with its own factors.  Every product is exact
- * in the tensor core; only the order of the FP32 additions differs from the oracle's.
+ * **MXFP4 weights** (the routed experts): lane (g, t) (g = lane / 4) copies word t, codes
+ * 8t..8t+7, of each of the four 32-wide groups of rows g and g + 8, so MMA step j covers group
+ * j alone: its even codes in the fragment's first half, its odd codes in the second.  A code
+ * becomes the E4M3 byte of e2m1 * 2^-6 by moving its bits (exact, no table, ~1 instruction per
+ * code), and each group's MMA sum is scaled by its own 2^(k - 127) in FP32 (an exact product);
+ * the four are added, and the sum is promoted with the token's activation scale times 2^6.  No
+ * scale spread needs another path.  With per-32 activation scales (sm100 recipe) each group is
+ * promoted on its own.
+ *
+ * **FP8 weights** (the shared expert): lane (g, t) copies the 32 bytes of group t of rows g and
+ * g + 8, used as they are; an MMA step spans the four groups.  When the four scale bytes of
+ * the K block are equal in all 16 rows (the checkpoint's 128x128 block scales, expanded), the
+ * step sums are promoted once with 2^(k - 127) and the activation scale; otherwise (or with
+ * per-32 activation scales) each group is multiplied on its own, the other lanes' fragments
+ * zeroed, and promoted with its own factors.
+ *
+ * Every product of an FP8 activation and a weight is exact in the tensor core, and so are the
+ * power-of-two scalings, so the result differs from the oracle's only in the order of the FP32
+ * additions: per output, one warp adds its K blocks in ascending order (fixed: a call is
+ * deterministic).
  *
  * **Routing in every block.**  The kernel needs no routing kernel before it: each block reads
  * topk_idx (an input) and derives its tile, the tiles being the experts in ascending order,
@@ -43,10 +53,6 @@
  * a block knows its weights before any earlier kernel has finished: launched with
  * programmatic dependent launch, its warps issue their first weight copies, and only then does
  * the block wait (griddepcontrol.wait) for the activations of the kernel before it.
- *
- * **Summation order**: per output, one warp adds its K blocks in ascending order (each K block's
- * 4 MMA steps into a zeroed sum, then promoted with its FP32 factor); fixed, so a call is
- * deterministic.
  *
  * **One launch, routed and shared.**  A launch carries two parts: the shared expert (grid rows
  * [0, shared tiles), uniform tiles of 8 tokens, weight 1, slot topk) and the routed experts
@@ -199,10 +205,11 @@ __device__ __forceinline__ uint32_t keep_if(uint32_t v, bool keep)
 constexpr int RING_BYTES = 10240;
 
 /**
- * The copy ring of one warp for weight format BFMT: each lane copies, per K block, its 16-byte
- * (MXFP4) or two 16-byte (FP8) pieces of rows g and g + 8 and their two scale words into its
- * own slots; STAGES K blocks are in flight.  Stage layout: [piece][lane] of uint4, then
- * [row][lane] of scale words, so that the lanes' reads back are contiguous (no bank conflict).
+ * The copy ring of one warp for weight format BFMT: each lane copies, per K block, 16 bytes
+ * (MXFP4: four words) or 32 bytes (FP8) of each of rows g and g + 8 and their two scale words
+ * into its own slots; STAGES K blocks are in flight.  Stage layout: [row][piece][lane] of
+ * uint4, then [row][lane] of scale words, so that the lanes' reads back are contiguous (no bank
+ * conflict).
  */
 template <int BFMT>
 struct ring_of {
@@ -224,8 +231,21 @@ __device__ void stage_activations(const mmoe_decode_part &q, int ag, int ntok, c
     const int K = q.K, chunks = K / 16, ng = K / ag;
     for (int i = threadIdx.x; i < ntok * chunks; i += DEC_THREADS) {
         const int r = i / chunks, c = i % chunks;
-        *reinterpret_cast<uint4 *>(sA + r * lda + c * 16) =
-            *reinterpret_cast<const uint4 *>(q.a + (size_t)s_arow[r] * K + c * 16);
+        const uint4 v = *reinterpret_cast<const uint4 *>(q.a + (size_t)s_arow[r] * K + c * 16);
+        if (q.bfmt == MMOE_B_FP4) {
+            /*
+             * MXFP4 order (see decode_warp_fp4): inside each K block, the 8 bytes at 32 g + 8 t
+             * go to 32 t + 8 g, even positions first: lane t then reads its four groups' bytes
+             * as 32 contiguous bytes, each group's two MMA B registers in a row.
+             */
+            const int kb = c / 8, g = (c % 8) / 2, t0 = (c % 2) * 2;
+            uint8_t *dst = sA + r * lda + kb * DEC_BK + g * 8;
+            *reinterpret_cast<uint2 *>(dst + t0 * 32) = make_uint2(__byte_perm(v.x, v.y, 0x6420), __byte_perm(v.x, v.y, 0x7531));
+            *reinterpret_cast<uint2 *>(dst + (t0 + 1) * 32) =
+                make_uint2(__byte_perm(v.z, v.w, 0x6420), __byte_perm(v.z, v.w, 0x7531));
+        } else {
+            *reinterpret_cast<uint4 *>(sA + r * lda + c * 16) = v;
+        }
     }
     for (int i = threadIdx.x; i < 8 * ng; i += DEC_THREADS) {
         const int r = i / ng;
@@ -235,19 +255,191 @@ __device__ void stage_activations(const mmoe_decode_part &q, int ag, int ntok, c
 }
 
 /**
- * One warp's GEMM: 16 weight rows (L1: 8 gate channels and their 8 up channels) of one expert
- * over all of K against the tile's tokens (activations staged in shared memory by the block),
- * streamed through the warp's cp.async ring; then the epilogue.  BFMT: weight format; AG:
- * activation scale group (128 or 32).
+ * Four E2M1 codes (the even or the odd ones of a packed word) as E4M3 bytes of value
+ * e2m1 * 2^-6, exactly: the code's exponent and mantissa bits moved under E4M3's (an E2M1
+ * subnormal, 0.5, becomes the E4M3 subnormal 2^-7), the sign to bit 7.  No table: 3 or 4
+ * integer instructions per 4 codes.
  */
-template <int BFMT, int AG, int EPI>
-__device__ void decode_warp(const mmoe_decode_args &p, const mmoe_decode_part &q, int expert, int row_group,
-                            const int *s_arow, uint8_t *sA, int lda, float *sAs, const int *s_orow,
-                            const float *s_w, int ntok, uint8_t *ring, const uint32_t (*s_lut)[2])
+__device__ __forceinline__ uint32_t e2m1_even_to_e4m3(uint32_t w)
 {
-    using R = ring_of<BFMT>;
+    return ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u);
+}
+
+/** The odd codes (high nibbles) of a packed word, as e2m1_even_to_e4m3() does the even ones. */
+__device__ __forceinline__ uint32_t e2m1_odd_to_e4m3(uint32_t w)
+{
+    return ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);
+}
+
+/** The epilogue of one warp: acc0, acc1 = row g, columns 2t, 2t+1; acc2, acc3 = row g + 8. */
+template <int EPI>
+__device__ __forceinline__ void decode_epilogue(const mmoe_decode_args &p, const mmoe_decode_part &q, int row_group,
+                                                const float (&acc)[4], const int *s_orow, const float *s_w, int ntok)
+{
+    const int lane = threadIdx.x & 31, gid = lane >> 2, tok0 = (lane & 3) * 2;
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const int col = tok0 + e;
+        if (col >= ntok)
+            continue;
+        const int orow = s_orow[col];
+        if (EPI == MMOE_EPI_SWIGLU) {
+            const int ch = row_group * 8 + gid;
+            q.out_f32[(size_t)orow * q.n_out + ch] = mmoe_swiglu_channel(acc[e], acc[2 + e], p.clamp, s_w[col]);
+        } else if (p.raw != nullptr) {
+            const int n = row_group * 16 + gid;
+            p.raw[(size_t)orow * q.n_out + n] = acc[e];
+            p.raw[(size_t)orow * q.n_out + n + 8] = acc[2 + e];
+        } else {
+            /* orow = token * slots + slot: the (token, slot) row of the combine buffer */
+            const int n = row_group * 16 + gid;
+            __nv_bfloat16 *o = p.out_slots + (size_t)orow * q.n_out;
+            o[n] = __float2bfloat16_rn(acc[e]);
+            o[n + 8] = __float2bfloat16_rn(acc[2 + e]);
+        }
+    }
+}
+
+/**
+ * One warp's GEMM over MXFP4 weights, one 32-wide group per MMA: lane (g, t) copies word t
+ * (codes 8t..8t+7) of each of the four groups of rows g and g + 8, so that MMA step j covers
+ * group j alone (each lane's 8 codes of it: the 4 even ones in fragment a0/a1, the 4 odd ones
+ * in a2/a3; the staged activations are permuted to match).  The codes are decoded without a
+ * table (e2m1 * 2^-6, exact) and every group's sum is scaled with its own exponent: no fold,
+ * no exact path, any scale spread.  Per K block and output: t = sum over the groups in order of
+ * tmp_g * 2^(k_g - 127) (exact products), then acc += t * (a_scale * 2^6).
+ */
+template <int AG, int EPI>
+__device__ void decode_warp_fp4(const mmoe_decode_args &p, const mmoe_decode_part &q, int expert, int row_group,
+                                const int *s_arow, uint8_t *sA, int lda, float *sAs, const int *s_orow,
+                                const float *s_w, int ntok, uint8_t *ring)
+{
+    using R = ring_of<MMOE_B_FP4>;
+    constexpr int STAGES = R::STAGES;
+    constexpr int ROW_BYTES = DEC_BK / 2;
+    const int lane = threadIdx.x & 31;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int K = q.K, nkb = K / DEC_BK;
+    const int nb = row_group / 8;
+    const int trow0 = EPI == MMOE_EPI_SWIGLU ? (row_group % 8) * 8 + gid : (row_group % 8) * 16 + gid;
+    const int trow1 = EPI == MMOE_EPI_SWIGLU ? 64 + trow0 : trow0 + 8; /* L1: the up channel of trow0 */
+    const uint8_t *bw = q.b + (size_t)expert * q.b_expert_stride + (size_t)nb * nkb * (128 * ROW_BYTES);
+    const uint8_t *bs = q.b_scale + (size_t)expert * q.bs_expert_stride + (size_t)nb * nkb * (128 * 4);
+    const uint8_t *src0 = bw + trow0 * ROW_BYTES + tig * 4, *src1 = bw + trow1 * ROW_BYTES + tig * 4;
+
+    /* stage layout: [row h][lane] of uint4 (word g = group g), then [row h][lane] of scale words */
+    auto issue = [&](int kb, int st) {
+        uint8_t *stage = ring + st * R::STAGE_BYTES;
+        const size_t off = (size_t)kb * (128 * ROW_BYTES);
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            cp_async4(stage + lane * 16 + g * 4, src0 + off + g * 16);
+            cp_async4(stage + (32 + lane) * 16 + g * 4, src1 + off + g * 16);
+        }
+        const uint8_t *stile = bs + (size_t)kb * (128 * 4);
+        cp_async4(stage + 1024 + lane * 4, stile + trow0 * 4);
+        cp_async4(stage + 1024 + (32 + lane) * 4, stile + trow1 * 4);
+    };
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < nkb)
+            issue(s, s);
+        cp_async_commit();
+    }
+    stage_activations(q, AG, ntok, s_arow, sA, lda, sAs);
+
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const int tok0 = tig * 2;
+    const bool has_a = gid < ntok;
+    for (int kb = 0; kb < nkb; kb++) {
+        cp_async_wait<STAGES - 2>();
+        const uint8_t *stage = ring + (kb % STAGES) * R::STAGE_BYTES;
+        const uint4 w0 = reinterpret_cast<const uint4 *>(stage)[lane];
+        const uint4 w1 = reinterpret_cast<const uint4 *>(stage)[32 + lane];
+        const uint32_t sw0 = reinterpret_cast<const uint32_t *>(stage + 1024)[lane];
+        const uint32_t sw1 = reinterpret_cast<const uint32_t *>(stage + 1024)[32 + lane];
+        if (kb + STAGES - 1 < nkb)
+            issue(kb + STAGES - 1, (kb + STAGES - 1) % STAGES);
+        cp_async_commit();
+
+        /* activations, permuted at staging: group g's B registers are words 2g, 2g + 1 */
+        uint32_t xa[8];
+        if (has_a) {
+            const uint4 *src = reinterpret_cast<const uint4 *>(sA + gid * lda + kb * DEC_BK + tig * 32);
+            const uint4 x0 = src[0], x1 = src[1];
+            xa[0] = x0.x; xa[1] = x0.y; xa[2] = x0.z; xa[3] = x0.w;
+            xa[4] = x1.x; xa[5] = x1.y; xa[6] = x1.z; xa[7] = x1.w;
+        } else {
+#pragma unroll
+            for (int m = 0; m < 8; m++)
+                xa[m] = 0u;
+        }
+        const uint32_t ww0[4] = {w0.x, w0.y, w0.z, w0.w}, ww1[4] = {w1.x, w1.y, w1.z, w1.w};
+        float tmp[4][4];
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            const uint32_t a[4] = {e2m1_even_to_e4m3(ww0[g]), e2m1_even_to_e4m3(ww1[g]), e2m1_odd_to_e4m3(ww0[g]),
+                                   e2m1_odd_to_e4m3(ww1[g])};
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                tmp[g][c] = 0.0f;
+            mma_e4m3(tmp[g], a, xa[2 * g], xa[2 * g + 1]);
+        }
+        /* the groups' sums with their exponents (exact products), then the activation scale */
+        float t[4];
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            const float p0 = pow2i(byte_of(sw0, g) - 127), p1 = pow2i(byte_of(sw1, g) - 127);
+            if (AG == 32) {
+                /* per-32 activation scales: each group promoted on its own */
+                const float sa0 = __fmul_rn(sAs[tok0 * (K / AG) + kb * 4 + g], 64.0f);
+                const float sa1 = __fmul_rn(sAs[(tok0 + 1) * (K / AG) + kb * 4 + g], 64.0f);
+                acc[0] = fmaf(tmp[g][0], __fmul_rn(sa0, p0), acc[0]);
+                acc[1] = fmaf(tmp[g][1], __fmul_rn(sa1, p0), acc[1]);
+                acc[2] = fmaf(tmp[g][2], __fmul_rn(sa0, p1), acc[2]);
+                acc[3] = fmaf(tmp[g][3], __fmul_rn(sa1, p1), acc[3]);
+            } else if (g == 0) {
+                t[0] = __fmul_rn(tmp[0][0], p0);
+                t[1] = __fmul_rn(tmp[0][1], p0);
+                t[2] = __fmul_rn(tmp[0][2], p1);
+                t[3] = __fmul_rn(tmp[0][3], p1);
+            } else {
+                t[0] = fmaf(tmp[g][0], p0, t[0]);
+                t[1] = fmaf(tmp[g][1], p0, t[1]);
+                t[2] = fmaf(tmp[g][2], p1, t[2]);
+                t[3] = fmaf(tmp[g][3], p1, t[3]);
+            }
+        }
+        if (AG == 128) {
+            const float sa0 = __fmul_rn(sAs[tok0 * (K / AG) + kb], 64.0f);
+            const float sa1 = __fmul_rn(sAs[(tok0 + 1) * (K / AG) + kb], 64.0f);
+            acc[0] = fmaf(t[0], sa0, acc[0]);
+            acc[1] = fmaf(t[1], sa1, acc[1]);
+            acc[2] = fmaf(t[2], sa0, acc[2]);
+            acc[3] = fmaf(t[3], sa1, acc[3]);
+        }
+    }
+    cp_async_wait<0>();
+    decode_epilogue<EPI>(p, q, row_group, acc, s_orow, s_w, ntok);
+}
+
+/**
+ * One warp's GEMM over FP8 weights (the shared expert): 16 weight rows (L1: 8 gate channels
+ * and their 8 up channels) over all of K against the tile's tokens (activations staged in shared
+ * memory by the block), streamed through the warp's cp.async ring; then the epilogue.  Lane t
+ * holds the 32 bytes of group t, so an MMA step spans the four groups: a K block whose four
+ * scale bytes are equal in all 16 rows is promoted once (the usual case: the checkpoint's
+ * scales are per 128x128 block), any other (or every one, with AG = 32) per group, the other
+ * lanes' fragments zeroed.
+ */
+template <int AG, int EPI>
+__device__ void decode_warp_fp8(const mmoe_decode_args &p, const mmoe_decode_part &q, int expert, int row_group,
+                                const int *s_arow, uint8_t *sA, int lda, float *sAs, const int *s_orow,
+                                const float *s_w, int ntok, uint8_t *ring)
+{
+    using R = ring_of<MMOE_B_FP8>;
     constexpr int V = R::V, STAGES = R::STAGES;
-    constexpr int ROW_BYTES = BFMT == MMOE_B_FP4 ? DEC_BK / 2 : DEC_BK; /* bytes of a row in one K block */
+    constexpr int ROW_BYTES = DEC_BK; /* bytes of a row in one K block */
     const int lane = threadIdx.x & 31;
     const int gid = lane >> 2, tig = lane & 3;
     const int K = q.K, nkb = K / DEC_BK;
@@ -315,33 +507,17 @@ __device__ void decode_warp(const mmoe_decode_args &p, const mmoe_decode_part &q
         int hi0, lo0, hi1, lo1;
         scale_span(sw0, &hi0, &lo0);
         scale_span(sw1, &hi1, &lo1);
-        const bool ok = BFMT == MMOE_B_FP4 ? (hi0 - lo0 <= 14 && hi1 - lo1 <= 14) : (hi0 == lo0 && hi1 == lo1);
-        const bool fold = AG == 128 && __all_sync(0xffffffffu, ok);
-        const int base0 = fold ? (BFMT == MMOE_B_FP4 ? hi0 - 6 : hi0) : 127;
-        const int base1 = fold ? (BFMT == MMOE_B_FP4 ? hi1 - 6 : hi1) : 127;
-        /* the A fragments of the four MMA steps: [step][a0..a3] */
+        const bool fold = AG == 128 && __all_sync(0xffffffffu, hi0 == lo0 && hi1 == lo1);
+        const int base0 = fold ? hi0 : 127, base1 = fold ? hi1 : 127;
+        /* the A fragments of the four MMA steps: [step][a0..a3]; bytes 8j..8j+7 of the group */
         uint32_t af[4][4];
-        if (BFMT == MMOE_B_FP4) {
-            const int r0 = fold ? byte_of(sw0, tig) - base0 : 0;
-            const int r1 = fold ? byte_of(sw1, tig) - base1 : 0;
-            const uint32_t l0lo = s_lut[r0 + 8][0], l0hi = s_lut[r0 + 8][1];
-            const uint32_t l1lo = s_lut[r1 + 8][0], l1hi = s_lut[r1 + 8][1];
-            const uint32_t w0[4] = {wv[0][0].x, wv[0][0].y, wv[0][0].z, wv[0][0].w};
-            const uint32_t w1[4] = {wv[1][0].x, wv[1][0].y, wv[1][0].z, wv[1][0].w};
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                decode8(w0[j], l0lo, l0hi, &af[j][0], &af[j][2]);
-                decode8(w1[j], l1lo, l1hi, &af[j][1], &af[j][3]);
-            }
-        } else {
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const uint4 u = wv[h][0], v = wv[h][V - 1];
-                af[0][h] = u.x; af[0][h + 2] = u.y;
-                af[1][h] = u.z; af[1][h + 2] = u.w;
-                af[2][h] = v.x; af[2][h + 2] = v.y;
-                af[3][h] = v.z; af[3][h + 2] = v.w;
-            }
+        for (int h = 0; h < 2; h++) {
+            const uint4 u = wv[h][0], v = wv[h][1];
+            af[0][h] = u.x; af[0][h + 2] = u.y;
+            af[1][h] = u.z; af[1][h + 2] = u.w;
+            af[2][h] = v.x; af[2][h + 2] = v.y;
+            af[3][h] = v.z; af[3][h + 2] = v.w;
         }
         if (fold) {
             float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -377,28 +553,7 @@ __device__ void decode_warp(const mmoe_decode_args &p, const mmoe_decode_part &q
     }
     cp_async_wait<0>();
 
-    /* ---- epilogue: acc0, acc1 = row g, columns 2t, 2t+1; acc2, acc3 = row g + 8 */
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-        const int col = tok0 + e;
-        if (col >= ntok)
-            continue;
-        const int orow = s_orow[col];
-        if (EPI == MMOE_EPI_SWIGLU) {
-            const int ch = row_group * 8 + gid;
-            q.out_f32[(size_t)orow * q.n_out + ch] = mmoe_swiglu_channel(acc[e], acc[2 + e], p.clamp, s_w[col]);
-        } else if (p.raw != nullptr) {
-            const int n = row_group * 16 + gid;
-            p.raw[(size_t)orow * q.n_out + n] = acc[e];
-            p.raw[(size_t)orow * q.n_out + n + 8] = acc[2 + e];
-        } else {
-            /* orow = token * slots + slot: the (token, slot) row of the combine buffer */
-            const int n = row_group * 16 + gid;
-            __nv_bfloat16 *o = p.out_slots + (size_t)orow * q.n_out;
-            o[n] = __float2bfloat16_rn(acc[e]);
-            o[n + 8] = __float2bfloat16_rn(acc[2 + e]);
-        }
-    }
+    decode_epilogue<EPI>(p, q, row_group, acc, s_orow, s_w, ntok);
 }
 
 /**
@@ -434,7 +589,6 @@ template <int AG, int EPI>
 __global__ void __launch_bounds__(DEC_THREADS, 4) decode_gemm_kernel(const __grid_constant__ mmoe_decode_args p)
 {
     extern __shared__ __align__(16) uint8_t smem[];
-    __shared__ uint32_t s_lut[16][2];              /* E2M1 magnitude -> E4M3 tables, r = -8..7 */
     __shared__ int s_scan[DEC_WARPS];
     __shared__ int s_pair[8], s_arow[8], s_orow[8], s_expert, s_j, s_valid;
     __shared__ float s_w[8];
@@ -451,12 +605,6 @@ __global__ void __launch_bounds__(DEC_THREADS, 4) decode_gemm_kernel(const __gri
     uint8_t *sA = rings + DEC_WARPS * RING_BYTES;
     float *sAs = reinterpret_cast<float *>(sA + (tile_tokens(p.T, p.topk) > 0 ? tile_tokens(p.T, p.topk) : 1) * lda);
     int *s_cnt = reinterpret_cast<int *>(sAs + 8 * (kmax / AG));
-    if (tid < 16) {
-        uint32_t lo, hi;
-        e2m1_lut(tid - 8, &lo, &hi);
-        s_lut[tid][0] = lo;
-        s_lut[tid][1] = hi;
-    }
     int expert = 0, ntok = 0;
     if (shared_part) {
         const int t0 = y * 8;
@@ -486,14 +634,13 @@ __global__ void __launch_bounds__(DEC_THREADS, 4) decode_gemm_kernel(const __gri
     }
     const bool active = row_group < groups; /* the other part may have more row groups */
     uint8_t *ring = rings + warp * RING_BYTES;
-    /* each warp issues its first weight copies (before the wait; the rest inside decode_warp) */
+    /* each warp issues its first weight copies, then the block stages the activations (after the
+       wait), then each warp streams the rest of its K blocks */
     if (active) {
         if (q.bfmt == MMOE_B_FP4)
-            decode_warp<MMOE_B_FP4, AG, EPI>(p, q, expert, row_group, s_arow, sA, lda, sAs, s_orow, s_w, ntok, ring,
-                                             s_lut);
+            decode_warp_fp4<AG, EPI>(p, q, expert, row_group, s_arow, sA, lda, sAs, s_orow, s_w, ntok, ring);
         else
-            decode_warp<MMOE_B_FP8, AG, EPI>(p, q, expert, row_group, s_arow, sA, lda, sAs, s_orow, s_w, ntok, ring,
-                                             s_lut);
+            decode_warp_fp8<AG, EPI>(p, q, expert, row_group, s_arow, sA, lda, sAs, s_orow, s_w, ntok, ring);
     } else {
         stage_activations(q, AG, ntok, s_arow, sA, lda, sAs); /* its barrier counts every thread */
     }
