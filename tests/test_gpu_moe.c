@@ -849,7 +849,8 @@ END_TEST
  * and routing the layer can choose it for, and beyond (AUTO picks it up to a measured T; forced,
  * any T runs): 1 token, a partial and a full 8-token tile, shared tiles past one, experts with
  * several tiles (skewed), masked slots, no shared expert, exact-path scale spreads, the sm100
- * formats (per-32 promotion) and the V4-Flash widths.
+ * formats (per-32 promotion) and the V4-Flash widths; then AUTO's choice on both sides of its
+ * threshold.
  */
 START_TEST(layer_decode_family)
 {
@@ -881,6 +882,18 @@ START_TEST(layer_decode_family)
     make_layer(&L, 4096, 2048, 16, 6, 1, MMOE_RECIPE_SM90, 0.01, &rng);
     run_case("decode sm90 v4-flash widths T=1", &L, 1, ROUTE_RANDOM, NULL);
     run_case("decode sm90 v4-flash widths T=4", &L, 4, ROUTE_MASKED, NULL);
+    free_layer(&L);
+    /* AUTO: the decode kernel up to T = 128 on a compute-capability-9.0 device (sm90 recipe),
+       the tile kernels above; other devices never get it from AUTO */
+    int cc = 0;
+    mmoe_error err;
+    ck_assert(mmoe_gpu_available(&cc, &err) == MMOE_OK);
+    setenv("MMOE_GPU_GEMM", "auto", 1);
+    make_layer(&L, 256, 256, 8, 2, 1, MMOE_RECIPE_SM90, 0.02, &rng);
+    run_case("auto sm90 T=128", &L, 128, ROUTE_RANDOM, &det);
+    ck_assert_int_eq(det.gemm == MMOE_GPU_GEMM_DECODE, cc == 90);
+    run_case("auto sm90 T=129", &L, 129, ROUTE_RANDOM, &det);
+    ck_assert_int_ne(det.gemm, MMOE_GPU_GEMM_DECODE);
     free_layer(&L);
     if (saved != NULL) {
         setenv("MMOE_GPU_GEMM", saved, 1);

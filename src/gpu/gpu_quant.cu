@@ -3,8 +3,11 @@
  * @brief Activation quantization on the GPU: rows to FP8 E4M3 with per-group scales.
  *
  * Used twice per layer call: on the input x (BF16) and on the L1 output (the
- * FP32 value silu(g)*u*w, the L2 input).  One warp handles one 128-channel
- * chunk of one row; each lane holds four consecutive channels.
+ * FP32 value silu(g)*u*w, the L2 input; in the decode pipeline one launch
+ * requantizes the routed and the shared intermediates together).  One warp
+ * handles one 128-channel chunk of one row; each lane holds four consecutive
+ * channels.  Both kernels take part in programmatic dependent launch: they wait
+ * for the kernel before them and let the next one start its blocks at once.
  *
  * Three scale rules, each bit-exact to the oracle (docs/spec/formats.md, UE8M0;
  * docs/spec/moe-layer.md, R1 and R7):
