@@ -95,18 +95,11 @@ __device__ __forceinline__ void scale_span(uint32_t w, int *kmax, int *kmin)
     *kmin = lo;
 }
 
-/** What one block computes: its weights, its A rows and where its results go. */
-struct dec_tile {
-    int part;          /**< 0: shared expert, 1: routed */
-    int expert;        /**< routed expert (0 for the shared part) */
-    int ntok;          /**< tokens (columns) of the tile, 1..8 */
-};
-
 /**
  * The block's tile of the routed part: experts in ascending order, each expert's valid pairs in
  * ascending pair order, cut into runs of 8.  Fills s_pair[0..8) with the pair indices (-1 past
  * the tile's end) and returns the expert, or -1 when tile @p y does not exist.  Uses s_cnt[E]
- * and s_scan[DEC_WARPS + 1] of shared memory; all threads of the block call it.
+ * and s_scan[DEC_WARPS] of shared memory; all threads of the block call it.
  * The block of tile 0 and row group 0 also stores the call's routing counters (pairs per
  * expert, their running totals and the number of valid pairs; s_valid is its scratch).
  */
@@ -195,7 +188,7 @@ __device__ int route_tile(const mmoe_decode_args &p, int y, int *s_cnt, int *s_s
     return expert;
 }
 
-/** A fragment register: the lanes of group @p g keep theirs, the others give zero (exact path). */
+/** A fragment register, kept by the lanes of the group being multiplied, zero in the others (per-group path). */
 __device__ __forceinline__ uint32_t keep_if(uint32_t v, bool keep)
 {
     return keep ? v : 0u;

@@ -13,8 +13,8 @@
  * 1x32 block along K), the shared expert's FP8 E4M3 weights with their scales
  * expanded to 1x32 UE8M0 bytes, and a workspace that grows with the token
  * count.  The weights stay in that 4.25-bit form in GPU memory: the E2M1 to
- * E4M3 decode happens tile by tile in shared memory inside the GEMM, never
- * into a persistent FP8 copy.
+ * E4M3 decode happens inside the GEMM (tile by tile in shared memory, or in
+ * registers in the decode kernel), never into a persistent FP8 copy.
  *
  * One call of mmoe_gpu_moe_run() computes, for T tokens whose routing is
  * given by the caller (topk_idx with -1 for a masked slot, topk_weights with
@@ -197,9 +197,10 @@ mmoe_status mmoe_gpu_moe_run(mmoe_gpu_moe *layer, int T, const uint16_t *x, cons
 mmoe_status mmoe_gpu_moe_expert_counts(mmoe_gpu_moe *layer, int64_t *counts, mmoe_error *err);
 
 /**
- * Time the layer: upload the inputs once, capture one call (its 9 to 15 kernel
- * launches on two streams) into a CUDA graph, run @p warmup untimed replays, then
- * @p iters replays each timed with CUDA events; report the median and the
+ * Time the layer: upload the inputs once, capture one call (5 kernel launches on one
+ * stream with the decode kernel, 9 to 15 on two streams with the tile kernels) into a
+ * CUDA graph, run @p warmup untimed replays, then @p iters replays each timed with
+ * CUDA events; report the median and the
  * minimum in microseconds.  Where the capture fails the calls are launched
  * directly and res->graph says so.  The output stays on the device.
  * @param layer      the layer
