@@ -737,7 +737,15 @@ static void run_gemm_case(const gemm_case *c, mmoe_rng *rng)
     mmoe_error err;
     ck_assert_msg(mmoe_gpu_stage_gemm(&d, a, as, w, ws, out, &err) == MMOE_OK, "stage gemm: %s", err.msg);
     const int nkb = K / 128, splits = c->split_kb > 0 ? (nkb + c->split_kb - 1) / c->split_kb : 1;
-    const double unit = (8.0 + nkb + splits) * ldexp(1.0, -23);
+    /*
+     * The bound on |out - ref| / sum|terms|, in units of 2^-23 (one FP32 rounding each step of
+     * the longest addition chain).  Tile kernels: the MMA's own accumulation (<= 8 steps per K
+     * block), one promotion per K block, one addition per split.  Decode kernel: one warp walks
+     * all of K; per K block at most 4 MMA steps into a zeroed sum and at most 4 additions into
+     * the output's chain (MXFP4: the four group sums, then one promotion; FP8: one promotion,
+     * or one per group): <= 4 + 4 nkb.
+     */
+    const double unit = (c->gemm == MMOE_GPU_GEMM_DECODE ? 4.0 + 4.0 * nkb : 8.0 + nkb + splits) * ldexp(1.0, -23);
     double num = 0.0, den = 0.0, worst = 0.0;
     int64_t bad = 0;
     for (int r = 0; r < R; r++)
@@ -803,6 +811,96 @@ START_TEST(stage_gemm_mma)
     if (!gpu_ok())
         return;
     run_gemm_family(MMOE_GPU_GEMM_MMA);
+}
+END_TEST
+
+/**
+ * The decode kernel (8-token tiles, one warp per 16 weight rows over all of K, a cp.async ring
+ * of 8 or 4 K blocks per warp, MXFP4 one group per MMA step): both weight formats, both activation groups, every scale
+ * spread, rows that fill 1, part of 1 and several tiles, K with fewer K blocks than the ring
+ * (512), an odd number of K blocks (1152, 9) and the V4-Flash L1 width (4096); n = 128 with
+ * L2's 16-row groups leaves the block's last warps without rows only when n / 16 is not a
+ * multiple of 4 (384: 24 groups, 6 blocks).
+ */
+START_TEST(stage_gemm_decode)
+{
+    if (!gpu_ok())
+        return;
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 20 + (uint64_t)MMOE_GPU_GEMM_DECODE);
+    const mmoe_gpu_gemm g = MMOE_GPU_GEMM_DECODE;
+    const gemm_case cases[] = {
+        {g, 8, MMOE_GPU_WEIGHTS_MXFP4, 128, 0, 1, 256, 1024, SPREAD_FOLDED},
+        {g, 8, MMOE_GPU_WEIGHTS_MXFP4, 128, 0, 3, 256, 1152, SPREAD_WIDE},
+        {g, 8, MMOE_GPU_WEIGHTS_MXFP4, 128, 0, 19, 384, 512, SPREAD_VERY_WIDE},
+        {g, 8, MMOE_GPU_WEIGHTS_MXFP4, 128, 0, 8, 128, 4096, SPREAD_FOLDED},
+        {g, 8, MMOE_GPU_WEIGHTS_FP8, 128, 0, 5, 256, 1024, SPREAD_FOLDED},
+        {g, 8, MMOE_GPU_WEIGHTS_FP8, 128, 0, 12, 128, 2048, SPREAD_WIDE},
+        {g, 8, MMOE_GPU_WEIGHTS_MXFP4, 32, 0, 9, 128, 1024, SPREAD_WIDE},
+        {g, 8, MMOE_GPU_WEIGHTS_FP8, 32, 0, 2, 256, 512, SPREAD_VERY_WIDE},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_gemm_case(&cases[i], &rng);
+}
+END_TEST
+
+/**
+ * The whole layer on the decode kernel (MMOE_GPU_GEMM=decode for this test): every token count
+ * and routing the layer can choose it for, and beyond (AUTO picks it up to a measured T; forced,
+ * any T runs): 1 token, a partial and a full 8-token tile, shared tiles past one, experts with
+ * several tiles (skewed), masked slots, no shared expert, exact-path scale spreads, the sm100
+ * formats (per-32 promotion) and the V4-Flash widths; then AUTO's choice on both sides of its
+ * threshold.
+ */
+START_TEST(layer_decode_family)
+{
+    if (!gpu_ok())
+        return;
+    const char *prev = getenv("MMOE_GPU_GEMM");
+    char *saved = prev != NULL ? strdup(prev) : NULL;
+    setenv("MMOE_GPU_GEMM", "decode", 1);
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 30);
+    test_layer L;
+    mmoe_gpu_moe_result det;
+    make_layer(&L, 256, 256, 8, 2, 1, MMOE_RECIPE_SM90, 0.02, &rng);
+    static const int64_t Ts[] = {1, 2, 7, 8, 9, 17, 40, 130};
+    for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+        run_case("decode sm90 masked", &L, Ts[i], ROUTE_MASKED, &det);
+        ck_assert_int_eq(det.gemm, MMOE_GPU_GEMM_DECODE);
+        ck_assert_int_eq(det.block_m, 8);
+    }
+    free_layer(&L);
+    make_layer(&L, 384, 256, 16, 4, 0, MMOE_RECIPE_SM90, 0.05, &rng);
+    run_case("decode sm90 skewed, no shared", &L, 30, ROUTE_SKEWED, NULL);
+    run_case("decode sm90 two experts", &L, 5, ROUTE_TWO_EXPERTS, NULL);
+    free_layer(&L);
+    make_layer(&L, 256, 384, 8, 3, 1, MMOE_RECIPE_SM100, 0.02, &rng);
+    run_case("decode sm100", &L, 6, ROUTE_RANDOM, &det);
+    ck_assert_int_eq(det.recipe, MMOE_GPU_RECIPE_SM100);
+    free_layer(&L);
+    make_layer(&L, 4096, 2048, 16, 6, 1, MMOE_RECIPE_SM90, 0.01, &rng);
+    run_case("decode sm90 v4-flash widths T=1", &L, 1, ROUTE_RANDOM, NULL);
+    run_case("decode sm90 v4-flash widths T=4", &L, 4, ROUTE_MASKED, NULL);
+    free_layer(&L);
+    /* AUTO: the decode kernel up to T = 128 on a compute-capability-9.0 device (sm90 recipe),
+       the tile kernels above; other devices never get it from AUTO */
+    int cc = 0;
+    mmoe_error err;
+    ck_assert(mmoe_gpu_available(&cc, &err) == MMOE_OK);
+    setenv("MMOE_GPU_GEMM", "auto", 1);
+    make_layer(&L, 256, 256, 8, 2, 1, MMOE_RECIPE_SM90, 0.02, &rng);
+    run_case("auto sm90 T=128", &L, 128, ROUTE_RANDOM, &det);
+    ck_assert_int_eq(det.gemm == MMOE_GPU_GEMM_DECODE, cc == 90);
+    run_case("auto sm90 T=129", &L, 129, ROUTE_RANDOM, &det);
+    ck_assert_int_ne(det.gemm, MMOE_GPU_GEMM_DECODE);
+    free_layer(&L);
+    if (saved != NULL) {
+        setenv("MMOE_GPU_GEMM", saved, 1);
+        free(saved);
+    } else {
+        unsetenv("MMOE_GPU_GEMM");
+    }
 }
 END_TEST
 
@@ -1020,6 +1118,7 @@ static Suite *gpu_suite(void)
     tcase_add_test(tc, stage_requant_bitexact);
     tcase_add_test(tc, stage_gemm_mma);
     tcase_add_test(tc, stage_gemm_wgmma);
+    tcase_add_test(tc, stage_gemm_decode);
     tcase_add_test(tc, stage_route_grouping);
     tcase_add_test(tc, stage_combine_bitexact);
     tcase_add_test(tc, stage_split_sum_bitexact);
@@ -1033,6 +1132,7 @@ static Suite *gpu_suite(void)
     tcase_add_test(tc, layer_sm90_v41_flash_widths);
     tcase_add_test(tc, layer_sm90_many_experts);
     tcase_add_test(tc, layer_sm90_v4_flash_full);
+    tcase_add_test(tc, layer_decode_family);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -10,7 +10,7 @@
 #   MMOE_DEBS=$PWD/.gpu/debs bash /tmp/m/tools/gpu-check.sh [STEPS]
 # with STEPS a subset of "build test memcheck bench profile tiles ep" (default: build test memcheck bench).
 #   ep: expert parallelism on every GPU of the machine (tests/test_ep_gpu, bench moe --gpus N).
-# MMOE_GEMMS (default "mma wgmma") names the kernel families that test and memcheck run.
+# MMOE_GEMMS (default "mma wgmma decode") names the kernel families that test and memcheck run.
 set -u
 OUT=${OUT:-/tmp/mmoe-out}
 mkdir -p "$OUT"
@@ -43,7 +43,7 @@ case " $STEPS " in *" ep "*)
 esac
 case " $STEPS " in *" test "*)
   # the suite once per GEMM kernel family: the portable mma.sync one and wgmma (sm_90a)
-  for gemm in ${MMOE_GEMMS:-mma wgmma}; do
+  for gemm in ${MMOE_GEMMS:-mma wgmma decode}; do
     log="$OUT/test_gpu_moe-$gemm.log"
     MMOE_GPU_GEMM=$gemm CK_VERBOSITY=verbose timeout 300 ./tests/test_gpu_moe > "$log" 2>&1; rc=$?
     echo "test_gpu_moe (MMOE_GPU_GEMM=$gemm): rc=$rc"
@@ -56,7 +56,7 @@ case " $STEPS " in *" test "*)
 esac
 case " $STEPS " in *" memcheck "*)
   if command -v compute-sanitizer > /dev/null; then
-    for gemm in ${MMOE_GEMMS:-mma wgmma}; do
+    for gemm in ${MMOE_GEMMS:-mma wgmma decode}; do
       timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 ./tests/bench_moe_gpu --shape tiny --tokens 1,40,300 \
         --iters 2 --gemm "$gemm" --peer none > "$OUT/memcheck-$gemm.log" 2>&1
       echo "memcheck ($gemm): rc=$?"; tail -n 6 "$OUT/memcheck-$gemm.log"
@@ -69,13 +69,17 @@ esac
 case " $STEPS " in *" profile "*)
   # Nsight Compute on the routed L1 GEMM of each family (MMOE_PROFILE_T, default 128 and 8192)
   for t in ${MMOE_PROFILE_T:-128 8192}; do
-    for g in ${MMOE_GEMMS:-mma wgmma}; do
-      case $g in mma) k="regex:gemm_kernel<.*int.0, .int.128, .int.0>";; *) k="regex:wgmma_gemm_kernel<.*int.0, .int.128, .int.0>";; esac
+    for g in ${MMOE_GEMMS:-mma wgmma decode}; do
+      case $g in
+        mma) k="regex:gemm_kernel<.*int.0, .int.128, .int.0>";;
+        decode) k="regex:decode_gemm_kernel<.int.128, .int.0>";;
+        *) k="regex:wgmma_gemm_kernel<.*int.0, .int.128, .int.0>";;
+      esac
       timeout 200 ncu --clock-control none --kernel-name-base demangled --kernel-name "$k" --launch-skip 2 \
         --launch-count 1 --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
         --section SchedulerStats ./tests/bench_moe_gpu --shape v4-flash --tokens "$t" --iters 1 --gemm "$g" --peer none \
         > "$OUT/ncu-$g-$t.log" 2>&1; echo "ncu $g T=$t: rc=$?"
-      grep -E "wgmma_gemm_kernel|gemm_kernel|Duration|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Issue Slots Busy|No Eligible|Registers Per" "$OUT/ncu-$g-$t.log" | head -12
+      grep -E "wgmma_gemm_kernel|gemm_kernel|Duration|DRAM Throughput|DRAM Bandwidth|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Issue Slots Busy|No Eligible|Registers Per" "$OUT/ncu-$g-$t.log" | head -14
     done
   done;;
 esac

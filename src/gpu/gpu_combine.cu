@@ -16,6 +16,7 @@
 __global__ void combine_kernel(const __nv_bfloat16 *slots_buf, const int32_t *topk_idx, int topk, int has_shared,
                                int D, __nv_bfloat16 *y)
 {
+    mmoe_grid_dependency_wait(); /* as the dependent of a programmatic launch: the slots are written */
     const int t = blockIdx.x;
     const int slots = topk + 1;
     unsigned valid = 0;
@@ -44,4 +45,22 @@ cudaError_t mmoe_launch_combine(const __nv_bfloat16 *slots_buf, const int32_t *t
         return cudaSuccess;
     combine_kernel<<<T, 256, 0, stream>>>(slots_buf, topk_idx, topk, has_shared, D, y);
     return cudaGetLastError();
+}
+
+cudaError_t mmoe_launch_combine_pdl(const __nv_bfloat16 *slots_buf, const int32_t *topk_idx, int T, int topk,
+                                    int has_shared, int D, __nv_bfloat16 *y, cudaStream_t stream)
+{
+    if (T == 0)
+        return cudaSuccess;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)T);
+    cfg.blockDim = dim3(256);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, combine_kernel, slots_buf, topk_idx, topk, has_shared, D, y);
+    return e != cudaSuccess ? e : cudaGetLastError();
 }

@@ -67,6 +67,26 @@ __device__ __forceinline__ float mmoe_swiglu_channel(float acc_gate, float acc_u
     return __fmul_rn(__fmul_rn(__fmul_rn(g, sig), u), w);
 }
 
+/**
+ * Programmatic dependent launch, the consumer side: wait until the kernel before this one on
+ * the stream has finished and its writes are visible.  A no-op for a kernel launched without
+ * the programmatic-serialization attribute.
+ */
+__device__ __forceinline__ void mmoe_grid_dependency_wait()
+{
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+
+/**
+ * Programmatic dependent launch, the producer side: the next kernel on the stream, when it was
+ * launched with the programmatic-serialization attribute, may start its blocks now (they wait
+ * in mmoe_grid_dependency_wait() before reading this kernel's results).
+ */
+__device__ __forceinline__ void mmoe_grid_launch_dependents()
+{
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
 /** Arguments of one grouped GEMM launch (all pointers are device pointers). */
 struct mmoe_gemm_args {
     int K;                      /**< reduction length (D for L1, I for L2), multiple of 128 */
@@ -161,6 +181,68 @@ cudaError_t mmoe_gemm_dispatch(const Launcher &l, mmoe_bfmt bfmt, int ag, mmoe_e
         return ag == 32 ? mmoe_gemm_dispatch_epi<MMOE_B_FP4, 32>(l, epi) : mmoe_gemm_dispatch_epi<MMOE_B_FP4, 128>(l, epi);
     return ag == 32 ? mmoe_gemm_dispatch_epi<MMOE_B_FP8, 32>(l, epi) : mmoe_gemm_dispatch_epi<MMOE_B_FP8, 128>(l, epi);
 }
+
+/** One weight set of a decode GEMM launch (the routed experts or the shared expert). */
+struct mmoe_decode_part {
+    mmoe_bfmt bfmt;             /**< weight format */
+    int K;                      /**< reduction length, a multiple of 128 */
+    int n_out;                  /**< L1: channels after SwiGLU (weight rows / 2); L2 and raw: weight rows */
+    const uint8_t *a;           /**< FP8 A rows [rows, K] */
+    const float *a_scale;       /**< their scales [rows, K / AG] */
+    const uint8_t *b;           /**< weights, tile-major as for mmoe_gemm_args */
+    const uint8_t *b_scale;     /**< UE8M0 scales, tile-major */
+    size_t b_expert_stride;     /**< bytes between experts' weights */
+    size_t bs_expert_stride;    /**< bytes between experts' scales */
+    float *out_f32;             /**< L1: FP32 [rows, n_out] after SwiGLU */
+};
+
+/**
+ * Arguments of one decode GEMM launch (gpu_decode.cu): the shared part (uniform tiles of 8
+ * tokens, rows = tokens) and the routed part (tiles derived from topk_idx in each block; rows
+ * of the routed L1 output and L2 input are pair indices token * topk + slot).
+ */
+struct mmoe_decode_args {
+    mmoe_decode_part shared;    /**< the shared expert (grid rows [0, shared_tiles)) */
+    mmoe_decode_part routed;    /**< the routed experts (the next routed_tiles grid rows) */
+    int shared_tiles;           /**< tiles of the shared part: ceil(T / 8), or 0 */
+    int routed_tiles;           /**< upper bound of the routed tiles (mmoe_decode_max_tiles), or 0 */
+    int T;                      /**< tokens */
+    int topk;                   /**< routed slots per token */
+    int E;                      /**< routed experts */
+    const int32_t *topk_idx;    /**< [T, topk], -1 = masked */
+    const float *topk_w;        /**< [T, topk] routing weights */
+    int routed_a_by_pair;       /**< 1: the routed A row is the pair (L2); 0: the token (L1) */
+    float clamp;                /**< SwiGLU clamp, <= 0: none */
+    __nv_bfloat16 *out_slots;   /**< L2: BF16 [T, topk + 1, D] combine slots */
+    float *raw;                 /**< per-stage test: raw FP32 sums [rows, n_out] of the shared part instead */
+    int *counts;                /**< L1: this call's pairs per expert [E], or NULL */
+    long long *cum_counts;      /**< L1: running totals [E] */
+    int *num_pairs;             /**< L1: the call's valid pairs */
+};
+
+/** Upper bound of the routed tiles of 8 pairs a decode GEMM launch has for T tokens. */
+int mmoe_decode_max_tiles(int T, int topk, int E);
+
+/**
+ * Launch the decode GEMM with epilogue @p epi (SwiGLU, or BF16 slots / raw sums) and activation
+ * group @p a_group (128 or 32); with @p pdl the launch may overlap the previous kernel on the
+ * stream (programmatic dependent launch): its blocks load their weights, then wait.
+ */
+cudaError_t mmoe_launch_decode_gemm(const mmoe_decode_args *a, int a_group, mmoe_epi epi, int pdl, cudaStream_t s);
+
+/**
+ * Requantize the decode path's L1 outputs in one launch: the routed rows (pairs; rows whose
+ * topk_idx is -1 were never written and are skipped) and the shared rows, with the same rule.
+ * Launched with programmatic dependent launch; lets the next kernel start early.
+ */
+cudaError_t mmoe_launch_requant_decode(const float *routed, int routed_rows, const int32_t *topk_idx, int I,
+                                       const float *shared, int shared_rows, int SI, mmoe_quant_mode mode,
+                                       uint8_t *routed_q, float *routed_s, uint8_t *shared_q, float *shared_s,
+                                       cudaStream_t stream);
+
+/** mmoe_launch_combine() as the dependent of a programmatic launch (decode path). */
+cudaError_t mmoe_launch_combine_pdl(const __nv_bfloat16 *slots_buf, const int32_t *topk_idx, int T, int topk,
+                                    int has_shared, int D, __nv_bfloat16 *y, cudaStream_t stream);
 
 /** Launch the grouped GEMM with the given tile height, weight format, activation group and epilogue. */
 cudaError_t mmoe_launch_gemm(const mmoe_gemm_args *args, int block_m, mmoe_bfmt b_fmt, int a_group, mmoe_epi epi,

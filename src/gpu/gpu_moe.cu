@@ -18,10 +18,16 @@
  * FP8 requantization (routed and shared), the combine slots [T][topk+1][D]
  * and the output.
  *
- * One call = 9 launches on one stream: quant(x), route, L1 routed, L1 shared,
- * quant(L1 routed), quant(L1 shared), L2 routed, L2 shared, combine.  No host
- * synchronisation between them: the routed GEMMs are launched on an upper
- * bound of tiles and the surplus blocks exit at once.
+ * One call of the tile GEMM families = 9 launches on two streams: quant(x), route,
+ * L1 routed, L1 shared, quant(L1 routed), quant(L1 shared), L2 routed, L2 shared,
+ * combine (plus the split-K sums for very few tokens).  No host synchronisation
+ * between them: the routed GEMMs are launched on an upper bound of tiles and the
+ * surplus blocks exit at once.
+ *
+ * One call of the decode family (gpu_decode.cu) = 5 launches on one stream, each after
+ * the first a programmatic dependent launch: quant(x), L1 (routed and shared, routing
+ * derived in each block, SwiGLU), one requantization of both intermediates, L2
+ * (routed and shared, BF16 slots), combine.
  */
 #include <math.h>
 #include <stdio.h>
@@ -38,6 +44,7 @@ struct mmoe_gpu_moe {
     int cc;                   /**< compute capability */
     int wgmma_ok;             /**< 1: the sm_90a wgmma kernel can run here (cc 9.0 and built for it) */
     int last_wgmma;           /**< 1: the last call ran the wgmma kernel; 0: the portable mma.sync one */
+    int last_decode;          /**< 1: the last call ran the decode kernel (gpu_decode.cu) */
     cudaStream_t stream;      /**< the call's stream: inputs, routed experts, combine */
     cudaStream_t side;        /**< the shared expert runs here, concurrently with the routed GEMMs */
     cudaEvent_t x_ready;      /**< the quantized x is ready (side stream waits) */
@@ -206,8 +213,12 @@ static mmoe_status check_desc(const mmoe_gpu_moe_desc *d, mmoe_error *err)
                               d->block_m);
     if (d->recipe != MMOE_GPU_RECIPE_AUTO && d->recipe != MMOE_GPU_RECIPE_SM90 && d->recipe != MMOE_GPU_RECIPE_SM100)
         return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: unknown recipe %d", (int)d->recipe);
-    if (d->gemm != MMOE_GPU_GEMM_AUTO && d->gemm != MMOE_GPU_GEMM_MMA && d->gemm != MMOE_GPU_GEMM_WGMMA)
+    if (d->gemm != MMOE_GPU_GEMM_AUTO && d->gemm != MMOE_GPU_GEMM_MMA && d->gemm != MMOE_GPU_GEMM_WGMMA &&
+        d->gemm != MMOE_GPU_GEMM_DECODE)
         return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: unknown GEMM kernel family %d", (int)d->gemm);
+    if (d->block_m != 0 && d->gemm == MMOE_GPU_GEMM_DECODE)
+        return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: block_m %d: the decode kernel's tiles are 8 tokens "
+                              "(block_m must be 0)", d->block_m);
     if (d->block_m == 128 && d->gemm == MMOE_GPU_GEMM_MMA)
         return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: block_m 128 needs the wgmma kernel (mma.sync: 16 or 64)");
     if (d->n_experts <= 0 || d->n_experts > 4096)
@@ -576,7 +587,27 @@ static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
  */
 #define MMOE_AUTO_WGMMA_MIN_PAIRS 96.5
 
-/** The kernel family of one call: the requested one, or for AUTO the faster one at this size. */
+/**
+ * The largest call AUTO runs on the decode kernel (gpu_decode.cu): measured on one H200,
+ * V4-Flash layer, sm90 recipe (docs/perf.md, "Kernel choice"): faster than the mma.sync tile
+ * kernel at every T measured up to here (1.6x at T = 1, 1.1x at T = 128); larger calls were
+ * not measured, so they keep the tile kernels.
+ */
+#define MMOE_AUTO_DECODE_MAX_T 128
+
+/**
+ * Does this call run the decode kernel?  When asked for, always; under AUTO on a
+ * compute-capability-9.0 device with the sm90 recipe (where it was measured) and no forced
+ * tile height, up to MMOE_AUTO_DECODE_MAX_T tokens.
+ */
+static int use_decode(const mmoe_gpu_moe *L, int T)
+{
+    if (L->d.gemm != MMOE_GPU_GEMM_AUTO)
+        return L->d.gemm == MMOE_GPU_GEMM_DECODE;
+    return L->cc == 90 && L->recipe == MMOE_GPU_RECIPE_SM90 && L->d.block_m == 0 && T <= MMOE_AUTO_DECODE_MAX_T;
+}
+
+/** The tile kernel family of one call: the requested one, or for AUTO the faster one at this size. */
 static int use_wgmma(const mmoe_gpu_moe *L, int T)
 {
     if (L->d.gemm != MMOE_GPU_GEMM_AUTO)
@@ -618,12 +649,88 @@ static cudaError_t layer_gemm(const mmoe_gpu_moe *L, const mmoe_gemm_args *a, in
                     : mmoe_launch_gemm(a, bm, bfmt, ag, epi, tiles, s);
 }
 
+/** One part (routed or shared) of a decode GEMM launch. */
+static mmoe_decode_part decode_part(mmoe_bfmt bfmt, int K, int n_out, const uint8_t *a, const float *a_scale,
+                                    const uint8_t *b, const uint8_t *b_scale, size_t b_stride, size_t bs_stride,
+                                    float *out_f32)
+{
+    mmoe_decode_part q;
+    memset(&q, 0, sizeof q);
+    q.bfmt = bfmt;
+    q.K = K;
+    q.n_out = n_out;
+    q.a = a;
+    q.a_scale = a_scale;
+    q.b = b;
+    q.b_scale = b_scale;
+    q.b_expert_stride = b_stride;
+    q.bs_expert_stride = bs_stride;
+    q.out_f32 = out_f32;
+    return q;
+}
+
+/**
+ * The decode pipeline (gpu_decode.cu): quant(x); L1 of the routed and the shared experts in one
+ * launch, routing derived in each block; one requantization of both intermediates; L2 of both
+ * into the combine slots; combine.  One stream, every launch after the first a programmatic
+ * dependent launch, so that each GEMM's blocks load their weights while the kernel before
+ * finishes.
+ */
+static mmoe_status launch_layer_decode(mmoe_gpu_moe *L, int T, mmoe_error *err)
+{
+    const int D = L->d.hidden, I = L->d.inter, K = L->d.topk, E = L->d.n_experts, SI = L->d.shared_inter;
+    const int sm90 = L->recipe == MMOE_GPU_RECIPE_SM90;
+    const int ag = sm90 ? 128 : 32;
+    cudaStream_t s = L->stream;
+    CK(mmoe_launch_quant(L->x, NULL, T, D, sm90 ? MMOE_QUANT_SM90 : MMOE_QUANT_SM100_INPUT, L->xq, L->xs, s), "quantize x");
+    mmoe_decode_args a;
+    memset(&a, 0, sizeof a);
+    a.T = T;
+    a.topk = K;
+    a.E = E;
+    a.topk_idx = L->idx;
+    a.topk_w = L->tw;
+    a.clamp = L->d.swiglu_limit;
+    a.shared_tiles = SI > 0 ? (T + 7) / 8 : 0;
+    a.routed_tiles = mmoe_decode_max_tiles(T, K, E);
+    /* L1: gate/up of the shared expert (FP8) and the routed experts (MXFP4), SwiGLU */
+    a.shared = decode_part(MMOE_B_FP8, D, SI, L->xq, L->xs, L->sw13, L->ss13, 0, 0, L->sh_a1);
+    a.routed = decode_part(MMOE_B_FP4, D, I, L->xq, L->xs, L->w13, L->s13, (size_t)2 * I * D / 2,
+                           (size_t)2 * I * D / 32, L->a1);
+    a.counts = L->counts;
+    a.cum_counts = L->cum_counts;
+    a.num_pairs = L->num_pairs;
+    CK(mmoe_launch_decode_gemm(&a, ag, MMOE_EPI_SWIGLU, 1, s), "L1 decode GEMM");
+    CK(mmoe_launch_requant_decode(L->a1, T * K, L->idx, I, L->sh_a1, SI > 0 ? T : 0, SI,
+                                  sm90 ? MMOE_QUANT_SM90 : MMOE_QUANT_SM100_REQUANT, L->l2q, L->l2s, L->sh_l2q,
+                                  L->sh_l2s, s),
+       "requantize L1 (decode)");
+    /* L2: down projections into the combine slots (routed A rows are the pairs) */
+    a.shared = decode_part(MMOE_B_FP8, SI, D, L->sh_l2q, L->sh_l2s, L->sw2, L->ss2, 0, 0, NULL);
+    a.routed = decode_part(MMOE_B_FP4, I, D, L->l2q, L->l2s, L->w2, L->s2, (size_t)D * I / 2, (size_t)D * I / 32, NULL);
+    a.routed_a_by_pair = 1;
+    a.out_slots = L->slots;
+    a.counts = NULL;
+    a.cum_counts = NULL;
+    a.num_pairs = NULL;
+    CK(mmoe_launch_decode_gemm(&a, ag, MMOE_EPI_SLOT_BF16, 1, s), "L2 decode GEMM");
+    CK(mmoe_launch_combine_pdl(L->slots, L->idx, T, K, SI > 0, D, L->y, s), "combine");
+    return MMOE_OK;
+}
+
 /** Launch the whole pipeline on inputs already on the device (L->x, L->idx, L->tw). */
 static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_error *err)
 {
     const int D = L->d.hidden, I = L->d.inter, K = L->d.topk, E = L->d.n_experts, SI = L->d.shared_inter;
     const int sm90 = L->recipe == MMOE_GPU_RECIPE_SM90;
     const int ag = sm90 ? 128 : 32;
+    L->last_decode = use_decode(L, T);
+    if (L->last_decode) {
+        L->last_wgmma = 0;
+        L->last_split = 0;
+        *block_m_out = 8;
+        return T == 0 ? MMOE_OK : launch_layer_decode(L, T, err);
+    }
     L->last_wgmma = use_wgmma(L, T);
     const int bm = choose_block_m(L->d.block_m, L->last_wgmma, T, K, E);
     cudaStream_t s = L->stream;
@@ -766,13 +873,16 @@ static void fill_result(mmoe_gpu_moe *L, int bm, long long pairs, mmoe_gpu_moe_r
     memset(res, 0, sizeof *res);
     res->device_cc = L->cc;
     res->recipe = L->recipe;
-    if (L->last_wgmma)
+    if (L->last_decode)
+        res->kernel = "decode: mma.sync.m16n8k32 e4m3 swap-AB weight streaming, 8-token tiles (5 launches, "
+                      "programmatic dependent launch)";
+    else if (L->last_wgmma)
         res->kernel = L->last_split ? "wgmma f16 (E4M3/E2M1 converted) warp-specialized grouped GEMM, split-K (staged)"
                                     : "wgmma f16 (E4M3/E2M1 converted) warp-specialized grouped GEMM (staged, 9 launches)";
     else
         res->kernel = L->last_split ? "mma.sync.m16n8k32 e4m3 grouped GEMM, split-K (staged)"
                                     : "mma.sync.m16n8k32 e4m3 grouped GEMM (staged, 9 launches)";
-    res->gemm = L->last_wgmma ? MMOE_GPU_GEMM_WGMMA : MMOE_GPU_GEMM_MMA;
+    res->gemm = L->last_decode ? MMOE_GPU_GEMM_DECODE : L->last_wgmma ? MMOE_GPU_GEMM_WGMMA : MMOE_GPU_GEMM_MMA;
     res->block_m = bm;
     res->shared_fused = L->d.shared_inter > 0;
     res->routed_pairs = pairs;
@@ -789,8 +899,8 @@ static void fill_result(mmoe_gpu_moe *L, int bm, long long pairs, mmoe_gpu_moe_r
         res->fallback = 1;
         snprintf(res->fallback_reason, sizeof res->fallback_reason,
                  "sm100 recipe requested on sm_%d: the %s kernel emulates its formats (per-32 promotion)", L->cc,
-                 L->last_wgmma ? "wgmma" : "portable mma.sync");
-    } else if (L->d.gemm == MMOE_GPU_GEMM_AUTO && !L->wgmma_ok) {
+                 L->last_decode ? "decode" : L->last_wgmma ? "wgmma" : "portable mma.sync");
+    } else if (L->d.gemm == MMOE_GPU_GEMM_AUTO && !L->wgmma_ok && !L->last_decode) {
         res->fallback = 1;
         snprintf(res->fallback_reason, sizeof res->fallback_reason,
                  "sm_%d: no sm_90a wgmma code for this device; the portable mma.sync kernel ran", L->cc);

@@ -3,8 +3,11 @@
  * @brief Activation quantization on the GPU: rows to FP8 E4M3 with per-group scales.
  *
  * Used twice per layer call: on the input x (BF16) and on the L1 output (the
- * FP32 value silu(g)*u*w, the L2 input).  One warp handles one 128-channel
- * chunk of one row; each lane holds four consecutive channels.
+ * FP32 value silu(g)*u*w, the L2 input; in the decode pipeline one launch
+ * requantizes the routed and the shared intermediates together).  One warp
+ * handles one 128-channel chunk of one row; each lane holds four consecutive
+ * channels.  Both kernels take part in programmatic dependent launch: they wait
+ * for the kernel before them and let the next one start its blocks at once.
  *
  * Three scale rules, each bit-exact to the oracle (docs/spec/formats.md, UE8M0;
  * docs/spec/moe-layer.md, R1 and R7):
@@ -80,17 +83,12 @@ __device__ __forceinline__ void load4<__nv_bfloat16>(const __nv_bfloat16 *p, flo
     v[3] = __uint_as_float(u.y & 0xffff0000u);
 }
 
-/** One warp per (row, 128-channel chunk); MODE as in the file comment. */
+/** One warp quantizes the 128 channels [c128, c128 + 128) of row @p row; MODE as in the file comment. */
 template <typename TIn, int MODE>
-__global__ void quant_kernel(const TIn *in, int rows, int cols, uint8_t *q, float *scales)
+__device__ __forceinline__ void quant_chunk(const TIn *in, long long row, int c128, int cols, uint8_t *q, float *scales)
 {
     const int lane = threadIdx.x & 31;
-    const long long chunk = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int chunks_per_row = cols >> 7;
-    if (chunk >= (long long)rows * chunks_per_row)
-        return;
-    const long long row = chunk / chunks_per_row;
-    const int c0 = (int)(chunk % chunks_per_row) * 128 + lane * 4;
+    const int c0 = c128 + lane * 4;
     float v[4];
     load4<TIn>(in + row * cols + c0, v);
     float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
@@ -115,6 +113,85 @@ __global__ void quant_kernel(const TIn *in, int rows, int cols, uint8_t *q, floa
     } else if ((lane & 7) == 0) {
         scales[row * (cols >> 5) + (c0 >> 5)] = sf;
     }
+}
+
+/**
+ * One warp per (row, 128-channel chunk); MODE as in the file comment.  As the dependent of a
+ * programmatic launch it waits for the kernel before it, and it lets the next kernel start at
+ * once (both no-ops in a plain launch sequence).
+ */
+template <typename TIn, int MODE>
+__global__ void quant_kernel(const TIn *in, int rows, int cols, uint8_t *q, float *scales)
+{
+    mmoe_grid_dependency_wait();
+    mmoe_grid_launch_dependents();
+    const long long chunk = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int chunks_per_row = cols >> 7;
+    if (chunk >= (long long)rows * chunks_per_row)
+        return;
+    quant_chunk<TIn, MODE>(in, chunk / chunks_per_row, (int)(chunk % chunks_per_row) * 128, cols, q, scales);
+}
+
+/**
+ * The decode path's requantization: the routed L1 rows (one per (token, slot) pair; a masked
+ * pair's row was never written and is skipped) and then the shared rows, one warp per chunk.
+ */
+template <int MODE>
+__global__ void requant_decode_kernel(const float *routed, int routed_rows, const int32_t *topk_idx, int I,
+                                      const float *shared, int shared_rows, int SI, uint8_t *routed_q,
+                                      float *routed_s, uint8_t *shared_q, float *shared_s)
+{
+    mmoe_grid_dependency_wait();
+    mmoe_grid_launch_dependents();
+    long long chunk = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const long long routed_chunks = (long long)routed_rows * (I >> 7);
+    if (chunk < routed_chunks) {
+        const long long row = chunk / (I >> 7);
+        if (topk_idx[row] >= 0)
+            quant_chunk<float, MODE>(routed, row, (int)(chunk % (I >> 7)) * 128, I, routed_q, routed_s);
+        return;
+    }
+    chunk -= routed_chunks;
+    if (SI > 0 && chunk < (long long)shared_rows * (SI >> 7))
+        quant_chunk<float, MODE>(shared, chunk / (SI >> 7), (int)(chunk % (SI >> 7)) * 128, SI, shared_q, shared_s);
+}
+
+/** Launch one instance of requant_decode_kernel with programmatic dependent launch. */
+template <int MODE>
+static cudaError_t launch_requant_decode_t(unsigned blocks, const float *routed, int routed_rows,
+                                           const int32_t *topk_idx, int I, const float *shared, int shared_rows,
+                                           int SI, uint8_t *routed_q, float *routed_s, uint8_t *shared_q,
+                                           float *shared_s, cudaStream_t stream)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(256);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, requant_decode_kernel<MODE>, routed, routed_rows, topk_idx, I, shared,
+                                       shared_rows, SI, routed_q, routed_s, shared_q, shared_s);
+    return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+cudaError_t mmoe_launch_requant_decode(const float *routed, int routed_rows, const int32_t *topk_idx, int I,
+                                       const float *shared, int shared_rows, int SI, mmoe_quant_mode mode,
+                                       uint8_t *routed_q, float *routed_s, uint8_t *shared_q, float *shared_s,
+                                       cudaStream_t stream)
+{
+    const long long warps = (long long)routed_rows * (I / 128) + (long long)shared_rows * (SI / 128);
+    if (warps == 0)
+        return cudaSuccess;
+    const unsigned blocks = (unsigned)((warps + 7) / 8);
+    if (mode == MMOE_QUANT_SM90)
+        return launch_requant_decode_t<MMOE_QUANT_SM90>(blocks, routed, routed_rows, topk_idx, I, shared, shared_rows,
+                                                        SI, routed_q, routed_s, shared_q, shared_s, stream);
+    return launch_requant_decode_t<MMOE_QUANT_SM100_REQUANT>(blocks, routed, routed_rows, topk_idx, I, shared,
+                                                             shared_rows, SI, routed_q, routed_s, shared_q, shared_s,
+                                                             stream);
 }
 
 /** Launch quant_kernel for one input type and mode. */

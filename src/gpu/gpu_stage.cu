@@ -26,9 +26,12 @@ mmoe_status stage_fail(mmoe_error *err, cudaError_t e, const char *what)
 /** Check a stage GEMM description; the error names the field. */
 mmoe_status check_gemm_desc(const mmoe_gpu_stage_gemm_desc *d, int cc, mmoe_error *err)
 {
-    if (d->gemm != MMOE_GPU_GEMM_MMA && d->gemm != MMOE_GPU_GEMM_WGMMA)
-        return mmoe_error_set(err, MMOE_EINVAL, "gpu stage gemm: gemm must be mma or wgmma, got %d", (int)d->gemm);
-    const int bm_ok = d->block_m == 16 || d->block_m == 64 || (d->block_m == 128 && d->gemm == MMOE_GPU_GEMM_WGMMA);
+    if (d->gemm != MMOE_GPU_GEMM_MMA && d->gemm != MMOE_GPU_GEMM_WGMMA && d->gemm != MMOE_GPU_GEMM_DECODE)
+        return mmoe_error_set(err, MMOE_EINVAL, "gpu stage gemm: gemm must be mma, wgmma or decode, got %d",
+                              (int)d->gemm);
+    const int bm_ok = d->gemm == MMOE_GPU_GEMM_DECODE
+                          ? d->block_m == 8
+                          : d->block_m == 16 || d->block_m == 64 || (d->block_m == 128 && d->gemm == MMOE_GPU_GEMM_WGMMA);
     if (!bm_ok)
         return mmoe_error_set(err, MMOE_EINVAL, "gpu stage gemm: block_m %d is not a tile height of %s", d->block_m,
                               mmoe_gpu_gemm_name(d->gemm));
@@ -36,6 +39,9 @@ mmoe_status check_gemm_desc(const mmoe_gpu_stage_gemm_desc *d, int cc, mmoe_erro
         return mmoe_error_set(err, MMOE_EINVAL, "gpu stage gemm: unknown weight format %d", (int)d->weights);
     if (d->a_group != 32 && d->a_group != 128)
         return mmoe_error_set(err, MMOE_EINVAL, "gpu stage gemm: a_group must be 32 or 128, got %d", d->a_group);
+    if (d->gemm == MMOE_GPU_GEMM_DECODE && d->split_kb != 0)
+        return mmoe_error_set(err, MMOE_EINVAL, "gpu stage gemm: the decode kernel splits K inside a block "
+                              "(split_kb must be 0, got %d)", d->split_kb);
     if (d->rows <= 0 || d->n <= 0 || d->n % 128 != 0 || d->k <= 0 || d->k % 128 != 0 || d->split_kb < 0)
         return mmoe_error_set(err, MMOE_ESHAPE,
                               "gpu stage gemm: need rows >= 1, n and k positive multiples of 128, split_kb >= 0 "
@@ -123,8 +129,22 @@ mmoe_status mmoe_gpu_stage_gemm(const mmoe_gpu_stage_gemm_desc *d, const uint8_t
     g.partial_cols = (int)N;
     const int tiles = (int)((rows + d->block_m - 1) / d->block_m);
     const mmoe_bfmt bfmt = fp4 ? MMOE_B_FP4 : MMOE_B_FP8;
+    /* the decode kernel: the rows as its shared part (uniform tiles of 8), raw sums out */
+    mmoe_decode_args dg;
+    memset(&dg, 0, sizeof dg);
+    dg.shared.bfmt = bfmt;
+    dg.shared.K = (int)K;
+    dg.shared.n_out = (int)N;
+    dg.shared.a = b.a;
+    dg.shared.a_scale = b.as;
+    dg.shared.b = b.w;
+    dg.shared.b_scale = b.ws;
+    dg.shared_tiles = (int)((rows + 7) / 8);
+    dg.T = (int)rows;
+    dg.raw = b.part;
     if (e == cudaSuccess)
-        e = d->gemm == MMOE_GPU_GEMM_WGMMA
+        e = d->gemm == MMOE_GPU_GEMM_DECODE ? mmoe_launch_decode_gemm(&dg, d->a_group, MMOE_EPI_SLOT_BF16, 0, 0)
+            : d->gemm == MMOE_GPU_GEMM_WGMMA
                 ? mmoe_launch_gemm_wgmma(&g, d->block_m, bfmt, d->a_group, MMOE_EPI_SLOT_BF16, tiles, 0)
                 : mmoe_launch_gemm(&g, d->block_m, bfmt, d->a_group, MMOE_EPI_SLOT_BF16, tiles, 0);
     if (e == cudaSuccess)

@@ -13,8 +13,8 @@
  * 1x32 block along K), the shared expert's FP8 E4M3 weights with their scales
  * expanded to 1x32 UE8M0 bytes, and a workspace that grows with the token
  * count.  The weights stay in that 4.25-bit form in GPU memory: the E2M1 to
- * E4M3 decode happens tile by tile in shared memory inside the GEMM, never
- * into a persistent FP8 copy.
+ * E4M3 decode happens inside the GEMM (tile by tile in shared memory, or in
+ * registers in the decode kernel), never into a persistent FP8 copy.
  *
  * One call of mmoe_gpu_moe_run() computes, for T tokens whose routing is
  * given by the caller (topk_idx with -1 for a masked slot, topk_weights with
@@ -60,15 +60,18 @@ typedef enum mmoe_gpu_recipe {
 } mmoe_gpu_recipe;
 
 /**
- * Which GEMM kernel family the layer runs.  Both compute the same exact products with FP32
- * sums (the GPU suite checks each family alone and in the layer).  AUTO picks per call: on an
- * sm_90a build and device, the wgmma kernel once the expected pairs per expert exceed a
- * measured threshold (prefill), else the mma.sync kernel (decode); on other devices mma.sync.
+ * Which GEMM kernel family the layer runs.  All compute the same exact products with FP32
+ * sums (the GPU suite checks each family alone and in the layer).  AUTO picks per call: on a
+ * compute-capability-9.0 device with the sm90 recipe, the decode kernel up to a measured token
+ * count; above it, on an sm_90a build, the wgmma kernel once the expected pairs per expert
+ * exceed a measured threshold (prefill), else the mma.sync tile kernel; on other devices
+ * mma.sync.
  */
 typedef enum mmoe_gpu_gemm {
     MMOE_GPU_GEMM_AUTO = 0,  /**< the faster verified family for each call size (see above) */
-    MMOE_GPU_GEMM_MMA = 1,   /**< the portable mma.sync kernel (gpu_gemm.cu), any sm_89+ device */
-    MMOE_GPU_GEMM_WGMMA = 2  /**< the warp-specialized wgmma kernel (gpu_gemm_wgmma.cu), sm_90 only */
+    MMOE_GPU_GEMM_MMA = 1,   /**< the portable mma.sync tile kernel (gpu_gemm.cu), any sm_89+ device */
+    MMOE_GPU_GEMM_WGMMA = 2, /**< the warp-specialized wgmma kernel (gpu_gemm_wgmma.cu), sm_90 only */
+    MMOE_GPU_GEMM_DECODE = 3 /**< the weight-streaming decode kernel (gpu_decode.cu), 8-token tiles, sm_90+ */
 } mmoe_gpu_gemm;
 
 /** Sizes and options of one layer. */
@@ -83,7 +86,7 @@ typedef struct mmoe_gpu_moe_desc {
     float swiglu_limit;   /**< clamp c (gate <= c, -c <= up <= c); 0 or negative = no clamp */
     mmoe_gpu_recipe recipe; /**< activation formats; AUTO follows the device */
     int block_m;          /**< tokens per GEMM tile: 0 = by the expected pairs per expert, or 16 / 64
-                               (/ 128 with the wgmma kernel) */
+                               (/ 128 with the wgmma kernel); the decode kernel's tiles are 8 (0 here) */
     mmoe_gpu_gemm gemm;   /**< GEMM kernel family; AUTO follows the device */
 } mmoe_gpu_moe_desc;
 
@@ -194,9 +197,10 @@ mmoe_status mmoe_gpu_moe_run(mmoe_gpu_moe *layer, int T, const uint16_t *x, cons
 mmoe_status mmoe_gpu_moe_expert_counts(mmoe_gpu_moe *layer, int64_t *counts, mmoe_error *err);
 
 /**
- * Time the layer: upload the inputs once, capture one call (its 9 to 15 kernel
- * launches on two streams) into a CUDA graph, run @p warmup untimed replays, then
- * @p iters replays each timed with CUDA events; report the median and the
+ * Time the layer: upload the inputs once, capture one call (5 kernel launches on one
+ * stream with the decode kernel, 9 to 15 on two streams with the tile kernels) into a
+ * CUDA graph, run @p warmup untimed replays, then @p iters replays each timed with
+ * CUDA events; report the median and the
  * minimum in microseconds.  Where the capture fails the calls are launched
  * directly and res->graph says so.  The output stays on the device.
  * @param layer      the layer
@@ -236,11 +240,11 @@ mmoe_status mmoe_gpu_quantize_input(mmoe_gpu_recipe recipe, int rows, int cols, 
 /** Name of a recipe ("sm90", "sm100", "auto"). */
 const char *mmoe_gpu_recipe_name(mmoe_gpu_recipe r);
 
-/** Name of a GEMM kernel family ("auto", "mma", "wgmma"). */
+/** Name of a GEMM kernel family ("auto", "mma", "wgmma", "decode"). */
 const char *mmoe_gpu_gemm_name(mmoe_gpu_gemm g);
 
 /**
- * Parse a GEMM kernel family name ("auto", "mma" or "wgmma").
+ * Parse a GEMM kernel family name ("auto", "mma", "wgmma" or "decode").
  * @param s    the name
  * @param out  the family, written on success
  * @return 0 on success, -1 for an unknown name

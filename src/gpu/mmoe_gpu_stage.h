@@ -36,11 +36,11 @@ typedef enum mmoe_gpu_weight_format {
 
 /** One GEMM stage: sizes, formats and the kernel to run. */
 typedef struct mmoe_gpu_stage_gemm_desc {
-    mmoe_gpu_gemm gemm;            /**< MMOE_GPU_GEMM_MMA or MMOE_GPU_GEMM_WGMMA (not AUTO) */
-    int block_m;                   /**< tokens per tile: 16 or 64 (mma), 16, 64 or 128 (wgmma) */
+    mmoe_gpu_gemm gemm;            /**< MMOE_GPU_GEMM_MMA, _WGMMA or _DECODE (not AUTO) */
+    int block_m;                   /**< tokens per tile: 16 or 64 (mma), 16, 64 or 128 (wgmma), 8 (decode) */
     mmoe_gpu_weight_format weights;/**< weight format */
     int a_group;                   /**< channels per activation scale: 128 (sm90) or 32 (sm100) */
-    int split_kb;                  /**< K blocks of 128 per split; 0: no split */
+    int split_kb;                  /**< K blocks of 128 per split; 0: no split (always 0 for decode) */
     int rows;                      /**< activation rows (tokens), >= 1 */
     int n;                         /**< weight rows (outputs), a multiple of 128 */
     int k;                         /**< reduction length, a multiple of 128 */

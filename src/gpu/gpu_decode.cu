@@ -1,0 +1,698 @@
+/**
+ * @file gpu_decode.cu
+ * @brief The decode GEMM of the GPU layer: few tokens, weights streamed from every SM.
+ *
+ * With a handful of tokens the MoE layer is a stream of weights: at T = 1 the six routed
+ * experts and the shared one are ~105 MB of MXFP4 and FP8 bytes that each take part in one
+ * multiply-add per token.  The tile GEMMs (gpu_gemm.cu, gpu_gemm_wgmma.cu) give each block a
+ * 128-row weight tile and walk K through a shallow shared-memory ring, so a few hundred blocks
+ * each keep a few KB in flight.  This kernel is organized the other way round:
+ *
+ *   - **A warp = 16 weight rows x all of K x up to 8 tokens of one expert.**  The weights are
+ *     the MMA's M operand (`mma.sync.m16n8k32` E4M3, "swap AB") and the tokens its N operand,
+ *     so one instruction multiplies 16 rows by 8 tokens over 32 K.  A block is 4 warps, 4
+ *     consecutive row groups of one tile, sharing the tile's activations, which the block
+ *     stages in shared memory once.  At T = 1 the V4-Flash layer's L1 GEMM has 1792 warps of
+ *     work (7 experts x 256 row groups) in 448 blocks: every SM gets several.
+ *   - **A deep copy ring per warp.**  Each lane copies, for each K block, its pieces of the
+ *     warp's 16 rows and their scale words with `cp.async` into its own slots of a 10 KB ring:
+ *     8 (MXFP4) or 4 (FP8) K blocks, up to 7 KB per warp in flight.  The layer's tile-major
+ *     layout (gpu_moe.cu) makes the 32 lanes' copies one contiguous 1 KB (2 KB) run.  Each
+ *     lane reads back only what it copied itself, so the ring needs no barrier: a per-thread
+ *     `cp.async.wait_group` is the whole synchronisation.
+ *   - **The K order inside an MMA is free**, since each output is a dot product: the fragment
+ *     positions of m16n8k32 ("logical" k = 4t + i and 16 + 4t + i for lane t = lane % 4) may
+ *     stand for any actual k, as long as the activation fragment of the same lane uses the same
+ *     map.  The block stages the activations in the order the weight fragments need.
+ *
+ * **MXFP4 weights** (the routed experts): lane (g, t) (g = lane / 4) copies word t, codes
+ * 8t..8t+7, of each of the four 32-wide groups of rows g and g + 8, so MMA step j covers group
+ * j alone: its even codes in the fragment's first half, its odd codes in the second.  A code
+ * becomes the E4M3 byte of e2m1 * 2^-6 by moving its bits (exact, no table, ~1 instruction per
+ * code), and each group's MMA sum is scaled by its own 2^(k - 127) in FP32 (an exact product);
+ * the four are added, and the sum is promoted with the token's activation scale times 2^6.  No
+ * scale spread needs another path.  With per-32 activation scales (sm100 recipe) each group is
+ * promoted on its own.
+ *
+ * **FP8 weights** (the shared expert): lane (g, t) copies the 32 bytes of group t of rows g and
+ * g + 8, used as they are; an MMA step spans the four groups.  When the four scale bytes of
+ * the K block are equal in all 16 rows (the checkpoint's 128x128 block scales, expanded), the
+ * step sums are promoted once with 2^(k - 127) and the activation scale; otherwise (or with
+ * per-32 activation scales) each group is multiplied on its own, the other lanes' fragments
+ * zeroed, and promoted with its own factors.
+ *
+ * Every product of an FP8 activation and a weight is exact in the tensor core, and so are the
+ * power-of-two scalings, so the result differs from the oracle's only in the order of the FP32
+ * additions: per output, one warp adds its K blocks in ascending order (fixed: a call is
+ * deterministic).
+ *
+ * **Routing in every block.**  The kernel needs no routing kernel before it: each block reads
+ * topk_idx (an input) and derives its tile, the tiles being the experts in ascending order,
+ * each expert's valid (token, slot) pairs in ascending pair order cut into runs of 8.  The
+ * rows of the routed L1 output and L2 input are the pair indices (token * topk + slot).  So
+ * a block knows its weights before any earlier kernel has finished: launched with
+ * programmatic dependent launch, its warps issue their first weight copies, and only then does
+ * the block wait (griddepcontrol.wait) for the activations of the kernel before it.
+ *
+ * **One launch, routed and shared.**  A launch carries two parts: the shared expert (grid rows
+ * [0, shared tiles), uniform tiles of 8 tokens, weight 1, slot topk) and the routed experts
+ * (the next rows).  The shared expert's blocks come first because they stream the most bytes
+ * (FP8, twice as many per row).
+ */
+#include "gpu_internal.cuh"
+#include "gpu_e2m1_decode.cuh"
+
+namespace {
+
+constexpr int DEC_WARPS = 4;               /* warps per block: 4 row groups of one tile */
+constexpr int DEC_THREADS = DEC_WARPS * 32;
+constexpr int DEC_BK = 128;                /* K block: the tile-major layout's and sm90's group */
+
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/** Byte @p g of a word (a run-time @p g, without indexing a register array). */
+__device__ __forceinline__ int byte_of(uint32_t w, int g)
+{
+    return (int)((w >> (8 * g)) & 0xffu);
+}
+
+/** Largest and smallest of the four UE8M0 bytes of a scale word. */
+__device__ __forceinline__ void scale_span(uint32_t w, int *kmax, int *kmin)
+{
+    int hi = 0, lo = 255;
+#pragma unroll
+    for (int g = 0; g < 4; g++) {
+        hi = max(hi, byte_of(w, g));
+        lo = min(lo, byte_of(w, g));
+    }
+    *kmax = hi;
+    *kmin = lo;
+}
+
+/**
+ * The block's tile of the routed part: experts in ascending order, each expert's valid pairs in
+ * ascending pair order, cut into runs of 8.  Fills s_pair[0..8) with the pair indices (-1 past
+ * the tile's end) and returns the expert, or -1 when tile @p y does not exist.  Uses s_cnt[E]
+ * and s_scan[DEC_WARPS] of shared memory; all threads of the block call it.
+ * The block of tile 0 and row group 0 also stores the call's routing counters (pairs per
+ * expert, their running totals and the number of valid pairs; s_valid is its scratch).
+ */
+__device__ int route_tile(const mmoe_decode_args &p, int y, int *s_cnt, int *s_scan, int *s_pair, int *s_expert,
+                          int *s_j, int *s_valid)
+{
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int E = p.E, pairs = p.T * p.topk;
+    for (int e = tid; e < E; e += DEC_THREADS)
+        s_cnt[e] = 0;
+    if (tid == 0) {
+        *s_expert = -1;
+        *s_valid = 0;
+    }
+    __syncthreads();
+    for (int i = tid; i < pairs; i += DEC_THREADS) {
+        const int e = p.topk_idx[i];
+        if (e >= 0)
+            atomicAdd(&s_cnt[e], 1);
+    }
+    __syncthreads();
+    /* exclusive scan of tiles per expert: each thread owns a contiguous chunk of experts */
+    const int chunk = (E + DEC_THREADS - 1) / DEC_THREADS;
+    const int e0 = min(E, tid * chunk), e1 = min(E, e0 + chunk);
+    int mine = 0, valid = 0;
+    for (int e = e0; e < e1; e++) {
+        mine += (s_cnt[e] + 7) / 8;
+        valid += s_cnt[e];
+    }
+    int incl = mine;
+    for (int off = 1; off < 32; off <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off)
+            incl += v;
+    }
+    if (lane == 31)
+        s_scan[warp] = incl;
+    __syncthreads();
+    int before = 0;
+    for (int w = 0; w < warp; w++)
+        before += s_scan[w];
+    int t = before + incl - mine;
+    for (int e = e0; e < e1; e++) {
+        const int n = (s_cnt[e] + 7) / 8;
+        if (y >= t && y < t + n) {
+            *s_expert = e;
+            *s_j = y - t;
+        }
+        t += n;
+    }
+    if (p.counts != nullptr && y == 0 && blockIdx.x == 0) {
+        /* the call's routing counters, once per call */
+        for (int e = e0; e < e1; e++) {
+            p.counts[e] = s_cnt[e];
+            p.cum_counts[e] += s_cnt[e];
+        }
+        for (int off = 16; off > 0; off >>= 1)
+            valid += __shfl_xor_sync(0xffffffffu, valid, off);
+        if (lane == 0)
+            atomicAdd(s_valid, valid);
+    }
+    __syncthreads();
+    if (p.counts != nullptr && y == 0 && blockIdx.x == 0 && tid == 0)
+        *p.num_pairs = *s_valid;
+    const int expert = *s_expert;
+    if (expert < 0)
+        return -1;
+    if (warp == 0) {
+        /* ranks [8j, 8j + 8) among the expert's pairs, in ascending pair order */
+        const int r0 = *s_j * 8;
+        int seen = 0;
+        if (lane < 8)
+            s_pair[lane] = -1;
+        __syncwarp();
+        for (int base = 0; base < pairs && seen < r0 + 8; base += 32) {
+            const int i = base + lane;
+            const int hit = i < pairs && p.topk_idx[i] == expert;
+            const uint32_t m = __ballot_sync(0xffffffffu, hit);
+            const int rank = seen + __popc(m & ((1u << lane) - 1u));
+            if (hit && rank >= r0 && rank < r0 + 8)
+                s_pair[rank - r0] = i;
+            seen += __popc(m);
+        }
+    }
+    __syncthreads();
+    return expert;
+}
+
+/** A fragment register, kept by the lanes of the group being multiplied, zero in the others (per-group path). */
+__device__ __forceinline__ uint32_t keep_if(uint32_t v, bool keep)
+{
+    return keep ? v : 0u;
+}
+
+/** Bytes of the per-warp copy ring (both weight formats; see ring_of). */
+constexpr int RING_BYTES = 10240;
+
+/**
+ * The copy ring of one warp for weight format BFMT: each lane copies, per K block, 16 bytes
+ * (MXFP4: four words) or 32 bytes (FP8) of each of rows g and g + 8 and their two scale words
+ * into its own slots; STAGES K blocks are in flight.  Stage layout: [row][piece][lane] of
+ * uint4, then [row][lane] of scale words, so that the lanes' reads back are contiguous (no bank
+ * conflict).
+ */
+template <int BFMT>
+struct ring_of {
+    static constexpr int V = BFMT == MMOE_B_FP4 ? 1 : 2;         /* uint4 per lane, row and K block */
+    static constexpr int STAGE_BYTES = 32 * (2 * V * 16 + 2 * 4);  /* one K block of one warp */
+    static constexpr int STAGES = RING_BYTES / STAGE_BYTES;        /* 8 (MXFP4) or 4 (FP8) */
+};
+
+/**
+ * The block stages the tile's activations in shared memory: it waits for the kernel before it
+ * (programmatic dependent launch: the activations are that kernel's output), copies the @p ntok
+ * token rows of A (rows @p s_arow) and their scales (zero past ntok), and meets at a barrier.
+ * Every thread of the block calls it once, after its warp has issued its first weight copies.
+ */
+__device__ void stage_activations(const mmoe_decode_part &q, int ag, int ntok, const int *s_arow, uint8_t *sA, int lda,
+                                  float *sAs)
+{
+    mmoe_grid_dependency_wait();
+    const int K = q.K, chunks = K / 16, ng = K / ag;
+    for (int i = threadIdx.x; i < ntok * chunks; i += DEC_THREADS) {
+        const int r = i / chunks, c = i % chunks;
+        const uint4 v = *reinterpret_cast<const uint4 *>(q.a + (size_t)s_arow[r] * K + c * 16);
+        if (q.bfmt == MMOE_B_FP4) {
+            /*
+             * MXFP4 order (see decode_warp_fp4): inside each K block, the 8 bytes at 32 g + 8 t
+             * go to 32 t + 8 g, even positions first: lane t then reads its four groups' bytes
+             * as 32 contiguous bytes, each group's two MMA B registers in a row.
+             */
+            const int kb = c / 8, g = (c % 8) / 2, t0 = (c % 2) * 2;
+            uint8_t *dst = sA + r * lda + kb * DEC_BK + g * 8;
+            *reinterpret_cast<uint2 *>(dst + t0 * 32) = make_uint2(__byte_perm(v.x, v.y, 0x6420), __byte_perm(v.x, v.y, 0x7531));
+            *reinterpret_cast<uint2 *>(dst + (t0 + 1) * 32) =
+                make_uint2(__byte_perm(v.z, v.w, 0x6420), __byte_perm(v.z, v.w, 0x7531));
+        } else {
+            *reinterpret_cast<uint4 *>(sA + r * lda + c * 16) = v;
+        }
+    }
+    for (int i = threadIdx.x; i < 8 * ng; i += DEC_THREADS) {
+        const int r = i / ng;
+        sAs[i] = r < ntok ? q.a_scale[(size_t)s_arow[r] * ng + i % ng] : 0.0f;
+    }
+    __syncthreads();
+}
+
+/**
+ * Four E2M1 codes (the even or the odd ones of a packed word) as E4M3 bytes of value
+ * e2m1 * 2^-6, exactly: the code's exponent and mantissa bits moved under E4M3's (an E2M1
+ * subnormal, 0.5, becomes the E4M3 subnormal 2^-7), the sign to bit 7.  No table: 3 or 4
+ * integer instructions per 4 codes.
+ */
+__device__ __forceinline__ uint32_t e2m1_even_to_e4m3(uint32_t w)
+{
+    return ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u);
+}
+
+/** The odd codes (high nibbles) of a packed word, as e2m1_even_to_e4m3() does the even ones. */
+__device__ __forceinline__ uint32_t e2m1_odd_to_e4m3(uint32_t w)
+{
+    return ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);
+}
+
+/** The epilogue of one warp: acc0, acc1 = row g, columns 2t, 2t+1; acc2, acc3 = row g + 8. */
+template <int EPI>
+__device__ __forceinline__ void decode_epilogue(const mmoe_decode_args &p, const mmoe_decode_part &q, int row_group,
+                                                const float (&acc)[4], const int *s_orow, const float *s_w, int ntok)
+{
+    const int lane = threadIdx.x & 31, gid = lane >> 2, tok0 = (lane & 3) * 2;
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const int col = tok0 + e;
+        if (col >= ntok)
+            continue;
+        const int orow = s_orow[col];
+        if (EPI == MMOE_EPI_SWIGLU) {
+            const int ch = row_group * 8 + gid;
+            q.out_f32[(size_t)orow * q.n_out + ch] = mmoe_swiglu_channel(acc[e], acc[2 + e], p.clamp, s_w[col]);
+        } else if (p.raw != nullptr) {
+            const int n = row_group * 16 + gid;
+            p.raw[(size_t)orow * q.n_out + n] = acc[e];
+            p.raw[(size_t)orow * q.n_out + n + 8] = acc[2 + e];
+        } else {
+            /* orow = token * slots + slot: the (token, slot) row of the combine buffer */
+            const int n = row_group * 16 + gid;
+            __nv_bfloat16 *o = p.out_slots + (size_t)orow * q.n_out;
+            o[n] = __float2bfloat16_rn(acc[e]);
+            o[n + 8] = __float2bfloat16_rn(acc[2 + e]);
+        }
+    }
+}
+
+/**
+ * One warp's GEMM over MXFP4 weights, one 32-wide group per MMA: lane (g, t) copies word t
+ * (codes 8t..8t+7) of each of the four groups of rows g and g + 8, so that MMA step j covers
+ * group j alone (each lane's 8 codes of it: the 4 even ones in fragment a0/a1, the 4 odd ones
+ * in a2/a3; the staged activations are permuted to match).  The codes are decoded without a
+ * table (e2m1 * 2^-6, exact) and every group's sum is scaled with its own exponent: no fold,
+ * no exact path, any scale spread.  Per K block and output: t = sum over the groups in order of
+ * tmp_g * 2^(k_g - 127) (exact products), then acc += t * (a_scale * 2^6).
+ */
+template <int AG, int EPI>
+__device__ void decode_warp_fp4(const mmoe_decode_args &p, const mmoe_decode_part &q, int expert, int row_group,
+                                const int *s_arow, uint8_t *sA, int lda, float *sAs, const int *s_orow,
+                                const float *s_w, int ntok, uint8_t *ring)
+{
+    using R = ring_of<MMOE_B_FP4>;
+    constexpr int STAGES = R::STAGES;
+    constexpr int ROW_BYTES = DEC_BK / 2;
+    const int lane = threadIdx.x & 31;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int K = q.K, nkb = K / DEC_BK;
+    const int nb = row_group / 8;
+    const int trow0 = EPI == MMOE_EPI_SWIGLU ? (row_group % 8) * 8 + gid : (row_group % 8) * 16 + gid;
+    const int trow1 = EPI == MMOE_EPI_SWIGLU ? 64 + trow0 : trow0 + 8; /* L1: the up channel of trow0 */
+    const uint8_t *bw = q.b + (size_t)expert * q.b_expert_stride + (size_t)nb * nkb * (128 * ROW_BYTES);
+    const uint8_t *bs = q.b_scale + (size_t)expert * q.bs_expert_stride + (size_t)nb * nkb * (128 * 4);
+    const uint8_t *src0 = bw + trow0 * ROW_BYTES + tig * 4, *src1 = bw + trow1 * ROW_BYTES + tig * 4;
+
+    /* stage layout: [row h][lane] of uint4 (word g = group g), then [row h][lane] of scale words */
+    auto issue = [&](int kb, int st) {
+        uint8_t *stage = ring + st * R::STAGE_BYTES;
+        const size_t off = (size_t)kb * (128 * ROW_BYTES);
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            cp_async4(stage + lane * 16 + g * 4, src0 + off + g * 16);
+            cp_async4(stage + (32 + lane) * 16 + g * 4, src1 + off + g * 16);
+        }
+        const uint8_t *stile = bs + (size_t)kb * (128 * 4);
+        cp_async4(stage + 1024 + lane * 4, stile + trow0 * 4);
+        cp_async4(stage + 1024 + (32 + lane) * 4, stile + trow1 * 4);
+    };
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < nkb)
+            issue(s, s);
+        cp_async_commit();
+    }
+    stage_activations(q, AG, ntok, s_arow, sA, lda, sAs);
+
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const int tok0 = tig * 2;
+    const bool has_a = gid < ntok;
+    for (int kb = 0; kb < nkb; kb++) {
+        cp_async_wait<STAGES - 2>();
+        const uint8_t *stage = ring + (kb % STAGES) * R::STAGE_BYTES;
+        const uint4 w0 = reinterpret_cast<const uint4 *>(stage)[lane];
+        const uint4 w1 = reinterpret_cast<const uint4 *>(stage)[32 + lane];
+        const uint32_t sw0 = reinterpret_cast<const uint32_t *>(stage + 1024)[lane];
+        const uint32_t sw1 = reinterpret_cast<const uint32_t *>(stage + 1024)[32 + lane];
+        if (kb + STAGES - 1 < nkb)
+            issue(kb + STAGES - 1, (kb + STAGES - 1) % STAGES);
+        cp_async_commit();
+
+        /* activations, permuted at staging: group g's B registers are words 2g, 2g + 1 */
+        uint32_t xa[8];
+        if (has_a) {
+            const uint4 *src = reinterpret_cast<const uint4 *>(sA + gid * lda + kb * DEC_BK + tig * 32);
+            const uint4 x0 = src[0], x1 = src[1];
+            xa[0] = x0.x; xa[1] = x0.y; xa[2] = x0.z; xa[3] = x0.w;
+            xa[4] = x1.x; xa[5] = x1.y; xa[6] = x1.z; xa[7] = x1.w;
+        } else {
+#pragma unroll
+            for (int m = 0; m < 8; m++)
+                xa[m] = 0u;
+        }
+        const uint32_t ww0[4] = {w0.x, w0.y, w0.z, w0.w}, ww1[4] = {w1.x, w1.y, w1.z, w1.w};
+        float tmp[4][4];
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            const uint32_t a[4] = {e2m1_even_to_e4m3(ww0[g]), e2m1_even_to_e4m3(ww1[g]), e2m1_odd_to_e4m3(ww0[g]),
+                                   e2m1_odd_to_e4m3(ww1[g])};
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                tmp[g][c] = 0.0f;
+            mma_e4m3(tmp[g], a, xa[2 * g], xa[2 * g + 1]);
+        }
+        /* the groups' sums with their exponents (exact products), then the activation scale */
+        float t[4];
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            const float p0 = pow2i(byte_of(sw0, g) - 127), p1 = pow2i(byte_of(sw1, g) - 127);
+            if (AG == 32) {
+                /* per-32 activation scales: each group promoted on its own */
+                const float sa0 = __fmul_rn(sAs[tok0 * (K / AG) + kb * 4 + g], 64.0f);
+                const float sa1 = __fmul_rn(sAs[(tok0 + 1) * (K / AG) + kb * 4 + g], 64.0f);
+                acc[0] = fmaf(tmp[g][0], __fmul_rn(sa0, p0), acc[0]);
+                acc[1] = fmaf(tmp[g][1], __fmul_rn(sa1, p0), acc[1]);
+                acc[2] = fmaf(tmp[g][2], __fmul_rn(sa0, p1), acc[2]);
+                acc[3] = fmaf(tmp[g][3], __fmul_rn(sa1, p1), acc[3]);
+            } else if (g == 0) {
+                t[0] = __fmul_rn(tmp[0][0], p0);
+                t[1] = __fmul_rn(tmp[0][1], p0);
+                t[2] = __fmul_rn(tmp[0][2], p1);
+                t[3] = __fmul_rn(tmp[0][3], p1);
+            } else {
+                t[0] = fmaf(tmp[g][0], p0, t[0]);
+                t[1] = fmaf(tmp[g][1], p0, t[1]);
+                t[2] = fmaf(tmp[g][2], p1, t[2]);
+                t[3] = fmaf(tmp[g][3], p1, t[3]);
+            }
+        }
+        if (AG == 128) {
+            const float sa0 = __fmul_rn(sAs[tok0 * (K / AG) + kb], 64.0f);
+            const float sa1 = __fmul_rn(sAs[(tok0 + 1) * (K / AG) + kb], 64.0f);
+            acc[0] = fmaf(t[0], sa0, acc[0]);
+            acc[1] = fmaf(t[1], sa1, acc[1]);
+            acc[2] = fmaf(t[2], sa0, acc[2]);
+            acc[3] = fmaf(t[3], sa1, acc[3]);
+        }
+    }
+    cp_async_wait<0>();
+    decode_epilogue<EPI>(p, q, row_group, acc, s_orow, s_w, ntok);
+}
+
+/**
+ * One warp's GEMM over FP8 weights (the shared expert): 16 weight rows (L1: 8 gate channels
+ * and their 8 up channels) over all of K against the tile's tokens (activations staged in shared
+ * memory by the block), streamed through the warp's cp.async ring; then the epilogue.  Lane t
+ * holds the 32 bytes of group t, so an MMA step spans the four groups: a K block whose four
+ * scale bytes are equal in all 16 rows is promoted once (the usual case: the checkpoint's
+ * scales are per 128x128 block), any other (or every one, with AG = 32) per group, the other
+ * lanes' fragments zeroed.
+ */
+template <int AG, int EPI>
+__device__ void decode_warp_fp8(const mmoe_decode_args &p, const mmoe_decode_part &q, int expert, int row_group,
+                                const int *s_arow, uint8_t *sA, int lda, float *sAs, const int *s_orow,
+                                const float *s_w, int ntok, uint8_t *ring)
+{
+    using R = ring_of<MMOE_B_FP8>;
+    constexpr int V = R::V, STAGES = R::STAGES;
+    constexpr int ROW_BYTES = DEC_BK; /* bytes of a row in one K block */
+    const int lane = threadIdx.x & 31;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int K = q.K, nkb = K / DEC_BK;
+    /* the two weight rows of this lane inside the 128-row tile of n-block nb */
+    const int nb = row_group / 8;
+    const int trow0 = EPI == MMOE_EPI_SWIGLU ? (row_group % 8) * 8 + gid : (row_group % 8) * 16 + gid;
+    const int trow1 = EPI == MMOE_EPI_SWIGLU ? 64 + trow0 : trow0 + 8; /* L1: the up channel of trow0 */
+    const uint8_t *bw = q.b + (size_t)expert * q.b_expert_stride + (size_t)nb * nkb * (128 * ROW_BYTES);
+    const uint8_t *bs = q.b_scale + (size_t)expert * q.bs_expert_stride + (size_t)nb * nkb * (128 * 4);
+
+    /* issue the copies of K block kb into ring stage st (this lane's slots only) */
+    auto issue = [&](int kb, int st) {
+        uint8_t *stage = ring + st * R::STAGE_BYTES;
+        const uint8_t *tile = bw + (size_t)kb * (128 * ROW_BYTES);
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+            cp_async16(stage + ((0 * V + v) * 32 + lane) * 16, tile + trow0 * ROW_BYTES + tig * 16 * V + v * 16);
+            cp_async16(stage + ((1 * V + v) * 32 + lane) * 16, tile + trow1 * ROW_BYTES + tig * 16 * V + v * 16);
+        }
+        const uint8_t *stile = bs + (size_t)kb * (128 * 4);
+        cp_async4(stage + 2 * V * 32 * 16 + lane * 4, stile + trow0 * 4);
+        cp_async4(stage + 2 * V * 32 * 16 + (32 + lane) * 4, stile + trow1 * 4);
+    };
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < nkb)
+            issue(s, s);
+        cp_async_commit();
+    }
+    /* the weights are on their way; now the block stages the activations (after the wait) */
+    stage_activations(q, AG, ntok, s_arow, sA, lda, sAs);
+
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const int tok0 = tig * 2; /* this lane's two output columns */
+    const bool has_a = gid < ntok;
+    for (int kb = 0; kb < nkb; kb++) {
+        cp_async_wait<STAGES - 2>(); /* K block kb has landed in this lane's slots */
+        const uint8_t *stage = ring + (kb % STAGES) * R::STAGE_BYTES;
+        uint4 wv[2][V];
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int v = 0; v < V; v++)
+                wv[h][v] = reinterpret_cast<const uint4 *>(stage)[(h * V + v) * 32 + lane];
+        const uint32_t sw0 = reinterpret_cast<const uint32_t *>(stage + 2 * V * 32 * 16)[lane];
+        const uint32_t sw1 = reinterpret_cast<const uint32_t *>(stage + 2 * V * 32 * 16)[32 + lane];
+        /* the stage read last step is free again: refill it STAGES - 1 blocks ahead */
+        if (kb + STAGES - 1 < nkb)
+            issue(kb + STAGES - 1, (kb + STAGES - 1) % STAGES);
+        cp_async_commit();
+
+        /* activations: 32 bytes of this lane's token at k = 128 kb + 32 tig (word m = k + 4m) */
+        uint32_t xa[8];
+        if (has_a) {
+            const uint4 *src = reinterpret_cast<const uint4 *>(sA + gid * lda + kb * DEC_BK + tig * 32);
+            const uint4 x0 = src[0], x1 = src[1];
+            xa[0] = x0.x; xa[1] = x0.y; xa[2] = x0.z; xa[3] = x0.w;
+            xa[4] = x1.x; xa[5] = x1.y; xa[6] = x1.z; xa[7] = x1.w;
+        } else {
+#pragma unroll
+            for (int m = 0; m < 8; m++)
+                xa[m] = 0u;
+        }
+        /* fold test of both rows, and whether the whole warp can fold */
+        int hi0, lo0, hi1, lo1;
+        scale_span(sw0, &hi0, &lo0);
+        scale_span(sw1, &hi1, &lo1);
+        const bool fold = AG == 128 && __all_sync(0xffffffffu, hi0 == lo0 && hi1 == lo1);
+        const int base0 = fold ? hi0 : 127, base1 = fold ? hi1 : 127;
+        /* the A fragments of the four MMA steps: [step][a0..a3]; bytes 8j..8j+7 of the group */
+        uint32_t af[4][4];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint4 u = wv[h][0], v = wv[h][1];
+            af[0][h] = u.x; af[0][h + 2] = u.y;
+            af[1][h] = u.z; af[1][h + 2] = u.w;
+            af[2][h] = v.x; af[2][h + 2] = v.y;
+            af[3][h] = v.z; af[3][h + 2] = v.w;
+        }
+        if (fold) {
+            float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                mma_e4m3(tmp, af[j], xa[2 * j], xa[2 * j + 1]);
+            const float sa0 = sAs[tok0 * (K / AG) + kb], sa1 = sAs[(tok0 + 1) * (K / AG) + kb];
+            const float f0 = pow2i(base0 - 127), f1 = pow2i(base1 - 127);
+            acc[0] = fmaf(tmp[0], __fmul_rn(sa0, f0), acc[0]);
+            acc[1] = fmaf(tmp[1], __fmul_rn(sa1, f0), acc[1]);
+            acc[2] = fmaf(tmp[2], __fmul_rn(sa0, f1), acc[2]);
+            acc[3] = fmaf(tmp[3], __fmul_rn(sa1, f1), acc[3]);
+        } else {
+#pragma unroll 1
+            for (int g = 0; g < 4; g++) {
+                float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                const bool mine = tig == g;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const uint32_t a[4] = {keep_if(af[j][0], mine), keep_if(af[j][1], mine),
+                                           keep_if(af[j][2], mine), keep_if(af[j][3], mine)};
+                    mma_e4m3(tmp, a, xa[2 * j], xa[2 * j + 1]);
+                }
+                const int ga = AG == 32 ? kb * 4 + g : kb;
+                const float sa0 = sAs[tok0 * (K / AG) + ga], sa1 = sAs[(tok0 + 1) * (K / AG) + ga];
+                const float f0 = pow2i(byte_of(sw0, g) - 127), f1 = pow2i(byte_of(sw1, g) - 127);
+                acc[0] = fmaf(tmp[0], __fmul_rn(sa0, f0), acc[0]);
+                acc[1] = fmaf(tmp[1], __fmul_rn(sa1, f0), acc[1]);
+                acc[2] = fmaf(tmp[2], __fmul_rn(sa0, f1), acc[2]);
+                acc[3] = fmaf(tmp[3], __fmul_rn(sa1, f1), acc[3]);
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+    decode_epilogue<EPI>(p, q, row_group, acc, s_orow, s_w, ntok);
+}
+
+/**
+ * Tokens a tile holds at most in a call of @p T tokens and @p topk slots (a token may name one
+ * expert in several slots): the activation rows a block stages.
+ */
+__host__ __device__ inline int tile_tokens(int T, int topk)
+{
+    const int most = T * topk > T ? T * topk : T;
+    return most < 8 ? most : 8;
+}
+
+/** Byte stride of a staged activation row: K plus 16, so that the 8 rows fall in different banks. */
+__host__ __device__ inline int staged_row_bytes(int K)
+{
+    return K + 16;
+}
+
+/** Dynamic shared memory of a launch: the warps' rings, the staged activations and scales, the routing counts. */
+inline size_t decode_smem_bytes(int Kmax, int a_group, int T, int topk, int E)
+{
+    const int rows = tile_tokens(T, topk) > 0 ? tile_tokens(T, topk) : 1;
+    return (size_t)DEC_WARPS * RING_BYTES + (size_t)rows * staged_row_bytes(Kmax) +
+           (size_t)8 * (Kmax / a_group) * sizeof(float) + (size_t)(E > 0 ? E : 1) * sizeof(int);
+}
+
+/**
+ * The decode GEMM (see the file comment).  Grid: x = blocks of DEC_WARPS row groups of 16
+ * weight rows (L1: 8 channels each), y = the shared part's tiles, then the routed part's.
+ * EPI: SwiGLU (L1, FP32 out), BF16 combine slots (L2) or raw FP32 sums (the per-stage test).
+ */
+template <int AG, int EPI>
+__global__ void __launch_bounds__(DEC_THREADS, 4) decode_gemm_kernel(const __grid_constant__ mmoe_decode_args p)
+{
+    extern __shared__ __align__(16) uint8_t smem[];
+    __shared__ int s_scan[DEC_WARPS];
+    __shared__ int s_pair[8], s_arow[8], s_orow[8], s_expert, s_j, s_valid;
+    __shared__ float s_w[8];
+    const int tid = threadIdx.x, warp = tid >> 5;
+    const int y = (int)blockIdx.y;
+    const bool shared_part = y < p.shared_tiles;
+    const mmoe_decode_part &q = shared_part ? p.shared : p.routed;
+    const int row_group = (int)blockIdx.x * DEC_WARPS + warp;
+    const int groups = EPI == MMOE_EPI_SWIGLU ? q.n_out / 8 : q.n_out / 16;
+    /* dynamic shared memory: rings | staged activations | their scales | routing counts */
+    const int kmax = max(p.shared.K, p.routed.K);
+    const int lda = staged_row_bytes(kmax);
+    uint8_t *rings = smem;
+    uint8_t *sA = rings + DEC_WARPS * RING_BYTES;
+    float *sAs = reinterpret_cast<float *>(sA + (tile_tokens(p.T, p.topk) > 0 ? tile_tokens(p.T, p.topk) : 1) * lda);
+    int *s_cnt = reinterpret_cast<int *>(sAs + 8 * (kmax / AG));
+    int expert = 0, ntok = 0;
+    if (shared_part) {
+        const int t0 = y * 8;
+        ntok = min(8, p.T - t0);
+        if (tid < 8) {
+            const int t = t0 + tid;
+            s_arow[tid] = tid < ntok ? t : -1;
+            /* L1 rows of the shared part are tokens; L2 outputs go to slot topk of each token */
+            s_orow[tid] = EPI == MMOE_EPI_SLOT_BF16 && p.raw == nullptr ? t * (p.topk + 1) + p.topk : t;
+            s_w[tid] = 1.0f;
+        }
+        __syncthreads();
+    } else {
+        expert = route_tile(p, y - p.shared_tiles, s_cnt, s_scan, s_pair, &s_expert, &s_j, &s_valid);
+        if (expert < 0)
+            return; /* beyond the call's tiles (the grid has an upper bound of them) */
+        if (tid < 8) {
+            const int i = s_pair[tid];
+            /* L1 routed: A row = token; L2 routed: A row = pair (the requantized L1 output row) */
+            s_arow[tid] = i < 0 ? -1 : p.routed_a_by_pair ? i : i / p.topk;
+            s_orow[tid] = i < 0 ? -1 : EPI == MMOE_EPI_SLOT_BF16 ? (i / p.topk) * (p.topk + 1) + i % p.topk : i;
+            s_w[tid] = i < 0 ? 0.0f : p.topk_w[i];
+        }
+        __syncthreads();
+        for (int c = 0; c < 8; c++)
+            ntok += s_pair[c] >= 0;
+    }
+    const bool active = row_group < groups; /* the other part may have more row groups */
+    uint8_t *ring = rings + warp * RING_BYTES;
+    /* each warp issues its first weight copies, then the block stages the activations (after the
+       wait), then each warp streams the rest of its K blocks */
+    if (active) {
+        if (q.bfmt == MMOE_B_FP4)
+            decode_warp_fp4<AG, EPI>(p, q, expert, row_group, s_arow, sA, lda, sAs, s_orow, s_w, ntok, ring);
+        else
+            decode_warp_fp8<AG, EPI>(p, q, expert, row_group, s_arow, sA, lda, sAs, s_orow, s_w, ntok, ring);
+    } else {
+        stage_activations(q, AG, ntok, s_arow, sA, lda, sAs); /* its barrier counts every thread */
+    }
+}
+
+/** Launch one instance, with programmatic dependent launch when asked. */
+template <int AG, int EPI>
+cudaError_t launch_decode_instance(const mmoe_decode_args *a, dim3 grid, int pdl, cudaStream_t s)
+{
+    const int kmax = a->shared.K > a->routed.K ? a->shared.K : a->routed.K;
+    const size_t smem = decode_smem_bytes(kmax, AG, a->T, a->topk, a->E);
+    cudaError_t e = cudaFuncSetAttribute(decode_gemm_kernel<AG, EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem);
+    /* all of the unified L1 as shared memory: the rings are what keeps bytes in flight */
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(decode_gemm_kernel<AG, EPI>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared);
+    if (e != cudaSuccess)
+        return e;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(DEC_THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    e = cudaLaunchKernelEx(&cfg, decode_gemm_kernel<AG, EPI>, *a);
+    if (e != cudaSuccess)
+        return e;
+    return cudaGetLastError();
+}
+
+} // namespace
+
+int mmoe_decode_max_tiles(int T, int topk, int E)
+{
+    const int pairs = T * topk;
+    const int bound = (pairs + 7) / 8 + E;
+    return pairs < bound ? pairs : bound;
+}
+
+cudaError_t mmoe_launch_decode_gemm(const mmoe_decode_args *a, int a_group, mmoe_epi epi, int pdl, cudaStream_t s)
+{
+    const int rows_per_group = epi == MMOE_EPI_SWIGLU ? 8 : 16;
+    int groups = 0;
+    if (a->shared_tiles > 0)
+        groups = a->shared.n_out / rows_per_group;
+    if (a->routed_tiles > 0 && a->routed.n_out / rows_per_group > groups)
+        groups = a->routed.n_out / rows_per_group;
+    const int gy = a->shared_tiles + a->routed_tiles;
+    if (groups == 0 || gy == 0)
+        return cudaSuccess;
+    const dim3 grid((unsigned)((groups + DEC_WARPS - 1) / DEC_WARPS), (unsigned)gy);
+    if (a_group == 32)
+        return epi == MMOE_EPI_SWIGLU ? launch_decode_instance<32, MMOE_EPI_SWIGLU>(a, grid, pdl, s)
+                                      : launch_decode_instance<32, MMOE_EPI_SLOT_BF16>(a, grid, pdl, s);
+    return epi == MMOE_EPI_SWIGLU ? launch_decode_instance<128, MMOE_EPI_SWIGLU>(a, grid, pdl, s)
+                                  : launch_decode_instance<128, MMOE_EPI_SLOT_BF16>(a, grid, pdl, s);
+}
