@@ -25,7 +25,10 @@
  *     with the oracle's choice, the GPU picks the same token under the same margin rule.
  * Sub-layers (test_sublayers, and in the V4-Flash case): every block's attention, with its
  * caches over 140 tokens, and its MoE, each on its own against the CPU sub-layer: attention
- * bit-exact where the device's expf is the host's, the MoE normwise within 2^-7.
+ * bit-exact where the device's expf is the host's, the MoE normwise within 2^-7 (its router's
+ * log1p may move a routing weight by one ulp); then the MoE once more with the oracle's own
+ * routing given, bit-exact where expf is, and the router's logits bit-exact against the
+ * spec's order written out in the test (check_moe_given()).
  *
  * The CLI: `megamoe logits --backend gpu|cpu` (70 tokens: two GPU calls; --mtp) under the same
  * bound, `megamoe generate --backend cpu|gpu|auto` greedy continuations identical.  Without a

@@ -35,8 +35,8 @@
  *
  * The "exact" kernels are bit-identical to the oracle given identical inputs (yes*: where the
  * host's expf is glibc's FMA build, which gfw_expf() reproduces); the others are bounded in
- * tests/test_gpu_forward.c and tests/test_gpu_forward_blocks.c.  All kernels are plain (one thread, warp or block per
- * output row or element); they are the specification's shape on the device, not tuned.
+ * tests/test_gpu_forward.c and tests/test_gpu_forward_blocks.c.  All kernels but the MoE sub-layer's are plain (one
+ * thread, warp or block per output row or element); they are the specification's shape on the device, not tuned.
  *
  * ## Attention within one call
  *
@@ -1482,8 +1482,10 @@ static mmoe_status model_init(mmoe_gpu_model *g, const gfw_model_src *s, int64_t
         const gfw_moe *mo = &s->blocks[L].moe;
         const char *why = gfw_moe_unsupported(s->D, mo->inter, mo->shared_width, mo->shared_block);
         if (why)
-            return mmoe_error_set(err, MMOE_EUNSUPPORTED, "gpu forward: block %d: MoE width %lld, intermediate %lld, shared %lld (block %d): %s",
-                                  L, (long long)s->D, (long long)mo->inter, (long long)mo->shared_width, mo->shared_block, why);
+            return mmoe_error_set(err, MMOE_EUNSUPPORTED,
+                                  "gpu forward: block %d: MoE width %lld, intermediate %lld, shared %lld (block %d): %s", L,
+                                  (long long)s->D, (long long)mo->inter, (long long)mo->shared_width, mo->shared_block,
+                                  why);
     }
     g->Tm = max_tokens;
     g->D = s->D;
@@ -1558,6 +1560,8 @@ static cudaError_t upload_tables(void)
     cudaError_t ce = cudaMemcpyToSymbol(c_exp2_tab, tab, sizeof tab);
     if (ce == cudaSuccess)
         ce = cudaMemcpyToSymbol(c_e4m3, mmoe_fp8_e4m3_table(), sizeof(float) * 256);
+    if (ce == cudaSuccess)
+        ce = gfw_moe_upload_exp_table(tab);
     return ce;
 }
 

@@ -18,16 +18,18 @@
  *
  * A chain reads every eighth element of a row.  So that it reads whole words, gfw_moe_pack()
  * reorders each weight row in place right after the upload: the row is cut into groups of
- * 8 * 4 * vb bytes (vb = 4 where D and I are multiples of 256, else 1); inside a group the
- * 4 * vb bytes of chain l come together, holding chain l's next elements in ascending order
+ * 8 * 4 * vb bytes (vb = 4 where D and I are multiples of 256 and the shared block of 128,
+ * else 1); inside a group the 4 * vb bytes of chain l come together, holding chain l's next
+ * elements in ascending order
  * (element i of a 32-bit word at bits [i * w, (i + 1) * w) for elements of w bits).  For
  * E2M1 (w = 4) chain word v of group g holds chain elements m = 8 (g vb + v) .. + 7, i.e.
  * k = 8 m + l; their two UE8M0 scales are bytes m/4 and m/4 + 1 of the row's scales (k / 32 =
- * m / 4), which stay in the checkpoint's order.  E4M3 words hold 4 elements (one block scale:
- * the shared block is a multiple of 32), bf16 words 2.  Thread (row, l) then loads its 4 * vb
- * bytes per group with one aligned load, and the 8 threads of a row read 32 * vb contiguous
- * bytes: coalesced without staging through shared memory.  Activations are stored the same
- * way, chain-major: x[t][l][m] = x[t][8 m + l], so a chain's values are contiguous (float4).
+ * m / 4), which stay in the checkpoint's order.  E4M3 words hold 4 elements, and a group's
+ * 32 * vb columns share one block scale (the shared block is a multiple of 32 * vb); bf16
+ * words hold 2.  Thread (row, l) then loads its 4 * vb bytes per group with one aligned load,
+ * and the 8 threads of a row read 32 * vb contiguous bytes: coalesced without staging through
+ * shared memory.  Activations are stored the same way, chain-major: x[t][l][m] = x[t][8 m + l],
+ * so a chain's values are contiguous (float4 loads).
  *
  * ## Decode
  *
@@ -44,15 +46,15 @@
  * | k_moe_in          | x -> fp32 values and 1x128 E4M3 values, both chain-major         |
  * | k_moe_logits      | router logits [T, E]; CTA = 4 rows x 8 chains, TT tokens         |
  * | k_moe_route_plan  | one CTA: sqrt-softplus, top-k or hash, weights; then the plan     |
- * | k_moe_l1          | CTA = 32 rows x 8 chains of one item; gate and up; SwiGLU epilogue |
+ * | k_moe_l1          | CTA = 16 rows x 8 chains of one item; gate and up; SwiGLU epilogue |
  * | k_moe_requant     | L1 outputs -> 1x128 E4M3 values, chain-major                     |
- * | k_moe_l2          | CTA = 32 rows x 8 chains of one item; bf16 per slot              |
+ * | k_moe_l2          | CTA = 16 rows x 8 chains of one item; bf16 per slot              |
  * | k_moe_combine     | ascending expert id, ties in slot order, shared last             |
  *
  * **The plan.**  A task is one (token, slot) pair of a routed expert, or one token of the
  * shared expert (treated as expert E).  The plan sorts the valid tasks by expert (in task
  * order within one expert) and cuts each expert's run into items of at most TT tasks; an L1
- * or L2 CTA owns 32 output rows of one item, so an expert's weights are streamed once per TT
+ * or L2 CTA owns 16 output rows of one item, so an expert's weights are streamed once per TT
  * of its tokens.  The grid is sized for the worst case and CTAs beyond the plan's count exit.
  *
  * **Rounding points**, all the oracle's (moe_layer.c, dsv4-ref recipe): the input's 1x128
@@ -78,8 +80,8 @@
 /** Bits of one weight element per format. */
 enum moe_wfmt { MOE_WF_FP4 = 4, MOE_WF_FP8 = 8, MOE_WF_BF16 = 16 };
 
-/** Rows per CTA of the expert GEMMs (times 8 chains = 256 threads). */
-#define MOE_ROWS 32
+/** Rows per CTA of the expert GEMMs (times 8 chains = 128 threads: small CTAs fill the SMs evenly at T = 1). */
+#define MOE_ROWS 16
 /** Rows per CTA of the router GEMM (one warp: the router has few rows). */
 #define MOE_ROUTER_ROWS 4
 /** Largest token tile. */
@@ -151,7 +153,7 @@ struct moe_row {
     const uint8_t *w;     /**< chain l's first word: row start + l * 4 * vb */
     const uint8_t *s8;    /**< E2M1: the row's UE8M0 scale bytes */
     const float *sf;      /**< E4M3: the row's block-scale row */
-    int B;                /**< E4M3: the block */
+    int gpb;              /**< E4M3: groups per scale block, B / (32 vb) */
 };
 
 /** The words (and raw scales) of PF groups of NM rows. */
@@ -159,7 +161,7 @@ template <int FMT, int VB, int NM, int PF>
 struct moe_batch {
     uint32_t w[PF][NM][VB];            /**< chain words */
     uint32_t s[PF][NM][VB == 4 ? 2 : 1]; /**< E2M1: 2 * VB scale bytes per group */
-    float f[PF][NM][VB];               /**< E4M3: one block scale per word */
+    float f[PF][NM];                   /**< E4M3: the group's block scale */
 };
 
 /** Load group @p g (< @p groups) of each row into slot @p q of @p b. */
@@ -187,9 +189,7 @@ __device__ __forceinline__ void moe_load(moe_batch<FMT, VB, NM, PF> &b, int q, c
                 b.s[q][n][0] = __ldg((const unsigned short *)(r[n].s8 + g * 2));
             }
         } else if (FMT == MOE_WF_FP8) {
-#pragma unroll
-            for (int v = 0; v < VB; v++)
-                b.f[q][n][v] = __ldg(r[n].sf + ((g * VB + v) * 32) / r[n].B);
+            b.f[q][n] = __ldg(r[n].sf + (int)g / r[n].gpb);
         }
     }
 }
@@ -210,7 +210,7 @@ __device__ __forceinline__ void moe_decode(const moe_batch<FMT, VB, NM, PF> &b, 
         for (int i = 0; i < moe_epw<FMT>::n; i++)
             w[i] = __fmul_rn(__fmul_rn(moe_e2m1_tiny(word >> (4 * i)), 0x1p126f), i < 4 ? s0 : s1);
     } else if (FMT == MOE_WF_FP8) {
-        const float s = b.f[q][n][v];
+        const float s = b.f[q][n];
 #pragma unroll
         for (int i = 0; i < moe_epw<FMT>::n; i++)
             w[i] = __fmul_rn(moe_e4m3_value((word >> (8 * i)) & 0xFF), s);
@@ -320,7 +320,7 @@ __global__ void __launch_bounds__(MOE_ROUTER_ROWS * 8) k_moe_logits(const uint16
     for (int t = 0; t < TT; t++)
         acc[0][t] = 0.0f;
     if (valid) {
-        const moe_row r[1] = {{(const uint8_t *)(gate + e * D) + l * 4 * VB, NULL, NULL, 0}};
+        const moe_row r[1] = {{(const uint8_t *)(gate + e * D) + l * 4 * VB, NULL, NULL, 1}};
         moe_chain_dot<MOE_WF_BF16, VB, TT, 1, PF>(r, x, nt, moe_groups(D, 16, VB), acc);
     }
 #pragma unroll
@@ -332,8 +332,8 @@ __global__ void __launch_bounds__(MOE_ROUTER_ROWS * 8) k_moe_logits(const uint16
 }
 
 /**
- * Routing and the plan, one CTA.  Routing (unless @p given), one thread per token
- * (moe_router.c): s = sqrt(softplus(z)); top-k of s + bias (strictly greater wins, so ties
+ * Routing and the plan, one CTA.  Routing (unless @p given; moe_router.c): s = sqrt(softplus(z))
+ * over all (token, expert) in parallel, then one thread per token: top-k of s + bias (strictly greater wins, so ties
  * keep the lower id; a NaN never beats a number) or the hash table's row; w = (s[idx] / sum) *
  * scale with the sum in slot order.  The plan: see the file's chapter; @p TT tasks per item.
  */
@@ -343,14 +343,15 @@ __global__ void __launch_bounds__(MOE_PLAN_THREADS)
                      float *wts, gfw_moe_work w)
 {
     __shared__ int n_valid, n_items;
-    if (!given)
+    if (!given) {
+        for (int64_t i = threadIdx.x; i < T * E; i += blockDim.x) {
+            const float z = scores[i];
+            const float sp = z > 20.0f ? z : __double2float_rn(log1p((double)gfw_expf(z)));
+            scores[i] = __fsqrt_rn(sp);
+        }
+        __syncthreads();
         for (int64_t t = threadIdx.x; t < T; t += blockDim.x) {
-            float *s = scores + t * E;
-            for (int64_t e = 0; e < E; e++) {
-                const float z = s[e];
-                const float sp = z > 20.0f ? z : __double2float_rn(log1p((double)gfw_expf(z)));
-                s[e] = __fsqrt_rn(sp);
-            }
+            const float *s = scores + t * E;
             int32_t *ti = idx + t * k;
             if (tid2eid) {
                 for (int j = 0; j < k; j++)
@@ -380,6 +381,7 @@ __global__ void __launch_bounds__(MOE_PLAN_THREADS)
             for (int j = 0; j < k; j++)
                 wts[t * k + j] = __fmul_rn(__fdiv_rn(s[ti[j]], sum), route_scale);
         }
+    }
     if (threadIdx.x == 0)
         n_valid = n_items = 0;
     __syncthreads();
@@ -420,7 +422,7 @@ __global__ void __launch_bounds__(MOE_PLAN_THREADS)
 }
 
 /**
- * L1 and the dsv4-ref epilogue for 32 rows of one item: thread (row j, chain l) runs chain l
+ * L1 and the dsv4-ref epilogue for 16 rows of one item: thread (row j, chain l) runs chain l
  * of the gate and the up row for the item's tokens.  Task p < T*k is (token p/k, slot p%k) of
  * expert idx[p] with weight wts[p]; task T*k + t is token t's shared expert (weight 1).
  * h[p, j] = bf16((silu(g) * u) * w) with g, u = bf16 of the sums, clamped, silu = g / (1 + exp(-g)).
@@ -455,13 +457,13 @@ __global__ void __launch_bounds__(MOE_ROWS * 8) k_moe_l1(dmoe m, gfw_moe_work w,
         if (shared) {
             const int scols = (int)((D + m.B - 1) / m.B);
             const float *srow1 = m.ss1 + (j / m.B) * scols, *srow3 = m.ss3 + (j / m.B) * scols;
-            const moe_row r[2] = {{m.sw1 + j * D + l * 4 * VB, NULL, srow1, m.B},
-                                  {m.sw3 + j * D + l * 4 * VB, NULL, srow3, m.B}};
+            const moe_row r[2] = {{m.sw1 + j * D + l * 4 * VB, NULL, srow1, m.B / (32 * VB)},
+                                  {m.sw3 + j * D + l * 4 * VB, NULL, srow3, m.B / (32 * VB)}};
             moe_chain_dot<MOE_WF_FP8, VB, TT, 2, 4 / VB>(r, x, nt, moe_groups(D, 8, VB), acc);
         } else {
             const int64_t row = (int64_t)it.x * m.I + j;
-            const moe_row r[2] = {{m.w1 + row * (D / 2) + l * 4 * VB, m.s1 + row * (D / 32), NULL, 0},
-                                  {m.w3 + row * (D / 2) + l * 4 * VB, m.s3 + row * (D / 32), NULL, 0}};
+            const moe_row r[2] = {{m.w1 + row * (D / 2) + l * 4 * VB, m.s1 + row * (D / 32), NULL, 1},
+                                  {m.w3 + row * (D / 2) + l * 4 * VB, m.s3 + row * (D / 32), NULL, 1}};
             moe_chain_dot<MOE_WF_FP4, VB, TT, 2, 4 / VB>(r, x, nt, moe_groups(D, 4, VB), acc);
         }
     }
@@ -497,7 +499,7 @@ __global__ void k_moe_requant(dmoe m, const int32_t *idx, int64_t T, const float
     hq[p * width + moe_chain_pos(k, Iw)] = moe_quant128(h[p * width + k]);
 }
 
-/** L2 for 32 output rows of one item: slot_y[p, n] = bf16(sum), thread (row n, chain l). */
+/** L2 for 16 output rows of one item: slot_y[p, n] = bf16(sum), thread (row n, chain l). */
 template <int VB, int TT>
 __global__ void __launch_bounds__(MOE_ROWS * 8) k_moe_l2(dmoe m, gfw_moe_work w, int64_t T, int64_t width,
                                                          uint16_t *slot_y)
@@ -524,11 +526,12 @@ __global__ void __launch_bounds__(MOE_ROWS * 8) k_moe_l2(dmoe m, gfw_moe_work w,
     if (n < D) {
         if (shared) {
             const int scols = (int)((Iw + m.B - 1) / m.B);
-            const moe_row r[1] = {{m.sw2 + n * Iw + l * 4 * VB, NULL, m.ss2 + (n / m.B) * scols, m.B}};
+            const moe_row r[1] = {
+                {m.sw2 + n * Iw + l * 4 * VB, NULL, m.ss2 + (n / m.B) * scols, m.B / (32 * VB)}};
             moe_chain_dot<MOE_WF_FP8, VB, TT, 1, 8 / VB>(r, x, nt, moe_groups(Iw, 8, VB), acc);
         } else {
             const int64_t row = (int64_t)it.x * D + n;
-            const moe_row r[1] = {{m.w2 + row * (Iw / 2) + l * 4 * VB, m.s2 + row * (Iw / 32), NULL, 0}};
+            const moe_row r[1] = {{m.w2 + row * (Iw / 2) + l * 4 * VB, m.s2 + row * (Iw / 32), NULL, 1}};
             moe_chain_dot<MOE_WF_FP4, VB, TT, 1, 8 / VB>(r, x, nt, moe_groups(Iw, 4, VB), acc);
         }
     }
@@ -636,6 +639,11 @@ const char *gfw_moe_unsupported(int64_t D, int64_t I, int64_t Ws, int B)
     return NULL;
 }
 
+cudaError_t gfw_moe_upload_exp_table(const unsigned long long tab[32])
+{
+    return cudaMemcpyToSymbol(c_exp2_tab, tab, sizeof(unsigned long long) * 32);
+}
+
 /** Chain-pack one matrix in place (nothing for NULL). */
 static cudaError_t moe_pack1(const void *p, int64_t rows, int64_t row_bytes, int bits, int vb)
 {
@@ -648,7 +656,7 @@ static cudaError_t moe_pack1(const void *p, int64_t rows, int64_t row_bytes, int
 
 cudaError_t gfw_moe_pack(dmoe *m, uint16_t *gate)
 {
-    m->vb = m->D % 256 == 0 && m->I % 256 == 0 ? 4 : 1;
+    m->vb = m->D % 256 == 0 && m->I % 256 == 0 && (m->Ws == 0 || m->B % 128 == 0) ? 4 : 1;
     const int vb = m->vb;
     cudaError_t ce = moe_pack1(m->w1, m->E * m->I, m->D / 2, 4, vb);
     if (ce == cudaSuccess)
