@@ -333,9 +333,10 @@ __global__ void __launch_bounds__(MOE_ROUTER_ROWS * 8) k_moe_logits(const uint16
 
 /**
  * Routing and the plan, one CTA.  Routing (unless @p given; moe_router.c): s = sqrt(softplus(z))
- * over all (token, expert) in parallel, then one thread per token: top-k of s + bias (strictly greater wins, so ties
- * keep the lower id; a NaN never beats a number) or the hash table's row; w = (s[idx] / sum) *
- * scale with the sum in slot order.  The plan: see the file's chapter; @p TT tasks per item.
+ * over all (token, expert) in parallel, then one thread per token: top-k of s + bias (strictly
+ * greater wins, so ties keep the lower id; a NaN never beats a number) or the hash table's row;
+ * w = (s[idx] / sum) * scale with the sum in slot order.  The plan: see the file's chapter;
+ * @p TT tasks per item.
  */
 __global__ void __launch_bounds__(MOE_PLAN_THREADS)
     k_moe_route_plan(float *scores, const float *bias, const int32_t *tid2eid, const int32_t *ids, int64_t T,
