@@ -359,15 +359,16 @@ static void check_moe_given(const char *what, mmoe_gpu_model *g, const gfw_block
     mmoe_test_poison_f32(zg, (size_t)(T * E));
     mmoe_error err;
     mmoe_error_clear(&err);
-    int64_t n = 1, n_prev = 1;
-    for (int64_t t0 = 0; t0 < T; t0 += n) {
-        n = n > chunk ? chunk : n;
+    int64_t want = 1, want_prev = 1; /* calls of 1, 2, 3, 5, 8, 13, ... tokens, at most chunk */
+    for (int64_t t0 = 0; t0 < T;) {
+        int64_t n = want > chunk ? chunk : want;
         n = T - t0 < n ? T - t0 : n;
         ck_assert_msg(gfw_test_moe_given(g, L, x + t0 * D, gi + t0 * k, cw + t0 * k, n, zg + t0 * E, yg + t0 * D,
                                          &err) == MMOE_OK, "%s", err.msg);
-        const int64_t next = n + n_prev; /* 1, 2, 3, 5, 8, 13, ... */
-        n_prev = n;
-        n = next;
+        t0 += n;
+        const int64_t next = want + want_prev;
+        want_prev = want;
+        want = next;
     }
     spec_router_logits(x, bs->moe.gate, T, E, D, zs);
     int64_t zsame = 0, same = 0;

@@ -65,9 +65,14 @@
  * ## Limits
  *
  * At decode every thread's chain is K/8 dependent fma (512 for D = 4096), so a GEMM takes at
- * least ~K/8 * 4 cycles; the weights of one token (6 routed + 1 shared expert) are streamed by
- * about 3500 warps.  For prefill the fp32 fma rate bounds the work: the exact order leaves
- * the tensor cores out.
+ * least ~K/8 * 4 cycles; the weights of one token (6 routed + 1 shared expert at V4-Flash
+ * widths) are streamed by about 3500 warps (L1) and 7000 (L2).  The activations are read from
+ * global memory next to the fma that uses them; all rows of a CTA read the same value in the
+ * same instruction, so these loads wait on L2 inside the chain while the weights are
+ * prefetched one group ahead: this, not the weight stream, bounds the decode GEMMs
+ * (docs/perf.md has the kernel times).  Staging a CTA's activations in shared memory is the
+ * next step.  For prefill the fp32 fma rate bounds the work: the exact order leaves the tensor
+ * cores out.  The router's top-k runs one thread per token.
  */
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
