@@ -1085,7 +1085,7 @@ struct mmoe_gpu_model {
      *  @var mmoe_gpu_model::logits
      *  logits [Tm, V]
      *  @var mmoe_gpu_model::moe_x
-     *  dequantized MoE input [Tm, D]
+     *  dequantized MoE input [Tm, D], chain-major per row (gpu_fwd_moe.cu)
      *  @var mmoe_gpu_model::moe_scores
      *  router scores [Tm, E]
      *  @var mmoe_gpu_model::moe_w

@@ -87,8 +87,12 @@ enum moe_wfmt { MOE_WF_FP4 = 4, MOE_WF_FP8 = 8, MOE_WF_BF16 = 16 };
 
 /** Rows per CTA of the expert GEMMs (times 8 chains = 128 threads: small CTAs fill the SMs evenly at T = 1). */
 #define MOE_ROWS 16
+/** Threads of an expert-GEMM CTA. */
+#define MOE_THREADS (MOE_ROWS * 8)
 /** Rows per CTA of the router GEMM (one warp: the router has few rows). */
 #define MOE_ROUTER_ROWS 4
+/** Threads of a router CTA. */
+#define MOE_ROUTER_THREADS (MOE_ROUTER_ROWS * 8)
 /** Largest token tile. */
 #define MOE_TT_MAX 8
 /** Threads of the routing / planning CTA. */
@@ -200,7 +204,9 @@ __device__ __forceinline__ void moe_load(moe_batch<FMT, VB, NM, PF> &b, int q, c
 }
 
 /** Elements per 32-bit word. */
-template <int FMT> struct moe_epw { static const int n = 32 / FMT; };
+template <int FMT> struct moe_epw {
+    static const int n = 32 / FMT; /**< elements of FMT bits in 32 */
+};
 
 /** Decode word v of slot q of row n into w[] (the oracle's weight values). */
 template <int FMT, int VB, int NM, int PF>
@@ -308,7 +314,7 @@ __global__ void k_moe_in(const uint16_t *x, int64_t D, float *xb, float *xq)
 
 /** Router logits [T, E]: thread (row e, chain l) for tokens blockIdx.y * TT ..; bf16 x bf16, exact products. */
 template <int VB, int TT, int PF>
-__global__ void __launch_bounds__(MOE_ROUTER_ROWS * 8) k_moe_logits(const uint16_t *gate, const float *xb, int64_t T,
+__global__ void __launch_bounds__(MOE_ROUTER_THREADS) k_moe_logits(const uint16_t *gate, const float *xb, int64_t T,
                                                                    int64_t E, int64_t D, float *logits)
 {
     const int l = threadIdx.x & 7;
@@ -434,7 +440,7 @@ __global__ void __launch_bounds__(MOE_PLAN_THREADS)
  * h[p, j] = bf16((silu(g) * u) * w) with g, u = bf16 of the sums, clamped, silu = g / (1 + exp(-g)).
  */
 template <int VB, int TT>
-__global__ void __launch_bounds__(MOE_ROWS * 8) k_moe_l1(dmoe m, gfw_moe_work w, const float *xq, const float *wts,
+__global__ void __launch_bounds__(MOE_THREADS) k_moe_l1(dmoe m, gfw_moe_work w, const float *xq, const float *wts,
                                                          int64_t T, int64_t width, float *h)
 {
     if ((int)blockIdx.y >= *w.n_items)
@@ -507,7 +513,7 @@ __global__ void k_moe_requant(dmoe m, const int32_t *idx, int64_t T, const float
 
 /** L2 for 16 output rows of one item: slot_y[p, n] = bf16(sum), thread (row n, chain l). */
 template <int VB, int TT>
-__global__ void __launch_bounds__(MOE_ROWS * 8) k_moe_l2(dmoe m, gfw_moe_work w, int64_t T, int64_t width,
+__global__ void __launch_bounds__(MOE_THREADS) k_moe_l2(dmoe m, gfw_moe_work w, int64_t T, int64_t width,
                                                          uint16_t *slot_y)
 {
     if ((int)blockIdx.y >= *w.n_items)
@@ -689,7 +695,7 @@ template <int VB, int TT>
 static void moe_launch_logits(const gfw_moe_router &r, const float *xb, int64_t T, int64_t E, int64_t D, float *lg)
 {
     const dim3 grid(moe_nblk(E, MOE_ROUTER_ROWS), moe_nblk(T, TT));
-    k_moe_logits<VB, TT, 32 / VB><<<grid, MOE_ROUTER_ROWS * 8>>>(r.gate, xb, T, E, D, lg);
+    k_moe_logits<VB, TT, 32 / VB><<<grid, MOE_ROUTER_THREADS>>>(r.gate, xb, T, E, D, lg);
 }
 
 /** Launch L1, requant and L2 for tile TT. */
@@ -699,7 +705,7 @@ static cudaError_t moe_launch_experts(const dmoe &m, const gfw_moe_work &w, cons
 {
     const int64_t T = io.T, tasks = T * m.k + (m.Ws > 0 ? T : 0);
     *what = "moe L1";
-    k_moe_l1<VB, TT><<<dim3(moe_nblk(io.width, MOE_ROWS), (unsigned)items), MOE_ROWS * 8>>>(m, w, io.xq, io.wts, T,
+    k_moe_l1<VB, TT><<<dim3(moe_nblk(io.width, MOE_ROWS), (unsigned)items), MOE_THREADS>>>(m, w, io.xq, io.wts, T,
                                                                                             io.width, io.h);
     cudaError_t ce = cudaGetLastError();
     if (ce != cudaSuccess)
@@ -709,7 +715,7 @@ static cudaError_t moe_launch_experts(const dmoe &m, const gfw_moe_work &w, cons
     if ((ce = cudaGetLastError()) != cudaSuccess)
         return ce;
     *what = "moe L2";
-    k_moe_l2<VB, TT><<<dim3(moe_nblk(m.D, MOE_ROWS), (unsigned)items), MOE_ROWS * 8>>>(m, w, T, io.width, io.slot_y);
+    k_moe_l2<VB, TT><<<dim3(moe_nblk(m.D, MOE_ROWS), (unsigned)items), MOE_THREADS>>>(m, w, T, io.width, io.slot_y);
     return cudaGetLastError();
 }
 
