@@ -25,7 +25,10 @@
  *     with the oracle's choice, the GPU picks the same token under the same margin rule.
  * Sub-layers (test_sublayers, and in the V4-Flash case): every block's attention, with its
  * caches over 140 tokens, and its MoE, each on its own against the CPU sub-layer: attention
- * bit-exact where the device's expf is the host's, the MoE normwise within 2^-7.
+ * bit-exact where the device's expf is the host's, the MoE normwise within 2^-7 (its router's
+ * log1p may move a routing weight by one ulp); then the MoE once more with the oracle's own
+ * routing given, bit-exact where expf is, and the router's logits bit-exact against the
+ * spec's order written out in the test (check_moe_given()).
  *
  * The CLI: `megamoe logits --backend gpu|cpu` (70 tokens: two GPU calls; --mtp) under the same
  * bound, `megamoe generate --backend cpu|gpu|auto` greedy continuations identical.  Without a
@@ -319,6 +322,71 @@ static double bf16_rel(const uint16_t *g, const uint16_t *c, int64_t n, int64_t 
 }
 
 /**
+ * Router logits of @p T tokens x [T, D] against the gate [E, D] (bf16 both) in the order that
+ * @ref spec_moe_gemm_order defines, written out from that page: eight fp32 lanes, lane k mod 8
+ * one fmaf per k in ascending k, then ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7)).
+ */
+static void spec_router_logits(const uint16_t *x, const uint16_t *gate, int64_t T, int64_t E, int64_t D, float *z)
+{
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t e = 0; e < E; e++) {
+            float p[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            for (int64_t k = 0; k < D; k++)
+                p[k % 8] = fmaf(mmoe_bf16_to_f32(x[t * D + k]), mmoe_bf16_to_f32(gate[e * D + k]), p[k % 8]);
+            z[t * E + e] = ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
+        }
+}
+
+/**
+ * The MoE sub-layer of block @p L with the oracle's own routing (ci, cw from its run) given to
+ * the GPU, in calls of 1, 2, 3, 5, 8, 13, ... tokens (every token tile, full and partial):
+ * bit-exact with the oracle's yc where the device's exp is the host's (every other step is
+ * the oracle's arithmetic in the oracle's order); and the router's logits bit-exact with
+ * spec_router_logits().
+ */
+static void check_moe_given(const char *what, mmoe_gpu_model *g, const gfw_block_src *bs, int L, const uint16_t *x,
+                            const int64_t *ci, const float *cw, const uint16_t *yc, int64_t T, int64_t D,
+                            int64_t chunk, int exact_exp)
+{
+    const int64_t E = bs->moe.n_experts, k = bs->moe.topk;
+    uint16_t *yg = malloc(2 * (size_t)(T * D));
+    int32_t *gi = malloc(sizeof(int32_t) * (size_t)(T * k));
+    float *zg = malloc(sizeof(float) * (size_t)(T * E)), *zs = malloc(sizeof(float) * (size_t)(T * E));
+    ck_assert(yg && gi && zg && zs);
+    for (int64_t i = 0; i < T * k; i++)
+        gi[i] = (int32_t)ci[i];
+    mmoe_test_poison_bf16(yg, (size_t)(T * D));
+    mmoe_test_poison_f32(zg, (size_t)(T * E));
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    int64_t want = 1, want_prev = 1; /* calls of 1, 2, 3, 5, 8, 13, ... tokens, at most chunk */
+    for (int64_t t0 = 0; t0 < T;) {
+        int64_t n = want > chunk ? chunk : want;
+        n = T - t0 < n ? T - t0 : n;
+        ck_assert_msg(gfw_test_moe_given(g, L, x + t0 * D, gi + t0 * k, cw + t0 * k, n, zg + t0 * E, yg + t0 * D,
+                                         &err) == MMOE_OK, "%s", err.msg);
+        t0 += n;
+        const int64_t next = want + want_prev;
+        want_prev = want;
+        want = next;
+    }
+    spec_router_logits(x, bs->moe.gate, T, E, D, zs);
+    int64_t zsame = 0, same = 0;
+    for (int64_t i = 0; i < T * E; i++)
+        zsame += memcmp(&zg[i], &zs[i], 4) == 0;
+    for (int64_t i = 0; i < T * D; i++)
+        same += yg[i] == yc[i];
+    fprintf(stderr, "gpu_forward: %s: block %d moe with the oracle's routing: %lld of %lld bit-exact; router logits "
+            "%lld of %lld\n", what, L, (long long)same, (long long)(T * D), (long long)zsame, (long long)(T * E));
+    ck_assert_msg(zsame == T * E, "%s: block %d router logits differ from the spec's order (seed %llu)", what, L,
+                  (unsigned long long)g_seed);
+    if (exact_exp)
+        ck_assert_msg(same == T * D, "%s: block %d moe with the oracle's routing differs from the oracle (seed %llu)",
+                      what, L, (unsigned long long)g_seed);
+    free(yg), free(gi), free(zg), free(zs);
+}
+
+/**
  * Every block's attention and MoE sub-layer on its own, on random normalized inputs: the CPU
  * sub-layer (mmoe_attention_forward with a fresh cache, mmoe_moe_layer_run) against the GPU
  * model's (gfw_test_sublayer), T tokens in calls of @p chunk.  Attention is exact where exp is
@@ -335,10 +403,14 @@ static void check_sublayers(const char *what, const char *dir, int64_t T, int64_
     mmoe_error_clear(&err);
     mmoe_gpu_model *g = NULL;
     ck_assert_msg(mmoe_gpu_model_create(m, T, chunk, &g, &err) == MMOE_OK, "%s", err.msg);
+    gfw_model_src src;
+    ck_assert_msg(gfw_model_src_build(m, &src, &err) == MMOE_OK, "%s", err.msg);
     const int exact_exp = exp_is_exact();
     uint16_t *x = malloc(2 * (size_t)(T * D)), *yc = malloc(2 * (size_t)(T * D)), *yg = malloc(2 * (size_t)(T * D));
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)T);
-    ck_assert(x && yc && yg && ids);
+    int64_t *ci = malloc(sizeof(int64_t) * (size_t)(T * MMOE_MOE_MAX_TOPK));
+    float *cw = malloc(sizeof(float) * (size_t)(T * MMOE_MOE_MAX_TOPK));
+    ck_assert(x && yc && yg && ids && ci && cw);
     mmoe_rng r;
     mmoe_rng_seed(&r, g_seed ^ 0x5b);
     for (int L = 0; L < m->n_blocks; L++) {
@@ -383,7 +455,8 @@ static void check_sublayers(const char *what, const char *dir, int64_t T, int64_
         for (int64_t t0 = 0; t0 < T; t0 += chunk) {
             const int64_t n = T - t0 < chunk ? T - t0 : chunk;
             mmoe_moe_input in = {n, x + t0 * D, b->hash ? ids + t0 : NULL, NULL, NULL};
-            mmoe_moe_output out = {yc + t0 * D, NULL, NULL};
+            const int64_t k = src.blocks[L].moe.topk;
+            mmoe_moe_output out = {yc + t0 * D, ci + t0 * k, cw + t0 * k};
             ck_assert_msg(mmoe_moe_layer_run(b->moe, &in, &out, NULL, &err) == MMOE_OK, "%s", err.msg);
             ck_assert_msg(gfw_test_sublayer(g, L, 1, x + t0 * D, ids + t0, n, t0, yg + t0 * D, &err) == MMOE_OK, "%s",
                           err.msg);
@@ -393,8 +466,10 @@ static void check_sublayers(const char *what, const char *dir, int64_t T, int64_
                 b->hash ? "hash" : "score", (long long)same, (long long)(T * D), rel);
         ck_assert_msg(rel <= 0x1.0p-7, "%s: block %d moe: rel %.3g (seed %llu)", what, L, rel,
                       (unsigned long long)g_seed);
+        check_moe_given(what, g, &src.blocks[L], L, x, ci, cw, yc, T, D, chunk, exact_exp);
     }
-    free(x), free(yc), free(yg), free(ids);
+    gfw_model_src_free(&src);
+    free(x), free(yc), free(yg), free(ids), free(ci), free(cw);
     mmoe_gpu_model_destroy(g);
     mmoe_model_close(m);
 }

@@ -30,21 +30,19 @@
  * | k_indexer_scores  | bf16-rounded head terms, double sums [attn_indexer.c]   | yes    |
  * | k_topk            | descending, NaN last, ties to the lower index           | yes    |
  * | k_attend          | chunked online softmax, sink, bf16 P [attn_sparse.c]    | exp    |
- * | k_moe_logits      | router logits in the oracle's fixed GEMM order [moe_dot.c] | yes  |
- * | k_moe_route       | sqrt-softplus, bias for selection, top-k or hash        | exp/log|
- * | k_moe_l1, _l2     | FP8 x MXFP4 / FP8 x FP8 in the oracle's GEMM order; dsv4-ref epilogue | yes |
- * | k_moe_combine     | ascending expert id, shared last, fp32 from 0           | yes    |
+ * | MoE sub-layer     | gpu_fwd_moe.cu: the oracle's GEMM order, chain-packed weights | yes |
+ * | (its router)      | sqrt-softplus, bias for selection, top-k or hash        | exp/log|
  *
  * The "exact" kernels are bit-identical to the oracle given identical inputs (yes*: where the
  * host's expf is glibc's FMA build, which gfw_expf() reproduces); the others are bounded in
- * tests/test_gpu_forward.c and tests/test_gpu_forward_blocks.c.  All kernels are plain (one thread, warp or block per
- * output row or element); they are the specification's shape on the device, not tuned.
+ * tests/test_gpu_forward.c and tests/test_gpu_forward_blocks.c.  All kernels but the MoE sub-layer's are plain (one
+ * thread, warp or block per output row or element); they are the specification's shape on the device, not tuned.
  *
  * ## Expert parallelism
  *
  * One rank of an N-GPU forward (gfw_ep_part, src/ep/ep_gpu_forward.c) is this model with only
  * its block of routed experts uploaded.  The MoE sub-layer then computes the slot rows of the
- * pairs it holds (k_moe_restrict masks the others), hands the rows to the part's exchange,
+ * pairs it holds (gfw_moe_rows() skips the others), hands the rows to the part's exchange,
  * which brings in the other ranks' rows, and combines as always: the same rows in the same
  * order, hence the unsplit bits.
  *
@@ -66,6 +64,7 @@
 
 #include "gpu_forward_internal.h"
 #include "gpu_forward_kernels.cuh"
+#include "gpu_fwd_moe.cuh"
 #include "mmoe_formats.h"
 
 /* ================================================================== device structures */
@@ -849,322 +848,7 @@ __global__ void k_ring_store(const uint16_t *kv, int64_t T, int64_t pos0, int W,
     ring[((pos0 + t) % W) * d + c] = kv[t * d + c];
 }
 
-/* ================================================================== kernels: MoE (dsv4-ref, serial shared) */
-
-/**
- * The fixed combine of the oracle's eight GEMM lanes (moe_dot.c), held by lanes 0..7 of the
- * warp: ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7)), valid on every lane.  Every lane
- * of the warp must call it.
- */
-__device__ __forceinline__ float combine_gemm_lanes(float acc)
-{
-    float p[8];
-    for (int l = 0; l < 8; l++)
-        p[l] = __shfl_sync(0xffffffffu, acc, l);
-    return __fadd_rn(__fadd_rn(__fadd_rn(p[0], p[4]), __fadd_rn(p[2], p[6])),
-                     __fadd_rn(__fadd_rn(p[1], p[5]), __fadd_rn(p[3], p[7])));
-}
-
-/**
- * Router logits in the oracle's GEMM order (@ref spec_moe_gemm_order, moe_dot.c): one warp per
- * (t, e); lane l < 8 sums k = l, l + 8, ... in ascending order with one fused multiply-add each
- * (the products of two bf16 values are exact), lane 0 combines the eight partial sums as
- * ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7)).  Bit-identical to the oracle's logits.
- */
-__global__ void k_moe_logits(const uint16_t *x, const uint16_t *gate, int64_t T, int64_t E, int64_t D, float *logits)
-{
-    const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-    const int lane = threadIdx.x & 31;
-    if (warp >= T * E)
-        return;
-    const int64_t t = warp / E, e = warp % E;
-    float acc = 0.0f;
-    if (lane < 8)
-        for (int64_t k = lane; k < D; k += 8)
-            acc = __fmaf_rn(gfw_bf2f(x[t * D + k]), gfw_bf2f(gate[e * D + k]), acc);
-    const float sum = combine_gemm_lanes(acc);
-    if (lane == 0)
-        logits[warp] = sum;
-}
-
-/**
- * Router selection, one thread per token (moe_router.c): s = sqrt(softplus(z)); top-k of s + bias
- * (strictly greater wins, so ties keep the lower id; a NaN never beats a number) or the hash
- * table's row; w = (s[idx] / sum) * scale with the sum in slot order.
- */
-__global__ void k_moe_route(float *scores, const float *bias, const int32_t *tid2eid, const int32_t *ids, int64_t T,
-                            int64_t E, int k, float route_scale, int32_t *idx, float *wts)
-{
-    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= T)
-        return;
-    float *s = scores + t * E;
-    for (int64_t e = 0; e < E; e++) {
-        const float z = s[e];
-        const float sp = z > 20.0f ? z : __double2float_rn(log1p((double)gfw_expf(z)));
-        s[e] = __fsqrt_rn(sp);
-    }
-    int32_t *ti = idx + t * k;
-    if (tid2eid) {
-        for (int j = 0; j < k; j++)
-            ti[j] = tid2eid[(int64_t)ids[t] * k + j];
-    } else {
-        for (int j = 0; j < k; j++) {
-            int64_t best = -1;
-            float bsel = 0.0f;
-            for (int64_t e = 0; e < E; e++) {
-                int taken = 0;
-                for (int p = 0; p < j; p++)
-                    taken |= ti[p] == e;
-                if (taken)
-                    continue;
-                const float sel = bias ? __fadd_rn(s[e], bias[e]) : __fadd_rn(s[e], 0.0f);
-                if (best < 0 || sel > bsel || (isnan(bsel) && !isnan(sel))) {
-                    best = e;
-                    bsel = sel;
-                }
-            }
-            ti[j] = (int32_t)best;
-        }
-    }
-    float sum = 0.0f;
-    for (int j = 0; j < k; j++)
-        sum = __fadd_rn(sum, s[ti[j]]);
-    for (int j = 0; j < k; j++)
-        wts[t * k + j] = __fmul_rn(__fdiv_rn(s[ti[j]], sum), route_scale);
-}
-
-/** x values of the quantized MoE input: e4m3(code) * scale (exact: a power-of-two scale). */
-__global__ void k_moe_xval(const uint8_t *q, const float *s, int64_t n, float *x)
-{
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n)
-        x[i] = __fmul_rn(c_e4m3[q[i]], s[i / 128]);
-}
-
-/** The weights of one MoE layer on the device. */
-struct dmoe {
-    int64_t E, I, D, k, Ws;       /**< sizes; Ws = shared width (0: none) */
-    const uint8_t *w1, *w3, *w2;  /**< [E][I][D/2], [E][I][D/2], [E][D][I/2] */
-    const uint8_t *s1, *s3, *s2;  /**< [E][I][D/32], .., [E][D][I/32] */
-    const uint8_t *sw1, *sw3, *sw2; /**< shared [Ws][D], [Ws][D], [D][Ws] */
-    const float *ss1, *ss3, *ss2; /**< shared block scales (fp32 values) */
-    /** @var dmoe::E
-     *  routed experts
-     *  @var dmoe::I
-     *  an expert's intermediate width
-     *  @var dmoe::D
-     *  model width
-     *  @var dmoe::k
-     *  experts per token
-     *  @var dmoe::w1
-     *  gate weights [E][I][D/2]
-     *  @var dmoe::w3
-     *  up weights [E][I][D/2]
-     *  @var dmoe::s1
-     *  scales of w1 [E][I][D/32]
-     *  @var dmoe::s3
-     *  scales of w3 [E][I][D/32]
-     *  @var dmoe::sw1
-     *  shared gate weights [Ws][D]
-     *  @var dmoe::sw3
-     *  shared up weights [Ws][D]
-     *  @var dmoe::ss1
-     *  block scales of sw1
-     *  @var dmoe::ss3
-     *  block scales of sw3 */
-    int B;                        /**< shared block */
-    float limit;                  /**< swiglu clamp (<= 0: none) */
-};
-
-/** Weight (row, k) of routed expert e's packed matrix (cols wide) as fp32: e2m1 * 2^s, exact. */
-__device__ __forceinline__ float fp4_w(const uint8_t *w, const uint8_t *s, int64_t e, int64_t rows, int64_t cols,
-                                       int64_t row, int64_t k)
-{
-    const uint8_t b = w[(e * rows + row) * (cols / 2) + k / 2];
-    const int nib = (k & 1) ? (b >> 4) : (b & 15);
-    return __fmul_rn(gfw_e2m1_value(nib), gfw_ue8m0(s[(e * rows + row) * (cols / 32) + k / 32]));
-}
-
-/** Weights (row, k0 .. k0+7) of routed expert e (k0 a multiple of 8): one 32-bit word of codes, one scale. */
-__device__ __forceinline__ void fp4_w8(const uint8_t *w, const uint8_t *s, int64_t e, int64_t rows, int64_t cols,
-                                       int64_t row, int64_t k0, float *out)
-{
-    const uint32_t word = *(const uint32_t *)(w + (e * rows + row) * (cols / 2) + k0 / 2);
-    const float sc = gfw_ue8m0(s[(e * rows + row) * (cols / 32) + k0 / 32]);
-    for (int i = 0; i < 8; i++)
-        out[i] = __fmul_rn(gfw_e2m1_value((int)((word >> (4 * i)) & 15u)), sc);
-}
-
-/** Weight (row, k) of a shared FP8 matrix [rows, cols] with fp32 block scales: fl(e4m3 * scale). */
-__device__ __forceinline__ float fp8_w(const uint8_t *w, const float *s, int B, int64_t rows, int64_t cols,
-                                       int64_t row, int64_t k)
-{
-    /* 32-bit index arithmetic for the block scale (rows, cols < 2^31) */
-    const int scols = ((int)cols + B - 1) / B;
-    return __fmul_rn(c_e4m3[w[row * cols + k]], s[(int64_t)((int)row / B) * scols + (int)k / B]);
-}
-
-/**
- * L1 and the dsv4-ref epilogue: one warp per (task, channel).  Task p < T*k is (token p/k,
- * slot p%k) of expert idx[p] with weight wts[p]; task T*k + t is token t's shared expert
- * (weight 1).  h[p, j] = bf16((silu(g) * u) * w) with g, u = bf16 of the L1 sums (exact
- * products, the oracle's GEMM order), clamped in fp32, silu = g / (1 + exp(-g)).
- */
-__global__ void k_moe_l1(dmoe m, const float *xv, const int32_t *idx, const float *wts, int64_t T, int64_t width,
-                         float *h)
-{
-    const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-    const int lane = threadIdx.x & 31;
-    const int64_t n_tasks = T * m.k + (m.Ws > 0 ? T : 0);
-    if (warp >= n_tasks * width)
-        return;
-    const int64_t p = warp / width, j = warp % width;
-    const int shared = p >= T * m.k;
-    const int64_t tok = shared ? p - T * m.k : p / m.k;
-    const int64_t e = shared ? -1 : idx[p];
-    const int64_t I = shared ? m.Ws : m.I;
-    if (j >= I || (!shared && e < 0))
-        return;
-    const float w = shared ? 1.0f : wts[p];
-    const float *x = xv + tok * m.D;
-    /* the oracle's GEMM order: lane l < 8 sums k = l, l + 8, ... with one fma each, then the
-     * fixed combine (the products are exact: E4M3 activations and E2M1/E4M3 weights times
-     * their scales).  The 8 lanes read the same 8-weight word, decoded once per lane. */
-    float ga = 0.0f, ua = 0.0f;
-    if (lane < 8)
-        for (int64_t k0 = 0; k0 < m.D; k0 += 8) {
-            float wg, wu;
-            if (shared) {
-                wg = fp8_w(m.sw1, m.ss1, m.B, m.Ws, m.D, j, k0 + lane);
-                wu = fp8_w(m.sw3, m.ss3, m.B, m.Ws, m.D, j, k0 + lane);
-            } else {
-                float w8[8];
-                fp4_w8(m.w1, m.s1, e, m.I, m.D, j, k0, w8);
-                wg = w8[lane];
-                fp4_w8(m.w3, m.s3, e, m.I, m.D, j, k0, w8);
-                wu = w8[lane];
-            }
-            ga = __fmaf_rn(x[k0 + lane], wg, ga);
-            ua = __fmaf_rn(x[k0 + lane], wu, ua);
-        }
-    const float gsum = combine_gemm_lanes(ga), usum = combine_gemm_lanes(ua);
-    if (lane != 0)
-        return;
-    float gf = gfw_bfr(gsum), uf = gfw_bfr(usum);
-    if (m.limit > 0.0f && !isinf(m.limit)) {
-        if (gf > m.limit)
-            gf = m.limit;
-        if (uf > m.limit)
-            uf = m.limit;
-        else if (uf < -m.limit)
-            uf = -m.limit;
-    }
-    const float silu = __fdiv_rn(gf, __fadd_rn(1.0f, gfw_expf(-gf)));
-    const float a = __fmul_rn(__fmul_rn(silu, uf), w);
-    h[p * width + j] = gfw_bfr(a);
-}
-
-/** Requantize h rows to E4M3 values per 128 (V4 rule), in place: one block of 128 threads per (task, block). */
-__global__ void k_moe_requant(float *h, int64_t width)
-{
-    __shared__ float red[128];
-    float *row = h + (int64_t)blockIdx.y * width + (int64_t)blockIdx.x * 128;
-    const float v = row[threadIdx.x];
-    red[threadIdx.x] = fabsf(v);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float amax = 0.0f;
-        for (int k = 0; k < 128; k++) {
-            if (isnan(red[k])) {
-                amax = red[k];
-                break;
-            }
-            if (red[k] > amax)
-                amax = red[k];
-        }
-        const float clamped = amax < 1e-4f ? 1e-4f : amax;
-        red[0] = gfw_ue8m0(gfw_ue8m0_ceil_clamped(__fmul_rn(clamped, 1.0f / 448.0f)));
-    }
-    __syncthreads();
-    const float s = red[0];
-    float w = __fdiv_rn(v, s);
-    w = w > 448.0f ? 448.0f : (w < -448.0f ? -448.0f : w);
-    row[threadIdx.x] = __fmul_rn(c_e4m3[gfw_e4m3_code(w)], s);
-}
-
-/** L2: one warp per (task, output channel): y = bf16(double sum of exact products). */
-__global__ void k_moe_l2(dmoe m, const float *h, const int32_t *idx, int64_t T, int64_t width, uint16_t *slot_y)
-{
-    const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-    const int lane = threadIdx.x & 31;
-    const int64_t n_tasks = T * m.k + (m.Ws > 0 ? T : 0);
-    if (warp >= n_tasks * m.D)
-        return;
-    const int64_t p = warp / m.D, n = warp % m.D;
-    const int shared = p >= T * m.k;
-    const int64_t e = shared ? -1 : idx[p];
-    if (!shared && e < 0)
-        return;
-    const int64_t I = shared ? m.Ws : m.I;
-    const float *hr = h + p * width;
-    float acc = 0.0f; /* the oracle's GEMM order, as in k_moe_l1 */
-    if (lane < 8)
-        for (int64_t j0 = 0; j0 < I; j0 += 8) {
-            float wv;
-            if (shared) {
-                wv = fp8_w(m.sw2, m.ss2, m.B, m.D, m.Ws, n, j0 + lane);
-            } else {
-                float w8[8];
-                fp4_w8(m.w2, m.s2, e, m.D, m.I, n, j0, w8);
-                wv = w8[lane];
-            }
-            acc = __fmaf_rn(hr[j0 + lane], wv, acc);
-        }
-    const float sum = combine_gemm_lanes(acc);
-    if (lane == 0)
-        slot_y[p * m.D + n] = gfw_f2bf(sum);
-}
-
-/**
- * One rank's share of the routing (expert parallelism, gfw_ep_part): local[p] = idx[p] - first
- * for a pair whose expert the rank holds (its index among the rank's uploaded experts), -1
- * (masked: L1 and L2 skip it) for every other pair.
- */
-__global__ void k_moe_restrict(const int32_t *idx, int64_t n, int64_t first, int64_t n_local, int32_t *local)
-{
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n)
-        local[i] = idx[i] >= first && idx[i] < first + n_local ? (int32_t)(idx[i] - first) : -1;
-}
-
-/** Combine (moe_combine.c, dsv4-ref order): ascending expert id, ties in slot order, shared last. */
-__global__ void k_moe_combine(const uint16_t *slot_y, const int32_t *idx, int64_t T, int k, int64_t D, int has_shared,
-                              uint16_t *y)
-{
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= T * D)
-        return;
-    const int64_t t = i / D, c = i % D;
-    int visit[32];
-    int n = 0;
-    for (int s = 0; s < k; s++) {
-        if (idx[t * k + s] < 0)
-            continue;
-        int pos = n++;
-        while (pos > 0 && idx[t * k + visit[pos - 1]] > idx[t * k + s]) {
-            visit[pos] = visit[pos - 1];
-            pos--;
-        }
-        visit[pos] = s;
-    }
-    float acc = 0.0f;
-    for (int v = 0; v < n; v++)
-        acc = __fadd_rn(acc, gfw_bf2f(slot_y[(t * k + visit[v]) * D + c]));
-    if (has_shared)
-        acc = __fadd_rn(acc, gfw_bf2f(slot_y[(T * k + t) * D + c]));
-    y[i] = gfw_f2bf(acc);
-}
+/* ================================================================== kernels: MoE (gpu_fwd_moe.cu) */
 
 /** X[t, j, :] = bf16(e[t, :] + hp[t, j, :]) (the MTP input). */
 __global__ void k_mtp_sum(const uint16_t *e, const uint16_t *hp, int64_t T, int hc, int64_t D, uint16_t *X)
@@ -1306,12 +990,12 @@ struct mmoe_gpu_model {
     float *post, *comb, *ckv, *cgate, *ikv, *igate, *scores, *logits, *moe_x, *moe_scores, *moe_w, *moe_h;
     uint16_t *qi, *wi, *slot_y;
     int32_t *ids, *topk_idx, *moe_idx;
-    int32_t *moe_lidx;            /**< expert parallel: the rank's share of moe_idx (k_moe_restrict) */
     int has_part;                 /**< 1: one rank of an expert-parallel forward (part) */
     gfw_ep_part part;             /**< its expert range and exchange */
     uint8_t *aq;
     float *as;
     int64_t max_blocks_all, kmax, moe_width, moe_kmax;
+    gfw_moe_work moe_work;        /**< the MoE sub-layer's own work buffers */
     /* state */
     int64_t pos, mtp_pos;
     int timing;
@@ -1411,7 +1095,7 @@ struct mmoe_gpu_model {
      *  @var mmoe_gpu_model::logits
      *  logits [Tm, V]
      *  @var mmoe_gpu_model::moe_x
-     *  dequantized MoE input [Tm, D]
+     *  dequantized MoE input [Tm, D], chain-major per row (gpu_fwd_moe.cu)
      *  @var mmoe_gpu_model::moe_scores
      *  router scores [Tm, E]
      *  @var mmoe_gpu_model::moe_w
@@ -1648,6 +1332,8 @@ static cudaError_t build(mmoe_gpu_model *g, const gfw_model_src *s, int *host_oo
         const gfw_moe *m = &b->moe;
         dmoe *dm = &d->moe;
         dm->E = m->n_experts;
+        dm->first = g->has_part ? g->part.first : 0;
+        dm->held = g->has_part ? g->part.n_local : m->n_experts;
         dm->I = m->inter;
         dm->D = D;
         dm->k = m->topk;
@@ -1677,6 +1363,8 @@ static cudaError_t build(mmoe_gpu_model *g, const gfw_model_src *s, int *host_oo
             dm->ss3 = (const float *)gupload(g, m->ss3, sizeof(float) * n13, &ce);
             dm->ss2 = (const float *)gupload(g, m->ss2, sizeof(float) * n2, &ce);
         }
+        if (!g->plan && ce == cudaSuccess)
+            ce = gfw_moe_pack(dm, (uint16_t *)d->gate);
         /* caches */
         g->bucket = &g->bytes.caches;
         d->ring = (uint16_t *)galloc(g, (size_t)(a->window * a->d) * 2, &ce);
@@ -1762,10 +1450,12 @@ static cudaError_t build(mmoe_gpu_model *g, const gfw_model_src *s, int *host_oo
     g->moe_scores = (float *)galloc(g, sizeof(float) * (size_t)(Tm * E), &ce);
     g->moe_idx = (int32_t *)galloc(g, sizeof(int32_t) * (size_t)(Tm * moe_k), &ce);
     if (g->has_part)
-        g->moe_lidx = (int32_t *)galloc(g, sizeof(int32_t) * (size_t)(Tm * moe_k), &ce);
     g->moe_w = (float *)galloc(g, sizeof(float) * (size_t)(Tm * moe_k), &ce);
     g->moe_h = (float *)galloc(g, sizeof(float) * (size_t)(Tm * (moe_k + 1) * moe_width), &ce);
     g->slot_y = (uint16_t *)galloc(g, 2 * (size_t)(Tm * (moe_k + 1) * D), &ce);
+    void *mw = galloc(g, gfw_moe_work_bytes(Tm, D, moe_k, moe_width), &ce);
+    if (mw)
+        gfw_moe_work_carve(mw, Tm, D, moe_k, moe_width, &g->moe_work);
     return ce;
 }
 
@@ -1808,6 +1498,13 @@ static mmoe_status model_init(mmoe_gpu_model *g, const gfw_model_src *s, const g
             return mmoe_error_set(err, MMOE_EINVAL, "gpu forward: block %d: experts [%lld, %lld) of a rank, the layer has %lld",
                                   L, (long long)part->first, (long long)(part->first + part->n_local),
                                   (long long)s->blocks[L].moe.n_experts);
+        const gfw_moe *mo = &s->blocks[L].moe;
+        const char *why = gfw_moe_unsupported(s->D, mo->inter, mo->shared_width, mo->shared_block);
+        if (why)
+            return mmoe_error_set(err, MMOE_EUNSUPPORTED,
+                                  "gpu forward: block %d: MoE width %lld, intermediate %lld, shared %lld (block %d): %s", L,
+                                  (long long)s->D, (long long)mo->inter, (long long)mo->shared_width, mo->shared_block,
+                                  why);
     }
     if (part) {
         g->has_part = 1;
@@ -1892,6 +1589,8 @@ static cudaError_t upload_tables(void)
     cudaError_t ce = cudaMemcpyToSymbol(c_exp2_tab, tab, sizeof tab);
     if (ce == cudaSuccess)
         ce = cudaMemcpyToSymbol(c_e4m3, mmoe_fp8_e4m3_table(), sizeof(float) * 256);
+    if (ce == cudaSuccess)
+        ce = gfw_moe_upload_exp_table(tab);
     return ce;
 }
 
@@ -2133,42 +1832,27 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
     return linear_fp8(g, g->z, T, b->wo_b, g->o, err);
 }
 
-/** The MoE sub-layer on g->y (ffn_norm output), result in g->o. */
-static mmoe_status moe(mmoe_gpu_model *g, gblock *b, const int32_t *ids_dev, int64_t T, mmoe_error *err)
+/** The MoE sub-layer on g->y (ffn_norm output), result in g->o (gpu_fwd_moe.cu; @p given: see gfw_moe_forward()). */
+static mmoe_status moe(mmoe_gpu_model *g, gblock *b, const int32_t *ids_dev, int64_t T, mmoe_error *err, int given = 0)
 {
-    const dmoe &m = b->moe;
-    const int64_t D = g->D;
-    k_moe_logits<<<nblk(T * m.E * 32), 256>>>(g->y, b->gate, T, m.E, D, g->moe_scores);
-    GFW_CHECK("router logits");
-    k_moe_route<<<nblk(T, 64), 64>>>(g->moe_scores, b->bias, b->tid2eid, ids_dev, T, m.E, (int)m.k, b->route_scale,
-                                      g->moe_idx, g->moe_w);
-    GFW_CHECK("router");
-    k_act_quant<<<dim3((unsigned)(D / 128), (unsigned)T), 128>>>(g->y, D, g->aq, g->as);
-    GFW_CHECK("moe input quantization");
-    k_moe_xval<<<nblk(T * D), 256>>>(g->aq, g->as, T * D, g->moe_x);
-    GFW_CHECK("moe input values");
-    /* the slot rows: of every pair, or (one rank of an expert-parallel forward) of the pairs
-     * whose expert the rank holds, the others masked; the shared expert's rows in either case */
-    const int32_t *rows_idx = g->moe_idx;
-    if (g->has_part) {
-        k_moe_restrict<<<nblk(T * m.k), 256>>>(g->moe_idx, T * m.k, g->part.first, g->part.n_local, g->moe_lidx);
-        GFW_CHECK("moe expert range");
-        rows_idx = g->moe_lidx;
+    const gfw_moe_router r = {b->gate, b->bias, b->tid2eid, b->route_scale};
+    const gfw_moe_io io = {g->y, ids_dev, T, g->o, g->moe_scores, g->moe_idx, g->moe_w, g->moe_x, g->moe_h, g->slot_y,
+                           g->moe_width};
+    const char *what = "moe";
+    if (!g->has_part) {
+        const cudaError_t ce = gfw_moe_forward(b->moe, r, g->moe_work, io, given, &what);
+        return ce == cudaSuccess ? MMOE_OK : cuda_fail(err, ce, what);
     }
-    const int64_t width = g->moe_width, tasks = T * m.k + (m.Ws > 0 ? T : 0);
-    k_moe_l1<<<nblk(tasks * width * 32), 256>>>(m, g->moe_x, rows_idx, g->moe_w, T, width, g->moe_h);
-    GFW_CHECK("moe L1");
-    k_moe_requant<<<dim3((unsigned)(width / 128), (unsigned)tasks), 128>>>(g->moe_h, width);
-    GFW_CHECK("moe requantization");
-    k_moe_l2<<<nblk(tasks * D * 32), 256>>>(m, g->moe_h, rows_idx, T, width, g->slot_y);
-    GFW_CHECK("moe L2");
-    /* expert parallel: the other ranks' slot rows arrive, then every rank combines them all */
-    mmoe_status st;
-    if (g->has_part && (st = g->part.exchange(g->part.ctx, g->moe_idx, T, (int)m.k, D, g->slot_y, err)) != MMOE_OK)
+    /* one rank of an expert-parallel forward: the slot rows of the pairs whose expert it holds
+     * and the shared rows; the exchange brings in the other ranks' rows; then the combine of all */
+    cudaError_t ce = gfw_moe_rows(b->moe, r, g->moe_work, io, given, &what);
+    if (ce != cudaSuccess)
+        return cuda_fail(err, ce, what);
+    const mmoe_status st = g->part.exchange(g->part.ctx, g->moe_idx, T, (int)b->moe.k, g->D, g->slot_y, err);
+    if (st != MMOE_OK)
         return st;
-    k_moe_combine<<<nblk(T * D), 256>>>(g->slot_y, g->moe_idx, T, (int)m.k, D, m.Ws > 0, g->o);
-    GFW_CHECK("moe combine");
-    return MMOE_OK;
+    ce = gfw_moe_combine(b->moe, io, &what);
+    return ce == cudaSuccess ? MMOE_OK : cuda_fail(err, ce, what);
 }
 
 /** One block (spec 3.2) on g->X. */
@@ -2570,4 +2254,26 @@ extern "C" mmoe_status gfw_test_sublayer(mmoe_gpu_model *g, int L, int which, co
         return st;
     ce = cudaMemcpy(out, g->o, 2 * (size_t)(T * g->D), cudaMemcpyDeviceToHost);
     return ce == cudaSuccess ? MMOE_OK : cuda_fail(err, ce, "sub-layer output copy");
+}
+
+extern "C" mmoe_status gfw_test_moe_given(mmoe_gpu_model *g, int L, const uint16_t *x, const int32_t *idx,
+                                          const float *wts, int64_t T, float *logits, uint16_t *out, mmoe_error *err)
+{
+    if (L < 0 || L >= g->n_blocks || T < 1 || T > g->Tm)
+        return mmoe_error_set(err, MMOE_EINVAL, "gfw_test_moe_given: block %d, T %lld out of range", L, (long long)T);
+    const dmoe &m = g->blocks[L].moe;
+    cudaError_t ce = cudaMemcpy(g->y, x, 2 * (size_t)(T * g->D), cudaMemcpyHostToDevice);
+    if (ce == cudaSuccess)
+        ce = cudaMemcpy(g->moe_idx, idx, sizeof(int32_t) * (size_t)(T * m.k), cudaMemcpyHostToDevice);
+    if (ce == cudaSuccess)
+        ce = cudaMemcpy(g->moe_w, wts, sizeof(float) * (size_t)(T * m.k), cudaMemcpyHostToDevice);
+    if (ce != cudaSuccess)
+        return cuda_fail(err, ce, "moe input copy");
+    mmoe_status st = moe(g, &g->blocks[L], g->ids, T, err, 1);
+    if (st != MMOE_OK)
+        return st;
+    ce = cudaMemcpy(out, g->o, 2 * (size_t)(T * g->D), cudaMemcpyDeviceToHost);
+    if (ce == cudaSuccess)
+        ce = cudaMemcpy(logits, g->moe_scores, sizeof(float) * (size_t)(T * m.E), cudaMemcpyDeviceToHost);
+    return ce == cudaSuccess ? MMOE_OK : cuda_fail(err, ce, "moe output copy");
 }

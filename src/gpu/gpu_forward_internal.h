@@ -304,6 +304,13 @@ mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, const uint1
  */
 mmoe_status gfw_test_sublayer(mmoe_gpu_model *g, int L, int which, const uint16_t *x, const int32_t *ids,
                               int64_t T, int64_t pos0, uint16_t *out, mmoe_error *err);
+/**
+ * The MoE sub-layer of block @p L with the routing given: idx [T, k] (-1 = masked) and wts
+ * [T, k] instead of the router's; out bf16 [T, D] as gfw_test_sublayer(), and logits fp32
+ * [T, E] the router GEMM's raw logits of x.
+ */
+mmoe_status gfw_test_moe_given(mmoe_gpu_model *g, int L, const uint16_t *x, const int32_t *idx, const float *wts,
+                               int64_t T, float *logits, uint16_t *out, mmoe_error *err);
 
 /** y[i] = the device's expf(x[i]) (gfw_expf, the exp of every exp-based block). */
 mmoe_status gfw_test_expf(const float *x, int64_t n, float *y, mmoe_error *err);

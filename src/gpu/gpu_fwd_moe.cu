@@ -1,0 +1,787 @@
+/**
+ * @file gpu_fwd_moe.cu
+ * @brief The GPU forward's MoE sub-layer: router, routed experts, shared expert and combine,
+ *        bit-identical to the CPU oracle and streaming the weights at close to memory speed.
+ *
+ * ## The order that is fixed, and what is free
+ *
+ * Every GEMM of the layer (router logits, L1 gate and up, L2; routed and shared experts) sums
+ * each output as @ref spec_moe_gemm_order defines (moe_dot.c): eight FP32 chains, chain l
+ * taking k = l, l + 8, l + 16, ... in ascending order with one fused multiply-add each, then
+ * the fixed combine ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7)).  The products are
+ * exact (bf16 x bf16, E4M3 value x E2M1 * 2^s, E4M3 value x fl(E4M3 * scale)), so the fma's
+ * one rounding is the oracle's.  Which thread runs a chain, how its weights reach it and how
+ * many chains run at once is free; here one thread runs one chain of one output row for up
+ * to TT tokens at once, so every weight is decoded once per CTA and used TT times.
+ *
+ * ## Chain-major packing
+ *
+ * A chain reads every eighth element of a row.  So that it reads whole words, gfw_moe_pack()
+ * reorders each weight row in place right after the upload: the row is cut into groups of
+ * 8 * 4 * vb bytes (vb = 4 where D and I are multiples of 256 and the shared block of 128,
+ * else 1); inside a group the 4 * vb bytes of chain l come together, holding chain l's next
+ * elements in ascending order
+ * (element i of a 32-bit word at bits [i * w, (i + 1) * w) for elements of w bits).  For
+ * E2M1 (w = 4) chain word v of group g holds chain elements m = 8 (g vb + v) .. + 7, i.e.
+ * k = 8 m + l; their two UE8M0 scales are bytes m/4 and m/4 + 1 of the row's scales (k / 32 =
+ * m / 4), which stay in the checkpoint's order.  E4M3 words hold 4 elements, and a group's
+ * 32 * vb columns share one block scale (the shared block is a multiple of 32 * vb); bf16
+ * words hold 2.  Thread (row, l) then loads its 4 * vb bytes per group with one aligned load,
+ * and the 8 threads of a row read 32 * vb contiguous bytes: coalesced without staging through
+ * shared memory.  Activations are stored the same way, chain-major: x[t][l][m] = x[t][8 m + l],
+ * so a chain's values are contiguous (float4 loads).
+ *
+ * ## Decode
+ *
+ * E2M1 nibble n becomes the float with bits (n & 7) << 22 | (n & 8) << 28, which is
+ * e2m1(n) * 2^-126 exactly (codes 0 and 1 land on the subnormals 0 and 2^-127); times 2^126
+ * and then times the UE8M0 scale 2^s gives fl(e2m1(n) * 2^s), the oracle's weight, for every
+ * s (no flush to zero in this build).  E4M3 codes go through the hardware's E4M3 -> F16
+ * conversion (exact), then one fp32 multiply by the block scale, as the oracle.
+ *
+ * ## The kernels of one call
+ *
+ * | kernel            | what                                                             |
+ * |-------------------|------------------------------------------------------------------|
+ * | k_moe_in          | x -> fp32 values and 1x128 E4M3 values, both chain-major         |
+ * | k_moe_logits      | router logits [T, E]; CTA = 4 rows x 8 chains, TT tokens         |
+ * | k_moe_route_plan  | one CTA: sqrt-softplus, top-k or hash, weights; then the plan     |
+ * | k_moe_l1          | CTA = 16 rows x 8 chains of one item; gate and up; SwiGLU epilogue |
+ * | k_moe_requant     | L1 outputs -> 1x128 E4M3 values, chain-major                     |
+ * | k_moe_l2          | CTA = 16 rows x 8 chains of one item; bf16 per slot              |
+ * | k_moe_combine     | ascending expert id, ties in slot order, shared last             |
+ *
+ * **The plan.**  A task is one (token, slot) pair of a routed expert, or one token of the
+ * shared expert (treated as expert E).  The plan sorts the valid tasks by expert (in task
+ * order within one expert) and cuts each expert's run into items of at most TT tasks; an L1
+ * or L2 CTA owns 16 output rows of one item, so an expert's weights are streamed once per TT
+ * of its tokens.  The grid is sized for the worst case and CTAs beyond the plan's count exit.
+ *
+ * **Rounding points**, all the oracle's (moe_layer.c, dsv4-ref recipe): the input's 1x128
+ * E4M3 quantization (UE8M0 ceil scale, clamp +-448); bf16 of the L1 sums; clamp; silu =
+ * g / (1 + exp(-g)) (gfw_expf, glibc's expf); (silu * u) * w; bf16; 1x128 requantization;
+ * bf16 of the L2 sums; fp32 combine from +0; one bf16.
+ *
+ * ## Limits
+ *
+ * At decode every thread's chain is K/8 dependent fma (512 for D = 4096), so a GEMM takes at
+ * least ~K/8 * 4 cycles; the weights of one token (6 routed + 1 shared expert at V4-Flash
+ * widths) are streamed by about 3500 warps (L1) and 7000 (L2).  The activations are read from
+ * global memory next to the fma that uses them; all rows of a CTA read the same value in the
+ * same instruction, so these loads wait on L2 inside the chain while the weights are
+ * prefetched one group ahead: this, not the weight stream, bounds the decode GEMMs
+ * (docs/perf.md has the kernel times).  Staging a CTA's activations in shared memory is the
+ * next step.  For prefill the fp32 fma rate bounds the work: the exact order leaves the tensor
+ * cores out.  The router's top-k runs one thread per token.
+ */
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "gpu_forward_kernels.cuh"
+#include "gpu_fwd_moe.cuh"
+
+/** Bits of one weight element per format. */
+enum moe_wfmt { MOE_WF_FP4 = 4, MOE_WF_FP8 = 8, MOE_WF_BF16 = 16 };
+
+/** Rows per CTA of the expert GEMMs (times 8 chains = 128 threads: small CTAs fill the SMs evenly at T = 1). */
+#define MOE_ROWS 16
+/** Threads of an expert-GEMM CTA. */
+#define MOE_THREADS (MOE_ROWS * 8)
+/** Rows per CTA of the router GEMM (one warp: the router has few rows). */
+#define MOE_ROUTER_ROWS 4
+/** Threads of a router CTA. */
+#define MOE_ROUTER_THREADS (MOE_ROUTER_ROWS * 8)
+/** Largest token tile. */
+#define MOE_TT_MAX 8
+/** Threads of the routing / planning CTA. */
+#define MOE_PLAN_THREADS 512
+
+/* ================================================================== helpers */
+
+/** E4M3 code -> fp32 value (the hardware's exact E4M3 -> F16 conversion). */
+__device__ __forceinline__ float moe_e4m3_value(uint32_t code)
+{
+    const __half_raw hr = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)code, __NV_E4M3);
+    return __half2float(__half(hr));
+}
+
+/** E2M1 nibble @p n (low 4 bits) times 2^-126, exactly, as float bits. */
+__device__ __forceinline__ float moe_e2m1_tiny(uint32_t n)
+{
+    return __uint_as_float(((n & 7u) << 22) | ((n & 8u) << 28));
+}
+
+/**
+ * The V4 1x128 quantization of one group held by a block of 128 threads (one value each):
+ * s = 2^ceil(log2(max(amax, 1e-4) * fl(1/448))), returns e4m3(clamp(v / s, +-448)) * s.
+ * amax is NaN when any value is (the scale then saturates, whatever the NaN).
+ */
+__device__ __forceinline__ float moe_quant128(float v)
+{
+    __shared__ float red[4];
+    __shared__ int nan_any[4];
+    float a = isnan(v) ? 0.0f : fabsf(v);
+    for (int o = 16; o > 0; o >>= 1)
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    const int nan_w = __any_sync(0xffffffffu, isnan(v));
+    if ((threadIdx.x & 31) == 0) {
+        red[threadIdx.x >> 5] = a;
+        nan_any[threadIdx.x >> 5] = nan_w;
+    }
+    __syncthreads();
+    float amax = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
+    if (nan_any[0] | nan_any[1] | nan_any[2] | nan_any[3])
+        amax = __uint_as_float(0x7FC00000u);
+    const float clamped = amax < 1e-4f ? 1e-4f : amax;
+    const float s = gfw_ue8m0(gfw_ue8m0_ceil_clamped(__fmul_rn(clamped, 1.0f / 448.0f)));
+    float w = __fdiv_rn(v, s);
+    w = w > 448.0f ? 448.0f : (w < -448.0f ? -448.0f : w);
+    return __fmul_rn(moe_e4m3_value(gfw_e4m3_code(w)), s);
+}
+
+/** Offset of element k in a chain-major row of width K: chain k mod 8, then k / 8. */
+__device__ __forceinline__ int64_t moe_chain_pos(int64_t k, int64_t K) { return (k & 7) * (K / 8) + (k >> 3); }
+
+/** The fixed combine of the eight chains held by the 8-lane group of the calling lane. */
+__device__ __forceinline__ float moe_combine8(float acc)
+{
+    float p[8];
+#pragma unroll
+    for (int l = 0; l < 8; l++)
+        p[l] = __shfl_sync(0xffffffffu, acc, l, 8);
+    return __fadd_rn(__fadd_rn(__fadd_rn(p[0], p[4]), __fadd_rn(p[2], p[6])),
+                     __fadd_rn(__fadd_rn(p[1], p[5]), __fadd_rn(p[3], p[7])));
+}
+
+/* ================================================================== the chain GEMM core */
+
+/** One weight row as chain l reads it. */
+struct moe_row {
+    const uint8_t *w;     /**< chain l's first word: row start + l * 4 * vb */
+    const uint8_t *s8;    /**< E2M1: the row's UE8M0 scale bytes */
+    const float *sf;      /**< E4M3: the row's block-scale row */
+    int gpb;              /**< E4M3: groups per scale block, B / (32 vb) */
+};
+
+/** The words (and raw scales) of PF groups of NM rows. */
+template <int FMT, int VB, int NM, int PF>
+struct moe_batch {
+    uint32_t w[PF][NM][VB];            /**< chain words */
+    uint32_t s[PF][NM][VB == 4 ? 2 : 1]; /**< E2M1: 2 * VB scale bytes per group */
+    float f[PF][NM];                   /**< E4M3: the group's block scale */
+};
+
+/** Load group @p g (< @p groups) of each row into slot @p q of @p b. */
+template <int FMT, int VB, int NM, int PF>
+__device__ __forceinline__ void moe_load(moe_batch<FMT, VB, NM, PF> &b, int q, const moe_row (&r)[NM], int64_t g)
+{
+#pragma unroll
+    for (int n = 0; n < NM; n++) {
+        const uint8_t *p = r[n].w + g * (32 * VB);
+        if (VB == 4) {
+            const uint4 v = __ldg((const uint4 *)p);
+            b.w[q][n][0] = v.x;
+            b.w[q][n][VB > 1 ? 1 : 0] = v.y;
+            b.w[q][n][VB > 2 ? 2 : 0] = v.z;
+            b.w[q][n][VB > 3 ? 3 : 0] = v.w;
+        } else {
+            b.w[q][n][0] = __ldg((const unsigned int *)p);
+        }
+        if (FMT == MOE_WF_FP4) {
+            if (VB == 4) {
+                const uint2 s = __ldg((const uint2 *)(r[n].s8 + g * 8));
+                b.s[q][n][0] = s.x;
+                b.s[q][n][VB == 4 ? 1 : 0] = s.y;
+            } else {
+                b.s[q][n][0] = __ldg((const unsigned short *)(r[n].s8 + g * 2));
+            }
+        } else if (FMT == MOE_WF_FP8) {
+            b.f[q][n] = __ldg(r[n].sf + (int)g / r[n].gpb);
+        }
+    }
+}
+
+/** Elements per 32-bit word. */
+template <int FMT> struct moe_epw {
+    static const int n = 32 / FMT; /**< elements of FMT bits in 32 */
+};
+
+/** Decode word v of slot q of row n into w[] (the oracle's weight values). */
+template <int FMT, int VB, int NM, int PF>
+__device__ __forceinline__ void moe_decode(const moe_batch<FMT, VB, NM, PF> &b, int q, int n, int v,
+                                           float (&w)[moe_epw<FMT>::n])
+{
+    const uint32_t word = b.w[q][n][v];
+    if (FMT == MOE_WF_FP4) {
+        const uint32_t sb = b.s[q][n][v >> 1] >> (16 * (v & 1));
+        const float s0 = gfw_ue8m0((uint8_t)(sb & 0xFF)), s1 = gfw_ue8m0((uint8_t)((sb >> 8) & 0xFF));
+#pragma unroll
+        for (int i = 0; i < moe_epw<FMT>::n; i++)
+            w[i] = __fmul_rn(__fmul_rn(moe_e2m1_tiny(word >> (4 * i)), 0x1p126f), i < 4 ? s0 : s1);
+    } else if (FMT == MOE_WF_FP8) {
+        const float s = b.f[q][n];
+#pragma unroll
+        for (int i = 0; i < moe_epw<FMT>::n; i++)
+            w[i] = __fmul_rn(moe_e4m3_value((word >> (8 * i)) & 0xFF), s);
+    } else {
+        w[0] = __uint_as_float(word << 16);
+        w[moe_epw<FMT>::n > 1 ? 1 : 0] = __uint_as_float(word & 0xFFFF0000u);
+    }
+}
+
+/** Load the chain values x[m0 .. m0 + EPW) of one token (chain-major, aligned). */
+template <int EPW>
+__device__ __forceinline__ void moe_xload(const float *x, float (&xv)[EPW])
+{
+    if (EPW == 8) {
+        const float4 a = __ldg((const float4 *)x), c = __ldg((const float4 *)(x + 4));
+        xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w;
+        xv[EPW > 4 ? 4 : 0] = c.x, xv[EPW > 5 ? 5 : 0] = c.y, xv[EPW > 6 ? 6 : 0] = c.z, xv[EPW > 7 ? 7 : 0] = c.w;
+    } else if (EPW == 4) {
+        const float4 a = __ldg((const float4 *)x);
+        xv[0] = a.x, xv[EPW > 1 ? 1 : 0] = a.y, xv[EPW > 2 ? 2 : 0] = a.z, xv[EPW > 3 ? 3 : 0] = a.w;
+    } else {
+        const float2 a = __ldg((const float2 *)x);
+        xv[0] = a.x, xv[EPW > 1 ? 1 : 0] = a.y;
+    }
+}
+
+/**
+ * Chain l of NM rows over all @p groups groups, for tokens t < @p nt of the tile:
+ * acc[n][t] = fma(x_t[m], w_n[m], acc[n][t]) for the chain's elements m in ascending order.
+ * @p x[t] points at token t's chain l (chain-major).  Loads run one batch of PF groups ahead.
+ */
+template <int FMT, int VB, int TT, int NM, int PF>
+__device__ __forceinline__ void moe_chain_dot(const moe_row (&r)[NM], const float *const (&x)[TT], int nt,
+                                              int64_t groups, float (&acc)[NM][TT])
+{
+    constexpr int EPW = moe_epw<FMT>::n;
+    moe_batch<FMT, VB, NM, PF> cur, nxt;
+#pragma unroll
+    for (int q = 0; q < PF; q++)
+        if (q < groups)
+            moe_load(cur, q, r, q);
+    for (int64_t g0 = 0; g0 < groups; g0 += PF) {
+#pragma unroll
+        for (int q = 0; q < PF; q++)
+            if (g0 + PF + q < groups)
+                moe_load(nxt, q, r, g0 + PF + q);
+#pragma unroll
+        for (int q = 0; q < PF; q++) {
+            if (g0 + q < groups) {
+#pragma unroll
+                for (int v = 0; v < VB; v++) {
+                    const int64_t m0 = ((g0 + q) * VB + v) * EPW;
+                    float w[NM][EPW];
+#pragma unroll
+                    for (int n = 0; n < NM; n++)
+                        moe_decode(cur, q, n, v, w[n]);
+#pragma unroll
+                    for (int t = 0; t < TT; t++) {
+                        if (t < nt) {
+                            float xv[EPW];
+                            moe_xload<EPW>(x[t] + m0, xv);
+#pragma unroll
+                            for (int n = 0; n < NM; n++)
+#pragma unroll
+                                for (int i = 0; i < EPW; i++)
+                                    acc[n][t] = __fmaf_rn(xv[i], w[n][i], acc[n][t]);
+                        }
+                    }
+                }
+            }
+        }
+        cur = nxt;
+    }
+}
+
+/** Groups of a chain-packed row of @p K elements of @p bits bits. */
+__host__ __device__ __forceinline__ int64_t moe_groups(int64_t K, int bits, int vb) { return K * bits / 8 / (32 * vb); }
+
+/* ================================================================== kernels */
+
+/** x bf16 [T, D] -> xb (fp32 values) and xq (1x128 E4M3 values), both chain-major; block (D/128, T) x 128. */
+__global__ void k_moe_in(const uint16_t *x, int64_t D, float *xb, float *xq)
+{
+    const int64_t t = blockIdx.y, k = (int64_t)blockIdx.x * 128 + threadIdx.x;
+    const float v = gfw_bf2f(x[t * D + k]);
+    const int64_t o = t * D + moe_chain_pos(k, D);
+    xb[o] = v;
+    xq[o] = moe_quant128(v);
+}
+
+/** Router logits [T, E]: thread (row e, chain l) for tokens blockIdx.y * TT ..; bf16 x bf16, exact products. */
+template <int VB, int TT, int PF>
+__global__ void __launch_bounds__(MOE_ROUTER_THREADS) k_moe_logits(const uint16_t *gate, const float *xb, int64_t T,
+                                                                   int64_t E, int64_t D, float *logits)
+{
+    const int l = threadIdx.x & 7;
+    const int64_t e = (int64_t)blockIdx.x * MOE_ROUTER_ROWS + (threadIdx.x >> 3);
+    const int64_t t0 = (int64_t)blockIdx.y * TT;
+    const int nt = (int)(T - t0 < TT ? T - t0 : TT);
+    const int valid = e < E;
+    const float *x[TT];
+#pragma unroll
+    for (int t = 0; t < TT; t++)
+        x[t] = xb + (t0 + (t < nt ? t : 0)) * D + l * (D / 8);
+    float acc[1][TT];
+#pragma unroll
+    for (int t = 0; t < TT; t++)
+        acc[0][t] = 0.0f;
+    if (valid) {
+        const moe_row r[1] = {{(const uint8_t *)(gate + e * D) + l * 4 * VB, NULL, NULL, 1}};
+        moe_chain_dot<MOE_WF_BF16, VB, TT, 1, PF>(r, x, nt, moe_groups(D, 16, VB), acc);
+    }
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+        const float sum = moe_combine8(acc[0][t]);
+        if (valid && t < nt && l == (t & 7))
+            logits[(t0 + t) * E + e] = sum;
+    }
+}
+
+/** The index among the held experts of global expert @p e, or -1 (masked, or held by another rank). */
+__device__ __forceinline__ int64_t moe_held_id(int64_t e, int64_t first, int64_t held)
+{
+    return e >= first && e < first + held ? e - first : -1;
+}
+
+/**
+ * Routing and the plan, one CTA.  Routing (unless @p given; moe_router.c): s = sqrt(softplus(z))
+ * over all (token, expert) in parallel, then one thread per token: top-k of s + bias (strictly
+ * greater wins, so ties keep the lower id; a NaN never beats a number) or the hash table's row;
+ * w = (s[idx] / sum) * scale with the sum in slot order.  The plan: see the file's chapter;
+ * @p TT tasks per item.
+ */
+__global__ void __launch_bounds__(MOE_PLAN_THREADS)
+    k_moe_route_plan(float *scores, const float *bias, const int32_t *tid2eid, const int32_t *ids, int64_t T,
+                     int64_t E, int k, float route_scale, int given, int has_shared, int TT, int64_t first,
+                     int64_t held, int32_t *idx, float *wts, gfw_moe_work w)
+{
+    __shared__ int n_valid, n_items;
+    if (!given) {
+        for (int64_t i = threadIdx.x; i < T * E; i += blockDim.x) {
+            const float z = scores[i];
+            const float sp = z > 20.0f ? z : __double2float_rn(log1p((double)gfw_expf(z)));
+            scores[i] = __fsqrt_rn(sp);
+        }
+        __syncthreads();
+        for (int64_t t = threadIdx.x; t < T; t += blockDim.x) {
+            const float *s = scores + t * E;
+            int32_t *ti = idx + t * k;
+            if (tid2eid) {
+                for (int j = 0; j < k; j++)
+                    ti[j] = tid2eid[(int64_t)ids[t] * k + j];
+            } else {
+                for (int j = 0; j < k; j++) {
+                    int64_t best = -1;
+                    float bsel = 0.0f;
+                    for (int64_t e = 0; e < E; e++) {
+                        int taken = 0;
+                        for (int p = 0; p < j; p++)
+                            taken |= ti[p] == e;
+                        if (taken)
+                            continue;
+                        const float sel = bias ? __fadd_rn(s[e], bias[e]) : __fadd_rn(s[e], 0.0f);
+                        if (best < 0 || sel > bsel || (isnan(bsel) && !isnan(sel))) {
+                            best = e;
+                            bsel = sel;
+                        }
+                    }
+                    ti[j] = (int32_t)best;
+                }
+            }
+            float sum = 0.0f;
+            for (int j = 0; j < k; j++)
+                sum = __fadd_rn(sum, s[ti[j]]);
+            for (int j = 0; j < k; j++)
+                wts[t * k + j] = __fmul_rn(__fdiv_rn(s[ti[j]], sum), route_scale);
+        }
+    }
+    if (threadIdx.x == 0)
+        n_valid = n_items = 0;
+    __syncthreads();
+    /* rank of each valid task among the valid ones, by (expert, task); a task is valid when
+     * its expert is held (moe_held_id) or it is the shared expert's (E) */
+    const int64_t Tk = T * k, n = Tk + (has_shared ? T : 0);
+    for (int64_t p = threadIdx.x; p < n; p += blockDim.x) {
+        const int64_t ep = p < Tk ? moe_held_id(idx[p], first, held) : E;
+        if (ep < 0)
+            continue;
+        int64_t lt = 0, same = 0, before = 0;
+        for (int64_t q = 0; q < n; q++) {
+            const int64_t eq = q < Tk ? moe_held_id(idx[q], first, held) : E;
+            if (eq < 0)
+                continue;
+            lt += eq < ep;
+            same += eq == ep;
+            before += eq == ep && q < p;
+        }
+        const int64_t rank = lt + before;
+        w.order[rank] = (int32_t)p;
+        w.flag[rank] = before % TT == 0 ? (int32_t)(same - before < TT ? same - before : TT) : 0;
+        atomicAdd(&n_valid, 1);
+    }
+    __syncthreads();
+    for (int64_t rk = threadIdx.x; rk < n_valid; rk += blockDim.x) {
+        if (w.flag[rk] == 0)
+            continue;
+        int item = 0;
+        for (int64_t q = 0; q < rk; q++)
+            item += w.flag[q] != 0;
+        const int64_t p = w.order[rk];
+        w.items[item] = make_int4((int)(p < Tk ? moe_held_id(idx[p], first, held) : E), (int)rk, w.flag[rk], 0);
+        atomicAdd(&n_items, 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        *w.n_items = n_items;
+}
+
+/**
+ * L1 and the dsv4-ref epilogue for 16 rows of one item: thread (row j, chain l) runs chain l
+ * of the gate and the up row for the item's tokens.  Task p < T*k is (token p/k, slot p%k) of
+ * expert idx[p] with weight wts[p]; task T*k + t is token t's shared expert (weight 1).
+ * h[p, j] = bf16((silu(g) * u) * w) with g, u = bf16 of the sums, clamped, silu = g / (1 + exp(-g)).
+ */
+template <int VB, int TT>
+__global__ void __launch_bounds__(MOE_THREADS) k_moe_l1(dmoe m, gfw_moe_work w, const float *xq, const float *wts,
+                                                         int64_t T, int64_t width, float *h)
+{
+    if ((int)blockIdx.y >= *w.n_items)
+        return;
+    const int4 it = w.items[blockIdx.y];
+    const int shared = it.x == m.E;
+    const int64_t Iw = shared ? m.Ws : m.I, j0 = (int64_t)blockIdx.x * MOE_ROWS;
+    if (j0 >= Iw)
+        return;
+    const int l = threadIdx.x & 7;
+    const int64_t j = j0 + (threadIdx.x >> 3), D = m.D;
+    const int nt = it.z;
+    int64_t task[TT];
+    const float *x[TT];
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+        task[t] = w.order[it.y + (t < nt ? t : 0)];
+        const int64_t tok = shared ? task[t] - T * m.k : task[t] / m.k;
+        x[t] = xq + tok * D + l * (D / 8);
+    }
+    float acc[2][TT];
+#pragma unroll
+    for (int t = 0; t < TT; t++)
+        acc[0][t] = acc[1][t] = 0.0f;
+    if (j < Iw) {
+        if (shared) {
+            const int scols = (int)((D + m.B - 1) / m.B);
+            const float *srow1 = m.ss1 + (j / m.B) * scols, *srow3 = m.ss3 + (j / m.B) * scols;
+            const moe_row r[2] = {{m.sw1 + j * D + l * 4 * VB, NULL, srow1, m.B / (32 * VB)},
+                                  {m.sw3 + j * D + l * 4 * VB, NULL, srow3, m.B / (32 * VB)}};
+            moe_chain_dot<MOE_WF_FP8, VB, TT, 2, 4 / VB>(r, x, nt, moe_groups(D, 8, VB), acc);
+        } else {
+            const int64_t row = (int64_t)it.x * m.I + j;
+            const moe_row r[2] = {{m.w1 + row * (D / 2) + l * 4 * VB, m.s1 + row * (D / 32), NULL, 1},
+                                  {m.w3 + row * (D / 2) + l * 4 * VB, m.s3 + row * (D / 32), NULL, 1}};
+            moe_chain_dot<MOE_WF_FP4, VB, TT, 2, 4 / VB>(r, x, nt, moe_groups(D, 4, VB), acc);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+        const float gsum = moe_combine8(acc[0][t]), usum = moe_combine8(acc[1][t]);
+        if (j >= Iw || t >= nt || l != (t & 7))
+            continue;
+        const float wt = shared ? 1.0f : wts[task[t]];
+        float gf = gfw_bfr(gsum), uf = gfw_bfr(usum);
+        if (m.limit > 0.0f && !isinf(m.limit)) {
+            if (gf > m.limit)
+                gf = m.limit;
+            if (uf > m.limit)
+                uf = m.limit;
+            else if (uf < -m.limit)
+                uf = -m.limit;
+        }
+        const float silu = __fdiv_rn(gf, __fadd_rn(1.0f, gfw_expf(-gf)));
+        const float a = __fmul_rn(__fmul_rn(silu, uf), wt);
+        h[task[t] * width + j] = gfw_bfr(a);
+    }
+}
+
+/** h rows -> 1x128 E4M3 values, chain-major over the task's width; block (width/128, tasks) x 128. */
+__global__ void k_moe_requant(dmoe m, const int32_t *idx, int64_t T, const float *h, int64_t width, float *hq)
+{
+    const int64_t p = blockIdx.y, k = (int64_t)blockIdx.x * 128 + threadIdx.x;
+    const int shared = p >= T * m.k;
+    const int64_t Iw = shared ? m.Ws : m.I;
+    if ((!shared && moe_held_id(idx[p], m.first, m.held) < 0) || (int64_t)blockIdx.x * 128 >= Iw)
+        return;
+    hq[p * width + moe_chain_pos(k, Iw)] = moe_quant128(h[p * width + k]);
+}
+
+/** L2 for 16 output rows of one item: slot_y[p, n] = bf16(sum), thread (row n, chain l). */
+template <int VB, int TT>
+__global__ void __launch_bounds__(MOE_THREADS) k_moe_l2(dmoe m, gfw_moe_work w, int64_t T, int64_t width,
+                                                         uint16_t *slot_y)
+{
+    if ((int)blockIdx.y >= *w.n_items)
+        return;
+    const int4 it = w.items[blockIdx.y];
+    const int shared = it.x == m.E;
+    const int64_t Iw = shared ? m.Ws : m.I, D = m.D;
+    const int l = threadIdx.x & 7;
+    const int64_t n = (int64_t)blockIdx.x * MOE_ROWS + (threadIdx.x >> 3);
+    const int nt = it.z;
+    int64_t task[TT];
+    const float *x[TT];
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+        task[t] = w.order[it.y + (t < nt ? t : 0)];
+        x[t] = w.hq + task[t] * width + l * (Iw / 8);
+    }
+    float acc[1][TT];
+#pragma unroll
+    for (int t = 0; t < TT; t++)
+        acc[0][t] = 0.0f;
+    if (n < D) {
+        if (shared) {
+            const int scols = (int)((Iw + m.B - 1) / m.B);
+            const moe_row r[1] = {
+                {m.sw2 + n * Iw + l * 4 * VB, NULL, m.ss2 + (n / m.B) * scols, m.B / (32 * VB)}};
+            moe_chain_dot<MOE_WF_FP8, VB, TT, 1, 8 / VB>(r, x, nt, moe_groups(Iw, 8, VB), acc);
+        } else {
+            const int64_t row = (int64_t)it.x * D + n;
+            const moe_row r[1] = {{m.w2 + row * (Iw / 2) + l * 4 * VB, m.s2 + row * (Iw / 32), NULL, 1}};
+            moe_chain_dot<MOE_WF_FP4, VB, TT, 1, 8 / VB>(r, x, nt, moe_groups(Iw, 4, VB), acc);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+        const float sum = moe_combine8(acc[0][t]);
+        if (n < D && t < nt && l == (t & 7))
+            slot_y[task[t] * D + n] = gfw_f2bf(sum);
+    }
+}
+
+/** Combine (moe_combine.c, dsv4-ref order): ascending expert id, ties in slot order, shared last. */
+__global__ void k_moe_combine(const uint16_t *slot_y, const int32_t *idx, int64_t T, int k, int64_t D, int has_shared,
+                              uint16_t *y)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= T * D)
+        return;
+    const int64_t t = i / D, c = i % D;
+    int visit[32];
+    int n = 0;
+    for (int s = 0; s < k; s++) {
+        if (idx[t * k + s] < 0)
+            continue;
+        int pos = n++;
+        while (pos > 0 && idx[t * k + visit[pos - 1]] > idx[t * k + s]) {
+            visit[pos] = visit[pos - 1];
+            pos--;
+        }
+        visit[pos] = s;
+    }
+    float acc = 0.0f;
+    for (int v = 0; v < n; v++)
+        acc = __fadd_rn(acc, gfw_bf2f(slot_y[(t * k + visit[v]) * D + c]));
+    if (has_shared)
+        acc = __fadd_rn(acc, gfw_bf2f(slot_y[(T * k + t) * D + c]));
+    y[i] = gfw_f2bf(acc);
+}
+
+/**
+ * Chain-pack @p rows rows of @p row_bytes bytes of @p bits-bit elements in place: one thread
+ * per group of 8 * vb words (see the chapter).
+ */
+__global__ void k_moe_pack(uint8_t *base, int64_t rows, int64_t row_bytes, int bits, int vb)
+{
+    const int64_t per_row = row_bytes / (32 * vb);
+    const int64_t gi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (gi >= rows * per_row)
+        return;
+    uint32_t *p = (uint32_t *)(base + (gi / per_row) * row_bytes + (gi % per_row) * (32 * vb));
+    uint32_t src[32], dst[32];
+    const int nw = 8 * vb, epw = 32 / bits;
+    const uint32_t mask = bits == 32 ? 0xFFFFFFFFu : ((1u << bits) - 1u);
+    for (int i = 0; i < nw; i++) {
+        src[i] = p[i];
+        dst[i] = 0;
+    }
+    for (int e = 0; e < nw * epw; e++) {
+        const uint32_t v = (src[e / epw] >> ((e % epw) * bits)) & mask;
+        const int l = e % 8, c = e / 8;
+        dst[l * vb + c / epw] |= v << ((c % epw) * bits);
+    }
+    for (int i = 0; i < nw; i++)
+        p[i] = dst[i];
+}
+
+/* ================================================================== host side */
+
+/** Blocks of @p threads for @p n threads. */
+static unsigned moe_nblk(int64_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
+
+/** 256-aligned bytes. */
+static size_t moe_al(size_t b) { return (b + 255) & ~(size_t)255; }
+
+size_t gfw_moe_work_bytes(int64_t Tm, int64_t D, int64_t kmax, int64_t width)
+{
+    const size_t tasks = (size_t)(Tm * (kmax + 1));
+    return moe_al(sizeof(float) * (size_t)(Tm * D)) + moe_al(sizeof(float) * tasks * (size_t)width) +
+           2 * moe_al(sizeof(int32_t) * tasks) + moe_al(sizeof(int4) * tasks) + moe_al(sizeof(int32_t));
+}
+
+void gfw_moe_work_carve(void *base, int64_t Tm, int64_t D, int64_t kmax, int64_t width, gfw_moe_work *w)
+{
+    const size_t tasks = (size_t)(Tm * (kmax + 1));
+    uint8_t *p = (uint8_t *)base;
+    w->xb = (float *)p;
+    p += moe_al(sizeof(float) * (size_t)(Tm * D));
+    w->hq = (float *)p;
+    p += moe_al(sizeof(float) * tasks * (size_t)width);
+    w->order = (int32_t *)p;
+    p += moe_al(sizeof(int32_t) * tasks);
+    w->flag = (int32_t *)p;
+    p += moe_al(sizeof(int32_t) * tasks);
+    w->items = (int4 *)p;
+    p += moe_al(sizeof(int4) * tasks);
+    w->n_items = (int32_t *)p;
+}
+
+const char *gfw_moe_unsupported(int64_t D, int64_t I, int64_t Ws, int B)
+{
+    if (D % 128 != 0 || I % 128 != 0)
+        return "the model width and the experts' intermediate width must be multiples of 128";
+    if (Ws > 0 && (Ws % 128 != 0 || B <= 0 || B % 32 != 0))
+        return "the shared expert's width must be a multiple of 128 and its scale block of 32";
+    return NULL;
+}
+
+cudaError_t gfw_moe_upload_exp_table(const unsigned long long tab[32])
+{
+    return cudaMemcpyToSymbol(c_exp2_tab, tab, sizeof(unsigned long long) * 32);
+}
+
+/** Chain-pack one matrix in place (nothing for NULL). */
+static cudaError_t moe_pack1(const void *p, int64_t rows, int64_t row_bytes, int bits, int vb)
+{
+    if (p == NULL || rows == 0)
+        return cudaSuccess;
+    const int64_t n = rows * (row_bytes / (32 * vb));
+    k_moe_pack<<<moe_nblk(n, 256), 256>>>((uint8_t *)p, rows, row_bytes, bits, vb);
+    return cudaGetLastError();
+}
+
+cudaError_t gfw_moe_pack(dmoe *m, uint16_t *gate)
+{
+    m->vb = m->D % 256 == 0 && m->I % 256 == 0 && (m->Ws == 0 || m->B % 128 == 0) ? 4 : 1;
+    const int vb = m->vb;
+    cudaError_t ce = moe_pack1(m->w1, m->held * m->I, m->D / 2, 4, vb);
+    if (ce == cudaSuccess)
+        ce = moe_pack1(m->w3, m->held * m->I, m->D / 2, 4, vb);
+    if (ce == cudaSuccess)
+        ce = moe_pack1(m->w2, m->held * m->D, m->I / 2, 4, vb);
+    if (ce == cudaSuccess && m->Ws > 0) {
+        ce = moe_pack1(m->sw1, m->Ws, m->D, 8, vb);
+        if (ce == cudaSuccess)
+            ce = moe_pack1(m->sw3, m->Ws, m->D, 8, vb);
+        if (ce == cudaSuccess)
+            ce = moe_pack1(m->sw2, m->D, m->Ws, 8, vb);
+    }
+    if (ce == cudaSuccess)
+        ce = moe_pack1(gate, m->E, 2 * m->D, 16, vb);
+    return ce;
+}
+
+/** The token tile for @p T tokens per call. */
+static int moe_tile(int64_t T) { return T >= 8 ? 8 : (T >= 4 ? 4 : (T >= 2 ? 2 : 1)); }
+
+/** Launch the router GEMM for tile TT. */
+template <int VB, int TT>
+static void moe_launch_logits(const gfw_moe_router &r, const float *xb, int64_t T, int64_t E, int64_t D, float *lg)
+{
+    const dim3 grid(moe_nblk(E, MOE_ROUTER_ROWS), moe_nblk(T, TT));
+    k_moe_logits<VB, TT, 32 / VB><<<grid, MOE_ROUTER_THREADS>>>(r.gate, xb, T, E, D, lg);
+}
+
+/** Launch L1, requant and L2 for tile TT. */
+template <int VB, int TT>
+static cudaError_t moe_launch_experts(const dmoe &m, const gfw_moe_work &w, const gfw_moe_io &io, int64_t items,
+                                      const char **what)
+{
+    const int64_t T = io.T, tasks = T * m.k + (m.Ws > 0 ? T : 0);
+    *what = "moe L1";
+    k_moe_l1<VB, TT><<<dim3(moe_nblk(io.width, MOE_ROWS), (unsigned)items), MOE_THREADS>>>(m, w, io.xq, io.wts, T,
+                                                                                            io.width, io.h);
+    cudaError_t ce = cudaGetLastError();
+    if (ce != cudaSuccess)
+        return ce;
+    *what = "moe requantization";
+    k_moe_requant<<<dim3((unsigned)(io.width / 128), (unsigned)tasks), 128>>>(m, io.idx, T, io.h, io.width, w.hq);
+    if ((ce = cudaGetLastError()) != cudaSuccess)
+        return ce;
+    *what = "moe L2";
+    k_moe_l2<VB, TT><<<dim3(moe_nblk(m.D, MOE_ROWS), (unsigned)items), MOE_THREADS>>>(m, w, T, io.width, io.slot_y);
+    return cudaGetLastError();
+}
+
+/** Dispatch on the token tile. */
+template <int VB>
+static cudaError_t moe_run_vb(const dmoe &m, const gfw_moe_router &r, const gfw_moe_work &w, const gfw_moe_io &io,
+                              int given, const char **what)
+{
+    const int64_t T = io.T, D = m.D, Tk = T * m.k;
+    const int TT = moe_tile(T);
+    *what = "moe input quantization";
+    k_moe_in<<<dim3((unsigned)(D / 128), (unsigned)T), 128>>>(io.x, D, w.xb, io.xq);
+    cudaError_t ce = cudaGetLastError();
+    if (ce != cudaSuccess)
+        return ce;
+    *what = "router logits";
+    switch (TT) {
+    case 1: moe_launch_logits<VB, 1>(r, w.xb, T, m.E, D, io.logits); break;
+    case 2: moe_launch_logits<VB, 2>(r, w.xb, T, m.E, D, io.logits); break;
+    case 4: moe_launch_logits<VB, 4>(r, w.xb, T, m.E, D, io.logits); break;
+    default: moe_launch_logits<VB, 8>(r, w.xb, T, m.E, D, io.logits); break;
+    }
+    if ((ce = cudaGetLastError()) != cudaSuccess)
+        return ce;
+    *what = "router";
+    k_moe_route_plan<<<1, MOE_PLAN_THREADS>>>(io.logits, r.bias, r.tid2eid, io.ids, T, m.E, (int)m.k, r.route_scale,
+                                              given, m.Ws > 0, TT, m.first, m.held, io.idx, io.wts, w);
+    if ((ce = cudaGetLastError()) != cudaSuccess)
+        return ce;
+    /* at most one partial item per expert (E + shared) beyond the full ones */
+    const int64_t distinct = (Tk < m.E ? Tk : m.E) + (m.Ws > 0 ? 1 : 0);
+    int64_t items = (Tk + (m.Ws > 0 ? T : 0)) / TT + distinct;
+    if (items > Tk + (m.Ws > 0 ? T : 0))
+        items = Tk + (m.Ws > 0 ? T : 0);
+    switch (TT) {
+    case 1: ce = moe_launch_experts<VB, 1>(m, w, io, items, what); break;
+    case 2: ce = moe_launch_experts<VB, 2>(m, w, io, items, what); break;
+    case 4: ce = moe_launch_experts<VB, 4>(m, w, io, items, what); break;
+    default: ce = moe_launch_experts<VB, 8>(m, w, io, items, what); break;
+    }
+    return ce;
+}
+
+cudaError_t gfw_moe_rows(const dmoe &m, const gfw_moe_router &r, const gfw_moe_work &w, const gfw_moe_io &io,
+                         int given, const char **what)
+{
+    return m.vb == 4 ? moe_run_vb<4>(m, r, w, io, given, what) : moe_run_vb<1>(m, r, w, io, given, what);
+}
+
+cudaError_t gfw_moe_combine(const dmoe &m, const gfw_moe_io &io, const char **what)
+{
+    *what = "moe combine";
+    k_moe_combine<<<moe_nblk(io.T * m.D, 256), 256>>>(io.slot_y, io.idx, io.T, (int)m.k, m.D, m.Ws > 0, io.y);
+    return cudaGetLastError();
+}
+
+cudaError_t gfw_moe_forward(const dmoe &m, const gfw_moe_router &r, const gfw_moe_work &w, const gfw_moe_io &io,
+                            int given, const char **what)
+{
+    const cudaError_t ce = gfw_moe_rows(m, r, w, io, given, what);
+    return ce != cudaSuccess ? ce : gfw_moe_combine(m, io, what);
+}
