@@ -1,0 +1,209 @@
+/**
+ * @file test_sum_order.c
+ * @brief Suite "sum_order": the chunked pairwise order of the forward's double sums
+ *        (docs/spec/architecture.md, "The order of the double sums") and the oracle's blocks that use it.
+ *
+ * The reference here is a recursive evaluation written from the spec's text (chunks of 16
+ * from +0 in ascending order; P splits at the largest power of two below the count), not the
+ * streaming binary counter of mmoe_sum_order.h.  Terms of widely spread magnitudes make the
+ * order visible: the tests also count how often the sequential sum differs, so a test that
+ * could not tell the orders apart fails.  Hand-derived values pin the definition down.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn_internal.h"
+#include "mmoe_formats.h"
+#include "mmoe_linear.h"
+#include "mmoe_mhc.h"
+#include "mmoe_sum_order.h"
+#include "mmoe_test.h"
+
+static uint64_t g_seed;
+
+/** P(c[0 .. m-1]) as the spec defines it, recursively. */
+static double ref_tree(const double *c, int64_t m)
+{
+    if (m == 1)
+        return c[0];
+    int64_t h = 1;
+    while (2 * h < m)
+        h *= 2;
+    return ref_tree(c, h) + ref_tree(c + h, m - h);
+}
+
+/** The spec's sum of t[0 .. n-1]: chunk sums of 16 from +0, then P. */
+static double ref_sum(const double *t, int64_t n)
+{
+    if (n == 0)
+        return 0.0;
+    const int64_t m = (n + 15) / 16;
+    double *c = malloc(sizeof(double) * (size_t)m);
+    ck_assert_ptr_nonnull(c);
+    for (int64_t k = 0; k < m; k++) {
+        double s = 0.0;
+        for (int64_t i = 16 * k; i < n && i < 16 * k + 16; i++)
+            s += t[i];
+        c[k] = s;
+    }
+    const double r = ref_tree(c, m);
+    free(c);
+    return r;
+}
+
+/** The same sum through mmoe_sum_order.h's streaming form. */
+static double stream_sum(const double *t, int64_t n)
+{
+    mmoe_pairwise pw;
+    mmoe_pairwise_init(&pw);
+    for (int64_t i0 = 0; i0 < n; i0 += MMOE_SUM_CHUNK) {
+        double c = 0.0;
+        for (int64_t i = i0; i < n && i < i0 + MMOE_SUM_CHUNK; i++)
+            c += t[i];
+        mmoe_pairwise_push(&pw, c);
+    }
+    return mmoe_pairwise_result(&pw);
+}
+
+/** A term of random sign and a magnitude spread over 2^-60 .. 2^20 (the order matters). */
+static double spread_term(mmoe_rng *r)
+{
+    const double mag = ldexp(1.0 + mmoe_rng_uniform(r), (int)(mmoe_rng_uniform(r) * 80.0) - 60);
+    return mmoe_rng_uniform(r) < 0.5 ? -mag : mag;
+}
+
+/*
+ * Hand-derived values (u = 2^-53, half an ulp of 1.0; 1 + u rounds to 1, ties to even):
+ * - 32 terms 1, u, u, ..., u: chunk 0 = 1 (each + u rounds back to 1), chunk 1 = 16u = 2^-49
+ *   exactly, P = 1 + 2^-49 (representable).  Summed in sequence: 1.
+ * - chunk sums 1, u, u (m = 3, h = 2): (1 + u) + u = 1 + u = 1; folded the other way it would be
+ *   1 + 2u = 1 + 2^-52.
+ * - chunk sums 1, u, u, u, u (m = 5, h = 4): ((1 + u) + (u + u)) + u = (1 + 2^-52) + u, a tie
+ *   between 1 + 2^-52 (odd) and 1 + 2^-51 (even): 1 + 2^-51.  Summed in sequence: 1.
+ * - no terms: +0.
+ */
+START_TEST(hand_values)
+{
+    const double u = ldexp(1.0, -53);
+    double t[80];
+    t[0] = 1.0;
+    for (int i = 1; i < 32; i++)
+        t[i] = u;
+    ck_assert(stream_sum(t, 32) == 1.0 + ldexp(1.0, -49));
+    /* chunk sums 1, u, u: each chunk one term then zeros */
+    memset(t, 0, sizeof t);
+    t[0] = 1.0;
+    t[16] = u;
+    t[32] = u;
+    ck_assert(stream_sum(t, 48) == 1.0);
+    ck_assert(stream_sum(t, 33) == 1.0);
+    for (int k = 3; k <= 4; k++)
+        t[16 * k] = u;
+    ck_assert(stream_sum(t, 80) == 1.0 + ldexp(1.0, -51));
+    ck_assert(stream_sum(t, 0) == 0.0 && !signbit(stream_sum(t, 0)));
+    /* the bf16 dot product of the attention scores: a = (1, 2^-27, ...), b = (1, 2^-26, ...) */
+    uint16_t a[32], b[32];
+    a[0] = b[0] = mmoe_bf16_from_f32(1.0f);
+    for (int i = 1; i < 32; i++) {
+        a[i] = mmoe_bf16_from_f32(ldexpf(1.0f, -27));
+        b[i] = mmoe_bf16_from_f32(ldexpf(1.0f, -26));
+    }
+    ck_assert(attn_dot_bf16(a, b, 32) == 1.0 + ldexp(1.0, -49));
+}
+END_TEST
+
+START_TEST(streaming_equals_recursive)
+{
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed);
+    double *t = malloc(sizeof(double) * 20000);
+    ck_assert_ptr_nonnull(t);
+    int differs_from_sequential = 0;
+    for (int trial = 0; trial < 300; trial++) {
+        const int64_t n = trial < 40 ? trial : 1 + (int64_t)(mmoe_rng_uniform(&r) * (trial % 3 ? 2000 : 20000));
+        double seq = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            t[i] = spread_term(&r);
+            seq += t[i];
+        }
+        const double want = ref_sum(t, n), got = stream_sum(t, n);
+        ck_assert_msg(memcmp(&want, &got, sizeof want) == 0, "n = %lld: %a, expected %a (seed %llu)", (long long)n,
+                      got, want, (unsigned long long)g_seed);
+        differs_from_sequential += seq != want;
+    }
+    free(t);
+    ck_assert_msg(differs_from_sequential > 50, "only %d of 300 sums differ from the sequential order",
+                  differs_from_sequential);
+}
+END_TEST
+
+/** RMSNorm and the attention dot product follow the order (inputs whose squares span 2^-100 .. 2^40). */
+START_TEST(oracle_blocks_use_the_order)
+{
+    enum { N = 4096 + 48, ROWS = 40 };
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed + 1);
+    uint16_t *x = malloc(2 * (size_t)(ROWS * N)), *y = malloc(2 * (size_t)(ROWS * N)), w[N];
+    double *terms = malloc(sizeof(double) * N);
+    ck_assert(x && y && terms);
+    for (int i = 0; i < ROWS * N; i++)
+        x[i] = mmoe_bf16_from_f32(ldexpf(1.0f + (float)mmoe_rng_uniform(&r), (int)(mmoe_rng_uniform(&r) * 70) - 50));
+    for (int i = 0; i < N; i++)
+        w[i] = mmoe_bf16_from_f32((float)(1.0 + 0.1 * mmoe_rng_normal(&r)));
+    mmoe_tensor wt = {MMOE_DT_BF16, 1, {N}, w, sizeof w};
+    mmoe_test_poison_bf16(y, ROWS * N);
+    mmoe_rmsnorm_bf16(x, ROWS, N, &wt, 1e-6f, y);
+    int dot_differs = 0;
+    for (int t = 0; t < ROWS; t++) {
+        const uint16_t *xr = x + (size_t)t * N;
+        double seq = 0.0;
+        for (int i = 0; i < N; i++) {
+            const double v = mmoe_bf16_to_f32(xr[i]);
+            terms[i] = v * v;
+        }
+        const float mean = (float)(ref_sum(terms, N) / (double)N);
+        const float rs = 1.0f / sqrtf(mean + 1e-6f);
+        for (int i = 0; i < N; i++) {
+            const uint16_t want = mmoe_bf16_from_f32(mmoe_bf16_to_f32(w[i]) * (mmoe_bf16_to_f32(xr[i]) * rs));
+            ck_assert_msg(y[(size_t)t * N + i] == want, "rmsnorm row %d col %d: %04x, expected %04x (seed %llu)", t, i,
+                          y[(size_t)t * N + i], want, (unsigned long long)g_seed);
+        }
+        /* a dot product of row t with row (t + 1) % ROWS, alternating signs */
+        const uint16_t *br = x + (size_t)((t + 1) % ROWS) * N;
+        for (int i = 0; i < N; i++) {
+            terms[i] = (double)mmoe_bf16_to_f32(xr[i]) * (double)mmoe_bf16_to_f32(br[i]) * (i % 3 ? 1.0 : -1.0);
+            seq += terms[i];
+        }
+        uint16_t *bneg = malloc(2 * (size_t)N);
+        ck_assert_ptr_nonnull(bneg);
+        for (int i = 0; i < N; i++)
+            bneg[i] = (uint16_t)(br[i] ^ (i % 3 ? 0u : 0x8000u));
+        const double want = ref_sum(terms, N), got = attn_dot_bf16(xr, bneg, N);
+        ck_assert_msg(want == got, "dot row %d: %a, expected %a (seed %llu)", t, got, want, (unsigned long long)g_seed);
+        dot_differs += seq != want;
+        free(bneg);
+    }
+    ck_assert_msg(dot_differs > 0, "no dot product differs from the sequential order");
+    free(x);
+    free(y);
+    free(terms);
+}
+END_TEST
+
+static Suite *sum_order_suite(void)
+{
+    Suite *s = suite_create("sum_order");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, hand_values);
+    tcase_add_test(tc, streaming_equals_recursive);
+    tcase_add_test(tc, oracle_blocks_use_the_order);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    g_seed = mmoe_test_seed("sum_order");
+    return mmoe_test_run(sum_order_suite());
+}
