@@ -190,11 +190,41 @@ START_TEST(test_expf)
 }
 END_TEST
 
+/**
+ * The rows of mmoe_test_sum_order_row(), whose bf16 output depends on the order of the double
+ * sum of squares (tests/test_sum_order.c checks that some rows do): the GPU's parallel sum must
+ * be the oracle's order, not only close to it.
+ */
+static void check_rmsnorm_order(void)
+{
+    const int64_t T = MMOE_TEST_SUM_ORDER_ROWS, n = 4096;
+    uint16_t *x = malloc(2 * (size_t)(T * n)), *w = malloc(2 * (size_t)n);
+    uint16_t *yc = malloc(2 * (size_t)(T * n)), *yg = malloc(2 * (size_t)(T * n));
+    ck_assert(x && w && yc && yg);
+    for (int64_t r = 0; r < T; r++)
+        mmoe_test_sum_order_row((int)r, n, x + r * n);
+    mmoe_test_sum_order_weight(n, w);
+    mmoe_tensor wt = view(MMOE_DT_BF16, 1, n, 0, w);
+    mmoe_rmsnorm_bf16(x, T, n, &wt, 0.0f, yc);
+    mmoe_test_poison_bf16(yg, (size_t)(T * n));
+    mmoe_error err;
+    ck_assert_msg(gfw_test_rmsnorm(x, T, n, w, 0.0f, yg, &err) == MMOE_OK, "%s", err.msg);
+    size_t bad = 0;
+    while (bad < (size_t)(T * n) && yg[bad] == yc[bad])
+        bad++;
+    ck_assert_msg(bad == (size_t)(T * n), "rmsnorm order rows: element %zu: gpu %04x, cpu %04x", bad,
+                  yg[bad < (size_t)(T * n) ? bad : 0], yc[bad < (size_t)(T * n) ? bad : 0]);
+    free(x), free(w), free(yc), free(yg);
+}
+
 START_TEST(test_rmsnorm)
 {
     check_rmsnorm(3, 128);
     check_rmsnorm(5, 4096);
     check_rmsnorm(2, 1024);
+    check_rmsnorm(2, 100);  /* a short last chunk */
+    check_rmsnorm(2, 7168); /* two chunks per thread */
+    check_rmsnorm_order();
 }
 END_TEST
 

@@ -10,6 +10,7 @@
  * could not tell the orders apart fails.  Hand-derived values pin the definition down.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -138,55 +139,88 @@ START_TEST(streaming_equals_recursive)
 }
 END_TEST
 
-/** RMSNorm and the attention dot product follow the order (inputs whose squares span 2^-100 .. 2^40). */
-START_TEST(oracle_blocks_use_the_order)
+/** bf16 outputs of RMSNorm (w, eps 0) of row @p x of n values, given its double sum of squares. */
+static void ref_rmsnorm(const uint16_t *x, const uint16_t *w, int n, double sumsq, uint16_t *y)
+{
+    const float mean = (float)(sumsq / (double)n);
+    const float rs = 1.0f / sqrtf(mean + 0.0f);
+    for (int i = 0; i < n; i++)
+        y[i] = mmoe_bf16_from_f32(mmoe_bf16_to_f32(w[i]) * (mmoe_bf16_to_f32(x[i]) * rs));
+}
+
+/*
+ * RMSNorm rows whose order shows in the bf16 output (mmoe_test_sum_order_row()).  Row (p, q):
+ * x0 = 1 + p/128, x2 = 1 + q/16, then 4080 tiny values t in 2^-27 [1, 1.4) from index 16 on,
+ * and x1 (and x3) chosen so that M = x0^2 + x2^2 + x1^2 (+ x3^2) is exact in double and the
+ * midpoint between two fp32 numbers: with 2^e <= x0^2 + x2^2 < 2^(e+1) (e = 1 or 2) the
+ * squares add half an fp32 ulp, 2^(e-24), as x1 = 2^((e-24)/2) when e is even, else
+ * x1 = x3 = 2^((e-25)/2).  Summed in sequence every t^2 < 2^(e-53) is less than half a double
+ * ulp of M and is lost, so the mean is a tie, rounded to even; in the spec's order the t^2 of a
+ * chunk add up first (16 t^2 > 2^-50) and survive: the sum is above M and the mean may round
+ * up.  Then rs may differ by an ulp, and the outputs w t rs may cross a bf16 rounding boundary.
+ * The test finds such rows with its own two references and requires some, so an oracle summing
+ * in sequence fails it (the GPU block test runs the same rows).
+ */
+START_TEST(rmsnorm_order_visible)
+{
+    enum { N = 4096 };
+    uint16_t x[N], w[N], y[N], want[N], seq_out[N];
+    double terms[N];
+    int rows_that_differ = 0;
+    mmoe_test_sum_order_weight(N, w);
+    mmoe_tensor wt = {MMOE_DT_BF16, 1, {N}, w, sizeof w};
+    for (int row = 0; row < MMOE_TEST_SUM_ORDER_ROWS; row++) {
+        mmoe_test_sum_order_row(row, N, x);
+        double seq = 0.0;
+        for (int i = 0; i < N; i++) {
+            const double v = mmoe_bf16_to_f32(x[i]);
+            terms[i] = v * v;
+            seq += terms[i];
+        }
+        ref_rmsnorm(x, w, N, ref_sum(terms, N), want);
+        ref_rmsnorm(x, w, N, seq, seq_out);
+        rows_that_differ += memcmp(want, seq_out, sizeof want) != 0;
+        mmoe_test_poison_bf16(y, N);
+        mmoe_rmsnorm_bf16(x, 1, N, &wt, 0.0f, y);
+        int bad = -1; /* one assertion per row (Check records each one) */
+        for (int i = 0; i < N && bad < 0; i++)
+            bad = y[i] != want[i] ? i : -1;
+        ck_assert_msg(bad < 0, "rmsnorm row %d col %d: %04x, expected %04x", row, bad, y[bad < 0 ? 0 : bad],
+                      want[bad < 0 ? 0 : bad]);
+    }
+    printf("rmsnorm_order_visible: %d of %d rows tell the orders apart\n", rows_that_differ, MMOE_TEST_SUM_ORDER_ROWS);
+    ck_assert_msg(rows_that_differ > 0, "no row tells the spec's order from the sequential one");
+}
+END_TEST
+
+/** The attention and indexer dot product follows the order (bf16 inputs spread over 2^-50 .. 2^20). */
+START_TEST(dot_follows_the_order)
 {
     enum { N = 4096 + 48, ROWS = 40 };
     mmoe_rng r;
     mmoe_rng_seed(&r, g_seed + 1);
-    uint16_t *x = malloc(2 * (size_t)(ROWS * N)), *y = malloc(2 * (size_t)(ROWS * N)), w[N];
+    uint16_t *x = malloc(2 * (size_t)(ROWS * N)), *bneg = malloc(2 * (size_t)N);
     double *terms = malloc(sizeof(double) * N);
-    ck_assert(x && y && terms);
+    ck_assert(x && bneg && terms);
     for (int i = 0; i < ROWS * N; i++)
         x[i] = mmoe_bf16_from_f32(ldexpf(1.0f + (float)mmoe_rng_uniform(&r), (int)(mmoe_rng_uniform(&r) * 70) - 50));
-    for (int i = 0; i < N; i++)
-        w[i] = mmoe_bf16_from_f32((float)(1.0 + 0.1 * mmoe_rng_normal(&r)));
-    mmoe_tensor wt = {MMOE_DT_BF16, 1, {N}, w, sizeof w};
-    mmoe_test_poison_bf16(y, ROWS * N);
-    mmoe_rmsnorm_bf16(x, ROWS, N, &wt, 1e-6f, y);
     int dot_differs = 0;
     for (int t = 0; t < ROWS; t++) {
-        const uint16_t *xr = x + (size_t)t * N;
+        /* row t against row (t + 1) % ROWS with every third sign flipped */
+        const uint16_t *xr = x + (size_t)t * N, *br = x + (size_t)((t + 1) % ROWS) * N;
         double seq = 0.0;
         for (int i = 0; i < N; i++) {
-            const double v = mmoe_bf16_to_f32(xr[i]);
-            terms[i] = v * v;
-        }
-        const float mean = (float)(ref_sum(terms, N) / (double)N);
-        const float rs = 1.0f / sqrtf(mean + 1e-6f);
-        for (int i = 0; i < N; i++) {
-            const uint16_t want = mmoe_bf16_from_f32(mmoe_bf16_to_f32(w[i]) * (mmoe_bf16_to_f32(xr[i]) * rs));
-            ck_assert_msg(y[(size_t)t * N + i] == want, "rmsnorm row %d col %d: %04x, expected %04x (seed %llu)", t, i,
-                          y[(size_t)t * N + i], want, (unsigned long long)g_seed);
-        }
-        /* a dot product of row t with row (t + 1) % ROWS, alternating signs */
-        const uint16_t *br = x + (size_t)((t + 1) % ROWS) * N;
-        for (int i = 0; i < N; i++) {
-            terms[i] = (double)mmoe_bf16_to_f32(xr[i]) * (double)mmoe_bf16_to_f32(br[i]) * (i % 3 ? 1.0 : -1.0);
+            bneg[i] = (uint16_t)(br[i] ^ (i % 3 ? 0u : 0x8000u));
+            terms[i] = (double)mmoe_bf16_to_f32(xr[i]) * (double)mmoe_bf16_to_f32(bneg[i]);
             seq += terms[i];
         }
-        uint16_t *bneg = malloc(2 * (size_t)N);
-        ck_assert_ptr_nonnull(bneg);
-        for (int i = 0; i < N; i++)
-            bneg[i] = (uint16_t)(br[i] ^ (i % 3 ? 0u : 0x8000u));
         const double want = ref_sum(terms, N), got = attn_dot_bf16(xr, bneg, N);
         ck_assert_msg(want == got, "dot row %d: %a, expected %a (seed %llu)", t, got, want, (unsigned long long)g_seed);
         dot_differs += seq != want;
-        free(bneg);
     }
     ck_assert_msg(dot_differs > 0, "no dot product differs from the sequential order");
     free(x);
-    free(y);
+    free(bneg);
     free(terms);
 }
 END_TEST
@@ -197,7 +231,8 @@ static Suite *sum_order_suite(void)
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, hand_values);
     tcase_add_test(tc, streaming_equals_recursive);
-    tcase_add_test(tc, oracle_blocks_use_the_order);
+    tcase_add_test(tc, rmsnorm_order_visible);
+    tcase_add_test(tc, dot_follows_the_order);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -2205,7 +2205,10 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
         const float w_scale = (float)(1.0 / sqrt((double)id) * (1.0 / sqrt((double)ih)));
         k_scale_bf16<<<nblk(T * ih), 256>>>(g->wi, T * ih, w_scale);
         k_rope<<<nblk(T * ih * (a.rope_dim / 2)), 256>>>(g->qi, T * ih, ih, id, a.rope_dim, b->cs, pos0, 0);
-        k_indexer_q<<<(unsigned)T, 512, sizeof(float) * (size_t)(ih * id)>>>(g->qi, (int)ih, (int)id);
+        const size_t q_smem = sizeof(float) * (size_t)(ih * id);
+        if (q_smem > 48 * 1024)
+            cudaFuncSetAttribute(k_indexer_q, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)q_smem);
+        k_indexer_q<<<(unsigned)T, 512, q_smem>>>(g->qi, (int)ih, (int)id);
         GFW_CHECK("indexer queries");
     }
     /* compressors (sequential over the call's tokens) */
