@@ -22,14 +22,13 @@
  * | k_linear_dense    | the four-lane double dot of linear_dense.c (warp-staged) | yes   |
  * | k_hc_part, _finish | mHC logits (double, block trees), sigmoid, Sinkhorn, mix | yes*  |
  * | k_hc_post         | fp32 write-back, j ascending, then the post term       | yes    |
- * | k_scale_heads     | per-head q scaling in bf16 steps [attn_forward.c]       | yes    |
- * | k_rope            | fp32 rotation with host cos/sin tables [attn_rope.c]    | yes    |
- * | k_fp8_roundtrip   | in-place QAT round trip, block 64 [qat_roundtrip.c]     | yes    |
- * | k_indexer_q       | weights scaling, Hadamard, FP4 round trip               | yes    |
+ * | k_scale_heads     | per-head q scaling in bf16 steps, RoPE [attn_forward.c] | yes    |
+ * | k_kv_finish       | kv RMSNorm, RoPE, FP8 round trip (block 64)             | yes    |
+ * | k_indexer_q       | RoPE, Hadamard, FP4 round trip; head weights scaling    | yes    |
  * | k_compress        | gated pooling per channel, finish [attn_compressor.c]   | yes*   |
  * | k_indexer_scores  | bf16-rounded head terms, double sums [attn_indexer.c]   | yes    |
  * | k_topk            | descending, NaN last, ties to the lower index           | yes    |
- * | k_attend          | chunked online softmax, sink, bf16 P [attn_sparse.c]    | exp    |
+ * | k_attend          | chunked online softmax, sink, bf16 P, inverse RoPE [attn_sparse.c] | exp |
  * | k_moe_logits      | router logits in the oracle's fixed GEMM order [moe_dot.c] | yes  |
  * | k_moe_route       | sqrt-softplus, bias for selection, top-k or hash        | exp/log|
  * | k_moe_l1, _l2     | FP8 x MXFP4 / FP8 x FP8 in the oracle's GEMM order; dsv4-ref epilogue | yes |
@@ -459,51 +458,9 @@ __global__ void k_hc_post(const uint16_t *out, uint16_t *X, int64_t T, int64_t D
 
 /* ================================================================== kernels: attention */
 
-/** The bf16-rounded square of bf16 value i (the q rescaling's term). */
-struct bf_sq_term {
-    const uint16_t *x; /**< the values */
-    __device__ double operator()(int64_t i) const
-    {
-        const float v = gfw_bf2f(x[i]);
-        return (double)gfw_bfr(__fmul_rn(v, v));
-    }
-};
-
-/**
- * q_h <- q_h * rsqrt(mean(q_h^2) + eps) in bf16 steps (attn_forward.c); one warp per row of
- * @p rows (t, head), the squares summed in the order of @ref spec_arch_sum_order.
- */
-__global__ void k_scale_heads(uint16_t *q, int64_t rows, int64_t d, float eps)
+/** Rotate pair @p p of the rope dims @p v at position @p pos (attn_rope.c; inverse: the conjugate). */
+__device__ __forceinline__ void rope_pair(uint16_t *v, int p, int half, const float *cs, int64_t pos, int inverse)
 {
-    const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-    const int lane = threadIdx.x & 31;
-    if (row >= rows)
-        return;
-    uint16_t *qh = q + row * d;
-    const double sum = gfw_group_sum(bf_sq_term{qh}, d, lane, 32);
-    const float mean = gfw_bfr(__fdiv_rn(__double2float_rn(sum), (float)d));
-    const float with_eps = gfw_bfr(__fadd_rn(mean, eps));
-    const float rs = gfw_bfr(__fdiv_rn(1.0f, __fsqrt_rn(with_eps)));
-    for (int64_t c = lane; c < d; c += 32)
-        qh[c] = gfw_f2bf(__fmul_rn(gfw_bf2f(qh[c]), rs));
-}
-
-/**
- * RoPE (or its inverse) on the last rope_dim dims of rows of width @p width: row r (of
- * rows_per_t per token) of token t at position pos0 + t (or pos_of[t] when given).  cs holds
- * [position][half] cos then sin: cs[(p * half + i) * 2 + {0,1}].
- */
-__global__ void k_rope(uint16_t *x, int64_t n_rows, int64_t rows_per_t, int64_t width, int rope_dim,
-                       const float *cs, int64_t pos0, int inverse)
-{
-    const int half = rope_dim / 2;
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n_rows * half)
-        return;
-    const int64_t r = i / half;
-    const int p = (int)(i % half);
-    const int64_t pos = pos0 + r / rows_per_t;
-    uint16_t *v = x + r * width + width - rope_dim;
     const float a = gfw_bf2f(v[2 * p]), b = gfw_bf2f(v[2 * p + 1]);
     const float c = cs[(pos * half + p) * 2], s = cs[(pos * half + p) * 2 + 1];
     float re, im;
@@ -516,6 +473,40 @@ __global__ void k_rope(uint16_t *x, int64_t n_rows, int64_t rows_per_t, int64_t 
     }
     v[2 * p] = gfw_f2bf(re);
     v[2 * p + 1] = gfw_f2bf(im);
+}
+
+/** The bf16-rounded square of bf16 value i (the q rescaling's term). */
+struct bf_sq_term {
+    const uint16_t *x; /**< the values */
+    __device__ double operator()(int64_t i) const
+    {
+        const float v = gfw_bf2f(x[i]);
+        return (double)gfw_bfr(__fmul_rn(v, v));
+    }
+};
+
+/**
+ * q_h <- q_h * rsqrt(mean(q_h^2) + eps) in bf16 steps (attn_forward.c), then RoPE on its last
+ * rope_dim dims at position pos0 + row / H; one warp per row of @p rows (t, head), the squares
+ * summed in the order of @ref spec_arch_sum_order.
+ */
+__global__ void k_scale_heads(uint16_t *q, int64_t rows, int64_t d, float eps, int64_t H, int rope_dim,
+                              const float *cs, int64_t pos0)
+{
+    const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x & 31;
+    if (row >= rows)
+        return;
+    uint16_t *qh = q + row * d;
+    const double sum = gfw_group_sum(bf_sq_term{qh}, d, lane, 32);
+    const float mean = gfw_bfr(__fdiv_rn(__double2float_rn(sum), (float)d));
+    const float with_eps = gfw_bfr(__fadd_rn(mean, eps));
+    const float rs = gfw_bfr(__fdiv_rn(1.0f, __fsqrt_rn(with_eps)));
+    for (int64_t c = lane; c < d; c += 32)
+        qh[c] = gfw_f2bf(__fmul_rn(gfw_bf2f(qh[c]), rs));
+    __syncwarp();
+    for (int p = lane; p < rope_dim / 2; p += 32)
+        rope_pair(qh + d - rope_dim, p, rope_dim / 2, cs, pos0 + row / H, 0);
 }
 
 /**
@@ -587,32 +578,42 @@ __device__ void hadamard_block(uint16_t *x, int64_t rows, int n, float *v)
     __syncthreads();
 }
 
-/** FP8 round trip of the nope dims of each kv row (one warp per row). */
-__global__ void k_fp8_roundtrip(uint16_t *x, int64_t rows, int64_t width, int64_t n)
+/**
+ * The kv row of each token (one block per row, blockDim.x a power of two): RMSNorm with @p w
+ * (the block's tree of squares, @ref spec_arch_sum_order), RoPE on the last rope_dim dims at
+ * position pos0 + row, and the FP8 round trip of the others (attn_forward.c), in place.
+ */
+__global__ void k_kv_finish(uint16_t *kv, int64_t d, ddense w, float eps, int rope_dim, const float *cs, int64_t pos0)
 {
-    const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-    if (r < rows)
-        fp8_roundtrip_warps(x + r * width, n, 0, 1);
+    __shared__ double sh[33];
+    uint16_t *x = kv + (int64_t)blockIdx.x * d;
+    const float rs = rms_factor(gfw_block_sum(sq_term{x}, d, sh), d, eps);
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
+        x[i] = gfw_f2bf(__fmul_rn(dv_at(w, i), __fmul_rn(gfw_bf2f(x[i]), rs)));
+    __syncthreads();
+    for (int p = threadIdx.x; p < rope_dim / 2; p += blockDim.x)
+        rope_pair(x + d - rope_dim, p, rope_dim / 2, cs, pos0 + blockIdx.x, 0);
+    fp8_roundtrip_warps(x, d - rope_dim, threadIdx.x / 32, blockDim.x / 32);
 }
 
 /**
- * Indexer queries of one token per block: Hadamard per head, then FP4 over all heads (RoPE
- * done before).  Dynamic shared memory: ih * id floats.
+ * Indexer queries of one token per block (attn_forward.c): RoPE on the last rope_dim dims of
+ * each head at position pos0 + t, Hadamard per head, then FP4 over all heads; and the token's
+ * head weights wi = bf16(wi * w_scale).  Dynamic shared memory: ih * id floats.
  */
-__global__ void k_indexer_q(uint16_t *qi, int ih, int id)
+__global__ void k_indexer_q(uint16_t *qi, int ih, int id, int rope_dim, const float *cs, int64_t pos0, uint16_t *wi,
+                            float w_scale)
 {
     extern __shared__ float hv[];
     uint16_t *q = qi + (int64_t)blockIdx.x * ih * id;
+    const int half = rope_dim / 2;
+    for (int p = threadIdx.x; p < ih * half; p += blockDim.x)
+        rope_pair(q + (int64_t)(p / half) * id + id - rope_dim, p % half, half, cs, pos0 + blockIdx.x, 0);
+    for (int h = threadIdx.x; h < ih; h += blockDim.x)
+        wi[(int64_t)blockIdx.x * ih + h] = gfw_f2bf(__fmul_rn(gfw_bf2f(wi[(int64_t)blockIdx.x * ih + h]), w_scale));
+    __syncthreads();
     hadamard_block(q, ih, id, hv);
     fp4_roundtrip_warps(q, (int64_t)ih * id, threadIdx.x / 32, blockDim.x / 32);
-}
-
-/** wi = bf16(bf16(weights_proj(x)) * w_scale), elementwise. */
-__global__ void k_scale_bf16(uint16_t *x, int64_t n, float s)
-{
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n)
-        x[i] = gfw_f2bf(__fmul_rn(gfw_bf2f(x[i]), s));
 }
 
 /** Arguments of the compressor kernel. */
@@ -709,12 +710,8 @@ __global__ void k_compress(comp_args a)
             const int half = a.rope_dim / 2;
             const int64_t bp = j * r;
             uint16_t *v = row_out + dh - a.rope_dim;
-            for (int p = threadIdx.x; p < half; p += blockDim.x) {
-                const float x0 = gfw_bf2f(v[2 * p]), x1 = gfw_bf2f(v[2 * p + 1]);
-                const float cv = a.cs[(bp * half + p) * 2], sv = a.cs[(bp * half + p) * 2 + 1];
-                v[2 * p] = gfw_f2bf(__fmaf_rn(x0, cv, -__fmul_rn(x1, sv)));
-                v[2 * p + 1] = gfw_f2bf(__fadd_rn(__fmul_rn(x0, sv), __fmul_rn(x1, cv)));
-            }
+            for (int p = threadIdx.x; p < half; p += blockDim.x)
+                rope_pair(v, p, half, a.cs, bp, 0);
         }
         __syncthreads();
         if (a.kind == 0) {
@@ -817,7 +814,8 @@ struct attend_args {
     const uint16_t *comp;     /**< [max_blocks, d] */
     const int32_t *topk_idx;  /**< [T, topk] (ratio 4) */
     const float *sink;        /**< [H] */
-    int H, d, W, ratio, topk;
+    const float *cs;          /**< cos/sin table for the inverse RoPE of the output (NULL: none) */
+    int H, d, W, ratio, topk, rope_dim;
     int64_t pos0;
     float scale;
     /** @var attend_args::H
@@ -833,7 +831,9 @@ struct attend_args {
      *  @var attend_args::pos0
      *  position of the call's first token
      *  @var attend_args::scale
-     *  score scale, 1/sqrt(d) */
+     *  score scale, 1/sqrt(d)
+     *  @var attend_args::rope_dim
+     *  rotary dimensions of the inverse RoPE */
     uint16_t *out;            /**< [T, H, d] */
 };
 
@@ -859,7 +859,7 @@ __device__ __forceinline__ const uint16_t *attend_row(const attend_args &a, int6
  * Each warp sums the scores of rows warp, warp + nw, ... (the order of
  * @ref spec_arch_sum_order, GFW_ATTEND_ROWS rows at a time); the exps are taken in parallel,
  * the denominator is summed in row order by one thread, and each thread extends the P.V sums of
- * its channels in row order.
+ * its channels in row order.  With a.cs the output gets its inverse RoPE at the end.
  */
 __global__ void k_attend(attend_args a)
 {
@@ -964,6 +964,11 @@ __global__ void k_attend(attend_args a)
         if (c >= d)
             break;
         o[c] = gfw_f2bf(__fdiv_rn(acc[ci], den));
+    }
+    if (a.cs) { /* the inverse RoPE of the output at the query's position (attn_forward.c) */
+        __syncthreads();
+        for (int p = tid; p < a.rope_dim / 2; p += blockDim.x)
+            rope_pair(o + d - a.rope_dim, p, a.rope_dim / 2, a.cs, pos, 1);
     }
 }
 
@@ -2150,15 +2155,29 @@ static mmoe_status rmsnorm(const uint16_t *x, int64_t rows, int64_t n, const dde
     return MMOE_OK;
 }
 
+/** Quantize @p rows rows of width K of @p x into g->aq, g->as (the input of the next FP8 linears). */
+static mmoe_status act_quant(mmoe_gpu_model *g, const uint16_t *x, int64_t rows, int64_t K, mmoe_error *err)
+{
+    k_act_quant<<<dim3((unsigned)(K / 128), (unsigned)rows), 128>>>(x, K, g->aq, g->as);
+    GFW_CHECK("activation quantization");
+    return MMOE_OK;
+}
+
+/** y = fp8_linear of the rows act_quant() left in g->aq, g->as (width w.K). */
+static mmoe_status linear_fp8_quantized(mmoe_gpu_model *g, int64_t rows, const dfp8 &w, uint16_t *y,
+                                        mmoe_error *err)
+{
+    k_linear_fp8<<<nblk(rows * w.N * 32), 256>>>(g->aq, g->as, rows, w, y);
+    GFW_CHECK("fp8 linear");
+    return MMOE_OK;
+}
+
 /** y = fp8_linear(x) for @p rows rows. */
 static mmoe_status linear_fp8(mmoe_gpu_model *g, const uint16_t *x, int64_t rows, const dfp8 &w, uint16_t *y,
                               mmoe_error *err)
 {
-    k_act_quant<<<dim3((unsigned)(w.K / 128), (unsigned)rows), 128>>>(x, w.K, g->aq, g->as);
-    GFW_CHECK("activation quantization");
-    k_linear_fp8<<<nblk(rows * w.N * 32), 256>>>(g->aq, g->as, rows, w, y);
-    GFW_CHECK("fp8 linear");
-    return MMOE_OK;
+    mmoe_status st = act_quant(g, x, rows, w.K, err);
+    return st == MMOE_OK ? linear_fp8_quantized(g, rows, w, y, err) : st;
 }
 
 /** Dense linear. */
@@ -2177,19 +2196,19 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
     const int64_t D = g->D, d = a.d, H = a.H, ih = a.ih, id = a.id;
     mmoe_status st;
     /* projections */
-    if ((st = linear_fp8(g, g->y, T, b->wq_a, g->qr, err)) != MMOE_OK ||
+    /* x quantized once for wq_a and wkv, q_r once for wq_b and the indexer's wq_b */
+    if ((st = act_quant(g, g->y, T, a.D, err)) != MMOE_OK ||
+        (st = linear_fp8_quantized(g, T, b->wq_a, g->qr, err)) != MMOE_OK ||
+        (st = linear_fp8_quantized(g, T, b->wkv, g->kv, err)) != MMOE_OK ||
         (st = rmsnorm(g->qr, T, a.q_lora, b->q_norm, a.eps, g->qr, err)) != MMOE_OK ||
-        (st = linear_fp8(g, g->qr, T, b->wq_b, g->q, err)) != MMOE_OK ||
-        (st = linear_fp8(g, g->y, T, b->wkv, g->kv, err)) != MMOE_OK ||
-        (st = rmsnorm(g->kv, T, d, b->kv_norm, a.eps, g->kv, err)) != MMOE_OK)
+        (st = act_quant(g, g->qr, T, a.q_lora, err)) != MMOE_OK ||
+        (st = linear_fp8_quantized(g, T, b->wq_b, g->q, err)) != MMOE_OK ||
+        (a.ratio == 4 && (st = linear_fp8_quantized(g, T, b->idx_wq_b, g->qi, err)) != MMOE_OK))
         return st;
-    k_scale_heads<<<nblk(T * H * 32), 256>>>(g->q, T * H, d, a.eps);
-    GFW_CHECK("q head scaling");
-    k_rope<<<nblk(T * H * (a.rope_dim / 2)), 256>>>(g->q, T * H, H, d, a.rope_dim, b->cs, pos0, 0);
-    k_rope<<<nblk(T * (a.rope_dim / 2)), 256>>>(g->kv, T, 1, d, a.rope_dim, b->cs, pos0, 0);
-    GFW_CHECK("rope");
-    k_fp8_roundtrip<<<nblk(T * 32, 128), 128>>>(g->kv, T, d, d - a.rope_dim);
-    GFW_CHECK("kv fp8 round trip");
+    k_scale_heads<<<nblk(T * H * 32), 256>>>(g->q, T * H, d, a.eps, H, a.rope_dim, b->cs, pos0);
+    GFW_CHECK("q head scaling and rope");
+    k_kv_finish<<<(unsigned)T, 256>>>(g->kv, d, b->kv_norm, a.eps, a.rope_dim, b->cs, pos0);
+    GFW_CHECK("kv norm, rope and fp8 round trip");
     const int c = a.ratio == 4 ? 2 : 1;
     if (a.ratio > 0) {
         if ((st = linear_dense(g->y, T, D, D, b->c_wkv, c * d, 0, 0, g->ckv, NULL, err)) != MMOE_OK ||
@@ -2197,18 +2216,15 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
             return st;
     }
     if (a.ratio == 4) {
-        if ((st = linear_fp8(g, g->qr, T, b->idx_wq_b, g->qi, err)) != MMOE_OK ||
-            (st = linear_dense(g->y, T, D, D, b->idx_wp, ih, 0, 0, NULL, g->wi, err)) != MMOE_OK ||
+        if ((st = linear_dense(g->y, T, D, D, b->idx_wp, ih, 0, 0, NULL, g->wi, err)) != MMOE_OK ||
             (st = linear_dense(g->y, T, D, D, b->i_wkv, 2 * id, 0, 0, g->ikv, NULL, err)) != MMOE_OK ||
             (st = linear_dense(g->y, T, D, D, b->i_wgate, 2 * id, 0, 0, g->igate, NULL, err)) != MMOE_OK)
             return st;
         const float w_scale = (float)(1.0 / sqrt((double)id) * (1.0 / sqrt((double)ih)));
-        k_scale_bf16<<<nblk(T * ih), 256>>>(g->wi, T * ih, w_scale);
-        k_rope<<<nblk(T * ih * (a.rope_dim / 2)), 256>>>(g->qi, T * ih, ih, id, a.rope_dim, b->cs, pos0, 0);
         const size_t q_smem = sizeof(float) * (size_t)(ih * id);
         if (q_smem > 48 * 1024)
             cudaFuncSetAttribute(k_indexer_q, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)q_smem);
-        k_indexer_q<<<(unsigned)T, 512, q_smem>>>(g->qi, (int)ih, (int)id);
+        k_indexer_q<<<(unsigned)T, 512, q_smem>>>(g->qi, (int)ih, (int)id, a.rope_dim, b->cs, pos0, g->wi, w_scale);
         GFW_CHECK("indexer queries");
     }
     /* compressors (sequential over the call's tokens) */
@@ -2231,13 +2247,12 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
             GFW_CHECK("indexer top-k");
         }
     }
-    attend_args aa = {g->q, g->kv, b->ring, b->comp, g->topk_idx, b->sink, (int)H, (int)d, a.window, a.ratio,
-                      a.topk, pos0, (float)(1.0 / sqrt((double)d)), g->att};
+    attend_args aa = {g->q, g->kv, b->ring, b->comp, g->topk_idx, b->sink, b->cs, (int)H, (int)d, a.window, a.ratio,
+                      a.topk, a.rope_dim, pos0, (float)(1.0 / sqrt((double)d)), g->att};
     k_attend<<<dim3((unsigned)T, (unsigned)H), 256>>>(aa);
-    GFW_CHECK("attention");
+    GFW_CHECK("attention and inverse rope");
     k_ring_store<<<nblk((T < a.window ? T : a.window) * d), 256>>>(g->kv, T, pos0, a.window, (int)d, b->ring);
-    k_rope<<<nblk(T * H * (a.rope_dim / 2)), 256>>>(g->att, T * H, H, d, a.rope_dim, b->cs, pos0, 1);
-    GFW_CHECK("window store / inverse rope");
+    GFW_CHECK("window store");
     /* grouped output projection */
     const int64_t hd = H * d, gw = hd / a.G, gr = (int64_t)a.G * a.o_lora;
     if ((st = linear_dense(g->att, T, hd, gw, b->wo_a, gr, a.o_lora, gw, NULL, g->z, err)) != MMOE_OK)
@@ -2575,7 +2590,7 @@ extern "C" mmoe_status gfw_test_attend(const uint16_t *q, int H, int d, const ui
     const float *dsink = (const float *)tput(&a, sink, sizeof(float) * (size_t)H);
     uint16_t *dout = (uint16_t *)tput(&a, NULL, 2 * (size_t)H * (size_t)d);
     if (a.ce == cudaSuccess) {
-        attend_args aa = {dq, dr + (n - 1) * d, dr, NULL, NULL, dsink, H, d, (int)n, 0, 0, n - 1,
+        attend_args aa = {dq, dr + (n - 1) * d, dr, NULL, NULL, dsink, NULL, H, d, (int)n, 0, 0, 0, n - 1,
                           (float)(1.0 / sqrt((double)d)), dout};
         k_attend<<<dim3(1, (unsigned)H), 256>>>(aa);
     }
