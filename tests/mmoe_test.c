@@ -67,6 +67,17 @@ void mmoe_test_sum_order_row(int r, int64_t n, uint16_t *x)
         x[i] = mmoe_bf16_from_f32(ldexpf(1.0f + (float)((i * 37 + p) % 52) / 128.0f, -27));
 }
 
+void mmoe_test_sum_order_sum_row(int r, int64_t n, uint16_t *x)
+{
+    const int p = 1 + r / 8, q = r % 8;
+    memset(x, 0, 2 * (size_t)n);
+    x[0] = mmoe_bf16_from_f32(1.0f + (float)p / 128.0f);
+    x[2] = mmoe_bf16_from_f32(1.0f + (float)q / 16.0f);
+    x[1] = mmoe_bf16_from_f32(ldexpf(1.0f, -23)); /* half an fp32 ulp of x0 + x2 in [2, 4) */
+    for (int64_t i = 16; i < n; i++)
+        x[i] = mmoe_bf16_from_f32(ldexpf(1.0f + (float)((i * 37 + p) % 52) / 128.0f, -54));
+}
+
 void mmoe_test_sum_order_weight(int64_t n, uint16_t *w)
 {
     for (int64_t i = 0; i < n; i++)

@@ -54,6 +54,12 @@ void mmoe_test_poison_bf16(uint16_t *p, size_t n);
 void mmoe_test_sum_order_row(int r, int64_t n, uint16_t *x);
 /** The weight of those rows: w_i = 1 + ((101 i) mod 128) / 128, bf16. */
 void mmoe_test_sum_order_weight(int64_t n, uint16_t *w);
+/**
+ * Row @p r (< MMOE_TEST_SUM_ORDER_ROWS) of @p n >= 16 bf16 values whose plain sum, rounded to
+ * fp32, differs between the order of the forward's double sums and the sequential order (a dot
+ * product with a weight row of ones: tests/test_sum_order.c, dense_order_visible).
+ */
+void mmoe_test_sum_order_sum_row(int r, int64_t n, uint16_t *x);
 
 /**
  * Distance in units in the last place between two floats (ordered-integer

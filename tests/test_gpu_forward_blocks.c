@@ -284,12 +284,38 @@ static void check_dense(int64_t T, int64_t N, int64_t K, int f32)
     free(x), free(w), free(yc), free(yg);
 }
 
+/**
+ * The rows of mmoe_test_sum_order_sum_row() against a weight row of ones: each output's fp32
+ * rounding depends on the order of its double sum (tests/test_sum_order.c), so the GPU must
+ * sum in the oracle's order.
+ */
+static void check_dense_order(void)
+{
+    const int64_t T = MMOE_TEST_SUM_ORDER_ROWS, K = 4096;
+    uint16_t *x = malloc(2 * (size_t)(T * K)), *w = malloc(2 * (size_t)K);
+    float *yc = malloc(sizeof(float) * (size_t)T), *yg = malloc(sizeof(float) * (size_t)T);
+    ck_assert(x && w && yc && yg);
+    for (int64_t r = 0; r < T; r++)
+        mmoe_test_sum_order_sum_row((int)r, K, x + r * K);
+    for (int64_t k = 0; k < K; k++)
+        w[k] = mmoe_bf16_from_f32(1.0f);
+    mmoe_tensor wt = view(MMOE_DT_BF16, 2, 1, K, w);
+    mmoe_error err;
+    ck_assert_msg(mmoe_linear_dense(x, T, K, &wt, 1, yc, NULL, &err) == MMOE_OK, "%s", err.msg);
+    mmoe_test_poison_f32(yg, (size_t)T);
+    ck_assert_msg(gfw_test_linear_dense(x, T, K, w, 0, 1, yg, &err) == MMOE_OK, "%s", err.msg);
+    expect_same_f32("dense linear, order rows", yg, yc, (size_t)T);
+    free(x), free(w), free(yc), free(yg);
+}
+
 START_TEST(test_linear_dense)
 {
     check_dense(3, 256, 128, 1);   /* tiny compressor */
     check_dense(3, 1024, 4096, 1); /* V4-Flash ratio-4 compressor wkv */
     check_dense(4, 64, 4096, 0);   /* indexer weights_proj */
-    check_dense(2, 1024, 4097, 0); /* a K that is not a multiple of 4 */
+    check_dense(2, 1024, 4097, 0); /* a K that is not a multiple of 16: a short last chunk */
+    check_dense(2, 16, 8192, 0);   /* two chunks per thread */
+    check_dense_order();
 }
 END_TEST
 

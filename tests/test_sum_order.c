@@ -193,6 +193,43 @@ START_TEST(rmsnorm_order_visible)
 }
 END_TEST
 
+/*
+ * Dense linear rows (mmoe_test_sum_order_sum_row()) against a weight row of ones: x0 = 1 + p/128
+ * and x2 = 1 + q/16 sum to s in [2, 4) with no bit below 2^-7, x1 = 2^-23 is half an fp32 ulp
+ * there, so M = s + x1 is exact in double and an fp32 midpoint whose lower neighbour s is even;
+ * the 4080 values t in 2^-54 [1, 1.4) from index 16 on are each less than half a double ulp of
+ * M (2^-52).  In sequence every t is lost, the sum is the tie M and rounds to s; in the spec's
+ * order a chunk's 16 t add up first (> 2^-50), survive, and the sum rounds up to s + 2^-22.  So
+ * every row tells the orders apart, in the fp32 output itself (a sequential oracle fails here).
+ */
+START_TEST(dense_order_visible)
+{
+    enum { N = 4096 };
+    uint16_t x[N], ones[N];
+    double terms[N];
+    for (int i = 0; i < N; i++)
+        ones[i] = mmoe_bf16_from_f32(1.0f);
+    mmoe_tensor wt = {MMOE_DT_BF16, 2, {1, N}, ones, sizeof ones};
+    int rows_that_differ = 0;
+    for (int row = 0; row < MMOE_TEST_SUM_ORDER_ROWS; row++) {
+        mmoe_test_sum_order_sum_row(row, N, x);
+        double seq = 0.0;
+        for (int i = 0; i < N; i++) {
+            terms[i] = mmoe_bf16_to_f32(x[i]);
+            seq += terms[i];
+        }
+        const float want = (float)ref_sum(terms, N);
+        rows_that_differ += want != (float)seq;
+        float y = NAN;
+        mmoe_error err;
+        ck_assert_int_eq(mmoe_linear_dense(x, 1, N, &wt, 1, &y, NULL, &err), MMOE_OK);
+        ck_assert_msg(memcmp(&y, &want, sizeof y) == 0, "dense row %d: %a, expected %a", row, y, want);
+    }
+    ck_assert_msg(rows_that_differ == MMOE_TEST_SUM_ORDER_ROWS, "only %d rows tell the orders apart",
+                  rows_that_differ);
+}
+END_TEST
+
 /** The attention and indexer dot product follows the order (bf16 inputs spread over 2^-50 .. 2^20). */
 START_TEST(dot_follows_the_order)
 {
@@ -233,6 +270,7 @@ static Suite *sum_order_suite(void)
     tcase_add_test(tc, streaming_equals_recursive);
     tcase_add_test(tc, rmsnorm_order_visible);
     tcase_add_test(tc, dot_follows_the_order);
+    tcase_add_test(tc, dense_order_visible);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -54,12 +54,12 @@ typedef struct {
 MMOE_SUM_FN void mmoe_pairwise_init(mmoe_pairwise *p) { p->n = 0; }
 
 /**
- * Append the next chunk sum @p c: two subtrees of equal level merge (left + right) until the
- * levels are strictly decreasing again.
+ * Append the sum @p c of the next aligned run of 2^@p level chunks (a node of the tree; every
+ * subtree held must be at least that deep): two subtrees of equal level merge (left + right)
+ * until the levels are strictly decreasing again.
  */
-MMOE_SUM_FN void mmoe_pairwise_push(mmoe_pairwise *p, double c)
+MMOE_SUM_FN void mmoe_pairwise_push_node(mmoe_pairwise *p, double c, int level)
 {
-    int level = 0;
     while (p->n > 0 && p->lvl[p->n - 1] == level) {
         c = p->s[p->n - 1] + c;
         p->n--;
@@ -69,6 +69,9 @@ MMOE_SUM_FN void mmoe_pairwise_push(mmoe_pairwise *p, double c)
     p->lvl[p->n] = level;
     p->n++;
 }
+
+/** Append the next chunk sum @p c. */
+MMOE_SUM_FN void mmoe_pairwise_push(mmoe_pairwise *p, double c) { mmoe_pairwise_push_node(p, c, 0); }
 
 /** P of the chunk sums pushed so far: the subtrees folded from the right (+0 when none). */
 MMOE_SUM_FN double mmoe_pairwise_result(const mmoe_pairwise *p)

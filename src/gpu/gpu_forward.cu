@@ -19,7 +19,7 @@
  * | k_rmsnorm         | sum of squares in double, the block's tree [rmsnorm.c]  | yes    |
  * | k_act_quant       | 1x128 E4M3, UE8M0 ceil scale of the V4 rule [linear_fp8.c] | yes |
  * | k_linear_fp8      | exact block partials, fp32 scaled sum in block order    | yes    |
- * | k_linear_dense    | the four-lane double dot of linear_dense.c (warp-staged) | yes   |
+ * | k_linear_dense    | double dot in the chunked pairwise order [linear_dense.c] | yes   |
  * | k_hc_part, _finish | mHC logits (double, block trees), sigmoid, Sinkhorn, mix | yes*  |
  * | k_hc_post         | fp32 write-back, j ascending, then the post term       | yes    |
  * | k_scale_heads     | per-head q scaling in bf16 steps, RoPE [attn_forward.c] | yes    |
@@ -218,6 +218,9 @@ __global__ void k_act_quant(const uint16_t *x, int64_t K, uint8_t *q, float *s)
         s[row * (K / 128) + kb] = sc;
 }
 
+/** K blocks of 128 whose codes k_linear_fp8 loads at once. */
+#define GFW_FP8_BATCH 8
+
 /**
  * y[t, n] = bf16(sum_kb fl(partial_kb) * (s_x * s_w)) with the exact block partials of
  * linear_fp8.c: one warp per output; the lanes' double partial sums of E4M3 products are
@@ -233,72 +236,172 @@ __global__ void k_linear_fp8(const uint8_t *xq, const float *xs, int64_t T, dfp8
     const int64_t K = w.K, kb_w = K / w.block;
     const uint8_t *xr = xq + t * K, *wr = w.w + n * K;
     float acc = 0.0f;
-    const int per_lane = w.block / 32; /* 4 contiguous codes per lane for 128-blocks, 1 for 32-blocks */
-    for (int64_t kb = 0; kb < kb_w; kb++) {
-        double part = 0.0;
-        const int64_t k0 = kb * w.block + (int64_t)lane * per_lane;
-        if (per_lane == 4) {
-            const uint32_t xa = *(const uint32_t *)(xr + k0), wa = *(const uint32_t *)(wr + k0);
-            for (int i = 0; i < 4; i++)
-                part += (double)gfw_e4m3_value((xa >> (8 * i)) & 0xFF) * (double)gfw_e4m3_value((wa >> (8 * i)) & 0xFF);
-        } else {
+    if (w.block == 128) {
+        /* 4 contiguous codes per lane and block; the codes of GFW_FP8_BATCH blocks are loaded
+           before any is summed, so that the loads are in flight together */
+        for (int64_t kb0 = 0; kb0 < kb_w; kb0 += GFW_FP8_BATCH) {
+            uint32_t xa[GFW_FP8_BATCH], wa[GFW_FP8_BATCH];
+#pragma unroll
+            for (int u = 0; u < GFW_FP8_BATCH; u++) {
+                const int64_t k0 = (kb0 + u) * 128 + (int64_t)lane * 4;
+                xa[u] = kb0 + u < kb_w ? *(const uint32_t *)(xr + k0) : 0u;
+                wa[u] = kb0 + u < kb_w ? *(const uint32_t *)(wr + k0) : 0u;
+            }
+#pragma unroll
+            for (int u = 0; u < GFW_FP8_BATCH; u++) {
+                if (kb0 + u >= kb_w)
+                    break;
+                double part = 0.0;
+                for (int i = 0; i < 4; i++)
+                    part += (double)gfw_e4m3_value((xa[u] >> (8 * i)) & 0xFF) *
+                            (double)gfw_e4m3_value((wa[u] >> (8 * i)) & 0xFF);
+                part = warp_sum(part); /* exact: the order of the additions does not matter */
+                const float s_x = xs[t * (K / 128) + kb0 + u];
+                const float s_w = gfw_ue8m0(w.s[(n / 128) * w.scols + kb0 + u]);
+                acc = __fadd_rn(acc, __fmul_rn(__double2float_rn(part), __fmul_rn(s_x, s_w)));
+            }
+        }
+    } else {
+        const int per_lane = w.block / 32; /* 1 code per lane for 32-blocks */
+        for (int64_t kb = 0; kb < kb_w; kb++) {
+            double part = 0.0;
+            const int64_t k0 = kb * w.block + (int64_t)lane * per_lane;
             for (int i = 0; i < per_lane; i++)
                 part += (double)gfw_e4m3_value(xr[k0 + i]) * (double)gfw_e4m3_value(wr[k0 + i]);
+            part = warp_sum(part); /* exact: the order of the additions does not matter */
+            const float s_x = xs[t * (K / 128) + kb * w.block / 128];
+            const float s_w = gfw_ue8m0(w.s[(n / w.block) * w.scols + kb]);
+            acc = __fadd_rn(acc, __fmul_rn(__double2float_rn(part), __fmul_rn(s_x, s_w)));
         }
-        part = warp_sum(part); /* exact: the order of the additions does not matter */
-        const float s_x = xs[t * (K / 128) + kb * w.block / 128];
-        const float s_w = gfw_ue8m0(w.s[(n / w.block) * w.scols + kb]);
-        acc = __fadd_rn(acc, __fmul_rn(__double2float_rn(part), __fmul_rn(s_x, s_w)));
     }
     if (lane == 0)
         y[t * w.N + n] = gfw_f2bf(acc);
 }
 
-/** Products a tile of k values holds per warp in k_linear_dense. */
-#define GFW_DENSE_TILE 256
+/** 16 bf16 values from @p p (32-byte aligned when @p vec) as fp32. */
+__device__ __forceinline__ void load16_bf16(const uint16_t *p, bool vec, float *out)
+{
+    if (vec) {
+        const uint4 u0 = ((const uint4 *)p)[0], u1 = ((const uint4 *)p)[1];
+        const uint32_t w[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            out[2 * i] = __uint_as_float(w[i] << 16);
+            out[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+            out[i] = gfw_bf2f(p[i]);
+    }
+}
 
 /**
- * Dense linear (linear_dense.c): y[t, n] = fl32(((l0 + l1) + (l2 + l3))) with four interleaved
- * double lanes over k (l_j sums k = j mod 4 in ascending order, the K mod 4 tail joins l0).
- * x row t starts at x + t*ldx + (n / group_rows) * group_width (the grouped output projection
- * reads its head group; group_rows = 0: no grouping).  One warp per output: all 32 lanes load
- * a tile of 256 consecutive k (coalesced) and form the exact double products in shared memory,
- * then lanes 0..3 extend their chains over the tile in the oracle's order, so the sums are the
- * oracle's bit for bit while the loads run in parallel.  Blocks of 4 warps.
+ * Chunk @p k of the dense dot product of x row @p xr (bf16) with weight row @p n: the exact
+ * double products of its (up to) 16 values, ascending from +0 (@ref spec_arch_sum_order).  A
+ * full chunk is read with 16-byte loads where aligned, and an FP8 weight's chunk shares one
+ * scale when the scale block is a multiple of 16.
+ */
+__device__ double dense_chunk(const ddense &w, int64_t n, const uint16_t *xr, int64_t k, int64_t K)
+{
+    const int64_t i0 = k * MMOE_SUM_CHUNK;
+    if (i0 >= K)
+        return 0.0;
+    double c = 0.0;
+    if (i0 + MMOE_SUM_CHUNK > K) { /* the short last chunk */
+        for (int64_t i = i0; i < K; i++)
+            c = __dadd_rn(c, __dmul_rn((double)gfw_bf2f(xr[i]), dd_at(w, n, i)));
+        return c;
+    }
+    float xv[16], wv[16];
+    load16_bf16(xr + i0, ((uintptr_t)(xr + i0) & 15) == 0, xv);
+    const int64_t e = n * w.cols + i0;
+    if (w.dtype == GFW_BF16) {
+        const uint16_t *p = (const uint16_t *)w.p + e;
+        load16_bf16(p, ((uintptr_t)p & 15) == 0, wv);
+    } else if (w.dtype == GFW_F32) {
+        const float *p = (const float *)w.p + e;
+        if (((uintptr_t)p & 15) == 0) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const float4 f = ((const float4 *)p)[q];
+                wv[4 * q] = f.x, wv[4 * q + 1] = f.y, wv[4 * q + 2] = f.z, wv[4 * q + 3] = f.w;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 16; i++)
+                wv[i] = p[i];
+        }
+    } else if (w.block % MMOE_SUM_CHUNK == 0) { /* F8: the chunk lies in one scale block */
+        const uint8_t *p = (const uint8_t *)w.p + e;
+        const float sc = gfw_ue8m0(w.scale[(int64_t)((int)n / w.block) * w.scols + (int)i0 / w.block]);
+        uint32_t codes[4];
+        if (((uintptr_t)p & 15) == 0) {
+            const uint4 u = *(const uint4 *)p;
+            codes[0] = u.x, codes[1] = u.y, codes[2] = u.z, codes[3] = u.w;
+        } else {
+            for (int q = 0; q < 4; q++)
+                codes[q] = (uint32_t)p[4 * q] | ((uint32_t)p[4 * q + 1] << 8) | ((uint32_t)p[4 * q + 2] << 16) |
+                           ((uint32_t)p[4 * q + 3] << 24);
+        }
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+            wv[i] = gfw_bfr(__fmul_rn(gfw_e4m3_value((codes[i / 4] >> (8 * (i % 4))) & 0xFFu), sc));
+    } else {
+        for (int i = 0; i < 16; i++)
+            wv[i] = (float)dd_at(w, n, i0 + i);
+    }
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+        c = __fma_rn((double)xv[i], (double)wv[i], c); /* an exact product: one rounding, the sum's */
+    return c;
+}
+
+/** Threads of a k_linear_dense block for width K: the chunks rounded up to a power of two, 32..256. */
+static int dense_threads(int64_t K)
+{
+    const int64_t m = (K + MMOE_SUM_CHUNK - 1) / MMOE_SUM_CHUNK;
+    int b = 32;
+    while (b < m && b < 256)
+        b *= 2;
+    return b;
+}
+
+/**
+ * Dense linear (linear_dense.c): y[t, n] = fl32(the double sum of x_k w_k in the order of
+ * @ref spec_arch_sum_order), one block per output (dense_threads(K) threads, each one aligned
+ * run of chunks, then the block's tree).  x row t starts at x + t*ldx + (n / group_rows) *
+ * group_width (the grouped output projection reads its head group; group_rows = 0: no
+ * grouping).
  */
 __global__ void k_linear_dense(const uint16_t *x, int64_t T, int64_t ldx, int64_t K, ddense w, int64_t N,
                                int64_t group_rows, int64_t group_width, float *y_f32, uint16_t *y_bf16)
 {
-    __shared__ double prod[4][GFW_DENSE_TILE];
-    const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-    const int lane = threadIdx.x & 31, wib = (threadIdx.x / 32) & 3;
-    if (warp >= T * N)
+    __shared__ double sh[33];
+    const int64_t o = blockIdx.x;
+    if (o >= T * N)
         return;
-    const int64_t t = warp / N, n = warp % N;
+    const int64_t t = o / N, n = o % N;
     const uint16_t *xr = x + t * ldx + (group_rows > 0 ? (n / group_rows) * group_width : 0);
-    const int64_t K4 = K & ~(int64_t)3;
-    double l = 0.0; /* lane j < 4: the chain of k = j mod 4 */
-    for (int64_t k0 = 0; k0 < K4; k0 += GFW_DENSE_TILE) {
-        const int cnt = (int)(K4 - k0 < GFW_DENSE_TILE ? K4 - k0 : GFW_DENSE_TILE);
-        for (int i = lane; i < cnt; i += 32)
-            prod[wib][i] = (double)gfw_bf2f(xr[k0 + i]) * dd_at(w, n, k0 + i); /* exact */
-        __syncwarp();
-        if (lane < 4)
-            for (int i = lane; i < cnt; i += 4)
-                l = __dadd_rn(l, prod[wib][i]);
-        __syncwarp();
+    const int64_t r = gfw_chunks_per_lane(K, blockDim.x);
+    double v;
+    if (r == 1) {
+        v = dense_chunk(w, n, xr, threadIdx.x, K);
+    } else {
+        mmoe_pairwise pw;
+        mmoe_pairwise_init(&pw);
+        for (int64_t q = 0; q < r; q++)
+            mmoe_pairwise_push(&pw, dense_chunk(w, n, xr, threadIdx.x * r + q, K));
+        v = mmoe_pairwise_result(&pw);
     }
-    double l0 = __shfl_sync(0xFFFFFFFFu, l, 0), l1 = __shfl_sync(0xFFFFFFFFu, l, 1);
-    const double l2 = __shfl_sync(0xFFFFFFFFu, l, 2), l3 = __shfl_sync(0xFFFFFFFFu, l, 3);
-    if (lane != 0)
-        return;
-    for (int64_t k = K4; k < K; k++)
-        l0 = __dadd_rn(l0, (double)gfw_bf2f(xr[k]) * dd_at(w, n, k));
-    const float v = __double2float_rn(__dadd_rn(__dadd_rn(l0, l1), __dadd_rn(l2, l3)));
-    if (y_f32)
-        y_f32[warp] = v;
-    if (y_bf16)
-        y_bf16[warp] = gfw_f2bf(v);
+    v = gfw_block_tree(v, sh);
+    if (threadIdx.x == 0) {
+        const float f = __double2float_rn(v);
+        if (y_f32)
+            y_f32[o] = f;
+        if (y_bf16)
+            y_bf16[o] = gfw_f2bf(f);
+    }
 }
 
 /* ================================================================== kernels: mHC */
@@ -739,19 +842,20 @@ struct bf_dot_term {
 };
 
 /**
- * Indexer block scores (attn_indexer.c), one warp per (t, block j < (pos+1)/4); blocks beyond
- * are not written.  Aligned groups of G lanes (G = the chunks of a head's dot product, rounded
+ * Indexer block scores (attn_indexer.c) into scores[t * max_blocks + j], one warp per (t, block
+ * j < nb), nb at least the causal count of the call's last token; blocks j >= (pos+1)/4 are
+ * not written.  Aligned groups of G lanes (G = the chunks of a head's dot product, rounded
  * up to a power of two, at most 32) sum one head each in the order of @ref spec_arch_sum_order;
  * lane 0 adds the heads' bf16 terms in ascending head order, as the oracle.
  */
 __global__ void k_indexer_scores(const uint16_t *qi, const uint16_t *wi, const uint16_t *keys, int ih, int id,
-                                 int64_t T, int64_t pos0, int64_t max_blocks, float *scores)
+                                 int64_t T, int64_t pos0, int64_t nb, int64_t max_blocks, float *scores)
 {
     const int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x & 31;
-    if (w >= T * max_blocks)
+    if (w >= T * nb)
         return;
-    const int64_t t = w / max_blocks, j = w % max_blocks;
+    const int64_t t = w / nb, j = w % nb;
     const int64_t n_causal = (pos0 + t + 1) / 4;
     if (j >= n_causal)
         return;
@@ -776,7 +880,7 @@ __global__ void k_indexer_scores(const uint16_t *qi, const uint16_t *wi, const u
         }
     }
     if (lane == 0)
-        scores[w] = gfw_bfr(__double2float_rn(head_sum));
+        scores[t * max_blocks + j] = gfw_bfr(__double2float_rn(head_sum));
 }
 
 /** Does candidate a (score sa) come before b in the indexer's order? */
@@ -2184,7 +2288,7 @@ static mmoe_status linear_fp8(mmoe_gpu_model *g, const uint16_t *x, int64_t rows
 static mmoe_status linear_dense(const uint16_t *x, int64_t rows, int64_t ldx, int64_t K, const ddense &w, int64_t N,
                                 int64_t group_rows, int64_t group_width, float *yf, uint16_t *yb, mmoe_error *err)
 {
-    k_linear_dense<<<nblk(rows * N * 32, 128), 128>>>(x, rows, ldx, K, w, N, group_rows, group_width, yf, yb);
+    k_linear_dense<<<(unsigned)(rows * N), dense_threads(K)>>>(x, rows, ldx, K, w, N, group_rows, group_width, yf, yb);
     GFW_CHECK("dense linear");
     return MMOE_OK;
 }
@@ -2240,8 +2344,10 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
         k_compress<<<1, 256, sizeof(float) * (size_t)(2 * id)>>>(ia);
         GFW_CHECK("indexer compressor");
         if (b->max_blocks > 0) {
-            k_indexer_scores<<<nblk(T * b->max_blocks * 32), 256>>>(g->qi, g->wi, b->idx_keys, (int)ih, (int)id, T,
-                                                                   pos0, b->max_blocks, g->scores);
+            /* warps for the causal blocks of the call's last token only (scores keep the stride max_blocks) */
+            const int64_t nb = (pos0 + T) / 4 < b->max_blocks ? (pos0 + T) / 4 : b->max_blocks;
+            k_indexer_scores<<<nblk(T * nb * 32), 256>>>(g->qi, g->wi, b->idx_keys, (int)ih, (int)id, T, pos0, nb,
+                                                         b->max_blocks, g->scores);
             GFW_CHECK("indexer scores");
             k_topk<<<(unsigned)T, 256>>>(g->scores, T, pos0, b->max_blocks, a.topk, g->topk_idx);
             GFW_CHECK("indexer top-k");
@@ -2529,7 +2635,7 @@ extern "C" mmoe_status gfw_test_linear_dense(const uint16_t *x, int64_t T, int64
     uint16_t *dx = (uint16_t *)tput(&a, x, 2 * (size_t)(T * K));
     float *dy = (float *)tput(&a, NULL, sizeof(float) * (size_t)(T * N));
     if (a.ce == cudaSuccess)
-        k_linear_dense<<<nblk(T * N * 32, 128), 128>>>(dx, T, K, K, wd, N, 0, 0, dy, NULL);
+        k_linear_dense<<<(unsigned)(T * N), dense_threads(K)>>>(dx, T, K, K, wd, N, 0, 0, dy, NULL);
     return tfinish(&a, y, dy, sizeof(float) * (size_t)(T * N), err, "dense linear");
 }
 
@@ -2640,7 +2746,7 @@ extern "C" mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, 
     int32_t *di = (int32_t *)tput(&a, NULL, sizeof(int32_t) * (size_t)topk);
     const int64_t pos = 4 * n_blocks - 1;
     if (a.ce == cudaSuccess) {
-        k_indexer_scores<<<nblk(n_blocks * 32), 256>>>(dq, dw, dk, ih, id, 1, pos, n_blocks, ds);
+        k_indexer_scores<<<nblk(n_blocks * 32), 256>>>(dq, dw, dk, ih, id, 1, pos, n_blocks, n_blocks, ds);
         k_topk<<<1, 256>>>(ds, 1, pos, n_blocks, topk, di);
     }
     if (a.ce == cudaSuccess)
