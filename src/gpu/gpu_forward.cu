@@ -367,20 +367,41 @@ static int dense_threads(int64_t K)
     return b;
 }
 
+/** Most dense linears of one input that k_linear_dense runs in one launch. */
+#define GFW_DENSE_SET 5
+
+/** Dense linears of one input: weight j [N[j], K] into yf[j] (fp32) and/or yb[j] (bf16), [T, N[j]]. */
+struct dense_set {
+    ddense w[GFW_DENSE_SET];        /**< weights */
+    int64_t N[GFW_DENSE_SET];       /**< output widths */
+    float *yf[GFW_DENSE_SET];       /**< fp32 outputs or NULL */
+    uint16_t *yb[GFW_DENSE_SET];    /**< bf16 outputs or NULL */
+    int n;                          /**< linears in the set */
+};
+
 /**
- * Dense linear (linear_dense.c): y[t, n] = fl32(the double sum of x_k w_k in the order of
- * @ref spec_arch_sum_order), one block per output (dense_threads(K) threads, each one aligned
- * run of chunks, then the block's tree).  x row t starts at x + t*ldx + (n / group_rows) *
- * group_width (the grouped output projection reads its head group; group_rows = 0: no
- * grouping).
+ * Dense linears (linear_dense.c) of one input x: y[t, n] = fl32(the double sum of x_k w_k in the
+ * order of @ref spec_arch_sum_order), one block per output of any linear of the set (the
+ * blocks of linear 0 first), dense_threads(K) threads each summing one aligned run of chunks,
+ * then the block's tree.  x row t starts at x + t*ldx + (n / group_rows) * group_width (the
+ * grouped output projection reads its head group; group_rows = 0: no grouping).
  */
-__global__ void k_linear_dense(const uint16_t *x, int64_t T, int64_t ldx, int64_t K, ddense w, int64_t N,
-                               int64_t group_rows, int64_t group_width, float *y_f32, uint16_t *y_bf16)
+__global__ void k_linear_dense(const uint16_t *x, int64_t T, int64_t ldx, int64_t K, dense_set set,
+                               int64_t group_rows, int64_t group_width)
 {
     __shared__ double sh[33];
-    const int64_t o = blockIdx.x;
-    if (o >= T * N)
+    int64_t o = blockIdx.x;
+    int j = 0;
+    while (j < set.n && o >= T * set.N[j]) {
+        o -= T * set.N[j];
+        j++;
+    }
+    if (j >= set.n)
         return;
+    const ddense &w = set.w[j];
+    const int64_t N = set.N[j];
+    float *y_f32 = set.yf[j];
+    uint16_t *y_bf16 = set.yb[j];
     const int64_t t = o / N, n = o % N;
     const uint16_t *xr = x + t * ldx + (group_rows > 0 ? (n / group_rows) * group_width : 0);
     const int64_t r = gfw_chunks_per_lane(K, blockDim.x);
@@ -2288,8 +2309,29 @@ static mmoe_status linear_fp8(mmoe_gpu_model *g, const uint16_t *x, int64_t rows
 static mmoe_status linear_dense(const uint16_t *x, int64_t rows, int64_t ldx, int64_t K, const ddense &w, int64_t N,
                                 int64_t group_rows, int64_t group_width, float *yf, uint16_t *yb, mmoe_error *err)
 {
-    k_linear_dense<<<(unsigned)(rows * N), dense_threads(K)>>>(x, rows, ldx, K, w, N, group_rows, group_width, yf, yb);
+    dense_set s;
+    memset(&s, 0, sizeof s);
+    s.w[0] = w, s.N[0] = N, s.yf[0] = yf, s.yb[0] = yb, s.n = 1;
+    k_linear_dense<<<(unsigned)(rows * N), dense_threads(K)>>>(x, rows, ldx, K, s, group_rows, group_width);
     GFW_CHECK("dense linear");
+    return MMOE_OK;
+}
+
+/** Add linear w (N outputs) to a dense set. */
+static void dense_add(dense_set *s, const ddense &w, int64_t N, float *yf, uint16_t *yb)
+{
+    s->w[s->n] = w, s->N[s->n] = N, s->yf[s->n] = yf, s->yb[s->n] = yb;
+    s->n++;
+}
+
+/** The dense linears of a set on the same input x [rows, K] in one launch. */
+static mmoe_status linear_dense_set(const uint16_t *x, int64_t rows, int64_t K, const dense_set &s, mmoe_error *err)
+{
+    int64_t blocks = 0;
+    for (int j = 0; j < s.n; j++)
+        blocks += rows * s.N[j];
+    k_linear_dense<<<(unsigned)blocks, dense_threads(K)>>>(x, rows, K, K, s, 0, 0);
+    GFW_CHECK("dense linears");
     return MMOE_OK;
 }
 
@@ -2314,16 +2356,20 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
     k_kv_finish<<<(unsigned)T, 256>>>(g->kv, d, b->kv_norm, a.eps, a.rope_dim, b->cs, pos0);
     GFW_CHECK("kv norm, rope and fp8 round trip");
     const int c = a.ratio == 4 ? 2 : 1;
-    if (a.ratio > 0) {
-        if ((st = linear_dense(g->y, T, D, D, b->c_wkv, c * d, 0, 0, g->ckv, NULL, err)) != MMOE_OK ||
-            (st = linear_dense(g->y, T, D, D, b->c_wgate, c * d, 0, 0, g->cgate, NULL, err)) != MMOE_OK)
+    if (a.ratio > 0) { /* the compressors' and the indexer's dense projections of x, one launch */
+        dense_set ds;
+        memset(&ds, 0, sizeof ds);
+        dense_add(&ds, b->c_wkv, c * d, g->ckv, NULL);
+        dense_add(&ds, b->c_wgate, c * d, g->cgate, NULL);
+        if (a.ratio == 4) {
+            dense_add(&ds, b->idx_wp, ih, NULL, g->wi);
+            dense_add(&ds, b->i_wkv, 2 * id, g->ikv, NULL);
+            dense_add(&ds, b->i_wgate, 2 * id, g->igate, NULL);
+        }
+        if ((st = linear_dense_set(g->y, T, D, ds, err)) != MMOE_OK)
             return st;
     }
     if (a.ratio == 4) {
-        if ((st = linear_dense(g->y, T, D, D, b->idx_wp, ih, 0, 0, NULL, g->wi, err)) != MMOE_OK ||
-            (st = linear_dense(g->y, T, D, D, b->i_wkv, 2 * id, 0, 0, g->ikv, NULL, err)) != MMOE_OK ||
-            (st = linear_dense(g->y, T, D, D, b->i_wgate, 2 * id, 0, 0, g->igate, NULL, err)) != MMOE_OK)
-            return st;
         const float w_scale = (float)(1.0 / sqrt((double)id) * (1.0 / sqrt((double)ih)));
         const size_t q_smem = sizeof(float) * (size_t)(ih * id);
         if (q_smem > 48 * 1024)
@@ -2634,8 +2680,11 @@ extern "C" mmoe_status gfw_test_linear_dense(const uint16_t *x, int64_t T, int64
     wd.p = tput(&a, w, (w_f32 ? 4 : 2) * (size_t)(N * K));
     uint16_t *dx = (uint16_t *)tput(&a, x, 2 * (size_t)(T * K));
     float *dy = (float *)tput(&a, NULL, sizeof(float) * (size_t)(T * N));
+    dense_set ds;
+    memset(&ds, 0, sizeof ds);
+    dense_add(&ds, wd, N, dy, NULL);
     if (a.ce == cudaSuccess)
-        k_linear_dense<<<(unsigned)(T * N), dense_threads(K)>>>(dx, T, K, K, wd, N, 0, 0, dy, NULL);
+        k_linear_dense<<<(unsigned)(T * N), dense_threads(K)>>>(dx, T, K, K, ds, 0, 0);
     return tfinish(&a, y, dy, sizeof(float) * (size_t)(T * N), err, "dense linear");
 }
 
