@@ -2392,9 +2392,11 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
         if (b->max_blocks > 0) {
             /* warps for the causal blocks of the call's last token only (scores keep the stride max_blocks) */
             const int64_t nb = (pos0 + T) / 4 < b->max_blocks ? (pos0 + T) / 4 : b->max_blocks;
-            k_indexer_scores<<<nblk(T * nb * 32), 256>>>(g->qi, g->wi, b->idx_keys, (int)ih, (int)id, T, pos0, nb,
-                                                         b->max_blocks, g->scores);
-            GFW_CHECK("indexer scores");
+            if (nb > 0) { /* none before the first block is complete */
+                k_indexer_scores<<<nblk(T * nb * 32), 256>>>(g->qi, g->wi, b->idx_keys, (int)ih, (int)id, T, pos0,
+                                                             nb, b->max_blocks, g->scores);
+                GFW_CHECK("indexer scores");
+            }
             k_topk<<<(unsigned)T, 256>>>(g->scores, T, pos0, b->max_blocks, a.topk, g->topk_idx);
             GFW_CHECK("indexer top-k");
         }
