@@ -31,6 +31,7 @@
 
 #include <stdint.h>
 
+/** Storage of the functions below: static inline, and for the device too under nvcc. */
 #ifdef __CUDACC__
 #define MMOE_SUM_FN __host__ __device__ static inline
 #else

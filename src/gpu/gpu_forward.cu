@@ -165,6 +165,7 @@ __device__ __forceinline__ float rms_factor(double sumsq, int64_t n, float eps)
 /** The square of bf16 value i of @p x, exact in double. */
 struct sq_term {
     const uint16_t *x; /**< the values */
+    /** Term @p i: x_i^2. */
     __device__ double operator()(int64_t i) const
     {
         const double v = (double)gfw_bf2f(x[i]);
@@ -441,6 +442,7 @@ static int hc_part_blocks(int64_t n)
 struct fn_term {
     const float *row;  /**< fn row */
     const uint16_t *x; /**< the token's flattened streams */
+    /** Term @p i: fn_i x_i. */
     __device__ double operator()(int64_t i) const { return __dmul_rn((double)row[i], (double)gfw_bf2f(x[i])); }
 };
 
@@ -602,6 +604,7 @@ __device__ __forceinline__ void rope_pair(uint16_t *v, int p, int half, const fl
 /** The bf16-rounded square of bf16 value i (the q rescaling's term). */
 struct bf_sq_term {
     const uint16_t *x; /**< the values */
+    /** Term @p i: bf16(x_i^2). */
     __device__ double operator()(int64_t i) const
     {
         const float v = gfw_bf2f(x[i]);
@@ -858,7 +861,9 @@ __global__ void k_compress(comp_args a)
 
 /** Product of bf16 values i of two rows, exact in double (attention scores, indexer heads). */
 struct bf_dot_term {
-    const uint16_t *a, *b; /**< the rows */
+    const uint16_t *a; /**< the first row */
+    const uint16_t *b; /**< the second row */
+    /** Term @p i: a_i b_i. */
     __device__ double operator()(int64_t i) const { return __dmul_rn((double)gfw_bf2f(a[i]), (double)gfw_bf2f(b[i])); }
 };
 
