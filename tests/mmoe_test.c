@@ -12,6 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "mmoe_formats.h"
+
 uint64_t mmoe_test_seed(const char *suite)
 {
     const char *env = getenv("MMOE_SEED");
@@ -44,6 +46,42 @@ void mmoe_test_poison_bf16(uint16_t *p, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         p[i] = 0x7FC0u;
+}
+
+void mmoe_test_sum_order_row(int r, int64_t n, uint16_t *x)
+{
+    const int p = 1 + r / 8, q = r % 8;
+    memset(x, 0, 2 * (size_t)n);
+    x[0] = mmoe_bf16_from_f32(1.0f + (float)p / 128.0f);
+    x[2] = mmoe_bf16_from_f32(1.0f + (float)q / 16.0f);
+    const double big = (double)mmoe_bf16_to_f32(x[0]) * mmoe_bf16_to_f32(x[0]) +
+                       (double)mmoe_bf16_to_f32(x[2]) * mmoe_bf16_to_f32(x[2]);
+    const int e = ilogb(big);
+    if ((e - 24) % 2 == 0) {
+        x[1] = mmoe_bf16_from_f32(ldexpf(1.0f, (e - 24) / 2));
+    } else {
+        x[1] = mmoe_bf16_from_f32(ldexpf(1.0f, (e - 25) / 2));
+        x[3] = x[1];
+    }
+    for (int64_t i = 16; i < n; i++)
+        x[i] = mmoe_bf16_from_f32(ldexpf(1.0f + (float)((i * 37 + p) % 52) / 128.0f, -27));
+}
+
+void mmoe_test_sum_order_sum_row(int r, int64_t n, uint16_t *x)
+{
+    const int p = 1 + r / 8, q = r % 8;
+    memset(x, 0, 2 * (size_t)n);
+    x[0] = mmoe_bf16_from_f32(1.0f + (float)p / 128.0f);
+    x[2] = mmoe_bf16_from_f32(1.0f + (float)q / 16.0f);
+    x[1] = mmoe_bf16_from_f32(ldexpf(1.0f, -23)); /* half an fp32 ulp of x0 + x2 in [2, 4) */
+    for (int64_t i = 16; i < n; i++)
+        x[i] = mmoe_bf16_from_f32(ldexpf(1.0f + (float)((i * 37 + p) % 52) / 128.0f, -54));
+}
+
+void mmoe_test_sum_order_weight(int64_t n, uint16_t *w)
+{
+    for (int64_t i = 0; i < n; i++)
+        w[i] = mmoe_bf16_from_f32(1.0f + (float)((i * 101) % 128) / 128.0f);
 }
 
 static int64_t ordered_bits(float x)

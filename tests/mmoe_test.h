@@ -44,6 +44,23 @@ void mmoe_test_poison_f64(double *p, size_t n);
 /** Fill @p n BF16 values (uint16 bit patterns) with a quiet NaN (0x7FC0). */
 void mmoe_test_poison_bf16(uint16_t *p, size_t n);
 
+/** Rows of mmoe_test_sum_order_row(): p = 1..127 times q = 0..7. */
+#define MMOE_TEST_SUM_ORDER_ROWS (127 * 8)
+/**
+ * Row @p r (< MMOE_TEST_SUM_ORDER_ROWS) of @p n >= 16 bf16 values whose RMSNorm (eps 0, weight
+ * mmoe_test_sum_order_weight()) shows the order of its double sum of squares in the bf16 output
+ * for a few rows (tests/test_sum_order.c, rmsnorm_order_visible, derives the construction).
+ */
+void mmoe_test_sum_order_row(int r, int64_t n, uint16_t *x);
+/** The weight of those rows: w_i = 1 + ((101 i) mod 128) / 128, bf16. */
+void mmoe_test_sum_order_weight(int64_t n, uint16_t *w);
+/**
+ * Row @p r (< MMOE_TEST_SUM_ORDER_ROWS) of @p n >= 16 bf16 values whose plain sum, rounded to
+ * fp32, differs between the order of the forward's double sums and the sequential order (a dot
+ * product with a weight row of ones: tests/test_sum_order.c, dense_order_visible).
+ */
+void mmoe_test_sum_order_sum_row(int r, int64_t n, uint16_t *x);
+
 /**
  * Distance in units in the last place between two floats (ordered-integer
  * distance; +0 and -0 are 0 apart).  Returns UINT32_MAX if either is NaN.

@@ -190,11 +190,41 @@ START_TEST(test_expf)
 }
 END_TEST
 
+/**
+ * The rows of mmoe_test_sum_order_row(), whose bf16 output depends on the order of the double
+ * sum of squares (tests/test_sum_order.c checks that some rows do): the GPU's parallel sum must
+ * be the oracle's order, not only close to it.
+ */
+static void check_rmsnorm_order(void)
+{
+    const int64_t T = MMOE_TEST_SUM_ORDER_ROWS, n = 4096;
+    uint16_t *x = malloc(2 * (size_t)(T * n)), *w = malloc(2 * (size_t)n);
+    uint16_t *yc = malloc(2 * (size_t)(T * n)), *yg = malloc(2 * (size_t)(T * n));
+    ck_assert(x && w && yc && yg);
+    for (int64_t r = 0; r < T; r++)
+        mmoe_test_sum_order_row((int)r, n, x + r * n);
+    mmoe_test_sum_order_weight(n, w);
+    mmoe_tensor wt = view(MMOE_DT_BF16, 1, n, 0, w);
+    mmoe_rmsnorm_bf16(x, T, n, &wt, 0.0f, yc);
+    mmoe_test_poison_bf16(yg, (size_t)(T * n));
+    mmoe_error err;
+    ck_assert_msg(gfw_test_rmsnorm(x, T, n, w, 0.0f, yg, &err) == MMOE_OK, "%s", err.msg);
+    size_t bad = 0;
+    while (bad < (size_t)(T * n) && yg[bad] == yc[bad])
+        bad++;
+    ck_assert_msg(bad == (size_t)(T * n), "rmsnorm order rows: element %zu: gpu %04x, cpu %04x", bad,
+                  yg[bad < (size_t)(T * n) ? bad : 0], yc[bad < (size_t)(T * n) ? bad : 0]);
+    free(x), free(w), free(yc), free(yg);
+}
+
 START_TEST(test_rmsnorm)
 {
     check_rmsnorm(3, 128);
     check_rmsnorm(5, 4096);
     check_rmsnorm(2, 1024);
+    check_rmsnorm(2, 100);  /* a short last chunk */
+    check_rmsnorm(2, 7168); /* two chunks per thread */
+    check_rmsnorm_order();
 }
 END_TEST
 
@@ -254,12 +284,38 @@ static void check_dense(int64_t T, int64_t N, int64_t K, int f32)
     free(x), free(w), free(yc), free(yg);
 }
 
+/**
+ * The rows of mmoe_test_sum_order_sum_row() against a weight row of ones: each output's fp32
+ * rounding depends on the order of its double sum (tests/test_sum_order.c), so the GPU must
+ * sum in the oracle's order.
+ */
+static void check_dense_order(void)
+{
+    const int64_t T = MMOE_TEST_SUM_ORDER_ROWS, K = 4096;
+    uint16_t *x = malloc(2 * (size_t)(T * K)), *w = malloc(2 * (size_t)K);
+    float *yc = malloc(sizeof(float) * (size_t)T), *yg = malloc(sizeof(float) * (size_t)T);
+    ck_assert(x && w && yc && yg);
+    for (int64_t r = 0; r < T; r++)
+        mmoe_test_sum_order_sum_row((int)r, K, x + r * K);
+    for (int64_t k = 0; k < K; k++)
+        w[k] = mmoe_bf16_from_f32(1.0f);
+    mmoe_tensor wt = view(MMOE_DT_BF16, 2, 1, K, w);
+    mmoe_error err;
+    ck_assert_msg(mmoe_linear_dense(x, T, K, &wt, 1, yc, NULL, &err) == MMOE_OK, "%s", err.msg);
+    mmoe_test_poison_f32(yg, (size_t)T);
+    ck_assert_msg(gfw_test_linear_dense(x, T, K, w, 0, 1, yg, &err) == MMOE_OK, "%s", err.msg);
+    expect_same_f32("dense linear, order rows", yg, yc, (size_t)T);
+    free(x), free(w), free(yc), free(yg);
+}
+
 START_TEST(test_linear_dense)
 {
     check_dense(3, 256, 128, 1);   /* tiny compressor */
     check_dense(3, 1024, 4096, 1); /* V4-Flash ratio-4 compressor wkv */
     check_dense(4, 64, 4096, 0);   /* indexer weights_proj */
-    check_dense(2, 1024, 4097, 0); /* a K that is not a multiple of 4 */
+    check_dense(2, 1024, 4097, 0); /* a K that is not a multiple of 16: a short last chunk */
+    check_dense(2, 16, 8192, 0);   /* two chunks per thread */
+    check_dense_order();
 }
 END_TEST
 

@@ -19,7 +19,8 @@
  *                indexer compressor kv/gate (width 2*ihd)
  *
  * The per-head q scaling is done with bf16 tensor ops in the reference: each q^2 is
- * rounded to bf16, their mean (fp32 sum) is rounded to bf16, + eps rounded to bf16,
+ * rounded to bf16, their mean (fp32 sum; here a double sum in the order of
+ * @ref spec_arch_sum_order, then fp32) is rounded to bf16, + eps rounded to bf16,
  * rsqrt rounded to bf16, and the product q * rsqrt rounded to bf16.
  *
  * **Token-sequential part** (each token t in order):
@@ -48,6 +49,7 @@
 #include <string.h>
 
 #include "mmoe_formats.h"
+#include "mmoe_sum_order.h"
 
 /** Sizes of one call's working memory. */
 typedef struct fwd_sizes {
@@ -151,11 +153,18 @@ static void scale_heads_bf16(uint16_t *q, int64_t n_heads, int64_t d, float eps)
 {
     for (int64_t h = 0; h < n_heads; h++) {
         uint16_t *qh = q + h * d;
-        double sum = 0.0;
-        for (int64_t c = 0; c < d; c++) {
-            const float v = mmoe_bf16_to_f32(qh[c]);
-            sum += (double)mmoe_bf16_round(v * v);
+        mmoe_pairwise pw;
+        mmoe_pairwise_init(&pw);
+        for (int64_t c0 = 0; c0 < d; c0 += MMOE_SUM_CHUNK) {
+            const int64_t c1 = d - c0 < MMOE_SUM_CHUNK ? d : c0 + MMOE_SUM_CHUNK;
+            double part = 0.0;
+            for (int64_t c = c0; c < c1; c++) {
+                const float v = mmoe_bf16_to_f32(qh[c]);
+                part += (double)mmoe_bf16_round(v * v);
+            }
+            mmoe_pairwise_push(&pw, part);
         }
+        const double sum = mmoe_pairwise_result(&pw);
         const float mean = mmoe_bf16_round((float)sum / (float)d);
         const float with_eps = mmoe_bf16_round(mean + eps);
         const float rs = mmoe_bf16_round(1.0f / sqrtf(with_eps));

@@ -13,7 +13,7 @@
  *
  * The reference evaluates the score with bf16 tensor operations, so every step is
  * rounded: the dot product qi[h].K[j] (fp32 accumulation, here exact-product double
- * accumulation rounded to fp32) is rounded to bf16; relu; the product with w[h] is
+ * accumulation in the order of @ref spec_arch_sum_order, rounded to fp32) is rounded to bf16; relu; the product with w[h] is
  * rounded to bf16; the sum over heads (fp32 accumulation, here double then fp32) is
  * rounded to bf16.  Only blocks complete at the query's position are candidates
  * (j < (p+1)/4; the block completed by this very token included).
@@ -39,10 +39,7 @@ void attn_indexer_scores(const uint16_t *qi, const uint16_t *w, const uint16_t *
         double head_sum = 0.0;
         for (int h = 0; h < n_heads; h++) {
             const uint16_t *q = qi + (size_t)h * (size_t)head_dim;
-            double dot = 0.0;
-            for (int c = 0; c < head_dim; c++)
-                dot += (double)mmoe_bf16_to_f32(q[c]) * (double)mmoe_bf16_to_f32(k[c]);
-            float s = mmoe_bf16_round((float)dot);
+            float s = mmoe_bf16_round((float)attn_dot_bf16(q, k, head_dim));
             if (s < 0.0f)
                 s = 0.0f;
             head_sum += (double)mmoe_bf16_round(s * mmoe_bf16_to_f32(w[h]));

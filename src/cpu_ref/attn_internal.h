@@ -231,6 +231,12 @@ mmoe_status attn_dense_rows(const double *x, int64_t T, int64_t ldx, int64_t K, 
 /** fp32 value of element @p i of a BF16 or F32 vector (norm weights, sinks). */
 float attn_tensor_f32_at(const mmoe_tensor *t, int64_t i);
 
+/**
+ * Dot product of two bf16 vectors of length @p n: the exact double products summed in the
+ * chunked pairwise order of @ref spec_arch_sum_order (attention scores, indexer heads).
+ */
+double attn_dot_bf16(const uint16_t *a, const uint16_t *b, int64_t n);
+
 #ifdef __cplusplus
 }
 #endif

@@ -24,7 +24,8 @@
  * The sink lets a head put probability mass "nowhere" when no entry is relevant.
  *
  * Dot products: bf16 x bf16 products are exact in double; they are summed in double
- * in index order and rounded once to fp32.  Empty list slots (-1 in the reference)
+ * in the chunked pairwise order of @ref spec_arch_sum_order (mmoe_sum_order.h) and
+ * rounded once to fp32.  Empty list slots (-1 in the reference)
  * are simply not in the list: in exact arithmetic they contribute nothing, and
  * leaving them out keeps chunk boundaries identical between prefill and decode.
  */
@@ -33,6 +34,21 @@
 #include <math.h>
 
 #include "mmoe_formats.h"
+#include "mmoe_sum_order.h"
+
+double attn_dot_bf16(const uint16_t *a, const uint16_t *b, int64_t n)
+{
+    mmoe_pairwise pw;
+    mmoe_pairwise_init(&pw);
+    for (int64_t i0 = 0; i0 < n; i0 += MMOE_SUM_CHUNK) {
+        const int64_t i1 = n - i0 < MMOE_SUM_CHUNK ? n : i0 + MMOE_SUM_CHUNK;
+        double c = 0.0;
+        for (int64_t i = i0; i < i1; i++)
+            c += (double)mmoe_bf16_to_f32(a[i]) * (double)mmoe_bf16_to_f32(b[i]);
+        mmoe_pairwise_push(&pw, c);
+    }
+    return mmoe_pairwise_result(&pw);
+}
 
 /** One head: q [d] bf16 -> out [d] bf16. */
 static void attend_one_head(const uint16_t *q, int d, const uint16_t *const *kv_rows, int64_t n,
@@ -46,10 +62,7 @@ static void attend_one_head(const uint16_t *q, int d, const uint16_t *const *kv_
         float chunk_max = -INFINITY;
         for (int i = 0; i < cn; i++) {
             const uint16_t *kv = kv_rows[c0 + i];
-            double dot = 0.0;
-            for (int c = 0; c < d; c++)
-                dot += (double)mmoe_bf16_to_f32(q[c]) * (double)mmoe_bf16_to_f32(kv[c]);
-            scores[i] = (float)dot * scale;
+            scores[i] = (float)attn_dot_bf16(q, kv, d) * scale;
             if (scores[i] > chunk_max)
                 chunk_max = scores[i];
         }

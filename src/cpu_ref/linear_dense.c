@@ -7,12 +7,13 @@
  * weights_proj (bf16) and the wo_a einsum of the output projection (bf16, from
  * convert.py's exact FP8 dequantization).  The accumulation order of a GEMM is not
  * specified, so the oracle picks the most accurate deterministic one: every product
- * of two bf16 values is exact in double (16 significant bits), the products are
- * summed in double in a fixed order (four interleaved lanes, then (l0+l1)+(l2+l3)),
- * and the sum is rounded once to fp32.  The error against the exact dot product is
- * below K * 2^-53 relative to sum |x_k w_k| before the final fp32 rounding, i.e.
- * within any fp32-accumulated result's error bound, and an output row depends only
- * on its input row (prefill and decode agree bit for bit).
+ * of two bf16 values is exact in double (16 significant bits; 32 for a bf16 input
+ * times an fp32 weight), the products are summed in double in the order of
+ * @ref spec_arch_sum_order (chunks of 16, then a pairwise tree: a GPU sums them in
+ * parallel to the same bits), and the sum is rounded once to fp32.  The error against
+ * the exact dot product is below K * 2^-53 relative to sum |x_k w_k| before the final
+ * fp32 rounding, i.e. within any fp32-accumulated result's error bound, and an output
+ * row depends only on its input row (prefill and decode agree bit for bit).
  *
  * Weight rows are converted to double once per call and reused for all T rows.
  * An F8_E4M3 weight (the published, unconverted wo_a) is dequantized row by row
@@ -23,6 +24,7 @@
 #include <stdlib.h>
 
 #include "mmoe_formats.h"
+#include "mmoe_sum_order.h"
 
 float attn_tensor_f32_at(const mmoe_tensor *t, int64_t i)
 {
@@ -66,20 +68,36 @@ static mmoe_status load_row(const mmoe_tensor *w, const mmoe_tensor *scale, int 
     }
 }
 
-/** The fixed-order double dot product of the file comment. */
+/**
+ * The double dot product of the file comment: chunks of 16 exact products, four chunks at a
+ * time (four independent chains for the CPU's pipelines; each chunk still ascending from +0;
+ * k0 a multiple of 64, so the four form a node of the tree), the chunk sums folded by the
+ * pairwise tree of mmoe_sum_order.h.
+ */
 static double dot_f64(const double *a, const double *b, int64_t K)
 {
-    double l0 = 0.0, l1 = 0.0, l2 = 0.0, l3 = 0.0;
-    int64_t k = 0;
-    for (; k + 4 <= K; k += 4) {
-        l0 += a[k] * b[k];
-        l1 += a[k + 1] * b[k + 1];
-        l2 += a[k + 2] * b[k + 2];
-        l3 += a[k + 3] * b[k + 3];
+    mmoe_pairwise pw;
+    mmoe_pairwise_init(&pw);
+    int64_t k0 = 0;
+    for (; k0 + 4 * MMOE_SUM_CHUNK <= K; k0 += 4 * MMOE_SUM_CHUNK) {
+        const double *a0 = a + k0, *b0 = b + k0;
+        double c0 = 0.0, c1 = 0.0, c2 = 0.0, c3 = 0.0;
+        for (int i = 0; i < MMOE_SUM_CHUNK; i++) {
+            c0 += a0[i] * b0[i];
+            c1 += a0[MMOE_SUM_CHUNK + i] * b0[MMOE_SUM_CHUNK + i];
+            c2 += a0[2 * MMOE_SUM_CHUNK + i] * b0[2 * MMOE_SUM_CHUNK + i];
+            c3 += a0[3 * MMOE_SUM_CHUNK + i] * b0[3 * MMOE_SUM_CHUNK + i];
+        }
+        mmoe_pairwise_push_node(&pw, (c0 + c1) + (c2 + c3), 2); /* an aligned run of four chunks */
     }
-    for (; k < K; k++)
-        l0 += a[k] * b[k];
-    return (l0 + l1) + (l2 + l3);
+    for (; k0 < K; k0 += MMOE_SUM_CHUNK) {
+        const int64_t k1 = K - k0 < MMOE_SUM_CHUNK ? K : k0 + MMOE_SUM_CHUNK;
+        double c = 0.0;
+        for (int64_t k = k0; k < k1; k++)
+            c += a[k] * b[k];
+        mmoe_pairwise_push(&pw, c);
+    }
+    return mmoe_pairwise_result(&pw);
 }
 
 mmoe_status attn_dense_rows(const double *x, int64_t T, int64_t ldx, int64_t K, const mmoe_tensor *w,

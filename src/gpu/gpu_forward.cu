@@ -16,27 +16,39 @@
  * | kernel            | what                                                   | exact? |
  * |-------------------|--------------------------------------------------------|--------|
  * | k_embed           | X[t,j,:] = E[id] [model_forward.c, mmoe_mhc.c]          | yes    |
- * | k_rmsnorm         | sum of squares in double, index order [rmsnorm.c]       | yes    |
+ * | k_rmsnorm         | sum of squares in double, the block's tree [rmsnorm.c]  | yes    |
  * | k_act_quant       | 1x128 E4M3, UE8M0 ceil scale of the V4 rule [linear_fp8.c] | yes |
  * | k_linear_fp8      | exact block partials, fp32 scaled sum in block order    | yes    |
- * | k_linear_dense    | the four-lane double dot of linear_dense.c (warp-staged) | yes   |
- * | k_hc_mix          | mHC logits (double, index order), sigmoid, Sinkhorn, mix | yes*   |
+ * | k_linear_dense    | double dot in the chunked pairwise order [linear_dense.c] | yes   |
+ * | k_hc_part, _finish | mHC logits (double, block trees), sigmoid, Sinkhorn, mix | yes*  |
  * | k_hc_post         | fp32 write-back, j ascending, then the post term       | yes    |
- * | k_scale_heads     | per-head q scaling in bf16 steps [attn_forward.c]       | yes    |
- * | k_rope            | fp32 rotation with host cos/sin tables [attn_rope.c]    | yes    |
- * | k_fp8_roundtrip   | in-place QAT round trip, block 64 [qat_roundtrip.c]     | yes    |
- * | k_indexer_q       | weights scaling, Hadamard, FP4 round trip               | yes    |
+ * | k_scale_heads     | per-head q scaling in bf16 steps, RoPE [attn_forward.c] | yes    |
+ * | k_kv_finish       | kv RMSNorm, RoPE, FP8 round trip (block 64)             | yes    |
+ * | k_indexer_q       | RoPE, Hadamard, FP4 round trip; head weights scaling    | yes    |
  * | k_compress        | gated pooling per channel, finish [attn_compressor.c]   | yes*   |
  * | k_indexer_scores  | bf16-rounded head terms, double sums [attn_indexer.c]   | yes    |
  * | k_topk            | descending, NaN last, ties to the lower index           | yes    |
- * | k_attend          | chunked online softmax, sink, bf16 P [attn_sparse.c]    | exp    |
+ * | k_attend          | chunked online softmax, sink, bf16 P, inverse RoPE [attn_sparse.c] | exp |
  * | MoE sub-layer     | gpu_fwd_moe.cu: the oracle's GEMM order, chain-packed weights | yes |
  * | (its router)      | sqrt-softplus, bias for selection, top-k or hash        | exp/log|
  *
  * The "exact" kernels are bit-identical to the oracle given identical inputs (yes*: where the
  * host's expf is glibc's FMA build, which gfw_expf() reproduces); the others are bounded in
- * tests/test_gpu_forward.c and tests/test_gpu_forward_blocks.c.  All kernels but the MoE sub-layer's are plain (one
- * thread, warp or block per output row or element); they are the specification's shape on the device, not tuned.
+ * tests/test_gpu_forward.c and tests/test_gpu_forward_blocks.c.
+ *
+ * ## Parallel sums in the oracle's order
+ *
+ * The double sums of the norms, of mHC's logits, of the q rescaling and of the attention and
+ * indexer dot products follow @ref spec_arch_sum_order (mmoe_sum_order.h): chunks of 16 terms,
+ * then a pairwise tree.  A thread sums one chunk (or an aligned power-of-two run of chunks), a
+ * warp's butterfly adds the levels above it (gfw_group_pairwise), a block's warps combine in
+ * shared memory (gfw_block_tree), and mHC's 4D-long sums are split over blocks of 256 chunks
+ * whose sums a second kernel folds with the oracle's own code: every level is a node of the
+ * same tree, so the bits are the oracle's.  Maxima (the FP8/FP4 scales, the softmax's running
+ * max) are order-free and reduced by warps.  The rest keeps its sequential order but not its
+ * serial shape: the Sinkhorn iterations run one thread per matrix entry, each summing its row
+ * or column in order; the Hadamard stages split their independent butterflies; the attention's
+ * exps run in parallel and only the denominator's fp32 chain stays on one thread.
  *
  * ## Expert parallelism
  *
@@ -96,6 +108,20 @@ struct dfp8 {
 /** E4M3 decode table (the oracle's values). */
 __constant__ float c_e4m3[256];
 
+/**
+ * E4M3 code -> fp32, the table's value: normal codes build the bits (2^(e-7) (1 + m/8)),
+ * subnormal ones are m 2^-9 with the sign (so 0x80 is -0), and only the two NaN codes read the
+ * table (a constant-memory read with 32 different addresses in a warp would serialize).
+ */
+__device__ __forceinline__ float gfw_e4m3_value(uint32_t code)
+{
+    if ((code & 0x7Fu) == 0x7Fu)
+        return c_e4m3[code & 0xFFu];
+    const uint32_t e = (code >> 3) & 15u, m = code & 7u;
+    const float mag = e ? __uint_as_float(((e + 120u) << 23) | (m << 20)) : __fmul_rn((float)m, 0x1p-9f);
+    return __uint_as_float(__float_as_uint(mag) | ((code & 0x80u) << 24));
+}
+
 /** Element (r, k) of a dense weight as the oracle's dense linear reads it. */
 __device__ __forceinline__ double dd_at(const ddense &w, int64_t r, int64_t k)
 {
@@ -104,7 +130,9 @@ __device__ __forceinline__ double dd_at(const ddense &w, int64_t r, int64_t k)
         return (double)gfw_bf2f(((const uint16_t *)w.p)[i]);
     if (w.dtype == GFW_F32)
         return (double)((const float *)w.p)[i];
-    const float v = __fmul_rn(c_e4m3[((const uint8_t *)w.p)[i]], gfw_ue8m0(w.scale[(r / w.block) * w.scols + k / w.block]));
+    const int blk = w.block;
+    const float v = __fmul_rn(gfw_e4m3_value(((const uint8_t *)w.p)[i]),
+                              gfw_ue8m0(w.scale[(int64_t)((int)r / blk) * w.scols + (int)k / blk]));
     return (double)gfw_bfr(v);
 }
 
@@ -134,23 +162,34 @@ __global__ void k_embed(const uint16_t *E, const int32_t *ids, int64_t D, int hc
             X[(t * hc + j) * D + c] = row[c];
 }
 
-/** RMSNorm of rows of width n: y = bf16(w * (x * rsqrt(mean + eps))); y may alias x. */
+/** 1 / sqrt(fp32(sumsq / n) + eps): the RMSNorm factor of rmsnorm.c from its double sum of squares. */
+__device__ __forceinline__ float rms_factor(double sumsq, int64_t n, float eps)
+{
+    const float mean = __double2float_rn(__ddiv_rn(sumsq, (double)n));
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+}
+
+/** The square of bf16 value i of @p x, exact in double. */
+struct sq_term {
+    const uint16_t *x; /**< the values */
+    /** Term @p i: x_i^2. */
+    __device__ double operator()(int64_t i) const
+    {
+        const double v = (double)gfw_bf2f(x[i]);
+        return __dmul_rn(v, v);
+    }
+};
+
+/**
+ * RMSNorm of rows of width n, one block per row: y = bf16(w * (x * rsqrt(mean + eps))); y may
+ * alias x.  The squares are summed by the whole block in the order of @ref spec_arch_sum_order.
+ */
 __global__ void k_rmsnorm(const uint16_t *x, int64_t n, ddense w, float eps, uint16_t *y)
 {
-    __shared__ float rs_sh;
+    __shared__ double sh[33];
     const uint16_t *xr = x + (int64_t)blockIdx.x * n;
     uint16_t *yr = y + (int64_t)blockIdx.x * n;
-    if (threadIdx.x == 0) {
-        double s = 0.0;
-        for (int64_t i = 0; i < n; i++) {
-            const double v = (double)gfw_bf2f(xr[i]);
-            s = __dadd_rn(s, __dmul_rn(v, v));
-        }
-        const float mean = __double2float_rn(__ddiv_rn(s, (double)n));
-        rs_sh = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
-    }
-    __syncthreads();
-    const float rs = rs_sh;
+    const float rs = rms_factor(gfw_block_sum(sq_term{xr}, n, sh), n, eps);
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
         yr[i] = gfw_f2bf(__fmul_rn(dv_at(w, i), __fmul_rn(gfw_bf2f(xr[i]), rs)));
 }
@@ -162,23 +201,19 @@ __global__ void k_rmsnorm(const uint16_t *x, int64_t n, ddense w, float eps, uin
  */
 __global__ void k_act_quant(const uint16_t *x, int64_t K, uint8_t *q, float *s)
 {
-    __shared__ float red[128];
+    __shared__ float red[4];
     const int64_t row = blockIdx.y, kb = blockIdx.x;
     const int64_t i = row * K + kb * 128 + threadIdx.x;
     const float v = gfw_bf2f(x[i]);
-    red[threadIdx.x] = fabsf(v);
+    /* amax with the oracle's rule (any NaN makes it NaN; which one does not change the scale) */
+    const float wmax = gfw_warp_amax_nan(fabsf(v));
+    if ((threadIdx.x & 31) == 0)
+        red[threadIdx.x >> 5] = wmax;
     __syncthreads();
     if (threadIdx.x == 0) {
-        float amax = 0.0f;
-        for (int k = 0; k < 128; k++) {
-            const float a = red[k];
-            if (isnan(a)) {
-                amax = a;
-                break;
-            }
-            if (a > amax)
-                amax = a;
-        }
+        float amax = red[0];
+        for (int k = 1; k < 4; k++)
+            amax = isnan(amax) ? amax : (isnan(red[k]) ? red[k] : (red[k] > amax ? red[k] : amax));
         const float clamped = amax < 1e-4f ? 1e-4f : amax;
         red[0] = gfw_ue8m0(gfw_ue8m0_ceil_clamped(__fmul_rn(clamped, 1.0f / 448.0f)));
     }
@@ -190,6 +225,9 @@ __global__ void k_act_quant(const uint16_t *x, int64_t K, uint8_t *q, float *s)
     if (threadIdx.x == 0)
         s[row * (K / 128) + kb] = sc;
 }
+
+/** K blocks of 128 whose codes k_linear_fp8 loads at once. */
+#define GFW_FP8_BATCH 8
 
 /**
  * y[t, n] = bf16(sum_kb fl(partial_kb) * (s_x * s_w)) with the exact block partials of
@@ -206,159 +244,325 @@ __global__ void k_linear_fp8(const uint8_t *xq, const float *xs, int64_t T, dfp8
     const int64_t K = w.K, kb_w = K / w.block;
     const uint8_t *xr = xq + t * K, *wr = w.w + n * K;
     float acc = 0.0f;
-    const int per_lane = w.block / 32; /* 4 contiguous codes per lane for 128-blocks, 1 for 32-blocks */
-    for (int64_t kb = 0; kb < kb_w; kb++) {
-        double part = 0.0;
-        const int64_t k0 = kb * w.block + (int64_t)lane * per_lane;
-        if (per_lane == 4) {
-            const uint32_t xa = *(const uint32_t *)(xr + k0), wa = *(const uint32_t *)(wr + k0);
-            for (int i = 0; i < 4; i++)
-                part += (double)c_e4m3[(xa >> (8 * i)) & 0xFF] * (double)c_e4m3[(wa >> (8 * i)) & 0xFF];
-        } else {
-            for (int i = 0; i < per_lane; i++)
-                part += (double)c_e4m3[xr[k0 + i]] * (double)c_e4m3[wr[k0 + i]];
+    if (w.block == 128) {
+        /* 4 contiguous codes per lane and block; the codes of GFW_FP8_BATCH blocks are loaded
+           before any is summed, so that the loads are in flight together */
+        for (int64_t kb0 = 0; kb0 < kb_w; kb0 += GFW_FP8_BATCH) {
+            uint32_t xa[GFW_FP8_BATCH], wa[GFW_FP8_BATCH];
+#pragma unroll
+            for (int u = 0; u < GFW_FP8_BATCH; u++) {
+                const int64_t k0 = (kb0 + u) * 128 + (int64_t)lane * 4;
+                xa[u] = kb0 + u < kb_w ? *(const uint32_t *)(xr + k0) : 0u;
+                wa[u] = kb0 + u < kb_w ? *(const uint32_t *)(wr + k0) : 0u;
+            }
+#pragma unroll
+            for (int u = 0; u < GFW_FP8_BATCH; u++) {
+                if (kb0 + u >= kb_w)
+                    break;
+                double part = 0.0;
+                for (int i = 0; i < 4; i++)
+                    part += (double)gfw_e4m3_value((xa[u] >> (8 * i)) & 0xFF) *
+                            (double)gfw_e4m3_value((wa[u] >> (8 * i)) & 0xFF);
+                part = warp_sum(part); /* exact: the order of the additions does not matter */
+                const float s_x = xs[t * (K / 128) + kb0 + u];
+                const float s_w = gfw_ue8m0(w.s[(n / 128) * w.scols + kb0 + u]);
+                acc = __fadd_rn(acc, __fmul_rn(__double2float_rn(part), __fmul_rn(s_x, s_w)));
+            }
         }
-        part = warp_sum(part); /* exact: the order of the additions does not matter */
-        const float s_x = xs[t * (K / 128) + kb * w.block / 128];
-        const float s_w = gfw_ue8m0(w.s[(n / w.block) * w.scols + kb]);
-        acc = __fadd_rn(acc, __fmul_rn(__double2float_rn(part), __fmul_rn(s_x, s_w)));
+    } else {
+        const int per_lane = w.block / 32; /* 1 code per lane for 32-blocks */
+        for (int64_t kb = 0; kb < kb_w; kb++) {
+            double part = 0.0;
+            const int64_t k0 = kb * w.block + (int64_t)lane * per_lane;
+            for (int i = 0; i < per_lane; i++)
+                part += (double)gfw_e4m3_value(xr[k0 + i]) * (double)gfw_e4m3_value(wr[k0 + i]);
+            part = warp_sum(part); /* exact: the order of the additions does not matter */
+            const float s_x = xs[t * (K / 128) + kb * w.block / 128];
+            const float s_w = gfw_ue8m0(w.s[(n / w.block) * w.scols + kb]);
+            acc = __fadd_rn(acc, __fmul_rn(__double2float_rn(part), __fmul_rn(s_x, s_w)));
+        }
     }
     if (lane == 0)
         y[t * w.N + n] = gfw_f2bf(acc);
 }
 
-/** Products a tile of k values holds per warp in k_linear_dense. */
-#define GFW_DENSE_TILE 256
+/** 16 bf16 values from @p p (32-byte aligned when @p vec) as fp32. */
+__device__ __forceinline__ void load16_bf16(const uint16_t *p, bool vec, float *out)
+{
+    if (vec) {
+        const uint4 u0 = ((const uint4 *)p)[0], u1 = ((const uint4 *)p)[1];
+        const uint32_t w[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            out[2 * i] = __uint_as_float(w[i] << 16);
+            out[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+            out[i] = gfw_bf2f(p[i]);
+    }
+}
 
 /**
- * Dense linear (linear_dense.c): y[t, n] = fl32(((l0 + l1) + (l2 + l3))) with four interleaved
- * double lanes over k (l_j sums k = j mod 4 in ascending order, the K mod 4 tail joins l0).
- * x row t starts at x + t*ldx + (n / group_rows) * group_width (the grouped output projection
- * reads its head group; group_rows = 0: no grouping).  One warp per output: all 32 lanes load
- * a tile of 256 consecutive k (coalesced) and form the exact double products in shared memory,
- * then lanes 0..3 extend their chains over the tile in the oracle's order, so the sums are the
- * oracle's bit for bit while the loads run in parallel.  Blocks of 4 warps.
+ * Chunk @p k of the dense dot product of x row @p xr (bf16) with weight row @p n: the exact
+ * double products of its (up to) 16 values, ascending from +0 (@ref spec_arch_sum_order).  A
+ * full chunk is read with 16-byte loads where aligned, and an FP8 weight's chunk shares one
+ * scale when the scale block is a multiple of 16.
  */
-__global__ void k_linear_dense(const uint16_t *x, int64_t T, int64_t ldx, int64_t K, ddense w, int64_t N,
-                               int64_t group_rows, int64_t group_width, float *y_f32, uint16_t *y_bf16)
+__device__ double dense_chunk(const ddense &w, int64_t n, const uint16_t *xr, int64_t k, int64_t K)
 {
-    __shared__ double prod[4][GFW_DENSE_TILE];
-    const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-    const int lane = threadIdx.x & 31, wib = (threadIdx.x / 32) & 3;
-    if (warp >= T * N)
-        return;
-    const int64_t t = warp / N, n = warp % N;
-    const uint16_t *xr = x + t * ldx + (group_rows > 0 ? (n / group_rows) * group_width : 0);
-    const int64_t K4 = K & ~(int64_t)3;
-    double l = 0.0; /* lane j < 4: the chain of k = j mod 4 */
-    for (int64_t k0 = 0; k0 < K4; k0 += GFW_DENSE_TILE) {
-        const int cnt = (int)(K4 - k0 < GFW_DENSE_TILE ? K4 - k0 : GFW_DENSE_TILE);
-        for (int i = lane; i < cnt; i += 32)
-            prod[wib][i] = (double)gfw_bf2f(xr[k0 + i]) * dd_at(w, n, k0 + i); /* exact */
-        __syncwarp();
-        if (lane < 4)
-            for (int i = lane; i < cnt; i += 4)
-                l = __dadd_rn(l, prod[wib][i]);
-        __syncwarp();
+    const int64_t i0 = k * MMOE_SUM_CHUNK;
+    if (i0 >= K)
+        return 0.0;
+    double c = 0.0;
+    if (i0 + MMOE_SUM_CHUNK > K) { /* the short last chunk */
+        for (int64_t i = i0; i < K; i++)
+            c = __dadd_rn(c, __dmul_rn((double)gfw_bf2f(xr[i]), dd_at(w, n, i)));
+        return c;
     }
-    double l0 = __shfl_sync(0xFFFFFFFFu, l, 0), l1 = __shfl_sync(0xFFFFFFFFu, l, 1);
-    const double l2 = __shfl_sync(0xFFFFFFFFu, l, 2), l3 = __shfl_sync(0xFFFFFFFFu, l, 3);
-    if (lane != 0)
+    float xv[16], wv[16];
+    load16_bf16(xr + i0, ((uintptr_t)(xr + i0) & 15) == 0, xv);
+    const int64_t e = n * w.cols + i0;
+    if (w.dtype == GFW_BF16) {
+        const uint16_t *p = (const uint16_t *)w.p + e;
+        load16_bf16(p, ((uintptr_t)p & 15) == 0, wv);
+    } else if (w.dtype == GFW_F32) {
+        const float *p = (const float *)w.p + e;
+        if (((uintptr_t)p & 15) == 0) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const float4 f = ((const float4 *)p)[q];
+                wv[4 * q] = f.x, wv[4 * q + 1] = f.y, wv[4 * q + 2] = f.z, wv[4 * q + 3] = f.w;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 16; i++)
+                wv[i] = p[i];
+        }
+    } else if (w.block % MMOE_SUM_CHUNK == 0) { /* F8: the chunk lies in one scale block */
+        const uint8_t *p = (const uint8_t *)w.p + e;
+        const float sc = gfw_ue8m0(w.scale[(int64_t)((int)n / w.block) * w.scols + (int)i0 / w.block]);
+        uint32_t codes[4];
+        if (((uintptr_t)p & 15) == 0) {
+            const uint4 u = *(const uint4 *)p;
+            codes[0] = u.x, codes[1] = u.y, codes[2] = u.z, codes[3] = u.w;
+        } else {
+            for (int q = 0; q < 4; q++)
+                codes[q] = (uint32_t)p[4 * q] | ((uint32_t)p[4 * q + 1] << 8) | ((uint32_t)p[4 * q + 2] << 16) |
+                           ((uint32_t)p[4 * q + 3] << 24);
+        }
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+            wv[i] = gfw_bfr(__fmul_rn(gfw_e4m3_value((codes[i / 4] >> (8 * (i % 4))) & 0xFFu), sc));
+    } else {
+        for (int i = 0; i < 16; i++)
+            wv[i] = (float)dd_at(w, n, i0 + i);
+    }
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+        c = __fma_rn((double)xv[i], (double)wv[i], c); /* an exact product: one rounding, the sum's */
+    return c;
+}
+
+/** Threads of a k_linear_dense block for width K: the chunks rounded up to a power of two, 32..256. */
+static int dense_threads(int64_t K)
+{
+    const int64_t m = (K + MMOE_SUM_CHUNK - 1) / MMOE_SUM_CHUNK;
+    int b = 32;
+    while (b < m && b < 256)
+        b *= 2;
+    return b;
+}
+
+/** Most dense linears of one input that k_linear_dense runs in one launch. */
+#define GFW_DENSE_SET 5
+
+/** Dense linears of one input: weight j [N[j], K] into yf[j] (fp32) and/or yb[j] (bf16), [T, N[j]]. */
+struct dense_set {
+    ddense w[GFW_DENSE_SET];        /**< weights */
+    int64_t N[GFW_DENSE_SET];       /**< output widths */
+    float *yf[GFW_DENSE_SET];       /**< fp32 outputs or NULL */
+    uint16_t *yb[GFW_DENSE_SET];    /**< bf16 outputs or NULL */
+    int n;                          /**< linears in the set */
+};
+
+/**
+ * Dense linears (linear_dense.c) of one input x: y[t, n] = fl32(the double sum of x_k w_k in the
+ * order of @ref spec_arch_sum_order), one block per output of any linear of the set (the
+ * blocks of linear 0 first), dense_threads(K) threads each summing one aligned run of chunks,
+ * then the block's tree.  x row t starts at x + t*ldx + (n / group_rows) * group_width (the
+ * grouped output projection reads its head group; group_rows = 0: no grouping).
+ */
+__global__ void k_linear_dense(const uint16_t *x, int64_t T, int64_t ldx, int64_t K, dense_set set,
+                               int64_t group_rows, int64_t group_width)
+{
+    __shared__ double sh[33];
+    int64_t o = blockIdx.x;
+    int j = 0;
+    while (j < set.n && o >= T * set.N[j]) {
+        o -= T * set.N[j];
+        j++;
+    }
+    if (j >= set.n)
         return;
-    for (int64_t k = K4; k < K; k++)
-        l0 = __dadd_rn(l0, (double)gfw_bf2f(xr[k]) * dd_at(w, n, k));
-    const float v = __double2float_rn(__dadd_rn(__dadd_rn(l0, l1), __dadd_rn(l2, l3)));
-    if (y_f32)
-        y_f32[warp] = v;
-    if (y_bf16)
-        y_bf16[warp] = gfw_f2bf(v);
+    const ddense &w = set.w[j];
+    const int64_t N = set.N[j];
+    float *y_f32 = set.yf[j];
+    uint16_t *y_bf16 = set.yb[j];
+    const int64_t t = o / N, n = o % N;
+    const uint16_t *xr = x + t * ldx + (group_rows > 0 ? (n / group_rows) * group_width : 0);
+    const int64_t r = gfw_chunks_per_lane(K, blockDim.x);
+    double v;
+    if (r == 1) {
+        v = dense_chunk(w, n, xr, threadIdx.x, K);
+    } else {
+        mmoe_pairwise pw;
+        mmoe_pairwise_init(&pw);
+        for (int64_t q = 0; q < r; q++)
+            mmoe_pairwise_push(&pw, dense_chunk(w, n, xr, threadIdx.x * r + q, K));
+        v = mmoe_pairwise_result(&pw);
+    }
+    v = gfw_block_tree(v, sh);
+    if (threadIdx.x == 0) {
+        const float f = __double2float_rn(v);
+        if (y_f32)
+            y_f32[o] = f;
+        if (y_bf16)
+            y_bf16[o] = gfw_f2bf(f);
+    }
 }
 
 /* ================================================================== kernels: mHC */
 
-/**
- * hc_pre (n_out = (2+hc)*hc: pre, post, Sinkhorn comb, mix) or hc_head (n_out = hc: pre and
- * mix only) for one token per block (mmoe_mhc.c, step by step).
- */
-__global__ void k_hc_mix(const uint16_t *X, int64_t D, int hc, const float *fn, const float *base,
-                         const float *scale, int n_out, float norm_eps, float hc_eps, int iters, uint16_t *y,
-                         float *post, float *comb)
+/** Chunks of the spec's sum one block of k_hc_part covers (its threads, one chunk each). */
+#define GFW_HC_PART_CHUNKS 256
+
+/** Blocks of k_hc_part per reduction for n = hc*D terms. */
+static int hc_part_blocks(int64_t n)
 {
-    __shared__ float m[(2 + 8) * 8];
-    __shared__ float pre[8];
-    __shared__ float rs_sh;
-    __shared__ double raw[(2 + 8) * 8];
-    const int64_t t = blockIdx.x, n = (int64_t)hc * D;
+    const int64_t m = (n + MMOE_SUM_CHUNK - 1) / MMOE_SUM_CHUNK;
+    return (int)((m + GFW_HC_PART_CHUNKS - 1) / GFW_HC_PART_CHUNKS);
+}
+
+/** Product of row value i of mHC's fn (fp32) and stream value i (bf16): exact in double. */
+struct fn_term {
+    const float *row;  /**< fn row */
+    const uint16_t *x; /**< the token's flattened streams */
+    /** Term @p i: fn_i x_i. */
+    __device__ double operator()(int64_t i) const { return __dmul_rn((double)row[i], (double)gfw_bf2f(x[i])); }
+};
+
+/**
+ * First half of hc_pre / hc_head (mmoe_mhc.c, stream_mix_logits): the partial sums of the n_out
+ * dot products fn[r] . x and of the sum of squares (r = n_out) over the n = hc*D stream values
+ * of token blockIdx.z.  Block (s, r) sums the aligned run of 256 chunks s of reduction r, a node
+ * of the spec's tree (@ref spec_arch_sum_order), into part[(t * (n_out + 1) + r) * S + s].
+ */
+__global__ void k_hc_part(const uint16_t *X, int64_t n, const float *fn, int n_out, double *part)
+{
+    __shared__ double sh[33];
+    const int64_t t = blockIdx.z, r = blockIdx.y, s = blockIdx.x;
     const uint16_t *Xt = X + t * n;
-    /* the last thread sums the squares while the others form the n_out dot products */
-    if (threadIdx.x == blockDim.x - 1) {
-        double s = 0.0;
-        for (int64_t i = 0; i < n; i++) {
-            const double v = (double)gfw_bf2f(Xt[i]);
-            s = __dadd_rn(s, __dmul_rn(v, v));
-        }
-        const float mean = __double2float_rn(__ddiv_rn(s, (double)n));
-        rs_sh = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, norm_eps)));
-    } else {
-        for (int r = threadIdx.x; r < n_out; r += blockDim.x - 1) {
-            const float *row = fn + (int64_t)r * n;
-            double acc = 0.0;
-            for (int64_t i = 0; i < n; i++)
-                acc += (double)row[i] * (double)gfw_bf2f(Xt[i]); /* exact products */
-            raw[r] = acc;
-        }
+    const int64_t k = s * GFW_HC_PART_CHUNKS + threadIdx.x;
+    const double v = r < n_out ? gfw_run_sum(fn_term{fn + r * n, Xt}, k, 1, n) : gfw_run_sum(sq_term{Xt}, k, 1, n);
+    const double node = gfw_block_tree(v, sh);
+    if (threadIdx.x == 0)
+        part[(t * (n_out + 1) + r) * gridDim.x + s] = node;
+}
+
+/**
+ * Second half of hc_pre (n_out = (2+hc)*hc: pre, post, Sinkhorn comb, mix) or hc_head
+ * (n_out = hc: pre and mix only) for token blockIdx.y (mmoe_mhc.c, step by step): the S block
+ * sums of each reduction folded by the spec's tree, the logits, and the mix of the channels
+ * [1024 blockIdx.x, 1024 (blockIdx.x + 1)).  Block 0 also writes post and runs the Sinkhorn
+ * iterations, one thread per entry of C (each thread sums its row or column in the oracle's
+ * order, so every thread of a row gets the same bits).
+ */
+__global__ void k_hc_finish(const uint16_t *X, int64_t D, int hc, const double *part, int S, const float *base,
+                            const float *scale, int n_out, float norm_eps, float hc_eps, int iters, uint16_t *y,
+                            float *post, float *comb)
+{
+    __shared__ float m[(2 + 8) * 8 + 1];
+    __shared__ float pre[8];
+    __shared__ float C[8 * 8];
+    const int64_t t = blockIdx.y, n = (int64_t)hc * D;
+    const int tid = threadIdx.x;
+    const uint16_t *Xt = X + t * n;
+    double raw = 0.0;
+    if (tid <= n_out) {
+        const double *p = part + (t * (n_out + 1) + tid) * S;
+        mmoe_pairwise pw;
+        mmoe_pairwise_init(&pw);
+        for (int s = 0; s < S; s++)
+            mmoe_pairwise_push(&pw, p[s]);
+        raw = mmoe_pairwise_result(&pw);
+        if (tid == n_out)
+            m[n_out] = rms_factor(raw, n, norm_eps);
     }
     __syncthreads();
-    for (int r = threadIdx.x; r < n_out; r += blockDim.x)
-        m[r] = __fmul_rn(__double2float_rn(raw[r]), rs_sh);
+    if (tid < n_out)
+        m[tid] = __fmul_rn(__double2float_rn(raw), m[n_out]);
     __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int j = 0; j < hc; j++) {
-            pre[j] = __fadd_rn(gfw_sigmoid(__fadd_rn(__fmul_rn(m[j], scale[0]), base[j])), hc_eps);
-            if (n_out > hc)
-                post[t * hc + j] = __fmul_rn(2.0f, gfw_sigmoid(__fadd_rn(__fmul_rn(m[hc + j], scale[1]), base[hc + j])));
+    if (tid < hc) {
+        pre[tid] = __fadd_rn(gfw_sigmoid(__fadd_rn(__fmul_rn(m[tid], scale[0]), base[tid])), hc_eps);
+        if (n_out > hc && blockIdx.x == 0)
+            post[t * hc + tid] =
+                __fmul_rn(2.0f, gfw_sigmoid(__fadd_rn(__fmul_rn(m[hc + tid], scale[1]), base[hc + tid])));
+    }
+    if (n_out > hc && blockIdx.x == 0) { /* Sinkhorn (mmoe_hc_sinkhorn), uniform over the block */
+        const int i = tid, j = tid / hc, k = tid % hc, live = tid < hc * hc;
+        if (live)
+            C[i] = __fadd_rn(__fmul_rn(m[2 * hc + i], scale[2]), base[2 * hc + i]);
+        __syncthreads();
+        float e = 0.0f;
+        if (live) { /* row softmax, + eps */
+            float mx = C[j * hc];
+            for (int kk = 1; kk < hc; kk++)
+                mx = C[j * hc + kk] > mx ? C[j * hc + kk] : mx;
+            e = gfw_expf(__fsub_rn(C[i], mx));
         }
-        if (n_out > hc) {
-            float *C = comb + t * hc * hc;
-            for (int i = 0; i < hc * hc; i++)
-                C[i] = __fadd_rn(__fmul_rn(m[2 * hc + i], scale[2]), base[2 * hc + i]);
-            for (int j = 0; j < hc; j++) { /* row softmax, + eps */
-                float *rw = C + j * hc;
-                float mx = rw[0];
-                for (int k = 1; k < hc; k++)
-                    mx = rw[k] > mx ? rw[k] : mx;
-                float sum = 0.0f;
-                for (int k = 0; k < hc; k++) {
-                    rw[k] = gfw_expf(__fsub_rn(rw[k], mx));
-                    sum = __fadd_rn(sum, rw[k]);
-                }
-                for (int k = 0; k < hc; k++)
-                    rw[k] = __fadd_rn(__fdiv_rn(rw[k], sum), hc_eps);
+        __syncthreads();
+        if (live)
+            C[i] = e;
+        __syncthreads();
+        float sum = 0.0f;
+        if (live)
+            for (int kk = 0; kk < hc; kk++)
+                sum = __fadd_rn(sum, C[j * hc + kk]);
+        __syncthreads();
+        if (live)
+            C[i] = __fadd_rn(__fdiv_rn(e, sum), hc_eps);
+        __syncthreads();
+        for (int it = 0; it < iters; it++) {
+            if (it > 0) { /* rows */
+                float rs = 0.0f;
+                if (live)
+                    for (int kk = 0; kk < hc; kk++)
+                        rs = __fadd_rn(rs, C[j * hc + kk]);
+                __syncthreads();
+                if (live)
+                    C[i] = __fdiv_rn(C[i], __fadd_rn(rs, hc_eps));
+                __syncthreads();
             }
-            for (int it = 0; it < iters; it++) {
-                if (it > 0)
-                    for (int j = 0; j < hc; j++) {
-                        float s = 0.0f;
-                        for (int k = 0; k < hc; k++)
-                            s = __fadd_rn(s, C[j * hc + k]);
-                        for (int k = 0; k < hc; k++)
-                            C[j * hc + k] = __fdiv_rn(C[j * hc + k], __fadd_rn(s, hc_eps));
-                    }
-                for (int k = 0; k < hc; k++) {
-                    float s = 0.0f;
-                    for (int j = 0; j < hc; j++)
-                        s = __fadd_rn(s, C[j * hc + k]);
-                    for (int j = 0; j < hc; j++)
-                        C[j * hc + k] = __fdiv_rn(C[j * hc + k], __fadd_rn(s, hc_eps));
-                }
-            }
+            float cs = 0.0f; /* columns */
+            if (live)
+                for (int jj = 0; jj < hc; jj++)
+                    cs = __fadd_rn(cs, C[jj * hc + k]);
+            __syncthreads();
+            if (live)
+                C[i] = __fdiv_rn(C[i], __fadd_rn(cs, hc_eps));
+            __syncthreads();
         }
+        if (live)
+            comb[t * hc * hc + i] = C[i];
     }
     __syncthreads();
-    for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
+    const int64_t c1 = (blockIdx.x + 1) * 1024 < D ? (blockIdx.x + 1) * 1024 : D;
+    for (int64_t c = blockIdx.x * 1024 + tid; c < c1; c += blockDim.x) {
         float acc = 0.0f;
-        for (int j = 0; j < hc; j++)
-            acc = __fadd_rn(acc, __fmul_rn(pre[j], gfw_bf2f(Xt[j * D + c])));
+        for (int jj = 0; jj < hc; jj++)
+            acc = __fadd_rn(acc, __fmul_rn(pre[jj], gfw_bf2f(Xt[jj * D + c])));
         y[t * D + c] = gfw_f2bf(acc);
     }
 }
@@ -387,42 +591,9 @@ __global__ void k_hc_post(const uint16_t *out, uint16_t *X, int64_t T, int64_t D
 
 /* ================================================================== kernels: attention */
 
-/** q_h <- q_h * rsqrt(mean(q_h^2) + eps) in bf16 steps; one block per (t, head). */
-__global__ void k_scale_heads(uint16_t *q, int64_t d, float eps)
+/** Rotate pair @p p of the rope dims @p v at position @p pos (attn_rope.c; inverse: the conjugate). */
+__device__ __forceinline__ void rope_pair(uint16_t *v, int p, int half, const float *cs, int64_t pos, int inverse)
 {
-    __shared__ float rs_sh;
-    uint16_t *qh = q + (int64_t)blockIdx.x * d;
-    if (threadIdx.x == 0) {
-        double sum = 0.0;
-        for (int64_t c = 0; c < d; c++) {
-            const float v = gfw_bf2f(qh[c]);
-            sum = __dadd_rn(sum, (double)gfw_bfr(__fmul_rn(v, v)));
-        }
-        const float mean = gfw_bfr(__fdiv_rn(__double2float_rn(sum), (float)d));
-        const float with_eps = gfw_bfr(__fadd_rn(mean, eps));
-        rs_sh = gfw_bfr(__fdiv_rn(1.0f, __fsqrt_rn(with_eps)));
-    }
-    __syncthreads();
-    for (int64_t c = threadIdx.x; c < d; c += blockDim.x)
-        qh[c] = gfw_f2bf(__fmul_rn(gfw_bf2f(qh[c]), rs_sh));
-}
-
-/**
- * RoPE (or its inverse) on the last rope_dim dims of rows of width @p width: row r (of
- * rows_per_t per token) of token t at position pos0 + t (or pos_of[t] when given).  cs holds
- * [position][half] cos then sin: cs[(p * half + i) * 2 + {0,1}].
- */
-__global__ void k_rope(uint16_t *x, int64_t n_rows, int64_t rows_per_t, int64_t width, int rope_dim,
-                       const float *cs, int64_t pos0, int inverse)
-{
-    const int half = rope_dim / 2;
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n_rows * half)
-        return;
-    const int64_t r = i / half;
-    const int p = (int)(i % half);
-    const int64_t pos = pos0 + r / rows_per_t;
-    uint16_t *v = x + r * width + width - rope_dim;
     const float a = gfw_bf2f(v[2 * p]), b = gfw_bf2f(v[2 * p + 1]);
     const float c = cs[(pos * half + p) * 2], s = cs[(pos * half + p) * 2 + 1];
     float re, im;
@@ -437,93 +608,146 @@ __global__ void k_rope(uint16_t *x, int64_t n_rows, int64_t rows_per_t, int64_t 
     v[2 * p + 1] = gfw_f2bf(im);
 }
 
-/** In-place FP8 round trip of the first n values (whole blocks of 64) of a row. */
-__device__ void fp8_roundtrip_row(uint16_t *x, int64_t n)
+/** The bf16-rounded square of bf16 value i (the q rescaling's term). */
+struct bf_sq_term {
+    const uint16_t *x; /**< the values */
+    /** Term @p i: bf16(x_i^2). */
+    __device__ double operator()(int64_t i) const
+    {
+        const float v = gfw_bf2f(x[i]);
+        return (double)gfw_bfr(__fmul_rn(v, v));
+    }
+};
+
+/**
+ * q_h <- q_h * rsqrt(mean(q_h^2) + eps) in bf16 steps (attn_forward.c), then RoPE on its last
+ * rope_dim dims at position pos0 + row / H; one warp per row of @p rows (t, head), the squares
+ * summed in the order of @ref spec_arch_sum_order.
+ */
+__global__ void k_scale_heads(uint16_t *q, int64_t rows, int64_t d, float eps, int64_t H, int rope_dim,
+                              const float *cs, int64_t pos0)
 {
-    for (int64_t b0 = 0; b0 + 64 <= n; b0 += 64) {
-        float amax = 0.0f;
-        for (int i = 0; i < 64; i++) {
-            const float a = fabsf(gfw_bf2f(x[b0 + i]));
-            if (isnan(a)) {
-                amax = a;
-                break;
-            }
-            if (a > amax)
-                amax = a;
-        }
+    const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x & 31;
+    if (row >= rows)
+        return;
+    uint16_t *qh = q + row * d;
+    const double sum = gfw_group_sum(bf_sq_term{qh}, d, lane, 32);
+    const float mean = gfw_bfr(__fdiv_rn(__double2float_rn(sum), (float)d));
+    const float with_eps = gfw_bfr(__fadd_rn(mean, eps));
+    const float rs = gfw_bfr(__fdiv_rn(1.0f, __fsqrt_rn(with_eps)));
+    for (int64_t c = lane; c < d; c += 32)
+        qh[c] = gfw_f2bf(__fmul_rn(gfw_bf2f(qh[c]), rs));
+    __syncwarp();
+    for (int p = lane; p < rope_dim / 2; p += 32)
+        rope_pair(qh + d - rope_dim, p, rope_dim / 2, cs, pos0 + row / H, 0);
+}
+
+/**
+ * In-place FP8 round trip of the first n values (whole blocks of 64) of a row (qat_roundtrip.c),
+ * by warp @p warp of @p nwarps: warp w takes blocks w, w + nwarps, ...; lane l holds values l and
+ * l + 32 of a block.  The amax is a maximum (any order gives it; a NaN makes it NaN, and every NaN
+ * gives the same scale).
+ */
+__device__ void fp8_roundtrip_warps(uint16_t *x, int64_t n, int warp, int nwarps)
+{
+    const int lane = threadIdx.x & 31;
+    for (int64_t b0 = (int64_t)warp * 64; b0 + 64 <= n; b0 += (int64_t)nwarps * 64) {
+        const float v0 = gfw_bf2f(x[b0 + lane]), v1 = gfw_bf2f(x[b0 + 32 + lane]);
+        const float a0 = fabsf(v0), a1 = fabsf(v1);
+        const float amax = gfw_warp_amax_nan(isnan(a0) ? a0 : (isnan(a1) ? a1 : (a1 > a0 ? a1 : a0)));
         const float clamped = amax < 1e-4f ? 1e-4f : amax;
         const float s = gfw_ue8m0(gfw_ue8m0_ceil_clamped(__fmul_rn(clamped, 1.0f / 448.0f)));
-        for (int i = 0; i < 64; i++) {
-            float v = __fdiv_rn(gfw_bf2f(x[b0 + i]), s);
-            v = v > 448.0f ? 448.0f : (v < -448.0f ? -448.0f : v);
-            x[b0 + i] = gfw_f2bf(__fmul_rn(c_e4m3[gfw_e4m3_code(v)], s));
-        }
+        float w0 = __fdiv_rn(v0, s), w1 = __fdiv_rn(v1, s);
+        w0 = w0 > 448.0f ? 448.0f : (w0 < -448.0f ? -448.0f : w0);
+        w1 = w1 > 448.0f ? 448.0f : (w1 < -448.0f ? -448.0f : w1);
+        x[b0 + lane] = gfw_f2bf(__fmul_rn(gfw_e4m3_value(gfw_e4m3_code(w0)), s));
+        x[b0 + 32 + lane] = gfw_f2bf(__fmul_rn(gfw_e4m3_value(gfw_e4m3_code(w1)), s));
     }
 }
 
-/** In-place FP4 round trip of n values (whole blocks of 32). */
-__device__ void fp4_roundtrip_row(uint16_t *x, int64_t n)
+/**
+ * In-place FP4 round trip of n values (whole blocks of 32), warp w of @p nwarps taking blocks
+ * w, w + nwarps, ..., lane l value l of a block (the amax ignores NaN, as the oracle's).
+ */
+__device__ void fp4_roundtrip_warps(uint16_t *x, int64_t n, int warp, int nwarps)
 {
-    for (int64_t b0 = 0; b0 + 32 <= n; b0 += 32) {
-        float amax = 0.0f;
-        for (int i = 0; i < 32; i++) {
-            const float a = fabsf(gfw_bf2f(x[b0 + i]));
-            if (a > amax)
-                amax = a;
-        }
+    const int lane = threadIdx.x & 31;
+    for (int64_t b0 = (int64_t)warp * 32; b0 + 32 <= n; b0 += (int64_t)nwarps * 32) {
+        const float v = gfw_bf2f(x[b0 + lane]);
+        const float amax = gfw_warp_amax(fabsf(v));
         const float clamped = amax < 0x1.8p-124f ? 0x1.8p-124f : amax;
         const float s = gfw_ue8m0(gfw_ue8m0_ceil_clamped(__fmul_rn(clamped, 1.0f / 6.0f)));
-        for (int i = 0; i < 32; i++) {
-            float v = __fdiv_rn(gfw_bf2f(x[b0 + i]), s);
-            v = v > 6.0f ? 6.0f : (v < -6.0f ? -6.0f : v);
-            x[b0 + i] = gfw_f2bf(__fmul_rn(gfw_e2m1_round(v), s));
-        }
+        float w = __fdiv_rn(v, s);
+        w = w > 6.0f ? 6.0f : (w < -6.0f ? -6.0f : w);
+        x[b0 + lane] = gfw_f2bf(__fmul_rn(gfw_e2m1_round(w), s));
     }
 }
 
-/** Normalized Walsh-Hadamard rotation of n (<= 1024) bf16 values, fp32 butterflies. */
-__device__ void hadamard_row(uint16_t *x, int n, float *v)
+/**
+ * Normalized Walsh-Hadamard rotation of @p rows rows of n (a power of two) bf16 values by the
+ * whole block, fp32 butterflies in the oracle's stages (attn_hadamard.c): in stage h every pair
+ * (i, i + h) is independent, so the threads split the pairs; @p v: rows * n floats of shared
+ * memory.  Contains __syncthreads().
+ */
+__device__ void hadamard_block(uint16_t *x, int64_t rows, int n, float *v)
 {
-    for (int i = 0; i < n; i++)
+    const int64_t total = rows * n, pairs = total / 2;
+    for (int64_t i = threadIdx.x; i < total; i += blockDim.x)
         v[i] = gfw_bf2f(x[i]);
-    for (int h = 1; h < n; h *= 2)
-        for (int i = 0; i < n; i += 2 * h)
-            for (int j = i; j < i + h; j++) {
-                const float a = v[j], b = v[j + h];
-                v[j] = __fadd_rn(a, b);
-                v[j + h] = __fsub_rn(a, b);
-            }
+    __syncthreads();
+    for (int h = 1; h < n; h *= 2) {
+        for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) {
+            const int64_t row = p / (n / 2), q = p % (n / 2);
+            const int64_t i = row * n + (q / h) * 2 * h + q % h;
+            const float a = v[i], b = v[i + h];
+            v[i] = __fadd_rn(a, b);
+            v[i + h] = __fsub_rn(a, b);
+        }
+        __syncthreads();
+    }
     const float scale = (float)(1.0 / sqrt((double)n));
-    for (int i = 0; i < n; i++)
+    for (int64_t i = threadIdx.x; i < total; i += blockDim.x)
         x[i] = gfw_f2bf(__fmul_rn(v[i], scale));
+    __syncthreads();
 }
 
-/** FP8 round trip of the nope dims of each kv row (one thread per row). */
-__global__ void k_fp8_roundtrip(uint16_t *x, int64_t rows, int64_t width, int64_t n)
+/**
+ * The kv row of each token (one block per row, blockDim.x a power of two): RMSNorm with @p w
+ * (the block's tree of squares, @ref spec_arch_sum_order), RoPE on the last rope_dim dims at
+ * position pos0 + row, and the FP8 round trip of the others (attn_forward.c), in place.
+ */
+__global__ void k_kv_finish(uint16_t *kv, int64_t d, ddense w, float eps, int rope_dim, const float *cs, int64_t pos0)
 {
-    const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (r < rows)
-        fp8_roundtrip_row(x + r * width, n);
+    __shared__ double sh[33];
+    uint16_t *x = kv + (int64_t)blockIdx.x * d;
+    const float rs = rms_factor(gfw_block_sum(sq_term{x}, d, sh), d, eps);
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
+        x[i] = gfw_f2bf(__fmul_rn(dv_at(w, i), __fmul_rn(gfw_bf2f(x[i]), rs)));
+    __syncthreads();
+    for (int p = threadIdx.x; p < rope_dim / 2; p += blockDim.x)
+        rope_pair(x + d - rope_dim, p, rope_dim / 2, cs, pos0 + blockIdx.x, 0);
+    fp8_roundtrip_warps(x, d - rope_dim, threadIdx.x / 32, blockDim.x / 32);
 }
 
-/** Indexer queries of one token per block: Hadamard per head, then FP4 over all heads (RoPE done before). */
-__global__ void k_indexer_q(uint16_t *qi, int ih, int id)
+/**
+ * Indexer queries of one token per block (attn_forward.c): RoPE on the last rope_dim dims of
+ * each head at position pos0 + t, Hadamard per head, then FP4 over all heads; and the token's
+ * head weights wi = bf16(wi * w_scale).  Dynamic shared memory: ih * id floats.
+ */
+__global__ void k_indexer_q(uint16_t *qi, int ih, int id, int rope_dim, const float *cs, int64_t pos0, uint16_t *wi,
+                            float w_scale)
 {
     extern __shared__ float hv[];
     uint16_t *q = qi + (int64_t)blockIdx.x * ih * id;
-    if (threadIdx.x == 0) {
-        for (int h = 0; h < ih; h++)
-            hadamard_row(q + (int64_t)h * id, id, hv);
-        fp4_roundtrip_row(q, (int64_t)ih * id);
-    }
-}
-
-/** wi = bf16(bf16(weights_proj(x)) * w_scale), elementwise. */
-__global__ void k_scale_bf16(uint16_t *x, int64_t n, float s)
-{
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n)
-        x[i] = gfw_f2bf(__fmul_rn(gfw_bf2f(x[i]), s));
+    const int half = rope_dim / 2;
+    for (int p = threadIdx.x; p < ih * half; p += blockDim.x)
+        rope_pair(q + (int64_t)(p / half) * id + id - rope_dim, p % half, half, cs, pos0 + blockIdx.x, 0);
+    for (int h = threadIdx.x; h < ih; h += blockDim.x)
+        wi[(int64_t)blockIdx.x * ih + h] = gfw_f2bf(__fmul_rn(gfw_bf2f(wi[(int64_t)blockIdx.x * ih + h]), w_scale));
+    __syncthreads();
+    hadamard_block(q, ih, id, hv);
+    fp4_roundtrip_warps(q, (int64_t)ih * id, threadIdx.x / 32, blockDim.x / 32);
 }
 
 /** Arguments of the compressor kernel. */
@@ -558,14 +782,14 @@ struct comp_args {
 
 /**
  * The compressor of attn_compressor.c for the T tokens of a call, in order, one block of
- * threads: each token is stored in its slot; a completed block is pooled (one thread per
- * channel: max, fp32 sum of exps in slot order, weighted sum) and finished (bf16, RMSNorm,
- * RoPE at the block's first position, FP8 round trip or Hadamard + FP4).
+ * threads (a power of two): each token is stored in its slot; a completed block is pooled (one
+ * thread per channel: max, fp32 sum of exps in slot order, weighted sum) and finished by all
+ * threads (bf16, RMSNorm, RoPE at the block's first position, FP8 round trip or Hadamard + FP4).
  */
 __global__ void k_compress(comp_args a)
 {
     extern __shared__ float sh[]; /* pooled [dh], then hadamard scratch [dh] */
-    __shared__ float rs_sh;
+    __shared__ double ssum[33];
     const int r = a.ratio, c = a.overlap, dh = a.dh, width = c * dh;
     uint16_t *row_out = NULL;
     for (int64_t t = 0; t < a.T; t++) {
@@ -611,35 +835,24 @@ __global__ void k_compress(comp_args a)
         for (int ch = threadIdx.x; ch < dh; ch += blockDim.x)
             row_out[ch] = gfw_f2bf(sh[ch]);
         __syncthreads();
-        if (threadIdx.x == 0) {
-            double s = 0.0;
-            for (int i = 0; i < dh; i++) {
-                const double v = (double)gfw_bf2f(row_out[i]);
-                s = __dadd_rn(s, __dmul_rn(v, v));
-            }
-            const float mean = __double2float_rn(__ddiv_rn(s, (double)dh));
-            rs_sh = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, a.eps)));
-        }
-        __syncthreads();
+        /* RMSNorm: the block sums the squares in the order of spec_arch_sum_order */
+        const float rs = rms_factor(gfw_block_sum(sq_term{row_out}, dh, ssum), dh, a.eps);
         for (int ch = threadIdx.x; ch < dh; ch += blockDim.x)
-            row_out[ch] = gfw_f2bf(__fmul_rn(dv_at(a.norm, ch), __fmul_rn(gfw_bf2f(row_out[ch]), rs_sh)));
+            row_out[ch] = gfw_f2bf(__fmul_rn(dv_at(a.norm, ch), __fmul_rn(gfw_bf2f(row_out[ch]), rs)));
         __syncthreads();
-        if (threadIdx.x == 0) {
+        { /* RoPE at the block's first position: the pairs are independent */
             const int half = a.rope_dim / 2;
             const int64_t bp = j * r;
             uint16_t *v = row_out + dh - a.rope_dim;
-            for (int p = 0; p < half; p++) {
-                const float x0 = gfw_bf2f(v[2 * p]), x1 = gfw_bf2f(v[2 * p + 1]);
-                const float cv = a.cs[(bp * half + p) * 2], sv = a.cs[(bp * half + p) * 2 + 1];
-                v[2 * p] = gfw_f2bf(__fmaf_rn(x0, cv, -__fmul_rn(x1, sv)));
-                v[2 * p + 1] = gfw_f2bf(__fadd_rn(__fmul_rn(x0, sv), __fmul_rn(x1, cv)));
-            }
-            if (a.kind == 0) {
-                fp8_roundtrip_row(row_out, dh - a.rope_dim);
-            } else {
-                hadamard_row(row_out, dh, sh + dh);
-                fp4_roundtrip_row(row_out, dh);
-            }
+            for (int p = threadIdx.x; p < half; p += blockDim.x)
+                rope_pair(v, p, half, a.cs, bp, 0);
+        }
+        __syncthreads();
+        if (a.kind == 0) {
+            fp8_roundtrip_warps(row_out, dh - a.rope_dim, threadIdx.x / 32, blockDim.x / 32);
+        } else {
+            hadamard_block(row_out, 1, dh, sh + dh);
+            fp4_roundtrip_warps(row_out, dh, threadIdx.x / 32, blockDim.x / 32);
         }
         __syncthreads();
         if (c == 2) { /* the current block becomes the previous one */
@@ -653,30 +866,54 @@ __global__ void k_compress(comp_args a)
     }
 }
 
-/** Indexer block scores of token t (one thread per (t, block j < (pos+1)/4)); -inf padding beyond. */
+/** Product of bf16 values i of two rows, exact in double (attention scores, indexer heads). */
+struct bf_dot_term {
+    const uint16_t *a; /**< the first row */
+    const uint16_t *b; /**< the second row */
+    /** Term @p i: a_i b_i. */
+    __device__ double operator()(int64_t i) const { return __dmul_rn((double)gfw_bf2f(a[i]), (double)gfw_bf2f(b[i])); }
+};
+
+/**
+ * Indexer block scores (attn_indexer.c) into scores[t * max_blocks + j], one warp per (t, block
+ * j < nb), nb at least the causal count of the call's last token; blocks j >= (pos+1)/4 are
+ * not written.  Aligned groups of G lanes (G = the chunks of a head's dot product, rounded
+ * up to a power of two, at most 32) sum one head each in the order of @ref spec_arch_sum_order;
+ * lane 0 adds the heads' bf16 terms in ascending head order, as the oracle.
+ */
 __global__ void k_indexer_scores(const uint16_t *qi, const uint16_t *wi, const uint16_t *keys, int ih, int id,
-                                 int64_t T, int64_t pos0, int64_t max_blocks, float *scores)
+                                 int64_t T, int64_t pos0, int64_t nb, int64_t max_blocks, float *scores)
 {
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= T * max_blocks)
+    const int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x & 31;
+    if (w >= T * nb)
         return;
-    const int64_t t = i / max_blocks, j = i % max_blocks;
+    const int64_t t = w / nb, j = w % nb;
     const int64_t n_causal = (pos0 + t + 1) / 4;
     if (j >= n_causal)
         return;
     const uint16_t *k = keys + j * id;
+    const int64_t m = (id + MMOE_SUM_CHUNK - 1) / MMOE_SUM_CHUNK;
+    int G = 1;
+    while (G < m && G < 32)
+        G <<= 1;
+    const int per_pass = 32 / G, grp = lane / G, g = lane % G;
     double head_sum = 0.0;
-    for (int h = 0; h < ih; h++) {
-        const uint16_t *q = qi + (t * ih + h) * id;
-        double dot = 0.0;
-        for (int c = 0; c < id; c++)
-            dot = __dadd_rn(dot, (double)gfw_bf2f(q[c]) * (double)gfw_bf2f(k[c]));
+    for (int h0 = 0; h0 < ih; h0 += per_pass) {
+        const int h = h0 + grp < ih ? h0 + grp : ih - 1; /* a group past the last head repeats it, unused */
+        const double dot = gfw_group_sum(bf_dot_term{qi + (t * ih + h) * id, k}, id, g, G);
         float s = gfw_bfr(__double2float_rn(dot));
         if (s < 0.0f)
             s = 0.0f;
-        head_sum = __dadd_rn(head_sum, (double)gfw_bfr(__fmul_rn(s, gfw_bf2f(wi[t * ih + h]))));
+        const float term = gfw_bfr(__fmul_rn(s, gfw_bf2f(wi[t * ih + h])));
+        for (int u = 0; u < per_pass; u++) {
+            const float tu = __shfl_sync(0xFFFFFFFFu, term, u * G);
+            if (h0 + u < ih)
+                head_sum = __dadd_rn(head_sum, (double)tu);
+        }
     }
-    scores[i] = gfw_bfr(__double2float_rn(head_sum));
+    if (lane == 0)
+        scores[t * max_blocks + j] = gfw_bfr(__double2float_rn(head_sum));
 }
 
 /** Does candidate a (score sa) come before b in the indexer's order? */
@@ -714,7 +951,8 @@ struct attend_args {
     const uint16_t *comp;     /**< [max_blocks, d] */
     const int32_t *topk_idx;  /**< [T, topk] (ratio 4) */
     const float *sink;        /**< [H] */
-    int H, d, W, ratio, topk;
+    const float *cs;          /**< cos/sin table for the inverse RoPE of the output (NULL: none) */
+    int H, d, W, ratio, topk, rope_dim;
     int64_t pos0;
     float scale;
     /** @var attend_args::H
@@ -730,7 +968,9 @@ struct attend_args {
      *  @var attend_args::pos0
      *  position of the call's first token
      *  @var attend_args::scale
-     *  score scale, 1/sqrt(d) */
+     *  score scale, 1/sqrt(d)
+     *  @var attend_args::rope_dim
+     *  rotary dimensions of the inverse RoPE */
     uint16_t *out;            /**< [T, H, d] */
 };
 
@@ -746,20 +986,29 @@ __device__ __forceinline__ const uint16_t *attend_row(const attend_args &a, int6
     return a.comp + j * a.d;
 }
 
+/** Rows of a chunk whose scores one warp of k_attend sums at once (independent loads in flight). */
+#define GFW_ATTEND_ROWS 4
+
 /**
- * Sparse attention of attn_sparse.c for one (token, head) per block: the window, then the
- * compressed rows; chunks of 64 with the running-max softmax; P rounded to bf16 for P.V;
- * the sink joins the denominator at the end.
+ * Sparse attention of attn_sparse.c for one (token, head) per block (blockDim.x a multiple of
+ * 32, d <= 8 blockDim.x): the window, then the compressed rows; chunks of 64 with the
+ * running-max softmax; P rounded to bf16 for P.V; the sink joins the denominator at the end.
+ * Each warp sums the scores of rows warp, warp + nw, ... (the order of
+ * @ref spec_arch_sum_order, GFW_ATTEND_ROWS rows at a time); the exps are taken in parallel,
+ * the denominator is summed in row order by one thread, and each thread extends the P.V sums of
+ * its channels in row order.  With a.cs the output gets its inverse RoPE at the end.
  */
 __global__ void k_attend(attend_args a)
 {
     __shared__ float sc[64];
+    __shared__ float pf[64];
     __shared__ float pb[64];
     __shared__ const uint16_t *rowp[64]; /* the chunk's kv rows */
-    __shared__ float alpha_sh, m_sh, den_sh;
+    __shared__ float alpha_sh, m_sh, m_new_sh, den_sh;
     const int64_t t = blockIdx.x;
     const int h = blockIdx.y;
     const int d = a.d;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid / 32, nw = blockDim.x / 32;
     const int64_t pos = a.pos0 + t;
     const int64_t first = pos - a.W + 1 > 0 ? pos - a.W + 1 : 0;
     const int64_t n_win = pos - first + 1;
@@ -772,54 +1021,72 @@ __global__ void k_attend(attend_args a)
     }
     const int64_t n = n_win + n_comp;
     const uint16_t *qh = a.q + (t * a.H + h) * (int64_t)d;
-    float acc[8]; /* channels threadIdx.x + i*blockDim.x; d <= 8 * blockDim.x */
+    const int64_t r = gfw_chunks_per_lane(d, 32);
+    float acc[8]; /* channels tid + i*blockDim.x */
     for (int i = 0; i < 8; i++)
         acc[i] = 0.0f;
-    if (threadIdx.x == 0) {
+    if (tid == 0) {
         m_sh = -INFINITY;
         den_sh = 0.0f;
     }
-    __syncthreads();
     for (int64_t c0 = 0; c0 < n; c0 += 64) {
         const int cn = (int)((n - c0) < 64 ? (n - c0) : 64);
-        if (threadIdx.x < cn) {
-            const uint16_t *kv = attend_row(a, t, pos, first, n_win, c0 + threadIdx.x);
-            rowp[threadIdx.x] = kv;
-            double dot = 0.0;
-            for (int c = 0; c < d; c++)
-                dot = __dadd_rn(dot, (double)gfw_bf2f(qh[c]) * (double)gfw_bf2f(kv[c]));
-            sc[threadIdx.x] = __fmul_rn(__double2float_rn(dot), a.scale);
+        if (tid < cn)
+            rowp[tid] = attend_row(a, t, pos, first, n_win, c0 + tid);
+        __syncthreads();
+        for (int i = warp; i < cn; i += GFW_ATTEND_ROWS * nw) {
+            double v[GFW_ATTEND_ROWS];
+#pragma unroll
+            for (int u = 0; u < GFW_ATTEND_ROWS; u++) {
+                const int iu = i + u * nw;
+                v[u] = iu < cn ? gfw_run_sum(bf_dot_term{qh, rowp[iu]}, (int64_t)lane * r, r, d) : 0.0;
+            }
+#pragma unroll
+            for (int u = 0; u < GFW_ATTEND_ROWS; u++) {
+                const int iu = i + u * nw;
+                const double dot = gfw_group_pairwise(v[u], 32);
+                if (lane == 0 && iu < cn)
+                    sc[iu] = __fmul_rn(__double2float_rn(dot), a.scale);
+            }
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
+        if (warp == 0) { /* the chunk's max (a NaN score never wins, as in the oracle's loop) */
             float cmax = -INFINITY;
-            for (int i = 0; i < cn; i++)
-                if (sc[i] > cmax)
-                    cmax = sc[i];
-            const float m_new = cmax > m_sh ? cmax : m_sh;
-            if (m_new == -INFINITY) {
-                alpha_sh = NAN; /* marker: skip the chunk */
-            } else {
-                const float alpha = gfw_expf(__fsub_rn(m_sh, m_new));
-                float den = __fmul_rn(den_sh, alpha);
-                for (int i = 0; i < cn; i++) {
-                    const float p = gfw_expf(__fsub_rn(sc[i], m_new));
-                    den = __fadd_rn(den, p);
-                    pb[i] = gfw_bfr(p);
-                }
-                den_sh = den;
-                m_sh = m_new;
-                alpha_sh = alpha;
+            for (int i = lane; i < cn; i += 32)
+                cmax = sc[i] > cmax ? sc[i] : cmax;
+            for (int o = 16; o > 0; o >>= 1) {
+                const float other = __shfl_xor_sync(0xFFFFFFFFu, cmax, o);
+                cmax = other > cmax ? other : cmax;
+            }
+            if (lane == 0) {
+                const float m_new = cmax > m_sh ? cmax : m_sh;
+                m_new_sh = m_new;
+                alpha_sh = m_new == -INFINITY ? NAN /* marker: skip the chunk */ : gfw_expf(__fsub_rn(m_sh, m_new));
             }
         }
         __syncthreads();
         const float alpha = alpha_sh;
         if (!isnan(alpha)) {
+            const float m_new = m_new_sh;
+            if (tid < cn) {
+                const float p = gfw_expf(__fsub_rn(sc[tid], m_new));
+                pf[tid] = p;
+                pb[tid] = gfw_bfr(p);
+            }
+            __syncthreads();
+            if (tid == 0) {
+                float den = __fmul_rn(den_sh, alpha);
+                for (int i = 0; i < cn; i++)
+                    den = __fadd_rn(den, pf[i]);
+                den_sh = den;
+                m_sh = m_new;
+            }
             for (int ci = 0; ci < 8; ci++) {
-                const int c = threadIdx.x + ci * blockDim.x;
+                const int c = tid + ci * blockDim.x;
                 if (c >= d)
                     break;
                 float v = __fmul_rn(acc[ci], alpha);
+#pragma unroll 8
                 for (int i = 0; i < cn; i++)
                     v = __fadd_rn(v, __fmul_rn(pb[i], gfw_bf2f(rowp[i][c])));
                 acc[ci] = v;
@@ -830,10 +1097,15 @@ __global__ void k_attend(attend_args a)
     const float den = __fadd_rn(den_sh, gfw_expf(__fsub_rn(a.sink[h], m_sh)));
     uint16_t *o = a.out + (t * a.H + h) * (int64_t)d;
     for (int ci = 0; ci < 8; ci++) {
-        const int c = threadIdx.x + ci * blockDim.x;
+        const int c = tid + ci * blockDim.x;
         if (c >= d)
             break;
         o[c] = gfw_f2bf(__fdiv_rn(acc[ci], den));
+    }
+    if (a.cs) { /* the inverse RoPE of the output at the query's position (attn_forward.c) */
+        __syncthreads();
+        for (int p = tid; p < a.rope_dim / 2; p += blockDim.x)
+            rope_pair(o + d - a.rope_dim, p, a.rope_dim / 2, a.cs, pos, 1);
     }
 }
 
@@ -987,6 +1259,7 @@ struct mmoe_gpu_model {
     const float *mh_fn, *mh_base, *mh_scale;
     /* work */
     uint16_t *X, *y, *o, *qr, *q, *kv, *att, *z, *hn, *hp, *e;
+    double *hc_part;
     float *post, *comb, *ckv, *cgate, *ikv, *igate, *scores, *logits, *moe_x, *moe_scores, *moe_w, *moe_h;
     uint16_t *qi, *wi, *slot_y;
     int32_t *ids, *topk_idx, *moe_idx;
@@ -1078,6 +1351,8 @@ struct mmoe_gpu_model {
      *  MTP projected streams [Tm*hc, D]
      *  @var mmoe_gpu_model::e
      *  MTP projected embedding [Tm, D]
+     *  @var mmoe_gpu_model::hc_part
+     *  mHC block sums [Tm, (2+hc)*hc + 1, hc_part_blocks(hc*D)]
      *  @var mmoe_gpu_model::post
      *  mHC post weights [Tm, hc]
      *  @var mmoe_gpu_model::comb
@@ -1426,6 +1701,7 @@ static cudaError_t build(mmoe_gpu_model *g, const gfw_model_src *s, int *host_oo
     g->hn = (uint16_t *)galloc(g, 2 * (size_t)(rows * D), &ce);
     g->hp = (uint16_t *)galloc(g, 2 * (size_t)(rows * D), &ce);
     g->post = (float *)galloc(g, sizeof(float) * (size_t)(Tm * hc), &ce);
+    g->hc_part = (double *)galloc(g, sizeof(double) * (size_t)(Tm * ((2 + hc) * hc + 1) * hc_part_blocks(hc * D)), &ce);
     g->comb = (float *)galloc(g, sizeof(float) * (size_t)(Tm * hc * hc), &ce);
     g->qr = (uint16_t *)galloc(g, 2 * (size_t)(Tm * q), &ce);
     g->q = (uint16_t *)galloc(g, 2 * (size_t)(Tm * H * d), &ce);
@@ -1675,6 +1951,21 @@ __global__ void k_fill(float *p, size_t n, float v)
 /** Blocks of 256 threads covering @p n. */
 static unsigned nblk(int64_t n, int bs = 256) { return (unsigned)((n + bs - 1) / bs); }
 
+/**
+ * hc_pre (n_out = (2+hc)*hc, with post and comb) or hc_head (n_out = hc) of T tokens: the block
+ * sums into @p part, then the logits, Sinkhorn and the mix.
+ */
+static void launch_hc_mix(const uint16_t *X, int64_t D, int hc, int64_t T, const float *fn, const float *base,
+                          const float *scale, int n_out, float norm_eps, float hc_eps, int iters, double *part,
+                          uint16_t *y, float *post, float *comb)
+{
+    const int64_t n = (int64_t)hc * D;
+    const int S = hc_part_blocks(n);
+    k_hc_part<<<dim3((unsigned)S, (unsigned)(n_out + 1), (unsigned)T), GFW_HC_PART_CHUNKS>>>(X, n, fn, n_out, part);
+    k_hc_finish<<<dim3(nblk(D, 1024), (unsigned)T), 256>>>(X, D, hc, part, S, base, scale, n_out, norm_eps, hc_eps,
+                                                           iters, y, post, comb);
+}
+
 extern "C" mmoe_status mmoe_gpu_model_reset(mmoe_gpu_model *g, mmoe_error *err)
 {
     for (int L = 0; L < g->n_blocks; L++) {
@@ -1740,23 +2031,58 @@ static mmoe_status rmsnorm(const uint16_t *x, int64_t rows, int64_t n, const dde
     return MMOE_OK;
 }
 
+/** Quantize @p rows rows of width K of @p x into g->aq, g->as (the input of the next FP8 linears). */
+static mmoe_status act_quant(mmoe_gpu_model *g, const uint16_t *x, int64_t rows, int64_t K, mmoe_error *err)
+{
+    k_act_quant<<<dim3((unsigned)(K / 128), (unsigned)rows), 128>>>(x, K, g->aq, g->as);
+    GFW_CHECK("activation quantization");
+    return MMOE_OK;
+}
+
+/** y = fp8_linear of the rows act_quant() left in g->aq, g->as (width w.K). */
+static mmoe_status linear_fp8_quantized(mmoe_gpu_model *g, int64_t rows, const dfp8 &w, uint16_t *y,
+                                        mmoe_error *err)
+{
+    k_linear_fp8<<<nblk(rows * w.N * 32), 256>>>(g->aq, g->as, rows, w, y);
+    GFW_CHECK("fp8 linear");
+    return MMOE_OK;
+}
+
 /** y = fp8_linear(x) for @p rows rows. */
 static mmoe_status linear_fp8(mmoe_gpu_model *g, const uint16_t *x, int64_t rows, const dfp8 &w, uint16_t *y,
                               mmoe_error *err)
 {
-    k_act_quant<<<dim3((unsigned)(w.K / 128), (unsigned)rows), 128>>>(x, w.K, g->aq, g->as);
-    GFW_CHECK("activation quantization");
-    k_linear_fp8<<<nblk(rows * w.N * 32), 256>>>(g->aq, g->as, rows, w, y);
-    GFW_CHECK("fp8 linear");
-    return MMOE_OK;
+    mmoe_status st = act_quant(g, x, rows, w.K, err);
+    return st == MMOE_OK ? linear_fp8_quantized(g, rows, w, y, err) : st;
 }
 
 /** Dense linear. */
 static mmoe_status linear_dense(const uint16_t *x, int64_t rows, int64_t ldx, int64_t K, const ddense &w, int64_t N,
                                 int64_t group_rows, int64_t group_width, float *yf, uint16_t *yb, mmoe_error *err)
 {
-    k_linear_dense<<<nblk(rows * N * 32, 128), 128>>>(x, rows, ldx, K, w, N, group_rows, group_width, yf, yb);
+    dense_set s;
+    memset(&s, 0, sizeof s);
+    s.w[0] = w, s.N[0] = N, s.yf[0] = yf, s.yb[0] = yb, s.n = 1;
+    k_linear_dense<<<(unsigned)(rows * N), dense_threads(K)>>>(x, rows, ldx, K, s, group_rows, group_width);
     GFW_CHECK("dense linear");
+    return MMOE_OK;
+}
+
+/** Add linear w (N outputs) to a dense set. */
+static void dense_add(dense_set *s, const ddense &w, int64_t N, float *yf, uint16_t *yb)
+{
+    s->w[s->n] = w, s->N[s->n] = N, s->yf[s->n] = yf, s->yb[s->n] = yb;
+    s->n++;
+}
+
+/** The dense linears of a set on the same input x [rows, K] in one launch. */
+static mmoe_status linear_dense_set(const uint16_t *x, int64_t rows, int64_t K, const dense_set &s, mmoe_error *err)
+{
+    int64_t blocks = 0;
+    for (int j = 0; j < s.n; j++)
+        blocks += rows * s.N[j];
+    k_linear_dense<<<(unsigned)blocks, dense_threads(K)>>>(x, rows, K, K, s, 0, 0);
+    GFW_CHECK("dense linears");
     return MMOE_OK;
 }
 
@@ -1767,35 +2093,39 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
     const int64_t D = g->D, d = a.d, H = a.H, ih = a.ih, id = a.id;
     mmoe_status st;
     /* projections */
-    if ((st = linear_fp8(g, g->y, T, b->wq_a, g->qr, err)) != MMOE_OK ||
+    /* x quantized once for wq_a and wkv, q_r once for wq_b and the indexer's wq_b */
+    if ((st = act_quant(g, g->y, T, a.D, err)) != MMOE_OK ||
+        (st = linear_fp8_quantized(g, T, b->wq_a, g->qr, err)) != MMOE_OK ||
+        (st = linear_fp8_quantized(g, T, b->wkv, g->kv, err)) != MMOE_OK ||
         (st = rmsnorm(g->qr, T, a.q_lora, b->q_norm, a.eps, g->qr, err)) != MMOE_OK ||
-        (st = linear_fp8(g, g->qr, T, b->wq_b, g->q, err)) != MMOE_OK ||
-        (st = linear_fp8(g, g->y, T, b->wkv, g->kv, err)) != MMOE_OK ||
-        (st = rmsnorm(g->kv, T, d, b->kv_norm, a.eps, g->kv, err)) != MMOE_OK)
+        (st = act_quant(g, g->qr, T, a.q_lora, err)) != MMOE_OK ||
+        (st = linear_fp8_quantized(g, T, b->wq_b, g->q, err)) != MMOE_OK ||
+        (a.ratio == 4 && (st = linear_fp8_quantized(g, T, b->idx_wq_b, g->qi, err)) != MMOE_OK))
         return st;
-    k_scale_heads<<<(unsigned)(T * H), 128>>>(g->q, d, a.eps);
-    GFW_CHECK("q head scaling");
-    k_rope<<<nblk(T * H * (a.rope_dim / 2)), 256>>>(g->q, T * H, H, d, a.rope_dim, b->cs, pos0, 0);
-    k_rope<<<nblk(T * (a.rope_dim / 2)), 256>>>(g->kv, T, 1, d, a.rope_dim, b->cs, pos0, 0);
-    GFW_CHECK("rope");
-    k_fp8_roundtrip<<<nblk(T, 64), 64>>>(g->kv, T, d, d - a.rope_dim);
-    GFW_CHECK("kv fp8 round trip");
+    k_scale_heads<<<nblk(T * H * 32), 256>>>(g->q, T * H, d, a.eps, H, a.rope_dim, b->cs, pos0);
+    GFW_CHECK("q head scaling and rope");
+    k_kv_finish<<<(unsigned)T, 256>>>(g->kv, d, b->kv_norm, a.eps, a.rope_dim, b->cs, pos0);
+    GFW_CHECK("kv norm, rope and fp8 round trip");
     const int c = a.ratio == 4 ? 2 : 1;
-    if (a.ratio > 0) {
-        if ((st = linear_dense(g->y, T, D, D, b->c_wkv, c * d, 0, 0, g->ckv, NULL, err)) != MMOE_OK ||
-            (st = linear_dense(g->y, T, D, D, b->c_wgate, c * d, 0, 0, g->cgate, NULL, err)) != MMOE_OK)
+    if (a.ratio > 0) { /* the compressors' and the indexer's dense projections of x, one launch */
+        dense_set ds;
+        memset(&ds, 0, sizeof ds);
+        dense_add(&ds, b->c_wkv, c * d, g->ckv, NULL);
+        dense_add(&ds, b->c_wgate, c * d, g->cgate, NULL);
+        if (a.ratio == 4) {
+            dense_add(&ds, b->idx_wp, ih, NULL, g->wi);
+            dense_add(&ds, b->i_wkv, 2 * id, g->ikv, NULL);
+            dense_add(&ds, b->i_wgate, 2 * id, g->igate, NULL);
+        }
+        if ((st = linear_dense_set(g->y, T, D, ds, err)) != MMOE_OK)
             return st;
     }
     if (a.ratio == 4) {
-        if ((st = linear_fp8(g, g->qr, T, b->idx_wq_b, g->qi, err)) != MMOE_OK ||
-            (st = linear_dense(g->y, T, D, D, b->idx_wp, ih, 0, 0, NULL, g->wi, err)) != MMOE_OK ||
-            (st = linear_dense(g->y, T, D, D, b->i_wkv, 2 * id, 0, 0, g->ikv, NULL, err)) != MMOE_OK ||
-            (st = linear_dense(g->y, T, D, D, b->i_wgate, 2 * id, 0, 0, g->igate, NULL, err)) != MMOE_OK)
-            return st;
         const float w_scale = (float)(1.0 / sqrt((double)id) * (1.0 / sqrt((double)ih)));
-        k_scale_bf16<<<nblk(T * ih), 256>>>(g->wi, T * ih, w_scale);
-        k_rope<<<nblk(T * ih * (a.rope_dim / 2)), 256>>>(g->qi, T * ih, ih, id, a.rope_dim, b->cs, pos0, 0);
-        k_indexer_q<<<(unsigned)T, 32, sizeof(float) * (size_t)id>>>(g->qi, (int)ih, (int)id);
+        const size_t q_smem = sizeof(float) * (size_t)(ih * id);
+        if (q_smem > 48 * 1024)
+            cudaFuncSetAttribute(k_indexer_q, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)q_smem);
+        k_indexer_q<<<(unsigned)T, 512, q_smem>>>(g->qi, (int)ih, (int)id, a.rope_dim, b->cs, pos0, g->wi, w_scale);
         GFW_CHECK("indexer queries");
     }
     /* compressors (sequential over the call's tokens) */
@@ -1811,20 +2141,23 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
         k_compress<<<1, 256, sizeof(float) * (size_t)(2 * id)>>>(ia);
         GFW_CHECK("indexer compressor");
         if (b->max_blocks > 0) {
-            k_indexer_scores<<<nblk(T * b->max_blocks, 128), 128>>>(g->qi, g->wi, b->idx_keys, (int)ih, (int)id, T,
-                                                                    pos0, b->max_blocks, g->scores);
-            GFW_CHECK("indexer scores");
+            /* warps for the causal blocks of the call's last token only (scores keep the stride max_blocks) */
+            const int64_t nb = (pos0 + T) / 4 < b->max_blocks ? (pos0 + T) / 4 : b->max_blocks;
+            if (nb > 0) { /* none before the first block is complete */
+                k_indexer_scores<<<nblk(T * nb * 32), 256>>>(g->qi, g->wi, b->idx_keys, (int)ih, (int)id, T, pos0,
+                                                             nb, b->max_blocks, g->scores);
+                GFW_CHECK("indexer scores");
+            }
             k_topk<<<(unsigned)T, 256>>>(g->scores, T, pos0, b->max_blocks, a.topk, g->topk_idx);
             GFW_CHECK("indexer top-k");
         }
     }
-    attend_args aa = {g->q, g->kv, b->ring, b->comp, g->topk_idx, b->sink, (int)H, (int)d, a.window, a.ratio,
-                      a.topk, pos0, (float)(1.0 / sqrt((double)d)), g->att};
-    k_attend<<<dim3((unsigned)T, (unsigned)H), 128>>>(aa);
-    GFW_CHECK("attention");
+    attend_args aa = {g->q, g->kv, b->ring, b->comp, g->topk_idx, b->sink, b->cs, (int)H, (int)d, a.window, a.ratio,
+                      a.topk, a.rope_dim, pos0, (float)(1.0 / sqrt((double)d)), g->att};
+    k_attend<<<dim3((unsigned)T, (unsigned)H), 256>>>(aa);
+    GFW_CHECK("attention and inverse rope");
     k_ring_store<<<nblk((T < a.window ? T : a.window) * d), 256>>>(g->kv, T, pos0, a.window, (int)d, b->ring);
-    k_rope<<<nblk(T * H * (a.rope_dim / 2)), 256>>>(g->att, T * H, H, d, a.rope_dim, b->cs, pos0, 1);
-    GFW_CHECK("window store / inverse rope");
+    GFW_CHECK("window store");
     /* grouped output projection */
     const int64_t hd = H * d, gw = hd / a.G, gr = (int64_t)a.G * a.o_lora;
     if ((st = linear_dense(g->att, T, hd, gw, b->wo_a, gr, a.o_lora, gw, NULL, g->z, err)) != MMOE_OK)
@@ -1863,8 +2196,8 @@ static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, i
     const int64_t D = g->D;
     const int hc = (int)g->hc, n_mix = (2 + hc) * hc;
     double t0 = tick(g);
-    k_hc_mix<<<(unsigned)T, 128>>>(g->X, D, hc, b->hca_fn, b->hca_base, b->hca_scale, n_mix, g->eps, g->hc_eps,
-                                   g->iters, g->y, g->post, g->comb);
+    launch_hc_mix(g->X, D, hc, T, b->hca_fn, b->hca_base, b->hca_scale, n_mix, g->eps, g->hc_eps, g->iters,
+                  g->hc_part, g->y, g->post, g->comb);
     GFW_CHECK("hc_pre (attention)");
     double t1 = tick(g);
     mmoe_status st = rmsnorm(g->y, T, D, b->attn_norm, g->eps, g->y, err);
@@ -1874,8 +2207,8 @@ static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, i
         return st;
     double t2 = tick(g);
     k_hc_post<<<nblk(T * D), 256>>>(g->o, g->X, T, D, hc, g->post, g->comb);
-    k_hc_mix<<<(unsigned)T, 128>>>(g->X, D, hc, b->hcf_fn, b->hcf_base, b->hcf_scale, n_mix, g->eps, g->hc_eps,
-                                   g->iters, g->y, g->post, g->comb);
+    launch_hc_mix(g->X, D, hc, T, b->hcf_fn, b->hcf_base, b->hcf_scale, n_mix, g->eps, g->hc_eps, g->iters,
+                  g->hc_part, g->y, g->post, g->comb);
     GFW_CHECK("hc_post / hc_pre (moe)");
     double t3 = tick(g);
     if ((st = rmsnorm(g->y, T, D, b->ffn_norm, g->eps, g->y, err)) != MMOE_OK ||
@@ -1897,7 +2230,7 @@ static mmoe_status head(mmoe_gpu_model *g, const float *fn, const float *base, c
 {
     const int hc = (int)g->hc;
     const uint16_t *Xf = g->X + first * hc * g->D;
-    k_hc_mix<<<(unsigned)n, 128>>>(Xf, g->D, hc, fn, base, scale, hc, g->eps, g->hc_eps, 0, g->y, NULL, NULL);
+    launch_hc_mix(Xf, g->D, hc, n, fn, base, scale, hc, g->eps, g->hc_eps, 0, g->hc_part, g->y, NULL, NULL);
     GFW_CHECK("hc_head");
     mmoe_status st = rmsnorm(g->y, n, g->D, norm, g->eps, g->y, err);
     if (st != MMOE_OK)
@@ -2097,8 +2430,11 @@ extern "C" mmoe_status gfw_test_linear_dense(const uint16_t *x, int64_t T, int64
     wd.p = tput(&a, w, (w_f32 ? 4 : 2) * (size_t)(N * K));
     uint16_t *dx = (uint16_t *)tput(&a, x, 2 * (size_t)(T * K));
     float *dy = (float *)tput(&a, NULL, sizeof(float) * (size_t)(T * N));
+    dense_set ds;
+    memset(&ds, 0, sizeof ds);
+    dense_add(&ds, wd, N, dy, NULL);
     if (a.ce == cudaSuccess)
-        k_linear_dense<<<nblk(T * N * 32, 128), 128>>>(dx, T, K, K, wd, N, 0, 0, dy, NULL);
+        k_linear_dense<<<(unsigned)(T * N), dense_threads(K)>>>(dx, T, K, K, ds, 0, 0);
     return tfinish(&a, y, dy, sizeof(float) * (size_t)(T * N), err, "dense linear");
 }
 
@@ -2118,8 +2454,9 @@ extern "C" mmoe_status gfw_test_hc_pre(int hc, int64_t D, int iters, float norm_
     uint16_t *dy = (uint16_t *)tput(&a, NULL, 2 * (size_t)(T * D));
     float *dp = (float *)tput(&a, NULL, sizeof(float) * (size_t)(T * hc));
     float *dc = (float *)tput(&a, NULL, sizeof(float) * (size_t)(T * hc * hc));
+    double *dpart = (double *)tput(&a, NULL, sizeof(double) * (size_t)(T * (n_mix + 1) * hc_part_blocks(hc * D)));
     if (a.ce == cudaSuccess)
-        k_hc_mix<<<(unsigned)T, 128>>>(dX, D, hc, dfn, db, ds, n_mix, norm_eps, hc_eps, iters, dy, dp, dc);
+        launch_hc_mix(dX, D, hc, T, dfn, db, ds, n_mix, norm_eps, hc_eps, iters, dpart, dy, dp, dc);
     if (a.ce == cudaSuccess)
         a.ce = cudaDeviceSynchronize();
     if (a.ce == cudaSuccess)
@@ -2158,24 +2495,27 @@ extern "C" mmoe_status gfw_test_attend(const uint16_t *q, int H, int d, const ui
     const float *dsink = (const float *)tput(&a, sink, sizeof(float) * (size_t)H);
     uint16_t *dout = (uint16_t *)tput(&a, NULL, 2 * (size_t)H * (size_t)d);
     if (a.ce == cudaSuccess) {
-        attend_args aa = {dq, dr + (n - 1) * d, dr, NULL, NULL, dsink, H, d, (int)n, 0, 0, n - 1,
+        attend_args aa = {dq, dr + (n - 1) * d, dr, NULL, NULL, dsink, NULL, H, d, (int)n, 0, 0, 0, n - 1,
                           (float)(1.0 / sqrt((double)d)), dout};
-        k_attend<<<dim3(1, (unsigned)H), 128>>>(aa);
+        k_attend<<<dim3(1, (unsigned)H), 256>>>(aa);
     }
     return tfinish(&a, out, dout, 2 * (size_t)H * (size_t)d, err, "attention");
 }
 
-/** The QAT steps of the forward on whole rows, one thread per row. */
-__global__ void k_test_qat(uint16_t *x, int64_t rows, int width, int kind, float *scratch)
+/**
+ * The QAT steps of the forward on whole rows, one block of 128 threads per row: the kv FP8
+ * round trip (kind 0, all but the last 64 values) or the indexer's Hadamard and FP4 round trip
+ * (kind 1; dynamic shared memory: width floats).
+ */
+__global__ void k_test_qat(uint16_t *x, int64_t rows, int width, int kind)
 {
-    const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= rows)
-        return;
+    extern __shared__ float hv[];
+    uint16_t *xr = x + (int64_t)blockIdx.x * width;
     if (kind == 0) {
-        fp8_roundtrip_row(x + r * width, width - 64);
+        fp8_roundtrip_warps(xr, width - 64, threadIdx.x / 32, blockDim.x / 32);
     } else {
-        hadamard_row(x + r * width, width, scratch + r * width);
-        fp4_roundtrip_row(x + r * width, width);
+        hadamard_block(xr, 1, width, hv);
+        fp4_roundtrip_warps(xr, width, threadIdx.x / 32, blockDim.x / 32);
     }
 }
 
@@ -2186,9 +2526,8 @@ extern "C" mmoe_status gfw_test_qat(uint16_t *x, int64_t rows, int width, int ki
     if (st != MMOE_OK)
         return st;
     uint16_t *dx = (uint16_t *)tput(&a, x, 2 * (size_t)(rows * width));
-    float *sc = (float *)tput(&a, NULL, sizeof(float) * (size_t)(rows * width));
     if (a.ce == cudaSuccess)
-        k_test_qat<<<nblk(rows, 64), 64>>>(dx, rows, width, kind, sc);
+        k_test_qat<<<(unsigned)rows, 128, sizeof(float) * (size_t)width>>>(dx, rows, width, kind);
     return tfinish(&a, x, dx, 2 * (size_t)(rows * width), err, "qat round trip");
 }
 
@@ -2206,7 +2545,7 @@ extern "C" mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, 
     int32_t *di = (int32_t *)tput(&a, NULL, sizeof(int32_t) * (size_t)topk);
     const int64_t pos = 4 * n_blocks - 1;
     if (a.ce == cudaSuccess) {
-        k_indexer_scores<<<nblk(n_blocks, 128), 128>>>(dq, dw, dk, ih, id, 1, pos, n_blocks, ds);
+        k_indexer_scores<<<nblk(n_blocks * 32), 256>>>(dq, dw, dk, ih, id, 1, pos, n_blocks, n_blocks, ds);
         k_topk<<<1, 256>>>(ds, 1, pos, n_blocks, topk, di);
     }
     if (a.ce == cudaSuccess)

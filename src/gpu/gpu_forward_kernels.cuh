@@ -20,6 +20,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "mmoe_sum_order.h"
+
 /** bf16 bits -> fp32 (exact). */
 __device__ __forceinline__ float gfw_bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 
@@ -130,5 +132,123 @@ __device__ __forceinline__ float gfw_expf(float x)
 
 /** 1 / (1 + exp(-z)) with IEEE operations. */
 __device__ __forceinline__ float gfw_sigmoid(float z) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, gfw_expf(-z))); }
+
+/* ------------------------------------------------------------------ the order of the double sums */
+
+/**
+ * Butterfly over an aligned group of @p G lanes (a power of two <= 32): lane i adds lane i xor s
+ * for s = 1, 2, .., G/2, so every lane of the group ends with the pairwise tree of the group's
+ * values (@ref spec_arch_sum_order; x + y = y + x exactly).  Every lane of the warp must call it.
+ */
+__device__ __forceinline__ double gfw_group_pairwise(double v, int G)
+{
+    for (int s = 1; s < G; s <<= 1)
+        v = __dadd_rn(v, __shfl_xor_sync(0xFFFFFFFFu, v, s));
+    return v;
+}
+
+/** Chunk @p k of the n terms term(i): ascending from +0 (mmoe_sum_order.h, step 1). */
+template <class Term>
+__device__ __forceinline__ double gfw_chunk_sum(const Term &term, int64_t k, int64_t n)
+{
+    const int64_t i0 = k * MMOE_SUM_CHUNK;
+    double c = 0.0;
+    if (i0 + MMOE_SUM_CHUNK <= n) {
+#pragma unroll
+        for (int i = 0; i < MMOE_SUM_CHUNK; i++)
+            c = __dadd_rn(c, term(i0 + i));
+    } else {
+        for (int64_t i = i0; i < n; i++)
+            c = __dadd_rn(c, term(i));
+    }
+    return c;
+}
+
+/** The tree node over the aligned run of @p r chunks (a power of two) from chunk @p k0; +0 beyond the end. */
+template <class Term>
+__device__ __forceinline__ double gfw_run_sum(const Term &term, int64_t k0, int64_t r, int64_t n)
+{
+    if (r == 1)
+        return gfw_chunk_sum(term, k0, n);
+    const int64_t m = (n + MMOE_SUM_CHUNK - 1) / MMOE_SUM_CHUNK;
+    mmoe_pairwise pw;
+    mmoe_pairwise_init(&pw);
+    for (int64_t k = k0; k < k0 + r && k < m; k++)
+        mmoe_pairwise_push(&pw, gfw_chunk_sum(term, k, n));
+    return mmoe_pairwise_result(&pw);
+}
+
+/** Chunks per lane when @p lanes lanes (a power of two) share the m chunks of n terms. */
+__device__ __forceinline__ int64_t gfw_chunks_per_lane(int64_t n, int64_t lanes)
+{
+    const int64_t m = (n + MMOE_SUM_CHUNK - 1) / MMOE_SUM_CHUNK;
+    int64_t M = 1;
+    while (M < m)
+        M <<= 1;
+    return M > lanes ? M / lanes : 1;
+}
+
+/** The spec's sum of term(0 .. n-1) by an aligned group of G lanes (g = lane in group); all G lanes get it. */
+template <class Term>
+__device__ __forceinline__ double gfw_group_sum(const Term &term, int64_t n, int g, int G)
+{
+    const int64_t r = gfw_chunks_per_lane(n, G);
+    return gfw_group_pairwise(gfw_run_sum(term, (int64_t)g * r, r, n), G);
+}
+
+/**
+ * The tree above the values @p v of the block's threads (blockDim.x a power of two, 32..1024;
+ * thread b holds node b of one level), returned to every thread.  @p sh: 33 doubles of shared
+ * memory.  Contains __syncthreads().
+ */
+__device__ __forceinline__ double gfw_block_tree(double v, double *sh)
+{
+    const int B = blockDim.x, b = threadIdx.x;
+    v = gfw_group_pairwise(v, 32);
+    if ((b & 31) == 0)
+        sh[b >> 5] = v;
+    __syncthreads();
+    if (b < 32) {
+        v = gfw_group_pairwise(b < B / 32 ? sh[b] : 0.0, 32);
+        if (b == 0)
+            sh[32] = v;
+    }
+    __syncthreads();
+    v = sh[32];
+    __syncthreads();
+    return v;
+}
+
+/**
+ * The spec's sum of term(0 .. n-1) by the whole block (blockDim.x a power of two, 32..1024),
+ * returned to every thread.  @p sh: 33 doubles of shared memory.  Contains __syncthreads().
+ */
+template <class Term>
+__device__ __forceinline__ double gfw_block_sum(const Term &term, int64_t n, double *sh)
+{
+    const int64_t r = gfw_chunks_per_lane(n, blockDim.x);
+    return gfw_block_tree(gfw_run_sum(term, (int64_t)threadIdx.x * r, r, n), sh);
+}
+
+/** Warp maximum of non-negative values where any NaN wins (the FP8 scale rule: a NaN amax). */
+__device__ __forceinline__ float gfw_warp_amax_nan(float a)
+{
+    for (int s = 16; s > 0; s >>= 1) {
+        const float o = __shfl_xor_sync(0xFFFFFFFFu, a, s);
+        a = isnan(a) ? a : (isnan(o) ? o : (o > a ? o : a));
+    }
+    return a;
+}
+
+/** Warp maximum of non-negative values, NaN ignored (the FP4 scale rule). */
+__device__ __forceinline__ float gfw_warp_amax(float a)
+{
+    a = a > 0.0f ? a : 0.0f; /* NaN -> 0, never wins */
+    for (int s = 16; s > 0; s >>= 1) {
+        const float o = __shfl_xor_sync(0xFFFFFFFFu, a, s);
+        a = o > a ? o : a;
+    }
+    return a;
+}
 
 #endif /* MMOE_GPU_FORWARD_KERNELS_CUH */

@@ -19,7 +19,8 @@
  * (src/gpu/gpu_forward.cu lists them per kernel).  Three kinds of steps:
  *
  * - **exact** (bit-identical to the oracle): embedding and stream expansion, RMSNorm (the
- *   sum of squares in double in index order), the FP8 block-scaled linear (exact block
+ *   sum of squares in double in the order of @ref spec_arch_sum_order, summed in parallel),
+ *   mHC's logits (the same order), the FP8 block-scaled linear (exact block
  *   partials, fp32 scaled accumulation in block order), the dense BF16/F32 linear (the
  *   oracle's four-lane double order), the stream write-back of mHC, the per-head q scaling,
  *   RoPE (cos/sin tables computed on the host by the oracle's own function), the FP8 and FP4

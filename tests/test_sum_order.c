@@ -1,0 +1,282 @@
+/**
+ * @file test_sum_order.c
+ * @brief Suite "sum_order": the chunked pairwise order of the forward's double sums
+ *        (docs/spec/architecture.md, "The order of the double sums") and the oracle's blocks that use it.
+ *
+ * The reference here is a recursive evaluation written from the spec's text (chunks of 16
+ * from +0 in ascending order; P splits at the largest power of two below the count), not the
+ * streaming binary counter of mmoe_sum_order.h.  Terms of widely spread magnitudes make the
+ * order visible: the tests also count how often the sequential sum differs, so a test that
+ * could not tell the orders apart fails.  Hand-derived values pin the definition down.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn_internal.h"
+#include "mmoe_formats.h"
+#include "mmoe_linear.h"
+#include "mmoe_mhc.h"
+#include "mmoe_sum_order.h"
+#include "mmoe_test.h"
+
+static uint64_t g_seed;
+
+/** P(c[0 .. m-1]) as the spec defines it, recursively. */
+static double ref_tree(const double *c, int64_t m)
+{
+    if (m == 1)
+        return c[0];
+    int64_t h = 1;
+    while (2 * h < m)
+        h *= 2;
+    return ref_tree(c, h) + ref_tree(c + h, m - h);
+}
+
+/** The spec's sum of t[0 .. n-1]: chunk sums of 16 from +0, then P. */
+static double ref_sum(const double *t, int64_t n)
+{
+    if (n == 0)
+        return 0.0;
+    const int64_t m = (n + 15) / 16;
+    double *c = malloc(sizeof(double) * (size_t)m);
+    ck_assert_ptr_nonnull(c);
+    for (int64_t k = 0; k < m; k++) {
+        double s = 0.0;
+        for (int64_t i = 16 * k; i < n && i < 16 * k + 16; i++)
+            s += t[i];
+        c[k] = s;
+    }
+    const double r = ref_tree(c, m);
+    free(c);
+    return r;
+}
+
+/** The same sum through mmoe_sum_order.h's streaming form. */
+static double stream_sum(const double *t, int64_t n)
+{
+    mmoe_pairwise pw;
+    mmoe_pairwise_init(&pw);
+    for (int64_t i0 = 0; i0 < n; i0 += MMOE_SUM_CHUNK) {
+        double c = 0.0;
+        for (int64_t i = i0; i < n && i < i0 + MMOE_SUM_CHUNK; i++)
+            c += t[i];
+        mmoe_pairwise_push(&pw, c);
+    }
+    return mmoe_pairwise_result(&pw);
+}
+
+/** A term of random sign and a magnitude spread over 2^-60 .. 2^20 (the order matters). */
+static double spread_term(mmoe_rng *r)
+{
+    const double mag = ldexp(1.0 + mmoe_rng_uniform(r), (int)(mmoe_rng_uniform(r) * 80.0) - 60);
+    return mmoe_rng_uniform(r) < 0.5 ? -mag : mag;
+}
+
+/*
+ * Hand-derived values (u = 2^-53, half an ulp of 1.0; 1 + u rounds to 1, ties to even):
+ * - 32 terms 1, u, u, ..., u: chunk 0 = 1 (each + u rounds back to 1), chunk 1 = 16u = 2^-49
+ *   exactly, P = 1 + 2^-49 (representable).  Summed in sequence: 1.
+ * - chunk sums 1, u, u (m = 3, h = 2): (1 + u) + u = 1 + u = 1; folded the other way it would be
+ *   1 + 2u = 1 + 2^-52.
+ * - chunk sums 1, u, u, u, u (m = 5, h = 4): ((1 + u) + (u + u)) + u = (1 + 2^-52) + u, a tie
+ *   between 1 + 2^-52 (odd) and 1 + 2^-51 (even): 1 + 2^-51.  Summed in sequence: 1.
+ * - no terms: +0.
+ */
+START_TEST(hand_values)
+{
+    const double u = ldexp(1.0, -53);
+    double t[80];
+    t[0] = 1.0;
+    for (int i = 1; i < 32; i++)
+        t[i] = u;
+    ck_assert(stream_sum(t, 32) == 1.0 + ldexp(1.0, -49));
+    /* chunk sums 1, u, u: each chunk one term then zeros */
+    memset(t, 0, sizeof t);
+    t[0] = 1.0;
+    t[16] = u;
+    t[32] = u;
+    ck_assert(stream_sum(t, 48) == 1.0);
+    ck_assert(stream_sum(t, 33) == 1.0);
+    for (int k = 3; k <= 4; k++)
+        t[16 * k] = u;
+    ck_assert(stream_sum(t, 80) == 1.0 + ldexp(1.0, -51));
+    ck_assert(stream_sum(t, 0) == 0.0 && !signbit(stream_sum(t, 0)));
+    /* the bf16 dot product of the attention scores: a = (1, 2^-27, ...), b = (1, 2^-26, ...) */
+    uint16_t a[32], b[32];
+    a[0] = b[0] = mmoe_bf16_from_f32(1.0f);
+    for (int i = 1; i < 32; i++) {
+        a[i] = mmoe_bf16_from_f32(ldexpf(1.0f, -27));
+        b[i] = mmoe_bf16_from_f32(ldexpf(1.0f, -26));
+    }
+    ck_assert(attn_dot_bf16(a, b, 32) == 1.0 + ldexp(1.0, -49));
+}
+END_TEST
+
+START_TEST(streaming_equals_recursive)
+{
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed);
+    double *t = malloc(sizeof(double) * 20000);
+    ck_assert_ptr_nonnull(t);
+    int differs_from_sequential = 0;
+    for (int trial = 0; trial < 300; trial++) {
+        const int64_t n = trial < 40 ? trial : 1 + (int64_t)(mmoe_rng_uniform(&r) * (trial % 3 ? 2000 : 20000));
+        double seq = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            t[i] = spread_term(&r);
+            seq += t[i];
+        }
+        const double want = ref_sum(t, n), got = stream_sum(t, n);
+        ck_assert_msg(memcmp(&want, &got, sizeof want) == 0, "n = %lld: %a, expected %a (seed %llu)", (long long)n,
+                      got, want, (unsigned long long)g_seed);
+        differs_from_sequential += seq != want;
+    }
+    free(t);
+    ck_assert_msg(differs_from_sequential > 50, "only %d of 300 sums differ from the sequential order",
+                  differs_from_sequential);
+}
+END_TEST
+
+/** bf16 outputs of RMSNorm (w, eps 0) of row @p x of n values, given its double sum of squares. */
+static void ref_rmsnorm(const uint16_t *x, const uint16_t *w, int n, double sumsq, uint16_t *y)
+{
+    const float mean = (float)(sumsq / (double)n);
+    const float rs = 1.0f / sqrtf(mean + 0.0f);
+    for (int i = 0; i < n; i++)
+        y[i] = mmoe_bf16_from_f32(mmoe_bf16_to_f32(w[i]) * (mmoe_bf16_to_f32(x[i]) * rs));
+}
+
+/*
+ * RMSNorm rows whose order shows in the bf16 output (mmoe_test_sum_order_row()).  Row (p, q):
+ * x0 = 1 + p/128, x2 = 1 + q/16, then 4080 tiny values t in 2^-27 [1, 1.4) from index 16 on,
+ * and x1 (and x3) chosen so that M = x0^2 + x2^2 + x1^2 (+ x3^2) is exact in double and the
+ * midpoint between two fp32 numbers: with 2^e <= x0^2 + x2^2 < 2^(e+1) (e = 1 or 2) the
+ * squares add half an fp32 ulp, 2^(e-24), as x1 = 2^((e-24)/2) when e is even, else
+ * x1 = x3 = 2^((e-25)/2).  Summed in sequence every t^2 < 2^(e-53) is less than half a double
+ * ulp of M and is lost, so the mean is a tie, rounded to even; in the spec's order the t^2 of a
+ * chunk add up first (16 t^2 > 2^-50) and survive: the sum is above M and the mean may round
+ * up.  Then rs may differ by an ulp, and the outputs w t rs may cross a bf16 rounding boundary.
+ * The test finds such rows with its own two references and requires some, so an oracle summing
+ * in sequence fails it (the GPU block test runs the same rows).
+ */
+START_TEST(rmsnorm_order_visible)
+{
+    enum { N = 4096 };
+    uint16_t x[N], w[N], y[N], want[N], seq_out[N];
+    double terms[N];
+    int rows_that_differ = 0;
+    mmoe_test_sum_order_weight(N, w);
+    mmoe_tensor wt = {MMOE_DT_BF16, 1, {N}, w, sizeof w};
+    for (int row = 0; row < MMOE_TEST_SUM_ORDER_ROWS; row++) {
+        mmoe_test_sum_order_row(row, N, x);
+        double seq = 0.0;
+        for (int i = 0; i < N; i++) {
+            const double v = mmoe_bf16_to_f32(x[i]);
+            terms[i] = v * v;
+            seq += terms[i];
+        }
+        ref_rmsnorm(x, w, N, ref_sum(terms, N), want);
+        ref_rmsnorm(x, w, N, seq, seq_out);
+        rows_that_differ += memcmp(want, seq_out, sizeof want) != 0;
+        mmoe_test_poison_bf16(y, N);
+        mmoe_rmsnorm_bf16(x, 1, N, &wt, 0.0f, y);
+        int bad = -1; /* one assertion per row (Check records each one) */
+        for (int i = 0; i < N && bad < 0; i++)
+            bad = y[i] != want[i] ? i : -1;
+        ck_assert_msg(bad < 0, "rmsnorm row %d col %d: %04x, expected %04x", row, bad, y[bad < 0 ? 0 : bad],
+                      want[bad < 0 ? 0 : bad]);
+    }
+    printf("rmsnorm_order_visible: %d of %d rows tell the orders apart\n", rows_that_differ, MMOE_TEST_SUM_ORDER_ROWS);
+    ck_assert_msg(rows_that_differ > 0, "no row tells the spec's order from the sequential one");
+}
+END_TEST
+
+/*
+ * Dense linear rows (mmoe_test_sum_order_sum_row()) against a weight row of ones: x0 = 1 + p/128
+ * and x2 = 1 + q/16 sum to s in [2, 4) with no bit below 2^-7, x1 = 2^-23 is half an fp32 ulp
+ * there, so M = s + x1 is exact in double and an fp32 midpoint whose lower neighbour s is even;
+ * the 4080 values t in 2^-54 [1, 1.4) from index 16 on are each less than half a double ulp of
+ * M (2^-52).  In sequence every t is lost, the sum is the tie M and rounds to s; in the spec's
+ * order a chunk's 16 t add up first (> 2^-50), survive, and the sum rounds up to s + 2^-22.  So
+ * every row tells the orders apart, in the fp32 output itself (a sequential oracle fails here).
+ */
+START_TEST(dense_order_visible)
+{
+    enum { N = 4096 };
+    uint16_t x[N], ones[N];
+    double terms[N];
+    for (int i = 0; i < N; i++)
+        ones[i] = mmoe_bf16_from_f32(1.0f);
+    mmoe_tensor wt = {MMOE_DT_BF16, 2, {1, N}, ones, sizeof ones};
+    int rows_that_differ = 0;
+    for (int row = 0; row < MMOE_TEST_SUM_ORDER_ROWS; row++) {
+        mmoe_test_sum_order_sum_row(row, N, x);
+        double seq = 0.0;
+        for (int i = 0; i < N; i++) {
+            terms[i] = mmoe_bf16_to_f32(x[i]);
+            seq += terms[i];
+        }
+        const float want = (float)ref_sum(terms, N);
+        rows_that_differ += want != (float)seq;
+        float y = NAN;
+        mmoe_error err;
+        ck_assert_int_eq(mmoe_linear_dense(x, 1, N, &wt, 1, &y, NULL, &err), MMOE_OK);
+        ck_assert_msg(memcmp(&y, &want, sizeof y) == 0, "dense row %d: %a, expected %a", row, y, want);
+    }
+    ck_assert_msg(rows_that_differ == MMOE_TEST_SUM_ORDER_ROWS, "only %d rows tell the orders apart",
+                  rows_that_differ);
+}
+END_TEST
+
+/** The attention and indexer dot product follows the order (bf16 inputs spread over 2^-50 .. 2^20). */
+START_TEST(dot_follows_the_order)
+{
+    enum { N = 4096 + 48, ROWS = 40 };
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed + 1);
+    uint16_t *x = malloc(2 * (size_t)(ROWS * N)), *bneg = malloc(2 * (size_t)N);
+    double *terms = malloc(sizeof(double) * N);
+    ck_assert(x && bneg && terms);
+    for (int i = 0; i < ROWS * N; i++)
+        x[i] = mmoe_bf16_from_f32(ldexpf(1.0f + (float)mmoe_rng_uniform(&r), (int)(mmoe_rng_uniform(&r) * 70) - 50));
+    int dot_differs = 0;
+    for (int t = 0; t < ROWS; t++) {
+        /* row t against row (t + 1) % ROWS with every third sign flipped */
+        const uint16_t *xr = x + (size_t)t * N, *br = x + (size_t)((t + 1) % ROWS) * N;
+        double seq = 0.0;
+        for (int i = 0; i < N; i++) {
+            bneg[i] = (uint16_t)(br[i] ^ (i % 3 ? 0u : 0x8000u));
+            terms[i] = (double)mmoe_bf16_to_f32(xr[i]) * (double)mmoe_bf16_to_f32(bneg[i]);
+            seq += terms[i];
+        }
+        const double want = ref_sum(terms, N), got = attn_dot_bf16(xr, bneg, N);
+        ck_assert_msg(want == got, "dot row %d: %a, expected %a (seed %llu)", t, got, want, (unsigned long long)g_seed);
+        dot_differs += seq != want;
+    }
+    ck_assert_msg(dot_differs > 0, "no dot product differs from the sequential order");
+    free(x);
+    free(bneg);
+    free(terms);
+}
+END_TEST
+
+static Suite *sum_order_suite(void)
+{
+    Suite *s = suite_create("sum_order");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, hand_values);
+    tcase_add_test(tc, streaming_equals_recursive);
+    tcase_add_test(tc, rmsnorm_order_visible);
+    tcase_add_test(tc, dot_follows_the_order);
+    tcase_add_test(tc, dense_order_visible);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    g_seed = mmoe_test_seed("sum_order");
+    return mmoe_test_run(sum_order_suite());
+}
