@@ -1725,7 +1725,6 @@ static cudaError_t build(mmoe_gpu_model *g, const gfw_model_src *s, int *host_oo
     g->moe_x = (float *)galloc(g, sizeof(float) * (size_t)(Tm * D), &ce);
     g->moe_scores = (float *)galloc(g, sizeof(float) * (size_t)(Tm * E), &ce);
     g->moe_idx = (int32_t *)galloc(g, sizeof(int32_t) * (size_t)(Tm * moe_k), &ce);
-    if (g->has_part)
     g->moe_w = (float *)galloc(g, sizeof(float) * (size_t)(Tm * moe_k), &ce);
     g->moe_h = (float *)galloc(g, sizeof(float) * (size_t)(Tm * (moe_k + 1) * moe_width), &ce);
     g->slot_y = (uint16_t *)galloc(g, 2 * (size_t)(Tm * (moe_k + 1) * D), &ce);
