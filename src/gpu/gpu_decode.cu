@@ -66,10 +66,12 @@
  * min(8, T) for the shared part, min(8, the most pairs of one expert) for the routed part).  At
  * T = 1 with distinct experts that is one row: the V4-Flash L1 launch (K = 4096, 256 experts)
  * needs 40960 + 4112 + 1024 + 1024 = 47120 bytes, so four blocks fit in an SM's 228 KB (with
- * the 1 KB each block reserves) and its 448 blocks run in one wave on 132 SMs, where the bound
- * of 8 rows (or 6 = T * topk) allowed three.  A token that names one expert in several slots
- * has that many rows in the expert's tile (at most 8), and the launch stages that many; a block
- * whose tile holds more rows than the launch says traps rather than overrun its staging.
+ * the 1 KB each block reserves) and its 448 blocks run in one wave on 132 SMs (sized for
+ * T * topk = 6 rows, 67680 bytes, three would fit: two waves).  With the shared expert, T
+ * tokens need min(8, T) rows: up to T = 3 four blocks fit.  A token that names one expert in
+ * several slots has that many rows in the expert's tile (at most 8), and the launch stages that
+ * many; a block whose tile holds more rows than the launch says traps rather than overrun its
+ * staging.  The L2 launch (K = 2048) fits four blocks at any row count up to 6.
  */
 #include "gpu_internal.cuh"
 #include "gpu_e2m1_decode.cuh"
