@@ -194,7 +194,11 @@ static void free_layer(test_layer *L)
 
 /* ------------------------------------------------------------------ inputs */
 
-enum route_kind { ROUTE_RANDOM, ROUTE_SKEWED, ROUTE_TWO_EXPERTS, ROUTE_MASKED };
+/*
+ * ROUTE_REPEATED: a token may name one expert in several slots (the layer computes each pair on
+ * its own): token 0 names expert 1 in every slot, the others draw each slot from experts 0..2.
+ */
+enum route_kind { ROUTE_RANDOM, ROUTE_SKEWED, ROUTE_TWO_EXPERTS, ROUTE_MASKED, ROUTE_REPEATED };
 
 static void make_inputs(mmoe_rng *rng, int64_t T, int64_t D, int64_t E, int topk, enum route_kind kind, uint16_t *x,
                         int64_t *idx, float *w)
@@ -210,7 +214,7 @@ static void make_inputs(mmoe_rng *rng, int64_t T, int64_t D, int64_t E, int topk
         for (int64_t c = 0; c < 128; c++)
             x[c] = 0;
     for (int64_t t = 0; t < T; t++) {
-        /* distinct experts per token */
+        /* distinct experts per token (but with ROUTE_REPEATED) */
         for (int k = 0; k < topk; k++) {
             int64_t e;
             int again;
@@ -224,10 +228,13 @@ static void make_inputs(mmoe_rng *rng, int64_t T, int64_t D, int64_t E, int topk
                     /* slots 0, 1 always go to experts 0 and 1; the rest anywhere */
                     e = k < 2 ? (int64_t)((k + t) % 2) : (int64_t)mmoe_rng_below(rng, (uint64_t)E);
                     break;
+                case ROUTE_REPEATED:
+                    e = t == 0 ? 1 : (int64_t)mmoe_rng_below(rng, 3);
+                    break;
                 default:
                     e = (int64_t)mmoe_rng_below(rng, (uint64_t)E);
                 }
-                for (int j = 0; j < k; j++)
+                for (int j = 0; j < k && kind != ROUTE_REPEATED; j++)
                     if (idx[t * topk + j] == e)
                         again = 1;
             } while (again);
@@ -332,6 +339,10 @@ static void run_case(const char *name, test_layer *L, int64_t T, enum route_kind
            name, (long long)T, (long long)D, (long long)d->inter, (long long)E, K, mmoe_moe_recipe_name(d->recipe),
            mmoe_gpu_gemm_name(gd->gemm), gd->block_m, (long long)gd->routed_pairs, (long long)gd->exact_path_blocks_l1,
            (long long)gd->exact_path_blocks_l2, gd->fallback ? "; kernel fallback: " : "", gd->fallback_reason);
+    if (gd->gemm == MMOE_GPU_GEMM_DECODE) {
+        printf("  %s: decode L1 GEMM blocks per SM %d (occupancy calculator)\n", name, gd->decode_blocks_per_sm);
+        ck_assert_int_ge(gd->decode_blocks_per_sm, 1);
+    }
 
     /* the kernel family asked for through MMOE_GPU_GEMM is the one that ran (no silent fallback) */
     const char *want_env = getenv("MMOE_GPU_GEMM");
@@ -848,7 +859,8 @@ END_TEST
  * The whole layer on the decode kernel (MMOE_GPU_GEMM=decode for this test): every token count
  * and routing the layer can choose it for, and beyond (AUTO picks it up to a measured T; forced,
  * any T runs): 1 token, a partial and a full 8-token tile, shared tiles past one, experts with
- * several tiles (skewed), masked slots, no shared expert, exact-path scale spreads, the sm100
+ * several tiles (skewed), tokens naming one expert in several slots (a tile's rows at T = 1
+ * are then more than one), masked slots, no shared expert, exact-path scale spreads, the sm100
  * formats (per-32 promotion) and the V4-Flash widths; then AUTO's choice on both sides of its
  * threshold.
  */
@@ -874,6 +886,9 @@ START_TEST(layer_decode_family)
     make_layer(&L, 384, 256, 16, 4, 0, MMOE_RECIPE_SM90, 0.05, &rng);
     run_case("decode sm90 skewed, no shared", &L, 30, ROUTE_SKEWED, NULL);
     run_case("decode sm90 two experts", &L, 5, ROUTE_TWO_EXPERTS, NULL);
+    /* a token naming one expert in several slots: several rows of one tile at T = 1 */
+    run_case("decode sm90 repeated, no shared T=1", &L, 1, ROUTE_REPEATED, NULL);
+    run_case("decode sm90 repeated, no shared T=3", &L, 3, ROUTE_REPEATED, NULL);
     free_layer(&L);
     make_layer(&L, 256, 384, 8, 3, 1, MMOE_RECIPE_SM100, 0.02, &rng);
     run_case("decode sm100", &L, 6, ROUTE_RANDOM, &det);
@@ -882,6 +897,8 @@ START_TEST(layer_decode_family)
     make_layer(&L, 4096, 2048, 16, 6, 1, MMOE_RECIPE_SM90, 0.01, &rng);
     run_case("decode sm90 v4-flash widths T=1", &L, 1, ROUTE_RANDOM, NULL);
     run_case("decode sm90 v4-flash widths T=4", &L, 4, ROUTE_MASKED, NULL);
+    run_case("decode sm90 v4-flash widths repeated T=1", &L, 1, ROUTE_REPEATED, NULL);
+    run_case("decode sm90 v4-flash widths repeated T=2", &L, 2, ROUTE_REPEATED, NULL);
     free_layer(&L);
     /* AUTO: the decode kernel up to T = 128 on a compute-capability-9.0 device (sm90 recipe),
        the tile kernels above; other devices never get it from AUTO */

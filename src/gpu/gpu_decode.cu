@@ -58,6 +58,20 @@
  * [0, shared tiles), uniform tiles of 8 tokens, weight 1, slot topk) and the routed experts
  * (the next rows).  The shared expert's blocks come first because they stream the most bytes
  * (FP8, twice as many per row).
+ *
+ * **Shared memory per block, and blocks per SM.**  A block holds its 4 warps' rings (40 KB),
+ * the tile's staged activation rows (K + 16 bytes each), their scales and the routing counts.
+ * The rows are sized by the launch, not by the tile's upper bound of 8: the host, which checks
+ * the routing when it uploads it, passes the most rows any tile of the call holds (tile_rows:
+ * min(8, T) for the shared part, min(8, the most pairs of one expert) for the routed part).  At
+ * T = 1 with distinct experts that is one row: the V4-Flash L1 launch (K = 4096, 256 experts)
+ * needs 40960 + 4112 + 1024 + 1024 = 47120 bytes, so four blocks fit in an SM's 228 KB (with
+ * the 1 KB each block reserves) and its 448 blocks run in one wave on 132 SMs (sized for
+ * T * topk = 6 rows, 67680 bytes, three would fit: two waves).  With the shared expert, T
+ * tokens need min(8, T) rows: up to T = 3 four blocks fit.  A token that names one expert in
+ * several slots has that many rows in the expert's tile (at most 8), and the launch stages that
+ * many; a block whose tile holds more rows than the launch says traps rather than overrun its
+ * staging.  The L2 launch (K = 2048) fits four blocks at any row count up to 6.
  */
 #include "gpu_internal.cuh"
 #include "gpu_e2m1_decode.cuh"
@@ -549,28 +563,27 @@ __device__ void decode_warp_fp8(const mmoe_decode_args &p, const mmoe_decode_par
     decode_epilogue<EPI>(p, q, row_group, acc, s_orow, s_w, ntok);
 }
 
-/**
- * Tokens a tile holds at most in a call of @p T tokens and @p topk slots (a token may name one
- * expert in several slots): the activation rows a block stages.
- */
-__host__ __device__ inline int tile_tokens(int T, int topk)
-{
-    const int most = T * topk > T ? T * topk : T;
-    return most < 8 ? most : 8;
-}
-
 /** Byte stride of a staged activation row: K plus 16, so that the 8 rows fall in different banks. */
 __host__ __device__ inline int staged_row_bytes(int K)
 {
     return K + 16;
 }
 
-/** Dynamic shared memory of a launch: the warps' rings, the staged activations and scales, the routing counts. */
-inline size_t decode_smem_bytes(int Kmax, int a_group, int T, int topk, int E)
+/**
+ * Dynamic shared memory of a launch: the warps' rings, the @p tile_rows staged activation rows,
+ * the scales of 8 (zero past the tile's rows: the lanes of absent tokens read them), the routing
+ * counts.
+ */
+inline size_t decode_smem_bytes(int Kmax, int a_group, int tile_rows, int E)
 {
-    const int rows = tile_tokens(T, topk) > 0 ? tile_tokens(T, topk) : 1;
-    return (size_t)DEC_WARPS * RING_BYTES + (size_t)rows * staged_row_bytes(Kmax) +
+    return (size_t)DEC_WARPS * RING_BYTES + (size_t)tile_rows * staged_row_bytes(Kmax) +
            (size_t)8 * (Kmax / a_group) * sizeof(float) + (size_t)(E > 0 ? E : 1) * sizeof(int);
+}
+
+/** Largest reduction length of a launch's two parts: the staged rows' length. */
+inline int decode_kmax(const mmoe_decode_args *a)
+{
+    return a->shared.K > a->routed.K ? a->shared.K : a->routed.K;
 }
 
 /**
@@ -596,7 +609,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 4) decode_gemm_kernel(const __gri
     const int lda = staged_row_bytes(kmax);
     uint8_t *rings = smem;
     uint8_t *sA = rings + DEC_WARPS * RING_BYTES;
-    float *sAs = reinterpret_cast<float *>(sA + (tile_tokens(p.T, p.topk) > 0 ? tile_tokens(p.T, p.topk) : 1) * lda);
+    float *sAs = reinterpret_cast<float *>(sA + p.tile_rows * lda);
     int *s_cnt = reinterpret_cast<int *>(sAs + 8 * (kmax / AG));
     int expert = 0, ntok = 0;
     if (shared_part) {
@@ -625,6 +638,8 @@ __global__ void __launch_bounds__(DEC_THREADS, 4) decode_gemm_kernel(const __gri
         for (int c = 0; c < 8; c++)
             ntok += s_pair[c] >= 0;
     }
+    if (ntok > p.tile_rows)
+        __trap(); /* the host's bound of the rows is wrong: staging would overrun sA */
     const bool active = row_group < groups; /* the other part may have more row groups */
     uint8_t *ring = rings + warp * RING_BYTES;
     /* each warp issues its first weight copies, then the block stages the activations (after the
@@ -639,18 +654,26 @@ __global__ void __launch_bounds__(DEC_THREADS, 4) decode_gemm_kernel(const __gri
     }
 }
 
-/** Launch one instance, with programmatic dependent launch when asked. */
+/** Let one instance have the dynamic shared memory of launch @p a; returns its bytes in @p smem. */
 template <int AG, int EPI>
-cudaError_t launch_decode_instance(const mmoe_decode_args *a, dim3 grid, int pdl, cudaStream_t s)
+cudaError_t set_instance_smem(const mmoe_decode_args *a, size_t *smem)
 {
-    const int kmax = a->shared.K > a->routed.K ? a->shared.K : a->routed.K;
-    const size_t smem = decode_smem_bytes(kmax, AG, a->T, a->topk, a->E);
+    *smem = decode_smem_bytes(decode_kmax(a), AG, a->tile_rows, a->E);
     cudaError_t e = cudaFuncSetAttribute(decode_gemm_kernel<AG, EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)smem);
+                                         (int)*smem);
     /* all of the unified L1 as shared memory: the rings are what keeps bytes in flight */
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(decode_gemm_kernel<AG, EPI>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                  cudaSharedmemCarveoutMaxShared);
+    return e;
+}
+
+/** Launch one instance, with programmatic dependent launch when asked. */
+template <int AG, int EPI>
+cudaError_t launch_decode_instance(const mmoe_decode_args *a, dim3 grid, int pdl, cudaStream_t s)
+{
+    size_t smem = 0;
+    cudaError_t e = set_instance_smem<AG, EPI>(a, &smem);
     if (e != cudaSuccess)
         return e;
     cudaLaunchConfig_t cfg = {};
@@ -667,6 +690,17 @@ cudaError_t launch_decode_instance(const mmoe_decode_args *a, dim3 grid, int pdl
     if (e != cudaSuccess)
         return e;
     return cudaGetLastError();
+}
+
+/** Blocks per SM of one instance with the dynamic shared memory and attributes of launch @p a. */
+template <int AG, int EPI>
+cudaError_t occupancy_of_instance(const mmoe_decode_args *a, int *blocks)
+{
+    size_t smem = 0;
+    cudaError_t e = set_instance_smem<AG, EPI>(a, &smem);
+    if (e == cudaSuccess)
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, decode_gemm_kernel<AG, EPI>, DEC_THREADS, smem);
+    return e;
 }
 
 } // namespace
@@ -689,10 +723,24 @@ cudaError_t mmoe_launch_decode_gemm(const mmoe_decode_args *a, int a_group, mmoe
     const int gy = a->shared_tiles + a->routed_tiles;
     if (groups == 0 || gy == 0)
         return cudaSuccess;
+    if (a->tile_rows < 1 || a->tile_rows > 8)
+        return cudaErrorInvalidValue; /* the staged rows must hold every tile's tokens */
     const dim3 grid((unsigned)((groups + DEC_WARPS - 1) / DEC_WARPS), (unsigned)gy);
     if (a_group == 32)
         return epi == MMOE_EPI_SWIGLU ? launch_decode_instance<32, MMOE_EPI_SWIGLU>(a, grid, pdl, s)
                                       : launch_decode_instance<32, MMOE_EPI_SLOT_BF16>(a, grid, pdl, s);
     return epi == MMOE_EPI_SWIGLU ? launch_decode_instance<128, MMOE_EPI_SWIGLU>(a, grid, pdl, s)
                                   : launch_decode_instance<128, MMOE_EPI_SLOT_BF16>(a, grid, pdl, s);
+}
+
+cudaError_t mmoe_decode_gemm_occupancy(const mmoe_decode_args *a, int a_group, mmoe_epi epi, int *blocks)
+{
+    *blocks = 0;
+    if (a->tile_rows < 1 || a->tile_rows > 8)
+        return cudaErrorInvalidValue;
+    if (a_group == 32)
+        return epi == MMOE_EPI_SWIGLU ? occupancy_of_instance<32, MMOE_EPI_SWIGLU>(a, blocks)
+                                      : occupancy_of_instance<32, MMOE_EPI_SLOT_BF16>(a, blocks);
+    return epi == MMOE_EPI_SWIGLU ? occupancy_of_instance<128, MMOE_EPI_SWIGLU>(a, blocks)
+                                  : occupancy_of_instance<128, MMOE_EPI_SLOT_BF16>(a, blocks);
 }

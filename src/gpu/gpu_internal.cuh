@@ -206,6 +206,9 @@ struct mmoe_decode_args {
     mmoe_decode_part routed;    /**< the routed experts (the next routed_tiles grid rows) */
     int shared_tiles;           /**< tiles of the shared part: ceil(T / 8), or 0 */
     int routed_tiles;           /**< upper bound of the routed tiles (mmoe_decode_max_tiles), or 0 */
+    int tile_rows;              /**< 1..8: the most activation rows a tile of this launch holds, the rows
+                                     each block stages (shared: min(8, T); routed: min(8, the most pairs
+                                     of one expert)); a block given more traps */
     int T;                      /**< tokens */
     int topk;                   /**< routed slots per token */
     int E;                      /**< routed experts */
@@ -229,6 +232,13 @@ int mmoe_decode_max_tiles(int T, int topk, int E);
  * stream (programmatic dependent launch): its blocks load their weights, then wait.
  */
 cudaError_t mmoe_launch_decode_gemm(const mmoe_decode_args *a, int a_group, mmoe_epi epi, int pdl, cudaStream_t s);
+
+/**
+ * Blocks of the decode GEMM launch @p a (activation group @p a_group, epilogue @p epi) that fit
+ * on one SM at once, by cudaOccupancyMaxActiveBlocksPerMultiprocessor with the launch's dynamic
+ * shared memory, into @p blocks.
+ */
+cudaError_t mmoe_decode_gemm_occupancy(const mmoe_decode_args *a, int a_group, mmoe_epi epi, int *blocks);
 
 /**
  * Requantize the decode path's L1 outputs in one launch: the routed rows (pairs; rows whose

@@ -65,6 +65,9 @@ struct mmoe_gpu_moe {
     long long wide_l2;        /**< L2 weight blocks on the exact path */
     size_t weight_bytes;      /**< bytes of all weight arrays */
     int cap;                  /**< tokens the workspace holds */
+    int *pairs_of_expert;     /**< [E] host scratch: the uploaded routing's pairs per expert */
+    int route_rows;           /**< the uploaded routing's most pairs of one expert, capped at 8 */
+    int decode_occupancy;     /**< blocks per SM of the last decode call's L1 launch */
     size_t ws_bytes;          /**< bytes of the workspace */
     __nv_bfloat16 *x;         /**< [cap, D] input */
     __nv_bfloat16 *y;         /**< [cap, D] output */
@@ -431,8 +434,14 @@ mmoe_status mmoe_gpu_moe_create(const mmoe_gpu_moe_desc *desc, const mmoe_gpu_mo
     if (L->d.shared_inter_src == 0)
         L->d.shared_inter_src = L->d.shared_inter;
     L->cc = cc;
+    L->pairs_of_expert = (int *)calloc((size_t)desc->n_experts > 0 ? (size_t)desc->n_experts : 1, sizeof(int));
+    if (L->pairs_of_expert == NULL) {
+        free(L);
+        return mmoe_error_set(err, MMOE_ENOMEM, "gpu layer: out of host memory");
+    }
     st = probe_families(L, err);
     if (st != MMOE_OK) {
+        free(L->pairs_of_expert);
         free(L);
         return st;
     }
@@ -516,6 +525,7 @@ void mmoe_gpu_moe_destroy(mmoe_gpu_moe *L)
         cudaEventDestroy(L->x_ready);
     if (L->shared_done != NULL)
         cudaEventDestroy(L->shared_done);
+    free(L->pairs_of_expert);
     free(L);
 }
 
@@ -693,6 +703,11 @@ static mmoe_status launch_layer_decode(mmoe_gpu_moe *L, int T, mmoe_error *err)
     a.clamp = L->d.swiglu_limit;
     a.shared_tiles = SI > 0 ? (T + 7) / 8 : 0;
     a.routed_tiles = mmoe_decode_max_tiles(T, K, E);
+    /* rows a block stages: a shared tile's tokens, a routed tile's pairs (from the upload's scan) */
+    const int shared_rows = SI > 0 ? (T < 8 ? T : 8) : 0;
+    a.tile_rows = shared_rows > L->route_rows ? shared_rows : L->route_rows;
+    if (a.tile_rows < 1)
+        a.tile_rows = 1; /* every slot masked and no shared expert: the blocks stage nothing */
     /* L1: gate/up of the shared expert (FP8) and the routed experts (MXFP4), SwiGLU */
     a.shared = decode_part(MMOE_B_FP8, D, SI, L->xq, L->xs, L->sw13, L->ss13, 0, 0, L->sh_a1);
     a.routed = decode_part(MMOE_B_FP4, D, I, L->xq, L->xs, L->w13, L->s13, (size_t)2 * I * D / 2,
@@ -701,6 +716,7 @@ static mmoe_status launch_layer_decode(mmoe_gpu_moe *L, int T, mmoe_error *err)
     a.cum_counts = L->cum_counts;
     a.num_pairs = L->num_pairs;
     CK(mmoe_launch_decode_gemm(&a, ag, MMOE_EPI_SWIGLU, 1, s), "L1 decode GEMM");
+    CK(mmoe_decode_gemm_occupancy(&a, ag, MMOE_EPI_SWIGLU, &L->decode_occupancy), "L1 decode GEMM occupancy");
     CK(mmoe_launch_requant_decode(L->a1, T * K, L->idx, I, L->sh_a1, SI > 0 ? T : 0, SI,
                                   sm90 ? MMOE_QUANT_SM90 : MMOE_QUANT_SM100_REQUANT, L->l2q, L->l2s, L->sh_l2q,
                                   L->sh_l2s, s),
@@ -842,6 +858,23 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
     return MMOE_OK;
 }
 
+/**
+ * The most valid pairs any one expert receives in @p topk_idx (T tokens, checked), capped at 8:
+ * the rows a routed decode tile holds at most (a token may name an expert in several slots).
+ */
+static int most_pairs_of_one_expert(mmoe_gpu_moe *L, int T, const int32_t *topk_idx)
+{
+    const int K = L->d.topk, E = L->d.n_experts;
+    int most = 0;
+    memset(L->pairs_of_expert, 0, (size_t)E * sizeof(int));
+    for (long long i = 0; i < (long long)T * K; i++)
+        if (topk_idx[i] >= 0) {
+            const int n = ++L->pairs_of_expert[topk_idx[i]];
+            most = n > most ? n : most;
+        }
+    return most < 8 ? most : 8;
+}
+
 /** Check the routing and copy the inputs of a call to the device. */
 static mmoe_status upload_inputs(mmoe_gpu_moe *L, int T, const uint16_t *x, const int32_t *topk_idx,
                                  const float *topk_w, mmoe_error *err)
@@ -858,6 +891,7 @@ static mmoe_status upload_inputs(mmoe_gpu_moe *L, int T, const uint16_t *x, cons
     mmoe_status st = ensure_workspace(L, T, err);
     if (st != MMOE_OK || T == 0)
         return st;
+    L->route_rows = most_pairs_of_one_expert(L, T, topk_idx);
     const size_t D = (size_t)L->d.hidden;
     CK(cudaMemcpyAsync(L->x, x, (size_t)T * D * 2, cudaMemcpyHostToDevice, L->stream), "upload x");
     CK(cudaMemcpyAsync(L->idx, topk_idx, (size_t)T * K * 4, cudaMemcpyHostToDevice, L->stream), "upload topk_idx");
@@ -890,6 +924,7 @@ static void fill_result(mmoe_gpu_moe *L, int bm, long long pairs, mmoe_gpu_moe_r
     res->exact_path_blocks_l2 = L->wide_l2;
     res->gpu_weight_bytes = L->weight_bytes;
     res->gpu_workspace_bytes = L->ws_bytes;
+    res->decode_blocks_per_sm = L->last_decode ? L->decode_occupancy : 0;
     if (L->cc >= 100) {
         res->fallback = 1;
         snprintf(res->fallback_reason, sizeof res->fallback_reason,

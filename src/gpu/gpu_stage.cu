@@ -140,6 +140,7 @@ mmoe_status mmoe_gpu_stage_gemm(const mmoe_gpu_stage_gemm_desc *d, const uint8_t
     dg.shared.b = b.w;
     dg.shared.b_scale = b.ws;
     dg.shared_tiles = (int)((rows + 7) / 8);
+    dg.tile_rows = rows < 8 ? (int)rows : 8; /* a tile of the uniform rows holds min(8, rows) */
     dg.T = (int)rows;
     dg.raw = b.part;
     if (e == cudaSuccess)

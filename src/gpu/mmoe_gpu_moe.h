@@ -140,6 +140,9 @@ typedef struct mmoe_gpu_moe_result {
     size_t gpu_weight_bytes;      /**< bytes of weights (codes + scales) held on the GPU */
     size_t gpu_workspace_bytes;   /**< bytes of the token workspace after this call */
     int graph;                    /**< mmoe_gpu_moe_time(): 1 when the timed calls were CUDA-graph replays */
+    int decode_blocks_per_sm;     /**< decode calls: blocks of the L1 decode GEMM that fit on one SM at once
+                                       (cudaOccupancyMaxActiveBlocksPerMultiprocessor with its shared
+                                       memory); 0 for the tile families */
 } mmoe_gpu_moe_result;
 
 /** Opaque GPU layer object. */
