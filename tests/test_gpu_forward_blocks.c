@@ -228,12 +228,69 @@ START_TEST(test_rmsnorm)
 }
 END_TEST
 
-static void check_fp8(int64_t T, int64_t N, int64_t K, int block)
+/** Kinds of FP8 linear inputs. */
+typedef enum {
+    FP8_RANDOM,  /**< uniform x, random finite codes */
+    FP8_EXTREME, /**< x over 2^-24..2^8 (the full code range after quantization), codes +-448,
+                      +-2^-9, zeros and random ones */
+    FP8_NAN      /**< FP8_EXTREME with about one NaN weight code in 4096 */
+} fp8_kind;
+
+/** A weight code of the FP8_EXTREME / FP8_NAN kinds. */
+static uint8_t extreme_e4m3(mmoe_rng *r, int nan)
+{
+    static const uint8_t pick[8] = {0x7E, 0xFE, 0x01, 0x81, 0x00, 0x80, 0x08, 0x77};
+    const uint32_t u = mmoe_rng_below(r, 4096);
+    if (nan && u == 0)
+        return (uint8_t)(0x7F | (mmoe_rng_below(r, 2) << 7));
+    if (u < 2048)
+        return pick[u % 8];
+    const uint8_t c = (uint8_t)mmoe_rng_below(r, 256);
+    return (c & 0x7F) == 0x7F ? 0x7E : c;
+}
+
+/** n x values of the FP8_EXTREME kind: random sign, 2^(-24..8) (1 + m/8), and some zeros. */
+static uint16_t *extreme_bf16(mmoe_rng *r, size_t n)
+{
+    uint16_t *p = malloc(2 * n);
+    ck_assert_ptr_nonnull(p);
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t u = mmoe_rng_below(r, 64);
+        const float v = u == 0 ? 0.0f : ldexpf(1.0f + (float)mmoe_rng_below(r, 8) / 8.0f, (int)mmoe_rng_below(r, 33) - 24);
+        p[i] = mmoe_bf16_from_f32(mmoe_rng_below(r, 2) ? -v : v);
+    }
+    return p;
+}
+
+/** Equal bf16 arrays where NaN matches any NaN (the NaN payloads of CPU and GPU differ), else bitwise. */
+static void expect_same_u16_nan(const char *what, const uint16_t *g, const uint16_t *c, size_t n)
+{
+    size_t nans = 0;
+    for (size_t i = 0; i < n; i++) {
+        const int gn = (g[i] & 0x7FFF) > 0x7F80, cn = (c[i] & 0x7FFF) > 0x7F80;
+        nans += (size_t)cn;
+        ck_assert_msg(gn == cn && (cn || g[i] == c[i]), "%s: element %zu: gpu 0x%04x, cpu 0x%04x (seed %llu)", what, i,
+                      g[i], c[i], (unsigned long long)g_seed);
+    }
+    ck_assert_msg(nans > 0 && nans < n, "%s: %zu NaN outputs of %zu (the test wants some)", what, nans, n);
+}
+
+static void check_fp8_kind(int64_t T, int64_t N, int64_t K, int block, fp8_kind kind)
 {
     mmoe_rng r;
-    mmoe_rng_seed(&r, g_seed ^ (uint64_t)(N * 7 + K));
-    uint16_t *x = rand_bf16(&r, (size_t)(T * K), 4.0f);
-    uint8_t *w = rand_e4m3(&r, (size_t)(N * K));
+    mmoe_rng_seed(&r, g_seed ^ (uint64_t)(N * 7 + K + 1000003 * kind));
+    uint16_t *x;
+    uint8_t *w;
+    if (kind == FP8_RANDOM) {
+        x = rand_bf16(&r, (size_t)(T * K), 4.0f);
+        w = rand_e4m3(&r, (size_t)(N * K));
+    } else {
+        x = extreme_bf16(&r, (size_t)(T * K));
+        w = malloc((size_t)(N * K));
+        ck_assert_ptr_nonnull(w);
+        for (int64_t i = 0; i < N * K; i++)
+            w[i] = extreme_e4m3(&r, kind == FP8_NAN);
+    }
     const int64_t sr = (N + block - 1) / block, sc = (K + block - 1) / block;
     uint8_t *s = malloc((size_t)(sr * sc));
     for (int64_t i = 0; i < sr * sc; i++)
@@ -245,9 +302,17 @@ static void check_fp8(int64_t T, int64_t N, int64_t K, int block)
     mmoe_test_poison_bf16(yg, (size_t)(T * N));
     ck_assert_msg(gfw_test_linear_fp8(x, T, w, s, N, K, block, yg, &err) == MMOE_OK, "%s", err.msg);
     char what[64];
-    snprintf(what, sizeof what, "fp8 linear %lldx%lld", (long long)N, (long long)K);
-    expect_same_u16(what, yg, yc, (size_t)(T * N));
+    snprintf(what, sizeof what, "fp8 linear %lldx%lld kind %d", (long long)N, (long long)K, (int)kind);
+    if (kind == FP8_NAN)
+        expect_same_u16_nan(what, yg, yc, (size_t)(T * N));
+    else
+        expect_same_u16(what, yg, yc, (size_t)(T * N));
     free(x), free(w), free(s), free(yc), free(yg);
+}
+
+static void check_fp8(int64_t T, int64_t N, int64_t K, int block)
+{
+    check_fp8_kind(T, N, K, block, FP8_RANDOM);
 }
 
 START_TEST(test_linear_fp8)
@@ -257,6 +322,11 @@ START_TEST(test_linear_fp8)
     check_fp8(2, 32768, 1024, 128);  /* wq_b */
     check_fp8(3, 4096, 8192, 128);   /* wo_b */
     check_fp8(2, 256, 512, 32);      /* 32x32 scale blocks */
+    check_fp8(3, 201, 384, 128);     /* a short 512-code step, an odd last output */
+    check_fp8(2, 40, 1536, 128);     /* a partial batch of steps, a partial block of warps */
+    check_fp8_kind(2, 96, 2048, 128, FP8_EXTREME);
+    check_fp8_kind(2, 96, 1024, 128, FP8_NAN);
+    check_fp8_kind(2, 256, 512, 32, FP8_NAN); /* the 32-block kernel's NaN path */
 }
 END_TEST
 
