@@ -233,7 +233,7 @@ typedef enum {
     FP8_RANDOM,  /**< uniform x, random finite codes */
     FP8_EXTREME, /**< x over 2^-24..2^8 (the full code range after quantization), codes +-448,
                       +-2^-9, zeros and random ones */
-    FP8_NAN      /**< FP8_EXTREME with about one NaN weight code in 4096 */
+    FP8_NAN      /**< x over 2^0..2^8, FP8_EXTREME's codes with about one NaN in 4096 */
 } fp8_kind;
 
 /** A weight code of the FP8_EXTREME / FP8_NAN kinds. */
@@ -249,14 +249,20 @@ static uint8_t extreme_e4m3(mmoe_rng *r, int nan)
     return (c & 0x7F) == 0x7F ? 0x7E : c;
 }
 
-/** n x values of the FP8_EXTREME kind: random sign, 2^(-24..8) (1 + m/8), and some zeros. */
-static uint16_t *extreme_bf16(mmoe_rng *r, size_t n)
+/**
+ * n x values: random sign, (1 + m/8) 2^(-24..8) and some zeros (FP8_EXTREME), or (1 + m/8)
+ * 2^(0..8) (FP8_NAN: no zero code after quantization, so that a NaN weight meets no 0 x NaN
+ * product, whose treatment a BLAS may shortcut).
+ */
+static uint16_t *extreme_bf16(mmoe_rng *r, size_t n, fp8_kind kind)
 {
     uint16_t *p = malloc(2 * n);
     ck_assert_ptr_nonnull(p);
+    const int lo = kind == FP8_NAN ? 0 : -24;
     for (size_t i = 0; i < n; i++) {
-        const uint32_t u = mmoe_rng_below(r, 64);
-        const float v = u == 0 ? 0.0f : ldexpf(1.0f + (float)mmoe_rng_below(r, 8) / 8.0f, (int)mmoe_rng_below(r, 33) - 24);
+        const uint32_t u = kind == FP8_NAN ? 1 : mmoe_rng_below(r, 64);
+        const float v = u == 0 ? 0.0f
+                               : ldexpf(1.0f + (float)mmoe_rng_below(r, 8) / 8.0f, (int)mmoe_rng_below(r, 9 - lo) + lo);
         p[i] = mmoe_bf16_from_f32(mmoe_rng_below(r, 2) ? -v : v);
     }
     return p;
@@ -285,7 +291,7 @@ static void check_fp8_kind(int64_t T, int64_t N, int64_t K, int block, fp8_kind 
         x = rand_bf16(&r, (size_t)(T * K), 4.0f);
         w = rand_e4m3(&r, (size_t)(N * K));
     } else {
-        x = extreme_bf16(&r, (size_t)(T * K));
+        x = extreme_bf16(&r, (size_t)(T * K), kind);
         w = malloc((size_t)(N * K));
         ck_assert_ptr_nonnull(w);
         for (int64_t i = 0; i < N * K; i++)

@@ -504,7 +504,9 @@ __device__ __forceinline__ void load16_bf16(const uint16_t *p, bool vec, float *
  * Chunk @p k of the dense dot product of x row @p xr (bf16) with weight row @p n: the exact
  * double products of its (up to) 16 values, ascending from +0 (@ref spec_arch_sum_order).  A
  * full chunk is read with 16-byte loads where aligned, and an FP8 weight's chunk shares one
- * scale when the scale block is a multiple of 16.
+ * scale when the scale block is a multiple of 16; such a chunk without NaN codes and with a
+ * scale byte in 10..134 builds its weights as doubles directly (e4m3_times_2m1016 times a
+ * power of two), the same values as the oracle's fp32 decode and bf16 rounding.
  */
 __device__ double dense_chunk(const ddense &w, int64_t n, const uint16_t *xr, int64_t k, int64_t K)
 {
@@ -538,7 +540,8 @@ __device__ double dense_chunk(const ddense &w, int64_t n, const uint16_t *xr, in
         }
     } else if (w.block % MMOE_SUM_CHUNK == 0) { /* F8: the chunk lies in one scale block */
         const uint8_t *p = (const uint8_t *)w.p + e;
-        const float sc = gfw_ue8m0(w.scale[(int64_t)((int)n / w.block) * w.scols + (int)i0 / w.block]);
+        const uint8_t sb = w.scale[(int64_t)((int)n / w.block) * w.scols + (int)i0 / w.block];
+        const float sc = gfw_ue8m0(sb);
         uint32_t codes[4];
         if (((uintptr_t)p & 15) == 0) {
             const uint4 u = *(const uint4 *)p;
@@ -547,6 +550,24 @@ __device__ double dense_chunk(const ddense &w, int64_t n, const uint16_t *xr, in
             for (int q = 0; q < 4; q++)
                 codes[q] = (uint32_t)p[4 * q] | ((uint32_t)p[4 * q + 1] << 8) | ((uint32_t)p[4 * q + 2] << 16) |
                            ((uint32_t)p[4 * q + 3] << 24);
+        }
+        const uint32_t nan =
+            e4m3_nan_bits(codes[0]) | e4m3_nan_bits(codes[1]) | e4m3_nan_bits(codes[2]) | e4m3_nan_bits(codes[3]);
+        if (sb >= 10 && sb <= 134 && nan == 0) {
+            /* For scale bytes 10..134 the value v 2^(sb-127) of a finite code is a normal fp32 of
+               at most 4 significant bits (2^-126 <= |v s| < 2^16), so fl32 and the bf16 rounding
+               keep it, and it is the double e4m3_times_2m1016 times 2^(sb+889) exactly: the
+               oracle's weight without the fp32 decode, the bf16 rounding and the conversion. */
+            const double S = __longlong_as_double((long long)(sb + 1912) << 52); /* 2^(sb+889) */
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const uint32_t wq = codes[q], wq1 = wq << 1;
+                c = __fma_rn((double)xv[4 * q], __dmul_rn(e4m3_times_2m1016<0>(wq, wq1), S), c);
+                c = __fma_rn((double)xv[4 * q + 1], __dmul_rn(e4m3_times_2m1016<1>(wq, wq1), S), c);
+                c = __fma_rn((double)xv[4 * q + 2], __dmul_rn(e4m3_times_2m1016<2>(wq, wq1), S), c);
+                c = __fma_rn((double)xv[4 * q + 3], __dmul_rn(e4m3_times_2m1016<3>(wq, wq1), S), c);
+            }
+            return c;
         }
 #pragma unroll
         for (int i = 0; i < 16; i++)
