@@ -384,8 +384,53 @@ static void check_dense_order(void)
     free(x), free(w), free(yc), free(yg);
 }
 
+/**
+ * Dense linear with an FP8 weight (the grouped output projection's form) against the oracle's
+ * attn_dense_rows: scale bytes over 1..160, so that chunks with scales inside and outside the
+ * kernel's direct-decode range (10..134, with fp32 subnormals below it) both occur; with @p nan,
+ * one weight code in 2048 is a NaN code and NaN outputs match any NaN.
+ */
+static void check_dense_f8(int64_t T, int64_t N, int64_t K, int block, int nan)
+{
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed ^ (uint64_t)(N * 5 + K + 77 * nan));
+    uint16_t *x = rand_bf16(&r, (size_t)(T * K), 2.0f);
+    uint8_t *w = rand_e4m3(&r, (size_t)(N * K));
+    for (int64_t i = 0; nan && i < N * K; i++)
+        if (mmoe_rng_below(&r, 2048) == 0)
+            w[i] = (uint8_t)(0x7F | (mmoe_rng_below(&r, 2) << 7));
+    const int64_t sr = (N + block - 1) / block, sc = (K + block - 1) / block;
+    uint8_t *s = malloc((size_t)(sr * sc));
+    double *xd = malloc(sizeof(double) * (size_t)(T * K));
+    float *yc = malloc(sizeof(float) * (size_t)(T * N)), *yg = malloc(sizeof(float) * (size_t)(T * N));
+    ck_assert(s && xd && yc && yg);
+    for (int64_t i = 0; i < sr * sc; i++)
+        s[i] = (uint8_t)(1 + mmoe_rng_below(&r, 160));
+    for (int64_t i = 0; i < T * K; i++)
+        xd[i] = (double)mmoe_bf16_to_f32(x[i]);
+    mmoe_tensor wt = view(MMOE_DT_F8_E4M3, 2, N, K, w), st = view(MMOE_DT_F8_E8M0, 2, sr, sc, s);
+    mmoe_error err;
+    ck_assert_msg(attn_dense_rows(xd, T, K, K, &wt, &st, block, 0, N, yc, N, &err) == MMOE_OK, "%s", err.msg);
+    mmoe_test_poison_f32(yg, (size_t)(T * N));
+    ck_assert_msg(gfw_test_linear_dense_f8(x, T, K, w, s, block, N, yg, &err) == MMOE_OK, "%s", err.msg);
+    size_t nans = 0;
+    for (int64_t i = 0; i < T * N; i++) {
+        const int gn = isnan(yg[i]), cn = isnan(yc[i]);
+        nans += (size_t)cn;
+        ck_assert_msg(gn == cn && (cn || memcmp(&yg[i], &yc[i], 4) == 0),
+                      "dense linear f8 %lldx%lld: element %lld: gpu %a, cpu %a (seed %llu)", (long long)N, (long long)K,
+                      (long long)i, yg[i], yc[i], (unsigned long long)g_seed);
+    }
+    ck_assert_msg(!nan || (nans > 0 && nans < (size_t)(T * N)), "dense linear f8: %zu NaN outputs (the test wants some)",
+                  nans);
+    free(x), free(w), free(s), free(xd), free(yc), free(yg);
+}
+
 START_TEST(test_linear_dense)
 {
+    check_dense_f8(2, 256, 1024, 128, 0); /* wo_a's form */
+    check_dense_f8(2, 256, 1024, 128, 1);
+    check_dense_f8(2, 64, 200, 128, 0);   /* a short last chunk */
     check_dense(3, 256, 128, 1);   /* tiny compressor */
     check_dense(3, 1024, 4096, 1); /* V4-Flash ratio-4 compressor wkv */
     check_dense(4, 64, 4096, 0);   /* indexer weights_proj */

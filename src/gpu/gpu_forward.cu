@@ -2656,6 +2656,32 @@ extern "C" mmoe_status gfw_test_linear_dense(const uint16_t *x, int64_t T, int64
     return tfinish(&a, y, dy, sizeof(float) * (size_t)(T * N), err, "dense linear");
 }
 
+extern "C" mmoe_status gfw_test_linear_dense_f8(const uint16_t *x, int64_t T, int64_t K, const uint8_t *w,
+                                                const uint8_t *scale, int block, int64_t N, float *y, mmoe_error *err)
+{
+    tarena a;
+    mmoe_status st = tbegin(&a, err);
+    if (st != MMOE_OK)
+        return st;
+    ddense wd;
+    memset(&wd, 0, sizeof wd);
+    wd.dtype = GFW_F8;
+    wd.rows = N;
+    wd.cols = K;
+    wd.block = block;
+    wd.scols = (K + block - 1) / block;
+    wd.p = tput(&a, w, (size_t)(N * K));
+    wd.scale = (const uint8_t *)tput(&a, scale, (size_t)(((N + block - 1) / block) * wd.scols));
+    uint16_t *dx = (uint16_t *)tput(&a, x, 2 * (size_t)(T * K));
+    float *dy = (float *)tput(&a, NULL, sizeof(float) * (size_t)(T * N));
+    dense_set ds;
+    memset(&ds, 0, sizeof ds);
+    dense_add(&ds, wd, N, dy, NULL);
+    if (a.ce == cudaSuccess)
+        k_linear_dense<<<(unsigned)(T * N), dense_threads(K)>>>(dx, T, K, K, ds, 0, 0);
+    return tfinish(&a, y, dy, sizeof(float) * (size_t)(T * N), err, "dense linear (fp8 weight)");
+}
+
 extern "C" mmoe_status gfw_test_hc_pre(int hc, int64_t D, int iters, float norm_eps, float hc_eps, const uint16_t *X,
                                        int64_t T, const float *fn, const float *base, const float *scale, uint16_t *y,
                                        float *post, float *comb, mmoe_error *err)
