@@ -228,12 +228,75 @@ START_TEST(test_rmsnorm)
 }
 END_TEST
 
-static void check_fp8(int64_t T, int64_t N, int64_t K, int block)
+/** Kinds of FP8 linear inputs. */
+typedef enum {
+    FP8_RANDOM,  /**< uniform x, random finite codes */
+    FP8_EXTREME, /**< x over 2^-24..2^8 (the full code range after quantization), codes +-448,
+                      +-2^-9, zeros and random ones */
+    FP8_NAN      /**< x over 2^0..2^8, FP8_EXTREME's codes with about one NaN in 4096 */
+} fp8_kind;
+
+/** A weight code of the FP8_EXTREME / FP8_NAN kinds. */
+static uint8_t extreme_e4m3(mmoe_rng *r, int nan)
+{
+    static const uint8_t pick[8] = {0x7E, 0xFE, 0x01, 0x81, 0x00, 0x80, 0x08, 0x77};
+    const uint32_t u = mmoe_rng_below(r, 4096);
+    if (nan && u == 0)
+        return (uint8_t)(0x7F | (mmoe_rng_below(r, 2) << 7));
+    if (u < 2048)
+        return pick[u % 8];
+    const uint8_t c = (uint8_t)mmoe_rng_below(r, 256);
+    return (c & 0x7F) == 0x7F ? 0x7E : c;
+}
+
+/**
+ * n x values: random sign, (1 + m/8) 2^(-24..8) and some zeros (FP8_EXTREME), or (1 + m/8)
+ * 2^(0..8) (FP8_NAN: no zero code after quantization, so that a NaN weight meets no 0 x NaN
+ * product, whose treatment a BLAS may shortcut).
+ */
+static uint16_t *extreme_bf16(mmoe_rng *r, size_t n, fp8_kind kind)
+{
+    uint16_t *p = malloc(2 * n);
+    ck_assert_ptr_nonnull(p);
+    const int lo = kind == FP8_NAN ? 0 : -24;
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t u = kind == FP8_NAN ? 1 : mmoe_rng_below(r, 64);
+        const float v = u == 0 ? 0.0f
+                               : ldexpf(1.0f + (float)mmoe_rng_below(r, 8) / 8.0f, (int)mmoe_rng_below(r, 9 - lo) + lo);
+        p[i] = mmoe_bf16_from_f32(mmoe_rng_below(r, 2) ? -v : v);
+    }
+    return p;
+}
+
+/** Equal bf16 arrays where NaN matches any NaN (the NaN payloads of CPU and GPU differ), else bitwise. */
+static void expect_same_u16_nan(const char *what, const uint16_t *g, const uint16_t *c, size_t n)
+{
+    size_t nans = 0;
+    for (size_t i = 0; i < n; i++) {
+        const int gn = (g[i] & 0x7FFF) > 0x7F80, cn = (c[i] & 0x7FFF) > 0x7F80;
+        nans += (size_t)cn;
+        ck_assert_msg(gn == cn && (cn || g[i] == c[i]), "%s: element %zu: gpu 0x%04x, cpu 0x%04x (seed %llu)", what, i,
+                      g[i], c[i], (unsigned long long)g_seed);
+    }
+    ck_assert_msg(nans > 0 && nans < n, "%s: %zu NaN outputs of %zu (the test wants some)", what, nans, n);
+}
+
+static void check_fp8_kind(int64_t T, int64_t N, int64_t K, int block, fp8_kind kind)
 {
     mmoe_rng r;
-    mmoe_rng_seed(&r, g_seed ^ (uint64_t)(N * 7 + K));
-    uint16_t *x = rand_bf16(&r, (size_t)(T * K), 4.0f);
-    uint8_t *w = rand_e4m3(&r, (size_t)(N * K));
+    mmoe_rng_seed(&r, g_seed ^ (uint64_t)(N * 7 + K + 1000003 * kind));
+    uint16_t *x;
+    uint8_t *w;
+    if (kind == FP8_RANDOM) {
+        x = rand_bf16(&r, (size_t)(T * K), 4.0f);
+        w = rand_e4m3(&r, (size_t)(N * K));
+    } else {
+        x = extreme_bf16(&r, (size_t)(T * K), kind);
+        w = malloc((size_t)(N * K));
+        ck_assert_ptr_nonnull(w);
+        for (int64_t i = 0; i < N * K; i++)
+            w[i] = extreme_e4m3(&r, kind == FP8_NAN);
+    }
     const int64_t sr = (N + block - 1) / block, sc = (K + block - 1) / block;
     uint8_t *s = malloc((size_t)(sr * sc));
     for (int64_t i = 0; i < sr * sc; i++)
@@ -245,9 +308,17 @@ static void check_fp8(int64_t T, int64_t N, int64_t K, int block)
     mmoe_test_poison_bf16(yg, (size_t)(T * N));
     ck_assert_msg(gfw_test_linear_fp8(x, T, w, s, N, K, block, yg, &err) == MMOE_OK, "%s", err.msg);
     char what[64];
-    snprintf(what, sizeof what, "fp8 linear %lldx%lld", (long long)N, (long long)K);
-    expect_same_u16(what, yg, yc, (size_t)(T * N));
+    snprintf(what, sizeof what, "fp8 linear %lldx%lld kind %d", (long long)N, (long long)K, (int)kind);
+    if (kind == FP8_NAN)
+        expect_same_u16_nan(what, yg, yc, (size_t)(T * N));
+    else
+        expect_same_u16(what, yg, yc, (size_t)(T * N));
     free(x), free(w), free(s), free(yc), free(yg);
+}
+
+static void check_fp8(int64_t T, int64_t N, int64_t K, int block)
+{
+    check_fp8_kind(T, N, K, block, FP8_RANDOM);
 }
 
 START_TEST(test_linear_fp8)
@@ -257,6 +328,11 @@ START_TEST(test_linear_fp8)
     check_fp8(2, 32768, 1024, 128);  /* wq_b */
     check_fp8(3, 4096, 8192, 128);   /* wo_b */
     check_fp8(2, 256, 512, 32);      /* 32x32 scale blocks */
+    check_fp8(3, 201, 384, 128);     /* a short 512-code step, an odd last output */
+    check_fp8(2, 40, 1536, 128);     /* a partial batch of steps, a partial block of warps */
+    check_fp8_kind(2, 96, 2048, 128, FP8_EXTREME);
+    check_fp8_kind(2, 96, 1024, 128, FP8_NAN);
+    check_fp8_kind(2, 256, 512, 32, FP8_NAN); /* the 32-block kernel's NaN path */
 }
 END_TEST
 
@@ -308,8 +384,53 @@ static void check_dense_order(void)
     free(x), free(w), free(yc), free(yg);
 }
 
+/**
+ * Dense linear with an FP8 weight (the grouped output projection's form) against the oracle's
+ * attn_dense_rows: scale bytes over 1..160, so that chunks with scales inside and outside the
+ * kernel's direct-decode range (10..134, with fp32 subnormals below it) both occur; with @p nan,
+ * one weight code in 2048 is a NaN code and NaN outputs match any NaN.
+ */
+static void check_dense_f8(int64_t T, int64_t N, int64_t K, int block, int nan)
+{
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed ^ (uint64_t)(N * 5 + K + 77 * nan));
+    uint16_t *x = rand_bf16(&r, (size_t)(T * K), 2.0f);
+    uint8_t *w = rand_e4m3(&r, (size_t)(N * K));
+    for (int64_t i = 0; nan && i < N * K; i++)
+        if (mmoe_rng_below(&r, 2048) == 0)
+            w[i] = (uint8_t)(0x7F | (mmoe_rng_below(&r, 2) << 7));
+    const int64_t sr = (N + block - 1) / block, sc = (K + block - 1) / block;
+    uint8_t *s = malloc((size_t)(sr * sc));
+    double *xd = malloc(sizeof(double) * (size_t)(T * K));
+    float *yc = malloc(sizeof(float) * (size_t)(T * N)), *yg = malloc(sizeof(float) * (size_t)(T * N));
+    ck_assert(s && xd && yc && yg);
+    for (int64_t i = 0; i < sr * sc; i++)
+        s[i] = (uint8_t)(1 + mmoe_rng_below(&r, 160));
+    for (int64_t i = 0; i < T * K; i++)
+        xd[i] = (double)mmoe_bf16_to_f32(x[i]);
+    mmoe_tensor wt = view(MMOE_DT_F8_E4M3, 2, N, K, w), st = view(MMOE_DT_F8_E8M0, 2, sr, sc, s);
+    mmoe_error err;
+    ck_assert_msg(attn_dense_rows(xd, T, K, K, &wt, &st, block, 0, N, yc, N, &err) == MMOE_OK, "%s", err.msg);
+    mmoe_test_poison_f32(yg, (size_t)(T * N));
+    ck_assert_msg(gfw_test_linear_dense_f8(x, T, K, w, s, block, N, yg, &err) == MMOE_OK, "%s", err.msg);
+    size_t nans = 0;
+    for (int64_t i = 0; i < T * N; i++) {
+        const int gn = isnan(yg[i]), cn = isnan(yc[i]);
+        nans += (size_t)cn;
+        ck_assert_msg(gn == cn && (cn || memcmp(&yg[i], &yc[i], 4) == 0),
+                      "dense linear f8 %lldx%lld: element %lld: gpu %a, cpu %a (seed %llu)", (long long)N, (long long)K,
+                      (long long)i, yg[i], yc[i], (unsigned long long)g_seed);
+    }
+    ck_assert_msg(!nan || (nans > 0 && nans < (size_t)(T * N)), "dense linear f8: %zu NaN outputs (the test wants some)",
+                  nans);
+    free(x), free(w), free(s), free(xd), free(yc), free(yg);
+}
+
 START_TEST(test_linear_dense)
 {
+    check_dense_f8(2, 256, 1024, 128, 0); /* wo_a's form */
+    check_dense_f8(2, 256, 1024, 128, 1);
+    check_dense_f8(2, 64, 200, 128, 0);   /* a short last chunk */
     check_dense(3, 256, 128, 1);   /* tiny compressor */
     check_dense(3, 1024, 4096, 1); /* V4-Flash ratio-4 compressor wkv */
     check_dense(4, 64, 4096, 0);   /* indexer weights_proj */

@@ -18,7 +18,8 @@
  * | k_embed           | X[t,j,:] = E[id] [model_forward.c, mmoe_mhc.c]          | yes    |
  * | k_rmsnorm         | sum of squares in double, the block's tree [rmsnorm.c]  | yes    |
  * | k_act_quant       | 1x128 E4M3, UE8M0 ceil scale of the V4 rule [linear_fp8.c] | yes |
- * | k_linear_fp8      | exact block partials, fp32 scaled sum in block order    | yes    |
+ * | k_linear_fp8_128  | exact block partials, fp32 scaled sum in block order    | yes    |
+ * | k_linear_fp8      | the same for other scale blocks (one warp per output)   | yes    |
  * | k_linear_dense    | double dot in the chunked pairwise order [linear_dense.c] | yes   |
  * | k_hc_part, _finish | mHC logits (double, block trees), sigmoid, Sinkhorn, mix | yes*  |
  * | k_hc_post         | fp32 write-back, j ascending, then the post term       | yes    |
@@ -232,7 +233,9 @@ __global__ void k_act_quant(const uint16_t *x, int64_t K, uint8_t *q, float *s)
 /**
  * y[t, n] = bf16(sum_kb fl(partial_kb) * (s_x * s_w)) with the exact block partials of
  * linear_fp8.c: one warp per output; the lanes' double partial sums of E4M3 products are
- * exact, so their reduction order does not matter.
+ * exact, so their reduction order does not matter.  The forward's linears (128-blocks) run
+ * k_linear_fp8_128; this kernel serves other scale blocks and x rows wider than its shared
+ * memory (see launch_linear_fp8()).
  */
 __global__ void k_linear_fp8(const uint8_t *xq, const float *xs, int64_t T, dfp8 w, uint16_t *y)
 {
@@ -286,6 +289,199 @@ __global__ void k_linear_fp8(const uint8_t *xq, const float *xs, int64_t T, dfp8
         y[t * w.N + n] = gfw_f2bf(acc);
 }
 
+/* ------------------------------------------------------------------ the 128-block FP8 linear */
+
+/** Outputs (weight rows) of one warp of k_linear_fp8_128: the two rows share the x values. */
+#define GFW_FP8_ROWS 2
+/** Warps of one k_linear_fp8_128 block (one token, GFW_FP8_ROWS * GFW_FP8_WARPS outputs). */
+#define GFW_FP8_WARPS 8
+/** 512-code steps whose weight loads k_linear_fp8_128 issues before summing any of them. */
+#define GFW_FP8_STEPS 4
+/** Dynamic shared memory k_linear_fp8_128 may use (the limit set in upload_tables()). */
+#define GFW_FP8_SMEM_MAX (192 * 1024)
+
+/** Dynamic shared memory of k_linear_fp8_128 for input width K: the x row, then the block terms. */
+static size_t fp8_128_smem(int64_t K)
+{
+    return sizeof(double) * (size_t)K + sizeof(float) * GFW_FP8_WARPS * GFW_FP8_ROWS * (size_t)(K / 128);
+}
+
+/**
+ * Shared-memory index of x value k.  A lane reads the 16 values of its chunk as 8 pairs; the
+ * pairs' slots are XOR-swizzled within each chunk (pair j of lane l at slot j ^ (l mod 8)) so
+ * that the 8 lanes of a 16-byte access phase hit 8 different 16-byte bank groups.
+ */
+__device__ __forceinline__ int fp8_x_slot(int k)
+{
+    const int pair = k >> 1;
+    return ((pair ^ ((pair >> 3) & 7)) << 1) | (k & 1);
+}
+
+/**
+ * The E4M3 code in byte @p I of @p w as the double of its value times 2^-1016, exactly, from
+ * @p w and @p w1 = w << 1 in two integer instructions.  Placing the code's seven magnitude
+ * bits eeeemmm at bits 55..49 of a double gives exponent field e and mantissa m/8: a normal
+ * code (e > 0) becomes (1 + m/8) 2^(e - 1023) = (1 + m/8) 2^(e-7) 2^-1016, a subnormal one the
+ * double subnormal m 2^49 2^-1074 = m 2^-9 2^-1016: one factor for all.  prmt puts byte I of
+ * w1 (the magnitude, shifted left by one) at bits 23..16 of the high word and byte I of w (its
+ * top bit the sign) at bits 31..24; the mask keeps bit 31 and bits 23..17.  The NaN codes
+ * (0x7F, 0xFF) come out as finite values: the caller tests them.
+ */
+template <int I>
+__device__ __forceinline__ double e4m3_times_2m1016(uint32_t w, uint32_t w1)
+{
+    uint32_t hi;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(hi) : "r"(w1), "r"(w), "n"(((4 + I) << 12) | (I << 8)));
+    return __hiloint2double((int)(hi & 0x80FE0000u), 0);
+}
+
+/**
+ * Any NaN code (low seven bits all set) among the four codes of @p w, as bit 7 of a byte of
+ * the result: adding 1 to a byte's low seven bits carries into its bit 7 only from 0x7F, and
+ * never into the next byte.
+ */
+__device__ __forceinline__ uint32_t e4m3_nan_bits(uint32_t w)
+{
+    return ((w & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u;
+}
+
+/**
+ * Lane sum of its 16 products for one weight row: x pairs from the swizzled shared row (@p xp
+ * at the lane's first pair slot), codes @p q.  Every product x w 2^-1016 is an integer
+ * multiple of 2^-1034 below 2^(17.7-1016) in magnitude, so each fma is exact (see
+ * k_linear_fp8_128).
+ */
+__device__ __forceinline__ double fp8_chunk16(const double2 *xp, int swz, uint4 q, uint32_t *nan)
+{
+    const uint32_t wq[4] = {q.x, q.y, q.z, q.w};
+    double p = 0.0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const uint32_t w = wq[i], w1 = w << 1;
+        const double2 a = xp[(2 * i) ^ swz], b = xp[(2 * i + 1) ^ swz];
+        p = __fma_rn(a.x, e4m3_times_2m1016<0>(w, w1), p);
+        p = __fma_rn(a.y, e4m3_times_2m1016<1>(w, w1), p);
+        p = __fma_rn(b.x, e4m3_times_2m1016<2>(w, w1), p);
+        p = __fma_rn(b.y, e4m3_times_2m1016<3>(w, w1), p);
+        *nan |= e4m3_nan_bits(w);
+    }
+    return p;
+}
+
+/**
+ * The FP8 linear for 128x128 weight scale blocks (the model's), same bits as k_linear_fp8 and
+ * linear_fp8.c.  One block of GFW_FP8_WARPS warps per (token t, 2 GFW_FP8_WARPS outputs),
+ * blocks ordered token-fastest so that concurrent blocks share weight rows in L2.
+ *
+ * The block first decodes the token's x codes once into shared memory as exact doubles.  A
+ * warp then streams two weight rows in steps of 512 codes: lane l loads the 16 codes
+ * [16 l, 16 l + 16) of each row with one 16-byte load (the warp's loads cover 512 contiguous
+ * bytes: scale blocks 4s..4s+3, eight lanes each), GFW_FP8_STEPS steps of loads in flight.  A
+ * weight code becomes the double of its value times 2^-1016 in two integer instructions
+ * (e4m3_times_2m1016), and the lane sums its 16 products with fma.
+ *
+ * Exactness: an E4M3 value is an integer multiple of 2^-9 of magnitude <= 448 < 2^9, so a
+ * product x w 2^-1016 is an integer multiple of 2^-1034 (>= 2^-1074, the double grid's
+ * spacing near zero) of magnitude < 2^18 2^-1016, and any sum of at most 128 of them is a
+ * multiple of 2^-1034 below 2^25 2^-1016: 43 bits, within the 53 of a double, so every fma,
+ * every addition below and the final scaling by 2^1016 are exact, whatever the order.  The
+ * block partial is therefore the oracle's exact double, and fl32 of it the oracle's float.
+ * A NaN weight code (tested four at a time) makes the lane's sum NaN, as the oracle's product
+ * would; NaN x values are NaN doubles already.
+ *
+ * The eight lanes of a scale block add their sums in a butterfly that is transposed over the
+ * two rows (after the first exchange a lane keeps row ((l >> 2) & 1)), so that one lane in four
+ * ends with a (row, block) sum and computes the block's term fl32(partial) (s_x s_w).  The
+ * terms go to shared memory; at the end lane r adds row r's terms in block order, the
+ * oracle's fp32 sum.
+ */
+__global__ void __launch_bounds__(GFW_FP8_WARPS * 32, 3)
+    k_linear_fp8_128(const uint8_t *xq, const float *xs, int64_t T, dfp8 w, uint16_t *y)
+{
+    extern __shared__ __align__(16) double fp8_sx[];
+    const int64_t K = w.K, kb_w = K / 128, nsteps = (K + 511) / 512;
+    const int64_t t = blockIdx.x % T, n_blk = blockIdx.x / T;
+    const uint8_t *xr = xq + t * K;
+    for (int k = threadIdx.x; k < (int)K; k += blockDim.x)
+        fp8_sx[fp8_x_slot(k)] = (double)gfw_e4m3_value(xr[k]);
+    __syncthreads();
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t n0 = n_blk * (GFW_FP8_ROWS * GFW_FP8_WARPS) + warp * GFW_FP8_ROWS;
+    if (n0 >= w.N)
+        return;
+    const bool has1 = n0 + 1 < w.N;
+    const uint8_t *w0 = w.w + n0 * K, *w1 = has1 ? w0 + K : w0; /* a missing row 1 rereads row 0 */
+    float *term = (float *)(fp8_sx + K) + (int64_t)warp * GFW_FP8_ROWS * kb_w;
+    const int row = (lane >> 2) & 1, swz = lane & 7;
+    const int64_t n = n0 + row;
+    const bool writer = (lane & 3) == 0 && (row == 0 || has1);
+    const float *xs_t = xs + t * kb_w;
+    const uint8_t *ws_n = w.s + (n / 128) * w.scols;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+
+    for (int64_t s0 = 0; s0 < nsteps; s0 += GFW_FP8_STEPS) {
+        uint4 q0[GFW_FP8_STEPS], q1[GFW_FP8_STEPS];
+#pragma unroll
+        for (int u = 0; u < GFW_FP8_STEPS; u++) {
+            const int64_t k0 = (s0 + u) * 512 + lane * 16;
+            const bool in = s0 + u < nsteps && k0 < K;
+            q0[u] = in ? __ldg((const uint4 *)(w0 + k0)) : zero;
+            q1[u] = in ? __ldg((const uint4 *)(w1 + k0)) : zero;
+        }
+#pragma unroll
+        for (int u = 0; u < GFW_FP8_STEPS; u++) {
+            if (s0 + u >= nsteps)
+                break;
+            const int64_t k0 = (s0 + u) * 512 + lane * 16;
+            double p0 = 0.0, p1 = 0.0;
+            if (k0 < K) { /* false only for the lanes past a short last step */
+                const double2 *xp = (const double2 *)fp8_sx + (k0 >> 1);
+                uint32_t nan0 = 0, nan1 = 0;
+                p0 = fp8_chunk16(xp, swz, q0[u], &nan0);
+                p1 = fp8_chunk16(xp, swz, q1[u], &nan1);
+                if (nan0)
+                    p0 = __longlong_as_double(0x7FF8000000000000LL);
+                if (nan1)
+                    p1 = __longlong_as_double(0x7FF8000000000000LL);
+            }
+            /* the eight lanes of a scale block, transposed over the two rows (exact sums) */
+            double v = (row ? p1 : p0) + __shfl_xor_sync(0xFFFFFFFFu, row ? p0 : p1, 4);
+            v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
+            v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
+            const int64_t kb = (s0 + u) * 4 + (lane >> 3);
+            if (writer && kb < kb_w) {
+                const float s = __fmul_rn(xs_t[kb], gfw_ue8m0(ws_n[kb]));
+                term[row * kb_w + kb] = __fmul_rn(__double2float_rn(v * 0x1p1016), s);
+            }
+        }
+    }
+    __syncwarp();
+    if (lane < GFW_FP8_ROWS && (lane == 0 || has1)) {
+        float acc = 0.0f;
+        for (int64_t kb = 0; kb < kb_w; kb++)
+            acc = __fadd_rn(acc, term[lane * kb_w + kb]);
+        y[t * w.N + n0 + lane] = gfw_f2bf(acc);
+    }
+}
+
+/**
+ * Launch the FP8 linear y = fp8_linear(x) of T quantized rows: k_linear_fp8_128 for 128-blocks
+ * whose x row fits its shared memory and 16-byte aligned codes, k_linear_fp8 otherwise (same
+ * bits either way).
+ */
+static void launch_linear_fp8(const uint8_t *xq, const float *xs, int64_t T, const dfp8 &w, uint16_t *y)
+{
+    const size_t smem = fp8_128_smem(w.K);
+    if (w.block == 128 && smem <= GFW_FP8_SMEM_MAX && ((uintptr_t)w.w & 15) == 0) {
+        const int64_t per_blk = GFW_FP8_ROWS * GFW_FP8_WARPS;
+        const int64_t blocks = T * ((w.N + per_blk - 1) / per_blk);
+        k_linear_fp8_128<<<(unsigned)blocks, GFW_FP8_WARPS * 32, smem>>>(xq, xs, T, w, y);
+    } else {
+        k_linear_fp8<<<(unsigned)((T * w.N * 32 + 255) / 256), 256>>>(xq, xs, T, w, y);
+    }
+}
+
 /** 16 bf16 values from @p p (32-byte aligned when @p vec) as fp32. */
 __device__ __forceinline__ void load16_bf16(const uint16_t *p, bool vec, float *out)
 {
@@ -308,7 +504,9 @@ __device__ __forceinline__ void load16_bf16(const uint16_t *p, bool vec, float *
  * Chunk @p k of the dense dot product of x row @p xr (bf16) with weight row @p n: the exact
  * double products of its (up to) 16 values, ascending from +0 (@ref spec_arch_sum_order).  A
  * full chunk is read with 16-byte loads where aligned, and an FP8 weight's chunk shares one
- * scale when the scale block is a multiple of 16.
+ * scale when the scale block is a multiple of 16; such a chunk without NaN codes and with a
+ * scale byte in 10..134 builds its weights as doubles directly (e4m3_times_2m1016 times a
+ * power of two), the same values as the oracle's fp32 decode and bf16 rounding.
  */
 __device__ double dense_chunk(const ddense &w, int64_t n, const uint16_t *xr, int64_t k, int64_t K)
 {
@@ -342,7 +540,8 @@ __device__ double dense_chunk(const ddense &w, int64_t n, const uint16_t *xr, in
         }
     } else if (w.block % MMOE_SUM_CHUNK == 0) { /* F8: the chunk lies in one scale block */
         const uint8_t *p = (const uint8_t *)w.p + e;
-        const float sc = gfw_ue8m0(w.scale[(int64_t)((int)n / w.block) * w.scols + (int)i0 / w.block]);
+        const uint8_t sb = w.scale[(int64_t)((int)n / w.block) * w.scols + (int)i0 / w.block];
+        const float sc = gfw_ue8m0(sb);
         uint32_t codes[4];
         if (((uintptr_t)p & 15) == 0) {
             const uint4 u = *(const uint4 *)p;
@@ -351,6 +550,24 @@ __device__ double dense_chunk(const ddense &w, int64_t n, const uint16_t *xr, in
             for (int q = 0; q < 4; q++)
                 codes[q] = (uint32_t)p[4 * q] | ((uint32_t)p[4 * q + 1] << 8) | ((uint32_t)p[4 * q + 2] << 16) |
                            ((uint32_t)p[4 * q + 3] << 24);
+        }
+        const uint32_t nan =
+            e4m3_nan_bits(codes[0]) | e4m3_nan_bits(codes[1]) | e4m3_nan_bits(codes[2]) | e4m3_nan_bits(codes[3]);
+        if (sb >= 10 && sb <= 134 && nan == 0) {
+            /* For scale bytes 10..134 the value v 2^(sb-127) of a finite code is a normal fp32 of
+               at most 4 significant bits (2^-126 <= |v s| < 2^16), so fl32 and the bf16 rounding
+               keep it, and it is the double e4m3_times_2m1016 times 2^(sb+889) exactly: the
+               oracle's weight without the fp32 decode, the bf16 rounding and the conversion. */
+            const double S = __longlong_as_double((long long)(sb + 1912) << 52); /* 2^(sb+889) */
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const uint32_t wq = codes[q], wq1 = wq << 1;
+                c = __fma_rn((double)xv[4 * q], __dmul_rn(e4m3_times_2m1016<0>(wq, wq1), S), c);
+                c = __fma_rn((double)xv[4 * q + 1], __dmul_rn(e4m3_times_2m1016<1>(wq, wq1), S), c);
+                c = __fma_rn((double)xv[4 * q + 2], __dmul_rn(e4m3_times_2m1016<2>(wq, wq1), S), c);
+                c = __fma_rn((double)xv[4 * q + 3], __dmul_rn(e4m3_times_2m1016<3>(wq, wq1), S), c);
+            }
+            return c;
         }
 #pragma unroll
         for (int i = 0; i < 16; i++)
@@ -1856,7 +2073,7 @@ static void exp_table(unsigned long long *tab)
     }
 }
 
-/** Upload the E4M3 and exp tables to constant memory. */
+/** Upload the E4M3 and exp tables to constant memory; allow k_linear_fp8_128 its shared memory. */
 static cudaError_t upload_tables(void)
 {
     unsigned long long tab[32];
@@ -1866,6 +2083,8 @@ static cudaError_t upload_tables(void)
         ce = cudaMemcpyToSymbol(c_e4m3, mmoe_fp8_e4m3_table(), sizeof(float) * 256);
     if (ce == cudaSuccess)
         ce = gfw_moe_upload_exp_table(tab);
+    if (ce == cudaSuccess) /* the x row of k_linear_fp8_128 may exceed the default 48 KiB */
+        ce = cudaFuncSetAttribute(k_linear_fp8_128, cudaFuncAttributeMaxDynamicSharedMemorySize, GFW_FP8_SMEM_MAX);
     return ce;
 }
 
@@ -2042,7 +2261,7 @@ static mmoe_status act_quant(mmoe_gpu_model *g, const uint16_t *x, int64_t rows,
 static mmoe_status linear_fp8_quantized(mmoe_gpu_model *g, int64_t rows, const dfp8 &w, uint16_t *y,
                                         mmoe_error *err)
 {
-    k_linear_fp8<<<nblk(rows * w.N * 32), 256>>>(g->aq, g->as, rows, w, y);
+    launch_linear_fp8(g->aq, g->as, rows, w, y);
     GFW_CHECK("fp8 linear");
     return MMOE_OK;
 }
@@ -2409,7 +2628,7 @@ extern "C" mmoe_status gfw_test_linear_fp8(const uint16_t *x, int64_t T, const u
     uint16_t *dy = (uint16_t *)tput(&a, NULL, 2 * (size_t)(T * N));
     if (a.ce == cudaSuccess) {
         k_act_quant<<<dim3((unsigned)(K / 128), (unsigned)T), 128>>>(dx, K, q, s);
-        k_linear_fp8<<<nblk(T * N * 32), 256>>>(q, s, T, f, dy);
+        launch_linear_fp8(q, s, T, f, dy);
     }
     return tfinish(&a, y, dy, 2 * (size_t)(T * N), err, "fp8 linear");
 }
@@ -2435,6 +2654,32 @@ extern "C" mmoe_status gfw_test_linear_dense(const uint16_t *x, int64_t T, int64
     if (a.ce == cudaSuccess)
         k_linear_dense<<<(unsigned)(T * N), dense_threads(K)>>>(dx, T, K, K, ds, 0, 0);
     return tfinish(&a, y, dy, sizeof(float) * (size_t)(T * N), err, "dense linear");
+}
+
+extern "C" mmoe_status gfw_test_linear_dense_f8(const uint16_t *x, int64_t T, int64_t K, const uint8_t *w,
+                                                const uint8_t *scale, int block, int64_t N, float *y, mmoe_error *err)
+{
+    tarena a;
+    mmoe_status st = tbegin(&a, err);
+    if (st != MMOE_OK)
+        return st;
+    ddense wd;
+    memset(&wd, 0, sizeof wd);
+    wd.dtype = GFW_F8;
+    wd.rows = N;
+    wd.cols = K;
+    wd.block = block;
+    wd.scols = (K + block - 1) / block;
+    wd.p = tput(&a, w, (size_t)(N * K));
+    wd.scale = (const uint8_t *)tput(&a, scale, (size_t)(((N + block - 1) / block) * wd.scols));
+    uint16_t *dx = (uint16_t *)tput(&a, x, 2 * (size_t)(T * K));
+    float *dy = (float *)tput(&a, NULL, sizeof(float) * (size_t)(T * N));
+    dense_set ds;
+    memset(&ds, 0, sizeof ds);
+    dense_add(&ds, wd, N, dy, NULL);
+    if (a.ce == cudaSuccess)
+        k_linear_dense<<<(unsigned)(T * N), dense_threads(K)>>>(dx, T, K, K, ds, 0, 0);
+    return tfinish(&a, y, dy, sizeof(float) * (size_t)(T * N), err, "dense linear (fp8 weight)");
 }
 
 extern "C" mmoe_status gfw_test_hc_pre(int hc, int64_t D, int iters, float norm_eps, float hc_eps, const uint16_t *X,

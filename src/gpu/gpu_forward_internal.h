@@ -278,6 +278,9 @@ mmoe_status gfw_test_linear_fp8(const uint16_t *x, int64_t T, const uint8_t *w, 
 /** Dense linear: x bf16 [T, K], w BF16 (w_f32 = 0) or F32 [N, K], y fp32 [T, N] (k_linear_dense). */
 mmoe_status gfw_test_linear_dense(const uint16_t *x, int64_t T, int64_t K, const void *w, int w_f32, int64_t N,
                                   float *y, mmoe_error *err);
+/** Dense linear with an FP8 weight: codes E4M3 [N, K], scale E8M0 [ceil(N/b), ceil(K/b)], y fp32 (k_linear_dense). */
+mmoe_status gfw_test_linear_dense_f8(const uint16_t *x, int64_t T, int64_t K, const uint8_t *w, const uint8_t *scale,
+                                     int block, int64_t N, float *y, mmoe_error *err);
 /** hc_pre of T tokens (k_hc_mix with (2+hc)*hc outputs). */
 mmoe_status gfw_test_hc_pre(int hc, int64_t D, int iters, float norm_eps, float hc_eps, const uint16_t *X, int64_t T,
                             const float *fn, const float *base, const float *scale, uint16_t *y, float *post,

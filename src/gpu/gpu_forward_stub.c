@@ -105,6 +105,13 @@ mmoe_status gfw_test_linear_dense(const uint16_t *x, int64_t T, int64_t K, const
     return no_cuda(err);
 }
 
+mmoe_status gfw_test_linear_dense_f8(const uint16_t *x, int64_t T, int64_t K, const uint8_t *w, const uint8_t *scale,
+                                     int block, int64_t N, float *y, mmoe_error *err)
+{
+    (void)x; (void)T; (void)K; (void)w; (void)scale; (void)block; (void)N; (void)y;
+    return no_cuda(err);
+}
+
 mmoe_status gfw_test_hc_pre(int hc, int64_t D, int iters, float norm_eps, float hc_eps, const uint16_t *X, int64_t T,
                             const float *fn, const float *base, const float *scale, uint16_t *y, float *post,
                             float *comb, mmoe_error *err)
