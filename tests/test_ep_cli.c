@@ -10,7 +10,9 @@
  *    loading, with the bytes per GPU (tiny-dsv4: its tensors' bytes, derived below);
  *  - bad values and `--ep-ranks` with `--gpus` are refused with exit status 2 or 1, naming the
  *    option; N above the experts (9 > 8) is refused naming both counts; every refusal comes
- *    before the model is loaded (no progress line), and no output file appears.
+ *    before the model is loaded (no progress line), and no output file appears;
+ *  - `bench forward --gpus N` makes the same refusals (the bytes per GPU of the 2-GPU plan as
+ *    derived below for `generate`), and refuses a contradicting --backend; no report appears.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -128,6 +130,39 @@ START_TEST(refusals)
 }
 END_TEST
 
+/* `bench forward --gpus N`: the same plan and refusals before loading, on any machine (the
+ * device runs are test_ep_gpu_forward's); nothing on stdout */
+START_TEST(bench_forward_refusals)
+{
+    char m[1100], args[4096], *out, *err;
+    model_dir(m, sizeof m);
+    static const struct {
+        const char *opts;
+        int status;
+        const char *msg;
+    } cases[] = {
+        {"--gpus 2 --gpu-memory 0.000001", 1, "needs 2667801 bytes (0.00 GiB) of weights per GPU on 2 GPUs"},
+        {"--gpus 9 --gpu-memory 100", 1, "9 ranks for 8 routed experts"},
+        {"--gpus 1 --backend cpu", 2, "--gpus runs the GPU forward over N GPUs: --backend cpu or auto contradicts it"},
+        {"--gpus 1 --backend auto", 2, "--backend cpu or auto contradicts it"},
+        {"--gpus 0", 2, "--gpus: expected an integer in [1, 64], got '0'"},
+        {"--gpus 65", 2, "--gpus: expected an integer in [1, 64], got '65'"},
+        {"--gpus 1 --gpu-memory 0", 2, "--gpu-memory: expected a number in (0, 1e+06], got '0'"},
+        {"--gpu-memory 1", 1, "--gpu-memory plans --gpus, which was not given"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(args, sizeof args, "bench forward --model '%s' --prefill 4 --decode 2 %s", m, cases[i].opts);
+        ck_assert_int_eq(run(args, &out, &err), cases[i].status);
+        ck_assert_msg(strstr(err, cases[i].msg) != NULL, "%s: %s", cases[i].opts, err);
+        ck_assert_msg(strstr(err, "megamoe bench forward: ") != NULL, "%s: the command is not named: %s",
+                      cases[i].opts, err);
+        ck_assert_msg(out[0] == '\0', "%s: a report on stdout: %s", cases[i].opts, out);
+        free(out);
+        free(err);
+    }
+}
+END_TEST
+
 static Suite *ep_cli_suite(void)
 {
     Suite *s = suite_create("ep_cli");
@@ -135,6 +170,7 @@ static Suite *ep_cli_suite(void)
     tcase_add_test(tc, logits_same_bytes);
     tcase_add_test(tc, generate_same_text);
     tcase_add_test(tc, refusals);
+    tcase_add_test(tc, bench_forward_refusals);
     suite_add_tcase(s, tc);
     return s;
 }

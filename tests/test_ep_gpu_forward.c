@@ -18,15 +18,20 @@
  *  - a fresh synth-model checkpoint (seed printed) of the "tiny" preset, 3 layers, with 7
  *    experts: an uneven split (4 + 3, 3 + 2 + 2);
  *  - the statistics: every routed pair computed once (pairs add up to tokens x topk per MoE
- *    sub-layer), and with 3 ranks some rank idle in some exchange;
+ *    sub-layer), with 3 ranks some rank idle in some exchange, and every rank's exchange time
+ *    of every sub-layer (MTP included) positive;
  *  - the CLI: `logits --gpus 1 --mtp` writes the same logits and MTP logits (bytes) as
  *    `logits --backend gpu`, and `generate --gpus 1` the same greedy ids as `--backend gpu`;
- *    `--gpus N` with N above the GPUs present is refused before loading.
+ *    `--gpus N` with N above the GPUs present is refused before loading;
+ *  - `bench forward --gpus 1`: the JSON report's keys, and its counts derived by hand (4 layers,
+ *    top 2: per phase one exchange per layer and call, tokens x 2 x 4 routed pairs on the one
+ *    rank, no bytes sent), a positive exchange time per layer; the text report's lines.
  *
  * Without a GPU: N above the experts is refused before any device is touched, a creation
  * names the rank and the missing device, and the CLI refuses `--gpus` with a contradicting
  * `--backend` (exit 2) and `--gpus 1` without a GPU (exit 1, no output file).
  */
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,6 +167,16 @@ static void check_model(const char *what, const char *dir, const mmoe_ep_comm_ki
         ck_assert_int_eq(total, pairs_main + pairs_mtp);
         if (ranks[c] == 3)
             ck_assert_int_ge(idle, T_NEXT * L); /* a decode step's 2 pairs leave a rank out */
+        /* every rank took part in every sub-layer's exchanges (MTP last): each has a time > 0 */
+        double *xs = malloc(sizeof(double) * (size_t)(L + 1));
+        ck_assert_ptr_nonnull(xs);
+        for (int r = 0; r < ranks[c]; r++) {
+            mmoe_ep_gpu_model_exchange_seconds(e, r, xs);
+            for (int64_t l = 0; l <= L; l++)
+                ck_assert_msg(xs[l] > 0 && xs[l] < 60, "rank %d, sub-layer %lld: exchange seconds %g", r, (long long)l,
+                              xs[l]);
+        }
+        free(xs);
         fprintf(stderr, "%s: %s x %d: %zu logits and %zu MTP logits bit-identical to one GPU; pairs per rank:", what,
                 mmoe_ep_comm_kind_name(kinds[c]), ranks[c], ref.n, ref.n_mtp);
         for (int r = 0; r < ranks[c]; r++)
@@ -269,6 +284,83 @@ START_TEST(cli_one_gpu)
 }
 END_TEST
 
+/** Integer @p key of object @p o (fails the test when absent or not an integer). */
+static long long jint(const json_t *o, const char *key)
+{
+    const json_t *v = json_object_get(o, key);
+    ck_assert_msg(json_is_integer(v), "JSON key %s: not an integer", key);
+    return (long long)json_integer_value(v);
+}
+
+/** One phase's exchange object of `bench forward --gpus 1 --json` on tiny-dsv4 after @p tokens tokens in @p calls calls. */
+static void check_phase(const json_t *x, long long tokens, long long calls)
+{
+    ck_assert_msg(json_is_object(x), "no exchange object");
+    /* 4 layers, top 2: one exchange per layer and call, tokens x 2 x 4 pairs, all on the one rank */
+    ck_assert_int_eq(jint(x, "exchanges"), 4 * calls);
+    ck_assert_int_eq(jint(x, "bytes_sent"), 0); /* one rank has no peer to send to */
+    const json_t *pairs = json_object_get(x, "pairs"), *idle = json_object_get(x, "idle"),
+                 *tot = json_object_get(x, "exchange_s"), *layers = json_object_get(x, "layers");
+    ck_assert(json_array_size(pairs) == 1 && json_array_size(idle) == 1 && json_array_size(tot) == 1);
+    ck_assert_int_eq(json_integer_value(json_array_get(pairs, 0)), tokens * 2 * 4);
+    ck_assert_int_eq(json_integer_value(json_array_get(idle, 0)), 0);
+    ck_assert_uint_eq(json_array_size(layers), 4);
+    double sum = 0;
+    for (size_t L = 0; L < 4; L++) {
+        const json_t *l = json_array_get(layers, L), *per = json_object_get(l, "exchange_s");
+        ck_assert_int_eq(jint(l, "layer"), (long long)L);
+        ck_assert_uint_eq(json_array_size(per), 1);
+        const double t = json_real_value(json_array_get(per, 0));
+        ck_assert_msg(t > 0 && t < 60, "layer %zu: exchange seconds %g", L, t);
+        sum += t;
+    }
+    const double total = json_real_value(json_array_get(tot, 0));
+    ck_assert_msg(total >= 0.999 * sum && total <= 1.001 * sum, "exchange seconds %g, the layers add up to %g", total,
+                  sum);
+}
+
+/* `bench forward --gpus 1`: the report (JSON keys, pairs and exchanges counted by hand) and the text */
+START_TEST(cli_bench_forward)
+{
+    char dir[1100], args[4096], *out, *err;
+    tiny_dir(dir, sizeof dir);
+    snprintf(args, sizeof args, "bench forward --model '%s' --gpus 1 --prefill 5 --decode 3 --json", dir);
+    ck_assert_msg(cli(args, &out, &err) == 0, "%s: %s", args, err);
+    json_error_t je;
+    json_t *o = json_loads(out, 0, &je);
+    ck_assert_msg(o != NULL, "not one JSON object (%s): %s", je.text, out);
+    ck_assert_str_eq(json_string_value(json_object_get(o, "bench")), "forward");
+    ck_assert_str_eq(json_string_value(json_object_get(o, "backend")), "gpu");
+    ck_assert_str_eq(json_string_value(json_object_get(o, "comm")), "nccl");
+    ck_assert_int_eq(jint(o, "gpus"), 1);
+    ck_assert_int_eq(jint(o, "layers"), 4);
+    ck_assert_int_eq(jint(o, "prefill_tokens"), 5);
+    ck_assert_int_eq(jint(o, "decode_tokens"), 3);
+    ck_assert(json_real_value(json_object_get(o, "prefill_tokens_per_s")) > 0);
+    ck_assert(json_real_value(json_object_get(o, "decode_ms_per_token")) > 0);
+    const json_t *ranks = json_object_get(o, "ranks");
+    ck_assert_uint_eq(json_array_size(ranks), 1);
+    const json_t *r0 = json_array_get(ranks, 0);
+    ck_assert(jint(r0, "rank") == 0 && jint(r0, "first_expert") == 0 && jint(r0, "end_expert") == 8);
+    ck_assert(jint(r0, "device_bytes") > 0);
+    check_phase(json_object_get(o, "prefill_exchange"), 5, 1);
+    check_phase(json_object_get(o, "decode_exchange"), 3, 3);
+    json_decref(o);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "bench forward --model '%s' --gpus 1 --prefill 5 --decode 3", dir);
+    ck_assert_msg(cli(args, &out, &err) == 0, "%s: %s", args, err);
+    ck_assert_msg(strstr(out, "backend gpu over 1 GPU(s) (expert parallel, nccl)") != NULL &&
+                      strstr(out, "prefill exchanges: 4, payload sent by rank 0 0.0 KiB; routed pairs per rank: 40;") &&
+                      strstr(out, "decode exchanges: 12, payload sent by rank 0 0.0 KiB; routed pairs per rank: 24;") &&
+                      strstr(out, "exchange ms per MoE sub-layer"),
+                  "%s", out);
+    fprintf(stderr, "cli: bench forward --gpus 1:\n%s", out);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* ------------------------------------------------------------------ without a GPU */
 
 /* the checks that need no GPU (run only where there is none: they expect the refusals) */
@@ -331,6 +423,7 @@ static Suite *ep_gpu_forward_suite(int gpu)
         tcase_add_test(tc, tiny_fixture);
         tcase_add_test(tc, synth_uneven);
         tcase_add_test(tc, cli_one_gpu);
+        tcase_add_test(tc, cli_bench_forward);
     } else {
         tcase_add_test(tc, refusals_without_gpu);
     }

@@ -1,6 +1,6 @@
 /**
  * @file cli_ep.h
- * @brief The expert-parallel options shared by `megamoe logits` and `megamoe generate`.
+ * @brief The expert-parallel options shared by `megamoe logits`, `generate` and `bench forward`.
  *
  *     --ep-ranks N       the MoE sub-layers over N in-process ranks (threads) on the CPU:
  *                        the same split, bookkeeping and combine as on N GPUs, same bits
@@ -74,5 +74,20 @@ void mmoe_cli_ep_report(FILE *f, const mmoe_ep_model *e);
  *         command's exit status
  */
 int mmoe_bench_moe_ep(int argc, char **argv);
+
+/**
+ * `megamoe bench forward --gpus N` after loading (bench_forward_ep.c): a warm-up pass and a
+ * timed pass of prefill and greedy decode on @p e; prints the report (text, or with @p json one
+ * JSON object) on stdout.
+ * @param e          the model over N GPUs
+ * @param cfg        its config
+ * @param model_dir  for the report
+ * @param t_load     seconds the checkpoint took to open (for the report)
+ * @param ids        [n_prefill + n_decode]: the prompt, then room for the decoded ids
+ * @return MMOE_OK, or the forward's error
+ */
+mmoe_status mmoe_bench_forward_gpus(mmoe_ep_gpu_model *e, const mmoe_config *cfg, const char *model_dir,
+                                    double t_load, int32_t *ids, int64_t n_prefill, int64_t n_decode, int json,
+                                    mmoe_error *err);
 
 #endif /* MMOE_CLI_EP_H */

@@ -3,7 +3,7 @@
  * @brief `megamoe bench forward`: prefill tokens/s, decode ms/token and the layer-by-layer split of the CPU oracle.
  *
  *     megamoe bench forward --model DIR [--prefill 64] [--decode 8] [--seed S] [--threads N] [--json]
- *                           [--backend cpu|gpu|auto]
+ *                           [--backend cpu|gpu|auto] [--gpus N [--gpu-memory GIB]]
  *
  * Prefills --prefill random token ids from position 0 (one call), then decodes --decode
  * more tokens one call each (greedy from the logits).  Reports the wall times, the
@@ -22,6 +22,10 @@
  * between the parts (after one untimed warm-up run of the same tokens, so that the kernels
  * are loaded), and the split from a second run that synchronizes the device around each
  * part (which adds a few microseconds per part).
+ *
+ * With --gpus N the GPU forward runs over N GPUs, expert parallel (cli_ep.h; planned and
+ * refused before loading as `logits --gpus N` is); its report (bench_forward_ep.c) gives the
+ * totals, the routed pairs of each GPU and each MoE sub-layer's exchange time, in text or JSON.
  */
 #include <getopt.h>
 #include <math.h>
@@ -30,6 +34,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "cli_ep.h"
 #include "mmoe_cli.h"
 #include "mmoe_clock.h"
 #include "mmoe_json_report.h"
@@ -49,7 +54,10 @@ static void usage(FILE *out)
                  "  --seed S        RNG seed of the prompt (default 1)\n"
                  "  --threads N     OpenBLAS and dequantization threads, 1..%d (default: their own defaults)\n"
                  "  --json          the report as one JSON object (default: text)\n"
-                 "  --backend B     cpu (the oracle), gpu or auto (the GPU when there is one) (default cpu)\n\n"
+                 "  --backend B     cpu (the oracle), gpu or auto (the GPU when there is one) (default cpu)\n"
+                 "  --gpus N        the GPU forward over N GPUs (expert parallel, NCCL): adds the routed pairs\n"
+                 "                  per GPU and the exchange time per MoE sub-layer (default: none)\n"
+                 "  --gpu-memory G  GPU size in GiB for the --gpus plan (default: GPU 0's memory)\n\n"
                  "example:\n"
                  "  megamoe bench forward --model fixtures/tiny-dsv4 --prefill 64 --decode 8\n",
             MMOE_CLI_MAX_THREADS);
@@ -201,18 +209,21 @@ static mmoe_status bench_gpu(mmoe_gpu_model *g, int32_t *ids, long n_prefill, lo
 
 int mmoe_cmd_bench_forward(int argc, char **argv)
 {
-    enum { O_THREADS = 256, O_TOKENS };
+    enum { O_THREADS = 256, O_TOKENS, O_GPUS, O_GPU_MEM };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'}, {"prefill", required_argument, 0, 't'},
                                          {"decode", required_argument, 0, 'd'}, {"seed", required_argument, 0, 's'},
                                          {"threads", required_argument, 0, O_THREADS},
                                          {"tokens", required_argument, 0, O_TOKENS},
                                          {"json", no_argument, 0, 'j'}, {"backend", required_argument, 0, 'b'},
+                                         {"gpus", required_argument, 0, O_GPUS},
+                                         {"gpu-memory", required_argument, 0, O_GPU_MEM},
                                          {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
     const char *cmd = "bench forward", *model_dir = NULL;
     int64_t n_prefill = 64, n_decode = 8;
     uint64_t seed = 1;
-    int c, rc = 0, threads = 0, json = 0;
+    int c, rc = 0, threads = 0, json = 0, backend_given = 0;
     mmoe_backend backend = MMOE_BACKEND_CPU;
+    mmoe_cli_ep ep_opt = {0};
     optind = 1;
     while (rc == 0 && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -231,7 +242,10 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
                 fprintf(stderr, "megamoe bench forward: --backend '%s': expected cpu, gpu or auto\n", optarg);
                 rc = MMOE_EXIT_USAGE;
             }
+            backend_given = 1;
             break;
+        case O_GPUS: rc = mmoe_cli_ep_option("bench forward", "gpus", optarg, &ep_opt); break;
+        case O_GPU_MEM: rc = mmoe_cli_ep_option("bench forward", "gpu-memory", optarg, &ep_opt); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return MMOE_EXIT_USAGE;
         }
@@ -243,12 +257,22 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
         usage(stderr);
         return MMOE_EXIT_USAGE;
     }
+    if (ep_opt.gpus > 0 && backend_given && backend != MMOE_BACKEND_GPU) {
+        fprintf(stderr, "megamoe bench forward: --gpus runs the GPU forward over N GPUs: --backend cpu or auto "
+                        "contradicts it\n");
+        return MMOE_EXIT_USAGE;
+    }
     mmoe_cli_set_threads(threads);
     mmoe_error err;
     mmoe_error_clear(&err);
+    if (mmoe_cli_ep_before_load(&ep_opt, model_dir, &err) != MMOE_OK) {
+        fprintf(stderr, "megamoe bench forward: %s\n", err.msg);
+        return 1;
+    }
     mmoe_model *m = NULL;
     mmoe_model_state *s = NULL;
     mmoe_gpu_model *gpu = NULL;
+    mmoe_ep_gpu_model *gpus = NULL;
     int32_t *ids = NULL;
     float *logits = NULL;
     double *snap = NULL;
@@ -261,8 +285,11 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
     double t_load = mmoe_clock_s() - t0;
     const mmoe_config *cfg = mmoe_model_config(m);
     const int64_t V = cfg->vocab_size, T = n_prefill + n_decode;
-    if ((st = mmoe_model_state_create(m, T, &s, &err)) != MMOE_OK ||
-        (st = mmoe_backend_open(backend, m, T, n_prefill, "megamoe bench forward", 0, &gpu, &err)) != MMOE_OK)
+    if (ep_opt.gpus > 0)
+        st = mmoe_cli_ep_open_gpus(&ep_opt, m, T, n_prefill, "megamoe bench forward", 0, &gpus, &err);
+    else if ((st = mmoe_model_state_create(m, T, &s, &err)) == MMOE_OK)
+        st = mmoe_backend_open(backend, m, T, n_prefill, "megamoe bench forward", 0, &gpu, &err);
+    if (st != MMOE_OK)
         goto done;
     ids = malloc(sizeof(int32_t) * (size_t)T);
     logits = malloc(sizeof(float) * (size_t)V);
@@ -276,8 +303,13 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
     mmoe_rng_seed(&rng, seed);
     for (int64_t i = 0; i < n_prefill; i++)
         ids[i] = (int32_t)mmoe_rng_below(&rng, (uint64_t)V);
+    if (gpus) {
+        st = mmoe_bench_forward_gpus(gpus, cfg, model_dir, t_load, ids, n_prefill, n_decode, json, &err);
+        rc = st == MMOE_OK ? 0 : 1;
+        goto done;
+    }
     if (gpu && json) {
-        st = mmoe_error_set(&err, MMOE_EUNSUPPORTED, "--json reports the CPU backend only: run the GPU one without it");
+        st = mmoe_error_set(&err, MMOE_EUNSUPPORTED, "--json reports the CPU backend and --gpus N: run one GPU without it");
         goto done;
     }
     if (gpu) {
@@ -366,6 +398,7 @@ done:
     free(snap);
     json_decref(report);
     mmoe_gpu_model_destroy(gpu);
+    mmoe_ep_gpu_model_destroy(gpus);
     mmoe_model_state_destroy(s);
     mmoe_model_close(m);
     return rc;

@@ -29,6 +29,13 @@
  *
  * The rows stay on the devices: the routing is the only thing copied to the host.
  *
+ * Each rank adds up the wall time of its exchanges per MoE sub-layer
+ * (mmoe_ep_gpu_model_exchange_seconds()): from the routing on the host (the download waits for
+ * the rank's own rows, so the rank's compute is not in it) to the received rows on its device
+ * (the exchange synchronizes its stream).  It holds the dispatch table, the gather, the size
+ * table's host exchange (where the rank waits for the slowest peer to finish its rows: load
+ * imbalance shows here), the device send/receive; not the scatter, queued after it.
+ *
  * ## Failure agreement
  *
  * rank_exchange() always takes part in the exchange: a failure before it (routing download,
@@ -44,6 +51,7 @@
 
 #include "ep_internal.h"
 #include "gpu_forward_internal.h"
+#include "mmoe_clock.h"
 #include "mmoe_ep_gpu_forward.h"
 
 /** One rank: its GPU model, buffers and the state of the current call. */
@@ -56,6 +64,8 @@ typedef struct ep_fwd_rank {
     int64_t *idx64;             /**< host [max_pairs] the same, for the dispatch table */
     int64_t *which;             /**< host [max_pairs] slot rows of the received rows */
     int64_t exchanges_done;     /**< exchanges of the current call taken part in */
+    int layer_base;             /**< sub-layer of the call's first exchange: 0 (main), n_layers (MTP) */
+    double *exchange_s;         /**< [n_layers + 1] seconds spent in each sub-layer's exchanges (owner's) */
     int peer_failed;            /**< 1: a peer brought a failure to an exchange of this call */
     mmoe_ep_gpu_stats stats;    /**< the rank's view of the statistics */
 } ep_fwd_rank;
@@ -70,6 +80,7 @@ struct mmoe_ep_gpu_model {
     int64_t D;                  /**< model width: values per slot row */
     int64_t max_pairs;          /**< max_tokens * topk: slot rows of the largest call */
     ep_fwd_rank *ranks;         /**< [N] */
+    double *exchange_s;         /**< [N][n_layers + 1] seconds per rank and MoE sub-layer (the last: MTP) */
 };
 
 /* ------------------------------------------------------------------ the exchange */
@@ -123,6 +134,7 @@ static mmoe_status rank_exchange(void *ctx, const int32_t *idx_dev, int64_t T, i
                             (long long)n_pairs, (long long)D, (long long)e->max_pairs, (long long)e->D);
     if (st == MMOE_OK)
         st = ep_rows_download_i32(idx_dev, n_pairs, R->idx32, err);
+    const double t_routed = mmoe_clock_s(); /* the rank's own rows are done: the download waited for them */
     if (st == MMOE_OK) {
         for (int64_t i = 0; i < n_pairs; i++)
             R->idx64[i] = R->idx32[i];
@@ -153,6 +165,9 @@ static mmoe_status rank_exchange(void *ctx, const int32_t *idx_dev, int64_t T, i
     mmoe_error xerr;
     mmoe_error_clear(&xerr);
     const mmoe_status xst = c->ops->exchange_device(c, send, recv, st, &peer_failed, &xerr);
+    const int64_t sub_layer = R->layer_base + R->exchanges_done;
+    if (sub_layer <= e->n_layers)
+        R->exchange_s[sub_layer] += mmoe_clock_s() - t_routed;
     R->exchanges_done++;
     if (st == MMOE_OK && xst != MMOE_OK) {
         R->peer_failed = peer_failed;
@@ -230,6 +245,7 @@ static mmoe_status forward_rank(ep_fwd_rank *R, const ep_fwd_job *j, mmoe_error 
     const int lead = R->rank == 0;
     const int64_t expected = j->kind == EP_FWD_MTP ? 1 : R->owner->n_layers;
     R->exchanges_done = 0;
+    R->layer_base = j->kind == EP_FWD_MTP ? R->owner->n_layers : 0;
     R->peer_failed = 0;
     mmoe_status st = j->kind == EP_FWD_MTP
                          ? mmoe_gpu_model_mtp_forward(R->gpu, j->streams_in, j->ids, j->T, lead ? j->logits : NULL, err)
@@ -273,6 +289,7 @@ void mmoe_ep_gpu_model_destroy(mmoe_ep_gpu_model *e)
     mmoe_ep_team_destroy(e->team);
     mmoe_ep_group_destroy(e->group);
     free(e->ranks);
+    free(e->exchange_s);
     free(e);
 }
 
@@ -296,11 +313,13 @@ mmoe_status mmoe_ep_gpu_model_create(const mmoe_model *m, int n_ranks, mmoe_ep_c
                                        : mmoe_ep_group_create_inproc(n_ranks, &e->group, err);
     if (st == MMOE_OK)
         st = mmoe_ep_team_create(e->group, &e->team, err);
-    if (st == MMOE_OK && (e->ranks = calloc((size_t)n_ranks, sizeof *e->ranks)) == NULL)
+    if (st == MMOE_OK && ((e->ranks = calloc((size_t)n_ranks, sizeof *e->ranks)) == NULL ||
+                          (e->exchange_s = calloc((size_t)n_ranks * (size_t)(e->n_layers + 1), sizeof(double))) == NULL))
         st = mmoe_error_set(err, MMOE_ENOMEM, "ep gpu forward: out of memory");
     for (int r = 0; st == MMOE_OK && r < n_ranks; r++) {
         e->ranks[r].owner = e;
         e->ranks[r].rank = r;
+        e->ranks[r].exchange_s = e->exchange_s + (size_t)r * (size_t)(e->n_layers + 1);
     }
     /* one rank after the other: each measures its device's free memory after the previous */
     for (int r = 0; st == MMOE_OK && r < n_ranks; r++) {
@@ -360,6 +379,11 @@ const mmoe_ep_partition *mmoe_ep_gpu_model_partition(const mmoe_ep_gpu_model *e)
 mmoe_gpu_model *mmoe_ep_gpu_model_rank(mmoe_ep_gpu_model *e, int r)
 {
     return r >= 0 && r < e->n_ranks ? e->ranks[r].gpu : NULL;
+}
+
+void mmoe_ep_gpu_model_exchange_seconds(const mmoe_ep_gpu_model *e, int r, double *out)
+{
+    memcpy(out, e->ranks[r].exchange_s, sizeof(double) * (size_t)(e->n_layers + 1));
 }
 
 void mmoe_ep_gpu_model_stats(const mmoe_ep_gpu_model *e, mmoe_ep_gpu_stats *out)

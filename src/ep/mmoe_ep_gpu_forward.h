@@ -123,6 +123,15 @@ typedef struct mmoe_ep_gpu_stats {
 /** The statistics so far. */
 void mmoe_ep_gpu_model_stats(const mmoe_ep_gpu_model *e, mmoe_ep_gpu_stats *out);
 
+/**
+ * Seconds rank @p r (0 <= r < N) spent in the exchanges of each MoE sub-layer since creation,
+ * summed over the calls: @p out[L] for main layer L, @p out[n_layers] for the MTP block;
+ * n_layers + 1 values (n_layers: the model config's).  One exchange's time runs from the routing on the host (the
+ * rank's own rows computed) to the peers' rows on the rank's device: the dispatch table, the
+ * gather, waiting for the slowest peer's rows, and the transfer.
+ */
+void mmoe_ep_gpu_model_exchange_seconds(const mmoe_ep_gpu_model *e, int r, double *out);
+
 #ifdef __cplusplus
 }
 #endif
