@@ -266,11 +266,26 @@ __host__ __device__ __forceinline__ int moe_xs_stride(int mc) { return mc + 4; }
 /** Offset in the staged tile of chain @p l of token @p t, value @p m of the chunk. */
 __host__ __device__ __forceinline__ int moe_xs_pos(int t, int l, int m, int mc) { return (t * 8 + l) * moe_xs_stride(mc) + m; }
 
-/** Start the asynchronous copy of 16 bytes (both ends 16-byte aligned) from global to shared memory. */
+/**
+ * Start the asynchronous copy of 16 bytes (both ends 16-byte aligned) from global to shared
+ * memory (a plain load and store before compute capability 8.0, which has no cp.async).
+ */
 __device__ __forceinline__ void moe_cp16(float *dst, const float *src)
 {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    *(float4 *)dst = __ldg((const float4 *)src);
+#else
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(__cvta_generic_to_global(src)) : "memory");
+#endif
+}
+
+/** Wait for the calling thread's cp.async copies (moe_cp16). */
+__device__ __forceinline__ void moe_cp_wait(void)
+{
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
 }
 
 /**
@@ -295,7 +310,7 @@ __device__ __forceinline__ void moe_stage(float *xs, const float *const (&xt)[TT
             }
         }
     }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    moe_cp_wait();
 }
 
 /** Read the staged chain values x[m .. m + EPW) (16-byte aligned for EPW >= 4, 8-byte for 2). */
@@ -404,7 +419,8 @@ __global__ void __launch_bounds__(MOE_ROUTER_THREADS) k_moe_logits(const uint16_
     const int64_t t0 = (int64_t)blockIdx.y * TT;
     const int nt = (int)(T - t0 < TT ? T - t0 : TT);
     const int valid = e < E;
-    __shared__ __align__(16) float xs[moe_xs<TT>::FLOATS];
+    __shared__ float4 xs4[moe_xs<TT>::FLOATS / 4]; /* float4: 16-byte aligned */
+    float *const xs = (float *)xs4;
     const float *xt[TT];
 #pragma unroll
     for (int t = 0; t < TT; t++)
@@ -589,7 +605,8 @@ __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l1(dm
         const int64_t tok = shared ? task[t] - T * m.k : task[t] / m.k;
         xt[t] = xq + tok * D;
     }
-    __shared__ __align__(16) float xs[moe_xs<TT>::FLOATS];
+    __shared__ float4 xs4[moe_xs<TT>::FLOATS / 4]; /* float4: 16-byte aligned */
+    float *const xs = (float *)xs4;
     float acc[2][TT];
 #pragma unroll
     for (int t = 0; t < TT; t++)
@@ -661,7 +678,8 @@ __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l2(dm
         task[t] = w.order[it.y + (t < nt ? t : 0)];
         xt[t] = w.hq + task[t] * width;
     }
-    __shared__ __align__(16) float xs[moe_xs<TT>::FLOATS];
+    __shared__ float4 xs4[moe_xs<TT>::FLOATS / 4]; /* float4: 16-byte aligned */
+    float *const xs = (float *)xs4;
     float acc[1][TT];
 #pragma unroll
     for (int t = 0; t < TT; t++)
