@@ -35,13 +35,15 @@
  *
  * All rows of a CTA read the same activations, so the CTA stages them in shared memory
  * before its chains run (moe_chain_dot): a chunk of mc values of each of the 8 chains of each
- * token of the tile, mc = min(K/8, 512/TT) (16 KB of fp32; all of K at decode for
- * K <= 4096), copied with cp.async by every thread of the CTA, then one barrier; the next
- * chunk after another barrier.  Inside the tile chain l of token t starts at
- * (8 t + l) (mc + 4): the four floats of padding put the 8 chains' 16-byte reads of one
- * instruction in 8 distinct bank quads (mc is a multiple of 16), and the rows of a warp read
- * the same words (a broadcast).  A chunk holds whole batches of PF groups (512/TT is a
- * multiple of every batch), so the weight loads still run one batch ahead across chunks.
+ * of the item's nt tokens, copied with cp.async by every thread of the CTA, then one barrier;
+ * the next chunk after another barrier.  The tile holds 16 KB of fp32 (moe_xs); mc is all
+ * K/8 values when the nt tokens fit it, else the largest multiple of 64 that fits
+ * (moe_xs_chunk): all of K = 4096 for one token, 64 values per chain for 8.  Inside the tile
+ * chain l of token t starts at (8 t + l) (mc + 4): the four floats of padding put the 8
+ * chains' 16-byte reads of one instruction in 8 distinct bank quads (mc is a multiple of 16),
+ * and the rows of a warp read the same words (a broadcast).  A chunk holds whole batches of
+ * PF groups (a batch is 16, 32 or 64 values per chain), so the weight loads still run one
+ * batch ahead across chunks.
  * Only where the values come from changed: every chain runs the same fma in the same order.
  *
  * ## Decode
@@ -251,14 +253,24 @@ __device__ __forceinline__ void moe_decode(const moe_batch<FMT, VB, NM, PF> &b, 
 
 /**
  * The staged activation tile of a CTA for token tile TT: each token's eight chains, mc values
- * each (mc = MC of them, or all K/8 when fewer), chain after chain with a stride of mc + 4.
- * MC = 512 / TT keeps the tile at 16 KB for every TT and is a multiple of every batch of
- * PF groups (16, 32 or 64 values per chain), so no batch straddles two chunks.
+ * each (moe_xs_chunk), chain after chain with a stride of mc + 4.  MC = 512 / TT values per
+ * chain for all TT tokens keep the tile at 16 KB for every TT.
  */
 template <int TT> struct moe_xs {
-    static const int MC = 512 / TT;             /**< largest chunk, values per chain */
+    static const int MC = 512 / TT;             /**< values per chain with all TT tokens */
     static const int FLOATS = TT * 8 * (MC + 4); /**< the tile's floats */
 };
+
+/**
+ * Values per chain of one staged chunk for @p nt <= TT tokens: all K8 = K/8 when they fit the
+ * tile, else the largest multiple of 64 whose nt * 8 chains fit (512/TT at nt = TT, more for
+ * a partial item: 512 at nt = 1 for every TT).  A multiple of 64 holds whole batches.
+ */
+template <int TT> __host__ __device__ __forceinline__ int moe_xs_chunk(int64_t K8, int nt)
+{
+    const int fit = (moe_xs<TT>::FLOATS / (8 * nt) - 4) / 64 * 64;
+    return (int)(K8 < fit ? K8 : fit);
+}
 
 /** Stride of one staged chain: the four extra floats put the 8 chains' 16-byte words in 8 distinct bank quads. */
 __host__ __device__ __forceinline__ int moe_xs_stride(int mc) { return mc + 4; }
@@ -343,8 +355,8 @@ __device__ __forceinline__ void moe_chain_dot(const moe_row (&r)[NM], const floa
                                               int l, int nt, int64_t groups, float *xs, float (&acc)[NM][TT])
 {
     constexpr int EPW = moe_epw<FMT>::n;
-    static_assert(moe_xs<TT>::MC % (PF * VB * EPW) == 0, "a batch must not straddle two staged chunks");
-    const int mc = (int)(K8 < moe_xs<TT>::MC ? K8 : moe_xs<TT>::MC);
+    static_assert(64 % (PF * VB * EPW) == 0, "a batch must not straddle two staged chunks");
+    const int mc = moe_xs_chunk<TT>(K8, nt);
     moe_batch<FMT, VB, NM, PF> cur, nxt;
 #pragma unroll
     for (int q = 0; q < PF; q++)
