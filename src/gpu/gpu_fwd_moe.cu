@@ -29,7 +29,22 @@
  * words hold 2.  Thread (row, l) then loads its 4 * vb bytes per group with one aligned load,
  * and the 8 threads of a row read 32 * vb contiguous bytes: coalesced without staging through
  * shared memory.  Activations are stored the same way, chain-major: x[t][l][m] = x[t][8 m + l],
- * so a chain's values are contiguous (float4 loads).
+ * so a chain's values are contiguous.
+ *
+ * ## Staged activations
+ *
+ * All rows of a CTA read the same activations, so the CTA stages them in shared memory
+ * before its chains run (moe_chain_dot): a chunk of mc values of each of the 8 chains of each
+ * of the item's nt tokens, copied with cp.async by every thread of the CTA, then one barrier;
+ * the next chunk after another barrier.  The tile holds 16 KB of fp32 (moe_xs); mc is all
+ * K/8 values when the nt tokens fit it, else the largest multiple of 64 that fits
+ * (moe_xs_chunk): all of K = 4096 for one token, 64 values per chain for 8.  Inside the tile
+ * chain l of token t starts at (8 t + l) (mc + 4): the four floats of padding put the 8
+ * chains' 16-byte reads of one instruction in 8 distinct bank quads (mc is a multiple of 16),
+ * and the rows of a warp read the same words (a broadcast).  A chunk holds whole batches of
+ * PF groups (a batch is 16, 32 or 64 values per chain), so the weight loads still run one
+ * batch ahead across chunks.
+ * Only where the values come from changed: every chain runs the same fma in the same order.
  *
  * ## Decode
  *
@@ -45,7 +60,7 @@
  * |-------------------|------------------------------------------------------------------|
  * | k_moe_in          | x -> fp32 values and 1x128 E4M3 values, both chain-major         |
  * | k_moe_logits      | router logits [T, E]; CTA = 4 rows x 8 chains, TT tokens         |
- * | k_moe_route_plan  | one CTA: sqrt-softplus, top-k or hash, weights; then the plan     |
+ * | k_moe_route_plan  | one CTA: sqrt-softplus, top-k (a warp per token) or hash, weights; then the plan |
  * | k_moe_l1          | CTA = 16 rows x 8 chains of one item; gate and up; SwiGLU epilogue |
  * | k_moe_requant     | L1 outputs -> 1x128 E4M3 values, chain-major                     |
  * | k_moe_l2          | CTA = 16 rows x 8 chains of one item; bf16 per slot              |
@@ -66,13 +81,12 @@
  *
  * At decode every thread's chain is K/8 dependent fma (512 for D = 4096), so a GEMM takes at
  * least ~K/8 * 4 cycles; the weights of one token (6 routed + 1 shared expert at V4-Flash
- * widths) are streamed by about 3500 warps (L1) and 7000 (L2).  The activations are read from
- * global memory next to the fma that uses them; all rows of a CTA read the same value in the
- * same instruction, so these loads wait on L2 inside the chain while the weights are
- * prefetched one group ahead: this, not the weight stream, bounds the decode GEMMs
- * (docs/perf.md has the kernel times).  Staging a CTA's activations in shared memory is the
- * next step.  For prefill the fp32 fma rate bounds the work: the exact order leaves the tensor
- * cores out.  The router's top-k runs one thread per token.
+ * widths) are streamed by about 3500 warps (L1) and 7000 (L2).  The chains read their
+ * activations from shared memory (the staging above), so the fma wait on shared-memory
+ * latency rather than on L1 or L2; the decode kernels are compiled for 7 CTAs per SM
+ * (MOE_MIN_CTAS) so that a decode step's L1 grid runs in one wave.  For prefill the fp32
+ * fma rate bounds the work: the exact order leaves the tensor cores out.  The router's top-k
+ * runs one warp per token.
  */
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -89,6 +103,12 @@ enum moe_wfmt { MOE_WF_FP4 = 4, MOE_WF_FP8 = 8, MOE_WF_BF16 = 16 };
 #define MOE_ROWS 16
 /** Threads of an expert-GEMM CTA. */
 #define MOE_THREADS (MOE_ROWS * 8)
+/**
+ * CTAs per SM the expert GEMMs are compiled for: 7 for the decode kernels (one token per
+ * tile, 4-word packing: at most 72 registers, no spill), so that V4-Flash's decode grid of
+ * 7 items x 128 CTAs fits the 132 SMs in one wave; 3 otherwise (at most 168 registers).
+ */
+#define MOE_MIN_CTAS(VB, TT) ((TT) == 1 && (VB) == 4 ? 7 : 3)
 /** Rows per CTA of the router GEMM (one warp: the router has few rows). */
 #define MOE_ROUTER_ROWS 4
 /** Threads of a router CTA. */
@@ -231,39 +251,128 @@ __device__ __forceinline__ void moe_decode(const moe_batch<FMT, VB, NM, PF> &b, 
     }
 }
 
-/** Load the chain values x[m0 .. m0 + EPW) of one token (chain-major, aligned). */
+/**
+ * The staged activation tile of a CTA for token tile TT: each token's eight chains, mc values
+ * each (moe_xs_chunk), chain after chain with a stride of mc + 4.  MC = 512 / TT values per
+ * chain for all TT tokens keep the tile at 16 KB for every TT.
+ */
+template <int TT> struct moe_xs {
+    static const int MC = 512 / TT;             /**< values per chain with all TT tokens */
+    static const int FLOATS = TT * 8 * (MC + 4); /**< the tile's floats */
+};
+
+/**
+ * Values per chain of one staged chunk for @p nt <= TT tokens: all K8 = K/8 when they fit the
+ * tile, else the largest multiple of 64 whose nt * 8 chains fit (512/TT at nt = TT, more for
+ * a partial item: 512 at nt = 1 for every TT).  A multiple of 64 holds whole batches.
+ */
+template <int TT> __host__ __device__ __forceinline__ int moe_xs_chunk(int64_t K8, int nt)
+{
+    const int fit = (moe_xs<TT>::FLOATS / (8 * nt) - 4) / 64 * 64;
+    return (int)(K8 < fit ? K8 : fit);
+}
+
+/** Stride of one staged chain: the four extra floats put the 8 chains' 16-byte words in 8 distinct bank quads. */
+__host__ __device__ __forceinline__ int moe_xs_stride(int mc) { return mc + 4; }
+
+/** Offset in the staged tile of chain @p l of token @p t, value @p m of the chunk. */
+__host__ __device__ __forceinline__ int moe_xs_pos(int t, int l, int m, int mc) { return (t * 8 + l) * moe_xs_stride(mc) + m; }
+
+/**
+ * Start the asynchronous copy of 16 bytes (both ends 16-byte aligned) from global to shared
+ * memory (a plain load and store before compute capability 8.0, which has no cp.async).
+ */
+__device__ __forceinline__ void moe_cp16(float *dst, const float *src)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    *(float4 *)dst = __ldg((const float4 *)src);
+#else
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(__cvta_generic_to_global(src)) : "memory");
+#endif
+}
+
+/** Wait for the calling thread's cp.async copies (moe_cp16). */
+__device__ __forceinline__ void moe_cp_wait(void)
+{
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+/**
+ * Stage values [c0, c0 + n) of every chain of tokens t < @p nt into @p xs (chunk size @p mc,
+ * n <= mc, both multiples of 4), all NTH threads of the CTA together; @p xt[t] is token t's
+ * chain-major row of K values (K8 = K / 8 per chain).  The 16-byte copies are asynchronous
+ * (cp.async: no registers hold them, all are in flight at once) and cached in L1 (.ca: the
+ * other CTAs of the SM stage the same tokens); the caller's barrier after this makes them
+ * visible to the CTA.
+ */
+template <int TT, int NTH>
+__device__ __forceinline__ void moe_stage(float *xs, const float *const (&xt)[TT], int nt, int64_t K8, int c0, int n,
+                                          int mc)
+{
+    const int q4 = n / 4, per_t = 8 * q4;
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+        if (t < nt) {
+            for (int i = (int)threadIdx.x; i < per_t; i += NTH) {
+                const int l = i / q4, q = i - l * q4;
+                moe_cp16(xs + moe_xs_pos(t, l, 4 * q, mc), xt[t] + l * K8 + c0 + 4 * q);
+            }
+        }
+    }
+    moe_cp_wait();
+}
+
+/** Read the staged chain values x[m .. m + EPW) (16-byte aligned for EPW >= 4, 8-byte for 2). */
 template <int EPW>
-__device__ __forceinline__ void moe_xload(const float *x, float (&xv)[EPW])
+__device__ __forceinline__ void moe_xread(const float *x, float (&xv)[EPW])
 {
     if (EPW == 8) {
-        const float4 a = __ldg((const float4 *)x), c = __ldg((const float4 *)(x + 4));
+        const float4 a = *(const float4 *)x, c = *(const float4 *)(x + 4);
         xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w;
         xv[EPW > 4 ? 4 : 0] = c.x, xv[EPW > 5 ? 5 : 0] = c.y, xv[EPW > 6 ? 6 : 0] = c.z, xv[EPW > 7 ? 7 : 0] = c.w;
     } else if (EPW == 4) {
-        const float4 a = __ldg((const float4 *)x);
+        const float4 a = *(const float4 *)x;
         xv[0] = a.x, xv[EPW > 1 ? 1 : 0] = a.y, xv[EPW > 2 ? 2 : 0] = a.z, xv[EPW > 3 ? 3 : 0] = a.w;
     } else {
-        const float2 a = __ldg((const float2 *)x);
+        const float2 a = *(const float2 *)x;
         xv[0] = a.x, xv[EPW > 1 ? 1 : 0] = a.y;
     }
 }
 
 /**
- * Chain l of NM rows over all @p groups groups, for tokens t < @p nt of the tile:
+ * Chain @p l of NM rows over all @p groups groups, for tokens t < @p nt of the tile:
  * acc[n][t] = fma(x_t[m], w_n[m], acc[n][t]) for the chain's elements m in ascending order.
- * @p x[t] points at token t's chain l (chain-major).  Loads run one batch of PF groups ahead.
+ * @p xt[t] is token t's chain-major row of K = 8 K8 values.  The activations are staged in
+ * @p xs (moe_xs) one chunk of every chain at a time, by the whole CTA of NTH threads (so every
+ * thread of the CTA calls this, with the same @p nt and @p groups); the weights are loaded
+ * one batch of PF groups ahead, across the chunks.
  */
-template <int FMT, int VB, int TT, int NM, int PF>
-__device__ __forceinline__ void moe_chain_dot(const moe_row (&r)[NM], const float *const (&x)[TT], int nt,
-                                              int64_t groups, float (&acc)[NM][TT])
+template <int FMT, int VB, int TT, int NM, int PF, int NTH>
+__device__ __forceinline__ void moe_chain_dot(const moe_row (&r)[NM], const float *const (&xt)[TT], int64_t K8,
+                                              int l, int nt, int64_t groups, float *xs, float (&acc)[NM][TT])
 {
     constexpr int EPW = moe_epw<FMT>::n;
+    static_assert(64 % (PF * VB * EPW) == 0, "a batch must not straddle two staged chunks");
+    const int mc = moe_xs_chunk<TT>(K8, nt);
     moe_batch<FMT, VB, NM, PF> cur, nxt;
 #pragma unroll
     for (int q = 0; q < PF; q++)
         if (q < groups)
             moe_load(cur, q, r, q);
+    int c0 = 0, c_next = 0;
     for (int64_t g0 = 0; g0 < groups; g0 += PF) {
+        if ((int)g0 * (VB * EPW) == c_next) {
+            if (c_next > 0)
+                __syncthreads();
+            c0 = c_next;
+            const int n_c = (int)(K8 - c0 < mc ? K8 - c0 : mc);
+            moe_stage<TT, NTH>(xs, xt, nt, K8, c0, n_c, mc);
+            c_next = c0 + mc;
+            __syncthreads();
+        }
 #pragma unroll
         for (int q = 0; q < PF; q++)
             if (g0 + PF + q < groups)
@@ -273,7 +382,7 @@ __device__ __forceinline__ void moe_chain_dot(const moe_row (&r)[NM], const floa
             if (g0 + q < groups) {
 #pragma unroll
                 for (int v = 0; v < VB; v++) {
-                    const int64_t m0 = ((g0 + q) * VB + v) * EPW;
+                    const int m = ((int)(g0 + q) * VB + v) * EPW - c0;
                     float w[NM][EPW];
 #pragma unroll
                     for (int n = 0; n < NM; n++)
@@ -282,7 +391,7 @@ __device__ __forceinline__ void moe_chain_dot(const moe_row (&r)[NM], const floa
                     for (int t = 0; t < TT; t++) {
                         if (t < nt) {
                             float xv[EPW];
-                            moe_xload<EPW>(x[t] + m0, xv);
+                            moe_xread<EPW>(xs + moe_xs_pos(t, l, m, mc), xv);
 #pragma unroll
                             for (int n = 0; n < NM; n++)
 #pragma unroll
@@ -322,18 +431,20 @@ __global__ void __launch_bounds__(MOE_ROUTER_THREADS) k_moe_logits(const uint16_
     const int64_t t0 = (int64_t)blockIdx.y * TT;
     const int nt = (int)(T - t0 < TT ? T - t0 : TT);
     const int valid = e < E;
-    const float *x[TT];
+    __shared__ float4 xs4[moe_xs<TT>::FLOATS / 4]; /* float4: 16-byte aligned */
+    float *const xs = (float *)xs4;
+    const float *xt[TT];
 #pragma unroll
     for (int t = 0; t < TT; t++)
-        x[t] = xb + (t0 + (t < nt ? t : 0)) * D + l * (D / 8);
+        xt[t] = xb + (t0 + (t < nt ? t : 0)) * D;
     float acc[1][TT];
 #pragma unroll
     for (int t = 0; t < TT; t++)
         acc[0][t] = 0.0f;
-    if (valid) {
-        const moe_row r[1] = {{(const uint8_t *)(gate + e * D) + l * 4 * VB, NULL, NULL, 1}};
-        moe_chain_dot<MOE_WF_BF16, VB, TT, 1, PF>(r, x, nt, moe_groups(D, 16, VB), acc);
-    }
+    /* every thread takes part in the staging: a row past E reads row E - 1 and stores nothing */
+    const int64_t er = valid ? e : E - 1;
+    const moe_row r[1] = {{(const uint8_t *)(gate + er * D) + l * 4 * VB, NULL, NULL, 1}};
+    moe_chain_dot<MOE_WF_BF16, VB, TT, 1, PF, MOE_ROUTER_THREADS>(r, xt, D / 8, l, nt, moe_groups(D, 16, VB), xs, acc);
 #pragma unroll
     for (int t = 0; t < TT; t++) {
         const float sum = moe_combine8(acc[0][t]);
@@ -349,9 +460,33 @@ __device__ __forceinline__ int64_t moe_held_id(int64_t e, int64_t first, int64_t
 }
 
 /**
+ * Does candidate @p a (expert @p ea) beat @p b (expert @p eb) in the top-k's order: any
+ * candidate beats none (id -1), a number beats NaN, a larger number a smaller one, and
+ * otherwise (equal numbers, +0 and -0 alike, or two NaN) the lower id wins.  This is a total
+ * order, and a scan in ascending id keeping the winner is moe_router.c's rule (strictly
+ * greater replaces; a NaN never beats a number), so its maximum does not depend on the order
+ * in which candidates meet.
+ */
+__device__ __forceinline__ int moe_beats(float a, int64_t ea, float b, int64_t eb)
+{
+    if (ea < 0)
+        return 0;
+    if (eb < 0)
+        return 1;
+    const int na = isnan(a), nb = isnan(b);
+    if (na != nb)
+        return nb;
+    if (!na && a != b)
+        return a > b;
+    return ea < eb;
+}
+
+/**
  * Routing and the plan, one CTA.  Routing (unless @p given; moe_router.c): s = sqrt(softplus(z))
- * over all (token, expert) in parallel, then one thread per token: top-k of s + bias (strictly
- * greater wins, so ties keep the lower id; a NaN never beats a number) or the hash table's row;
+ * over all (token, expert) in parallel, then one warp per token: for each slot, every lane
+ * scans its experts e = lane, lane + 32, .. in ascending order for the best not yet taken
+ * (moe_beats on s + bias), and a butterfly of shuffles takes the best of the 32, the same
+ * expert as one thread's scan over all of them; or the hash table's row;
  * w = (s[idx] / sum) * scale with the sum in slot order.  The plan: see the file's chapter;
  * @p TT tasks per item.
  */
@@ -368,36 +503,50 @@ __global__ void __launch_bounds__(MOE_PLAN_THREADS)
             scores[i] = __fsqrt_rn(sp);
         }
         __syncthreads();
-        for (int64_t t = threadIdx.x; t < T; t += blockDim.x) {
+        const int lane = threadIdx.x & 31;
+        for (int64_t t = threadIdx.x >> 5; t < T; t += MOE_PLAN_THREADS / 32) {
             const float *s = scores + t * E;
             int32_t *ti = idx + t * k;
             if (tid2eid) {
-                for (int j = 0; j < k; j++)
+                for (int j = lane; j < k; j += 32)
                     ti[j] = tid2eid[(int64_t)ids[t] * k + j];
             } else {
                 for (int j = 0; j < k; j++) {
                     int64_t best = -1;
                     float bsel = 0.0f;
-                    for (int64_t e = 0; e < E; e++) {
+                    for (int64_t e = lane; e < E; e += 32) {
                         int taken = 0;
                         for (int p = 0; p < j; p++)
                             taken |= ti[p] == e;
                         if (taken)
                             continue;
                         const float sel = bias ? __fadd_rn(s[e], bias[e]) : __fadd_rn(s[e], 0.0f);
-                        if (best < 0 || sel > bsel || (isnan(bsel) && !isnan(sel))) {
+                        if (moe_beats(sel, e, bsel, best)) {
                             best = e;
                             bsel = sel;
                         }
                     }
-                    ti[j] = (int32_t)best;
+                    for (int o = 16; o > 0; o >>= 1) {
+                        const float osel = __shfl_xor_sync(0xffffffffu, bsel, o);
+                        const int64_t obest = __shfl_xor_sync(0xffffffffu, best, o);
+                        if (moe_beats(osel, obest, bsel, best)) {
+                            best = obest;
+                            bsel = osel;
+                        }
+                    }
+                    if (lane == 0)
+                        ti[j] = (int32_t)best;
+                    __syncwarp();
                 }
             }
-            float sum = 0.0f;
-            for (int j = 0; j < k; j++)
-                sum = __fadd_rn(sum, s[ti[j]]);
-            for (int j = 0; j < k; j++)
-                wts[t * k + j] = __fmul_rn(__fdiv_rn(s[ti[j]], sum), route_scale);
+            __syncwarp();
+            if (lane == 0) {
+                float sum = 0.0f;
+                for (int j = 0; j < k; j++)
+                    sum = __fadd_rn(sum, s[ti[j]]);
+                for (int j = 0; j < k; j++)
+                    wts[t * k + j] = __fmul_rn(__fdiv_rn(s[ti[j]], sum), route_scale);
+            }
         }
     }
     if (threadIdx.x == 0)
@@ -447,7 +596,7 @@ __global__ void __launch_bounds__(MOE_PLAN_THREADS)
  * h[p, j] = bf16((silu(g) * u) * w) with g, u = bf16 of the sums, clamped, silu = g / (1 + exp(-g)).
  */
 template <int VB, int TT>
-__global__ void __launch_bounds__(MOE_THREADS) k_moe_l1(dmoe m, gfw_moe_work w, const float *xq, const float *wts,
+__global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l1(dmoe m, gfw_moe_work w, const float *xq, const float *wts,
                                                          int64_t T, int64_t width, float *h)
 {
     if ((int)blockIdx.y >= *w.n_items)
@@ -461,30 +610,33 @@ __global__ void __launch_bounds__(MOE_THREADS) k_moe_l1(dmoe m, gfw_moe_work w, 
     const int64_t j = j0 + (threadIdx.x >> 3), D = m.D;
     const int nt = it.z;
     int64_t task[TT];
-    const float *x[TT];
+    const float *xt[TT];
 #pragma unroll
     for (int t = 0; t < TT; t++) {
         task[t] = w.order[it.y + (t < nt ? t : 0)];
         const int64_t tok = shared ? task[t] - T * m.k : task[t] / m.k;
-        x[t] = xq + tok * D + l * (D / 8);
+        xt[t] = xq + tok * D;
     }
+    __shared__ float4 xs4[moe_xs<TT>::FLOATS / 4]; /* float4: 16-byte aligned */
+    float *const xs = (float *)xs4;
     float acc[2][TT];
 #pragma unroll
     for (int t = 0; t < TT; t++)
         acc[0][t] = acc[1][t] = 0.0f;
-    if (j < Iw) {
-        if (shared) {
-            const int scols = (int)((D + m.B - 1) / m.B);
-            const float *srow1 = m.ss1 + (j / m.B) * scols, *srow3 = m.ss3 + (j / m.B) * scols;
-            const moe_row r[2] = {{m.sw1 + j * D + l * 4 * VB, NULL, srow1, m.B / (32 * VB)},
-                                  {m.sw3 + j * D + l * 4 * VB, NULL, srow3, m.B / (32 * VB)}};
-            moe_chain_dot<MOE_WF_FP8, VB, TT, 2, 4 / VB>(r, x, nt, moe_groups(D, 8, VB), acc);
-        } else {
-            const int64_t row = (int64_t)it.x * m.I + j;
-            const moe_row r[2] = {{m.w1 + row * (D / 2) + l * 4 * VB, m.s1 + row * (D / 32), NULL, 1},
-                                  {m.w3 + row * (D / 2) + l * 4 * VB, m.s3 + row * (D / 32), NULL, 1}};
-            moe_chain_dot<MOE_WF_FP4, VB, TT, 2, 4 / VB>(r, x, nt, moe_groups(D, 4, VB), acc);
-        }
+    /* every thread takes part in the staging: a row past Iw (none while Iw % MOE_ROWS == 0)
+     * reads row Iw - 1 and stores nothing */
+    const int64_t jr = j < Iw ? j : Iw - 1;
+    if (shared) {
+        const int scols = (int)((D + m.B - 1) / m.B);
+        const float *srow1 = m.ss1 + (jr / m.B) * scols, *srow3 = m.ss3 + (jr / m.B) * scols;
+        const moe_row r[2] = {{m.sw1 + jr * D + l * 4 * VB, NULL, srow1, m.B / (32 * VB)},
+                              {m.sw3 + jr * D + l * 4 * VB, NULL, srow3, m.B / (32 * VB)}};
+        moe_chain_dot<MOE_WF_FP8, VB, TT, 2, 4 / VB, MOE_THREADS>(r, xt, D / 8, l, nt, moe_groups(D, 8, VB), xs, acc);
+    } else {
+        const int64_t row = (int64_t)it.x * m.I + jr;
+        const moe_row r[2] = {{m.w1 + row * (D / 2) + l * 4 * VB, m.s1 + row * (D / 32), NULL, 1},
+                              {m.w3 + row * (D / 2) + l * 4 * VB, m.s3 + row * (D / 32), NULL, 1}};
+        moe_chain_dot<MOE_WF_FP4, VB, TT, 2, 4 / VB, MOE_THREADS>(r, xt, D / 8, l, nt, moe_groups(D, 4, VB), xs, acc);
     }
 #pragma unroll
     for (int t = 0; t < TT; t++) {
@@ -520,7 +672,7 @@ __global__ void k_moe_requant(dmoe m, const int32_t *idx, int64_t T, const float
 
 /** L2 for 16 output rows of one item: slot_y[p, n] = bf16(sum), thread (row n, chain l). */
 template <int VB, int TT>
-__global__ void __launch_bounds__(MOE_THREADS) k_moe_l2(dmoe m, gfw_moe_work w, int64_t T, int64_t width,
+__global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l2(dmoe m, gfw_moe_work w, int64_t T, int64_t width,
                                                          uint16_t *slot_y)
 {
     if ((int)blockIdx.y >= *w.n_items)
@@ -532,27 +684,29 @@ __global__ void __launch_bounds__(MOE_THREADS) k_moe_l2(dmoe m, gfw_moe_work w, 
     const int64_t n = (int64_t)blockIdx.x * MOE_ROWS + (threadIdx.x >> 3);
     const int nt = it.z;
     int64_t task[TT];
-    const float *x[TT];
+    const float *xt[TT];
 #pragma unroll
     for (int t = 0; t < TT; t++) {
         task[t] = w.order[it.y + (t < nt ? t : 0)];
-        x[t] = w.hq + task[t] * width + l * (Iw / 8);
+        xt[t] = w.hq + task[t] * width;
     }
+    __shared__ float4 xs4[moe_xs<TT>::FLOATS / 4]; /* float4: 16-byte aligned */
+    float *const xs = (float *)xs4;
     float acc[1][TT];
 #pragma unroll
     for (int t = 0; t < TT; t++)
         acc[0][t] = 0.0f;
-    if (n < D) {
-        if (shared) {
-            const int scols = (int)((Iw + m.B - 1) / m.B);
-            const moe_row r[1] = {
-                {m.sw2 + n * Iw + l * 4 * VB, NULL, m.ss2 + (n / m.B) * scols, m.B / (32 * VB)}};
-            moe_chain_dot<MOE_WF_FP8, VB, TT, 1, 8 / VB>(r, x, nt, moe_groups(Iw, 8, VB), acc);
-        } else {
-            const int64_t row = (int64_t)it.x * D + n;
-            const moe_row r[1] = {{m.w2 + row * (Iw / 2) + l * 4 * VB, m.s2 + row * (Iw / 32), NULL, 1}};
-            moe_chain_dot<MOE_WF_FP4, VB, TT, 1, 8 / VB>(r, x, nt, moe_groups(Iw, 4, VB), acc);
-        }
+    /* every thread takes part in the staging: a row past D (none while D % MOE_ROWS == 0)
+     * reads row D - 1 and stores nothing */
+    const int64_t nr = n < D ? n : D - 1;
+    if (shared) {
+        const int scols = (int)((Iw + m.B - 1) / m.B);
+        const moe_row r[1] = {{m.sw2 + nr * Iw + l * 4 * VB, NULL, m.ss2 + (nr / m.B) * scols, m.B / (32 * VB)}};
+        moe_chain_dot<MOE_WF_FP8, VB, TT, 1, 8 / VB, MOE_THREADS>(r, xt, Iw / 8, l, nt, moe_groups(Iw, 8, VB), xs, acc);
+    } else {
+        const int64_t row = (int64_t)it.x * D + nr;
+        const moe_row r[1] = {{m.w2 + row * (Iw / 2) + l * 4 * VB, m.s2 + row * (Iw / 32), NULL, 1}};
+        moe_chain_dot<MOE_WF_FP4, VB, TT, 1, 8 / VB, MOE_THREADS>(r, xt, Iw / 8, l, nt, moe_groups(Iw, 4, VB), xs, acc);
     }
 #pragma unroll
     for (int t = 0; t < TT; t++) {
