@@ -84,6 +84,10 @@ int mmoe_bench_moe_ep(int argc, char **argv);
  * @param model_dir  for the report
  * @param t_load     seconds the checkpoint took to open (for the report)
  * @param ids        [n_prefill + n_decode]: the prompt, then room for the decoded ids
+ * @param n_prefill  prompt tokens
+ * @param n_decode   tokens decoded greedily after the prompt
+ * @param json       1: one JSON object instead of the text report
+ * @param err        the error, when the forward fails
  * @return MMOE_OK, or the forward's error
  */
 mmoe_status mmoe_bench_forward_gpus(mmoe_ep_gpu_model *e, const mmoe_config *cfg, const char *model_dir,
