@@ -97,6 +97,13 @@ void mmoe_rmsnorm_bf16(const uint16_t *x, int64_t T, int64_t n, const mmoe_tenso
                        float eps, uint16_t *y);
 
 /**
+ * The sum of squares of @p n bf16 values in double, in @ref spec_arch_sum_order (chunks of
+ * MMOE_SUM_CHUNK summed from +0, then the pairwise tree): the mean square of RMSNorm and of
+ * mHC's stream norm.  The squares are exact in double (8-bit significands).
+ */
+double mmoe_bf16_sum_of_squares(const uint16_t *x, int64_t n);
+
+/**
  * In-place FP8 QAT round trip (`act_quant` in place): per block of @p block values,
  * s = 2^ceil(log2(max(amax, 1e-4)/448)), x <- bf16(fp32(e4m3(clamp(x/s, +-448))) * s).
  * Preconditions: 1 <= @p block <= 256 and @p n a multiple of @p block (a trailing

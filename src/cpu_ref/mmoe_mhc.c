@@ -14,6 +14,7 @@
 #include <stdlib.h>
 
 #include "mmoe_formats.h"
+#include "mmoe_linear.h"
 #include "mmoe_sum_order.h"
 
 void mmoe_hc_expand(const mmoe_hc_params *p, const uint16_t *h, int64_t T, uint16_t *X)
@@ -35,21 +36,11 @@ static void stream_mix_logits(const mmoe_hc_params *p, const uint16_t *Xt, const
                               float *m)
 {
     const int64_t n = (int64_t)p->hc * p->dim;
-    mmoe_pairwise pw;
-    mmoe_pairwise_init(&pw);
-    for (int64_t i0 = 0; i0 < n; i0 += MMOE_SUM_CHUNK) {
-        const int64_t i1 = n - i0 < MMOE_SUM_CHUNK ? n : i0 + MMOE_SUM_CHUNK;
-        double c = 0.0;
-        for (int64_t i = i0; i < i1; i++) {
-            double v = mmoe_bf16_to_f32(Xt[i]);
-            c += v * v;
-        }
-        mmoe_pairwise_push(&pw, c);
-    }
-    float mean = (float)(mmoe_pairwise_result(&pw) / (double)n);
+    float mean = (float)(mmoe_bf16_sum_of_squares(Xt, n) / (double)n);
     float rs = 1.0f / sqrtf(mean + p->norm_eps);
     for (int r = 0; r < n_out; r++) {
         const float *row = fn + (int64_t)r * n;
+        mmoe_pairwise pw;
         mmoe_pairwise_init(&pw);
         for (int64_t i0 = 0; i0 < n; i0 += MMOE_SUM_CHUNK) {
             const int64_t i1 = n - i0 < MMOE_SUM_CHUNK ? n : i0 + MMOE_SUM_CHUNK;

@@ -19,24 +19,29 @@
 #include "mmoe_formats.h"
 #include "mmoe_sum_order.h"
 
+double mmoe_bf16_sum_of_squares(const uint16_t *x, int64_t n)
+{
+    mmoe_pairwise pw;
+    mmoe_pairwise_init(&pw);
+    for (int64_t i0 = 0; i0 < n; i0 += MMOE_SUM_CHUNK) {
+        const int64_t i1 = n - i0 < MMOE_SUM_CHUNK ? n : i0 + MMOE_SUM_CHUNK;
+        double c = 0.0;
+        for (int64_t i = i0; i < i1; i++) {
+            const double v = (double)mmoe_bf16_to_f32(x[i]);
+            c += v * v;
+        }
+        mmoe_pairwise_push(&pw, c);
+    }
+    return mmoe_pairwise_result(&pw);
+}
+
 void mmoe_rmsnorm_bf16(const uint16_t *x, int64_t T, int64_t n, const mmoe_tensor *weight,
                        float eps, uint16_t *y)
 {
     for (int64_t t = 0; t < T; t++) {
         const uint16_t *xr = x + t * n;
         uint16_t *yr = y + t * n;
-        mmoe_pairwise pw;
-        mmoe_pairwise_init(&pw);
-        for (int64_t i0 = 0; i0 < n; i0 += MMOE_SUM_CHUNK) {
-            const int64_t i1 = n - i0 < MMOE_SUM_CHUNK ? n : i0 + MMOE_SUM_CHUNK;
-            double c = 0.0;
-            for (int64_t i = i0; i < i1; i++) {
-                const double v = (double)mmoe_bf16_to_f32(xr[i]);
-                c += v * v;
-            }
-            mmoe_pairwise_push(&pw, c);
-        }
-        const double sumsq = mmoe_pairwise_result(&pw);
+        const double sumsq = mmoe_bf16_sum_of_squares(xr, n);
         const float mean = (float)(sumsq / (double)n);
         const float rs = 1.0f / sqrtf(mean + eps);
         for (int64_t i = 0; i < n; i++) {
