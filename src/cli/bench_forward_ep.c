@@ -37,6 +37,7 @@
 #include "cli_ep.h"
 #include "mmoe_clock.h"
 #include "mmoe_json_report.h"
+#include "mmoe_sampler.h"
 
 /** The model's counters at one moment: statistics and every rank's exchange seconds per sub-layer. */
 typedef struct ep_snapshot {
@@ -76,16 +77,6 @@ static double rank_total_s(const ep_bench *b, const ep_snapshot *a, const ep_sna
     return s;
 }
 
-/** The greedy next token of @p logits. */
-static int32_t greedy(const float *logits, int64_t V)
-{
-    int32_t best = 0;
-    for (int64_t v = 1; v < V; v++)
-        if (logits[v] > logits[best])
-            best = (int32_t)v;
-    return best;
-}
-
 /**
  * One pass: reset, prefill of ids[0, n_prefill), n_decode greedy steps; the wall time of each
  * phase, and (when @p snap is not NULL) the counters before, between and after the phases.
@@ -104,7 +95,7 @@ static mmoe_status pass(const ep_bench *b, int32_t *ids, int64_t n_prefill, int6
         snapshot(b, &snap[1]);
     t0 = mmoe_clock_s();
     for (int64_t i = 0; i < n_decode && st == MMOE_OK; i++) {
-        ids[n_prefill + i] = greedy(logits, b->V);
+        ids[n_prefill + i] = (int32_t)mmoe_argmax_f32(logits, (size_t)b->V);
         st = mmoe_ep_gpu_model_forward(b->e, &ids[n_prefill + i], 1, logits, 1, NULL, err);
     }
     *t_decode = mmoe_clock_s() - t0;

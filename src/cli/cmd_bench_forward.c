@@ -36,6 +36,7 @@
 
 #include "cli_ep.h"
 #include "mmoe_cli.h"
+#include "mmoe_sampler.h"
 #include "mmoe_clock.h"
 #include "mmoe_json_report.h"
 #include "mmoe_fwd_backend.h"
@@ -120,16 +121,6 @@ static json_t *split_json(const mmoe_model_timings *a, const double *a0, const d
     return o;
 }
 
-/** The greedy next token of @p logits. */
-static int32_t greedy(const float *logits, int64_t V)
-{
-    int32_t best = 0;
-    for (int64_t v = 1; v < V; v++)
-        if (logits[v] > logits[best])
-            best = (int32_t)v;
-    return best;
-}
-
 /** The GPU model's timings in the CPU's struct (same fields). */
 static void gpu_timings(const mmoe_gpu_model *g, mmoe_model_timings *tm)
 {
@@ -154,7 +145,7 @@ static mmoe_status gpu_pass(mmoe_gpu_model *g, int32_t *ids, long n_prefill, lon
     *t_prefill = mmoe_clock_s() - t0;
     t0 = mmoe_clock_s();
     for (long i = 0; i < n_decode && st == MMOE_OK; i++) {
-        ids[n_prefill + i] = greedy(logits, V);
+        ids[n_prefill + i] = (int32_t)mmoe_argmax_f32(logits, (size_t)V);
         st = mmoe_gpu_model_forward(g, &ids[n_prefill + i], 1, logits, 1, NULL, err);
     }
     *t_decode = mmoe_clock_s() - t0;
@@ -195,7 +186,7 @@ static mmoe_status bench_gpu(mmoe_gpu_model *g, int32_t *ids, long n_prefill, lo
     const double e0 = tm.embed_s, h0 = tm.head_s;
     double t0 = mmoe_clock_s();
     for (long i = 0; i < n_decode && st == MMOE_OK; i++) {
-        ids[n_prefill + i] = greedy(logits, V);
+        ids[n_prefill + i] = (int32_t)mmoe_argmax_f32(logits, (size_t)V);
         st = mmoe_gpu_model_forward(g, &ids[n_prefill + i], 1, logits, 1, NULL, err);
     }
     sd = mmoe_clock_s() - t0;

@@ -123,8 +123,7 @@ static mmoe_status check_logits(const float *logits, size_t n, mmoe_error *err)
     return MMOE_OK;
 }
 
-/** Index of the largest value, the lowest index on ties. */
-static size_t argmax(const float *v, size_t n)
+size_t mmoe_argmax_f32(const float *v, size_t n)
 {
     size_t best = 0;
     for (size_t i = 1; i < n; i++)
@@ -223,7 +222,7 @@ static size_t nucleus_size(const mmoe_sampler *s, const float *probs, size_t n)
 /** Zero the probabilities below min_p times the largest one, renormalize. */
 static void apply_min_p(const mmoe_sampler *s, float *probs, size_t n)
 {
-    float threshold = s->min_p * probs[argmax(probs, n)];
+    float threshold = s->min_p * probs[mmoe_argmax_f32(probs, n)];
     for (size_t i = 0; i < n; i++)
         if (probs[i] < threshold)
             probs[i] = 0.0f;
@@ -275,7 +274,7 @@ static const float *penalize(mmoe_sampler *s, const float *logits, size_t n, mmo
 static mmoe_status tempered_probs(mmoe_sampler *s, const float *logits, size_t n, float *probs, mmoe_error *err)
 {
     float inv_t = 1.0f / fmaxf(s->temperature, 1e-5f);
-    float max_scaled = logits[argmax(logits, n)] * inv_t;
+    float max_scaled = logits[mmoe_argmax_f32(logits, n)] * inv_t;
     double sum = 0.0;
     for (size_t i = 0; i < n; i++) {
         probs[i] = expf(logits[i] * inv_t - max_scaled);
@@ -301,7 +300,7 @@ mmoe_status mmoe_sampler_probs(mmoe_sampler *s, const float *logits, size_t n, f
         return st;
     if (s->temperature == 0.0f) {
         memset(probs, 0, n * sizeof *probs);
-        probs[argmax(l, n)] = 1.0f;
+        probs[mmoe_argmax_f32(l, n)] = 1.0f;
         return MMOE_OK;
     }
     return tempered_probs(s, l, n, probs, err);
@@ -316,7 +315,7 @@ mmoe_status mmoe_sampler_sample(mmoe_sampler *s, const float *logits, size_t n, 
     if (l == NULL)
         return st;
     if (s->temperature == 0.0f) {
-        *out = (int32_t)argmax(l, n);
+        *out = (int32_t)mmoe_argmax_f32(l, n);
         return MMOE_OK;
     }
     if ((st = reserve(s, n, err)) != MMOE_OK)
@@ -346,7 +345,7 @@ mmoe_status mmoe_logprobs_top(const float *logits, size_t n, int32_t chosen, siz
     if (chosen < 0 || (size_t)chosen >= n || top_n > n)
         return mmoe_error_set(err, MMOE_EINVAL, "logprobs: token %d or top %zu out of range for %zu logits", chosen,
                               top_n, n);
-    double mx = logits[argmax(logits, n)], sum = 0.0;
+    double mx = logits[mmoe_argmax_f32(logits, n)], sum = 0.0;
     for (size_t i = 0; i < n; i++)
         sum += exp((double)logits[i] - mx);
     double log_z = mx + log(sum);

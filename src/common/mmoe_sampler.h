@@ -50,6 +50,12 @@ extern "C" {
 /** Most recent tokens the repetition penalty may look at. */
 #define MMOE_SAMPLER_REPEAT_LAST_N_MAX (1 << 20)
 
+/**
+ * Index of the largest of @p n >= 1 values, the lowest index on ties (the greedy choice; a NaN
+ * is never larger, so it wins only at index 0 when nothing beats it).
+ */
+size_t mmoe_argmax_f32(const float *v, size_t n);
+
 /** Every parameter of a sampler (mmoe_sampler_params_default() gives greedy, no cut, no penalty). */
 typedef struct mmoe_sampler_params {
     float temperature;     /**< >= 0, finite; 0 is greedy */
