@@ -190,16 +190,9 @@ static mmoe_status report_json(const ep_bench *b, const mmoe_config *cfg, const 
     json_object_set_new(o, "backend", json_string("gpu"));
     mmoe_json_set_int(o, "gpus", b->n);
     mmoe_json_set_str(o, "comm", mmoe_ep_comm_kind_name(mmoe_ep_gpu_model_kind(b->e)));
-    mmoe_json_set_str(o, "model", model_dir);
-    mmoe_json_set_int(o, "layers", cfg->n_layers);
-    mmoe_json_set_int(o, "mtp_layers", cfg->n_mtp_layers);
-    mmoe_json_set_real(o, "load_s", t_load);
-    mmoe_json_set_int(o, "prefill_tokens", n_prefill);
-    mmoe_json_set_real(o, "prefill_s", tp);
-    mmoe_json_set_real(o, "prefill_tokens_per_s", (double)n_prefill / tp);
-    mmoe_json_set_int(o, "decode_tokens", n_decode);
-    mmoe_json_set_real(o, "decode_s", td);
-    mmoe_json_set_real(o, "decode_ms_per_token", n_decode > 0 ? 1e3 * td / (double)n_decode : NAN);
+    mmoe_json_bench_forward_model(o, model_dir, cfg->n_layers, cfg->n_mtp_layers, t_load);
+    mmoe_json_bench_forward_prefill(o, n_prefill, tp);
+    mmoe_json_bench_forward_decode(o, n_decode, td);
     const mmoe_ep_partition *p = mmoe_ep_gpu_model_partition(b->e);
     for (int r = 0; r < b->n; r++) {
         json_t *x = json_object();

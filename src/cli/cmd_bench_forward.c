@@ -322,13 +322,8 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
     if (json) {
         json_object_set_new(report, "bench", json_string("forward"));
         json_object_set_new(report, "backend", json_string("cpu"));
-        mmoe_json_set_str(report, "model", model_dir);
-        mmoe_json_set_int(report, "layers", cfg->n_layers);
-        mmoe_json_set_int(report, "mtp_layers", cfg->n_mtp_layers);
-        mmoe_json_set_real(report, "load_s", t_load);
-        mmoe_json_set_int(report, "prefill_tokens", n_prefill);
-        mmoe_json_set_real(report, "prefill_s", t_prefill);
-        mmoe_json_set_real(report, "prefill_tokens_per_s", (double)n_prefill / t_prefill);
+        mmoe_json_bench_forward_model(report, model_dir, cfg->n_layers, cfg->n_mtp_layers, t_load);
+        mmoe_json_bench_forward_prefill(report, n_prefill, t_prefill);
         json_object_set_new(report, "prefill_split", split_json(&tm, a0, m0, h0, 0, 0));
     } else {
         printf("model %s: %d layers + %d MTP, D %lld, %d experts top-%d, weights %.2f GiB\n", model_dir,
@@ -364,9 +359,7 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
     getrusage(RUSAGE_SELF, &ru);
     if (json) {
         mmoe_model_state_timings(s, &tm);
-        mmoe_json_set_int(report, "decode_tokens", n_decode);
-        mmoe_json_set_real(report, "decode_s", t_decode);
-        mmoe_json_set_real(report, "decode_ms_per_token", n_decode > 0 ? 1e3 * t_decode / (double)n_decode : NAN);
+        mmoe_json_bench_forward_decode(report, n_decode, t_decode);
         json_object_set_new(report, "decode_split", split_json(&tm, a0, m0, h0, e0, hd0));
         mmoe_json_set_int(report, "peak_rss_bytes", (int64_t)ru.ru_maxrss * 1024);
         mmoe_json_set_int(report, "weight_bytes", (int64_t)mmoe_model_weight_bytes(m));

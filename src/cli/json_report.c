@@ -29,6 +29,28 @@ void mmoe_json_set_str(json_t *obj, const char *key, const char *s)
     json_object_set_new(obj, key, v != NULL ? v : json_null());
 }
 
+void mmoe_json_bench_forward_model(json_t *obj, const char *model_dir, int n_layers, int n_mtp_layers, double load_s)
+{
+    mmoe_json_set_str(obj, "model", model_dir);
+    mmoe_json_set_int(obj, "layers", n_layers);
+    mmoe_json_set_int(obj, "mtp_layers", n_mtp_layers);
+    mmoe_json_set_real(obj, "load_s", load_s);
+}
+
+void mmoe_json_bench_forward_prefill(json_t *obj, int64_t tokens, double seconds)
+{
+    mmoe_json_set_int(obj, "prefill_tokens", tokens);
+    mmoe_json_set_real(obj, "prefill_s", seconds);
+    mmoe_json_set_real(obj, "prefill_tokens_per_s", (double)tokens / seconds);
+}
+
+void mmoe_json_bench_forward_decode(json_t *obj, int64_t tokens, double seconds)
+{
+    mmoe_json_set_int(obj, "decode_tokens", tokens);
+    mmoe_json_set_real(obj, "decode_s", seconds);
+    mmoe_json_set_real(obj, "decode_ms_per_token", tokens > 0 ? 1e3 * seconds / (double)tokens : NAN);
+}
+
 mmoe_status mmoe_json_print_line(FILE *out, json_t *obj, mmoe_error *err)
 {
     if (obj == NULL)

@@ -32,6 +32,21 @@ void mmoe_json_set_int(json_t *obj, const char *key, int64_t v);
 void mmoe_json_set_str(json_t *obj, const char *key, const char *s);
 
 /**
+ * The keys of a `bench forward` report that describe the model: "model" (@p model_dir),
+ * "layers", "mtp_layers" and "load_s" (seconds the checkpoint took to open).
+ */
+void mmoe_json_bench_forward_model(json_t *obj, const char *model_dir, int n_layers, int n_mtp_layers, double load_s);
+
+/** A `bench forward` report's prefill keys: "prefill_tokens", "prefill_s", "prefill_tokens_per_s". */
+void mmoe_json_bench_forward_prefill(json_t *obj, int64_t tokens, double seconds);
+
+/**
+ * A `bench forward` report's decode keys: "decode_tokens", "decode_s", "decode_ms_per_token"
+ * (null when no token was decoded).
+ */
+void mmoe_json_bench_forward_decode(json_t *obj, int64_t tokens, double seconds);
+
+/**
  * Write @p obj as one compact line to @p out and flush; takes the reference (@p obj is
  * released).  A NULL @p obj (a failed allocation upstream) is an error.
  * @return MMOE_OK, MMOE_ENOMEM (serialization failed) or MMOE_EIO (the write failed)
