@@ -1166,10 +1166,11 @@ __device__ __forceinline__ void indexer_score(const uint16_t *qi, const uint16_t
 }
 
 /**
- * Most CTAs of 256 threads per multiprocessor in k_indexer_scores' grid (64 warps: one SM's
- * resident maximum on sm_90); its warps stride over the scores beyond that.
+ * Most CTAs of 256 threads per multiprocessor in k_indexer_scores' grid: as many as are
+ * resident at once on sm_90 (59 registers per thread, 16 K registers per CTA: four); its warps
+ * stride over the scores beyond that.
  */
-#define GFW_SCORES_CTAS_PER_SM 8
+#define GFW_SCORES_CTAS_PER_SM 4
 
 /**
  * Indexer block scores (attn_indexer.c) into scores[t * max_blocks + j], one warp per (t, block
@@ -1271,9 +1272,11 @@ __device__ __forceinline__ const uint16_t *attend_row(const attend_args &a, int6
  * Each warp sums the scores of rows warp, warp + nw, ... (the order of
  * @ref spec_arch_sum_order, GFW_ATTEND_ROWS rows at a time); the exps are taken in parallel,
  * the denominator is summed in row order by one thread, and each thread extends the P.V sums of
- * its channels in row order.  With a.cs the output gets its inverse RoPE at the end.
+ * its channels in row order.  With a.cs the output gets its inverse RoPE at the end.  Bounded
+ * to three CTAs per multiprocessor (80 registers on sm_90a, no spills; unbounded, the compiler
+ * takes 99 and fits two, which slows the prefill's many (token, head) blocks).
  */
-__global__ void k_attend(attend_args a)
+__global__ void __launch_bounds__(256, 3) k_attend(attend_args a)
 {
     __shared__ float sc[64];
     __shared__ float pf[64];
