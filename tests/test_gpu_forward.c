@@ -502,11 +502,14 @@ START_TEST(test_synth_layers)
 }
 END_TEST
 
+static void graph_case(const char *what, const char *dir, int64_t n);
+
 /*
  * V4-Flash widths (D 4096, 64 heads of 512, q_lora 1024, 8 groups, indexer 64 x 128, window 128,
  * top-512, 6 of 8 experts + 1 shared, vocabulary 1024): layer 0 ratio 4 (hash-routed), layer 1
  * ratio 128 (score-routed), the MTP block window-only.  136 tokens pass the window, make 34
- * ratio-4 blocks and one ratio-128 block.  With MMOE_GPU_FWD_FLASH_DIR set the checkpoint is
+ * ratio-4 blocks and one ratio-128 block; then the decode with CUDA graphs on against off
+ * (graph_case) over 136 positions.  With MMOE_GPU_FWD_FLASH_DIR set the checkpoint is
  * written there and kept (for `megamoe bench forward`), else in a temporary directory.
  */
 START_TEST(test_synth_flash)
@@ -523,6 +526,7 @@ START_TEST(test_synth_flash)
     synth_write(dir, "v4-flash", 2, 8, 1024, ratios, 1);
     check_sublayers("synth v4-flash widths", dir, 136, 64);
     run_model("synth v4-flash widths", dir, 136, 64, 4, 6);
+    graph_case("synth v4-flash widths cuda graph", dir, 136); /* past the window of 128 and a ratio-128 block */
     if (keep == NULL)
         mmoe_test_rmtree(root);
 }
@@ -704,6 +708,10 @@ START_TEST(test_cuda_graph)
     mmoe_error_clear(&err);
     mmoe_gpu_model *g = NULL;
     mmoe_gpu_graph_stats gs;
+    const char *outer = getenv(MMOE_GPU_GRAPH_ENV); /* restored below (gpu-check.sh runs the suite with it) */
+    char outer_value[16] = "";
+    if (outer)
+        snprintf(outer_value, sizeof outer_value, "%s", outer);
     ck_assert_int_eq(setenv(MMOE_GPU_GRAPH_ENV, "1", 1), 0);
     ck_assert_msg(mmoe_gpu_model_create(m, 16, 4, &g, &err) == MMOE_OK, "%s", err.msg);
     mmoe_gpu_model_graph_stats(g, &gs);
@@ -714,7 +722,7 @@ START_TEST(test_cuda_graph)
     ck_assert_int_eq(mmoe_gpu_model_create(m, 16, 4, &g, &err), MMOE_EINVAL);
     ck_assert_ptr_null(g);
     ck_assert_msg(strstr(err.msg, MMOE_GPU_GRAPH_ENV) && strstr(err.msg, "yes"), "%s", err.msg);
-    ck_assert_int_eq(unsetenv(MMOE_GPU_GRAPH_ENV), 0);
+    ck_assert_int_eq(outer ? setenv(MMOE_GPU_GRAPH_ENV, outer_value, 1) : unsetenv(MMOE_GPU_GRAPH_ENV), 0);
     const gfw_ep_part part = {0, mmoe_model_config(m)->n_routed_experts, no_exchange, NULL};
     ck_assert_msg(gfw_model_create_part(m, &part, 16, 4, &g, &err) == MMOE_OK, "%s", err.msg);
     ck_assert_int_eq(mmoe_gpu_model_set_cuda_graph(g, 1, &err), MMOE_EUNSUPPORTED);
