@@ -82,10 +82,10 @@
  * k_kv_finish, k_indexer_q (RoPE), k_compress (slot, "block complete", the output row),
  * k_indexer_scores and k_topk (the causal block count), k_attend (window and compressed
  * lists) and k_ring_store (the ring slot); k_embed and the hash router read the ids.  The
- * only host decision that depended on the position, the indexer scores' grid (one warp per
- * causal block), is now a stride over the live count computed on the device, with a grid the
- * host sizes for the live count when it knows it and for max_blocks when it does not (both
- * capped at GFW_SCORES_CTAS_PER_SM CTAs per multiprocessor).  Each (token, block) score is
+ * one launch whose size follows the position, the indexer scores (one warp per causal
+ * block), strides over the live count computed on the device, with a grid the host sizes for
+ * the live count when it knows it and for max_blocks when it does not (both capped at
+ * GFW_SCORES_CTAS_PER_SM CTAs per multiprocessor).  Each (token, block) score is
  * still computed by one warp with the same code, so the grid does not change a bit.
  *
  * With graphs on (mmoe_gpu_model_set_cuda_graph(), MMOE_GPU_GRAPH=1), a decode step (T = 1,
@@ -1273,8 +1273,8 @@ __device__ __forceinline__ const uint16_t *attend_row(const attend_args &a, int6
  * @ref spec_arch_sum_order, GFW_ATTEND_ROWS rows at a time); the exps are taken in parallel,
  * the denominator is summed in row order by one thread, and each thread extends the P.V sums of
  * its channels in row order.  With a.cs the output gets its inverse RoPE at the end.  Bounded
- * to three CTAs per multiprocessor (80 registers on sm_90a, no spills; unbounded, the compiler
- * takes 99 and fits two, which slows the prefill's many (token, head) blocks).
+ * to three CTAs per multiprocessor (80 registers on sm_90a and sm_100a, no spills; unbounded,
+ * the compiler takes 99 on sm_90a and two fit, fewer of a prefill's (token, head) blocks at once).
  */
 __global__ void __launch_bounds__(256, 3) k_attend(attend_args a)
 {
