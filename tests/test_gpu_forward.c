@@ -35,6 +35,12 @@
  * GPU the program still checks the refusals (`--backend gpu` exits 1 naming the option and
  * writes no file; `auto` runs on the CPU and says so; a bad name exits 2), then exits 77.
  *
+ * CUDA graphs (test_cuda_graph): with mmoe_gpu_model_set_cuda_graph() on, a decode step is one
+ * replay of a captured graph; its logits and streams must equal the same model's with graphs
+ * off bit for bit at every position (the same kernels on the same inputs), on the tiny
+ * fixture and on a synth model decoded past the window, over ratio-4 and ratio-128 block
+ * boundaries and past index_topk blocks, then again from position 0 after a reset.
+ *
  * Exactly equal logits are counted and printed (most tokens of most models are bit-exact).
  * Decode on the GPU (one token per call) is compared with the CPU prefill under the same
  * bound, and with the GPU's own prefill bit for bit: every GPU kernel is row-independent and
@@ -496,11 +502,14 @@ START_TEST(test_synth_layers)
 }
 END_TEST
 
+static void graph_case(const char *what, const char *dir, int64_t n);
+
 /*
  * V4-Flash widths (D 4096, 64 heads of 512, q_lora 1024, 8 groups, indexer 64 x 128, window 128,
  * top-512, 6 of 8 experts + 1 shared, vocabulary 1024): layer 0 ratio 4 (hash-routed), layer 1
  * ratio 128 (score-routed), the MTP block window-only.  136 tokens pass the window, make 34
- * ratio-4 blocks and one ratio-128 block.  With MMOE_GPU_FWD_FLASH_DIR set the checkpoint is
+ * ratio-4 blocks and one ratio-128 block; then the decode with CUDA graphs on against off
+ * (graph_case) over 136 positions.  With MMOE_GPU_FWD_FLASH_DIR set the checkpoint is
  * written there and kept (for `megamoe bench forward`), else in a temporary directory.
  */
 START_TEST(test_synth_flash)
@@ -517,6 +526,7 @@ START_TEST(test_synth_flash)
     synth_write(dir, "v4-flash", 2, 8, 1024, ratios, 1);
     check_sublayers("synth v4-flash widths", dir, 136, 64);
     run_model("synth v4-flash widths", dir, 136, 64, 4, 6);
+    graph_case("synth v4-flash widths cuda graph", dir, 136); /* past the window of 128 and a ratio-128 block */
     if (keep == NULL)
         mmoe_test_rmtree(root);
 }
@@ -549,6 +559,175 @@ START_TEST(test_refuses)
     ck_assert_int_eq(mmoe_gpu_model_forward(g, ids, 3, NULL, 0, NULL, &err), MMOE_EINVAL);
     ck_assert_msg(strstr(err.msg, "token 2") != NULL, "%s", err.msg);
     ck_assert_int_eq(mmoe_gpu_model_pos(g), 0);
+    mmoe_gpu_model_destroy(g);
+    mmoe_model_close(m);
+}
+END_TEST
+
+/** A model's decode on the GPU with CUDA graphs off (@p g_ref) and on (@p g_graph), compared call by call. */
+typedef struct graph_pair {
+    mmoe_gpu_model *g_ref;   /**< graphs off: every call kernel by kernel */
+    mmoe_gpu_model *g_graph; /**< graphs on */
+    int64_t V, row;          /**< vocabulary; streams per token (hc * D) */
+    float *l_ref, *l_graph;  /**< [V] logits of the last call */
+    uint16_t *s_ref, *s_graph; /**< [row] streams of the last call */
+} graph_pair;
+
+/**
+ * Feed @p n tokens of @p ids one per call to both models (logits and final streams wanted, as
+ * generate's decode steps do), outputs NaN-poisoned first; each call's logits and streams must
+ * be bit-identical.  @p what and the first position name a failure.
+ */
+static void graph_decode_compare(const char *what, graph_pair *p, const int32_t *ids, int64_t n)
+{
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t pos = mmoe_gpu_model_pos(p->g_graph);
+        mmoe_test_poison_f32(p->l_ref, (size_t)p->V);
+        mmoe_test_poison_f32(p->l_graph, (size_t)p->V);
+        mmoe_test_poison_bf16(p->s_ref, (size_t)p->row);
+        mmoe_test_poison_bf16(p->s_graph, (size_t)p->row);
+        ck_assert_msg(mmoe_gpu_model_forward(p->g_ref, ids + i, 1, p->l_ref, 1, p->s_ref, &err) == MMOE_OK, "%s",
+                      err.msg);
+        ck_assert_msg(mmoe_gpu_model_forward(p->g_graph, ids + i, 1, p->l_graph, 1, p->s_graph, &err) == MMOE_OK,
+                      "%s", err.msg);
+        for (int64_t v = 0; v < p->V; v++)
+            ck_assert_msg(!isnan(p->l_ref[v]), "%s: position %lld: NaN logit %lld (seed %llu)", what, (long long)pos,
+                          (long long)v, (unsigned long long)g_seed);
+        ck_assert_msg(memcmp(p->l_ref, p->l_graph, sizeof(float) * (size_t)p->V) == 0,
+                      "%s: position %lld: the graphed decode step's logits differ from the eager step's (seed %llu)",
+                      what, (long long)pos, (unsigned long long)g_seed);
+        ck_assert_msg(memcmp(p->s_ref, p->s_graph, 2 * (size_t)p->row) == 0,
+                      "%s: position %lld: the graphed decode step's streams differ from the eager step's (seed %llu)",
+                      what, (long long)pos, (unsigned long long)g_seed);
+    }
+}
+
+/**
+ * CUDA graphs on against off (mmoe_gpu_model_set_cuda_graph), on the model in @p dir for @p n
+ * positions: a prefill of 5 tokens (eager on both), then decode one token per call, every
+ * call's logits and streams bit-identical; the graph is captured once (at position 5) and
+ * replayed by every later step.  Then a step with timing on (eager on both: still identical);
+ * then both models reset and a new random sequence decoded from position 0 with the same
+ * graph (positions below the one it was captured at: a position baked into the graph would
+ * show here), still one capture.
+ */
+static void graph_case(const char *what, const char *dir, int64_t n)
+{
+    mmoe_model *m = open_model(dir);
+    const mmoe_config *c = mmoe_model_config(m);
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    graph_pair p;
+    memset(&p, 0, sizeof p);
+    p.V = c->vocab_size;
+    p.row = c->hc_mult * c->dim;
+    ck_assert_msg(mmoe_gpu_model_create(m, n + 2, 8, &p.g_ref, &err) == MMOE_OK, "%s", err.msg);
+    ck_assert_msg(mmoe_gpu_model_create(m, n + 2, 8, &p.g_graph, &err) == MMOE_OK, "%s", err.msg);
+    ck_assert_int_eq(mmoe_gpu_model_set_cuda_graph(p.g_ref, 0, &err), MMOE_OK);
+    ck_assert_int_eq(mmoe_gpu_model_set_cuda_graph(p.g_graph, 1, &err), MMOE_OK);
+    p.l_ref = malloc(sizeof(float) * (size_t)p.V);
+    p.l_graph = malloc(sizeof(float) * (size_t)p.V);
+    p.s_ref = malloc(2 * (size_t)p.row);
+    p.s_graph = malloc(2 * (size_t)p.row);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n + 2));
+    ck_assert(p.l_ref && p.l_graph && p.s_ref && p.s_graph && ids);
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed ^ 0x9a4f ^ (uint64_t)n);
+    for (int64_t i = 0; i < n + 2; i++)
+        ids[i] = (int32_t)mmoe_rng_below(&r, (uint64_t)p.V);
+    const int64_t n_pre = 5;
+    ck_assert_msg(mmoe_gpu_model_forward(p.g_ref, ids, n_pre, p.l_ref, 1, NULL, &err) == MMOE_OK, "%s", err.msg);
+    ck_assert_msg(mmoe_gpu_model_forward(p.g_graph, ids, n_pre, p.l_graph, 1, NULL, &err) == MMOE_OK, "%s", err.msg);
+    ck_assert(memcmp(p.l_ref, p.l_graph, sizeof(float) * (size_t)p.V) == 0);
+    graph_decode_compare(what, &p, ids + n_pre, n - n_pre);
+    mmoe_gpu_graph_stats gs;
+    mmoe_gpu_model_graph_stats(p.g_graph, &gs);
+    ck_assert_msg(gs.enabled == 1 && gs.captures == 1 && gs.replays == n - n_pre && gs.eager_calls == 1,
+                  "%s: graph stats: enabled %d, %lld captures, %lld replays, %lld eager calls (expected 1, 1, %lld, 1)",
+                  what, gs.enabled, (long long)gs.captures, (long long)gs.replays, (long long)gs.eager_calls,
+                  (long long)(n - n_pre));
+    mmoe_gpu_model_graph_stats(p.g_ref, &gs);
+    ck_assert(gs.enabled == 0 && gs.captures == 0 && gs.replays == 0);
+    /* timing on: the step runs kernel by kernel even with graphs on */
+    mmoe_gpu_model_set_timing(p.g_graph, 1);
+    graph_decode_compare(what, &p, ids + n, 1);
+    mmoe_gpu_model_set_timing(p.g_graph, 0);
+    mmoe_gpu_model_graph_stats(p.g_graph, &gs);
+    ck_assert_int_eq(gs.eager_calls, 2);
+    /* a new sequence after reset, decoded from position 0 by the graph captured at position 5 */
+    ck_assert_msg(mmoe_gpu_model_reset(p.g_ref, &err) == MMOE_OK, "%s", err.msg);
+    ck_assert_msg(mmoe_gpu_model_reset(p.g_graph, &err) == MMOE_OK, "%s", err.msg);
+    for (int64_t i = 0; i < n + 2; i++)
+        ids[i] = (int32_t)mmoe_rng_below(&r, (uint64_t)p.V);
+    const int64_t n_again = n < 24 ? n : 24;
+    graph_decode_compare(what, &p, ids, n_again);
+    mmoe_gpu_model_graph_stats(p.g_graph, &gs);
+    ck_assert_msg(gs.captures == 1 && gs.replays == n - n_pre + n_again, "%s: after reset: %lld captures, %lld replays",
+                  what, (long long)gs.captures, (long long)gs.replays);
+    fprintf(stderr, "gpu_forward: %s: %lld decode steps as graph replays bit-identical to the eager steps (logits and "
+            "streams), %lld more after reset; one capture\n", what, (long long)(n - n_pre), (long long)n_again);
+    free(ids);
+    free(p.l_ref), free(p.l_graph), free(p.s_ref), free(p.s_graph);
+    mmoe_gpu_model_destroy(p.g_ref);
+    mmoe_gpu_model_destroy(p.g_graph);
+    mmoe_model_close(m);
+}
+
+/** An exchange that must never run (the refusal comes first). */
+static mmoe_status no_exchange(void *ctx, const int32_t *idx_dev, int64_t T, int k, int64_t D, uint16_t *slot_y_dev,
+                               mmoe_error *err)
+{
+    (void)ctx, (void)idx_dev, (void)T, (void)k, (void)D, (void)slot_y_dev;
+    return mmoe_error_set(err, MMOE_EINTERNAL, "no exchange in this test");
+}
+
+/*
+ * CUDA graphs: decode with graphs on equals graphs off bit for bit, on the embedded tiny model
+ * and on a 3-layer synth model (window-only, ratio 4, ratio 128) decoded over 140 positions:
+ * past the 16-token window, over every ratio-4 block boundary up to 35 blocks (more than
+ * index_topk 4, so the indexer's top-k selects) and across the ratio-128 block boundary (the
+ * first compressed block joins at position 127).  Also: MMOE_GPU_GRAPH read at creation (1 on,
+ * a bad value refused naming it), and a rank of the expert-parallel forward refuses graphs.
+ */
+START_TEST(test_cuda_graph)
+{
+    char dir[4096];
+    tiny_dir(dir, sizeof dir);
+    graph_case("tiny-dsv4 cuda graph", dir, 40);
+    char root[512], sdir[600];
+    ck_assert_int_eq(mmoe_test_mkdtemp(root, sizeof root), 0);
+    snprintf(sdir, sizeof sdir, "%s/ckpt", root);
+    synth_write(sdir, "tiny", 3, 0, 0, NULL, 0);
+    graph_case("synth tiny x3 cuda graph", sdir, 140);
+    mmoe_test_rmtree(root);
+
+    mmoe_model *m = open_model(dir);
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    mmoe_gpu_model *g = NULL;
+    mmoe_gpu_graph_stats gs;
+    const char *outer = getenv(MMOE_GPU_GRAPH_ENV); /* restored below (gpu-check.sh runs the suite with it) */
+    char outer_value[16] = "";
+    if (outer)
+        snprintf(outer_value, sizeof outer_value, "%s", outer);
+    ck_assert_int_eq(setenv(MMOE_GPU_GRAPH_ENV, "1", 1), 0);
+    ck_assert_msg(mmoe_gpu_model_create(m, 16, 4, &g, &err) == MMOE_OK, "%s", err.msg);
+    mmoe_gpu_model_graph_stats(g, &gs);
+    ck_assert_int_eq(gs.enabled, 1);
+    mmoe_gpu_model_destroy(g);
+    g = NULL;
+    ck_assert_int_eq(setenv(MMOE_GPU_GRAPH_ENV, "yes", 1), 0);
+    ck_assert_int_eq(mmoe_gpu_model_create(m, 16, 4, &g, &err), MMOE_EINVAL);
+    ck_assert_ptr_null(g);
+    ck_assert_msg(strstr(err.msg, MMOE_GPU_GRAPH_ENV) && strstr(err.msg, "yes"), "%s", err.msg);
+    ck_assert_int_eq(outer ? setenv(MMOE_GPU_GRAPH_ENV, outer_value, 1) : unsetenv(MMOE_GPU_GRAPH_ENV), 0);
+    const gfw_ep_part part = {0, mmoe_model_config(m)->n_routed_experts, no_exchange, NULL};
+    ck_assert_msg(gfw_model_create_part(m, &part, 16, 4, &g, &err) == MMOE_OK, "%s", err.msg);
+    ck_assert_int_eq(mmoe_gpu_model_set_cuda_graph(g, 1, &err), MMOE_EUNSUPPORTED);
+    ck_assert_msg(strstr(err.msg, "expert-parallel") != NULL, "%s", err.msg);
+    ck_assert_int_eq(mmoe_gpu_model_set_cuda_graph(g, 0, &err), MMOE_OK);
     mmoe_gpu_model_destroy(g);
     mmoe_model_close(m);
 }
@@ -673,7 +852,8 @@ static Suite *gpu_forward_suite(void)
     } cases[] = {{"refuse", test_refuses},         {"sublayers", test_sublayers},
                  {"tiny", test_tiny_fixture},      {"layers", test_synth_layers},
                  {"long", test_synth_long},        {"flash", test_synth_flash},
-                 {"cli_logits", test_cli_logits},  {"cli_generate", test_cli_generate}};
+                 {"cli_logits", test_cli_logits},  {"cli_generate", test_cli_generate},
+                 {"cuda_graph", test_cuda_graph}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_set_tags(tc, cases[i].name); /* CK_RUN_CASE / CK_EXCLUDE_TAGS select cases */

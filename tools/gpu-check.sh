@@ -3,18 +3,21 @@
 #   1. build this unpacked dist tree with CUDA (sm_90a + sm_100a);
 #   2. run the GPU suite (tests/test_gpu_moe) against the CPU oracle;
 #   3. compute-sanitizer memcheck on a small case (when the tool can see the device);
-#   4. the benchmark with the PyTorch peer (table in bench.log, JSON lines in bench.jsonl).
+#   4. the benchmark with the PyTorch peer (table in bench.log, JSON lines in bench.jsonl);
+#   5. the whole GPU forward (step "forward"): its suites, then `megamoe bench forward` with the
+#      decode step's CUDA graph off and on (JSON lines in bench-forward.jsonl).
 # Logs go to $OUT (the device tool brings them back).  Usage, on the device machine, from the
 # checkout that carries .gpu/ (the tarball of `make dist` and the .deb files):
 #   mkdir /tmp/m && tar -xzf .gpu/megamoe-*.tar.gz -C /tmp/m --strip-components=1 &&
 #   MMOE_DEBS=$PWD/.gpu/debs bash /tmp/m/tools/gpu-check.sh [STEPS]
-# with STEPS a subset of "build test memcheck bench profile tiles ep" (default: build test memcheck bench).
+# with STEPS a subset of "build test memcheck bench forward profile tiles ep"
+# (default: build test memcheck bench forward).
 #   ep: expert parallelism on every GPU of the machine (tests/test_ep_gpu, bench moe --gpus N).
 # MMOE_GEMMS (default "mma wgmma decode") names the kernel families that test and memcheck run.
 set -u
 OUT=${OUT:-/tmp/mmoe-out}
 mkdir -p "$OUT"
-STEPS=${1:-build test memcheck bench}
+STEPS=${1:-build test memcheck bench forward}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=tools/gpu-env.sh
 . "$ROOT/tools/gpu-env.sh"
@@ -91,6 +94,48 @@ case " $STEPS " in *" bench "*)
     --peer "$BUILD/bench/torch_peer.py" --json ${MMOE_BENCH_ARGS:-} > "$OUT/bench.jsonl" 2> "$OUT/bench.log"
   echo "bench: rc=$?"
   cat "$OUT/bench.log";;
+esac
+case " $STEPS " in *" forward "*)
+  # the GPU forward: blocks, whole model (its V4-Flash-width checkpoint kept in $FLASH), the
+  # expert-parallel forward; then the suites again with MMOE_GPU_GRAPH=1 (every whole-model GPU
+  # model replays its decode steps as one CUDA graph: decode must still equal the GPU prefill
+  # and the unsplit model the expert-parallel one, bit for bit; the CLI cases run graphed too)
+  FLASH=${MMOE_FLASH_DIR:-/tmp/mmoe-flash}
+  make -j16 tests/test_gpu_forward tests/test_gpu_forward_blocks tests/test_ep_gpu_forward \
+    > "$OUT/build-forward.log" 2>&1 || { echo "forward build failed"; tail -n 20 "$OUT/build-forward.log"; }
+  export MMOE_BIN=$BUILD/megamoe
+  CK_VERBOSITY=verbose timeout 200 ./tests/test_gpu_forward_blocks > "$OUT/test_gpu_forward_blocks.log" 2>&1
+  echo "test_gpu_forward_blocks: rc=$?"; grep -E "[0-9]+%: Checks|:[FE]:" "$OUT/test_gpu_forward_blocks.log" | tail -n 10
+  CK_VERBOSITY=verbose MMOE_GPU_FWD_FLASH_DIR=$FLASH OPENBLAS_NUM_THREADS=16 timeout 600 ./tests/test_gpu_forward \
+    > "$OUT/test_gpu_forward.log" 2>&1
+  echo "test_gpu_forward (graphs off; cuda_graph case on/off): rc=$?"
+  grep -E "cuda graph|[0-9]+%: Checks|:[FE]:" "$OUT/test_gpu_forward.log" | tail -n 12
+  CK_VERBOSITY=verbose CK_EXCLUDE_TAGS=flash MMOE_GPU_GRAPH=1 OPENBLAS_NUM_THREADS=16 timeout 400 ./tests/test_gpu_forward \
+    > "$OUT/test_gpu_forward-graph.log" 2>&1
+  echo "test_gpu_forward (MMOE_GPU_GRAPH=1): rc=$?"
+  grep -E "gpu decode vs|[0-9]+%: Checks|:[FE]:" "$OUT/test_gpu_forward-graph.log" | tail -n 12
+  for graph in 0 1; do
+    CK_VERBOSITY=verbose MMOE_GPU_GRAPH=$graph timeout 300 ./tests/test_ep_gpu_forward > "$OUT/test_ep_gpu_forward-$graph.log" 2>&1
+    echo "test_ep_gpu_forward (MMOE_GPU_GRAPH=$graph): rc=$?"
+    grep -E "[0-9]+%: Checks|:[FE]:" "$OUT/test_ep_gpu_forward-$graph.log" | tail -n 6
+  done
+  # decode ms/token with the graph off and on (the totals unsynchronized; splits synchronized, always eager)
+  : > "$OUT/bench-forward.jsonl"
+  for model in fixtures/tiny-dsv4 "$FLASH"; do
+    [ -d "$model" ] || { echo "bench forward: $model missing (the flash case did not keep it)"; continue; }
+    for graph in off on; do
+      timeout 200 ./megamoe bench forward --model "$model" --prefill 64 --decode 32 --backend gpu --cuda-graph $graph \
+        --json >> "$OUT/bench-forward.jsonl" 2>> "$OUT/bench-forward.err"
+      echo "bench forward $model --cuda-graph $graph: rc=$?"
+    done
+  done
+  python3 -c 'import json,sys
+for l in open(sys.argv[1]):
+    o = json.loads(l)
+    print("%-40s cuda_graph %-5s replays %3d  prefill %9.1f tokens/s  decode %.4f ms/token" % (o["model"][-40:],
+          o["cuda_graph"], o["cuda_graph_replays"], o["prefill_tokens_per_s"], o["decode_ms_per_token"]))' \
+    "$OUT/bench-forward.jsonl"
+  tail -n 5 "$OUT/bench-forward.err";;
 esac
 case " $STEPS " in *" tiles "*)
   # every tile height of each kernel family over the token counts, no peer (an A/B in one call)

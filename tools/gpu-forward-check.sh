@@ -2,9 +2,10 @@
 # tools/gpu-forward-check.sh: the GPU forward's checks in one device call.
 #   1. build megamoe and tests/test_gpu_forward with CUDA for sm_90a only (the H200);
 #   2. tests/test_gpu_forward_blocks and tests/test_gpu_forward (all cases but the V4-Flash one);
-#   3. compute-sanitizer memcheck on the embedded tiny model's case;
+#   3. compute-sanitizer memcheck on the embedded tiny model's case, CUDA graphs off and on;
 #   4. the V4-Flash-width case (its checkpoint is kept in $FLASH for the bench);
-#   5. megamoe bench forward --backend gpu on the tiny fixture and on the V4-Flash-width checkpoint.
+#   5. megamoe bench forward --backend gpu on the tiny fixture and on the V4-Flash-width checkpoint,
+#      --cuda-graph off and on.
 # Logs go to $OUT.  Usage on the device machine (see tools/gpu-check.sh for the tarball layout):
 #   MMOE_DEBS=$PWD/.gpu/debs bash /tmp/m/tools/gpu-forward-check.sh [STEPS]
 # STEPS: a subset of "build test memcheck flash bench break" (default: all but break).
@@ -47,6 +48,12 @@ case " $STEPS " in *" memcheck "*)
     CK_RUN_CASE=tiny timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 \
       ./tests/test_gpu_forward > "$OUT/memcheck.log" 2>&1
     echo "memcheck (tiny): rc=$? ($(( $(date +%s) - t0 )) s)"; grep -E "ERROR SUMMARY|Invalid|Checks" "$OUT/memcheck.log" | head
+    # the same case with every decode step one CUDA graph replay
+    t0=$(date +%s)
+    CK_RUN_CASE=tiny MMOE_GPU_GRAPH=1 timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 \
+      ./tests/test_gpu_forward > "$OUT/memcheck-graph.log" 2>&1
+    echo "memcheck (tiny, MMOE_GPU_GRAPH=1): rc=$? ($(( $(date +%s) - t0 )) s)"
+    grep -E "ERROR SUMMARY|Invalid|Checks" "$OUT/memcheck-graph.log" | head
   else echo "memcheck: compute-sanitizer not found"; fi;;
 esac
 case " $STEPS " in *" flash "*)
@@ -70,10 +77,14 @@ case " $STEPS " in *" break "*)
   else echo "break: no patch or it did not apply/build"; tail -5 "$OUT/break.log"; fi;;
 esac
 case " $STEPS " in *" bench "*)
-  timeout 60 ./megamoe bench forward --model fixtures/tiny-dsv4 --prefill 64 --decode 32 --backend gpu \
-    > "$OUT/bench-tiny.log" 2>&1; echo "bench tiny: rc=$?"; grep -vE "^ +[0-9]+ " "$OUT/bench-tiny.log" | head -30
-  if [ -d "$FLASH" ]; then
-    timeout 120 ./megamoe bench forward --model "$FLASH" --prefill 64 --decode 16 --backend gpu \
-      > "$OUT/bench-flash.log" 2>&1; echo "bench v4-flash widths: rc=$?"; head -60 "$OUT/bench-flash.log"
-  fi;;
+  for graph in off on; do # the decode step launched kernel by kernel, then as one CUDA graph replay
+    timeout 60 ./megamoe bench forward --model fixtures/tiny-dsv4 --prefill 64 --decode 32 --backend gpu \
+      --cuda-graph $graph > "$OUT/bench-tiny-graph-$graph.log" 2>&1
+    echo "bench tiny (--cuda-graph $graph): rc=$?"; grep -vE "^ +[0-9]+ " "$OUT/bench-tiny-graph-$graph.log" | head -30
+    if [ -d "$FLASH" ]; then
+      timeout 120 ./megamoe bench forward --model "$FLASH" --prefill 64 --decode 16 --backend gpu \
+        --cuda-graph $graph > "$OUT/bench-flash-graph-$graph.log" 2>&1
+      echo "bench v4-flash widths (--cuda-graph $graph): rc=$?"; head -60 "$OUT/bench-flash-graph-$graph.log"
+    fi
+  done;;
 esac

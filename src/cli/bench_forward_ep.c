@@ -190,6 +190,7 @@ static mmoe_status report_json(const ep_bench *b, const mmoe_config *cfg, const 
     json_object_set_new(o, "backend", json_string("gpu"));
     mmoe_json_set_int(o, "gpus", b->n);
     mmoe_json_set_str(o, "comm", mmoe_ep_comm_kind_name(mmoe_ep_gpu_model_kind(b->e)));
+    json_object_set_new(o, "cuda_graph", json_false()); /* the ranks' steps run kernel by kernel */
     mmoe_json_bench_forward_model(o, model_dir, cfg->n_layers, cfg->n_mtp_layers, t_load);
     mmoe_json_bench_forward_prefill(o, n_prefill, tp);
     mmoe_json_bench_forward_decode(o, n_decode, td);

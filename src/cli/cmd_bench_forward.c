@@ -3,7 +3,7 @@
  * @brief `megamoe bench forward`: prefill tokens/s, decode ms/token and the layer-by-layer split of the CPU oracle.
  *
  *     megamoe bench forward --model DIR [--prefill 64] [--decode 8] [--seed S] [--threads N] [--json]
- *                           [--backend cpu|gpu|auto] [--gpus N [--gpu-memory GIB]]
+ *                           [--backend cpu|gpu|auto] [--cuda-graph on|off] [--gpus N [--gpu-memory GIB]]
  *
  * Prefills --prefill random token ids from position 0 (one call), then decodes --decode
  * more tokens one call each (greedy from the logits).  Reports the wall times, the
@@ -14,14 +14,18 @@
  * With --json the report is one JSON object on stdout (mmoe_json_report.h): {"bench":
  * "forward", "backend": "cpu", "model", "layers", "load_s", "prefill_tokens", "prefill_s",
  * "prefill_tokens_per_s", "decode_tokens", "decode_s", "decode_ms_per_token",
- * "peak_rss_bytes", "weight_bytes", "kv_cache_bytes", "prefill_split", "decode_split"}; a
- * split is {"attention_s", "moe_s", "mhc_s", "embed_s", "head_s", "layers": [{"layer",
- * "attention_s", "moe_s", "mhc_s"}]}.
+ * "peak_rss_bytes", "weight_bytes", "kv_cache_bytes", "cuda_graph", "prefill_split",
+ * "decode_split"}; a split is {"attention_s", "moe_s", "mhc_s", "embed_s", "head_s", "layers":
+ * [{"layer", "attention_s", "moe_s", "mhc_s"}]}.
  *
  * With the GPU (mmoe_gpu_forward.h) the totals come from a run without synchronization
  * between the parts (after one untimed warm-up run of the same tokens, so that the kernels
  * are loaded), and the split from a second run that synchronizes the device around each
- * part (which adds a few microseconds per part).
+ * part (which adds a few microseconds per part).  Its JSON report has "backend": "gpu", the
+ * same model, prefill and decode keys, "device_bytes", "cuda_graph" (true when every timed
+ * decode step was one replay of the captured graph, `--cuda-graph on`), "cuda_graph_replays"
+ * and the two synchronized splits.  The split run always launches kernel by kernel (a graph
+ * has no points to synchronize between parts); "cuda_graph" is false for the CPU.
  *
  * With --gpus N the GPU forward runs over N GPUs, expert parallel (cli_ep.h; planned and
  * refused before loading as `logits --gpus N` is); its report (bench_forward_ep.c) gives the
@@ -56,6 +60,7 @@ static void usage(FILE *out)
                  "  --threads N     OpenBLAS and dequantization threads, 1..%d (default: their own defaults)\n"
                  "  --json          the report as one JSON object (default: text)\n"
                  "  --backend B     cpu (the oracle), gpu or auto (the GPU when there is one) (default cpu)\n"
+                 MMOE_CUDA_GRAPH_USAGE
                  "  --gpus N        the GPU forward over N GPUs (expert parallel, NCCL): adds the routed pairs\n"
                  "                  per GPU and the exchange time per MoE sub-layer (default: none)\n"
                  "  --gpu-memory G  GPU size in GiB for the --gpus plan (default: GPU 0's memory)\n\n"
@@ -152,23 +157,41 @@ static mmoe_status gpu_pass(mmoe_gpu_model *g, int32_t *ids, long n_prefill, lon
     return st;
 }
 
-/** The GPU benchmark: warm-up, an unsynchronized pass for the totals, a synchronized pass for the split. */
+/**
+ * The GPU benchmark: warm-up, an unsynchronized pass for the totals, a synchronized pass for
+ * the split; the report as text, or into @p report (JSON) when given.
+ */
 static mmoe_status bench_gpu(mmoe_gpu_model *g, int32_t *ids, long n_prefill, long n_decode, int64_t V, float *logits,
-                             mmoe_error *err)
+                             json_t *report, mmoe_error *err)
 {
     double tp, td, sp, sd;
     mmoe_status st = gpu_pass(g, ids, n_prefill, n_decode, V, logits, &tp, &td, err);
+    mmoe_gpu_graph_stats g0, g1;
+    mmoe_gpu_model_graph_stats(g, &g0);
     if (st == MMOE_OK)
         st = gpu_pass(g, ids, n_prefill, n_decode, V, logits, &tp, &td, err);
     if (st != MMOE_OK)
         return st;
+    mmoe_gpu_model_graph_stats(g, &g1);
+    const int64_t replays = g1.replays - g0.replays; /* of the timed pass */
+    const int graphed = n_decode > 0 && replays == n_decode;
     mmoe_gpu_model_bytes b;
     mmoe_gpu_model_bytes_held(g, &b);
-    printf("gpu: %.1f MiB on the device (weights %.1f, caches %.1f, work %.1f)\n", (double)b.total / 1048576.0,
-           (double)b.weights / 1048576.0, (double)b.caches / 1048576.0, (double)b.work / 1048576.0);
-    printf("prefill: %ld tokens in %.4f s = %.2f tokens/s\n", n_prefill, tp, (double)n_prefill / tp);
-    if (n_decode > 0)
-        printf("decode: %ld tokens in %.4f s = %.3f ms/token\n", n_decode, td, 1e3 * td / (double)n_decode);
+    if (report) {
+        mmoe_json_bench_forward_prefill(report, n_prefill, tp);
+        mmoe_json_bench_forward_decode(report, n_decode, td);
+        mmoe_json_set_int(report, "device_bytes", (int64_t)b.total);
+        json_object_set_new(report, "cuda_graph", json_boolean(graphed));
+        mmoe_json_set_int(report, "cuda_graph_replays", replays);
+    } else {
+        printf("gpu: %.1f MiB on the device (weights %.1f, caches %.1f, work %.1f)\n", (double)b.total / 1048576.0,
+               (double)b.weights / 1048576.0, (double)b.caches / 1048576.0, (double)b.work / 1048576.0);
+        printf("prefill: %ld tokens in %.4f s = %.2f tokens/s\n", n_prefill, tp, (double)n_prefill / tp);
+        if (n_decode > 0)
+            printf("decode: %ld tokens in %.4f s = %.3f ms/token\n", n_decode, td, 1e3 * td / (double)n_decode);
+        printf("cuda graph: %s (%lld of %ld timed decode steps replayed the captured graph; %lld capture(s))\n",
+               graphed ? "on" : "off", (long long)replays, n_decode, (long long)g1.captures);
+    }
     mmoe_gpu_model_set_timing(g, 1);
     st = gpu_pass(g, ids, n_prefill, 0, V, logits, &sp, &sd, err);
     if (st != MMOE_OK)
@@ -179,7 +202,10 @@ static mmoe_status bench_gpu(mmoe_gpu_model *g, int32_t *ids, long n_prefill, lo
     double *snap = calloc((size_t)(3 * nb), sizeof(double));
     if (!snap)
         return mmoe_error_set(err, MMOE_ENOMEM, "out of memory");
-    print_split("prefill (synchronized per part)", &tm, snap, snap + nb, snap + 2 * nb, 0, 0, sp);
+    if (report)
+        json_object_set_new(report, "prefill_split", split_json(&tm, snap, snap + nb, snap + 2 * nb, 0, 0));
+    else
+        print_split("prefill (synchronized per part)", &tm, snap, snap + nb, snap + 2 * nb, 0, 0, sp);
     memcpy(snap, tm.attn_s, sizeof(double) * (size_t)nb);
     memcpy(snap + nb, tm.moe_s, sizeof(double) * (size_t)nb);
     memcpy(snap + 2 * nb, tm.mhc_s, sizeof(double) * (size_t)nb);
@@ -190,7 +216,10 @@ static mmoe_status bench_gpu(mmoe_gpu_model *g, int32_t *ids, long n_prefill, lo
         st = mmoe_gpu_model_forward(g, &ids[n_prefill + i], 1, logits, 1, NULL, err);
     }
     sd = mmoe_clock_s() - t0;
-    if (st == MMOE_OK && n_decode > 0) {
+    if (st == MMOE_OK && report) {
+        gpu_timings(g, &tm);
+        json_object_set_new(report, "decode_split", split_json(&tm, snap, snap + nb, snap + 2 * nb, e0, h0));
+    } else if (st == MMOE_OK && n_decode > 0) {
         gpu_timings(g, &tm);
         print_split("decode (synchronized per part)", &tm, snap, snap + nb, snap + 2 * nb, e0, h0, sd);
     }
@@ -200,7 +229,7 @@ static mmoe_status bench_gpu(mmoe_gpu_model *g, int32_t *ids, long n_prefill, lo
 
 int mmoe_cmd_bench_forward(int argc, char **argv)
 {
-    enum { O_THREADS = 256, O_TOKENS, O_GPUS, O_GPU_MEM };
+    enum { O_THREADS = 256, O_TOKENS, O_GPUS, O_GPU_MEM, O_GRAPH };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'}, {"prefill", required_argument, 0, 't'},
                                          {"decode", required_argument, 0, 'd'}, {"seed", required_argument, 0, 's'},
                                          {"threads", required_argument, 0, O_THREADS},
@@ -208,6 +237,7 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
                                          {"json", no_argument, 0, 'j'}, {"backend", required_argument, 0, 'b'},
                                          {"gpus", required_argument, 0, O_GPUS},
                                          {"gpu-memory", required_argument, 0, O_GPU_MEM},
+                                         {"cuda-graph", required_argument, 0, O_GRAPH},
                                          {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
     const char *cmd = "bench forward", *model_dir = NULL;
     int64_t n_prefill = 64, n_decode = 8;
@@ -215,6 +245,7 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
     int c, rc = 0, threads = 0, json = 0, backend_given = 0;
     mmoe_backend backend = MMOE_BACKEND_CPU;
     mmoe_cli_ep ep_opt = {0};
+    mmoe_cuda_graph_opt graph = {0, 0};
     optind = 1;
     while (rc == 0 && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -237,6 +268,7 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
             break;
         case O_GPUS: rc = mmoe_cli_ep_option("bench forward", "gpus", optarg, &ep_opt); break;
         case O_GPU_MEM: rc = mmoe_cli_ep_option("bench forward", "gpu-memory", optarg, &ep_opt); break;
+        case O_GRAPH: rc = mmoe_cuda_graph_option(cmd, optarg, &graph); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return MMOE_EXIT_USAGE;
         }
@@ -253,6 +285,8 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
                         "contradicts it\n");
         return MMOE_EXIT_USAGE;
     }
+    if ((rc = mmoe_cuda_graph_resolve(cmd, &graph, backend, ep_opt.gpus)) != 0)
+        return rc;
     mmoe_cli_set_threads(threads);
     mmoe_error err;
     mmoe_error_clear(&err);
@@ -279,7 +313,7 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
     if (ep_opt.gpus > 0)
         st = mmoe_cli_ep_open_gpus(&ep_opt, m, T, n_prefill, "megamoe bench forward", 0, &gpus, &err);
     else if ((st = mmoe_model_state_create(m, T, &s, &err)) == MMOE_OK)
-        st = mmoe_backend_open(backend, m, T, n_prefill, "megamoe bench forward", 0, &gpu, &err);
+        st = mmoe_backend_open(backend, m, T, n_prefill, graph.on, "megamoe bench forward", 0, &gpu, &err);
     if (st != MMOE_OK)
         goto done;
     ids = malloc(sizeof(int32_t) * (size_t)T);
@@ -300,14 +334,21 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
         goto done;
     }
     if (gpu && json) {
-        st = mmoe_error_set(&err, MMOE_EUNSUPPORTED, "--json reports the CPU backend and --gpus N: run one GPU without it");
+        json_object_set_new(report, "bench", json_string("forward"));
+        json_object_set_new(report, "backend", json_string("gpu"));
+        mmoe_json_bench_forward_model(report, model_dir, cfg->n_layers, cfg->n_mtp_layers, t_load);
+        if ((st = bench_gpu(gpu, ids, n_prefill, n_decode, V, logits, report, &err)) == MMOE_OK) {
+            st = mmoe_json_print_line(stdout, report, &err); /* takes the object */
+            report = NULL;
+        }
+        rc = st == MMOE_OK ? 0 : 1;
         goto done;
     }
     if (gpu) {
         printf("model %s: %d layers + %d MTP, D %lld, %d experts top-%d, weights %.2f GiB; backend gpu\n", model_dir,
                cfg->n_layers, cfg->n_mtp_layers, (long long)cfg->dim, cfg->n_routed_experts, cfg->n_activated_experts,
                (double)mmoe_model_weight_bytes(m) / (1u << 30));
-        st = bench_gpu(gpu, ids, n_prefill, n_decode, V, logits, &err);
+        st = bench_gpu(gpu, ids, n_prefill, n_decode, V, logits, NULL, &err);
         rc = st == MMOE_OK ? 0 : 1;
         goto done;
     }
@@ -364,6 +405,7 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
         mmoe_json_set_int(report, "peak_rss_bytes", (int64_t)ru.ru_maxrss * 1024);
         mmoe_json_set_int(report, "weight_bytes", (int64_t)mmoe_model_weight_bytes(m));
         mmoe_json_set_int(report, "kv_cache_bytes", (int64_t)mmoe_model_state_bytes(s));
+        json_object_set_new(report, "cuda_graph", json_false());
         st = mmoe_json_print_line(stdout, report, &err);
         report = NULL;
         rc = st == MMOE_OK ? 0 : 1;

@@ -152,6 +152,7 @@ typedef struct gen_options {
     int json;                /**< --json: stats as JSON Lines */
     mmoe_backend backend;    /**< --backend (default cpu) */
     int backend_given;       /**< --backend was on the command line */
+    mmoe_cuda_graph_opt graph; /**< --cuda-graph, else MMOE_GPU_GRAPH */
 } gen_options;
 
 /** The log-probabilities of one generated token (--logprobs). */
@@ -226,18 +227,19 @@ static void usage(FILE *out)
             "  --backend B         cpu (the oracle), gpu (refused without a usable GPU), or auto\n"
             "                      (the GPU when there is one and the model fits, else the CPU; says which)\n"
             "                      (default cpu)\n"
-            "  --quiet             no progress or stats lines (default: shown)\n" MMOE_CLI_EP_USAGE "\n"
+            "  --quiet             no progress or stats lines (default: shown)\n" MMOE_CUDA_GRAPH_USAGE
+            MMOE_CLI_EP_USAGE "\n"
             "example:\n"
             "  megamoe generate --model fixtures/tiny-dsv4 --prompt '1 2 3 4' --max-tokens 8\n",
             MMOE_SAMPLER_REPEAT_LAST_N, GEN_MAX_STOPS, GEN_MAX_LOGPROBS, GEN_DEFAULT_CTX);
 }
 
-/** Parse argv into @p o. Returns 0, MMOE_EXIT_USAGE on a usage error, or -1 after --help. */
+/** Parse argv into @p o. Returns 0, MMOE_EXIT_USAGE on a usage error, 1 on a bad MMOE_GPU_GRAPH, or -1 after --help. */
 static int parse_options(int argc, char **argv, gen_options *o)
 {
     enum { O_MODEL = 256, O_PROMPT, O_CHAT, O_RAW, O_CHATFMT, O_SYSTEM, O_THINK, O_NOBOS, O_MAX, O_TEMP,
            O_TOPP, O_SEED, O_THREADS, O_CTX, O_IDS, O_QUIET, O_TOPK, O_MINP, O_PENALTY, O_LASTN, O_STOP,
-           O_LOGPROBS, O_JSON, O_EP_RANKS, O_GPUS, O_GPU_MEM, O_BACKEND };
+           O_LOGPROBS, O_JSON, O_EP_RANKS, O_GPUS, O_GPU_MEM, O_BACKEND, O_GRAPH };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},  {"prompt", required_argument, 0, O_PROMPT},
         {"chat", no_argument, 0, O_CHAT},          {"raw", no_argument, 0, O_RAW},
@@ -254,6 +256,7 @@ static int parse_options(int argc, char **argv, gen_options *o)
         {"ep-ranks", required_argument, 0, O_EP_RANKS}, {"gpus", required_argument, 0, O_GPUS},
         {"gpu-memory", required_argument, 0, O_GPU_MEM},
         {"backend", required_argument, 0, O_BACKEND},
+        {"cuda-graph", required_argument, 0, O_GRAPH},
         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->max_tokens = 256;
@@ -319,6 +322,7 @@ static int parse_options(int argc, char **argv, gen_options *o)
                 rc = MMOE_EXIT_USAGE;
             }
             break;
+        case O_GRAPH: rc = mmoe_cuda_graph_option("generate", optarg, &o->graph); break;
         case 'h': usage(stdout); return -1;
         default:
             mmoe_cli_bad_option("generate", optopt >= O_MODEL, argv[optind - 1]);
@@ -354,7 +358,7 @@ static int parse_options(int argc, char **argv, gen_options *o)
         usage(stderr);
         return MMOE_EXIT_USAGE;
     }
-    return 0;
+    return mmoe_cuda_graph_resolve("generate", &o->graph, o->backend, o->ep.gpus);
 }
 
 /** Model-loading progress: one line rewritten in place on a terminal, nothing otherwise. */
@@ -539,6 +543,7 @@ static mmoe_status print_stats_json(const gen_run *r, int turn, const mmoe_gen_s
     mmoe_json_set_real(o, "generate_tokens_per_s", gt);
     mmoe_json_set_real(o, "generate_ms_per_token", gm);
     json_object_set_new(o, "stop", json_string(stop_name(r, d)));
+    json_object_set_new(o, "cuda_graph", json_boolean(mmoe_backend_graphed(r->gpu)));
     return mmoe_json_print_line(stderr, o, err);
 }
 
@@ -607,8 +612,8 @@ static mmoe_status gen_load(gen_run *r, mmoe_error *err)
         st = mmoe_cli_ep_open_gpus(&o->ep, r->model, ctx, MMOE_GEN_PREFILL_CHUNK, "megamoe generate", o->quiet || o->json,
                                    &r->gpus, err);
     else
-        st = mmoe_backend_open(o->backend, r->model, ctx, MMOE_GEN_PREFILL_CHUNK, "megamoe generate", o->quiet || o->json,
-                               &r->gpu, err);
+        st = mmoe_backend_open(o->backend, r->model, ctx, MMOE_GEN_PREFILL_CHUNK, o->graph.on, "megamoe generate",
+                               o->quiet || o->json, &r->gpu, err);
     if (st != MMOE_OK)
         return st;
     mmoe_sampler_params sp;

@@ -3,7 +3,7 @@
  * @brief `megamoe logits`: the full model's F32 logits for a token sequence, written to a safetensors file.
  *
  *     megamoe logits --model DIR --ids 0,15,27,... --out FILE [--last] [--mtp] [--decode] [--threads N]
- *                    [--backend cpu|gpu|auto] [--ep-ranks N | --gpus N [--gpu-memory GIB]]
+ *                    [--backend cpu|gpu|auto] [--cuda-graph on|off] [--ep-ranks N | --gpus N [--gpu-memory GIB]]
  *
  * Loads the checkpoint (a progress line per layer on stderr when it is a terminal), runs one
  * prefill over the token ids from position 0 and writes `logits` F32 [T, vocab] (`--last`:
@@ -15,6 +15,8 @@
  * (mmoe_gpu_forward.h) in calls of at most LOGITS_GPU_CHUNK tokens; `auto` takes the GPU when
  * there is one and says so.  The expert-parallel options are cli_ep.h's: `--ep-ranks N` splits the
  * CPU forward, `--gpus N` runs the GPU forward over N GPUs (same chunks, same bits as one GPU).
+ * `--cuda-graph on` (mmoe_fwd_backend.h) makes the GPU's one-token calls with logits (`--decode`)
+ * replays of one captured graph; the metadata key `cuda_graph` says whether a call did.
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -44,7 +46,8 @@ static void usage(FILE *out)
                  "  --mtp         also 'mtp_logits' [T-1, vocab] (MTP block on streams t and token t+1) (default off)\n"
                  "  --decode      feed the tokens one by one (decode path) instead of one prefill (default off)\n"
                  "  --threads N   OpenBLAS and dequantization threads, 1..%d (default: their own defaults)\n"
-                 "  --backend B   cpu (the oracle), gpu (refused without a usable GPU) or auto (default cpu)\n" MMOE_CLI_EP_USAGE "\n"
+                 "  --backend B   cpu (the oracle), gpu (refused without a usable GPU) or auto (default cpu)\n"
+                 MMOE_CUDA_GRAPH_USAGE MMOE_CLI_EP_USAGE "\n"
                  "example:\n"
                  "  megamoe logits --model fixtures/tiny-dsv4 --ids 0,15,27 --out logits.safetensors\n",
             MMOE_CLI_MAX_THREADS);
@@ -69,12 +72,13 @@ int mmoe_cmd_logits(int argc, char **argv)
                                          {"ep-ranks", required_argument, 0, 'E'}, {"gpus", required_argument, 0, 'G'},
                                          {"gpu-memory", required_argument, 0, 'M'},
                                          {"backend", required_argument, 0, 'b'}, {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
+                                         {"cuda-graph", required_argument, 0, 'g'}, {0, 0, 0, 0}};
     const char *model_dir = NULL, *tokens = NULL, *out_path = NULL;
     int last = 0, mtp = 0, decode = 0, threads = 0, c, rc = 0;
     mmoe_cli_ep ep_opt = {0};
     mmoe_backend backend = MMOE_BACKEND_CPU;
     int backend_given = 0;
+    mmoe_cuda_graph_opt graph = {0, 0};
     optind = 1;
     while (rc == 0 && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -100,6 +104,7 @@ int mmoe_cmd_logits(int argc, char **argv)
                 rc = MMOE_EXIT_USAGE;
             }
             break;
+        case 'g': rc = mmoe_cuda_graph_option("logits", optarg, &graph); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return MMOE_EXIT_USAGE;
         }
@@ -120,6 +125,8 @@ int mmoe_cmd_logits(int argc, char **argv)
         usage(stderr);
         return MMOE_EXIT_USAGE;
     }
+    if ((rc = mmoe_cuda_graph_resolve("logits", &graph, backend, ep_opt.gpus)) != 0)
+        return rc;
     int64_t *list = NULL;
     size_t n_ids = 0;
     if ((rc = mmoe_cli_opt_i64_list("logits", "ids", tokens, 0, INT32_MAX, LOGITS_MAX_IDS, &list, &n_ids)) != 0)
@@ -169,7 +176,7 @@ int mmoe_cmd_logits(int argc, char **argv)
     if (ep_opt.gpus > 0)
         st = mmoe_cli_ep_open_gpus(&ep_opt, m, T + 1, LOGITS_GPU_CHUNK, "megamoe logits", 0, &gpus, &err);
     else
-        st = mmoe_backend_open(backend, m, T + 1, LOGITS_GPU_CHUNK, "megamoe logits", 0, &gpu, &err);
+        st = mmoe_backend_open(backend, m, T + 1, LOGITS_GPU_CHUNK, graph.on, "megamoe logits", 0, &gpu, &err);
     if (st != MMOE_OK)
         goto done;
     const int on_gpu = gpu != NULL || gpus != NULL;
@@ -222,6 +229,8 @@ int mmoe_cmd_logits(int argc, char **argv)
         st = mmoe_st_writer_set_metadata(w, "mode", decode ? "decode" : "prefill", &err);
     if (st == MMOE_OK)
         st = mmoe_st_writer_set_metadata(w, "backend", on_gpu ? "gpu" : "cpu", &err);
+    if (st == MMOE_OK) /* whether a call replayed the decode graph (one-token calls with logits) */
+        st = mmoe_st_writer_set_metadata(w, "cuda_graph", mmoe_backend_graphed(gpu) ? "true" : "false", &err);
     char n_gpus[16];
     snprintf(n_gpus, sizeof n_gpus, "%d", ep_opt.gpus);
     if (st == MMOE_OK && gpus)

@@ -4,7 +4,7 @@
  *
  *     megamoe serve --model DIR [--host 127.0.0.1] [--port 8080] [--ctx-size N] [--threads N]
  *                   [--seed S] [--name NAME] [--max-body BYTES] [--max-queue N]
- *                   [--timeout S] [--max-connections N]
+ *                   [--timeout S] [--max-connections N] [--backend cpu|gpu|auto] [--cuda-graph on|off]
  *
  * Loads the tokenizer and the model once, then answers `POST /v1/completions`,
  * `POST /v1/chat/completions`, `GET /v1/models` and `GET /health` (serve_http.c, with the
@@ -53,6 +53,7 @@ typedef struct serve_options {
     int64_t timeout_s;      /**< --timeout seconds */
     int64_t max_conn;       /**< --max-connections */
     mmoe_backend backend;   /**< --backend */
+    mmoe_cuda_graph_opt graph; /**< --cuda-graph, else MMOE_GPU_GRAPH */
 } serve_options;
 
 /** Print the command's help to @p out. */
@@ -73,16 +74,18 @@ static void usage(FILE *out)
             "  --timeout S             close a connection silent for S seconds (default 30)\n"
             "  --max-connections N     most open connections (default 64)\n"
             "  --backend B             cpu (the oracle), gpu (refused without a usable GPU) or auto\n"
-            "                          (the GPU when there is one, said on stderr) (default cpu)\n\n"
+            "                          (the GPU when there is one, said on stderr) (default cpu)\n"
+            MMOE_CUDA_GRAPH_USAGE "\n"
             "example:\n"
             "  megamoe serve --model fixtures/tiny-dsv4 --port 8080\n",
             SERVE_DEFAULT_CTX);
 }
 
-/** Parse argv into @p o. Returns 0, MMOE_EXIT_USAGE, or -1 after --help. */
+/** Parse argv into @p o. Returns 0, MMOE_EXIT_USAGE, 1 (a bad MMOE_GPU_GRAPH), or -1 after --help. */
 static int parse_options(int argc, char **argv, serve_options *o)
 {
-    enum { O_MODEL = 256, O_HOST, O_PORT, O_CTX, O_THREADS, O_SEED, O_NAME, O_BODY, O_QUEUE, O_TIMEOUT, O_CONN, O_BACKEND };
+    enum { O_MODEL = 256, O_HOST, O_PORT, O_CTX, O_THREADS, O_SEED, O_NAME, O_BODY, O_QUEUE, O_TIMEOUT, O_CONN, O_BACKEND,
+           O_GRAPH };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},       {"ctx-size", required_argument, 0, O_CTX},
@@ -90,7 +93,7 @@ static int parse_options(int argc, char **argv, serve_options *o)
         {"name", required_argument, 0, O_NAME},       {"max-body", required_argument, 0, O_BODY},
         {"max-queue", required_argument, 0, O_QUEUE}, {"timeout", required_argument, 0, O_TIMEOUT},
         {"max-connections", required_argument, 0, O_CONN}, {"backend", required_argument, 0, O_BACKEND},
-        {"help", no_argument, 0, 'h'},
+        {"cuda-graph", required_argument, 0, O_GRAPH}, {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->host = "127.0.0.1";
@@ -122,6 +125,7 @@ static int parse_options(int argc, char **argv, serve_options *o)
                 bad = MMOE_EXIT_USAGE;
             }
             break;
+        case O_GRAPH: bad = mmoe_cuda_graph_option("serve", optarg, &o->graph); break;
         case 'h': usage(stdout); return -1;
         default:
             mmoe_cli_bad_option("serve", optopt >= O_MODEL, argv[optind - 1]);
@@ -137,7 +141,7 @@ static int parse_options(int argc, char **argv, serve_options *o)
         usage(stderr);
         return MMOE_EXIT_USAGE;
     }
-    return 0;
+    return mmoe_cuda_graph_resolve("serve", &o->graph, o->backend, 0);
 }
 
 /** The model's name: --name, else the last component of the model directory. */
@@ -166,6 +170,7 @@ static mmoe_status serve(const serve_options *o, mmoe_error *err)
     memset(&srv, 0, sizeof srv);
     srv.model_dir = o->model_dir;
     srv.backend = o->backend;
+    srv.cuda_graph = o->graph.on;
     srv.max_body = (size_t)o->max_body;
     srv.max_queue = (size_t)o->max_queue;
     srv.default_seed = o->seed;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "mmoe_cli.h"
 #include "mmoe_gpu_moe.h"
 
 int mmoe_backend_parse(const char *s, mmoe_backend *out)
@@ -22,8 +23,57 @@ int mmoe_backend_parse(const char *s, mmoe_backend *out)
     return 0;
 }
 
+int mmoe_cuda_graph_option(const char *cmd, const char *value, mmoe_cuda_graph_opt *o)
+{
+    if (strcmp(value, "on") != 0 && strcmp(value, "off") != 0) {
+        fprintf(stderr, "megamoe %s: --cuda-graph '%s': expected on or off\n", cmd, value);
+        return MMOE_EXIT_USAGE;
+    }
+    o->given = 1;
+    o->on = strcmp(value, "on") == 0;
+    return 0;
+}
+
+int mmoe_cuda_graph_resolve(const char *cmd, mmoe_cuda_graph_opt *o, mmoe_backend backend, int gpus)
+{
+    /* the variable is checked even under the option: the GPU model reads it again when it is created */
+    int env_on = 0;
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    if (mmoe_gpu_graph_env(&env_on, &err) != MMOE_OK) {
+        fprintf(stderr, "megamoe %s: %s\n", cmd, err.msg);
+        return 1;
+    }
+    if (!o->given)
+        o->on = env_on;
+    if (!o->on)
+        return 0;
+    if (gpus == 0 && o->given && backend == MMOE_BACKEND_CPU) {
+        fprintf(stderr, "megamoe %s: --cuda-graph on runs the GPU forward's decode steps as graphs: --backend cpu "
+                        "contradicts it\n", cmd);
+        return MMOE_EXIT_USAGE;
+    }
+    if (gpus > 0) {
+        fprintf(stderr, "megamoe %s: %s: the forward over --gpus N exchanges rows through the host inside each MoE "
+                        "sub-layer and runs kernel by kernel%s\n", cmd,
+                o->given ? "--cuda-graph on" : MMOE_GPU_GRAPH_ENV "=1",
+                o->given ? "" : " (pass --cuda-graph off or unset the variable)");
+        return o->given ? MMOE_EXIT_USAGE : 1;
+    }
+    return 0;
+}
+
+int mmoe_backend_graphed(const mmoe_gpu_model *g)
+{
+    if (g == NULL)
+        return 0;
+    mmoe_gpu_graph_stats gs;
+    mmoe_gpu_model_graph_stats(g, &gs);
+    return gs.replays > 0;
+}
+
 mmoe_status mmoe_backend_open(mmoe_backend want, const mmoe_model *m, int64_t max_seq_len, int64_t max_tokens,
-                              const char *cmd, int quiet, mmoe_gpu_model **gpu, mmoe_error *err)
+                              int cuda_graph, const char *cmd, int quiet, mmoe_gpu_model **gpu, mmoe_error *err)
 {
     *gpu = NULL;
     if (want == MMOE_BACKEND_CPU)
@@ -36,7 +86,8 @@ mmoe_status mmoe_backend_open(mmoe_backend want, const mmoe_model *m, int64_t ma
         if (want == MMOE_BACKEND_GPU)
             return mmoe_error_set(err, st, "--backend gpu: %s", probe.msg);
         if (!quiet)
-            fprintf(stderr, "%s: backend: cpu (auto: %s)\n", cmd, probe.msg);
+            fprintf(stderr, "%s: backend: cpu (auto: %s)%s\n", cmd, probe.msg,
+                    cuda_graph ? "; cuda graph: not used (the CPU runs the forward)" : "");
         return MMOE_OK;
     }
     st = mmoe_gpu_model_create(m, max_seq_len, max_tokens, gpu, &probe);
@@ -44,17 +95,23 @@ mmoe_status mmoe_backend_open(mmoe_backend want, const mmoe_model *m, int64_t ma
         if (want == MMOE_BACKEND_GPU)
             return mmoe_error_set(err, st, "--backend gpu: %s", probe.msg);
         if (!quiet)
-            fprintf(stderr, "%s: backend: cpu (auto: the GPU was found but cannot run the model: %s)\n", cmd,
-                    probe.msg);
+            fprintf(stderr, "%s: backend: cpu (auto: the GPU was found but cannot run the model: %s)%s\n", cmd,
+                    probe.msg, cuda_graph ? "; cuda graph: not used (the CPU runs the forward)" : "");
         return MMOE_OK;
+    }
+    if ((st = mmoe_gpu_model_set_cuda_graph(*gpu, cuda_graph, &probe)) != MMOE_OK) {
+        mmoe_gpu_model_destroy(*gpu);
+        *gpu = NULL;
+        return mmoe_error_set(err, st, "--cuda-graph: %s", probe.msg);
     }
     if (!quiet) {
         mmoe_gpu_model_bytes b;
         mmoe_gpu_model_bytes_held(*gpu, &b);
-        fprintf(stderr, "%s: backend: gpu (%s; device sm_%d, %.1f MiB on the device: weights %.1f, caches %.1f, work %.1f)\n",
+        fprintf(stderr, "%s: backend: gpu (%s; device sm_%d, %.1f MiB on the device: weights %.1f, caches %.1f, work %.1f; "
+                "cuda graph: %s)\n",
                 cmd, want == MMOE_BACKEND_AUTO ? "auto: a CUDA device is present" : "requested", cc,
                 (double)b.total / 1048576.0, (double)b.weights / 1048576.0, (double)b.caches / 1048576.0,
-                (double)b.work / 1048576.0);
+                (double)b.work / 1048576.0, cuda_graph ? "on, one replay per decode step" : "off");
     }
     return MMOE_OK;
 }

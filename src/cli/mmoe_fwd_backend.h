@@ -28,11 +28,41 @@ typedef enum mmoe_backend {
 int mmoe_backend_parse(const char *s, mmoe_backend *out);
 
 /**
+ * `--cuda-graph on|off`: whether the GPU forward runs each decode step as one CUDA graph
+ * replay (mmoe_gpu_forward.h).  Without the option the environment variable MMOE_GPU_GRAPH
+ * decides (unset or 0: off, 1: on, anything else refused).  `on` with `--backend cpu` is a
+ * usage error; graphs with `--gpus N` are refused (the forward over several GPUs exchanges
+ * rows through the host inside each MoE sub-layer and runs kernel by kernel), whether asked by
+ * the option (usage error) or by the variable (error: pass --cuda-graph off or unset it).
+ */
+typedef struct mmoe_cuda_graph_opt {
+    int given;  /**< 1: --cuda-graph was on the command line */
+    int on;     /**< the setting: the option's, else MMOE_GPU_GRAPH's (after mmoe_cuda_graph_resolve()) */
+} mmoe_cuda_graph_opt;
+
+/** Usage line of the option (for the commands' help texts). */
+#define MMOE_CUDA_GRAPH_USAGE                                                                                          \
+    "  --cuda-graph on|off  the GPU forward's decode steps (one token) as one CUDA graph replay each\n"                \
+    "                   (default: the environment variable MMOE_GPU_GRAPH, 1 or 0; unset: off)\n"
+
+/** Parse the value of --cuda-graph for command @p cmd ("logits"): 0, or a message and MMOE_EXIT_USAGE. */
+int mmoe_cuda_graph_option(const char *cmd, const char *value, mmoe_cuda_graph_opt *o);
+
+/**
+ * Settle the option after parsing: check MMOE_GPU_GRAPH (always: a bad value is refused even
+ * under the option) and take its setting without --cuda-graph; refuse graphs with the CPU
+ * backend (only when asked by the option) and with @p gpus > 0 GPUs.
+ * @return 0; 1 (a bad MMOE_GPU_GRAPH, or the variable asks for graphs with --gpus); MMOE_EXIT_USAGE
+ */
+int mmoe_cuda_graph_resolve(const char *cmd, mmoe_cuda_graph_opt *o, mmoe_backend backend, int gpus);
+
+/**
  * Resolve @p want for model @p m and, for the GPU, create the GPU model.
  * @param want         the requested backend
  * @param m            the loaded model
  * @param max_seq_len  positions of the sequence (GPU state)
  * @param max_tokens   largest forward call (GPU work buffers)
+ * @param cuda_graph   1: the GPU model's decode steps replay one CUDA graph (mmoe_gpu_model_set_cuda_graph())
  * @param cmd          the command's name for the message line ("megamoe logits")
  * @param quiet        1: no "backend: ..." line on stderr
  * @param gpu          receives the GPU model, or NULL when the CPU runs
@@ -40,6 +70,9 @@ int mmoe_backend_parse(const char *s, mmoe_backend *out);
  * @return MMOE_OK; with MMOE_BACKEND_GPU the GPU's error (MMOE_ENODEV, MMOE_ENOMEM with the bytes, ...)
  */
 mmoe_status mmoe_backend_open(mmoe_backend want, const mmoe_model *m, int64_t max_seq_len, int64_t max_tokens,
-                              const char *cmd, int quiet, mmoe_gpu_model **gpu, mmoe_error *err);
+                              int cuda_graph, const char *cmd, int quiet, mmoe_gpu_model **gpu, mmoe_error *err);
+
+/** Did the GPU model @p g (NULL: the CPU ran) replay its decode graph at least once? */
+int mmoe_backend_graphed(const mmoe_gpu_model *g);
 
 #endif /* MMOE_FWD_BACKEND_H */

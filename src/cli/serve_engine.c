@@ -47,8 +47,8 @@ mmoe_status serve_engine_load(serve_server *srv, int64_t ctx_size, int64_t defau
                               (long long)srv->ctx, (long long)cfg->max_seq_len);
     if ((st = mmoe_model_state_create(srv->model, srv->ctx, &srv->state, err)) != MMOE_OK)
         return st;
-    if ((st = mmoe_backend_open(srv->backend, srv->model, srv->ctx, MMOE_GEN_PREFILL_CHUNK, "megamoe serve", 0, &srv->gpu,
-                                err)) != MMOE_OK)
+    if ((st = mmoe_backend_open(srv->backend, srv->model, srv->ctx, MMOE_GEN_PREFILL_CHUNK, srv->cuda_graph,
+                                "megamoe serve", 0, &srv->gpu, err)) != MMOE_OK)
         return st;
     mmoe_sampler_params sp;
     mmoe_sampler_params_default(&sp);

@@ -103,6 +103,7 @@ typedef struct serve_server {
     mmoe_model *model;            /**< the checkpoint */
     mmoe_model_state *state;      /**< the KV state, reset per request */
     mmoe_backend backend;         /**< --backend: where the forward runs */
+    int cuda_graph;               /**< --cuda-graph: the GPU's decode steps as graph replays */
     mmoe_gpu_model *gpu;          /**< the model on the GPU (--backend gpu/auto found one), else NULL */
     mmoe_gen_session session;     /**< the generation loop */
     int have_session;             /**< session initialised */

@@ -67,6 +67,38 @@
  * attention.  The compressor runs first, token by token in one block (its state is
  * sequential), and writes every block completed in the call: a token reads only blocks
  * j < (pos+1)/ratio, all complete at its position, so the values read are the oracle's.
+ *
+ * ## One stream, one step record, one graph
+ *
+ * Every launch and copy of a call goes to the model's own stream (g->stream; the MoE's too,
+ * gfw_fwd_moe.cuh), and a call ends by synchronizing that stream.  The stream is a blocking
+ * one: the expert-parallel exchange, which copies on the legacy default stream, stays ordered
+ * with it as it was when everything ran there.
+ *
+ * What changes from call to call lives in device memory, the **step record** g->step: the
+ * call's first position (int64) followed by its token ids (int32).  The host writes it into a
+ * pinned copy (g->step_host) and the call's first operation copies it over (step_send()).  The
+ * kernels that depend on the position read it there, never as an argument: k_scale_heads,
+ * k_kv_finish, k_indexer_q (RoPE), k_compress (slot, "block complete", the output row),
+ * k_indexer_scores and k_topk (the causal block count), k_attend (window and compressed
+ * lists) and k_ring_store (the ring slot); k_embed and the hash router read the ids.  The
+ * one launch whose size follows the position, the indexer scores (one warp per causal
+ * block), strides over the live count computed on the device, with a grid the host sizes for
+ * the live count when it knows it and for max_blocks when it does not (both capped at
+ * GFW_SCORES_CTAS_PER_SM CTAs per multiprocessor).  Each (token, block) score is
+ * still computed by one warp with the same code, so the grid does not change a bit.
+ *
+ * With graphs on (mmoe_gpu_model_set_cuda_graph(), MMOE_GPU_GRAPH=1), a decode step (T = 1,
+ * logits wanted, timing off, not a rank of an expert-parallel forward) is captured once, at
+ * the first such call: step record copy, embedding, every layer, the head's mix, norm and
+ * logits (graph_capture(), thread-local capture mode, so a forbidden call fails the capture
+ * and is reported).  Every later decode step writes the record, launches the graph and copies
+ * the logits out.  The graph holds only device addresses that live as long as the model and
+ * shapes fixed by T = 1, so nothing invalidates it: mmoe_gpu_model_reset() refills the same
+ * caches, a new sequence writes new positions into the same record; it is never re-captured,
+ * and mmoe_gpu_model_destroy() frees it.  Prefill, the MTP block, timing runs and graphs off
+ * run the same functions launched one by one, so both ways run identical kernels on identical
+ * inputs.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -470,15 +502,16 @@ __global__ void __launch_bounds__(GFW_FP8_WARPS * 32, 3)
  * whose x row fits its shared memory and 16-byte aligned codes, k_linear_fp8 otherwise (same
  * bits either way).
  */
-static void launch_linear_fp8(const uint8_t *xq, const float *xs, int64_t T, const dfp8 &w, uint16_t *y)
+static void launch_linear_fp8(const uint8_t *xq, const float *xs, int64_t T, const dfp8 &w, uint16_t *y,
+                              cudaStream_t st)
 {
     const size_t smem = fp8_128_smem(w.K);
     if (w.block == 128 && smem <= GFW_FP8_SMEM_MAX && ((uintptr_t)w.w & 15) == 0) {
         const int64_t per_blk = GFW_FP8_ROWS * GFW_FP8_WARPS;
         const int64_t blocks = T * ((w.N + per_blk - 1) / per_blk);
-        k_linear_fp8_128<<<(unsigned)blocks, GFW_FP8_WARPS * 32, smem>>>(xq, xs, T, w, y);
+        k_linear_fp8_128<<<(unsigned)blocks, GFW_FP8_WARPS * 32, smem, st>>>(xq, xs, T, w, y);
     } else {
-        k_linear_fp8<<<(unsigned)((T * w.N * 32 + 255) / 256), 256>>>(xq, xs, T, w, y);
+        k_linear_fp8<<<(unsigned)((T * w.N * 32 + 255) / 256), 256, 0, st>>>(xq, xs, T, w, y);
     }
 }
 
@@ -838,12 +871,13 @@ struct bf_sq_term {
 
 /**
  * q_h <- q_h * rsqrt(mean(q_h^2) + eps) in bf16 steps (attn_forward.c), then RoPE on its last
- * rope_dim dims at position pos0 + row / H; one warp per row of @p rows (t, head), the squares
- * summed in the order of @ref spec_arch_sum_order.
+ * rope_dim dims at position pos0 + row / H (pos0 = *pos_dev, the step record); one warp per row
+ * of @p rows (t, head), the squares summed in the order of @ref spec_arch_sum_order.
  */
 __global__ void k_scale_heads(uint16_t *q, int64_t rows, int64_t d, float eps, int64_t H, int rope_dim,
-                              const float *cs, int64_t pos0)
+                              const float *cs, const int64_t *pos_dev)
 {
+    const int64_t pos0 = *pos_dev;
     const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x & 31;
     if (row >= rows)
@@ -932,10 +966,13 @@ __device__ void hadamard_block(uint16_t *x, int64_t rows, int n, float *v)
 /**
  * The kv row of each token (one block per row, blockDim.x a power of two): RMSNorm with @p w
  * (the block's tree of squares, @ref spec_arch_sum_order), RoPE on the last rope_dim dims at
- * position pos0 + row, and the FP8 round trip of the others (attn_forward.c), in place.
+ * position pos0 + row (pos0 = *pos_dev), and the FP8 round trip of the others (attn_forward.c),
+ * in place.
  */
-__global__ void k_kv_finish(uint16_t *kv, int64_t d, ddense w, float eps, int rope_dim, const float *cs, int64_t pos0)
+__global__ void k_kv_finish(uint16_t *kv, int64_t d, ddense w, float eps, int rope_dim, const float *cs,
+                            const int64_t *pos_dev)
 {
+    const int64_t pos0 = *pos_dev;
     __shared__ double sh[33];
     uint16_t *x = kv + (int64_t)blockIdx.x * d;
     const float rs = rms_factor(gfw_block_sum(sq_term{x}, d, sh), d, eps);
@@ -949,12 +986,14 @@ __global__ void k_kv_finish(uint16_t *kv, int64_t d, ddense w, float eps, int ro
 
 /**
  * Indexer queries of one token per block (attn_forward.c): RoPE on the last rope_dim dims of
- * each head at position pos0 + t, Hadamard per head, then FP4 over all heads; and the token's
- * head weights wi = bf16(wi * w_scale).  Dynamic shared memory: ih * id floats.
+ * each head at position pos0 + t (pos0 = *pos_dev, the step record), Hadamard per head, then
+ * FP4 over all heads; and the token's head weights wi = bf16(wi * w_scale).  Dynamic shared
+ * memory: ih * id floats.
  */
-__global__ void k_indexer_q(uint16_t *qi, int ih, int id, int rope_dim, const float *cs, int64_t pos0, uint16_t *wi,
-                            float w_scale)
+__global__ void k_indexer_q(uint16_t *qi, int ih, int id, int rope_dim, const float *cs, const int64_t *pos_dev,
+                            uint16_t *wi, float w_scale)
 {
+    const int64_t pos0 = *pos_dev;
     extern __shared__ float hv[];
     uint16_t *q = qi + (int64_t)blockIdx.x * ih * id;
     const int half = rope_dim / 2;
@@ -978,7 +1017,8 @@ struct comp_args {
     const float *cs;          /**< cos/sin table of the layer */
     int kind;                 /**< 0: attention kv (FP8 round trip), 1: indexer (Hadamard + FP4) */
     uint16_t *out;            /**< [max_blocks, dh]: block j in row j */
-    int64_t pos0, T;          /**< positions of the call */
+    const int64_t *pos0;      /**< device: position of the call's first token (the step record) */
+    int64_t T;                /**< tokens of the call */
     /** @var comp_args::kv
      *  [T, c*dh] kv projection of the call
      *  @var comp_args::kv_state
@@ -992,9 +1032,7 @@ struct comp_args {
      *  @var comp_args::rope_dim
      *  rotary dimensions
      *  @var comp_args::eps
-     *  RMSNorm epsilon
-     *  @var comp_args::pos0
-     *  position of the call's first token */
+     *  RMSNorm epsilon */
 };
 
 /**
@@ -1010,7 +1048,7 @@ __global__ void k_compress(comp_args a)
     const int r = a.ratio, c = a.overlap, dh = a.dh, width = c * dh;
     uint16_t *row_out = NULL;
     for (int64_t t = 0; t < a.T; t++) {
-        const int64_t pos = a.pos0 + t;
+        const int64_t pos = *a.pos0 + t;
         const int in_block = (int)(pos % r);
         const int slot = (c - 1) * r + in_block;
         for (int ch = threadIdx.x; ch < width; ch += blockDim.x) {
@@ -1092,20 +1130,14 @@ struct bf_dot_term {
 };
 
 /**
- * Indexer block scores (attn_indexer.c) into scores[t * max_blocks + j], one warp per (t, block
- * j < nb), nb at least the causal count of the call's last token; blocks j >= (pos+1)/4 are
- * not written.  Aligned groups of G lanes (G = the chunks of a head's dot product, rounded
- * up to a power of two, at most 32) sum one head each in the order of @ref spec_arch_sum_order;
- * lane 0 adds the heads' bf16 terms in ascending head order, as the oracle.
+ * The score of compressed block j for token t of the call (one warp; pos0: the call's first
+ * position): nothing when the block is not causal for the token, j >= (pos0 + t + 1) / 4.
  */
-__global__ void k_indexer_scores(const uint16_t *qi, const uint16_t *wi, const uint16_t *keys, int ih, int id,
-                                 int64_t T, int64_t pos0, int64_t nb, int64_t max_blocks, float *scores)
+__device__ __forceinline__ void indexer_score(const uint16_t *qi, const uint16_t *wi, const uint16_t *keys, int ih,
+                                              int id, int64_t pos0, int64_t t, int64_t j, int64_t max_blocks,
+                                              float *scores)
 {
-    const int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x & 31;
-    if (w >= T * nb)
-        return;
-    const int64_t t = w / nb, j = w % nb;
     const int64_t n_causal = (pos0 + t + 1) / 4;
     if (j >= n_causal)
         return;
@@ -1133,6 +1165,33 @@ __global__ void k_indexer_scores(const uint16_t *qi, const uint16_t *wi, const u
         scores[t * max_blocks + j] = gfw_bfr(__double2float_rn(head_sum));
 }
 
+/**
+ * Most CTAs of 256 threads per multiprocessor in k_indexer_scores' grid: as many as are
+ * resident at once on sm_90 (59 registers per thread, 16 K registers per CTA: four); its warps
+ * stride over the scores beyond that.
+ */
+#define GFW_SCORES_CTAS_PER_SM 4
+
+/**
+ * Indexer block scores (attn_indexer.c) into scores[t * max_blocks + j], one warp per (t, block
+ * j < nb), nb = min((pos0 + T) / 4, max_blocks), the causal count of the call's last token, with
+ * pos0 = *pos_dev (the step record); blocks j >= (pos+1)/4 are not written.  The warps stride
+ * over the T * nb pairs, so any grid covers them: the host sizes it for the live count when it
+ * launches eagerly and for max_blocks (capped) in a CUDA graph, where nb is not known.  Aligned
+ * groups of G lanes (G = the chunks of a head's dot product, rounded up to a power of two, at
+ * most 32) sum one head each in the order of @ref spec_arch_sum_order; lane 0 adds the heads'
+ * bf16 terms in ascending head order, as the oracle.
+ */
+__global__ void k_indexer_scores(const uint16_t *qi, const uint16_t *wi, const uint16_t *keys, int ih, int id,
+                                 int64_t T, const int64_t *pos_dev, int64_t max_blocks, float *scores)
+{
+    const int64_t pos0 = *pos_dev;
+    const int64_t nb = (pos0 + T) / 4 < max_blocks ? (pos0 + T) / 4 : max_blocks;
+    const int64_t n_warps = (int64_t)gridDim.x * blockDim.x / 32;
+    for (int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; w < T * nb; w += n_warps)
+        indexer_score(qi, wi, keys, ih, id, pos0, w / nb, w % nb, max_blocks, scores);
+}
+
 /** Does candidate a (score sa) come before b in the indexer's order? */
 __device__ __forceinline__ int topk_before(float sa, int64_t a, float sb, int64_t b)
 {
@@ -1144,9 +1203,11 @@ __device__ __forceinline__ int topk_before(float sa, int64_t a, float sb, int64_
     return a < b;
 }
 
-/** Top-k by rank counting, one block per token; idx[t, rank] = block. */
-__global__ void k_topk(const float *scores, int64_t T, int64_t pos0, int64_t max_blocks, int topk, int32_t *idx)
+/** Top-k by rank counting, one block per token (pos0 = *pos_dev); idx[t, rank] = block. */
+__global__ void k_topk(const float *scores, int64_t T, const int64_t *pos_dev, int64_t max_blocks, int topk,
+                       int32_t *idx)
 {
+    const int64_t pos0 = *pos_dev;
     const int64_t t = blockIdx.x;
     const int64_t n = (pos0 + t + 1) / 4;
     const int64_t k = n < topk ? n : topk;
@@ -1170,7 +1231,7 @@ struct attend_args {
     const float *sink;        /**< [H] */
     const float *cs;          /**< cos/sin table for the inverse RoPE of the output (NULL: none) */
     int H, d, W, ratio, topk, rope_dim;
-    int64_t pos0;
+    const int64_t *pos0;      /**< device: position of the call's first token (the step record) */
     float scale;
     /** @var attend_args::H
      *  heads
@@ -1182,8 +1243,6 @@ struct attend_args {
      *  compression ratio (0: none)
      *  @var attend_args::topk
      *  compressed blocks per token (ratio 4)
-     *  @var attend_args::pos0
-     *  position of the call's first token
      *  @var attend_args::scale
      *  score scale, 1/sqrt(d)
      *  @var attend_args::rope_dim
@@ -1191,13 +1250,13 @@ struct attend_args {
     uint16_t *out;            /**< [T, H, d] */
 };
 
-/** Row e of token t's attention list. */
-__device__ __forceinline__ const uint16_t *attend_row(const attend_args &a, int64_t t, int64_t pos, int64_t first,
+/** Row e of token t's attention list (pos0: the call's first position). */
+__device__ __forceinline__ const uint16_t *attend_row(const attend_args &a, int64_t pos0, int64_t t, int64_t first,
                                                       int64_t n_win, int64_t e)
 {
     if (e < n_win) {
         const int64_t q = first + e;
-        return q >= a.pos0 ? a.kv_call + (q - a.pos0) * a.d : a.ring + (q % a.W) * a.d;
+        return q >= pos0 ? a.kv_call + (q - pos0) * a.d : a.ring + (q % a.W) * a.d;
     }
     const int64_t j = a.ratio == 128 ? e - n_win : a.topk_idx[t * a.topk + (e - n_win)];
     return a.comp + j * a.d;
@@ -1213,9 +1272,11 @@ __device__ __forceinline__ const uint16_t *attend_row(const attend_args &a, int6
  * Each warp sums the scores of rows warp, warp + nw, ... (the order of
  * @ref spec_arch_sum_order, GFW_ATTEND_ROWS rows at a time); the exps are taken in parallel,
  * the denominator is summed in row order by one thread, and each thread extends the P.V sums of
- * its channels in row order.  With a.cs the output gets its inverse RoPE at the end.
+ * its channels in row order.  With a.cs the output gets its inverse RoPE at the end.  Bounded
+ * to three CTAs per multiprocessor (80 registers on sm_90a and sm_100a, no spills; unbounded,
+ * the compiler takes 99 on sm_90a and two fit, fewer of a prefill's (token, head) blocks at once).
  */
-__global__ void k_attend(attend_args a)
+__global__ void __launch_bounds__(256, 3) k_attend(attend_args a)
 {
     __shared__ float sc[64];
     __shared__ float pf[64];
@@ -1226,7 +1287,7 @@ __global__ void k_attend(attend_args a)
     const int h = blockIdx.y;
     const int d = a.d;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid / 32, nw = blockDim.x / 32;
-    const int64_t pos = a.pos0 + t;
+    const int64_t pos0 = *a.pos0, pos = pos0 + t;
     const int64_t first = pos - a.W + 1 > 0 ? pos - a.W + 1 : 0;
     const int64_t n_win = pos - first + 1;
     int64_t n_comp = 0;
@@ -1249,7 +1310,7 @@ __global__ void k_attend(attend_args a)
     for (int64_t c0 = 0; c0 < n; c0 += 64) {
         const int cn = (int)((n - c0) < 64 ? (n - c0) : 64);
         if (tid < cn)
-            rowp[tid] = attend_row(a, t, pos, first, n_win, c0 + tid);
+            rowp[tid] = attend_row(a, pos0, t, first, n_win, c0 + tid);
         __syncthreads();
         for (int i = warp; i < cn; i += GFW_ATTEND_ROWS * nw) {
             double v[GFW_ATTEND_ROWS];
@@ -1326,9 +1387,10 @@ __global__ void k_attend(attend_args a)
     }
 }
 
-/** Copy the last min(T, W) kv rows of the call into the ring (slot pos % W). */
-__global__ void k_ring_store(const uint16_t *kv, int64_t T, int64_t pos0, int W, int d, uint16_t *ring)
+/** Copy the last min(T, W) kv rows of the call into the ring (slot pos % W; pos0 = *pos_dev). */
+__global__ void k_ring_store(const uint16_t *kv, int64_t T, const int64_t *pos_dev, int W, int d, uint16_t *ring)
 {
+    const int64_t pos0 = *pos_dev;
     const int64_t first = T > W ? T - W : 0;
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (T - first) * d)
@@ -1490,6 +1552,21 @@ struct mmoe_gpu_model {
     int64_t pos, mtp_pos;
     int timing;
     double *attn_s, *moe_s, *mhc_s, embed_s, head_s;
+    /* the stream, the step record and the decode graph (the chapter "One stream, one step record, one graph") */
+    cudaStream_t stream;          /**< every launch and copy of a call */
+    int64_t *step;                /**< device step record: step[0] the call's first position, then its ids (ids) */
+    int64_t *step_host;           /**< its pinned host copy, written before each call */
+    int n_sm;                     /**< multiprocessors of the device (grids sized for the largest live count) */
+    int graph_on;                 /**< 1: decode steps (T = 1, logits wanted, timing off) replay one graph */
+    int capturing;                /**< 1 while the decode step is being captured */
+    cudaGraphExec_t graph_exec;   /**< the captured decode step (NULL until the first graphed step) */
+    int64_t graph_captures, graph_replays, eager_calls; /**< since creation */
+    /** @var mmoe_gpu_model::graph_captures
+     *  captures of the decode graph
+     *  @var mmoe_gpu_model::graph_replays
+     *  forward calls that replayed it
+     *  @var mmoe_gpu_model::eager_calls
+     *  forward calls launched kernel by kernel */
     /** @var mmoe_gpu_model::n_allocs
      *  allocations held
      *  @var mmoe_gpu_model::cap_allocs
@@ -1910,7 +1987,8 @@ static cudaError_t build(mmoe_gpu_model *g, const gfw_model_src *s, int *host_oo
         E = E > s->blocks[L].moe.n_experts ? E : s->blocks[L].moe.n_experts;
     }
     const int64_t rows = Tm * hc;
-    g->ids = (int32_t *)galloc(g, sizeof(int32_t) * (size_t)Tm, &ce);
+    g->step = (int64_t *)galloc(g, sizeof(int64_t) + sizeof(int32_t) * (size_t)Tm, &ce);
+    g->ids = g->step ? (int32_t *)(g->step + 1) : NULL;
     g->X = (uint16_t *)galloc(g, 2 * (size_t)(rows * D), &ce);
     g->y = (uint16_t *)galloc(g, 2 * (size_t)(Tm * D), &ce);
     g->o = (uint16_t *)galloc(g, 2 * (size_t)(Tm * D), &ce);
@@ -2094,12 +2172,49 @@ extern "C" mmoe_status mmoe_gpu_model_create(const mmoe_model *m, int64_t max_se
     return gfw_model_create_part(m, NULL, max_seq_len, max_tokens, out, err);
 }
 
+/**
+ * Let k_indexer_q take the dynamic shared memory of the largest ratio-4 block (ih * id floats)
+ * when that exceeds the default 48 KiB: once at creation, never inside a (captured) call.
+ */
+static cudaError_t allow_large_smem(const gfw_model_src *s)
+{
+    size_t q_smem = 0;
+    for (int L = 0; L < s->n_blocks; L++) {
+        const gfw_attn_dims *a = &s->blocks[L].a;
+        const size_t need = a->ratio == 4 ? sizeof(float) * (size_t)a->ih * (size_t)a->id : 0;
+        q_smem = need > q_smem ? need : q_smem;
+    }
+    if (q_smem <= 48 * 1024)
+        return cudaSuccess;
+    return cudaFuncSetAttribute(k_indexer_q, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)q_smem);
+}
+
+/** The model's stream, the step record's pinned host copy and the device's multiprocessor count. */
+static cudaError_t create_stream_and_step(mmoe_gpu_model *g)
+{
+    int dev = 0;
+    cudaError_t ce = cudaGetDevice(&dev);
+    if (ce == cudaSuccess)
+        ce = cudaDeviceGetAttribute(&g->n_sm, cudaDevAttrMultiProcessorCount, dev);
+    /* a blocking stream: the expert-parallel exchange's copies on the legacy stream stay ordered with it */
+    if (ce == cudaSuccess)
+        ce = cudaStreamCreate(&g->stream);
+    if (ce == cudaSuccess)
+        ce = cudaHostAlloc((void **)&g->step_host, sizeof(int64_t) + sizeof(int32_t) * (size_t)g->Tm,
+                           cudaHostAllocDefault);
+    return ce;
+}
+
 extern "C" mmoe_status gfw_model_create_part(const mmoe_model *m, const gfw_ep_part *part, int64_t max_seq_len,
                                              int64_t max_tokens, mmoe_gpu_model **out, mmoe_error *err)
 {
     *out = NULL;
+    int graph_on = 0; /* MMOE_GPU_GRAPH: read for a whole model (a rank of an expert-parallel forward stays eager) */
+    mmoe_status st = part ? MMOE_OK : mmoe_gpu_graph_env(&graph_on, err);
+    if (st != MMOE_OK)
+        return st;
     mmoe_gpu_model_bytes need;
-    mmoe_status st = gfw_model_bytes_part(m, part, max_seq_len, max_tokens, &need, err);
+    st = gfw_model_bytes_part(m, part, max_seq_len, max_tokens, &need, err);
     if (st != MMOE_OK)
         return st;
     const size_t margin = (size_t)256 << 20; /* the CUDA context and allocator slack */
@@ -2129,7 +2244,12 @@ extern "C" mmoe_status gfw_model_create_part(const mmoe_model *m, const gfw_ep_p
     cudaError_t ce = upload_tables();
     int oom = 0;
     if (ce == cudaSuccess)
+        ce = create_stream_and_step(g);
+    if (ce == cudaSuccess)
+        ce = allow_large_smem(&s);
+    if (ce == cudaSuccess)
         ce = build(g, &s, &oom);
+    g->graph_on = graph_on;
     g->bytes.total = g->bytes.weights + g->bytes.caches + g->bytes.work;
     gfw_model_src_free(&s);
     if (oom || !g->attn_s || !g->moe_s || !g->mhc_s)
@@ -2150,7 +2270,15 @@ extern "C" void mmoe_gpu_model_destroy(mmoe_gpu_model *g)
 {
     if (!g)
         return;
+    if (g->graph_exec)
+        cudaGraphExecDestroy(g->graph_exec);
+    if (g->stream)
+        cudaStreamSynchronize(g->stream);
     free_all(g);
+    if (g->stream)
+        cudaStreamDestroy(g->stream);
+    if (g->step_host)
+        cudaFreeHost(g->step_host);
     free(g->blocks);
     free(g->attn_s);
     free(g->moe_s);
@@ -2175,13 +2303,14 @@ static unsigned nblk(int64_t n, int bs = 256) { return (unsigned)((n + bs - 1) /
  */
 static void launch_hc_mix(const uint16_t *X, int64_t D, int hc, int64_t T, const float *fn, const float *base,
                           const float *scale, int n_out, float norm_eps, float hc_eps, int iters, double *part,
-                          uint16_t *y, float *post, float *comb)
+                          uint16_t *y, float *post, float *comb, cudaStream_t st)
 {
     const int64_t n = (int64_t)hc * D;
     const int S = hc_part_blocks(n);
-    k_hc_part<<<dim3((unsigned)S, (unsigned)(n_out + 1), (unsigned)T), GFW_HC_PART_CHUNKS>>>(X, n, fn, n_out, part);
-    k_hc_finish<<<dim3(nblk(D, 1024), (unsigned)T), 256>>>(X, D, hc, part, S, base, scale, n_out, norm_eps, hc_eps,
-                                                           iters, y, post, comb);
+    k_hc_part<<<dim3((unsigned)S, (unsigned)(n_out + 1), (unsigned)T), GFW_HC_PART_CHUNKS, 0, st>>>(X, n, fn, n_out,
+                                                                                                   part);
+    k_hc_finish<<<dim3(nblk(D, 1024), (unsigned)T), 256, 0, st>>>(X, D, hc, part, S, base, scale, n_out, norm_eps,
+                                                                  hc_eps, iters, y, post, comb);
 }
 
 extern "C" mmoe_status mmoe_gpu_model_reset(mmoe_gpu_model *g, mmoe_error *err)
@@ -2189,18 +2318,20 @@ extern "C" mmoe_status mmoe_gpu_model_reset(mmoe_gpu_model *g, mmoe_error *err)
     for (int L = 0; L < g->n_blocks; L++) {
         gblock *d = &g->blocks[L];
         if (d->c_kv) {
-            k_fill<<<nblk((int64_t)d->c_state_n), 256>>>(d->c_kv, d->c_state_n, 0.0f);
-            k_fill<<<nblk((int64_t)d->c_state_n), 256>>>(d->c_score, d->c_state_n, -INFINITY);
+            k_fill<<<nblk((int64_t)d->c_state_n), 256, 0, g->stream>>>(d->c_kv, d->c_state_n, 0.0f);
+            k_fill<<<nblk((int64_t)d->c_state_n), 256, 0, g->stream>>>(d->c_score, d->c_state_n, -INFINITY);
         }
         if (d->i_kv) {
-            k_fill<<<nblk((int64_t)d->i_state_n), 256>>>(d->i_kv, d->i_state_n, 0.0f);
-            k_fill<<<nblk((int64_t)d->i_state_n), 256>>>(d->i_score, d->i_state_n, -INFINITY);
+            k_fill<<<nblk((int64_t)d->i_state_n), 256, 0, g->stream>>>(d->i_kv, d->i_state_n, 0.0f);
+            k_fill<<<nblk((int64_t)d->i_state_n), 256, 0, g->stream>>>(d->i_score, d->i_state_n, -INFINITY);
         }
         g->attn_s[L] = g->moe_s[L] = g->mhc_s[L] = 0.0;
     }
     g->pos = g->mtp_pos = 0;
     g->embed_s = g->head_s = 0.0;
-    cudaError_t ce = cudaDeviceSynchronize();
+    cudaError_t ce = cudaGetLastError();
+    if (ce == cudaSuccess)
+        ce = cudaStreamSynchronize(g->stream);
     return ce == cudaSuccess ? MMOE_OK : cuda_fail(err, ce, "reset");
 }
 
@@ -2208,6 +2339,24 @@ extern "C" int64_t mmoe_gpu_model_pos(const mmoe_gpu_model *g) { return g->pos; 
 extern "C" int64_t mmoe_gpu_model_max_seq_len(const mmoe_gpu_model *g) { return g->max_seq_len; }
 extern "C" void mmoe_gpu_model_bytes_held(const mmoe_gpu_model *g, mmoe_gpu_model_bytes *out) { *out = g->bytes; }
 extern "C" void mmoe_gpu_model_set_timing(mmoe_gpu_model *g, int on) { g->timing = on; }
+
+extern "C" mmoe_status mmoe_gpu_model_set_cuda_graph(mmoe_gpu_model *g, int on, mmoe_error *err)
+{
+    if (on && g->has_part)
+        return mmoe_error_set(err, MMOE_EUNSUPPORTED,
+                              "cuda graph: a rank of the expert-parallel forward exchanges rows through the host "
+                              "inside each MoE sub-layer; its steps run kernel by kernel");
+    g->graph_on = on != 0;
+    return MMOE_OK;
+}
+
+extern "C" void mmoe_gpu_model_graph_stats(const mmoe_gpu_model *g, mmoe_gpu_graph_stats *out)
+{
+    out->enabled = g->graph_on;
+    out->captures = g->graph_captures;
+    out->replays = g->graph_replays;
+    out->eager_calls = g->eager_calls;
+}
 
 extern "C" void mmoe_gpu_model_timings_get(const mmoe_gpu_model *g, mmoe_gpu_model_timings *out)
 {
@@ -2242,9 +2391,9 @@ static double tick(const mmoe_gpu_model *g)
 
 /** y = rmsnorm(x) for @p rows rows of width n. */
 static mmoe_status rmsnorm(const uint16_t *x, int64_t rows, int64_t n, const ddense &w, float eps, uint16_t *y,
-                           mmoe_error *err)
+                           cudaStream_t st, mmoe_error *err)
 {
-    k_rmsnorm<<<(unsigned)rows, 256>>>(x, n, w, eps, y);
+    k_rmsnorm<<<(unsigned)rows, 256, 0, st>>>(x, n, w, eps, y);
     GFW_CHECK("rmsnorm");
     return MMOE_OK;
 }
@@ -2252,7 +2401,7 @@ static mmoe_status rmsnorm(const uint16_t *x, int64_t rows, int64_t n, const dde
 /** Quantize @p rows rows of width K of @p x into g->aq, g->as (the input of the next FP8 linears). */
 static mmoe_status act_quant(mmoe_gpu_model *g, const uint16_t *x, int64_t rows, int64_t K, mmoe_error *err)
 {
-    k_act_quant<<<dim3((unsigned)(K / 128), (unsigned)rows), 128>>>(x, K, g->aq, g->as);
+    k_act_quant<<<dim3((unsigned)(K / 128), (unsigned)rows), 128, 0, g->stream>>>(x, K, g->aq, g->as);
     GFW_CHECK("activation quantization");
     return MMOE_OK;
 }
@@ -2261,7 +2410,7 @@ static mmoe_status act_quant(mmoe_gpu_model *g, const uint16_t *x, int64_t rows,
 static mmoe_status linear_fp8_quantized(mmoe_gpu_model *g, int64_t rows, const dfp8 &w, uint16_t *y,
                                         mmoe_error *err)
 {
-    launch_linear_fp8(g->aq, g->as, rows, w, y);
+    launch_linear_fp8(g->aq, g->as, rows, w, y, g->stream);
     GFW_CHECK("fp8 linear");
     return MMOE_OK;
 }
@@ -2276,12 +2425,13 @@ static mmoe_status linear_fp8(mmoe_gpu_model *g, const uint16_t *x, int64_t rows
 
 /** Dense linear. */
 static mmoe_status linear_dense(const uint16_t *x, int64_t rows, int64_t ldx, int64_t K, const ddense &w, int64_t N,
-                                int64_t group_rows, int64_t group_width, float *yf, uint16_t *yb, mmoe_error *err)
+                                int64_t group_rows, int64_t group_width, float *yf, uint16_t *yb, cudaStream_t st,
+                                mmoe_error *err)
 {
     dense_set s;
     memset(&s, 0, sizeof s);
     s.w[0] = w, s.N[0] = N, s.yf[0] = yf, s.yb[0] = yb, s.n = 1;
-    k_linear_dense<<<(unsigned)(rows * N), dense_threads(K)>>>(x, rows, ldx, K, s, group_rows, group_width);
+    k_linear_dense<<<(unsigned)(rows * N), dense_threads(K), 0, st>>>(x, rows, ldx, K, s, group_rows, group_width);
     GFW_CHECK("dense linear");
     return MMOE_OK;
 }
@@ -2294,35 +2444,43 @@ static void dense_add(dense_set *s, const ddense &w, int64_t N, float *yf, uint1
 }
 
 /** The dense linears of a set on the same input x [rows, K] in one launch. */
-static mmoe_status linear_dense_set(const uint16_t *x, int64_t rows, int64_t K, const dense_set &s, mmoe_error *err)
+static mmoe_status linear_dense_set(const uint16_t *x, int64_t rows, int64_t K, const dense_set &s, cudaStream_t st,
+                                    mmoe_error *err)
 {
     int64_t blocks = 0;
     for (int j = 0; j < s.n; j++)
         blocks += rows * s.N[j];
-    k_linear_dense<<<(unsigned)blocks, dense_threads(K)>>>(x, rows, K, K, s, 0, 0);
+    k_linear_dense<<<(unsigned)blocks, dense_threads(K), 0, st>>>(x, rows, K, K, s, 0, 0);
     GFW_CHECK("dense linears");
     return MMOE_OK;
 }
 
-/** The attention sub-layer on g->y (attn_norm output), result in g->o. */
+/**
+ * The attention sub-layer on g->y (attn_norm output), result in g->o.  The kernels read the
+ * call's first position from the step record (g->step); @p pos0, its value, only sizes the
+ * indexer scores' grid when the step is launched eagerly (a captured step sizes it for
+ * max_blocks).
+ */
 static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t T, mmoe_error *err)
 {
     const gfw_attn_dims &a = b->a;
     const int64_t D = g->D, d = a.d, H = a.H, ih = a.ih, id = a.id;
+    const cudaStream_t sm = g->stream;
+    const int64_t *pos_dev = g->step;
     mmoe_status st;
     /* projections */
     /* x quantized once for wq_a and wkv, q_r once for wq_b and the indexer's wq_b */
     if ((st = act_quant(g, g->y, T, a.D, err)) != MMOE_OK ||
         (st = linear_fp8_quantized(g, T, b->wq_a, g->qr, err)) != MMOE_OK ||
         (st = linear_fp8_quantized(g, T, b->wkv, g->kv, err)) != MMOE_OK ||
-        (st = rmsnorm(g->qr, T, a.q_lora, b->q_norm, a.eps, g->qr, err)) != MMOE_OK ||
+        (st = rmsnorm(g->qr, T, a.q_lora, b->q_norm, a.eps, g->qr, sm, err)) != MMOE_OK ||
         (st = act_quant(g, g->qr, T, a.q_lora, err)) != MMOE_OK ||
         (st = linear_fp8_quantized(g, T, b->wq_b, g->q, err)) != MMOE_OK ||
         (a.ratio == 4 && (st = linear_fp8_quantized(g, T, b->idx_wq_b, g->qi, err)) != MMOE_OK))
         return st;
-    k_scale_heads<<<nblk(T * H * 32), 256>>>(g->q, T * H, d, a.eps, H, a.rope_dim, b->cs, pos0);
+    k_scale_heads<<<nblk(T * H * 32), 256, 0, sm>>>(g->q, T * H, d, a.eps, H, a.rope_dim, b->cs, pos_dev);
     GFW_CHECK("q head scaling and rope");
-    k_kv_finish<<<(unsigned)T, 256>>>(g->kv, d, b->kv_norm, a.eps, a.rope_dim, b->cs, pos0);
+    k_kv_finish<<<(unsigned)T, 256, 0, sm>>>(g->kv, d, b->kv_norm, a.eps, a.rope_dim, b->cs, pos_dev);
     GFW_CHECK("kv norm, rope and fp8 round trip");
     const int c = a.ratio == 4 ? 2 : 1;
     if (a.ratio > 0) { /* the compressors' and the indexer's dense projections of x, one launch */
@@ -2335,50 +2493,55 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
             dense_add(&ds, b->i_wkv, 2 * id, g->ikv, NULL);
             dense_add(&ds, b->i_wgate, 2 * id, g->igate, NULL);
         }
-        if ((st = linear_dense_set(g->y, T, D, ds, err)) != MMOE_OK)
+        if ((st = linear_dense_set(g->y, T, D, ds, sm, err)) != MMOE_OK)
             return st;
     }
     if (a.ratio == 4) {
         const float w_scale = (float)(1.0 / sqrt((double)id) * (1.0 / sqrt((double)ih)));
-        const size_t q_smem = sizeof(float) * (size_t)(ih * id);
-        if (q_smem > 48 * 1024)
-            cudaFuncSetAttribute(k_indexer_q, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)q_smem);
-        k_indexer_q<<<(unsigned)T, 512, q_smem>>>(g->qi, (int)ih, (int)id, a.rope_dim, b->cs, pos0, g->wi, w_scale);
+        const size_t q_smem = sizeof(float) * (size_t)(ih * id); /* allowed at creation (allow_large_smem) */
+        k_indexer_q<<<(unsigned)T, 512, q_smem, sm>>>(g->qi, (int)ih, (int)id, a.rope_dim, b->cs, pos_dev, g->wi,
+                                                      w_scale);
         GFW_CHECK("indexer queries");
     }
     /* compressors (sequential over the call's tokens) */
     if (a.ratio > 0) {
         comp_args ca = {g->ckv, g->cgate, b->c_ape, b->c_kv, b->c_score, b->c_norm, a.ratio, c, (int)d, a.rope_dim,
-                        a.eps, b->cs, 0, b->comp, pos0, T};
-        k_compress<<<1, 256, sizeof(float) * (size_t)(2 * d)>>>(ca);
+                        a.eps, b->cs, 0, b->comp, pos_dev, T};
+        k_compress<<<1, 256, sizeof(float) * (size_t)(2 * d), sm>>>(ca);
         GFW_CHECK("compressor");
     }
     if (a.ratio == 4) {
         comp_args ia = {g->ikv, g->igate, b->i_ape, b->i_kv, b->i_score, b->i_norm, 4, 2, (int)id, a.rope_dim,
-                        a.eps, b->cs, 1, b->idx_keys, pos0, T};
-        k_compress<<<1, 256, sizeof(float) * (size_t)(2 * id)>>>(ia);
+                        a.eps, b->cs, 1, b->idx_keys, pos_dev, T};
+        k_compress<<<1, 256, sizeof(float) * (size_t)(2 * id), sm>>>(ia);
         GFW_CHECK("indexer compressor");
         if (b->max_blocks > 0) {
-            /* warps for the causal blocks of the call's last token only (scores keep the stride max_blocks) */
-            const int64_t nb = (pos0 + T) / 4 < b->max_blocks ? (pos0 + T) / 4 : b->max_blocks;
+            /* warps for the causal blocks of the call's last token (scores keep the stride max_blocks);
+             * a captured step cannot know them: its grid covers max_blocks, the warps past the live
+             * count exit at once; either grid is capped, the warps striding over the rest */
+            const int64_t live = (pos0 + T) / 4 < b->max_blocks ? (pos0 + T) / 4 : b->max_blocks;
+            const int64_t nb = g->capturing ? b->max_blocks : live;
+            const unsigned cap = (unsigned)(GFW_SCORES_CTAS_PER_SM * g->n_sm);
             if (nb > 0) { /* none before the first block is complete */
-                k_indexer_scores<<<nblk(T * nb * 32), 256>>>(g->qi, g->wi, b->idx_keys, (int)ih, (int)id, T, pos0,
-                                                             nb, b->max_blocks, g->scores);
+                const unsigned grid = nblk(T * nb * 32) < cap ? nblk(T * nb * 32) : cap;
+                k_indexer_scores<<<grid, 256, 0, sm>>>(g->qi, g->wi, b->idx_keys, (int)ih, (int)id, T, pos_dev,
+                                                       b->max_blocks, g->scores);
                 GFW_CHECK("indexer scores");
             }
-            k_topk<<<(unsigned)T, 256>>>(g->scores, T, pos0, b->max_blocks, a.topk, g->topk_idx);
+            k_topk<<<(unsigned)T, 256, 0, sm>>>(g->scores, T, pos_dev, b->max_blocks, a.topk, g->topk_idx);
             GFW_CHECK("indexer top-k");
         }
     }
     attend_args aa = {g->q, g->kv, b->ring, b->comp, g->topk_idx, b->sink, b->cs, (int)H, (int)d, a.window, a.ratio,
-                      a.topk, a.rope_dim, pos0, (float)(1.0 / sqrt((double)d)), g->att};
-    k_attend<<<dim3((unsigned)T, (unsigned)H), 256>>>(aa);
+                      a.topk, a.rope_dim, pos_dev, (float)(1.0 / sqrt((double)d)), g->att};
+    k_attend<<<dim3((unsigned)T, (unsigned)H), 256, 0, sm>>>(aa);
     GFW_CHECK("attention and inverse rope");
-    k_ring_store<<<nblk((T < a.window ? T : a.window) * d), 256>>>(g->kv, T, pos0, a.window, (int)d, b->ring);
+    k_ring_store<<<nblk((T < a.window ? T : a.window) * d), 256, 0, sm>>>(g->kv, T, pos_dev, a.window, (int)d,
+                                                                          b->ring);
     GFW_CHECK("window store");
     /* grouped output projection */
     const int64_t hd = H * d, gw = hd / a.G, gr = (int64_t)a.G * a.o_lora;
-    if ((st = linear_dense(g->att, T, hd, gw, b->wo_a, gr, a.o_lora, gw, NULL, g->z, err)) != MMOE_OK)
+    if ((st = linear_dense(g->att, T, hd, gw, b->wo_a, gr, a.o_lora, gw, NULL, g->z, sm, err)) != MMOE_OK)
         return st;
     return linear_fp8(g, g->z, T, b->wo_b, g->o, err);
 }
@@ -2391,18 +2554,18 @@ static mmoe_status moe(mmoe_gpu_model *g, gblock *b, const int32_t *ids_dev, int
                            g->moe_width};
     const char *what = "moe";
     if (!g->has_part) {
-        const cudaError_t ce = gfw_moe_forward(b->moe, r, g->moe_work, io, given, &what);
+        const cudaError_t ce = gfw_moe_forward(b->moe, r, g->moe_work, io, given, g->stream, &what);
         return ce == cudaSuccess ? MMOE_OK : cuda_fail(err, ce, what);
     }
     /* one rank of an expert-parallel forward: the slot rows of the pairs whose expert it holds
      * and the shared rows; the exchange brings in the other ranks' rows; then the combine of all */
-    cudaError_t ce = gfw_moe_rows(b->moe, r, g->moe_work, io, given, &what);
+    cudaError_t ce = gfw_moe_rows(b->moe, r, g->moe_work, io, given, g->stream, &what);
     if (ce != cudaSuccess)
         return cuda_fail(err, ce, what);
     const mmoe_status st = g->part.exchange(g->part.ctx, g->moe_idx, T, (int)b->moe.k, g->D, g->slot_y, err);
     if (st != MMOE_OK)
         return st;
-    ce = gfw_moe_combine(b->moe, io, &what);
+    ce = gfw_moe_combine(b->moe, io, g->stream, &what);
     return ce == cudaSuccess ? MMOE_OK : cuda_fail(err, ce, what);
 }
 
@@ -2415,25 +2578,25 @@ static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, i
     const int hc = (int)g->hc, n_mix = (2 + hc) * hc;
     double t0 = tick(g);
     launch_hc_mix(g->X, D, hc, T, b->hca_fn, b->hca_base, b->hca_scale, n_mix, g->eps, g->hc_eps, g->iters,
-                  g->hc_part, g->y, g->post, g->comb);
+                  g->hc_part, g->y, g->post, g->comb, g->stream);
     GFW_CHECK("hc_pre (attention)");
     double t1 = tick(g);
-    mmoe_status st = rmsnorm(g->y, T, D, b->attn_norm, g->eps, g->y, err);
+    mmoe_status st = rmsnorm(g->y, T, D, b->attn_norm, g->eps, g->y, g->stream, err);
     if (st == MMOE_OK)
         st = attention(g, b, pos0, T, err);
     if (st != MMOE_OK)
         return st;
     double t2 = tick(g);
-    k_hc_post<<<nblk(T * D), 256>>>(g->o, g->X, T, D, hc, g->post, g->comb);
+    k_hc_post<<<nblk(T * D), 256, 0, g->stream>>>(g->o, g->X, T, D, hc, g->post, g->comb);
     launch_hc_mix(g->X, D, hc, T, b->hcf_fn, b->hcf_base, b->hcf_scale, n_mix, g->eps, g->hc_eps, g->iters,
-                  g->hc_part, g->y, g->post, g->comb);
+                  g->hc_part, g->y, g->post, g->comb, g->stream);
     GFW_CHECK("hc_post / hc_pre (moe)");
     double t3 = tick(g);
-    if ((st = rmsnorm(g->y, T, D, b->ffn_norm, g->eps, g->y, err)) != MMOE_OK ||
+    if ((st = rmsnorm(g->y, T, D, b->ffn_norm, g->eps, g->y, g->stream, err)) != MMOE_OK ||
         (st = moe(g, b, ids_dev, T, err)) != MMOE_OK)
         return st;
     double t4 = tick(g);
-    k_hc_post<<<nblk(T * D), 256>>>(g->o, g->X, T, D, hc, g->post, g->comb);
+    k_hc_post<<<nblk(T * D), 256, 0, g->stream>>>(g->o, g->X, T, D, hc, g->post, g->comb);
     GFW_CHECK("hc_post (moe)");
     double t5 = tick(g);
     g->mhc_s[L] += (t1 - t0) + (t3 - t2) + (t5 - t4);
@@ -2442,15 +2605,16 @@ static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, i
     return MMOE_OK;
 }
 
-/** Head: logits of rows X[first .. first+n) into @p logits (host). */
+/** Head: logits of rows X[first .. first+n) into g->logits (device; the caller copies them out). */
 static mmoe_status head(mmoe_gpu_model *g, const float *fn, const float *base, const float *scale, const ddense &norm,
-                        int64_t first, int64_t n, float *logits, mmoe_error *err)
+                        int64_t first, int64_t n, mmoe_error *err)
 {
     const int hc = (int)g->hc;
     const uint16_t *Xf = g->X + first * hc * g->D;
-    launch_hc_mix(Xf, g->D, hc, n, fn, base, scale, hc, g->eps, g->hc_eps, 0, g->hc_part, g->y, NULL, NULL);
+    launch_hc_mix(Xf, g->D, hc, n, fn, base, scale, hc, g->eps, g->hc_eps, 0, g->hc_part, g->y, NULL, NULL,
+                  g->stream);
     GFW_CHECK("hc_head");
-    mmoe_status st = rmsnorm(g->y, n, g->D, norm, g->eps, g->y, err);
+    mmoe_status st = rmsnorm(g->y, n, g->D, norm, g->eps, g->y, g->stream, err);
     if (st != MMOE_OK)
         return st;
     ddense hw;
@@ -2459,10 +2623,7 @@ static mmoe_status head(mmoe_gpu_model *g, const float *fn, const float *base, c
     hw.p = g->head_w;
     hw.rows = g->V;
     hw.cols = g->D;
-    if ((st = linear_dense(g->y, n, g->D, g->D, hw, g->V, 0, 0, g->logits, NULL, err)) != MMOE_OK)
-        return st;
-    cudaError_t ce = cudaMemcpy(logits, g->logits, sizeof(float) * (size_t)(n * g->V), cudaMemcpyDeviceToHost);
-    return ce == cudaSuccess ? MMOE_OK : cuda_fail(err, ce, "logits copy");
+    return linear_dense(g->y, n, g->D, g->D, hw, g->V, 0, 0, g->logits, NULL, g->stream, err);
 }
 
 /** Ids in range, T in range. */
@@ -2481,34 +2642,157 @@ static mmoe_status check_call(const mmoe_gpu_model *g, const int32_t *ids, int64
     return MMOE_OK;
 }
 
+/**
+ * Write the step record of a call into its pinned host copy: the first position @p pos and, when
+ * @p ids is given, the @p T ids.  Only between calls: every call ends with its stream
+ * synchronized (finish_call()), so no copy of an earlier call still reads the host copy.
+ */
+static void step_write(mmoe_gpu_model *g, int64_t pos, const int32_t *ids, int64_t T)
+{
+    g->step_host[0] = pos;
+    if (ids)
+        memcpy(g->step_host + 1, ids, sizeof(int32_t) * (size_t)T);
+}
+
+/** Enqueue the copy of the step record (position and @p T ids) to the device: the first node of a call. */
+static mmoe_status step_send(mmoe_gpu_model *g, int64_t T, mmoe_error *err)
+{
+    const cudaError_t ce = cudaMemcpyAsync(g->step, g->step_host, sizeof(int64_t) + sizeof(int32_t) * (size_t)T,
+                                           cudaMemcpyHostToDevice, g->stream);
+    return ce == cudaSuccess ? MMOE_OK : cuda_fail(err, ce, "step record copy");
+}
+
+/**
+ * Enqueue the main model's step of T tokens at position g->pos on the model's stream: the step
+ * record's copy, the embedding and every layer (with the timing split when it is on).  The
+ * same function is launched eagerly and captured into the decode graph.
+ */
+static mmoe_status enqueue_layers(mmoe_gpu_model *g, int64_t T, mmoe_error *err)
+{
+    mmoe_status st = step_send(g, T, err);
+    if (st != MMOE_OK)
+        return st;
+    double t0 = tick(g);
+    k_embed<<<(unsigned)T, 256, 0, g->stream>>>(g->embed, g->ids, g->D, (int)g->hc, g->X);
+    GFW_CHECK("embedding");
+    g->embed_s += tick(g) - t0;
+    for (int L = 0; L < g->n_layers; L++)
+        if ((st = run_block(g, L, g->ids, g->pos, T, err)) != MMOE_OK)
+            return mmoe_error_prefix(err, "layer %d: ", L);
+    return MMOE_OK;
+}
+
+/**
+ * Capture the decode step (T = 1: enqueue_layers() and the head of its one row) into
+ * g->graph_exec.  The capture is thread-local: a call that may not be captured (a synchronous
+ * copy, an allocation, a wait on the device) fails the capture instead of running, and the
+ * error says so.
+ */
+static mmoe_status graph_capture(mmoe_gpu_model *g, mmoe_error *err)
+{
+    cudaError_t ce = cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeThreadLocal);
+    if (ce != cudaSuccess)
+        return cuda_fail(err, ce, "cuda graph: begin capture");
+    g->capturing = 1;
+    mmoe_status st = enqueue_layers(g, 1, err);
+    if (st == MMOE_OK)
+        st = head(g, g->hh_fn, g->hh_base, g->hh_scale, g->head_norm, 0, 1, err);
+    g->capturing = 0;
+    cudaGraph_t graph = NULL;
+    ce = cudaStreamEndCapture(g->stream, &graph); /* always: the stream leaves capture mode */
+    if (st != MMOE_OK || ce != cudaSuccess) {
+        if (graph)
+            cudaGraphDestroy(graph);
+        (void)cudaGetLastError(); /* the capture's own error, reported below */
+        return st != MMOE_OK ? mmoe_error_prefix(err, "cuda graph capture of the decode step: ")
+                             : cuda_fail(err, ce, "cuda graph: end capture of the decode step");
+    }
+    ce = cudaGraphInstantiate(&g->graph_exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (ce != cudaSuccess) {
+        g->graph_exec = NULL;
+        return cuda_fail(err, ce, "cuda graph: instantiate the decode step");
+    }
+    g->graph_captures++;
+    return MMOE_OK;
+}
+
+/** Is this call a decode step that replays the graph? */
+static int call_is_graphed(const mmoe_gpu_model *g, int64_t T, const float *logits)
+{
+    return g->graph_on && T == 1 && logits != NULL && !g->timing && !g->has_part;
+}
+
+/** Enqueue the copies out of a call (streams [T, hc, D], logits [n, V]) on the model's stream. */
+static mmoe_status copy_out(mmoe_gpu_model *g, int64_t T, uint16_t *streams, float *logits, int64_t n,
+                            mmoe_error *err)
+{
+    cudaError_t ce = cudaSuccess;
+    if (streams)
+        ce = cudaMemcpyAsync(streams, g->X, 2 * (size_t)(T * g->hc * g->D), cudaMemcpyDeviceToHost, g->stream);
+    if (ce != cudaSuccess)
+        return cuda_fail(err, ce, "streams copy");
+    if (logits)
+        ce = cudaMemcpyAsync(logits, g->logits, sizeof(float) * (size_t)(n * g->V), cudaMemcpyDeviceToHost, g->stream);
+    return ce == cudaSuccess ? MMOE_OK : cuda_fail(err, ce, "logits copy");
+}
+
+/**
+ * End a call: wait for its stream, whatever happened (the step record's host copy may be
+ * rewritten by the next call only then); the first error wins.
+ */
+static mmoe_status finish_call(mmoe_gpu_model *g, mmoe_status st, mmoe_error *err, const char *what)
+{
+    const cudaError_t ce = cudaStreamSynchronize(g->stream);
+    if (st == MMOE_OK && ce != cudaSuccess)
+        return cuda_fail(err, ce, what);
+    return st;
+}
+
+/** The decode step by the graph: capture at the first one, then one launch; the logits copied out. */
+static mmoe_status forward_graphed(mmoe_gpu_model *g, float *logits, uint16_t *streams, mmoe_error *err)
+{
+    mmoe_status st = g->graph_exec ? MMOE_OK : graph_capture(g, err);
+    if (st != MMOE_OK)
+        return st;
+    const cudaError_t ce = cudaGraphLaunch(g->graph_exec, g->stream);
+    if (ce != cudaSuccess)
+        return cuda_fail(err, ce, "cuda graph launch of the decode step");
+    g->graph_replays++;
+    g->pos += 1;
+    return copy_out(g, 1, streams, logits, 1, err);
+}
+
+/** The call kernel by kernel (prefill, timing, or graphs off). */
+static mmoe_status forward_eager(mmoe_gpu_model *g, int64_t T, float *logits, int last_only, uint16_t *streams,
+                                 mmoe_error *err)
+{
+    mmoe_status st = enqueue_layers(g, T, err);
+    if (st != MMOE_OK)
+        return st;
+    g->eager_calls++;
+    g->pos += T;
+    if ((st = copy_out(g, T, streams, NULL, 0, err)) != MMOE_OK || !logits)
+        return st;
+    const double t0 = tick(g);
+    const int64_t first = last_only ? T - 1 : 0;
+    st = head(g, g->hh_fn, g->hh_base, g->hh_scale, g->head_norm, first, T - first, err);
+    if (st == MMOE_OK)
+        st = copy_out(g, T, NULL, logits, T - first, err);
+    g->head_s += tick(g) - t0;
+    return st;
+}
+
 extern "C" mmoe_status mmoe_gpu_model_forward(mmoe_gpu_model *g, const int32_t *ids, int64_t T, float *logits,
                                               int last_only, uint16_t *streams, mmoe_error *err)
 {
     mmoe_status st = check_call(g, ids, T, g->pos, err);
     if (st != MMOE_OK)
         return st;
-    cudaError_t ce = cudaMemcpy(g->ids, ids, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice);
-    if (ce != cudaSuccess)
-        return cuda_fail(err, ce, "ids copy");
-    double t0 = tick(g);
-    k_embed<<<(unsigned)T, 256>>>(g->embed, g->ids, g->D, (int)g->hc, g->X);
-    GFW_CHECK("embedding");
-    g->embed_s += tick(g) - t0;
-    for (int L = 0; L < g->n_layers; L++)
-        if ((st = run_block(g, L, g->ids, g->pos, T, err)) != MMOE_OK)
-            return mmoe_error_prefix(err, "layer %d: ", L);
-    g->pos += T;
-    if (streams && (ce = cudaMemcpy(streams, g->X, 2 * (size_t)(T * g->hc * g->D), cudaMemcpyDeviceToHost)) != cudaSuccess)
-        return cuda_fail(err, ce, "streams copy");
-    if (logits) {
-        t0 = tick(g);
-        const int64_t first = last_only ? T - 1 : 0;
-        st = head(g, g->hh_fn, g->hh_base, g->hh_scale, g->head_norm, first, T - first, logits, err);
-        g->head_s += tick(g) - t0;
-    }
-    if (st == MMOE_OK && (ce = cudaDeviceSynchronize()) != cudaSuccess)
-        return cuda_fail(err, ce, "forward");
-    return st;
+    step_write(g, g->pos, ids, T);
+    st = call_is_graphed(g, T, logits) ? forward_graphed(g, logits, streams, err)
+                                       : forward_eager(g, T, logits, last_only, streams, err);
+    return finish_call(g, st, err, "forward");
 }
 
 extern "C" mmoe_status mmoe_gpu_model_mtp_forward(mmoe_gpu_model *g, const uint16_t *streams, const int32_t *next_ids,
@@ -2520,26 +2804,37 @@ extern "C" mmoe_status mmoe_gpu_model_mtp_forward(mmoe_gpu_model *g, const uint1
     if (st != MMOE_OK)
         return st;
     const int64_t D = g->D, hc = g->hc;
-    cudaError_t ce = cudaMemcpy(g->ids, next_ids, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice);
-    if (ce == cudaSuccess)
-        ce = cudaMemcpy(g->hn, streams, 2 * (size_t)(T * hc * D), cudaMemcpyHostToDevice);
-    if (ce != cudaSuccess)
-        return cuda_fail(err, ce, "mtp input copy");
-    k_embed<<<(unsigned)T, 256>>>(g->embed, g->ids, D, 1, g->y);
-    GFW_CHECK("mtp embedding");
-    if ((st = rmsnorm(g->y, T, D, g->enorm, g->eps, g->y, err)) != MMOE_OK ||
-        (st = linear_fp8(g, g->y, T, g->e_proj, g->e, err)) != MMOE_OK ||
-        (st = rmsnorm(g->hn, T * hc, D, g->hnorm, g->eps, g->hn, err)) != MMOE_OK ||
-        (st = linear_fp8(g, g->hn, T * hc, g->h_proj, g->hp, err)) != MMOE_OK)
-        return mmoe_error_prefix(err, "mtp: ");
-    k_mtp_sum<<<nblk(T * hc * D), 256>>>(g->e, g->hp, T, (int)hc, D, g->X);
-    GFW_CHECK("mtp input sum");
-    if ((st = run_block(g, g->n_layers, g->ids, g->mtp_pos, T, err)) != MMOE_OK)
-        return mmoe_error_prefix(err, "mtp: ");
-    g->mtp_pos += T;
-    if (logits)
-        st = head(g, g->mh_fn, g->mh_base, g->mh_scale, g->mtp_norm, 0, T, logits, err);
-    return st;
+    step_write(g, g->mtp_pos, next_ids, T);
+    st = step_send(g, T, err);
+    cudaError_t ce = cudaSuccess;
+    if (st == MMOE_OK &&
+        (ce = cudaMemcpyAsync(g->hn, streams, 2 * (size_t)(T * hc * D), cudaMemcpyHostToDevice, g->stream)) !=
+            cudaSuccess)
+        st = cuda_fail(err, ce, "mtp input copy");
+    if (st == MMOE_OK) {
+        k_embed<<<(unsigned)T, 256, 0, g->stream>>>(g->embed, g->ids, D, 1, g->y);
+        if ((ce = cudaGetLastError()) != cudaSuccess)
+            st = cuda_fail(err, ce, "mtp embedding");
+    }
+    if (st == MMOE_OK &&
+        ((st = rmsnorm(g->y, T, D, g->enorm, g->eps, g->y, g->stream, err)) != MMOE_OK ||
+         (st = linear_fp8(g, g->y, T, g->e_proj, g->e, err)) != MMOE_OK ||
+         (st = rmsnorm(g->hn, T * hc, D, g->hnorm, g->eps, g->hn, g->stream, err)) != MMOE_OK ||
+         (st = linear_fp8(g, g->hn, T * hc, g->h_proj, g->hp, err)) != MMOE_OK))
+        st = mmoe_error_prefix(err, "mtp: ");
+    if (st == MMOE_OK) {
+        k_mtp_sum<<<nblk(T * hc * D), 256, 0, g->stream>>>(g->e, g->hp, T, (int)hc, D, g->X);
+        if ((ce = cudaGetLastError()) != cudaSuccess)
+            st = cuda_fail(err, ce, "mtp input sum");
+    }
+    if (st == MMOE_OK && (st = run_block(g, g->n_layers, g->ids, g->mtp_pos, T, err)) != MMOE_OK)
+        st = mmoe_error_prefix(err, "mtp: ");
+    if (st == MMOE_OK) {
+        g->mtp_pos += T;
+        if (logits && (st = head(g, g->mh_fn, g->mh_base, g->mh_scale, g->mtp_norm, 0, T, err)) == MMOE_OK)
+            st = copy_out(g, T, NULL, logits, T, err);
+    }
+    return finish_call(g, st, err, "mtp forward");
 }
 
 /* ================================================================== single blocks for the tests */
@@ -2628,7 +2923,7 @@ extern "C" mmoe_status gfw_test_linear_fp8(const uint16_t *x, int64_t T, const u
     uint16_t *dy = (uint16_t *)tput(&a, NULL, 2 * (size_t)(T * N));
     if (a.ce == cudaSuccess) {
         k_act_quant<<<dim3((unsigned)(K / 128), (unsigned)T), 128>>>(dx, K, q, s);
-        launch_linear_fp8(q, s, T, f, dy);
+        launch_linear_fp8(q, s, T, f, dy, 0);
     }
     return tfinish(&a, y, dy, 2 * (size_t)(T * N), err, "fp8 linear");
 }
@@ -2700,7 +2995,7 @@ extern "C" mmoe_status gfw_test_hc_pre(int hc, int64_t D, int iters, float norm_
     float *dc = (float *)tput(&a, NULL, sizeof(float) * (size_t)(T * hc * hc));
     double *dpart = (double *)tput(&a, NULL, sizeof(double) * (size_t)(T * (n_mix + 1) * hc_part_blocks(hc * D)));
     if (a.ce == cudaSuccess)
-        launch_hc_mix(dX, D, hc, T, dfn, db, ds, n_mix, norm_eps, hc_eps, iters, dpart, dy, dp, dc);
+        launch_hc_mix(dX, D, hc, T, dfn, db, ds, n_mix, norm_eps, hc_eps, iters, dpart, dy, dp, dc, 0);
     if (a.ce == cudaSuccess)
         a.ce = cudaDeviceSynchronize();
     if (a.ce == cudaSuccess)
@@ -2738,8 +3033,10 @@ extern "C" mmoe_status gfw_test_attend(const uint16_t *q, int H, int d, const ui
     const uint16_t *dr = (const uint16_t *)tput(&a, rows, 2 * (size_t)(n * d));
     const float *dsink = (const float *)tput(&a, sink, sizeof(float) * (size_t)H);
     uint16_t *dout = (uint16_t *)tput(&a, NULL, 2 * (size_t)H * (size_t)d);
+    const int64_t pos = n - 1;
+    const int64_t *dpos = (const int64_t *)tput(&a, &pos, sizeof pos);
     if (a.ce == cudaSuccess) {
-        attend_args aa = {dq, dr + (n - 1) * d, dr, NULL, NULL, dsink, NULL, H, d, (int)n, 0, 0, 0, n - 1,
+        attend_args aa = {dq, dr + (n - 1) * d, dr, NULL, NULL, dsink, NULL, H, d, (int)n, 0, 0, 0, dpos,
                           (float)(1.0 / sqrt((double)d)), dout};
         k_attend<<<dim3(1, (unsigned)H), 256>>>(aa);
     }
@@ -2788,9 +3085,10 @@ extern "C" mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, 
     float *ds = (float *)tput(&a, NULL, sizeof(float) * (size_t)n_blocks);
     int32_t *di = (int32_t *)tput(&a, NULL, sizeof(int32_t) * (size_t)topk);
     const int64_t pos = 4 * n_blocks - 1;
+    const int64_t *dpos = (const int64_t *)tput(&a, &pos, sizeof pos);
     if (a.ce == cudaSuccess) {
-        k_indexer_scores<<<nblk(n_blocks * 32), 256>>>(dq, dw, dk, ih, id, 1, pos, n_blocks, n_blocks, ds);
-        k_topk<<<1, 256>>>(ds, 1, pos, n_blocks, topk, di);
+        k_indexer_scores<<<nblk(n_blocks * 32), 256>>>(dq, dw, dk, ih, id, 1, dpos, n_blocks, ds);
+        k_topk<<<1, 256>>>(ds, 1, dpos, n_blocks, topk, di);
     }
     if (a.ce == cudaSuccess)
         a.ce = cudaDeviceSynchronize();
@@ -2827,16 +3125,18 @@ extern "C" mmoe_status gfw_test_sublayer(mmoe_gpu_model *g, int L, int which, co
     if (L < 0 || L >= g->n_blocks || T < 1 || T > g->Tm || pos0 + T > g->max_seq_len)
         return mmoe_error_set(err, MMOE_EINVAL, "gfw_test_sublayer: block %d, T %lld, pos0 %lld out of range", L,
                               (long long)T, (long long)pos0);
-    cudaError_t ce = cudaMemcpy(g->y, x, 2 * (size_t)(T * g->D), cudaMemcpyHostToDevice);
-    if (ce == cudaSuccess && ids)
-        ce = cudaMemcpy(g->ids, ids, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice);
-    if (ce != cudaSuccess)
-        return cuda_fail(err, ce, "sub-layer input copy");
-    mmoe_status st = which == 0 ? attention(g, &g->blocks[L], pos0, T, err) : moe(g, &g->blocks[L], g->ids, T, err);
-    if (st != MMOE_OK)
-        return st;
-    ce = cudaMemcpy(out, g->o, 2 * (size_t)(T * g->D), cudaMemcpyDeviceToHost);
-    return ce == cudaSuccess ? MMOE_OK : cuda_fail(err, ce, "sub-layer output copy");
+    step_write(g, pos0, ids, T);
+    mmoe_status st = step_send(g, ids ? T : 0, err);
+    cudaError_t ce = cudaSuccess;
+    if (st == MMOE_OK &&
+        (ce = cudaMemcpyAsync(g->y, x, 2 * (size_t)(T * g->D), cudaMemcpyHostToDevice, g->stream)) != cudaSuccess)
+        st = cuda_fail(err, ce, "sub-layer input copy");
+    if (st == MMOE_OK)
+        st = which == 0 ? attention(g, &g->blocks[L], pos0, T, err) : moe(g, &g->blocks[L], g->ids, T, err);
+    if (st == MMOE_OK &&
+        (ce = cudaMemcpyAsync(out, g->o, 2 * (size_t)(T * g->D), cudaMemcpyDeviceToHost, g->stream)) != cudaSuccess)
+        st = cuda_fail(err, ce, "sub-layer output copy");
+    return finish_call(g, st, err, "sub-layer");
 }
 
 extern "C" mmoe_status gfw_test_moe_given(mmoe_gpu_model *g, int L, const uint16_t *x, const int32_t *idx,
@@ -2845,18 +3145,17 @@ extern "C" mmoe_status gfw_test_moe_given(mmoe_gpu_model *g, int L, const uint16
     if (L < 0 || L >= g->n_blocks || T < 1 || T > g->Tm)
         return mmoe_error_set(err, MMOE_EINVAL, "gfw_test_moe_given: block %d, T %lld out of range", L, (long long)T);
     const dmoe &m = g->blocks[L].moe;
-    cudaError_t ce = cudaMemcpy(g->y, x, 2 * (size_t)(T * g->D), cudaMemcpyHostToDevice);
+    const cudaMemcpyKind in = cudaMemcpyHostToDevice, back = cudaMemcpyDeviceToHost;
+    cudaError_t ce = cudaMemcpyAsync(g->y, x, 2 * (size_t)(T * g->D), in, g->stream);
     if (ce == cudaSuccess)
-        ce = cudaMemcpy(g->moe_idx, idx, sizeof(int32_t) * (size_t)(T * m.k), cudaMemcpyHostToDevice);
+        ce = cudaMemcpyAsync(g->moe_idx, idx, sizeof(int32_t) * (size_t)(T * m.k), in, g->stream);
     if (ce == cudaSuccess)
-        ce = cudaMemcpy(g->moe_w, wts, sizeof(float) * (size_t)(T * m.k), cudaMemcpyHostToDevice);
-    if (ce != cudaSuccess)
-        return cuda_fail(err, ce, "moe input copy");
-    mmoe_status st = moe(g, &g->blocks[L], g->ids, T, err, 1);
-    if (st != MMOE_OK)
-        return st;
-    ce = cudaMemcpy(out, g->o, 2 * (size_t)(T * g->D), cudaMemcpyDeviceToHost);
-    if (ce == cudaSuccess)
-        ce = cudaMemcpy(logits, g->moe_scores, sizeof(float) * (size_t)(T * m.E), cudaMemcpyDeviceToHost);
-    return ce == cudaSuccess ? MMOE_OK : cuda_fail(err, ce, "moe output copy");
+        ce = cudaMemcpyAsync(g->moe_w, wts, sizeof(float) * (size_t)(T * m.k), in, g->stream);
+    mmoe_status st = ce == cudaSuccess ? moe(g, &g->blocks[L], g->ids, T, err, 1)
+                                       : cuda_fail(err, ce, "moe input copy");
+    if (st == MMOE_OK && (ce = cudaMemcpyAsync(out, g->o, 2 * (size_t)(T * g->D), back, g->stream)) == cudaSuccess)
+        ce = cudaMemcpyAsync(logits, g->moe_scores, sizeof(float) * (size_t)(T * m.E), back, g->stream);
+    if (st == MMOE_OK && ce != cudaSuccess)
+        st = cuda_fail(err, ce, "moe output copy");
+    return finish_call(g, st, err, "moe sub-layer");
 }

@@ -78,6 +78,19 @@ void mmoe_gpu_model_set_timing(mmoe_gpu_model *g, int on)
     (void)on;
 }
 
+mmoe_status mmoe_gpu_model_set_cuda_graph(mmoe_gpu_model *g, int on, mmoe_error *err)
+{
+    (void)g;
+    (void)on;
+    return no_cuda(err);
+}
+
+void mmoe_gpu_model_graph_stats(const mmoe_gpu_model *g, mmoe_gpu_graph_stats *out)
+{
+    (void)g;
+    memset(out, 0, sizeof *out);
+}
+
 void mmoe_gpu_model_timings_get(const mmoe_gpu_model *g, mmoe_gpu_model_timings *out)
 {
     (void)g;

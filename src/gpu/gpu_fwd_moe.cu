@@ -853,57 +853,61 @@ static int moe_tile(int64_t T) { return T >= 8 ? 8 : (T >= 4 ? 4 : (T >= 2 ? 2 :
 
 /** Launch the router GEMM for tile TT. */
 template <int VB, int TT>
-static void moe_launch_logits(const gfw_moe_router &r, const float *xb, int64_t T, int64_t E, int64_t D, float *lg)
+static void moe_launch_logits(const gfw_moe_router &r, const float *xb, int64_t T, int64_t E, int64_t D, float *lg,
+                              cudaStream_t st)
 {
     const dim3 grid(moe_nblk(E, MOE_ROUTER_ROWS), moe_nblk(T, TT));
-    k_moe_logits<VB, TT, 32 / VB><<<grid, MOE_ROUTER_THREADS>>>(r.gate, xb, T, E, D, lg);
+    k_moe_logits<VB, TT, 32 / VB><<<grid, MOE_ROUTER_THREADS, 0, st>>>(r.gate, xb, T, E, D, lg);
 }
 
 /** Launch L1, requant and L2 for tile TT. */
 template <int VB, int TT>
 static cudaError_t moe_launch_experts(const dmoe &m, const gfw_moe_work &w, const gfw_moe_io &io, int64_t items,
-                                      const char **what)
+                                      cudaStream_t st, const char **what)
 {
     const int64_t T = io.T, tasks = T * m.k + (m.Ws > 0 ? T : 0);
     *what = "moe L1";
-    k_moe_l1<VB, TT><<<dim3(moe_nblk(io.width, MOE_ROWS), (unsigned)items), MOE_THREADS>>>(m, w, io.xq, io.wts, T,
-                                                                                            io.width, io.h);
+    k_moe_l1<VB, TT><<<dim3(moe_nblk(io.width, MOE_ROWS), (unsigned)items), MOE_THREADS, 0, st>>>(
+        m, w, io.xq, io.wts, T, io.width, io.h);
     cudaError_t ce = cudaGetLastError();
     if (ce != cudaSuccess)
         return ce;
     *what = "moe requantization";
-    k_moe_requant<<<dim3((unsigned)(io.width / 128), (unsigned)tasks), 128>>>(m, io.idx, T, io.h, io.width, w.hq);
+    k_moe_requant<<<dim3((unsigned)(io.width / 128), (unsigned)tasks), 128, 0, st>>>(m, io.idx, T, io.h, io.width,
+                                                                                     w.hq);
     if ((ce = cudaGetLastError()) != cudaSuccess)
         return ce;
     *what = "moe L2";
-    k_moe_l2<VB, TT><<<dim3(moe_nblk(m.D, MOE_ROWS), (unsigned)items), MOE_THREADS>>>(m, w, T, io.width, io.slot_y);
+    k_moe_l2<VB, TT><<<dim3(moe_nblk(m.D, MOE_ROWS), (unsigned)items), MOE_THREADS, 0, st>>>(m, w, T, io.width,
+                                                                                         io.slot_y);
     return cudaGetLastError();
 }
 
 /** Dispatch on the token tile. */
 template <int VB>
 static cudaError_t moe_run_vb(const dmoe &m, const gfw_moe_router &r, const gfw_moe_work &w, const gfw_moe_io &io,
-                              int given, const char **what)
+                              int given, cudaStream_t st, const char **what)
 {
     const int64_t T = io.T, D = m.D, Tk = T * m.k;
     const int TT = moe_tile(T);
     *what = "moe input quantization";
-    k_moe_in<<<dim3((unsigned)(D / 128), (unsigned)T), 128>>>(io.x, D, w.xb, io.xq);
+    k_moe_in<<<dim3((unsigned)(D / 128), (unsigned)T), 128, 0, st>>>(io.x, D, w.xb, io.xq);
     cudaError_t ce = cudaGetLastError();
     if (ce != cudaSuccess)
         return ce;
     *what = "router logits";
     switch (TT) {
-    case 1: moe_launch_logits<VB, 1>(r, w.xb, T, m.E, D, io.logits); break;
-    case 2: moe_launch_logits<VB, 2>(r, w.xb, T, m.E, D, io.logits); break;
-    case 4: moe_launch_logits<VB, 4>(r, w.xb, T, m.E, D, io.logits); break;
-    default: moe_launch_logits<VB, 8>(r, w.xb, T, m.E, D, io.logits); break;
+    case 1: moe_launch_logits<VB, 1>(r, w.xb, T, m.E, D, io.logits, st); break;
+    case 2: moe_launch_logits<VB, 2>(r, w.xb, T, m.E, D, io.logits, st); break;
+    case 4: moe_launch_logits<VB, 4>(r, w.xb, T, m.E, D, io.logits, st); break;
+    default: moe_launch_logits<VB, 8>(r, w.xb, T, m.E, D, io.logits, st); break;
     }
     if ((ce = cudaGetLastError()) != cudaSuccess)
         return ce;
     *what = "router";
-    k_moe_route_plan<<<1, MOE_PLAN_THREADS>>>(io.logits, r.bias, r.tid2eid, io.ids, T, m.E, (int)m.k, r.route_scale,
-                                              given, m.Ws > 0, TT, m.first, m.held, io.idx, io.wts, w);
+    k_moe_route_plan<<<1, MOE_PLAN_THREADS, 0, st>>>(io.logits, r.bias, r.tid2eid, io.ids, T, m.E, (int)m.k,
+                                                     r.route_scale, given, m.Ws > 0, TT, m.first, m.held, io.idx,
+                                                     io.wts, w);
     if ((ce = cudaGetLastError()) != cudaSuccess)
         return ce;
     /* at most one partial item per expert (E + shared) beyond the full ones */
@@ -912,30 +916,30 @@ static cudaError_t moe_run_vb(const dmoe &m, const gfw_moe_router &r, const gfw_
     if (items > Tk + (m.Ws > 0 ? T : 0))
         items = Tk + (m.Ws > 0 ? T : 0);
     switch (TT) {
-    case 1: ce = moe_launch_experts<VB, 1>(m, w, io, items, what); break;
-    case 2: ce = moe_launch_experts<VB, 2>(m, w, io, items, what); break;
-    case 4: ce = moe_launch_experts<VB, 4>(m, w, io, items, what); break;
-    default: ce = moe_launch_experts<VB, 8>(m, w, io, items, what); break;
+    case 1: ce = moe_launch_experts<VB, 1>(m, w, io, items, st, what); break;
+    case 2: ce = moe_launch_experts<VB, 2>(m, w, io, items, st, what); break;
+    case 4: ce = moe_launch_experts<VB, 4>(m, w, io, items, st, what); break;
+    default: ce = moe_launch_experts<VB, 8>(m, w, io, items, st, what); break;
     }
     return ce;
 }
 
 cudaError_t gfw_moe_rows(const dmoe &m, const gfw_moe_router &r, const gfw_moe_work &w, const gfw_moe_io &io,
-                         int given, const char **what)
+                         int given, cudaStream_t st, const char **what)
 {
-    return m.vb == 4 ? moe_run_vb<4>(m, r, w, io, given, what) : moe_run_vb<1>(m, r, w, io, given, what);
+    return m.vb == 4 ? moe_run_vb<4>(m, r, w, io, given, st, what) : moe_run_vb<1>(m, r, w, io, given, st, what);
 }
 
-cudaError_t gfw_moe_combine(const dmoe &m, const gfw_moe_io &io, const char **what)
+cudaError_t gfw_moe_combine(const dmoe &m, const gfw_moe_io &io, cudaStream_t st, const char **what)
 {
     *what = "moe combine";
-    k_moe_combine<<<moe_nblk(io.T * m.D, 256), 256>>>(io.slot_y, io.idx, io.T, (int)m.k, m.D, m.Ws > 0, io.y);
+    k_moe_combine<<<moe_nblk(io.T * m.D, 256), 256, 0, st>>>(io.slot_y, io.idx, io.T, (int)m.k, m.D, m.Ws > 0, io.y);
     return cudaGetLastError();
 }
 
 cudaError_t gfw_moe_forward(const dmoe &m, const gfw_moe_router &r, const gfw_moe_work &w, const gfw_moe_io &io,
-                            int given, const char **what)
+                            int given, cudaStream_t st, const char **what)
 {
-    const cudaError_t ce = gfw_moe_rows(m, r, w, io, given, what);
-    return ce != cudaSuccess ? ce : gfw_moe_combine(m, io, what);
+    const cudaError_t ce = gfw_moe_rows(m, r, w, io, given, st, what);
+    return ce != cudaSuccess ? ce : gfw_moe_combine(m, io, st, what);
 }

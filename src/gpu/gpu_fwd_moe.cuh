@@ -108,10 +108,13 @@ cudaError_t gfw_moe_pack(dmoe *m, uint16_t *gate);
 /**
  * The MoE sub-layer on io.x: router (unless @p given: then io.idx and io.wts hold the routing,
  * and io.logits gets the router's logits only), experts, shared expert, combine into io.y:
- * gfw_moe_rows() then gfw_moe_combine().  On a CUDA error, *what names the step.
+ * gfw_moe_rows() then gfw_moe_combine().  On a CUDA error, *what names the step.  Every launch
+ * of these three entry points goes to stream @p st, and none of them copies, allocates or
+ * waits (the item counts are sized on the host from T alone), so the sub-layer can be
+ * captured into a CUDA graph.
  */
 cudaError_t gfw_moe_forward(const dmoe &m, const gfw_moe_router &r, const gfw_moe_work &w, const gfw_moe_io &io,
-                            int given, const char **what);
+                            int given, cudaStream_t st, const char **what);
 
 /**
  * The sub-layer up to the combine: routing (as gfw_moe_forward()) into io.idx / io.wts for
@@ -120,9 +123,9 @@ cudaError_t gfw_moe_forward(const dmoe &m, const gfw_moe_router &r, const gfw_mo
  * written (an expert-parallel rank receives them from the ranks that hold them).
  */
 cudaError_t gfw_moe_rows(const dmoe &m, const gfw_moe_router &r, const gfw_moe_work &w, const gfw_moe_io &io,
-                         int given, const char **what);
+                         int given, cudaStream_t st, const char **what);
 
 /** The combine of every slot row io.slot_y by io.idx into io.y (moe_combine.c's order). */
-cudaError_t gfw_moe_combine(const dmoe &m, const gfw_moe_io &io, const char **what);
+cudaError_t gfw_moe_combine(const dmoe &m, const gfw_moe_io &io, cudaStream_t st, const char **what);
 
 #endif

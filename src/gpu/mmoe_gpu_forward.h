@@ -53,7 +53,19 @@
  * refuses with MMOE_ENOMEM, naming bytes needed and available, when the device's free memory
  * is smaller; nothing is allocated then.
  *
- * Without CUDA every entry point answers MMOE_ENODEV (gpu_forward_stub.c).
+ * ## One decode step, one CUDA graph (opt-in)
+ *
+ * With CUDA graphs on, a decode step (T = 1, logits wanted, timing off) is one replay of a
+ * captured graph: the embedding, every layer and the head, bit-identical to the same kernels
+ * launched one by one (which the other calls still do: prefill, MTP, timing).  Off by default;
+ * on with the environment variable `MMOE_GPU_GRAPH=1`, read once by mmoe_gpu_model_create()
+ * (unset or `0`: off; any other value is refused, mmoe_gpu_graph_env()), or with
+ * mmoe_gpu_model_set_cuda_graph().  mmoe_gpu_model_graph_stats() says how many calls replayed
+ * the graph.  A rank of the expert-parallel forward (src/ep) never graphs: its MoE sub-layer
+ * exchanges rows through the host.
+ *
+ * Without CUDA every entry point answers MMOE_ENODEV (gpu_forward_stub.c); mmoe_gpu_graph_env()
+ * works in every build.
  */
 #ifndef MMOE_GPU_FORWARD_H
 #define MMOE_GPU_FORWARD_H
@@ -144,6 +156,37 @@ mmoe_status mmoe_gpu_model_forward(mmoe_gpu_model *g, const int32_t *ids, int64_
  */
 mmoe_status mmoe_gpu_model_mtp_forward(mmoe_gpu_model *g, const uint16_t *streams, const int32_t *next_ids,
                                        int64_t T, float *logits, mmoe_error *err);
+
+/** The environment variable that turns decode-step CUDA graphs on ("1") or off (unset, "0"). */
+#define MMOE_GPU_GRAPH_ENV "MMOE_GPU_GRAPH"
+
+/**
+ * Read MMOE_GPU_GRAPH: unset or "0" gives 0, "1" gives 1.
+ * @param on   written
+ * @param err  message on failure
+ * @return MMOE_OK; MMOE_EINVAL for any other value (the message names the variable and the value)
+ */
+mmoe_status mmoe_gpu_graph_env(int *on, mmoe_error *err);
+
+/**
+ * Turn decode-step CUDA graphs on or off (replaces what MMOE_GPU_GRAPH set at creation).  The
+ * graph is captured at the first graphed decode step and replayed by every later one, across
+ * mmoe_gpu_model_reset() (it holds no position: every kernel reads the step's position and
+ * token id from device memory); it is freed by mmoe_gpu_model_destroy().
+ * @return MMOE_OK; MMOE_EUNSUPPORTED to turn it on for a rank of the expert-parallel forward
+ */
+mmoe_status mmoe_gpu_model_set_cuda_graph(mmoe_gpu_model *g, int on, mmoe_error *err);
+
+/** What the CUDA graph did since creation. */
+typedef struct mmoe_gpu_graph_stats {
+    int enabled;          /**< 1: decode steps replay the graph */
+    int64_t captures;     /**< captures of the decode step (0 or 1) */
+    int64_t replays;      /**< forward calls that replayed it */
+    int64_t eager_calls;  /**< forward calls launched kernel by kernel (prefill, timing, graphs off) */
+} mmoe_gpu_graph_stats;
+
+/** The CUDA graph's counters (all 0 without CUDA). */
+void mmoe_gpu_model_graph_stats(const mmoe_gpu_model *g, mmoe_gpu_graph_stats *out);
 
 /** Seconds spent per part (device time, measured with events; cumulative since reset). */
 typedef struct mmoe_gpu_model_timings {

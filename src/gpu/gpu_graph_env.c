@@ -1,0 +1,26 @@
+/**
+ * @file gpu_graph_env.c
+ * @brief MMOE_GPU_GRAPH, the switch of the GPU forward's decode-step CUDA graph (mmoe_gpu_forward.h).
+ *
+ * Plain C in every build, so that a bad value is refused the same way with or without CUDA:
+ * the variable is either unset, "0" (the steps run kernel by kernel) or "1" (a decode step is
+ * one graph replay); anything else, an empty value included, is an error naming the variable.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "mmoe_gpu_forward.h"
+
+mmoe_status mmoe_gpu_graph_env(int *on, mmoe_error *err)
+{
+    const char *v = getenv(MMOE_GPU_GRAPH_ENV);
+    *on = 0;
+    if (v == NULL || strcmp(v, "0") == 0)
+        return MMOE_OK;
+    if (strcmp(v, "1") == 0) {
+        *on = 1;
+        return MMOE_OK;
+    }
+    return mmoe_error_set(err, MMOE_EINVAL, "%s='%.64s': expected 1 (decode steps as one CUDA graph) or 0 (off)",
+                          MMOE_GPU_GRAPH_ENV, v);
+}
