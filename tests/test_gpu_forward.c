@@ -827,7 +827,8 @@ END_TEST
 
 /**
  * Without a usable GPU: `--backend gpu` is refused (exit 1, the message names the option),
- * `--backend auto` runs on the CPU and says so, a bad name is a usage error (exit 2).
+ * `--backend auto` runs on the CPU and says so, a bad name is a usage error (exit 2); with
+ * MMOE_GPU_FWD_KERNELS naming no kernel set `--backend auto` exits 1 naming it, writing nothing.
  */
 static int check_refusal_without_gpu(void)
 {
@@ -851,6 +852,13 @@ static int check_refusal_without_gpu(void)
     bad |= sh(cmd) != 0;
     snprintf(cmd, sizeof cmd, "'%s' generate --model '%s' --prompt x --backend tpu 2>/dev/null", bin, dir);
     bad |= sh(cmd) != 2;
+    /* a kernel set the environment names wrongly: refused, not a reason to run on the CPU */
+    snprintf(cmd, sizeof cmd,
+             "MMOE_GPU_FWD_KERNELS=fast '%s' logits --model '%s' --ids 1,2 --backend auto --out '%s/k.st' 2>'%s/k.err'",
+             bin, dir, root, root);
+    bad |= sh(cmd) != 1;
+    snprintf(cmd, sizeof cmd, "grep -q \"MMOE_GPU_FWD_KERNELS='fast'\" '%s/k.err' && test ! -e '%s/k.st'", root, root);
+    bad |= sh(cmd) != 0;
     mmoe_test_rmtree(root);
     if (bad)
         fprintf(stderr, "gpu_forward: the CPU-only behaviour of --backend is wrong\n");

@@ -22,10 +22,12 @@
  * | k_linear_fp8      | the same for other scale blocks (one warp per output)   | yes    |
  * | k_linear_dense    | double dot in the chunked pairwise order [linear_dense.c] | yes   |
  * | k_hc_part, _finish | mHC logits (double, block trees), sigmoid, Sinkhorn, mix | yes*  |
+ * | k_hc_finish_split | k_hc_finish, its Sinkhorn in one warp's registers     | yes*   |
  * | k_hc_post         | fp32 write-back, j ascending, then the post term       | yes    |
  * | k_scale_heads     | per-head q scaling in bf16 steps, RoPE [attn_forward.c] | yes    |
  * | k_kv_finish       | kv RMSNorm, RoPE, FP8 round trip (block 64)             | yes    |
  * | k_indexer_q       | RoPE, Hadamard, FP4 round trip; head weights scaling    | yes    |
+ * | k_indexer_q_split | the same, one warp per head in registers                | yes    |
  * | k_compress        | gated pooling per channel, finish [attn_compressor.c]   | yes*   |
  * | k_indexer_scores  | bf16-rounded head terms, double sums [attn_indexer.c]   | yes    |
  * | k_topk            | descending, NaN last, ties to the lower index           | yes    |
@@ -50,6 +52,24 @@
  * serial shape: the Sinkhorn iterations run one thread per matrix entry, each summing its row
  * or column in order; the Hadamard stages split their independent butterflies; the attention's
  * exps run in parallel and only the denominator's fp32 chain stays on one thread.
+ *
+ * ## Two kernel sets for the per-token steps
+ *
+ * At decode (one token per call) two steps ran in one thread block each: the indexer's query
+ * transform (64 heads of 128 values at V4-Flash widths: RoPE, seven Hadamard stages separated
+ * by block barriers over all 8192 values, the FP4 round trip) and mHC's Sinkhorn iterations
+ * (about four block barriers per iteration in block 0).  The model's kernel set
+ * (mmoe_gpu_fwd_kernels, read from MMOE_GPU_FWD_KERNELS when the model is created) picks
+ * either those kernels ("serial", the default) or "split" ones that spread the same work:
+ * k_indexer_q_split gives each head to one warp, which keeps the head in registers (value
+ * V lane + r in register r of lane lane, V = id / 32), runs the Hadamard stages below V inside
+ * a lane and the others by xor shuffles between lanes, and takes each FP4 block's maximum over
+ * the 32 / V lanes that hold it; k_hc_finish_split runs the Sinkhorn iterations in warp 0 of
+ * block 0, the matrix in registers and every row and column sum fetched by shuffles in the
+ * oracle's order, while the block's other warps already mix (the mix needs only pre).  Each
+ * butterfly, sum, division and rounding has the same operands in the same order as in the
+ * serial kernels, so the two sets give the same bits (the tests compare them with each other
+ * and with the oracle).
  *
  * ## Expert parallelism
  *
