@@ -9,8 +9,8 @@
  * **Bit-exact** (same operations in the same order, or exact sums whose order does not
  * matter): RMSNorm, the FP8 block-scaled linear, the dense linear (BF16 and F32 weights),
  * the mHC write-back, the FP8 and Hadamard + FP4 round trips (both kernel sets of the
- * indexer queries, mmoe_gpu_fwd_kernels), the indexer scores and the top-k order (ties included).
- * hc_pre runs with both kernel sets of its Sinkhorn iterations.
+ * indexer queries, mmoe_gpu_fwd_kernels), the indexer scores and the top-k order (ties
+ * included; both kernel sets).  hc_pre runs with both kernel sets of its Sinkhorn iterations.
  *
  * **exp.**  The device's expf (gfw_expf) is glibc's algorithm (the build for CPUs with FMA),
  * so that it returns the host's expf bit for bit there; test_expf checks that on 2^22 inputs
@@ -614,7 +614,8 @@ START_TEST(test_qat)
 }
 END_TEST
 
-static void check_indexer(int ih, int id, int64_t nb, int topk, int ties)
+/** The indexer scores and top-k (k_topk or k_topk_split, as @p kernels says) of one token over @p nb blocks. */
+static void check_indexer(mmoe_gpu_fwd_kernels kernels, int ih, int id, int64_t nb, int topk, int ties)
 {
     mmoe_rng r;
     mmoe_rng_seed(&r, g_seed ^ (uint64_t)(nb * 31 + ties));
@@ -630,22 +631,29 @@ static void check_indexer(int ih, int id, int64_t nb, int topk, int ties)
     attn_indexer_scores(qi, wi, keys, ih, id, nb, sc);
     const int64_t k = attn_topk_desc(sc, nb, topk, work, ic);
     mmoe_test_poison_f32(sg, (size_t)nb);
+    for (int i = 0; i < topk; i++)
+        ig[i] = -7;
     mmoe_error err;
-    ck_assert_msg(gfw_test_indexer(qi, wi, keys, ih, id, nb, topk, sg, ig, &err) == MMOE_OK, "%s", err.msg);
+    ck_assert_msg(gfw_test_indexer(kernels, qi, wi, keys, ih, id, nb, topk, sg, ig, &err) == MMOE_OK, "%s", err.msg);
     expect_same_f32("indexer scores", sg, sc, (size_t)nb);
     for (int64_t i = 0; i < k; i++)
-        ck_assert_msg(ig[i] == ic[i], "indexer top-k rank %lld: gpu %d cpu %lld (seed %llu)", (long long)i, ig[i],
-                      (long long)ic[i], (unsigned long long)g_seed);
+        ck_assert_msg(ig[i] == ic[i], "indexer top-k (%s kernels) rank %lld: gpu %d cpu %lld (seed %llu)",
+                      mmoe_gpu_fwd_kernels_name(kernels), (long long)i, ig[i], (long long)ic[i],
+                      (unsigned long long)g_seed);
     free(qi), free(wi), free(keys), free(sc), free(sg), free(work), free(ic), free(ig);
 }
 
 START_TEST(test_indexer)
 {
-    check_indexer(2, 64, 9, 4, 0);
-    check_indexer(4, 128, 35, 4, 1);
-    check_indexer(64, 128, 600, 512, 0);
-    check_indexer(64, 128, 700, 512, 1);
-    check_indexer(64, 128, 300, 512, 0); /* fewer blocks than top-k */
+    const mmoe_gpu_fwd_kernels sets[2] = {MMOE_GPU_FWD_SERIAL, MMOE_GPU_FWD_SPLIT};
+    for (int i = 0; i < 2; i++) {
+        check_indexer(sets[i], 2, 64, 9, 4, 0);
+        check_indexer(sets[i], 4, 128, 35, 4, 1);
+        check_indexer(sets[i], 64, 128, 600, 512, 0);
+        check_indexer(sets[i], 64, 128, 700, 512, 1);
+        check_indexer(sets[i], 64, 128, 300, 512, 0); /* fewer blocks than top-k */
+        check_indexer(sets[i], 8, 128, 2900, 512, 1); /* the split top-k over 12 blocks, with ties */
+    }
 }
 END_TEST
 

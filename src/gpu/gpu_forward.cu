@@ -31,6 +31,7 @@
  * | k_compress        | gated pooling per channel, finish [attn_compressor.c]   | yes*   |
  * | k_indexer_scores  | bf16-rounded head terms, double sums [attn_indexer.c]   | yes    |
  * | k_topk            | descending, NaN last, ties to the lower index           | yes    |
+ * | k_topk_split      | the same, the candidates over blocks                    | yes    |
  * | k_attend          | chunked online softmax, sink, bf16 P, inverse RoPE [attn_sparse.c] | exp |
  * | MoE sub-layer     | gpu_fwd_moe.cu: the oracle's GEMM order, chain-packed weights | yes |
  * | (its router)      | sqrt-softplus, bias for selection, top-k or hash        | exp/log|
@@ -66,7 +67,9 @@
  * a lane and the others by xor shuffles between lanes, and takes each FP4 block's maximum over
  * the 32 / V lanes that hold it; k_hc_finish_split runs the Sinkhorn iterations in warp 0 of
  * block 0, the matrix in registers and every row and column sum fetched by shuffles in the
- * oracle's order, while the block's other warps already mix (the mix needs only pre).  Each
+ * oracle's order, while the block's other warps already mix (the mix needs only pre);
+ * k_topk_split ranks the candidates (one thread each, O(n) comparisons) in blocks of 256
+ * instead of one block per token, which matters at long contexts (n = position / 4).  Each
  * butterfly, sum, division and rounding has the same operands in the same order as in the
  * serial kernels, so the two sets give the same bits (the tests compare them with each other
  * and with the oracle).
@@ -1413,6 +1416,27 @@ __global__ void k_topk(const float *scores, int64_t T, int64_t pos0, int64_t max
             idx[t * topk + rank] = (int32_t)i;
     }
 }
+/**
+ * k_topk split over blocks: thread blockIdx.x * blockDim.x + threadIdx.x of token blockIdx.y
+ * ranks candidate i (the same count as k_topk's thread for i, so the same idx); at long
+ * contexts the O(n) count of each of the n candidates is spread over n / blockDim.x blocks
+ * instead of one.
+ */
+__global__ void k_topk_split(const float *scores, int64_t pos0, int64_t max_blocks, int topk, int32_t *idx)
+{
+    const int64_t t = blockIdx.y, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t n = (pos0 + t + 1) / 4;
+    const int64_t k = n < topk ? n : topk;
+    const float *s = scores + t * max_blocks;
+    if (i >= n)
+        return;
+    int64_t rank = 0;
+    for (int64_t j = 0; j < n && rank < k; j++)
+        rank += (j != i) && topk_before(s[j], j, s[i], i);
+    if (rank < k)
+        idx[t * topk + rank] = (int32_t)i;
+}
+
 
 /** Arguments of the attention kernel. */
 struct attend_args {
@@ -2451,6 +2475,22 @@ static void launch_hc_mix(mmoe_gpu_fwd_kernels kernels, const uint16_t *X, int64
 }
 
 /**
+ * The indexer's top-k of T tokens at positions pos0.. (scores [T, max_blocks]): k_topk (one
+ * block per token) or k_topk_split (the candidates over blocks of 256).
+ */
+static void launch_topk(mmoe_gpu_fwd_kernels kernels, const float *scores, int64_t T, int64_t pos0,
+                        int64_t max_blocks, int topk, int32_t *idx)
+{
+    if (kernels == MMOE_GPU_FWD_SPLIT) {
+        const int64_t n_last = (pos0 + T) / 4; /* the most candidates of a token of the call */
+        if (n_last > 0)
+            k_topk_split<<<dim3(nblk(n_last), (unsigned)T), 256>>>(scores, pos0, max_blocks, topk, idx);
+        return;
+    }
+    k_topk<<<(unsigned)T, 256>>>(scores, T, pos0, max_blocks, topk, idx);
+}
+
+/**
  * The indexer queries of T tokens (qi [T, ih, id], wi [T, ih]; cs the layer's RoPE table):
  * k_indexer_q (one block per token) or k_indexer_q_split (one warp per head; id a power of two
  * in [32, 1024], as the model's parameters require; @p fp4 0: stop after the Hadamard, split only).
@@ -2658,7 +2698,7 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
                                                              nb, b->max_blocks, g->scores);
                 GFW_CHECK("indexer scores");
             }
-            k_topk<<<(unsigned)T, 256>>>(g->scores, T, pos0, b->max_blocks, a.topk, g->topk_idx);
+            launch_topk(g->fwd_kernels, g->scores, T, pos0, b->max_blocks, a.topk, g->topk_idx);
             GFW_CHECK("indexer top-k");
         }
     }
@@ -3074,8 +3114,9 @@ extern "C" mmoe_status gfw_test_qat(uint16_t *x, int64_t rows, int width, int ki
     return tfinish(&a, x, dx, 2 * (size_t)(rows * width), err, "qat round trip");
 }
 
-extern "C" mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, const uint16_t *keys, int ih, int id,
-                                        int64_t n_blocks, int topk, float *scores, int32_t *idx, mmoe_error *err)
+extern "C" mmoe_status gfw_test_indexer(mmoe_gpu_fwd_kernels kernels, const uint16_t *qi, const uint16_t *wi,
+                                        const uint16_t *keys, int ih, int id, int64_t n_blocks, int topk, float *scores,
+                                        int32_t *idx, mmoe_error *err)
 {
     tarena a;
     mmoe_status st = tbegin(&a, err);
@@ -3089,7 +3130,7 @@ extern "C" mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, 
     const int64_t pos = 4 * n_blocks - 1;
     if (a.ce == cudaSuccess) {
         k_indexer_scores<<<nblk(n_blocks * 32), 256>>>(dq, dw, dk, ih, id, 1, pos, n_blocks, n_blocks, ds);
-        k_topk<<<1, 256>>>(ds, 1, pos, n_blocks, topk, di);
+        launch_topk(kernels, ds, 1, pos, n_blocks, topk, di);
     }
     if (a.ce == cudaSuccess)
         a.ce = cudaDeviceSynchronize();

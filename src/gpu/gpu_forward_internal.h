@@ -300,10 +300,12 @@ mmoe_status gfw_test_attend(const uint16_t *q, int H, int d, const uint16_t *row
 mmoe_status gfw_test_qat(uint16_t *x, int64_t rows, int width, int kind, mmoe_error *err);
 /**
  * The indexer of one token at position 4*n_blocks - 1 (so n_blocks blocks are causal): scores [n_blocks]
- * (k_indexer_scores) and the top-@p topk block ids in order [min(topk, n_blocks)] (k_topk).
+ * (k_indexer_scores) and the top-@p topk block ids in order [min(topk, n_blocks)] (k_topk or
+ * k_topk_split as @p kernels says).
  */
-mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, const uint16_t *keys, int ih, int id,
-                             int64_t n_blocks, int topk, float *scores, int32_t *idx, mmoe_error *err);
+mmoe_status gfw_test_indexer(mmoe_gpu_fwd_kernels kernels, const uint16_t *qi, const uint16_t *wi,
+                             const uint16_t *keys, int ih, int id, int64_t n_blocks, int topk, float *scores,
+                             int32_t *idx, mmoe_error *err);
 /**
  * One sub-layer of block @p L of a GPU model on given inputs: @p which 0 the attention (the
  * block's caches advance: @p pos0 must continue them), 1 the MoE (router, experts, shared

@@ -147,10 +147,11 @@ mmoe_status gfw_test_qat(uint16_t *x, int64_t rows, int width, int kind, mmoe_er
     return no_cuda(err);
 }
 
-mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, const uint16_t *keys, int ih, int id,
-                             int64_t n_blocks, int topk, float *scores, int32_t *idx, mmoe_error *err)
+mmoe_status gfw_test_indexer(mmoe_gpu_fwd_kernels kernels, const uint16_t *qi, const uint16_t *wi,
+                             const uint16_t *keys, int ih, int id, int64_t n_blocks, int topk, float *scores,
+                             int32_t *idx, mmoe_error *err)
 {
-    (void)qi; (void)wi; (void)keys; (void)ih; (void)id; (void)n_blocks; (void)topk; (void)scores; (void)idx;
+    (void)kernels; (void)qi; (void)wi; (void)keys; (void)ih; (void)id; (void)n_blocks; (void)topk; (void)scores; (void)idx;
     return no_cuda(err);
 }
 

@@ -73,16 +73,19 @@ typedef struct mmoe_gpu_model mmoe_gpu_model;
 
 /**
  * The kernels of the per-token steps that one thread block ran serially: the indexer's query
- * transform (RoPE, Hadamard, FP4 round trip of every head) and mHC's Sinkhorn iterations.
+ * transform (RoPE, Hadamard, FP4 round trip of every head), its top-k and mHC's Sinkhorn
+ * iterations.
  * Both sets compute the same operations on the same operands in the same order, so their
  * outputs are the same bits; they differ in how the work is spread over the device.
  */
 typedef enum mmoe_gpu_fwd_kernels {
     MMOE_GPU_FWD_SERIAL = 0, /**< "serial": one block per token for the indexer queries (shared-memory
-                                  Hadamard stages between block barriers); Sinkhorn one thread per
-                                  entry of block 0 with block barriers between its steps */
-    MMOE_GPU_FWD_SPLIT = 1   /**< "split": one warp per indexer head in registers; Sinkhorn in one
-                                  warp's registers while the block's other warps mix */
+                                  Hadamard stages between block barriers) and for its top-k;
+                                  Sinkhorn one thread per entry of block 0 with block barriers
+                                  between its steps */
+    MMOE_GPU_FWD_SPLIT = 1   /**< "split": one warp per indexer head in registers; the top-k's
+                                  candidates over blocks; Sinkhorn in one warp's registers while
+                                  the block's other warps mix */
 } mmoe_gpu_fwd_kernels;
 
 /** The environment variable that selects the kernel set when a GPU model is created. */
