@@ -8,8 +8,9 @@
  *
  * **Bit-exact** (same operations in the same order, or exact sums whose order does not
  * matter): RMSNorm, the FP8 block-scaled linear, the dense linear (BF16 and F32 weights),
- * the mHC write-back, the FP8 and Hadamard + FP4 round trips, the indexer scores and the
- * top-k order (ties included).
+ * the mHC write-back, the FP8 and Hadamard + FP4 round trips (both kernel sets of the
+ * indexer queries, mmoe_gpu_fwd_kernels), the indexer scores and the top-k order (ties
+ * included; both kernel sets).  hc_pre runs with both kernel sets of its Sinkhorn iterations.
  *
  * **exp.**  The device's expf (gfw_expf) is glibc's algorithm (the build for CPUs with FMA),
  * so that it returns the host's expf bit for bit there; test_expf checks that on 2^22 inputs
@@ -440,14 +441,17 @@ START_TEST(test_linear_dense)
 }
 END_TEST
 
-/** hc_pre and hc_post at hc 4 and width D. */
-static void check_mhc(int64_t T, int64_t D)
+/**
+ * hc_pre (with the kernel set @p kernels) and hc_post at @p hc streams (<= 8: with hc > 5 the
+ * split Sinkhorn holds two entries per lane) and width D.
+ */
+static void check_mhc(mmoe_gpu_fwd_kernels kernels, int hc, int64_t T, int64_t D)
 {
-    const int hc = 4, n_mix = (2 + hc) * hc;
+    const int n_mix = (2 + hc) * hc;
     mmoe_rng r;
-    mmoe_rng_seed(&r, g_seed ^ (uint64_t)D ^ 0x3c);
+    mmoe_rng_seed(&r, g_seed ^ (uint64_t)D ^ 0x3c ^ ((uint64_t)hc << 20));
     uint16_t *X = rand_bf16(&r, (size_t)(T * hc * D), 2.0f);
-    float *fn = malloc(sizeof(float) * (size_t)(n_mix * hc * D)), base[24], scale[3] = {0.5f, 0.7f, 1.3f};
+    float *fn = malloc(sizeof(float) * (size_t)(n_mix * hc * D)), base[(2 + 8) * 8], scale[3] = {0.5f, 0.7f, 1.3f};
     for (int64_t i = 0; i < n_mix * hc * D; i++)
         fn[i] = unif(&r, 0.02f);
     for (int i = 0; i < n_mix; i++)
@@ -461,8 +465,8 @@ static void check_mhc(int64_t T, int64_t D)
     mmoe_test_poison_f32(pg, (size_t)(T * hc));
     mmoe_test_poison_f32(cg, (size_t)(T * hc * hc));
     mmoe_error err;
-    ck_assert_msg(gfw_test_hc_pre(hc, D, 20, 1e-6f, 1e-6f, X, T, fn, base, scale, yg, pg, cg, &err) == MMOE_OK, "%s",
-                  err.msg);
+    ck_assert_msg(gfw_test_hc_pre(kernels, hc, D, 20, 1e-6f, 1e-6f, X, T, fn, base, scale, yg, pg, cg, &err) == MMOE_OK,
+                  "%s", err.msg);
     float xmax = 0.0f;
     for (int64_t i = 0; i < T * hc * D; i++)
         xmax = fmaxf(xmax, fabsf(mmoe_bf16_to_f32(X[i])));
@@ -479,8 +483,8 @@ static void check_mhc(int64_t T, int64_t D)
                       (long long)i, g, c, (unsigned long long)g_seed);
         exact += yg[i] == yc[i];
     }
-    fprintf(stderr, "gpu_forward_blocks: hc_pre D=%lld: %lld of %lld y values bit-exact\n", (long long)D,
-            (long long)exact, (long long)(T * D));
+    fprintf(stderr, "gpu_forward_blocks: hc_pre (%s kernels) hc=%d D=%lld: %lld of %lld y values bit-exact\n",
+            mmoe_gpu_fwd_kernels_name(kernels), hc, (long long)D, (long long)exact, (long long)(T * D));
     if (exp_probe()) {
         expect_same_u16("hc_pre y (exact exp)", yg, yc, (size_t)(T * D));
         expect_same_f32("hc_pre post (exact exp)", pg, pc, (size_t)(T * hc));
@@ -498,8 +502,13 @@ static void check_mhc(int64_t T, int64_t D)
 
 START_TEST(test_mhc)
 {
-    check_mhc(3, 128);
-    check_mhc(3, 4096);
+    const mmoe_gpu_fwd_kernels sets[2] = {MMOE_GPU_FWD_SERIAL, MMOE_GPU_FWD_SPLIT};
+    for (int i = 0; i < 2; i++) {
+        check_mhc(sets[i], 4, 3, 128);
+        check_mhc(sets[i], 4, 3, 4096);
+        check_mhc(sets[i], 6, 2, 128); /* 36 entries: a row across the two registers of a lane */
+        check_mhc(sets[i], 8, 2, 1100);
+    }
 }
 END_TEST
 
@@ -545,10 +554,41 @@ START_TEST(test_attend)
 }
 END_TEST
 
+/**
+ * The split indexer kernel's Hadamard (kind 3) and Hadamard + FP4 (kind 2) on @p rows heads of
+ * width @p w against the oracle's attn_hadamard_bf16 and mmoe_roundtrip_fp4_bf16.  Values with
+ * exponents over [-30, 30] make the fp32 butterflies round, so another stage order would show
+ * in the bf16 outputs of kind 3.
+ */
+static void check_qat_split(mmoe_rng *r, int kind, int64_t rows, int w)
+{
+    uint16_t *x = malloc(2 * (size_t)(rows * w)), *xg = malloc(2 * (size_t)(rows * w));
+    ck_assert(x && xg);
+    for (int64_t i = 0; i < rows * w; i++)
+        x[i] = mmoe_bf16_from_f32(ldexpf(unif(r, 1.0f), (int)mmoe_rng_below(r, 61) - 30));
+    for (int64_t i = 0; i < w; i++) /* a row of tiny values: the FP4 scale clamps */
+        x[i] = mmoe_bf16_from_f32(unif(r, 1e-30f));
+    memcpy(xg, x, 2 * (size_t)(rows * w));
+    for (int64_t i = 0; i < rows; i++) {
+        attn_hadamard_bf16(x + i * w, w);
+        if (kind == 2)
+            mmoe_roundtrip_fp4_bf16(x + i * w, w, 32);
+    }
+    mmoe_error err;
+    ck_assert_msg(gfw_test_qat(xg, rows, w, kind, &err) == MMOE_OK, "%s", err.msg);
+    char what[96];
+    snprintf(what, sizeof what, "split indexer kernel, width %d: %s", w, kind == 2 ? "hadamard + fp4" : "hadamard");
+    expect_same_u16(what, xg, x, (size_t)(rows * w));
+    free(x), free(xg);
+}
+
 START_TEST(test_qat)
 {
     mmoe_rng r;
     mmoe_rng_seed(&r, g_seed ^ 0x9a7);
+    for (int w = 32; w <= 1024; w *= 2) /* every register count of k_indexer_q_split */
+        for (int kind = 2; kind <= 3; kind++)
+            check_qat_split(&r, kind, w == 128 ? 64 : 7, w);
     const int widths[2] = {512, 128};
     for (int kind = 0; kind < 2; kind++) {
         const int w = widths[kind];
@@ -574,7 +614,8 @@ START_TEST(test_qat)
 }
 END_TEST
 
-static void check_indexer(int ih, int id, int64_t nb, int topk, int ties)
+/** The indexer scores and top-k (k_topk or k_topk_split, as @p kernels says) of one token over @p nb blocks. */
+static void check_indexer(mmoe_gpu_fwd_kernels kernels, int ih, int id, int64_t nb, int topk, int ties)
 {
     mmoe_rng r;
     mmoe_rng_seed(&r, g_seed ^ (uint64_t)(nb * 31 + ties));
@@ -590,22 +631,29 @@ static void check_indexer(int ih, int id, int64_t nb, int topk, int ties)
     attn_indexer_scores(qi, wi, keys, ih, id, nb, sc);
     const int64_t k = attn_topk_desc(sc, nb, topk, work, ic);
     mmoe_test_poison_f32(sg, (size_t)nb);
+    for (int i = 0; i < topk; i++)
+        ig[i] = -7;
     mmoe_error err;
-    ck_assert_msg(gfw_test_indexer(qi, wi, keys, ih, id, nb, topk, sg, ig, &err) == MMOE_OK, "%s", err.msg);
+    ck_assert_msg(gfw_test_indexer(kernels, qi, wi, keys, ih, id, nb, topk, sg, ig, &err) == MMOE_OK, "%s", err.msg);
     expect_same_f32("indexer scores", sg, sc, (size_t)nb);
     for (int64_t i = 0; i < k; i++)
-        ck_assert_msg(ig[i] == ic[i], "indexer top-k rank %lld: gpu %d cpu %lld (seed %llu)", (long long)i, ig[i],
-                      (long long)ic[i], (unsigned long long)g_seed);
+        ck_assert_msg(ig[i] == ic[i], "indexer top-k (%s kernels) rank %lld: gpu %d cpu %lld (seed %llu)",
+                      mmoe_gpu_fwd_kernels_name(kernels), (long long)i, ig[i], (long long)ic[i],
+                      (unsigned long long)g_seed);
     free(qi), free(wi), free(keys), free(sc), free(sg), free(work), free(ic), free(ig);
 }
 
 START_TEST(test_indexer)
 {
-    check_indexer(2, 64, 9, 4, 0);
-    check_indexer(4, 128, 35, 4, 1);
-    check_indexer(64, 128, 600, 512, 0);
-    check_indexer(64, 128, 700, 512, 1);
-    check_indexer(64, 128, 300, 512, 0); /* fewer blocks than top-k */
+    const mmoe_gpu_fwd_kernels sets[2] = {MMOE_GPU_FWD_SERIAL, MMOE_GPU_FWD_SPLIT};
+    for (int i = 0; i < 2; i++) {
+        check_indexer(sets[i], 2, 64, 9, 4, 0);
+        check_indexer(sets[i], 4, 128, 35, 4, 1);
+        check_indexer(sets[i], 64, 128, 600, 512, 0);
+        check_indexer(sets[i], 64, 128, 700, 512, 1);
+        check_indexer(sets[i], 64, 128, 300, 512, 0); /* fewer blocks than top-k */
+        check_indexer(sets[i], 8, 128, 2900, 512, 1); /* the split top-k over 12 blocks, with ties */
+    }
 }
 END_TEST
 

@@ -22,13 +22,16 @@
  * | k_linear_fp8      | the same for other scale blocks (one warp per output)   | yes    |
  * | k_linear_dense    | double dot in the chunked pairwise order [linear_dense.c] | yes   |
  * | k_hc_part, _finish | mHC logits (double, block trees), sigmoid, Sinkhorn, mix | yes*  |
+ * | k_hc_finish_split | k_hc_finish, its Sinkhorn in one warp's registers     | yes*   |
  * | k_hc_post         | fp32 write-back, j ascending, then the post term       | yes    |
  * | k_scale_heads     | per-head q scaling in bf16 steps, RoPE [attn_forward.c] | yes    |
  * | k_kv_finish       | kv RMSNorm, RoPE, FP8 round trip (block 64)             | yes    |
  * | k_indexer_q       | RoPE, Hadamard, FP4 round trip; head weights scaling    | yes    |
+ * | k_indexer_q_split | the same, one warp per head in registers                | yes    |
  * | k_compress        | gated pooling per channel, finish [attn_compressor.c]   | yes*   |
  * | k_indexer_scores  | bf16-rounded head terms, double sums [attn_indexer.c]   | yes    |
  * | k_topk            | descending, NaN last, ties to the lower index           | yes    |
+ * | k_topk_split      | the same, the candidates over blocks                    | yes    |
  * | k_attend          | chunked online softmax, sink, bf16 P, inverse RoPE [attn_sparse.c] | exp |
  * | MoE sub-layer     | gpu_fwd_moe.cu: the oracle's GEMM order, chain-packed weights | yes |
  * | (its router)      | sqrt-softplus, bias for selection, top-k or hash        | exp/log|
@@ -50,6 +53,26 @@
  * serial shape: the Sinkhorn iterations run one thread per matrix entry, each summing its row
  * or column in order; the Hadamard stages split their independent butterflies; the attention's
  * exps run in parallel and only the denominator's fp32 chain stays on one thread.
+ *
+ * ## Two kernel sets for the per-token steps
+ *
+ * At decode (one token per call) two steps ran in one thread block each: the indexer's query
+ * transform (64 heads of 128 values at V4-Flash widths: RoPE, seven Hadamard stages separated
+ * by block barriers over all 8192 values, the FP4 round trip) and mHC's Sinkhorn iterations
+ * (about four block barriers per iteration in block 0).  The model's kernel set
+ * (mmoe_gpu_fwd_kernels, read from MMOE_GPU_FWD_KERNELS when the model is created) picks
+ * either those kernels ("serial", the default) or "split" ones that spread the same work:
+ * k_indexer_q_split gives each head to one warp, which keeps the head in registers (value
+ * V lane + r in register r of lane lane, V = id / 32), runs the Hadamard stages below V inside
+ * a lane and the others by xor shuffles between lanes, and takes each FP4 block's maximum over
+ * the 32 / V lanes that hold it; k_hc_finish_split runs the Sinkhorn iterations in warp 0 of
+ * block 0, the matrix in registers and every row and column sum fetched by shuffles in the
+ * oracle's order, while the block's other warps already mix (the mix needs only pre);
+ * k_topk_split ranks the candidates (one thread each, O(n) comparisons) in blocks of 256
+ * instead of one block per token, which matters at long contexts (n = position / 4).  Each
+ * butterfly, sum, division and rounding has the same operands in the same order as in the
+ * serial kernels, so the two sets give the same bits (the tests compare them with each other
+ * and with the oracle).
  *
  * ## Expert parallelism
  *
@@ -722,23 +745,16 @@ __global__ void k_hc_part(const uint16_t *X, int64_t n, const float *fn, int n_o
 }
 
 /**
- * Second half of hc_pre (n_out = (2+hc)*hc: pre, post, Sinkhorn comb, mix) or hc_head
- * (n_out = hc: pre and mix only) for token blockIdx.y (mmoe_mhc.c, step by step): the S block
- * sums of each reduction folded by the spec's tree, the logits, and the mix of the channels
- * [1024 blockIdx.x, 1024 (blockIdx.x + 1)).  Block 0 also writes post and runs the Sinkhorn
- * iterations, one thread per entry of C (each thread sums its row or column in the oracle's
- * order, so every thread of a row gets the same bits).
+ * The first steps of k_hc_finish and k_hc_finish_split for token @p t (whole block): the S block
+ * sums of each reduction folded by the spec's tree, the logits m[0, n_out) (m[n_out]: the rms
+ * factor), pre[0, hc), and from block 0 of an hc_pre also post.  Ends with m visible to the
+ * block (pre is written after the last barrier: the caller synchronizes before reading it).
  */
-__global__ void k_hc_finish(const uint16_t *X, int64_t D, int hc, const double *part, int S, const float *base,
-                            const float *scale, int n_out, float norm_eps, float hc_eps, int iters, uint16_t *y,
-                            float *post, float *comb)
+__device__ __forceinline__ void hc_finish_logits(int64_t t, int64_t n, int hc, const double *part, int S,
+                                                 const float *base, const float *scale, int n_out, float norm_eps,
+                                                 float hc_eps, float *post, float *m, float *pre)
 {
-    __shared__ float m[(2 + 8) * 8 + 1];
-    __shared__ float pre[8];
-    __shared__ float C[8 * 8];
-    const int64_t t = blockIdx.y, n = (int64_t)hc * D;
     const int tid = threadIdx.x;
-    const uint16_t *Xt = X + t * n;
     double raw = 0.0;
     if (tid <= n_out) {
         const double *p = part + (t * (n_out + 1) + tid) * S;
@@ -760,6 +776,43 @@ __global__ void k_hc_finish(const uint16_t *X, int64_t D, int hc, const double *
             post[t * hc + tid] =
                 __fmul_rn(2.0f, gfw_sigmoid(__fadd_rn(__fmul_rn(m[hc + tid], scale[1]), base[hc + tid])));
     }
+}
+
+/**
+ * The mix y[t, c] = bf16(sum_j pre[j] X[t, j, c]) (j ascending, fp32) of the channels
+ * [1024 blockIdx.x, 1024 (blockIdx.x + 1)) by the block's threads from @p first on.
+ */
+__device__ __forceinline__ void hc_mix_channels(const uint16_t *Xt, int64_t D, int hc, const float *pre, uint16_t *y,
+                                                int64_t t, int first)
+{
+    const int64_t c1 = (blockIdx.x + 1) * 1024 < D ? (blockIdx.x + 1) * 1024 : D;
+    for (int64_t c = blockIdx.x * 1024 + threadIdx.x - first; c < c1; c += blockDim.x - first) {
+        float acc = 0.0f;
+        for (int jj = 0; jj < hc; jj++)
+            acc = __fadd_rn(acc, __fmul_rn(pre[jj], gfw_bf2f(Xt[jj * D + c])));
+        y[t * D + c] = gfw_f2bf(acc);
+    }
+}
+
+/**
+ * Second half of hc_pre (n_out = (2+hc)*hc: pre, post, Sinkhorn comb, mix) or hc_head
+ * (n_out = hc: pre and mix only) for token blockIdx.y (mmoe_mhc.c, step by step): the logits
+ * (hc_finish_logits) and the mix of the channels [1024 blockIdx.x, 1024 (blockIdx.x + 1)).
+ * Block 0 also runs the Sinkhorn iterations, one thread per entry of C (each thread sums its
+ * row or column in the oracle's order, so every thread of a row gets the same bits), with block
+ * barriers between the steps.
+ */
+__global__ void k_hc_finish(const uint16_t *X, int64_t D, int hc, const double *part, int S, const float *base,
+                            const float *scale, int n_out, float norm_eps, float hc_eps, int iters, uint16_t *y,
+                            float *post, float *comb)
+{
+    __shared__ float m[(2 + 8) * 8 + 1];
+    __shared__ float pre[8];
+    __shared__ float C[8 * 8];
+    const int64_t t = blockIdx.y, n = (int64_t)hc * D;
+    const int tid = threadIdx.x;
+    const uint16_t *Xt = X + t * n;
+    hc_finish_logits(t, n, hc, part, S, base, scale, n_out, norm_eps, hc_eps, post, m, pre);
     if (n_out > hc && blockIdx.x == 0) { /* Sinkhorn (mmoe_hc_sinkhorn), uniform over the block */
         const int i = tid, j = tid / hc, k = tid % hc, live = tid < hc * hc;
         if (live)
@@ -808,13 +861,115 @@ __global__ void k_hc_finish(const uint16_t *X, int64_t D, int hc, const double *
             comb[t * hc * hc + i] = C[i];
     }
     __syncthreads();
-    const int64_t c1 = (blockIdx.x + 1) * 1024 < D ? (blockIdx.x + 1) * 1024 : D;
-    for (int64_t c = blockIdx.x * 1024 + tid; c < c1; c += blockDim.x) {
-        float acc = 0.0f;
-        for (int jj = 0; jj < hc; jj++)
-            acc = __fadd_rn(acc, __fmul_rn(pre[jj], gfw_bf2f(Xt[jj * D + c])));
-        y[t * D + c] = gfw_f2bf(acc);
+    hc_mix_channels(Xt, D, hc, pre, y, t, 0);
+}
+
+/**
+ * Entry @p e (< 64) of a Sinkhorn matrix held by a warp, entry i in lane i % 32 of register
+ * i / 32 (@p c0, @p c1); @p two: 0 when hc*hc <= 32 (c1 unused).  Every lane must call it.
+ */
+__device__ __forceinline__ float sk_entry(float c0, float c1, int e, int two)
+{
+    const float v0 = __shfl_sync(0xFFFFFFFFu, c0, e & 31);
+    if (!two)
+        return v0;
+    const float v1 = __shfl_sync(0xFFFFFFFFu, c1, e & 31);
+    return e < 32 ? v0 : v1;
+}
+
+/** Sum of row @p j (@p by_col 0) or column @p j (1) of the hc x hc matrix, index ascending, fp32. */
+__device__ __forceinline__ float sk_line_sum(float c0, float c1, int hc, int j, int by_col, int two)
+{
+    float sum = 0.0f;
+    for (int kk = 0; kk < hc; kk++)
+        sum = __fadd_rn(sum, sk_entry(c0, c1, by_col ? kk * hc + j : j * hc + kk, two));
+    return sum;
+}
+
+/**
+ * The Sinkhorn iterations of mmoe_hc_sinkhorn by one warp in registers: entry i = j*hc + k of
+ * C in lane i % 32, register i / 32 (hc <= 8: at most 64 entries); each row or column sum is
+ * the oracle's sequential fp32 sum, the entries fetched by shuffles, so every lane of a row gets
+ * the same bits as k_hc_finish's thread for that entry; no barrier but the shuffles' own.  With
+ * hc*hc <= 32 (hc <= 5) only the first register is live and the second is never computed.
+ * @p logit: the block's shared logits of C (m + 2 hc); writes comb[t * hc*hc + i].
+ */
+__device__ void sinkhorn_warp(const float *logit, const float *scale, const float *base, int hc, float hc_eps,
+                              int iters, float *comb)
+{
+    const int lane = threadIdx.x & 31, nn = hc * hc, two = nn > 32;
+    float c[2] = {0.0f, 0.0f}, e[2] = {0.0f, 0.0f}, s[2] = {1.0f, 1.0f};
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+        const int i = lane + 32 * q;
+        if (i < nn)
+            c[q] = __fadd_rn(__fmul_rn(logit[i], scale[2]), base[2 * hc + i]);
     }
+#pragma unroll
+    for (int q = 0; q < 2; q++) { /* row softmax, + eps */
+        const int i = lane + 32 * q, j = (i / hc) % hc; /* rows of dead entries: any valid row */
+        if (q == 1 && !two)
+            break;
+        float mx = sk_entry(c[0], c[1], j * hc, two);
+        for (int kk = 1; kk < hc; kk++) {
+            const float v = sk_entry(c[0], c[1], j * hc + kk, two);
+            mx = v > mx ? v : mx;
+        }
+        e[q] = gfw_expf(__fsub_rn(c[q], mx));
+    }
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+        if (q == 1 && !two)
+            break;
+        s[q] = sk_line_sum(e[0], e[1], hc, ((lane + 32 * q) / hc) % hc, 0, two);
+    }
+#pragma unroll
+    for (int q = 0; q < 2; q++)
+        if (q == 0 || two)
+            c[q] = __fadd_rn(__fdiv_rn(e[q], s[q]), hc_eps);
+    for (int it = 0; it < iters; it++) {
+        for (int pass = it > 0 ? 0 : 1; pass < 2; pass++) { /* rows (from the second iteration), columns */
+#pragma unroll
+            for (int q = 0; q < 2; q++) {
+                const int i = lane + 32 * q, j = pass == 0 ? (i / hc) % hc : i % hc;
+                if (q == 1 && !two)
+                    break;
+                s[q] = sk_line_sum(c[0], c[1], hc, j, pass, two);
+            }
+#pragma unroll
+            for (int q = 0; q < 2; q++)
+                if (q == 0 || two)
+                    c[q] = __fdiv_rn(c[q], __fadd_rn(s[q], hc_eps));
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < 2; q++)
+        if (lane + 32 * q < nn)
+            comb[lane + 32 * q] = c[q];
+}
+
+/**
+ * k_hc_finish with the Sinkhorn iterations in warp 0 of block 0 (sinkhorn_warp: registers and
+ * shuffles, no block barrier inside the iterations) while the block's other warps mix its
+ * channels; every other block mixes with all its warps.  The same operations on the same
+ * operands in the same order as k_hc_finish, so the same bits; three block barriers in all
+ * instead of about 4 iters.  blockDim.x: a multiple of 32, at least 64.
+ */
+__global__ void k_hc_finish_split(const uint16_t *X, int64_t D, int hc, const double *part, int S, const float *base,
+                                  const float *scale, int n_out, float norm_eps, float hc_eps, int iters, uint16_t *y,
+                                  float *post, float *comb)
+{
+    __shared__ float m[(2 + 8) * 8 + 1];
+    __shared__ float pre[8];
+    const int64_t t = blockIdx.y, n = (int64_t)hc * D;
+    const uint16_t *Xt = X + t * n;
+    hc_finish_logits(t, n, hc, part, S, base, scale, n_out, norm_eps, hc_eps, post, m, pre);
+    __syncthreads();
+    const int sinkhorn = n_out > hc && blockIdx.x == 0;
+    if (sinkhorn && threadIdx.x < 32)
+        sinkhorn_warp(m + 2 * hc, scale, base, hc, hc_eps, iters, comb + t * hc * hc);
+    else
+        hc_mix_channels(Xt, D, hc, pre, y, t, sinkhorn ? 32 : 0);
 }
 
 /** hc_post: X[t,k,c] = bf16(post[k]*out[c] + sum_j comb[j][k] * R[t,j,c]); in place. */
@@ -1004,6 +1159,109 @@ __global__ void k_indexer_q(uint16_t *qi, int ih, int id, int rope_dim, const fl
     __syncthreads();
     hadamard_block(q, ih, id, hv);
     fp4_roundtrip_warps(q, (int64_t)ih * id, threadIdx.x / 32, blockDim.x / 32);
+}
+
+/** Warps of a k_indexer_q_split block (one indexer head each). */
+#define GFW_IDXQ_WARPS 4
+
+/**
+ * k_indexer_q for one head of n = 32 V values by one warp, in registers: value i = V lane + r
+ * is register r of lane lane (the FP4 blocks of 32 values are the aligned groups of 32 / V
+ * lanes).  The steps and their operations are k_indexer_q's (rope_pair, hadamard_block,
+ * fp4_roundtrip_warps), value by value:
+ *   - RoPE of the pairs (2p, 2p + 1) of the last rope_dim values, each rounded to bf16 (for V = 1
+ *     the partner of a pair is the neighbour lane's register, fetched by a shuffle);
+ *   - the Hadamard stages h = 1, 2, ..., n/2 in that order, each butterfly a + b and a - b of
+ *     the same two fp32 operands as the shared-memory version: stages h < V within a lane,
+ *     stages h >= V between lanes l and l ^ (h / V) (the lane without that bit keeps a + b, the
+ *     other a - b with a its partner's value); then the scale and the bf16 rounding;
+ *   - the FP4 round trip of each block (unless @p fp4 is 0): amax over the block ignoring NaN
+ *     (a maximum: any order gives it), the UE8M0 scale, the E2M1 rounding, bf16.
+ */
+template <int V>
+__device__ __forceinline__ void indexer_q_head_warp(uint16_t *qh, int rope_dim, const float *cs, int64_t pos, int fp4)
+{
+    const int lane = threadIdx.x & 31, n = 32 * V, half = rope_dim / 2, r0 = n - rope_dim;
+    float v[V], rot[V];
+#pragma unroll
+    for (int r = 0; r < V; r++)
+        v[r] = gfw_bf2f(qh[lane * V + r]);
+#pragma unroll
+    for (int r = 0; r < V; r++) { /* RoPE (rope_pair) */
+        const int i = lane * V + r;
+        const float other = V > 1 ? v[r ^ 1] : __shfl_xor_sync(0xFFFFFFFFu, v[r], 1);
+        rot[r] = v[r];
+        if (i >= r0) {
+            const int p = (i - r0) / 2;
+            const float c = cs[(pos * half + p) * 2], s = cs[(pos * half + p) * 2 + 1];
+            const float a = (i & 1) ? other : v[r], b = (i & 1) ? v[r] : other;
+            rot[r] = gfw_bfr((i & 1) ? __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c)) : __fmaf_rn(a, c, -__fmul_rn(b, s)));
+        }
+    }
+#pragma unroll
+    for (int h = 1; h < V; h *= 2) /* Hadamard stages within a lane */
+#pragma unroll
+        for (int r = 0; r < V; r++)
+            if (!(r & h)) {
+                const float a = rot[r], b = rot[r + h];
+                rot[r] = __fadd_rn(a, b);
+                rot[r + h] = __fsub_rn(a, b);
+            }
+#pragma unroll
+    for (int m = 1; m < 32; m *= 2) /* stages h = V m between lanes */
+#pragma unroll
+        for (int r = 0; r < V; r++) {
+            const float o = __shfl_xor_sync(0xFFFFFFFFu, rot[r], m);
+            rot[r] = (lane & m) ? __fsub_rn(o, rot[r]) : __fadd_rn(rot[r], o);
+        }
+    const float scale = (float)(1.0 / sqrt((double)n));
+    float amax = 0.0f;
+#pragma unroll
+    for (int r = 0; r < V; r++) {
+        rot[r] = gfw_bfr(__fmul_rn(rot[r], scale));
+        const float a = fabsf(rot[r]);
+        amax = a > amax ? a : amax; /* NaN never wins */
+    }
+    if (!fp4) { /* the Hadamard output alone (a test of the stages) */
+#pragma unroll
+        for (int r = 0; r < V; r++)
+            qh[lane * V + r] = gfw_f2bf(rot[r]);
+        return;
+    }
+#pragma unroll
+    for (int o = 1; o < 32 / V; o *= 2) { /* the other lanes of the block */
+        const float b = __shfl_xor_sync(0xFFFFFFFFu, amax, o);
+        amax = b > amax ? b : amax;
+    }
+    const float clamped = amax < 0x1.8p-124f ? 0x1.8p-124f : amax;
+    const float s = gfw_ue8m0(gfw_ue8m0_ceil_clamped(__fmul_rn(clamped, 1.0f / 6.0f)));
+#pragma unroll
+    for (int r = 0; r < V; r++) {
+        float w = __fdiv_rn(rot[r], s);
+        w = w > 6.0f ? 6.0f : (w < -6.0f ? -6.0f : w);
+        qh[lane * V + r] = gfw_f2bf(__fmul_rn(gfw_e2m1_round(w), s));
+    }
+}
+
+/**
+ * k_indexer_q split over heads: warp w of block (x, t) takes head GFW_IDXQ_WARPS x + w of token
+ * t (indexer_q_head_warp, head width 32 V) and that head's weight wi = bf16(wi * w_scale).  The
+ * same bits as k_indexer_q (every FP4 block lies in one head as id >= 32); no block barrier.
+ * @p fp4 0 stops after the Hadamard (for the tests; the forward passes 1).
+ */
+template <int V>
+__global__ void __launch_bounds__(GFW_IDXQ_WARPS * 32)
+    k_indexer_q_split(uint16_t *qi, int ih, int rope_dim, const float *cs, const int64_t *pos_dev, uint16_t *wi,
+                      float w_scale, int fp4)
+{
+    const int64_t pos0 = *pos_dev;
+    const int h = blockIdx.x * GFW_IDXQ_WARPS + threadIdx.x / 32;
+    const int64_t t = blockIdx.y;
+    if (h >= ih) /* whole warps */
+        return;
+    indexer_q_head_warp<V>(qi + (t * ih + h) * 32 * V, rope_dim, cs, pos0 + t, fp4);
+    if ((threadIdx.x & 31) == 0 && wi != NULL)
+        wi[t * ih + h] = gfw_f2bf(__fmul_rn(gfw_bf2f(wi[t * ih + h]), w_scale));
 }
 
 /** Arguments of the compressor kernel. */
@@ -1220,6 +1478,28 @@ __global__ void k_topk(const float *scores, int64_t T, const int64_t *pos_dev, i
             idx[t * topk + rank] = (int32_t)i;
     }
 }
+/**
+ * k_topk split over blocks: thread blockIdx.x * blockDim.x + threadIdx.x of token blockIdx.y
+ * ranks candidate i (the same count as k_topk's thread for i, so the same idx); at long
+ * contexts the O(n) count of each of the n candidates is spread over n / blockDim.x blocks
+ * instead of one.
+ */
+__global__ void k_topk_split(const float *scores, const int64_t *pos_dev, int64_t max_blocks, int topk, int32_t *idx)
+{
+    const int64_t pos0 = *pos_dev;
+    const int64_t t = blockIdx.y, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t n = (pos0 + t + 1) / 4;
+    const int64_t k = n < topk ? n : topk;
+    const float *s = scores + t * max_blocks;
+    if (i >= n)
+        return;
+    int64_t rank = 0;
+    for (int64_t j = 0; j < n && rank < k; j++)
+        rank += (j != i) && topk_before(s[j], j, s[i], i);
+    if (rank < k)
+        idx[t * topk + rank] = (int32_t)i;
+}
+
 
 /** Arguments of the attention kernel. */
 struct attend_args {
@@ -1548,6 +1828,7 @@ struct mmoe_gpu_model {
     float *as;
     int64_t max_blocks_all, kmax, moe_width, moe_kmax;
     gfw_moe_work moe_work;        /**< the MoE sub-layer's own work buffers */
+    mmoe_gpu_fwd_kernels fwd_kernels; /**< the kernel set of the per-token steps (MMOE_GPU_FWD_KERNELS) */
     /* state */
     int64_t pos, mtp_pos;
     int timing;
@@ -2211,6 +2492,9 @@ extern "C" mmoe_status gfw_model_create_part(const mmoe_model *m, const gfw_ep_p
     *out = NULL;
     int graph_on = 0; /* MMOE_GPU_GRAPH: read for a whole model (a rank of an expert-parallel forward stays eager) */
     mmoe_status st = part ? MMOE_OK : mmoe_gpu_graph_env(&graph_on, err);
+    mmoe_gpu_fwd_kernels kernels = MMOE_GPU_FWD_SERIAL;
+    if (st == MMOE_OK)
+        st = mmoe_gpu_fwd_kernels_from_env(&kernels, err);
     if (st != MMOE_OK)
         return st;
     mmoe_gpu_model_bytes need;
@@ -2233,6 +2517,7 @@ extern "C" mmoe_status gfw_model_create_part(const mmoe_model *m, const gfw_ep_p
         gfw_model_src_free(&s);
         return mmoe_error_set(err, MMOE_ENOMEM, "gpu forward: out of memory");
     }
+    g->fwd_kernels = kernels;
     if ((st = model_init(g, &s, part, max_seq_len, max_tokens, err)) != MMOE_OK) {
         gfw_model_src_free(&s);
         mmoe_gpu_model_destroy(g);
@@ -2265,6 +2550,8 @@ extern "C" mmoe_status gfw_model_create_part(const mmoe_model *m, const gfw_ep_p
     *out = g;
     return MMOE_OK;
 }
+
+extern "C" mmoe_gpu_fwd_kernels mmoe_gpu_model_fwd_kernels(const mmoe_gpu_model *g) { return g->fwd_kernels; }
 
 extern "C" void mmoe_gpu_model_destroy(mmoe_gpu_model *g)
 {
@@ -2301,16 +2588,68 @@ static unsigned nblk(int64_t n, int bs = 256) { return (unsigned)((n + bs - 1) /
  * hc_pre (n_out = (2+hc)*hc, with post and comb) or hc_head (n_out = hc) of T tokens: the block
  * sums into @p part, then the logits, Sinkhorn and the mix.
  */
-static void launch_hc_mix(const uint16_t *X, int64_t D, int hc, int64_t T, const float *fn, const float *base,
-                          const float *scale, int n_out, float norm_eps, float hc_eps, int iters, double *part,
-                          uint16_t *y, float *post, float *comb, cudaStream_t st)
+static void launch_hc_mix(mmoe_gpu_fwd_kernels kernels, const uint16_t *X, int64_t D, int hc, int64_t T,
+                          const float *fn, const float *base, const float *scale, int n_out, float norm_eps,
+                          float hc_eps, int iters, double *part, uint16_t *y, float *post, float *comb, cudaStream_t st)
 {
     const int64_t n = (int64_t)hc * D;
     const int S = hc_part_blocks(n);
     k_hc_part<<<dim3((unsigned)S, (unsigned)(n_out + 1), (unsigned)T), GFW_HC_PART_CHUNKS, 0, st>>>(X, n, fn, n_out,
                                                                                                    part);
-    k_hc_finish<<<dim3(nblk(D, 1024), (unsigned)T), 256, 0, st>>>(X, D, hc, part, S, base, scale, n_out, norm_eps,
-                                                                  hc_eps, iters, y, post, comb);
+    if (kernels == MMOE_GPU_FWD_SPLIT)
+        k_hc_finish_split<<<dim3(nblk(D, 1024), (unsigned)T), 256, 0, st>>>(X, D, hc, part, S, base, scale, n_out,
+                                                                            norm_eps, hc_eps, iters, y, post, comb);
+    else
+        k_hc_finish<<<dim3(nblk(D, 1024), (unsigned)T), 256, 0, st>>>(X, D, hc, part, S, base, scale, n_out, norm_eps,
+                                                                      hc_eps, iters, y, post, comb);
+}
+
+/**
+ * The indexer's top-k of T tokens at positions *pos_dev.. (scores [T, max_blocks]): k_topk (one
+ * block per token) or k_topk_split (the candidates over blocks of 256, enough blocks for
+ * @p n_most candidates: the call's last token's count when launched alone, max_blocks in a
+ * captured step, whose blocks past the live count exit at once).
+ */
+static void launch_topk(mmoe_gpu_fwd_kernels kernels, const float *scores, int64_t T, const int64_t *pos_dev,
+                        int64_t n_most, int64_t max_blocks, int topk, int32_t *idx, cudaStream_t st)
+{
+    if (kernels == MMOE_GPU_FWD_SPLIT) {
+        if (n_most > 0)
+            k_topk_split<<<dim3(nblk(n_most), (unsigned)T), 256, 0, st>>>(scores, pos_dev, max_blocks, topk, idx);
+        return;
+    }
+    k_topk<<<(unsigned)T, 256, 0, st>>>(scores, T, pos_dev, max_blocks, topk, idx);
+}
+
+/**
+ * The indexer queries of T tokens (qi [T, ih, id], wi [T, ih]; cs the layer's RoPE table):
+ * k_indexer_q (one block per token; its shared memory allowed at creation) or
+ * k_indexer_q_split (one warp per head; id a power of two in [32, 1024], as the model's
+ * parameters require; @p fp4 0: stop after the Hadamard, split only).
+ */
+static void launch_indexer_q(mmoe_gpu_fwd_kernels kernels, uint16_t *qi, int64_t T, int ih, int id, int rope_dim,
+                             const float *cs, const int64_t *pos_dev, uint16_t *wi, float w_scale, cudaStream_t st,
+                             int fp4 = 1)
+{
+    if (kernels == MMOE_GPU_FWD_SPLIT) {
+        const dim3 grid((unsigned)((ih + GFW_IDXQ_WARPS - 1) / GFW_IDXQ_WARPS), (unsigned)T);
+        const unsigned threads = GFW_IDXQ_WARPS * 32;
+        switch (id) {
+        case 32: k_indexer_q_split<1><<<grid, threads, 0, st>>>(qi, ih, rope_dim, cs, pos_dev, wi, w_scale, fp4); break;
+        case 64: k_indexer_q_split<2><<<grid, threads, 0, st>>>(qi, ih, rope_dim, cs, pos_dev, wi, w_scale, fp4); break;
+        case 128: k_indexer_q_split<4><<<grid, threads, 0, st>>>(qi, ih, rope_dim, cs, pos_dev, wi, w_scale, fp4); break;
+        case 256: k_indexer_q_split<8><<<grid, threads, 0, st>>>(qi, ih, rope_dim, cs, pos_dev, wi, w_scale, fp4); break;
+        case 512:
+            k_indexer_q_split<16><<<grid, threads, 0, st>>>(qi, ih, rope_dim, cs, pos_dev, wi, w_scale, fp4);
+            break;
+        default: /* 1024: the parameters admit no other width */
+            k_indexer_q_split<32><<<grid, threads, 0, st>>>(qi, ih, rope_dim, cs, pos_dev, wi, w_scale, fp4);
+            break;
+        }
+        return;
+    }
+    const size_t q_smem = sizeof(float) * (size_t)ih * (size_t)id;
+    k_indexer_q<<<(unsigned)T, 512, q_smem, st>>>(qi, ih, id, rope_dim, cs, pos_dev, wi, w_scale);
 }
 
 extern "C" mmoe_status mmoe_gpu_model_reset(mmoe_gpu_model *g, mmoe_error *err)
@@ -2498,9 +2837,7 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
     }
     if (a.ratio == 4) {
         const float w_scale = (float)(1.0 / sqrt((double)id) * (1.0 / sqrt((double)ih)));
-        const size_t q_smem = sizeof(float) * (size_t)(ih * id); /* allowed at creation (allow_large_smem) */
-        k_indexer_q<<<(unsigned)T, 512, q_smem, sm>>>(g->qi, (int)ih, (int)id, a.rope_dim, b->cs, pos_dev, g->wi,
-                                                      w_scale);
+        launch_indexer_q(g->fwd_kernels, g->qi, T, (int)ih, (int)id, a.rope_dim, b->cs, pos_dev, g->wi, w_scale, sm);
         GFW_CHECK("indexer queries");
     }
     /* compressors (sequential over the call's tokens) */
@@ -2528,7 +2865,8 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
                                                        b->max_blocks, g->scores);
                 GFW_CHECK("indexer scores");
             }
-            k_topk<<<(unsigned)T, 256, 0, sm>>>(g->scores, T, pos_dev, b->max_blocks, a.topk, g->topk_idx);
+            launch_topk(g->fwd_kernels, g->scores, T, pos_dev, g->capturing ? b->max_blocks : (pos0 + T) / 4,
+                        b->max_blocks, a.topk, g->topk_idx, sm);
             GFW_CHECK("indexer top-k");
         }
     }
@@ -2577,8 +2915,8 @@ static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, i
     const int64_t D = g->D;
     const int hc = (int)g->hc, n_mix = (2 + hc) * hc;
     double t0 = tick(g);
-    launch_hc_mix(g->X, D, hc, T, b->hca_fn, b->hca_base, b->hca_scale, n_mix, g->eps, g->hc_eps, g->iters,
-                  g->hc_part, g->y, g->post, g->comb, g->stream);
+    launch_hc_mix(g->fwd_kernels, g->X, D, hc, T, b->hca_fn, b->hca_base, b->hca_scale, n_mix, g->eps, g->hc_eps,
+                  g->iters, g->hc_part, g->y, g->post, g->comb, g->stream);
     GFW_CHECK("hc_pre (attention)");
     double t1 = tick(g);
     mmoe_status st = rmsnorm(g->y, T, D, b->attn_norm, g->eps, g->y, g->stream, err);
@@ -2588,8 +2926,8 @@ static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, i
         return st;
     double t2 = tick(g);
     k_hc_post<<<nblk(T * D), 256, 0, g->stream>>>(g->o, g->X, T, D, hc, g->post, g->comb);
-    launch_hc_mix(g->X, D, hc, T, b->hcf_fn, b->hcf_base, b->hcf_scale, n_mix, g->eps, g->hc_eps, g->iters,
-                  g->hc_part, g->y, g->post, g->comb, g->stream);
+    launch_hc_mix(g->fwd_kernels, g->X, D, hc, T, b->hcf_fn, b->hcf_base, b->hcf_scale, n_mix, g->eps, g->hc_eps,
+                  g->iters, g->hc_part, g->y, g->post, g->comb, g->stream);
     GFW_CHECK("hc_post / hc_pre (moe)");
     double t3 = tick(g);
     if ((st = rmsnorm(g->y, T, D, b->ffn_norm, g->eps, g->y, g->stream, err)) != MMOE_OK ||
@@ -2611,8 +2949,8 @@ static mmoe_status head(mmoe_gpu_model *g, const float *fn, const float *base, c
 {
     const int hc = (int)g->hc;
     const uint16_t *Xf = g->X + first * hc * g->D;
-    launch_hc_mix(Xf, g->D, hc, n, fn, base, scale, hc, g->eps, g->hc_eps, 0, g->hc_part, g->y, NULL, NULL,
-                  g->stream);
+    launch_hc_mix(g->fwd_kernels, Xf, g->D, hc, n, fn, base, scale, hc, g->eps, g->hc_eps, 0, g->hc_part, g->y, NULL,
+                  NULL, g->stream);
     GFW_CHECK("hc_head");
     mmoe_status st = rmsnorm(g->y, n, g->D, norm, g->eps, g->y, g->stream, err);
     if (st != MMOE_OK)
@@ -2977,9 +3315,9 @@ extern "C" mmoe_status gfw_test_linear_dense_f8(const uint16_t *x, int64_t T, in
     return tfinish(&a, y, dy, sizeof(float) * (size_t)(T * N), err, "dense linear (fp8 weight)");
 }
 
-extern "C" mmoe_status gfw_test_hc_pre(int hc, int64_t D, int iters, float norm_eps, float hc_eps, const uint16_t *X,
-                                       int64_t T, const float *fn, const float *base, const float *scale, uint16_t *y,
-                                       float *post, float *comb, mmoe_error *err)
+extern "C" mmoe_status gfw_test_hc_pre(mmoe_gpu_fwd_kernels kernels, int hc, int64_t D, int iters, float norm_eps,
+                                       float hc_eps, const uint16_t *X, int64_t T, const float *fn, const float *base,
+                                       const float *scale, uint16_t *y, float *post, float *comb, mmoe_error *err)
 {
     tarena a;
     mmoe_status st = tbegin(&a, err);
@@ -2995,7 +3333,7 @@ extern "C" mmoe_status gfw_test_hc_pre(int hc, int64_t D, int iters, float norm_
     float *dc = (float *)tput(&a, NULL, sizeof(float) * (size_t)(T * hc * hc));
     double *dpart = (double *)tput(&a, NULL, sizeof(double) * (size_t)(T * (n_mix + 1) * hc_part_blocks(hc * D)));
     if (a.ce == cudaSuccess)
-        launch_hc_mix(dX, D, hc, T, dfn, db, ds, n_mix, norm_eps, hc_eps, iters, dpart, dy, dp, dc, 0);
+        launch_hc_mix(kernels, dX, D, hc, T, dfn, db, ds, n_mix, norm_eps, hc_eps, iters, dpart, dy, dp, dc, 0);
     if (a.ce == cudaSuccess)
         a.ce = cudaDeviceSynchronize();
     if (a.ce == cudaSuccess)
@@ -3046,7 +3384,8 @@ extern "C" mmoe_status gfw_test_attend(const uint16_t *q, int H, int d, const ui
 /**
  * The QAT steps of the forward on whole rows, one block of 128 threads per row: the kv FP8
  * round trip (kind 0, all but the last 64 values) or the indexer's Hadamard and FP4 round trip
- * (kind 1; dynamic shared memory: width floats).
+ * (kind 1; dynamic shared memory: width floats).  Kinds 2 and 3 (k_indexer_q_split) are
+ * launched by gfw_test_qat() itself.
  */
 __global__ void k_test_qat(uint16_t *x, int64_t rows, int width, int kind)
 {
@@ -3062,18 +3401,26 @@ __global__ void k_test_qat(uint16_t *x, int64_t rows, int width, int kind)
 
 extern "C" mmoe_status gfw_test_qat(uint16_t *x, int64_t rows, int width, int kind, mmoe_error *err)
 {
+    if (kind >= 2 && (width < 32 || width > 1024 || (width & (width - 1)) != 0))
+        return mmoe_error_set(err, MMOE_EINVAL, "gfw_test_qat: width %d: the split kernel takes a power of two in "
+                              "[32, 1024]", width);
     tarena a;
     mmoe_status st = tbegin(&a, err);
     if (st != MMOE_OK)
         return st;
     uint16_t *dx = (uint16_t *)tput(&a, x, 2 * (size_t)(rows * width));
-    if (a.ce == cudaSuccess)
+    const int64_t pos = 0;
+    const int64_t *dpos = (const int64_t *)tput(&a, &pos, sizeof pos);
+    if (a.ce == cudaSuccess && kind >= 2) /* the rows as the heads of one token, without RoPE */
+        launch_indexer_q(MMOE_GPU_FWD_SPLIT, dx, 1, (int)rows, width, 0, NULL, dpos, NULL, 0.0f, 0, kind == 2);
+    else if (a.ce == cudaSuccess)
         k_test_qat<<<(unsigned)rows, 128, sizeof(float) * (size_t)width>>>(dx, rows, width, kind);
     return tfinish(&a, x, dx, 2 * (size_t)(rows * width), err, "qat round trip");
 }
 
-extern "C" mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, const uint16_t *keys, int ih, int id,
-                                        int64_t n_blocks, int topk, float *scores, int32_t *idx, mmoe_error *err)
+extern "C" mmoe_status gfw_test_indexer(mmoe_gpu_fwd_kernels kernels, const uint16_t *qi, const uint16_t *wi,
+                                        const uint16_t *keys, int ih, int id, int64_t n_blocks, int topk, float *scores,
+                                        int32_t *idx, mmoe_error *err)
 {
     tarena a;
     mmoe_status st = tbegin(&a, err);
@@ -3088,7 +3435,7 @@ extern "C" mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, 
     const int64_t *dpos = (const int64_t *)tput(&a, &pos, sizeof pos);
     if (a.ce == cudaSuccess) {
         k_indexer_scores<<<nblk(n_blocks * 32), 256>>>(dq, dw, dk, ih, id, 1, dpos, n_blocks, ds);
-        k_topk<<<1, 256>>>(ds, 1, dpos, n_blocks, topk, di);
+        launch_topk(kernels, ds, 1, dpos, n_blocks, n_blocks, topk, di, 0);
     }
     if (a.ce == cudaSuccess)
         a.ce = cudaDeviceSynchronize();

@@ -281,24 +281,31 @@ mmoe_status gfw_test_linear_dense(const uint16_t *x, int64_t T, int64_t K, const
 /** Dense linear with an FP8 weight: codes E4M3 [N, K], scale E8M0 [ceil(N/b), ceil(K/b)], y fp32 (k_linear_dense). */
 mmoe_status gfw_test_linear_dense_f8(const uint16_t *x, int64_t T, int64_t K, const uint8_t *w, const uint8_t *scale,
                                      int block, int64_t N, float *y, mmoe_error *err);
-/** hc_pre of T tokens (k_hc_mix with (2+hc)*hc outputs). */
-mmoe_status gfw_test_hc_pre(int hc, int64_t D, int iters, float norm_eps, float hc_eps, const uint16_t *X, int64_t T,
-                            const float *fn, const float *base, const float *scale, uint16_t *y, float *post,
-                            float *comb, mmoe_error *err);
+/** hc_pre of T tokens (k_hc_part, then k_hc_finish or k_hc_finish_split as @p kernels says). */
+mmoe_status gfw_test_hc_pre(mmoe_gpu_fwd_kernels kernels, int hc, int64_t D, int iters, float norm_eps, float hc_eps,
+                            const uint16_t *X, int64_t T, const float *fn, const float *base, const float *scale,
+                            uint16_t *y, float *post, float *comb, mmoe_error *err);
 /** hc_post, in place on X (k_hc_post). */
 mmoe_status gfw_test_hc_post(int hc, int64_t D, const uint16_t *out, uint16_t *X, int64_t T, const float *post,
                              const float *comb, mmoe_error *err);
 /** One query token (H heads of d) over n kv rows [n, d] with sinks [H] (k_attend); out [H, d]. */
 mmoe_status gfw_test_attend(const uint16_t *q, int H, int d, const uint16_t *rows, int64_t n, const float *sink,
                             uint16_t *out, mmoe_error *err);
-/** In place on rows of width @p width: kind 0 FP8 round trip of the first width-64 dims; kind 1 Hadamard + FP4. */
+/**
+ * In place on rows of width @p width: kind 0 FP8 round trip of the first width-64 dims; kind 1
+ * Hadamard + FP4 (the serial kernels' device code); kind 2 the same by k_indexer_q_split, kind 3
+ * its Hadamard alone (a power of two width in [32, 1024]; the rows as the heads of one token, no
+ * RoPE).
+ */
 mmoe_status gfw_test_qat(uint16_t *x, int64_t rows, int width, int kind, mmoe_error *err);
 /**
  * The indexer of one token at position 4*n_blocks - 1 (so n_blocks blocks are causal): scores [n_blocks]
- * (k_indexer_scores) and the top-@p topk block ids in order [min(topk, n_blocks)] (k_topk).
+ * (k_indexer_scores) and the top-@p topk block ids in order [min(topk, n_blocks)] (k_topk or
+ * k_topk_split as @p kernels says).
  */
-mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, const uint16_t *keys, int ih, int id,
-                             int64_t n_blocks, int topk, float *scores, int32_t *idx, mmoe_error *err);
+mmoe_status gfw_test_indexer(mmoe_gpu_fwd_kernels kernels, const uint16_t *qi, const uint16_t *wi,
+                             const uint16_t *keys, int ih, int id, int64_t n_blocks, int topk, float *scores,
+                             int32_t *idx, mmoe_error *err);
 /**
  * One sub-layer of block @p L of a GPU model on given inputs: @p which 0 the attention (the
  * block's caches advance: @p pos0 must continue them), 1 the MoE (router, experts, shared

@@ -52,6 +52,12 @@ int64_t mmoe_gpu_model_max_seq_len(const mmoe_gpu_model *g)
     return 0;
 }
 
+mmoe_gpu_fwd_kernels mmoe_gpu_model_fwd_kernels(const mmoe_gpu_model *g)
+{
+    (void)g;
+    return MMOE_GPU_FWD_SERIAL;
+}
+
 void mmoe_gpu_model_bytes_held(const mmoe_gpu_model *g, mmoe_gpu_model_bytes *out)
 {
     (void)g;
@@ -125,11 +131,11 @@ mmoe_status gfw_test_linear_dense_f8(const uint16_t *x, int64_t T, int64_t K, co
     return no_cuda(err);
 }
 
-mmoe_status gfw_test_hc_pre(int hc, int64_t D, int iters, float norm_eps, float hc_eps, const uint16_t *X, int64_t T,
-                            const float *fn, const float *base, const float *scale, uint16_t *y, float *post,
-                            float *comb, mmoe_error *err)
+mmoe_status gfw_test_hc_pre(mmoe_gpu_fwd_kernels kernels, int hc, int64_t D, int iters, float norm_eps, float hc_eps,
+                            const uint16_t *X, int64_t T, const float *fn, const float *base, const float *scale,
+                            uint16_t *y, float *post, float *comb, mmoe_error *err)
 {
-    (void)hc; (void)D; (void)iters; (void)norm_eps; (void)hc_eps; (void)X; (void)T; (void)fn; (void)base;
+    (void)kernels; (void)hc; (void)D; (void)iters; (void)norm_eps; (void)hc_eps; (void)X; (void)T; (void)fn; (void)base;
     (void)scale; (void)y; (void)post; (void)comb;
     return no_cuda(err);
 }
@@ -154,10 +160,11 @@ mmoe_status gfw_test_qat(uint16_t *x, int64_t rows, int width, int kind, mmoe_er
     return no_cuda(err);
 }
 
-mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, const uint16_t *keys, int ih, int id,
-                             int64_t n_blocks, int topk, float *scores, int32_t *idx, mmoe_error *err)
+mmoe_status gfw_test_indexer(mmoe_gpu_fwd_kernels kernels, const uint16_t *qi, const uint16_t *wi,
+                             const uint16_t *keys, int ih, int id, int64_t n_blocks, int topk, float *scores,
+                             int32_t *idx, mmoe_error *err)
 {
-    (void)qi; (void)wi; (void)keys; (void)ih; (void)id; (void)n_blocks; (void)topk; (void)scores; (void)idx;
+    (void)kernels; (void)qi; (void)wi; (void)keys; (void)ih; (void)id; (void)n_blocks; (void)topk; (void)scores; (void)idx;
     return no_cuda(err);
 }
 
