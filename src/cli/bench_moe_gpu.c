@@ -117,7 +117,7 @@ typedef struct bench_ceilings {
 /** The usage text of bench moe --backend gpu. */
 static const char *const usage_text =
     "usage: bench moe --backend gpu [--shape S] [--experts N] [--tokens LIST] [--iters N]\n"
-    "       [--recipe sm90|sm100] [--block-m 16|64|128] [--gemm auto|mma|wgmma|decode]\n"
+    "       [--recipe sm90|sm100] [--block-m 16|64|128] [--gemm auto|mma|wgmma|decode|decode16]\n"
     "       [--peer PATH|none] [--seed S] [--json]\n";
 
 /** Parse the command line into @p o; 0, or 2 on a usage error (message on stderr). */
@@ -150,7 +150,7 @@ static int parse_opts(int argc, char **argv, bench_opts *o)
             i++;
         } else if (strcmp(a, "--gemm") == 0 && v) {
             if (mmoe_gpu_gemm_parse(v, &o->gemm) != 0) {
-                fprintf(stderr, "megamoe bench moe: --gemm must be auto, mma, wgmma or decode, got '%s'\n", v);
+                fprintf(stderr, "megamoe bench moe: --gemm must be auto, mma, wgmma, decode or decode16, got '%s'\n", v);
                 return 2;
             }
             i++;
