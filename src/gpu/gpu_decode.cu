@@ -88,6 +88,7 @@
  * fit (the E4M3 kernel: four up to 3 rows), and the L2 launch fits four up to 3 rows.
  */
 #include "gpu_internal.cuh"
+#include "gpu_decode16_map.h"
 #include "gpu_e2m1_decode.cuh"
 
 namespace {
@@ -334,32 +335,23 @@ __device__ __forceinline__ void decode_epilogue(const mmoe_decode_args &p, const
  * the tensor core's FP32 path, so the partial sums are sums of the same exact products as the
  * E4M3 kernel's; only the chain of FP32 additions is longer by the extra MMA step per 32 K.
  *
- * **MXFP4 codes to F16 by moving bits.**  An E2M1 code s e1 e0 m moved to the F16 bits
- * s 0 0 0 e1 e0 m 0 0..0 (sign to bit 15, e1 e0 to the two low exponent bits, m to the top
- * mantissa bit) is the F16 number e2m1 * 2^-14, including the E2M1 subnormal 0.5 (F16
- * subnormal 2^-15) and zero.  The low byte of such an F16 is zero, so the decoder computes the
- * high bytes of four codes in one word (even codes: ((w << 1) & 0x0E) | ((w << 4) & 0x80) per
- * byte; odd codes: ((w >> 3) & 0x0E) | (w & 0x80)) and places two of them in an F16 pair with
- * one byte permute.  To keep the FP32 promotion of the E4M3 kernel (scale factors 2^(k - 127)
- * and a_scale * 2^6 there), the block stages the activations of an MXFP4 launch times 2^7
- * (exact: 448 * 2^7 < 65504 and 2^-9 * 2^7 is normal): each product is then x * w * 2^-7, and
- * the promotion multiplies by a_scale * 2^7.  FP8 weights convert with the paired conversion
- * (cvt.rn.f16x2.e4m3x2) and the activations of an FP8 launch are staged unscaled.
+ * **Operands.**  gpu_decode16_map.h holds the bit moves and index maps, shared with a CPU test:
+ * an E2M1 code moved to F16 bits is the F16 number e2m1 * 2^-14 (one byte permute per pair of
+ * codes after two word-wide bit moves per 8 codes); the scale bytes become factors in three
+ * integer instructions; the runs of 8 staged activations are placed so that each lane reads its
+ * four B registers of a group (MXFP4) or of two steps (FP8) in one 16-byte read.  To keep the
+ * FP32 promotion of the E4M3 kernel (factors 2^(k - 127) and a_scale * 2^6 there), the block
+ * stages the activations of an MXFP4 launch times 2^7 (exact: 448 * 2^7 < 65504, and 2^-9 * 2^7
+ * is normal): each product is then x * w * 2^-7, and the promotion multiplies by a_scale * 2^7.
+ * Each 32-wide MXFP4 group still has its own zeroed sum (two m16n8k16 steps), so its exponent
+ * applies to its sum alone.  FP8 weights convert with the paired conversion
+ * (cvt.rn.f16x2.e4m3x2, 8 steps per K block) and the activations of an FP8 launch are staged
+ * unscaled.
  *
  * **Fragments.**  m16n8k16: lane (g, t) holds A rows g and g + 8 at logical k = 2t, 2t + 1
  * (a0, a1) and 2t + 8, 2t + 9 (a2, a3), and B (token g) at the same k (b0, b1).  The logical k
- * may stand for any actual k as long as all lanes with the same t use the same map.
- *   - MXFP4: lane (g, t) holds, as in the E4M3 kernel, codes 8t..8t+7 of each 32-wide group j of
- *     its two rows.  Group j takes two MMA steps h = 0, 1 (both into the group's own zeroed sum,
- *     so that the group's exponent still applies to its sum alone): step h multiplies codes
- *     8t + h + {0, 2} (a0, a1) and 8t + h + {4, 6} (a2, a3).  The staged activation row holds,
- *     in each run of 8 k (k = 32j + 8t ...), the even k first: x0 x2 x4 x6 x1 x3 x5 x7, as F16,
- *     so lane t's four B registers of group j are the 16 bytes at 64 j + 16 t of the K block's
- *     256 bytes (one 16-byte read).
- *   - FP8: lane (g, t) holds the 32 bytes of group t of its two rows; step s (0..7) multiplies
- *     bytes 4s..4s+3 (a0, a1: 4s, 4s + 1; a2, a3: 4s + 2, 4s + 3).  The staged row holds the run
- *     of 8 k at 32t + 8c at position 32c + 8t (runs transposed, each in order), so lane t's B
- *     registers of steps 2c and 2c + 1 are again the 16 bytes at 64c + 16t.
+ * may stand for any actual k as long as all lanes with the same t use the same map, which the
+ * maps of gpu_decode16_map.h do.
  * A staged row is 2K + 64 bytes: the 8 lanes of a quarter warp (tokens g, g + 1, t = 0..3) read
  * 16 bytes each at 16t and 16t + 64 (mod 128), all 32 banks once.
  */
@@ -393,53 +385,12 @@ __device__ __forceinline__ uint32_t f16x2_times_128(uint32_t v)
     return d;
 }
 
-/**
- * The F16 high bytes of the four even codes (low nibbles) of a packed word: code s e1 e0 m
- * becomes s 0 0 0 e1 e0 m 0, the high byte of the F16 e2m1 * 2^-14.
- */
-__device__ __forceinline__ uint32_t e2m1_even_to_f16_high(uint32_t w)
-{
-    return ((w << 1) & 0x0E0E0E0Eu) | ((w << 4) & 0x80808080u);
-}
-
-/** The same for the four odd codes (high nibbles). */
-__device__ __forceinline__ uint32_t e2m1_odd_to_f16_high(uint32_t w)
-{
-    return ((w >> 3) & 0x0E0E0E0Eu) | (w & 0x80808080u);
-}
-
-/** The F16 pair of high bytes 0 and 1 (low half: byte 0) of @p h, low bytes zero. */
-__device__ __forceinline__ uint32_t f16_pair_lo(uint32_t h)
-{
-    return __byte_perm(h, 0u, 0x1404);
-}
-
-/** The F16 pair of high bytes 2 and 3 of @p h. */
-__device__ __forceinline__ uint32_t f16_pair_hi(uint32_t h)
-{
-    return __byte_perm(h, 0u, 0x3424);
-}
-
-/**
- * 2^(k - 127) for UE8M0 byte @p g of scale word @p w, as pow2i(k - 127) gives it, in three integer
- * instructions: the byte moved into the FP32 exponent field is the power for k >= 1 (k = 255:
- * infinity), and the unsigned maximum with 2^-127's bits (0x00400000, below every normal
- * exponent field) supplies k = 0.
- */
-template <int G>
-__device__ __forceinline__ float ue8m0_pow2(uint32_t w)
-{
-    const uint32_t e = (G < 3 ? w << (23 - 8 * G) : w >> 1) & 0x7F800000u;
-    return __uint_as_float(max(e, 0x00400000u));
-}
-
-/** The four scale factors of a scale word, byte g in @p f[g]. */
+/** 2^(k - 127) of UE8M0 byte g of a scale word, for g = 0..3 in @p f[g] (gpu_decode16_map.h). */
 __device__ __forceinline__ void ue8m0_pow2x4(uint32_t w, float (&f)[4])
 {
-    f[0] = ue8m0_pow2<0>(w);
-    f[1] = ue8m0_pow2<1>(w);
-    f[2] = ue8m0_pow2<2>(w);
-    f[3] = ue8m0_pow2<3>(w);
+#pragma unroll
+    for (int g = 0; g < 4; g++)
+        f[g] = __uint_as_float(mmoe_d16_ue8m0_pow2_bits(w, g));
 }
 
 /** Byte stride of a staged F16 activation row: 2K plus 64 (see the fragments above). */
@@ -462,19 +413,16 @@ __device__ void stage_activations_f16(const mmoe_decode_part &q, int ag, int nto
     for (int i = threadIdx.x; i < ntok * runs; i += DEC_THREADS) {
         const int r = i / runs, run = i % runs;
         const uint2 v = *reinterpret_cast<const uint2 *>(q.a + (size_t)s_arow[r] * K + run * 8);
-        const int kb = run / 16, j = (run % 16) / 4, t = run % 4; /* k = 128 kb + 32 j + 8 t */
         uint4 o;
-        int pos;
         if (fp4) {
-            e4m3x4_to_f16x2(__byte_perm(v.x, v.y, 0x6420), &o.x, &o.y); /* x0 x2 | x4 x6 */
-            e4m3x4_to_f16x2(__byte_perm(v.x, v.y, 0x7531), &o.z, &o.w); /* x1 x3 | x5 x7 */
+            e4m3x4_to_f16x2(mmoe_d16_byte_perm(v.x, v.y, MMOE_D16_SEL_EVEN), &o.x, &o.y); /* x0 x2 | x4 x6 */
+            e4m3x4_to_f16x2(mmoe_d16_byte_perm(v.x, v.y, MMOE_D16_SEL_ODD), &o.z, &o.w);  /* x1 x3 | x5 x7 */
             o = make_uint4(f16x2_times_128(o.x), f16x2_times_128(o.y), f16x2_times_128(o.z), f16x2_times_128(o.w));
-            pos = kb * DEC_BK + j * 32 + t * 8;
         } else {
             e4m3x4_to_f16x2(v.x, &o.x, &o.y);
             e4m3x4_to_f16x2(v.y, &o.z, &o.w);
-            pos = kb * DEC_BK + t * 32 + j * 8;
         }
+        const int pos = (run / 16) * DEC_BK + mmoe_d16_run_pos(run % 16, fp4);
         *reinterpret_cast<uint4 *>(sA + r * lda + pos * 2) = o;
     }
     for (int i = threadIdx.x; i < 8 * ng; i += DEC_THREADS) {
@@ -492,7 +440,7 @@ __device__ void stage_activations_f16(const mmoe_decode_part &q, int ag, int nto
  */
 __device__ __forceinline__ uint4 staged_f16_b(const uint8_t *sA, int lda, int brow, int tig, int kb, int c)
 {
-    return *reinterpret_cast<const uint4 *>(sA + brow * lda + kb * (2 * DEC_BK) + c * 64 + tig * 16);
+    return *reinterpret_cast<const uint4 *>(sA + brow * lda + kb * (2 * DEC_BK) + mmoe_d16_b_offset(tig, c));
 }
 
 /**
@@ -608,10 +556,12 @@ __device__ void decode_warp_fp4(const mmoe_decode_args &p, const mmoe_decode_par
 #pragma unroll
             for (int g = 0; g < 4; g++) {
                 const uint4 xb = staged_f16_b(sA, lda, brow, tig, kb, g);
-                const uint32_t e0 = e2m1_even_to_f16_high(ww0[g]), e1 = e2m1_even_to_f16_high(ww1[g]);
-                const uint32_t o0 = e2m1_odd_to_f16_high(ww0[g]), o1 = e2m1_odd_to_f16_high(ww1[g]);
-                const uint32_t a_even[4] = {f16_pair_lo(e0), f16_pair_lo(e1), f16_pair_hi(e0), f16_pair_hi(e1)};
-                const uint32_t a_odd[4] = {f16_pair_lo(o0), f16_pair_lo(o1), f16_pair_hi(o0), f16_pair_hi(o1)};
+                const uint32_t e0 = mmoe_d16_e2m1_even_high(ww0[g]), e1 = mmoe_d16_e2m1_even_high(ww1[g]);
+                const uint32_t o0 = mmoe_d16_e2m1_odd_high(ww0[g]), o1 = mmoe_d16_e2m1_odd_high(ww1[g]);
+                const uint32_t a_even[4] = {mmoe_d16_f16_pair_lo(e0), mmoe_d16_f16_pair_lo(e1), mmoe_d16_f16_pair_hi(e0),
+                                            mmoe_d16_f16_pair_hi(e1)};
+                const uint32_t a_odd[4] = {mmoe_d16_f16_pair_lo(o0), mmoe_d16_f16_pair_lo(o1), mmoe_d16_f16_pair_hi(o0),
+                                           mmoe_d16_f16_pair_hi(o1)};
 #pragma unroll
                 for (int c = 0; c < 4; c++)
                     tmp[g][c] = 0.0f;
