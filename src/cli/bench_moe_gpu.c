@@ -329,12 +329,12 @@ static double sol_us(const bench_point *p, const mmoe_gpu_moe_desc *d, const ben
 /** The table of all points (ours, the peer, the speed of light) to @p f. */
 static void print_table(FILE *f, const bench_point *pts, int nT, const mmoe_gpu_moe_desc *d, const bench_ceilings *c)
 {
-    fprintf(f, "%-6s %11s %11s %9s %9s %6s %8s %11s %9s %10s %6s  %s\n", "T", "ours us", "min us", "TFLOP/s", "GB/s w",
+    fprintf(f, "%-6s %11s %11s %9s %9s %8s %8s %11s %9s %10s %6s  %s\n", "T", "ours us", "min us", "TFLOP/s", "GB/s w",
             "gemm", "block_m", "peer us", "ours/peer", "SOL us", "%SOL", "peer variant");
     for (int i = 0; i < nT; i++) {
         const bench_point *p = &pts[i];
         const double sol = sol_us(p, d, c);
-        fprintf(f, "%-6d %11.1f %11.1f %9.1f %9.0f %6s %8d %11.1f %9.2f %10.1f %5.0f%%  %s\n", p->T, p->us, p->min_us,
+        fprintf(f, "%-6d %11.1f %11.1f %9.1f %9.0f %8s %8d %11.1f %9.2f %10.1f %5.0f%%  %s\n", p->T, p->us, p->min_us,
                 call_flop(d, p->T) / (p->us * 1e-6) / 1e12, p->weight_bytes / (p->us * 1e-6) / 1e9,
                 mmoe_gpu_gemm_name(p->gemm), p->block_m,
                 p->peer_us, p->peer_us > 0 ? p->us / p->peer_us : NAN, sol, 100.0 * sol / p->us,
