@@ -339,8 +339,9 @@ static void run_case(const char *name, test_layer *L, int64_t T, enum route_kind
            name, (long long)T, (long long)D, (long long)d->inter, (long long)E, K, mmoe_moe_recipe_name(d->recipe),
            mmoe_gpu_gemm_name(gd->gemm), gd->block_m, (long long)gd->routed_pairs, (long long)gd->exact_path_blocks_l1,
            (long long)gd->exact_path_blocks_l2, gd->fallback ? "; kernel fallback: " : "", gd->fallback_reason);
-    if (gd->gemm == MMOE_GPU_GEMM_DECODE) {
-        printf("  %s: decode L1 GEMM blocks per SM %d (occupancy calculator)\n", name, gd->decode_blocks_per_sm);
+    if (gd->gemm == MMOE_GPU_GEMM_DECODE || gd->gemm == MMOE_GPU_GEMM_DECODE16) {
+        printf("  %s: %s L1 GEMM blocks per SM %d (occupancy calculator)\n", name, mmoe_gpu_gemm_name(gd->gemm),
+               gd->decode_blocks_per_sm);
         ck_assert_int_ge(gd->decode_blocks_per_sm, 1);
     }
 
@@ -754,9 +755,16 @@ static void run_gemm_case(const gemm_case *c, mmoe_rng *rng)
      * block), one promotion per K block, one addition per split.  Decode kernel: one warp walks
      * all of K; per K block at most 4 MMA steps into a zeroed sum and at most 4 additions into
      * the output's chain (MXFP4: the four group sums, then one promotion; FP8: one promotion,
-     * or one per group): <= 4 + 4 nkb.
+     * or one per group): <= 4 + 4 nkb.  Its F16 variant (decode16) forms the same exact
+     * products with m16n8k16 steps, half the K of an E4M3 step: MXFP4 2 steps per group sum
+     * (then the same 4 + 1 additions per K block), FP8 8 steps per sum (then one promotion, or
+     * one per group), so a term passes at most 8 MMA steps, then at most 4 additions per K
+     * block: <= 8 + 4 nkb.
      */
-    const double unit = (c->gemm == MMOE_GPU_GEMM_DECODE ? 4.0 + 4.0 * nkb : 8.0 + nkb + splits) * ldexp(1.0, -23);
+    const double unit = (c->gemm == MMOE_GPU_GEMM_DECODE     ? 4.0 + 4.0 * nkb
+                         : c->gemm == MMOE_GPU_GEMM_DECODE16 ? 8.0 + 4.0 * nkb
+                                                             : 8.0 + nkb + splits) *
+                        ldexp(1.0, -23);
     double num = 0.0, den = 0.0, worst = 0.0;
     int64_t bad = 0;
     for (int r = 0; r < R; r++)
@@ -833,13 +841,10 @@ END_TEST
  * L2's 16-row groups leaves the block's last warps without rows only when n / 16 is not a
  * multiple of 4 (384: 24 groups, 6 blocks).
  */
-START_TEST(stage_gemm_decode)
+static void run_decode_stage_cases(mmoe_gpu_gemm g)
 {
-    if (!gpu_ok())
-        return;
     mmoe_rng rng;
-    mmoe_rng_seed(&rng, g_seed + 20 + (uint64_t)MMOE_GPU_GEMM_DECODE);
-    const mmoe_gpu_gemm g = MMOE_GPU_GEMM_DECODE;
+    mmoe_rng_seed(&rng, g_seed + 20 + (uint64_t)g);
     const gemm_case cases[] = {
         {g, 8, MMOE_GPU_WEIGHTS_MXFP4, 128, 0, 1, 256, 1024, SPREAD_FOLDED},
         {g, 8, MMOE_GPU_WEIGHTS_MXFP4, 128, 0, 3, 256, 1152, SPREAD_WIDE},
@@ -853,6 +858,26 @@ START_TEST(stage_gemm_decode)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_gemm_case(&cases[i], &rng);
 }
+
+START_TEST(stage_gemm_decode)
+{
+    if (!gpu_ok())
+        return;
+    run_decode_stage_cases(MMOE_GPU_GEMM_DECODE);
+}
+END_TEST
+
+/**
+ * The decode kernel with F16 MMAs (decode16: activations staged as F16 in the fragment order of
+ * m16n8k16, MXFP4 codes moved to F16, FP8 weights converted in pairs): the same cases as the
+ * E4M3 one, against the same float64 reference, with its own accumulation bound.
+ */
+START_TEST(stage_gemm_decode16)
+{
+    if (!gpu_ok())
+        return;
+    run_decode_stage_cases(MMOE_GPU_GEMM_DECODE16);
+}
 END_TEST
 
 /**
@@ -864,42 +889,74 @@ END_TEST
  * formats (per-32 promotion) and the V4-Flash widths; then AUTO's choice on both sides of its
  * threshold.
  */
+static void run_decode_layer_cases(mmoe_gpu_gemm g, mmoe_rng *rng)
+{
+    setenv("MMOE_GPU_GEMM", mmoe_gpu_gemm_name(g), 1);
+    test_layer L;
+    mmoe_gpu_moe_result det;
+    char name[96];
+    make_layer(&L, 256, 256, 8, 2, 1, MMOE_RECIPE_SM90, 0.02, rng);
+    static const int64_t Ts[] = {1, 2, 7, 8, 9, 17, 40, 130};
+    for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+        snprintf(name, sizeof name, "%s sm90 masked", mmoe_gpu_gemm_name(g));
+        run_case(name, &L, Ts[i], ROUTE_MASKED, &det);
+        ck_assert_int_eq(det.gemm, g);
+        ck_assert_int_eq(det.block_m, 8);
+    }
+    free_layer(&L);
+    make_layer(&L, 384, 256, 16, 4, 0, MMOE_RECIPE_SM90, 0.05, rng);
+    snprintf(name, sizeof name, "%s sm90 skewed, no shared", mmoe_gpu_gemm_name(g));
+    run_case(name, &L, 30, ROUTE_SKEWED, NULL);
+    snprintf(name, sizeof name, "%s sm90 two experts", mmoe_gpu_gemm_name(g));
+    run_case(name, &L, 5, ROUTE_TWO_EXPERTS, NULL);
+    /* a token naming one expert in several slots: several rows of one tile at T = 1 */
+    snprintf(name, sizeof name, "%s sm90 repeated, no shared T=1", mmoe_gpu_gemm_name(g));
+    run_case(name, &L, 1, ROUTE_REPEATED, NULL);
+    snprintf(name, sizeof name, "%s sm90 repeated, no shared T=3", mmoe_gpu_gemm_name(g));
+    run_case(name, &L, 3, ROUTE_REPEATED, NULL);
+    free_layer(&L);
+    make_layer(&L, 256, 384, 8, 3, 1, MMOE_RECIPE_SM100, 0.02, rng);
+    snprintf(name, sizeof name, "%s sm100", mmoe_gpu_gemm_name(g));
+    run_case(name, &L, 6, ROUTE_RANDOM, &det);
+    ck_assert_int_eq(det.recipe, MMOE_GPU_RECIPE_SM100);
+    ck_assert_int_eq(det.gemm, g);
+    free_layer(&L);
+    make_layer(&L, 4096, 2048, 16, 6, 1, MMOE_RECIPE_SM90, 0.01, rng);
+    snprintf(name, sizeof name, "%s sm90 v4-flash widths T=1", mmoe_gpu_gemm_name(g));
+    run_case(name, &L, 1, ROUTE_RANDOM, &det);
+    /* at T = 1 with distinct experts a block stages one row: four blocks per SM */
+    ck_assert_int_eq(det.decode_blocks_per_sm, 4);
+    snprintf(name, sizeof name, "%s sm90 v4-flash widths T=4", mmoe_gpu_gemm_name(g));
+    run_case(name, &L, 4, ROUTE_MASKED, NULL);
+    snprintf(name, sizeof name, "%s sm90 v4-flash widths repeated T=1", mmoe_gpu_gemm_name(g));
+    run_case(name, &L, 1, ROUTE_REPEATED, NULL);
+    snprintf(name, sizeof name, "%s sm90 v4-flash widths repeated T=2", mmoe_gpu_gemm_name(g));
+    run_case(name, &L, 2, ROUTE_REPEATED, NULL);
+    free_layer(&L);
+}
+
+/** Restore MMOE_GPU_GEMM as it was before a test set it (@p saved: its old value or NULL). */
+static void restore_gemm_env(char *saved)
+{
+    if (saved != NULL) {
+        setenv("MMOE_GPU_GEMM", saved, 1);
+        free(saved);
+    } else {
+        unsetenv("MMOE_GPU_GEMM");
+    }
+}
+
 START_TEST(layer_decode_family)
 {
     if (!gpu_ok())
         return;
     const char *prev = getenv("MMOE_GPU_GEMM");
     char *saved = prev != NULL ? strdup(prev) : NULL;
-    setenv("MMOE_GPU_GEMM", "decode", 1);
     mmoe_rng rng;
     mmoe_rng_seed(&rng, g_seed + 30);
+    run_decode_layer_cases(MMOE_GPU_GEMM_DECODE, &rng);
     test_layer L;
     mmoe_gpu_moe_result det;
-    make_layer(&L, 256, 256, 8, 2, 1, MMOE_RECIPE_SM90, 0.02, &rng);
-    static const int64_t Ts[] = {1, 2, 7, 8, 9, 17, 40, 130};
-    for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
-        run_case("decode sm90 masked", &L, Ts[i], ROUTE_MASKED, &det);
-        ck_assert_int_eq(det.gemm, MMOE_GPU_GEMM_DECODE);
-        ck_assert_int_eq(det.block_m, 8);
-    }
-    free_layer(&L);
-    make_layer(&L, 384, 256, 16, 4, 0, MMOE_RECIPE_SM90, 0.05, &rng);
-    run_case("decode sm90 skewed, no shared", &L, 30, ROUTE_SKEWED, NULL);
-    run_case("decode sm90 two experts", &L, 5, ROUTE_TWO_EXPERTS, NULL);
-    /* a token naming one expert in several slots: several rows of one tile at T = 1 */
-    run_case("decode sm90 repeated, no shared T=1", &L, 1, ROUTE_REPEATED, NULL);
-    run_case("decode sm90 repeated, no shared T=3", &L, 3, ROUTE_REPEATED, NULL);
-    free_layer(&L);
-    make_layer(&L, 256, 384, 8, 3, 1, MMOE_RECIPE_SM100, 0.02, &rng);
-    run_case("decode sm100", &L, 6, ROUTE_RANDOM, &det);
-    ck_assert_int_eq(det.recipe, MMOE_GPU_RECIPE_SM100);
-    free_layer(&L);
-    make_layer(&L, 4096, 2048, 16, 6, 1, MMOE_RECIPE_SM90, 0.01, &rng);
-    run_case("decode sm90 v4-flash widths T=1", &L, 1, ROUTE_RANDOM, NULL);
-    run_case("decode sm90 v4-flash widths T=4", &L, 4, ROUTE_MASKED, NULL);
-    run_case("decode sm90 v4-flash widths repeated T=1", &L, 1, ROUTE_REPEATED, NULL);
-    run_case("decode sm90 v4-flash widths repeated T=2", &L, 2, ROUTE_REPEATED, NULL);
-    free_layer(&L);
     /* AUTO: the decode kernel up to T = 128 on a compute-capability-9.0 device (sm90 recipe),
        the tile kernels above; other devices never get it from AUTO */
     int cc = 0;
@@ -911,13 +968,33 @@ START_TEST(layer_decode_family)
     ck_assert_int_eq(det.gemm == MMOE_GPU_GEMM_DECODE, cc == 90);
     run_case("auto sm90 T=129", &L, 129, ROUTE_RANDOM, &det);
     ck_assert_int_ne(det.gemm, MMOE_GPU_GEMM_DECODE);
+    ck_assert_int_ne(det.gemm, MMOE_GPU_GEMM_DECODE16);
     free_layer(&L);
-    if (saved != NULL) {
-        setenv("MMOE_GPU_GEMM", saved, 1);
-        free(saved);
-    } else {
-        unsetenv("MMOE_GPU_GEMM");
-    }
+    restore_gemm_env(saved);
+}
+END_TEST
+
+/**
+ * The whole layer on the decode kernel with F16 MMAs (MMOE_GPU_GEMM=decode16 for this test):
+ * the cases of layer_decode_family; AUTO never chooses it.
+ */
+START_TEST(layer_decode16_family)
+{
+    if (!gpu_ok())
+        return;
+    const char *prev = getenv("MMOE_GPU_GEMM");
+    char *saved = prev != NULL ? strdup(prev) : NULL;
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 31);
+    run_decode_layer_cases(MMOE_GPU_GEMM_DECODE16, &rng);
+    setenv("MMOE_GPU_GEMM", "auto", 1);
+    test_layer L;
+    mmoe_gpu_moe_result det;
+    make_layer(&L, 256, 256, 8, 2, 1, MMOE_RECIPE_SM90, 0.02, &rng);
+    run_case("auto sm90 T=1", &L, 1, ROUTE_RANDOM, &det);
+    ck_assert_int_ne(det.gemm, MMOE_GPU_GEMM_DECODE16);
+    free_layer(&L);
+    restore_gemm_env(saved);
 }
 END_TEST
 
@@ -1136,6 +1213,7 @@ static Suite *gpu_suite(void)
     tcase_add_test(tc, stage_gemm_mma);
     tcase_add_test(tc, stage_gemm_wgmma);
     tcase_add_test(tc, stage_gemm_decode);
+    tcase_add_test(tc, stage_gemm_decode16);
     tcase_add_test(tc, stage_route_grouping);
     tcase_add_test(tc, stage_combine_bitexact);
     tcase_add_test(tc, stage_split_sum_bitexact);
@@ -1150,6 +1228,7 @@ static Suite *gpu_suite(void)
     tcase_add_test(tc, layer_sm90_many_experts);
     tcase_add_test(tc, layer_sm90_v4_flash_full);
     tcase_add_test(tc, layer_decode_family);
+    tcase_add_test(tc, layer_decode16_family);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -148,7 +148,7 @@ START_TEST(bad_inputs_fail_clearly)
     ck_assert(output_has("no CUDA"));
     /* an unknown GEMM kernel family is a usage error, named, before any device is touched */
     ck_assert_int_eq(cli("bench moe --shape tiny --backend gpu --gemm tcgen05"), 2);
-    ck_assert(output_has("--gemm must be auto, mma, wgmma or decode, got 'tcgen05'"));
+    ck_assert(output_has("--gemm must be auto, mma, wgmma, decode or decode16, got 'tcgen05'"));
     ck_assert_int_eq(cli("synth-layer --shape huge --seed 1 --out z.safetensors"), 1);
     ck_assert(output_has("unknown shape 'huge'"));
 }

@@ -46,7 +46,7 @@ case " $STEPS " in *" ep "*)
 esac
 case " $STEPS " in *" test "*)
   # the suite once per GEMM kernel family: the portable mma.sync one and wgmma (sm_90a)
-  for gemm in ${MMOE_GEMMS:-mma wgmma decode}; do
+  for gemm in ${MMOE_GEMMS:-mma wgmma decode decode16}; do
     log="$OUT/test_gpu_moe-$gemm.log"
     MMOE_GPU_GEMM=$gemm CK_VERBOSITY=verbose timeout 300 ./tests/test_gpu_moe > "$log" 2>&1; rc=$?
     echo "test_gpu_moe (MMOE_GPU_GEMM=$gemm): rc=$rc"

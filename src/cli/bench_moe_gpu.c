@@ -117,7 +117,7 @@ typedef struct bench_ceilings {
 /** The usage text of bench moe --backend gpu. */
 static const char *const usage_text =
     "usage: bench moe --backend gpu [--shape S] [--experts N] [--tokens LIST] [--iters N]\n"
-    "       [--recipe sm90|sm100] [--block-m 16|64|128] [--gemm auto|mma|wgmma|decode]\n"
+    "       [--recipe sm90|sm100] [--block-m 16|64|128] [--gemm auto|mma|wgmma|decode|decode16]\n"
     "       [--peer PATH|none] [--seed S] [--json]\n";
 
 /** Parse the command line into @p o; 0, or 2 on a usage error (message on stderr). */
@@ -150,7 +150,7 @@ static int parse_opts(int argc, char **argv, bench_opts *o)
             i++;
         } else if (strcmp(a, "--gemm") == 0 && v) {
             if (mmoe_gpu_gemm_parse(v, &o->gemm) != 0) {
-                fprintf(stderr, "megamoe bench moe: --gemm must be auto, mma, wgmma or decode, got '%s'\n", v);
+                fprintf(stderr, "megamoe bench moe: --gemm must be auto, mma, wgmma, decode or decode16, got '%s'\n", v);
                 return 2;
             }
             i++;
@@ -329,12 +329,12 @@ static double sol_us(const bench_point *p, const mmoe_gpu_moe_desc *d, const ben
 /** The table of all points (ours, the peer, the speed of light) to @p f. */
 static void print_table(FILE *f, const bench_point *pts, int nT, const mmoe_gpu_moe_desc *d, const bench_ceilings *c)
 {
-    fprintf(f, "%-6s %11s %11s %9s %9s %6s %8s %11s %9s %10s %6s  %s\n", "T", "ours us", "min us", "TFLOP/s", "GB/s w",
+    fprintf(f, "%-6s %11s %11s %9s %9s %8s %8s %11s %9s %10s %6s  %s\n", "T", "ours us", "min us", "TFLOP/s", "GB/s w",
             "gemm", "block_m", "peer us", "ours/peer", "SOL us", "%SOL", "peer variant");
     for (int i = 0; i < nT; i++) {
         const bench_point *p = &pts[i];
         const double sol = sol_us(p, d, c);
-        fprintf(f, "%-6d %11.1f %11.1f %9.1f %9.0f %6s %8d %11.1f %9.2f %10.1f %5.0f%%  %s\n", p->T, p->us, p->min_us,
+        fprintf(f, "%-6d %11.1f %11.1f %9.1f %9.0f %8s %8d %11.1f %9.2f %10.1f %5.0f%%  %s\n", p->T, p->us, p->min_us,
                 call_flop(d, p->T) / (p->us * 1e-6) / 1e12, p->weight_bytes / (p->us * 1e-6) / 1e9,
                 mmoe_gpu_gemm_name(p->gemm), p->block_m,
                 p->peer_us, p->peer_us > 0 ? p->us / p->peer_us : NAN, sol, 100.0 * sol / p->us,

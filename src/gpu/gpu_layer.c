@@ -162,12 +162,12 @@ mmoe_status mmoe_gpu_layer_create(const mmoe_moe_desc *desc, const mmoe_moe_weig
                        (int)MMOE_GPU_RECIPE_SM100 == (int)MMOE_RECIPE_SM100,
                    "the GPU recipes carry the oracle's numbers");
     gd.recipe = d->recipe == MMOE_RECIPE_SM90 ? MMOE_GPU_RECIPE_SM90 : MMOE_GPU_RECIPE_SM100;
-    /* The GEMM kernel family: the device's native one unless MMOE_GPU_GEMM (auto, mma, wgmma, decode)
+    /* The GEMM kernel family: the device's native one unless MMOE_GPU_GEMM (auto, mma, wgmma, decode, decode16)
      * says otherwise; the GPU test suite runs once per family this way. */
     const char *gemm_env = getenv("MMOE_GPU_GEMM");
     if (gemm_env != NULL && gemm_env[0] != '\0' && mmoe_gpu_gemm_parse(gemm_env, &gd.gemm) != 0) {
         free(L);
-        return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: MMOE_GPU_GEMM=%s: expected auto, mma, wgmma or decode",
+        return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: MMOE_GPU_GEMM=%s: expected auto, mma, wgmma, decode or decode16",
                               gemm_env);
     }
 

@@ -37,6 +37,22 @@
 #include "gpu_internal.cuh"
 #include "mmoe_gpu_moe.h"
 
+/**
+ * Blocks per SM of the L1 decode launch (reported in the result), with what they depend on:
+ * the kernel instance (MMA, activation group) and its dynamic shared memory (the staged rows,
+ * the widest K, the experts).  The occupancy calculator runs again only when one of those
+ * changes, not on every call.
+ */
+typedef struct decode_occupancy {
+    int known;           /**< 1: blocks holds the answer for the key below */
+    mmoe_decode_mma mma; /**< key: the MMA */
+    int a_group;         /**< key: the activation group */
+    int tile_rows;       /**< key: the staged rows */
+    int kmax;            /**< key: the widest K of the launch */
+    int E;               /**< key: the routed experts */
+    int blocks;          /**< blocks per SM */
+} decode_occupancy;
+
 /** The GPU layer: weights, workspace and streams on device 0. */
 struct mmoe_gpu_moe {
     mmoe_gpu_moe_desc d;      /**< sizes (inter_src/shared_inter_src filled in) */
@@ -44,7 +60,8 @@ struct mmoe_gpu_moe {
     int cc;                   /**< compute capability */
     int wgmma_ok;             /**< 1: the sm_90a wgmma kernel can run here (cc 9.0 and built for it) */
     int last_wgmma;           /**< 1: the last call ran the wgmma kernel; 0: the portable mma.sync one */
-    int last_decode;          /**< 1: the last call ran the decode kernel (gpu_decode.cu) */
+    int last_decode;          /**< 1: the last call ran a decode kernel (gpu_decode.cu) */
+    mmoe_decode_mma last_decode_mma; /**< its MMA: E4M3 ("decode") or F16 ("decode16") */
     cudaStream_t stream;      /**< the call's stream: inputs, routed experts, combine */
     cudaStream_t side;        /**< the shared expert runs here, concurrently with the routed GEMMs */
     cudaEvent_t x_ready;      /**< the quantized x is ready (side stream waits) */
@@ -67,7 +84,7 @@ struct mmoe_gpu_moe {
     int cap;                  /**< tokens the workspace holds */
     int *pairs_of_expert;     /**< [E] host scratch: the uploaded routing's pairs per expert */
     int route_rows;           /**< the uploaded routing's most pairs of one expert, capped at 8 */
-    int decode_occupancy;     /**< blocks per SM of the last decode call's L1 launch */
+    decode_occupancy occ;     /**< blocks per SM of the last decode call's L1 launch, and what they depend on */
     size_t ws_bytes;          /**< bytes of the workspace */
     __nv_bfloat16 *x;         /**< [cap, D] input */
     __nv_bfloat16 *y;         /**< [cap, D] output */
@@ -217,11 +234,11 @@ static mmoe_status check_desc(const mmoe_gpu_moe_desc *d, mmoe_error *err)
     if (d->recipe != MMOE_GPU_RECIPE_AUTO && d->recipe != MMOE_GPU_RECIPE_SM90 && d->recipe != MMOE_GPU_RECIPE_SM100)
         return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: unknown recipe %d", (int)d->recipe);
     if (d->gemm != MMOE_GPU_GEMM_AUTO && d->gemm != MMOE_GPU_GEMM_MMA && d->gemm != MMOE_GPU_GEMM_WGMMA &&
-        d->gemm != MMOE_GPU_GEMM_DECODE)
+        d->gemm != MMOE_GPU_GEMM_DECODE && d->gemm != MMOE_GPU_GEMM_DECODE16)
         return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: unknown GEMM kernel family %d", (int)d->gemm);
-    if (d->block_m != 0 && d->gemm == MMOE_GPU_GEMM_DECODE)
-        return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: block_m %d: the decode kernel's tiles are 8 tokens "
-                              "(block_m must be 0)", d->block_m);
+    if (d->block_m != 0 && (d->gemm == MMOE_GPU_GEMM_DECODE || d->gemm == MMOE_GPU_GEMM_DECODE16))
+        return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: block_m %d: the %s kernel's tiles are 8 tokens "
+                              "(block_m must be 0)", d->block_m, mmoe_gpu_gemm_name(d->gemm));
     if (d->block_m == 128 && d->gemm == MMOE_GPU_GEMM_MMA)
         return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: block_m 128 needs the wgmma kernel (mma.sync: 16 or 64)");
     if (d->n_experts <= 0 || d->n_experts > 4096)
@@ -606,14 +623,15 @@ static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
 #define MMOE_AUTO_DECODE_MAX_T 128
 
 /**
- * Does this call run the decode kernel?  When asked for, always; under AUTO on a
+ * Does this call run a decode kernel?  When asked for (either MMA), always; under AUTO on a
  * compute-capability-9.0 device with the sm90 recipe (where it was measured) and no forced
- * tile height, up to MMOE_AUTO_DECODE_MAX_T tokens.
+ * tile height, up to MMOE_AUTO_DECODE_MAX_T tokens, with E4M3 MMAs: the F16 variant runs only
+ * when asked for until a device run has measured it.
  */
 static int use_decode(const mmoe_gpu_moe *L, int T)
 {
     if (L->d.gemm != MMOE_GPU_GEMM_AUTO)
-        return L->d.gemm == MMOE_GPU_GEMM_DECODE;
+        return L->d.gemm == MMOE_GPU_GEMM_DECODE || L->d.gemm == MMOE_GPU_GEMM_DECODE16;
     return L->cc == 90 && L->recipe == MMOE_GPU_RECIPE_SM90 && L->d.block_m == 0 && T <= MMOE_AUTO_DECODE_MAX_T;
 }
 
@@ -679,6 +697,26 @@ static mmoe_decode_part decode_part(mmoe_bfmt bfmt, int K, int n_out, const uint
     return q;
 }
 
+/** Blocks per SM of L1 decode launch @p a into @p o, from the calculator only when its key changed. */
+static cudaError_t decode_occupancy_of(decode_occupancy *o, const mmoe_decode_args *a, int a_group)
+{
+    const int kmax = a->shared.K > a->routed.K ? a->shared.K : a->routed.K;
+    if (o->known && o->mma == a->mma && o->a_group == a_group && o->tile_rows == a->tile_rows && o->kmax == kmax &&
+        o->E == a->E)
+        return cudaSuccess;
+    o->known = 0;
+    const cudaError_t e = mmoe_decode_gemm_occupancy(a, a_group, MMOE_EPI_SWIGLU, &o->blocks);
+    if (e != cudaSuccess)
+        return e;
+    o->known = 1;
+    o->mma = a->mma;
+    o->a_group = a_group;
+    o->tile_rows = a->tile_rows;
+    o->kmax = kmax;
+    o->E = a->E;
+    return cudaSuccess;
+}
+
 /**
  * The decode pipeline (gpu_decode.cu): quant(x); L1 of the routed and the shared experts in one
  * launch, routing derived in each block; one requantization of both intermediates; L2 of both
@@ -715,8 +753,9 @@ static mmoe_status launch_layer_decode(mmoe_gpu_moe *L, int T, mmoe_error *err)
     a.counts = L->counts;
     a.cum_counts = L->cum_counts;
     a.num_pairs = L->num_pairs;
+    a.mma = L->last_decode_mma;
     CK(mmoe_launch_decode_gemm(&a, ag, MMOE_EPI_SWIGLU, 1, s), "L1 decode GEMM");
-    CK(mmoe_decode_gemm_occupancy(&a, ag, MMOE_EPI_SWIGLU, &L->decode_occupancy), "L1 decode GEMM occupancy");
+    CK(decode_occupancy_of(&L->occ, &a, ag), "L1 decode GEMM occupancy");
     CK(mmoe_launch_requant_decode(L->a1, T * K, L->idx, I, L->sh_a1, SI > 0 ? T : 0, SI,
                                   sm90 ? MMOE_QUANT_SM90 : MMOE_QUANT_SM100_REQUANT, L->l2q, L->l2s, L->sh_l2q,
                                   L->sh_l2s, s),
@@ -741,6 +780,7 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
     const int sm90 = L->recipe == MMOE_GPU_RECIPE_SM90;
     const int ag = sm90 ? 128 : 32;
     L->last_decode = use_decode(L, T);
+    L->last_decode_mma = L->d.gemm == MMOE_GPU_GEMM_DECODE16 ? MMOE_DECODE_MMA_F16 : MMOE_DECODE_MMA_E4M3;
     if (L->last_decode) {
         L->last_wgmma = 0;
         L->last_split = 0;
@@ -907,7 +947,11 @@ static void fill_result(mmoe_gpu_moe *L, int bm, long long pairs, mmoe_gpu_moe_r
     memset(res, 0, sizeof *res);
     res->device_cc = L->cc;
     res->recipe = L->recipe;
-    if (L->last_decode)
+    const int decode16 = L->last_decode && L->last_decode_mma == MMOE_DECODE_MMA_F16;
+    if (decode16)
+        res->kernel = "decode16: mma.sync.m16n8k16 f16 (activations staged as F16, E2M1 moved to F16) swap-AB "
+                      "weight streaming, 8-token tiles (5 launches, programmatic dependent launch)";
+    else if (L->last_decode)
         res->kernel = "decode: mma.sync.m16n8k32 e4m3 swap-AB weight streaming, 8-token tiles (5 launches, "
                       "programmatic dependent launch)";
     else if (L->last_wgmma)
@@ -916,7 +960,10 @@ static void fill_result(mmoe_gpu_moe *L, int bm, long long pairs, mmoe_gpu_moe_r
     else
         res->kernel = L->last_split ? "mma.sync.m16n8k32 e4m3 grouped GEMM, split-K (staged)"
                                     : "mma.sync.m16n8k32 e4m3 grouped GEMM (staged, 9 launches)";
-    res->gemm = L->last_decode ? MMOE_GPU_GEMM_DECODE : L->last_wgmma ? MMOE_GPU_GEMM_WGMMA : MMOE_GPU_GEMM_MMA;
+    res->gemm = decode16 ? MMOE_GPU_GEMM_DECODE16
+                : L->last_decode ? MMOE_GPU_GEMM_DECODE
+                : L->last_wgmma  ? MMOE_GPU_GEMM_WGMMA
+                                 : MMOE_GPU_GEMM_MMA;
     res->block_m = bm;
     res->shared_fused = L->d.shared_inter > 0;
     res->routed_pairs = pairs;
@@ -924,7 +971,7 @@ static void fill_result(mmoe_gpu_moe *L, int bm, long long pairs, mmoe_gpu_moe_r
     res->exact_path_blocks_l2 = L->wide_l2;
     res->gpu_weight_bytes = L->weight_bytes;
     res->gpu_workspace_bytes = L->ws_bytes;
-    res->decode_blocks_per_sm = L->last_decode ? L->decode_occupancy : 0;
+    res->decode_blocks_per_sm = L->last_decode ? L->occ.blocks : 0;
     if (L->cc >= 100) {
         res->fallback = 1;
         snprintf(res->fallback_reason, sizeof res->fallback_reason,
@@ -934,7 +981,7 @@ static void fill_result(mmoe_gpu_moe *L, int bm, long long pairs, mmoe_gpu_moe_r
         res->fallback = 1;
         snprintf(res->fallback_reason, sizeof res->fallback_reason,
                  "sm100 recipe requested on sm_%d: the %s kernel emulates its formats (per-32 promotion)", L->cc,
-                 L->last_decode ? "decode" : L->last_wgmma ? "wgmma" : "portable mma.sync");
+                 L->last_decode ? mmoe_gpu_gemm_name(res->gemm) : L->last_wgmma ? "wgmma" : "portable mma.sync");
     } else if (L->d.gemm == MMOE_GPU_GEMM_AUTO && !L->wgmma_ok && !L->last_decode) {
         res->fallback = 1;
         snprintf(res->fallback_reason, sizeof res->fallback_reason,

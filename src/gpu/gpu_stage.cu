@@ -26,10 +26,11 @@ mmoe_status stage_fail(mmoe_error *err, cudaError_t e, const char *what)
 /** Check a stage GEMM description; the error names the field. */
 mmoe_status check_gemm_desc(const mmoe_gpu_stage_gemm_desc *d, int cc, mmoe_error *err)
 {
-    if (d->gemm != MMOE_GPU_GEMM_MMA && d->gemm != MMOE_GPU_GEMM_WGMMA && d->gemm != MMOE_GPU_GEMM_DECODE)
-        return mmoe_error_set(err, MMOE_EINVAL, "gpu stage gemm: gemm must be mma, wgmma or decode, got %d",
+    const int decode = d->gemm == MMOE_GPU_GEMM_DECODE || d->gemm == MMOE_GPU_GEMM_DECODE16;
+    if (d->gemm != MMOE_GPU_GEMM_MMA && d->gemm != MMOE_GPU_GEMM_WGMMA && !decode)
+        return mmoe_error_set(err, MMOE_EINVAL, "gpu stage gemm: gemm must be mma, wgmma, decode or decode16, got %d",
                               (int)d->gemm);
-    const int bm_ok = d->gemm == MMOE_GPU_GEMM_DECODE
+    const int bm_ok = decode
                           ? d->block_m == 8
                           : d->block_m == 16 || d->block_m == 64 || (d->block_m == 128 && d->gemm == MMOE_GPU_GEMM_WGMMA);
     if (!bm_ok)
@@ -39,7 +40,7 @@ mmoe_status check_gemm_desc(const mmoe_gpu_stage_gemm_desc *d, int cc, mmoe_erro
         return mmoe_error_set(err, MMOE_EINVAL, "gpu stage gemm: unknown weight format %d", (int)d->weights);
     if (d->a_group != 32 && d->a_group != 128)
         return mmoe_error_set(err, MMOE_EINVAL, "gpu stage gemm: a_group must be 32 or 128, got %d", d->a_group);
-    if (d->gemm == MMOE_GPU_GEMM_DECODE && d->split_kb != 0)
+    if (decode && d->split_kb != 0)
         return mmoe_error_set(err, MMOE_EINVAL, "gpu stage gemm: the decode kernel splits K inside a block "
                               "(split_kb must be 0, got %d)", d->split_kb);
     if (d->rows <= 0 || d->n <= 0 || d->n % 128 != 0 || d->k <= 0 || d->k % 128 != 0 || d->split_kb < 0)
@@ -143,8 +144,10 @@ mmoe_status mmoe_gpu_stage_gemm(const mmoe_gpu_stage_gemm_desc *d, const uint8_t
     dg.tile_rows = rows < 8 ? (int)rows : 8; /* a tile of the uniform rows holds min(8, rows) */
     dg.T = (int)rows;
     dg.raw = b.part;
+    dg.mma = d->gemm == MMOE_GPU_GEMM_DECODE16 ? MMOE_DECODE_MMA_F16 : MMOE_DECODE_MMA_E4M3;
     if (e == cudaSuccess)
-        e = d->gemm == MMOE_GPU_GEMM_DECODE ? mmoe_launch_decode_gemm(&dg, d->a_group, MMOE_EPI_SLOT_BF16, 0, 0)
+        e = d->gemm == MMOE_GPU_GEMM_DECODE || d->gemm == MMOE_GPU_GEMM_DECODE16
+                ? mmoe_launch_decode_gemm(&dg, d->a_group, MMOE_EPI_SLOT_BF16, 0, 0)
             : d->gemm == MMOE_GPU_GEMM_WGMMA
                 ? mmoe_launch_gemm_wgmma(&g, d->block_m, bfmt, d->a_group, MMOE_EPI_SLOT_BF16, tiles, 0)
                 : mmoe_launch_gemm(&g, d->block_m, bfmt, d->a_group, MMOE_EPI_SLOT_BF16, tiles, 0);

@@ -71,7 +71,9 @@ typedef enum mmoe_gpu_gemm {
     MMOE_GPU_GEMM_AUTO = 0,  /**< the faster verified family for each call size (see above) */
     MMOE_GPU_GEMM_MMA = 1,   /**< the portable mma.sync tile kernel (gpu_gemm.cu), any sm_89+ device */
     MMOE_GPU_GEMM_WGMMA = 2, /**< the warp-specialized wgmma kernel (gpu_gemm_wgmma.cu), sm_90 only */
-    MMOE_GPU_GEMM_DECODE = 3 /**< the weight-streaming decode kernel (gpu_decode.cu), 8-token tiles, sm_90+ */
+    MMOE_GPU_GEMM_DECODE = 3, /**< the weight-streaming decode kernel (gpu_decode.cu), 8-token tiles, sm_90+ */
+    MMOE_GPU_GEMM_DECODE16 = 4 /**< the decode kernel with F16 MMAs (m16n8k16; activations staged as F16,
+                                    MXFP4 codes moved to F16 in registers); only when asked for */
 } mmoe_gpu_gemm;
 
 /** Sizes and options of one layer. */
@@ -140,9 +142,9 @@ typedef struct mmoe_gpu_moe_result {
     size_t gpu_weight_bytes;      /**< bytes of weights (codes + scales) held on the GPU */
     size_t gpu_workspace_bytes;   /**< bytes of the token workspace after this call */
     int graph;                    /**< mmoe_gpu_moe_time(): 1 when the timed calls were CUDA-graph replays */
-    int decode_blocks_per_sm;     /**< decode calls: blocks of the L1 decode GEMM that fit on one SM at once
-                                       (cudaOccupancyMaxActiveBlocksPerMultiprocessor with its shared
-                                       memory); 0 for the tile families */
+    int decode_blocks_per_sm;     /**< decode calls (both decode families): blocks of the L1 decode GEMM
+                                       that fit on one SM at once (cudaOccupancyMaxActiveBlocksPerMultiprocessor
+                                       with its shared memory); 0 for the tile families */
 } mmoe_gpu_moe_result;
 
 /** Opaque GPU layer object. */
@@ -243,11 +245,11 @@ mmoe_status mmoe_gpu_quantize_input(mmoe_gpu_recipe recipe, int rows, int cols, 
 /** Name of a recipe ("sm90", "sm100", "auto"). */
 const char *mmoe_gpu_recipe_name(mmoe_gpu_recipe r);
 
-/** Name of a GEMM kernel family ("auto", "mma", "wgmma", "decode"). */
+/** Name of a GEMM kernel family ("auto", "mma", "wgmma", "decode", "decode16"). */
 const char *mmoe_gpu_gemm_name(mmoe_gpu_gemm g);
 
 /**
- * Parse a GEMM kernel family name ("auto", "mma", "wgmma" or "decode").
+ * Parse a GEMM kernel family name ("auto", "mma", "wgmma", "decode" or "decode16").
  * @param s    the name
  * @param out  the family, written on success
  * @return 0 on success, -1 for an unknown name

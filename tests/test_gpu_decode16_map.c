@@ -1,0 +1,371 @@
+/**
+ * @file test_gpu_decode16_map.c
+ * @brief Suite "gpu_decode16_map": the bit moves and index maps of the decode16 GEMM
+ *        (src/gpu/gpu_decode16_map.h), on the CPU, against the oracle's format decoders and a
+ *        model of the m16n8k16 MMA written here from the PTX fragment layout.
+ *
+ * The decode16 kernel runs only on a device; what decides its numbers besides the tensor core
+ * is plain integer code, shared with this test:
+ * - every E2M1 code, in every nibble position of a packed word, moved to F16 bits is
+ *   e2m1 * 2^-14 (mmoe_fp4_e2m1_to_f32 is the reference; the F16 bits are decoded here from the
+ *   format's fields), sign included;
+ * - every UE8M0 byte in every position of a scale word gives the FP32 bits of 2^(k - 127)
+ *   (ldexpf is the reference: k = 0 is the subnormal 2^-127, k = 255 infinity);
+ * - one warp's K block modelled end to end with the header's maps: the staging of FP8
+ *   activations (byte permutes, run positions), each lane's B read, the weight fragments (MXFP4
+ *   bit moves and pairs; FP8 bytes in order), then m16n8k16 as the PTX layout defines it (lane
+ *   (g, t): A rows g, g + 8 at k = 2t, 2t + 1 and 2t + 8, 2t + 9; B column g at the same k).
+ *   One-hot weights times one-hot activations: each (row, k) x (token, k) product is formed
+ *   exactly once, in the sum of its own 32-wide group (MXFP4 group sums; FP8 per-group path),
+ *   never across k; tokens past the tile's rows read row 0 and are not checked (the kernel
+ *   writes no such column); random blocks equal the float64 dot product exactly.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "gpu_decode16_map.h"
+#include "mmoe_formats.h"
+#include "mmoe_rng.h"
+#include "mmoe_test.h"
+
+enum { KB = 128, ROWS = 16, TOKS = 8, LANES = 32 };
+
+static uint64_t g_seed;
+
+/**
+ * REQUIRE() without its per-call bookkeeping (Check records every passing assertion, a
+ * system call each): the loops below make millions of checks.
+ */
+#define REQUIRE(cond, ...)                                                                          \
+    do {                                                                                            \
+        if (!(cond))                                                                                \
+            ck_abort_msg(__VA_ARGS__);                                                              \
+    } while (0)
+
+/** An F16 number from its bits, from the format's fields (1 sign, 5 exponent bits of bias 15, 10 mantissa bits). */
+static double f16_value(uint16_t h)
+{
+    const int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+    double v = e == 31 ? (m ? NAN : INFINITY) : e == 0 ? ldexp(m, -24) : ldexp(1024 + m, e - 25);
+    return s ? -v : v;
+}
+
+/** Half @p i (0: low) of an F16 pair. */
+static double half_of(uint32_t r, int i)
+{
+    return f16_value((uint16_t)(r >> (16 * i)));
+}
+
+START_TEST(e2m1_to_f16_every_code_and_position)
+{
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed);
+    for (int fill = 0; fill < 64; fill++) {
+        const uint32_t others = fill == 0 ? 0u : fill == 1 ? 0xFFFFFFFFu : mmoe_rng_u32(&rng);
+        for (int c = 0; c < 16; c++)
+            for (int pos = 0; pos < 8; pos++) {
+                const uint32_t w = (others & ~(0xFu << (4 * pos))) | (uint32_t)c << (4 * pos);
+                /* byte pos / 2 holds the code; even positions are the low nibbles */
+                const uint32_t high = pos % 2 == 0 ? mmoe_d16_e2m1_even_high(w) : mmoe_d16_e2m1_odd_high(w);
+                const int byte = pos / 2;
+                const uint32_t pair = byte < 2 ? mmoe_d16_f16_pair_lo(high) : mmoe_d16_f16_pair_hi(high);
+                const double got = half_of(pair, byte % 2), want = ldexp(mmoe_fp4_e2m1_to_f32((uint8_t)c), -14);
+                REQUIRE(got == want && !!signbit(got) == !!(c & 8),
+                              "code %d at nibble %d of %08x: F16 %g, want %g (seed %llu)", c, pos, w, got, want,
+                              (unsigned long long)g_seed);
+            }
+    }
+}
+END_TEST
+
+START_TEST(ue8m0_factor_bits)
+{
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 1);
+    for (int k = 0; k < 256; k++)
+        for (int g = 0; g < 4; g++)
+            for (int rep = 0; rep < 8; rep++) {
+                const uint32_t w = (mmoe_rng_u32(&rng) & ~(0xFFu << (8 * g))) | (uint32_t)k << (8 * g);
+                const float want = k == 255 ? INFINITY : ldexpf(1.0f, k - 127);
+                uint32_t want_bits;
+                memcpy(&want_bits, &want, 4);
+                REQUIRE(mmoe_d16_ue8m0_pow2_bits(w, g) == want_bits, "byte %d at %d of %08x: %08x, want %08x", k,
+                              g, w, mmoe_d16_ue8m0_pow2_bits(w, g), want_bits);
+            }
+}
+END_TEST
+
+/** One lane's A (4 F16 pairs) and B (2 pairs) fragment registers of one MMA step, as doubles. */
+typedef struct frag {
+    double a[4][2], b[2][2];
+} frag;
+
+/** m16n8k16 as the PTX layout defines it: D[16][8] += A B from the 32 lanes' fragments. */
+static void mma_m16n8k16(double d[ROWS][TOKS], const frag f[LANES])
+{
+    double A[ROWS][16], B[16][TOKS];
+    for (int lane = 0; lane < LANES; lane++) {
+        const int g = lane >> 2, t = lane & 3;
+        for (int i = 0; i < 2; i++) {
+            A[g][2 * t + i] = f[lane].a[0][i];
+            A[g + 8][2 * t + i] = f[lane].a[1][i];
+            A[g][2 * t + 8 + i] = f[lane].a[2][i];
+            A[g + 8][2 * t + 8 + i] = f[lane].a[3][i];
+            B[2 * t + i][g] = f[lane].b[0][i];
+            B[2 * t + 8 + i][g] = f[lane].b[1][i];
+        }
+    }
+    for (int r = 0; r < ROWS; r++)
+        for (int n = 0; n < TOKS; n++)
+            for (int k = 0; k < 16; k++)
+                d[r][n] += A[r][k] * B[k][n];
+}
+
+/**
+ * The block's staging of one K block of @p ntok token rows of FP8 activations (cvt.rn.f16x2.e4m3x2
+ * is exact: modelled as the E4M3 value), MXFP4 launches times 2^7: staged[token][position].
+ */
+static void stage(const uint8_t act[TOKS][KB], int ntok, int fp4, double staged[TOKS][KB])
+{
+    for (int r = 0; r < TOKS; r++)
+        for (int i = 0; i < KB; i++)
+            staged[r][i] = NAN; /* rows past the tile's tokens are never staged */
+    for (int r = 0; r < ntok; r++)
+        for (int run = 0; run < KB / 8; run++) {
+            uint32_t x, y;
+            memcpy(&x, act[r] + 8 * run, 4);
+            memcpy(&y, act[r] + 8 * run + 4, 4);
+            uint32_t q[2] = {x, y};
+            if (fp4) {
+                q[0] = mmoe_d16_byte_perm(x, y, MMOE_D16_SEL_EVEN);
+                q[1] = mmoe_d16_byte_perm(x, y, MMOE_D16_SEL_ODD);
+            }
+            const int pos = mmoe_d16_run_pos(run, fp4);
+            for (int e = 0; e < 8; e++)
+                staged[r][pos + e] = mmoe_fp8_e4m3_to_f32((uint8_t)(q[e / 4] >> (8 * (e % 4)))) * (fp4 ? 128.0 : 1.0);
+        }
+}
+
+/** Lane (g, t)'s B registers of group / step pair c: 4 F16 pairs from row brow at mmoe_d16_b_offset. */
+static void b_read(const double staged[TOKS][KB], int brow, int t, int c, double out[4][2])
+{
+    const int half = mmoe_d16_b_offset(t, c) / 2;
+    for (int q = 0; q < 4; q++)
+        for (int i = 0; i < 2; i++)
+            out[q][i] = staged[brow][half + 2 * q + i];
+}
+
+/**
+ * One K block of the MXFP4 warp GEMM: codes w[row][64 bytes], lane (g, t) holding word t of
+ * each group of rows g and g + 8; the four group sums, each from two steps, into sums[group].
+ */
+static void warp_fp4(const uint8_t w[ROWS][KB / 2], const uint8_t act[TOKS][KB], int ntok,
+                     double sums[4][ROWS][TOKS])
+{
+    static double staged[TOKS][KB];
+    stage(act, ntok, 1, staged);
+    memset(sums, 0, sizeof(double) * 4 * ROWS * TOKS);
+    for (int j = 0; j < 4; j++) {
+        frag even[LANES], odd[LANES];
+        for (int lane = 0; lane < LANES; lane++) {
+            const int g = lane >> 2, t = lane & 3, brow = g < ntok ? g : 0;
+            uint32_t w0, w1;
+            memcpy(&w0, w[g] + 16 * j + 4 * t, 4);
+            memcpy(&w1, w[g + 8] + 16 * j + 4 * t, 4);
+            const uint32_t e0 = mmoe_d16_e2m1_even_high(w0), e1 = mmoe_d16_e2m1_even_high(w1);
+            const uint32_t o0 = mmoe_d16_e2m1_odd_high(w0), o1 = mmoe_d16_e2m1_odd_high(w1);
+            const uint32_t ae[4] = {mmoe_d16_f16_pair_lo(e0), mmoe_d16_f16_pair_lo(e1), mmoe_d16_f16_pair_hi(e0),
+                                    mmoe_d16_f16_pair_hi(e1)};
+            const uint32_t ao[4] = {mmoe_d16_f16_pair_lo(o0), mmoe_d16_f16_pair_lo(o1), mmoe_d16_f16_pair_hi(o0),
+                                    mmoe_d16_f16_pair_hi(o1)};
+            double xb[4][2];
+            b_read(staged, brow, t, j, xb);
+            for (int q = 0; q < 4; q++)
+                for (int i = 0; i < 2; i++) {
+                    even[lane].a[q][i] = half_of(ae[q], i);
+                    odd[lane].a[q][i] = half_of(ao[q], i);
+                }
+            for (int i = 0; i < 2; i++) {
+                even[lane].b[0][i] = xb[0][i];
+                even[lane].b[1][i] = xb[1][i];
+                odd[lane].b[0][i] = xb[2][i];
+                odd[lane].b[1][i] = xb[3][i];
+            }
+        }
+        mma_m16n8k16(sums[j], even);
+        mma_m16n8k16(sums[j], odd);
+    }
+}
+
+/**
+ * One K block of the FP8 warp GEMM: bytes w[row][128], lane (g, t) holding the 32 bytes of group
+ * t of rows g and g + 8; 8 steps; @p group < 0: all lanes (the folded path), else only the lanes
+ * of that group keep their A fragments (the per-group path).
+ */
+static void warp_fp8(const uint8_t w[ROWS][KB], const uint8_t act[TOKS][KB], int ntok, int group,
+                     double out[ROWS][TOKS])
+{
+    static double staged[TOKS][KB];
+    stage(act, ntok, 0, staged);
+    memset(out, 0, sizeof(double) * ROWS * TOKS);
+    for (int s = 0; s < 8; s++) {
+        frag f[LANES];
+        for (int lane = 0; lane < LANES; lane++) {
+            const int g = lane >> 2, t = lane & 3, brow = g < ntok ? g : 0;
+            const int keep = group < 0 || t == group;
+            for (int h = 0; h < 2; h++)
+                for (int i = 0; i < 2; i++) {
+                    /* a0 / a1: bytes 4s, 4s + 1 of rows g / g + 8; a2 / a3: bytes 4s + 2, 4s + 3 */
+                    f[lane].a[h][i] = keep ? mmoe_fp8_e4m3_to_f32(w[h ? g + 8 : g][32 * t + 4 * s + i]) : 0.0;
+                    f[lane].a[2 + h][i] = keep ? mmoe_fp8_e4m3_to_f32(w[h ? g + 8 : g][32 * t + 4 * s + 2 + i]) : 0.0;
+                }
+            double xb[4][2];
+            b_read(staged, brow, t, s / 2, xb);
+            for (int i = 0; i < 2; i++) {
+                f[lane].b[0][i] = xb[2 * (s % 2)][i];
+                f[lane].b[1][i] = xb[2 * (s % 2) + 1][i];
+            }
+        }
+        mma_m16n8k16(out, f);
+    }
+}
+
+START_TEST(fragments_pair_every_k_once_mxfp4)
+{
+    static const int ntoks[] = {1, 3, 8};
+    for (size_t nt = 0; nt < sizeof ntoks / sizeof ntoks[0]; nt++) {
+        const int ntok = ntoks[nt];
+        for (int kw = 0; kw < KB; kw++)
+            for (int ka = 0; ka < KB; ka++) {
+                uint8_t w[ROWS][KB / 2], act[TOKS][KB];
+                double sums[4][ROWS][TOKS];
+                memset(w, 0, sizeof w);
+                memset(act, 0, sizeof act);
+                for (int r = 0; r < ROWS; r++)
+                    w[r][kw / 2] = (uint8_t)(kw % 2 ? 0x20 : 0x02); /* E2M1 1.0 at k = kw */
+                for (int n = 0; n < ntok; n++)
+                    act[n][ka] = 0x38; /* E4M3 1.0 at k = ka */
+                warp_fp4(w, act, ntok, sums);
+                for (int j = 0; j < 4; j++)
+                    for (int r = 0; r < ROWS; r++)
+                        for (int n = 0; n < ntok; n++) {
+                            /* 1.0 * 2^-14 times 1.0 * 2^7, once, in group kw / 32 only */
+                            const double want = kw == ka && j == kw / 32 ? 0x1p-7 : 0.0;
+                            REQUIRE(sums[j][r][n] == want,
+                                          "MXFP4 %d tokens, weight k %d x activation k %d: group %d row %d token %d "
+                                          "sum %g, want %g", ntok, kw, ka, j, r, n, sums[j][r][n], want);
+                        }
+            }
+    }
+}
+END_TEST
+
+START_TEST(fragments_pair_every_k_once_fp8)
+{
+    static const int ntoks[] = {1, 8};
+    for (size_t nt = 0; nt < sizeof ntoks / sizeof ntoks[0]; nt++) {
+        const int ntok = ntoks[nt];
+        for (int kw = 0; kw < KB; kw++) {
+            uint8_t w[ROWS][KB], act[TOKS][KB];
+            double out[ROWS][TOKS];
+            memset(w, 0, sizeof w);
+            for (int r = 0; r < ROWS; r++)
+                w[r][kw] = 0x38;
+            for (int ka = 0; ka < KB; ka++) {
+                memset(act, 0, sizeof act);
+                for (int n = 0; n < ntok; n++)
+                    act[n][ka] = 0x38;
+                warp_fp8(w, act, ntok, -1, out);
+                for (int r = 0; r < ROWS; r++)
+                    for (int n = 0; n < ntok; n++)
+                        REQUIRE(out[r][n] == (kw == ka ? 1.0 : 0.0),
+                                      "FP8 %d tokens, weight k %d x activation k %d: row %d token %d: %g", ntok, kw,
+                                      ka, r, n, out[r][n]);
+            }
+            /* the per-group path: all activations 1.0, group g's sum holds weight k in group g only */
+            for (int n = 0; n < TOKS; n++)
+                for (int k = 0; k < KB; k++)
+                    act[n][k] = 0x38;
+            for (int g = 0; g < 4; g++) {
+                warp_fp8(w, act, ntok, g, out);
+                for (int r = 0; r < ROWS; r++)
+                    for (int n = 0; n < ntok; n++)
+                        REQUIRE(out[r][n] == (kw / 32 == g ? 1.0 : 0.0),
+                                      "FP8 per-group %d, weight k %d: row %d token %d: %g", g, kw, r, n, out[r][n]);
+            }
+        }
+    }
+}
+END_TEST
+
+START_TEST(fragments_random_blocks_equal_dot_products)
+{
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 2);
+    for (int trial = 0; trial < 100; trial++) {
+        const int ntok = 1 + (int)mmoe_rng_below(&rng, TOKS);
+        uint8_t w4[ROWS][KB / 2], w8[ROWS][KB], act[TOKS][KB];
+        for (int r = 0; r < ROWS; r++) {
+            for (int i = 0; i < KB / 2; i++)
+                w4[r][i] = (uint8_t)mmoe_rng_u32(&rng);
+            for (int i = 0; i < KB; i++) {
+                const uint8_t b = (uint8_t)mmoe_rng_u32(&rng);
+                w8[r][i] = (b & 0x7F) == 0x7F ? 0 : b; /* no NaN */
+            }
+        }
+        for (int n = 0; n < TOKS; n++)
+            for (int i = 0; i < KB; i++) {
+                const uint8_t b = (uint8_t)mmoe_rng_u32(&rng);
+                act[n][i] = (b & 0x7F) == 0x7F ? 0 : b;
+            }
+        double sums[4][ROWS][TOKS], out[ROWS][TOKS];
+        warp_fp4(w4, act, ntok, sums);
+        warp_fp8(w8, act, ntok, -1, out);
+        for (int r = 0; r < ROWS; r++)
+            for (int n = 0; n < ntok; n++) {
+                /* sums of at most 128 products of <= 7 significant bits: exact in double */
+                for (int j = 0; j < 4; j++) {
+                    double ref = 0.0;
+                    for (int k = 32 * j; k < 32 * j + 32; k++) {
+                        const uint8_t byte = w4[r][k / 2];
+                        ref += (double)mmoe_fp4_e2m1_to_f32((uint8_t)(k % 2 ? byte >> 4 : byte & 15)) *
+                               mmoe_fp8_e4m3_to_f32(act[n][k]);
+                    }
+                    REQUIRE(sums[j][r][n] == ldexp(ref, -7), "MXFP4 trial %d group %d row %d token %d: %.17g, "
+                                  "want %.17g (seed %llu)", trial, j, r, n, sums[j][r][n], ldexp(ref, -7),
+                                  (unsigned long long)g_seed);
+                }
+                double ref = 0.0;
+                for (int k = 0; k < KB; k++)
+                    ref += (double)mmoe_fp8_e4m3_to_f32(w8[r][k]) * mmoe_fp8_e4m3_to_f32(act[n][k]);
+                for (int m = ntok; m < TOKS; m++) /* columns past the tile's rows: token 0's (row 0 read) */
+                    REQUIRE(out[r][m] == out[r][0] && sums[0][r][m] == sums[0][r][0],
+                            "trial %d row %d: column %d past %d tokens is not token 0's", trial, r, m, ntok);
+                REQUIRE(out[r][n] == ref, "FP8 trial %d row %d token %d: %.17g, want %.17g (seed %llu)", trial, r,
+                              n, out[r][n], ref, (unsigned long long)g_seed);
+            }
+    }
+}
+END_TEST
+
+static Suite *decode16_map_suite(void)
+{
+    Suite *s = suite_create("gpu_decode16_map");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, e2m1_to_f16_every_code_and_position);
+    tcase_add_test(tc, ue8m0_factor_bits);
+    tcase_add_test(tc, fragments_pair_every_k_once_mxfp4);
+    tcase_add_test(tc, fragments_pair_every_k_once_fp8);
+    tcase_add_test(tc, fragments_random_blocks_equal_dot_products);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    g_seed = mmoe_test_seed("gpu_decode16_map");
+    return mmoe_test_run(decode16_map_suite());
+}
