@@ -13,7 +13,7 @@
 # with STEPS a subset of "build test memcheck bench forward profile tiles ep"
 # (default: build test memcheck bench forward).
 #   ep: expert parallelism on every GPU of the machine (tests/test_ep_gpu, bench moe --gpus N).
-# MMOE_GEMMS (default "mma wgmma decode") names the kernel families that test and memcheck run.
+# MMOE_GEMMS (default "mma wgmma decode decode16") names the kernel families that test and memcheck run.
 set -u
 OUT=${OUT:-/tmp/mmoe-out}
 mkdir -p "$OUT"
@@ -59,7 +59,7 @@ case " $STEPS " in *" test "*)
 esac
 case " $STEPS " in *" memcheck "*)
   if command -v compute-sanitizer > /dev/null; then
-    for gemm in ${MMOE_GEMMS:-mma wgmma decode}; do
+    for gemm in ${MMOE_GEMMS:-mma wgmma decode decode16}; do
       timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 ./tests/bench_moe_gpu --shape tiny --tokens 1,40,300 \
         --iters 2 --gemm "$gemm" --peer none > "$OUT/memcheck-$gemm.log" 2>&1
       echo "memcheck ($gemm): rc=$?"; tail -n 6 "$OUT/memcheck-$gemm.log"
@@ -72,10 +72,11 @@ esac
 case " $STEPS " in *" profile "*)
   # Nsight Compute on the routed L1 GEMM of each family (MMOE_PROFILE_T, default 128 and 8192)
   for t in ${MMOE_PROFILE_T:-128 8192}; do
-    for g in ${MMOE_GEMMS:-mma wgmma decode}; do
+    for g in ${MMOE_GEMMS:-mma wgmma decode decode16}; do
       case $g in
         mma) k="regex:gemm_kernel<.*int.0, .int.128, .int.0>";;
         decode) k="regex:decode_gemm_kernel<.int.128, .int.0>";;
+        decode16) k="regex:decode16_gemm_kernel<.int.128, .int.0>";;
         *) k="regex:wgmma_gemm_kernel<.*int.0, .int.128, .int.0>";;
       esac
       timeout 200 ncu --clock-control none --kernel-name-base demangled --kernel-name "$k" --launch-skip 2 \
