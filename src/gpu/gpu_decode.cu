@@ -71,7 +71,7 @@
  * tokens need min(8, T) rows: up to T = 3 four blocks fit.  A token that names one expert in
  * several slots has that many rows in the expert's tile (at most 8), and the launch stages that
  * many; a block whose tile holds more rows than the launch says traps rather than overrun its
- * staging.  The L2 launch (K = 2048) fits four blocks at any row count up to 6.
+ * staging.  The L2 launch (K = 2048) fits four blocks at any row count up to 7.
  *
  * **Two MMAs: "decode" and "decode16".**  The kernel exists twice, with the same rings,
  * routing, staging, fragments of the weight rows, promotions and epilogues: decode_gemm_kernel
@@ -79,9 +79,12 @@
  * F16 variant" below: the staged FP8 activations converted to F16 pairs in registers, MXFP4
  * codes moved to F16 bits, FP8 weights converted in pairs).  sm_90 has no E4M3 mma.sync: the
  * compiler turns each E4M3 MMA into two F16 HMMAs plus 12 conversions and 4 additions, which is
- * what decode16 saves.  Both stage the same bytes (K + 16 per row), so both fit the same blocks
+ * what decode16 saves: per K block of one warp (16 rows x 128 K, 1 KB of MXFP4 weights) the
+ * sm_90a loop of the L1 launch issues 256 instructions in decode and 222 in decode16, of which
+ * 16 convert the activations (B registers).  Both stage the same bytes (K + 16 per row), so both fit the same blocks
  * per SM at every row count: V4-Flash L1 (K = 4096) four up to 3 rows and three from 4 to 8,
- * L2 (K = 2048) four up to 6 rows and three at 7 and 8.
+ * L2 (K = 2048) four up to 7 rows (shared memory would allow five at one row; the registers
+ * decide there) and three at 8.
  */
 #include "gpu_internal.cuh"
 #include "gpu_decode16_map.h"
