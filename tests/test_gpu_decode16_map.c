@@ -9,16 +9,19 @@
  * - every E2M1 code, in every nibble position of a packed word, moved to F16 bits is
  *   e2m1 * 2^-14 (mmoe_fp4_e2m1_to_f32 is the reference; the F16 bits are decoded here from the
  *   format's fields), sign included;
+ * - every E4M3 byte, in every byte position of a word, converted by the header's host model
+ *   of cvt.rn.f16x2.e4m3x2 is the F16 number of the same value (mmoe_fp8_e4m3_to_f32 is the
+ *   reference), sign of zero included, NaN stays NaN;
  * - every UE8M0 byte in every position of a scale word gives the FP32 bits of 2^(k - 127)
  *   (ldexpf is the reference: k = 0 is the subnormal 2^-127, k = 255 infinity);
  * - one warp's K block modelled end to end with the header's maps: the staging of FP8
- *   activations (byte permutes, run positions), each lane's B read, the weight fragments (MXFP4
- *   bit moves and pairs; FP8 bytes in order), then m16n8k16 as the PTX layout defines it (lane
- *   (g, t): A rows g, g + 8 at k = 2t, 2t + 1 and 2t + 8, 2t + 9; B column g at the same k).
- *   One-hot weights times one-hot activations: each (row, k) x (token, k) product is formed
- *   exactly once, in the sum of its own 32-wide group (MXFP4 group sums; FP8 per-group path),
- *   never across k; tokens past the tile's rows read row 0 and are not checked (the kernel
- *   writes no such column); random blocks equal the float64 dot product exactly.
+ *   activations as bytes (byte permutes, run offsets), each lane's staged words and their F16
+ *   pairs, the weight fragments (MXFP4 bit moves and pairs; FP8 bytes in order), then m16n8k16
+ *   as the PTX layout defines it (lane (g, t): A rows g, g + 8 at k = 2t, 2t + 1 and 2t + 8,
+ *   2t + 9; B column g at the same k).  One-hot weights times one-hot activations: each (row,
+ *   k) x (token, k) product is formed exactly once, in the sum of its own 32-wide group (MXFP4
+ *   group sums; FP8 per-group path), never across k; tokens past the tile's rows read row 0
+ *   and are not checked (the kernel writes no such column); random blocks equal the float64 dot product exactly.
  */
 #include <check.h>
 #include <math.h>
@@ -80,6 +83,47 @@ START_TEST(e2m1_to_f16_every_code_and_position)
 }
 END_TEST
 
+/** The F16 bits of a value that F16 holds exactly (normal, subnormal, zero or infinity), from F16's fields. */
+static uint16_t f16_bits_of(double v)
+{
+    const uint16_t sign = signbit(v) ? 0x8000u : 0u;
+    const double a = fabs(v);
+    if (a == 0.0)
+        return sign;
+    if (isinf(a))
+        return sign | 0x7C00u;
+    int e;
+    const double fr = frexp(a, &e); /* a = fr * 2^e, fr in [0.5, 1) */
+    if (e - 1 < -14)                /* subnormal: a = m * 2^-24 */
+        return sign | (uint16_t)ldexp(a, 24);
+    return sign | (uint16_t)((e - 1 + 15) << 10) | (uint16_t)(ldexp(fr, 11) - 1024.0);
+}
+
+START_TEST(e4m3_to_f16_every_byte_and_position)
+{
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 3);
+    for (int fill = 0; fill < 16; fill++) {
+        const uint32_t others = fill == 0 ? 0u : fill == 1 ? 0xFFFFFFFFu : mmoe_rng_u32(&rng);
+        for (int b = 0; b < 256; b++)
+            for (int pos = 0; pos < 4; pos++) {
+                const uint32_t v = (others & ~(0xFFu << (8 * pos))) | (uint32_t)b << (8 * pos);
+                uint32_t lo, hi;
+                mmoe_d16_e4m3x4_to_f16x2(v, &lo, &hi);
+                const uint16_t got = (uint16_t)((pos < 2 ? lo : hi) >> (16 * (pos % 2)));
+                const float want = mmoe_fp8_e4m3_to_f32((uint8_t)b);
+                if (isnan(want)) {
+                    REQUIRE(isnan(f16_value(got)) && (got >> 15) == (uint16_t)(b >> 7),
+                            "E4M3 NaN %02x at byte %d of %08x: F16 %04x is not a NaN of its sign", b, pos, v, got);
+                } else {
+                    REQUIRE(got == f16_bits_of(want), "E4M3 %02x (%g) at byte %d of %08x: F16 %04x, want %04x", b,
+                            (double)want, pos, v, got, f16_bits_of(want));
+                }
+            }
+    }
+}
+END_TEST
+
 START_TEST(ue8m0_factor_bits)
 {
     mmoe_rng rng;
@@ -124,14 +168,13 @@ static void mma_m16n8k16(double d[ROWS][TOKS], const frag f[LANES])
 }
 
 /**
- * The block's staging of one K block of @p ntok token rows of FP8 activations (cvt.rn.f16x2.e4m3x2
- * is exact: modelled as the E4M3 value), MXFP4 launches times 2^7: staged[token][position].
+ * The block's staging of one K block of @p ntok token rows of FP8 activations, as bytes, with the
+ * header's byte permutes and run offsets: staged[token][byte].  Rows past the tile's tokens hold
+ * E4M3 NaN bytes (never staged, never read: the kernel reads row 0 for them instead).
  */
-static void stage(const uint8_t act[TOKS][KB], int ntok, int fp4, double staged[TOKS][KB])
+static void stage(const uint8_t act[TOKS][KB], int ntok, int fp4, uint8_t staged[TOKS][KB])
 {
-    for (int r = 0; r < TOKS; r++)
-        for (int i = 0; i < KB; i++)
-            staged[r][i] = NAN; /* rows past the tile's tokens are never staged */
+    memset(staged, 0x7F, sizeof(uint8_t) * TOKS * KB);
     for (int r = 0; r < ntok; r++)
         for (int run = 0; run < KB / 8; run++) {
             uint32_t x, y;
@@ -142,19 +185,23 @@ static void stage(const uint8_t act[TOKS][KB], int ntok, int fp4, double staged[
                 q[0] = mmoe_d16_byte_perm(x, y, MMOE_D16_SEL_EVEN);
                 q[1] = mmoe_d16_byte_perm(x, y, MMOE_D16_SEL_ODD);
             }
-            const int pos = mmoe_d16_run_pos(run, fp4);
-            for (int e = 0; e < 8; e++)
-                staged[r][pos + e] = mmoe_fp8_e4m3_to_f32((uint8_t)(q[e / 4] >> (8 * (e % 4)))) * (fp4 ? 128.0 : 1.0);
+            memcpy(staged[r] + mmoe_d16_run_offset(run, fp4), q, 8);
         }
 }
 
-/** Lane (g, t)'s B registers of group / step pair c: 4 F16 pairs from row brow at mmoe_d16_b_offset. */
-static void b_read(const double staged[TOKS][KB], int brow, int t, int c, double out[4][2])
+/**
+ * Lane (g, t)'s staged word @p w (token @p g's row; row 0 when the tile has no token g, as the
+ * kernel reads) converted to its two B registers, as doubles: out[0] low pair, out[1] high.
+ */
+static void b_read(const uint8_t staged[TOKS][KB], int g, int ntok, int t, int w, double out[2][2])
 {
-    const int half = mmoe_d16_b_offset(t, c) / 2;
-    for (int q = 0; q < 4; q++)
-        for (int i = 0; i < 2; i++)
-            out[q][i] = staged[brow][half + 2 * q + i];
+    uint32_t word, lo, hi;
+    memcpy(&word, staged[g < ntok ? g : 0] + mmoe_d16_b_word_offset(t, w), 4);
+    mmoe_d16_e4m3x4_to_f16x2(word, &lo, &hi);
+    for (int i = 0; i < 2; i++) {
+        out[0][i] = half_of(lo, i);
+        out[1][i] = half_of(hi, i);
+    }
 }
 
 /**
@@ -164,13 +211,13 @@ static void b_read(const double staged[TOKS][KB], int brow, int t, int c, double
 static void warp_fp4(const uint8_t w[ROWS][KB / 2], const uint8_t act[TOKS][KB], int ntok,
                      double sums[4][ROWS][TOKS])
 {
-    static double staged[TOKS][KB];
+    static uint8_t staged[TOKS][KB];
     stage(act, ntok, 1, staged);
     memset(sums, 0, sizeof(double) * 4 * ROWS * TOKS);
     for (int j = 0; j < 4; j++) {
         frag even[LANES], odd[LANES];
         for (int lane = 0; lane < LANES; lane++) {
-            const int g = lane >> 2, t = lane & 3, brow = g < ntok ? g : 0;
+            const int g = lane >> 2, t = lane & 3;
             uint32_t w0, w1;
             memcpy(&w0, w[g] + 16 * j + 4 * t, 4);
             memcpy(&w1, w[g + 8] + 16 * j + 4 * t, 4);
@@ -180,18 +227,19 @@ static void warp_fp4(const uint8_t w[ROWS][KB / 2], const uint8_t act[TOKS][KB],
                                     mmoe_d16_f16_pair_hi(e1)};
             const uint32_t ao[4] = {mmoe_d16_f16_pair_lo(o0), mmoe_d16_f16_pair_lo(o1), mmoe_d16_f16_pair_hi(o0),
                                     mmoe_d16_f16_pair_hi(o1)};
-            double xb[4][2];
-            b_read(staged, brow, t, j, xb);
+            double xe[2][2], xo[2][2];
+            b_read(staged, g, ntok, t, 2 * j, xe);     /* step 0: word 2j (even k) */
+            b_read(staged, g, ntok, t, 2 * j + 1, xo); /* step 1: word 2j + 1 (odd k) */
             for (int q = 0; q < 4; q++)
                 for (int i = 0; i < 2; i++) {
                     even[lane].a[q][i] = half_of(ae[q], i);
                     odd[lane].a[q][i] = half_of(ao[q], i);
                 }
             for (int i = 0; i < 2; i++) {
-                even[lane].b[0][i] = xb[0][i];
-                even[lane].b[1][i] = xb[1][i];
-                odd[lane].b[0][i] = xb[2][i];
-                odd[lane].b[1][i] = xb[3][i];
+                even[lane].b[0][i] = xe[0][i];
+                even[lane].b[1][i] = xe[1][i];
+                odd[lane].b[0][i] = xo[0][i];
+                odd[lane].b[1][i] = xo[1][i];
             }
         }
         mma_m16n8k16(sums[j], even);
@@ -207,13 +255,13 @@ static void warp_fp4(const uint8_t w[ROWS][KB / 2], const uint8_t act[TOKS][KB],
 static void warp_fp8(const uint8_t w[ROWS][KB], const uint8_t act[TOKS][KB], int ntok, int group,
                      double out[ROWS][TOKS])
 {
-    static double staged[TOKS][KB];
+    static uint8_t staged[TOKS][KB];
     stage(act, ntok, 0, staged);
     memset(out, 0, sizeof(double) * ROWS * TOKS);
     for (int s = 0; s < 8; s++) {
         frag f[LANES];
         for (int lane = 0; lane < LANES; lane++) {
-            const int g = lane >> 2, t = lane & 3, brow = g < ntok ? g : 0;
+            const int g = lane >> 2, t = lane & 3;
             const int keep = group < 0 || t == group;
             for (int h = 0; h < 2; h++)
                 for (int i = 0; i < 2; i++) {
@@ -221,11 +269,11 @@ static void warp_fp8(const uint8_t w[ROWS][KB], const uint8_t act[TOKS][KB], int
                     f[lane].a[h][i] = keep ? mmoe_fp8_e4m3_to_f32(w[h ? g + 8 : g][32 * t + 4 * s + i]) : 0.0;
                     f[lane].a[2 + h][i] = keep ? mmoe_fp8_e4m3_to_f32(w[h ? g + 8 : g][32 * t + 4 * s + 2 + i]) : 0.0;
                 }
-            double xb[4][2];
-            b_read(staged, brow, t, s / 2, xb);
+            double xb[2][2];
+            b_read(staged, g, ntok, t, s, xb); /* step s: word s */
             for (int i = 0; i < 2; i++) {
-                f[lane].b[0][i] = xb[2 * (s % 2)][i];
-                f[lane].b[1][i] = xb[2 * (s % 2) + 1][i];
+                f[lane].b[0][i] = xb[0][i];
+                f[lane].b[1][i] = xb[1][i];
             }
         }
         mma_m16n8k16(out, f);
@@ -251,8 +299,8 @@ START_TEST(fragments_pair_every_k_once_mxfp4)
                 for (int j = 0; j < 4; j++)
                     for (int r = 0; r < ROWS; r++)
                         for (int n = 0; n < ntok; n++) {
-                            /* 1.0 * 2^-14 times 1.0 * 2^7, once, in group kw / 32 only */
-                            const double want = kw == ka && j == kw / 32 ? 0x1p-7 : 0.0;
+                            /* 1.0 * 2^-14 times 1.0, once, in group kw / 32 only */
+                            const double want = kw == ka && j == kw / 32 ? 0x1p-14 : 0.0;
                             REQUIRE(sums[j][r][n] == want,
                                           "MXFP4 %d tokens, weight k %d x activation k %d: group %d row %d token %d "
                                           "sum %g, want %g", ntok, kw, ka, j, r, n, sums[j][r][n], want);
@@ -333,15 +381,15 @@ START_TEST(fragments_random_blocks_equal_dot_products)
                         ref += (double)mmoe_fp4_e2m1_to_f32((uint8_t)(k % 2 ? byte >> 4 : byte & 15)) *
                                mmoe_fp8_e4m3_to_f32(act[n][k]);
                     }
-                    REQUIRE(sums[j][r][n] == ldexp(ref, -7), "MXFP4 trial %d group %d row %d token %d: %.17g, "
-                                  "want %.17g (seed %llu)", trial, j, r, n, sums[j][r][n], ldexp(ref, -7),
+                    REQUIRE(sums[j][r][n] == ldexp(ref, -14), "MXFP4 trial %d group %d row %d token %d: %.17g, "
+                                  "want %.17g (seed %llu)", trial, j, r, n, sums[j][r][n], ldexp(ref, -14),
                                   (unsigned long long)g_seed);
                 }
                 double ref = 0.0;
                 for (int k = 0; k < KB; k++)
                     ref += (double)mmoe_fp8_e4m3_to_f32(w8[r][k]) * mmoe_fp8_e4m3_to_f32(act[n][k]);
                 for (int m = ntok; m < TOKS; m++) /* columns past the tile's rows: token 0's (row 0 read) */
-                    REQUIRE(out[r][m] == out[r][0] && sums[0][r][m] == sums[0][r][0],
+                    REQUIRE(out[r][m] == out[r][0] && sums[0][r][m] == sums[0][r][0] && sums[3][r][m] == sums[3][r][0],
                             "trial %d row %d: column %d past %d tokens is not token 0's", trial, r, m, ntok);
                 REQUIRE(out[r][n] == ref, "FP8 trial %d row %d token %d: %.17g, want %.17g (seed %llu)", trial, r,
                               n, out[r][n], ref, (unsigned long long)g_seed);
@@ -356,6 +404,7 @@ static Suite *decode16_map_suite(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, e2m1_to_f16_every_code_and_position);
+    tcase_add_test(tc, e4m3_to_f16_every_byte_and_position);
     tcase_add_test(tc, ue8m0_factor_bits);
     tcase_add_test(tc, fragments_pair_every_k_once_mxfp4);
     tcase_add_test(tc, fragments_pair_every_k_once_fp8);

@@ -868,15 +868,30 @@ START_TEST(stage_gemm_decode)
 END_TEST
 
 /**
- * The decode kernel with F16 MMAs (decode16: activations staged as F16 in the fragment order of
- * m16n8k16, MXFP4 codes moved to F16, FP8 weights converted in pairs): the same cases as the
- * E4M3 one, against the same float64 reference, with its own accumulation bound.
+ * The decode kernel with F16 MMAs (decode16: activations staged as FP8 bytes like the E4M3
+ * kernel's and converted to F16 B registers before each MMA, MXFP4 codes moved to F16, FP8
+ * weights converted in pairs): the same cases as the E4M3 one, against the same float64
+ * reference, with its own accumulation bound; then tiles of 4, 6 and 7 rows, so that with the
+ * cases above every staged row count 1..8 runs (both weight formats, both activation groups).
  */
 START_TEST(stage_gemm_decode16)
 {
     if (!gpu_ok())
         return;
     run_decode_stage_cases(MMOE_GPU_GEMM_DECODE16);
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 40);
+    const mmoe_gpu_gemm g = MMOE_GPU_GEMM_DECODE16;
+    const gemm_case rows_cases[] = {
+        {g, 8, MMOE_GPU_WEIGHTS_MXFP4, 128, 0, 4, 256, 4096, SPREAD_WIDE},
+        {g, 8, MMOE_GPU_WEIGHTS_FP8, 128, 0, 6, 128, 2048, SPREAD_FOLDED},
+        {g, 8, MMOE_GPU_WEIGHTS_MXFP4, 128, 0, 7, 128, 2048, SPREAD_VERY_WIDE},
+        {g, 8, MMOE_GPU_WEIGHTS_FP8, 32, 0, 4, 128, 1024, SPREAD_WIDE},
+        {g, 8, MMOE_GPU_WEIGHTS_MXFP4, 32, 0, 6, 128, 1024, SPREAD_FOLDED},
+        {g, 8, MMOE_GPU_WEIGHTS_FP8, 128, 0, 7, 256, 4096, SPREAD_VERY_WIDE},
+    };
+    for (size_t i = 0; i < sizeof rows_cases / sizeof rows_cases[0]; i++)
+        run_gemm_case(&rows_cases[i], &rng);
 }
 END_TEST
 
@@ -976,7 +991,16 @@ END_TEST
 
 /**
  * The whole layer on the decode kernel with F16 MMAs (MMOE_GPU_GEMM=decode16 for this test):
- * the cases of layer_decode_family; AUTO never chooses it.
+ * the cases of layer_decode_family; then the V4-Flash widths at T = 2..5 and 8 (random
+ * routing: each tile stages min(8, T) rows), each with the L1 launch's blocks per SM (the E4M3
+ * kernel's: both stage the same bytes); AUTO never chooses it.
+ *
+ * Blocks per SM, derived here: the L1 launch (K = 4096, activation groups of 128, 16 experts)
+ * asks for 4 x 10240 bytes of rings + rows x (4096 + 16) staged bytes + 8 x 32 x 4 bytes of
+ * scales + 16 x 4 bytes of counts, and an H200 SM holds 233472 bytes of shared memory with 1024
+ * reserved per block: 1..3 rows 4 blocks (with the reserve, 1 row: 47184 bytes a block, 3 rows:
+ * 55408), 4..8 rows 3 (4 rows: 59520; 8 rows: 75968).  Shared memory is the limit: the
+ * kernel's registers (at most 98 a thread, 4 warps) would allow 4 or more.
  */
 START_TEST(layer_decode16_family)
 {
@@ -987,9 +1011,21 @@ START_TEST(layer_decode16_family)
     mmoe_rng rng;
     mmoe_rng_seed(&rng, g_seed + 31);
     run_decode_layer_cases(MMOE_GPU_GEMM_DECODE16, &rng);
-    setenv("MMOE_GPU_GEMM", "auto", 1);
     test_layer L;
     mmoe_gpu_moe_result det;
+    char name[96];
+    make_layer(&L, 4096, 2048, 16, 6, 1, MMOE_RECIPE_SM90, 0.01, &rng);
+    static const int64_t Ts[] = {2, 3, 4, 5, 8};
+    static const int want_blocks[9] = {0, 4, 4, 4, 3, 3, 3, 3, 3}; /* by staged rows, see above */
+    for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+        snprintf(name, sizeof name, "decode16 sm90 v4-flash widths T=%lld", (long long)Ts[i]);
+        run_case(name, &L, Ts[i], ROUTE_RANDOM, &det);
+        ck_assert_int_eq(det.gemm, MMOE_GPU_GEMM_DECODE16);
+        ck_assert_msg(det.decode_blocks_per_sm == want_blocks[Ts[i]], "%s: %d blocks per SM, want %d", name,
+                      det.decode_blocks_per_sm, want_blocks[Ts[i]]);
+    }
+    free_layer(&L);
+    setenv("MMOE_GPU_GEMM", "auto", 1);
     make_layer(&L, 256, 256, 8, 2, 1, MMOE_RECIPE_SM90, 0.02, &rng);
     run_case("auto sm90 T=1", &L, 1, ROUTE_RANDOM, &det);
     ck_assert_int_ne(det.gemm, MMOE_GPU_GEMM_DECODE16);

@@ -71,21 +71,20 @@
  * tokens need min(8, T) rows: up to T = 3 four blocks fit.  A token that names one expert in
  * several slots has that many rows in the expert's tile (at most 8), and the launch stages that
  * many; a block whose tile holds more rows than the launch says traps rather than overrun its
- * staging.  The L2 launch (K = 2048) fits four blocks at any row count up to 6.
+ * staging.  The L2 launch (K = 2048) fits four blocks at any row count up to 7.
  *
  * **Two MMAs: "decode" and "decode16".**  The kernel exists twice, with the same rings,
- * routing, fragments of the weight rows, promotions and epilogues: decode_gemm_kernel issues
- * m16n8k32 E4M3 MMAs on FP8 fragments, decode16_gemm_kernel m16n8k16 F16 MMAs (see "The F16
- * variant" below: activations staged once as F16, MXFP4 codes moved to F16 bits, FP8 weights
- * converted in pairs).  sm_90 has no E4M3 mma.sync: the compiler turns each E4M3 MMA into two
- * F16 HMMAs plus 12 conversions and 4 additions, which is what decode16 saves.  Per K block of
- * one warp (16 rows x 128 K) the sm_90a inner loop of the L1 launch issues 256 instructions for
- * MXFP4 (1 KB of weights) in decode and 208 in decode16 (no F2FP, no FADD; 32 byte permutes and
- * more integer work for the bit moves; the scale bytes become factors in 3 instructions each),
- * and 189 against 143 for FP8 (2 KB, scales folded).  decode16's
- * staged rows are twice as wide (2K + 64 bytes): at T = 1 the V4-Flash L1 launch needs 40960 +
- * 8256 + 1024 + 1024 = 51264 bytes, still four blocks per SM; with 2 or more staged rows three
- * fit (the E4M3 kernel: four up to 3 rows), and the L2 launch fits four up to 3 rows.
+ * routing, staging, fragments of the weight rows, promotions and epilogues: decode_gemm_kernel
+ * issues m16n8k32 E4M3 MMAs on FP8 fragments, decode16_gemm_kernel m16n8k16 F16 MMAs (see "The
+ * F16 variant" below: the staged FP8 activations converted to F16 pairs in registers, MXFP4
+ * codes moved to F16 bits, FP8 weights converted in pairs).  sm_90 has no E4M3 mma.sync: the
+ * compiler turns each E4M3 MMA into two F16 HMMAs plus 12 conversions and 4 additions, which is
+ * what decode16 saves: per K block of one warp (16 rows x 128 K, 1 KB of MXFP4 weights) the
+ * sm_90a loop of the L1 launch issues 256 instructions in decode and 222 in decode16, of which
+ * 16 convert the activations (B registers).  Both stage the same bytes (K + 16 per row), so both fit the same blocks
+ * per SM at every row count: V4-Flash L1 (K = 4096) four up to 3 rows and three from 4 to 8,
+ * L2 (K = 2048) four up to 7 rows (shared memory would allow five at one row; the registers
+ * decide there) and three at 8.
  */
 #include "gpu_internal.cuh"
 #include "gpu_decode16_map.h"
@@ -256,15 +255,17 @@ __device__ void stage_activations(const mmoe_decode_part &q, int ag, int ntok, c
         const uint4 v = *reinterpret_cast<const uint4 *>(q.a + (size_t)s_arow[r] * K + c * 16);
         if (q.bfmt == MMOE_B_FP4) {
             /*
-             * MXFP4 order (see decode_warp_fp4): inside each K block, the 8 bytes at 32 g + 8 t
-             * go to 32 t + 8 g, even positions first: lane t then reads its four groups' bytes
-             * as 32 contiguous bytes, each group's two MMA B registers in a row.
+             * MXFP4 order (see decode_warp_fp4 and gpu_decode16_map.h): inside each K block, run
+             * (j, t) of 8 bytes at 32 j + 8 t goes to 32 t + 8 j, even positions first: lane t
+             * then reads its four groups' bytes as 32 contiguous bytes, each group's B registers
+             * in a row.  This chunk holds runs 2 (c % 8) and 2 (c % 8) + 1.
              */
-            const int kb = c / 8, g = (c % 8) / 2, t0 = (c % 2) * 2;
-            uint8_t *dst = sA + r * lda + kb * DEC_BK + g * 8;
-            *reinterpret_cast<uint2 *>(dst + t0 * 32) = make_uint2(__byte_perm(v.x, v.y, 0x6420), __byte_perm(v.x, v.y, 0x7531));
-            *reinterpret_cast<uint2 *>(dst + (t0 + 1) * 32) =
-                make_uint2(__byte_perm(v.z, v.w, 0x6420), __byte_perm(v.z, v.w, 0x7531));
+            const int kb = c / 8, run = (c % 8) * 2;
+            uint8_t *blk = sA + r * lda + kb * DEC_BK;
+            *reinterpret_cast<uint2 *>(blk + mmoe_d16_run_offset(run, 1)) =
+                make_uint2(mmoe_d16_byte_perm(v.x, v.y, MMOE_D16_SEL_EVEN), mmoe_d16_byte_perm(v.x, v.y, MMOE_D16_SEL_ODD));
+            *reinterpret_cast<uint2 *>(blk + mmoe_d16_run_offset(run + 1, 1)) =
+                make_uint2(mmoe_d16_byte_perm(v.z, v.w, MMOE_D16_SEL_EVEN), mmoe_d16_byte_perm(v.z, v.w, MMOE_D16_SEL_ODD));
         } else {
             *reinterpret_cast<uint4 *>(sA + r * lda + c * 16) = v;
         }
@@ -326,34 +327,39 @@ __device__ __forceinline__ void decode_epilogue(const mmoe_decode_args &p, const
  * The F16 variant ("decode16").  The E4M3 MMA above is not a tensor-core instruction of sm_90:
  * the compiler turns each m16n8k32 E4M3 mma.sync into two m16n8k16 F16 HMMAs, converting every
  * A and B register pair with one F2FP each time (12 conversions per MMA), and adds the MMA's
- * accumulator in with FADDs.  This variant issues the F16 MMA itself: the block converts the
- * activations once when it stages them, and the weights become F16 by moving bits.
+ * accumulator in with FADDs.  This variant issues the F16 MMA itself: the weights become F16 by
+ * moving bits (MXFP4) or by one paired conversion per two bytes (FP8), and each lane converts
+ * its B registers from the staged FP8 activations right before the MMAs.
+ *
+ * **Staging and B conversion.**  The block stages the activations exactly as the E4M3 kernel
+ * does (one byte per value, the same permuted order, K + 16 bytes a row), so the two kernels fit
+ * the same blocks per SM.  A lane's 8 staged words of a K block (its 32 contiguous bytes) become
+ * 16 F16 pairs with cvt.rn.f16x2.e4m3x2: MXFP4 group j's step 0 takes the pairs of word 2j,
+ * step 1 those of word 2j + 1; FP8 step s those of word s.  One conversion feeds one B register
+ * of an MMA whose A operand (16 rows x 16 k) the lane's weights fill: 16 conversions per warp
+ * K block, against 64 weight registers moved or converted (MXFP4: 1 KB of weights, FP8: 2 KB).
  *
  * **Exactness.**  Every E4M3 number is an F16 number (F16 has 5 exponent and 10 mantissa bits,
  * E4M3 4 and 3; E4M3's subnormals, down to 2^-9, are F16 normals), and so is every E2M1 number
  * times 2^-14.  Products of two F16 numbers with at most 4 significant bits each are exact in
  * the tensor core's FP32 path, so the partial sums are sums of the same exact products as the
- * E4M3 kernel's; only the chain of FP32 additions is longer by the extra MMA step per 32 K.
+ * E4M3 kernel's, scaled by a power of two; only the chain of FP32 additions is longer by the
+ * extra MMA step per 32 K.  An MXFP4 product is x * w * 2^-14 (the E4M3 kernel's x * w * 2^-6),
+ * so the promotion multiplies by a_scale * 2^14 (exact).  The smallest nonzero product is
+ * 2^-9 * 2^-1 * 2^-14 = 2^-24, and a group sum times its factor 2^(k - 127) stays an FP32
+ * normal for every UE8M0 byte k >= 25 (weights down to 2^-102): all the powers of two are exact.
+ * Each 32-wide MXFP4 group still has its own zeroed sum (two m16n8k16 steps), so its exponent
+ * applies to its sum alone.
  *
  * **Operands.**  gpu_decode16_map.h holds the bit moves and index maps, shared with a CPU test:
  * an E2M1 code moved to F16 bits is the F16 number e2m1 * 2^-14 (one byte permute per pair of
  * codes after two word-wide bit moves per 8 codes); the scale bytes become factors in three
- * integer instructions; the runs of 8 staged activations are placed so that each lane reads its
- * four B registers of a group (MXFP4) or of two steps (FP8) in one 16-byte read.  To keep the
- * FP32 promotion of the E4M3 kernel (factors 2^(k - 127) and a_scale * 2^6 there), the block
- * stages the activations of an MXFP4 launch times 2^7 (exact: 448 * 2^7 < 65504, and 2^-9 * 2^7
- * is normal): each product is then x * w * 2^-7, and the promotion multiplies by a_scale * 2^7.
- * Each 32-wide MXFP4 group still has its own zeroed sum (two m16n8k16 steps), so its exponent
- * applies to its sum alone.  FP8 weights convert with the paired conversion
- * (cvt.rn.f16x2.e4m3x2, 8 steps per K block) and the activations of an FP8 launch are staged
- * unscaled.
+ * integer instructions; the staging order and the words each step's B registers come from.
  *
  * **Fragments.**  m16n8k16: lane (g, t) holds A rows g and g + 8 at logical k = 2t, 2t + 1
  * (a0, a1) and 2t + 8, 2t + 9 (a2, a3), and B (token g) at the same k (b0, b1).  The logical k
  * may stand for any actual k as long as all lanes with the same t use the same map, which the
  * maps of gpu_decode16_map.h do.
- * A staged row is 2K + 64 bytes: the 8 lanes of a quarter warp (tokens g, g + 1, t = 0..3) read
- * 16 bytes each at 16t and 16t + 64 (mod 128), all 32 banks once.
  */
 
 /** One m16n8k16 F16 MMA with FP32 accumulation: d += A(16x16) * B(16x8). */
@@ -365,26 +371,6 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], u
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/**
- * Four E4M3 bytes as two F16 pairs, exactly (NaN stays NaN): bytes 0, 1 into @p lo (byte 0 in
- * the low half), bytes 2, 3 into @p hi; two paired conversions.
- */
-__device__ __forceinline__ void e4m3x4_to_f16x2(uint32_t v, uint32_t *lo, uint32_t *hi)
-{
-    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.rn.f16x2.e4m3x2 %0, l;\n\t"
-        "cvt.rn.f16x2.e4m3x2 %1, h;\n\t}"
-        : "=r"(*lo), "=r"(*hi)
-        : "r"(v));
-}
-
-/** An F16 pair times 2^7 (exact for E4M3 values: |x| * 2^7 <= 57344). */
-__device__ __forceinline__ uint32_t f16x2_times_128(uint32_t v)
-{
-    uint32_t d;
-    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(v), "r"(0x58005800u));
-    return d;
-}
-
 /** 2^(k - 127) of UE8M0 byte g of a scale word, for g = 0..3 in @p f[g] (gpu_decode16_map.h). */
 __device__ __forceinline__ void ue8m0_pow2x4(uint32_t w, float (&f)[4])
 {
@@ -393,65 +379,19 @@ __device__ __forceinline__ void ue8m0_pow2x4(uint32_t w, float (&f)[4])
         f[g] = __uint_as_float(mmoe_d16_ue8m0_pow2_bits(w, g));
 }
 
-/** Byte stride of a staged F16 activation row: 2K plus 64 (see the fragments above). */
-__host__ __device__ inline int staged_row_bytes_f16(int K)
-{
-    return 2 * K + 64;
-}
-
 /**
- * stage_activations() for the F16 kernel: the same wait, rows and scales, each run of 8 FP8
- * bytes converted to F16 and placed as the fragments above need (MXFP4: in place, even k first,
- * times 2^7; FP8: runs transposed inside each 32 x 4 block of the K block).
- */
-__device__ void stage_activations_f16(const mmoe_decode_part &q, int ag, int ntok, const int *s_arow, uint8_t *sA,
-                                      int lda, float *sAs)
-{
-    mmoe_grid_dependency_wait();
-    const int K = q.K, runs = K / 8, ng = K / ag;
-    const bool fp4 = q.bfmt == MMOE_B_FP4;
-    for (int i = threadIdx.x; i < ntok * runs; i += DEC_THREADS) {
-        const int r = i / runs, run = i % runs;
-        const uint2 v = *reinterpret_cast<const uint2 *>(q.a + (size_t)s_arow[r] * K + run * 8);
-        uint4 o;
-        if (fp4) {
-            e4m3x4_to_f16x2(mmoe_d16_byte_perm(v.x, v.y, MMOE_D16_SEL_EVEN), &o.x, &o.y); /* x0 x2 | x4 x6 */
-            e4m3x4_to_f16x2(mmoe_d16_byte_perm(v.x, v.y, MMOE_D16_SEL_ODD), &o.z, &o.w);  /* x1 x3 | x5 x7 */
-            o = make_uint4(f16x2_times_128(o.x), f16x2_times_128(o.y), f16x2_times_128(o.z), f16x2_times_128(o.w));
-        } else {
-            e4m3x4_to_f16x2(v.x, &o.x, &o.y);
-            e4m3x4_to_f16x2(v.y, &o.z, &o.w);
-        }
-        const int pos = (run / 16) * DEC_BK + mmoe_d16_run_pos(run % 16, fp4);
-        *reinterpret_cast<uint4 *>(sA + r * lda + pos * 2) = o;
-    }
-    for (int i = threadIdx.x; i < 8 * ng; i += DEC_THREADS) {
-        const int r = i / ng;
-        sAs[i] = r < ntok ? q.a_scale[(size_t)s_arow[r] * ng + i % ng] : 0.0f;
-    }
-    __syncthreads();
-}
-
-/**
- * Lane (g, t)'s four B registers of group (MXFP4) or step pair (FP8) @p c of K block @p kb, from
- * staged row @p brow.  A lane whose token g is past the tile's rows reads row 0 instead: the MMA
- * keeps the tokens (columns) apart, and the epilogue writes no column past the tile's rows, so
- * those products are never used (and no predicated read or zero fill is issued).
- */
-__device__ __forceinline__ uint4 staged_f16_b(const uint8_t *sA, int lda, int brow, int tig, int kb, int c)
-{
-    return *reinterpret_cast<const uint4 *>(sA + brow * lda + kb * (2 * DEC_BK) + mmoe_d16_b_offset(tig, c));
-}
-
-/**
- * Lane (g, t)'s 8 B registers of K block @p kb in the E4M3 kernel: the 32 staged bytes at
- * 128 kb + 32 t of token g's row (zero when the tile has no token g).
+ * Lane (g, t)'s 8 staged words of K block @p kb: the 32 bytes at 128 kb + 32 t of staged row
+ * @p gid (word w at mmoe_d16_b_word_offset(t, w)), zero when not @p has_a.  The E4M3 kernel
+ * passes token g's row and whether the tile has token g, and uses the words as B registers.
+ * The F16 kernel converts each word to two B registers; for a token g past the tile's rows it
+ * passes row 0 and has_a true: the MMA keeps the tokens (columns) apart and the epilogue writes
+ * no column past the tile's rows, so those products are never used, and no zeroing is issued.
  */
 __device__ __forceinline__ void staged_e4m3_b(const uint8_t *sA, int lda, int gid, int tig, int kb, bool has_a,
                                               uint32_t (&xa)[8])
 {
     if (has_a) {
-        const uint4 *src = reinterpret_cast<const uint4 *>(sA + gid * lda + kb * DEC_BK + tig * 32);
+        const uint4 *src = reinterpret_cast<const uint4 *>(sA + gid * lda + kb * DEC_BK + mmoe_d16_b_word_offset(tig, 0));
         const uint4 x0 = src[0], x1 = src[1];
         xa[0] = x0.x; xa[1] = x0.y; xa[2] = x0.z; xa[3] = x0.w;
         xa[4] = x1.x; xa[5] = x1.y; xa[6] = x1.z; xa[7] = x1.w;
@@ -460,17 +400,6 @@ __device__ __forceinline__ void staged_e4m3_b(const uint8_t *sA, int lda, int gi
         for (int m = 0; m < 8; m++)
             xa[m] = 0u;
     }
-}
-
-/** The block's staging of the tile's activations for the kernel with MMA @p MMA. */
-template <int MMA>
-__device__ __forceinline__ void stage_tile_activations(const mmoe_decode_part &q, int ag, int ntok, const int *s_arow,
-                                                       uint8_t *sA, int lda, float *sAs)
-{
-    if constexpr (MMA == MMOE_DECODE_MMA_F16)
-        stage_activations_f16(q, ag, ntok, s_arow, sA, lda, sAs);
-    else
-        stage_activations(q, ag, ntok, s_arow, sA, lda, sAs);
 }
 
 /** One MMA step of the decode kernel with MMA @p MMA: m16n8k32 E4M3 or m16n8k16 F16. */
@@ -492,7 +421,8 @@ __device__ __forceinline__ void mma_step(float (&d)[4], const uint32_t (&a)[4], 
  * no exact path, any scale spread.  Per K block and output: t = sum over the groups in order of
  * tmp_g * 2^(k_g - 127) (exact products), then acc += t * (a_scale * 2^6).
  * With F16 MMAs (MMA): each group's sum is two m16n8k16 steps from zero, the codes moved to F16
- * (e2m1 * 2^-14) and the activations staged times 2^7, so the factor is a_scale * 2^7.
+ * (e2m1 * 2^-14) and the staged activations converted to F16 as they are, so the factor is
+ * a_scale * 2^14.
  */
 template <int AG, int EPI, int MMA>
 __device__ void decode_warp_fp4(const mmoe_decode_args &p, const mmoe_decode_part &q, int expert, int row_group,
@@ -503,7 +433,7 @@ __device__ void decode_warp_fp4(const mmoe_decode_args &p, const mmoe_decode_par
     constexpr int STAGES = R::STAGES;
     constexpr int ROW_BYTES = DEC_BK / 2;
     constexpr bool F16 = MMA == MMOE_DECODE_MMA_F16;
-    constexpr float A_UNIT = F16 ? 128.0f : 64.0f; /* 1 / (the product's power of two) */
+    constexpr float A_UNIT = F16 ? 16384.0f : 64.0f; /* 1 / (the product's power of two) */
     const int lane = threadIdx.x & 31;
     const int gid = lane >> 2, tig = lane & 3;
     const int K = q.K, nkb = K / DEC_BK;
@@ -533,12 +463,12 @@ __device__ void decode_warp_fp4(const mmoe_decode_args &p, const mmoe_decode_par
             issue(s, s);
         cp_async_commit();
     }
-    stage_tile_activations<MMA>(q, AG, ntok, s_arow, sA, lda, sAs);
+    stage_activations(q, AG, ntok, s_arow, sA, lda, sAs);
 
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const int tok0 = tig * 2;
     const bool has_a = gid < ntok;
-    const int brow = has_a ? gid : 0; /* F16: see staged_f16_b() */
+    const int brow = F16 && !has_a ? 0 : gid; /* see staged_e4m3_b() */
     for (int kb = 0; kb < nkb; kb++) {
         cp_async_wait<STAGES - 2>();
         const uint8_t *stage = ring + (kb % STAGES) * R::STAGE_BYTES;
@@ -551,11 +481,16 @@ __device__ void decode_warp_fp4(const mmoe_decode_args &p, const mmoe_decode_par
         cp_async_commit();
 
         const uint32_t ww0[4] = {w0.x, w0.y, w0.z, w0.w}, ww1[4] = {w1.x, w1.y, w1.z, w1.w};
+        /* activations, permuted at staging: group g's words are 2g (even k), 2g + 1 (odd k) */
+        uint32_t xa[8];
+        staged_e4m3_b(sA, lda, brow, tig, kb, F16 || has_a, xa);
         float tmp[4][4];
         if constexpr (F16) {
 #pragma unroll
             for (int g = 0; g < 4; g++) {
-                const uint4 xb = staged_f16_b(sA, lda, brow, tig, kb, g);
+                uint32_t xe[2], xo[2];
+                mmoe_d16_e4m3x4_to_f16x2(xa[2 * g], &xe[0], &xe[1]);
+                mmoe_d16_e4m3x4_to_f16x2(xa[2 * g + 1], &xo[0], &xo[1]);
                 const uint32_t e0 = mmoe_d16_e2m1_even_high(ww0[g]), e1 = mmoe_d16_e2m1_even_high(ww1[g]);
                 const uint32_t o0 = mmoe_d16_e2m1_odd_high(ww0[g]), o1 = mmoe_d16_e2m1_odd_high(ww1[g]);
                 const uint32_t a_even[4] = {mmoe_d16_f16_pair_lo(e0), mmoe_d16_f16_pair_lo(e1), mmoe_d16_f16_pair_hi(e0),
@@ -565,13 +500,10 @@ __device__ void decode_warp_fp4(const mmoe_decode_args &p, const mmoe_decode_par
 #pragma unroll
                 for (int c = 0; c < 4; c++)
                     tmp[g][c] = 0.0f;
-                mma_f16(tmp[g], a_even, xb.x, xb.y);
-                mma_f16(tmp[g], a_odd, xb.z, xb.w);
+                mma_f16(tmp[g], a_even, xe[0], xe[1]);
+                mma_f16(tmp[g], a_odd, xo[0], xo[1]);
             }
         } else {
-            /* activations, permuted at staging: group g's B registers are words 2g, 2g + 1 */
-            uint32_t xa[8];
-            staged_e4m3_b(sA, lda, gid, tig, kb, has_a, xa);
 #pragma unroll
             for (int g = 0; g < 4; g++) {
                 const uint32_t a[4] = {e2m1_even_to_e4m3(ww0[g]), e2m1_even_to_e4m3(ww1[g]), e2m1_odd_to_e4m3(ww0[g]),
@@ -637,9 +569,10 @@ __device__ void decode_warp_fp4(const mmoe_decode_args &p, const mmoe_decode_par
  * holds the 32 bytes of group t, so an MMA step spans the four groups: a K block whose four
  * scale bytes are equal in all 16 rows is promoted once (the usual case: the checkpoint's
  * scales are per 128x128 block), any other (or every one, with AG = 32) per group, the other
- * lanes' fragments zeroed.  With F16 MMAs (MMA) the 32 bytes of each row become 16 F16 pairs
- * with the paired conversion once per K block, and the K block takes 8 m16n8k16 steps (step s:
- * weight word s of both rows) instead of 4 E4M3 steps.
+ * lanes' fragments zeroed.  With F16 MMAs (MMA) the 32 bytes of each row and the lane's 32
+ * staged activation bytes become F16 pairs with the paired conversion once per K block, and the
+ * K block takes 8 m16n8k16 steps (step s: weight word s of both rows, activation word s) instead
+ * of 4 E4M3 steps.
  */
 template <int AG, int EPI, int MMA>
 __device__ void decode_warp_fp8(const mmoe_decode_args &p, const mmoe_decode_part &q, int expert, int row_group,
@@ -681,12 +614,12 @@ __device__ void decode_warp_fp8(const mmoe_decode_args &p, const mmoe_decode_par
         cp_async_commit();
     }
     /* the weights are on their way; now the block stages the activations (after the wait) */
-    stage_tile_activations<MMA>(q, AG, ntok, s_arow, sA, lda, sAs);
+    stage_activations(q, AG, ntok, s_arow, sA, lda, sAs);
 
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const int tok0 = tig * 2; /* this lane's two output columns */
     const bool has_a = gid < ntok;
-    const int brow = has_a ? gid : 0; /* F16: see staged_f16_b() */
+    const int brow = F16 && !has_a ? 0 : gid; /* see staged_e4m3_b() */
     for (int kb = 0; kb < nkb; kb++) {
         cp_async_wait<STAGES - 2>(); /* K block kb has landed in this lane's slots */
         const uint8_t *stage = ring + (kb % STAGES) * R::STAGE_BYTES;
@@ -707,31 +640,25 @@ __device__ void decode_warp_fp8(const mmoe_decode_args &p, const mmoe_decode_par
          * The A fragments [step][a0..a3] and B fragments [step][b0, b1] of the K block's steps.
          * E4M3: activations, 32 bytes of this lane's token at k = 128 kb + 32 tig (word m = k +
          * 4m); step j takes bytes 8j..8j+7 of the group.  F16: step s takes weight word s,
-         * converted; its B registers are the staged pairs of k = 32 tig + 4s ...
+         * converted; its B registers are staged word s converted (k = 32 tig + 4s .. + 3).
          */
-        uint32_t af[STEPS][4], xb[STEPS][2];
+        uint32_t af[STEPS][4], xb[STEPS][2], xa[8];
+        staged_e4m3_b(sA, lda, brow, tig, kb, F16 || has_a, xa);
         if constexpr (F16) {
 #pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const uint4 u = staged_f16_b(sA, lda, brow, tig, kb, c);
-                xb[2 * c][0] = u.x;
-                xb[2 * c][1] = u.y;
-                xb[2 * c + 1][0] = u.z;
-                xb[2 * c + 1][1] = u.w;
-            }
+            for (int j = 0; j < STEPS; j++)
+                mmoe_d16_e4m3x4_to_f16x2(xa[j], &xb[j][0], &xb[j][1]);
 #pragma unroll
             for (int v = 0; v < V; v++) {
                 const uint32_t r0[4] = {wv[0][v].x, wv[0][v].y, wv[0][v].z, wv[0][v].w};
                 const uint32_t r1[4] = {wv[1][v].x, wv[1][v].y, wv[1][v].z, wv[1][v].w};
 #pragma unroll
                 for (int m = 0; m < 4; m++) {
-                    e4m3x4_to_f16x2(r0[m], &af[4 * v + m][0], &af[4 * v + m][2]);
-                    e4m3x4_to_f16x2(r1[m], &af[4 * v + m][1], &af[4 * v + m][3]);
+                    mmoe_d16_e4m3x4_to_f16x2(r0[m], &af[4 * v + m][0], &af[4 * v + m][2]);
+                    mmoe_d16_e4m3x4_to_f16x2(r1[m], &af[4 * v + m][1], &af[4 * v + m][3]);
                 }
             }
         } else {
-            uint32_t xa[8];
-            staged_e4m3_b(sA, lda, gid, tig, kb, has_a, xa);
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 xb[j][0] = xa[2 * j];
@@ -789,16 +716,13 @@ __device__ void decode_warp_fp8(const mmoe_decode_args &p, const mmoe_decode_par
     decode_epilogue<EPI>(p, q, row_group, acc, s_orow, s_w, ntok);
 }
 
-/** Byte stride of a staged FP8 activation row: K plus 16, so that the 8 rows fall in different banks. */
-__host__ __device__ inline int staged_row_bytes_e4m3(int K)
+/**
+ * Byte stride of a staged FP8 activation row (both MMAs): K plus 16, so that the 8 rows fall in
+ * different banks.
+ */
+__host__ __device__ inline int staged_row_bytes(int K)
 {
     return K + 16;
-}
-
-/** Byte stride of a staged activation row of the kernel with MMA @p mma. */
-__host__ __device__ inline int staged_row_bytes(int K, int mma)
-{
-    return mma == MMOE_DECODE_MMA_F16 ? staged_row_bytes_f16(K) : staged_row_bytes_e4m3(K);
 }
 
 /**
@@ -806,9 +730,9 @@ __host__ __device__ inline int staged_row_bytes(int K, int mma)
  * the scales of 8 (zero past the tile's rows: the lanes of absent tokens read them), the routing
  * counts.
  */
-inline size_t decode_smem_bytes(int Kmax, int a_group, int tile_rows, int E, int mma)
+inline size_t decode_smem_bytes(int Kmax, int a_group, int tile_rows, int E)
 {
-    return (size_t)DEC_WARPS * RING_BYTES + (size_t)tile_rows * staged_row_bytes(Kmax, mma) +
+    return (size_t)DEC_WARPS * RING_BYTES + (size_t)tile_rows * staged_row_bytes(Kmax) +
            (size_t)8 * (Kmax / a_group) * sizeof(float) + (size_t)(E > 0 ? E : 1) * sizeof(int);
 }
 
@@ -840,7 +764,7 @@ __device__ __forceinline__ void decode_gemm_block(const mmoe_decode_args &p)
     const int groups = EPI == MMOE_EPI_SWIGLU ? q.n_out / 8 : q.n_out / 16;
     /* dynamic shared memory: rings | staged activations | their scales | routing counts */
     const int kmax = max(p.shared.K, p.routed.K);
-    const int lda = staged_row_bytes(kmax, MMA);
+    const int lda = staged_row_bytes(kmax);
     uint8_t *rings = smem;
     uint8_t *sA = rings + DEC_WARPS * RING_BYTES;
     float *sAs = reinterpret_cast<float *>(sA + p.tile_rows * lda);
@@ -879,7 +803,7 @@ __device__ __forceinline__ void decode_gemm_block(const mmoe_decode_args &p)
     /* each warp issues its first weight copies, then the block stages the activations (after the
        wait), then each warp streams the rest of its K blocks */
     if (!active)
-        stage_tile_activations<MMA>(q, AG, ntok, s_arow, sA, lda, sAs); /* its barrier counts every thread */
+        stage_activations(q, AG, ntok, s_arow, sA, lda, sAs); /* its barrier counts every thread */
     else if (q.bfmt == MMOE_B_FP4)
         decode_warp_fp4<AG, EPI, MMA>(p, q, expert, row_group, s_arow, sA, lda, sAs, s_orow, s_w, ntok, ring);
     else
@@ -924,7 +848,7 @@ decode_kernel_fn decode_instance_of(int a_group, mmoe_epi epi, mmoe_decode_mma m
  */
 cudaError_t set_instance_smem(decode_kernel_fn fn, const mmoe_decode_args *a, int a_group, size_t *smem)
 {
-    *smem = decode_smem_bytes(decode_kmax(a), a_group, a->tile_rows, a->E, a->mma);
+    *smem = decode_smem_bytes(decode_kmax(a), a_group, a->tile_rows, a->E);
     cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)*smem);
     /* all of the unified L1 as shared memory: the rings are what keeps bytes in flight */
     if (e == cudaSuccess)

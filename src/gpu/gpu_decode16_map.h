@@ -4,9 +4,11 @@
  *        in plain C that the CUDA kernel and a CPU test (tests/test_gpu_decode16_map.c) share.
  *
  * decode16 multiplies with `mma.sync.m16n8k16` F16 MMAs.  Its weight operand comes from MXFP4
- * codes by moving bits, its activation operand from FP8 bytes the block converts and stages in
- * shared memory, and the two must meet at the same k in every fragment.  Everything that decides
- * which bits go where and which k sits where is here, once:
+ * codes by moving bits (or from FP8 bytes by the paired conversion), its activation operand from
+ * the FP8 bytes the block stages in shared memory as they are (one byte per value, the staging
+ * of the E4M3 kernel), converted to F16 pairs in registers right before the MMA; the two must
+ * meet at the same k in every fragment.  Everything that decides which bits go where and which
+ * k sits where is here, once:
  *
  *   - **E2M1 to F16.**  Code s e1 e0 m becomes the F16 bits s 0 0 0 e1 e0 m 0 0000 0000: sign to
  *     bit 15, e1 e0 to the two low exponent bits, m to the top mantissa bit.  That is the F16
@@ -14,21 +16,25 @@
  *     2^-15, zero on zero).  Its low byte is zero, so a word of 8 codes yields the high bytes of
  *     its 4 even codes (low nibbles) and of its 4 odd codes in one word each, and one byte
  *     permute (PRMT) places two high bytes over two zero bytes: an F16 pair.
+ *   - **E4M3 to F16.**  Every E4M3 number is an F16 number (4 exponent bits of bias 7 inside 5 of
+ *     bias 15, 3 mantissa bits inside 10; E4M3's subnormals, down to 2^-9, are F16 normals), so
+ *     the conversion is exact; NaN stays NaN.  On the device it is cvt.rn.f16x2.e4m3x2, one
+ *     instruction per pair; the host model below derives the F16 fields from E4M3's.
  *   - **Scale bytes.**  2^(k - 127) of a UE8M0 byte k is the FP32 with k in its exponent field for
  *     k >= 1 (k = 255: infinity), and 2^-127 (bits 0x00400000, below every normal exponent field)
  *     for k = 0: the unsigned maximum of the two is the factor's bits for every k.
- *   - **Where activation k is staged.**  A staged row holds, per K block of 128, 128 F16 values
+ *   - **Where activation k is staged.**  A staged row holds, per K block of 128, 128 E4M3 bytes
  *     in runs of 8 (run r holds k = 8r .. 8r + 7 of the block, r = 4j + t: group j, lane column
- *     t).  MXFP4 launches keep each run in place with its even k first (x0 x2 x4 x6 x1 x3 x5 x7),
- *     FP8 launches move run (j, t) to position 32t + 8j in order.  Lane (g, t) of a warp reads
- *     its B registers of group j (MXFP4) or of steps 2c, 2c + 1 (FP8) as the 16 bytes at
- *     64 c + 16 t of the block: run (c, t) for MXFP4, run (t, c) for FP8.
+ *     t).  MXFP4 launches move run (j, t) to byte 32t + 8j with its even k first (x0 x2 x4 x6
+ *     x1 x3 x5 x7); FP8 launches keep every run in place.  Either way lane (g, t) of a warp reads
+ *     the 32 bytes at 32t of the block, 8 words: word w at byte 32t + 4w.
  *   - **Which codes form a step.**  MXFP4 lane (g, t) holds codes 8t .. 8t + 7 of group j of its
  *     two rows; step 0 of the group multiplies codes 8t + {0, 2} (fragment a0, a1) and
- *     8t + {4, 6} (a2, a3), step 1 codes 8t + {1, 3} and 8t + {5, 7}, matching the B registers
- *     (x0 x2 | x4 x6 for step 0, x1 x3 | x5 x7 for step 1).  FP8 lane (g, t) holds the 32 bytes
- *     of group t; step s multiplies bytes 4s, 4s + 1 (a0, a1) and 4s + 2, 4s + 3 (a2, a3), with
- *     B registers the staged pairs of the same k.
+ *     8t + {4, 6} (a2, a3), step 1 codes 8t + {1, 3} and 8t + {5, 7}; the B registers of step 0
+ *     are the low and high F16 pairs of word 2j (x0 x2 | x4 x6), of step 1 those of word 2j + 1
+ *     (x1 x3 | x5 x7).  FP8 lane (g, t) holds the 32 bytes of group t; step s (0..7) multiplies
+ *     bytes 4s, 4s + 1 (a0, a1) and 4s + 2, 4s + 3 (a2, a3), with B registers the low and high
+ *     F16 pairs of word s (the same k).
  */
 #ifndef MMOE_GPU_DECODE16_MAP_H
 #define MMOE_GPU_DECODE16_MAP_H
@@ -97,17 +103,61 @@ MMOE_D16_FN uint32_t mmoe_d16_ue8m0_pow2_bits(uint32_t w, int g)
     return e > 0x00400000u ? e : 0x00400000u;
 }
 
-/** Position (in F16 values, inside its K block) where run @p run (0..15: k = 8 run ..) is staged. */
-MMOE_D16_FN int mmoe_d16_run_pos(int run, int fp4)
+/**
+ * Four E4M3 bytes as two F16 pairs, exactly (NaN stays NaN): bytes 0, 1 into @p lo (byte 0 in
+ * the low half), bytes 2, 3 into @p hi.  On the device two paired conversions; on the host the
+ * same numbers from the formats' fields (a normal E4M3 keeps its mantissa, its exponent
+ * rebiased by 8; a subnormal m * 2^-9 is normalized).
+ */
+MMOE_D16_FN void mmoe_d16_e4m3x4_to_f16x2(uint32_t v, uint32_t *lo, uint32_t *hi)
 {
-    const int j = run / 4, t = run % 4;
-    return fp4 ? j * 32 + t * 8 : t * 32 + j * 8;
+#ifdef __CUDA_ARCH__
+    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.rn.f16x2.e4m3x2 %0, l;\n\t"
+        "cvt.rn.f16x2.e4m3x2 %1, h;\n\t}"
+        : "=r"(*lo), "=r"(*hi)
+        : "r"(v));
+#else
+    uint32_t h[4];
+    for (int i = 0; i < 4; i++) {
+        const uint32_t b = (v >> (8 * i)) & 0xFFu, sign = (b >> 7) << 15;
+        int e = (int)((b >> 3) & 15u), m = (int)(b & 7u);
+        if (e == 15 && m == 7) {
+            h[i] = sign | 0x7E00u; /* NaN */
+        } else if (e == 0 && m == 0) {
+            h[i] = sign; /* signed zero */
+        } else {
+            if (e == 0) {
+                /* subnormal m * 2^-9 = 0.m * 2^(1 - 7): shift m up to the implicit bit */
+                e = 1;
+                while ((m & 8) == 0) {
+                    m <<= 1;
+                    e--;
+                }
+                m &= 7;
+            }
+            h[i] = sign | (uint32_t)(e + 8) << 10 | (uint32_t)m << 7; /* exponent bias 7 -> 15 */
+        }
+    }
+    *lo = h[0] | h[1] << 16;
+    *hi = h[2] | h[3] << 16;
+#endif
 }
 
-/** Byte offset, inside a staged K block, of lane column @p t's B registers of group / step pair @p c. */
-MMOE_D16_FN int mmoe_d16_b_offset(int t, int c)
+/**
+ * Byte offset, inside a staged K block, where run @p run (0..15: activations k = 8 run .. 8 run +
+ * 7 of the block) is staged: MXFP4 (@p fp4) run (j, t) = (run / 4, run % 4) at 32t + 8j, its
+ * bytes permuted even k first (MMOE_D16_SEL_EVEN, then MMOE_D16_SEL_ODD); FP8 in place.
+ */
+MMOE_D16_FN int mmoe_d16_run_offset(int run, int fp4)
 {
-    return c * 64 + t * 16;
+    const unsigned r = (unsigned)run, j = r / 4u, t = r % 4u; /* unsigned: a shift and a mask */
+    return (int)(fp4 ? t * 32u + j * 8u : r * 8u);
+}
+
+/** Byte offset, inside a staged K block, of lane column @p t's word @p w (0..7: its B source words). */
+MMOE_D16_FN int mmoe_d16_b_word_offset(int t, int w)
+{
+    return t * 32 + w * 4;
 }
 
 #endif /* MMOE_GPU_DECODE16_MAP_H */

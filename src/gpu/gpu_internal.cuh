@@ -202,8 +202,8 @@ struct mmoe_decode_part {
  */
 enum mmoe_decode_mma {
     MMOE_DECODE_MMA_E4M3 = 0, /**< mma.sync m16n8k32 E4M3 on FP8 fragments (the "decode" family) */
-    MMOE_DECODE_MMA_F16 = 1   /**< mma.sync m16n8k16 F16: activations staged as F16, weights moved to F16
-                                   in registers (the "decode16" family) */
+    MMOE_DECODE_MMA_F16 = 1   /**< mma.sync m16n8k16 F16: activations staged as FP8 (as the E4M3 kernel's)
+                                   and weights both made F16 in registers (the "decode16" family) */
 };
 
 /**

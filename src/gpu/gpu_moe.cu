@@ -949,7 +949,7 @@ static void fill_result(mmoe_gpu_moe *L, int bm, long long pairs, mmoe_gpu_moe_r
     res->recipe = L->recipe;
     const int decode16 = L->last_decode && L->last_decode_mma == MMOE_DECODE_MMA_F16;
     if (decode16)
-        res->kernel = "decode16: mma.sync.m16n8k16 f16 (activations staged as F16, E2M1 moved to F16) swap-AB "
+        res->kernel = "decode16: mma.sync.m16n8k16 f16 (activations staged as E4M3, both operands made F16 in registers) swap-AB "
                       "weight streaming, 8-token tiles (5 launches, programmatic dependent launch)";
     else if (L->last_decode)
         res->kernel = "decode: mma.sync.m16n8k32 e4m3 swap-AB weight streaming, 8-token tiles (5 launches, "

@@ -72,8 +72,8 @@ typedef enum mmoe_gpu_gemm {
     MMOE_GPU_GEMM_MMA = 1,   /**< the portable mma.sync tile kernel (gpu_gemm.cu), any sm_89+ device */
     MMOE_GPU_GEMM_WGMMA = 2, /**< the warp-specialized wgmma kernel (gpu_gemm_wgmma.cu), sm_90 only */
     MMOE_GPU_GEMM_DECODE = 3, /**< the weight-streaming decode kernel (gpu_decode.cu), 8-token tiles, sm_90+ */
-    MMOE_GPU_GEMM_DECODE16 = 4 /**< the decode kernel with F16 MMAs (m16n8k16; activations staged as F16,
-                                    MXFP4 codes moved to F16 in registers); only when asked for */
+    MMOE_GPU_GEMM_DECODE16 = 4 /**< the decode kernel with F16 MMAs (m16n8k16; activations staged as E4M3
+                                    and converted, MXFP4 codes moved to F16, in registers); only when asked for */
 } mmoe_gpu_gemm;
 
 /** Sizes and options of one layer. */
