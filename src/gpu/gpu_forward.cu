@@ -873,9 +873,6 @@ __global__ void k_linear_dense(const uint16_t *x, int64_t T, int64_t ldx, int64_
 
 /** Warps (one output each) of a k_linear_dense_split block. */
 #define GFW_DENSE_WARPS 8
-/** Rounds of 32 chunks whose loads a warp of k_linear_dense_split issues before summing them. */
-#define GFW_DENSE_BATCH 4
-static_assert(GFW_DENSE_BATCH == 4, "k_linear_dense_split adds a batch's rounds as a tree of four");
 
 /** The output of a dense set that global index @p o names: linear *j, token *t, row *n; false past the end. */
 __device__ __forceinline__ bool dense_output(const dense_set &set, int64_t T, int64_t o, int *j, int64_t *t,
@@ -892,28 +889,122 @@ __device__ __forceinline__ bool dense_output(const dense_set &set, int64_t T, in
     return true;
 }
 
+/** How k_linear_dense_split reads a weight: the loads of a batch issued together, or dense_chunk per round. */
+enum dense_read {
+    DENSE_READ_F8,   /**< E4M3 codes, 16-aligned chunks in one scale block: 16 bytes per chunk */
+    DENSE_READ_BF16, /**< BF16: 32 bytes per chunk */
+    DENSE_READ_F32,  /**< F32: 64 bytes per chunk */
+    DENSE_READ_ANY   /**< anything else (short last chunk, unaligned rows): dense_chunk */
+};
+
+/** Rounds of 32 chunks per batch of k_linear_dense_split (about 2 KiB of a warp's weight loads in flight). */
+__host__ __device__ constexpr int dense_batch(dense_read R)
+{
+    return R == DENSE_READ_F8 ? 4 : R == DENSE_READ_BF16 ? 2 : 1;
+}
+
+/** The tree's node over the first @p k (1, 2 or 4) round nodes of @p c: c0, c0 + c1, (c0 + c1) + (c2 + c3). */
+template <int B>
+__device__ __forceinline__ double dense_batch_node(const double *c, int64_t k)
+{
+    if (B >= 4 && k == 4)
+        return __dadd_rn(__dadd_rn(c[0], c[1]), __dadd_rn(c[2], c[3]));
+    if (B >= 2 && k == 2)
+        return __dadd_rn(c[0], c[1]);
+    return c[0];
+}
+
+/**
+ * The spec's sum for output row @p n of weight @p w and x row @p xr (m chunks, `rounds` rounds
+ * of 32 chunks, a power of two), by one warp, read as @p R says; every lane gets it.
+ */
+template <dense_read R>
+__device__ __forceinline__ double dense_warp_sum(const ddense &w, int64_t n, const uint16_t *xr, int64_t K, int64_t m,
+                                                 int64_t rounds, int lane)
+{
+    constexpr int B = dense_batch(R);
+    constexpr int WQ = R == DENSE_READ_F8 ? 1 : R == DENSE_READ_BF16 ? 2 : 4; /* 16-byte words per chunk */
+    const int64_t per_batch = rounds < B ? rounds : B;
+    const char *wrow = (const char *)w.p + n * w.cols * (R == DENSE_READ_F8 ? 1 : R == DENSE_READ_BF16 ? 2 : 4);
+    const uint8_t *srow = R == DENSE_READ_F8 ? w.scale + (int64_t)((int)n / w.block) * w.scols : NULL;
+    mmoe_pairwise pw;
+    mmoe_pairwise_init(&pw);
+    for (int64_t r0 = 0; r0 < rounds; r0 += per_batch) {
+        double c[B];
+        if constexpr (R == DENSE_READ_ANY) {
+            c[0] = dense_chunk(w, n, xr, r0 * 32 + lane, K);
+        } else {
+            uint4 q[B][WQ], xa[B], xb[B];
+            uint8_t sb[B];
+            const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+            for (int u = 0; u < B; u++) {
+                const int64_t k = (r0 + u) * 32 + lane;
+                const bool in = u < per_batch && k < m;
+                const uint4 *wp = (const uint4 *)(wrow + k * 16 * WQ);
+#pragma unroll
+                for (int i = 0; i < WQ; i++)
+                    q[u][i] = in ? __ldg(wp + i) : zero;
+                xa[u] = in ? __ldg((const uint4 *)(xr + k * MMOE_SUM_CHUNK)) : zero;
+                xb[u] = in ? __ldg((const uint4 *)(xr + k * MMOE_SUM_CHUNK) + 1) : zero;
+                sb[u] = R == DENSE_READ_F8 && in ? __ldg(srow + (int)(k * MMOE_SUM_CHUNK) / w.block) : (uint8_t)0;
+            }
+#pragma unroll
+            for (int u = 0; u < B; u++) {
+                const int64_t k = (r0 + u) * 32 + lane;
+                float xv[16];
+                bf16x16_to_f32(xa[u], xb[u], xv);
+                double v = 0.0;
+                if constexpr (R == DENSE_READ_F8) {
+                    const uint32_t codes[4] = {q[u][0].x, q[u][0].y, q[u][0].z, q[u][0].w};
+                    v = dense_f8_chunk16(xv, codes, sb[u]);
+                } else {
+                    float wv[16];
+                    if constexpr (R == DENSE_READ_BF16) {
+                        bf16x16_to_f32(q[u][0], q[u][1], wv);
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            wv[4 * i] = __uint_as_float(q[u][i].x), wv[4 * i + 1] = __uint_as_float(q[u][i].y);
+                            wv[4 * i + 2] = __uint_as_float(q[u][i].z), wv[4 * i + 3] = __uint_as_float(q[u][i].w);
+                        }
+                    }
+#pragma unroll
+                    for (int i = 0; i < 16; i++)
+                        v = __fma_rn((double)xv[i], (double)wv[i], v); /* exact products, as dense_chunk */
+                }
+                c[u] = u < per_batch && k < m ? v : 0.0;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < B; u++)
+            c[u] = gfw_group_pairwise(c[u], 32); /* the node over the round's 32 chunks */
+        mmoe_pairwise_push(&pw, dense_batch_node<B>(c, per_batch));
+    }
+    return mmoe_pairwise_result(&pw);
+}
+
 /**
  * k_linear_dense with one WARP per output (the "split" kernel set; same bits): GFW_DENSE_WARPS
  * outputs per block, no shared memory, no block barrier.
  *
  * Order.  Let m be the chunk count and M the next power of two (the spec's tree has M leaves,
- * the missing ones +0).  In round r lane l sums chunk 32 r + l (dense_chunk, or the FP8 fast
- * path below; +0 past the end) and the warp's butterfly (gfw_group_pairwise) adds the five
- * levels above: the node over the aligned run of 32 chunks [32 r, 32 r + 32), in every lane.
- * A batch of GFW_DENSE_BATCH rounds (a power of two) is added as the tree adds it,
- * ((r0 + r1) + (r2 + r3)), the node over 128 chunks, and the batches' nodes go through
- * mmoe_pairwise.  With M <= 32 there is one round, and the butterfly over the padded 32 leaves
- * adds only +0 nodes above the root (no node is -0), so the result is P either way.  With
- * M = 64 there are two rounds, one batch node (r0 + r1).  Every addition is one of the tree's
- * (IEEE addition commutes, so lane l + lane l^s in the butterfly is the same bits in both
- * lanes).
+ * the missing ones +0).  In round r lane l sums chunk 32 r + l (+0 past the end) and the
+ * warp's butterfly (gfw_group_pairwise) adds the five levels above: the node over the aligned
+ * run of 32 chunks [32 r, 32 r + 32), in every lane.  A batch of 1, 2 or 4 rounds (a power of
+ * two dividing the round count) is added as the tree adds it, ((r0 + r1) + (r2 + r3)), and the
+ * batches' nodes go through mmoe_pairwise.  With M <= 32 there is one round, and the butterfly
+ * over the padded 32 leaves adds only +0 nodes above the root (no node is -0), so the result
+ * is P either way.  Every addition is one of the tree's (IEEE addition commutes, so lane l +
+ * lane l^s in the butterfly is the same bits in both lanes).
  *
  * Memory.  A round's weight loads are 32 consecutive chunks of the row: 512 contiguous bytes
- * of an FP8 row, 1 KiB of a BF16 one.  For an FP8 weight whose chunks each lie in one scale
- * block with 16-byte aligned rows and x (the grouped output projection), a warp issues the
- * code, x and scale-byte loads of GFW_DENSE_BATCH rounds before it sums any (dense_f8_chunk16,
- * the serial kernel's chunk sum); other weights go through dense_chunk per round.  The x row
- * (the head group's for the grouped projection) is read by all warps of the block through L1.
+ * of an FP8 row, 1 KiB of a BF16 one, 2 KiB of an F32 one.  When the chunks are whole and
+ * rows and x 16-byte aligned (and an FP8 chunk lies in one scale block), a warp issues the
+ * weight, x and scale-byte loads of a batch (dense_batch: about 2 KiB of weights) before it
+ * sums any, with the chunk sums of dense_chunk (dense_f8_chunk16 for FP8); otherwise it runs
+ * dense_chunk per round.  The x row (the head group's for the grouped output projection) is
+ * read by all warps of the block through L1.
  */
 __global__ void __launch_bounds__(GFW_DENSE_WARPS * 32)
     k_linear_dense_split(const uint16_t *x, int64_t T, int64_t ldx, int64_t K, dense_set set, int64_t group_rows,
@@ -931,53 +1022,19 @@ __global__ void __launch_bounds__(GFW_DENSE_WARPS * 32)
     int64_t M = 1;
     while (M < m)
         M <<= 1;
-    const int64_t rounds = M > 32 ? M / 32 : 1, per_batch = rounds < GFW_DENSE_BATCH ? rounds : GFW_DENSE_BATCH;
-    const uint8_t *wf8 = (const uint8_t *)w.p + n * w.cols;
-    const bool fast = w.dtype == GFW_F8 && w.block % MMOE_SUM_CHUNK == 0 && K % MMOE_SUM_CHUNK == 0 &&
-                      ((uintptr_t)xr & 15) == 0 && ((uintptr_t)wf8 & 15) == 0;
-    const uint8_t *srow = w.scale + (int64_t)((int)n / (w.block > 0 ? w.block : 1)) * w.scols;
-    mmoe_pairwise pw;
-    mmoe_pairwise_init(&pw);
-    for (int64_t r0 = 0; r0 < rounds; r0 += per_batch) {
-        double c[GFW_DENSE_BATCH];
-        if (fast) {
-            uint4 q[GFW_DENSE_BATCH], xa[GFW_DENSE_BATCH], xb[GFW_DENSE_BATCH];
-            uint8_t sb[GFW_DENSE_BATCH];
-            const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-            for (int u = 0; u < GFW_DENSE_BATCH; u++) {
-                const int64_t k = (r0 + u) * 32 + lane;
-                const bool in = u < per_batch && k < m;
-                q[u] = in ? __ldg((const uint4 *)(wf8 + k * MMOE_SUM_CHUNK)) : zero;
-                xa[u] = in ? __ldg((const uint4 *)(xr + k * MMOE_SUM_CHUNK)) : zero;
-                xb[u] = in ? __ldg((const uint4 *)(xr + k * MMOE_SUM_CHUNK) + 1) : zero;
-                sb[u] = in ? __ldg(srow + (int)(k * MMOE_SUM_CHUNK) / w.block) : (uint8_t)0;
-            }
-#pragma unroll
-            for (int u = 0; u < GFW_DENSE_BATCH; u++) {
-                const int64_t k = (r0 + u) * 32 + lane;
-                float xv[16];
-                const uint32_t codes[4] = {q[u].x, q[u].y, q[u].z, q[u].w};
-                bf16x16_to_f32(xa[u], xb[u], xv);
-                c[u] = u < per_batch && k < m ? dense_f8_chunk16(xv, codes, sb[u]) : 0.0;
-            }
-        } else {
-#pragma unroll
-            for (int u = 0; u < GFW_DENSE_BATCH; u++)
-                c[u] = u < per_batch ? dense_chunk(w, n, xr, (r0 + u) * 32 + lane, K) : 0.0;
-        }
-#pragma unroll
-        for (int u = 0; u < GFW_DENSE_BATCH; u++)
-            c[u] = gfw_group_pairwise(c[u], 32); /* the node over the round's 32 chunks */
-        /* the batch's rounds as the tree adds them (per_batch is 1, 2 or GFW_DENSE_BATCH = 4) */
-        double node = c[0];
-        if (per_batch == 2)
-            node = __dadd_rn(c[0], c[1]);
-        else if (per_batch == 4)
-            node = __dadd_rn(__dadd_rn(c[0], c[1]), __dadd_rn(c[2], c[3]));
-        mmoe_pairwise_push(&pw, node);
-    }
-    const double v = mmoe_pairwise_result(&pw);
+    const int64_t rounds = M > 32 ? M / 32 : 1;
+    const int esize = w.dtype == GFW_F32 ? 4 : w.dtype == GFW_BF16 ? 2 : 1;
+    const bool whole = K % MMOE_SUM_CHUNK == 0 && ((uintptr_t)xr & 15) == 0 &&
+                       ((uintptr_t)((const char *)w.p + n * w.cols * esize) & 15) == 0;
+    double v;
+    if (whole && w.dtype == GFW_F8 && w.block % MMOE_SUM_CHUNK == 0)
+        v = dense_warp_sum<DENSE_READ_F8>(w, n, xr, K, m, rounds, lane);
+    else if (whole && w.dtype == GFW_BF16)
+        v = dense_warp_sum<DENSE_READ_BF16>(w, n, xr, K, m, rounds, lane);
+    else if (whole && w.dtype == GFW_F32)
+        v = dense_warp_sum<DENSE_READ_F32>(w, n, xr, K, m, rounds, lane);
+    else
+        v = dense_warp_sum<DENSE_READ_ANY>(w, n, xr, K, m, rounds, lane);
     if (lane == 0) {
         const float f = __double2float_rn(v);
         if (set.yf[j])
