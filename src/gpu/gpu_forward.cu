@@ -75,11 +75,11 @@
  * linears of a decode step are bound by how fast their weights stream in: k_linear_dense_split
  * gives each output of a dense linear (the grouped output projection, the compressors' and the
  * indexer's projections, the head's logits) one warp instead of one block with its block tree,
- * with the loads of four rounds of 32 chunks in flight, and k_linear_fp8_128_split issues a
- * warp's first weight loads before the block decodes x and keeps the next batch of steps in
- * flight while it sums the current one.  Each butterfly, sum, division and rounding has the
- * same operands in the same order as in the serial kernels, so the two sets give the same bits
- * (the tests compare them with each other and with the oracle).
+ * with about 2 KiB of its weight loads in flight (one to four rounds of 32 chunks), and
+ * k_linear_fp8_128_split issues a warp's first weight loads before the block decodes x and
+ * keeps the next batch of steps in flight while it sums the current one.  Each butterfly, sum,
+ * division and rounding has the same operands in the same order as in the serial kernels, so
+ * the two sets give the same bits (the tests compare them with each other and with the oracle).
  *
  * ## Expert parallelism
  *
