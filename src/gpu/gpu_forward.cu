@@ -19,8 +19,10 @@
  * | k_rmsnorm         | sum of squares in double, the block's tree [rmsnorm.c]  | yes    |
  * | k_act_quant       | 1x128 E4M3, UE8M0 ceil scale of the V4 rule [linear_fp8.c] | yes |
  * | k_linear_fp8_128  | exact block partials, fp32 scaled sum in block order    | yes    |
+ * | k_linear_fp8_128_split | the same, weight loads pipelined across steps      | yes    |
  * | k_linear_fp8      | the same for other scale blocks (one warp per output)   | yes    |
  * | k_linear_dense    | double dot in the chunked pairwise order [linear_dense.c] | yes   |
+ * | k_linear_dense_split | the same, one warp per output                        | yes    |
  * | k_hc_part, _finish | mHC logits (double, block trees), sigmoid, Sinkhorn, mix | yes*  |
  * | k_hc_finish_split | k_hc_finish, its Sinkhorn in one warp's registers     | yes*   |
  * | k_hc_post         | fp32 write-back, j ascending, then the post term       | yes    |
@@ -69,10 +71,15 @@
  * block 0, the matrix in registers and every row and column sum fetched by shuffles in the
  * oracle's order, while the block's other warps already mix (the mix needs only pre);
  * k_topk_split ranks the candidates (one thread each, O(n) comparisons) in blocks of 256
- * instead of one block per token, which matters at long contexts (n = position / 4).  Each
- * butterfly, sum, division and rounding has the same operands in the same order as in the
- * serial kernels, so the two sets give the same bits (the tests compare them with each other
- * and with the oracle).
+ * instead of one block per token, which matters at long contexts (n = position / 4).  The
+ * linears of a decode step are bound by how fast their weights stream in: k_linear_dense_split
+ * gives each output of a dense linear (the grouped output projection, the compressors' and the
+ * indexer's projections, the head's logits) one warp instead of one block with its block tree,
+ * with about 2 KiB of its weight loads in flight (one to four rounds of 32 chunks), and
+ * k_linear_fp8_128_split issues a warp's first weight loads before the block decodes x and
+ * keeps the next batch of steps in flight while it sums the current one.  Each butterfly, sum,
+ * division and rounding has the same operands in the same order as in the serial kernels, so
+ * the two sets give the same bits (the tests compare them with each other and with the oracle).
  *
  * ## Expert parallelism
  *
@@ -361,6 +368,13 @@ static size_t fp8_128_smem(int64_t K)
     return sizeof(double) * (size_t)K + sizeof(float) * GFW_FP8_WARPS * GFW_FP8_ROWS * (size_t)(K / 128);
 }
 
+/** The dynamic shared memory of k_linear_fp8_128 and k_linear_fp8_128_split: the x row, then the block terms. */
+__device__ __forceinline__ double *fp8_sx_row()
+{
+    extern __shared__ __align__(16) double fp8_sx[];
+    return fp8_sx;
+}
+
 /**
  * Shared-memory index of x value k.  A lane reads the 16 values of its chunk as 8 pairs; the
  * pairs' slots are XOR-swizzled within each chunk (pair j of lane l at slot j ^ (l mod 8)) so
@@ -450,15 +464,96 @@ __device__ __forceinline__ double fp8_chunk16(const double2 *xp, int swz, uint4 
  * terms go to shared memory; at the end lane r adds row r's terms in block order, the
  * oracle's fp32 sum.
  */
+/**
+ * Step @p s (codes [512 s, 512 s + 512) of both rows, lane l's 16 in @p q0 and @p q1) of a warp
+ * of k_linear_fp8_128 or k_linear_fp8_128_split: the lanes' exact sums, the eight lanes of a
+ * scale block added in a butterfly transposed over the two rows (exact sums), and from one lane
+ * in four the (row, block) term fl32(partial) (s_x s_w) into @p term.
+ */
+__device__ __forceinline__ void fp8_128_step(int64_t s, int64_t K, int64_t kb_w, int lane, uint4 q0, uint4 q1,
+                                             const float *xs_t, const uint8_t *ws_n, bool writer, float *term)
+{
+    const int row = (lane >> 2) & 1, swz = lane & 7;
+    const int64_t k0 = s * 512 + lane * 16;
+    double p0 = 0.0, p1 = 0.0;
+    if (k0 < K) { /* false only for the lanes past a short last step */
+        const double2 *xp = (const double2 *)fp8_sx_row() + (k0 >> 1);
+        uint32_t nan0 = 0, nan1 = 0;
+        p0 = fp8_chunk16(xp, swz, q0, &nan0);
+        p1 = fp8_chunk16(xp, swz, q1, &nan1);
+        if (nan0)
+            p0 = __longlong_as_double(0x7FF8000000000000LL);
+        if (nan1)
+            p1 = __longlong_as_double(0x7FF8000000000000LL);
+    }
+    double v = (row ? p1 : p0) + __shfl_xor_sync(0xFFFFFFFFu, row ? p0 : p1, 4);
+    v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
+    v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
+    const int64_t kb = s * 4 + (lane >> 3);
+    if (writer && kb < kb_w) {
+        const float sc = __fmul_rn(xs_t[kb], gfw_ue8m0(ws_n[kb]));
+        term[row * kb_w + kb] = __fmul_rn(__double2float_rn(v * 0x1p1016), sc);
+    }
+}
+
+/** The codes of step @p s of both rows for lane @p lane (zeros past K or past the last step). */
+__device__ __forceinline__ void fp8_128_load(int64_t s, int64_t nsteps, int64_t K, int lane, const uint8_t *w0,
+                                             const uint8_t *w1, uint4 *q0, uint4 *q1)
+{
+    const int64_t k0 = s * 512 + lane * 16;
+    const bool in = s < nsteps && k0 < K;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    *q0 = in ? __ldg((const uint4 *)(w0 + k0)) : zero;
+    *q1 = in ? __ldg((const uint4 *)(w1 + k0)) : zero;
+}
+
+/** Lane @p lane adds the terms of its row in block order (the oracle's fp32 sum) and writes the output. */
+__device__ __forceinline__ void fp8_128_finish(int lane, bool has1, const float *term, int64_t kb_w, uint16_t *yn)
+{
+    if (lane < GFW_FP8_ROWS && (lane == 0 || has1)) {
+        float acc = 0.0f;
+        for (int64_t kb = 0; kb < kb_w; kb++)
+            acc = __fadd_rn(acc, term[lane * kb_w + kb]);
+        yn[lane] = gfw_f2bf(acc);
+    }
+}
+
+/**
+ * The FP8 linear for 128x128 weight scale blocks (the model's), same bits as k_linear_fp8 and
+ * linear_fp8.c.  One block of GFW_FP8_WARPS warps per (token t, 2 GFW_FP8_WARPS outputs),
+ * blocks ordered token-fastest so that concurrent blocks share weight rows in L2.
+ *
+ * The block first decodes the token's x codes once into shared memory as exact doubles.  A
+ * warp then streams two weight rows in steps of 512 codes: lane l loads the 16 codes
+ * [16 l, 16 l + 16) of each row with one 16-byte load (the warp's loads cover 512 contiguous
+ * bytes: scale blocks 4s..4s+3, eight lanes each), GFW_FP8_STEPS steps of loads in flight.  A
+ * weight code becomes the double of its value times 2^-1016 in two integer instructions
+ * (e4m3_times_2m1016), and the lane sums its 16 products with fma.
+ *
+ * Exactness: an E4M3 value is an integer multiple of 2^-9 of magnitude <= 448 < 2^9, so a
+ * product x w 2^-1016 is an integer multiple of 2^-1034 (>= 2^-1074, the double grid's
+ * spacing near zero) of magnitude < 2^18 2^-1016, and any sum of at most 128 of them is a
+ * multiple of 2^-1034 below 2^25 2^-1016: 43 bits, within the 53 of a double, so every fma,
+ * every addition below and the final scaling by 2^1016 are exact, whatever the order.  The
+ * block partial is therefore the oracle's exact double, and fl32 of it the oracle's float.
+ * A NaN weight code (tested four at a time) makes the lane's sum NaN, as the oracle's product
+ * would; NaN x values are NaN doubles already.
+ *
+ * The eight lanes of a scale block add their sums in a butterfly that is transposed over the
+ * two rows (after the first exchange a lane keeps row ((l >> 2) & 1)), so that one lane in four
+ * ends with a (row, block) sum and computes the block's term fl32(partial) (s_x s_w)
+ * (fp8_128_step).  The terms go to shared memory; at the end lane r adds row r's terms in
+ * block order, the oracle's fp32 sum.
+ */
 __global__ void __launch_bounds__(GFW_FP8_WARPS * 32, 3)
     k_linear_fp8_128(const uint8_t *xq, const float *xs, int64_t T, dfp8 w, uint16_t *y)
 {
-    extern __shared__ __align__(16) double fp8_sx[];
+    double *sx = fp8_sx_row();
     const int64_t K = w.K, kb_w = K / 128, nsteps = (K + 511) / 512;
     const int64_t t = blockIdx.x % T, n_blk = blockIdx.x / T;
     const uint8_t *xr = xq + t * K;
     for (int k = threadIdx.x; k < (int)K; k += blockDim.x)
-        fp8_sx[fp8_x_slot(k)] = (double)gfw_e4m3_value(xr[k]);
+        sx[fp8_x_slot(k)] = (double)gfw_e4m3_value(xr[k]);
     __syncthreads();
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -467,93 +562,184 @@ __global__ void __launch_bounds__(GFW_FP8_WARPS * 32, 3)
         return;
     const bool has1 = n0 + 1 < w.N;
     const uint8_t *w0 = w.w + n0 * K, *w1 = has1 ? w0 + K : w0; /* a missing row 1 rereads row 0 */
-    float *term = (float *)(fp8_sx + K) + (int64_t)warp * GFW_FP8_ROWS * kb_w;
-    const int row = (lane >> 2) & 1, swz = lane & 7;
-    const int64_t n = n0 + row;
+    float *term = (float *)(sx + K) + (int64_t)warp * GFW_FP8_ROWS * kb_w;
+    const int row = (lane >> 2) & 1;
     const bool writer = (lane & 3) == 0 && (row == 0 || has1);
     const float *xs_t = xs + t * kb_w;
-    const uint8_t *ws_n = w.s + (n / 128) * w.scols;
-    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    const uint8_t *ws_n = w.s + ((n0 + row) / 128) * w.scols;
 
     for (int64_t s0 = 0; s0 < nsteps; s0 += GFW_FP8_STEPS) {
         uint4 q0[GFW_FP8_STEPS], q1[GFW_FP8_STEPS];
 #pragma unroll
-        for (int u = 0; u < GFW_FP8_STEPS; u++) {
-            const int64_t k0 = (s0 + u) * 512 + lane * 16;
-            const bool in = s0 + u < nsteps && k0 < K;
-            q0[u] = in ? __ldg((const uint4 *)(w0 + k0)) : zero;
-            q1[u] = in ? __ldg((const uint4 *)(w1 + k0)) : zero;
-        }
+        for (int u = 0; u < GFW_FP8_STEPS; u++)
+            fp8_128_load(s0 + u, nsteps, K, lane, w0, w1, &q0[u], &q1[u]);
 #pragma unroll
         for (int u = 0; u < GFW_FP8_STEPS; u++) {
             if (s0 + u >= nsteps)
                 break;
-            const int64_t k0 = (s0 + u) * 512 + lane * 16;
-            double p0 = 0.0, p1 = 0.0;
-            if (k0 < K) { /* false only for the lanes past a short last step */
-                const double2 *xp = (const double2 *)fp8_sx + (k0 >> 1);
-                uint32_t nan0 = 0, nan1 = 0;
-                p0 = fp8_chunk16(xp, swz, q0[u], &nan0);
-                p1 = fp8_chunk16(xp, swz, q1[u], &nan1);
-                if (nan0)
-                    p0 = __longlong_as_double(0x7FF8000000000000LL);
-                if (nan1)
-                    p1 = __longlong_as_double(0x7FF8000000000000LL);
-            }
-            /* the eight lanes of a scale block, transposed over the two rows (exact sums) */
-            double v = (row ? p1 : p0) + __shfl_xor_sync(0xFFFFFFFFu, row ? p0 : p1, 4);
-            v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
-            v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
-            const int64_t kb = (s0 + u) * 4 + (lane >> 3);
-            if (writer && kb < kb_w) {
-                const float s = __fmul_rn(xs_t[kb], gfw_ue8m0(ws_n[kb]));
-                term[row * kb_w + kb] = __fmul_rn(__double2float_rn(v * 0x1p1016), s);
-            }
+            fp8_128_step(s0 + u, K, kb_w, lane, q0[u], q1[u], xs_t, ws_n, writer, term);
         }
     }
     __syncwarp();
-    if (lane < GFW_FP8_ROWS && (lane == 0 || has1)) {
-        float acc = 0.0f;
-        for (int64_t kb = 0; kb < kb_w; kb++)
-            acc = __fadd_rn(acc, term[lane * kb_w + kb]);
-        y[t * w.N + n0 + lane] = gfw_f2bf(acc);
+    fp8_128_finish(lane, has1, term, kb_w, y + t * w.N + n0);
+}
+
+/** Steps of 512 codes per batch of k_linear_fp8_128_split (two batches of loads in flight). */
+#define GFW_FP8_SPLIT_STEPS 2
+
+/** The codes of the GFW_FP8_SPLIT_STEPS steps from @p s0 of both rows (zeros past the end). */
+__device__ __forceinline__ void fp8_128_load_batch(int64_t s0, int64_t nsteps, int64_t K, int lane, const uint8_t *w0,
+                                                   const uint8_t *w1, uint4 *q0, uint4 *q1)
+{
+#pragma unroll
+    for (int u = 0; u < GFW_FP8_SPLIT_STEPS; u++)
+        fp8_128_load(s0 + u, nsteps, K, lane, w0, w1, &q0[u], &q1[u]);
+}
+
+/** fp8_128_step for the steps of the batch from @p s0 that exist. */
+__device__ __forceinline__ void fp8_128_step_batch(int64_t s0, int64_t nsteps, int64_t K, int64_t kb_w, int lane,
+                                                   const uint4 *q0, const uint4 *q1, const float *xs_t,
+                                                   const uint8_t *ws_n, bool writer, float *term)
+{
+#pragma unroll
+    for (int u = 0; u < GFW_FP8_SPLIT_STEPS; u++) {
+        if (s0 + u >= nsteps)
+            break;
+        fp8_128_step(s0 + u, K, kb_w, lane, q0[u], q1[u], xs_t, ws_n, writer, term);
     }
 }
 
 /**
- * Launch the FP8 linear y = fp8_linear(x) of T quantized rows: k_linear_fp8_128 for 128-blocks
- * whose x row fits its shared memory and 16-byte aligned codes, k_linear_fp8 otherwise (same
- * bits either way).
+ * k_linear_fp8_128 with its weight stream pipelined (the "split" kernel set; same operands,
+ * same order of the fp32 sum, hence the same bits).  Each warp issues the loads of its first
+ * batch of GFW_FP8_SPLIT_STEPS steps before the block decodes x, so the prologue overlaps the
+ * memory latency; the x codes are read four at a time.  In the loop the loads of batch b + 1
+ * are issued before batch b is summed, so a warp always has a batch of loads in flight while
+ * it computes; two register sets (a, b) take turns, so no codes are copied.  Every step runs
+ * fp8_128_step on the codes of the same lanes as k_linear_fp8_128.
  */
-static void launch_linear_fp8(const uint8_t *xq, const float *xs, int64_t T, const dfp8 &w, uint16_t *y,
-                              cudaStream_t st)
+__global__ void __launch_bounds__(GFW_FP8_WARPS * 32, 3)
+    k_linear_fp8_128_split(const uint8_t *xq, const float *xs, int64_t T, dfp8 w, uint16_t *y)
+{
+    double *sx = fp8_sx_row();
+    const int64_t K = w.K, kb_w = K / 128, nsteps = (K + 511) / 512;
+    const int64_t t = blockIdx.x % T, n_blk = blockIdx.x / T;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t n0 = n_blk * (GFW_FP8_ROWS * GFW_FP8_WARPS) + warp * GFW_FP8_ROWS;
+    const bool live = n0 < w.N, has1 = n0 + 1 < w.N;
+    const uint8_t *w0 = w.w + (live ? n0 : 0) * K, *w1 = has1 ? w0 + K : w0; /* a missing row 1 rereads row 0 */
+    const int64_t B = GFW_FP8_SPLIT_STEPS;
+    uint4 a0[GFW_FP8_SPLIT_STEPS], a1[GFW_FP8_SPLIT_STEPS], b0[GFW_FP8_SPLIT_STEPS], b1[GFW_FP8_SPLIT_STEPS];
+    fp8_128_load_batch(live ? 0 : nsteps, nsteps, K, lane, w0, w1, a0, a1); /* a warp past N loads nothing */
+
+    const uint8_t *xr = xq + t * K; /* K is a multiple of 128: whole, aligned words of 4 codes */
+    for (int k = 4 * (int)threadIdx.x; k < (int)K; k += 4 * (int)blockDim.x) {
+        const uint32_t c = *(const uint32_t *)(xr + k);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            sx[fp8_x_slot(k + i)] = (double)gfw_e4m3_value((c >> (8 * i)) & 0xFFu);
+    }
+    __syncthreads();
+    if (!live)
+        return;
+
+    float *term = (float *)(sx + K) + (int64_t)warp * GFW_FP8_ROWS * kb_w;
+    const int row = (lane >> 2) & 1;
+    const bool writer = (lane & 3) == 0 && (row == 0 || has1);
+    const float *xs_t = xs + t * kb_w;
+    const uint8_t *ws_n = w.s + ((n0 + row) / 128) * w.scols;
+    for (int64_t s0 = 0; s0 < nsteps; s0 += 2 * B) {
+        fp8_128_load_batch(s0 + B, nsteps, K, lane, w0, w1, b0, b1);
+        fp8_128_step_batch(s0, nsteps, K, kb_w, lane, a0, a1, xs_t, ws_n, writer, term);
+        if (s0 + B >= nsteps)
+            break;
+        fp8_128_load_batch(s0 + 2 * B, nsteps, K, lane, w0, w1, a0, a1);
+        fp8_128_step_batch(s0 + B, nsteps, K, kb_w, lane, b0, b1, xs_t, ws_n, writer, term);
+    }
+    __syncwarp();
+    fp8_128_finish(lane, has1, term, kb_w, y + t * w.N + n0);
+}
+
+/**
+ * Launch the FP8 linear y = fp8_linear(x) of T quantized rows: for 128-blocks whose x row fits
+ * the shared memory and 16-byte aligned codes, k_linear_fp8_128 (serial set) or
+ * k_linear_fp8_128_split (split set; x codes 4-byte aligned), k_linear_fp8 otherwise (same bits
+ * either way).
+ */
+static void launch_linear_fp8(mmoe_gpu_fwd_kernels kernels, const uint8_t *xq, const float *xs, int64_t T,
+                              const dfp8 &w, uint16_t *y, cudaStream_t st)
 {
     const size_t smem = fp8_128_smem(w.K);
     if (w.block == 128 && smem <= GFW_FP8_SMEM_MAX && ((uintptr_t)w.w & 15) == 0) {
         const int64_t per_blk = GFW_FP8_ROWS * GFW_FP8_WARPS;
         const int64_t blocks = T * ((w.N + per_blk - 1) / per_blk);
-        k_linear_fp8_128<<<(unsigned)blocks, GFW_FP8_WARPS * 32, smem, st>>>(xq, xs, T, w, y);
+        if (kernels == MMOE_GPU_FWD_SPLIT && ((uintptr_t)xq & 3) == 0)
+            k_linear_fp8_128_split<<<(unsigned)blocks, GFW_FP8_WARPS * 32, smem, st>>>(xq, xs, T, w, y);
+        else
+            k_linear_fp8_128<<<(unsigned)blocks, GFW_FP8_WARPS * 32, smem, st>>>(xq, xs, T, w, y);
     } else {
         k_linear_fp8<<<(unsigned)((T * w.N * 32 + 255) / 256), 256, 0, st>>>(xq, xs, T, w, y);
     }
 }
 
-/** 16 bf16 values from @p p (32-byte aligned when @p vec) as fp32. */
+/** The 16 bf16 values of @p u0, @p u1 (ascending) as fp32. */
+__device__ __forceinline__ void bf16x16_to_f32(uint4 u0, uint4 u1, float *out)
+{
+    const uint32_t w[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        out[2 * i] = __uint_as_float(w[i] << 16);
+        out[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+    }
+}
+
+/** 16 bf16 values from @p p (16-byte aligned when @p vec) as fp32. */
 __device__ __forceinline__ void load16_bf16(const uint16_t *p, bool vec, float *out)
 {
     if (vec) {
-        const uint4 u0 = ((const uint4 *)p)[0], u1 = ((const uint4 *)p)[1];
-        const uint32_t w[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            out[2 * i] = __uint_as_float(w[i] << 16);
-            out[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
-        }
+        bf16x16_to_f32(((const uint4 *)p)[0], ((const uint4 *)p)[1], out);
     } else {
 #pragma unroll
         for (int i = 0; i < 16; i++)
             out[i] = gfw_bf2f(p[i]);
     }
+}
+
+/**
+ * The sum of one full 16-value chunk of a dense dot product with an FP8 weight: x values @p xv,
+ * codes @p codes (four per word, ascending), one scale byte @p sb; products ascending from +0
+ * (@ref spec_arch_sum_order).  Without NaN codes and with a scale byte in 10..134 the weights
+ * are built as doubles directly (e4m3_times_2m1016 times a power of two), the same values as
+ * the oracle's fp32 decode and bf16 rounding; otherwise they are decoded as the oracle does.
+ */
+__device__ __forceinline__ double dense_f8_chunk16(const float *xv, const uint32_t *codes, uint8_t sb)
+{
+    double c = 0.0;
+    const uint32_t nan =
+        e4m3_nan_bits(codes[0]) | e4m3_nan_bits(codes[1]) | e4m3_nan_bits(codes[2]) | e4m3_nan_bits(codes[3]);
+    if (sb >= 10 && sb <= 134 && nan == 0) {
+        /* For scale bytes 10..134 the value v 2^(sb-127) of a finite code is a normal fp32 of
+           at most 4 significant bits (2^-126 <= |v s| < 2^16), so fl32 and the bf16 rounding
+           keep it, and it is the double e4m3_times_2m1016 times 2^(sb+889) exactly: the
+           oracle's weight without the fp32 decode, the bf16 rounding and the conversion. */
+        const double S = __longlong_as_double((long long)(sb + 1912) << 52); /* 2^(sb+889) */
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const uint32_t wq = codes[q], wq1 = wq << 1;
+            c = __fma_rn((double)xv[4 * q], __dmul_rn(e4m3_times_2m1016<0>(wq, wq1), S), c);
+            c = __fma_rn((double)xv[4 * q + 1], __dmul_rn(e4m3_times_2m1016<1>(wq, wq1), S), c);
+            c = __fma_rn((double)xv[4 * q + 2], __dmul_rn(e4m3_times_2m1016<2>(wq, wq1), S), c);
+            c = __fma_rn((double)xv[4 * q + 3], __dmul_rn(e4m3_times_2m1016<3>(wq, wq1), S), c);
+        }
+        return c;
+    }
+    const float sc = gfw_ue8m0(sb);
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        const float wv = gfw_bfr(__fmul_rn(gfw_e4m3_value((codes[i / 4] >> (8 * (i % 4))) & 0xFFu), sc));
+        c = __fma_rn((double)xv[i], (double)wv, c); /* an exact product: one rounding, the sum's */
+    }
+    return c;
 }
 
 /**
@@ -597,7 +783,6 @@ __device__ double dense_chunk(const ddense &w, int64_t n, const uint16_t *xr, in
     } else if (w.block % MMOE_SUM_CHUNK == 0) { /* F8: the chunk lies in one scale block */
         const uint8_t *p = (const uint8_t *)w.p + e;
         const uint8_t sb = w.scale[(int64_t)((int)n / w.block) * w.scols + (int)i0 / w.block];
-        const float sc = gfw_ue8m0(sb);
         uint32_t codes[4];
         if (((uintptr_t)p & 15) == 0) {
             const uint4 u = *(const uint4 *)p;
@@ -607,27 +792,7 @@ __device__ double dense_chunk(const ddense &w, int64_t n, const uint16_t *xr, in
                 codes[q] = (uint32_t)p[4 * q] | ((uint32_t)p[4 * q + 1] << 8) | ((uint32_t)p[4 * q + 2] << 16) |
                            ((uint32_t)p[4 * q + 3] << 24);
         }
-        const uint32_t nan =
-            e4m3_nan_bits(codes[0]) | e4m3_nan_bits(codes[1]) | e4m3_nan_bits(codes[2]) | e4m3_nan_bits(codes[3]);
-        if (sb >= 10 && sb <= 134 && nan == 0) {
-            /* For scale bytes 10..134 the value v 2^(sb-127) of a finite code is a normal fp32 of
-               at most 4 significant bits (2^-126 <= |v s| < 2^16), so fl32 and the bf16 rounding
-               keep it, and it is the double e4m3_times_2m1016 times 2^(sb+889) exactly: the
-               oracle's weight without the fp32 decode, the bf16 rounding and the conversion. */
-            const double S = __longlong_as_double((long long)(sb + 1912) << 52); /* 2^(sb+889) */
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const uint32_t wq = codes[q], wq1 = wq << 1;
-                c = __fma_rn((double)xv[4 * q], __dmul_rn(e4m3_times_2m1016<0>(wq, wq1), S), c);
-                c = __fma_rn((double)xv[4 * q + 1], __dmul_rn(e4m3_times_2m1016<1>(wq, wq1), S), c);
-                c = __fma_rn((double)xv[4 * q + 2], __dmul_rn(e4m3_times_2m1016<2>(wq, wq1), S), c);
-                c = __fma_rn((double)xv[4 * q + 3], __dmul_rn(e4m3_times_2m1016<3>(wq, wq1), S), c);
-            }
-            return c;
-        }
-#pragma unroll
-        for (int i = 0; i < 16; i++)
-            wv[i] = gfw_bfr(__fmul_rn(gfw_e4m3_value((codes[i / 4] >> (8 * (i % 4))) & 0xFFu), sc));
+        return dense_f8_chunk16(xv, codes, sb);
     } else {
         for (int i = 0; i < 16; i++)
             wv[i] = (float)dd_at(w, n, i0 + i);
@@ -703,6 +868,179 @@ __global__ void k_linear_dense(const uint16_t *x, int64_t T, int64_t ldx, int64_
             y_f32[o] = f;
         if (y_bf16)
             y_bf16[o] = gfw_f2bf(f);
+    }
+}
+
+/** Warps (one output each) of a k_linear_dense_split block. */
+#define GFW_DENSE_WARPS 8
+
+/** The output of a dense set that global index @p o names: linear *j, token *t, row *n; false past the end. */
+__device__ __forceinline__ bool dense_output(const dense_set &set, int64_t T, int64_t o, int *j, int64_t *t,
+                                             int64_t *n)
+{
+    int jj = 0;
+    while (jj < set.n && o >= T * set.N[jj]) {
+        o -= T * set.N[jj];
+        jj++;
+    }
+    if (jj >= set.n)
+        return false;
+    *j = jj, *t = o / set.N[jj], *n = o % set.N[jj];
+    return true;
+}
+
+/** How k_linear_dense_split reads a weight: the loads of a batch issued together, or dense_chunk per round. */
+enum dense_read {
+    DENSE_READ_F8,   /**< E4M3 codes, 16-aligned chunks in one scale block: 16 bytes per chunk */
+    DENSE_READ_BF16, /**< BF16: 32 bytes per chunk */
+    DENSE_READ_F32,  /**< F32: 64 bytes per chunk */
+    DENSE_READ_ANY   /**< anything else (short last chunk, unaligned rows): dense_chunk */
+};
+
+/** Rounds of 32 chunks per batch of k_linear_dense_split (about 2 KiB of a warp's weight loads in flight). */
+__host__ __device__ constexpr int dense_batch(dense_read R)
+{
+    return R == DENSE_READ_F8 ? 4 : R == DENSE_READ_BF16 ? 2 : 1;
+}
+
+/** The tree's node over the first @p k (1, 2 or 4) round nodes of @p c: c0, c0 + c1, (c0 + c1) + (c2 + c3). */
+template <int B>
+__device__ __forceinline__ double dense_batch_node(const double *c, int64_t k)
+{
+    if (B >= 4 && k == 4)
+        return __dadd_rn(__dadd_rn(c[0], c[1]), __dadd_rn(c[2], c[3]));
+    if (B >= 2 && k == 2)
+        return __dadd_rn(c[0], c[1]);
+    return c[0];
+}
+
+/**
+ * The spec's sum for output row @p n of weight @p w and x row @p xr (m chunks, `rounds` rounds
+ * of 32 chunks, a power of two), by one warp, read as @p R says; every lane gets it.
+ */
+template <dense_read R>
+__device__ __forceinline__ double dense_warp_sum(const ddense &w, int64_t n, const uint16_t *xr, int64_t K, int64_t m,
+                                                 int64_t rounds, int lane)
+{
+    constexpr int B = dense_batch(R);
+    constexpr int WQ = R == DENSE_READ_F8 ? 1 : R == DENSE_READ_BF16 ? 2 : 4; /* 16-byte words per chunk */
+    const int64_t per_batch = rounds < B ? rounds : B;
+    const char *wrow = (const char *)w.p + n * w.cols * (R == DENSE_READ_F8 ? 1 : R == DENSE_READ_BF16 ? 2 : 4);
+    const uint8_t *srow = R == DENSE_READ_F8 ? w.scale + (int64_t)((int)n / w.block) * w.scols : NULL;
+    mmoe_pairwise pw;
+    mmoe_pairwise_init(&pw);
+    for (int64_t r0 = 0; r0 < rounds; r0 += per_batch) {
+        double c[B];
+        if constexpr (R == DENSE_READ_ANY) {
+            c[0] = dense_chunk(w, n, xr, r0 * 32 + lane, K);
+        } else {
+            uint4 q[B][WQ], xa[B], xb[B];
+            uint8_t sb[B];
+            const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+            for (int u = 0; u < B; u++) {
+                const int64_t k = (r0 + u) * 32 + lane;
+                const bool in = u < per_batch && k < m;
+                const uint4 *wp = (const uint4 *)(wrow + k * 16 * WQ);
+#pragma unroll
+                for (int i = 0; i < WQ; i++)
+                    q[u][i] = in ? __ldg(wp + i) : zero;
+                xa[u] = in ? __ldg((const uint4 *)(xr + k * MMOE_SUM_CHUNK)) : zero;
+                xb[u] = in ? __ldg((const uint4 *)(xr + k * MMOE_SUM_CHUNK) + 1) : zero;
+                sb[u] = R == DENSE_READ_F8 && in ? __ldg(srow + (int)(k * MMOE_SUM_CHUNK) / w.block) : (uint8_t)0;
+            }
+#pragma unroll
+            for (int u = 0; u < B; u++) {
+                const int64_t k = (r0 + u) * 32 + lane;
+                float xv[16];
+                bf16x16_to_f32(xa[u], xb[u], xv);
+                double v = 0.0;
+                if constexpr (R == DENSE_READ_F8) {
+                    const uint32_t codes[4] = {q[u][0].x, q[u][0].y, q[u][0].z, q[u][0].w};
+                    v = dense_f8_chunk16(xv, codes, sb[u]);
+                } else {
+                    float wv[16];
+                    if constexpr (R == DENSE_READ_BF16) {
+                        bf16x16_to_f32(q[u][0], q[u][1], wv);
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            wv[4 * i] = __uint_as_float(q[u][i].x), wv[4 * i + 1] = __uint_as_float(q[u][i].y);
+                            wv[4 * i + 2] = __uint_as_float(q[u][i].z), wv[4 * i + 3] = __uint_as_float(q[u][i].w);
+                        }
+                    }
+#pragma unroll
+                    for (int i = 0; i < 16; i++)
+                        v = __fma_rn((double)xv[i], (double)wv[i], v); /* exact products, as dense_chunk */
+                }
+                c[u] = u < per_batch && k < m ? v : 0.0;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < B; u++)
+            c[u] = gfw_group_pairwise(c[u], 32); /* the node over the round's 32 chunks */
+        mmoe_pairwise_push(&pw, dense_batch_node<B>(c, per_batch));
+    }
+    return mmoe_pairwise_result(&pw);
+}
+
+/**
+ * k_linear_dense with one WARP per output (the "split" kernel set; same bits): GFW_DENSE_WARPS
+ * outputs per block, no shared memory, no block barrier.
+ *
+ * Order.  Let m be the chunk count and M the next power of two (the spec's tree has M leaves,
+ * the missing ones +0).  In round r lane l sums chunk 32 r + l (+0 past the end) and the
+ * warp's butterfly (gfw_group_pairwise) adds the five levels above: the node over the aligned
+ * run of 32 chunks [32 r, 32 r + 32), in every lane.  A batch of 1, 2 or 4 rounds (a power of
+ * two dividing the round count) is added as the tree adds it, ((r0 + r1) + (r2 + r3)), and the
+ * batches' nodes go through mmoe_pairwise.  With M <= 32 there is one round, and the butterfly
+ * over the padded 32 leaves adds only +0 nodes above the root (no node is -0), so the result
+ * is P either way.  Every addition is one of the tree's (IEEE addition commutes, so lane l +
+ * lane l^s in the butterfly is the same bits in both lanes).
+ *
+ * Memory.  A round's weight loads are 32 consecutive chunks of the row: 512 contiguous bytes
+ * of an FP8 row, 1 KiB of a BF16 one, 2 KiB of an F32 one.  When the chunks are whole and
+ * rows and x 16-byte aligned (and an FP8 chunk lies in one scale block), a warp issues the
+ * weight, x and scale-byte loads of a batch (dense_batch: about 2 KiB of weights) before it
+ * sums any, with the chunk sums of dense_chunk (dense_f8_chunk16 for FP8); otherwise it runs
+ * dense_chunk per round.  The x row (the head group's for the grouped output projection) is
+ * read by all warps of the block through L1.
+ */
+__global__ void __launch_bounds__(GFW_DENSE_WARPS * 32)
+    k_linear_dense_split(const uint16_t *x, int64_t T, int64_t ldx, int64_t K, dense_set set, int64_t group_rows,
+                         int64_t group_width)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t o = (int64_t)blockIdx.x * GFW_DENSE_WARPS + (threadIdx.x >> 5);
+    int j;
+    int64_t t, n;
+    if (!dense_output(set, T, o, &j, &t, &n))
+        return;
+    const ddense &w = set.w[j];
+    const uint16_t *xr = x + t * ldx + (group_rows > 0 ? (n / group_rows) * group_width : 0);
+    const int64_t m = (K + MMOE_SUM_CHUNK - 1) / MMOE_SUM_CHUNK;
+    int64_t M = 1;
+    while (M < m)
+        M <<= 1;
+    const int64_t rounds = M > 32 ? M / 32 : 1;
+    const int esize = w.dtype == GFW_F32 ? 4 : w.dtype == GFW_BF16 ? 2 : 1;
+    const bool whole = K % MMOE_SUM_CHUNK == 0 && ((uintptr_t)xr & 15) == 0 &&
+                       ((uintptr_t)((const char *)w.p + n * w.cols * esize) & 15) == 0;
+    double v;
+    if (whole && w.dtype == GFW_F8 && w.block % MMOE_SUM_CHUNK == 0)
+        v = dense_warp_sum<DENSE_READ_F8>(w, n, xr, K, m, rounds, lane);
+    else if (whole && w.dtype == GFW_BF16)
+        v = dense_warp_sum<DENSE_READ_BF16>(w, n, xr, K, m, rounds, lane);
+    else if (whole && w.dtype == GFW_F32)
+        v = dense_warp_sum<DENSE_READ_F32>(w, n, xr, K, m, rounds, lane);
+    else
+        v = dense_warp_sum<DENSE_READ_ANY>(w, n, xr, K, m, rounds, lane);
+    if (lane == 0) {
+        const float f = __double2float_rn(v);
+        if (set.yf[j])
+            set.yf[j][t * set.N[j] + n] = f;
+        if (set.yb[j])
+            set.yb[j][t * set.N[j] + n] = gfw_f2bf(f);
     }
 }
 
@@ -2444,6 +2782,9 @@ static cudaError_t upload_tables(void)
         ce = gfw_moe_upload_exp_table(tab);
     if (ce == cudaSuccess) /* the x row of k_linear_fp8_128 may exceed the default 48 KiB */
         ce = cudaFuncSetAttribute(k_linear_fp8_128, cudaFuncAttributeMaxDynamicSharedMemorySize, GFW_FP8_SMEM_MAX);
+    if (ce == cudaSuccess)
+        ce = cudaFuncSetAttribute(k_linear_fp8_128_split, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  GFW_FP8_SMEM_MAX);
     return ce;
 }
 
@@ -2749,7 +3090,7 @@ static mmoe_status act_quant(mmoe_gpu_model *g, const uint16_t *x, int64_t rows,
 static mmoe_status linear_fp8_quantized(mmoe_gpu_model *g, int64_t rows, const dfp8 &w, uint16_t *y,
                                         mmoe_error *err)
 {
-    launch_linear_fp8(g->aq, g->as, rows, w, y, g->stream);
+    launch_linear_fp8(g->fwd_kernels, g->aq, g->as, rows, w, y, g->stream);
     GFW_CHECK("fp8 linear");
     return MMOE_OK;
 }
@@ -2762,15 +3103,33 @@ static mmoe_status linear_fp8(mmoe_gpu_model *g, const uint16_t *x, int64_t rows
     return st == MMOE_OK ? linear_fp8_quantized(g, rows, w, y, err) : st;
 }
 
+/**
+ * Launch the dense linears of set @p s on x rows [rows, ldx] (width K; grouped as in
+ * k_linear_dense): k_linear_dense (serial set: one block per output) or k_linear_dense_split
+ * (split set: one warp per output), the same bits.
+ */
+static void launch_linear_dense(mmoe_gpu_fwd_kernels kernels, const uint16_t *x, int64_t rows, int64_t ldx, int64_t K,
+                                const dense_set &s, int64_t group_rows, int64_t group_width, cudaStream_t st)
+{
+    int64_t outputs = 0;
+    for (int j = 0; j < s.n; j++)
+        outputs += rows * s.N[j];
+    if (kernels == MMOE_GPU_FWD_SPLIT)
+        k_linear_dense_split<<<(unsigned)((outputs + GFW_DENSE_WARPS - 1) / GFW_DENSE_WARPS), GFW_DENSE_WARPS * 32, 0,
+                               st>>>(x, rows, ldx, K, s, group_rows, group_width);
+    else
+        k_linear_dense<<<(unsigned)outputs, dense_threads(K), 0, st>>>(x, rows, ldx, K, s, group_rows, group_width);
+}
+
 /** Dense linear. */
-static mmoe_status linear_dense(const uint16_t *x, int64_t rows, int64_t ldx, int64_t K, const ddense &w, int64_t N,
-                                int64_t group_rows, int64_t group_width, float *yf, uint16_t *yb, cudaStream_t st,
-                                mmoe_error *err)
+static mmoe_status linear_dense(mmoe_gpu_fwd_kernels kernels, const uint16_t *x, int64_t rows, int64_t ldx, int64_t K,
+                                const ddense &w, int64_t N, int64_t group_rows, int64_t group_width, float *yf,
+                                uint16_t *yb, cudaStream_t st, mmoe_error *err)
 {
     dense_set s;
     memset(&s, 0, sizeof s);
     s.w[0] = w, s.N[0] = N, s.yf[0] = yf, s.yb[0] = yb, s.n = 1;
-    k_linear_dense<<<(unsigned)(rows * N), dense_threads(K), 0, st>>>(x, rows, ldx, K, s, group_rows, group_width);
+    launch_linear_dense(kernels, x, rows, ldx, K, s, group_rows, group_width, st);
     GFW_CHECK("dense linear");
     return MMOE_OK;
 }
@@ -2783,13 +3142,10 @@ static void dense_add(dense_set *s, const ddense &w, int64_t N, float *yf, uint1
 }
 
 /** The dense linears of a set on the same input x [rows, K] in one launch. */
-static mmoe_status linear_dense_set(const uint16_t *x, int64_t rows, int64_t K, const dense_set &s, cudaStream_t st,
-                                    mmoe_error *err)
+static mmoe_status linear_dense_set(mmoe_gpu_fwd_kernels kernels, const uint16_t *x, int64_t rows, int64_t K,
+                                    const dense_set &s, cudaStream_t st, mmoe_error *err)
 {
-    int64_t blocks = 0;
-    for (int j = 0; j < s.n; j++)
-        blocks += rows * s.N[j];
-    k_linear_dense<<<(unsigned)blocks, dense_threads(K), 0, st>>>(x, rows, K, K, s, 0, 0);
+    launch_linear_dense(kernels, x, rows, K, K, s, 0, 0, st);
     GFW_CHECK("dense linears");
     return MMOE_OK;
 }
@@ -2832,7 +3188,7 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
             dense_add(&ds, b->i_wkv, 2 * id, g->ikv, NULL);
             dense_add(&ds, b->i_wgate, 2 * id, g->igate, NULL);
         }
-        if ((st = linear_dense_set(g->y, T, D, ds, sm, err)) != MMOE_OK)
+        if ((st = linear_dense_set(g->fwd_kernels, g->y, T, D, ds, sm, err)) != MMOE_OK)
             return st;
     }
     if (a.ratio == 4) {
@@ -2879,7 +3235,8 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
     GFW_CHECK("window store");
     /* grouped output projection */
     const int64_t hd = H * d, gw = hd / a.G, gr = (int64_t)a.G * a.o_lora;
-    if ((st = linear_dense(g->att, T, hd, gw, b->wo_a, gr, a.o_lora, gw, NULL, g->z, sm, err)) != MMOE_OK)
+    if ((st = linear_dense(g->fwd_kernels, g->att, T, hd, gw, b->wo_a, gr, a.o_lora, gw, NULL, g->z, sm, err)) !=
+        MMOE_OK)
         return st;
     return linear_fp8(g, g->z, T, b->wo_b, g->o, err);
 }
@@ -2961,7 +3318,7 @@ static mmoe_status head(mmoe_gpu_model *g, const float *fn, const float *base, c
     hw.p = g->head_w;
     hw.rows = g->V;
     hw.cols = g->D;
-    return linear_dense(g->y, n, g->D, g->D, hw, g->V, 0, 0, g->logits, NULL, g->stream, err);
+    return linear_dense(g->fwd_kernels, g->y, n, g->D, g->D, hw, g->V, 0, 0, g->logits, NULL, g->stream, err);
 }
 
 /** Ids in range, T in range. */
@@ -3241,8 +3598,9 @@ extern "C" mmoe_status gfw_test_rmsnorm(const uint16_t *x, int64_t T, int64_t n,
     return tfinish(&a, y, dx, 2 * (size_t)(T * n), err, "rmsnorm");
 }
 
-extern "C" mmoe_status gfw_test_linear_fp8(const uint16_t *x, int64_t T, const uint8_t *w, const uint8_t *scale,
-                                           int64_t N, int64_t K, int block, uint16_t *y, mmoe_error *err)
+extern "C" mmoe_status gfw_test_linear_fp8(mmoe_gpu_fwd_kernels kernels, const uint16_t *x, int64_t T, const uint8_t *w,
+                                           const uint8_t *scale, int64_t N, int64_t K, int block, uint16_t *y,
+                                           mmoe_error *err)
 {
     tarena a;
     mmoe_status st = tbegin(&a, err);
@@ -3261,13 +3619,13 @@ extern "C" mmoe_status gfw_test_linear_fp8(const uint16_t *x, int64_t T, const u
     uint16_t *dy = (uint16_t *)tput(&a, NULL, 2 * (size_t)(T * N));
     if (a.ce == cudaSuccess) {
         k_act_quant<<<dim3((unsigned)(K / 128), (unsigned)T), 128>>>(dx, K, q, s);
-        launch_linear_fp8(q, s, T, f, dy, 0);
+        launch_linear_fp8(kernels, q, s, T, f, dy, 0);
     }
     return tfinish(&a, y, dy, 2 * (size_t)(T * N), err, "fp8 linear");
 }
 
-extern "C" mmoe_status gfw_test_linear_dense(const uint16_t *x, int64_t T, int64_t K, const void *w, int w_f32,
-                                             int64_t N, float *y, mmoe_error *err)
+extern "C" mmoe_status gfw_test_linear_dense(mmoe_gpu_fwd_kernels kernels, const uint16_t *x, int64_t T, int64_t K,
+                                             const void *w, int w_f32, int64_t N, float *y, mmoe_error *err)
 {
     tarena a;
     mmoe_status st = tbegin(&a, err);
@@ -3285,12 +3643,13 @@ extern "C" mmoe_status gfw_test_linear_dense(const uint16_t *x, int64_t T, int64
     memset(&ds, 0, sizeof ds);
     dense_add(&ds, wd, N, dy, NULL);
     if (a.ce == cudaSuccess)
-        k_linear_dense<<<(unsigned)(T * N), dense_threads(K)>>>(dx, T, K, K, ds, 0, 0);
+        launch_linear_dense(kernels, dx, T, K, K, ds, 0, 0, 0);
     return tfinish(&a, y, dy, sizeof(float) * (size_t)(T * N), err, "dense linear");
 }
 
-extern "C" mmoe_status gfw_test_linear_dense_f8(const uint16_t *x, int64_t T, int64_t K, const uint8_t *w,
-                                                const uint8_t *scale, int block, int64_t N, float *y, mmoe_error *err)
+extern "C" mmoe_status gfw_test_linear_dense_f8(mmoe_gpu_fwd_kernels kernels, const uint16_t *x, int64_t T,
+                                                int64_t K, const uint8_t *w, const uint8_t *scale, int block,
+                                                int64_t N, float *y, mmoe_error *err)
 {
     tarena a;
     mmoe_status st = tbegin(&a, err);
@@ -3311,7 +3670,7 @@ extern "C" mmoe_status gfw_test_linear_dense_f8(const uint16_t *x, int64_t T, in
     memset(&ds, 0, sizeof ds);
     dense_add(&ds, wd, N, dy, NULL);
     if (a.ce == cudaSuccess)
-        k_linear_dense<<<(unsigned)(T * N), dense_threads(K)>>>(dx, T, K, K, ds, 0, 0);
+        launch_linear_dense(kernels, dx, T, K, K, ds, 0, 0, 0);
     return tfinish(&a, y, dy, sizeof(float) * (size_t)(T * N), err, "dense linear (fp8 weight)");
 }
 

@@ -272,15 +272,25 @@ mmoe_status gfw_model_create_part(const mmoe_model *m, const gfw_ep_part *part, 
 /** RMSNorm of T rows of width n with a bf16 weight (k_rmsnorm). */
 mmoe_status gfw_test_rmsnorm(const uint16_t *x, int64_t T, int64_t n, const uint16_t *w, float eps, uint16_t *y,
                              mmoe_error *err);
-/** FP8 linear: x bf16 [T, K], w E4M3 [N, K], scale E8M0 [ceil(N/b), ceil(K/b)] (k_act_quant + k_linear_fp8). */
-mmoe_status gfw_test_linear_fp8(const uint16_t *x, int64_t T, const uint8_t *w, const uint8_t *scale, int64_t N,
-                                int64_t K, int block, uint16_t *y, mmoe_error *err);
-/** Dense linear: x bf16 [T, K], w BF16 (w_f32 = 0) or F32 [N, K], y fp32 [T, N] (k_linear_dense). */
-mmoe_status gfw_test_linear_dense(const uint16_t *x, int64_t T, int64_t K, const void *w, int w_f32, int64_t N,
-                                  float *y, mmoe_error *err);
-/** Dense linear with an FP8 weight: codes E4M3 [N, K], scale E8M0 [ceil(N/b), ceil(K/b)], y fp32 (k_linear_dense). */
-mmoe_status gfw_test_linear_dense_f8(const uint16_t *x, int64_t T, int64_t K, const uint8_t *w, const uint8_t *scale,
-                                     int block, int64_t N, float *y, mmoe_error *err);
+/**
+ * FP8 linear: x bf16 [T, K], w E4M3 [N, K], scale E8M0 [ceil(N/b), ceil(K/b)] (k_act_quant, then
+ * the kernel of set @p kernels that the forward would launch for this weight).
+ */
+mmoe_status gfw_test_linear_fp8(mmoe_gpu_fwd_kernels kernels, const uint16_t *x, int64_t T, const uint8_t *w,
+                                const uint8_t *scale, int64_t N, int64_t K, int block, uint16_t *y, mmoe_error *err);
+/**
+ * Dense linear: x bf16 [T, K], w BF16 (w_f32 = 0) or F32 [N, K], y fp32 [T, N] (k_linear_dense or
+ * k_linear_dense_split, as @p kernels says).
+ */
+mmoe_status gfw_test_linear_dense(mmoe_gpu_fwd_kernels kernels, const uint16_t *x, int64_t T, int64_t K, const void *w,
+                                  int w_f32, int64_t N, float *y, mmoe_error *err);
+/**
+ * Dense linear with an FP8 weight: codes E4M3 [N, K], scale E8M0 [ceil(N/b), ceil(K/b)], y fp32
+ * (k_linear_dense or k_linear_dense_split, as @p kernels says).
+ */
+mmoe_status gfw_test_linear_dense_f8(mmoe_gpu_fwd_kernels kernels, const uint16_t *x, int64_t T, int64_t K,
+                                     const uint8_t *w, const uint8_t *scale, int block, int64_t N, float *y,
+                                     mmoe_error *err);
 /** hc_pre of T tokens (k_hc_part, then k_hc_finish or k_hc_finish_split as @p kernels says). */
 mmoe_status gfw_test_hc_pre(mmoe_gpu_fwd_kernels kernels, int hc, int64_t D, int iters, float norm_eps, float hc_eps,
                             const uint16_t *X, int64_t T, const float *fn, const float *base, const float *scale,

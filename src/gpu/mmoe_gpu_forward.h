@@ -86,7 +86,7 @@ typedef struct mmoe_gpu_model mmoe_gpu_model;
 /**
  * The kernels of the per-token steps that one thread block ran serially: the indexer's query
  * transform (RoPE, Hadamard, FP4 round trip of every head), its top-k and mHC's Sinkhorn
- * iterations.
+ * iterations, and the kernels of the linears (dense and FP8).
  * Both sets compute the same operations on the same operands in the same order, so their
  * outputs are the same bits; they differ in how the work is spread over the device.
  */
@@ -94,10 +94,11 @@ typedef enum mmoe_gpu_fwd_kernels {
     MMOE_GPU_FWD_SERIAL = 0, /**< "serial": one block per token for the indexer queries (shared-memory
                                   Hadamard stages between block barriers) and for its top-k;
                                   Sinkhorn one thread per entry of block 0 with block barriers
-                                  between its steps */
+                                  between its steps; one block per output of a dense linear */
     MMOE_GPU_FWD_SPLIT = 1   /**< "split": one warp per indexer head in registers; the top-k's
                                   candidates over blocks; Sinkhorn in one warp's registers while
-                                  the block's other warps mix */
+                                  the block's other warps mix; one warp per output of a dense
+                                  linear; the FP8 linear's weight loads pipelined */
 } mmoe_gpu_fwd_kernels;
 
 /** The environment variable that selects the kernel set when a GPU model is created. */
