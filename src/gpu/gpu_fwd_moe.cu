@@ -48,11 +48,22 @@
  *
  * ## Decode
  *
- * E2M1 nibble n becomes the float with bits (n & 7) << 22 | (n & 8) << 28, which is
+ * E2M1 nibble n becomes the float d with bits (n & 7) << 22 | (n & 8) << 28, which is
  * e2m1(n) * 2^-126 exactly (codes 0 and 1 land on the subnormals 0 and 2^-127); times 2^126
- * and then times the UE8M0 scale 2^s gives fl(e2m1(n) * 2^s), the oracle's weight, for every
- * s (no flush to zero in this build).  E4M3 codes go through the hardware's E4M3 -> F16
- * conversion (exact), then one fp32 multiply by the block scale, as the oracle.
+ * and then times the UE8M0 scale 2^(s - 127) gives fl(e2m1(n) * 2^(s - 127)), the oracle's
+ * weight, for every s (no flush to zero in this build).  E4M3 codes go through the hardware's
+ * E4M3 -> F16 conversion (exact), then one fp32 multiply by the block scale, as the oracle.
+ *
+ * Two kernel sets (::gfw_moe_kset, the model's mmoe_gpu_fwd_kernels) give the same bits.  The
+ * serial set decodes as above.  The split set multiplies once: fl(d * 2^(s - 1)) is the same
+ * float whenever 2^(s - 1) is one, i.e. for scale bytes s <= 128 (gpu_moe_decode.h, where the
+ * bits, the factor and the proof's bounds are; the CPU suite gpu_moe_decode checks it for every
+ * code and scale against the oracle).  Each group of VB words checks its scale bytes first
+ * (moe_one_step_slot(): a few integer operations per group) and takes the one-multiply body,
+ * or the two-multiply one when a byte exceeds 128 (never for real checkpoints, whose scales
+ * are far below 1; correct either way, a divergent branch at worst).  Per E2M1 weight that
+ * leaves the bit moves (two shifts, two LOP3), one FMUL and the fma.  The split set also
+ * converts E4M3 codes two at a time (one E4M3x2 -> F16x2 conversion per pair, exact).
  *
  * ## The kernels of one call
  *
@@ -132,6 +143,17 @@ __device__ __forceinline__ float moe_e4m3_value(uint32_t code)
 {
     const __half_raw hr = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)code, __NV_E4M3);
     return __half2float(__half(hr));
+}
+
+/**
+ * E4M3 codes in bytes 2h and 2h + 1 of @p word -> their fp32 values @p v0, @p v1, by one
+ * hardware conversion of the pair to F16 (exact), then each F16 to fp32 (exact).
+ */
+__device__ __forceinline__ void moe_e4m3_pair_values(uint32_t word, int h, float &v0, float &v1)
+{
+    const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(word >> (16 * h)), __NV_E4M3);
+    v0 = __half2float(__half(__half_raw{hr.x}));
+    v1 = __half2float(__half(__half_raw{hr.y}));
 }
 
 /** E2M1 nibble @p n (low 4 bits) times 2^-126, exactly, as float bits. */
@@ -237,9 +259,10 @@ template <int FMT> struct moe_epw {
 
 /**
  * Decode word v of slot q of row n into w[] (the oracle's weight values); E2M1 words the
- * DEC way (a one-step group: every scale byte of the slot at most 128, moe_one_step_slot()).
+ * DEC way (a one-step group: every scale byte of the slot at most 128, moe_one_step_slot()),
+ * E4M3 words of the split set two codes per conversion.
  */
-template <int FMT, int VB, int NM, int PF, int DEC>
+template <int FMT, int VB, int NM, int PF, int KS, int DEC>
 __device__ __forceinline__ void moe_decode(const moe_batch<FMT, VB, NM, PF> &b, int q, int n, int v,
                                            float (&w)[moe_epw<FMT>::n])
 {
@@ -256,6 +279,15 @@ __device__ __forceinline__ void moe_decode(const moe_batch<FMT, VB, NM, PF> &b, 
 #pragma unroll
         for (int i = 0; i < moe_epw<FMT>::n; i++)
             w[i] = __fmul_rn(__fmul_rn(moe_e2m1_tiny(word >> (4 * i)), 0x1p126f), i < 4 ? s0 : s1);
+    } else if (FMT == MOE_WF_FP8 && KS == GFW_MOE_SPLIT) {
+        const float s = b.f[q][n];
+        float v[moe_epw<FMT>::n];
+#pragma unroll
+        for (int h = 0; h < moe_epw<FMT>::n / 2; h++)
+            moe_e4m3_pair_values(word, h, v[2 * h], v[2 * h + 1]);
+#pragma unroll
+        for (int i = 0; i < moe_epw<FMT>::n; i++)
+            w[i] = __fmul_rn(v[i], s);
     } else if (FMT == MOE_WF_FP8) {
         const float s = b.f[q][n];
 #pragma unroll
@@ -377,9 +409,9 @@ __device__ __forceinline__ int moe_one_step_slot(const moe_batch<FMT, VB, NM, PF
 
 /**
  * The fma of slot @p q's VB words of NM rows, for tokens t < @p nt: chain @p l's staged values
- * from @p m0 (chunk offset), the weights decoded the DEC way.
+ * from @p m0 (chunk offset), the weights decoded by kernel set KS, E2M1 the DEC way.
  */
-template <int FMT, int VB, int TT, int NM, int PF, int DEC>
+template <int FMT, int VB, int TT, int NM, int PF, int KS, int DEC>
 __device__ __forceinline__ void moe_group_fma(const moe_batch<FMT, VB, NM, PF> &cur, int q, const float *xs, int l,
                                               int m0, int mc, int nt, float (&acc)[NM][TT])
 {
@@ -390,7 +422,7 @@ __device__ __forceinline__ void moe_group_fma(const moe_batch<FMT, VB, NM, PF> &
         float w[NM][EPW];
 #pragma unroll
         for (int n = 0; n < NM; n++)
-            moe_decode<FMT, VB, NM, PF, DEC>(cur, q, n, v, w[n]);
+            moe_decode<FMT, VB, NM, PF, KS, DEC>(cur, q, n, v, w[n]);
 #pragma unroll
         for (int t = 0; t < TT; t++) {
             if (t < nt) {
@@ -446,9 +478,9 @@ __device__ __forceinline__ void moe_chain_dot(const moe_row (&r)[NM], const floa
             if (g0 + q < groups) {
                 const int m0 = (int)(g0 + q) * VB * EPW - c0;
                 if (FMT == MOE_WF_FP4 && KS == GFW_MOE_SPLIT && moe_one_step_slot(cur, q))
-                    moe_group_fma<FMT, VB, TT, NM, PF, MOE_DEC_ONE_STEP>(cur, q, xs, l, m0, mc, nt, acc);
+                    moe_group_fma<FMT, VB, TT, NM, PF, KS, MOE_DEC_ONE_STEP>(cur, q, xs, l, m0, mc, nt, acc);
                 else
-                    moe_group_fma<FMT, VB, TT, NM, PF, MOE_DEC_TWO_STEP>(cur, q, xs, l, m0, mc, nt, acc);
+                    moe_group_fma<FMT, VB, TT, NM, PF, KS, MOE_DEC_TWO_STEP>(cur, q, xs, l, m0, mc, nt, acc);
             }
         }
         cur = nxt;
