@@ -859,7 +859,11 @@ static void check_split_same_bits(const char *what, const char *dir, int64_t T, 
  * The split kernel set (MMOE_GPU_FWD_KERNELS=split): against the oracle on the tiny model
  * (sub-layers and the whole forward), and against the serial set bit for bit on the tiny
  * model, synth tiny x3 (ratio 4 with its indexer, 140 tokens) and V4-Flash widths (indexer
- * 64 x 128, hc 4).  The variable is left unset afterwards.
+ * 64 x 128, hc 4).  The MoE sub-layer's split expert kernels (one multiply per E2M1 weight,
+ * E4M3 codes converted in pairs) run in all of these: its sub-layer and given-routing cases
+ * against the oracle on the tiny model, and the V4-Flash widths cover the decode instance
+ * (one token per call, 4-word packing) against the serial set.  The variable is left unset
+ * afterwards.
  */
 START_TEST(test_split_kernels)
 {

@@ -2528,6 +2528,7 @@ static cudaError_t build(mmoe_gpu_model *g, const gfw_model_src *s, int *host_oo
         dm->Ws = m->shared_width;
         dm->B = m->shared_block;
         dm->limit = m->swiglu_limit;
+        dm->kset = g->fwd_kernels == MMOE_GPU_FWD_SPLIT ? GFW_MOE_SPLIT : GFW_MOE_SERIAL;
         d->route_scale = m->route_scale;
         d->gate = (const uint16_t *)gupload(g, m->gate, (size_t)(m->n_experts * D) * 2, &ce);
         d->bias = m->bias ? (const float *)gupload(g, m->bias, sizeof(float) * (size_t)m->n_experts, &ce) : NULL;

@@ -48,11 +48,22 @@
  *
  * ## Decode
  *
- * E2M1 nibble n becomes the float with bits (n & 7) << 22 | (n & 8) << 28, which is
+ * E2M1 nibble n becomes the float d with bits (n & 7) << 22 | (n & 8) << 28, which is
  * e2m1(n) * 2^-126 exactly (codes 0 and 1 land on the subnormals 0 and 2^-127); times 2^126
- * and then times the UE8M0 scale 2^s gives fl(e2m1(n) * 2^s), the oracle's weight, for every
- * s (no flush to zero in this build).  E4M3 codes go through the hardware's E4M3 -> F16
- * conversion (exact), then one fp32 multiply by the block scale, as the oracle.
+ * and then times the UE8M0 scale 2^(s - 127) gives fl(e2m1(n) * 2^(s - 127)), the oracle's
+ * weight, for every s (no flush to zero in this build).  E4M3 codes go through the hardware's
+ * E4M3 -> F16 conversion (exact), then one fp32 multiply by the block scale, as the oracle.
+ *
+ * Two kernel sets (::gfw_moe_kset, the model's mmoe_gpu_fwd_kernels) give the same bits.  The
+ * serial set decodes as above.  The split set multiplies once: fl(d * 2^(s - 1)) is the same
+ * float whenever 2^(s - 1) is one, i.e. for scale bytes s <= 128 (gpu_moe_decode.h, where the
+ * bits, the factor and the proof's bounds are; the CPU suite gpu_moe_decode checks it for every
+ * code and scale against the oracle).  Each group of VB words checks its scale bytes first
+ * (moe_one_step_slot(): a few integer operations per group) and takes the one-multiply body,
+ * or the two-multiply one when a byte exceeds 128 (never for real checkpoints, whose scales
+ * are far below 1; correct either way, a divergent branch at worst).  Per E2M1 weight that
+ * leaves the bit moves (two shifts, two LOP3), one FMUL and the fma.  The split set also
+ * converts E4M3 codes two at a time (one E4M3x2 -> F16x2 conversion per pair, exact).
  *
  * ## The kernels of one call
  *
@@ -95,9 +106,16 @@
 
 #include "gpu_forward_kernels.cuh"
 #include "gpu_fwd_moe.cuh"
+#include "gpu_moe_decode.h"
 
 /** Bits of one weight element per format. */
 enum moe_wfmt { MOE_WF_FP4 = 4, MOE_WF_FP8 = 8, MOE_WF_BF16 = 16 };
+
+/** How a group's E2M1 weights are decoded (gpu_moe_decode.h). */
+enum moe_dec {
+    MOE_DEC_TWO_STEP, /**< fl(fl(d * 2^126) * 2^(s - 127)): every scale byte (the serial set, and split's fallback) */
+    MOE_DEC_ONE_STEP  /**< fl(d * 2^(s - 1)): groups whose scale bytes are all <= 128 (split set) */
+};
 
 /** Rows per CTA of the expert GEMMs (times 8 chains = 128 threads: small CTAs fill the SMs evenly at T = 1). */
 #define MOE_ROWS 16
@@ -125,6 +143,17 @@ __device__ __forceinline__ float moe_e4m3_value(uint32_t code)
 {
     const __half_raw hr = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)code, __NV_E4M3);
     return __half2float(__half(hr));
+}
+
+/**
+ * E4M3 codes in bytes 2h and 2h + 1 of @p word -> their fp32 values @p v0, @p v1, by one
+ * hardware conversion of the pair to F16 (exact), then each F16 to fp32 (exact).
+ */
+__device__ __forceinline__ void moe_e4m3_pair_values(uint32_t word, int h, float &v0, float &v1)
+{
+    const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(word >> (16 * h)), __NV_E4M3);
+    v0 = __half2float(__half(__half_raw{hr.x}));
+    v1 = __half2float(__half(__half_raw{hr.y}));
 }
 
 /** E2M1 nibble @p n (low 4 bits) times 2^-126, exactly, as float bits. */
@@ -228,18 +257,37 @@ template <int FMT> struct moe_epw {
     static const int n = 32 / FMT; /**< elements of FMT bits in 32 */
 };
 
-/** Decode word v of slot q of row n into w[] (the oracle's weight values). */
-template <int FMT, int VB, int NM, int PF>
+/**
+ * Decode word v of slot q of row n into w[] (the oracle's weight values); E2M1 words the
+ * DEC way (a one-step group: every scale byte of the slot at most 128, moe_one_step_slot()),
+ * E4M3 words of the split set two codes per conversion.
+ */
+template <int FMT, int VB, int NM, int PF, int KS, int DEC>
 __device__ __forceinline__ void moe_decode(const moe_batch<FMT, VB, NM, PF> &b, int q, int n, int v,
                                            float (&w)[moe_epw<FMT>::n])
 {
     const uint32_t word = b.w[q][n][v];
-    if (FMT == MOE_WF_FP4) {
+    if (FMT == MOE_WF_FP4 && DEC == MOE_DEC_ONE_STEP) {
+        const uint32_t sb = b.s[q][n][v >> 1] >> (16 * (v & 1));
+        const float f0 = mmoe_moe_one_step_factor(sb & 0xFFu), f1 = mmoe_moe_one_step_factor((sb >> 8) & 0xFFu);
+#pragma unroll
+        for (int i = 0; i < moe_epw<FMT>::n; i++)
+            w[i] = mmoe_moe_e2m1_one_step(word >> (4 * i), i < 4 ? f0 : f1);
+    } else if (FMT == MOE_WF_FP4) {
         const uint32_t sb = b.s[q][n][v >> 1] >> (16 * (v & 1));
         const float s0 = gfw_ue8m0((uint8_t)(sb & 0xFF)), s1 = gfw_ue8m0((uint8_t)((sb >> 8) & 0xFF));
 #pragma unroll
         for (int i = 0; i < moe_epw<FMT>::n; i++)
             w[i] = __fmul_rn(__fmul_rn(moe_e2m1_tiny(word >> (4 * i)), 0x1p126f), i < 4 ? s0 : s1);
+    } else if (FMT == MOE_WF_FP8 && KS == GFW_MOE_SPLIT) {
+        const float s = b.f[q][n];
+        float v[moe_epw<FMT>::n];
+#pragma unroll
+        for (int h = 0; h < moe_epw<FMT>::n / 2; h++)
+            moe_e4m3_pair_values(word, h, v[2 * h], v[2 * h + 1]);
+#pragma unroll
+        for (int i = 0; i < moe_epw<FMT>::n; i++)
+            w[i] = __fmul_rn(v[i], s);
     } else if (FMT == MOE_WF_FP8) {
         const float s = b.f[q][n];
 #pragma unroll
@@ -343,6 +391,54 @@ __device__ __forceinline__ void moe_xread(const float *x, float (&xv)[EPW])
 }
 
 /**
+ * Whether every scale byte of slot @p q (all NM rows) is at most 128, so that its E2M1 weights
+ * decode in one multiply (gpu_moe_decode.h).  Uniform over a warp for real checkpoints, whose
+ * scales are all below 2^1.
+ */
+template <int FMT, int VB, int NM, int PF>
+__device__ __forceinline__ int moe_one_step_slot(const moe_batch<FMT, VB, NM, PF> &b, int q)
+{
+    uint32_t bad = 0;
+#pragma unroll
+    for (int n = 0; n < NM; n++)
+#pragma unroll
+        for (int j = 0; j < (VB == 4 ? 2 : 1); j++)
+            bad |= !mmoe_moe_one_step_word(b.s[q][n][j]);
+    return bad == 0;
+}
+
+/**
+ * The fma of slot @p q's VB words of NM rows, for tokens t < @p nt: chain @p l's staged values
+ * from @p m0 (chunk offset), the weights decoded by kernel set KS, E2M1 the DEC way.
+ */
+template <int FMT, int VB, int TT, int NM, int PF, int KS, int DEC>
+__device__ __forceinline__ void moe_group_fma(const moe_batch<FMT, VB, NM, PF> &cur, int q, const float *xs, int l,
+                                              int m0, int mc, int nt, float (&acc)[NM][TT])
+{
+    constexpr int EPW = moe_epw<FMT>::n;
+#pragma unroll
+    for (int v = 0; v < VB; v++) {
+        const int m = m0 + v * EPW;
+        float w[NM][EPW];
+#pragma unroll
+        for (int n = 0; n < NM; n++)
+            moe_decode<FMT, VB, NM, PF, KS, DEC>(cur, q, n, v, w[n]);
+#pragma unroll
+        for (int t = 0; t < TT; t++) {
+            if (t < nt) {
+                float xv[EPW];
+                moe_xread<EPW>(xs + moe_xs_pos(t, l, m, mc), xv);
+#pragma unroll
+                for (int n = 0; n < NM; n++)
+#pragma unroll
+                    for (int i = 0; i < EPW; i++)
+                        acc[n][t] = __fmaf_rn(xv[i], w[n][i], acc[n][t]);
+            }
+        }
+    }
+}
+
+/**
  * Chain @p l of NM rows over all @p groups groups, for tokens t < @p nt of the tile:
  * acc[n][t] = fma(x_t[m], w_n[m], acc[n][t]) for the chain's elements m in ascending order.
  * @p xt[t] is token t's chain-major row of K = 8 K8 values.  The activations are staged in
@@ -350,7 +446,7 @@ __device__ __forceinline__ void moe_xread(const float *x, float (&xv)[EPW])
  * thread of the CTA calls this, with the same @p nt and @p groups); the weights are loaded
  * one batch of PF groups ahead, across the chunks.
  */
-template <int FMT, int VB, int TT, int NM, int PF, int NTH>
+template <int FMT, int VB, int TT, int NM, int PF, int NTH, int KS>
 __device__ __forceinline__ void moe_chain_dot(const moe_row (&r)[NM], const float *const (&xt)[TT], int64_t K8,
                                               int l, int nt, int64_t groups, float *xs, float (&acc)[NM][TT])
 {
@@ -380,26 +476,11 @@ __device__ __forceinline__ void moe_chain_dot(const moe_row (&r)[NM], const floa
 #pragma unroll
         for (int q = 0; q < PF; q++) {
             if (g0 + q < groups) {
-#pragma unroll
-                for (int v = 0; v < VB; v++) {
-                    const int m = ((int)(g0 + q) * VB + v) * EPW - c0;
-                    float w[NM][EPW];
-#pragma unroll
-                    for (int n = 0; n < NM; n++)
-                        moe_decode(cur, q, n, v, w[n]);
-#pragma unroll
-                    for (int t = 0; t < TT; t++) {
-                        if (t < nt) {
-                            float xv[EPW];
-                            moe_xread<EPW>(xs + moe_xs_pos(t, l, m, mc), xv);
-#pragma unroll
-                            for (int n = 0; n < NM; n++)
-#pragma unroll
-                                for (int i = 0; i < EPW; i++)
-                                    acc[n][t] = __fmaf_rn(xv[i], w[n][i], acc[n][t]);
-                        }
-                    }
-                }
+                const int m0 = (int)(g0 + q) * VB * EPW - c0;
+                if (FMT == MOE_WF_FP4 && KS == GFW_MOE_SPLIT && moe_one_step_slot(cur, q))
+                    moe_group_fma<FMT, VB, TT, NM, PF, KS, MOE_DEC_ONE_STEP>(cur, q, xs, l, m0, mc, nt, acc);
+                else
+                    moe_group_fma<FMT, VB, TT, NM, PF, KS, MOE_DEC_TWO_STEP>(cur, q, xs, l, m0, mc, nt, acc);
             }
         }
         cur = nxt;
@@ -444,7 +525,7 @@ __global__ void __launch_bounds__(MOE_ROUTER_THREADS) k_moe_logits(const uint16_
     /* every thread takes part in the staging: a row past E reads row E - 1 and stores nothing */
     const int64_t er = valid ? e : E - 1;
     const moe_row r[1] = {{(const uint8_t *)(gate + er * D) + l * 4 * VB, NULL, NULL, 1}};
-    moe_chain_dot<MOE_WF_BF16, VB, TT, 1, PF, MOE_ROUTER_THREADS>(r, xt, D / 8, l, nt, moe_groups(D, 16, VB), xs, acc);
+    moe_chain_dot<MOE_WF_BF16, VB, TT, 1, PF, MOE_ROUTER_THREADS, GFW_MOE_SERIAL>(r, xt, D / 8, l, nt, moe_groups(D, 16, VB), xs, acc);
 #pragma unroll
     for (int t = 0; t < TT; t++) {
         const float sum = moe_combine8(acc[0][t]);
@@ -595,7 +676,7 @@ __global__ void __launch_bounds__(MOE_PLAN_THREADS)
  * expert idx[p] with weight wts[p]; task T*k + t is token t's shared expert (weight 1).
  * h[p, j] = bf16((silu(g) * u) * w) with g, u = bf16 of the sums, clamped, silu = g / (1 + exp(-g)).
  */
-template <int VB, int TT>
+template <int VB, int TT, int KS>
 __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l1(dmoe m, gfw_moe_work w, const float *xq, const float *wts,
                                                          int64_t T, int64_t width, float *h)
 {
@@ -631,12 +712,12 @@ __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l1(dm
         const float *srow1 = m.ss1 + (jr / m.B) * scols, *srow3 = m.ss3 + (jr / m.B) * scols;
         const moe_row r[2] = {{m.sw1 + jr * D + l * 4 * VB, NULL, srow1, m.B / (32 * VB)},
                               {m.sw3 + jr * D + l * 4 * VB, NULL, srow3, m.B / (32 * VB)}};
-        moe_chain_dot<MOE_WF_FP8, VB, TT, 2, 4 / VB, MOE_THREADS>(r, xt, D / 8, l, nt, moe_groups(D, 8, VB), xs, acc);
+        moe_chain_dot<MOE_WF_FP8, VB, TT, 2, 4 / VB, MOE_THREADS, KS>(r, xt, D / 8, l, nt, moe_groups(D, 8, VB), xs, acc);
     } else {
         const int64_t row = (int64_t)it.x * m.I + jr;
         const moe_row r[2] = {{m.w1 + row * (D / 2) + l * 4 * VB, m.s1 + row * (D / 32), NULL, 1},
                               {m.w3 + row * (D / 2) + l * 4 * VB, m.s3 + row * (D / 32), NULL, 1}};
-        moe_chain_dot<MOE_WF_FP4, VB, TT, 2, 4 / VB, MOE_THREADS>(r, xt, D / 8, l, nt, moe_groups(D, 4, VB), xs, acc);
+        moe_chain_dot<MOE_WF_FP4, VB, TT, 2, 4 / VB, MOE_THREADS, KS>(r, xt, D / 8, l, nt, moe_groups(D, 4, VB), xs, acc);
     }
 #pragma unroll
     for (int t = 0; t < TT; t++) {
@@ -671,7 +752,7 @@ __global__ void k_moe_requant(dmoe m, const int32_t *idx, int64_t T, const float
 }
 
 /** L2 for 16 output rows of one item: slot_y[p, n] = bf16(sum), thread (row n, chain l). */
-template <int VB, int TT>
+template <int VB, int TT, int KS>
 __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l2(dmoe m, gfw_moe_work w, int64_t T, int64_t width,
                                                          uint16_t *slot_y)
 {
@@ -702,11 +783,11 @@ __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l2(dm
     if (shared) {
         const int scols = (int)((Iw + m.B - 1) / m.B);
         const moe_row r[1] = {{m.sw2 + nr * Iw + l * 4 * VB, NULL, m.ss2 + (nr / m.B) * scols, m.B / (32 * VB)}};
-        moe_chain_dot<MOE_WF_FP8, VB, TT, 1, 8 / VB, MOE_THREADS>(r, xt, Iw / 8, l, nt, moe_groups(Iw, 8, VB), xs, acc);
+        moe_chain_dot<MOE_WF_FP8, VB, TT, 1, 8 / VB, MOE_THREADS, KS>(r, xt, Iw / 8, l, nt, moe_groups(Iw, 8, VB), xs, acc);
     } else {
         const int64_t row = (int64_t)it.x * D + nr;
         const moe_row r[1] = {{m.w2 + row * (Iw / 2) + l * 4 * VB, m.s2 + row * (Iw / 32), NULL, 1}};
-        moe_chain_dot<MOE_WF_FP4, VB, TT, 1, 8 / VB, MOE_THREADS>(r, xt, Iw / 8, l, nt, moe_groups(Iw, 4, VB), xs, acc);
+        moe_chain_dot<MOE_WF_FP4, VB, TT, 1, 8 / VB, MOE_THREADS, KS>(r, xt, Iw / 8, l, nt, moe_groups(Iw, 4, VB), xs, acc);
     }
 #pragma unroll
     for (int t = 0; t < TT; t++) {
@@ -860,14 +941,14 @@ static void moe_launch_logits(const gfw_moe_router &r, const float *xb, int64_t 
     k_moe_logits<VB, TT, 32 / VB><<<grid, MOE_ROUTER_THREADS, 0, st>>>(r.gate, xb, T, E, D, lg);
 }
 
-/** Launch L1, requant and L2 for tile TT. */
-template <int VB, int TT>
+/** Launch L1, requant and L2 for tile TT and kernel set KS. */
+template <int VB, int TT, int KS>
 static cudaError_t moe_launch_experts(const dmoe &m, const gfw_moe_work &w, const gfw_moe_io &io, int64_t items,
                                       cudaStream_t st, const char **what)
 {
     const int64_t T = io.T, tasks = T * m.k + (m.Ws > 0 ? T : 0);
     *what = "moe L1";
-    k_moe_l1<VB, TT><<<dim3(moe_nblk(io.width, MOE_ROWS), (unsigned)items), MOE_THREADS, 0, st>>>(
+    k_moe_l1<VB, TT, KS><<<dim3(moe_nblk(io.width, MOE_ROWS), (unsigned)items), MOE_THREADS, 0, st>>>(
         m, w, io.xq, io.wts, T, io.width, io.h);
     cudaError_t ce = cudaGetLastError();
     if (ce != cudaSuccess)
@@ -878,13 +959,13 @@ static cudaError_t moe_launch_experts(const dmoe &m, const gfw_moe_work &w, cons
     if ((ce = cudaGetLastError()) != cudaSuccess)
         return ce;
     *what = "moe L2";
-    k_moe_l2<VB, TT><<<dim3(moe_nblk(m.D, MOE_ROWS), (unsigned)items), MOE_THREADS, 0, st>>>(m, w, T, io.width,
+    k_moe_l2<VB, TT, KS><<<dim3(moe_nblk(m.D, MOE_ROWS), (unsigned)items), MOE_THREADS, 0, st>>>(m, w, T, io.width,
                                                                                          io.slot_y);
     return cudaGetLastError();
 }
 
-/** Dispatch on the token tile. */
-template <int VB>
+/** Dispatch on the token tile (the experts' kernels of set KS). */
+template <int VB, int KS>
 static cudaError_t moe_run_vb(const dmoe &m, const gfw_moe_router &r, const gfw_moe_work &w, const gfw_moe_io &io,
                               int given, cudaStream_t st, const char **what)
 {
@@ -916,10 +997,10 @@ static cudaError_t moe_run_vb(const dmoe &m, const gfw_moe_router &r, const gfw_
     if (items > Tk + (m.Ws > 0 ? T : 0))
         items = Tk + (m.Ws > 0 ? T : 0);
     switch (TT) {
-    case 1: ce = moe_launch_experts<VB, 1>(m, w, io, items, st, what); break;
-    case 2: ce = moe_launch_experts<VB, 2>(m, w, io, items, st, what); break;
-    case 4: ce = moe_launch_experts<VB, 4>(m, w, io, items, st, what); break;
-    default: ce = moe_launch_experts<VB, 8>(m, w, io, items, st, what); break;
+    case 1: ce = moe_launch_experts<VB, 1, KS>(m, w, io, items, st, what); break;
+    case 2: ce = moe_launch_experts<VB, 2, KS>(m, w, io, items, st, what); break;
+    case 4: ce = moe_launch_experts<VB, 4, KS>(m, w, io, items, st, what); break;
+    default: ce = moe_launch_experts<VB, 8, KS>(m, w, io, items, st, what); break;
     }
     return ce;
 }
@@ -927,7 +1008,11 @@ static cudaError_t moe_run_vb(const dmoe &m, const gfw_moe_router &r, const gfw_
 cudaError_t gfw_moe_rows(const dmoe &m, const gfw_moe_router &r, const gfw_moe_work &w, const gfw_moe_io &io,
                          int given, cudaStream_t st, const char **what)
 {
-    return m.vb == 4 ? moe_run_vb<4>(m, r, w, io, given, st, what) : moe_run_vb<1>(m, r, w, io, given, st, what);
+    if (m.kset == GFW_MOE_SPLIT)
+        return m.vb == 4 ? moe_run_vb<4, GFW_MOE_SPLIT>(m, r, w, io, given, st, what)
+                         : moe_run_vb<1, GFW_MOE_SPLIT>(m, r, w, io, given, st, what);
+    return m.vb == 4 ? moe_run_vb<4, GFW_MOE_SERIAL>(m, r, w, io, given, st, what)
+                     : moe_run_vb<1, GFW_MOE_SERIAL>(m, r, w, io, given, st, what);
 }
 
 cudaError_t gfw_moe_combine(const dmoe &m, const gfw_moe_io &io, cudaStream_t st, const char **what)

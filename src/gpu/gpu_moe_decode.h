@@ -1,0 +1,124 @@
+/**
+ * @file gpu_moe_decode.h
+ * @brief The E2M1 weight decode of the GPU forward's MoE chains (gpu_fwd_moe.cu), in plain C
+ *        that the CUDA kernels and a CPU test (tests/test_gpu_moe_decode.c) share.
+ *
+ * A routed expert's weight is the oracle's fl(e2m1(n) * 2^(s - 127)): E2M1 code n (sign bit 3,
+ * magnitude bits 0..2), UE8M0 scale byte s of its 32-wide group, one fp32 rounding.  The chains
+ * of gpu_fwd_moe.cu build it from integer bit moves and fp32 multiplies, never from a table:
+ *
+ *   - **The tiny float.**  Code n placed as the fp32 bits (n & 7) << 22 | (n & 8) << 28 is the
+ *     number d = e2m1(n) * 2^-126 exactly: magnitude bits e1 e0 m land on the two low exponent
+ *     bits and the top mantissa bit, so codes 2..7 are normal numbers 2^-126 .. 1.5 * 2^-124 and
+ *     code 1 (0.5) is the subnormal 2^-127, code 0 is zero, with the code's sign
+ *     (mmoe_moe_e2m1_tiny_bits()).
+ *   - **Two steps (every s).**  fl(fl(d * 2^126) * 2^(s - 127)): the first product is e2m1(n)
+ *     exactly, the second is the oracle's product with its one rounding; 2^(s - 127) is the
+ *     UE8M0 value (2^-127 the subnormal for s = 0, NaN for s = 255).  Two FMUL per weight.
+ *   - **One step (s <= 128).**  fl(d * 2^(s - 1)).  For s <= 128 the factor 2^(s - 1) is a
+ *     normal fp32 number (exponent field s + 126, from 126 for s = 0 to 254 for s = 128), and
+ *     d * 2^(s - 1) is the same real number e2m1(n) * 2^(s - 127) that the two-step path rounds
+ *     once: the same float, subnormal results and zeros (with their sign) included, whatever
+ *     the code.  One FMUL per weight.  For s >= 129 the factor would not be a float (2^128
+ *     and up), so those groups (and s = 255, NaN) keep the two steps; real checkpoints have
+ *     scales far below 2^1 (s < 128), so the choice is the same for every group of a layer.
+ *
+ * The test proves the one-step product equal to the oracle's weight (mmoe_fp4_e2m1_to_f32()
+ * times mmoe_ue8m0_to_f32()) bit for bit for all 16 codes x 129 scales, the two-step product for
+ * all 16 x 256, and the kernel's per-word test of "every scale byte <= 128" on every byte value
+ * in every position.  It is compiled without contraction (no fma may replace a multiply) and
+ * the kernels are built without flush-to-zero (subnormals matter here).
+ */
+#ifndef MMOE_GPU_MOE_DECODE_H
+#define MMOE_GPU_MOE_DECODE_H
+
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __CUDACC__
+#define MMOE_MOE_DEC_FN __host__ __device__ static inline
+#else
+#define MMOE_MOE_DEC_FN static inline
+#endif
+
+/** Bounds of the decode paths (UE8M0 scale bytes). */
+enum mmoe_moe_dec_bound {
+    MMOE_MOE_DEC_ONE_STEP_MAX = 128, /**< largest scale byte whose 2^(s - 1) is a float: one FMUL */
+    MMOE_MOE_DEC_UE8M0_NAN = 255     /**< the UE8M0 byte that means NaN */
+};
+
+/** The fp32 number with bits @p u (on the device: no instruction). */
+MMOE_MOE_DEC_FN float mmoe_moe_f32_from_bits(uint32_t u)
+{
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+#endif
+}
+
+/** fl(a * b), never contracted into a neighbouring add (__fmul_rn on the device). */
+MMOE_MOE_DEC_FN float mmoe_moe_mul(float a, float b)
+{
+#ifdef __CUDA_ARCH__
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+
+/** The fp32 bits of e2m1(n) * 2^-126 for the code in the low 4 bits of @p n (higher bits ignored). */
+MMOE_MOE_DEC_FN uint32_t mmoe_moe_e2m1_tiny_bits(uint32_t n)
+{
+    return ((n & 7u) << 22) | ((n & 8u) << 28);
+}
+
+/** e2m1(n) * 2^-126 as a float (mmoe_moe_e2m1_tiny_bits()). */
+MMOE_MOE_DEC_FN float mmoe_moe_e2m1_tiny(uint32_t n)
+{
+    return mmoe_moe_f32_from_bits(mmoe_moe_e2m1_tiny_bits(n));
+}
+
+/** 2^(s - 127) for UE8M0 byte @p s: 2^-127 (subnormal) for 0, NaN for 255. */
+MMOE_MOE_DEC_FN float mmoe_moe_ue8m0(uint32_t s)
+{
+    return s == MMOE_MOE_DEC_UE8M0_NAN ? mmoe_moe_f32_from_bits(0x7FC00000u)
+                                       : mmoe_moe_f32_from_bits(s == 0 ? 0x00400000u : s << 23);
+}
+
+/** The one-step factor 2^(s - 1) for a scale byte @p s <= MMOE_MOE_DEC_ONE_STEP_MAX (exponent field s + 126). */
+MMOE_MOE_DEC_FN float mmoe_moe_one_step_factor(uint32_t s)
+{
+    return mmoe_moe_f32_from_bits((s + 126u) << 23);
+}
+
+/**
+ * Nonzero when every byte of @p w is at most MMOE_MOE_DEC_ONE_STEP_MAX (= 0x80): a byte is
+ * larger exactly when its top bit and one of its low 7 bits are set.  Adding 0x7F to each low
+ * 7-bit field sets that field's bit 7 exactly when the field is nonzero (no carry leaves the
+ * byte: 0x7F + 0x7F < 0x100).
+ */
+MMOE_MOE_DEC_FN int mmoe_moe_one_step_word(uint32_t w)
+{
+    const uint32_t low_nonzero = ((w & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) & 0x80808080u;
+    return (w & low_nonzero & 0x80808080u) == 0;
+}
+
+/**
+ * The weight fl(e2m1(n) * 2^(s - 127)) by two multiplies, for every scale byte: fl(d * 2^126)
+ * is e2m1(n) exactly, then times the UE8M0 value @p scale.
+ */
+MMOE_MOE_DEC_FN float mmoe_moe_e2m1_two_step(uint32_t n, float scale)
+{
+    return mmoe_moe_mul(mmoe_moe_mul(mmoe_moe_e2m1_tiny(n), 0x1p126f), scale);
+}
+
+/** The same weight by one multiply, @p factor = mmoe_moe_one_step_factor(s) for s <= 128. */
+MMOE_MOE_DEC_FN float mmoe_moe_e2m1_one_step(uint32_t n, float factor)
+{
+    return mmoe_moe_mul(mmoe_moe_e2m1_tiny(n), factor);
+}
+
+#endif
