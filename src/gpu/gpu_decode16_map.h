@@ -44,6 +44,7 @@
 #ifdef __CUDACC__
 #define MMOE_D16_FN __host__ __device__ static inline
 #else
+/** The qualifiers of this header's functions: host and device under nvcc, static inline in C. */
 #define MMOE_D16_FN static inline
 #endif
 

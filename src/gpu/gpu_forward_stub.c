@@ -110,24 +110,25 @@ mmoe_status gfw_test_rmsnorm(const uint16_t *x, int64_t T, int64_t n, const uint
     return no_cuda(err);
 }
 
-mmoe_status gfw_test_linear_fp8(const uint16_t *x, int64_t T, const uint8_t *w, const uint8_t *scale, int64_t N,
-                                int64_t K, int block, uint16_t *y, mmoe_error *err)
+mmoe_status gfw_test_linear_fp8(mmoe_gpu_fwd_kernels kernels, const uint16_t *x, int64_t T, const uint8_t *w,
+                                const uint8_t *scale, int64_t N, int64_t K, int block, uint16_t *y, mmoe_error *err)
 {
-    (void)x; (void)T; (void)w; (void)scale; (void)N; (void)K; (void)block; (void)y;
+    (void)kernels; (void)x; (void)T; (void)w; (void)scale; (void)N; (void)K; (void)block; (void)y;
     return no_cuda(err);
 }
 
-mmoe_status gfw_test_linear_dense(const uint16_t *x, int64_t T, int64_t K, const void *w, int w_f32, int64_t N,
-                                  float *y, mmoe_error *err)
+mmoe_status gfw_test_linear_dense(mmoe_gpu_fwd_kernels kernels, const uint16_t *x, int64_t T, int64_t K, const void *w,
+                                  int w_f32, int64_t N, float *y, mmoe_error *err)
 {
-    (void)x; (void)T; (void)K; (void)w; (void)w_f32; (void)N; (void)y;
+    (void)kernels; (void)x; (void)T; (void)K; (void)w; (void)w_f32; (void)N; (void)y;
     return no_cuda(err);
 }
 
-mmoe_status gfw_test_linear_dense_f8(const uint16_t *x, int64_t T, int64_t K, const uint8_t *w, const uint8_t *scale,
-                                     int block, int64_t N, float *y, mmoe_error *err)
+mmoe_status gfw_test_linear_dense_f8(mmoe_gpu_fwd_kernels kernels, const uint16_t *x, int64_t T, int64_t K,
+                                     const uint8_t *w, const uint8_t *scale, int block, int64_t N, float *y,
+                                     mmoe_error *err)
 {
-    (void)x; (void)T; (void)K; (void)w; (void)scale; (void)block; (void)N; (void)y;
+    (void)kernels; (void)x; (void)T; (void)K; (void)w; (void)scale; (void)block; (void)N; (void)y;
     return no_cuda(err);
 }
 

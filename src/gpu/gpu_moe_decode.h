@@ -38,6 +38,7 @@
 #ifdef __CUDACC__
 #define MMOE_MOE_DEC_FN __host__ __device__ static inline
 #else
+/** The qualifiers of this header's functions: host and device under nvcc, static inline in C. */
 #define MMOE_MOE_DEC_FN static inline
 #endif
 
