@@ -3625,6 +3625,23 @@ extern "C" mmoe_status gfw_test_linear_fp8(mmoe_gpu_fwd_kernels kernels, const u
     return tfinish(&a, y, dy, 2 * (size_t)(T * N), err, "fp8 linear");
 }
 
+/**
+ * The rest of a dense-linear test hook once its weight @p wd is on the device: x [T, K] up, the
+ * linear of set @p kernels into fp32 [T, N], the result down into @p y (@p what names a failure).
+ */
+static mmoe_status test_dense_run(tarena *a, mmoe_gpu_fwd_kernels kernels, const ddense &wd, const uint16_t *x,
+                                  int64_t T, int64_t K, int64_t N, float *y, mmoe_error *err, const char *what)
+{
+    uint16_t *dx = (uint16_t *)tput(a, x, 2 * (size_t)(T * K));
+    float *dy = (float *)tput(a, NULL, sizeof(float) * (size_t)(T * N));
+    dense_set ds;
+    memset(&ds, 0, sizeof ds);
+    dense_add(&ds, wd, N, dy, NULL);
+    if (a->ce == cudaSuccess)
+        launch_linear_dense(kernels, dx, T, K, K, ds, 0, 0, 0);
+    return tfinish(a, y, dy, sizeof(float) * (size_t)(T * N), err, what);
+}
+
 extern "C" mmoe_status gfw_test_linear_dense(mmoe_gpu_fwd_kernels kernels, const uint16_t *x, int64_t T, int64_t K,
                                              const void *w, int w_f32, int64_t N, float *y, mmoe_error *err)
 {
@@ -3638,14 +3655,7 @@ extern "C" mmoe_status gfw_test_linear_dense(mmoe_gpu_fwd_kernels kernels, const
     wd.rows = N;
     wd.cols = K;
     wd.p = tput(&a, w, (w_f32 ? 4 : 2) * (size_t)(N * K));
-    uint16_t *dx = (uint16_t *)tput(&a, x, 2 * (size_t)(T * K));
-    float *dy = (float *)tput(&a, NULL, sizeof(float) * (size_t)(T * N));
-    dense_set ds;
-    memset(&ds, 0, sizeof ds);
-    dense_add(&ds, wd, N, dy, NULL);
-    if (a.ce == cudaSuccess)
-        launch_linear_dense(kernels, dx, T, K, K, ds, 0, 0, 0);
-    return tfinish(&a, y, dy, sizeof(float) * (size_t)(T * N), err, "dense linear");
+    return test_dense_run(&a, kernels, wd, x, T, K, N, y, err, "dense linear");
 }
 
 extern "C" mmoe_status gfw_test_linear_dense_f8(mmoe_gpu_fwd_kernels kernels, const uint16_t *x, int64_t T,
@@ -3665,14 +3675,7 @@ extern "C" mmoe_status gfw_test_linear_dense_f8(mmoe_gpu_fwd_kernels kernels, co
     wd.scols = (K + block - 1) / block;
     wd.p = tput(&a, w, (size_t)(N * K));
     wd.scale = (const uint8_t *)tput(&a, scale, (size_t)(((N + block - 1) / block) * wd.scols));
-    uint16_t *dx = (uint16_t *)tput(&a, x, 2 * (size_t)(T * K));
-    float *dy = (float *)tput(&a, NULL, sizeof(float) * (size_t)(T * N));
-    dense_set ds;
-    memset(&ds, 0, sizeof ds);
-    dense_add(&ds, wd, N, dy, NULL);
-    if (a.ce == cudaSuccess)
-        launch_linear_dense(kernels, dx, T, K, K, ds, 0, 0, 0);
-    return tfinish(&a, y, dy, sizeof(float) * (size_t)(T * N), err, "dense linear (fp8 weight)");
+    return test_dense_run(&a, kernels, wd, x, T, K, N, y, err, "dense linear (fp8 weight)");
 }
 
 extern "C" mmoe_status gfw_test_hc_pre(mmoe_gpu_fwd_kernels kernels, int hc, int64_t D, int iters, float norm_eps,
