@@ -8,8 +8,9 @@
  * "1", anything else is refused naming it (exit 1, even under `--cuda-graph off`, since the
  * GPU model reads it again); the option takes "on" or "off" (else a usage error, exit 2);
  * `--cuda-graph on` with `--backend cpu` is a usage error; graphs with `--gpus N` are refused
- * (exit 2 for the option, 1 for the variable); with the CPU running, the reports say that no
- * step was graphed.  The expected messages are written here from those rules.
+ * (exit 2 for the option, 1 for the variable); with neither option nor variable, graphs are on
+ * where one GPU model runs (`--backend gpu|auto`) and off on the CPU and over `--gpus N`; with
+ * the CPU running, the reports say that no step was graphed.  The expected messages are written here from those rules.
  */
 #include <check.h>
 #include <stdio.h>
@@ -232,6 +233,52 @@ START_TEST(the_cpu_reports_no_graph)
 }
 END_TEST
 
+/* neither option nor variable: graphs wherever one GPU model runs, off on the CPU and over --gpus N */
+START_TEST(the_default_follows_the_backend)
+{
+    char args[8192];
+    const char *name;
+    for (int i = 0; i < 4; i++) {
+        /* the CPU (the default backend): nothing about graphs, no step graphed */
+        command_args(i, args, sizeof args - 64, &name);
+        if (i == 2)
+            continue; /* serve would listen */
+        char *err = run_expect(NULL, args, 0);
+        ck_assert_msg(strstr(err, "cuda graph") == NULL && strstr(err, "cuda-graph") == NULL, "%s: %s", name, err);
+        free(err);
+        /* auto: on where a GPU is (the backend line says so); without one the CPU runs and says the graph had nothing to do */
+        command_args(i, args, sizeof args - 64, &name);
+        strcat(args, " --backend auto");
+        err = run_expect(NULL, args, 0);
+        if (have_gpu())
+            ck_assert_msg(strstr(err, "backend: gpu (auto") && strstr(err, "cuda graph: on"), "%s: %s", name, err);
+        else
+            ck_assert_msg(strstr(err, "backend: cpu (auto") && strstr(err, "cuda graph: not used"), "%s: %s", name, err);
+        free(err);
+        /* --gpus N: off by default, so no refusal about graphs whatever else happens */
+        command_args(i, args, sizeof args - 64, &name);
+        strcat(args, " --gpus 2");
+        unsetenv(MMOE_GPU_GRAPH_ENV);
+        char *out;
+        mmoe_test_run_cli(g_dir, args, NULL, &out, &err);
+        ck_assert_msg(strstr(err, "cuda-graph") == NULL && strstr(err, MMOE_GPU_GRAPH_ENV) == NULL, "%s: %s", name, err);
+        free(out);
+        free(err);
+    }
+    /* the logits file of the CPU run says no call was graphed */
+    command_args(0, args, sizeof args, &name);
+    free(run_expect(NULL, args, 0));
+    char path[700];
+    snprintf(path, sizeof path, "%s/l.st", g_dir);
+    mmoe_st_file *f = NULL;
+    mmoe_error e;
+    mmoe_error_clear(&e);
+    ck_assert_msg(mmoe_st_open(path, &f, &e) == MMOE_OK, "%s", e.msg);
+    ck_assert_str_eq(mmoe_st_metadata(f, "cuda_graph"), "false");
+    mmoe_st_close(f);
+}
+END_TEST
+
 static Suite *cuda_graph_cli_suite(void)
 {
     Suite *s = suite_create("cuda_graph_cli");
@@ -240,6 +287,7 @@ static Suite *cuda_graph_cli_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, env_values);
     tcase_add_test(tc, option_values_are_on_or_off);
+    tcase_add_test(tc, the_default_follows_the_backend);
     tcase_add_test(tc, on_with_the_cpu_backend_is_refused);
     tcase_add_test(tc, a_bad_variable_is_refused_by_every_command);
     tcase_add_test(tc, graphs_over_several_gpus_are_refused);

@@ -123,7 +123,8 @@ mmoe_status mmoe_cli_ep_open_gpus(const mmoe_cli_ep *o, const mmoe_model *m, int
             mmoe_gpu_model_bytes b;
             mmoe_gpu_model_bytes_held(mmoe_ep_gpu_model_rank(*out, r), &b);
             fprintf(stderr, " GPU %d %.1f, [%lld, %lld)%s", r, (double)b.total / 1048576.0, (long long)p->first[r],
-                    (long long)p->first[r + 1], r + 1 < o->gpus ? ";" : "\n");
+                    (long long)p->first[r + 1],
+                    r + 1 < o->gpus ? ";" : "; cuda graph: off (the ranks run kernel by kernel)\n");
         }
     }
     return MMOE_OK;

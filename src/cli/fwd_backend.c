@@ -5,6 +5,7 @@
 #include "mmoe_fwd_backend.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "mmoe_cli.h"
@@ -43,6 +44,10 @@ int mmoe_cuda_graph_resolve(const char *cmd, mmoe_cuda_graph_opt *o, mmoe_backen
     if (mmoe_gpu_graph_env(&env_on, &err) != MMOE_OK) {
         fprintf(stderr, "megamoe %s: %s\n", cmd, err.msg);
         return 1;
+    }
+    if (!o->given && getenv(MMOE_GPU_GRAPH_ENV) == NULL) {
+        o->on = gpus == 0 && backend != MMOE_BACKEND_CPU; /* the default: graphs wherever one GPU model runs */
+        return 0;
     }
     if (!o->given)
         o->on = env_on;

@@ -30,27 +30,31 @@ int mmoe_backend_parse(const char *s, mmoe_backend *out);
 /**
  * `--cuda-graph on|off`: whether the GPU forward runs each decode step as one CUDA graph
  * replay (mmoe_gpu_forward.h).  Without the option the environment variable MMOE_GPU_GRAPH
- * decides (unset or 0: off, 1: on, anything else refused).  `on` with `--backend cpu` is a
+ * decides (0: off, 1: on, anything else refused); with neither, graphs are on wherever one GPU
+ * model runs the forward (`--backend gpu` or `auto`) and off with `--backend cpu` and with
+ * `--gpus N` (the backend line says which).  `on` with `--backend cpu` is a
  * usage error; graphs with `--gpus N` are refused (the forward over several GPUs exchanges
  * rows through the host inside each MoE sub-layer and runs kernel by kernel), whether asked by
  * the option (usage error) or by the variable (error: pass --cuda-graph off or unset it).
  */
 typedef struct mmoe_cuda_graph_opt {
     int given;  /**< 1: --cuda-graph was on the command line */
-    int on;     /**< the setting: the option's, else MMOE_GPU_GRAPH's (after mmoe_cuda_graph_resolve()) */
+    int on;     /**< the setting: the option's, else MMOE_GPU_GRAPH's, else the default (after mmoe_cuda_graph_resolve()) */
 } mmoe_cuda_graph_opt;
 
 /** Usage line of the option (for the commands' help texts). */
 #define MMOE_CUDA_GRAPH_USAGE                                                                                          \
     "  --cuda-graph on|off  the GPU forward's decode steps (one token) as one CUDA graph replay each\n"                \
-    "                   (default: the environment variable MMOE_GPU_GRAPH, 1 or 0; unset: off)\n"
+    "                   (default: the environment variable MMOE_GPU_GRAPH, 1 or 0; unset: on with one GPU,\n"     \
+    "                   off with --gpus N, whose ranks run kernel by kernel)\n"
 
 /** Parse the value of --cuda-graph for command @p cmd ("logits"): 0, or a message and MMOE_EXIT_USAGE. */
 int mmoe_cuda_graph_option(const char *cmd, const char *value, mmoe_cuda_graph_opt *o);
 
 /**
  * Settle the option after parsing: check MMOE_GPU_GRAPH (always: a bad value is refused even
- * under the option) and take its setting without --cuda-graph; refuse graphs with the CPU
+ * under the option) and take its setting without --cuda-graph, the default without either (on
+ * for one GPU model: @p backend gpu or auto and @p gpus 0); refuse graphs with the CPU
  * backend (only when asked by the option) and with @p gpus > 0 GPUs.
  * @return 0; 1 (a bad MMOE_GPU_GRAPH, or the variable asks for graphs with --gpus); MMOE_EXIT_USAGE
  */
