@@ -333,7 +333,7 @@ START_TEST(cli_bench_forward)
     ck_assert_str_eq(json_string_value(json_object_get(o, "backend")), "gpu");
     ck_assert_str_eq(json_string_value(json_object_get(o, "comm")), "nccl");
     const char *kernels_env = getenv(MMOE_GPU_FWD_KERNELS_ENV); /* the suite may run under either set */
-    ck_assert_str_eq(json_string_value(json_object_get(o, "fwd_kernels")), kernels_env ? kernels_env : "serial");
+    ck_assert_str_eq(json_string_value(json_object_get(o, "fwd_kernels")), kernels_env ? kernels_env : "split");
     ck_assert_int_eq(jint(o, "gpus"), 1);
     ck_assert_int_eq(jint(o, "layers"), 4);
     ck_assert_int_eq(jint(o, "prefill_tokens"), 5);

@@ -890,7 +890,7 @@ START_TEST(test_split_kernels)
 END_TEST
 
 /**
- * How MMOE_GPU_FWD_KERNELS is read (no device needed): unset is serial; "serial" and "split";
+ * How MMOE_GPU_FWD_KERNELS is read (no device needed): unset is split; "serial" and "split";
  * anything else, the empty string too, refused with the variable and the value named.  The
  * caller's value is restored.  @return 0 when all holds
  */
@@ -904,7 +904,7 @@ static int check_kernels_env(void)
         const char *value;
         mmoe_status st;
         mmoe_gpu_fwd_kernels k;
-    } cases[] = {{NULL, MMOE_OK, MMOE_GPU_FWD_SERIAL},     {"serial", MMOE_OK, MMOE_GPU_FWD_SERIAL},
+    } cases[] = {{NULL, MMOE_OK, MMOE_GPU_FWD_SPLIT},     {"serial", MMOE_OK, MMOE_GPU_FWD_SERIAL},
                  {"split", MMOE_OK, MMOE_GPU_FWD_SPLIT},    {"", MMOE_EINVAL, MMOE_GPU_FWD_SERIAL},
                  {"Split", MMOE_EINVAL, MMOE_GPU_FWD_SERIAL}, {"split ", MMOE_EINVAL, MMOE_GPU_FWD_SERIAL}};
     int bad = 0;
@@ -914,7 +914,7 @@ static int check_kernels_env(void)
         set_kernels_env(cases[i].value);
         mmoe_gpu_fwd_kernels k = (mmoe_gpu_fwd_kernels)-1;
         const mmoe_status st = mmoe_gpu_fwd_kernels_from_env(&k, &err);
-        const char *name = cases[i].value ? cases[i].value : "serial";
+        const char *name = cases[i].value ? cases[i].value : "split";
         const int named_ok = st == MMOE_OK && k == cases[i].k && strcmp(mmoe_gpu_fwd_kernels_name(k), name) == 0;
         const int refused_ok = st != MMOE_OK && strstr(err.msg, MMOE_GPU_FWD_KERNELS_ENV) != NULL &&
                                strstr(err.msg, cases[i].value) != NULL;

@@ -63,8 +63,8 @@
  * by block barriers over all 8192 values, the FP4 round trip) and mHC's Sinkhorn iterations
  * (about four block barriers per iteration in block 0).  The model's kernel set
  * (mmoe_gpu_fwd_kernels, read from MMOE_GPU_FWD_KERNELS when the model is created) picks
- * either those kernels ("serial", the default) or "split" ones that spread the same work:
- * k_indexer_q_split gives each head to one warp, which keeps the head in registers (value
+ * either those kernels ("serial") or "split" ones (the default: faster on an H200) that spread
+ * the same work: k_indexer_q_split gives each head to one warp, which keeps the head in registers (value
  * V lane + r in register r of lane lane, V = id / 32), runs the Hadamard stages below V inside
  * a lane and the others by xor shuffles between lanes, and takes each FP4 block's maximum over
  * the 32 / V lanes that hold it; k_hc_finish_split runs the Sinkhorn iterations in warp 0 of
@@ -2834,7 +2834,7 @@ extern "C" mmoe_status gfw_model_create_part(const mmoe_model *m, const gfw_ep_p
     *out = NULL;
     int graph_on = 0; /* MMOE_GPU_GRAPH: read for a whole model (a rank of an expert-parallel forward stays eager) */
     mmoe_status st = part ? MMOE_OK : mmoe_gpu_graph_env(&graph_on, err);
-    mmoe_gpu_fwd_kernels kernels = MMOE_GPU_FWD_SERIAL;
+    mmoe_gpu_fwd_kernels kernels = MMOE_GPU_FWD_SPLIT;
     if (st == MMOE_OK)
         st = mmoe_gpu_fwd_kernels_from_env(&kernels, err);
     if (st != MMOE_OK)

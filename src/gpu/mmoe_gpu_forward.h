@@ -111,7 +111,7 @@ const char *mmoe_gpu_fwd_kernels_name(mmoe_gpu_fwd_kernels k);
 int mmoe_gpu_fwd_kernels_parse(const char *s, mmoe_gpu_fwd_kernels *out);
 
 /**
- * The kernel set that #MMOE_GPU_FWD_KERNELS_ENV names: unset, MMOE_GPU_FWD_SERIAL; "serial"
+ * The kernel set that #MMOE_GPU_FWD_KERNELS_ENV names: unset, MMOE_GPU_FWD_SPLIT; "serial"
  * or "split"; anything else (the empty string too) is refused.
  * @return MMOE_OK, MMOE_EINVAL naming the variable and its value
  */
