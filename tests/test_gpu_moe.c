@@ -972,15 +972,15 @@ START_TEST(layer_decode_family)
     run_decode_layer_cases(MMOE_GPU_GEMM_DECODE, &rng);
     test_layer L;
     mmoe_gpu_moe_result det;
-    /* AUTO: the decode kernel up to T = 128 on a compute-capability-9.0 device (sm90 recipe),
-       the tile kernels above; other devices never get it from AUTO */
+    /* AUTO: the decode kernel (with F16 MMAs: decode16) up to T = 128 on a compute-capability-9.0
+       device (sm90 recipe), the tile kernels above; other devices never get it from AUTO */
     int cc = 0;
     mmoe_error err;
     ck_assert(mmoe_gpu_available(&cc, &err) == MMOE_OK);
     setenv("MMOE_GPU_GEMM", "auto", 1);
     make_layer(&L, 256, 256, 8, 2, 1, MMOE_RECIPE_SM90, 0.02, &rng);
     run_case("auto sm90 T=128", &L, 128, ROUTE_RANDOM, &det);
-    ck_assert_int_eq(det.gemm == MMOE_GPU_GEMM_DECODE, cc == 90);
+    ck_assert_int_eq(det.gemm == MMOE_GPU_GEMM_DECODE16, cc == 90);
     run_case("auto sm90 T=129", &L, 129, ROUTE_RANDOM, &det);
     ck_assert_int_ne(det.gemm, MMOE_GPU_GEMM_DECODE);
     ck_assert_int_ne(det.gemm, MMOE_GPU_GEMM_DECODE16);
@@ -993,7 +993,7 @@ END_TEST
  * The whole layer on the decode kernel with F16 MMAs (MMOE_GPU_GEMM=decode16 for this test):
  * the cases of layer_decode_family; then the V4-Flash widths at T = 2..5 and 8 (random
  * routing: each tile stages min(8, T) rows), each with the L1 launch's blocks per SM (the E4M3
- * kernel's: both stage the same bytes); AUTO never chooses it.
+ * kernel's: both stage the same bytes); AUTO chooses it, not decode, in the decode regime.
  *
  * Blocks per SM, derived here: the L1 launch (K = 4096, activation groups of 128, 16 experts)
  * asks for 4 x 10240 bytes of rings + rows x (4096 + 16) staged bytes + 8 x 32 x 4 bytes of
@@ -1025,10 +1025,18 @@ START_TEST(layer_decode16_family)
                       det.decode_blocks_per_sm, want_blocks[Ts[i]]);
     }
     free_layer(&L);
+    /* AUTO on a compute-capability-9.0 device (sm90 recipe) runs decode16 at T = 1 and 8 */
+    int cc = 0;
+    mmoe_error err;
+    ck_assert(mmoe_gpu_available(&cc, &err) == MMOE_OK);
     setenv("MMOE_GPU_GEMM", "auto", 1);
     make_layer(&L, 256, 256, 8, 2, 1, MMOE_RECIPE_SM90, 0.02, &rng);
     run_case("auto sm90 T=1", &L, 1, ROUTE_RANDOM, &det);
-    ck_assert_int_ne(det.gemm, MMOE_GPU_GEMM_DECODE16);
+    ck_assert_int_eq(det.gemm == MMOE_GPU_GEMM_DECODE16, cc == 90);
+    ck_assert_int_ne(det.gemm, MMOE_GPU_GEMM_DECODE);
+    run_case("auto sm90 T=8", &L, 8, ROUTE_RANDOM, &det);
+    ck_assert_int_eq(det.gemm == MMOE_GPU_GEMM_DECODE16, cc == 90);
+    ck_assert_int_ne(det.gemm, MMOE_GPU_GEMM_DECODE);
     free_layer(&L);
     restore_gemm_env(saved);
 }
