@@ -86,7 +86,7 @@
  * codes moved to F16 bits, FP8 weights converted in pairs).  sm_90 has no E4M3 mma.sync: the
  * compiler turns each E4M3 MMA into two F16 HMMAs plus 12 conversions and 4 additions, which is
  * what decode16 saves: per K block of one warp (16 rows x 128 K, 1 KB of MXFP4 weights) the
- * sm_90a loop of the L1 launch issues 256 instructions in decode and 222 in decode16, of which
+ * sm_90a loop of the L1 launch issues 248 instructions in decode and 214 in decode16, of which
  * 16 convert the activations (B registers).  Both stage the same bytes (K + 16 per row), so both fit the same blocks
  * per SM at every row count: V4-Flash L1 (K = 4096) four up to 3 rows and three from 4 to 8,
  * L2 (K = 2048) four up to 7 rows (shared memory would allow five at one row; the registers
@@ -244,6 +244,18 @@ struct ring_of {
     static constexpr int STAGE_BYTES = 32 * (2 * V * 16 + 2 * 4);  /* one K block of one warp */
     static constexpr int STAGES = RING_BYTES / STAGE_BYTES;        /* 8 (MXFP4) or 4 (FP8) */
 };
+
+/**
+ * The stage after @p stage in ring @p ring of format R (the last stage wraps to the first).  A
+ * warp copies its K blocks into the stages in turn and reads them back in the same turn, so
+ * each side walks the ring with a pointer: one compare and one select a step, no remainder and
+ * no multiply.
+ */
+template <class R>
+__device__ __forceinline__ uint8_t *ring_next(uint8_t *stage, uint8_t *ring)
+{
+    return stage == ring + (R::STAGES - 1) * R::STAGE_BYTES ? ring : stage + R::STAGE_BYTES;
+}
 
 /**
  * The block stages the tile's activations in shared memory: it waits for the kernel before it
@@ -445,28 +457,36 @@ __device__ void decode_warp_fp4(const mmoe_decode_args &p, const mmoe_decode_par
     const int K = q.K, nkb = K / DEC_BK;
     const int nb = row_group / 8;
     const int trow0 = EPI == MMOE_EPI_SWIGLU ? (row_group % 8) * 8 + gid : (row_group % 8) * 16 + gid;
-    const int trow1 = EPI == MMOE_EPI_SWIGLU ? 64 + trow0 : trow0 + 8; /* L1: the up channel of trow0 */
     const uint8_t *bw = q.b + (size_t)expert * q.b_expert_stride + (size_t)nb * nkb * (128 * ROW_BYTES);
     const uint8_t *bs = q.b_scale + (size_t)expert * q.bs_expert_stride + (size_t)nb * nkb * (128 * 4);
-    const uint8_t *src0 = bw + trow0 * ROW_BYTES + tig * 4, *src1 = bw + trow1 * ROW_BYTES + tig * 4;
+    /*
+     * The next K block to copy (blocks 0, 1, ... in turn, block j into stage j % STAGES): word
+     * tig of row trow0's groups and the row's scale word; the lane's second row, trow0 + ROW1, is
+     * a constant distance further (an immediate offset of the copy).  Each copy advances the
+     * three pointers.
+     */
+    constexpr int ROW1 = EPI == MMOE_EPI_SWIGLU ? 64 : 8; /* L1: the up channel of gate row trow0; L2: row g + 8 */
+    const uint8_t *next_w = bw + trow0 * ROW_BYTES + tig * 4;
+    const uint8_t *next_s = bs + trow0 * 4;
+    uint8_t *next_stage = ring;
 
     /* stage layout: [row h][lane] of uint4 (word g = group g), then [row h][lane] of scale words */
-    auto issue = [&](int kb, int st) {
-        uint8_t *stage = ring + st * R::STAGE_BYTES;
-        const size_t off = (size_t)kb * (128 * ROW_BYTES);
+    auto issue_next = [&]() {
 #pragma unroll
         for (int g = 0; g < 4; g++) {
-            cp_async4(stage + lane * 16 + g * 4, src0 + off + g * 16);
-            cp_async4(stage + (32 + lane) * 16 + g * 4, src1 + off + g * 16);
+            cp_async4(next_stage + lane * 16 + g * 4, next_w + g * 16);
+            cp_async4(next_stage + (32 + lane) * 16 + g * 4, next_w + ROW1 * ROW_BYTES + g * 16);
         }
-        const uint8_t *stile = bs + (size_t)kb * (128 * 4);
-        cp_async4(stage + 1024 + lane * 4, stile + trow0 * 4);
-        cp_async4(stage + 1024 + (32 + lane) * 4, stile + trow1 * 4);
+        cp_async4(next_stage + 1024 + lane * 4, next_s);
+        cp_async4(next_stage + 1024 + (32 + lane) * 4, next_s + ROW1 * 4);
+        next_w += 128 * ROW_BYTES;
+        next_s += 128 * 4;
+        next_stage = ring_next<R>(next_stage, ring);
     };
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
         if (s < nkb)
-            issue(s, s);
+            issue_next();
         cp_async_commit();
     }
     stage_activations(q, AG, ntok, s_arow, sA, lda, sAs);
@@ -475,15 +495,17 @@ __device__ void decode_warp_fp4(const mmoe_decode_args &p, const mmoe_decode_par
     const int tok0 = tig * 2;
     const bool has_a = gid < ntok;
     const int brow = F16 && !has_a ? 0 : gid; /* see staged_e4m3_b() */
+    uint8_t *stage = ring; /* K block kb's stage: kb % STAGES */
     for (int kb = 0; kb < nkb; kb++) {
         cp_async_wait<STAGES - 2>();
-        const uint8_t *stage = ring + (kb % STAGES) * R::STAGE_BYTES;
         const uint4 w0 = reinterpret_cast<const uint4 *>(stage)[lane];
         const uint4 w1 = reinterpret_cast<const uint4 *>(stage)[32 + lane];
         const uint32_t sw0 = reinterpret_cast<const uint32_t *>(stage + 1024)[lane];
         const uint32_t sw1 = reinterpret_cast<const uint32_t *>(stage + 1024)[32 + lane];
+        stage = ring_next<R>(stage, ring);
+        /* the stage read last step is free again: K block kb + STAGES - 1 goes there */
         if (kb + STAGES - 1 < nkb)
-            issue(kb + STAGES - 1, (kb + STAGES - 1) % STAGES);
+            issue_next();
         cp_async_commit();
 
         const uint32_t ww0[4] = {w0.x, w0.y, w0.z, w0.w}, ww1[4] = {w1.x, w1.y, w1.z, w1.w};
