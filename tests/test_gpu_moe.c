@@ -1000,7 +1000,7 @@ END_TEST
  * scales + 16 x 4 bytes of counts, and an H200 SM holds 233472 bytes of shared memory with 1024
  * reserved per block: 1..3 rows 4 blocks (with the reserve, 1 row: 47184 bytes a block, 3 rows:
  * 55408), 4..8 rows 3 (4 rows: 59520; 8 rows: 75968).  Shared memory is the limit: the
- * kernel's registers (at most 98 a thread, 4 warps) would allow 4 or more.
+ * kernel's registers (at most 107 a thread, 4 warps) would allow 4 or more.
  */
 START_TEST(layer_decode16_family)
 {
@@ -1037,6 +1037,79 @@ START_TEST(layer_decode16_family)
     run_case("auto sm90 T=8", &L, 8, ROUTE_RANDOM, &det);
     ck_assert_int_eq(det.gemm == MMOE_GPU_GEMM_DECODE16, cc == 90);
     ck_assert_int_ne(det.gemm, MMOE_GPU_GEMM_DECODE);
+    free_layer(&L);
+    restore_gemm_env(saved);
+}
+END_TEST
+
+/**
+ * One layer object called again and again on the decode path (both MMAs), each call with new
+ * inputs checked against the oracle: the L1 launch requantizes its output through counters in
+ * the workspace that each launch must leave at zero.  Calls of the same T (the workspace kept,
+ * so a counter left behind would stop the next call's requantization and L2 would read the
+ * previous call's inputs), a larger T (the workspace and its counters reallocated), a smaller
+ * one, masked slots and a token naming one expert in several slots.
+ */
+START_TEST(layer_decode_repeated_calls)
+{
+    if (!gpu_ok())
+        return;
+    const char *prev = getenv("MMOE_GPU_GEMM");
+    char *saved = prev != NULL ? strdup(prev) : NULL;
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 32);
+    test_layer L;
+    make_layer(&L, 256, 384, 8, 3, 1, MMOE_RECIPE_SM90, 0.02, &rng);
+    const mmoe_moe_desc *d = &L.desc;
+    const int64_t D = d->hidden, E = d->n_experts;
+    const int K = d->topk;
+    static const struct {
+        int64_t T;
+        enum route_kind kind;
+    } calls[] = {{3, ROUTE_RANDOM}, {3, ROUTE_RANDOM}, {3, ROUTE_MASKED}, {9, ROUTE_RANDOM},
+                 {1, ROUTE_REPEATED}, {9, ROUTE_MASKED}, {2, ROUTE_RANDOM}};
+    const int64_t tmax = 9;
+    uint16_t *x = malloc((size_t)(tmax * D) * 2), *y_ref = malloc((size_t)(tmax * D) * 2);
+    uint16_t *y_gpu = malloc((size_t)(tmax * D) * 2);
+    int64_t *idx = malloc((size_t)(tmax * K) * 8);
+    float *w = malloc((size_t)(tmax * K) * 4);
+    ck_assert(x && y_ref && y_gpu && idx && w);
+    static const mmoe_gpu_gemm gemms[] = {MMOE_GPU_GEMM_DECODE16, MMOE_GPU_GEMM_DECODE};
+    for (size_t gi = 0; gi < sizeof gemms / sizeof gemms[0]; gi++) {
+        setenv("MMOE_GPU_GEMM", mmoe_gpu_gemm_name(gemms[gi]), 1);
+        mmoe_error err;
+        mmoe_moe_layer *cpu = NULL;
+        ck_assert_msg(mmoe_moe_layer_create(d, &cpu, &err) == MMOE_OK, "oracle create: %s", err.msg);
+        ck_assert_msg(mmoe_moe_layer_set_weights(cpu, &L.w, &err) == MMOE_OK, "oracle weights: %s", err.msg);
+        mmoe_gpu_layer *gl = NULL;
+        ck_assert_msg(mmoe_gpu_layer_create(d, &L.w, &gl, &err) == MMOE_OK, "gpu create: %s", err.msg);
+        for (size_t c = 0; c < sizeof calls / sizeof calls[0]; c++) {
+            const int64_t T = calls[c].T;
+            make_inputs(&rng, T, D, E, K, calls[c].kind, x, idx, w);
+            mmoe_moe_input in = {T, x, NULL, idx, w};
+            mmoe_moe_output out_ref = {y_ref, NULL, NULL}, out_gpu = {y_gpu, NULL, NULL};
+            mmoe_moe_result rc, rg;
+            memset(&rc, 0, sizeof rc);
+            mmoe_moe_result_init(&rc);
+            memset(&rg, 0, sizeof rg);
+            mmoe_moe_result_init(&rg);
+            ck_assert_msg(mmoe_moe_layer_run(cpu, &in, &out_ref, &rc, &err) == MMOE_OK, "oracle run: %s", err.msg);
+            mmoe_test_poison_bf16(y_gpu, (size_t)(T * D));
+            ck_assert_msg(mmoe_gpu_layer_run(gl, &in, &out_gpu, &rg, &err) == MMOE_OK, "gpu run: %s", err.msg);
+            ck_assert_int_eq(mmoe_gpu_layer_details(gl)->gemm, gemms[gi]);
+            char name[96];
+            snprintf(name, sizeof name, "%s same layer, call %zu (T=%lld)", mmoe_gpu_gemm_name(gemms[gi]), c + 1,
+                     (long long)T);
+            compare_outputs(name, y_gpu, y_ref, T, D);
+        }
+        mmoe_gpu_layer_destroy(gl);
+        mmoe_moe_layer_destroy(cpu);
+    }
+    free(x);
+    free(y_ref);
+    free(y_gpu);
+    free(idx);
+    free(w);
     free_layer(&L);
     restore_gemm_env(saved);
 }
@@ -1273,6 +1346,7 @@ static Suite *gpu_suite(void)
     tcase_add_test(tc, layer_sm90_v4_flash_full);
     tcase_add_test(tc, layer_decode_family);
     tcase_add_test(tc, layer_decode16_family);
+    tcase_add_test(tc, layer_decode_repeated_calls);
     suite_add_tcase(s, tc);
     return s;
 }

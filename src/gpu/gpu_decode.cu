@@ -54,8 +54,8 @@
  * programmatic dependent launch, its warps issue their first weight copies, and only then does
  * the block wait (griddepcontrol.wait) for the activations of the kernel before it.  Each block
  * also lets the kernel after it start as soon as it begins (griddepcontrol.launch_dependents):
- * once every block of the GEMM is on an SM, the next kernel's blocks (the requantization after
- * L1, the combine after L2) take their places beside them and wait in griddepcontrol.wait,
+ * once every block of the GEMM is on an SM, the next kernel's blocks (L2 after L1, the combine
+ * after L2) take their places beside them and wait in griddepcontrol.wait,
  * which returns when the whole GEMM has finished and its writes are visible, so the next
  * kernel starts without a launch gap.  That kernel reads and writes nothing the GEMM touches
  * before its wait.
@@ -64,6 +64,15 @@
  * [0, shared tiles), uniform tiles of 8 tokens, weight 1, slot topk) and the routed experts
  * (the next rows).  The shared expert's blocks come first because they stream the most bytes
  * (FP8, twice as many per row).
+ *
+ * **The requantization in L1.**  The L2 launch reads the L1 outputs as E4M3 rows with a scale per
+ * 128 (sm90) or 32 (sm100) channels, and a 128-channel group of a tile's rows is written by
+ * RQ_BLOCKS = 4 neighbouring blocks (32 channels each).  Each block, after its epilogue's
+ * stores and a fence, counts itself in the group's counter (one per grid row and group, in the
+ * layer's workspace); the block that counts last quantizes the group of every row of its tile
+ * with the quantizer's device steps (gpu_quant.cuh: the same bytes and scales as the separate
+ * quantization kernel) and sets the counter back to zero for the next launch.  The layer thus
+ * runs no requantization kernel, and the L2 launch depends on L1 directly.
  *
  * **Shared memory per block, and blocks per SM.**  A block holds its 4 warps' rings (40 KB),
  * the tile's staged activation rows (K + 16 bytes each), their scales and the routing counts.
@@ -94,6 +103,7 @@
  */
 #include "gpu_internal.cuh"
 #include "gpu_decode16_map.h"
+#include "gpu_quant.cuh"
 #include "gpu_e2m1_decode.cuh"
 
 namespace {
@@ -744,6 +754,43 @@ __device__ void decode_warp_fp8(const mmoe_decode_args &p, const mmoe_decode_par
     decode_epilogue<EPI>(p, q, row_group, acc, s_orow, s_w, ntok);
 }
 
+/** Blocks of the decode GEMM whose SwiGLU outputs make up one 128-channel group (8 channels a warp). */
+constexpr int RQ_BLOCKS = 128 / (DEC_WARPS * 8);
+
+/**
+ * The L1 launch's requantization (rq_counters set): the block has stored its 32 channels of the
+ * tile's rows; the last of the RQ_BLOCKS blocks of the same tile and 128-channel group to get
+ * here (an atomic count, after a fence that makes each thread's stores visible to the whole
+ * device) quantizes that group of every row of the tile, one warp per row, with the quantizer's
+ * own steps (quant_chunk, gpu_quant.cuh) reading the FP32 rows through L2; it also resets the
+ * count for the next launch.  The rows and the rule are those of a separate requantization
+ * kernel: the same bytes and scales.
+ */
+template <int AG>
+__device__ void requant_group_if_last(const mmoe_decode_args &p, const mmoe_decode_part &q, bool shared_part,
+                                      int ntok, const int *s_orow, int *s_last)
+{
+    constexpr int MODE = AG == 128 ? MMOE_QUANT_SM90 : MMOE_QUANT_SM100_REQUANT; /* the recipe's requant rule */
+    const int c = (int)blockIdx.x / RQ_BLOCKS;
+    int *count = p.rq_counters + (size_t)blockIdx.y * p.rq_groups + c;
+    __threadfence(); /* this thread's L1 outputs, visible to every block before the count says so */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const int before = atomicAdd(count, 1);
+        *s_last = before == RQ_BLOCKS - 1;
+        if (before == RQ_BLOCKS - 1)
+            *count = 0; /* every block of the group has counted: ready for the next launch */
+    }
+    __syncthreads();
+    if (!*s_last)
+        return;
+    __threadfence(); /* the other blocks' outputs, seen after their count */
+    uint8_t *out_q = shared_part ? p.rq_shared_q : p.rq_routed_q;
+    float *out_s = shared_part ? p.rq_shared_s : p.rq_routed_s;
+    for (int r = (int)threadIdx.x >> 5; r < ntok; r += DEC_WARPS)
+        quant_chunk<float, MODE, true>(q.out_f32, s_orow[r], c * 128, q.n_out, out_q, out_s);
+}
+
 /**
  * Byte stride of a staged FP8 activation row (both MMAs): K plus 16, so that the 8 rows fall in
  * different banks.
@@ -782,7 +829,7 @@ __device__ __forceinline__ void decode_gemm_block(const mmoe_decode_args &p)
 {
     extern __shared__ __align__(16) uint8_t smem[];
     __shared__ int s_scan[DEC_WARPS];
-    __shared__ int s_pair[8], s_arow[8], s_orow[8], s_expert, s_j, s_valid;
+    __shared__ int s_pair[8], s_arow[8], s_orow[8], s_expert, s_j, s_valid, s_last;
     __shared__ float s_w[8];
     /* the next kernel may be scheduled now: it waits for this whole grid before it reads anything */
     mmoe_grid_launch_dependents();
@@ -838,6 +885,10 @@ __device__ __forceinline__ void decode_gemm_block(const mmoe_decode_args &p)
         decode_warp_fp4<AG, EPI, MMA>(p, q, expert, row_group, s_arow, sA, lda, sAs, s_orow, s_w, ntok, ring);
     else
         decode_warp_fp8<AG, EPI, MMA>(p, q, expert, row_group, s_arow, sA, lda, sAs, s_orow, s_w, ntok, ring);
+    /* L1: the last block of each 128-channel group requantizes it (whole groups: n_out % 128 == 0) */
+    if constexpr (EPI == MMOE_EPI_SWIGLU)
+        if (p.rq_counters != nullptr && (int)blockIdx.x * DEC_WARPS < groups)
+            requant_group_if_last<AG>(p, q, shared_part, ntok, s_orow, &s_last);
 }
 
 /** The decode GEMM with E4M3 MMAs (the "decode" family). */
@@ -886,9 +937,22 @@ cudaError_t set_instance_smem(decode_kernel_fn fn, const mmoe_decode_args *a, in
     return e;
 }
 
-/** Whether launch @p a can run: staged rows 1..8, and a known MMA. */
-bool decode_args_ok(const mmoe_decode_args *a)
+/** Whether part @p q (with @p tiles grid rows) fits the requantization's counters: whole 128-channel groups. */
+bool requant_part_ok(const mmoe_decode_part &q, int tiles, int rq_groups)
 {
+    return tiles == 0 || (q.n_out % 128 == 0 && q.n_out / 128 <= rq_groups);
+}
+
+/**
+ * Whether launch @p a with epilogue @p epi can run: staged rows 1..8, a known MMA, and a
+ * requantization only on the SwiGLU epilogue with whole groups counted.
+ */
+bool decode_args_ok(const mmoe_decode_args *a, mmoe_epi epi)
+{
+    if (a->rq_counters != nullptr &&
+        (epi != MMOE_EPI_SWIGLU || !requant_part_ok(a->shared, a->shared_tiles, a->rq_groups) ||
+         !requant_part_ok(a->routed, a->routed_tiles, a->rq_groups)))
+        return false;
     return a->tile_rows >= 1 && a->tile_rows <= 8 && (a->mma == MMOE_DECODE_MMA_E4M3 || a->mma == MMOE_DECODE_MMA_F16);
 }
 
@@ -912,7 +976,7 @@ cudaError_t mmoe_launch_decode_gemm(const mmoe_decode_args *a, int a_group, mmoe
     const int gy = a->shared_tiles + a->routed_tiles;
     if (groups == 0 || gy == 0)
         return cudaSuccess;
-    if (!decode_args_ok(a))
+    if (!decode_args_ok(a, epi))
         return cudaErrorInvalidValue; /* the staged rows must hold every tile's tokens */
     const decode_kernel_fn fn = decode_instance_of(a_group, epi, a->mma);
     size_t smem = 0;
@@ -938,7 +1002,7 @@ cudaError_t mmoe_launch_decode_gemm(const mmoe_decode_args *a, int a_group, mmoe
 cudaError_t mmoe_decode_gemm_occupancy(const mmoe_decode_args *a, int a_group, mmoe_epi epi, int *blocks)
 {
     *blocks = 0;
-    if (!decode_args_ok(a))
+    if (!decode_args_ok(a, epi))
         return cudaErrorInvalidValue;
     const decode_kernel_fn fn = decode_instance_of(a_group, epi, a->mma);
     size_t smem = 0;

@@ -232,6 +232,15 @@ struct mmoe_decode_args {
     long long *cum_counts;      /**< L1: running totals [E] */
     int *num_pairs;             /**< L1: the call's valid pairs */
     mmoe_decode_mma mma;        /**< the MMA the kernel runs (zeroed arguments: E4M3) */
+    /* L1 only: the requantization of both parts' outputs in the launch (gpu_decode.cu); none when
+       rq_counters is NULL */
+    int *rq_counters;           /**< [grid rows][rq_groups] blocks done per 128-channel group, all zero
+                                     between launches (the last block of a group resets its counter) */
+    int rq_groups;              /**< counters per grid row: the widest part's n_out / 128 */
+    uint8_t *rq_routed_q;       /**< routed L2 input [pairs, routed.n_out] E4M3 */
+    float *rq_routed_s;         /**< its scales (the recipe's group: 128 when a_group is 128, else 32) */
+    uint8_t *rq_shared_q;       /**< shared L2 input [T, shared.n_out] E4M3 */
+    float *rq_shared_s;         /**< its scales */
 };
 
 /** Upper bound of the routed tiles of 8 pairs a decode GEMM launch has for T tokens. */
@@ -250,16 +259,6 @@ cudaError_t mmoe_launch_decode_gemm(const mmoe_decode_args *a, int a_group, mmoe
  * shared memory, into @p blocks.
  */
 cudaError_t mmoe_decode_gemm_occupancy(const mmoe_decode_args *a, int a_group, mmoe_epi epi, int *blocks);
-
-/**
- * Requantize the decode path's L1 outputs in one launch: the routed rows (pairs; rows whose
- * topk_idx is -1 were never written and are skipped) and the shared rows, with the same rule.
- * Launched with programmatic dependent launch; lets the next kernel start early.
- */
-cudaError_t mmoe_launch_requant_decode(const float *routed, int routed_rows, const int32_t *topk_idx, int I,
-                                       const float *shared, int shared_rows, int SI, mmoe_quant_mode mode,
-                                       uint8_t *routed_q, float *routed_s, uint8_t *shared_q, float *shared_s,
-                                       cudaStream_t stream);
 
 /** mmoe_launch_combine() as the dependent of a programmatic launch (decode path). */
 cudaError_t mmoe_launch_combine_pdl(const __nv_bfloat16 *slots_buf, const int32_t *topk_idx, int T, int topk,

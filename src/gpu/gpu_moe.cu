@@ -24,10 +24,10 @@
  * between them: the routed GEMMs are launched on an upper bound of tiles and the
  * surplus blocks exit at once.
  *
- * One call of the decode family (gpu_decode.cu) = 5 launches on one stream, each after
+ * One call of the decode family (gpu_decode.cu) = 4 launches on one stream, each after
  * the first a programmatic dependent launch: quant(x), L1 (routed and shared, routing
- * derived in each block, SwiGLU), one requantization of both intermediates, L2
- * (routed and shared, BF16 slots), combine.
+ * derived in each block, SwiGLU, then the requantization of both intermediates by the last
+ * block of each 128-channel group), L2 (routed and shared, BF16 slots), combine.
  */
 #include <math.h>
 #include <stdio.h>
@@ -99,6 +99,7 @@ struct mmoe_gpu_moe {
     uint8_t *xq;              /**< [cap, D] quantized input */
     uint8_t *l2q;             /**< routed L2 input (E4M3) */
     uint8_t *sh_l2q;          /**< shared L2 input (E4M3) */
+    int *rq_counters;         /**< decode L1: [grid rows][max(I, SI) / 128] blocks done per group, zero between calls */
     mmoe_pool_entry *pool;    /**< [cap*topk] pool rows */
     float *part;              /**< split-K partial sums of the routed GEMMs (T <= MMOE_SPLIT_MAX_T) */
     float *sh_part;           /**< split-K partial sums of the shared GEMMs */
@@ -511,7 +512,7 @@ mmoe_status mmoe_gpu_moe_create(const mmoe_gpu_moe_desc *desc, const mmoe_gpu_mo
 static void free_workspace(mmoe_gpu_moe *L)
 {
     void *ptrs[] = {L->x, L->y, L->slots, L->idx, L->tw, L->xs, L->a1, L->l2s, L->sh_a1, L->sh_l2s,
-                    L->xq, L->l2q, L->sh_l2q, L->pool, L->tiles, L->part, L->sh_part};
+                    L->xq, L->l2q, L->sh_l2q, L->pool, L->tiles, L->part, L->sh_part, L->rq_counters};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
         cudaFree(ptrs[i]);
     L->x = L->y = L->slots = NULL;
@@ -521,6 +522,7 @@ static void free_workspace(mmoe_gpu_moe *L)
     L->pool = NULL;
     L->tiles = NULL;
     L->part = L->sh_part = NULL;
+    L->rq_counters = NULL;
     L->cap = 0;
     L->ws_bytes = 0;
 }
@@ -567,6 +569,18 @@ static size_t split_count(size_t K)
     return (K / 128 + MMOE_SPLIT_KB - 1) / MMOE_SPLIT_KB;
 }
 
+/**
+ * Counters of the decode L1 launch's requantization for @p T tokens: one per grid row (the
+ * shared tiles and the bound of the routed tiles, which grows with T) and 128-channel group of
+ * the wider part.
+ */
+static size_t rq_counter_count(const mmoe_gpu_moe *L, int T)
+{
+    const int I = L->d.inter, SI = L->d.shared_inter;
+    const size_t rows = (size_t)(T + 7) / 8 + (size_t)mmoe_decode_max_tiles(T, L->d.topk, L->d.n_experts);
+    return rows * (size_t)((I > SI ? I : SI) / 128);
+}
+
 /** Grow the workspace to hold @p T tokens. */
 static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
 {
@@ -576,6 +590,7 @@ static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
     const size_t t = (size_t)T, D = (size_t)L->d.hidden, I = (size_t)L->d.inter, K = (size_t)L->d.topk;
     const size_t SI = (size_t)L->d.shared_inter, E = (size_t)L->d.n_experts;
     const size_t ts = t < MMOE_SPLIT_MAX_T ? t : MMOE_SPLIT_MAX_T; /* tokens of a split-K call */
+    const size_t rq_bytes = rq_counter_count(L, T) * sizeof(int);
     const struct {
         void **p;
         size_t bytes;
@@ -592,10 +607,15 @@ static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
                                                                                 : D * split_count(I)) * 4},
         {(void **)&L->sh_part, ts * (2 * SI * split_count(D) > D * split_count(SI) ? 2 * SI * split_count(D)
                                                                                  : D * split_count(SI)) * 4},
+        {(void **)&L->rq_counters, rq_bytes},
     };
     cudaError_t e = cudaSuccess;
     for (size_t i = 0; i < sizeof arrays / sizeof arrays[0] && e == cudaSuccess; i++)
         e = walloc(L, arrays[i].p, arrays[i].bytes);
+    /* the counters start at zero; each launch leaves them at zero (on the layer's stream: ordered
+       before every kernel of the calls) */
+    if (e == cudaSuccess)
+        e = cudaMemsetAsync(L->rq_counters, 0, rq_bytes, L->stream);
     if (e != cudaSuccess) {
         free_workspace(L);
         return cuda_fail(err, e, "cudaMalloc(workspace)");
@@ -728,7 +748,7 @@ static cudaError_t decode_occupancy_of(decode_occupancy *o, const mmoe_decode_ar
 
 /**
  * The decode pipeline (gpu_decode.cu): quant(x); L1 of the routed and the shared experts in one
- * launch, routing derived in each block; one requantization of both intermediates; L2 of both
+ * launch, routing derived in each block, requantizing both intermediates; L2 of both
  * into the combine slots; combine.  One stream, every launch after the first a programmatic
  * dependent launch, so that each GEMM's blocks load their weights while the kernel before
  * finishes.
@@ -763,12 +783,15 @@ static mmoe_status launch_layer_decode(mmoe_gpu_moe *L, int T, mmoe_error *err)
     a.cum_counts = L->cum_counts;
     a.num_pairs = L->num_pairs;
     a.mma = L->last_decode_mma;
-    CK(mmoe_launch_decode_gemm(&a, ag, MMOE_EPI_SWIGLU, 1, s), "L1 decode GEMM");
+    /* the L2 inputs: the last block of each 128-channel group requantizes it (the recipe's rule) */
+    a.rq_counters = L->rq_counters;
+    a.rq_groups = (I > SI ? I : SI) / 128;
+    a.rq_routed_q = L->l2q;
+    a.rq_routed_s = L->l2s;
+    a.rq_shared_q = L->sh_l2q;
+    a.rq_shared_s = L->sh_l2s;
+    CK(mmoe_launch_decode_gemm(&a, ag, MMOE_EPI_SWIGLU, 1, s), "L1 decode GEMM (requantizing)");
     CK(decode_occupancy_of(&L->occ, &a, ag), "L1 decode GEMM occupancy");
-    CK(mmoe_launch_requant_decode(L->a1, T * K, L->idx, I, L->sh_a1, SI > 0 ? T : 0, SI,
-                                  sm90 ? MMOE_QUANT_SM90 : MMOE_QUANT_SM100_REQUANT, L->l2q, L->l2s, L->sh_l2q,
-                                  L->sh_l2s, s),
-       "requantize L1 (decode)");
     /* L2: down projections into the combine slots (routed A rows are the pairs) */
     a.shared = decode_part(MMOE_B_FP8, SI, D, L->sh_l2q, L->sh_l2s, L->sw2, L->ss2, 0, 0, NULL);
     a.routed = decode_part(MMOE_B_FP4, I, D, L->l2q, L->l2s, L->w2, L->s2, (size_t)D * I / 2, (size_t)D * I / 32, NULL);
@@ -777,6 +800,7 @@ static mmoe_status launch_layer_decode(mmoe_gpu_moe *L, int T, mmoe_error *err)
     a.counts = NULL;
     a.cum_counts = NULL;
     a.num_pairs = NULL;
+    a.rq_counters = NULL;
     CK(mmoe_launch_decode_gemm(&a, ag, MMOE_EPI_SLOT_BF16, 1, s), "L2 decode GEMM");
     CK(mmoe_launch_combine_pdl(L->slots, L->idx, T, K, SI > 0, D, L->y, s), "combine");
     return MMOE_OK;
@@ -959,9 +983,9 @@ static void fill_result(mmoe_gpu_moe *L, int bm, long long pairs, mmoe_gpu_moe_r
     const int decode16 = L->last_decode && L->last_decode_mma == MMOE_DECODE_MMA_F16;
     if (decode16)
         res->kernel = "decode16: mma.sync.m16n8k16 f16 (activations staged as E4M3, both operands made F16 in registers) swap-AB "
-                      "weight streaming, 8-token tiles (5 launches, programmatic dependent launch)";
+                      "weight streaming, 8-token tiles (4 launches, programmatic dependent launch)";
     else if (L->last_decode)
-        res->kernel = "decode: mma.sync.m16n8k32 e4m3 swap-AB weight streaming, 8-token tiles (5 launches, "
+        res->kernel = "decode: mma.sync.m16n8k32 e4m3 swap-AB weight streaming, 8-token tiles (4 launches, "
                       "programmatic dependent launch)";
     else if (L->last_wgmma)
         res->kernel = L->last_split ? "wgmma f16 (E4M3/E2M1 converted) warp-specialized grouped GEMM, split-K (staged)"
