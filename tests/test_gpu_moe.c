@@ -924,6 +924,9 @@ static void run_decode_layer_cases(mmoe_gpu_gemm g, mmoe_rng *rng)
     run_case(name, &L, 30, ROUTE_SKEWED, NULL);
     snprintf(name, sizeof name, "%s sm90 two experts", mmoe_gpu_gemm_name(g));
     run_case(name, &L, 5, ROUTE_TWO_EXPERTS, NULL);
+    /* token 3 has every slot masked and there is no shared expert: its output row is exactly 0 */
+    snprintf(name, sizeof name, "%s sm90 masked, no shared", mmoe_gpu_gemm_name(g));
+    run_case(name, &L, 9, ROUTE_MASKED, NULL);
     /* a token naming one expert in several slots: several rows of one tile at T = 1 */
     snprintf(name, sizeof name, "%s sm90 repeated, no shared T=1", mmoe_gpu_gemm_name(g));
     run_case(name, &L, 1, ROUTE_REPEATED, NULL);
@@ -1043,12 +1046,14 @@ START_TEST(layer_decode16_family)
 END_TEST
 
 /**
- * One layer object called again and again on the decode path (both MMAs), each call with new
- * inputs checked against the oracle: the L1 launch requantizes its output through counters in
- * the workspace that each launch must leave at zero.  Calls of the same T (the workspace kept,
- * so a counter left behind would stop the next call's requantization and L2 would read the
- * previous call's inputs), a larger T (the workspace and its counters reallocated), a smaller
- * one, masked slots and a token naming one expert in several slots.
+ * One layer object called again and again on the decode path (both MMAs, with and without a
+ * shared expert), each call with new inputs checked against the oracle: the L1 launch
+ * requantizes its output and the L2 launch combines the slots through counters in the
+ * workspace that each launch must leave at zero.  Calls of the same T (the workspace kept, so a
+ * counter left behind would stop the next call's requantization or combine and leave the
+ * previous call's values), a larger T (the workspace and its counters reallocated), a smaller
+ * one, masked slots (tokens with every slot masked: exactly 0 without a shared expert) and a
+ * token naming one expert in several slots.
  */
 START_TEST(layer_decode_repeated_calls)
 {
@@ -1058,11 +1063,8 @@ START_TEST(layer_decode_repeated_calls)
     char *saved = prev != NULL ? strdup(prev) : NULL;
     mmoe_rng rng;
     mmoe_rng_seed(&rng, g_seed + 32);
-    test_layer L;
-    make_layer(&L, 256, 384, 8, 3, 1, MMOE_RECIPE_SM90, 0.02, &rng);
-    const mmoe_moe_desc *d = &L.desc;
-    const int64_t D = d->hidden, E = d->n_experts;
-    const int K = d->topk;
+    const int64_t D = 256, E = 8;
+    const int K = 3;
     static const struct {
         int64_t T;
         enum route_kind kind;
@@ -1075,7 +1077,12 @@ START_TEST(layer_decode_repeated_calls)
     float *w = malloc((size_t)(tmax * K) * 4);
     ck_assert(x && y_ref && y_gpu && idx && w);
     static const mmoe_gpu_gemm gemms[] = {MMOE_GPU_GEMM_DECODE16, MMOE_GPU_GEMM_DECODE};
-    for (size_t gi = 0; gi < sizeof gemms / sizeof gemms[0]; gi++) {
+    for (size_t li = 0; li < 4; li++) {
+        const size_t gi = li % 2;
+        const int n_shared = li < 2;
+        test_layer L;
+        make_layer(&L, D, 384, E, K, n_shared, MMOE_RECIPE_SM90, 0.02, &rng);
+        const mmoe_moe_desc *d = &L.desc;
         setenv("MMOE_GPU_GEMM", mmoe_gpu_gemm_name(gemms[gi]), 1);
         mmoe_error err;
         mmoe_moe_layer *cpu = NULL;
@@ -1098,19 +1105,26 @@ START_TEST(layer_decode_repeated_calls)
             ck_assert_msg(mmoe_gpu_layer_run(gl, &in, &out_gpu, &rg, &err) == MMOE_OK, "gpu run: %s", err.msg);
             ck_assert_int_eq(mmoe_gpu_layer_details(gl)->gemm, gemms[gi]);
             char name[96];
-            snprintf(name, sizeof name, "%s same layer, call %zu (T=%lld)", mmoe_gpu_gemm_name(gemms[gi]), c + 1,
-                     (long long)T);
+            snprintf(name, sizeof name, "%s same layer%s, call %zu (T=%lld)", mmoe_gpu_gemm_name(gemms[gi]),
+                     n_shared ? "" : " (no shared)", c + 1, (long long)T);
             compare_outputs(name, y_gpu, y_ref, T, D);
+            for (int64_t t = 0; t < T && !n_shared; t++) {
+                int any = 0;
+                for (int k = 0; k < K; k++)
+                    any |= idx[t * K + k] >= 0;
+                for (int64_t j = 0; !any && j < D; j++)
+                    ck_assert_uint_eq(y_gpu[t * D + j] & 0x7fffu, 0);
+            }
         }
         mmoe_gpu_layer_destroy(gl);
         mmoe_moe_layer_destroy(cpu);
+        free_layer(&L);
     }
     free(x);
     free(y_ref);
     free(y_gpu);
     free(idx);
     free(w);
-    free_layer(&L);
     restore_gemm_env(saved);
 }
 END_TEST

@@ -54,8 +54,8 @@
  * programmatic dependent launch, its warps issue their first weight copies, and only then does
  * the block wait (griddepcontrol.wait) for the activations of the kernel before it.  Each block
  * also lets the kernel after it start as soon as it begins (griddepcontrol.launch_dependents):
- * once every block of the GEMM is on an SM, the next kernel's blocks (L2 after L1, the combine
- * after L2) take their places beside them and wait in griddepcontrol.wait,
+ * once every block of the GEMM is on an SM, the next kernel's blocks (L2 after L1) take their
+ * places beside them and wait in griddepcontrol.wait,
  * which returns when the whole GEMM has finished and its writes are visible, so the next
  * kernel starts without a launch gap.  That kernel reads and writes nothing the GEMM touches
  * before its wait.
@@ -73,6 +73,13 @@
  * with the quantizer's device steps (gpu_quant.cuh: the same bytes and scales as the separate
  * quantization kernel) and sets the counter back to zero for the next launch.  The layer thus
  * runs no requantization kernel, and the L2 launch depends on L1 directly.
+ *
+ * **The combine in L2.**  Likewise the L2 launch sums each token's slot rows into the output:
+ * the rows of one token's 64-channel chunk (CB_CHUNK: one block's channels) are written by the
+ * blocks of its unmasked slots' tiles and of its shared tile; each counts its rows after its
+ * stores and a fence, and the last one sums the chunk in the combine kernel's order
+ * (gpu_combine.cu) and resets the counter.  The decode pipeline is thus three launches: quantize
+ * x, L1, L2.
  *
  * **Shared memory per block, and blocks per SM.**  A block holds its 4 warps' rings (40 KB),
  * the tile's staged activation rows (K + 16 bytes each), their scales and the routing counts.
@@ -791,6 +798,60 @@ __device__ void requant_group_if_last(const mmoe_decode_args &p, const mmoe_deco
         quant_chunk<float, MODE, true>(q.out_f32, s_orow[r], c * 128, q.n_out, out_q, out_s);
 }
 
+/** Output channels of one decode GEMM block in the L2 launch (16 rows a warp): one combine chunk. */
+constexpr int CB_CHUNK = DEC_WARPS * 16;
+
+/**
+ * The L2 launch's combine (cb_counters set): the block has stored its 64 channels of the tile's
+ * slot rows (BF16).  For each of its rows (token t, slot k), after a fence, one thread counts the
+ * row in the counter of (t, chunk); a token's chunk is complete when all its unmasked slots and
+ * the shared slot have counted, and the block that counts last sums them with one warp (two
+ * channels a lane) exactly as the combine kernel does (gpu_combine.cu: from 0, the unmasked
+ * slots in ascending order, the shared slot last, FP32 additions, one BF16 rounding), reading
+ * the slots through L2, and resets the counter.  A token with no slot to count (every slot
+ * masked, no shared expert) is never summed: the layer zeroes the output first in that case.
+ */
+__device__ void combine_rows_if_last(const mmoe_decode_args &p, int n_out, int ntok, const int *s_orow, int *s_tok)
+{
+    const int slots = p.topk + 1, x = (int)blockIdx.x;
+    __threadfence(); /* this thread's slot stores, visible to every block before the count says so */
+    __syncthreads();
+    if (threadIdx.x < 8) {
+        int last = -1;
+        if ((int)threadIdx.x < ntok) {
+            const int t = s_orow[threadIdx.x] / slots;
+            int want = p.cb_has_shared;
+            for (int k = 0; k < p.topk; k++)
+                want += p.topk_idx[(size_t)t * p.topk + k] >= 0;
+            int *count = p.cb_counters + (size_t)t * p.cb_chunks + x;
+            if (atomicAdd(count, 1) == want - 1) {
+                *count = 0; /* every row of the chunk has counted: ready for the next launch */
+                last = t;
+            }
+        }
+        s_tok[threadIdx.x] = last;
+    }
+    __syncthreads();
+    __threadfence(); /* the other blocks' slot rows, seen after their count */
+    const int lane = (int)threadIdx.x & 31, d = x * CB_CHUNK + lane * 2;
+    for (int r = (int)threadIdx.x >> 5; r < 8; r += DEC_WARPS) {
+        const int t = s_tok[r];
+        if (t < 0)
+            continue;
+        float a0 = 0.0f, a1 = 0.0f;
+        for (int k = 0; k < slots; k++) {
+            const bool used = k < p.topk ? p.topk_idx[(size_t)t * p.topk + k] >= 0 : p.cb_has_shared != 0;
+            if (!used)
+                continue;
+            const unsigned int u =
+                __ldcg(reinterpret_cast<const unsigned int *>(p.out_slots + ((size_t)t * slots + k) * n_out + d));
+            a0 = __fadd_rn(a0, __uint_as_float(u << 16));
+            a1 = __fadd_rn(a1, __uint_as_float(u & 0xffff0000u));
+        }
+        *reinterpret_cast<__nv_bfloat162 *>(p.cb_out + (size_t)t * n_out + d) = __floats2bfloat162_rn(a0, a1);
+    }
+}
+
 /**
  * Byte stride of a staged FP8 activation row (both MMAs): K plus 16, so that the 8 rows fall in
  * different banks.
@@ -829,7 +890,7 @@ __device__ __forceinline__ void decode_gemm_block(const mmoe_decode_args &p)
 {
     extern __shared__ __align__(16) uint8_t smem[];
     __shared__ int s_scan[DEC_WARPS];
-    __shared__ int s_pair[8], s_arow[8], s_orow[8], s_expert, s_j, s_valid, s_last;
+    __shared__ int s_pair[8], s_arow[8], s_orow[8], s_expert, s_j, s_valid, s_last, s_tok[8];
     __shared__ float s_w[8];
     /* the next kernel may be scheduled now: it waits for this whole grid before it reads anything */
     mmoe_grid_launch_dependents();
@@ -889,6 +950,10 @@ __device__ __forceinline__ void decode_gemm_block(const mmoe_decode_args &p)
     if constexpr (EPI == MMOE_EPI_SWIGLU)
         if (p.rq_counters != nullptr && (int)blockIdx.x * DEC_WARPS < groups)
             requant_group_if_last<AG>(p, q, shared_part, ntok, s_orow, &s_last);
+    /* L2: the last writer of each token's 64-channel chunk sums the token's slots there */
+    if constexpr (EPI == MMOE_EPI_SLOT_BF16)
+        if (p.cb_counters != nullptr && (int)blockIdx.x * DEC_WARPS < groups)
+            combine_rows_if_last(p, q.n_out, ntok, s_orow, s_tok);
 }
 
 /** The decode GEMM with E4M3 MMAs (the "decode" family). */
@@ -943,15 +1008,26 @@ bool requant_part_ok(const mmoe_decode_part &q, int tiles, int rq_groups)
     return tiles == 0 || (q.n_out % 128 == 0 && q.n_out / 128 <= rq_groups);
 }
 
+/** Whether part @p q (with @p tiles grid rows) fits the combine's counters: rows of cb_chunks whole chunks. */
+bool combine_part_ok(const mmoe_decode_part &q, int tiles, int cb_chunks)
+{
+    return tiles == 0 || q.n_out == cb_chunks * CB_CHUNK;
+}
+
 /**
- * Whether launch @p a with epilogue @p epi can run: staged rows 1..8, a known MMA, and a
- * requantization only on the SwiGLU epilogue with whole groups counted.
+ * Whether launch @p a with epilogue @p epi can run: staged rows 1..8, a known MMA, a
+ * requantization only on the SwiGLU epilogue with whole groups counted, and a combine only on
+ * the BF16 slot epilogue with whole chunks counted.
  */
 bool decode_args_ok(const mmoe_decode_args *a, mmoe_epi epi)
 {
     if (a->rq_counters != nullptr &&
         (epi != MMOE_EPI_SWIGLU || !requant_part_ok(a->shared, a->shared_tiles, a->rq_groups) ||
          !requant_part_ok(a->routed, a->routed_tiles, a->rq_groups)))
+        return false;
+    if (a->cb_counters != nullptr &&
+        (epi != MMOE_EPI_SLOT_BF16 || a->raw != nullptr || !combine_part_ok(a->shared, a->shared_tiles, a->cb_chunks) ||
+         !combine_part_ok(a->routed, a->routed_tiles, a->cb_chunks)))
         return false;
     return a->tile_rows >= 1 && a->tile_rows <= 8 && (a->mma == MMOE_DECODE_MMA_E4M3 || a->mma == MMOE_DECODE_MMA_F16);
 }
