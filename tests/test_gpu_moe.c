@@ -924,6 +924,9 @@ static void run_decode_layer_cases(mmoe_gpu_gemm g, mmoe_rng *rng)
     run_case(name, &L, 30, ROUTE_SKEWED, NULL);
     snprintf(name, sizeof name, "%s sm90 two experts", mmoe_gpu_gemm_name(g));
     run_case(name, &L, 5, ROUTE_TWO_EXPERTS, NULL);
+    /* token 3 has every slot masked and there is no shared expert: its output row is exactly 0 */
+    snprintf(name, sizeof name, "%s sm90 masked, no shared", mmoe_gpu_gemm_name(g));
+    run_case(name, &L, 9, ROUTE_MASKED, NULL);
     /* a token naming one expert in several slots: several rows of one tile at T = 1 */
     snprintf(name, sizeof name, "%s sm90 repeated, no shared T=1", mmoe_gpu_gemm_name(g));
     run_case(name, &L, 1, ROUTE_REPEATED, NULL);
@@ -972,15 +975,15 @@ START_TEST(layer_decode_family)
     run_decode_layer_cases(MMOE_GPU_GEMM_DECODE, &rng);
     test_layer L;
     mmoe_gpu_moe_result det;
-    /* AUTO: the decode kernel up to T = 128 on a compute-capability-9.0 device (sm90 recipe),
-       the tile kernels above; other devices never get it from AUTO */
+    /* AUTO: the decode kernel (with F16 MMAs: decode16) up to T = 128 on a compute-capability-9.0
+       device (sm90 recipe), the tile kernels above; other devices never get it from AUTO */
     int cc = 0;
     mmoe_error err;
     ck_assert(mmoe_gpu_available(&cc, &err) == MMOE_OK);
     setenv("MMOE_GPU_GEMM", "auto", 1);
     make_layer(&L, 256, 256, 8, 2, 1, MMOE_RECIPE_SM90, 0.02, &rng);
     run_case("auto sm90 T=128", &L, 128, ROUTE_RANDOM, &det);
-    ck_assert_int_eq(det.gemm == MMOE_GPU_GEMM_DECODE, cc == 90);
+    ck_assert_int_eq(det.gemm == MMOE_GPU_GEMM_DECODE16, cc == 90);
     run_case("auto sm90 T=129", &L, 129, ROUTE_RANDOM, &det);
     ck_assert_int_ne(det.gemm, MMOE_GPU_GEMM_DECODE);
     ck_assert_int_ne(det.gemm, MMOE_GPU_GEMM_DECODE16);
@@ -993,14 +996,14 @@ END_TEST
  * The whole layer on the decode kernel with F16 MMAs (MMOE_GPU_GEMM=decode16 for this test):
  * the cases of layer_decode_family; then the V4-Flash widths at T = 2..5 and 8 (random
  * routing: each tile stages min(8, T) rows), each with the L1 launch's blocks per SM (the E4M3
- * kernel's: both stage the same bytes); AUTO never chooses it.
+ * kernel's: both stage the same bytes); AUTO chooses it, not decode, in the decode regime.
  *
  * Blocks per SM, derived here: the L1 launch (K = 4096, activation groups of 128, 16 experts)
  * asks for 4 x 10240 bytes of rings + rows x (4096 + 16) staged bytes + 8 x 32 x 4 bytes of
  * scales + 16 x 4 bytes of counts, and an H200 SM holds 233472 bytes of shared memory with 1024
  * reserved per block: 1..3 rows 4 blocks (with the reserve, 1 row: 47184 bytes a block, 3 rows:
  * 55408), 4..8 rows 3 (4 rows: 59520; 8 rows: 75968).  Shared memory is the limit: the
- * kernel's registers (at most 98 a thread, 4 warps) would allow 4 or more.
+ * kernel's registers (at most 107 a thread, 4 warps) would allow 4 or more.
  */
 START_TEST(layer_decode16_family)
 {
@@ -1025,11 +1028,103 @@ START_TEST(layer_decode16_family)
                       det.decode_blocks_per_sm, want_blocks[Ts[i]]);
     }
     free_layer(&L);
+    /* AUTO on a compute-capability-9.0 device (sm90 recipe) runs decode16 at T = 1 and 8 */
+    int cc = 0;
+    mmoe_error err;
+    ck_assert(mmoe_gpu_available(&cc, &err) == MMOE_OK);
     setenv("MMOE_GPU_GEMM", "auto", 1);
     make_layer(&L, 256, 256, 8, 2, 1, MMOE_RECIPE_SM90, 0.02, &rng);
     run_case("auto sm90 T=1", &L, 1, ROUTE_RANDOM, &det);
-    ck_assert_int_ne(det.gemm, MMOE_GPU_GEMM_DECODE16);
+    ck_assert_int_eq(det.gemm == MMOE_GPU_GEMM_DECODE16, cc == 90);
+    ck_assert_int_ne(det.gemm, MMOE_GPU_GEMM_DECODE);
+    run_case("auto sm90 T=8", &L, 8, ROUTE_RANDOM, &det);
+    ck_assert_int_eq(det.gemm == MMOE_GPU_GEMM_DECODE16, cc == 90);
+    ck_assert_int_ne(det.gemm, MMOE_GPU_GEMM_DECODE);
     free_layer(&L);
+    restore_gemm_env(saved);
+}
+END_TEST
+
+/**
+ * One layer object called again and again on the decode path (both MMAs, with and without a
+ * shared expert), each call with new inputs checked against the oracle: the L1 launch
+ * requantizes its output and the L2 launch combines the slots through counters in the
+ * workspace that each launch must leave at zero.  Calls of the same T (the workspace kept, so a
+ * counter left behind would stop the next call's requantization or combine and leave the
+ * previous call's values), a larger T (the workspace and its counters reallocated), a smaller
+ * one, masked slots (tokens with every slot masked: exactly 0 without a shared expert) and a
+ * token naming one expert in several slots.
+ */
+START_TEST(layer_decode_repeated_calls)
+{
+    if (!gpu_ok())
+        return;
+    const char *prev = getenv("MMOE_GPU_GEMM");
+    char *saved = prev != NULL ? strdup(prev) : NULL;
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 32);
+    const int64_t D = 256, E = 8;
+    const int K = 3;
+    static const struct {
+        int64_t T;
+        enum route_kind kind;
+    } calls[] = {{3, ROUTE_RANDOM}, {3, ROUTE_RANDOM}, {3, ROUTE_MASKED}, {9, ROUTE_RANDOM},
+                 {1, ROUTE_REPEATED}, {9, ROUTE_MASKED}, {2, ROUTE_RANDOM}};
+    const int64_t tmax = 9;
+    uint16_t *x = malloc((size_t)(tmax * D) * 2), *y_ref = malloc((size_t)(tmax * D) * 2);
+    uint16_t *y_gpu = malloc((size_t)(tmax * D) * 2);
+    int64_t *idx = malloc((size_t)(tmax * K) * 8);
+    float *w = malloc((size_t)(tmax * K) * 4);
+    ck_assert(x && y_ref && y_gpu && idx && w);
+    static const mmoe_gpu_gemm gemms[] = {MMOE_GPU_GEMM_DECODE16, MMOE_GPU_GEMM_DECODE};
+    for (size_t li = 0; li < 4; li++) {
+        const size_t gi = li % 2;
+        const int n_shared = li < 2;
+        test_layer L;
+        make_layer(&L, D, 384, E, K, n_shared, MMOE_RECIPE_SM90, 0.02, &rng);
+        const mmoe_moe_desc *d = &L.desc;
+        setenv("MMOE_GPU_GEMM", mmoe_gpu_gemm_name(gemms[gi]), 1);
+        mmoe_error err;
+        mmoe_moe_layer *cpu = NULL;
+        ck_assert_msg(mmoe_moe_layer_create(d, &cpu, &err) == MMOE_OK, "oracle create: %s", err.msg);
+        ck_assert_msg(mmoe_moe_layer_set_weights(cpu, &L.w, &err) == MMOE_OK, "oracle weights: %s", err.msg);
+        mmoe_gpu_layer *gl = NULL;
+        ck_assert_msg(mmoe_gpu_layer_create(d, &L.w, &gl, &err) == MMOE_OK, "gpu create: %s", err.msg);
+        for (size_t c = 0; c < sizeof calls / sizeof calls[0]; c++) {
+            const int64_t T = calls[c].T;
+            make_inputs(&rng, T, D, E, K, calls[c].kind, x, idx, w);
+            mmoe_moe_input in = {T, x, NULL, idx, w};
+            mmoe_moe_output out_ref = {y_ref, NULL, NULL}, out_gpu = {y_gpu, NULL, NULL};
+            mmoe_moe_result rc, rg;
+            memset(&rc, 0, sizeof rc);
+            mmoe_moe_result_init(&rc);
+            memset(&rg, 0, sizeof rg);
+            mmoe_moe_result_init(&rg);
+            ck_assert_msg(mmoe_moe_layer_run(cpu, &in, &out_ref, &rc, &err) == MMOE_OK, "oracle run: %s", err.msg);
+            mmoe_test_poison_bf16(y_gpu, (size_t)(T * D));
+            ck_assert_msg(mmoe_gpu_layer_run(gl, &in, &out_gpu, &rg, &err) == MMOE_OK, "gpu run: %s", err.msg);
+            ck_assert_int_eq(mmoe_gpu_layer_details(gl)->gemm, gemms[gi]);
+            char name[96];
+            snprintf(name, sizeof name, "%s same layer%s, call %zu (T=%lld)", mmoe_gpu_gemm_name(gemms[gi]),
+                     n_shared ? "" : " (no shared)", c + 1, (long long)T);
+            compare_outputs(name, y_gpu, y_ref, T, D);
+            for (int64_t t = 0; t < T && !n_shared; t++) {
+                int any = 0;
+                for (int k = 0; k < K; k++)
+                    any |= idx[t * K + k] >= 0;
+                for (int64_t j = 0; !any && j < D; j++)
+                    ck_assert_uint_eq(y_gpu[t * D + j] & 0x7fffu, 0);
+            }
+        }
+        mmoe_gpu_layer_destroy(gl);
+        mmoe_moe_layer_destroy(cpu);
+        free_layer(&L);
+    }
+    free(x);
+    free(y_ref);
+    free(y_gpu);
+    free(idx);
+    free(w);
     restore_gemm_env(saved);
 }
 END_TEST
@@ -1265,6 +1360,7 @@ static Suite *gpu_suite(void)
     tcase_add_test(tc, layer_sm90_v4_flash_full);
     tcase_add_test(tc, layer_decode_family);
     tcase_add_test(tc, layer_decode16_family);
+    tcase_add_test(tc, layer_decode_repeated_calls);
     suite_add_tcase(s, tc);
     return s;
 }

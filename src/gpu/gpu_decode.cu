@@ -52,12 +52,34 @@
  * rows of the routed L1 output and L2 input are the pair indices (token * topk + slot).  So
  * a block knows its weights before any earlier kernel has finished: launched with
  * programmatic dependent launch, its warps issue their first weight copies, and only then does
- * the block wait (griddepcontrol.wait) for the activations of the kernel before it.
+ * the block wait (griddepcontrol.wait) for the activations of the kernel before it.  Each block
+ * also lets the kernel after it start as soon as it begins (griddepcontrol.launch_dependents):
+ * once every block of the GEMM is on an SM, the next kernel's blocks (L2 after L1) take their
+ * places beside them and wait in griddepcontrol.wait,
+ * which returns when the whole GEMM has finished and its writes are visible, so the next
+ * kernel starts without a launch gap.  That kernel reads and writes nothing the GEMM touches
+ * before its wait.
  *
  * **One launch, routed and shared.**  A launch carries two parts: the shared expert (grid rows
  * [0, shared tiles), uniform tiles of 8 tokens, weight 1, slot topk) and the routed experts
  * (the next rows).  The shared expert's blocks come first because they stream the most bytes
  * (FP8, twice as many per row).
+ *
+ * **The requantization in L1.**  The L2 launch reads the L1 outputs as E4M3 rows with a scale per
+ * 128 (sm90) or 32 (sm100) channels, and a 128-channel group of a tile's rows is written by
+ * RQ_BLOCKS = 4 neighbouring blocks (32 channels each).  Each block, after its epilogue's
+ * stores and a fence, counts itself in the group's counter (one per grid row and group, in the
+ * layer's workspace); the block that counts last quantizes the group of every row of its tile
+ * with the quantizer's device steps (gpu_quant.cuh: the same bytes and scales as the separate
+ * quantization kernel) and sets the counter back to zero for the next launch.  The layer thus
+ * runs no requantization kernel, and the L2 launch depends on L1 directly.
+ *
+ * **The combine in L2.**  Likewise the L2 launch sums each token's slot rows into the output:
+ * the rows of one token's 64-channel chunk (CB_CHUNK: one block's channels) are written by the
+ * blocks of its unmasked slots' tiles and of its shared tile; each counts its rows after its
+ * stores and a fence, and the last one sums the chunk in the combine kernel's order
+ * (gpu_combine.cu) and resets the counter.  The decode pipeline is thus three launches: quantize
+ * x, L1, L2.
  *
  * **Shared memory per block, and blocks per SM.**  A block holds its 4 warps' rings (40 KB),
  * the tile's staged activation rows (K + 16 bytes each), their scales and the routing counts.
@@ -80,7 +102,7 @@
  * codes moved to F16 bits, FP8 weights converted in pairs).  sm_90 has no E4M3 mma.sync: the
  * compiler turns each E4M3 MMA into two F16 HMMAs plus 12 conversions and 4 additions, which is
  * what decode16 saves: per K block of one warp (16 rows x 128 K, 1 KB of MXFP4 weights) the
- * sm_90a loop of the L1 launch issues 256 instructions in decode and 222 in decode16, of which
+ * sm_90a loop of the L1 launch issues 248 instructions in decode and 214 in decode16, of which
  * 16 convert the activations (B registers).  Both stage the same bytes (K + 16 per row), so both fit the same blocks
  * per SM at every row count: V4-Flash L1 (K = 4096) four up to 3 rows and three from 4 to 8,
  * L2 (K = 2048) four up to 7 rows (shared memory would allow five at one row; the registers
@@ -88,6 +110,7 @@
  */
 #include "gpu_internal.cuh"
 #include "gpu_decode16_map.h"
+#include "gpu_quant.cuh"
 #include "gpu_e2m1_decode.cuh"
 
 namespace {
@@ -238,6 +261,18 @@ struct ring_of {
     static constexpr int STAGE_BYTES = 32 * (2 * V * 16 + 2 * 4);  /* one K block of one warp */
     static constexpr int STAGES = RING_BYTES / STAGE_BYTES;        /* 8 (MXFP4) or 4 (FP8) */
 };
+
+/**
+ * The stage after @p stage in ring @p ring of format R (the last stage wraps to the first).  A
+ * warp copies its K blocks into the stages in turn and reads them back in the same turn, so
+ * each side walks the ring with a pointer: one compare and one select a step, no remainder and
+ * no multiply.
+ */
+template <class R>
+__device__ __forceinline__ uint8_t *ring_next(uint8_t *stage, uint8_t *ring)
+{
+    return stage == ring + (R::STAGES - 1) * R::STAGE_BYTES ? ring : stage + R::STAGE_BYTES;
+}
 
 /**
  * The block stages the tile's activations in shared memory: it waits for the kernel before it
@@ -439,28 +474,36 @@ __device__ void decode_warp_fp4(const mmoe_decode_args &p, const mmoe_decode_par
     const int K = q.K, nkb = K / DEC_BK;
     const int nb = row_group / 8;
     const int trow0 = EPI == MMOE_EPI_SWIGLU ? (row_group % 8) * 8 + gid : (row_group % 8) * 16 + gid;
-    const int trow1 = EPI == MMOE_EPI_SWIGLU ? 64 + trow0 : trow0 + 8; /* L1: the up channel of trow0 */
     const uint8_t *bw = q.b + (size_t)expert * q.b_expert_stride + (size_t)nb * nkb * (128 * ROW_BYTES);
     const uint8_t *bs = q.b_scale + (size_t)expert * q.bs_expert_stride + (size_t)nb * nkb * (128 * 4);
-    const uint8_t *src0 = bw + trow0 * ROW_BYTES + tig * 4, *src1 = bw + trow1 * ROW_BYTES + tig * 4;
+    /*
+     * The next K block to copy (blocks 0, 1, ... in turn, block j into stage j % STAGES): word
+     * tig of row trow0's groups and the row's scale word; the lane's second row, trow0 + ROW1, is
+     * a constant distance further (an immediate offset of the copy).  Each copy advances the
+     * three pointers.
+     */
+    constexpr int ROW1 = EPI == MMOE_EPI_SWIGLU ? 64 : 8; /* L1: the up channel of gate row trow0; L2: row g + 8 */
+    const uint8_t *next_w = bw + trow0 * ROW_BYTES + tig * 4;
+    const uint8_t *next_s = bs + trow0 * 4;
+    uint8_t *next_stage = ring;
 
     /* stage layout: [row h][lane] of uint4 (word g = group g), then [row h][lane] of scale words */
-    auto issue = [&](int kb, int st) {
-        uint8_t *stage = ring + st * R::STAGE_BYTES;
-        const size_t off = (size_t)kb * (128 * ROW_BYTES);
+    auto issue_next = [&]() {
 #pragma unroll
         for (int g = 0; g < 4; g++) {
-            cp_async4(stage + lane * 16 + g * 4, src0 + off + g * 16);
-            cp_async4(stage + (32 + lane) * 16 + g * 4, src1 + off + g * 16);
+            cp_async4(next_stage + lane * 16 + g * 4, next_w + g * 16);
+            cp_async4(next_stage + (32 + lane) * 16 + g * 4, next_w + ROW1 * ROW_BYTES + g * 16);
         }
-        const uint8_t *stile = bs + (size_t)kb * (128 * 4);
-        cp_async4(stage + 1024 + lane * 4, stile + trow0 * 4);
-        cp_async4(stage + 1024 + (32 + lane) * 4, stile + trow1 * 4);
+        cp_async4(next_stage + 1024 + lane * 4, next_s);
+        cp_async4(next_stage + 1024 + (32 + lane) * 4, next_s + ROW1 * 4);
+        next_w += 128 * ROW_BYTES;
+        next_s += 128 * 4;
+        next_stage = ring_next<R>(next_stage, ring);
     };
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
         if (s < nkb)
-            issue(s, s);
+            issue_next();
         cp_async_commit();
     }
     stage_activations(q, AG, ntok, s_arow, sA, lda, sAs);
@@ -469,15 +512,17 @@ __device__ void decode_warp_fp4(const mmoe_decode_args &p, const mmoe_decode_par
     const int tok0 = tig * 2;
     const bool has_a = gid < ntok;
     const int brow = F16 && !has_a ? 0 : gid; /* see staged_e4m3_b() */
+    uint8_t *stage = ring; /* K block kb's stage: kb % STAGES */
     for (int kb = 0; kb < nkb; kb++) {
         cp_async_wait<STAGES - 2>();
-        const uint8_t *stage = ring + (kb % STAGES) * R::STAGE_BYTES;
         const uint4 w0 = reinterpret_cast<const uint4 *>(stage)[lane];
         const uint4 w1 = reinterpret_cast<const uint4 *>(stage)[32 + lane];
         const uint32_t sw0 = reinterpret_cast<const uint32_t *>(stage + 1024)[lane];
         const uint32_t sw1 = reinterpret_cast<const uint32_t *>(stage + 1024)[32 + lane];
+        stage = ring_next<R>(stage, ring);
+        /* the stage read last step is free again: K block kb + STAGES - 1 goes there */
         if (kb + STAGES - 1 < nkb)
-            issue(kb + STAGES - 1, (kb + STAGES - 1) % STAGES);
+            issue_next();
         cp_async_commit();
 
         const uint32_t ww0[4] = {w0.x, w0.y, w0.z, w0.w}, ww1[4] = {w1.x, w1.y, w1.z, w1.w};
@@ -716,6 +761,97 @@ __device__ void decode_warp_fp8(const mmoe_decode_args &p, const mmoe_decode_par
     decode_epilogue<EPI>(p, q, row_group, acc, s_orow, s_w, ntok);
 }
 
+/** Blocks of the decode GEMM whose SwiGLU outputs make up one 128-channel group (8 channels a warp). */
+constexpr int RQ_BLOCKS = 128 / (DEC_WARPS * 8);
+
+/**
+ * The L1 launch's requantization (rq_counters set): the block has stored its 32 channels of the
+ * tile's rows; the last of the RQ_BLOCKS blocks of the same tile and 128-channel group to get
+ * here (an atomic count, after a fence that makes each thread's stores visible to the whole
+ * device) quantizes that group of every row of the tile, one warp per row, with the quantizer's
+ * own steps (quant_chunk, gpu_quant.cuh) reading the FP32 rows through L2; it also resets the
+ * count for the next launch.  The rows and the rule are those of a separate requantization
+ * kernel: the same bytes and scales.
+ */
+template <int AG>
+__device__ void requant_group_if_last(const mmoe_decode_args &p, const mmoe_decode_part &q, bool shared_part,
+                                      int ntok, const int *s_orow, int *s_last)
+{
+    constexpr int MODE = AG == 128 ? MMOE_QUANT_SM90 : MMOE_QUANT_SM100_REQUANT; /* the recipe's requant rule */
+    const int c = (int)blockIdx.x / RQ_BLOCKS;
+    int *count = p.rq_counters + (size_t)blockIdx.y * p.rq_groups + c;
+    __threadfence(); /* this thread's L1 outputs, visible to every block before the count says so */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const int before = atomicAdd(count, 1);
+        *s_last = before == RQ_BLOCKS - 1;
+        if (before == RQ_BLOCKS - 1)
+            *count = 0; /* every block of the group has counted: ready for the next launch */
+    }
+    __syncthreads();
+    if (!*s_last)
+        return;
+    __threadfence(); /* the other blocks' outputs, seen after their count */
+    uint8_t *out_q = shared_part ? p.rq_shared_q : p.rq_routed_q;
+    float *out_s = shared_part ? p.rq_shared_s : p.rq_routed_s;
+    for (int r = (int)threadIdx.x >> 5; r < ntok; r += DEC_WARPS)
+        quant_chunk<float, MODE, true>(q.out_f32, s_orow[r], c * 128, q.n_out, out_q, out_s);
+}
+
+/** Output channels of one decode GEMM block in the L2 launch (16 rows a warp): one combine chunk. */
+constexpr int CB_CHUNK = DEC_WARPS * 16;
+
+/**
+ * The L2 launch's combine (cb_counters set): the block has stored its 64 channels of the tile's
+ * slot rows (BF16).  For each of its rows (token t, slot k), after a fence, one thread counts the
+ * row in the counter of (t, chunk); a token's chunk is complete when all its unmasked slots and
+ * the shared slot have counted, and the block that counts last sums them with one warp (two
+ * channels a lane) exactly as the combine kernel does (gpu_combine.cu: from 0, the unmasked
+ * slots in ascending order, the shared slot last, FP32 additions, one BF16 rounding), reading
+ * the slots through L2, and resets the counter.  A token with no slot to count (every slot
+ * masked, no shared expert) is never summed: the layer zeroes the output first in that case.
+ */
+__device__ void combine_rows_if_last(const mmoe_decode_args &p, int n_out, int ntok, const int *s_orow, int *s_tok)
+{
+    const int slots = p.topk + 1, x = (int)blockIdx.x;
+    __threadfence(); /* this thread's slot stores, visible to every block before the count says so */
+    __syncthreads();
+    if (threadIdx.x < 8) {
+        int last = -1;
+        if ((int)threadIdx.x < ntok) {
+            const int t = s_orow[threadIdx.x] / slots;
+            int want = p.cb_has_shared;
+            for (int k = 0; k < p.topk; k++)
+                want += p.topk_idx[(size_t)t * p.topk + k] >= 0;
+            int *count = p.cb_counters + (size_t)t * p.cb_chunks + x;
+            if (atomicAdd(count, 1) == want - 1) {
+                *count = 0; /* every row of the chunk has counted: ready for the next launch */
+                last = t;
+            }
+        }
+        s_tok[threadIdx.x] = last;
+    }
+    __syncthreads();
+    __threadfence(); /* the other blocks' slot rows, seen after their count */
+    const int lane = (int)threadIdx.x & 31, d = x * CB_CHUNK + lane * 2;
+    for (int r = (int)threadIdx.x >> 5; r < 8; r += DEC_WARPS) {
+        const int t = s_tok[r];
+        if (t < 0)
+            continue;
+        float a0 = 0.0f, a1 = 0.0f;
+        for (int k = 0; k < slots; k++) {
+            const bool used = k < p.topk ? p.topk_idx[(size_t)t * p.topk + k] >= 0 : p.cb_has_shared != 0;
+            if (!used)
+                continue;
+            const unsigned int u =
+                __ldcg(reinterpret_cast<const unsigned int *>(p.out_slots + ((size_t)t * slots + k) * n_out + d));
+            a0 = __fadd_rn(a0, __uint_as_float(u << 16));
+            a1 = __fadd_rn(a1, __uint_as_float(u & 0xffff0000u));
+        }
+        *reinterpret_cast<__nv_bfloat162 *>(p.cb_out + (size_t)t * n_out + d) = __floats2bfloat162_rn(a0, a1);
+    }
+}
+
 /**
  * Byte stride of a staged FP8 activation row (both MMAs): K plus 16, so that the 8 rows fall in
  * different banks.
@@ -754,8 +890,10 @@ __device__ __forceinline__ void decode_gemm_block(const mmoe_decode_args &p)
 {
     extern __shared__ __align__(16) uint8_t smem[];
     __shared__ int s_scan[DEC_WARPS];
-    __shared__ int s_pair[8], s_arow[8], s_orow[8], s_expert, s_j, s_valid;
+    __shared__ int s_pair[8], s_arow[8], s_orow[8], s_expert, s_j, s_valid, s_last, s_tok[8];
     __shared__ float s_w[8];
+    /* the next kernel may be scheduled now: it waits for this whole grid before it reads anything */
+    mmoe_grid_launch_dependents();
     const int tid = threadIdx.x, warp = tid >> 5;
     const int y = (int)blockIdx.y;
     const bool shared_part = y < p.shared_tiles;
@@ -808,6 +946,14 @@ __device__ __forceinline__ void decode_gemm_block(const mmoe_decode_args &p)
         decode_warp_fp4<AG, EPI, MMA>(p, q, expert, row_group, s_arow, sA, lda, sAs, s_orow, s_w, ntok, ring);
     else
         decode_warp_fp8<AG, EPI, MMA>(p, q, expert, row_group, s_arow, sA, lda, sAs, s_orow, s_w, ntok, ring);
+    /* L1: the last block of each 128-channel group requantizes it (whole groups: n_out % 128 == 0) */
+    if constexpr (EPI == MMOE_EPI_SWIGLU)
+        if (p.rq_counters != nullptr && (int)blockIdx.x * DEC_WARPS < groups)
+            requant_group_if_last<AG>(p, q, shared_part, ntok, s_orow, &s_last);
+    /* L2: the last writer of each token's 64-channel chunk sums the token's slots there */
+    if constexpr (EPI == MMOE_EPI_SLOT_BF16)
+        if (p.cb_counters != nullptr && (int)blockIdx.x * DEC_WARPS < groups)
+            combine_rows_if_last(p, q.n_out, ntok, s_orow, s_tok);
 }
 
 /** The decode GEMM with E4M3 MMAs (the "decode" family). */
@@ -856,9 +1002,33 @@ cudaError_t set_instance_smem(decode_kernel_fn fn, const mmoe_decode_args *a, in
     return e;
 }
 
-/** Whether launch @p a can run: staged rows 1..8, and a known MMA. */
-bool decode_args_ok(const mmoe_decode_args *a)
+/** Whether part @p q (with @p tiles grid rows) fits the requantization's counters: whole 128-channel groups. */
+bool requant_part_ok(const mmoe_decode_part &q, int tiles, int rq_groups)
 {
+    return tiles == 0 || (q.n_out % 128 == 0 && q.n_out / 128 <= rq_groups);
+}
+
+/** Whether part @p q (with @p tiles grid rows) fits the combine's counters: rows of cb_chunks whole chunks. */
+bool combine_part_ok(const mmoe_decode_part &q, int tiles, int cb_chunks)
+{
+    return tiles == 0 || q.n_out == cb_chunks * CB_CHUNK;
+}
+
+/**
+ * Whether launch @p a with epilogue @p epi can run: staged rows 1..8, a known MMA, a
+ * requantization only on the SwiGLU epilogue with whole groups counted, and a combine only on
+ * the BF16 slot epilogue with whole chunks counted.
+ */
+bool decode_args_ok(const mmoe_decode_args *a, mmoe_epi epi)
+{
+    if (a->rq_counters != nullptr &&
+        (epi != MMOE_EPI_SWIGLU || !requant_part_ok(a->shared, a->shared_tiles, a->rq_groups) ||
+         !requant_part_ok(a->routed, a->routed_tiles, a->rq_groups)))
+        return false;
+    if (a->cb_counters != nullptr &&
+        (epi != MMOE_EPI_SLOT_BF16 || a->raw != nullptr || !combine_part_ok(a->shared, a->shared_tiles, a->cb_chunks) ||
+         !combine_part_ok(a->routed, a->routed_tiles, a->cb_chunks)))
+        return false;
     return a->tile_rows >= 1 && a->tile_rows <= 8 && (a->mma == MMOE_DECODE_MMA_E4M3 || a->mma == MMOE_DECODE_MMA_F16);
 }
 
@@ -882,7 +1052,7 @@ cudaError_t mmoe_launch_decode_gemm(const mmoe_decode_args *a, int a_group, mmoe
     const int gy = a->shared_tiles + a->routed_tiles;
     if (groups == 0 || gy == 0)
         return cudaSuccess;
-    if (!decode_args_ok(a))
+    if (!decode_args_ok(a, epi))
         return cudaErrorInvalidValue; /* the staged rows must hold every tile's tokens */
     const decode_kernel_fn fn = decode_instance_of(a_group, epi, a->mma);
     size_t smem = 0;
@@ -908,7 +1078,7 @@ cudaError_t mmoe_launch_decode_gemm(const mmoe_decode_args *a, int a_group, mmoe
 cudaError_t mmoe_decode_gemm_occupancy(const mmoe_decode_args *a, int a_group, mmoe_epi epi, int *blocks)
 {
     *blocks = 0;
-    if (!decode_args_ok(a))
+    if (!decode_args_ok(a, epi))
         return cudaErrorInvalidValue;
     const decode_kernel_fn fn = decode_instance_of(a_group, epi, a->mma);
     size_t smem = 0;

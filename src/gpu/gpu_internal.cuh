@@ -232,6 +232,22 @@ struct mmoe_decode_args {
     long long *cum_counts;      /**< L1: running totals [E] */
     int *num_pairs;             /**< L1: the call's valid pairs */
     mmoe_decode_mma mma;        /**< the MMA the kernel runs (zeroed arguments: E4M3) */
+    /* L1 only: the requantization of both parts' outputs in the launch (gpu_decode.cu); none when
+       rq_counters is NULL */
+    int *rq_counters;           /**< [grid rows][rq_groups] blocks done per 128-channel group, all zero
+                                     between launches (the last block of a group resets its counter) */
+    int rq_groups;              /**< counters per grid row: the widest part's n_out / 128 */
+    uint8_t *rq_routed_q;       /**< routed L2 input [pairs, routed.n_out] E4M3 */
+    float *rq_routed_s;         /**< its scales (the recipe's group: 128 when a_group is 128, else 32) */
+    uint8_t *rq_shared_q;       /**< shared L2 input [T, shared.n_out] E4M3 */
+    float *rq_shared_s;         /**< its scales */
+    /* L2 only: the combine of each token's slots in the launch (gpu_decode.cu); none when
+       cb_counters is NULL */
+    int *cb_counters;           /**< [T][cb_chunks] slot rows written per token and 64-channel chunk, all
+                                     zero between launches (the last writer resets its counter) */
+    int cb_chunks;              /**< 64-channel chunks of an output row: n_out / 64 */
+    int cb_has_shared;          /**< 1: slot topk (the shared expert) is part of every token's sum */
+    __nv_bfloat16 *cb_out;      /**< the layer output [T, n_out] BF16 */
 };
 
 /** Upper bound of the routed tiles of 8 pairs a decode GEMM launch has for T tokens. */
@@ -251,19 +267,6 @@ cudaError_t mmoe_launch_decode_gemm(const mmoe_decode_args *a, int a_group, mmoe
  */
 cudaError_t mmoe_decode_gemm_occupancy(const mmoe_decode_args *a, int a_group, mmoe_epi epi, int *blocks);
 
-/**
- * Requantize the decode path's L1 outputs in one launch: the routed rows (pairs; rows whose
- * topk_idx is -1 were never written and are skipped) and the shared rows, with the same rule.
- * Launched with programmatic dependent launch; lets the next kernel start early.
- */
-cudaError_t mmoe_launch_requant_decode(const float *routed, int routed_rows, const int32_t *topk_idx, int I,
-                                       const float *shared, int shared_rows, int SI, mmoe_quant_mode mode,
-                                       uint8_t *routed_q, float *routed_s, uint8_t *shared_q, float *shared_s,
-                                       cudaStream_t stream);
-
-/** mmoe_launch_combine() as the dependent of a programmatic launch (decode path). */
-cudaError_t mmoe_launch_combine_pdl(const __nv_bfloat16 *slots_buf, const int32_t *topk_idx, int T, int topk,
-                                    int has_shared, int D, __nv_bfloat16 *y, cudaStream_t stream);
 
 /** Launch the grouped GEMM with the given tile height, weight format, activation group and epilogue. */
 cudaError_t mmoe_launch_gemm(const mmoe_gemm_args *args, int block_m, mmoe_bfmt b_fmt, int a_group, mmoe_epi epi,

@@ -24,10 +24,12 @@
  * between them: the routed GEMMs are launched on an upper bound of tiles and the
  * surplus blocks exit at once.
  *
- * One call of the decode family (gpu_decode.cu) = 5 launches on one stream, each after
+ * One call of the decode family (gpu_decode.cu) = 3 launches on one stream, each after
  * the first a programmatic dependent launch: quant(x), L1 (routed and shared, routing
- * derived in each block, SwiGLU), one requantization of both intermediates, L2
- * (routed and shared, BF16 slots), combine.
+ * derived in each block, SwiGLU, then the requantization of both intermediates by the last
+ * block of each 128-channel group), L2 (routed and shared, BF16 slots, then the combine of
+ * each token's slots by the last block to write one of its 64-channel chunks); with no shared
+ * expert a memset zeroes the output first (a token whose slots are all masked gets 0).
  */
 #include <math.h>
 #include <stdio.h>
@@ -99,6 +101,8 @@ struct mmoe_gpu_moe {
     uint8_t *xq;              /**< [cap, D] quantized input */
     uint8_t *l2q;             /**< routed L2 input (E4M3) */
     uint8_t *sh_l2q;          /**< shared L2 input (E4M3) */
+    int *rq_counters;         /**< decode L1: [grid rows][max(I, SI) / 128] blocks done per group, zero between calls */
+    int *cb_counters;         /**< decode L2: [cap][D / 64] slot rows written per token and chunk, zero between calls */
     mmoe_pool_entry *pool;    /**< [cap*topk] pool rows */
     float *part;              /**< split-K partial sums of the routed GEMMs (T <= MMOE_SPLIT_MAX_T) */
     float *sh_part;           /**< split-K partial sums of the shared GEMMs */
@@ -511,7 +515,8 @@ mmoe_status mmoe_gpu_moe_create(const mmoe_gpu_moe_desc *desc, const mmoe_gpu_mo
 static void free_workspace(mmoe_gpu_moe *L)
 {
     void *ptrs[] = {L->x, L->y, L->slots, L->idx, L->tw, L->xs, L->a1, L->l2s, L->sh_a1, L->sh_l2s,
-                    L->xq, L->l2q, L->sh_l2q, L->pool, L->tiles, L->part, L->sh_part};
+                    L->xq, L->l2q, L->sh_l2q, L->pool, L->tiles, L->part, L->sh_part, L->rq_counters,
+                    L->cb_counters};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
         cudaFree(ptrs[i]);
     L->x = L->y = L->slots = NULL;
@@ -521,6 +526,7 @@ static void free_workspace(mmoe_gpu_moe *L)
     L->pool = NULL;
     L->tiles = NULL;
     L->part = L->sh_part = NULL;
+    L->rq_counters = L->cb_counters = NULL;
     L->cap = 0;
     L->ws_bytes = 0;
 }
@@ -567,6 +573,18 @@ static size_t split_count(size_t K)
     return (K / 128 + MMOE_SPLIT_KB - 1) / MMOE_SPLIT_KB;
 }
 
+/**
+ * Counters of the decode L1 launch's requantization for @p T tokens: one per grid row (the
+ * shared tiles and the bound of the routed tiles, which grows with T) and 128-channel group of
+ * the wider part.
+ */
+static size_t rq_counter_count(const mmoe_gpu_moe *L, int T)
+{
+    const int I = L->d.inter, SI = L->d.shared_inter;
+    const size_t rows = (size_t)(T + 7) / 8 + (size_t)mmoe_decode_max_tiles(T, L->d.topk, L->d.n_experts);
+    return rows * (size_t)((I > SI ? I : SI) / 128);
+}
+
 /** Grow the workspace to hold @p T tokens. */
 static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
 {
@@ -576,6 +594,8 @@ static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
     const size_t t = (size_t)T, D = (size_t)L->d.hidden, I = (size_t)L->d.inter, K = (size_t)L->d.topk;
     const size_t SI = (size_t)L->d.shared_inter, E = (size_t)L->d.n_experts;
     const size_t ts = t < MMOE_SPLIT_MAX_T ? t : MMOE_SPLIT_MAX_T; /* tokens of a split-K call */
+    const size_t rq_bytes = rq_counter_count(L, T) * sizeof(int);
+    const size_t cb_bytes = t * (D / 64) * sizeof(int); /* the decode L2's combine: per token and 64 channels */
     const struct {
         void **p;
         size_t bytes;
@@ -592,10 +612,17 @@ static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
                                                                                 : D * split_count(I)) * 4},
         {(void **)&L->sh_part, ts * (2 * SI * split_count(D) > D * split_count(SI) ? 2 * SI * split_count(D)
                                                                                  : D * split_count(SI)) * 4},
+        {(void **)&L->rq_counters, rq_bytes},     {(void **)&L->cb_counters, cb_bytes},
     };
     cudaError_t e = cudaSuccess;
     for (size_t i = 0; i < sizeof arrays / sizeof arrays[0] && e == cudaSuccess; i++)
         e = walloc(L, arrays[i].p, arrays[i].bytes);
+    /* the counters start at zero; each launch leaves them at zero (on the layer's stream: ordered
+       before every kernel of the calls) */
+    if (e == cudaSuccess)
+        e = cudaMemsetAsync(L->rq_counters, 0, rq_bytes, L->stream);
+    if (e == cudaSuccess)
+        e = cudaMemsetAsync(L->cb_counters, 0, cb_bytes, L->stream);
     if (e != cudaSuccess) {
         free_workspace(L);
         return cuda_fail(err, e, "cudaMalloc(workspace)");
@@ -625,14 +652,23 @@ static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
 /**
  * Does this call run a decode kernel?  When asked for (either MMA), always; under AUTO on a
  * compute-capability-9.0 device with the sm90 recipe (where it was measured) and no forced
- * tile height, up to MMOE_AUTO_DECODE_MAX_T tokens, with E4M3 MMAs: the F16 variant runs only
- * when asked for until a device run has measured it.
+ * tile height, up to MMOE_AUTO_DECODE_MAX_T tokens, with the MMA of decode_mma_of().
  */
 static int use_decode(const mmoe_gpu_moe *L, int T)
 {
     if (L->d.gemm != MMOE_GPU_GEMM_AUTO)
         return L->d.gemm == MMOE_GPU_GEMM_DECODE || L->d.gemm == MMOE_GPU_GEMM_DECODE16;
     return L->cc == 90 && L->recipe == MMOE_GPU_RECIPE_SM90 && L->d.block_m == 0 && T <= MMOE_AUTO_DECODE_MAX_T;
+}
+
+/**
+ * The MMA of a decode call: E4M3 when "decode" was asked for, else F16 ("decode16", and AUTO's
+ * choice: on one H200, V4-Flash layer, it was faster than the E4M3 MMAs at every T measured,
+ * 1 to 128, by 5 to 7%).
+ */
+static mmoe_decode_mma decode_mma_of(const mmoe_gpu_moe *L)
+{
+    return L->d.gemm == MMOE_GPU_GEMM_DECODE ? MMOE_DECODE_MMA_E4M3 : MMOE_DECODE_MMA_F16;
 }
 
 /** The tile kernel family of one call: the requested one, or for AUTO the faster one at this size. */
@@ -719,8 +755,8 @@ static cudaError_t decode_occupancy_of(decode_occupancy *o, const mmoe_decode_ar
 
 /**
  * The decode pipeline (gpu_decode.cu): quant(x); L1 of the routed and the shared experts in one
- * launch, routing derived in each block; one requantization of both intermediates; L2 of both
- * into the combine slots; combine.  One stream, every launch after the first a programmatic
+ * launch, routing derived in each block, requantizing both intermediates; L2 of both
+ * into the combine slots, combining them.  One stream, every launch after the first a programmatic
  * dependent launch, so that each GEMM's blocks load their weights while the kernel before
  * finishes.
  */
@@ -730,6 +766,9 @@ static mmoe_status launch_layer_decode(mmoe_gpu_moe *L, int T, mmoe_error *err)
     const int sm90 = L->recipe == MMOE_GPU_RECIPE_SM90;
     const int ag = sm90 ? 128 : 32;
     cudaStream_t s = L->stream;
+    /* L2 sums only tokens with a slot to sum: without a shared expert, all-masked tokens stay 0 */
+    if (SI == 0)
+        CK(cudaMemsetAsync(L->y, 0, (size_t)T * D * 2, s), "zero the output");
     CK(mmoe_launch_quant(L->x, NULL, T, D, sm90 ? MMOE_QUANT_SM90 : MMOE_QUANT_SM100_INPUT, L->xq, L->xs, s), "quantize x");
     mmoe_decode_args a;
     memset(&a, 0, sizeof a);
@@ -754,12 +793,15 @@ static mmoe_status launch_layer_decode(mmoe_gpu_moe *L, int T, mmoe_error *err)
     a.cum_counts = L->cum_counts;
     a.num_pairs = L->num_pairs;
     a.mma = L->last_decode_mma;
-    CK(mmoe_launch_decode_gemm(&a, ag, MMOE_EPI_SWIGLU, 1, s), "L1 decode GEMM");
+    /* the L2 inputs: the last block of each 128-channel group requantizes it (the recipe's rule) */
+    a.rq_counters = L->rq_counters;
+    a.rq_groups = (I > SI ? I : SI) / 128;
+    a.rq_routed_q = L->l2q;
+    a.rq_routed_s = L->l2s;
+    a.rq_shared_q = L->sh_l2q;
+    a.rq_shared_s = L->sh_l2s;
+    CK(mmoe_launch_decode_gemm(&a, ag, MMOE_EPI_SWIGLU, 1, s), "L1 decode GEMM (requantizing)");
     CK(decode_occupancy_of(&L->occ, &a, ag), "L1 decode GEMM occupancy");
-    CK(mmoe_launch_requant_decode(L->a1, T * K, L->idx, I, L->sh_a1, SI > 0 ? T : 0, SI,
-                                  sm90 ? MMOE_QUANT_SM90 : MMOE_QUANT_SM100_REQUANT, L->l2q, L->l2s, L->sh_l2q,
-                                  L->sh_l2s, s),
-       "requantize L1 (decode)");
     /* L2: down projections into the combine slots (routed A rows are the pairs) */
     a.shared = decode_part(MMOE_B_FP8, SI, D, L->sh_l2q, L->sh_l2s, L->sw2, L->ss2, 0, 0, NULL);
     a.routed = decode_part(MMOE_B_FP4, I, D, L->l2q, L->l2s, L->w2, L->s2, (size_t)D * I / 2, (size_t)D * I / 32, NULL);
@@ -768,8 +810,13 @@ static mmoe_status launch_layer_decode(mmoe_gpu_moe *L, int T, mmoe_error *err)
     a.counts = NULL;
     a.cum_counts = NULL;
     a.num_pairs = NULL;
-    CK(mmoe_launch_decode_gemm(&a, ag, MMOE_EPI_SLOT_BF16, 1, s), "L2 decode GEMM");
-    CK(mmoe_launch_combine_pdl(L->slots, L->idx, T, K, SI > 0, D, L->y, s), "combine");
+    a.rq_counters = NULL;
+    /* ... and the last writer of each token's 64-channel chunk sums its slots into y */
+    a.cb_counters = L->cb_counters;
+    a.cb_chunks = D / 64;
+    a.cb_has_shared = SI > 0;
+    a.cb_out = L->y;
+    CK(mmoe_launch_decode_gemm(&a, ag, MMOE_EPI_SLOT_BF16, 1, s), "L2 decode GEMM (combining)");
     return MMOE_OK;
 }
 
@@ -780,7 +827,7 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
     const int sm90 = L->recipe == MMOE_GPU_RECIPE_SM90;
     const int ag = sm90 ? 128 : 32;
     L->last_decode = use_decode(L, T);
-    L->last_decode_mma = L->d.gemm == MMOE_GPU_GEMM_DECODE16 ? MMOE_DECODE_MMA_F16 : MMOE_DECODE_MMA_E4M3;
+    L->last_decode_mma = decode_mma_of(L);
     if (L->last_decode) {
         L->last_wgmma = 0;
         L->last_split = 0;
@@ -950,9 +997,9 @@ static void fill_result(mmoe_gpu_moe *L, int bm, long long pairs, mmoe_gpu_moe_r
     const int decode16 = L->last_decode && L->last_decode_mma == MMOE_DECODE_MMA_F16;
     if (decode16)
         res->kernel = "decode16: mma.sync.m16n8k16 f16 (activations staged as E4M3, both operands made F16 in registers) swap-AB "
-                      "weight streaming, 8-token tiles (5 launches, programmatic dependent launch)";
+                      "weight streaming, 8-token tiles (3 launches, programmatic dependent launch)";
     else if (L->last_decode)
-        res->kernel = "decode: mma.sync.m16n8k32 e4m3 swap-AB weight streaming, 8-token tiles (5 launches, "
+        res->kernel = "decode: mma.sync.m16n8k32 e4m3 swap-AB weight streaming, 8-token tiles (3 launches, "
                       "programmatic dependent launch)";
     else if (L->last_wgmma)
         res->kernel = L->last_split ? "wgmma f16 (E4M3/E2M1 converted) warp-specialized grouped GEMM, split-K (staged)"

@@ -62,8 +62,8 @@ typedef enum mmoe_gpu_recipe {
 /**
  * Which GEMM kernel family the layer runs.  All compute the same exact products with FP32
  * sums (the GPU suite checks each family alone and in the layer).  AUTO picks per call: on a
- * compute-capability-9.0 device with the sm90 recipe, the decode kernel up to a measured token
- * count; above it, on an sm_90a build, the wgmma kernel once the expected pairs per expert
+ * compute-capability-9.0 device with the sm90 recipe, the decode kernel with F16 MMAs
+ * (decode16) up to a measured token count; above it, on an sm_90a build, the wgmma kernel once the expected pairs per expert
  * exceed a measured threshold (prefill), else the mma.sync tile kernel; on other devices
  * mma.sync.
  */
@@ -73,7 +73,7 @@ typedef enum mmoe_gpu_gemm {
     MMOE_GPU_GEMM_WGMMA = 2, /**< the warp-specialized wgmma kernel (gpu_gemm_wgmma.cu), sm_90 only */
     MMOE_GPU_GEMM_DECODE = 3, /**< the weight-streaming decode kernel (gpu_decode.cu), 8-token tiles, sm_90+ */
     MMOE_GPU_GEMM_DECODE16 = 4 /**< the decode kernel with F16 MMAs (m16n8k16; activations staged as E4M3
-                                    and converted, MXFP4 codes moved to F16, in registers); only when asked for */
+                                    and converted, MXFP4 codes moved to F16, in registers); AUTO's decode kernel */
 } mmoe_gpu_gemm;
 
 /** Sizes and options of one layer. */
