@@ -215,14 +215,20 @@ __device__ __forceinline__ double warp_sum(double v)
 
 /* ================================================================== kernels: embedding, norms, linears */
 
-/** X[t, j, :] = E[ids[t], :] for j < hc (hc = 1: the plain embedding). */
+/**
+ * X[t, j, :] = E[ids[t], :] for j < hc (hc = 1: the plain embedding): token blockIdx.y, one
+ * channel per thread over the blocks blockIdx.x (launch_embed()), so each thread waits for one
+ * load of the table and no more (a loop over the row would wait for each of its loads in turn:
+ * the stores to X keep the next load behind them).
+ */
 __global__ void k_embed(const uint16_t *E, const int32_t *ids, int64_t D, int hc, uint16_t *X)
 {
-    const int64_t t = blockIdx.x;
-    const uint16_t *row = E + (int64_t)ids[t] * D;
-    for (int64_t c = threadIdx.x; c < D; c += blockDim.x)
-        for (int j = 0; j < hc; j++)
-            X[(t * hc + j) * D + c] = row[c];
+    const int64_t t = blockIdx.y, c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= D)
+        return;
+    const uint16_t v = E[(int64_t)ids[t] * D + c];
+    for (int j = 0; j < hc; j++)
+        X[(t * hc + j) * D + c] = v;
 }
 
 /** 1 / sqrt(fp32(sumsq / n) + eps): the RMSNorm factor of rmsnorm.c from its double sum of squares. */
@@ -3358,6 +3364,13 @@ static mmoe_status step_send(mmoe_gpu_model *g, int64_t T, mmoe_error *err)
     return ce == cudaSuccess ? MMOE_OK : cuda_fail(err, ce, "step record copy");
 }
 
+/** k_embed of the T tokens whose ids are @p ids: X[t, j, :] = E[ids[t], :], j < hc. */
+static void launch_embed(const uint16_t *E, const int32_t *ids, int64_t T, int64_t D, int hc, uint16_t *X,
+                         cudaStream_t st)
+{
+    k_embed<<<dim3(nblk(D), (unsigned)T), 256, 0, st>>>(E, ids, D, hc, X);
+}
+
 /**
  * Enqueue the main model's step of T tokens at position g->pos on the model's stream: the step
  * record's copy, the embedding and every layer (with the timing split when it is on).  The
@@ -3369,7 +3382,7 @@ static mmoe_status enqueue_layers(mmoe_gpu_model *g, int64_t T, mmoe_error *err)
     if (st != MMOE_OK)
         return st;
     double t0 = tick(g);
-    k_embed<<<(unsigned)T, 256, 0, g->stream>>>(g->embed, g->ids, g->D, (int)g->hc, g->X);
+    launch_embed(g->embed, g->ids, T, g->D, (int)g->hc, g->X, g->stream);
     GFW_CHECK("embedding");
     g->embed_s += tick(g) - t0;
     for (int L = 0; L < g->n_layers; L++)
@@ -3508,7 +3521,7 @@ extern "C" mmoe_status mmoe_gpu_model_mtp_forward(mmoe_gpu_model *g, const uint1
             cudaSuccess)
         st = cuda_fail(err, ce, "mtp input copy");
     if (st == MMOE_OK) {
-        k_embed<<<(unsigned)T, 256, 0, g->stream>>>(g->embed, g->ids, D, 1, g->y);
+        launch_embed(g->embed, g->ids, T, D, 1, g->y, g->stream);
         if ((ce = cudaGetLastError()) != cudaSuccess)
             st = cuda_fail(err, ce, "mtp embedding");
     }
