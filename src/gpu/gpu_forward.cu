@@ -252,12 +252,40 @@ struct sq_term {
 /**
  * RMSNorm of rows of width n, one block per row: y = bf16(w * (x * rsqrt(mean + eps))); y may
  * alias x.  The squares are summed by the whole block in the order of @ref spec_arch_sum_order.
+ *
+ * When the block has a thread per chunk of 16 (rmsnorm_threads() launches so up to 8192
+ * values), thread b holds chunk b: it loads the chunk's 16 values of x and of w at once, sums
+ * the chunk (gfw_chunk_sum's order), joins the block's tree and writes the same 16 values of y,
+ * so the row costs one wait for memory, not one per value of a strided loop (whose stores to
+ * y, which may alias x, keep every next load behind them).  Wider rows take that loop.
  */
 __global__ void k_rmsnorm(const uint16_t *x, int64_t n, ddense w, float eps, uint16_t *y)
 {
     __shared__ double sh[33];
     const uint16_t *xr = x + (int64_t)blockIdx.x * n;
     uint16_t *yr = y + (int64_t)blockIdx.x * n;
+    if (gfw_chunks_per_lane(n, blockDim.x) == 1) {
+        const int64_t i0 = (int64_t)threadIdx.x * MMOE_SUM_CHUNK;
+        const int len = i0 >= n ? 0 : (n - i0 < MMOE_SUM_CHUNK ? (int)(n - i0) : MMOE_SUM_CHUNK);
+        float xv[MMOE_SUM_CHUNK], wv[MMOE_SUM_CHUNK];
+#pragma unroll
+        for (int i = 0; i < MMOE_SUM_CHUNK; i++)
+            if (i < len) {
+                xv[i] = gfw_bf2f(xr[i0 + i]);
+                wv[i] = dv_at(w, i0 + i);
+            }
+        double chunk = 0.0;
+#pragma unroll
+        for (int i = 0; i < MMOE_SUM_CHUNK; i++)
+            if (i < len)
+                chunk = __dadd_rn(chunk, __dmul_rn((double)xv[i], (double)xv[i]));
+        const float rs = rms_factor(gfw_block_tree(chunk, sh), n, eps);
+#pragma unroll
+        for (int i = 0; i < MMOE_SUM_CHUNK; i++)
+            if (i < len)
+                yr[i0 + i] = gfw_f2bf(__fmul_rn(wv[i], __fmul_rn(xv[i], rs)));
+        return;
+    }
     const float rs = rms_factor(gfw_block_sum(sq_term{xr}, n, sh), n, eps);
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
         yr[i] = gfw_f2bf(__fmul_rn(dv_at(w, i), __fmul_rn(gfw_bf2f(xr[i]), rs)));
@@ -3076,11 +3104,30 @@ static double tick(const mmoe_gpu_model *g)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/**
+ * Most threads of k_rmsnorm, hence the widest row (512 chunks of 16) its register path takes:
+ * with 74 registers a thread on sm_90a, 1024 threads would not fit in a block's 64 K.
+ */
+#define GFW_RMSNORM_MAX_THREADS 512
+
+/**
+ * Threads of k_rmsnorm for rows of width @p n: one per chunk of 16 (a power of two, 32 to
+ * GFW_RMSNORM_MAX_THREADS), 256 for rows of more chunks (the strided loop).
+ */
+static unsigned rmsnorm_threads(int64_t n)
+{
+    const int64_t chunks = (n + MMOE_SUM_CHUNK - 1) / MMOE_SUM_CHUNK;
+    unsigned b = 32;
+    while (b < chunks && b < GFW_RMSNORM_MAX_THREADS)
+        b <<= 1;
+    return chunks > GFW_RMSNORM_MAX_THREADS ? 256 : b;
+}
+
 /** y = rmsnorm(x) for @p rows rows of width n. */
 static mmoe_status rmsnorm(const uint16_t *x, int64_t rows, int64_t n, const ddense &w, float eps, uint16_t *y,
                            cudaStream_t st, mmoe_error *err)
 {
-    k_rmsnorm<<<(unsigned)rows, 256, 0, st>>>(x, n, w, eps, y);
+    k_rmsnorm<<<(unsigned)rows, rmsnorm_threads(n), 0, st>>>(x, n, w, eps, y);
     GFW_CHECK("rmsnorm");
     return MMOE_OK;
 }
@@ -3608,7 +3655,7 @@ extern "C" mmoe_status gfw_test_rmsnorm(const uint16_t *x, int64_t T, int64_t n,
     wd.p = tput(&a, w, 2 * (size_t)n);
     uint16_t *dx = (uint16_t *)tput(&a, x, 2 * (size_t)(T * n));
     if (a.ce == cudaSuccess)
-        k_rmsnorm<<<(unsigned)T, 256>>>(dx, n, wd, eps, dx);
+        k_rmsnorm<<<(unsigned)T, rmsnorm_threads(n)>>>(dx, n, wd, eps, dx);
     return tfinish(&a, y, dx, 2 * (size_t)(T * n), err, "rmsnorm");
 }
 
