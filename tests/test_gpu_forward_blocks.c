@@ -529,6 +529,7 @@ START_TEST(test_mhc)
     for (int i = 0; i < 2; i++) {
         check_mhc(sets[i], 4, 3, 128);
         check_mhc(sets[i], 4, 3, 4096);
+        check_mhc(sets[i], 4, 1, 4096); /* one token (decode) */
         check_mhc(sets[i], 6, 2, 128); /* 36 entries: a row across the two registers of a lane */
         check_mhc(sets[i], 8, 2, 1100);
     }

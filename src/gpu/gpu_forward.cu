@@ -69,7 +69,8 @@
  * a lane and the others by xor shuffles between lanes, and takes each FP4 block's maximum over
  * the 32 / V lanes that hold it; k_hc_finish_split runs the Sinkhorn iterations in warp 0 of
  * block 0, the matrix in registers and every row and column sum fetched by shuffles in the
- * oracle's order, while the block's other warps already mix (the mix needs only pre);
+ * oracle's order, while the other blocks mix one channel per thread, their stream values
+ * loaded while the block sums are still being folded (the mix needs only pre);
  * k_topk_split ranks the candidates (one thread each, O(n) comparisons) in blocks of 256
  * instead of one block per token, which matters at long contexts (n = position / 4).  The
  * linears of a decode step are bound by how fast their weights stream in: k_linear_dense_split
@@ -1126,7 +1127,10 @@ __device__ __forceinline__ void hc_finish_logits(int64_t t, int64_t n, int hc, c
                                                  const float *base, const float *scale, int n_out, float norm_eps,
                                                  float hc_eps, float *post, float *m, float *pre)
 {
-    const int tid = threadIdx.x;
+    const int tid = threadIdx.x, has_post = n_out > hc && blockIdx.x == 0;
+    /* the parameters this thread needs later, loaded with the block sums (not after the barriers) */
+    const float pre_scale = scale[0], pre_base = tid < hc ? base[tid] : 0.0f;
+    const float post_scale = has_post ? scale[1] : 0.0f, post_base = has_post && tid < hc ? base[hc + tid] : 0.0f;
     double raw = 0.0;
     if (tid <= n_out) {
         const double *p = part + (t * (n_out + 1) + tid) * S;
@@ -1143,10 +1147,9 @@ __device__ __forceinline__ void hc_finish_logits(int64_t t, int64_t n, int hc, c
         m[tid] = __fmul_rn(__double2float_rn(raw), m[n_out]);
     __syncthreads();
     if (tid < hc) {
-        pre[tid] = __fadd_rn(gfw_sigmoid(__fadd_rn(__fmul_rn(m[tid], scale[0]), base[tid])), hc_eps);
-        if (n_out > hc && blockIdx.x == 0)
-            post[t * hc + tid] =
-                __fmul_rn(2.0f, gfw_sigmoid(__fadd_rn(__fmul_rn(m[hc + tid], scale[1]), base[hc + tid])));
+        pre[tid] = __fadd_rn(gfw_sigmoid(__fadd_rn(__fmul_rn(m[tid], pre_scale), pre_base)), hc_eps);
+        if (has_post)
+            post[t * hc + tid] = __fmul_rn(2.0f, gfw_sigmoid(__fadd_rn(__fmul_rn(m[hc + tid], post_scale), post_base)));
     }
 }
 
@@ -1264,18 +1267,23 @@ __device__ __forceinline__ float sk_line_sum(float c0, float c1, int hc, int j, 
  * the oracle's sequential fp32 sum, the entries fetched by shuffles, so every lane of a row gets
  * the same bits as k_hc_finish's thread for that entry; no barrier but the shuffles' own.  With
  * hc*hc <= 32 (hc <= 5) only the first register is live and the second is never computed.
- * @p logit: the block's shared logits of C (m + 2 hc); writes comb[t * hc*hc + i].
+ * @p logit: the block's shared logits of C (m + 2 hc); @p c_scale: scale[2]; @p c_base: the
+ * lane's base[2 hc + i] for its two entries (loaded by the caller long before); writes
+ * comb[t * hc*hc + i].  HC > 0 fixes hc at compile time (its loops unroll: a line sum issues
+ * its hc shuffles together, then adds in order); HC = 0 takes @p hc_rt.
  */
-__device__ void sinkhorn_warp(const float *logit, const float *scale, const float *base, int hc, float hc_eps,
+template <int HC>
+__device__ void sinkhorn_warp(const float *logit, float c_scale, const float *c_base, int hc_rt, float hc_eps,
                               int iters, float *comb)
 {
+    const int hc = HC > 0 ? HC : hc_rt;
     const int lane = threadIdx.x & 31, nn = hc * hc, two = nn > 32;
     float c[2] = {0.0f, 0.0f}, e[2] = {0.0f, 0.0f}, s[2] = {1.0f, 1.0f};
 #pragma unroll
     for (int q = 0; q < 2; q++) {
         const int i = lane + 32 * q;
         if (i < nn)
-            c[q] = __fadd_rn(__fmul_rn(logit[i], scale[2]), base[2 * hc + i]);
+            c[q] = __fadd_rn(__fmul_rn(logit[i], c_scale), c_base[q]);
     }
 #pragma unroll
     for (int q = 0; q < 2; q++) { /* row softmax, + eps */
@@ -1320,12 +1328,25 @@ __device__ void sinkhorn_warp(const float *logit, const float *scale, const floa
             comb[lane + 32 * q] = c[q];
 }
 
+/** sinkhorn_warp() with hc fixed at compile time for the model's hc = 4, else at run time. */
+__device__ void sinkhorn_warp_any(const float *logit, float c_scale, const float *c_base, int hc, float hc_eps,
+                                  int iters, float *comb)
+{
+    if (hc == 4)
+        sinkhorn_warp<4>(logit, c_scale, c_base, hc, hc_eps, iters, comb);
+    else
+        sinkhorn_warp<0>(logit, c_scale, c_base, hc, hc_eps, iters, comb);
+}
+
 /**
- * k_hc_finish with the Sinkhorn iterations in warp 0 of block 0 (sinkhorn_warp: registers and
- * shuffles, no block barrier inside the iterations) while the block's other warps mix its
- * channels; every other block mixes with all its warps.  The same operations on the same
- * operands in the same order as k_hc_finish, so the same bits; three block barriers in all
- * instead of about 4 iters.  blockDim.x: a multiple of 32, at least 64.
+ * k_hc_finish's work for token blockIdx.y, spread so that nothing waits for memory twice: with
+ * a Sinkhorn (n_out > hc), block 0 computes the logits, post, and the Sinkhorn iterations in its
+ * warp 0 (sinkhorn_warp: registers and shuffles, no block barrier inside the iterations); the
+ * other blocks, or all of them for hc_head, mix one channel per thread, c = (blockIdx.x - 1 or
+ * - 0) * blockDim.x + threadIdx.x.  Each thread loads what it needs (its hc stream values, its
+ * Sinkhorn base entries) before the logits, so those loads overlap the wait for the block sums.
+ * The same operations on the same operands in the same order as k_hc_finish, so the same bits.
+ * blockDim.x: a multiple of 32, at least n_out + 1; grid: nblk(D) + (n_out > hc) blocks of 256 (launch_hc_mix()).
  */
 __global__ void k_hc_finish_split(const uint16_t *X, int64_t D, int hc, const double *part, int S, const float *base,
                                   const float *scale, int n_out, float norm_eps, float hc_eps, int iters, uint16_t *y,
@@ -1334,14 +1355,39 @@ __global__ void k_hc_finish_split(const uint16_t *X, int64_t D, int hc, const do
     __shared__ float m[(2 + 8) * 8 + 1];
     __shared__ float pre[8];
     const int64_t t = blockIdx.y, n = (int64_t)hc * D;
+    const int has_sinkhorn = n_out > hc, sinkhorn = has_sinkhorn && blockIdx.x == 0;
+    const int64_t c = (int64_t)(blockIdx.x - has_sinkhorn) * blockDim.x + threadIdx.x;
     const uint16_t *Xt = X + t * n;
+    float xv[8], c_scale = 0.0f, c_base[2] = {0.0f, 0.0f};
+    if (sinkhorn) {
+        if (threadIdx.x < 32) {
+            c_scale = scale[2];
+#pragma unroll
+            for (int q = 0; q < 2; q++)
+                if ((int)threadIdx.x + 32 * q < hc * hc)
+                    c_base[q] = base[2 * hc + threadIdx.x + 32 * q];
+        }
+    } else if (c < D) {
+#pragma unroll
+        for (int jj = 0; jj < 8; jj++)
+            if (jj < hc)
+                xv[jj] = gfw_bf2f(Xt[jj * D + c]);
+    }
     hc_finish_logits(t, n, hc, part, S, base, scale, n_out, norm_eps, hc_eps, post, m, pre);
     __syncthreads();
-    const int sinkhorn = n_out > hc && blockIdx.x == 0;
-    if (sinkhorn && threadIdx.x < 32)
-        sinkhorn_warp(m + 2 * hc, scale, base, hc, hc_eps, iters, comb + t * hc * hc);
-    else
-        hc_mix_channels(Xt, D, hc, pre, y, t, sinkhorn ? 32 : 0);
+    if (sinkhorn) {
+        if (threadIdx.x < 32)
+            sinkhorn_warp_any(m + 2 * hc, c_scale, c_base, hc, hc_eps, iters, comb + t * hc * hc);
+        return;
+    }
+    if (c >= D)
+        return;
+    float acc = 0.0f; /* hc_mix_channels' sum */
+#pragma unroll
+    for (int jj = 0; jj < 8; jj++)
+        if (jj < hc)
+            acc = __fadd_rn(acc, __fmul_rn(pre[jj], xv[jj]));
+    y[t * D + c] = gfw_f2bf(acc);
 }
 
 /** hc_post: X[t,k,c] = bf16(post[k]*out[c] + sum_j comb[j][k] * R[t,j,c]); in place. */
@@ -2973,8 +3019,8 @@ static void launch_hc_mix(mmoe_gpu_fwd_kernels kernels, const uint16_t *X, int64
     k_hc_part<<<dim3((unsigned)S, (unsigned)(n_out + 1), (unsigned)T), GFW_HC_PART_CHUNKS, 0, st>>>(X, n, fn, n_out,
                                                                                                    part);
     if (kernels == MMOE_GPU_FWD_SPLIT)
-        k_hc_finish_split<<<dim3(nblk(D, 1024), (unsigned)T), 256, 0, st>>>(X, D, hc, part, S, base, scale, n_out,
-                                                                            norm_eps, hc_eps, iters, y, post, comb);
+        k_hc_finish_split<<<dim3(nblk(D) + (n_out > hc), (unsigned)T), 256, 0, st>>>(
+            X, D, hc, part, S, base, scale, n_out, norm_eps, hc_eps, iters, y, post, comb);
     else
         k_hc_finish<<<dim3(nblk(D, 1024), (unsigned)T), 256, 0, st>>>(X, D, hc, part, S, base, scale, n_out, norm_eps,
                                                                       hc_eps, iters, y, post, comb);
