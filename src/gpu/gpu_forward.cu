@@ -96,8 +96,9 @@
  * T tokens of a call attend in parallel, so a window entry at a position of this call is read
  * from the call's kv buffer and an older one from the ring; the ring is updated after the
  * attention.  The compressor runs first, token by token in one block (its state is
- * sequential), and writes every block completed in the call: a token reads only blocks
- * j < (pos+1)/ratio, all complete at its position, so the values read are the oracle's.
+ * sequential; the indexer's compressor in a second block of the same launch), and writes
+ * every block completed in the call: a token reads only blocks j < (pos+1)/ratio, all
+ * complete at its position, so the values read are the oracle's.
  *
  * ## One stream, one step record, one graph
  *
@@ -1711,87 +1712,201 @@ struct comp_args {
      *  RMSNorm epsilon */
 };
 
+/** Values of a thread that k_compress loads before it stores any (each batch one wait for memory). */
+#define GFW_COMP_BATCH 8
+
+/** Slots of a pooled block up to which k_compress holds a channel's scores and values in registers
+ *  (the 2 * 4 of the overlapping ratio-4 blocks). */
+#define GFW_COMP_POOL_REGS 8
+
+/** Most threads of k_compress (its launch bound: at most 128 registers a thread). */
+#define GFW_COMP_MAX_THREADS 512
+
+/** The square of the bf16 rounding of fp32 value i (the compressed row's RMSNorm term), exact in double. */
+struct bfr_sq_term {
+    const float *v; /**< the fp32 values */
+    /** Term @p i: bf16(v_i)^2. */
+    __device__ double operator()(int64_t i) const
+    {
+        const double b = (double)gfw_bfr(v[i]);
+        return __dmul_rn(b, b);
+    }
+};
+
+/**
+ * Channel @p ch of a completed block (attn_compressor.c): the max of the n gated scores of slot
+ * order, the fp32 sum of their exps in slot order, and the sum of p_i kv_i in slot order, with
+ * p_i = exp_i / den; 0 when every score is -inf.  Up to GFW_COMP_POOL_REGS slots are loaded at
+ * once and each exp computed once (the same function of the same operand, so the same bits as
+ * computing it again for the weighted sum); longer blocks read the state in each pass.
+ */
+__device__ __forceinline__ float comp_pool_channel(const comp_args &a, int ch)
+{
+    const int r = a.ratio, c = a.overlap, dh = a.dh, width = c * dh, n = c == 2 ? 2 * r : r;
+    if (n <= GFW_COMP_POOL_REGS) {
+        float g[GFW_COMP_POOL_REGS], v[GFW_COMP_POOL_REGS], e[GFW_COMP_POOL_REGS];
+#pragma unroll
+        for (int i = 0; i < GFW_COMP_POOL_REGS; i++)
+            if (i < n) {
+                const int cc = (c == 2 && i >= r) ? dh + ch : ch;
+                g[i] = a.score_state[(int64_t)i * width + cc];
+                v[i] = a.kv_state[(int64_t)i * width + cc];
+            }
+        float m = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < GFW_COMP_POOL_REGS; i++)
+            if (i < n && g[i] > m)
+                m = g[i];
+        if (m == -INFINITY)
+            return 0.0f;
+        float den = 0.0f;
+#pragma unroll
+        for (int i = 0; i < GFW_COMP_POOL_REGS; i++)
+            if (i < n) {
+                e[i] = gfw_expf(__fsub_rn(g[i], m));
+                den = __fadd_rn(den, e[i]);
+            }
+        float acc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < GFW_COMP_POOL_REGS; i++)
+            if (i < n)
+                acc = __fadd_rn(acc, __fmul_rn(__fdiv_rn(e[i], den), v[i]));
+        return acc;
+    }
+    float m = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        const int cc = (c == 2 && i >= r) ? dh + ch : ch;
+        const float g = a.score_state[(int64_t)i * width + cc];
+        if (g > m)
+            m = g;
+    }
+    if (m == -INFINITY)
+        return 0.0f;
+    float den = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const int cc = (c == 2 && i >= r) ? dh + ch : ch;
+        den = __fadd_rn(den, gfw_expf(__fsub_rn(a.score_state[(int64_t)i * width + cc], m)));
+    }
+    float acc = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const int cc = (c == 2 && i >= r) ? dh + ch : ch;
+        const float p = __fdiv_rn(gfw_expf(__fsub_rn(a.score_state[(int64_t)i * width + cc], m)), den);
+        acc = __fadd_rn(acc, __fmul_rn(p, a.kv_state[(int64_t)i * width + cc]));
+    }
+    return acc;
+}
+
 /**
  * The compressor of attn_compressor.c for the T tokens of a call, in order, one block of
- * threads (a power of two): each token is stored in its slot; a completed block is pooled (one
- * thread per channel: max, fp32 sum of exps in slot order, weighted sum) and finished by all
- * threads (bf16, RMSNorm, RoPE at the block's first position, FP8 round trip or Hadamard + FP4).
+ * threads (a power of two) per compressor: block b runs @p a0 (b = 0) or @p a1 (b = 1; the
+ * layer's two compressors, attention and indexer, are independent and run side by side).  Each
+ * token is stored in its slot; a completed block is pooled (one thread per channel:
+ * comp_pool_channel()), and with overlapping blocks the current half of the state becomes the
+ * previous one; the pooled row is finished by all threads (bf16, RMSNorm, RoPE at the block's
+ * first position, FP8 round trip or Hadamard + FP4).  The copies (slot store, state shift) load
+ * GFW_COMP_BATCH values per thread before they store any, the RMSNorm sums the bf16 rounding of
+ * the pooled values from shared memory (the values the oracle's row holds), and the state
+ * shift's loads wait under that sum, so a completed block waits for memory a few times, not
+ * once per value of a thread.
  */
-__global__ void k_compress(comp_args a)
+__global__ void __launch_bounds__(GFW_COMP_MAX_THREADS) k_compress(comp_args a0, comp_args a1)
 {
     extern __shared__ float sh[]; /* pooled [dh], then hadamard scratch [dh] */
     __shared__ double ssum[33];
+    const comp_args a = blockIdx.x == 0 ? a0 : a1;
     const int r = a.ratio, c = a.overlap, dh = a.dh, width = c * dh;
-    uint16_t *row_out = NULL;
+    const int64_t halfn = (int64_t)r * width, B = blockDim.x;
+    const float w_own = (int)threadIdx.x < dh ? dv_at(a.norm, threadIdx.x) : 0.0f; /* the norm's first pass */
     for (int64_t t = 0; t < a.T; t++) {
         const int64_t pos = *a.pos0 + t;
         const int in_block = (int)(pos % r);
         const int slot = (c - 1) * r + in_block;
-        for (int ch = threadIdx.x; ch < width; ch += blockDim.x) {
-            a.kv_state[(int64_t)slot * width + ch] = a.kv[t * width + ch];
-            a.score_state[(int64_t)slot * width + ch] = __fadd_rn(a.gate[t * width + ch], a.ape[(int64_t)in_block * width + ch]);
+        for (int64_t ch0 = threadIdx.x; ch0 < width; ch0 += GFW_COMP_BATCH * B) {
+            float kv[GFW_COMP_BATCH], sc[GFW_COMP_BATCH];
+#pragma unroll
+            for (int u = 0; u < GFW_COMP_BATCH; u++) {
+                const int64_t ch = ch0 + u * B;
+                if (ch < width) {
+                    kv[u] = a.kv[t * width + ch];
+                    sc[u] = __fadd_rn(a.gate[t * width + ch], a.ape[(int64_t)in_block * width + ch]);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < GFW_COMP_BATCH; u++) {
+                const int64_t ch = ch0 + u * B;
+                if (ch < width) {
+                    a.kv_state[(int64_t)slot * width + ch] = kv[u];
+                    a.score_state[(int64_t)slot * width + ch] = sc[u];
+                }
+            }
         }
         __syncthreads();
         if (in_block != r - 1)
             continue;
-        for (int ch = threadIdx.x; ch < dh; ch += blockDim.x) {
-            const int n = c == 2 ? 2 * r : r;
-            float m = -INFINITY;
-            for (int i = 0; i < n; i++) {
-                const int s = i, cc = (c == 2 && i >= r) ? dh + ch : ch;
-                const float g = a.score_state[(int64_t)s * width + cc];
-                if (g > m)
-                    m = g;
-            }
-            float res = 0.0f;
-            if (m != -INFINITY) {
-                float den = 0.0f;
-                for (int i = 0; i < n; i++) {
-                    const int cc = (c == 2 && i >= r) ? dh + ch : ch;
-                    den = __fadd_rn(den, gfw_expf(__fsub_rn(a.score_state[(int64_t)i * width + cc], m)));
+        for (int ch = threadIdx.x; ch < dh; ch += (int)B)
+            sh[ch] = comp_pool_channel(a, ch);
+        __syncthreads();
+        /* the state shift's first batch (c == 2), loaded now and stored after the norm's sum */
+        float kv_prev[GFW_COMP_BATCH], sc_prev[GFW_COMP_BATCH];
+        if (c == 2) {
+#pragma unroll
+            for (int u = 0; u < GFW_COMP_BATCH; u++) {
+                const int64_t i = threadIdx.x + u * B;
+                if (i < halfn) {
+                    kv_prev[u] = a.kv_state[halfn + i];
+                    sc_prev[u] = a.score_state[halfn + i];
                 }
-                float acc = 0.0f;
-                for (int i = 0; i < n; i++) {
-                    const int cc = (c == 2 && i >= r) ? dh + ch : ch;
-                    const float p = __fdiv_rn(gfw_expf(__fsub_rn(a.score_state[(int64_t)i * width + cc], m)), den);
-                    acc = __fadd_rn(acc, __fmul_rn(p, a.kv_state[(int64_t)i * width + cc]));
-                }
-                res = acc;
             }
-            sh[ch] = res;
         }
-        __syncthreads();
         const int64_t j = pos / r;
-        row_out = a.out + j * dh;
-        for (int ch = threadIdx.x; ch < dh; ch += blockDim.x)
-            row_out[ch] = gfw_f2bf(sh[ch]);
-        __syncthreads();
-        /* RMSNorm: the block sums the squares in the order of spec_arch_sum_order */
-        const float rs = rms_factor(gfw_block_sum(sq_term{row_out}, dh, ssum), dh, a.eps);
-        for (int ch = threadIdx.x; ch < dh; ch += blockDim.x)
-            row_out[ch] = gfw_f2bf(__fmul_rn(dv_at(a.norm, ch), __fmul_rn(gfw_bf2f(row_out[ch]), rs)));
+        uint16_t *row_out = a.out + j * dh;
+        /* RMSNorm of the bf16 row: the block sums the squares in the order of spec_arch_sum_order */
+        const float rs = rms_factor(gfw_block_sum(bfr_sq_term{sh}, dh, ssum), dh, a.eps);
+        if (c == 2) { /* the current block becomes the previous one: all its reads are done */
+#pragma unroll
+            for (int u = 0; u < GFW_COMP_BATCH; u++) {
+                const int64_t i = threadIdx.x + u * B;
+                if (i < halfn) {
+                    a.kv_state[i] = kv_prev[u];
+                    a.score_state[i] = sc_prev[u];
+                }
+            }
+            for (int64_t i0 = threadIdx.x + GFW_COMP_BATCH * B; i0 < halfn; i0 += GFW_COMP_BATCH * B) {
+#pragma unroll
+                for (int u = 0; u < GFW_COMP_BATCH; u++) {
+                    const int64_t i = i0 + u * B;
+                    if (i < halfn) {
+                        kv_prev[u] = a.kv_state[halfn + i];
+                        sc_prev[u] = a.score_state[halfn + i];
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < GFW_COMP_BATCH; u++) {
+                    const int64_t i = i0 + u * B;
+                    if (i < halfn) {
+                        a.kv_state[i] = kv_prev[u];
+                        a.score_state[i] = sc_prev[u];
+                    }
+                }
+            }
+        }
+        for (int ch = threadIdx.x; ch < dh; ch += (int)B)
+            row_out[ch] = gfw_f2bf(
+                __fmul_rn(ch == (int)threadIdx.x ? w_own : dv_at(a.norm, ch), __fmul_rn(gfw_bfr(sh[ch]), rs)));
         __syncthreads();
         { /* RoPE at the block's first position: the pairs are independent */
             const int half = a.rope_dim / 2;
             const int64_t bp = j * r;
             uint16_t *v = row_out + dh - a.rope_dim;
-            for (int p = threadIdx.x; p < half; p += blockDim.x)
+            for (int p = threadIdx.x; p < half; p += (int)B)
                 rope_pair(v, p, half, a.cs, bp, 0);
         }
         __syncthreads();
         if (a.kind == 0) {
-            fp8_roundtrip_warps(row_out, dh - a.rope_dim, threadIdx.x / 32, blockDim.x / 32);
+            fp8_roundtrip_warps(row_out, dh - a.rope_dim, threadIdx.x / 32, (int)B / 32);
         } else {
             hadamard_block(row_out, 1, dh, sh + dh);
-            fp4_roundtrip_warps(row_out, dh, threadIdx.x / 32, blockDim.x / 32);
-        }
-        __syncthreads();
-        if (c == 2) { /* the current block becomes the previous one */
-            const int64_t halfn = (int64_t)r * width;
-            for (int64_t i = threadIdx.x; i < halfn; i += blockDim.x) {
-                a.kv_state[i] = a.kv_state[halfn + i];
-                a.score_state[i] = a.score_state[halfn + i];
-            }
+            fp4_roundtrip_warps(row_out, dh, threadIdx.x / 32, (int)B / 32);
         }
         __syncthreads();
     }
@@ -3250,6 +3365,15 @@ static mmoe_status linear_dense_set(mmoe_gpu_fwd_kernels kernels, const uint16_t
     return MMOE_OK;
 }
 
+/** Threads of k_compress for rows of dh values: one per channel (a power of two, 256 to GFW_COMP_MAX_THREADS). */
+static unsigned compress_threads(int64_t dh)
+{
+    unsigned b = 256;
+    while (b < dh && b < GFW_COMP_MAX_THREADS)
+        b <<= 1;
+    return b;
+}
+
 /**
  * The attention sub-layer on g->y (attn_norm output), result in g->o.  The kernels read the
  * call's first position from the step record (g->step); @p pos0, its value, only sizes the
@@ -3296,18 +3420,20 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
         launch_indexer_q(g->fwd_kernels, g->qi, T, (int)ih, (int)id, a.rope_dim, b->cs, pos_dev, g->wi, w_scale, sm);
         GFW_CHECK("indexer queries");
     }
-    /* compressors (sequential over the call's tokens) */
+    /* compressors (sequential over the call's tokens; the attention's and the indexer's side by side) */
     if (a.ratio > 0) {
-        comp_args ca = {g->ckv, g->cgate, b->c_ape, b->c_kv, b->c_score, b->c_norm, a.ratio, c, (int)d, a.rope_dim,
-                        a.eps, b->cs, 0, b->comp, pos_dev, T};
-        k_compress<<<1, 256, sizeof(float) * (size_t)(2 * d), sm>>>(ca);
-        GFW_CHECK("compressor");
+        const comp_args ca = {g->ckv, g->cgate, b->c_ape, b->c_kv, b->c_score, b->c_norm, a.ratio, c, (int)d,
+                              a.rope_dim, a.eps, b->cs, 0, b->comp, pos_dev, T};
+        const int with_indexer = a.ratio == 4;
+        comp_args ia = ca;
+        if (with_indexer)
+            ia = comp_args{g->ikv, g->igate, b->i_ape, b->i_kv, b->i_score, b->i_norm, 4, 2, (int)id, a.rope_dim,
+                           a.eps, b->cs, 1, b->idx_keys, pos_dev, T};
+        const int64_t widest = with_indexer && id > d ? id : d;
+        k_compress<<<1 + with_indexer, compress_threads(widest), sizeof(float) * (size_t)(2 * widest), sm>>>(ca, ia);
+        GFW_CHECK(with_indexer ? "compressors" : "compressor");
     }
     if (a.ratio == 4) {
-        comp_args ia = {g->ikv, g->igate, b->i_ape, b->i_kv, b->i_score, b->i_norm, 4, 2, (int)id, a.rope_dim,
-                        a.eps, b->cs, 1, b->idx_keys, pos_dev, T};
-        k_compress<<<1, 256, sizeof(float) * (size_t)(2 * id), sm>>>(ia);
-        GFW_CHECK("indexer compressor");
         if (b->max_blocks > 0) {
             /* warps for the causal blocks of the call's last token (scores keep the stride max_blocks);
              * a captured step cannot know them: its grid covers max_blocks, the warps past the live
