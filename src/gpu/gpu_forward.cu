@@ -1920,6 +1920,31 @@ struct bf_dot_term {
     __device__ double operator()(int64_t i) const { return __dmul_rn((double)gfw_bf2f(a[i]), (double)gfw_bf2f(b[i])); }
 };
 
+/** Lanes per head of the indexer's scores: the chunks of a head's dot product, a power of two, at most 32. */
+__device__ __forceinline__ int indexer_group(int id)
+{
+    const int64_t m = (id + MMOE_SUM_CHUNK - 1) / MMOE_SUM_CHUNK;
+    int G = 1;
+    while (G < m && G < 32)
+        G <<= 1;
+    return G;
+}
+
+/**
+ * Head @p h's term of a block score, bf16(max(bf16(q_h . k), 0) * w_h), by an aligned group of
+ * G lanes (g: lane in group), which sums the dot product in the order of
+ * @ref spec_arch_sum_order; every lane of the group gets it.
+ */
+__device__ __forceinline__ float indexer_head_term(const uint16_t *qi, const uint16_t *wi, const uint16_t *k, int ih,
+                                                   int id, int64_t t, int h, int g, int G)
+{
+    const double dot = gfw_group_sum(bf_dot_term{qi + (t * ih + h) * id, k}, id, g, G);
+    float s = gfw_bfr(__double2float_rn(dot));
+    if (s < 0.0f)
+        s = 0.0f;
+    return gfw_bfr(__fmul_rn(s, gfw_bf2f(wi[t * ih + h])));
+}
+
 /**
  * The score of compressed block j for token t of the call (one warp; pos0: the call's first
  * position): nothing when the block is not causal for the token, j >= (pos0 + t + 1) / 4.
@@ -1933,19 +1958,12 @@ __device__ __forceinline__ void indexer_score(const uint16_t *qi, const uint16_t
     if (j >= n_causal)
         return;
     const uint16_t *k = keys + j * id;
-    const int64_t m = (id + MMOE_SUM_CHUNK - 1) / MMOE_SUM_CHUNK;
-    int G = 1;
-    while (G < m && G < 32)
-        G <<= 1;
+    const int G = indexer_group(id);
     const int per_pass = 32 / G, grp = lane / G, g = lane % G;
     double head_sum = 0.0;
     for (int h0 = 0; h0 < ih; h0 += per_pass) {
         const int h = h0 + grp < ih ? h0 + grp : ih - 1; /* a group past the last head repeats it, unused */
-        const double dot = gfw_group_sum(bf_dot_term{qi + (t * ih + h) * id, k}, id, g, G);
-        float s = gfw_bfr(__double2float_rn(dot));
-        if (s < 0.0f)
-            s = 0.0f;
-        const float term = gfw_bfr(__fmul_rn(s, gfw_bf2f(wi[t * ih + h])));
+        const float term = indexer_head_term(qi, wi, k, ih, id, t, h, g, G);
         for (int u = 0; u < per_pass; u++) {
             const float tu = __shfl_sync(0xFFFFFFFFu, term, u * G);
             if (h0 + u < ih)
@@ -1956,28 +1974,74 @@ __device__ __forceinline__ void indexer_score(const uint16_t *qi, const uint16_t
         scores[t * max_blocks + j] = gfw_bfr(__double2float_rn(head_sum));
 }
 
+/** Most indexer heads whose terms k_indexer_scores' block mode holds in shared memory. */
+#define GFW_SCORES_MAX_HEADS 256
+
+/**
+ * indexer_score() by a whole block (its block mode): the warps share the heads (a group of G
+ * lanes per head, warp w taking the heads from w * 32 / G on, blockDim.x / G heads a round), so
+ * a warp waits for one or two rounds of loads instead of ih * G / 32; the terms meet in
+ * shared memory and thread 0 adds them in ascending head order, as indexer_score()'s lane 0.
+ * Every thread of the block must call it (it contains barriers).
+ */
+__device__ __forceinline__ void indexer_score_block(const uint16_t *qi, const uint16_t *wi, const uint16_t *keys,
+                                                    int ih, int id, int64_t pos0, int64_t t, int64_t j,
+                                                    int64_t max_blocks, float *scores, float *terms)
+{
+    const int64_t n_causal = (pos0 + t + 1) / 4;
+    if (j >= n_causal) /* the same for the whole block */
+        return;
+    const uint16_t *k = keys + j * id;
+    const int G = indexer_group(id), per_round = (int)blockDim.x / G, g = (int)threadIdx.x % G;
+    for (int h0 = 0; h0 < ih; h0 += per_round) {
+        const int hh = h0 + (int)threadIdx.x / G, h = hh < ih ? hh : ih - 1; /* past the last head: unused */
+        const float term = indexer_head_term(qi, wi, k, ih, id, t, h, g, G);
+        if (g == 0 && hh < ih)
+            terms[hh] = term;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double head_sum = 0.0;
+        for (int h = 0; h < ih; h++)
+            head_sum = __dadd_rn(head_sum, (double)terms[h]);
+        scores[t * max_blocks + j] = gfw_bfr(__double2float_rn(head_sum));
+    }
+}
+
 /**
  * Most CTAs of 256 threads per multiprocessor in k_indexer_scores' grid: as many as are
- * resident at once on sm_90 (59 registers per thread, 16 K registers per CTA: four); its warps
- * stride over the scores beyond that.
+ * resident at once (56 registers per thread on sm_90a, 60 on sm_100a, 16 K registers per CTA:
+ * four); in block mode that many scores at once, in warp mode its warps stride over the rest.
  */
 #define GFW_SCORES_CTAS_PER_SM 4
 
 /**
- * Indexer block scores (attn_indexer.c) into scores[t * max_blocks + j], one warp per (t, block
- * j < nb), nb = min((pos0 + T) / 4, max_blocks), the causal count of the call's last token, with
- * pos0 = *pos_dev (the step record); blocks j >= (pos+1)/4 are not written.  The warps stride
- * over the T * nb pairs, so any grid covers them: the host sizes it for the live count when it
- * launches eagerly and for max_blocks (capped) in a CUDA graph, where nb is not known.  Aligned
- * groups of G lanes (G = the chunks of a head's dot product, rounded up to a power of two, at
- * most 32) sum one head each in the order of @ref spec_arch_sum_order; lane 0 adds the heads'
- * bf16 terms in ascending head order, as the oracle.
+ * Indexer block scores (attn_indexer.c) into scores[t * max_blocks + j] for the causal blocks j
+ * < nb, nb = min((pos0 + T) / 4, max_blocks), the causal count of the call's last token, with
+ * pos0 = *pos_dev (the step record); blocks j >= (pos+1)/4 are not written.  Two modes, chosen
+ * on the device from the live count (the grid of a CUDA graph is sized before nb is known):
+ *  - block mode, when the grid has a block for each of the T * nb pairs (t, j) (short contexts,
+ *    decode): block (t, j) computes that score (indexer_score_block()), so a decode step waits
+ *    for one or two rounds of loads, not one per group of heads;
+ *  - warp mode otherwise: one warp per pair, the warps striding over the T * nb pairs
+ *    (indexer_score()): aligned groups of G lanes (G = the chunks of a head's dot product,
+ *    rounded up to a power of two, at most 32) sum one head each in the order of
+ *    @ref spec_arch_sum_order; lane 0 adds the heads' bf16 terms in ascending head order.
+ * Both modes compute every head term with the same code and add the terms in the same order,
+ * so the grid does not change a bit.  The host sizes the grid with indexer_scores_grid().
  */
 __global__ void k_indexer_scores(const uint16_t *qi, const uint16_t *wi, const uint16_t *keys, int ih, int id,
                                  int64_t T, const int64_t *pos_dev, int64_t max_blocks, float *scores)
 {
+    __shared__ float terms[GFW_SCORES_MAX_HEADS];
     const int64_t pos0 = *pos_dev;
     const int64_t nb = (pos0 + T) / 4 < max_blocks ? (pos0 + T) / 4 : max_blocks;
+    if (T * nb <= (int64_t)gridDim.x && ih <= GFW_SCORES_MAX_HEADS) {
+        if ((int64_t)blockIdx.x < T * nb)
+            indexer_score_block(qi, wi, keys, ih, id, pos0, blockIdx.x / nb, blockIdx.x % nb, max_blocks, scores,
+                                terms);
+        return;
+    }
     const int64_t n_warps = (int64_t)gridDim.x * blockDim.x / 32;
     for (int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; w < T * nb; w += n_warps)
         indexer_score(qi, wi, keys, ih, id, pos0, w / nb, w % nb, max_blocks, scores);
@@ -3122,6 +3186,17 @@ __global__ void k_fill(float *p, size_t n, float v)
 static unsigned nblk(int64_t n, int bs = 256) { return (unsigned)((n + bs - 1) / bs); }
 
 /**
+ * Blocks of 256 threads of k_indexer_scores for @p pairs (token, block) scores, at most @p cap:
+ * a block per pair (its block mode) when they fit under the cap, else a warp per pair (capped).
+ */
+static unsigned indexer_scores_grid(int64_t pairs, unsigned cap)
+{
+    if (pairs <= (int64_t)cap)
+        return (unsigned)(pairs > 0 ? pairs : 1);
+    return nblk(pairs * 32) < cap ? nblk(pairs * 32) : cap;
+}
+
+/**
  * hc_pre (n_out = (2+hc)*hc, with post and comb) or hc_head (n_out = hc) of T tokens: the block
  * sums into @p part, then the logits, Sinkhorn and the mix.
  */
@@ -3442,7 +3517,7 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
             const int64_t nb = g->capturing ? b->max_blocks : live;
             const unsigned cap = (unsigned)(GFW_SCORES_CTAS_PER_SM * g->n_sm);
             if (nb > 0) { /* none before the first block is complete */
-                const unsigned grid = nblk(T * nb * 32) < cap ? nblk(T * nb * 32) : cap;
+                const unsigned grid = indexer_scores_grid(T * nb, cap);
                 k_indexer_scores<<<grid, 256, 0, sm>>>(g->qi, g->wi, b->idx_keys, (int)ih, (int)id, T, pos_dev,
                                                        b->max_blocks, g->scores);
                 GFW_CHECK("indexer scores");
@@ -4029,7 +4104,11 @@ extern "C" mmoe_status gfw_test_indexer(mmoe_gpu_fwd_kernels kernels, const uint
     const int64_t pos = 4 * n_blocks - 1;
     const int64_t *dpos = (const int64_t *)tput(&a, &pos, sizeof pos);
     if (a.ce == cudaSuccess) {
-        k_indexer_scores<<<nblk(n_blocks * 32), 256>>>(dq, dw, dk, ih, id, 1, dpos, n_blocks, ds);
+        int n_sm = 0;
+        a.ce = cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, 0);
+        if (a.ce == cudaSuccess)
+            k_indexer_scores<<<indexer_scores_grid(n_blocks, (unsigned)(GFW_SCORES_CTAS_PER_SM * n_sm)), 256>>>(
+                dq, dw, dk, ih, id, 1, dpos, n_blocks, ds);
         launch_topk(kernels, ds, 1, dpos, n_blocks, n_blocks, topk, di, 0);
     }
     if (a.ce == cudaSuccess)
