@@ -16,7 +16,8 @@
  * | kernel            | what                                                   | exact? |
  * |-------------------|--------------------------------------------------------|--------|
  * | k_embed           | X[t,j,:] = E[id] [model_forward.c, mmoe_mhc.c]          | yes    |
- * | k_rmsnorm         | sum of squares in double, the block's tree [rmsnorm.c]  | yes    |
+ * | k_rmsnorm         | sum of squares in double, the block's tree [rmsnorm.c]; | yes    |
+ * |                   | optionally k_act_quant's codes of its output            |        |
  * | k_act_quant       | 1x128 E4M3, UE8M0 ceil scale of the V4 rule [linear_fp8.c] | yes |
  * | k_linear_fp8_128  | exact block partials, fp32 scaled sum in block order    | yes    |
  * | k_linear_fp8_128_split | the same, weight loads pipelined across steps      | yes    |
@@ -251,6 +252,41 @@ struct sq_term {
     }
 };
 
+/** Larger of two FP8 amax candidates where any NaN wins (k_act_quant's rule; the result does not depend on order). */
+__device__ __forceinline__ float amax_nan(float a, float o) { return isnan(a) ? a : (isnan(o) ? o : (o > a ? o : a)); }
+
+/**
+ * k_act_quant of a chunk of 16 normed values @p yb (bf16 bits; @p len of them, 0 or 16) that
+ * k_rmsnorm's thread holds, for row @p row of width n (a multiple of 128): the 8 threads of a
+ * 128-block (aligned lanes of one warp) take its amax by xor shuffles, then the V4 scale
+ * s = 2^ceil(log2(max(amax, 1e-4) * fl(1/448))) and each thread's 16 codes e4m3(clamp(y/s)).
+ * Every lane of the warp must call it.
+ */
+__device__ __forceinline__ void rmsnorm_chunk_quant(const uint16_t *yb, int len, int64_t row, int64_t n, uint8_t *q,
+                                                    float *qs)
+{
+    float a = 0.0f;
+#pragma unroll
+    for (int i = 0; i < MMOE_SUM_CHUNK; i++)
+        if (i < len)
+            a = amax_nan(a, fabsf(gfw_bf2f(yb[i])));
+    for (int s = 1; s < 128 / MMOE_SUM_CHUNK; s <<= 1)
+        a = amax_nan(a, __shfl_xor_sync(0xFFFFFFFFu, a, s));
+    if (len == 0)
+        return;
+    const float clamped = a < 1e-4f ? 1e-4f : a;
+    const float sc = gfw_ue8m0(gfw_ue8m0_ceil_clamped(__fmul_rn(clamped, 1.0f / 448.0f)));
+    const int64_t i0 = (int64_t)threadIdx.x * MMOE_SUM_CHUNK;
+#pragma unroll
+    for (int i = 0; i < MMOE_SUM_CHUNK; i++) {
+        float w = __fdiv_rn(gfw_bf2f(yb[i]), sc);
+        w = w > 448.0f ? 448.0f : (w < -448.0f ? -448.0f : w);
+        q[row * n + i0 + i] = gfw_e4m3_code(w);
+    }
+    if ((threadIdx.x & 7) == 0)
+        qs[row * (n / 128) + i0 / 128] = sc;
+}
+
 /**
  * RMSNorm of rows of width n, one block per row: y = bf16(w * (x * rsqrt(mean + eps))); y may
  * alias x.  The squares are summed by the whole block in the order of @ref spec_arch_sum_order.
@@ -260,8 +296,12 @@ struct sq_term {
  * the chunk (gfw_chunk_sum's order), joins the block's tree and writes the same 16 values of y,
  * so the row costs one wait for memory, not one per value of a strided loop (whose stores to
  * y, which may alias x, keep every next load behind them).  Wider rows take that loop.
+ *
+ * With @p q (only on the register path, n a multiple of 128: rmsnorm_quant()), the block also
+ * quantizes y as k_act_quant does, codes into q [rows, n] and scales into @p qs [rows, n/128]
+ * (rmsnorm_chunk_quant()), which saves that kernel's launch and its read of y.
  */
-__global__ void k_rmsnorm(const uint16_t *x, int64_t n, ddense w, float eps, uint16_t *y)
+__global__ void k_rmsnorm(const uint16_t *x, int64_t n, ddense w, float eps, uint16_t *y, uint8_t *q, float *qs)
 {
     __shared__ double sh[33];
     const uint16_t *xr = x + (int64_t)blockIdx.x * n;
@@ -282,10 +322,15 @@ __global__ void k_rmsnorm(const uint16_t *x, int64_t n, ddense w, float eps, uin
             if (i < len)
                 chunk = __dadd_rn(chunk, __dmul_rn((double)xv[i], (double)xv[i]));
         const float rs = rms_factor(gfw_block_tree(chunk, sh), n, eps);
+        uint16_t yb[MMOE_SUM_CHUNK];
 #pragma unroll
         for (int i = 0; i < MMOE_SUM_CHUNK; i++)
-            if (i < len)
-                yr[i0 + i] = gfw_f2bf(__fmul_rn(wv[i], __fmul_rn(xv[i], rs)));
+            if (i < len) {
+                yb[i] = gfw_f2bf(__fmul_rn(wv[i], __fmul_rn(xv[i], rs)));
+                yr[i0 + i] = yb[i];
+            }
+        if (q != NULL)
+            rmsnorm_chunk_quant(yb, len, blockIdx.x, n, q, qs);
         return;
     }
     const float rs = rms_factor(gfw_block_sum(sq_term{xr}, n, sh), n, eps);
@@ -3342,7 +3387,7 @@ static double tick(const mmoe_gpu_model *g)
 
 /**
  * Most threads of k_rmsnorm, hence the widest row (512 chunks of 16) its register path takes:
- * with 74 registers a thread on sm_90a, 1024 threads would not fit in a block's 64 K.
+ * with more than 64 registers a thread (66 to 74 on sm_90a), 1024 would not fit in a block's 64 K.
  */
 #define GFW_RMSNORM_MAX_THREADS 512
 
@@ -3363,7 +3408,7 @@ static unsigned rmsnorm_threads(int64_t n)
 static mmoe_status rmsnorm(const uint16_t *x, int64_t rows, int64_t n, const ddense &w, float eps, uint16_t *y,
                            cudaStream_t st, mmoe_error *err)
 {
-    k_rmsnorm<<<(unsigned)rows, rmsnorm_threads(n), 0, st>>>(x, n, w, eps, y);
+    k_rmsnorm<<<(unsigned)rows, rmsnorm_threads(n), 0, st>>>(x, n, w, eps, y, NULL, NULL);
     GFW_CHECK("rmsnorm");
     return MMOE_OK;
 }
@@ -3373,6 +3418,23 @@ static mmoe_status act_quant(mmoe_gpu_model *g, const uint16_t *x, int64_t rows,
 {
     k_act_quant<<<dim3((unsigned)(K / 128), (unsigned)rows), 128, 0, g->stream>>>(x, K, g->aq, g->as);
     GFW_CHECK("activation quantization");
+    return MMOE_OK;
+}
+
+/**
+ * y = rmsnorm(x) for @p rows rows of width n, and y quantized into g->aq, g->as as act_quant()
+ * does: in the norm's own kernel when its register path applies (n a multiple of 128, at most
+ * GFW_RMSNORM_MAX_THREADS chunks of 16), else rmsnorm() then act_quant(); the same bits either way.
+ */
+static mmoe_status rmsnorm_quant(mmoe_gpu_model *g, const uint16_t *x, int64_t rows, int64_t n, const ddense &w,
+                                 float eps, uint16_t *y, mmoe_error *err)
+{
+    if (n % 128 != 0 || (n + MMOE_SUM_CHUNK - 1) / MMOE_SUM_CHUNK > GFW_RMSNORM_MAX_THREADS) {
+        mmoe_status st = rmsnorm(x, rows, n, w, eps, y, g->stream, err);
+        return st == MMOE_OK ? act_quant(g, y, rows, n, err) : st;
+    }
+    k_rmsnorm<<<(unsigned)rows, rmsnorm_threads(n), 0, g->stream>>>(x, n, w, eps, y, g->aq, g->as);
+    GFW_CHECK("rmsnorm and activation quantization");
     return MMOE_OK;
 }
 
@@ -3453,9 +3515,11 @@ static unsigned compress_threads(int64_t dh)
  * The attention sub-layer on g->y (attn_norm output), result in g->o.  The kernels read the
  * call's first position from the step record (g->step); @p pos0, its value, only sizes the
  * indexer scores' grid when the step is launched eagerly (a captured step sizes it for
- * max_blocks).
+ * max_blocks).  @p y_quantized: g->aq, g->as already hold g->y quantized (the layer's
+ * rmsnorm_quant()); else the sub-layer quantizes it first.
  */
-static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t T, mmoe_error *err)
+static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t T, int y_quantized,
+                             mmoe_error *err)
 {
     const gfw_attn_dims &a = b->a;
     const int64_t D = g->D, d = a.d, H = a.H, ih = a.ih, id = a.id;
@@ -3464,11 +3528,10 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
     mmoe_status st;
     /* projections */
     /* x quantized once for wq_a and wkv, q_r once for wq_b and the indexer's wq_b */
-    if ((st = act_quant(g, g->y, T, a.D, err)) != MMOE_OK ||
+    if ((!y_quantized && (st = act_quant(g, g->y, T, a.D, err)) != MMOE_OK) ||
         (st = linear_fp8_quantized(g, T, b->wq_a, g->qr, err)) != MMOE_OK ||
         (st = linear_fp8_quantized(g, T, b->wkv, g->kv, err)) != MMOE_OK ||
-        (st = rmsnorm(g->qr, T, a.q_lora, b->q_norm, a.eps, g->qr, sm, err)) != MMOE_OK ||
-        (st = act_quant(g, g->qr, T, a.q_lora, err)) != MMOE_OK ||
+        (st = rmsnorm_quant(g, g->qr, T, a.q_lora, b->q_norm, a.eps, g->qr, err)) != MMOE_OK ||
         (st = linear_fp8_quantized(g, T, b->wq_b, g->q, err)) != MMOE_OK ||
         (a.ratio == 4 && (st = linear_fp8_quantized(g, T, b->idx_wq_b, g->qi, err)) != MMOE_OK))
         return st;
@@ -3577,9 +3640,9 @@ static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, i
                   g->iters, g->hc_part, g->y, g->post, g->comb, g->stream);
     GFW_CHECK("hc_pre (attention)");
     double t1 = tick(g);
-    mmoe_status st = rmsnorm(g->y, T, D, b->attn_norm, g->eps, g->y, g->stream, err);
+    mmoe_status st = rmsnorm_quant(g, g->y, T, D, b->attn_norm, g->eps, g->y, err);
     if (st == MMOE_OK)
-        st = attention(g, b, pos0, T, err);
+        st = attention(g, b, pos0, T, 1, err);
     if (st != MMOE_OK)
         return st;
     double t2 = tick(g);
@@ -3902,7 +3965,7 @@ extern "C" mmoe_status gfw_test_rmsnorm(const uint16_t *x, int64_t T, int64_t n,
     wd.p = tput(&a, w, 2 * (size_t)n);
     uint16_t *dx = (uint16_t *)tput(&a, x, 2 * (size_t)(T * n));
     if (a.ce == cudaSuccess)
-        k_rmsnorm<<<(unsigned)T, rmsnorm_threads(n)>>>(dx, n, wd, eps, dx);
+        k_rmsnorm<<<(unsigned)T, rmsnorm_threads(n)>>>(dx, n, wd, eps, dx, NULL, NULL);
     return tfinish(&a, y, dx, 2 * (size_t)(T * n), err, "rmsnorm");
 }
 
@@ -4153,7 +4216,7 @@ extern "C" mmoe_status gfw_test_sublayer(mmoe_gpu_model *g, int L, int which, co
         (ce = cudaMemcpyAsync(g->y, x, 2 * (size_t)(T * g->D), cudaMemcpyHostToDevice, g->stream)) != cudaSuccess)
         st = cuda_fail(err, ce, "sub-layer input copy");
     if (st == MMOE_OK)
-        st = which == 0 ? attention(g, &g->blocks[L], pos0, T, err) : moe(g, &g->blocks[L], g->ids, T, err);
+        st = which == 0 ? attention(g, &g->blocks[L], pos0, T, 0, err) : moe(g, &g->blocks[L], g->ids, T, err);
     if (st == MMOE_OK &&
         (ce = cudaMemcpyAsync(out, g->o, 2 * (size_t)(T * g->D), cudaMemcpyDeviceToHost, g->stream)) != cudaSuccess)
         st = cuda_fail(err, ce, "sub-layer output copy");
