@@ -224,7 +224,11 @@ START_TEST(test_rmsnorm)
     check_rmsnorm(5, 4096);
     check_rmsnorm(2, 1024);
     check_rmsnorm(2, 100);  /* a short last chunk */
-    check_rmsnorm(2, 7168); /* two chunks per thread */
+    check_rmsnorm(2, 7168); /* 448 chunks: 512 threads, the last 64 past the row */
+    check_rmsnorm(1, 4096); /* one token (decode) */
+    check_rmsnorm(2, 8192);  /* 512 chunks: 512 threads, the most of the register path */
+    check_rmsnorm(2, 16384); /* 1024 chunks, more than 512: 256 threads of four chunks */
+    check_rmsnorm(2, 20000); /* 1250 chunks, more than 1024: 256 threads of eight chunks */
     check_rmsnorm_order();
 }
 END_TEST
@@ -525,6 +529,7 @@ START_TEST(test_mhc)
     for (int i = 0; i < 2; i++) {
         check_mhc(sets[i], 4, 3, 128);
         check_mhc(sets[i], 4, 3, 4096);
+        check_mhc(sets[i], 4, 1, 4096); /* one token (decode) */
         check_mhc(sets[i], 6, 2, 128); /* 36 entries: a row across the two registers of a lane */
         check_mhc(sets[i], 8, 2, 1100);
     }

@@ -16,7 +16,8 @@
  * | kernel            | what                                                   | exact? |
  * |-------------------|--------------------------------------------------------|--------|
  * | k_embed           | X[t,j,:] = E[id] [model_forward.c, mmoe_mhc.c]          | yes    |
- * | k_rmsnorm         | sum of squares in double, the block's tree [rmsnorm.c]  | yes    |
+ * | k_rmsnorm         | sum of squares in double, the block's tree [rmsnorm.c]; | yes    |
+ * |                   | optionally k_act_quant's codes of its output            |        |
  * | k_act_quant       | 1x128 E4M3, UE8M0 ceil scale of the V4 rule [linear_fp8.c] | yes |
  * | k_linear_fp8_128  | exact block partials, fp32 scaled sum in block order    | yes    |
  * | k_linear_fp8_128_split | the same, weight loads pipelined across steps      | yes    |
@@ -69,7 +70,8 @@
  * a lane and the others by xor shuffles between lanes, and takes each FP4 block's maximum over
  * the 32 / V lanes that hold it; k_hc_finish_split runs the Sinkhorn iterations in warp 0 of
  * block 0, the matrix in registers and every row and column sum fetched by shuffles in the
- * oracle's order, while the block's other warps already mix (the mix needs only pre);
+ * oracle's order, while the other blocks mix one channel per thread, their stream values
+ * loaded while the block sums are still being folded (the mix needs only pre);
  * k_topk_split ranks the candidates (one thread each, O(n) comparisons) in blocks of 256
  * instead of one block per token, which matters at long contexts (n = position / 4).  The
  * linears of a decode step are bound by how fast their weights stream in: k_linear_dense_split
@@ -95,8 +97,9 @@
  * T tokens of a call attend in parallel, so a window entry at a position of this call is read
  * from the call's kv buffer and an older one from the ring; the ring is updated after the
  * attention.  The compressor runs first, token by token in one block (its state is
- * sequential), and writes every block completed in the call: a token reads only blocks
- * j < (pos+1)/ratio, all complete at its position, so the values read are the oracle's.
+ * sequential; the indexer's compressor in a second block of the same launch), and writes
+ * every block completed in the call: a token reads only blocks j < (pos+1)/ratio, all
+ * complete at its position, so the values read are the oracle's.
  *
  * ## One stream, one step record, one graph
  *
@@ -215,14 +218,20 @@ __device__ __forceinline__ double warp_sum(double v)
 
 /* ================================================================== kernels: embedding, norms, linears */
 
-/** X[t, j, :] = E[ids[t], :] for j < hc (hc = 1: the plain embedding). */
+/**
+ * X[t, j, :] = E[ids[t], :] for j < hc (hc = 1: the plain embedding): token blockIdx.y, one
+ * channel per thread over the blocks blockIdx.x (launch_embed()), so each thread waits for one
+ * load of the table and no more (a loop over the row would wait for each of its loads in turn:
+ * the stores to X keep the next load behind them).
+ */
 __global__ void k_embed(const uint16_t *E, const int32_t *ids, int64_t D, int hc, uint16_t *X)
 {
-    const int64_t t = blockIdx.x;
-    const uint16_t *row = E + (int64_t)ids[t] * D;
-    for (int64_t c = threadIdx.x; c < D; c += blockDim.x)
-        for (int j = 0; j < hc; j++)
-            X[(t * hc + j) * D + c] = row[c];
+    const int64_t t = blockIdx.y, c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= D)
+        return;
+    const uint16_t v = E[(int64_t)ids[t] * D + c];
+    for (int j = 0; j < hc; j++)
+        X[(t * hc + j) * D + c] = v;
 }
 
 /** 1 / sqrt(fp32(sumsq / n) + eps): the RMSNorm factor of rmsnorm.c from its double sum of squares. */
@@ -243,15 +252,87 @@ struct sq_term {
     }
 };
 
+/** Larger of two FP8 amax candidates where any NaN wins (k_act_quant's rule; the result does not depend on order). */
+__device__ __forceinline__ float amax_nan(float a, float o) { return isnan(a) ? a : (isnan(o) ? o : (o > a ? o : a)); }
+
+/**
+ * k_act_quant of a chunk of 16 normed values @p yb (bf16 bits; @p len of them, 0 or 16) that
+ * k_rmsnorm's thread holds, for row @p row of width n (a multiple of 128): the 8 threads of a
+ * 128-block (aligned lanes of one warp) take its amax by xor shuffles, then the V4 scale
+ * s = 2^ceil(log2(max(amax, 1e-4) * fl(1/448))) and each thread's 16 codes e4m3(clamp(y/s)).
+ * Every lane of the warp must call it.
+ */
+__device__ __forceinline__ void rmsnorm_chunk_quant(const uint16_t *yb, int len, int64_t row, int64_t n, uint8_t *q,
+                                                    float *qs)
+{
+    float a = 0.0f;
+#pragma unroll
+    for (int i = 0; i < MMOE_SUM_CHUNK; i++)
+        if (i < len)
+            a = amax_nan(a, fabsf(gfw_bf2f(yb[i])));
+    for (int s = 1; s < 128 / MMOE_SUM_CHUNK; s <<= 1)
+        a = amax_nan(a, __shfl_xor_sync(0xFFFFFFFFu, a, s));
+    if (len == 0)
+        return;
+    const float clamped = a < 1e-4f ? 1e-4f : a;
+    const float sc = gfw_ue8m0(gfw_ue8m0_ceil_clamped(__fmul_rn(clamped, 1.0f / 448.0f)));
+    const int64_t i0 = (int64_t)threadIdx.x * MMOE_SUM_CHUNK;
+#pragma unroll
+    for (int i = 0; i < MMOE_SUM_CHUNK; i++) {
+        float w = __fdiv_rn(gfw_bf2f(yb[i]), sc);
+        w = w > 448.0f ? 448.0f : (w < -448.0f ? -448.0f : w);
+        q[row * n + i0 + i] = gfw_e4m3_code(w);
+    }
+    if ((threadIdx.x & 7) == 0)
+        qs[row * (n / 128) + i0 / 128] = sc;
+}
+
 /**
  * RMSNorm of rows of width n, one block per row: y = bf16(w * (x * rsqrt(mean + eps))); y may
  * alias x.  The squares are summed by the whole block in the order of @ref spec_arch_sum_order.
+ *
+ * When the block has a thread per chunk of 16 (rmsnorm_threads() launches so up to 8192
+ * values), thread b holds chunk b: it loads the chunk's 16 values of x and of w at once, sums
+ * the chunk (gfw_chunk_sum's order), joins the block's tree and writes the same 16 values of y,
+ * so the row costs one wait for memory, not one per value of a strided loop (whose stores to
+ * y, which may alias x, keep every next load behind them).  Wider rows take that loop.
+ *
+ * With @p q (only on the register path, n a multiple of 128: rmsnorm_quant()), the block also
+ * quantizes y as k_act_quant does, codes into q [rows, n] and scales into @p qs [rows, n/128]
+ * (rmsnorm_chunk_quant()), which saves that kernel's launch and its read of y.
  */
-__global__ void k_rmsnorm(const uint16_t *x, int64_t n, ddense w, float eps, uint16_t *y)
+__global__ void k_rmsnorm(const uint16_t *x, int64_t n, ddense w, float eps, uint16_t *y, uint8_t *q, float *qs)
 {
     __shared__ double sh[33];
     const uint16_t *xr = x + (int64_t)blockIdx.x * n;
     uint16_t *yr = y + (int64_t)blockIdx.x * n;
+    if (gfw_chunks_per_lane(n, blockDim.x) == 1) {
+        const int64_t i0 = (int64_t)threadIdx.x * MMOE_SUM_CHUNK;
+        const int len = i0 >= n ? 0 : (n - i0 < MMOE_SUM_CHUNK ? (int)(n - i0) : MMOE_SUM_CHUNK);
+        float xv[MMOE_SUM_CHUNK], wv[MMOE_SUM_CHUNK];
+#pragma unroll
+        for (int i = 0; i < MMOE_SUM_CHUNK; i++)
+            if (i < len) {
+                xv[i] = gfw_bf2f(xr[i0 + i]);
+                wv[i] = dv_at(w, i0 + i);
+            }
+        double chunk = 0.0;
+#pragma unroll
+        for (int i = 0; i < MMOE_SUM_CHUNK; i++)
+            if (i < len)
+                chunk = __dadd_rn(chunk, __dmul_rn((double)xv[i], (double)xv[i]));
+        const float rs = rms_factor(gfw_block_tree(chunk, sh), n, eps);
+        uint16_t yb[MMOE_SUM_CHUNK];
+#pragma unroll
+        for (int i = 0; i < MMOE_SUM_CHUNK; i++)
+            if (i < len) {
+                yb[i] = gfw_f2bf(__fmul_rn(wv[i], __fmul_rn(xv[i], rs)));
+                yr[i0 + i] = yb[i];
+            }
+        if (q != NULL)
+            rmsnorm_chunk_quant(yb, len, blockIdx.x, n, q, qs);
+        return;
+    }
     const float rs = rms_factor(gfw_block_sum(sq_term{xr}, n, sh), n, eps);
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
         yr[i] = gfw_f2bf(__fmul_rn(dv_at(w, i), __fmul_rn(gfw_bf2f(xr[i]), rs)));
@@ -1092,7 +1173,10 @@ __device__ __forceinline__ void hc_finish_logits(int64_t t, int64_t n, int hc, c
                                                  const float *base, const float *scale, int n_out, float norm_eps,
                                                  float hc_eps, float *post, float *m, float *pre)
 {
-    const int tid = threadIdx.x;
+    const int tid = threadIdx.x, has_post = n_out > hc && blockIdx.x == 0;
+    /* the parameters this thread needs later, loaded with the block sums (not after the barriers) */
+    const float pre_scale = scale[0], pre_base = tid < hc ? base[tid] : 0.0f;
+    const float post_scale = has_post ? scale[1] : 0.0f, post_base = has_post && tid < hc ? base[hc + tid] : 0.0f;
     double raw = 0.0;
     if (tid <= n_out) {
         const double *p = part + (t * (n_out + 1) + tid) * S;
@@ -1109,10 +1193,9 @@ __device__ __forceinline__ void hc_finish_logits(int64_t t, int64_t n, int hc, c
         m[tid] = __fmul_rn(__double2float_rn(raw), m[n_out]);
     __syncthreads();
     if (tid < hc) {
-        pre[tid] = __fadd_rn(gfw_sigmoid(__fadd_rn(__fmul_rn(m[tid], scale[0]), base[tid])), hc_eps);
-        if (n_out > hc && blockIdx.x == 0)
-            post[t * hc + tid] =
-                __fmul_rn(2.0f, gfw_sigmoid(__fadd_rn(__fmul_rn(m[hc + tid], scale[1]), base[hc + tid])));
+        pre[tid] = __fadd_rn(gfw_sigmoid(__fadd_rn(__fmul_rn(m[tid], pre_scale), pre_base)), hc_eps);
+        if (has_post)
+            post[t * hc + tid] = __fmul_rn(2.0f, gfw_sigmoid(__fadd_rn(__fmul_rn(m[hc + tid], post_scale), post_base)));
     }
 }
 
@@ -1230,18 +1313,23 @@ __device__ __forceinline__ float sk_line_sum(float c0, float c1, int hc, int j, 
  * the oracle's sequential fp32 sum, the entries fetched by shuffles, so every lane of a row gets
  * the same bits as k_hc_finish's thread for that entry; no barrier but the shuffles' own.  With
  * hc*hc <= 32 (hc <= 5) only the first register is live and the second is never computed.
- * @p logit: the block's shared logits of C (m + 2 hc); writes comb[t * hc*hc + i].
+ * @p logit: the block's shared logits of C (m + 2 hc); @p c_scale: scale[2]; @p c_base: the
+ * lane's base[2 hc + i] for its two entries (loaded by the caller long before); writes
+ * comb[t * hc*hc + i].  HC > 0 fixes hc at compile time (its loops unroll: a line sum issues
+ * its hc shuffles together, then adds in order); HC = 0 takes @p hc_rt.
  */
-__device__ void sinkhorn_warp(const float *logit, const float *scale, const float *base, int hc, float hc_eps,
+template <int HC>
+__device__ void sinkhorn_warp(const float *logit, float c_scale, const float *c_base, int hc_rt, float hc_eps,
                               int iters, float *comb)
 {
+    const int hc = HC > 0 ? HC : hc_rt;
     const int lane = threadIdx.x & 31, nn = hc * hc, two = nn > 32;
     float c[2] = {0.0f, 0.0f}, e[2] = {0.0f, 0.0f}, s[2] = {1.0f, 1.0f};
 #pragma unroll
     for (int q = 0; q < 2; q++) {
         const int i = lane + 32 * q;
         if (i < nn)
-            c[q] = __fadd_rn(__fmul_rn(logit[i], scale[2]), base[2 * hc + i]);
+            c[q] = __fadd_rn(__fmul_rn(logit[i], c_scale), c_base[q]);
     }
 #pragma unroll
     for (int q = 0; q < 2; q++) { /* row softmax, + eps */
@@ -1286,12 +1374,25 @@ __device__ void sinkhorn_warp(const float *logit, const float *scale, const floa
             comb[lane + 32 * q] = c[q];
 }
 
+/** sinkhorn_warp() with hc fixed at compile time for the model's hc = 4, else at run time. */
+__device__ void sinkhorn_warp_any(const float *logit, float c_scale, const float *c_base, int hc, float hc_eps,
+                                  int iters, float *comb)
+{
+    if (hc == 4)
+        sinkhorn_warp<4>(logit, c_scale, c_base, hc, hc_eps, iters, comb);
+    else
+        sinkhorn_warp<0>(logit, c_scale, c_base, hc, hc_eps, iters, comb);
+}
+
 /**
- * k_hc_finish with the Sinkhorn iterations in warp 0 of block 0 (sinkhorn_warp: registers and
- * shuffles, no block barrier inside the iterations) while the block's other warps mix its
- * channels; every other block mixes with all its warps.  The same operations on the same
- * operands in the same order as k_hc_finish, so the same bits; three block barriers in all
- * instead of about 4 iters.  blockDim.x: a multiple of 32, at least 64.
+ * k_hc_finish's work for token blockIdx.y, spread so that nothing waits for memory twice: with
+ * a Sinkhorn (n_out > hc), block 0 computes the logits, post, and the Sinkhorn iterations in its
+ * warp 0 (sinkhorn_warp: registers and shuffles, no block barrier inside the iterations); the
+ * other blocks, or all of them for hc_head, mix one channel per thread, c = (blockIdx.x - 1 or
+ * - 0) * blockDim.x + threadIdx.x.  Each thread loads what it needs (its hc stream values, its
+ * Sinkhorn base entries) before the logits, so those loads overlap the wait for the block sums.
+ * The same operations on the same operands in the same order as k_hc_finish, so the same bits.
+ * blockDim.x: a multiple of 32, at least n_out + 1; grid: nblk(D) + (n_out > hc) blocks of 256 (launch_hc_mix()).
  */
 __global__ void k_hc_finish_split(const uint16_t *X, int64_t D, int hc, const double *part, int S, const float *base,
                                   const float *scale, int n_out, float norm_eps, float hc_eps, int iters, uint16_t *y,
@@ -1300,14 +1401,39 @@ __global__ void k_hc_finish_split(const uint16_t *X, int64_t D, int hc, const do
     __shared__ float m[(2 + 8) * 8 + 1];
     __shared__ float pre[8];
     const int64_t t = blockIdx.y, n = (int64_t)hc * D;
+    const int has_sinkhorn = n_out > hc, sinkhorn = has_sinkhorn && blockIdx.x == 0;
+    const int64_t c = (int64_t)(blockIdx.x - has_sinkhorn) * blockDim.x + threadIdx.x;
     const uint16_t *Xt = X + t * n;
+    float xv[8], c_scale = 0.0f, c_base[2] = {0.0f, 0.0f};
+    if (sinkhorn) {
+        if (threadIdx.x < 32) {
+            c_scale = scale[2];
+#pragma unroll
+            for (int q = 0; q < 2; q++)
+                if ((int)threadIdx.x + 32 * q < hc * hc)
+                    c_base[q] = base[2 * hc + threadIdx.x + 32 * q];
+        }
+    } else if (c < D) {
+#pragma unroll
+        for (int jj = 0; jj < 8; jj++)
+            if (jj < hc)
+                xv[jj] = gfw_bf2f(Xt[jj * D + c]);
+    }
     hc_finish_logits(t, n, hc, part, S, base, scale, n_out, norm_eps, hc_eps, post, m, pre);
     __syncthreads();
-    const int sinkhorn = n_out > hc && blockIdx.x == 0;
-    if (sinkhorn && threadIdx.x < 32)
-        sinkhorn_warp(m + 2 * hc, scale, base, hc, hc_eps, iters, comb + t * hc * hc);
-    else
-        hc_mix_channels(Xt, D, hc, pre, y, t, sinkhorn ? 32 : 0);
+    if (sinkhorn) {
+        if (threadIdx.x < 32)
+            sinkhorn_warp_any(m + 2 * hc, c_scale, c_base, hc, hc_eps, iters, comb + t * hc * hc);
+        return;
+    }
+    if (c >= D)
+        return;
+    float acc = 0.0f; /* hc_mix_channels' sum */
+#pragma unroll
+    for (int jj = 0; jj < 8; jj++)
+        if (jj < hc)
+            acc = __fadd_rn(acc, __fmul_rn(pre[jj], xv[jj]));
+    y[t * D + c] = gfw_f2bf(acc);
 }
 
 /** hc_post: X[t,k,c] = bf16(post[k]*out[c] + sum_j comb[j][k] * R[t,j,c]); in place. */
@@ -1631,87 +1757,201 @@ struct comp_args {
      *  RMSNorm epsilon */
 };
 
+/** Values of a thread that k_compress loads before it stores any (each batch one wait for memory). */
+#define GFW_COMP_BATCH 8
+
+/** Slots of a pooled block up to which k_compress holds a channel's scores and values in registers
+ *  (the 2 * 4 of the overlapping ratio-4 blocks). */
+#define GFW_COMP_POOL_REGS 8
+
+/** Most threads of k_compress (its launch bound: at most 128 registers a thread). */
+#define GFW_COMP_MAX_THREADS 512
+
+/** The square of the bf16 rounding of fp32 value i (the compressed row's RMSNorm term), exact in double. */
+struct bfr_sq_term {
+    const float *v; /**< the fp32 values */
+    /** Term @p i: bf16(v_i)^2. */
+    __device__ double operator()(int64_t i) const
+    {
+        const double b = (double)gfw_bfr(v[i]);
+        return __dmul_rn(b, b);
+    }
+};
+
+/**
+ * Channel @p ch of a completed block (attn_compressor.c): the max of the n gated scores of slot
+ * order, the fp32 sum of their exps in slot order, and the sum of p_i kv_i in slot order, with
+ * p_i = exp_i / den; 0 when every score is -inf.  Up to GFW_COMP_POOL_REGS slots are loaded at
+ * once and each exp computed once (the same function of the same operand, so the same bits as
+ * computing it again for the weighted sum); longer blocks read the state in each pass.
+ */
+__device__ __forceinline__ float comp_pool_channel(const comp_args &a, int ch)
+{
+    const int r = a.ratio, c = a.overlap, dh = a.dh, width = c * dh, n = c == 2 ? 2 * r : r;
+    if (n <= GFW_COMP_POOL_REGS) {
+        float g[GFW_COMP_POOL_REGS], v[GFW_COMP_POOL_REGS], e[GFW_COMP_POOL_REGS];
+#pragma unroll
+        for (int i = 0; i < GFW_COMP_POOL_REGS; i++)
+            if (i < n) {
+                const int cc = (c == 2 && i >= r) ? dh + ch : ch;
+                g[i] = a.score_state[(int64_t)i * width + cc];
+                v[i] = a.kv_state[(int64_t)i * width + cc];
+            }
+        float m = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < GFW_COMP_POOL_REGS; i++)
+            if (i < n && g[i] > m)
+                m = g[i];
+        if (m == -INFINITY)
+            return 0.0f;
+        float den = 0.0f;
+#pragma unroll
+        for (int i = 0; i < GFW_COMP_POOL_REGS; i++)
+            if (i < n) {
+                e[i] = gfw_expf(__fsub_rn(g[i], m));
+                den = __fadd_rn(den, e[i]);
+            }
+        float acc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < GFW_COMP_POOL_REGS; i++)
+            if (i < n)
+                acc = __fadd_rn(acc, __fmul_rn(__fdiv_rn(e[i], den), v[i]));
+        return acc;
+    }
+    float m = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        const int cc = (c == 2 && i >= r) ? dh + ch : ch;
+        const float g = a.score_state[(int64_t)i * width + cc];
+        if (g > m)
+            m = g;
+    }
+    if (m == -INFINITY)
+        return 0.0f;
+    float den = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const int cc = (c == 2 && i >= r) ? dh + ch : ch;
+        den = __fadd_rn(den, gfw_expf(__fsub_rn(a.score_state[(int64_t)i * width + cc], m)));
+    }
+    float acc = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const int cc = (c == 2 && i >= r) ? dh + ch : ch;
+        const float p = __fdiv_rn(gfw_expf(__fsub_rn(a.score_state[(int64_t)i * width + cc], m)), den);
+        acc = __fadd_rn(acc, __fmul_rn(p, a.kv_state[(int64_t)i * width + cc]));
+    }
+    return acc;
+}
+
 /**
  * The compressor of attn_compressor.c for the T tokens of a call, in order, one block of
- * threads (a power of two): each token is stored in its slot; a completed block is pooled (one
- * thread per channel: max, fp32 sum of exps in slot order, weighted sum) and finished by all
- * threads (bf16, RMSNorm, RoPE at the block's first position, FP8 round trip or Hadamard + FP4).
+ * threads (a power of two) per compressor: block b runs @p a0 (b = 0) or @p a1 (b = 1; the
+ * layer's two compressors, attention and indexer, are independent and run side by side).  Each
+ * token is stored in its slot; a completed block is pooled (one thread per channel:
+ * comp_pool_channel()), and with overlapping blocks the current half of the state becomes the
+ * previous one; the pooled row is finished by all threads (bf16, RMSNorm, RoPE at the block's
+ * first position, FP8 round trip or Hadamard + FP4).  The copies (slot store, state shift) load
+ * GFW_COMP_BATCH values per thread before they store any, the RMSNorm sums the bf16 rounding of
+ * the pooled values from shared memory (the values the oracle's row holds), and the state
+ * shift's loads wait under that sum, so a completed block waits for memory a few times, not
+ * once per value of a thread.
  */
-__global__ void k_compress(comp_args a)
+__global__ void __launch_bounds__(GFW_COMP_MAX_THREADS) k_compress(comp_args a0, comp_args a1)
 {
     extern __shared__ float sh[]; /* pooled [dh], then hadamard scratch [dh] */
     __shared__ double ssum[33];
+    const comp_args a = blockIdx.x == 0 ? a0 : a1;
     const int r = a.ratio, c = a.overlap, dh = a.dh, width = c * dh;
-    uint16_t *row_out = NULL;
+    const int64_t halfn = (int64_t)r * width, B = blockDim.x;
+    const float w_own = (int)threadIdx.x < dh ? dv_at(a.norm, threadIdx.x) : 0.0f; /* the norm's first pass */
     for (int64_t t = 0; t < a.T; t++) {
         const int64_t pos = *a.pos0 + t;
         const int in_block = (int)(pos % r);
         const int slot = (c - 1) * r + in_block;
-        for (int ch = threadIdx.x; ch < width; ch += blockDim.x) {
-            a.kv_state[(int64_t)slot * width + ch] = a.kv[t * width + ch];
-            a.score_state[(int64_t)slot * width + ch] = __fadd_rn(a.gate[t * width + ch], a.ape[(int64_t)in_block * width + ch]);
+        for (int64_t ch0 = threadIdx.x; ch0 < width; ch0 += GFW_COMP_BATCH * B) {
+            float kv[GFW_COMP_BATCH], sc[GFW_COMP_BATCH];
+#pragma unroll
+            for (int u = 0; u < GFW_COMP_BATCH; u++) {
+                const int64_t ch = ch0 + u * B;
+                if (ch < width) {
+                    kv[u] = a.kv[t * width + ch];
+                    sc[u] = __fadd_rn(a.gate[t * width + ch], a.ape[(int64_t)in_block * width + ch]);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < GFW_COMP_BATCH; u++) {
+                const int64_t ch = ch0 + u * B;
+                if (ch < width) {
+                    a.kv_state[(int64_t)slot * width + ch] = kv[u];
+                    a.score_state[(int64_t)slot * width + ch] = sc[u];
+                }
+            }
         }
         __syncthreads();
         if (in_block != r - 1)
             continue;
-        for (int ch = threadIdx.x; ch < dh; ch += blockDim.x) {
-            const int n = c == 2 ? 2 * r : r;
-            float m = -INFINITY;
-            for (int i = 0; i < n; i++) {
-                const int s = i, cc = (c == 2 && i >= r) ? dh + ch : ch;
-                const float g = a.score_state[(int64_t)s * width + cc];
-                if (g > m)
-                    m = g;
-            }
-            float res = 0.0f;
-            if (m != -INFINITY) {
-                float den = 0.0f;
-                for (int i = 0; i < n; i++) {
-                    const int cc = (c == 2 && i >= r) ? dh + ch : ch;
-                    den = __fadd_rn(den, gfw_expf(__fsub_rn(a.score_state[(int64_t)i * width + cc], m)));
+        for (int ch = threadIdx.x; ch < dh; ch += (int)B)
+            sh[ch] = comp_pool_channel(a, ch);
+        __syncthreads();
+        /* the state shift's first batch (c == 2), loaded now and stored after the norm's sum */
+        float kv_prev[GFW_COMP_BATCH], sc_prev[GFW_COMP_BATCH];
+        if (c == 2) {
+#pragma unroll
+            for (int u = 0; u < GFW_COMP_BATCH; u++) {
+                const int64_t i = threadIdx.x + u * B;
+                if (i < halfn) {
+                    kv_prev[u] = a.kv_state[halfn + i];
+                    sc_prev[u] = a.score_state[halfn + i];
                 }
-                float acc = 0.0f;
-                for (int i = 0; i < n; i++) {
-                    const int cc = (c == 2 && i >= r) ? dh + ch : ch;
-                    const float p = __fdiv_rn(gfw_expf(__fsub_rn(a.score_state[(int64_t)i * width + cc], m)), den);
-                    acc = __fadd_rn(acc, __fmul_rn(p, a.kv_state[(int64_t)i * width + cc]));
-                }
-                res = acc;
             }
-            sh[ch] = res;
         }
-        __syncthreads();
         const int64_t j = pos / r;
-        row_out = a.out + j * dh;
-        for (int ch = threadIdx.x; ch < dh; ch += blockDim.x)
-            row_out[ch] = gfw_f2bf(sh[ch]);
-        __syncthreads();
-        /* RMSNorm: the block sums the squares in the order of spec_arch_sum_order */
-        const float rs = rms_factor(gfw_block_sum(sq_term{row_out}, dh, ssum), dh, a.eps);
-        for (int ch = threadIdx.x; ch < dh; ch += blockDim.x)
-            row_out[ch] = gfw_f2bf(__fmul_rn(dv_at(a.norm, ch), __fmul_rn(gfw_bf2f(row_out[ch]), rs)));
+        uint16_t *row_out = a.out + j * dh;
+        /* RMSNorm of the bf16 row: the block sums the squares in the order of spec_arch_sum_order */
+        const float rs = rms_factor(gfw_block_sum(bfr_sq_term{sh}, dh, ssum), dh, a.eps);
+        if (c == 2) { /* the current block becomes the previous one: all its reads are done */
+#pragma unroll
+            for (int u = 0; u < GFW_COMP_BATCH; u++) {
+                const int64_t i = threadIdx.x + u * B;
+                if (i < halfn) {
+                    a.kv_state[i] = kv_prev[u];
+                    a.score_state[i] = sc_prev[u];
+                }
+            }
+            for (int64_t i0 = threadIdx.x + GFW_COMP_BATCH * B; i0 < halfn; i0 += GFW_COMP_BATCH * B) {
+#pragma unroll
+                for (int u = 0; u < GFW_COMP_BATCH; u++) {
+                    const int64_t i = i0 + u * B;
+                    if (i < halfn) {
+                        kv_prev[u] = a.kv_state[halfn + i];
+                        sc_prev[u] = a.score_state[halfn + i];
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < GFW_COMP_BATCH; u++) {
+                    const int64_t i = i0 + u * B;
+                    if (i < halfn) {
+                        a.kv_state[i] = kv_prev[u];
+                        a.score_state[i] = sc_prev[u];
+                    }
+                }
+            }
+        }
+        for (int ch = threadIdx.x; ch < dh; ch += (int)B)
+            row_out[ch] = gfw_f2bf(
+                __fmul_rn(ch == (int)threadIdx.x ? w_own : dv_at(a.norm, ch), __fmul_rn(gfw_bfr(sh[ch]), rs)));
         __syncthreads();
         { /* RoPE at the block's first position: the pairs are independent */
             const int half = a.rope_dim / 2;
             const int64_t bp = j * r;
             uint16_t *v = row_out + dh - a.rope_dim;
-            for (int p = threadIdx.x; p < half; p += blockDim.x)
+            for (int p = threadIdx.x; p < half; p += (int)B)
                 rope_pair(v, p, half, a.cs, bp, 0);
         }
         __syncthreads();
         if (a.kind == 0) {
-            fp8_roundtrip_warps(row_out, dh - a.rope_dim, threadIdx.x / 32, blockDim.x / 32);
+            fp8_roundtrip_warps(row_out, dh - a.rope_dim, threadIdx.x / 32, (int)B / 32);
         } else {
             hadamard_block(row_out, 1, dh, sh + dh);
-            fp4_roundtrip_warps(row_out, dh, threadIdx.x / 32, blockDim.x / 32);
-        }
-        __syncthreads();
-        if (c == 2) { /* the current block becomes the previous one */
-            const int64_t halfn = (int64_t)r * width;
-            for (int64_t i = threadIdx.x; i < halfn; i += blockDim.x) {
-                a.kv_state[i] = a.kv_state[halfn + i];
-                a.score_state[i] = a.score_state[halfn + i];
-            }
+            fp4_roundtrip_warps(row_out, dh, threadIdx.x / 32, (int)B / 32);
         }
         __syncthreads();
     }
@@ -1724,6 +1964,31 @@ struct bf_dot_term {
     /** Term @p i: a_i b_i. */
     __device__ double operator()(int64_t i) const { return __dmul_rn((double)gfw_bf2f(a[i]), (double)gfw_bf2f(b[i])); }
 };
+
+/** Lanes per head of the indexer's scores: the chunks of a head's dot product, a power of two, at most 32. */
+__device__ __forceinline__ int indexer_group(int id)
+{
+    const int64_t m = (id + MMOE_SUM_CHUNK - 1) / MMOE_SUM_CHUNK;
+    int G = 1;
+    while (G < m && G < 32)
+        G <<= 1;
+    return G;
+}
+
+/**
+ * Head @p h's term of a block score, bf16(max(bf16(q_h . k), 0) * w_h), by an aligned group of
+ * G lanes (g: lane in group), which sums the dot product in the order of
+ * @ref spec_arch_sum_order; every lane of the group gets it.
+ */
+__device__ __forceinline__ float indexer_head_term(const uint16_t *qi, const uint16_t *wi, const uint16_t *k, int ih,
+                                                   int id, int64_t t, int h, int g, int G)
+{
+    const double dot = gfw_group_sum(bf_dot_term{qi + (t * ih + h) * id, k}, id, g, G);
+    float s = gfw_bfr(__double2float_rn(dot));
+    if (s < 0.0f)
+        s = 0.0f;
+    return gfw_bfr(__fmul_rn(s, gfw_bf2f(wi[t * ih + h])));
+}
 
 /**
  * The score of compressed block j for token t of the call (one warp; pos0: the call's first
@@ -1738,19 +2003,12 @@ __device__ __forceinline__ void indexer_score(const uint16_t *qi, const uint16_t
     if (j >= n_causal)
         return;
     const uint16_t *k = keys + j * id;
-    const int64_t m = (id + MMOE_SUM_CHUNK - 1) / MMOE_SUM_CHUNK;
-    int G = 1;
-    while (G < m && G < 32)
-        G <<= 1;
+    const int G = indexer_group(id);
     const int per_pass = 32 / G, grp = lane / G, g = lane % G;
     double head_sum = 0.0;
     for (int h0 = 0; h0 < ih; h0 += per_pass) {
         const int h = h0 + grp < ih ? h0 + grp : ih - 1; /* a group past the last head repeats it, unused */
-        const double dot = gfw_group_sum(bf_dot_term{qi + (t * ih + h) * id, k}, id, g, G);
-        float s = gfw_bfr(__double2float_rn(dot));
-        if (s < 0.0f)
-            s = 0.0f;
-        const float term = gfw_bfr(__fmul_rn(s, gfw_bf2f(wi[t * ih + h])));
+        const float term = indexer_head_term(qi, wi, k, ih, id, t, h, g, G);
         for (int u = 0; u < per_pass; u++) {
             const float tu = __shfl_sync(0xFFFFFFFFu, term, u * G);
             if (h0 + u < ih)
@@ -1761,28 +2019,74 @@ __device__ __forceinline__ void indexer_score(const uint16_t *qi, const uint16_t
         scores[t * max_blocks + j] = gfw_bfr(__double2float_rn(head_sum));
 }
 
+/** Most indexer heads whose terms k_indexer_scores' block mode holds in shared memory. */
+#define GFW_SCORES_MAX_HEADS 256
+
+/**
+ * indexer_score() by a whole block (its block mode): the warps share the heads (a group of G
+ * lanes per head, warp w taking the heads from w * 32 / G on, blockDim.x / G heads a round), so
+ * a warp waits for one or two rounds of loads instead of ih * G / 32; the terms meet in
+ * shared memory and thread 0 adds them in ascending head order, as indexer_score()'s lane 0.
+ * Every thread of the block must call it (it contains barriers).
+ */
+__device__ __forceinline__ void indexer_score_block(const uint16_t *qi, const uint16_t *wi, const uint16_t *keys,
+                                                    int ih, int id, int64_t pos0, int64_t t, int64_t j,
+                                                    int64_t max_blocks, float *scores, float *terms)
+{
+    const int64_t n_causal = (pos0 + t + 1) / 4;
+    if (j >= n_causal) /* the same for the whole block */
+        return;
+    const uint16_t *k = keys + j * id;
+    const int G = indexer_group(id), per_round = (int)blockDim.x / G, g = (int)threadIdx.x % G;
+    for (int h0 = 0; h0 < ih; h0 += per_round) {
+        const int hh = h0 + (int)threadIdx.x / G, h = hh < ih ? hh : ih - 1; /* past the last head: unused */
+        const float term = indexer_head_term(qi, wi, k, ih, id, t, h, g, G);
+        if (g == 0 && hh < ih)
+            terms[hh] = term;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double head_sum = 0.0;
+        for (int h = 0; h < ih; h++)
+            head_sum = __dadd_rn(head_sum, (double)terms[h]);
+        scores[t * max_blocks + j] = gfw_bfr(__double2float_rn(head_sum));
+    }
+}
+
 /**
  * Most CTAs of 256 threads per multiprocessor in k_indexer_scores' grid: as many as are
- * resident at once on sm_90 (59 registers per thread, 16 K registers per CTA: four); its warps
- * stride over the scores beyond that.
+ * resident at once (56 registers per thread on sm_90a, 60 on sm_100a, 16 K registers per CTA:
+ * four); in block mode that many scores at once, in warp mode its warps stride over the rest.
  */
 #define GFW_SCORES_CTAS_PER_SM 4
 
 /**
- * Indexer block scores (attn_indexer.c) into scores[t * max_blocks + j], one warp per (t, block
- * j < nb), nb = min((pos0 + T) / 4, max_blocks), the causal count of the call's last token, with
- * pos0 = *pos_dev (the step record); blocks j >= (pos+1)/4 are not written.  The warps stride
- * over the T * nb pairs, so any grid covers them: the host sizes it for the live count when it
- * launches eagerly and for max_blocks (capped) in a CUDA graph, where nb is not known.  Aligned
- * groups of G lanes (G = the chunks of a head's dot product, rounded up to a power of two, at
- * most 32) sum one head each in the order of @ref spec_arch_sum_order; lane 0 adds the heads'
- * bf16 terms in ascending head order, as the oracle.
+ * Indexer block scores (attn_indexer.c) into scores[t * max_blocks + j] for the causal blocks j
+ * < nb, nb = min((pos0 + T) / 4, max_blocks), the causal count of the call's last token, with
+ * pos0 = *pos_dev (the step record); blocks j >= (pos+1)/4 are not written.  Two modes, chosen
+ * on the device from the live count (the grid of a CUDA graph is sized before nb is known):
+ *  - block mode, when the grid has a block for each of the T * nb pairs (t, j) (short contexts,
+ *    decode): block (t, j) computes that score (indexer_score_block()), so a decode step waits
+ *    for one or two rounds of loads, not one per group of heads;
+ *  - warp mode otherwise: one warp per pair, the warps striding over the T * nb pairs
+ *    (indexer_score()): aligned groups of G lanes (G = the chunks of a head's dot product,
+ *    rounded up to a power of two, at most 32) sum one head each in the order of
+ *    @ref spec_arch_sum_order; lane 0 adds the heads' bf16 terms in ascending head order.
+ * Both modes compute every head term with the same code and add the terms in the same order,
+ * so the grid does not change a bit.  The host sizes the grid with indexer_scores_grid().
  */
 __global__ void k_indexer_scores(const uint16_t *qi, const uint16_t *wi, const uint16_t *keys, int ih, int id,
                                  int64_t T, const int64_t *pos_dev, int64_t max_blocks, float *scores)
 {
+    __shared__ float terms[GFW_SCORES_MAX_HEADS];
     const int64_t pos0 = *pos_dev;
     const int64_t nb = (pos0 + T) / 4 < max_blocks ? (pos0 + T) / 4 : max_blocks;
+    if (T * nb <= (int64_t)gridDim.x && ih <= GFW_SCORES_MAX_HEADS) {
+        if ((int64_t)blockIdx.x < T * nb)
+            indexer_score_block(qi, wi, keys, ih, id, pos0, blockIdx.x / nb, blockIdx.x % nb, max_blocks, scores,
+                                terms);
+        return;
+    }
     const int64_t n_warps = (int64_t)gridDim.x * blockDim.x / 32;
     for (int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; w < T * nb; w += n_warps)
         indexer_score(qi, wi, keys, ih, id, pos0, w / nb, w % nb, max_blocks, scores);
@@ -2927,6 +3231,17 @@ __global__ void k_fill(float *p, size_t n, float v)
 static unsigned nblk(int64_t n, int bs = 256) { return (unsigned)((n + bs - 1) / bs); }
 
 /**
+ * Blocks of 256 threads of k_indexer_scores for @p pairs (token, block) scores, at most @p cap:
+ * a block per pair (its block mode) when they fit under the cap, else a warp per pair (capped).
+ */
+static unsigned indexer_scores_grid(int64_t pairs, unsigned cap)
+{
+    if (pairs <= (int64_t)cap)
+        return (unsigned)(pairs > 0 ? pairs : 1);
+    return nblk(pairs * 32) < cap ? nblk(pairs * 32) : cap;
+}
+
+/**
  * hc_pre (n_out = (2+hc)*hc, with post and comb) or hc_head (n_out = hc) of T tokens: the block
  * sums into @p part, then the logits, Sinkhorn and the mix.
  */
@@ -2939,8 +3254,8 @@ static void launch_hc_mix(mmoe_gpu_fwd_kernels kernels, const uint16_t *X, int64
     k_hc_part<<<dim3((unsigned)S, (unsigned)(n_out + 1), (unsigned)T), GFW_HC_PART_CHUNKS, 0, st>>>(X, n, fn, n_out,
                                                                                                    part);
     if (kernels == MMOE_GPU_FWD_SPLIT)
-        k_hc_finish_split<<<dim3(nblk(D, 1024), (unsigned)T), 256, 0, st>>>(X, D, hc, part, S, base, scale, n_out,
-                                                                            norm_eps, hc_eps, iters, y, post, comb);
+        k_hc_finish_split<<<dim3(nblk(D) + (n_out > hc), (unsigned)T), 256, 0, st>>>(
+            X, D, hc, part, S, base, scale, n_out, norm_eps, hc_eps, iters, y, post, comb);
     else
         k_hc_finish<<<dim3(nblk(D, 1024), (unsigned)T), 256, 0, st>>>(X, D, hc, part, S, base, scale, n_out, norm_eps,
                                                                       hc_eps, iters, y, post, comb);
@@ -3070,11 +3385,30 @@ static double tick(const mmoe_gpu_model *g)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/**
+ * Most threads of k_rmsnorm, hence the widest row (512 chunks of 16) its register path takes:
+ * with more than 64 registers a thread (66 to 74 on sm_90a), 1024 would not fit in a block's 64 K.
+ */
+#define GFW_RMSNORM_MAX_THREADS 512
+
+/**
+ * Threads of k_rmsnorm for rows of width @p n: one per chunk of 16 (a power of two, 32 to
+ * GFW_RMSNORM_MAX_THREADS), 256 for rows of more chunks (the strided loop).
+ */
+static unsigned rmsnorm_threads(int64_t n)
+{
+    const int64_t chunks = (n + MMOE_SUM_CHUNK - 1) / MMOE_SUM_CHUNK;
+    unsigned b = 32;
+    while (b < chunks && b < GFW_RMSNORM_MAX_THREADS)
+        b <<= 1;
+    return chunks > GFW_RMSNORM_MAX_THREADS ? 256 : b;
+}
+
 /** y = rmsnorm(x) for @p rows rows of width n. */
 static mmoe_status rmsnorm(const uint16_t *x, int64_t rows, int64_t n, const ddense &w, float eps, uint16_t *y,
                            cudaStream_t st, mmoe_error *err)
 {
-    k_rmsnorm<<<(unsigned)rows, 256, 0, st>>>(x, n, w, eps, y);
+    k_rmsnorm<<<(unsigned)rows, rmsnorm_threads(n), 0, st>>>(x, n, w, eps, y, NULL, NULL);
     GFW_CHECK("rmsnorm");
     return MMOE_OK;
 }
@@ -3084,6 +3418,23 @@ static mmoe_status act_quant(mmoe_gpu_model *g, const uint16_t *x, int64_t rows,
 {
     k_act_quant<<<dim3((unsigned)(K / 128), (unsigned)rows), 128, 0, g->stream>>>(x, K, g->aq, g->as);
     GFW_CHECK("activation quantization");
+    return MMOE_OK;
+}
+
+/**
+ * y = rmsnorm(x) for @p rows rows of width n, and y quantized into g->aq, g->as as act_quant()
+ * does: in the norm's own kernel when its register path applies (n a multiple of 128, at most
+ * GFW_RMSNORM_MAX_THREADS chunks of 16), else rmsnorm() then act_quant(); the same bits either way.
+ */
+static mmoe_status rmsnorm_quant(mmoe_gpu_model *g, const uint16_t *x, int64_t rows, int64_t n, const ddense &w,
+                                 float eps, uint16_t *y, mmoe_error *err)
+{
+    if (n % 128 != 0 || (n + MMOE_SUM_CHUNK - 1) / MMOE_SUM_CHUNK > GFW_RMSNORM_MAX_THREADS) {
+        mmoe_status st = rmsnorm(x, rows, n, w, eps, y, g->stream, err);
+        return st == MMOE_OK ? act_quant(g, y, rows, n, err) : st;
+    }
+    k_rmsnorm<<<(unsigned)rows, rmsnorm_threads(n), 0, g->stream>>>(x, n, w, eps, y, g->aq, g->as);
+    GFW_CHECK("rmsnorm and activation quantization");
     return MMOE_OK;
 }
 
@@ -3151,13 +3502,24 @@ static mmoe_status linear_dense_set(mmoe_gpu_fwd_kernels kernels, const uint16_t
     return MMOE_OK;
 }
 
+/** Threads of k_compress for rows of dh values: one per channel (a power of two, 256 to GFW_COMP_MAX_THREADS). */
+static unsigned compress_threads(int64_t dh)
+{
+    unsigned b = 256;
+    while (b < dh && b < GFW_COMP_MAX_THREADS)
+        b <<= 1;
+    return b;
+}
+
 /**
  * The attention sub-layer on g->y (attn_norm output), result in g->o.  The kernels read the
  * call's first position from the step record (g->step); @p pos0, its value, only sizes the
  * indexer scores' grid when the step is launched eagerly (a captured step sizes it for
- * max_blocks).
+ * max_blocks).  @p y_quantized: g->aq, g->as already hold g->y quantized (the layer's
+ * rmsnorm_quant()); else the sub-layer quantizes it first.
  */
-static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t T, mmoe_error *err)
+static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t T, int y_quantized,
+                             mmoe_error *err)
 {
     const gfw_attn_dims &a = b->a;
     const int64_t D = g->D, d = a.d, H = a.H, ih = a.ih, id = a.id;
@@ -3166,11 +3528,10 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
     mmoe_status st;
     /* projections */
     /* x quantized once for wq_a and wkv, q_r once for wq_b and the indexer's wq_b */
-    if ((st = act_quant(g, g->y, T, a.D, err)) != MMOE_OK ||
+    if ((!y_quantized && (st = act_quant(g, g->y, T, a.D, err)) != MMOE_OK) ||
         (st = linear_fp8_quantized(g, T, b->wq_a, g->qr, err)) != MMOE_OK ||
         (st = linear_fp8_quantized(g, T, b->wkv, g->kv, err)) != MMOE_OK ||
-        (st = rmsnorm(g->qr, T, a.q_lora, b->q_norm, a.eps, g->qr, sm, err)) != MMOE_OK ||
-        (st = act_quant(g, g->qr, T, a.q_lora, err)) != MMOE_OK ||
+        (st = rmsnorm_quant(g, g->qr, T, a.q_lora, b->q_norm, a.eps, g->qr, err)) != MMOE_OK ||
         (st = linear_fp8_quantized(g, T, b->wq_b, g->q, err)) != MMOE_OK ||
         (a.ratio == 4 && (st = linear_fp8_quantized(g, T, b->idx_wq_b, g->qi, err)) != MMOE_OK))
         return st;
@@ -3197,18 +3558,20 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
         launch_indexer_q(g->fwd_kernels, g->qi, T, (int)ih, (int)id, a.rope_dim, b->cs, pos_dev, g->wi, w_scale, sm);
         GFW_CHECK("indexer queries");
     }
-    /* compressors (sequential over the call's tokens) */
+    /* compressors (sequential over the call's tokens; the attention's and the indexer's side by side) */
     if (a.ratio > 0) {
-        comp_args ca = {g->ckv, g->cgate, b->c_ape, b->c_kv, b->c_score, b->c_norm, a.ratio, c, (int)d, a.rope_dim,
-                        a.eps, b->cs, 0, b->comp, pos_dev, T};
-        k_compress<<<1, 256, sizeof(float) * (size_t)(2 * d), sm>>>(ca);
-        GFW_CHECK("compressor");
+        const comp_args ca = {g->ckv, g->cgate, b->c_ape, b->c_kv, b->c_score, b->c_norm, a.ratio, c, (int)d,
+                              a.rope_dim, a.eps, b->cs, 0, b->comp, pos_dev, T};
+        const int with_indexer = a.ratio == 4;
+        comp_args ia = ca;
+        if (with_indexer)
+            ia = comp_args{g->ikv, g->igate, b->i_ape, b->i_kv, b->i_score, b->i_norm, 4, 2, (int)id, a.rope_dim,
+                           a.eps, b->cs, 1, b->idx_keys, pos_dev, T};
+        const int64_t widest = with_indexer && id > d ? id : d;
+        k_compress<<<1 + with_indexer, compress_threads(widest), sizeof(float) * (size_t)(2 * widest), sm>>>(ca, ia);
+        GFW_CHECK(with_indexer ? "compressors" : "compressor");
     }
     if (a.ratio == 4) {
-        comp_args ia = {g->ikv, g->igate, b->i_ape, b->i_kv, b->i_score, b->i_norm, 4, 2, (int)id, a.rope_dim,
-                        a.eps, b->cs, 1, b->idx_keys, pos_dev, T};
-        k_compress<<<1, 256, sizeof(float) * (size_t)(2 * id), sm>>>(ia);
-        GFW_CHECK("indexer compressor");
         if (b->max_blocks > 0) {
             /* warps for the causal blocks of the call's last token (scores keep the stride max_blocks);
              * a captured step cannot know them: its grid covers max_blocks, the warps past the live
@@ -3217,7 +3580,7 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
             const int64_t nb = g->capturing ? b->max_blocks : live;
             const unsigned cap = (unsigned)(GFW_SCORES_CTAS_PER_SM * g->n_sm);
             if (nb > 0) { /* none before the first block is complete */
-                const unsigned grid = nblk(T * nb * 32) < cap ? nblk(T * nb * 32) : cap;
+                const unsigned grid = indexer_scores_grid(T * nb, cap);
                 k_indexer_scores<<<grid, 256, 0, sm>>>(g->qi, g->wi, b->idx_keys, (int)ih, (int)id, T, pos_dev,
                                                        b->max_blocks, g->scores);
                 GFW_CHECK("indexer scores");
@@ -3277,9 +3640,9 @@ static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, i
                   g->iters, g->hc_part, g->y, g->post, g->comb, g->stream);
     GFW_CHECK("hc_pre (attention)");
     double t1 = tick(g);
-    mmoe_status st = rmsnorm(g->y, T, D, b->attn_norm, g->eps, g->y, g->stream, err);
+    mmoe_status st = rmsnorm_quant(g, g->y, T, D, b->attn_norm, g->eps, g->y, err);
     if (st == MMOE_OK)
-        st = attention(g, b, pos0, T, err);
+        st = attention(g, b, pos0, T, 1, err);
     if (st != MMOE_OK)
         return st;
     double t2 = tick(g);
@@ -3358,6 +3721,13 @@ static mmoe_status step_send(mmoe_gpu_model *g, int64_t T, mmoe_error *err)
     return ce == cudaSuccess ? MMOE_OK : cuda_fail(err, ce, "step record copy");
 }
 
+/** k_embed of the T tokens whose ids are @p ids: X[t, j, :] = E[ids[t], :], j < hc. */
+static void launch_embed(const uint16_t *E, const int32_t *ids, int64_t T, int64_t D, int hc, uint16_t *X,
+                         cudaStream_t st)
+{
+    k_embed<<<dim3(nblk(D), (unsigned)T), 256, 0, st>>>(E, ids, D, hc, X);
+}
+
 /**
  * Enqueue the main model's step of T tokens at position g->pos on the model's stream: the step
  * record's copy, the embedding and every layer (with the timing split when it is on).  The
@@ -3369,7 +3739,7 @@ static mmoe_status enqueue_layers(mmoe_gpu_model *g, int64_t T, mmoe_error *err)
     if (st != MMOE_OK)
         return st;
     double t0 = tick(g);
-    k_embed<<<(unsigned)T, 256, 0, g->stream>>>(g->embed, g->ids, g->D, (int)g->hc, g->X);
+    launch_embed(g->embed, g->ids, T, g->D, (int)g->hc, g->X, g->stream);
     GFW_CHECK("embedding");
     g->embed_s += tick(g) - t0;
     for (int L = 0; L < g->n_layers; L++)
@@ -3508,7 +3878,7 @@ extern "C" mmoe_status mmoe_gpu_model_mtp_forward(mmoe_gpu_model *g, const uint1
             cudaSuccess)
         st = cuda_fail(err, ce, "mtp input copy");
     if (st == MMOE_OK) {
-        k_embed<<<(unsigned)T, 256, 0, g->stream>>>(g->embed, g->ids, D, 1, g->y);
+        launch_embed(g->embed, g->ids, T, D, 1, g->y, g->stream);
         if ((ce = cudaGetLastError()) != cudaSuccess)
             st = cuda_fail(err, ce, "mtp embedding");
     }
@@ -3595,7 +3965,7 @@ extern "C" mmoe_status gfw_test_rmsnorm(const uint16_t *x, int64_t T, int64_t n,
     wd.p = tput(&a, w, 2 * (size_t)n);
     uint16_t *dx = (uint16_t *)tput(&a, x, 2 * (size_t)(T * n));
     if (a.ce == cudaSuccess)
-        k_rmsnorm<<<(unsigned)T, 256>>>(dx, n, wd, eps, dx);
+        k_rmsnorm<<<(unsigned)T, rmsnorm_threads(n)>>>(dx, n, wd, eps, dx, NULL, NULL);
     return tfinish(&a, y, dx, 2 * (size_t)(T * n), err, "rmsnorm");
 }
 
@@ -3797,7 +4167,11 @@ extern "C" mmoe_status gfw_test_indexer(mmoe_gpu_fwd_kernels kernels, const uint
     const int64_t pos = 4 * n_blocks - 1;
     const int64_t *dpos = (const int64_t *)tput(&a, &pos, sizeof pos);
     if (a.ce == cudaSuccess) {
-        k_indexer_scores<<<nblk(n_blocks * 32), 256>>>(dq, dw, dk, ih, id, 1, dpos, n_blocks, ds);
+        int n_sm = 0;
+        a.ce = cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, 0);
+        if (a.ce == cudaSuccess)
+            k_indexer_scores<<<indexer_scores_grid(n_blocks, (unsigned)(GFW_SCORES_CTAS_PER_SM * n_sm)), 256>>>(
+                dq, dw, dk, ih, id, 1, dpos, n_blocks, ds);
         launch_topk(kernels, ds, 1, dpos, n_blocks, n_blocks, topk, di, 0);
     }
     if (a.ce == cudaSuccess)
@@ -3842,7 +4216,7 @@ extern "C" mmoe_status gfw_test_sublayer(mmoe_gpu_model *g, int L, int which, co
         (ce = cudaMemcpyAsync(g->y, x, 2 * (size_t)(T * g->D), cudaMemcpyHostToDevice, g->stream)) != cudaSuccess)
         st = cuda_fail(err, ce, "sub-layer input copy");
     if (st == MMOE_OK)
-        st = which == 0 ? attention(g, &g->blocks[L], pos0, T, err) : moe(g, &g->blocks[L], g->ids, T, err);
+        st = which == 0 ? attention(g, &g->blocks[L], pos0, T, 0, err) : moe(g, &g->blocks[L], g->ids, T, err);
     if (st == MMOE_OK &&
         (ce = cudaMemcpyAsync(out, g->o, 2 * (size_t)(T * g->D), cudaMemcpyDeviceToHost, g->stream)) != cudaSuccess)
         st = cuda_fail(err, ce, "sub-layer output copy");
