@@ -95,7 +95,12 @@
  * widths) are streamed by about 3500 warps (L1) and 7000 (L2).  The chains read their
  * activations from shared memory (the staging above), so the fma wait on shared-memory
  * latency rather than on L1 or L2; the decode kernels are compiled for 7 CTAs per SM
- * (MOE_MIN_CTAS) so that a decode step's L1 grid runs in one wave.  For prefill the fp32
+ * (MOE_MIN_CTAS) so that a decode step's L1 grid runs in one wave.  In that wave the shared
+ * expert's CTAs run longest: a thread waits for its weights once per batch, and an E4M3 row
+ * has twice the groups of an E2M1 one (32 at D = 4096), so with one group per batch they
+ * would wait 32 times against the routed experts' 16.  The split set loads their L1 groups
+ * two per batch (MOE_L1_SHARED_PF), which fits the same 72 registers (an E2M1 batch of two
+ * groups does not: it spills in the loop); the order of every fma is unchanged.  For prefill the fp32
  * fma rate bounds the work: the exact order leaves the tensor cores out.  The router's top-k
  * runs one warp per token.
  */
@@ -127,6 +132,11 @@ enum moe_dec {
  * 7 items x 128 CTAs fits the 132 SMs in one wave; 3 otherwise (at most 168 registers).
  */
 #define MOE_MIN_CTAS(VB, TT) ((TT) == 1 && (VB) == 4 ? 7 : 3)
+/**
+ * Groups per batch of the shared expert's L1 (E4M3 gate and up rows): one 4-word group for
+ * the serial set, two for the split set (see "Limits").
+ */
+#define MOE_L1_SHARED_PF(VB, KS) (((KS) == GFW_MOE_SPLIT ? 8 : 4) / (VB))
 /** Rows per CTA of the router GEMM (one warp: the router has few rows). */
 #define MOE_ROUTER_ROWS 4
 /** Threads of a router CTA. */
@@ -712,7 +722,7 @@ __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l1(dm
         const float *srow1 = m.ss1 + (jr / m.B) * scols, *srow3 = m.ss3 + (jr / m.B) * scols;
         const moe_row r[2] = {{m.sw1 + jr * D + l * 4 * VB, NULL, srow1, m.B / (32 * VB)},
                               {m.sw3 + jr * D + l * 4 * VB, NULL, srow3, m.B / (32 * VB)}};
-        moe_chain_dot<MOE_WF_FP8, VB, TT, 2, 4 / VB, MOE_THREADS, KS>(r, xt, D / 8, l, nt, moe_groups(D, 8, VB), xs, acc);
+        moe_chain_dot<MOE_WF_FP8, VB, TT, 2, MOE_L1_SHARED_PF(VB, KS), MOE_THREADS, KS>(r, xt, D / 8, l, nt, moe_groups(D, 8, VB), xs, acc);
     } else {
         const int64_t row = (int64_t)it.x * m.I + jr;
         const moe_row r[2] = {{m.w1 + row * (D / 2) + l * 4 * VB, m.s1 + row * (D / 32), NULL, 1},
