@@ -986,6 +986,12 @@ __global__ void k_linear_dense(const uint16_t *x, int64_t T, int64_t ldx, int64_
 
 /** Warps (one output each) of a k_linear_dense_split block. */
 #define GFW_DENSE_WARPS 8
+/**
+ * Blocks per multiprocessor k_linear_dense_split is compiled for: 3 (at most 85 registers;
+ * unbounded it takes 120, which leaves 2 blocks, 16 warps, to stream the weights).  The few
+ * values that then live in local memory are read once per batch of rounds, outside the sums.
+ */
+#define GFW_DENSE_BLOCKS_PER_SM 3
 
 /** The output of a dense set that global index @p o names: linear *j, token *t, row *n; false past the end. */
 __device__ __forceinline__ bool dense_output(const dense_set &set, int64_t T, int64_t o, int *j, int64_t *t,
@@ -1119,7 +1125,7 @@ __device__ __forceinline__ double dense_warp_sum(const ddense &w, int64_t n, con
  * dense_chunk per round.  The x row (the head group's for the grouped output projection) is
  * read by all warps of the block through L1.
  */
-__global__ void __launch_bounds__(GFW_DENSE_WARPS * 32)
+__global__ void __launch_bounds__(GFW_DENSE_WARPS * 32, GFW_DENSE_BLOCKS_PER_SM)
     k_linear_dense_split(const uint16_t *x, int64_t T, int64_t ldx, int64_t K, dense_set set, int64_t group_rows,
                          int64_t group_width)
 {
