@@ -341,6 +341,18 @@ START_TEST(test_linear_fp8)
         check_fp8(k, 2, 40, 1536, 128);    /* a partial batch of steps, a partial block of warps */
         check_fp8(k, 2, 24, 2560, 128);    /* five steps: the split kernel's last batch half empty */
         check_fp8(k, 1, 1, 128, 128);      /* one step, one output: a block of one live warp */
+        /* decode (T = 1): on a 132-multiprocessor device the split kernel shares a row pair's
+           steps over 4 warps (wq_a), over 8 (wkv), over 2 and 4 with a short and an empty
+           slice, and streams 6 pairs per warp (wq_b) or 2 with an odd last row */
+        check_fp8(k, 1, 1024, 4096, 128);  /* wq_a */
+        check_fp8(k, 1, 512, 4096, 128);   /* wkv */
+        check_fp8(k, 1, 40, 1536, 128);    /* 3 steps over 2 warps */
+        check_fp8(k, 1, 24, 2560, 128);    /* 5 steps over 4 warps: 2, 2, 1, 0 */
+        check_fp8(k, 1, 32768, 1024, 128); /* wq_b */
+        check_fp8(k, 1, 8191, 512, 128);   /* pairs per warp, the last pair one row */
+        check_fp8(k, 1, 4096, 8192, 128);  /* wo_b */
+        check_fp8_kind(k, 1, 96, 2048, 128, FP8_EXTREME); /* 4 steps over 4 warps */
+        check_fp8_kind(k, 1, 96, 2048, 128, FP8_NAN);
         check_fp8_kind(k, 2, 96, 2048, 128, FP8_EXTREME);
         check_fp8_kind(k, 2, 96, 1024, 128, FP8_NAN);
         check_fp8_kind(k, 2, 256, 512, 32, FP8_NAN); /* the 32-block kernel's NaN path */

@@ -20,7 +20,7 @@
  * |                   | optionally k_act_quant's codes of its output            |        |
  * | k_act_quant       | 1x128 E4M3, UE8M0 ceil scale of the V4 rule [linear_fp8.c] | yes |
  * | k_linear_fp8_128  | exact block partials, fp32 scaled sum in block order    | yes    |
- * | k_linear_fp8_128_split | the same, weight loads pipelined across steps      | yes    |
+ * | k_linear_fp8_128_split | the same, weight loads pipelined, grid per SM count | yes    |
  * | k_linear_fp8      | the same for other scale blocks (one warp per output)   | yes    |
  * | k_linear_dense    | double dot in the chunked pairwise order [linear_dense.c] | yes   |
  * | k_linear_dense_split | the same, one warp per output                        | yes    |
@@ -79,7 +79,10 @@
  * indexer's projections, the head's logits) one warp instead of one block with its block tree,
  * with about 2 KiB of its weight loads in flight (one to four rounds of 32 chunks), and
  * k_linear_fp8_128_split issues a warp's first weight loads before the block decodes x and
- * keeps the next batch of steps in flight while it sums the current one.  Each butterfly, sum,
+ * keeps the next batch of steps in flight while it sums the current one; its grid is sized for
+ * the multiprocessors (fp8_split_choose()): the steps of a row pair of a short projection are
+ * shared by up to 8 warps, and a warp of a tall one streams up to 8 row pairs in one stream of
+ * loads (the (row, K block) terms are exact, so who computes them is free).  Each butterfly, sum,
  * division and rounding has the same operands in the same order as in the serial kernels, so
  * the two sets give the same bits (the tests compare them with each other and with the oracle).
  *
@@ -667,51 +670,154 @@ __global__ void __launch_bounds__(GFW_FP8_WARPS * 32, 3)
 
 /** Steps of 512 codes per batch of k_linear_fp8_128_split (two batches of loads in flight). */
 #define GFW_FP8_SPLIT_STEPS 2
+/** Blocks per multiprocessor k_linear_fp8_128_split is compiled for (its grid is sized for them). */
+#define GFW_FP8_SPLIT_BLOCKS_PER_SM 3
+/** Most row pairs one warp of k_linear_fp8_128_split streams one after the other. */
+#define GFW_FP8_SPLIT_PAIRS_MAX 8
+/** Most bytes of block terms per k_linear_fp8_128_split block (bounds the row pairs per warp). */
+#define GFW_FP8_SPLIT_TERM_BYTES (8 * 1024)
 
-/** The codes of the GFW_FP8_SPLIT_STEPS steps from @p s0 of both rows (zeros past the end). */
-__device__ __forceinline__ void fp8_128_load_batch(int64_t s0, int64_t nsteps, int64_t K, int lane, const uint8_t *w0,
-                                                   const uint8_t *w1, uint4 *q0, uint4 *q1)
+/**
+ * How the GFW_FP8_WARPS warps of a k_linear_fp8_128_split block share its rows: every warp
+ * streams `pairs` row pairs one after the other, and `slices` warps share one row pair, each
+ * summing its own slice of the pair's 512-code steps (pairs > 1 only with slices == 1).
+ */
+struct fp8_split_shape {
+    int pairs;  /**< row pairs per warp */
+    int slices; /**< warps per row pair */
+};
+
+/** Rows of one k_linear_fp8_128_split block. */
+__host__ __device__ __forceinline__ int64_t fp8_split_rows(fp8_split_shape sh)
 {
-#pragma unroll
-    for (int u = 0; u < GFW_FP8_SPLIT_STEPS; u++)
-        fp8_128_load(s0 + u, nsteps, K, lane, w0, w1, &q0[u], &q1[u]);
+    return (int64_t)GFW_FP8_ROWS * GFW_FP8_WARPS * sh.pairs / sh.slices;
 }
 
-/** fp8_128_step for the steps of the batch from @p s0 that exist. */
-__device__ __forceinline__ void fp8_128_step_batch(int64_t s0, int64_t nsteps, int64_t K, int64_t kb_w, int lane,
-                                                   const uint4 *q0, const uint4 *q1, const float *xs_t,
-                                                   const uint8_t *ws_n, bool writer, float *term)
+/** Dynamic shared memory of k_linear_fp8_128_split: the x row, then a term per (row, K block). */
+static size_t fp8_split_smem(int64_t K, fp8_split_shape sh)
+{
+    return sizeof(double) * (size_t)K + sizeof(float) * (size_t)(fp8_split_rows(sh) * (K / 128));
+}
+
+/**
+ * The shape of k_linear_fp8_128_split for T tokens of an [N, K] weight on @p n_sm
+ * multiprocessors.  One warp per row pair gives T ceil(N / 16) blocks.  When they are fewer
+ * than the blocks that run at once (GFW_FP8_SPLIT_BLOCKS_PER_SM per multiprocessor), the
+ * steps of a pair are split over 2, 4 or 8 warps (as long as the grid still runs at once and
+ * every slice gets a step), so that a short wide projection (V4-Flash's wq_a, wkv) still
+ * reaches every multiprocessor.  When there are more, each warp streams ceil(blocks / slots)
+ * pairs (at most GFW_FP8_SPLIT_PAIRS_MAX, and terms of at most GFW_FP8_SPLIT_TERM_BYTES per
+ * block), so that a tall one (wq_b) runs in about one wave whose warps keep their loads in
+ * flight from pair to pair instead of many short blocks each waiting for its first loads.
+ */
+static fp8_split_shape fp8_split_choose(int64_t T, int64_t N, int64_t K, int n_sm)
+{
+    const int64_t slots = (int64_t)(n_sm > 0 ? n_sm : 1) * GFW_FP8_SPLIT_BLOCKS_PER_SM;
+    const int64_t nsteps = (K + 511) / 512, kb_w = K / 128;
+    fp8_split_shape sh = {1, 1};
+    const int64_t base = T * ((N + fp8_split_rows(sh) - 1) / fp8_split_rows(sh));
+    if (base > slots) {
+        int64_t p = (base + slots - 1) / slots;
+        const int64_t p_smem = GFW_FP8_SPLIT_TERM_BYTES / ((int64_t)sizeof(float) * fp8_split_rows(sh) * (kb_w > 0 ? kb_w : 1));
+        p = p < GFW_FP8_SPLIT_PAIRS_MAX ? p : GFW_FP8_SPLIT_PAIRS_MAX;
+        p = p < p_smem ? p : p_smem;
+        sh.pairs = p > 1 ? (int)p : 1;
+    } else {
+        for (;;) {
+            const fp8_split_shape next = {1, 2 * sh.slices};
+            const int64_t rows = fp8_split_rows(next);
+            if (next.slices > GFW_FP8_WARPS || next.slices > nsteps || T * ((N + rows - 1) / rows) > slots)
+                break;
+            sh = next;
+        }
+    }
+    return sh;
+}
+
+/** One warp's share of a k_linear_fp8_128_split block: `units` (pair, step) units, pair-major. */
+struct fp8_split_warp {
+    int64_t n0;     /**< first row of the warp's first pair */
+    int local0;     /**< that row's index within the block */
+    int64_t s0;     /**< first step of the warp's slice */
+    int cnt;        /**< steps of the slice (0: an empty slice) */
+    int units;      /**< live pairs times cnt */
+};
+
+/** Unit @p u of the warp: its pair's rows from @p n and its step @p s. */
+__device__ __forceinline__ void fp8_split_unit(const fp8_split_warp &wp, int u, int64_t *n, int64_t *s, int *r)
+{
+    *r = u / wp.cnt;
+    *n = wp.n0 + 2 * (int64_t)*r;
+    *s = wp.s0 + u % wp.cnt;
+}
+
+/** The codes of the GFW_FP8_SPLIT_STEPS units from @p u0 of the warp (zeros past its units). */
+__device__ __forceinline__ void fp8_split_load_batch(int u0, const fp8_split_warp &wp, const dfp8 &w, int64_t nsteps,
+                                                     int lane, uint4 *q0, uint4 *q1)
 {
 #pragma unroll
-    for (int u = 0; u < GFW_FP8_SPLIT_STEPS; u++) {
-        if (s0 + u >= nsteps)
+    for (int i = 0; i < GFW_FP8_SPLIT_STEPS; i++) {
+        int64_t n = 0, s = nsteps; /* s = nsteps: fp8_128_load gives zeros */
+        int r = 0;
+        if (u0 + i < wp.units)
+            fp8_split_unit(wp, u0 + i, &n, &s, &r);
+        const uint8_t *w0 = w.w + n * w.K, *w1 = n + 1 < w.N ? w0 + w.K : w0; /* a missing row 1 rereads row 0 */
+        fp8_128_load(s, nsteps, w.K, lane, w0, w1, &q0[i], &q1[i]);
+    }
+}
+
+/** fp8_128_step for the units of the batch from @p u0 that exist; pair r's terms at rows local0 + 2 r of @p term. */
+__device__ __forceinline__ void fp8_split_step_batch(int u0, const fp8_split_warp &wp, const dfp8 &w, int64_t kb_w,
+                                                     int lane, const uint4 *q0, const uint4 *q1, const float *xs_t,
+                                                     float *term)
+{
+#pragma unroll
+    for (int i = 0; i < GFW_FP8_SPLIT_STEPS; i++) {
+        if (u0 + i >= wp.units)
             break;
-        fp8_128_step(s0 + u, K, kb_w, lane, q0[u], q1[u], xs_t, ws_n, writer, term);
+        int64_t n, s;
+        int r;
+        fp8_split_unit(wp, u0 + i, &n, &s, &r);
+        const int row = (lane >> 2) & 1;
+        const bool writer = (lane & 3) == 0 && (row == 0 || n + 1 < w.N);
+        const uint8_t *ws_n = w.s + ((n + row) / 128) * w.scols;
+        fp8_128_step(s, w.K, kb_w, lane, q0[i], q1[i], xs_t, ws_n, writer, term + (int64_t)(wp.local0 + 2 * r) * kb_w);
     }
 }
 
 /**
- * k_linear_fp8_128 with its weight stream pipelined (the "split" kernel set; same operands,
- * same order of the fp32 sum, hence the same bits).  Each warp issues the loads of its first
- * batch of GFW_FP8_SPLIT_STEPS steps before the block decodes x, so the prologue overlaps the
- * memory latency; the x codes are read four at a time.  In the loop the loads of batch b + 1
- * are issued before batch b is summed, so a warp always has a batch of loads in flight while
- * it computes; two register sets (a, b) take turns, so no codes are copied.  Every step runs
- * fp8_128_step on the codes of the same lanes as k_linear_fp8_128.
+ * k_linear_fp8_128 with its weight stream pipelined and its rows shared out by @p sh (the
+ * "split" kernel set; every (row, K block) term is fp8_128_step's, and every output adds its
+ * terms in block order from +0, hence the same bits).  Block b of token t = b mod T owns the
+ * fp8_split_rows(sh) rows from (b / T) fp8_split_rows(sh); warp v runs the `pairs` row pairs
+ * from 2 (v / slices) pairs within them, each over slice v mod slices of the pair's steps
+ * (ceil(steps / slices) steps per slice, the last ones shorter or empty), as one stream of
+ * (pair, step) units.  Each warp issues the loads of its first batch of GFW_FP8_SPLIT_STEPS
+ * units before the block decodes x, so the prologue overlaps the memory latency; the x codes
+ * are read four at a time.  In the loop the loads of batch b + 1 are issued before batch b is
+ * summed, so a warp always has a batch of loads in flight while it computes, also across the
+ * end of a pair; two register sets (a, b) take turns, so no codes are copied.  The terms of
+ * all the block's rows stay in shared memory until a barrier after the loop; then thread i
+ * adds row i's terms in block order (the oracle's fp32 sum) and writes the output.
  */
-__global__ void __launch_bounds__(GFW_FP8_WARPS * 32, 3)
-    k_linear_fp8_128_split(const uint8_t *xq, const float *xs, int64_t T, dfp8 w, uint16_t *y)
+__global__ void __launch_bounds__(GFW_FP8_WARPS * 32, GFW_FP8_SPLIT_BLOCKS_PER_SM)
+    k_linear_fp8_128_split(const uint8_t *xq, const float *xs, int64_t T, dfp8 w, fp8_split_shape sh, uint16_t *y)
 {
     double *sx = fp8_sx_row();
     const int64_t K = w.K, kb_w = K / 128, nsteps = (K + 511) / 512;
-    const int64_t t = blockIdx.x % T, n_blk = blockIdx.x / T;
+    const int64_t t = blockIdx.x % T, rows_blk = fp8_split_rows(sh), nb = (int64_t)(blockIdx.x / T) * rows_blk;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t n0 = n_blk * (GFW_FP8_ROWS * GFW_FP8_WARPS) + warp * GFW_FP8_ROWS;
-    const bool live = n0 < w.N, has1 = n0 + 1 < w.N;
-    const uint8_t *w0 = w.w + (live ? n0 : 0) * K, *w1 = has1 ? w0 + K : w0; /* a missing row 1 rereads row 0 */
-    const int64_t B = GFW_FP8_SPLIT_STEPS;
+    fp8_split_warp wp;
+    wp.local0 = GFW_FP8_ROWS * (warp / sh.slices) * sh.pairs;
+    wp.n0 = nb + wp.local0;
+    const int64_t per_slice = (nsteps + sh.slices - 1) / sh.slices;
+    wp.s0 = (warp % sh.slices) * per_slice;
+    const int64_t left = nsteps - wp.s0;
+    wp.cnt = (int)(left <= 0 ? 0 : left < per_slice ? left : per_slice);
+    const int64_t live = wp.n0 < w.N ? (w.N - wp.n0 + 1) / 2 : 0;
+    wp.units = (int)(live < sh.pairs ? live : sh.pairs) * wp.cnt;
     uint4 a0[GFW_FP8_SPLIT_STEPS], a1[GFW_FP8_SPLIT_STEPS], b0[GFW_FP8_SPLIT_STEPS], b1[GFW_FP8_SPLIT_STEPS];
-    fp8_128_load_batch(live ? 0 : nsteps, nsteps, K, lane, w0, w1, a0, a1); /* a warp past N loads nothing */
+    fp8_split_load_batch(0, wp, w, nsteps, lane, a0, a1); /* a warp without units loads nothing */
 
     const uint8_t *xr = xq + t * K; /* K is a multiple of 128: whole, aligned words of 4 codes */
     for (int k = 4 * (int)threadIdx.x; k < (int)K; k += 4 * (int)blockDim.x) {
@@ -721,43 +827,50 @@ __global__ void __launch_bounds__(GFW_FP8_WARPS * 32, 3)
             sx[fp8_x_slot(k + i)] = (double)gfw_e4m3_value((c >> (8 * i)) & 0xFFu);
     }
     __syncthreads();
-    if (!live)
-        return;
 
-    float *term = (float *)(sx + K) + (int64_t)warp * GFW_FP8_ROWS * kb_w;
-    const int row = (lane >> 2) & 1;
-    const bool writer = (lane & 3) == 0 && (row == 0 || has1);
+    float *term = (float *)(sx + K);
     const float *xs_t = xs + t * kb_w;
-    const uint8_t *ws_n = w.s + ((n0 + row) / 128) * w.scols;
-    for (int64_t s0 = 0; s0 < nsteps; s0 += 2 * B) {
-        fp8_128_load_batch(s0 + B, nsteps, K, lane, w0, w1, b0, b1);
-        fp8_128_step_batch(s0, nsteps, K, kb_w, lane, a0, a1, xs_t, ws_n, writer, term);
-        if (s0 + B >= nsteps)
+    const int B = GFW_FP8_SPLIT_STEPS;
+    for (int u0 = 0; u0 < wp.units; u0 += 2 * B) {
+        fp8_split_load_batch(u0 + B, wp, w, nsteps, lane, b0, b1);
+        fp8_split_step_batch(u0, wp, w, kb_w, lane, a0, a1, xs_t, term);
+        if (u0 + B >= wp.units)
             break;
-        fp8_128_load_batch(s0 + 2 * B, nsteps, K, lane, w0, w1, a0, a1);
-        fp8_128_step_batch(s0 + B, nsteps, K, kb_w, lane, b0, b1, xs_t, ws_n, writer, term);
+        fp8_split_load_batch(u0 + 2 * B, wp, w, nsteps, lane, a0, a1);
+        fp8_split_step_batch(u0 + B, wp, w, kb_w, lane, b0, b1, xs_t, term);
     }
-    __syncwarp();
-    fp8_128_finish(lane, has1, term, kb_w, y + t * w.N + n0);
+    __syncthreads();
+    for (int64_t i = threadIdx.x; i < rows_blk && nb + i < w.N; i += blockDim.x) {
+        float acc = 0.0f;
+        for (int64_t kb = 0; kb < kb_w; kb++)
+            acc = __fadd_rn(acc, term[i * kb_w + kb]);
+        y[t * w.N + nb + i] = gfw_f2bf(acc);
+    }
 }
 
 /**
  * Launch the FP8 linear y = fp8_linear(x) of T quantized rows: for 128-blocks whose x row fits
  * the shared memory and 16-byte aligned codes, k_linear_fp8_128 (serial set) or
- * k_linear_fp8_128_split (split set; x codes 4-byte aligned), k_linear_fp8 otherwise (same bits
- * either way).
+ * k_linear_fp8_128_split (split set; x codes 4-byte aligned; its rows shared out for @p n_sm
+ * multiprocessors by fp8_split_choose()), k_linear_fp8 otherwise (same bits either way).
  */
 static void launch_linear_fp8(mmoe_gpu_fwd_kernels kernels, const uint8_t *xq, const float *xs, int64_t T,
-                              const dfp8 &w, uint16_t *y, cudaStream_t st)
+                              const dfp8 &w, uint16_t *y, int n_sm, cudaStream_t st)
 {
     const size_t smem = fp8_128_smem(w.K);
     if (w.block == 128 && smem <= GFW_FP8_SMEM_MAX && ((uintptr_t)w.w & 15) == 0) {
-        const int64_t per_blk = GFW_FP8_ROWS * GFW_FP8_WARPS;
-        const int64_t blocks = T * ((w.N + per_blk - 1) / per_blk);
-        if (kernels == MMOE_GPU_FWD_SPLIT && ((uintptr_t)xq & 3) == 0)
-            k_linear_fp8_128_split<<<(unsigned)blocks, GFW_FP8_WARPS * 32, smem, st>>>(xq, xs, T, w, y);
-        else
+        if (kernels == MMOE_GPU_FWD_SPLIT && ((uintptr_t)xq & 3) == 0) {
+            fp8_split_shape sh = fp8_split_choose(T, w.N, w.K, n_sm);
+            if (fp8_split_smem(w.K, sh) > GFW_FP8_SMEM_MAX)
+                sh = fp8_split_shape{1, 1}; /* the same shared memory as k_linear_fp8_128 */
+            const int64_t rows = fp8_split_rows(sh), blocks = T * ((w.N + rows - 1) / rows);
+            k_linear_fp8_128_split<<<(unsigned)blocks, GFW_FP8_WARPS * 32, fp8_split_smem(w.K, sh), st>>>(
+                xq, xs, T, w, sh, y);
+        } else {
+            const int64_t per_blk = GFW_FP8_ROWS * GFW_FP8_WARPS;
+            const int64_t blocks = T * ((w.N + per_blk - 1) / per_blk);
             k_linear_fp8_128<<<(unsigned)blocks, GFW_FP8_WARPS * 32, smem, st>>>(xq, xs, T, w, y);
+        }
     } else {
         k_linear_fp8<<<(unsigned)((T * w.N * 32 + 255) / 256), 256, 0, st>>>(xq, xs, T, w, y);
     }
@@ -954,6 +1067,12 @@ __global__ void k_linear_dense(const uint16_t *x, int64_t T, int64_t ldx, int64_
 
 /** Warps (one output each) of a k_linear_dense_split block. */
 #define GFW_DENSE_WARPS 8
+/**
+ * Blocks per multiprocessor k_linear_dense_split is compiled for: 3 (at most 85 registers;
+ * unbounded it takes 120, which leaves 2 blocks, 16 warps, to stream the weights).  The few
+ * values that then live in local memory are read once per batch of rounds, outside the sums.
+ */
+#define GFW_DENSE_BLOCKS_PER_SM 3
 
 /** The output of a dense set that global index @p o names: linear *j, token *t, row *n; false past the end. */
 __device__ __forceinline__ bool dense_output(const dense_set &set, int64_t T, int64_t o, int *j, int64_t *t,
@@ -1087,7 +1206,7 @@ __device__ __forceinline__ double dense_warp_sum(const ddense &w, int64_t n, con
  * dense_chunk per round.  The x row (the head group's for the grouped output projection) is
  * read by all warps of the block through L1.
  */
-__global__ void __launch_bounds__(GFW_DENSE_WARPS * 32)
+__global__ void __launch_bounds__(GFW_DENSE_WARPS * 32, GFW_DENSE_BLOCKS_PER_SM)
     k_linear_dense_split(const uint16_t *x, int64_t T, int64_t ldx, int64_t K, dense_set set, int64_t group_rows,
                          int64_t group_width)
 {
@@ -3442,7 +3561,7 @@ static mmoe_status rmsnorm_quant(mmoe_gpu_model *g, const uint16_t *x, int64_t r
 static mmoe_status linear_fp8_quantized(mmoe_gpu_model *g, int64_t rows, const dfp8 &w, uint16_t *y,
                                         mmoe_error *err)
 {
-    launch_linear_fp8(g->fwd_kernels, g->aq, g->as, rows, w, y, g->stream);
+    launch_linear_fp8(g->fwd_kernels, g->aq, g->as, rows, w, y, g->n_sm, g->stream);
     GFW_CHECK("fp8 linear");
     return MMOE_OK;
 }
@@ -3988,9 +4107,14 @@ extern "C" mmoe_status gfw_test_linear_fp8(mmoe_gpu_fwd_kernels kernels, const u
     uint8_t *q = (uint8_t *)tput(&a, NULL, (size_t)(T * K));
     float *s = (float *)tput(&a, NULL, sizeof(float) * (size_t)(T * K / 128));
     uint16_t *dy = (uint16_t *)tput(&a, NULL, 2 * (size_t)(T * N));
+    int dev = 0, n_sm = 0;
+    if (a.ce == cudaSuccess)
+        a.ce = cudaGetDevice(&dev);
+    if (a.ce == cudaSuccess)
+        a.ce = cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
     if (a.ce == cudaSuccess) {
         k_act_quant<<<dim3((unsigned)(K / 128), (unsigned)T), 128>>>(dx, K, q, s);
-        launch_linear_fp8(kernels, q, s, T, f, dy, 0);
+        launch_linear_fp8(kernels, q, s, T, f, dy, n_sm, 0);
     }
     return tfinish(&a, y, dy, 2 * (size_t)(T * N), err, "fp8 linear");
 }

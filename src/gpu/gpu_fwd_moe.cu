@@ -74,14 +74,15 @@
  * | k_moe_route_plan  | one CTA: sqrt-softplus, top-k (a warp per token) or hash, weights; then the plan |
  * | k_moe_l1          | CTA = 16 rows x 8 chains of one item; gate and up; SwiGLU epilogue |
  * | k_moe_requant     | L1 outputs -> 1x128 E4M3 values, chain-major                     |
- * | k_moe_l2          | CTA = 16 rows x 8 chains of one item; bf16 per slot              |
+ * | k_moe_l2          | CTA = 16 (serial) or 2 x 16 (split) rows x 8 chains of one item; bf16 per slot |
  * | k_moe_combine     | ascending expert id, ties in slot order, shared last             |
  *
  * **The plan.**  A task is one (token, slot) pair of a routed expert, or one token of the
  * shared expert (treated as expert E).  The plan sorts the valid tasks by expert (in task
  * order within one expert) and cuts each expert's run into items of at most TT tasks; an L1
- * or L2 CTA owns 16 output rows of one item, so an expert's weights are streamed once per TT
- * of its tokens.  The grid is sized for the worst case and CTAs beyond the plan's count exit.
+ * or L2 CTA owns 16 output rows of one item (32 for the split set's L2), so an expert's
+ * weights are streamed once per TT of its tokens.  The grid is sized for the worst case and
+ * CTAs beyond the plan's count exit.
  *
  * **Rounding points**, all the oracle's (moe_layer.c, dsv4-ref recipe): the input's 1x128
  * E4M3 quantization (UE8M0 ceil scale, clamp +-448); bf16 of the L1 sums; clamp; silu =
@@ -92,10 +93,18 @@
  *
  * At decode every thread's chain is K/8 dependent fma (512 for D = 4096), so a GEMM takes at
  * least ~K/8 * 4 cycles; the weights of one token (6 routed + 1 shared expert at V4-Flash
- * widths) are streamed by about 3500 warps (L1) and 7000 (L2).  The chains read their
- * activations from shared memory (the staging above), so the fma wait on shared-memory
+ * widths) are streamed by about 3500 warps (L1) and 7000 (L2; 3500 for the split set).  The
+ * chains read their activations from shared memory (the staging above), so the fma wait on shared-memory
  * latency rather than on L1 or L2; the decode kernels are compiled for 7 CTAs per SM
- * (MOE_MIN_CTAS) so that a decode step's L1 grid runs in one wave.  For prefill the fp32
+ * (MOE_MIN_CTAS) so that a decode step's L1 grid runs in one wave.  In that wave the shared
+ * expert's CTAs run longest: a thread waits for its weights once per batch, and an E4M3 row
+ * has twice the groups of an E2M1 one (32 at D = 4096), so with one group per batch they
+ * would wait 32 times against the routed experts' 16.  The split set loads their L1 groups
+ * two per batch (MOE_L1_SHARED_PF), which fits the same 72 registers (an E2M1 batch of two
+ * groups does not: it spills in the loop); the order of every fma is unchanged.  The split
+ * set's L2 gives each thread two output rows (MOE_L2_NM), so that its grid of D / 32 CTAs per
+ * item also runs in one wave (with one row per thread, 7 items x 256 CTAs took two, the shared
+ * expert's last), its E4M3 rows again two groups per batch.  For prefill the fp32
  * fma rate bounds the work: the exact order leaves the tensor cores out.  The router's top-k
  * runs one warp per token.
  */
@@ -127,6 +136,11 @@ enum moe_dec {
  * 7 items x 128 CTAs fits the 132 SMs in one wave; 3 otherwise (at most 168 registers).
  */
 #define MOE_MIN_CTAS(VB, TT) ((TT) == 1 && (VB) == 4 ? 7 : 3)
+/**
+ * Groups per batch of the shared expert's L1 (E4M3 gate and up rows): one 4-word group for
+ * the serial set, two for the split set (see "Limits").
+ */
+#define MOE_L1_SHARED_PF(VB, KS) (((KS) == GFW_MOE_SPLIT ? 8 : 4) / (VB))
 /** Rows per CTA of the router GEMM (one warp: the router has few rows). */
 #define MOE_ROUTER_ROWS 4
 /** Threads of a router CTA. */
@@ -712,7 +726,7 @@ __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l1(dm
         const float *srow1 = m.ss1 + (jr / m.B) * scols, *srow3 = m.ss3 + (jr / m.B) * scols;
         const moe_row r[2] = {{m.sw1 + jr * D + l * 4 * VB, NULL, srow1, m.B / (32 * VB)},
                               {m.sw3 + jr * D + l * 4 * VB, NULL, srow3, m.B / (32 * VB)}};
-        moe_chain_dot<MOE_WF_FP8, VB, TT, 2, 4 / VB, MOE_THREADS, KS>(r, xt, D / 8, l, nt, moe_groups(D, 8, VB), xs, acc);
+        moe_chain_dot<MOE_WF_FP8, VB, TT, 2, MOE_L1_SHARED_PF(VB, KS), MOE_THREADS, KS>(r, xt, D / 8, l, nt, moe_groups(D, 8, VB), xs, acc);
     } else {
         const int64_t row = (int64_t)it.x * m.I + jr;
         const moe_row r[2] = {{m.w1 + row * (D / 2) + l * 4 * VB, m.s1 + row * (D / 32), NULL, 1},
@@ -751,18 +765,35 @@ __global__ void k_moe_requant(dmoe m, const int32_t *idx, int64_t T, const float
     hq[p * width + moe_chain_pos(k, Iw)] = moe_quant128(h[p * width + k]);
 }
 
-/** L2 for 16 output rows of one item: slot_y[p, n] = bf16(sum), thread (row n, chain l). */
+/**
+ * Output rows per thread of k_moe_l2: one for the serial set; two for the split set, rows n
+ * and n + MOE_ROWS of a CTA of 2 MOE_ROWS rows, so that a decode step's L2 grid (D / 32 CTAs
+ * per item) runs in one wave like L1's instead of two.
+ */
+#define MOE_L2_NM(KS) ((KS) == GFW_MOE_SPLIT ? 2 : 1)
+/**
+ * Groups per batch of k_moe_l2: two 4-word groups of each row in flight for every set and
+ * weight (the split set's two rows take one E2M1 group each, and two E4M3 groups each, as
+ * the shared expert's L1).
+ */
+#define MOE_L2_PF(VB, KS, FMT) ((KS) == GFW_MOE_SPLIT && (FMT) == MOE_WF_FP4 ? 4 / (VB) : 8 / (VB))
+
+/**
+ * L2 for MOE_L2_NM(KS) x 16 output rows of one item: slot_y[p, n] = bf16(sum), thread (row
+ * n, chain l) runs chain l of rows n (and n + 16 for the split set).
+ */
 template <int VB, int TT, int KS>
 __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l2(dmoe m, gfw_moe_work w, int64_t T, int64_t width,
                                                          uint16_t *slot_y)
 {
+    constexpr int NM = MOE_L2_NM(KS);
     if ((int)blockIdx.y >= *w.n_items)
         return;
     const int4 it = w.items[blockIdx.y];
     const int shared = it.x == m.E;
     const int64_t Iw = shared ? m.Ws : m.I, D = m.D;
     const int l = threadIdx.x & 7;
-    const int64_t n = (int64_t)blockIdx.x * MOE_ROWS + (threadIdx.x >> 3);
+    const int64_t n = (int64_t)blockIdx.x * (NM * MOE_ROWS) + (threadIdx.x >> 3);
     const int nt = it.z;
     int64_t task[TT];
     const float *xt[TT];
@@ -773,27 +804,42 @@ __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l2(dm
     }
     __shared__ float4 xs4[moe_xs<TT>::FLOATS / 4]; /* float4: 16-byte aligned */
     float *const xs = (float *)xs4;
-    float acc[1][TT];
+    float acc[NM][TT];
 #pragma unroll
-    for (int t = 0; t < TT; t++)
-        acc[0][t] = 0.0f;
-    /* every thread takes part in the staging: a row past D (none while D % MOE_ROWS == 0)
+    for (int i = 0; i < NM; i++)
+#pragma unroll
+        for (int t = 0; t < TT; t++)
+            acc[i][t] = 0.0f;
+    /* every thread takes part in the staging: a row past D (none while D % (NM MOE_ROWS) == 0)
      * reads row D - 1 and stores nothing */
-    const int64_t nr = n < D ? n : D - 1;
+    int64_t nr[NM];
+#pragma unroll
+    for (int i = 0; i < NM; i++)
+        nr[i] = n + i * MOE_ROWS < D ? n + i * MOE_ROWS : D - 1;
+    moe_row r[NM];
     if (shared) {
         const int scols = (int)((Iw + m.B - 1) / m.B);
-        const moe_row r[1] = {{m.sw2 + nr * Iw + l * 4 * VB, NULL, m.ss2 + (nr / m.B) * scols, m.B / (32 * VB)}};
-        moe_chain_dot<MOE_WF_FP8, VB, TT, 1, 8 / VB, MOE_THREADS, KS>(r, xt, Iw / 8, l, nt, moe_groups(Iw, 8, VB), xs, acc);
+#pragma unroll
+        for (int i = 0; i < NM; i++)
+            r[i] = moe_row{m.sw2 + nr[i] * Iw + l * 4 * VB, NULL, m.ss2 + (nr[i] / m.B) * scols, m.B / (32 * VB)};
+        moe_chain_dot<MOE_WF_FP8, VB, TT, NM, MOE_L2_PF(VB, KS, MOE_WF_FP8), MOE_THREADS, KS>(r, xt, Iw / 8, l, nt, moe_groups(Iw, 8, VB), xs, acc);
     } else {
-        const int64_t row = (int64_t)it.x * D + nr;
-        const moe_row r[1] = {{m.w2 + row * (Iw / 2) + l * 4 * VB, m.s2 + row * (Iw / 32), NULL, 1}};
-        moe_chain_dot<MOE_WF_FP4, VB, TT, 1, 8 / VB, MOE_THREADS, KS>(r, xt, Iw / 8, l, nt, moe_groups(Iw, 4, VB), xs, acc);
+#pragma unroll
+        for (int i = 0; i < NM; i++) {
+            const int64_t row = (int64_t)it.x * D + nr[i];
+            r[i] = moe_row{m.w2 + row * (Iw / 2) + l * 4 * VB, m.s2 + row * (Iw / 32), NULL, 1};
+        }
+        moe_chain_dot<MOE_WF_FP4, VB, TT, NM, MOE_L2_PF(VB, KS, MOE_WF_FP4), MOE_THREADS, KS>(r, xt, Iw / 8, l, nt, moe_groups(Iw, 4, VB), xs, acc);
     }
 #pragma unroll
     for (int t = 0; t < TT; t++) {
-        const float sum = moe_combine8(acc[0][t]);
-        if (n < D && t < nt && l == (t & 7))
-            slot_y[task[t] * D + n] = gfw_f2bf(sum);
+#pragma unroll
+        for (int i = 0; i < NM; i++) {
+            const float sum = moe_combine8(acc[i][t]);
+            const int64_t ni = n + i * MOE_ROWS;
+            if (ni < D && t < nt && l == (t & 7))
+                slot_y[task[t] * D + ni] = gfw_f2bf(sum);
+        }
     }
 }
 
@@ -959,7 +1005,7 @@ static cudaError_t moe_launch_experts(const dmoe &m, const gfw_moe_work &w, cons
     if ((ce = cudaGetLastError()) != cudaSuccess)
         return ce;
     *what = "moe L2";
-    k_moe_l2<VB, TT, KS><<<dim3(moe_nblk(m.D, MOE_ROWS), (unsigned)items), MOE_THREADS, 0, st>>>(m, w, T, io.width,
+    k_moe_l2<VB, TT, KS><<<dim3(moe_nblk(m.D, MOE_L2_NM(KS) * MOE_ROWS), (unsigned)items), MOE_THREADS, 0, st>>>(m, w, T, io.width,
                                                                                          io.slot_y);
     return cudaGetLastError();
 }
