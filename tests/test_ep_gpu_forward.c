@@ -332,8 +332,6 @@ START_TEST(cli_bench_forward)
     ck_assert_str_eq(json_string_value(json_object_get(o, "bench")), "forward");
     ck_assert_str_eq(json_string_value(json_object_get(o, "backend")), "gpu");
     ck_assert_str_eq(json_string_value(json_object_get(o, "comm")), "nccl");
-    const char *kernels_env = getenv(MMOE_GPU_FWD_KERNELS_ENV); /* the suite may run under either set */
-    ck_assert_str_eq(json_string_value(json_object_get(o, "fwd_kernels")), kernels_env ? kernels_env : "split");
     ck_assert_int_eq(jint(o, "gpus"), 1);
     ck_assert_int_eq(jint(o, "layers"), 4);
     ck_assert_int_eq(jint(o, "prefill_tokens"), 5);
@@ -360,25 +358,10 @@ START_TEST(cli_bench_forward)
     fprintf(stderr, "cli: bench forward --gpus 1:\n%s", out);
     free(out);
     free(err);
-    /* the kernel set: named on the first line; a value naming none refused before loading */
-    char saved[64] = "";
-    if (kernels_env != NULL)
-        snprintf(saved, sizeof saved, "%s", kernels_env);
-    setenv(MMOE_GPU_FWD_KERNELS_ENV, "split", 1);
+    /* one GPU model: the first line names the backend */
     snprintf(args, sizeof args, "bench forward --model '%s' --backend gpu --prefill 5 --decode 3", dir);
-    const int rc_split = cli(args, &out, &err);
-    ck_assert_msg(rc_split == 0 && strstr(out, "backend gpu, forward kernels split") != NULL, "%s: %s%s", args, out,
-                  err);
-    free(out);
-    free(err);
-    setenv(MMOE_GPU_FWD_KERNELS_ENV, "fast", 1);
-    const int rc_bad = cli(args, &out, &err);
-    if (kernels_env != NULL)
-        setenv(MMOE_GPU_FWD_KERNELS_ENV, saved, 1);
-    else
-        unsetenv(MMOE_GPU_FWD_KERNELS_ENV);
-    ck_assert_msg(rc_bad == 1 && strstr(err, "MMOE_GPU_FWD_KERNELS='fast'") != NULL, "%s: rc %d: %s", args, rc_bad,
-                  err);
+    const int rc_gpu = cli(args, &out, &err);
+    ck_assert_msg(rc_gpu == 0 && strstr(out, "; backend gpu\n") != NULL, "%s: %s%s", args, out, err);
     free(out);
     free(err);
 }

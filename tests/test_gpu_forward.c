@@ -41,15 +41,6 @@
  * fixture and on a synth model decoded past the window, over ratio-4 and ratio-128 block
  * boundaries and past index_topk blocks, then again from position 0 after a reset.
  *
- * The kernel sets (mmoe_gpu_fwd_kernels, chosen by MMOE_GPU_FWD_KERNELS when a GPU model is
- * created): the cases run with the set the environment names (serial when unset); the case
- * "split" runs the split set against the oracle (sub-layers, the tiny model's forward) and
- * against the serial set: two GPU models of one checkpoint (tiny, synth tiny x3 with its
- * indexer, V4-Flash widths) give the same logits, streams and MTP logits bit for bit over a
- * chunked prefill and a decode, since both sets compute the same operations in the same order
- * (no bound, whatever the host's expf).  Without a GPU the program still checks how the
- * variable is read (unset, serial, split; anything else refused, naming it).
- *
  * Exactly equal logits are counted and printed (most tokens of most models are bit-exact).
  * Decode on the GPU (one token per call) is compared with the CPU prefill under the same
  * bound, and with the GPU's own prefill bit for bit: every GPU kernel is row-independent and
@@ -560,21 +551,6 @@ START_TEST(test_refuses)
     ck_assert_int_eq(st, MMOE_ENOMEM);
     ck_assert_ptr_null(g);
     ck_assert_msg(strstr(err.msg, "bytes") != NULL && strstr(err.msg, "available") != NULL, "%s", err.msg);
-    /* a kernel set the variable does not name: refused, naming it */
-    const char *env_set = getenv(MMOE_GPU_FWD_KERNELS_ENV);
-    char saved[64] = "";
-    if (env_set != NULL)
-        snprintf(saved, sizeof saved, "%s", env_set);
-    setenv(MMOE_GPU_FWD_KERNELS_ENV, "parallel", 1);
-    st = mmoe_gpu_model_create(m, 64, 8, &g, &err);
-    if (env_set != NULL)
-        setenv(MMOE_GPU_FWD_KERNELS_ENV, saved, 1);
-    else
-        unsetenv(MMOE_GPU_FWD_KERNELS_ENV);
-    ck_assert_int_eq(st, MMOE_EINVAL);
-    ck_assert_ptr_null(g);
-    ck_assert_msg(strstr(err.msg, MMOE_GPU_FWD_KERNELS_ENV) != NULL && strstr(err.msg, "parallel") != NULL, "%s",
-                  err.msg);
     /* bad ids and too many tokens */
     ck_assert_msg(mmoe_gpu_model_create(m, 64, 8, &g, &err) == MMOE_OK, "%s", err.msg);
     int32_t ids[9] = {0, 1, 2, 3, 4, 5, 6, 7, 8};
@@ -757,179 +733,6 @@ START_TEST(test_cuda_graph)
 }
 END_TEST
 
-/** Set MMOE_GPU_FWD_KERNELS to @p v (NULL: unset). */
-static void set_kernels_env(const char *v)
-{
-    if (v != NULL)
-        setenv(MMOE_GPU_FWD_KERNELS_ENV, v, 1);
-    else
-        unsetenv(MMOE_GPU_FWD_KERNELS_ENV);
-}
-
-/** A GPU model of @p m with the kernel set @p v (checked through mmoe_gpu_model_fwd_kernels()). */
-static mmoe_gpu_model *create_with_kernels(const mmoe_model *m, int64_t total, int64_t chunk, const char *v,
-                                           mmoe_gpu_fwd_kernels want)
-{
-    mmoe_error err;
-    mmoe_error_clear(&err);
-    mmoe_gpu_model *g = NULL;
-    set_kernels_env(v);
-    ck_assert_msg(mmoe_gpu_model_create(m, total, chunk, &g, &err) == MMOE_OK, "%s", err.msg);
-    ck_assert_int_eq(mmoe_gpu_model_fwd_kernels(g), want);
-    return g;
-}
-
-/**
- * The split kernel set against the serial one on the checkpoint in @p dir: a prefill of @p T
- * random tokens in calls of @p chunk (all logits and the final streams), the MTP logits on
- * those streams, then @p n_dec greedy decode steps: every value bit-identical.
- */
-static void check_split_same_bits(const char *what, const char *dir, int64_t T, int64_t chunk, int n_dec)
-{
-    mmoe_model *m = open_model(dir);
-    const mmoe_config *c = mmoe_model_config(m);
-    const int64_t V = c->vocab_size, row = c->hc_mult * c->dim, total = T + n_dec;
-    mmoe_error err;
-    mmoe_error_clear(&err);
-    mmoe_gpu_model *g[2];
-    g[0] = create_with_kernels(m, total, chunk, "serial", MMOE_GPU_FWD_SERIAL);
-    g[1] = create_with_kernels(m, total, chunk, "split", MMOE_GPU_FWD_SPLIT);
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)total);
-    float *lg[2];
-    uint16_t *sg[2];
-    for (int k = 0; k < 2; k++) {
-        lg[k] = malloc(sizeof(float) * (size_t)(T * V));
-        sg[k] = malloc(2 * (size_t)(T * row));
-        ck_assert(lg[k] && sg[k]);
-        mmoe_test_poison_f32(lg[k], (size_t)(T * V));
-        mmoe_test_poison_bf16(sg[k], (size_t)(T * row));
-    }
-    ck_assert(ids);
-    mmoe_rng r;
-    mmoe_rng_seed(&r, g_seed ^ 0x5b117 ^ (uint64_t)T);
-    for (int64_t i = 0; i < T; i++)
-        ids[i] = (int32_t)mmoe_rng_below(&r, (uint64_t)V);
-    for (int k = 0; k < 2; k++)
-        for (int64_t t0 = 0; t0 < T; t0 += chunk) {
-            const int64_t n = T - t0 < chunk ? T - t0 : chunk;
-            ck_assert_msg(mmoe_gpu_model_forward(g[k], ids + t0, n, lg[k] + t0 * V, 0, sg[k] + t0 * row, &err) ==
-                              MMOE_OK,
-                          "%s", err.msg);
-        }
-    ck_assert_msg(memcmp(lg[0], lg[1], sizeof(float) * (size_t)(T * V)) == 0,
-                  "%s: prefill logits of the split kernels differ from the serial ones (seed %llu)", what,
-                  (unsigned long long)g_seed);
-    ck_assert_msg(memcmp(sg[0], sg[1], 2 * (size_t)(T * row)) == 0,
-                  "%s: final streams of the split kernels differ from the serial ones (seed %llu)", what,
-                  (unsigned long long)g_seed);
-    if (c->n_mtp_layers > 0) {
-        const int64_t n = T - 1 < chunk ? T - 1 : chunk;
-        for (int k = 0; k < 2; k++) {
-            mmoe_test_poison_f32(lg[k], (size_t)(n * V));
-            ck_assert_msg(mmoe_gpu_model_mtp_forward(g[k], sg[0], ids + 1, n, lg[k], &err) == MMOE_OK, "%s", err.msg);
-        }
-        ck_assert_msg(memcmp(lg[0], lg[1], sizeof(float) * (size_t)(n * V)) == 0,
-                      "%s: MTP logits of the split kernels differ from the serial ones (seed %llu)", what,
-                      (unsigned long long)g_seed);
-    }
-    for (int i = 0; i < n_dec; i++) {
-        float margin, amax;
-        ids[T + i] = (int32_t)argmax_margin(lg[0], V, &margin, &amax);
-        for (int k = 0; k < 2; k++) {
-            mmoe_test_poison_f32(lg[k], (size_t)V);
-            ck_assert_msg(mmoe_gpu_model_forward(g[k], ids + T + i, 1, lg[k], 1, NULL, &err) == MMOE_OK, "%s",
-                          err.msg);
-        }
-        ck_assert_msg(memcmp(lg[0], lg[1], sizeof(float) * (size_t)V) == 0,
-                      "%s: decode step %d: the split kernels' logits differ from the serial ones (seed %llu)", what, i,
-                      (unsigned long long)g_seed);
-    }
-    fprintf(stderr, "gpu_forward: %s: split kernels = serial kernels bit for bit (%lld prefill tokens, %d decoded)\n",
-            what, (long long)T, n_dec);
-    for (int k = 0; k < 2; k++) {
-        free(lg[k]);
-        free(sg[k]);
-        mmoe_gpu_model_destroy(g[k]);
-    }
-    free(ids);
-    mmoe_model_close(m);
-}
-
-/*
- * The split kernel set (MMOE_GPU_FWD_KERNELS=split): against the oracle on the tiny model
- * (sub-layers and the whole forward), and against the serial set bit for bit on the tiny
- * model, synth tiny x3 (ratio 4 with its indexer, 140 tokens) and V4-Flash widths (indexer
- * 64 x 128, hc 4).  The MoE sub-layer's split expert kernels (one multiply per E2M1 weight,
- * E4M3 codes converted in pairs) run in all of these: its sub-layer and given-routing cases
- * against the oracle on the tiny model, and the V4-Flash widths cover the decode instance
- * (one token per call, 4-word packing) against the serial set.  The variable is left unset
- * afterwards.
- */
-START_TEST(test_split_kernels)
-{
-    char dir[4096];
-    tiny_dir(dir, sizeof dir);
-    set_kernels_env("split");
-    check_sublayers("tiny-dsv4 (split kernels)", dir, 40, 16);
-    run_model("tiny-dsv4 (split kernels)", dir, 40, 64, 12, 20);
-    check_split_same_bits("tiny-dsv4", dir, 40, 16, 8);
-    char root[512], sdir[600];
-    ck_assert_int_eq(mmoe_test_mkdtemp(root, sizeof root), 0);
-    snprintf(sdir, sizeof sdir, "%s/ckpt", root);
-    synth_write(sdir, "tiny", 3, 0, 0, NULL, 0);
-    check_split_same_bits("synth tiny x3", sdir, 140, 64, 6);
-    mmoe_test_rmtree(root);
-    const int ratios[2] = {4, 128};
-    ck_assert_int_eq(mmoe_test_mkdtemp(root, sizeof root), 0);
-    snprintf(sdir, sizeof sdir, "%s/ckpt", root);
-    synth_write(sdir, "v4-flash", 2, 8, 1024, ratios, 1);
-    check_split_same_bits("synth v4-flash widths", sdir, 136, 64, 4);
-    mmoe_test_rmtree(root);
-    set_kernels_env(NULL);
-}
-END_TEST
-
-/**
- * How MMOE_GPU_FWD_KERNELS is read (no device needed): unset is split; "serial" and "split";
- * anything else, the empty string too, refused with the variable and the value named.  The
- * caller's value is restored.  @return 0 when all holds
- */
-static int check_kernels_env(void)
-{
-    const char *env_set = getenv(MMOE_GPU_FWD_KERNELS_ENV);
-    char saved[64] = "";
-    if (env_set != NULL)
-        snprintf(saved, sizeof saved, "%s", env_set);
-    static const struct {
-        const char *value;
-        mmoe_status st;
-        mmoe_gpu_fwd_kernels k;
-    } cases[] = {{NULL, MMOE_OK, MMOE_GPU_FWD_SPLIT},     {"serial", MMOE_OK, MMOE_GPU_FWD_SERIAL},
-                 {"split", MMOE_OK, MMOE_GPU_FWD_SPLIT},    {"", MMOE_EINVAL, MMOE_GPU_FWD_SERIAL},
-                 {"Split", MMOE_EINVAL, MMOE_GPU_FWD_SERIAL}, {"split ", MMOE_EINVAL, MMOE_GPU_FWD_SERIAL}};
-    int bad = 0;
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        mmoe_error err;
-        mmoe_error_clear(&err);
-        set_kernels_env(cases[i].value);
-        mmoe_gpu_fwd_kernels k = (mmoe_gpu_fwd_kernels)-1;
-        const mmoe_status st = mmoe_gpu_fwd_kernels_from_env(&k, &err);
-        const char *name = cases[i].value ? cases[i].value : "split";
-        const int named_ok = st == MMOE_OK && k == cases[i].k && strcmp(mmoe_gpu_fwd_kernels_name(k), name) == 0;
-        const int refused_ok = st != MMOE_OK && strstr(err.msg, MMOE_GPU_FWD_KERNELS_ENV) != NULL &&
-                               strstr(err.msg, cases[i].value) != NULL;
-        const int ok = st == cases[i].st && (named_ok || refused_ok);
-        if (!ok) {
-            fprintf(stderr, "gpu_forward: %s=%s%s%s: status %d, kernels %d, message '%s'\n", MMOE_GPU_FWD_KERNELS_ENV,
-                    cases[i].value ? "'" : "(unset)", cases[i].value ? cases[i].value : "", cases[i].value ? "'" : "",
-                    (int)st, (int)k, err.msg);
-            bad = 1;
-        }
-    }
-    set_kernels_env(env_set != NULL ? saved : NULL);
-    return bad;
-}
-
 /** Run a shell command; its exit status (-1 when it did not exit). */
 static int sh(const char *cmd)
 {
@@ -1010,8 +813,7 @@ END_TEST
 
 /**
  * Without a usable GPU: `--backend gpu` is refused (exit 1, the message names the option),
- * `--backend auto` runs on the CPU and says so, a bad name is a usage error (exit 2); with
- * MMOE_GPU_FWD_KERNELS naming no kernel set `--backend auto` exits 1 naming it, writing nothing.
+ * `--backend auto` runs on the CPU and says so, a bad name is a usage error (exit 2).
  */
 static int check_refusal_without_gpu(void)
 {
@@ -1035,13 +837,6 @@ static int check_refusal_without_gpu(void)
     bad |= sh(cmd) != 0;
     snprintf(cmd, sizeof cmd, "'%s' generate --model '%s' --prompt x --backend tpu 2>/dev/null", bin, dir);
     bad |= sh(cmd) != 2;
-    /* a kernel set the environment names wrongly: refused, not a reason to run on the CPU */
-    snprintf(cmd, sizeof cmd,
-             "MMOE_GPU_FWD_KERNELS=fast '%s' logits --model '%s' --ids 1,2 --backend auto --out '%s/k.st' 2>'%s/k.err'",
-             bin, dir, root, root);
-    bad |= sh(cmd) != 1;
-    snprintf(cmd, sizeof cmd, "grep -q \"MMOE_GPU_FWD_KERNELS='fast'\" '%s/k.err' && test ! -e '%s/k.st'", root, root);
-    bad |= sh(cmd) != 0;
     mmoe_test_rmtree(root);
     if (bad)
         fprintf(stderr, "gpu_forward: the CPU-only behaviour of --backend is wrong\n");
@@ -1058,7 +853,7 @@ static Suite *gpu_forward_suite(void)
                  {"tiny", test_tiny_fixture},      {"layers", test_synth_layers},
                  {"long", test_synth_long},        {"flash", test_synth_flash},
                  {"cli_logits", test_cli_logits},  {"cli_generate", test_cli_generate},
-                 {"cuda_graph", test_cuda_graph},  {"split", test_split_kernels}};
+                 {"cuda_graph", test_cuda_graph}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_set_tags(tc, cases[i].name); /* CK_RUN_CASE / CK_EXCLUDE_TAGS select cases */
@@ -1071,8 +866,6 @@ static Suite *gpu_forward_suite(void)
 
 int main(void)
 {
-    if (check_kernels_env() != 0)
-        return 1;
     if (!have_gpu()) {
         if (check_refusal_without_gpu() != 0)
             return 1;

@@ -8,9 +8,8 @@
  *
  * **Bit-exact** (same operations in the same order, or exact sums whose order does not
  * matter): RMSNorm, the FP8 block-scaled linear, the dense linear (BF16 and F32 weights),
- * the mHC write-back, the FP8 and Hadamard + FP4 round trips (both kernel sets of the
- * indexer queries, mmoe_gpu_fwd_kernels), the indexer scores and the top-k order (ties
- * included; both kernel sets).  hc_pre runs with both kernel sets of its Sinkhorn iterations.
+ * the mHC write-back, the FP8 and Hadamard + FP4 round trips (the indexer queries' kernel and
+ * the compressor's device code), the indexer scores and the top-k order (ties included).
  *
  * **exp.**  The device's expf (gfw_expf) is glibc's algorithm (the build for CPUs with FMA),
  * so that it returns the host's expf bit for bit there; test_expf checks that on 2^22 inputs
@@ -286,7 +285,7 @@ static void expect_same_u16_nan(const char *what, const uint16_t *g, const uint1
     ck_assert_msg(nans > 0 && nans < n, "%s: %zu NaN outputs of %zu (the test wants some)", what, nans, n);
 }
 
-static void check_fp8_kind(mmoe_gpu_fwd_kernels kernels, int64_t T, int64_t N, int64_t K, int block, fp8_kind kind)
+static void check_fp8_kind(int64_t T, int64_t N, int64_t K, int block, fp8_kind kind)
 {
     mmoe_rng r;
     mmoe_rng_seed(&r, g_seed ^ (uint64_t)(N * 7 + K + 1000003 * kind));
@@ -311,10 +310,9 @@ static void check_fp8_kind(mmoe_gpu_fwd_kernels kernels, int64_t T, int64_t N, i
     mmoe_error err;
     ck_assert_msg(mmoe_linear_fp8(x, T, &wt, &st, block, yc, &err) == MMOE_OK, "%s", err.msg);
     mmoe_test_poison_bf16(yg, (size_t)(T * N));
-    ck_assert_msg(gfw_test_linear_fp8(kernels, x, T, w, s, N, K, block, yg, &err) == MMOE_OK, "%s", err.msg);
+    ck_assert_msg(gfw_test_linear_fp8(x, T, w, s, N, K, block, yg, &err) == MMOE_OK, "%s", err.msg);
     char what[64];
-    snprintf(what, sizeof what, "fp8 linear (%s kernels) %lldx%lld kind %d", mmoe_gpu_fwd_kernels_name(kernels),
-             (long long)N, (long long)K, (int)kind);
+    snprintf(what, sizeof what, "fp8 linear %lldx%lld kind %d", (long long)N, (long long)K, (int)kind);
     if (kind == FP8_NAN)
         expect_same_u16_nan(what, yg, yc, (size_t)(T * N));
     else
@@ -322,45 +320,41 @@ static void check_fp8_kind(mmoe_gpu_fwd_kernels kernels, int64_t T, int64_t N, i
     free(x), free(w), free(s), free(yc), free(yg);
 }
 
-static void check_fp8(mmoe_gpu_fwd_kernels kernels, int64_t T, int64_t N, int64_t K, int block)
+static void check_fp8(int64_t T, int64_t N, int64_t K, int block)
 {
-    check_fp8_kind(kernels, T, N, K, block, FP8_RANDOM);
+    check_fp8_kind(T, N, K, block, FP8_RANDOM);
 }
 
 START_TEST(test_linear_fp8)
 {
-    const mmoe_gpu_fwd_kernels sets[2] = {MMOE_GPU_FWD_SERIAL, MMOE_GPU_FWD_SPLIT};
-    for (int i = 0; i < 2; i++) {
-        const mmoe_gpu_fwd_kernels k = sets[i];
-        check_fp8(k, 3, 128, 256, 128);    /* tiny */
-        check_fp8(k, 5, 1024, 4096, 128);  /* wq_a */
-        check_fp8(k, 2, 32768, 1024, 128); /* wq_b */
-        check_fp8(k, 3, 4096, 8192, 128);  /* wo_b */
-        check_fp8(k, 2, 256, 512, 32);     /* 32x32 scale blocks */
-        check_fp8(k, 3, 201, 384, 128);    /* a short 512-code step, an odd last output */
-        check_fp8(k, 2, 40, 1536, 128);    /* a partial batch of steps, a partial block of warps */
-        check_fp8(k, 2, 24, 2560, 128);    /* five steps: the split kernel's last batch half empty */
-        check_fp8(k, 1, 1, 128, 128);      /* one step, one output: a block of one live warp */
-        /* decode (T = 1): on a 132-multiprocessor device the split kernel shares a row pair's
-           steps over 4 warps (wq_a), over 8 (wkv), over 2 and 4 with a short and an empty
-           slice, and streams 6 pairs per warp (wq_b) or 2 with an odd last row */
-        check_fp8(k, 1, 1024, 4096, 128);  /* wq_a */
-        check_fp8(k, 1, 512, 4096, 128);   /* wkv */
-        check_fp8(k, 1, 40, 1536, 128);    /* 3 steps over 2 warps */
-        check_fp8(k, 1, 24, 2560, 128);    /* 5 steps over 4 warps: 2, 2, 1, 0 */
-        check_fp8(k, 1, 32768, 1024, 128); /* wq_b */
-        check_fp8(k, 1, 8191, 512, 128);   /* pairs per warp, the last pair one row */
-        check_fp8(k, 1, 4096, 8192, 128);  /* wo_b */
-        check_fp8_kind(k, 1, 96, 2048, 128, FP8_EXTREME); /* 4 steps over 4 warps */
-        check_fp8_kind(k, 1, 96, 2048, 128, FP8_NAN);
-        check_fp8_kind(k, 2, 96, 2048, 128, FP8_EXTREME);
-        check_fp8_kind(k, 2, 96, 1024, 128, FP8_NAN);
-        check_fp8_kind(k, 2, 256, 512, 32, FP8_NAN); /* the 32-block kernel's NaN path */
-    }
+    check_fp8(3, 128, 256, 128);    /* tiny */
+    check_fp8(5, 1024, 4096, 128);  /* wq_a */
+    check_fp8(2, 32768, 1024, 128); /* wq_b */
+    check_fp8(3, 4096, 8192, 128);  /* wo_b */
+    check_fp8(2, 256, 512, 32);     /* 32x32 scale blocks */
+    check_fp8(3, 201, 384, 128);    /* a short 512-code step, an odd last output */
+    check_fp8(2, 40, 1536, 128);    /* a partial batch of steps, a partial block of warps */
+    check_fp8(2, 24, 2560, 128);    /* five steps: the last batch half empty */
+    check_fp8(1, 1, 128, 128);      /* one step, one output: a block of one live warp */
+    /* decode (T = 1): on a 132-multiprocessor device the kernel shares a row pair's steps over
+       4 warps (wq_a), over 8 (wkv), over 2 and 4 with a short and an empty slice, and streams
+       6 pairs per warp (wq_b) or 2 with an odd last row */
+    check_fp8(1, 1024, 4096, 128);  /* wq_a */
+    check_fp8(1, 512, 4096, 128);   /* wkv */
+    check_fp8(1, 40, 1536, 128);    /* 3 steps over 2 warps */
+    check_fp8(1, 24, 2560, 128);    /* 5 steps over 4 warps: 2, 2, 1, 0 */
+    check_fp8(1, 32768, 1024, 128); /* wq_b */
+    check_fp8(1, 8191, 512, 128);   /* pairs per warp, the last pair one row */
+    check_fp8(1, 4096, 8192, 128);  /* wo_b */
+    check_fp8_kind(1, 96, 2048, 128, FP8_EXTREME); /* 4 steps over 4 warps */
+    check_fp8_kind(1, 96, 2048, 128, FP8_NAN);
+    check_fp8_kind(2, 96, 2048, 128, FP8_EXTREME);
+    check_fp8_kind(2, 96, 1024, 128, FP8_NAN);
+    check_fp8_kind(2, 256, 512, 32, FP8_NAN); /* the 32-block kernel's NaN path */
 }
 END_TEST
 
-static void check_dense(mmoe_gpu_fwd_kernels kernels, int64_t T, int64_t N, int64_t K, int f32)
+static void check_dense(int64_t T, int64_t N, int64_t K, int f32)
 {
     mmoe_rng r;
     mmoe_rng_seed(&r, g_seed ^ (uint64_t)(N * 3 + K + f32));
@@ -379,10 +373,9 @@ static void check_dense(mmoe_gpu_fwd_kernels kernels, int64_t T, int64_t N, int6
     mmoe_error err;
     ck_assert_msg(mmoe_linear_dense(x, T, K, &wt, N, yc, NULL, &err) == MMOE_OK, "%s", err.msg);
     mmoe_test_poison_f32(yg, (size_t)(T * N));
-    ck_assert_msg(gfw_test_linear_dense(kernels, x, T, K, w, f32, N, yg, &err) == MMOE_OK, "%s", err.msg);
+    ck_assert_msg(gfw_test_linear_dense(x, T, K, w, f32, N, yg, &err) == MMOE_OK, "%s", err.msg);
     char what[64];
-    snprintf(what, sizeof what, "dense linear %s (%s kernels) %lldx%lld", f32 ? "f32" : "bf16",
-             mmoe_gpu_fwd_kernels_name(kernels), (long long)N, (long long)K);
+    snprintf(what, sizeof what, "dense linear %s %lldx%lld", f32 ? "f32" : "bf16", (long long)N, (long long)K);
     expect_same_f32(what, yg, yc, (size_t)(T * N));
     free(x), free(w), free(yc), free(yg);
 }
@@ -392,7 +385,7 @@ static void check_dense(mmoe_gpu_fwd_kernels kernels, int64_t T, int64_t N, int6
  * rounding depends on the order of its double sum (tests/test_sum_order.c), so the GPU must
  * sum in the oracle's order.
  */
-static void check_dense_order(mmoe_gpu_fwd_kernels kernels)
+static void check_dense_order(void)
 {
     const int64_t T = MMOE_TEST_SUM_ORDER_ROWS, K = 4096;
     uint16_t *x = malloc(2 * (size_t)(T * K)), *w = malloc(2 * (size_t)K);
@@ -406,7 +399,7 @@ static void check_dense_order(mmoe_gpu_fwd_kernels kernels)
     mmoe_error err;
     ck_assert_msg(mmoe_linear_dense(x, T, K, &wt, 1, yc, NULL, &err) == MMOE_OK, "%s", err.msg);
     mmoe_test_poison_f32(yg, (size_t)T);
-    ck_assert_msg(gfw_test_linear_dense(kernels, x, T, K, w, 0, 1, yg, &err) == MMOE_OK, "%s", err.msg);
+    ck_assert_msg(gfw_test_linear_dense(x, T, K, w, 0, 1, yg, &err) == MMOE_OK, "%s", err.msg);
     expect_same_f32("dense linear, order rows", yg, yc, (size_t)T);
     free(x), free(w), free(yc), free(yg);
 }
@@ -417,7 +410,7 @@ static void check_dense_order(mmoe_gpu_fwd_kernels kernels)
  * kernel's direct-decode range (10..134, with fp32 subnormals below it) both occur; with @p nan,
  * one weight code in 2048 is a NaN code and NaN outputs match any NaN.
  */
-static void check_dense_f8(mmoe_gpu_fwd_kernels kernels, int64_t T, int64_t N, int64_t K, int block, int nan)
+static void check_dense_f8(int64_t T, int64_t N, int64_t K, int block, int nan)
 {
     mmoe_rng r;
     mmoe_rng_seed(&r, g_seed ^ (uint64_t)(N * 5 + K + 77 * nan));
@@ -439,15 +432,14 @@ static void check_dense_f8(mmoe_gpu_fwd_kernels kernels, int64_t T, int64_t N, i
     mmoe_error err;
     ck_assert_msg(attn_dense_rows(xd, T, K, K, &wt, &st, block, 0, N, yc, N, &err) == MMOE_OK, "%s", err.msg);
     mmoe_test_poison_f32(yg, (size_t)(T * N));
-    ck_assert_msg(gfw_test_linear_dense_f8(kernels, x, T, K, w, s, block, N, yg, &err) == MMOE_OK, "%s", err.msg);
+    ck_assert_msg(gfw_test_linear_dense_f8(x, T, K, w, s, block, N, yg, &err) == MMOE_OK, "%s", err.msg);
     size_t nans = 0;
     for (int64_t i = 0; i < T * N; i++) {
         const int gn = isnan(yg[i]), cn = isnan(yc[i]);
         nans += (size_t)cn;
         ck_assert_msg(gn == cn && (cn || memcmp(&yg[i], &yc[i], 4) == 0),
-                      "dense linear f8 (%s kernels) %lldx%lld: element %lld: gpu %a, cpu %a (seed %llu)",
-                      mmoe_gpu_fwd_kernels_name(kernels), (long long)N, (long long)K, (long long)i, yg[i], yc[i],
-                      (unsigned long long)g_seed);
+                      "dense linear f8 %lldx%lld: element %lld: gpu %a, cpu %a (seed %llu)", (long long)N,
+                      (long long)K, (long long)i, yg[i], yc[i], (unsigned long long)g_seed);
     }
     ck_assert_msg(!nan || (nans > 0 && nans < (size_t)(T * N)), "dense linear f8: %zu NaN outputs (the test wants some)",
                   nans);
@@ -456,31 +448,27 @@ static void check_dense_f8(mmoe_gpu_fwd_kernels kernels, int64_t T, int64_t N, i
 
 START_TEST(test_linear_dense)
 {
-    const mmoe_gpu_fwd_kernels sets[2] = {MMOE_GPU_FWD_SERIAL, MMOE_GPU_FWD_SPLIT};
-    for (int i = 0; i < 2; i++) {
-        const mmoe_gpu_fwd_kernels k = sets[i];
-        check_dense_f8(k, 2, 256, 1024, 128, 0); /* wo_a's form */
-        check_dense_f8(k, 2, 256, 1024, 128, 1);
-        check_dense_f8(k, 2, 64, 4096, 128, 1); /* wo_a's K: two batches of four rounds */
-        check_dense_f8(k, 2, 64, 200, 128, 0);  /* a short last chunk */
-        check_dense_f8(k, 3, 37, 8320, 128, 0); /* 520 chunks: a last batch past the chunks, odd outputs */
-        check_dense(k, 3, 256, 128, 1);         /* tiny compressor */
-        check_dense(k, 3, 1024, 4096, 1);       /* V4-Flash ratio-4 compressor wkv */
-        check_dense(k, 4, 64, 4096, 0);         /* indexer weights_proj */
-        check_dense(k, 2, 1024, 4097, 0);       /* a K that is not a multiple of 16: a short last chunk */
-        check_dense(k, 2, 16, 8192, 0);         /* two chunks per thread */
-        check_dense(k, 2, 9, 1040, 0);          /* 65 chunks: two rounds, the second nearly empty */
-        check_dense(k, 2, 5, 48, 1);            /* 3 chunks: one round, most lanes +0 */
-        check_dense_order(k);
-    }
+    check_dense_f8(2, 256, 1024, 128, 0); /* wo_a's form */
+    check_dense_f8(2, 256, 1024, 128, 1);
+    check_dense_f8(2, 64, 4096, 128, 1); /* wo_a's K: two batches of four rounds */
+    check_dense_f8(2, 64, 200, 128, 0);  /* a short last chunk */
+    check_dense_f8(3, 37, 8320, 128, 0); /* 520 chunks: a last batch past the chunks, odd outputs */
+    check_dense(3, 256, 128, 1);         /* tiny compressor */
+    check_dense(3, 1024, 4096, 1);       /* V4-Flash ratio-4 compressor wkv */
+    check_dense(4, 64, 4096, 0);         /* indexer weights_proj */
+    check_dense(2, 1024, 4097, 0);       /* a K that is not a multiple of 16: a short last chunk */
+    check_dense(2, 16, 8192, 0);         /* 512 chunks: 16 rounds in batches of two */
+    check_dense(2, 9, 1040, 0);          /* 65 chunks: two rounds, the second nearly empty */
+    check_dense(2, 5, 48, 1);            /* 3 chunks: one round, most lanes +0 */
+    check_dense_order();
 }
 END_TEST
 
 /**
- * hc_pre (with the kernel set @p kernels) and hc_post at @p hc streams (<= 8: with hc > 5 the
- * split Sinkhorn holds two entries per lane) and width D.
+ * hc_pre and hc_post at @p hc streams (<= 8: with hc > 5 the warp's Sinkhorn holds two entries
+ * per lane) and width D.
  */
-static void check_mhc(mmoe_gpu_fwd_kernels kernels, int hc, int64_t T, int64_t D)
+static void check_mhc(int hc, int64_t T, int64_t D)
 {
     const int n_mix = (2 + hc) * hc;
     mmoe_rng r;
@@ -500,7 +488,7 @@ static void check_mhc(mmoe_gpu_fwd_kernels kernels, int hc, int64_t T, int64_t D
     mmoe_test_poison_f32(pg, (size_t)(T * hc));
     mmoe_test_poison_f32(cg, (size_t)(T * hc * hc));
     mmoe_error err;
-    ck_assert_msg(gfw_test_hc_pre(kernels, hc, D, 20, 1e-6f, 1e-6f, X, T, fn, base, scale, yg, pg, cg, &err) == MMOE_OK,
+    ck_assert_msg(gfw_test_hc_pre(hc, D, 20, 1e-6f, 1e-6f, X, T, fn, base, scale, yg, pg, cg, &err) == MMOE_OK,
                   "%s", err.msg);
     float xmax = 0.0f;
     for (int64_t i = 0; i < T * hc * D; i++)
@@ -518,8 +506,8 @@ static void check_mhc(mmoe_gpu_fwd_kernels kernels, int hc, int64_t T, int64_t D
                       (long long)i, g, c, (unsigned long long)g_seed);
         exact += yg[i] == yc[i];
     }
-    fprintf(stderr, "gpu_forward_blocks: hc_pre (%s kernels) hc=%d D=%lld: %lld of %lld y values bit-exact\n",
-            mmoe_gpu_fwd_kernels_name(kernels), hc, (long long)D, (long long)exact, (long long)(T * D));
+    fprintf(stderr, "gpu_forward_blocks: hc_pre hc=%d D=%lld: %lld of %lld y values bit-exact\n", hc, (long long)D,
+            (long long)exact, (long long)(T * D));
     if (exp_probe()) {
         expect_same_u16("hc_pre y (exact exp)", yg, yc, (size_t)(T * D));
         expect_same_f32("hc_pre post (exact exp)", pg, pc, (size_t)(T * hc));
@@ -537,14 +525,11 @@ static void check_mhc(mmoe_gpu_fwd_kernels kernels, int hc, int64_t T, int64_t D
 
 START_TEST(test_mhc)
 {
-    const mmoe_gpu_fwd_kernels sets[2] = {MMOE_GPU_FWD_SERIAL, MMOE_GPU_FWD_SPLIT};
-    for (int i = 0; i < 2; i++) {
-        check_mhc(sets[i], 4, 3, 128);
-        check_mhc(sets[i], 4, 3, 4096);
-        check_mhc(sets[i], 4, 1, 4096); /* one token (decode) */
-        check_mhc(sets[i], 6, 2, 128); /* 36 entries: a row across the two registers of a lane */
-        check_mhc(sets[i], 8, 2, 1100);
-    }
+    check_mhc(4, 3, 128);
+    check_mhc(4, 3, 4096);
+    check_mhc(4, 1, 4096); /* one token (decode) */
+    check_mhc(6, 2, 128); /* 36 entries: a row across the two registers of a lane */
+    check_mhc(8, 2, 1100);
 }
 END_TEST
 
@@ -650,8 +635,8 @@ START_TEST(test_qat)
 }
 END_TEST
 
-/** The indexer scores and top-k (k_topk or k_topk_split, as @p kernels says) of one token over @p nb blocks. */
-static void check_indexer(mmoe_gpu_fwd_kernels kernels, int ih, int id, int64_t nb, int topk, int ties)
+/** The indexer scores and top-k (k_topk_split) of one token over @p nb blocks. */
+static void check_indexer(int ih, int id, int64_t nb, int topk, int ties)
 {
     mmoe_rng r;
     mmoe_rng_seed(&r, g_seed ^ (uint64_t)(nb * 31 + ties));
@@ -670,26 +655,22 @@ static void check_indexer(mmoe_gpu_fwd_kernels kernels, int ih, int id, int64_t 
     for (int i = 0; i < topk; i++)
         ig[i] = -7;
     mmoe_error err;
-    ck_assert_msg(gfw_test_indexer(kernels, qi, wi, keys, ih, id, nb, topk, sg, ig, &err) == MMOE_OK, "%s", err.msg);
+    ck_assert_msg(gfw_test_indexer(qi, wi, keys, ih, id, nb, topk, sg, ig, &err) == MMOE_OK, "%s", err.msg);
     expect_same_f32("indexer scores", sg, sc, (size_t)nb);
     for (int64_t i = 0; i < k; i++)
-        ck_assert_msg(ig[i] == ic[i], "indexer top-k (%s kernels) rank %lld: gpu %d cpu %lld (seed %llu)",
-                      mmoe_gpu_fwd_kernels_name(kernels), (long long)i, ig[i], (long long)ic[i],
-                      (unsigned long long)g_seed);
+        ck_assert_msg(ig[i] == ic[i], "indexer top-k rank %lld: gpu %d cpu %lld (seed %llu)", (long long)i, ig[i],
+                      (long long)ic[i], (unsigned long long)g_seed);
     free(qi), free(wi), free(keys), free(sc), free(sg), free(work), free(ic), free(ig);
 }
 
 START_TEST(test_indexer)
 {
-    const mmoe_gpu_fwd_kernels sets[2] = {MMOE_GPU_FWD_SERIAL, MMOE_GPU_FWD_SPLIT};
-    for (int i = 0; i < 2; i++) {
-        check_indexer(sets[i], 2, 64, 9, 4, 0);
-        check_indexer(sets[i], 4, 128, 35, 4, 1);
-        check_indexer(sets[i], 64, 128, 600, 512, 0);
-        check_indexer(sets[i], 64, 128, 700, 512, 1);
-        check_indexer(sets[i], 64, 128, 300, 512, 0); /* fewer blocks than top-k */
-        check_indexer(sets[i], 8, 128, 2900, 512, 1); /* the split top-k over 12 blocks, with ties */
-    }
+    check_indexer(2, 64, 9, 4, 0);
+    check_indexer(4, 128, 35, 4, 1);
+    check_indexer(64, 128, 600, 512, 0);
+    check_indexer(64, 128, 700, 512, 1);
+    check_indexer(64, 128, 300, 512, 0); /* fewer blocks than top-k */
+    check_indexer(8, 128, 2900, 512, 1); /* the top-k over 12 blocks, with ties */
 }
 END_TEST
 

@@ -4,9 +4,9 @@
 #   2. run the GPU suite (tests/test_gpu_moe) against the CPU oracle;
 #   3. compute-sanitizer memcheck on a small case (when the tool can see the device);
 #   4. the benchmark with the PyTorch peer (table in bench.log, JSON lines in bench.jsonl);
-#   5. the whole GPU forward (step "forward"): its suites (also with the split kernel set and the
-#      CUDA graph at once), then `megamoe bench forward` with each kernel set (serial, split) and
-#      the decode step's CUDA graph off and on (JSON lines in bench-forward.jsonl).
+#   5. the whole GPU forward (step "forward"): its suites (also with the CUDA graph on), then
+#      `megamoe bench forward` with the decode step's CUDA graph off and on (JSON lines in
+#      bench-forward.jsonl).
 # Logs go to $OUT (the device tool brings them back).  Usage, on the device machine, from the
 # checkout that carries .gpu/ (the tarball of `make dist` and the .deb files):
 #   mkdir /tmp/m && tar -xzf .gpu/megamoe-*.tar.gz -C /tmp/m --strip-components=1 &&
@@ -116,11 +116,6 @@ case " $STEPS " in *" forward "*)
     > "$OUT/test_gpu_forward-graph.log" 2>&1
   echo "test_gpu_forward (MMOE_GPU_GRAPH=1): rc=$?"
   grep -E "gpu decode vs|[0-9]+%: Checks|:[FE]:" "$OUT/test_gpu_forward-graph.log" | tail -n 12
-  # the opt-in split kernel set, graphed: every case against the oracle with both at once
-  CK_VERBOSITY=verbose CK_EXCLUDE_TAGS=flash MMOE_GPU_GRAPH=1 MMOE_GPU_FWD_KERNELS=split OPENBLAS_NUM_THREADS=16 \
-    timeout 400 ./tests/test_gpu_forward > "$OUT/test_gpu_forward-split-graph.log" 2>&1
-  echo "test_gpu_forward (MMOE_GPU_FWD_KERNELS=split MMOE_GPU_GRAPH=1): rc=$?"
-  grep -E "gpu decode vs|[0-9]+%: Checks|:[FE]:" "$OUT/test_gpu_forward-split-graph.log" | tail -n 12
   # (the expert-parallel ranks run kernel by kernel: MMOE_GPU_GRAPH=1 is refused there by design)
   CK_VERBOSITY=verbose timeout 300 ./tests/test_ep_gpu_forward > "$OUT/test_ep_gpu_forward.log" 2>&1
   echo "test_ep_gpu_forward: rc=$?"
@@ -129,19 +124,17 @@ case " $STEPS " in *" forward "*)
   : > "$OUT/bench-forward.jsonl"
   for model in fixtures/tiny-dsv4 "$FLASH"; do
     [ -d "$model" ] || { echo "bench forward: $model missing (the flash case did not keep it)"; continue; }
-    for kernels in serial split; do
-      for graph in off on; do
-        MMOE_GPU_FWD_KERNELS=$kernels timeout 200 ./megamoe bench forward --model "$model" --prefill 64 --decode 32 \
-          --backend gpu --cuda-graph $graph --json >> "$OUT/bench-forward.jsonl" 2>> "$OUT/bench-forward.err"
-        echo "bench forward $model, kernels $kernels, --cuda-graph $graph: rc=$?"
-      done
+    for graph in off on; do
+      timeout 200 ./megamoe bench forward --model "$model" --prefill 64 --decode 32 \
+        --backend gpu --cuda-graph $graph --json >> "$OUT/bench-forward.jsonl" 2>> "$OUT/bench-forward.err"
+      echo "bench forward $model, --cuda-graph $graph: rc=$?"
     done
   done
   python3 -c 'import json,sys
 for l in open(sys.argv[1]):
     o = json.loads(l)
-    print("%-32s %-6s cuda_graph %-5s replays %3d  prefill %9.1f tokens/s  decode %.4f ms/token" % (o["model"][-32:],
-          o["fwd_kernels"], o["cuda_graph"], o["cuda_graph_replays"], o["prefill_tokens_per_s"], o["decode_ms_per_token"]))' \
+    print("%-32s cuda_graph %-5s replays %3d  prefill %9.1f tokens/s  decode %.4f ms/token" % (o["model"][-32:],
+          o["cuda_graph"], o["cuda_graph_replays"], o["prefill_tokens_per_s"], o["decode_ms_per_token"]))' \
     "$OUT/bench-forward.jsonl"
   tail -n 5 "$OUT/bench-forward.err";;
 esac

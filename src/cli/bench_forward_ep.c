@@ -22,8 +22,7 @@
  * The text report gives per layer the smallest and largest rank time (prefill: ms for the
  * whole prompt; decode: ms per token) and each phase's total against its wall time.  With
  * --json the report is one JSON object on stdout: {"bench": "forward", "backend": "gpu",
- * "gpus", "comm", "fwd_kernels" (the forward's kernel set: "serial" or "split"), "model",
- * "layers", "mtp_layers", "load_s", "prefill_tokens", "prefill_s", "prefill_tokens_per_s",
+ * "gpus", "comm", "model", "layers", "mtp_layers", "load_s", "prefill_tokens", "prefill_s", "prefill_tokens_per_s",
  * "decode_tokens", "decode_s", "decode_ms_per_token", "ranks": [{"rank", "first_expert",
  * "end_expert", "device_bytes"}], "prefill_exchange", "decode_exchange"}; a phase's exchange
  * object is {"exchanges", "bytes_sent", "pairs": [per rank], "idle": [per rank], "exchange_s":
@@ -191,8 +190,6 @@ static mmoe_status report_json(const ep_bench *b, const mmoe_config *cfg, const 
     mmoe_json_set_int(o, "gpus", b->n);
     mmoe_json_set_str(o, "comm", mmoe_ep_comm_kind_name(mmoe_ep_gpu_model_kind(b->e)));
     json_object_set_new(o, "cuda_graph", json_false()); /* the ranks' steps run kernel by kernel */
-    mmoe_json_set_str(o, "fwd_kernels",
-                      mmoe_gpu_fwd_kernels_name(mmoe_gpu_model_fwd_kernels(mmoe_ep_gpu_model_rank(b->e, 0))));
     mmoe_json_bench_forward_model(o, model_dir, cfg->n_layers, cfg->n_mtp_layers, t_load);
     mmoe_json_bench_forward_prefill(o, n_prefill, tp);
     mmoe_json_bench_forward_decode(o, n_decode, td);
@@ -238,10 +235,9 @@ mmoe_status mmoe_bench_forward_gpus(mmoe_ep_gpu_model *e, const mmoe_config *cfg
         st = report_json(&b, cfg, model_dir, t_load, n_prefill, n_decode, tp, td, snap, err);
     } else if (st == MMOE_OK) {
         printf("model %s: %d layers + %d MTP, D %lld, %d experts top-%d; backend gpu over %d GPU(s) (expert parallel, "
-               "%s), forward kernels %s\n",
+               "%s)\n",
                model_dir, cfg->n_layers, cfg->n_mtp_layers, (long long)cfg->dim, cfg->n_routed_experts,
-               cfg->n_activated_experts, b.n, mmoe_ep_comm_kind_name(mmoe_ep_gpu_model_kind(e)),
-               mmoe_gpu_fwd_kernels_name(mmoe_gpu_model_fwd_kernels(mmoe_ep_gpu_model_rank(e, 0))));
+               cfg->n_activated_experts, b.n, mmoe_ep_comm_kind_name(mmoe_ep_gpu_model_kind(e)));
         printf("prefill: %lld tokens in %.4f s = %.2f tokens/s\n", (long long)n_prefill, tp, (double)n_prefill / tp);
         print_phase(&b, "prefill", &snap[0], &snap[1], tp, 0, n_prefill);
         if (n_decode > 0) {

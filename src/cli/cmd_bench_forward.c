@@ -18,20 +18,18 @@
  * "decode_split"}; a split is {"attention_s", "moe_s", "mhc_s", "embed_s", "head_s", "layers":
  * [{"layer", "attention_s", "moe_s", "mhc_s"}]}.
  *
- * With the GPU (mmoe_gpu_forward.h) the first line names the forward's kernel set
- * (MMOE_GPU_FWD_KERNELS: serial or split); the totals come from a run without synchronization
+ * With the GPU (mmoe_gpu_forward.h) the totals come from a run without synchronization
  * between the parts (after one untimed warm-up run of the same tokens, so that the kernels
  * are loaded), and the split from a second run that synchronizes the device around each
  * part (which adds a few microseconds per part).  Its JSON report has "backend": "gpu", the
- * same model, prefill and decode keys, "fwd_kernels", "device_bytes", "cuda_graph" (true when every timed
+ * same model, prefill and decode keys, "device_bytes", "cuda_graph" (true when every timed
  * decode step was one replay of the captured graph, `--cuda-graph on`), "cuda_graph_replays"
  * and the two synchronized splits.  The split run always launches kernel by kernel (a graph
  * has no points to synchronize between parts); "cuda_graph" is false for the CPU.
  *
  * With --gpus N the GPU forward runs over N GPUs, expert parallel (cli_ep.h; planned and
  * refused before loading as `logits --gpus N` is); its report (bench_forward_ep.c) gives the
- * totals, the routed pairs of each GPU and each MoE sub-layer's exchange time, in text or JSON
- * (with "fwd_kernels": "serial" or "split").
+ * totals, the routed pairs of each GPU and each MoE sub-layer's exchange time, in text or JSON.
  */
 #include <getopt.h>
 #include <math.h>
@@ -338,7 +336,6 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
     if (gpu && json) {
         json_object_set_new(report, "bench", json_string("forward"));
         json_object_set_new(report, "backend", json_string("gpu"));
-        mmoe_json_set_str(report, "fwd_kernels", mmoe_gpu_fwd_kernels_name(mmoe_gpu_model_fwd_kernels(gpu)));
         mmoe_json_bench_forward_model(report, model_dir, cfg->n_layers, cfg->n_mtp_layers, t_load);
         if ((st = bench_gpu(gpu, ids, n_prefill, n_decode, V, logits, report, &err)) == MMOE_OK) {
             st = mmoe_json_print_line(stdout, report, &err); /* takes the object */
@@ -348,11 +345,9 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
         goto done;
     }
     if (gpu) {
-        printf("model %s: %d layers + %d MTP, D %lld, %d experts top-%d, weights %.2f GiB; backend gpu, forward "
-               "kernels %s\n",
+        printf("model %s: %d layers + %d MTP, D %lld, %d experts top-%d, weights %.2f GiB; backend gpu\n",
                model_dir, cfg->n_layers, cfg->n_mtp_layers, (long long)cfg->dim, cfg->n_routed_experts,
-               cfg->n_activated_experts, (double)mmoe_model_weight_bytes(m) / (1u << 30),
-               mmoe_gpu_fwd_kernels_name(mmoe_gpu_model_fwd_kernels(gpu)));
+               cfg->n_activated_experts, (double)mmoe_model_weight_bytes(m) / (1u << 30));
         st = bench_gpu(gpu, ids, n_prefill, n_decode, V, logits, NULL, &err);
         rc = st == MMOE_OK ? 0 : 1;
         goto done;

@@ -83,14 +83,10 @@ mmoe_status mmoe_backend_open(mmoe_backend want, const mmoe_model *m, int64_t ma
     *gpu = NULL;
     if (want == MMOE_BACKEND_CPU)
         return MMOE_OK;
-    mmoe_gpu_fwd_kernels kernels; /* a kernel set the environment names wrongly is an error, not a reason for the CPU */
-    mmoe_status st = mmoe_gpu_fwd_kernels_from_env(&kernels, err);
-    if (st != MMOE_OK)
-        return st;
     int cc = 0;
     mmoe_error probe;
     mmoe_error_clear(&probe);
-    st = mmoe_gpu_available(&cc, &probe);
+    mmoe_status st = mmoe_gpu_available(&cc, &probe);
     if (st != MMOE_OK) {
         if (want == MMOE_BACKEND_GPU)
             return mmoe_error_set(err, st, "--backend gpu: %s", probe.msg);
@@ -118,11 +114,10 @@ mmoe_status mmoe_backend_open(mmoe_backend want, const mmoe_model *m, int64_t ma
         mmoe_gpu_model_bytes_held(*gpu, &b);
         fprintf(stderr,
                 "%s: backend: gpu (%s; device sm_%d, %.1f MiB on the device: weights %.1f, caches %.1f, work %.1f; "
-                "forward kernels %s; cuda graph: %s)\n",
+                "cuda graph: %s)\n",
                 cmd, want == MMOE_BACKEND_AUTO ? "auto: a CUDA device is present" : "requested", cc,
                 (double)b.total / 1048576.0, (double)b.weights / 1048576.0, (double)b.caches / 1048576.0,
-                (double)b.work / 1048576.0, mmoe_gpu_fwd_kernels_name(mmoe_gpu_model_fwd_kernels(*gpu)),
-                cuda_graph ? "on, one replay per decode step" : "off");
+                (double)b.work / 1048576.0, cuda_graph ? "on, one replay per decode step" : "off");
     }
     return MMOE_OK;
 }

@@ -71,9 +71,7 @@ int mmoe_cuda_graph_resolve(const char *cmd, mmoe_cuda_graph_opt *o, mmoe_backen
  * @param quiet        1: no "backend: ..." line on stderr
  * @param gpu          receives the GPU model, or NULL when the CPU runs
  * @param err          message on failure
- * @return MMOE_OK; with MMOE_BACKEND_GPU the GPU's error (MMOE_ENODEV, MMOE_ENOMEM with the bytes, ...);
- *         with GPU or auto MMOE_EINVAL when MMOE_GPU_FWD_KERNELS names no kernel set (never a
- *         reason to run on the CPU)
+ * @return MMOE_OK; with MMOE_BACKEND_GPU the GPU's error (MMOE_ENODEV, MMOE_ENOMEM with the bytes, ...)
  */
 mmoe_status mmoe_backend_open(mmoe_backend want, const mmoe_model *m, int64_t max_seq_len, int64_t max_tokens,
                               int cuda_graph, const char *cmd, int quiet, mmoe_gpu_model **gpu, mmoe_error *err);

@@ -19,22 +19,17 @@
  * | k_rmsnorm         | sum of squares in double, the block's tree [rmsnorm.c]; | yes    |
  * |                   | optionally k_act_quant's codes of its output            |        |
  * | k_act_quant       | 1x128 E4M3, UE8M0 ceil scale of the V4 rule [linear_fp8.c] | yes |
- * | k_linear_fp8_128  | exact block partials, fp32 scaled sum in block order    | yes    |
- * | k_linear_fp8_128_split | the same, weight loads pipelined, grid per SM count | yes    |
+ * | k_linear_fp8_128_split | exact block partials, fp32 scaled sum in block order; grid per SM count | yes |
  * | k_linear_fp8      | the same for other scale blocks (one warp per output)   | yes    |
- * | k_linear_dense    | double dot in the chunked pairwise order [linear_dense.c] | yes   |
- * | k_linear_dense_split | the same, one warp per output                        | yes    |
- * | k_hc_part, _finish | mHC logits (double, block trees), sigmoid, Sinkhorn, mix | yes*  |
- * | k_hc_finish_split | k_hc_finish, its Sinkhorn in one warp's registers     | yes*   |
+ * | k_linear_dense_split | double dot in the chunked pairwise order [linear_dense.c] | yes  |
+ * | k_hc_part, k_hc_finish_split | mHC logits (double, block trees), sigmoid, Sinkhorn, mix | yes* |
  * | k_hc_post         | fp32 write-back, j ascending, then the post term       | yes    |
  * | k_scale_heads     | per-head q scaling in bf16 steps, RoPE [attn_forward.c] | yes    |
  * | k_kv_finish       | kv RMSNorm, RoPE, FP8 round trip (block 64)             | yes    |
- * | k_indexer_q       | RoPE, Hadamard, FP4 round trip; head weights scaling    | yes    |
- * | k_indexer_q_split | the same, one warp per head in registers                | yes    |
+ * | k_indexer_q_split | RoPE, Hadamard, FP4 round trip; head weights scaling    | yes    |
  * | k_compress        | gated pooling per channel, finish [attn_compressor.c]   | yes*   |
  * | k_indexer_scores  | bf16-rounded head terms, double sums [attn_indexer.c]   | yes    |
- * | k_topk            | descending, NaN last, ties to the lower index           | yes    |
- * | k_topk_split      | the same, the candidates over blocks                    | yes    |
+ * | k_topk_split      | descending, NaN last, ties to the lower index           | yes    |
  * | k_attend          | chunked online softmax, sink, bf16 P, inverse RoPE [attn_sparse.c] | exp |
  * | MoE sub-layer     | gpu_fwd_moe.cu: the oracle's GEMM order, chain-packed weights | yes |
  * | (its router)      | sqrt-softplus, bias for selection, top-k or hash        | exp/log|
@@ -53,38 +48,34 @@
  * whose sums a second kernel folds with the oracle's own code: every level is a node of the
  * same tree, so the bits are the oracle's.  Maxima (the FP8/FP4 scales, the softmax's running
  * max) are order-free and reduced by warps.  The rest keeps its sequential order but not its
- * serial shape: the Sinkhorn iterations run one thread per matrix entry, each summing its row
- * or column in order; the Hadamard stages split their independent butterflies; the attention's
- * exps run in parallel and only the denominator's fp32 chain stays on one thread.
+ * serial shape: the Sinkhorn iterations run one lane of a warp per matrix entry, each summing
+ * its row or column in order; the Hadamard stages split their independent butterflies; the
+ * attention's exps run in parallel and only the denominator's fp32 chain stays on one thread.
  *
- * ## Two kernel sets for the per-token steps
+ * ## The per-token steps spread over warps
  *
- * At decode (one token per call) two steps ran in one thread block each: the indexer's query
- * transform (64 heads of 128 values at V4-Flash widths: RoPE, seven Hadamard stages separated
- * by block barriers over all 8192 values, the FP4 round trip) and mHC's Sinkhorn iterations
- * (about four block barriers per iteration in block 0).  The model's kernel set
- * (mmoe_gpu_fwd_kernels, read from MMOE_GPU_FWD_KERNELS when the model is created) picks
- * either those kernels ("serial") or "split" ones (the default: faster on an H200) that spread
- * the same work: k_indexer_q_split gives each head to one warp, which keeps the head in registers (value
- * V lane + r in register r of lane lane, V = id / 32), runs the Hadamard stages below V inside
- * a lane and the others by xor shuffles between lanes, and takes each FP4 block's maximum over
- * the 32 / V lanes that hold it; k_hc_finish_split runs the Sinkhorn iterations in warp 0 of
- * block 0, the matrix in registers and every row and column sum fetched by shuffles in the
- * oracle's order, while the other blocks mix one channel per thread, their stream values
- * loaded while the block sums are still being folded (the mix needs only pre);
- * k_topk_split ranks the candidates (one thread each, O(n) comparisons) in blocks of 256
- * instead of one block per token, which matters at long contexts (n = position / 4).  The
- * linears of a decode step are bound by how fast their weights stream in: k_linear_dense_split
- * gives each output of a dense linear (the grouped output projection, the compressors' and the
- * indexer's projections, the head's logits) one warp instead of one block with its block tree,
- * with about 2 KiB of its weight loads in flight (one to four rounds of 32 chunks), and
- * k_linear_fp8_128_split issues a warp's first weight loads before the block decodes x and
- * keeps the next batch of steps in flight while it sums the current one; its grid is sized for
- * the multiprocessors (fp8_split_choose()): the steps of a row pair of a short projection are
- * shared by up to 8 warps, and a warp of a tall one streams up to 8 row pairs in one stream of
- * loads (the (row, K block) terms are exact, so who computes them is free).  Each butterfly, sum,
- * division and rounding has the same operands in the same order as in the serial kernels, so
- * the two sets give the same bits (the tests compare them with each other and with the oracle).
+ * At decode (one token per call) the steps that are sequential per token would leave all but
+ * one thread block idle if each ran in one block; their work is spread instead, every
+ * butterfly, sum, division and rounding keeping its operands and its order.  The indexer's
+ * query transform (64 heads of 128 values at V4-Flash widths: RoPE, seven Hadamard stages,
+ * the FP4 round trip) runs in k_indexer_q_split, which gives each head to one warp and keeps
+ * the head in registers (value V lane + r in register r of lane lane, V = id / 32), runs the
+ * Hadamard stages below V inside a lane and the others by xor shuffles between lanes, and takes
+ * each FP4 block's maximum over the 32 / V lanes that hold it.  mHC's Sinkhorn iterations run
+ * in warp 0 of block 0 of k_hc_finish_split, the matrix in registers and every row and column
+ * sum fetched by shuffles in the oracle's order, while the other blocks mix one channel per
+ * thread, their stream values loaded while the block sums are still being folded (the mix
+ * needs only pre).  k_topk_split ranks the candidates (one thread each, O(n) comparisons) in
+ * blocks of 256, which matters at long contexts (n = position / 4).  The linears of a decode
+ * step are bound by how fast their weights stream in: k_linear_dense_split gives each output
+ * of a dense linear (the grouped output projection, the compressors' and the indexer's
+ * projections, the head's logits) one warp, with about 2 KiB of its weight loads in flight
+ * (one to four rounds of 32 chunks), and k_linear_fp8_128_split issues a warp's first weight
+ * loads before the block decodes x and keeps the next batch of steps in flight while it sums
+ * the current one; its grid is sized for the multiprocessors (fp8_split_choose()): the steps
+ * of a row pair of a short projection are shared by up to 8 warps, and a warp of a tall one
+ * streams up to 8 row pairs in one stream of loads (the (row, K block) terms are exact, so
+ * who computes them is free).
  *
  * ## Expert parallelism
  *
@@ -115,8 +106,8 @@
  * call's first position (int64) followed by its token ids (int32).  The host writes it into a
  * pinned copy (g->step_host) and the call's first operation copies it over (step_send()).  The
  * kernels that depend on the position read it there, never as an argument: k_scale_heads,
- * k_kv_finish, k_indexer_q (RoPE), k_compress (slot, "block complete", the output row),
- * k_indexer_scores and k_topk (the causal block count), k_attend (window and compressed
+ * k_kv_finish, k_indexer_q_split (RoPE), k_compress (slot, "block complete", the output row),
+ * k_indexer_scores and k_topk_split (the causal block count), k_attend (window and compressed
  * lists) and k_ring_store (the ring slot); k_embed and the hash router read the ids.  The
  * one launch whose size follows the position, the indexer scores (one warp per causal
  * block), strides over the live count computed on the device, with a grid the host sizes for
@@ -380,7 +371,7 @@ __global__ void k_act_quant(const uint16_t *x, int64_t K, uint8_t *q, float *s)
  * y[t, n] = bf16(sum_kb fl(partial_kb) * (s_x * s_w)) with the exact block partials of
  * linear_fp8.c: one warp per output; the lanes' double partial sums of E4M3 products are
  * exact, so their reduction order does not matter.  The forward's linears (128-blocks) run
- * k_linear_fp8_128; this kernel serves other scale blocks and x rows wider than its shared
+ * k_linear_fp8_128_split; this kernel serves other scale blocks and x rows wider than its shared
  * memory (see launch_linear_fp8()).
  */
 __global__ void k_linear_fp8(const uint8_t *xq, const float *xs, int64_t T, dfp8 w, uint16_t *y)
@@ -437,22 +428,20 @@ __global__ void k_linear_fp8(const uint8_t *xq, const float *xs, int64_t T, dfp8
 
 /* ------------------------------------------------------------------ the 128-block FP8 linear */
 
-/** Outputs (weight rows) of one warp of k_linear_fp8_128: the two rows share the x values. */
+/** Outputs (weight rows) of one warp of k_linear_fp8_128_split: the two rows share the x values. */
 #define GFW_FP8_ROWS 2
-/** Warps of one k_linear_fp8_128 block (one token, GFW_FP8_ROWS * GFW_FP8_WARPS outputs). */
+/** Warps of one k_linear_fp8_128_split block (one token, GFW_FP8_ROWS * GFW_FP8_WARPS outputs). */
 #define GFW_FP8_WARPS 8
-/** 512-code steps whose weight loads k_linear_fp8_128 issues before summing any of them. */
-#define GFW_FP8_STEPS 4
-/** Dynamic shared memory k_linear_fp8_128 may use (the limit set in upload_tables()). */
+/** Dynamic shared memory k_linear_fp8_128_split may use (the limit set in upload_tables()). */
 #define GFW_FP8_SMEM_MAX (192 * 1024)
 
-/** Dynamic shared memory of k_linear_fp8_128 for input width K: the x row, then the block terms. */
+/** Dynamic shared memory of k_linear_fp8_128_split for input width K: the x row, then the block terms. */
 static size_t fp8_128_smem(int64_t K)
 {
     return sizeof(double) * (size_t)K + sizeof(float) * GFW_FP8_WARPS * GFW_FP8_ROWS * (size_t)(K / 128);
 }
 
-/** The dynamic shared memory of k_linear_fp8_128 and k_linear_fp8_128_split: the x row, then the block terms. */
+/** The dynamic shared memory of k_linear_fp8_128_split: the x row, then the block terms. */
 __device__ __forceinline__ double *fp8_sx_row()
 {
     extern __shared__ __align__(16) double fp8_sx[];
@@ -502,7 +491,7 @@ __device__ __forceinline__ uint32_t e4m3_nan_bits(uint32_t w)
  * Lane sum of its 16 products for one weight row: x pairs from the swizzled shared row (@p xp
  * at the lane's first pair slot), codes @p q.  Every product x w 2^-1016 is an integer
  * multiple of 2^-1034 below 2^(17.7-1016) in magnitude, so each fma is exact (see
- * k_linear_fp8_128).
+ * k_linear_fp8_128_split).
  */
 __device__ __forceinline__ double fp8_chunk16(const double2 *xp, int swz, uint4 q, uint32_t *nan)
 {
@@ -522,37 +511,10 @@ __device__ __forceinline__ double fp8_chunk16(const double2 *xp, int swz, uint4 
 }
 
 /**
- * The FP8 linear for 128x128 weight scale blocks (the model's), same bits as k_linear_fp8 and
- * linear_fp8.c.  One block of GFW_FP8_WARPS warps per (token t, 2 GFW_FP8_WARPS outputs),
- * blocks ordered token-fastest so that concurrent blocks share weight rows in L2.
- *
- * The block first decodes the token's x codes once into shared memory as exact doubles.  A
- * warp then streams two weight rows in steps of 512 codes: lane l loads the 16 codes
- * [16 l, 16 l + 16) of each row with one 16-byte load (the warp's loads cover 512 contiguous
- * bytes: scale blocks 4s..4s+3, eight lanes each), GFW_FP8_STEPS steps of loads in flight.  A
- * weight code becomes the double of its value times 2^-1016 in two integer instructions
- * (e4m3_times_2m1016), and the lane sums its 16 products with fma.
- *
- * Exactness: an E4M3 value is an integer multiple of 2^-9 of magnitude <= 448 < 2^9, so a
- * product x w 2^-1016 is an integer multiple of 2^-1034 (>= 2^-1074, the double grid's
- * spacing near zero) of magnitude < 2^18 2^-1016, and any sum of at most 128 of them is a
- * multiple of 2^-1034 below 2^25 2^-1016: 43 bits, within the 53 of a double, so every fma,
- * every addition below and the final scaling by 2^1016 are exact, whatever the order.  The
- * block partial is therefore the oracle's exact double, and fl32 of it the oracle's float.
- * A NaN weight code (tested four at a time) makes the lane's sum NaN, as the oracle's product
- * would; NaN x values are NaN doubles already.
- *
- * The eight lanes of a scale block add their sums in a butterfly that is transposed over the
- * two rows (after the first exchange a lane keeps row ((l >> 2) & 1)), so that one lane in four
- * ends with a (row, block) sum and computes the block's term fl32(partial) (s_x s_w).  The
- * terms go to shared memory; at the end lane r adds row r's terms in block order, the
- * oracle's fp32 sum.
- */
-/**
  * Step @p s (codes [512 s, 512 s + 512) of both rows, lane l's 16 in @p q0 and @p q1) of a warp
- * of k_linear_fp8_128 or k_linear_fp8_128_split: the lanes' exact sums, the eight lanes of a
- * scale block added in a butterfly transposed over the two rows (exact sums), and from one lane
- * in four the (row, block) term fl32(partial) (s_x s_w) into @p term.
+ * of k_linear_fp8_128_split: the lanes' exact sums, the eight lanes of a scale block added in a
+ * butterfly transposed over the two rows (exact sums), and from one lane in four the
+ * (row, block) term fl32(partial) (s_x s_w) into @p term.
  */
 __device__ __forceinline__ void fp8_128_step(int64_t s, int64_t K, int64_t kb_w, int lane, uint4 q0, uint4 q1,
                                              const float *xs_t, const uint8_t *ws_n, bool writer, float *term)
@@ -600,72 +562,6 @@ __device__ __forceinline__ void fp8_128_finish(int lane, bool has1, const float 
             acc = __fadd_rn(acc, term[lane * kb_w + kb]);
         yn[lane] = gfw_f2bf(acc);
     }
-}
-
-/**
- * The FP8 linear for 128x128 weight scale blocks (the model's), same bits as k_linear_fp8 and
- * linear_fp8.c.  One block of GFW_FP8_WARPS warps per (token t, 2 GFW_FP8_WARPS outputs),
- * blocks ordered token-fastest so that concurrent blocks share weight rows in L2.
- *
- * The block first decodes the token's x codes once into shared memory as exact doubles.  A
- * warp then streams two weight rows in steps of 512 codes: lane l loads the 16 codes
- * [16 l, 16 l + 16) of each row with one 16-byte load (the warp's loads cover 512 contiguous
- * bytes: scale blocks 4s..4s+3, eight lanes each), GFW_FP8_STEPS steps of loads in flight.  A
- * weight code becomes the double of its value times 2^-1016 in two integer instructions
- * (e4m3_times_2m1016), and the lane sums its 16 products with fma.
- *
- * Exactness: an E4M3 value is an integer multiple of 2^-9 of magnitude <= 448 < 2^9, so a
- * product x w 2^-1016 is an integer multiple of 2^-1034 (>= 2^-1074, the double grid's
- * spacing near zero) of magnitude < 2^18 2^-1016, and any sum of at most 128 of them is a
- * multiple of 2^-1034 below 2^25 2^-1016: 43 bits, within the 53 of a double, so every fma,
- * every addition below and the final scaling by 2^1016 are exact, whatever the order.  The
- * block partial is therefore the oracle's exact double, and fl32 of it the oracle's float.
- * A NaN weight code (tested four at a time) makes the lane's sum NaN, as the oracle's product
- * would; NaN x values are NaN doubles already.
- *
- * The eight lanes of a scale block add their sums in a butterfly that is transposed over the
- * two rows (after the first exchange a lane keeps row ((l >> 2) & 1)), so that one lane in four
- * ends with a (row, block) sum and computes the block's term fl32(partial) (s_x s_w)
- * (fp8_128_step).  The terms go to shared memory; at the end lane r adds row r's terms in
- * block order, the oracle's fp32 sum.
- */
-__global__ void __launch_bounds__(GFW_FP8_WARPS * 32, 3)
-    k_linear_fp8_128(const uint8_t *xq, const float *xs, int64_t T, dfp8 w, uint16_t *y)
-{
-    double *sx = fp8_sx_row();
-    const int64_t K = w.K, kb_w = K / 128, nsteps = (K + 511) / 512;
-    const int64_t t = blockIdx.x % T, n_blk = blockIdx.x / T;
-    const uint8_t *xr = xq + t * K;
-    for (int k = threadIdx.x; k < (int)K; k += blockDim.x)
-        sx[fp8_x_slot(k)] = (double)gfw_e4m3_value(xr[k]);
-    __syncthreads();
-
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t n0 = n_blk * (GFW_FP8_ROWS * GFW_FP8_WARPS) + warp * GFW_FP8_ROWS;
-    if (n0 >= w.N)
-        return;
-    const bool has1 = n0 + 1 < w.N;
-    const uint8_t *w0 = w.w + n0 * K, *w1 = has1 ? w0 + K : w0; /* a missing row 1 rereads row 0 */
-    float *term = (float *)(sx + K) + (int64_t)warp * GFW_FP8_ROWS * kb_w;
-    const int row = (lane >> 2) & 1;
-    const bool writer = (lane & 3) == 0 && (row == 0 || has1);
-    const float *xs_t = xs + t * kb_w;
-    const uint8_t *ws_n = w.s + ((n0 + row) / 128) * w.scols;
-
-    for (int64_t s0 = 0; s0 < nsteps; s0 += GFW_FP8_STEPS) {
-        uint4 q0[GFW_FP8_STEPS], q1[GFW_FP8_STEPS];
-#pragma unroll
-        for (int u = 0; u < GFW_FP8_STEPS; u++)
-            fp8_128_load(s0 + u, nsteps, K, lane, w0, w1, &q0[u], &q1[u]);
-#pragma unroll
-        for (int u = 0; u < GFW_FP8_STEPS; u++) {
-            if (s0 + u >= nsteps)
-                break;
-            fp8_128_step(s0 + u, K, kb_w, lane, q0[u], q1[u], xs_t, ws_n, writer, term);
-        }
-    }
-    __syncwarp();
-    fp8_128_finish(lane, has1, term, kb_w, y + t * w.N + n0);
 }
 
 /** Steps of 512 codes per batch of k_linear_fp8_128_split (two batches of loads in flight). */
@@ -786,19 +682,41 @@ __device__ __forceinline__ void fp8_split_step_batch(int u0, const fp8_split_war
 }
 
 /**
- * k_linear_fp8_128 with its weight stream pipelined and its rows shared out by @p sh (the
- * "split" kernel set; every (row, K block) term is fp8_128_step's, and every output adds its
- * terms in block order from +0, hence the same bits).  Block b of token t = b mod T owns the
- * fp8_split_rows(sh) rows from (b / T) fp8_split_rows(sh); warp v runs the `pairs` row pairs
- * from 2 (v / slices) pairs within them, each over slice v mod slices of the pair's steps
- * (ceil(steps / slices) steps per slice, the last ones shorter or empty), as one stream of
- * (pair, step) units.  Each warp issues the loads of its first batch of GFW_FP8_SPLIT_STEPS
- * units before the block decodes x, so the prologue overlaps the memory latency; the x codes
- * are read four at a time.  In the loop the loads of batch b + 1 are issued before batch b is
- * summed, so a warp always has a batch of loads in flight while it computes, also across the
- * end of a pair; two register sets (a, b) take turns, so no codes are copied.  The terms of
- * all the block's rows stay in shared memory until a barrier after the loop; then thread i
- * adds row i's terms in block order (the oracle's fp32 sum) and writes the output.
+ * The FP8 linear for 128x128 weight scale blocks (the model's), same bits as k_linear_fp8 and
+ * linear_fp8.c.
+ *
+ * The block first decodes the token's x codes (read four at a time) once into shared memory
+ * as exact doubles.  A warp streams pairs of weight rows in steps of 512 codes: lane l loads
+ * the 16 codes [16 l, 16 l + 16) of each row with one 16-byte load (the warp's loads cover 512
+ * contiguous bytes: scale blocks 4s..4s+3, eight lanes each).  A weight code becomes the
+ * double of its value times 2^-1016 in two integer instructions (e4m3_times_2m1016), and the
+ * lane sums its 16 products with fma.
+ *
+ * The rows are shared out by @p sh (fp8_split_choose()).  Block b of token t = b mod T owns
+ * the fp8_split_rows(sh) rows from (b / T) fp8_split_rows(sh); warp v runs the `pairs` row
+ * pairs from 2 (v / slices) pairs within them, each over slice v mod slices of the pair's
+ * steps (ceil(steps / slices) steps per slice, the last ones shorter or empty), as one stream
+ * of (pair, step) units.  Each warp issues the loads of its first batch of
+ * GFW_FP8_SPLIT_STEPS units before the block decodes x, so the prologue overlaps the memory
+ * latency.  In the loop the loads of batch b + 1 are issued before batch b is summed, so a
+ * warp always has a batch of loads in flight while it computes, also across the end of a
+ * pair; two register sets (a, b) take turns, so no codes are copied.
+ *
+ * Exactness: an E4M3 value is an integer multiple of 2^-9 of magnitude <= 448 < 2^9, so a
+ * product x w 2^-1016 is an integer multiple of 2^-1034 (>= 2^-1074, the double grid's
+ * spacing near zero) of magnitude < 2^18 2^-1016, and any sum of at most 128 of them is a
+ * multiple of 2^-1034 below 2^25 2^-1016: 43 bits, within the 53 of a double, so every fma,
+ * every addition below and the final scaling by 2^1016 are exact, whatever the order (and
+ * whichever warp computes a term).  The block partial is therefore the oracle's exact double,
+ * and fl32 of it the oracle's float.  A NaN weight code (tested four at a time) makes the
+ * lane's sum NaN, as the oracle's product would; NaN x values are NaN doubles already.
+ *
+ * The eight lanes of a scale block add their sums in a butterfly that is transposed over the
+ * two rows (after the first exchange a lane keeps row ((l >> 2) & 1)), so that one lane in four
+ * ends with a (row, block) sum and computes the block's term fl32(partial) (s_x s_w)
+ * (fp8_128_step).  The terms of all the block's rows stay in shared memory until a barrier
+ * after the loop; then thread i adds row i's terms in block order from +0 (the oracle's fp32
+ * sum) and writes the output.
  */
 __global__ void __launch_bounds__(GFW_FP8_WARPS * 32, GFW_FP8_SPLIT_BLOCKS_PER_SM)
     k_linear_fp8_128_split(const uint8_t *xq, const float *xs, int64_t T, dfp8 w, fp8_split_shape sh, uint16_t *y)
@@ -850,27 +768,21 @@ __global__ void __launch_bounds__(GFW_FP8_WARPS * 32, GFW_FP8_SPLIT_BLOCKS_PER_S
 
 /**
  * Launch the FP8 linear y = fp8_linear(x) of T quantized rows: for 128-blocks whose x row fits
- * the shared memory and 16-byte aligned codes, k_linear_fp8_128 (serial set) or
- * k_linear_fp8_128_split (split set; x codes 4-byte aligned; its rows shared out for @p n_sm
- * multiprocessors by fp8_split_choose()), k_linear_fp8 otherwise (same bits either way).
+ * the shared memory, 16-byte aligned weight codes and 4-byte aligned x codes,
+ * k_linear_fp8_128_split with its rows shared out for @p n_sm multiprocessors by
+ * fp8_split_choose(), k_linear_fp8 otherwise (same bits either way).
  */
-static void launch_linear_fp8(mmoe_gpu_fwd_kernels kernels, const uint8_t *xq, const float *xs, int64_t T,
-                              const dfp8 &w, uint16_t *y, int n_sm, cudaStream_t st)
+static void launch_linear_fp8(const uint8_t *xq, const float *xs, int64_t T, const dfp8 &w, uint16_t *y, int n_sm,
+                              cudaStream_t st)
 {
     const size_t smem = fp8_128_smem(w.K);
-    if (w.block == 128 && smem <= GFW_FP8_SMEM_MAX && ((uintptr_t)w.w & 15) == 0) {
-        if (kernels == MMOE_GPU_FWD_SPLIT && ((uintptr_t)xq & 3) == 0) {
-            fp8_split_shape sh = fp8_split_choose(T, w.N, w.K, n_sm);
-            if (fp8_split_smem(w.K, sh) > GFW_FP8_SMEM_MAX)
-                sh = fp8_split_shape{1, 1}; /* the same shared memory as k_linear_fp8_128 */
-            const int64_t rows = fp8_split_rows(sh), blocks = T * ((w.N + rows - 1) / rows);
-            k_linear_fp8_128_split<<<(unsigned)blocks, GFW_FP8_WARPS * 32, fp8_split_smem(w.K, sh), st>>>(
-                xq, xs, T, w, sh, y);
-        } else {
-            const int64_t per_blk = GFW_FP8_ROWS * GFW_FP8_WARPS;
-            const int64_t blocks = T * ((w.N + per_blk - 1) / per_blk);
-            k_linear_fp8_128<<<(unsigned)blocks, GFW_FP8_WARPS * 32, smem, st>>>(xq, xs, T, w, y);
-        }
+    if (w.block == 128 && smem <= GFW_FP8_SMEM_MAX && ((uintptr_t)w.w & 15) == 0 && ((uintptr_t)xq & 3) == 0) {
+        fp8_split_shape sh = fp8_split_choose(T, w.N, w.K, n_sm);
+        if (fp8_split_smem(w.K, sh) > GFW_FP8_SMEM_MAX)
+            sh = fp8_split_shape{1, 1}; /* one row pair per warp: the least shared memory, fp8_128_smem(K) */
+        const int64_t rows = fp8_split_rows(sh), blocks = T * ((w.N + rows - 1) / rows);
+        k_linear_fp8_128_split<<<(unsigned)blocks, GFW_FP8_WARPS * 32, fp8_split_smem(w.K, sh), st>>>(xq, xs, T, w,
+                                                                                                     sh, y);
     } else {
         k_linear_fp8<<<(unsigned)((T * w.N * 32 + 255) / 256), 256, 0, st>>>(xq, xs, T, w, y);
     }
@@ -997,17 +909,7 @@ __device__ double dense_chunk(const ddense &w, int64_t n, const uint16_t *xr, in
     return c;
 }
 
-/** Threads of a k_linear_dense block for width K: the chunks rounded up to a power of two, 32..256. */
-static int dense_threads(int64_t K)
-{
-    const int64_t m = (K + MMOE_SUM_CHUNK - 1) / MMOE_SUM_CHUNK;
-    int b = 32;
-    while (b < m && b < 256)
-        b *= 2;
-    return b;
-}
-
-/** Most dense linears of one input that k_linear_dense runs in one launch. */
+/** Most dense linears of one input that k_linear_dense_split runs in one launch. */
 #define GFW_DENSE_SET 5
 
 /** Dense linears of one input: weight j [N[j], K] into yf[j] (fp32) and/or yb[j] (bf16), [T, N[j]]. */
@@ -1018,52 +920,6 @@ struct dense_set {
     uint16_t *yb[GFW_DENSE_SET];    /**< bf16 outputs or NULL */
     int n;                          /**< linears in the set */
 };
-
-/**
- * Dense linears (linear_dense.c) of one input x: y[t, n] = fl32(the double sum of x_k w_k in the
- * order of @ref spec_arch_sum_order), one block per output of any linear of the set (the
- * blocks of linear 0 first), dense_threads(K) threads each summing one aligned run of chunks,
- * then the block's tree.  x row t starts at x + t*ldx + (n / group_rows) * group_width (the
- * grouped output projection reads its head group; group_rows = 0: no grouping).
- */
-__global__ void k_linear_dense(const uint16_t *x, int64_t T, int64_t ldx, int64_t K, dense_set set,
-                               int64_t group_rows, int64_t group_width)
-{
-    __shared__ double sh[33];
-    int64_t o = blockIdx.x;
-    int j = 0;
-    while (j < set.n && o >= T * set.N[j]) {
-        o -= T * set.N[j];
-        j++;
-    }
-    if (j >= set.n)
-        return;
-    const ddense &w = set.w[j];
-    const int64_t N = set.N[j];
-    float *y_f32 = set.yf[j];
-    uint16_t *y_bf16 = set.yb[j];
-    const int64_t t = o / N, n = o % N;
-    const uint16_t *xr = x + t * ldx + (group_rows > 0 ? (n / group_rows) * group_width : 0);
-    const int64_t r = gfw_chunks_per_lane(K, blockDim.x);
-    double v;
-    if (r == 1) {
-        v = dense_chunk(w, n, xr, threadIdx.x, K);
-    } else {
-        mmoe_pairwise pw;
-        mmoe_pairwise_init(&pw);
-        for (int64_t q = 0; q < r; q++)
-            mmoe_pairwise_push(&pw, dense_chunk(w, n, xr, threadIdx.x * r + q, K));
-        v = mmoe_pairwise_result(&pw);
-    }
-    v = gfw_block_tree(v, sh);
-    if (threadIdx.x == 0) {
-        const float f = __double2float_rn(v);
-        if (y_f32)
-            y_f32[o] = f;
-        if (y_bf16)
-            y_bf16[o] = gfw_f2bf(f);
-    }
-}
 
 /** Warps (one output each) of a k_linear_dense_split block. */
 #define GFW_DENSE_WARPS 8
@@ -1185,8 +1041,11 @@ __device__ __forceinline__ double dense_warp_sum(const ddense &w, int64_t n, con
 }
 
 /**
- * k_linear_dense with one WARP per output (the "split" kernel set; same bits): GFW_DENSE_WARPS
- * outputs per block, no shared memory, no block barrier.
+ * Dense linears (linear_dense.c) of one input x: y[t, n] = fl32(the double sum of x_k w_k in the
+ * order of @ref spec_arch_sum_order), one WARP per output of any linear of the set (the outputs
+ * of linear 0 first), GFW_DENSE_WARPS outputs per block, no shared memory, no block barrier.
+ * x row t starts at x + t*ldx + (n / group_rows) * group_width (the grouped output projection
+ * reads its head group; group_rows = 0: no grouping).
  *
  * Order.  Let m be the chunk count and M the next power of two (the spec's tree has M leaves,
  * the missing ones +0).  In round r lane l sums chunk 32 r + l (+0 past the end) and the
@@ -1283,7 +1142,7 @@ __global__ void k_hc_part(const uint16_t *X, int64_t n, const float *fn, int n_o
 }
 
 /**
- * The first steps of k_hc_finish and k_hc_finish_split for token @p t (whole block): the S block
+ * The first steps of k_hc_finish_split for token @p t (whole block): the S block
  * sums of each reduction folded by the spec's tree, the logits m[0, n_out) (m[n_out]: the rms
  * factor), pre[0, hc), and from block 0 of an hc_pre also post.  Ends with m visible to the
  * block (pre is written after the last barrier: the caller synchronizes before reading it).
@@ -1335,76 +1194,6 @@ __device__ __forceinline__ void hc_mix_channels(const uint16_t *Xt, int64_t D, i
 }
 
 /**
- * Second half of hc_pre (n_out = (2+hc)*hc: pre, post, Sinkhorn comb, mix) or hc_head
- * (n_out = hc: pre and mix only) for token blockIdx.y (mmoe_mhc.c, step by step): the logits
- * (hc_finish_logits) and the mix of the channels [1024 blockIdx.x, 1024 (blockIdx.x + 1)).
- * Block 0 also runs the Sinkhorn iterations, one thread per entry of C (each thread sums its
- * row or column in the oracle's order, so every thread of a row gets the same bits), with block
- * barriers between the steps.
- */
-__global__ void k_hc_finish(const uint16_t *X, int64_t D, int hc, const double *part, int S, const float *base,
-                            const float *scale, int n_out, float norm_eps, float hc_eps, int iters, uint16_t *y,
-                            float *post, float *comb)
-{
-    __shared__ float m[(2 + 8) * 8 + 1];
-    __shared__ float pre[8];
-    __shared__ float C[8 * 8];
-    const int64_t t = blockIdx.y, n = (int64_t)hc * D;
-    const int tid = threadIdx.x;
-    const uint16_t *Xt = X + t * n;
-    hc_finish_logits(t, n, hc, part, S, base, scale, n_out, norm_eps, hc_eps, post, m, pre);
-    if (n_out > hc && blockIdx.x == 0) { /* Sinkhorn (mmoe_hc_sinkhorn), uniform over the block */
-        const int i = tid, j = tid / hc, k = tid % hc, live = tid < hc * hc;
-        if (live)
-            C[i] = __fadd_rn(__fmul_rn(m[2 * hc + i], scale[2]), base[2 * hc + i]);
-        __syncthreads();
-        float e = 0.0f;
-        if (live) { /* row softmax, + eps */
-            float mx = C[j * hc];
-            for (int kk = 1; kk < hc; kk++)
-                mx = C[j * hc + kk] > mx ? C[j * hc + kk] : mx;
-            e = gfw_expf(__fsub_rn(C[i], mx));
-        }
-        __syncthreads();
-        if (live)
-            C[i] = e;
-        __syncthreads();
-        float sum = 0.0f;
-        if (live)
-            for (int kk = 0; kk < hc; kk++)
-                sum = __fadd_rn(sum, C[j * hc + kk]);
-        __syncthreads();
-        if (live)
-            C[i] = __fadd_rn(__fdiv_rn(e, sum), hc_eps);
-        __syncthreads();
-        for (int it = 0; it < iters; it++) {
-            if (it > 0) { /* rows */
-                float rs = 0.0f;
-                if (live)
-                    for (int kk = 0; kk < hc; kk++)
-                        rs = __fadd_rn(rs, C[j * hc + kk]);
-                __syncthreads();
-                if (live)
-                    C[i] = __fdiv_rn(C[i], __fadd_rn(rs, hc_eps));
-                __syncthreads();
-            }
-            float cs = 0.0f; /* columns */
-            if (live)
-                for (int jj = 0; jj < hc; jj++)
-                    cs = __fadd_rn(cs, C[jj * hc + k]);
-            __syncthreads();
-            if (live)
-                C[i] = __fdiv_rn(C[i], __fadd_rn(cs, hc_eps));
-            __syncthreads();
-        }
-        if (live)
-            comb[t * hc * hc + i] = C[i];
-    }
-    __syncthreads();
-    hc_mix_channels(Xt, D, hc, pre, y, t, 0);
-}
-
-/**
  * Entry @p e (< 64) of a Sinkhorn matrix held by a warp, entry i in lane i % 32 of register
  * i / 32 (@p c0, @p c1); @p two: 0 when hc*hc <= 32 (c1 unused).  Every lane must call it.
  */
@@ -1430,7 +1219,7 @@ __device__ __forceinline__ float sk_line_sum(float c0, float c1, int hc, int j, 
  * The Sinkhorn iterations of mmoe_hc_sinkhorn by one warp in registers: entry i = j*hc + k of
  * C in lane i % 32, register i / 32 (hc <= 8: at most 64 entries); each row or column sum is
  * the oracle's sequential fp32 sum, the entries fetched by shuffles, so every lane of a row gets
- * the same bits as k_hc_finish's thread for that entry; no barrier but the shuffles' own.  With
+ * the same bits, the oracle's; no barrier but the shuffles' own.  With
  * hc*hc <= 32 (hc <= 5) only the first register is live and the second is never computed.
  * @p logit: the block's shared logits of C (m + 2 hc); @p c_scale: scale[2]; @p c_base: the
  * lane's base[2 hc + i] for its two entries (loaded by the caller long before); writes
@@ -1504,14 +1293,17 @@ __device__ void sinkhorn_warp_any(const float *logit, float c_scale, const float
 }
 
 /**
- * k_hc_finish's work for token blockIdx.y, spread so that nothing waits for memory twice: with
- * a Sinkhorn (n_out > hc), block 0 computes the logits, post, and the Sinkhorn iterations in its
- * warp 0 (sinkhorn_warp: registers and shuffles, no block barrier inside the iterations); the
- * other blocks, or all of them for hc_head, mix one channel per thread, c = (blockIdx.x - 1 or
- * - 0) * blockDim.x + threadIdx.x.  Each thread loads what it needs (its hc stream values, its
- * Sinkhorn base entries) before the logits, so those loads overlap the wait for the block sums.
- * The same operations on the same operands in the same order as k_hc_finish, so the same bits.
- * blockDim.x: a multiple of 32, at least n_out + 1; grid: nblk(D) + (n_out > hc) blocks of 256 (launch_hc_mix()).
+ * Second half of hc_pre (n_out = (2+hc)*hc: pre, post, Sinkhorn comb, mix) or hc_head
+ * (n_out = hc: pre and mix only) for token blockIdx.y (mmoe_mhc.c, step by step), spread so
+ * that nothing waits for memory twice: with a Sinkhorn (n_out > hc), block 0 computes the
+ * logits (hc_finish_logits), post, and the Sinkhorn iterations in its warp 0 (sinkhorn_warp:
+ * registers and shuffles, no block barrier inside the iterations); the other blocks, or all of
+ * them for hc_head, mix one channel per thread, c = (blockIdx.x - 1 or - 0) * blockDim.x +
+ * threadIdx.x.  Each thread loads what it needs (its hc stream values, its Sinkhorn base
+ * entries) before the logits, so those loads overlap the wait for the block sums.  Every step
+ * has the oracle's operations on the same operands in the same order, so the same bits.
+ * blockDim.x: a multiple of 32, at least n_out + 1; grid: nblk(D) + (n_out > hc) blocks of 256
+ * (launch_hc_mix()).
  */
 __global__ void k_hc_finish_split(const uint16_t *X, int64_t D, int hc, const double *part, int S, const float *base,
                                   const float *scale, int n_out, float norm_eps, float hc_eps, int iters, uint16_t *y,
@@ -1722,36 +1514,14 @@ __global__ void k_kv_finish(uint16_t *kv, int64_t d, ddense w, float eps, int ro
     fp8_roundtrip_warps(x, d - rope_dim, threadIdx.x / 32, blockDim.x / 32);
 }
 
-/**
- * Indexer queries of one token per block (attn_forward.c): RoPE on the last rope_dim dims of
- * each head at position pos0 + t (pos0 = *pos_dev, the step record), Hadamard per head, then
- * FP4 over all heads; and the token's head weights wi = bf16(wi * w_scale).  Dynamic shared
- * memory: ih * id floats.
- */
-__global__ void k_indexer_q(uint16_t *qi, int ih, int id, int rope_dim, const float *cs, const int64_t *pos_dev,
-                            uint16_t *wi, float w_scale)
-{
-    const int64_t pos0 = *pos_dev;
-    extern __shared__ float hv[];
-    uint16_t *q = qi + (int64_t)blockIdx.x * ih * id;
-    const int half = rope_dim / 2;
-    for (int p = threadIdx.x; p < ih * half; p += blockDim.x)
-        rope_pair(q + (int64_t)(p / half) * id + id - rope_dim, p % half, half, cs, pos0 + blockIdx.x, 0);
-    for (int h = threadIdx.x; h < ih; h += blockDim.x)
-        wi[(int64_t)blockIdx.x * ih + h] = gfw_f2bf(__fmul_rn(gfw_bf2f(wi[(int64_t)blockIdx.x * ih + h]), w_scale));
-    __syncthreads();
-    hadamard_block(q, ih, id, hv);
-    fp4_roundtrip_warps(q, (int64_t)ih * id, threadIdx.x / 32, blockDim.x / 32);
-}
-
 /** Warps of a k_indexer_q_split block (one indexer head each). */
 #define GFW_IDXQ_WARPS 4
 
 /**
- * k_indexer_q for one head of n = 32 V values by one warp, in registers: value i = V lane + r
- * is register r of lane lane (the FP4 blocks of 32 values are the aligned groups of 32 / V
- * lanes).  The steps and their operations are k_indexer_q's (rope_pair, hadamard_block,
- * fp4_roundtrip_warps), value by value:
+ * The indexer query transform (attn_forward.c) of one head of n = 32 V values by one warp, in
+ * registers: value i = V lane + r is register r of lane lane (the FP4 blocks of 32 values are
+ * the aligned groups of 32 / V lanes).  The steps and their operations are those of rope_pair,
+ * hadamard_block and fp4_roundtrip_warps (the oracle's), value by value:
  *   - RoPE of the pairs (2p, 2p + 1) of the last rope_dim values, each rounded to bf16 (for V = 1
  *     the partner of a pair is the neighbour lane's register, fetched by a shuffle);
  *   - the Hadamard stages h = 1, 2, ..., n/2 in that order, each butterfly a + b and a - b of
@@ -1827,9 +1597,11 @@ __device__ __forceinline__ void indexer_q_head_warp(uint16_t *qh, int rope_dim, 
 }
 
 /**
- * k_indexer_q split over heads: warp w of block (x, t) takes head GFW_IDXQ_WARPS x + w of token
- * t (indexer_q_head_warp, head width 32 V) and that head's weight wi = bf16(wi * w_scale).  The
- * same bits as k_indexer_q (every FP4 block lies in one head as id >= 32); no block barrier.
+ * Indexer queries (attn_forward.c), split over heads: RoPE on the last rope_dim dims of each
+ * head at position pos0 + t (pos0 = *pos_dev, the step record), Hadamard per head, FP4 (every
+ * FP4 block lies in one head as id >= 32).  Warp w of block (x, t) takes head
+ * GFW_IDXQ_WARPS x + w of token t (indexer_q_head_warp, head width 32 V) and that head's weight
+ * wi = bf16(wi * w_scale); no block barrier.
  * @p fp4 0 stops after the Hadamard (for the tests; the forward passes 1).
  */
 template <int V>
@@ -2222,28 +1994,11 @@ __device__ __forceinline__ int topk_before(float sa, int64_t a, float sb, int64_
     return a < b;
 }
 
-/** Top-k by rank counting, one block per token (pos0 = *pos_dev); idx[t, rank] = block. */
-__global__ void k_topk(const float *scores, int64_t T, const int64_t *pos_dev, int64_t max_blocks, int topk,
-                       int32_t *idx)
-{
-    const int64_t pos0 = *pos_dev;
-    const int64_t t = blockIdx.x;
-    const int64_t n = (pos0 + t + 1) / 4;
-    const int64_t k = n < topk ? n : topk;
-    const float *s = scores + t * max_blocks;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-        int64_t rank = 0;
-        for (int64_t j = 0; j < n && rank < k; j++)
-            rank += (j != i) && topk_before(s[j], j, s[i], i);
-        if (rank < k)
-            idx[t * topk + rank] = (int32_t)i;
-    }
-}
 /**
- * k_topk split over blocks: thread blockIdx.x * blockDim.x + threadIdx.x of token blockIdx.y
- * ranks candidate i (the same count as k_topk's thread for i, so the same idx); at long
- * contexts the O(n) count of each of the n candidates is spread over n / blockDim.x blocks
- * instead of one.
+ * Top-k by rank counting (pos0 = *pos_dev; idx[t, rank] = block), split over blocks: thread
+ * blockIdx.x * blockDim.x + threadIdx.x of token blockIdx.y ranks candidate i among the
+ * n = (pos0 + t + 1) / 4 causal blocks; at long contexts the O(n) count of each of the n
+ * candidates is spread over n / blockDim.x blocks.
  */
 __global__ void k_topk_split(const float *scores, const int64_t *pos_dev, int64_t max_blocks, int topk, int32_t *idx)
 {
@@ -2589,7 +2344,6 @@ struct mmoe_gpu_model {
     float *as;
     int64_t max_blocks_all, kmax, moe_width, moe_kmax;
     gfw_moe_work moe_work;        /**< the MoE sub-layer's own work buffers */
-    mmoe_gpu_fwd_kernels fwd_kernels; /**< the kernel set of the per-token steps (MMOE_GPU_FWD_KERNELS) */
     /* state */
     int64_t pos, mtp_pos;
     int timing;
@@ -2951,7 +2705,6 @@ static cudaError_t build(mmoe_gpu_model *g, const gfw_model_src *s, int *host_oo
         dm->Ws = m->shared_width;
         dm->B = m->shared_block;
         dm->limit = m->swiglu_limit;
-        dm->kset = g->fwd_kernels == MMOE_GPU_FWD_SPLIT ? GFW_MOE_SPLIT : GFW_MOE_SERIAL;
         d->route_scale = m->route_scale;
         d->gate = (const uint16_t *)gupload(g, m->gate, (size_t)(m->n_experts * D) * 2, &ce);
         d->bias = m->bias ? (const float *)gupload(g, m->bias, sizeof(float) * (size_t)m->n_experts, &ce) : NULL;
@@ -3194,7 +2947,7 @@ static void exp_table(unsigned long long *tab)
     }
 }
 
-/** Upload the E4M3 and exp tables to constant memory; allow k_linear_fp8_128 its shared memory. */
+/** Upload the E4M3 and exp tables to constant memory; allow k_linear_fp8_128_split its shared memory. */
 static cudaError_t upload_tables(void)
 {
     unsigned long long tab[32];
@@ -3204,9 +2957,7 @@ static cudaError_t upload_tables(void)
         ce = cudaMemcpyToSymbol(c_e4m3, mmoe_fp8_e4m3_table(), sizeof(float) * 256);
     if (ce == cudaSuccess)
         ce = gfw_moe_upload_exp_table(tab);
-    if (ce == cudaSuccess) /* the x row of k_linear_fp8_128 may exceed the default 48 KiB */
-        ce = cudaFuncSetAttribute(k_linear_fp8_128, cudaFuncAttributeMaxDynamicSharedMemorySize, GFW_FP8_SMEM_MAX);
-    if (ce == cudaSuccess)
+    if (ce == cudaSuccess) /* the x row of k_linear_fp8_128_split may exceed the default 48 KiB */
         ce = cudaFuncSetAttribute(k_linear_fp8_128_split, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   GFW_FP8_SMEM_MAX);
     return ce;
@@ -3216,23 +2967,6 @@ extern "C" mmoe_status mmoe_gpu_model_create(const mmoe_model *m, int64_t max_se
                                              mmoe_gpu_model **out, mmoe_error *err)
 {
     return gfw_model_create_part(m, NULL, max_seq_len, max_tokens, out, err);
-}
-
-/**
- * Let k_indexer_q take the dynamic shared memory of the largest ratio-4 block (ih * id floats)
- * when that exceeds the default 48 KiB: once at creation, never inside a (captured) call.
- */
-static cudaError_t allow_large_smem(const gfw_model_src *s)
-{
-    size_t q_smem = 0;
-    for (int L = 0; L < s->n_blocks; L++) {
-        const gfw_attn_dims *a = &s->blocks[L].a;
-        const size_t need = a->ratio == 4 ? sizeof(float) * (size_t)a->ih * (size_t)a->id : 0;
-        q_smem = need > q_smem ? need : q_smem;
-    }
-    if (q_smem <= 48 * 1024)
-        return cudaSuccess;
-    return cudaFuncSetAttribute(k_indexer_q, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)q_smem);
 }
 
 /** The model's stream, the step record's pinned host copy and the device's multiprocessor count. */
@@ -3257,9 +2991,6 @@ extern "C" mmoe_status gfw_model_create_part(const mmoe_model *m, const gfw_ep_p
     *out = NULL;
     int graph_on = 0; /* MMOE_GPU_GRAPH: read for a whole model (a rank of an expert-parallel forward stays eager) */
     mmoe_status st = part ? MMOE_OK : mmoe_gpu_graph_env(&graph_on, err);
-    mmoe_gpu_fwd_kernels kernels = MMOE_GPU_FWD_SPLIT;
-    if (st == MMOE_OK)
-        st = mmoe_gpu_fwd_kernels_from_env(&kernels, err);
     if (st != MMOE_OK)
         return st;
     mmoe_gpu_model_bytes need;
@@ -3282,7 +3013,6 @@ extern "C" mmoe_status gfw_model_create_part(const mmoe_model *m, const gfw_ep_p
         gfw_model_src_free(&s);
         return mmoe_error_set(err, MMOE_ENOMEM, "gpu forward: out of memory");
     }
-    g->fwd_kernels = kernels;
     if ((st = model_init(g, &s, part, max_seq_len, max_tokens, err)) != MMOE_OK) {
         gfw_model_src_free(&s);
         mmoe_gpu_model_destroy(g);
@@ -3295,8 +3025,6 @@ extern "C" mmoe_status gfw_model_create_part(const mmoe_model *m, const gfw_ep_p
     int oom = 0;
     if (ce == cudaSuccess)
         ce = create_stream_and_step(g);
-    if (ce == cudaSuccess)
-        ce = allow_large_smem(&s);
     if (ce == cudaSuccess)
         ce = build(g, &s, &oom);
     g->graph_on = graph_on;
@@ -3315,8 +3043,6 @@ extern "C" mmoe_status gfw_model_create_part(const mmoe_model *m, const gfw_ep_p
     *out = g;
     return MMOE_OK;
 }
-
-extern "C" mmoe_gpu_fwd_kernels mmoe_gpu_model_fwd_kernels(const mmoe_gpu_model *g) { return g->fwd_kernels; }
 
 extern "C" void mmoe_gpu_model_destroy(mmoe_gpu_model *g)
 {
@@ -3364,68 +3090,51 @@ static unsigned indexer_scores_grid(int64_t pairs, unsigned cap)
  * hc_pre (n_out = (2+hc)*hc, with post and comb) or hc_head (n_out = hc) of T tokens: the block
  * sums into @p part, then the logits, Sinkhorn and the mix.
  */
-static void launch_hc_mix(mmoe_gpu_fwd_kernels kernels, const uint16_t *X, int64_t D, int hc, int64_t T,
-                          const float *fn, const float *base, const float *scale, int n_out, float norm_eps,
-                          float hc_eps, int iters, double *part, uint16_t *y, float *post, float *comb, cudaStream_t st)
+static void launch_hc_mix(const uint16_t *X, int64_t D, int hc, int64_t T, const float *fn, const float *base,
+                          const float *scale, int n_out, float norm_eps, float hc_eps, int iters, double *part,
+                          uint16_t *y, float *post, float *comb, cudaStream_t st)
 {
     const int64_t n = (int64_t)hc * D;
     const int S = hc_part_blocks(n);
     k_hc_part<<<dim3((unsigned)S, (unsigned)(n_out + 1), (unsigned)T), GFW_HC_PART_CHUNKS, 0, st>>>(X, n, fn, n_out,
                                                                                                    part);
-    if (kernels == MMOE_GPU_FWD_SPLIT)
-        k_hc_finish_split<<<dim3(nblk(D) + (n_out > hc), (unsigned)T), 256, 0, st>>>(
-            X, D, hc, part, S, base, scale, n_out, norm_eps, hc_eps, iters, y, post, comb);
-    else
-        k_hc_finish<<<dim3(nblk(D, 1024), (unsigned)T), 256, 0, st>>>(X, D, hc, part, S, base, scale, n_out, norm_eps,
-                                                                      hc_eps, iters, y, post, comb);
+    k_hc_finish_split<<<dim3(nblk(D) + (n_out > hc), (unsigned)T), 256, 0, st>>>(X, D, hc, part, S, base, scale, n_out,
+                                                                             norm_eps, hc_eps, iters, y, post, comb);
 }
 
 /**
- * The indexer's top-k of T tokens at positions *pos_dev.. (scores [T, max_blocks]): k_topk (one
- * block per token) or k_topk_split (the candidates over blocks of 256, enough blocks for
- * @p n_most candidates: the call's last token's count when launched alone, max_blocks in a
- * captured step, whose blocks past the live count exit at once).
+ * The indexer's top-k of T tokens at positions *pos_dev.. (scores [T, max_blocks]): k_topk_split
+ * (the candidates over blocks of 256, enough blocks for @p n_most candidates: the call's last
+ * token's count when launched alone, max_blocks in a captured step, whose blocks past the live
+ * count exit at once).
  */
-static void launch_topk(mmoe_gpu_fwd_kernels kernels, const float *scores, int64_t T, const int64_t *pos_dev,
-                        int64_t n_most, int64_t max_blocks, int topk, int32_t *idx, cudaStream_t st)
+static void launch_topk(const float *scores, int64_t T, const int64_t *pos_dev, int64_t n_most, int64_t max_blocks,
+                        int topk, int32_t *idx, cudaStream_t st)
 {
-    if (kernels == MMOE_GPU_FWD_SPLIT) {
-        if (n_most > 0)
-            k_topk_split<<<dim3(nblk(n_most), (unsigned)T), 256, 0, st>>>(scores, pos_dev, max_blocks, topk, idx);
-        return;
-    }
-    k_topk<<<(unsigned)T, 256, 0, st>>>(scores, T, pos_dev, max_blocks, topk, idx);
+    if (n_most > 0)
+        k_topk_split<<<dim3(nblk(n_most), (unsigned)T), 256, 0, st>>>(scores, pos_dev, max_blocks, topk, idx);
 }
 
 /**
  * The indexer queries of T tokens (qi [T, ih, id], wi [T, ih]; cs the layer's RoPE table):
- * k_indexer_q (one block per token; its shared memory allowed at creation) or
  * k_indexer_q_split (one warp per head; id a power of two in [32, 1024], as the model's
- * parameters require; @p fp4 0: stop after the Hadamard, split only).
+ * parameters require; @p fp4 0: stop after the Hadamard).
  */
-static void launch_indexer_q(mmoe_gpu_fwd_kernels kernels, uint16_t *qi, int64_t T, int ih, int id, int rope_dim,
-                             const float *cs, const int64_t *pos_dev, uint16_t *wi, float w_scale, cudaStream_t st,
-                             int fp4 = 1)
+static void launch_indexer_q(uint16_t *qi, int64_t T, int ih, int id, int rope_dim, const float *cs,
+                             const int64_t *pos_dev, uint16_t *wi, float w_scale, cudaStream_t st, int fp4 = 1)
 {
-    if (kernels == MMOE_GPU_FWD_SPLIT) {
-        const dim3 grid((unsigned)((ih + GFW_IDXQ_WARPS - 1) / GFW_IDXQ_WARPS), (unsigned)T);
-        const unsigned threads = GFW_IDXQ_WARPS * 32;
-        switch (id) {
-        case 32: k_indexer_q_split<1><<<grid, threads, 0, st>>>(qi, ih, rope_dim, cs, pos_dev, wi, w_scale, fp4); break;
-        case 64: k_indexer_q_split<2><<<grid, threads, 0, st>>>(qi, ih, rope_dim, cs, pos_dev, wi, w_scale, fp4); break;
-        case 128: k_indexer_q_split<4><<<grid, threads, 0, st>>>(qi, ih, rope_dim, cs, pos_dev, wi, w_scale, fp4); break;
-        case 256: k_indexer_q_split<8><<<grid, threads, 0, st>>>(qi, ih, rope_dim, cs, pos_dev, wi, w_scale, fp4); break;
-        case 512:
-            k_indexer_q_split<16><<<grid, threads, 0, st>>>(qi, ih, rope_dim, cs, pos_dev, wi, w_scale, fp4);
-            break;
-        default: /* 1024: the parameters admit no other width */
-            k_indexer_q_split<32><<<grid, threads, 0, st>>>(qi, ih, rope_dim, cs, pos_dev, wi, w_scale, fp4);
-            break;
-        }
-        return;
+    const dim3 grid((unsigned)((ih + GFW_IDXQ_WARPS - 1) / GFW_IDXQ_WARPS), (unsigned)T);
+    const unsigned threads = GFW_IDXQ_WARPS * 32;
+    switch (id) {
+    case 32: k_indexer_q_split<1><<<grid, threads, 0, st>>>(qi, ih, rope_dim, cs, pos_dev, wi, w_scale, fp4); break;
+    case 64: k_indexer_q_split<2><<<grid, threads, 0, st>>>(qi, ih, rope_dim, cs, pos_dev, wi, w_scale, fp4); break;
+    case 128: k_indexer_q_split<4><<<grid, threads, 0, st>>>(qi, ih, rope_dim, cs, pos_dev, wi, w_scale, fp4); break;
+    case 256: k_indexer_q_split<8><<<grid, threads, 0, st>>>(qi, ih, rope_dim, cs, pos_dev, wi, w_scale, fp4); break;
+    case 512: k_indexer_q_split<16><<<grid, threads, 0, st>>>(qi, ih, rope_dim, cs, pos_dev, wi, w_scale, fp4); break;
+    default: /* 1024: the parameters admit no other width */
+        k_indexer_q_split<32><<<grid, threads, 0, st>>>(qi, ih, rope_dim, cs, pos_dev, wi, w_scale, fp4);
+        break;
     }
-    const size_t q_smem = sizeof(float) * (size_t)ih * (size_t)id;
-    k_indexer_q<<<(unsigned)T, 512, q_smem, st>>>(qi, ih, id, rope_dim, cs, pos_dev, wi, w_scale);
 }
 
 extern "C" mmoe_status mmoe_gpu_model_reset(mmoe_gpu_model *g, mmoe_error *err)
@@ -3561,7 +3270,7 @@ static mmoe_status rmsnorm_quant(mmoe_gpu_model *g, const uint16_t *x, int64_t r
 static mmoe_status linear_fp8_quantized(mmoe_gpu_model *g, int64_t rows, const dfp8 &w, uint16_t *y,
                                         mmoe_error *err)
 {
-    launch_linear_fp8(g->fwd_kernels, g->aq, g->as, rows, w, y, g->n_sm, g->stream);
+    launch_linear_fp8(g->aq, g->as, rows, w, y, g->n_sm, g->stream);
     GFW_CHECK("fp8 linear");
     return MMOE_OK;
 }
@@ -3576,31 +3285,27 @@ static mmoe_status linear_fp8(mmoe_gpu_model *g, const uint16_t *x, int64_t rows
 
 /**
  * Launch the dense linears of set @p s on x rows [rows, ldx] (width K; grouped as in
- * k_linear_dense): k_linear_dense (serial set: one block per output) or k_linear_dense_split
- * (split set: one warp per output), the same bits.
+ * k_linear_dense_split): k_linear_dense_split, one warp per output.
  */
-static void launch_linear_dense(mmoe_gpu_fwd_kernels kernels, const uint16_t *x, int64_t rows, int64_t ldx, int64_t K,
-                                const dense_set &s, int64_t group_rows, int64_t group_width, cudaStream_t st)
+static void launch_linear_dense(const uint16_t *x, int64_t rows, int64_t ldx, int64_t K, const dense_set &s,
+                                int64_t group_rows, int64_t group_width, cudaStream_t st)
 {
     int64_t outputs = 0;
     for (int j = 0; j < s.n; j++)
         outputs += rows * s.N[j];
-    if (kernels == MMOE_GPU_FWD_SPLIT)
-        k_linear_dense_split<<<(unsigned)((outputs + GFW_DENSE_WARPS - 1) / GFW_DENSE_WARPS), GFW_DENSE_WARPS * 32, 0,
-                               st>>>(x, rows, ldx, K, s, group_rows, group_width);
-    else
-        k_linear_dense<<<(unsigned)outputs, dense_threads(K), 0, st>>>(x, rows, ldx, K, s, group_rows, group_width);
+    k_linear_dense_split<<<(unsigned)((outputs + GFW_DENSE_WARPS - 1) / GFW_DENSE_WARPS), GFW_DENSE_WARPS * 32, 0,
+                           st>>>(x, rows, ldx, K, s, group_rows, group_width);
 }
 
 /** Dense linear. */
-static mmoe_status linear_dense(mmoe_gpu_fwd_kernels kernels, const uint16_t *x, int64_t rows, int64_t ldx, int64_t K,
-                                const ddense &w, int64_t N, int64_t group_rows, int64_t group_width, float *yf,
-                                uint16_t *yb, cudaStream_t st, mmoe_error *err)
+static mmoe_status linear_dense(const uint16_t *x, int64_t rows, int64_t ldx, int64_t K, const ddense &w, int64_t N,
+                                int64_t group_rows, int64_t group_width, float *yf, uint16_t *yb, cudaStream_t st,
+                                mmoe_error *err)
 {
     dense_set s;
     memset(&s, 0, sizeof s);
     s.w[0] = w, s.N[0] = N, s.yf[0] = yf, s.yb[0] = yb, s.n = 1;
-    launch_linear_dense(kernels, x, rows, ldx, K, s, group_rows, group_width, st);
+    launch_linear_dense(x, rows, ldx, K, s, group_rows, group_width, st);
     GFW_CHECK("dense linear");
     return MMOE_OK;
 }
@@ -3613,10 +3318,10 @@ static void dense_add(dense_set *s, const ddense &w, int64_t N, float *yf, uint1
 }
 
 /** The dense linears of a set on the same input x [rows, K] in one launch. */
-static mmoe_status linear_dense_set(mmoe_gpu_fwd_kernels kernels, const uint16_t *x, int64_t rows, int64_t K,
-                                    const dense_set &s, cudaStream_t st, mmoe_error *err)
+static mmoe_status linear_dense_set(const uint16_t *x, int64_t rows, int64_t K, const dense_set &s, cudaStream_t st,
+                                    mmoe_error *err)
 {
-    launch_linear_dense(kernels, x, rows, K, K, s, 0, 0, st);
+    launch_linear_dense(x, rows, K, K, s, 0, 0, st);
     GFW_CHECK("dense linears");
     return MMOE_OK;
 }
@@ -3669,12 +3374,12 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
             dense_add(&ds, b->i_wkv, 2 * id, g->ikv, NULL);
             dense_add(&ds, b->i_wgate, 2 * id, g->igate, NULL);
         }
-        if ((st = linear_dense_set(g->fwd_kernels, g->y, T, D, ds, sm, err)) != MMOE_OK)
+        if ((st = linear_dense_set(g->y, T, D, ds, sm, err)) != MMOE_OK)
             return st;
     }
     if (a.ratio == 4) {
         const float w_scale = (float)(1.0 / sqrt((double)id) * (1.0 / sqrt((double)ih)));
-        launch_indexer_q(g->fwd_kernels, g->qi, T, (int)ih, (int)id, a.rope_dim, b->cs, pos_dev, g->wi, w_scale, sm);
+        launch_indexer_q(g->qi, T, (int)ih, (int)id, a.rope_dim, b->cs, pos_dev, g->wi, w_scale, sm);
         GFW_CHECK("indexer queries");
     }
     /* compressors (sequential over the call's tokens; the attention's and the indexer's side by side) */
@@ -3704,8 +3409,8 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
                                                        b->max_blocks, g->scores);
                 GFW_CHECK("indexer scores");
             }
-            launch_topk(g->fwd_kernels, g->scores, T, pos_dev, g->capturing ? b->max_blocks : (pos0 + T) / 4,
-                        b->max_blocks, a.topk, g->topk_idx, sm);
+            launch_topk(g->scores, T, pos_dev, g->capturing ? b->max_blocks : (pos0 + T) / 4, b->max_blocks,
+                        a.topk, g->topk_idx, sm);
             GFW_CHECK("indexer top-k");
         }
     }
@@ -3718,8 +3423,7 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
     GFW_CHECK("window store");
     /* grouped output projection */
     const int64_t hd = H * d, gw = hd / a.G, gr = (int64_t)a.G * a.o_lora;
-    if ((st = linear_dense(g->fwd_kernels, g->att, T, hd, gw, b->wo_a, gr, a.o_lora, gw, NULL, g->z, sm, err)) !=
-        MMOE_OK)
+    if ((st = linear_dense(g->att, T, hd, gw, b->wo_a, gr, a.o_lora, gw, NULL, g->z, sm, err)) != MMOE_OK)
         return st;
     return linear_fp8(g, g->z, T, b->wo_b, g->o, err);
 }
@@ -3755,8 +3459,8 @@ static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, i
     const int64_t D = g->D;
     const int hc = (int)g->hc, n_mix = (2 + hc) * hc;
     double t0 = tick(g);
-    launch_hc_mix(g->fwd_kernels, g->X, D, hc, T, b->hca_fn, b->hca_base, b->hca_scale, n_mix, g->eps, g->hc_eps,
-                  g->iters, g->hc_part, g->y, g->post, g->comb, g->stream);
+    launch_hc_mix(g->X, D, hc, T, b->hca_fn, b->hca_base, b->hca_scale, n_mix, g->eps, g->hc_eps, g->iters, g->hc_part,
+                  g->y, g->post, g->comb, g->stream);
     GFW_CHECK("hc_pre (attention)");
     double t1 = tick(g);
     mmoe_status st = rmsnorm_quant(g, g->y, T, D, b->attn_norm, g->eps, g->y, err);
@@ -3766,8 +3470,8 @@ static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, i
         return st;
     double t2 = tick(g);
     k_hc_post<<<nblk(T * D), 256, 0, g->stream>>>(g->o, g->X, T, D, hc, g->post, g->comb);
-    launch_hc_mix(g->fwd_kernels, g->X, D, hc, T, b->hcf_fn, b->hcf_base, b->hcf_scale, n_mix, g->eps, g->hc_eps,
-                  g->iters, g->hc_part, g->y, g->post, g->comb, g->stream);
+    launch_hc_mix(g->X, D, hc, T, b->hcf_fn, b->hcf_base, b->hcf_scale, n_mix, g->eps, g->hc_eps, g->iters, g->hc_part,
+                  g->y, g->post, g->comb, g->stream);
     GFW_CHECK("hc_post / hc_pre (moe)");
     double t3 = tick(g);
     if ((st = rmsnorm(g->y, T, D, b->ffn_norm, g->eps, g->y, g->stream, err)) != MMOE_OK ||
@@ -3789,8 +3493,7 @@ static mmoe_status head(mmoe_gpu_model *g, const float *fn, const float *base, c
 {
     const int hc = (int)g->hc;
     const uint16_t *Xf = g->X + first * hc * g->D;
-    launch_hc_mix(g->fwd_kernels, Xf, g->D, hc, n, fn, base, scale, hc, g->eps, g->hc_eps, 0, g->hc_part, g->y, NULL,
-                  NULL, g->stream);
+    launch_hc_mix(Xf, g->D, hc, n, fn, base, scale, hc, g->eps, g->hc_eps, 0, g->hc_part, g->y, NULL, NULL, g->stream);
     GFW_CHECK("hc_head");
     mmoe_status st = rmsnorm(g->y, n, g->D, norm, g->eps, g->y, g->stream, err);
     if (st != MMOE_OK)
@@ -3801,7 +3504,7 @@ static mmoe_status head(mmoe_gpu_model *g, const float *fn, const float *base, c
     hw.p = g->head_w;
     hw.rows = g->V;
     hw.cols = g->D;
-    return linear_dense(g->fwd_kernels, g->y, n, g->D, g->D, hw, g->V, 0, 0, g->logits, NULL, g->stream, err);
+    return linear_dense(g->y, n, g->D, g->D, hw, g->V, 0, 0, g->logits, NULL, g->stream, err);
 }
 
 /** Ids in range, T in range. */
@@ -4088,9 +3791,8 @@ extern "C" mmoe_status gfw_test_rmsnorm(const uint16_t *x, int64_t T, int64_t n,
     return tfinish(&a, y, dx, 2 * (size_t)(T * n), err, "rmsnorm");
 }
 
-extern "C" mmoe_status gfw_test_linear_fp8(mmoe_gpu_fwd_kernels kernels, const uint16_t *x, int64_t T, const uint8_t *w,
-                                           const uint8_t *scale, int64_t N, int64_t K, int block, uint16_t *y,
-                                           mmoe_error *err)
+extern "C" mmoe_status gfw_test_linear_fp8(const uint16_t *x, int64_t T, const uint8_t *w, const uint8_t *scale,
+                                           int64_t N, int64_t K, int block, uint16_t *y, mmoe_error *err)
 {
     tarena a;
     mmoe_status st = tbegin(&a, err);
@@ -4114,17 +3816,17 @@ extern "C" mmoe_status gfw_test_linear_fp8(mmoe_gpu_fwd_kernels kernels, const u
         a.ce = cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
     if (a.ce == cudaSuccess) {
         k_act_quant<<<dim3((unsigned)(K / 128), (unsigned)T), 128>>>(dx, K, q, s);
-        launch_linear_fp8(kernels, q, s, T, f, dy, n_sm, 0);
+        launch_linear_fp8(q, s, T, f, dy, n_sm, 0);
     }
     return tfinish(&a, y, dy, 2 * (size_t)(T * N), err, "fp8 linear");
 }
 
 /**
  * The rest of a dense-linear test hook once its weight @p wd is on the device: x [T, K] up, the
- * linear of set @p kernels into fp32 [T, N], the result down into @p y (@p what names a failure).
+ * linear into fp32 [T, N], the result down into @p y (@p what names a failure).
  */
-static mmoe_status test_dense_run(tarena *a, mmoe_gpu_fwd_kernels kernels, const ddense &wd, const uint16_t *x,
-                                  int64_t T, int64_t K, int64_t N, float *y, mmoe_error *err, const char *what)
+static mmoe_status test_dense_run(tarena *a, const ddense &wd, const uint16_t *x, int64_t T, int64_t K, int64_t N,
+                                  float *y, mmoe_error *err, const char *what)
 {
     uint16_t *dx = (uint16_t *)tput(a, x, 2 * (size_t)(T * K));
     float *dy = (float *)tput(a, NULL, sizeof(float) * (size_t)(T * N));
@@ -4132,12 +3834,12 @@ static mmoe_status test_dense_run(tarena *a, mmoe_gpu_fwd_kernels kernels, const
     memset(&ds, 0, sizeof ds);
     dense_add(&ds, wd, N, dy, NULL);
     if (a->ce == cudaSuccess)
-        launch_linear_dense(kernels, dx, T, K, K, ds, 0, 0, 0);
+        launch_linear_dense(dx, T, K, K, ds, 0, 0, 0);
     return tfinish(a, y, dy, sizeof(float) * (size_t)(T * N), err, what);
 }
 
-extern "C" mmoe_status gfw_test_linear_dense(mmoe_gpu_fwd_kernels kernels, const uint16_t *x, int64_t T, int64_t K,
-                                             const void *w, int w_f32, int64_t N, float *y, mmoe_error *err)
+extern "C" mmoe_status gfw_test_linear_dense(const uint16_t *x, int64_t T, int64_t K, const void *w, int w_f32,
+                                             int64_t N, float *y, mmoe_error *err)
 {
     tarena a;
     mmoe_status st = tbegin(&a, err);
@@ -4149,12 +3851,12 @@ extern "C" mmoe_status gfw_test_linear_dense(mmoe_gpu_fwd_kernels kernels, const
     wd.rows = N;
     wd.cols = K;
     wd.p = tput(&a, w, (w_f32 ? 4 : 2) * (size_t)(N * K));
-    return test_dense_run(&a, kernels, wd, x, T, K, N, y, err, "dense linear");
+    return test_dense_run(&a, wd, x, T, K, N, y, err, "dense linear");
 }
 
-extern "C" mmoe_status gfw_test_linear_dense_f8(mmoe_gpu_fwd_kernels kernels, const uint16_t *x, int64_t T,
-                                                int64_t K, const uint8_t *w, const uint8_t *scale, int block,
-                                                int64_t N, float *y, mmoe_error *err)
+extern "C" mmoe_status gfw_test_linear_dense_f8(const uint16_t *x, int64_t T, int64_t K, const uint8_t *w,
+                                                const uint8_t *scale, int block, int64_t N, float *y,
+                                                mmoe_error *err)
 {
     tarena a;
     mmoe_status st = tbegin(&a, err);
@@ -4169,12 +3871,12 @@ extern "C" mmoe_status gfw_test_linear_dense_f8(mmoe_gpu_fwd_kernels kernels, co
     wd.scols = (K + block - 1) / block;
     wd.p = tput(&a, w, (size_t)(N * K));
     wd.scale = (const uint8_t *)tput(&a, scale, (size_t)(((N + block - 1) / block) * wd.scols));
-    return test_dense_run(&a, kernels, wd, x, T, K, N, y, err, "dense linear (fp8 weight)");
+    return test_dense_run(&a, wd, x, T, K, N, y, err, "dense linear (fp8 weight)");
 }
 
-extern "C" mmoe_status gfw_test_hc_pre(mmoe_gpu_fwd_kernels kernels, int hc, int64_t D, int iters, float norm_eps,
-                                       float hc_eps, const uint16_t *X, int64_t T, const float *fn, const float *base,
-                                       const float *scale, uint16_t *y, float *post, float *comb, mmoe_error *err)
+extern "C" mmoe_status gfw_test_hc_pre(int hc, int64_t D, int iters, float norm_eps, float hc_eps, const uint16_t *X,
+                                       int64_t T, const float *fn, const float *base, const float *scale, uint16_t *y,
+                                       float *post, float *comb, mmoe_error *err)
 {
     tarena a;
     mmoe_status st = tbegin(&a, err);
@@ -4190,7 +3892,7 @@ extern "C" mmoe_status gfw_test_hc_pre(mmoe_gpu_fwd_kernels kernels, int hc, int
     float *dc = (float *)tput(&a, NULL, sizeof(float) * (size_t)(T * hc * hc));
     double *dpart = (double *)tput(&a, NULL, sizeof(double) * (size_t)(T * (n_mix + 1) * hc_part_blocks(hc * D)));
     if (a.ce == cudaSuccess)
-        launch_hc_mix(kernels, dX, D, hc, T, dfn, db, ds, n_mix, norm_eps, hc_eps, iters, dpart, dy, dp, dc, 0);
+        launch_hc_mix(dX, D, hc, T, dfn, db, ds, n_mix, norm_eps, hc_eps, iters, dpart, dy, dp, dc, 0);
     if (a.ce == cudaSuccess)
         a.ce = cudaDeviceSynchronize();
     if (a.ce == cudaSuccess)
@@ -4240,9 +3942,9 @@ extern "C" mmoe_status gfw_test_attend(const uint16_t *q, int H, int d, const ui
 
 /**
  * The QAT steps of the forward on whole rows, one block of 128 threads per row: the kv FP8
- * round trip (kind 0, all but the last 64 values) or the indexer's Hadamard and FP4 round trip
- * (kind 1; dynamic shared memory: width floats).  Kinds 2 and 3 (k_indexer_q_split) are
- * launched by gfw_test_qat() itself.
+ * round trip (kind 0, all but the last 64 values) or the Hadamard and FP4 round trip of the
+ * indexer's compressed keys (kind 1, k_compress's device code; dynamic shared memory: width
+ * floats).  Kinds 2 and 3 (k_indexer_q_split) are launched by gfw_test_qat() itself.
  */
 __global__ void k_test_qat(uint16_t *x, int64_t rows, int width, int kind)
 {
@@ -4259,7 +3961,7 @@ __global__ void k_test_qat(uint16_t *x, int64_t rows, int width, int kind)
 extern "C" mmoe_status gfw_test_qat(uint16_t *x, int64_t rows, int width, int kind, mmoe_error *err)
 {
     if (kind >= 2 && (width < 32 || width > 1024 || (width & (width - 1)) != 0))
-        return mmoe_error_set(err, MMOE_EINVAL, "gfw_test_qat: width %d: the split kernel takes a power of two in "
+        return mmoe_error_set(err, MMOE_EINVAL, "gfw_test_qat: width %d: k_indexer_q_split takes a power of two in "
                               "[32, 1024]", width);
     tarena a;
     mmoe_status st = tbegin(&a, err);
@@ -4269,15 +3971,14 @@ extern "C" mmoe_status gfw_test_qat(uint16_t *x, int64_t rows, int width, int ki
     const int64_t pos = 0;
     const int64_t *dpos = (const int64_t *)tput(&a, &pos, sizeof pos);
     if (a.ce == cudaSuccess && kind >= 2) /* the rows as the heads of one token, without RoPE */
-        launch_indexer_q(MMOE_GPU_FWD_SPLIT, dx, 1, (int)rows, width, 0, NULL, dpos, NULL, 0.0f, 0, kind == 2);
+        launch_indexer_q(dx, 1, (int)rows, width, 0, NULL, dpos, NULL, 0.0f, 0, kind == 2);
     else if (a.ce == cudaSuccess)
         k_test_qat<<<(unsigned)rows, 128, sizeof(float) * (size_t)width>>>(dx, rows, width, kind);
     return tfinish(&a, x, dx, 2 * (size_t)(rows * width), err, "qat round trip");
 }
 
-extern "C" mmoe_status gfw_test_indexer(mmoe_gpu_fwd_kernels kernels, const uint16_t *qi, const uint16_t *wi,
-                                        const uint16_t *keys, int ih, int id, int64_t n_blocks, int topk, float *scores,
-                                        int32_t *idx, mmoe_error *err)
+extern "C" mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, const uint16_t *keys, int ih, int id,
+                                        int64_t n_blocks, int topk, float *scores, int32_t *idx, mmoe_error *err)
 {
     tarena a;
     mmoe_status st = tbegin(&a, err);
@@ -4296,7 +3997,7 @@ extern "C" mmoe_status gfw_test_indexer(mmoe_gpu_fwd_kernels kernels, const uint
         if (a.ce == cudaSuccess)
             k_indexer_scores<<<indexer_scores_grid(n_blocks, (unsigned)(GFW_SCORES_CTAS_PER_SM * n_sm)), 256>>>(
                 dq, dw, dk, ih, id, 1, dpos, n_blocks, ds);
-        launch_topk(kernels, ds, 1, dpos, n_blocks, n_blocks, topk, di, 0);
+        launch_topk(ds, 1, dpos, n_blocks, n_blocks, topk, di, 0);
     }
     if (a.ce == cudaSuccess)
         a.ce = cudaDeviceSynchronize();

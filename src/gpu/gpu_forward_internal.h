@@ -274,27 +274,23 @@ mmoe_status gfw_test_rmsnorm(const uint16_t *x, int64_t T, int64_t n, const uint
                              mmoe_error *err);
 /**
  * FP8 linear: x bf16 [T, K], w E4M3 [N, K], scale E8M0 [ceil(N/b), ceil(K/b)] (k_act_quant, then
- * the kernel of set @p kernels that the forward would launch for this weight).
+ * the kernel that the forward would launch for this weight).
  */
-mmoe_status gfw_test_linear_fp8(mmoe_gpu_fwd_kernels kernels, const uint16_t *x, int64_t T, const uint8_t *w,
-                                const uint8_t *scale, int64_t N, int64_t K, int block, uint16_t *y, mmoe_error *err);
-/**
- * Dense linear: x bf16 [T, K], w BF16 (w_f32 = 0) or F32 [N, K], y fp32 [T, N] (k_linear_dense or
- * k_linear_dense_split, as @p kernels says).
- */
-mmoe_status gfw_test_linear_dense(mmoe_gpu_fwd_kernels kernels, const uint16_t *x, int64_t T, int64_t K, const void *w,
-                                  int w_f32, int64_t N, float *y, mmoe_error *err);
+mmoe_status gfw_test_linear_fp8(const uint16_t *x, int64_t T, const uint8_t *w, const uint8_t *scale, int64_t N,
+                                int64_t K, int block, uint16_t *y, mmoe_error *err);
+/** Dense linear: x bf16 [T, K], w BF16 (w_f32 = 0) or F32 [N, K], y fp32 [T, N] (k_linear_dense_split). */
+mmoe_status gfw_test_linear_dense(const uint16_t *x, int64_t T, int64_t K, const void *w, int w_f32, int64_t N,
+                                  float *y, mmoe_error *err);
 /**
  * Dense linear with an FP8 weight: codes E4M3 [N, K], scale E8M0 [ceil(N/b), ceil(K/b)], y fp32
- * (k_linear_dense or k_linear_dense_split, as @p kernels says).
+ * (k_linear_dense_split).
  */
-mmoe_status gfw_test_linear_dense_f8(mmoe_gpu_fwd_kernels kernels, const uint16_t *x, int64_t T, int64_t K,
-                                     const uint8_t *w, const uint8_t *scale, int block, int64_t N, float *y,
-                                     mmoe_error *err);
-/** hc_pre of T tokens (k_hc_part, then k_hc_finish or k_hc_finish_split as @p kernels says). */
-mmoe_status gfw_test_hc_pre(mmoe_gpu_fwd_kernels kernels, int hc, int64_t D, int iters, float norm_eps, float hc_eps,
-                            const uint16_t *X, int64_t T, const float *fn, const float *base, const float *scale,
-                            uint16_t *y, float *post, float *comb, mmoe_error *err);
+mmoe_status gfw_test_linear_dense_f8(const uint16_t *x, int64_t T, int64_t K, const uint8_t *w,
+                                     const uint8_t *scale, int block, int64_t N, float *y, mmoe_error *err);
+/** hc_pre of T tokens (k_hc_part, then k_hc_finish_split). */
+mmoe_status gfw_test_hc_pre(int hc, int64_t D, int iters, float norm_eps, float hc_eps, const uint16_t *X, int64_t T,
+                            const float *fn, const float *base, const float *scale, uint16_t *y, float *post,
+                            float *comb, mmoe_error *err);
 /** hc_post, in place on X (k_hc_post). */
 mmoe_status gfw_test_hc_post(int hc, int64_t D, const uint16_t *out, uint16_t *X, int64_t T, const float *post,
                              const float *comb, mmoe_error *err);
@@ -303,19 +299,17 @@ mmoe_status gfw_test_attend(const uint16_t *q, int H, int d, const uint16_t *row
                             uint16_t *out, mmoe_error *err);
 /**
  * In place on rows of width @p width: kind 0 FP8 round trip of the first width-64 dims; kind 1
- * Hadamard + FP4 (the serial kernels' device code); kind 2 the same by k_indexer_q_split, kind 3
- * its Hadamard alone (a power of two width in [32, 1024]; the rows as the heads of one token, no
- * RoPE).
+ * Hadamard + FP4 (the indexer compressor's device code); kind 2 the same by k_indexer_q_split,
+ * kind 3 its Hadamard alone (a power of two width in [32, 1024]; the rows as the heads of one
+ * token, no RoPE).
  */
 mmoe_status gfw_test_qat(uint16_t *x, int64_t rows, int width, int kind, mmoe_error *err);
 /**
  * The indexer of one token at position 4*n_blocks - 1 (so n_blocks blocks are causal): scores [n_blocks]
- * (k_indexer_scores) and the top-@p topk block ids in order [min(topk, n_blocks)] (k_topk or
- * k_topk_split as @p kernels says).
+ * (k_indexer_scores) and the top-@p topk block ids in order [min(topk, n_blocks)] (k_topk_split).
  */
-mmoe_status gfw_test_indexer(mmoe_gpu_fwd_kernels kernels, const uint16_t *qi, const uint16_t *wi,
-                             const uint16_t *keys, int ih, int id, int64_t n_blocks, int topk, float *scores,
-                             int32_t *idx, mmoe_error *err);
+mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, const uint16_t *keys, int ih, int id,
+                             int64_t n_blocks, int topk, float *scores, int32_t *idx, mmoe_error *err);
 /**
  * One sub-layer of block @p L of a GPU model on given inputs: @p which 0 the attention (the
  * block's caches advance: @p pos0 must continue them), 1 the MoE (router, experts, shared

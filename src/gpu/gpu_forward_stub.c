@@ -52,12 +52,6 @@ int64_t mmoe_gpu_model_max_seq_len(const mmoe_gpu_model *g)
     return 0;
 }
 
-mmoe_gpu_fwd_kernels mmoe_gpu_model_fwd_kernels(const mmoe_gpu_model *g)
-{
-    (void)g;
-    return MMOE_GPU_FWD_SERIAL;
-}
-
 void mmoe_gpu_model_bytes_held(const mmoe_gpu_model *g, mmoe_gpu_model_bytes *out)
 {
     (void)g;
@@ -110,33 +104,32 @@ mmoe_status gfw_test_rmsnorm(const uint16_t *x, int64_t T, int64_t n, const uint
     return no_cuda(err);
 }
 
-mmoe_status gfw_test_linear_fp8(mmoe_gpu_fwd_kernels kernels, const uint16_t *x, int64_t T, const uint8_t *w,
-                                const uint8_t *scale, int64_t N, int64_t K, int block, uint16_t *y, mmoe_error *err)
+mmoe_status gfw_test_linear_fp8(const uint16_t *x, int64_t T, const uint8_t *w, const uint8_t *scale, int64_t N,
+                                int64_t K, int block, uint16_t *y, mmoe_error *err)
 {
-    (void)kernels; (void)x; (void)T; (void)w; (void)scale; (void)N; (void)K; (void)block; (void)y;
+    (void)x; (void)T; (void)w; (void)scale; (void)N; (void)K; (void)block; (void)y;
     return no_cuda(err);
 }
 
-mmoe_status gfw_test_linear_dense(mmoe_gpu_fwd_kernels kernels, const uint16_t *x, int64_t T, int64_t K, const void *w,
-                                  int w_f32, int64_t N, float *y, mmoe_error *err)
+mmoe_status gfw_test_linear_dense(const uint16_t *x, int64_t T, int64_t K, const void *w, int w_f32, int64_t N,
+                                  float *y, mmoe_error *err)
 {
-    (void)kernels; (void)x; (void)T; (void)K; (void)w; (void)w_f32; (void)N; (void)y;
+    (void)x; (void)T; (void)K; (void)w; (void)w_f32; (void)N; (void)y;
     return no_cuda(err);
 }
 
-mmoe_status gfw_test_linear_dense_f8(mmoe_gpu_fwd_kernels kernels, const uint16_t *x, int64_t T, int64_t K,
-                                     const uint8_t *w, const uint8_t *scale, int block, int64_t N, float *y,
-                                     mmoe_error *err)
+mmoe_status gfw_test_linear_dense_f8(const uint16_t *x, int64_t T, int64_t K, const uint8_t *w,
+                                     const uint8_t *scale, int block, int64_t N, float *y, mmoe_error *err)
 {
-    (void)kernels; (void)x; (void)T; (void)K; (void)w; (void)scale; (void)block; (void)N; (void)y;
+    (void)x; (void)T; (void)K; (void)w; (void)scale; (void)block; (void)N; (void)y;
     return no_cuda(err);
 }
 
-mmoe_status gfw_test_hc_pre(mmoe_gpu_fwd_kernels kernels, int hc, int64_t D, int iters, float norm_eps, float hc_eps,
-                            const uint16_t *X, int64_t T, const float *fn, const float *base, const float *scale,
-                            uint16_t *y, float *post, float *comb, mmoe_error *err)
+mmoe_status gfw_test_hc_pre(int hc, int64_t D, int iters, float norm_eps, float hc_eps, const uint16_t *X, int64_t T,
+                            const float *fn, const float *base, const float *scale, uint16_t *y, float *post,
+                            float *comb, mmoe_error *err)
 {
-    (void)kernels; (void)hc; (void)D; (void)iters; (void)norm_eps; (void)hc_eps; (void)X; (void)T; (void)fn; (void)base;
+    (void)hc; (void)D; (void)iters; (void)norm_eps; (void)hc_eps; (void)X; (void)T; (void)fn; (void)base;
     (void)scale; (void)y; (void)post; (void)comb;
     return no_cuda(err);
 }
@@ -161,11 +154,10 @@ mmoe_status gfw_test_qat(uint16_t *x, int64_t rows, int width, int kind, mmoe_er
     return no_cuda(err);
 }
 
-mmoe_status gfw_test_indexer(mmoe_gpu_fwd_kernels kernels, const uint16_t *qi, const uint16_t *wi,
-                             const uint16_t *keys, int ih, int id, int64_t n_blocks, int topk, float *scores,
-                             int32_t *idx, mmoe_error *err)
+mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, const uint16_t *keys, int ih, int id,
+                             int64_t n_blocks, int topk, float *scores, int32_t *idx, mmoe_error *err)
 {
-    (void)kernels; (void)qi; (void)wi; (void)keys; (void)ih; (void)id; (void)n_blocks; (void)topk; (void)scores; (void)idx;
+    (void)qi; (void)wi; (void)keys; (void)ih; (void)id; (void)n_blocks; (void)topk; (void)scores; (void)idx;
     return no_cuda(err);
 }
 

@@ -54,16 +54,15 @@
  * weight, for every s (no flush to zero in this build).  E4M3 codes go through the hardware's
  * E4M3 -> F16 conversion (exact), then one fp32 multiply by the block scale, as the oracle.
  *
- * Two kernel sets (::gfw_moe_kset, the model's mmoe_gpu_fwd_kernels) give the same bits.  The
- * serial set decodes as above.  The split set multiplies once: fl(d * 2^(s - 1)) is the same
- * float whenever 2^(s - 1) is one, i.e. for scale bytes s <= 128 (gpu_moe_decode.h, where the
- * bits, the factor and the proof's bounds are; the CPU suite gpu_moe_decode checks it for every
- * code and scale against the oracle).  Each group of VB words checks its scale bytes first
- * (moe_one_step_slot(): a few integer operations per group) and takes the one-multiply body,
- * or the two-multiply one when a byte exceeds 128 (never for real checkpoints, whose scales
- * are far below 1; correct either way, a divergent branch at worst).  Per E2M1 weight that
- * leaves the bit moves (two shifts, two LOP3), one FMUL and the fma.  The split set also
- * converts E4M3 codes two at a time (one E4M3x2 -> F16x2 conversion per pair, exact).
+ * Where the scale allows, one multiply does it: fl(d * 2^(s - 1)) is the same float as the two
+ * multiplies whenever 2^(s - 1) is one, i.e. for scale bytes s <= 128 (gpu_moe_decode.h, where
+ * the bits, the factor and the proof's bounds are; the CPU suite gpu_moe_decode checks it for
+ * every code and scale against the oracle).  Each group of VB words checks its scale bytes
+ * first (moe_one_step_slot(): a few integer operations per group) and takes the one-multiply
+ * body, or the two-multiply one when a byte exceeds 128 (never for real checkpoints, whose
+ * scales are far below 1; correct either way, a divergent branch at worst).  Per E2M1 weight
+ * that leaves the bit moves (two shifts, two LOP3), one FMUL and the fma.  E4M3 codes are
+ * converted two at a time (one E4M3x2 -> F16x2 conversion per pair, exact).
  *
  * ## The kernels of one call
  *
@@ -80,8 +79,8 @@
  * **The plan.**  A task is one (token, slot) pair of a routed expert, or one token of the
  * shared expert (treated as expert E).  The plan sorts the valid tasks by expert (in task
  * order within one expert) and cuts each expert's run into items of at most TT tasks; an L1
- * or L2 CTA owns 16 output rows of one item (32 for the split set's L2), so an expert's
- * weights are streamed once per TT of its tokens.  The grid is sized for the worst case and
+ * CTA owns 16 output rows of one item and an L2 CTA 32, so an expert's weights are streamed
+ * once per TT of its tokens.  The grid is sized for the worst case and
  * CTAs beyond the plan's count exit.
  *
  * **Rounding points**, all the oracle's (moe_layer.c, dsv4-ref recipe): the input's 1x128
@@ -93,18 +92,17 @@
  *
  * At decode every thread's chain is K/8 dependent fma (512 for D = 4096), so a GEMM takes at
  * least ~K/8 * 4 cycles; the weights of one token (6 routed + 1 shared expert at V4-Flash
- * widths) are streamed by about 3500 warps (L1) and 7000 (L2; 3500 for the split set).  The
- * chains read their activations from shared memory (the staging above), so the fma wait on shared-memory
+ * widths) are streamed by about 3500 warps in each GEMM.  The chains read their activations from shared memory (the staging above), so the fma wait on shared-memory
  * latency rather than on L1 or L2; the decode kernels are compiled for 7 CTAs per SM
  * (MOE_MIN_CTAS) so that a decode step's L1 grid runs in one wave.  In that wave the shared
  * expert's CTAs run longest: a thread waits for its weights once per batch, and an E4M3 row
  * has twice the groups of an E2M1 one (32 at D = 4096), so with one group per batch they
- * would wait 32 times against the routed experts' 16.  The split set loads their L1 groups
- * two per batch (MOE_L1_SHARED_PF), which fits the same 72 registers (an E2M1 batch of two
- * groups does not: it spills in the loop); the order of every fma is unchanged.  The split
- * set's L2 gives each thread two output rows (MOE_L2_NM), so that its grid of D / 32 CTAs per
- * item also runs in one wave (with one row per thread, 7 items x 256 CTAs took two, the shared
- * expert's last), its E4M3 rows again two groups per batch.  For prefill the fp32
+ * would wait 32 times against the routed experts' 16.  So their L1 groups load two per batch
+ * (MOE_L1_SHARED_PF), which fits the same 72 registers (an E2M1 batch of two groups does not:
+ * it spills in the loop); the order of every fma is unchanged.  L2 gives each thread two
+ * output rows (MOE_L2_NM), so that its grid of D / 32 CTAs per item also runs in one wave
+ * (with one row per thread, 7 items x 256 CTAs took two, the shared expert's last), its E4M3
+ * rows again two groups per batch.  For prefill the fp32
  * fma rate bounds the work: the exact order leaves the tensor cores out.  The router's top-k
  * runs one warp per token.
  */
@@ -122,8 +120,8 @@ enum moe_wfmt { MOE_WF_FP4 = 4, MOE_WF_FP8 = 8, MOE_WF_BF16 = 16 };
 
 /** How a group's E2M1 weights are decoded (gpu_moe_decode.h). */
 enum moe_dec {
-    MOE_DEC_TWO_STEP, /**< fl(fl(d * 2^126) * 2^(s - 127)): every scale byte (the serial set, and split's fallback) */
-    MOE_DEC_ONE_STEP  /**< fl(d * 2^(s - 1)): groups whose scale bytes are all <= 128 (split set) */
+    MOE_DEC_TWO_STEP, /**< fl(fl(d * 2^126) * 2^(s - 127)): every scale byte (groups with a byte above 128) */
+    MOE_DEC_ONE_STEP  /**< fl(d * 2^(s - 1)): groups whose scale bytes are all <= 128 */
 };
 
 /** Rows per CTA of the expert GEMMs (times 8 chains = 128 threads: small CTAs fill the SMs evenly at T = 1). */
@@ -136,11 +134,8 @@ enum moe_dec {
  * 7 items x 128 CTAs fits the 132 SMs in one wave; 3 otherwise (at most 168 registers).
  */
 #define MOE_MIN_CTAS(VB, TT) ((TT) == 1 && (VB) == 4 ? 7 : 3)
-/**
- * Groups per batch of the shared expert's L1 (E4M3 gate and up rows): one 4-word group for
- * the serial set, two for the split set (see "Limits").
- */
-#define MOE_L1_SHARED_PF(VB, KS) (((KS) == GFW_MOE_SPLIT ? 8 : 4) / (VB))
+/** Groups per batch of the shared expert's L1 (E4M3 gate and up rows): two 4-word groups (see "Limits"). */
+#define MOE_L1_SHARED_PF(VB) (8 / (VB))
 /** Rows per CTA of the router GEMM (one warp: the router has few rows). */
 #define MOE_ROUTER_ROWS 4
 /** Threads of a router CTA. */
@@ -274,9 +269,9 @@ template <int FMT> struct moe_epw {
 /**
  * Decode word v of slot q of row n into w[] (the oracle's weight values); E2M1 words the
  * DEC way (a one-step group: every scale byte of the slot at most 128, moe_one_step_slot()),
- * E4M3 words of the split set two codes per conversion.
+ * E4M3 words two codes per conversion.
  */
-template <int FMT, int VB, int NM, int PF, int KS, int DEC>
+template <int FMT, int VB, int NM, int PF, int DEC>
 __device__ __forceinline__ void moe_decode(const moe_batch<FMT, VB, NM, PF> &b, int q, int n, int v,
                                            float (&w)[moe_epw<FMT>::n])
 {
@@ -293,7 +288,7 @@ __device__ __forceinline__ void moe_decode(const moe_batch<FMT, VB, NM, PF> &b, 
 #pragma unroll
         for (int i = 0; i < moe_epw<FMT>::n; i++)
             w[i] = __fmul_rn(__fmul_rn(moe_e2m1_tiny(word >> (4 * i)), 0x1p126f), i < 4 ? s0 : s1);
-    } else if (FMT == MOE_WF_FP8 && KS == GFW_MOE_SPLIT) {
+    } else if (FMT == MOE_WF_FP8) {
         const float s = b.f[q][n];
         float v[moe_epw<FMT>::n];
 #pragma unroll
@@ -302,11 +297,6 @@ __device__ __forceinline__ void moe_decode(const moe_batch<FMT, VB, NM, PF> &b, 
 #pragma unroll
         for (int i = 0; i < moe_epw<FMT>::n; i++)
             w[i] = __fmul_rn(v[i], s);
-    } else if (FMT == MOE_WF_FP8) {
-        const float s = b.f[q][n];
-#pragma unroll
-        for (int i = 0; i < moe_epw<FMT>::n; i++)
-            w[i] = __fmul_rn(moe_e4m3_value((word >> (8 * i)) & 0xFF), s);
     } else {
         w[0] = __uint_as_float(word << 16);
         w[moe_epw<FMT>::n > 1 ? 1 : 0] = __uint_as_float(word & 0xFFFF0000u);
@@ -423,9 +413,9 @@ __device__ __forceinline__ int moe_one_step_slot(const moe_batch<FMT, VB, NM, PF
 
 /**
  * The fma of slot @p q's VB words of NM rows, for tokens t < @p nt: chain @p l's staged values
- * from @p m0 (chunk offset), the weights decoded by kernel set KS, E2M1 the DEC way.
+ * from @p m0 (chunk offset), the weights decoded by moe_decode(), E2M1 the DEC way.
  */
-template <int FMT, int VB, int TT, int NM, int PF, int KS, int DEC>
+template <int FMT, int VB, int TT, int NM, int PF, int DEC>
 __device__ __forceinline__ void moe_group_fma(const moe_batch<FMT, VB, NM, PF> &cur, int q, const float *xs, int l,
                                               int m0, int mc, int nt, float (&acc)[NM][TT])
 {
@@ -436,7 +426,7 @@ __device__ __forceinline__ void moe_group_fma(const moe_batch<FMT, VB, NM, PF> &
         float w[NM][EPW];
 #pragma unroll
         for (int n = 0; n < NM; n++)
-            moe_decode<FMT, VB, NM, PF, KS, DEC>(cur, q, n, v, w[n]);
+            moe_decode<FMT, VB, NM, PF, DEC>(cur, q, n, v, w[n]);
 #pragma unroll
         for (int t = 0; t < TT; t++) {
             if (t < nt) {
@@ -460,7 +450,7 @@ __device__ __forceinline__ void moe_group_fma(const moe_batch<FMT, VB, NM, PF> &
  * thread of the CTA calls this, with the same @p nt and @p groups); the weights are loaded
  * one batch of PF groups ahead, across the chunks.
  */
-template <int FMT, int VB, int TT, int NM, int PF, int NTH, int KS>
+template <int FMT, int VB, int TT, int NM, int PF, int NTH>
 __device__ __forceinline__ void moe_chain_dot(const moe_row (&r)[NM], const float *const (&xt)[TT], int64_t K8,
                                               int l, int nt, int64_t groups, float *xs, float (&acc)[NM][TT])
 {
@@ -491,10 +481,10 @@ __device__ __forceinline__ void moe_chain_dot(const moe_row (&r)[NM], const floa
         for (int q = 0; q < PF; q++) {
             if (g0 + q < groups) {
                 const int m0 = (int)(g0 + q) * VB * EPW - c0;
-                if (FMT == MOE_WF_FP4 && KS == GFW_MOE_SPLIT && moe_one_step_slot(cur, q))
-                    moe_group_fma<FMT, VB, TT, NM, PF, KS, MOE_DEC_ONE_STEP>(cur, q, xs, l, m0, mc, nt, acc);
+                if (FMT == MOE_WF_FP4 && moe_one_step_slot(cur, q))
+                    moe_group_fma<FMT, VB, TT, NM, PF, MOE_DEC_ONE_STEP>(cur, q, xs, l, m0, mc, nt, acc);
                 else
-                    moe_group_fma<FMT, VB, TT, NM, PF, KS, MOE_DEC_TWO_STEP>(cur, q, xs, l, m0, mc, nt, acc);
+                    moe_group_fma<FMT, VB, TT, NM, PF, MOE_DEC_TWO_STEP>(cur, q, xs, l, m0, mc, nt, acc);
             }
         }
         cur = nxt;
@@ -539,7 +529,7 @@ __global__ void __launch_bounds__(MOE_ROUTER_THREADS) k_moe_logits(const uint16_
     /* every thread takes part in the staging: a row past E reads row E - 1 and stores nothing */
     const int64_t er = valid ? e : E - 1;
     const moe_row r[1] = {{(const uint8_t *)(gate + er * D) + l * 4 * VB, NULL, NULL, 1}};
-    moe_chain_dot<MOE_WF_BF16, VB, TT, 1, PF, MOE_ROUTER_THREADS, GFW_MOE_SERIAL>(r, xt, D / 8, l, nt, moe_groups(D, 16, VB), xs, acc);
+    moe_chain_dot<MOE_WF_BF16, VB, TT, 1, PF, MOE_ROUTER_THREADS>(r, xt, D / 8, l, nt, moe_groups(D, 16, VB), xs, acc);
 #pragma unroll
     for (int t = 0; t < TT; t++) {
         const float sum = moe_combine8(acc[0][t]);
@@ -690,7 +680,7 @@ __global__ void __launch_bounds__(MOE_PLAN_THREADS)
  * expert idx[p] with weight wts[p]; task T*k + t is token t's shared expert (weight 1).
  * h[p, j] = bf16((silu(g) * u) * w) with g, u = bf16 of the sums, clamped, silu = g / (1 + exp(-g)).
  */
-template <int VB, int TT, int KS>
+template <int VB, int TT>
 __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l1(dmoe m, gfw_moe_work w, const float *xq, const float *wts,
                                                          int64_t T, int64_t width, float *h)
 {
@@ -726,12 +716,12 @@ __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l1(dm
         const float *srow1 = m.ss1 + (jr / m.B) * scols, *srow3 = m.ss3 + (jr / m.B) * scols;
         const moe_row r[2] = {{m.sw1 + jr * D + l * 4 * VB, NULL, srow1, m.B / (32 * VB)},
                               {m.sw3 + jr * D + l * 4 * VB, NULL, srow3, m.B / (32 * VB)}};
-        moe_chain_dot<MOE_WF_FP8, VB, TT, 2, MOE_L1_SHARED_PF(VB, KS), MOE_THREADS, KS>(r, xt, D / 8, l, nt, moe_groups(D, 8, VB), xs, acc);
+        moe_chain_dot<MOE_WF_FP8, VB, TT, 2, MOE_L1_SHARED_PF(VB), MOE_THREADS>(r, xt, D / 8, l, nt, moe_groups(D, 8, VB), xs, acc);
     } else {
         const int64_t row = (int64_t)it.x * m.I + jr;
         const moe_row r[2] = {{m.w1 + row * (D / 2) + l * 4 * VB, m.s1 + row * (D / 32), NULL, 1},
                               {m.w3 + row * (D / 2) + l * 4 * VB, m.s3 + row * (D / 32), NULL, 1}};
-        moe_chain_dot<MOE_WF_FP4, VB, TT, 2, 4 / VB, MOE_THREADS, KS>(r, xt, D / 8, l, nt, moe_groups(D, 4, VB), xs, acc);
+        moe_chain_dot<MOE_WF_FP4, VB, TT, 2, 4 / VB, MOE_THREADS>(r, xt, D / 8, l, nt, moe_groups(D, 4, VB), xs, acc);
     }
 #pragma unroll
     for (int t = 0; t < TT; t++) {
@@ -766,27 +756,25 @@ __global__ void k_moe_requant(dmoe m, const int32_t *idx, int64_t T, const float
 }
 
 /**
- * Output rows per thread of k_moe_l2: one for the serial set; two for the split set, rows n
- * and n + MOE_ROWS of a CTA of 2 MOE_ROWS rows, so that a decode step's L2 grid (D / 32 CTAs
- * per item) runs in one wave like L1's instead of two.
+ * Output rows per thread of k_moe_l2: rows n and n + MOE_ROWS of a CTA of 2 MOE_ROWS rows, so
+ * that a decode step's L2 grid (D / 32 CTAs per item) runs in one wave like L1's instead of two.
  */
-#define MOE_L2_NM(KS) ((KS) == GFW_MOE_SPLIT ? 2 : 1)
+#define MOE_L2_NM 2
 /**
- * Groups per batch of k_moe_l2: two 4-word groups of each row in flight for every set and
- * weight (the split set's two rows take one E2M1 group each, and two E4M3 groups each, as
- * the shared expert's L1).
+ * Groups per batch of k_moe_l2: one 4-word E2M1 group of each of the two rows in flight (two
+ * spill in the loop), two E4M3 groups each (as the shared expert's L1).
  */
-#define MOE_L2_PF(VB, KS, FMT) ((KS) == GFW_MOE_SPLIT && (FMT) == MOE_WF_FP4 ? 4 / (VB) : 8 / (VB))
+#define MOE_L2_PF(VB, FMT) ((FMT) == MOE_WF_FP4 ? 4 / (VB) : 8 / (VB))
 
 /**
- * L2 for MOE_L2_NM(KS) x 16 output rows of one item: slot_y[p, n] = bf16(sum), thread (row
- * n, chain l) runs chain l of rows n (and n + 16 for the split set).
+ * L2 for MOE_L2_NM x 16 output rows of one item: slot_y[p, n] = bf16(sum), thread (row n,
+ * chain l) runs chain l of rows n and n + 16.
  */
-template <int VB, int TT, int KS>
+template <int VB, int TT>
 __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l2(dmoe m, gfw_moe_work w, int64_t T, int64_t width,
                                                          uint16_t *slot_y)
 {
-    constexpr int NM = MOE_L2_NM(KS);
+    constexpr int NM = MOE_L2_NM;
     if ((int)blockIdx.y >= *w.n_items)
         return;
     const int4 it = w.items[blockIdx.y];
@@ -822,14 +810,14 @@ __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l2(dm
 #pragma unroll
         for (int i = 0; i < NM; i++)
             r[i] = moe_row{m.sw2 + nr[i] * Iw + l * 4 * VB, NULL, m.ss2 + (nr[i] / m.B) * scols, m.B / (32 * VB)};
-        moe_chain_dot<MOE_WF_FP8, VB, TT, NM, MOE_L2_PF(VB, KS, MOE_WF_FP8), MOE_THREADS, KS>(r, xt, Iw / 8, l, nt, moe_groups(Iw, 8, VB), xs, acc);
+        moe_chain_dot<MOE_WF_FP8, VB, TT, NM, MOE_L2_PF(VB, MOE_WF_FP8), MOE_THREADS>(r, xt, Iw / 8, l, nt, moe_groups(Iw, 8, VB), xs, acc);
     } else {
 #pragma unroll
         for (int i = 0; i < NM; i++) {
             const int64_t row = (int64_t)it.x * D + nr[i];
             r[i] = moe_row{m.w2 + row * (Iw / 2) + l * 4 * VB, m.s2 + row * (Iw / 32), NULL, 1};
         }
-        moe_chain_dot<MOE_WF_FP4, VB, TT, NM, MOE_L2_PF(VB, KS, MOE_WF_FP4), MOE_THREADS, KS>(r, xt, Iw / 8, l, nt, moe_groups(Iw, 4, VB), xs, acc);
+        moe_chain_dot<MOE_WF_FP4, VB, TT, NM, MOE_L2_PF(VB, MOE_WF_FP4), MOE_THREADS>(r, xt, Iw / 8, l, nt, moe_groups(Iw, 4, VB), xs, acc);
     }
 #pragma unroll
     for (int t = 0; t < TT; t++) {
@@ -987,14 +975,14 @@ static void moe_launch_logits(const gfw_moe_router &r, const float *xb, int64_t 
     k_moe_logits<VB, TT, 32 / VB><<<grid, MOE_ROUTER_THREADS, 0, st>>>(r.gate, xb, T, E, D, lg);
 }
 
-/** Launch L1, requant and L2 for tile TT and kernel set KS. */
-template <int VB, int TT, int KS>
+/** Launch L1, requant and L2 for tile TT. */
+template <int VB, int TT>
 static cudaError_t moe_launch_experts(const dmoe &m, const gfw_moe_work &w, const gfw_moe_io &io, int64_t items,
                                       cudaStream_t st, const char **what)
 {
     const int64_t T = io.T, tasks = T * m.k + (m.Ws > 0 ? T : 0);
     *what = "moe L1";
-    k_moe_l1<VB, TT, KS><<<dim3(moe_nblk(io.width, MOE_ROWS), (unsigned)items), MOE_THREADS, 0, st>>>(
+    k_moe_l1<VB, TT><<<dim3(moe_nblk(io.width, MOE_ROWS), (unsigned)items), MOE_THREADS, 0, st>>>(
         m, w, io.xq, io.wts, T, io.width, io.h);
     cudaError_t ce = cudaGetLastError();
     if (ce != cudaSuccess)
@@ -1005,13 +993,13 @@ static cudaError_t moe_launch_experts(const dmoe &m, const gfw_moe_work &w, cons
     if ((ce = cudaGetLastError()) != cudaSuccess)
         return ce;
     *what = "moe L2";
-    k_moe_l2<VB, TT, KS><<<dim3(moe_nblk(m.D, MOE_L2_NM(KS) * MOE_ROWS), (unsigned)items), MOE_THREADS, 0, st>>>(m, w, T, io.width,
+    k_moe_l2<VB, TT><<<dim3(moe_nblk(m.D, MOE_L2_NM * MOE_ROWS), (unsigned)items), MOE_THREADS, 0, st>>>(m, w, T, io.width,
                                                                                          io.slot_y);
     return cudaGetLastError();
 }
 
-/** Dispatch on the token tile (the experts' kernels of set KS). */
-template <int VB, int KS>
+/** Dispatch on the token tile. */
+template <int VB>
 static cudaError_t moe_run_vb(const dmoe &m, const gfw_moe_router &r, const gfw_moe_work &w, const gfw_moe_io &io,
                               int given, cudaStream_t st, const char **what)
 {
@@ -1043,10 +1031,10 @@ static cudaError_t moe_run_vb(const dmoe &m, const gfw_moe_router &r, const gfw_
     if (items > Tk + (m.Ws > 0 ? T : 0))
         items = Tk + (m.Ws > 0 ? T : 0);
     switch (TT) {
-    case 1: ce = moe_launch_experts<VB, 1, KS>(m, w, io, items, st, what); break;
-    case 2: ce = moe_launch_experts<VB, 2, KS>(m, w, io, items, st, what); break;
-    case 4: ce = moe_launch_experts<VB, 4, KS>(m, w, io, items, st, what); break;
-    default: ce = moe_launch_experts<VB, 8, KS>(m, w, io, items, st, what); break;
+    case 1: ce = moe_launch_experts<VB, 1>(m, w, io, items, st, what); break;
+    case 2: ce = moe_launch_experts<VB, 2>(m, w, io, items, st, what); break;
+    case 4: ce = moe_launch_experts<VB, 4>(m, w, io, items, st, what); break;
+    default: ce = moe_launch_experts<VB, 8>(m, w, io, items, st, what); break;
     }
     return ce;
 }
@@ -1054,11 +1042,7 @@ static cudaError_t moe_run_vb(const dmoe &m, const gfw_moe_router &r, const gfw_
 cudaError_t gfw_moe_rows(const dmoe &m, const gfw_moe_router &r, const gfw_moe_work &w, const gfw_moe_io &io,
                          int given, cudaStream_t st, const char **what)
 {
-    if (m.kset == GFW_MOE_SPLIT)
-        return m.vb == 4 ? moe_run_vb<4, GFW_MOE_SPLIT>(m, r, w, io, given, st, what)
-                         : moe_run_vb<1, GFW_MOE_SPLIT>(m, r, w, io, given, st, what);
-    return m.vb == 4 ? moe_run_vb<4, GFW_MOE_SERIAL>(m, r, w, io, given, st, what)
-                     : moe_run_vb<1, GFW_MOE_SERIAL>(m, r, w, io, given, st, what);
+    return m.vb == 4 ? moe_run_vb<4>(m, r, w, io, given, st, what) : moe_run_vb<1>(m, r, w, io, given, st, what);
 }
 
 cudaError_t gfw_moe_combine(const dmoe &m, const gfw_moe_io &io, cudaStream_t st, const char **what)

@@ -13,15 +13,6 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-/**
- * The kernel set of the sub-layer's expert GEMMs (the model's mmoe_gpu_fwd_kernels): both give
- * the same bits (gpu_fwd_moe.cu, "Decode").
- */
-enum gfw_moe_kset {
-    GFW_MOE_SERIAL = 0, /**< every E2M1 weight in two multiplies */
-    GFW_MOE_SPLIT = 1   /**< one multiply per E2M1 weight where the group's scales allow (gpu_moe_decode.h) */
-};
-
 /** The weights of one MoE layer on the device (expert and router matrices chain-packed). */
 struct dmoe {
     int64_t E, I, D, k, Ws;       /**< sizes; Ws = shared width (0: none) */
@@ -58,7 +49,6 @@ struct dmoe {
     int vb;                       /**< 32-bit words per chain word of the packing (1 or 4) */
     int64_t first;                /**< global id of the first routed expert held (0 unless one rank of an expert-parallel forward) */
     int64_t held;                 /**< routed experts held: w1 .. s2 hold experts [first, first + held) at indices 0 .. held-1 */
-    gfw_moe_kset kset;            /**< the expert GEMMs' kernel set (zero: serial) */
 };
 
 /** The router of one MoE layer on the device. */

@@ -1,15 +1,12 @@
 /**
  * @file gpu_names.c
- * @brief Names of the GPU layer's recipes and GEMM kernel families, and of the GPU forward's kernel
- *        sets (built with or without CUDA).
+ * @brief Names of the GPU layer's recipes and GEMM kernel families (built with or without CUDA).
  *
  * The command line and the benchmarks print and parse these names; keeping them
  * in one plain C file means the CUDA build and the stub build agree on them.
  */
-#include <stdlib.h>
 #include <string.h>
 
-#include "mmoe_gpu_forward.h"
 #include "mmoe_gpu_moe.h"
 
 const char *mmoe_gpu_recipe_name(mmoe_gpu_recipe r)
@@ -36,33 +33,4 @@ int mmoe_gpu_gemm_parse(const char *s, mmoe_gpu_gemm *out)
             return 0;
         }
     return -1;
-}
-
-const char *mmoe_gpu_fwd_kernels_name(mmoe_gpu_fwd_kernels k)
-{
-    return k == MMOE_GPU_FWD_SPLIT ? "split" : "serial";
-}
-
-int mmoe_gpu_fwd_kernels_parse(const char *s, mmoe_gpu_fwd_kernels *out)
-{
-    static const mmoe_gpu_fwd_kernels all[] = {MMOE_GPU_FWD_SERIAL, MMOE_GPU_FWD_SPLIT};
-    for (size_t i = 0; s != NULL && i < sizeof all / sizeof all[0]; i++)
-        if (strcmp(s, mmoe_gpu_fwd_kernels_name(all[i])) == 0) {
-            *out = all[i];
-            return 0;
-        }
-    return -1;
-}
-
-mmoe_status mmoe_gpu_fwd_kernels_from_env(mmoe_gpu_fwd_kernels *out, mmoe_error *err)
-{
-    const char *v = getenv(MMOE_GPU_FWD_KERNELS_ENV);
-    if (v == NULL) {
-        *out = MMOE_GPU_FWD_SPLIT; /* the faster set on an H200 at V4-Flash widths (docs/perf.md) */
-        return MMOE_OK;
-    }
-    if (mmoe_gpu_fwd_kernels_parse(v, out) != 0)
-        return mmoe_error_set(err, MMOE_EINVAL, "gpu forward: %s='%s': expected serial or split",
-                              MMOE_GPU_FWD_KERNELS_ENV, v);
-    return MMOE_OK;
 }

@@ -83,40 +83,6 @@ extern "C" {
 /** A model on the GPU with one sequence's state (opaque). */
 typedef struct mmoe_gpu_model mmoe_gpu_model;
 
-/**
- * The kernels of the per-token steps that one thread block ran serially: the indexer's query
- * transform (RoPE, Hadamard, FP4 round trip of every head), its top-k and mHC's Sinkhorn
- * iterations, and the kernels of the linears (dense and FP8).
- * Both sets compute the same operations on the same operands in the same order, so their
- * outputs are the same bits; they differ in how the work is spread over the device.
- */
-typedef enum mmoe_gpu_fwd_kernels {
-    MMOE_GPU_FWD_SERIAL = 0, /**< "serial": one block per token for the indexer queries (shared-memory
-                                  Hadamard stages between block barriers) and for its top-k;
-                                  Sinkhorn one thread per entry of block 0 with block barriers
-                                  between its steps; one block per output of a dense linear */
-    MMOE_GPU_FWD_SPLIT = 1   /**< "split": one warp per indexer head in registers; the top-k's
-                                  candidates over blocks; Sinkhorn in one warp's registers while
-                                  the block's other warps mix; one warp per output of a dense
-                                  linear; the FP8 linear's weight loads pipelined */
-} mmoe_gpu_fwd_kernels;
-
-/** The environment variable that selects the kernel set when a GPU model is created. */
-#define MMOE_GPU_FWD_KERNELS_ENV "MMOE_GPU_FWD_KERNELS"
-
-/** "serial" or "split". */
-const char *mmoe_gpu_fwd_kernels_name(mmoe_gpu_fwd_kernels k);
-
-/** Parse a name of mmoe_gpu_fwd_kernels_name(). @return 0, or -1 for anything else (out untouched) */
-int mmoe_gpu_fwd_kernels_parse(const char *s, mmoe_gpu_fwd_kernels *out);
-
-/**
- * The kernel set that #MMOE_GPU_FWD_KERNELS_ENV names: unset, MMOE_GPU_FWD_SPLIT; "serial"
- * or "split"; anything else (the empty string too) is refused.
- * @return MMOE_OK, MMOE_EINVAL naming the variable and its value
- */
-mmoe_status mmoe_gpu_fwd_kernels_from_env(mmoe_gpu_fwd_kernels *out, mmoe_error *err);
-
 /** Device bytes a model would take, split by use. */
 typedef struct mmoe_gpu_model_bytes {
     size_t weights;   /**< uploaded tensors */
@@ -147,7 +113,7 @@ mmoe_status mmoe_gpu_model_bytes_needed(const mmoe_model *m, int64_t max_seq_len
  * @param max_tokens   largest T of one forward call (> 0)
  * @param out          the GPU model
  * @param err          message on failure
- * @return MMOE_OK; MMOE_ENODEV; MMOE_EINVAL (#MMOE_GPU_FWD_KERNELS_ENV names no kernel set);
+ * @return MMOE_OK; MMOE_ENODEV; MMOE_EINVAL (#MMOE_GPU_GRAPH_ENV holds a value it refuses);
  *         MMOE_ENOMEM (device memory: "needs N bytes, M available"), MMOE_EUNSUPPORTED (a tensor
  *         layout the kernels do not take, named), MMOE_EINTERNAL (a CUDA error, named)
  */
@@ -165,9 +131,6 @@ int64_t mmoe_gpu_model_pos(const mmoe_gpu_model *g);
 
 /** The positions the state holds. */
 int64_t mmoe_gpu_model_max_seq_len(const mmoe_gpu_model *g);
-
-/** The kernel set the model runs (read from #MMOE_GPU_FWD_KERNELS_ENV when it was created). */
-mmoe_gpu_fwd_kernels mmoe_gpu_model_fwd_kernels(const mmoe_gpu_model *g);
 
 /** Device bytes held (as planned by mmoe_gpu_model_bytes_needed()). */
 void mmoe_gpu_model_bytes_held(const mmoe_gpu_model *g, mmoe_gpu_model_bytes *out);
