@@ -52,13 +52,7 @@
  * rows of the routed L1 output and L2 input are the pair indices (token * topk + slot).  So
  * a block knows its weights before any earlier kernel has finished: launched with
  * programmatic dependent launch, its warps issue their first weight copies, and only then does
- * the block wait (griddepcontrol.wait) for the activations of the kernel before it.  Each block
- * also lets the kernel after it start as soon as it begins (griddepcontrol.launch_dependents):
- * once every block of the GEMM is on an SM, the next kernel's blocks (L2 after L1) take their
- * places beside them and wait in griddepcontrol.wait,
- * which returns when the whole GEMM has finished and its writes are visible, so the next
- * kernel starts without a launch gap.  That kernel reads and writes nothing the GEMM touches
- * before its wait.
+ * the block wait (griddepcontrol.wait) for the activations of the kernel before it.
  *
  * **One launch, routed and shared.**  A launch carries two parts: the shared expert (grid rows
  * [0, shared tiles), uniform tiles of 8 tokens, weight 1, slot topk) and the routed experts
@@ -892,8 +886,6 @@ __device__ __forceinline__ void decode_gemm_block(const mmoe_decode_args &p)
     __shared__ int s_scan[DEC_WARPS];
     __shared__ int s_pair[8], s_arow[8], s_orow[8], s_expert, s_j, s_valid, s_last, s_tok[8];
     __shared__ float s_w[8];
-    /* the next kernel may be scheduled now: it waits for this whole grid before it reads anything */
-    mmoe_grid_launch_dependents();
     const int tid = threadIdx.x, warp = tid >> 5;
     const int y = (int)blockIdx.y;
     const bool shared_part = y < p.shared_tiles;
