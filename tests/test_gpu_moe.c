@@ -288,6 +288,16 @@ static void compare_outputs(const char *what, const uint16_t *gpu, const uint16_
                   what, (long long)bad, (long long)n, (unsigned long long)g_seed);
 }
 
+/**
+ * Kernel launches of a decode call of @p T tokens: the GEMMs requantize and combine themselves
+ * (3 launches: quantize x, L1, L2) up to 4 tokens, where that was measured faster; above, the
+ * separate requantization and combine kernels run (5).
+ */
+static int decode_launches_of(int64_t T)
+{
+    return T <= 4 ? 3 : 5;
+}
+
 static int gpu_ok(void)
 {
     mmoe_error err;
@@ -340,9 +350,12 @@ static void run_case(const char *name, test_layer *L, int64_t T, enum route_kind
            mmoe_gpu_gemm_name(gd->gemm), gd->block_m, (long long)gd->routed_pairs, (long long)gd->exact_path_blocks_l1,
            (long long)gd->exact_path_blocks_l2, gd->fallback ? "; kernel fallback: " : "", gd->fallback_reason);
     if (gd->gemm == MMOE_GPU_GEMM_DECODE || gd->gemm == MMOE_GPU_GEMM_DECODE16) {
-        printf("  %s: %s L1 GEMM blocks per SM %d (occupancy calculator)\n", name, mmoe_gpu_gemm_name(gd->gemm),
-               gd->decode_blocks_per_sm);
+        printf("  %s: %s L1 GEMM blocks per SM %d (occupancy calculator), %d launches\n", name,
+               mmoe_gpu_gemm_name(gd->gemm), gd->decode_blocks_per_sm, gd->decode_launches);
         ck_assert_int_ge(gd->decode_blocks_per_sm, 1);
+        ck_assert_int_eq(gd->decode_launches, decode_launches_of(T));
+    } else {
+        ck_assert_int_eq(gd->decode_launches, 0);
     }
 
     /* the kernel family asked for through MMOE_GPU_GEMM is the one that ran (no silent fallback) */
@@ -950,6 +963,10 @@ static void run_decode_layer_cases(mmoe_gpu_gemm g, mmoe_rng *rng)
     run_case(name, &L, 1, ROUTE_REPEATED, NULL);
     snprintf(name, sizeof name, "%s sm90 v4-flash widths repeated T=2", mmoe_gpu_gemm_name(g));
     run_case(name, &L, 2, ROUTE_REPEATED, NULL);
+    /* above the fused pipeline's threshold: the requantization and combine kernels */
+    snprintf(name, sizeof name, "%s sm90 v4-flash widths T=6", mmoe_gpu_gemm_name(g));
+    run_case(name, &L, 6, ROUTE_MASKED, &det);
+    ck_assert_int_eq(det.decode_launches, 5);
     free_layer(&L);
 }
 
@@ -984,9 +1001,11 @@ START_TEST(layer_decode_family)
     make_layer(&L, 256, 256, 8, 2, 1, MMOE_RECIPE_SM90, 0.02, &rng);
     run_case("auto sm90 T=128", &L, 128, ROUTE_RANDOM, &det);
     ck_assert_int_eq(det.gemm == MMOE_GPU_GEMM_DECODE16, cc == 90);
+    ck_assert_int_eq(det.decode_launches, cc == 90 ? 5 : 0);
     run_case("auto sm90 T=129", &L, 129, ROUTE_RANDOM, &det);
     ck_assert_int_ne(det.gemm, MMOE_GPU_GEMM_DECODE);
     ck_assert_int_ne(det.gemm, MMOE_GPU_GEMM_DECODE16);
+    ck_assert_int_eq(det.decode_launches, 0);
     free_layer(&L);
     restore_gemm_env(saved);
 }
@@ -1037,9 +1056,17 @@ START_TEST(layer_decode16_family)
     run_case("auto sm90 T=1", &L, 1, ROUTE_RANDOM, &det);
     ck_assert_int_eq(det.gemm == MMOE_GPU_GEMM_DECODE16, cc == 90);
     ck_assert_int_ne(det.gemm, MMOE_GPU_GEMM_DECODE);
+    ck_assert_int_eq(det.decode_launches, cc == 90 ? 3 : 0); /* the fused pipeline */
+    ck_assert(det.kernel != NULL && (cc != 90 || strstr(det.kernel, "3 launches (fused)") != NULL));
+    run_case("auto sm90 T=4", &L, 4, ROUTE_MASKED, &det);
+    ck_assert_int_eq(det.decode_launches, cc == 90 ? 3 : 0);
+    run_case("auto sm90 T=5", &L, 5, ROUTE_MASKED, &det);
+    ck_assert_int_eq(det.decode_launches, cc == 90 ? 5 : 0); /* the requantization and combine kernels */
     run_case("auto sm90 T=8", &L, 8, ROUTE_RANDOM, &det);
     ck_assert_int_eq(det.gemm == MMOE_GPU_GEMM_DECODE16, cc == 90);
     ck_assert_int_ne(det.gemm, MMOE_GPU_GEMM_DECODE);
+    ck_assert_int_eq(det.decode_launches, cc == 90 ? 5 : 0);
+    ck_assert(det.kernel != NULL && (cc != 90 || strstr(det.kernel, "5 launches") != NULL));
     free_layer(&L);
     restore_gemm_env(saved);
 }
@@ -1047,13 +1074,17 @@ END_TEST
 
 /**
  * One layer object called again and again on the decode path (both MMAs, with and without a
- * shared expert), each call with new inputs checked against the oracle: the L1 launch
- * requantizes its output and the L2 launch combines the slots through counters in the
- * workspace that each launch must leave at zero.  Calls of the same T (the workspace kept, so a
- * counter left behind would stop the next call's requantization or combine and leave the
- * previous call's values), a larger T (the workspace and its counters reallocated), a smaller
- * one, masked slots (tokens with every slot masked: exactly 0 without a shared expert) and a
- * token naming one expert in several slots.
+ * shared expert), each call with new inputs checked against the oracle.  Up to 4 tokens the
+ * L1 launch requantizes its output and the L2 launch combines the slots through counters in
+ * the workspace that each launch must leave at zero; above, the separate kernels do that and
+ * the counters must stay untouched.  The calls alternate across that threshold (fused,
+ * unfused, fused, ...): calls of the same T (the workspace kept, so a counter left behind would
+ * stop the next call's requantization or combine and leave the previous call's values), a
+ * larger T (the workspace and its counters reallocated and zeroed), a smaller one, a fused
+ * call right after an unfused one on the same workspace, masked slots (tokens with every slot
+ * masked: exactly 0 without a shared expert, which the fused call gets from the output zeroed
+ * first and the combine kernel writes itself) and a token naming one expert in several slots.
+ * Each call's result names its pipeline (3 or 5 launches).
  */
 START_TEST(layer_decode_repeated_calls)
 {
@@ -1068,8 +1099,9 @@ START_TEST(layer_decode_repeated_calls)
     static const struct {
         int64_t T;
         enum route_kind kind;
-    } calls[] = {{3, ROUTE_RANDOM}, {3, ROUTE_RANDOM}, {3, ROUTE_MASKED}, {9, ROUTE_RANDOM},
-                 {1, ROUTE_REPEATED}, {9, ROUTE_MASKED}, {2, ROUTE_RANDOM}};
+    } calls[] = {{3, ROUTE_RANDOM}, {3, ROUTE_RANDOM}, {3, ROUTE_MASKED}, {5, ROUTE_MASKED},
+                 {4, ROUTE_MASKED}, {9, ROUTE_RANDOM}, {1, ROUTE_REPEATED}, {9, ROUTE_MASKED},
+                 {2, ROUTE_RANDOM},  {8, ROUTE_MASKED}, {4, ROUTE_RANDOM}};
     const int64_t tmax = 9;
     uint16_t *x = malloc((size_t)(tmax * D) * 2), *y_ref = malloc((size_t)(tmax * D) * 2);
     uint16_t *y_gpu = malloc((size_t)(tmax * D) * 2);
@@ -1105,8 +1137,10 @@ START_TEST(layer_decode_repeated_calls)
             ck_assert_msg(mmoe_gpu_layer_run(gl, &in, &out_gpu, &rg, &err) == MMOE_OK, "gpu run: %s", err.msg);
             ck_assert_int_eq(mmoe_gpu_layer_details(gl)->gemm, gemms[gi]);
             char name[96];
-            snprintf(name, sizeof name, "%s same layer%s, call %zu (T=%lld)", mmoe_gpu_gemm_name(gemms[gi]),
-                     n_shared ? "" : " (no shared)", c + 1, (long long)T);
+            snprintf(name, sizeof name, "%s same layer%s, call %zu (T=%lld, %d launches)", mmoe_gpu_gemm_name(gemms[gi]),
+                     n_shared ? "" : " (no shared)", c + 1, (long long)T, decode_launches_of(T));
+            ck_assert_msg(mmoe_gpu_layer_details(gl)->decode_launches == decode_launches_of(T), "%s: %d launches ran",
+                          name, mmoe_gpu_layer_details(gl)->decode_launches);
             compare_outputs(name, y_gpu, y_ref, T, D);
             for (int64_t t = 0; t < T && !n_shared; t++) {
                 int any = 0;

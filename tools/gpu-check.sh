@@ -60,11 +60,12 @@ case " $STEPS " in *" test "*)
 esac
 case " $STEPS " in *" memcheck "*)
   if command -v compute-sanitizer > /dev/null; then
+    # decode families: T <= 4 runs the 3-launch pipeline (the GEMMs requantize and combine), 40 the 5-launch one
     for gemm in ${MMOE_GEMMS:-mma wgmma decode decode16}; do
       timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 ./tests/bench_moe_gpu --shape tiny --tokens 1,40,300 \
         --iters 2 --gemm "$gemm" --peer none > "$OUT/memcheck-$gemm.log" 2>&1
       echo "memcheck ($gemm): rc=$?"; tail -n 6 "$OUT/memcheck-$gemm.log"
-      timeout 120 compute-sanitizer --tool racecheck --error-exitcode 3 ./tests/bench_moe_gpu --shape tiny --tokens 40 \
+      timeout 120 compute-sanitizer --tool racecheck --error-exitcode 3 ./tests/bench_moe_gpu --shape tiny --tokens 2,40 \
         --iters 1 --gemm "$gemm" --peer none > "$OUT/racecheck-$gemm.log" 2>&1
       echo "racecheck ($gemm): rc=$?"; tail -n 4 "$OUT/racecheck-$gemm.log"
     done

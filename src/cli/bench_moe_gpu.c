@@ -102,6 +102,7 @@ typedef struct bench_point {
     int touched;              /**< distinct routed experts */
     int block_m;              /**< tile height that ran */
     mmoe_gpu_gemm gemm;       /**< GEMM kernel family that ran */
+    int decode_launches;      /**< decode families: kernel launches of a call (3 fused, 5), else 0 */
     double peer_us;           /**< the fastest peer variant's median, < 0: none */
     const char *peer_name;    /**< its name */
 } bench_point;
@@ -372,6 +373,7 @@ static void print_json(FILE *f, const bench_point *pts, int nT, const bench_opts
         json_num(f, "fp8_dense_tflops", c->fp8_tflops > 0 ? c->fp8_tflops : NAN);
         json_num(f, "peer_weight_bytes", c->peer_fp8_bytes > 0 ? c->peer_fp8_bytes : NAN);
         json_num(f, "gpu_weight_bytes", (double)res->gpu_weight_bytes);
+        json_num(f, "decode_launches", p->decode_launches > 0 ? p->decode_launches : NAN); /* null: tile families */
         fprintf(f, ",\"experts_touched\":%d,\"block_m\":%d,\"gemm\":\"%s\",\"recipe\":\"%s\",\"device_cc\":%d}\n",
                 p->touched, p->block_m, mmoe_gpu_gemm_name(p->gemm), mmoe_gpu_recipe_name(res->recipe),
                 res->device_cc);
@@ -441,9 +443,12 @@ static int time_points(const bench_opts *o, mmoe_gpu_moe *L, const mmoe_gpu_moe_
         p->weight_bytes = p->touched * routed_bytes_per_expert + shared_bytes;
         p->block_m = res->block_m;
         p->gemm = res->gemm;
-        fprintf(log, "T=%-5d  %10.1f us (min %.1f)  %7.1f TFLOP/s  %7.0f GB/s weights  block_m %d  experts touched %d%s\n",
+        p->decode_launches = res->decode_launches;
+        fprintf(log, "T=%-5d  %10.1f us (min %.1f)  %7.1f TFLOP/s  %7.0f GB/s weights  block_m %d  experts touched %d%s%s\n",
                 p->T, p->us, p->min_us, call_flop(d, p->T) / (p->us * 1e-6) / 1e12,
-                p->weight_bytes / (p->us * 1e-6) / 1e9, p->block_m, p->touched, res->graph ? "" : "  (no CUDA graph)");
+                p->weight_bytes / (p->us * 1e-6) / 1e9, p->block_m, p->touched,
+                p->decode_launches == 3 ? "  3 launches (fused)" : p->decode_launches == 5 ? "  5 launches" : "",
+                res->graph ? "" : "  (no CUDA graph)");
         fflush(log);
     }
     return 0;

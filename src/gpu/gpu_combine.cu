@@ -8,9 +8,9 @@
  * acc += float(v_k); then acc += float(v_shared) when there is a shared
  * expert; y = bf16_rn(acc).  A token whose slots are all masked and that has
  * no shared expert gets 0.  Masked slots' rows are never read (they were never
- * written).  One block per token, two channels per thread and step.  The decode
- * pipeline sums the same way, in the same order, inside its L2 launch
- * (gpu_decode.cu), and runs no combine kernel.
+ * written).  One block per token, two channels per thread and step.  At the
+ * fewest tokens the decode pipeline sums the same way, in the same order, inside
+ * its L2 launch (gpu_decode.cu), and runs no combine kernel.
  */
 #include "gpu_internal.cuh"
 
@@ -47,4 +47,22 @@ cudaError_t mmoe_launch_combine(const __nv_bfloat16 *slots_buf, const int32_t *t
         return cudaSuccess;
     combine_kernel<<<T, 256, 0, stream>>>(slots_buf, topk_idx, topk, has_shared, D, y);
     return cudaGetLastError();
+}
+
+cudaError_t mmoe_launch_combine_pdl(const __nv_bfloat16 *slots_buf, const int32_t *topk_idx, int T, int topk,
+                                    int has_shared, int D, __nv_bfloat16 *y, cudaStream_t stream)
+{
+    if (T == 0)
+        return cudaSuccess;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)T);
+    cfg.blockDim = dim3(256);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, combine_kernel, slots_buf, topk_idx, topk, has_shared, D, y);
+    return e != cudaSuccess ? e : cudaGetLastError();
 }

@@ -59,21 +59,26 @@
  * (the next rows).  The shared expert's blocks come first because they stream the most bytes
  * (FP8, twice as many per row).
  *
- * **The requantization in L1.**  The L2 launch reads the L1 outputs as E4M3 rows with a scale per
+ * **The requantization in L1 (when rq_counters is set).**  The L2 launch reads the L1 outputs as E4M3 rows with a scale per
  * 128 (sm90) or 32 (sm100) channels, and a 128-channel group of a tile's rows is written by
  * RQ_BLOCKS = 4 neighbouring blocks (32 channels each).  Each block, after its epilogue's
  * stores and a fence, counts itself in the group's counter (one per grid row and group, in the
  * layer's workspace); the block that counts last quantizes the group of every row of its tile
  * with the quantizer's device steps (gpu_quant.cuh: the same bytes and scales as the separate
- * quantization kernel) and sets the counter back to zero for the next launch.  The layer thus
+ * quantization kernel) and sets the counter back to zero for the next launch.  The layer then
  * runs no requantization kernel, and the L2 launch depends on L1 directly.
  *
- * **The combine in L2.**  Likewise the L2 launch sums each token's slot rows into the output:
+ * **The combine in L2 (when cb_counters is set).**  Likewise the L2 launch sums each token's slot rows into the output:
  * the rows of one token's 64-channel chunk (CB_CHUNK: one block's channels) are written by the
  * blocks of its unmasked slots' tiles and of its shared tile; each counts its rows after its
  * stores and a fence, and the last one sums the chunk in the combine kernel's order
- * (gpu_combine.cu) and resets the counter.  The decode pipeline is thus three launches: quantize
- * x, L1, L2.
+ * (gpu_combine.cu) and resets the counter.  The decode pipeline is then three launches:
+ * quantize x, L1, L2.  The layer sets both counters only for calls of few tokens
+ * (gpu_moe.cu, MMOE_DECODE_FUSE_MAX_T): there the two launches saved are most of the call,
+ * while with more tokens the last block's serial epilogue costs more than they do.  With the
+ * counters NULL the same kernel only stores its FP32 rows and BF16 slots, never touches a
+ * counter, and the layer launches the requantization (gpu_quant.cu) and combine
+ * (gpu_combine.cu) kernels after it: five launches.
  *
  * **Shared memory per block, and blocks per SM.**  A block holds its 4 warps' rings (40 KB),
  * the tile's staged activation rows (K + 16 bytes each), their scales and the routing counts.

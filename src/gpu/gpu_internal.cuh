@@ -267,6 +267,19 @@ cudaError_t mmoe_launch_decode_gemm(const mmoe_decode_args *a, int a_group, mmoe
  */
 cudaError_t mmoe_decode_gemm_occupancy(const mmoe_decode_args *a, int a_group, mmoe_epi epi, int *blocks);
 
+/**
+ * Requantize the decode path's L1 outputs in one launch: the routed rows (pairs; rows whose
+ * topk_idx is -1 were never written and are skipped) and the shared rows, with the same rule.
+ * Launched with programmatic dependent launch; lets the next kernel start early.
+ */
+cudaError_t mmoe_launch_requant_decode(const float *routed, int routed_rows, const int32_t *topk_idx, int I,
+                                       const float *shared, int shared_rows, int SI, mmoe_quant_mode mode,
+                                       uint8_t *routed_q, float *routed_s, uint8_t *shared_q, float *shared_s,
+                                       cudaStream_t stream);
+
+/** mmoe_launch_combine() as the dependent of a programmatic launch (decode path). */
+cudaError_t mmoe_launch_combine_pdl(const __nv_bfloat16 *slots_buf, const int32_t *topk_idx, int T, int topk,
+                                    int has_shared, int D, __nv_bfloat16 *y, cudaStream_t stream);
 
 /** Launch the grouped GEMM with the given tile height, weight format, activation group and epilogue. */
 cudaError_t mmoe_launch_gemm(const mmoe_gemm_args *args, int block_m, mmoe_bfmt b_fmt, int a_group, mmoe_epi epi,

@@ -24,11 +24,13 @@
  * between them: the routed GEMMs are launched on an upper bound of tiles and the
  * surplus blocks exit at once.
  *
- * One call of the decode family (gpu_decode.cu) = 3 launches on one stream, each after
+ * One call of the decode family (gpu_decode.cu) = 5 launches on one stream, each after
  * the first a programmatic dependent launch: quant(x), L1 (routed and shared, routing
- * derived in each block, SwiGLU, then the requantization of both intermediates by the last
- * block of each 128-channel group), L2 (routed and shared, BF16 slots, then the combine of
- * each token's slots by the last block to write one of its 64-channel chunks); with no shared
+ * derived in each block, SwiGLU), one requantization of both intermediates, L2 (routed and
+ * shared, BF16 slots), combine.  Up to MMOE_DECODE_FUSE_MAX_T tokens the same GEMM kernel
+ * does the middle and last steps itself, 3 launches: quant(x), L1 then the requantization
+ * of both intermediates by the last block of each 128-channel group, L2 then the combine of
+ * each token's slots by the last block to write one of its 64-channel chunks; with no shared
  * expert a memset zeroes the output first (a token whose slots are all masked gets 0).
  */
 #include <math.h>
@@ -64,6 +66,7 @@ struct mmoe_gpu_moe {
     int last_wgmma;           /**< 1: the last call ran the wgmma kernel; 0: the portable mma.sync one */
     int last_decode;          /**< 1: the last call ran a decode kernel (gpu_decode.cu) */
     mmoe_decode_mma last_decode_mma; /**< its MMA: E4M3 ("decode") or F16 ("decode16") */
+    int last_decode_fused;    /**< 1: that decode call was the 3-launch pipeline (MMOE_DECODE_FUSE_MAX_T) */
     cudaStream_t stream;      /**< the call's stream: inputs, routed experts, combine */
     cudaStream_t side;        /**< the shared expert runs here, concurrently with the routed GEMMs */
     cudaEvent_t x_ready;      /**< the quantized x is ready (side stream waits) */
@@ -650,6 +653,17 @@ static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
 #define MMOE_AUTO_DECODE_MAX_T 128
 
 /**
+ * The largest decode call whose GEMMs requantize and combine themselves (3 launches); larger
+ * ones run the standalone requantization and combine kernels (5 launches).  Measured on one
+ * H200, V4-Flash layer, decode16, median us of `megamoe bench moe` (fused / 5 launches):
+ * T = 1: 59.4 / 63.1, 2: 85.2 / 88.8, 4: 166 / 170, 8: 299 / 295, 16: 512 / 494,
+ * 32: 934 / 895, 128: 2119 / 1980.  Fusing saves two launch gaps, which is most of a call
+ * of few tokens; with more tokens the last block of each group does its serial epilogue
+ * (a group's rows, a token's slots) after the others have finished, and that costs more.
+ */
+#define MMOE_DECODE_FUSE_MAX_T 4
+
+/**
  * Does this call run a decode kernel?  When asked for (either MMA), always; under AUTO on a
  * compute-capability-9.0 device with the sm90 recipe (where it was measured) and no forced
  * tile height, up to MMOE_AUTO_DECODE_MAX_T tokens, with the MMA of decode_mma_of().
@@ -755,19 +769,21 @@ static cudaError_t decode_occupancy_of(decode_occupancy *o, const mmoe_decode_ar
 
 /**
  * The decode pipeline (gpu_decode.cu): quant(x); L1 of the routed and the shared experts in one
- * launch, routing derived in each block, requantizing both intermediates; L2 of both
- * into the combine slots, combining them.  One stream, every launch after the first a programmatic
- * dependent launch, so that each GEMM's blocks load their weights while the kernel before
- * finishes.
+ * launch, routing derived in each block; one requantization of both intermediates; L2 of both
+ * into the combine slots; combine.  Up to MMOE_DECODE_FUSE_MAX_T tokens (@p fused) the L1
+ * launch requantizes and the L2 launch combines (their counters set), and the two standalone
+ * kernels are not launched.  One stream, every launch after the first a programmatic dependent
+ * launch, so that each GEMM's blocks load their weights while the kernel before finishes.
  */
-static mmoe_status launch_layer_decode(mmoe_gpu_moe *L, int T, mmoe_error *err)
+static mmoe_status launch_layer_decode(mmoe_gpu_moe *L, int T, int fused, mmoe_error *err)
 {
     const int D = L->d.hidden, I = L->d.inter, K = L->d.topk, E = L->d.n_experts, SI = L->d.shared_inter;
     const int sm90 = L->recipe == MMOE_GPU_RECIPE_SM90;
     const int ag = sm90 ? 128 : 32;
     cudaStream_t s = L->stream;
-    /* L2 sums only tokens with a slot to sum: without a shared expert, all-masked tokens stay 0 */
-    if (SI == 0)
+    /* the fused L2 sums only tokens with a slot to sum: without a shared expert, all-masked
+       tokens stay 0 (the combine kernel writes their 0 itself) */
+    if (fused && SI == 0)
         CK(cudaMemsetAsync(L->y, 0, (size_t)T * D * 2, s), "zero the output");
     CK(mmoe_launch_quant(L->x, NULL, T, D, sm90 ? MMOE_QUANT_SM90 : MMOE_QUANT_SM100_INPUT, L->xq, L->xs, s), "quantize x");
     mmoe_decode_args a;
@@ -793,15 +809,24 @@ static mmoe_status launch_layer_decode(mmoe_gpu_moe *L, int T, mmoe_error *err)
     a.cum_counts = L->cum_counts;
     a.num_pairs = L->num_pairs;
     a.mma = L->last_decode_mma;
-    /* the L2 inputs: the last block of each 128-channel group requantizes it (the recipe's rule) */
-    a.rq_counters = L->rq_counters;
-    a.rq_groups = (I > SI ? I : SI) / 128;
-    a.rq_routed_q = L->l2q;
-    a.rq_routed_s = L->l2s;
-    a.rq_shared_q = L->sh_l2q;
-    a.rq_shared_s = L->sh_l2s;
-    CK(mmoe_launch_decode_gemm(&a, ag, MMOE_EPI_SWIGLU, 1, s), "L1 decode GEMM (requantizing)");
+    if (fused) {
+        /* the L2 inputs: the last block of each 128-channel group requantizes it (the recipe's rule) */
+        a.rq_counters = L->rq_counters;
+        a.rq_groups = (I > SI ? I : SI) / 128;
+        a.rq_routed_q = L->l2q;
+        a.rq_routed_s = L->l2s;
+        a.rq_shared_q = L->sh_l2q;
+        a.rq_shared_s = L->sh_l2s;
+        CK(mmoe_launch_decode_gemm(&a, ag, MMOE_EPI_SWIGLU, 1, s), "L1 decode GEMM (requantizing)");
+    } else {
+        CK(mmoe_launch_decode_gemm(&a, ag, MMOE_EPI_SWIGLU, 1, s), "L1 decode GEMM");
+    }
     CK(decode_occupancy_of(&L->occ, &a, ag), "L1 decode GEMM occupancy");
+    if (!fused)
+        CK(mmoe_launch_requant_decode(L->a1, T * K, L->idx, I, L->sh_a1, SI > 0 ? T : 0, SI,
+                                      sm90 ? MMOE_QUANT_SM90 : MMOE_QUANT_SM100_REQUANT, L->l2q, L->l2s, L->sh_l2q,
+                                      L->sh_l2s, s),
+           "requantize L1 (decode)");
     /* L2: down projections into the combine slots (routed A rows are the pairs) */
     a.shared = decode_part(MMOE_B_FP8, SI, D, L->sh_l2q, L->sh_l2s, L->sw2, L->ss2, 0, 0, NULL);
     a.routed = decode_part(MMOE_B_FP4, I, D, L->l2q, L->l2s, L->w2, L->s2, (size_t)D * I / 2, (size_t)D * I / 32, NULL);
@@ -811,6 +836,11 @@ static mmoe_status launch_layer_decode(mmoe_gpu_moe *L, int T, mmoe_error *err)
     a.cum_counts = NULL;
     a.num_pairs = NULL;
     a.rq_counters = NULL;
+    if (!fused) {
+        CK(mmoe_launch_decode_gemm(&a, ag, MMOE_EPI_SLOT_BF16, 1, s), "L2 decode GEMM");
+        CK(mmoe_launch_combine_pdl(L->slots, L->idx, T, K, SI > 0, D, L->y, s), "combine");
+        return MMOE_OK;
+    }
     /* ... and the last writer of each token's 64-channel chunk sums its slots into y */
     a.cb_counters = L->cb_counters;
     a.cb_chunks = D / 64;
@@ -828,11 +858,12 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
     const int ag = sm90 ? 128 : 32;
     L->last_decode = use_decode(L, T);
     L->last_decode_mma = decode_mma_of(L);
+    L->last_decode_fused = L->last_decode && T <= MMOE_DECODE_FUSE_MAX_T;
     if (L->last_decode) {
         L->last_wgmma = 0;
         L->last_split = 0;
         *block_m_out = 8;
-        return T == 0 ? MMOE_OK : launch_layer_decode(L, T, err);
+        return T == 0 ? MMOE_OK : launch_layer_decode(L, T, L->last_decode_fused, err);
     }
     L->last_wgmma = use_wgmma(L, T);
     const int bm = choose_block_m(L->d.block_m, L->last_wgmma, T, K, E);
@@ -995,12 +1026,19 @@ static void fill_result(mmoe_gpu_moe *L, int bm, long long pairs, mmoe_gpu_moe_r
     res->device_cc = L->cc;
     res->recipe = L->recipe;
     const int decode16 = L->last_decode && L->last_decode_mma == MMOE_DECODE_MMA_F16;
+    const int fused = L->last_decode_fused;
     if (decode16)
-        res->kernel = "decode16: mma.sync.m16n8k16 f16 (activations staged as E4M3, both operands made F16 in registers) swap-AB "
-                      "weight streaming, 8-token tiles (3 launches, programmatic dependent launch)";
+        res->kernel = fused ? "decode16: mma.sync.m16n8k16 f16 (activations staged as E4M3, both operands made F16 in "
+                              "registers) swap-AB weight streaming, 8-token tiles (3 launches (fused), programmatic "
+                              "dependent launch)"
+                            : "decode16: mma.sync.m16n8k16 f16 (activations staged as E4M3, both operands made F16 in "
+                              "registers) swap-AB weight streaming, 8-token tiles (5 launches, programmatic dependent "
+                              "launch)";
     else if (L->last_decode)
-        res->kernel = "decode: mma.sync.m16n8k32 e4m3 swap-AB weight streaming, 8-token tiles (3 launches, "
-                      "programmatic dependent launch)";
+        res->kernel = fused ? "decode: mma.sync.m16n8k32 e4m3 swap-AB weight streaming, 8-token tiles (3 launches "
+                              "(fused), programmatic dependent launch)"
+                            : "decode: mma.sync.m16n8k32 e4m3 swap-AB weight streaming, 8-token tiles (5 launches, "
+                              "programmatic dependent launch)";
     else if (L->last_wgmma)
         res->kernel = L->last_split ? "wgmma f16 (E4M3/E2M1 converted) warp-specialized grouped GEMM, split-K (staged)"
                                     : "wgmma f16 (E4M3/E2M1 converted) warp-specialized grouped GEMM (staged, 9 launches)";
@@ -1019,6 +1057,7 @@ static void fill_result(mmoe_gpu_moe *L, int bm, long long pairs, mmoe_gpu_moe_r
     res->gpu_weight_bytes = L->weight_bytes;
     res->gpu_workspace_bytes = L->ws_bytes;
     res->decode_blocks_per_sm = L->last_decode ? L->occ.blocks : 0;
+    res->decode_launches = !L->last_decode ? 0 : fused ? 3 : 5;
     if (L->cc >= 100) {
         res->fallback = 1;
         snprintf(res->fallback_reason, sizeof res->fallback_reason,

@@ -3,12 +3,13 @@
  * @brief Activation quantization on the GPU: rows to FP8 E4M3 with per-group scales.
  *
  * Used twice per layer call: on the input x (BF16) and on the L1 output (the
- * FP32 value silu(g)*u*w, the L2 input; in the decode pipeline the L1 GEMM
- * requantizes its own output with the same device steps, gpu_quant.cuh and
- * gpu_decode.cu).  One warp handles one 128-channel chunk of one row; each lane
- * holds four consecutive channels.  The kernel takes part in programmatic
- * dependent launch: it waits for the kernel before it and lets the next one
- * start its blocks at once.
+ * FP32 value silu(g)*u*w, the L2 input).  In the decode pipeline one launch
+ * requantizes the routed and the shared intermediates together; at the fewest
+ * tokens the L1 GEMM requantizes its own output instead, with the same device
+ * steps (gpu_quant.cuh, gpu_decode.cu).  One warp handles one 128-channel chunk
+ * of one row; each lane holds four consecutive channels.  The kernels take part
+ * in programmatic dependent launch: they wait for the kernel before them and let
+ * the next one start its blocks at once.
  *
  * Three scale rules, each bit-exact to the oracle (docs/spec/formats.md, UE8M0;
  * docs/spec/moe-layer.md, R1 and R7):
@@ -43,6 +44,68 @@ __global__ void quant_kernel(const TIn *in, int rows, int cols, uint8_t *q, floa
     if (chunk >= (long long)rows * chunks_per_row)
         return;
     quant_chunk<TIn, MODE>(in, chunk / chunks_per_row, (int)(chunk % chunks_per_row) * 128, cols, q, scales);
+}
+
+/**
+ * The decode path's requantization: the routed L1 rows (one per (token, slot) pair; a masked
+ * pair's row was never written and is skipped) and then the shared rows, one warp per chunk.
+ */
+template <int MODE>
+__global__ void requant_decode_kernel(const float *routed, int routed_rows, const int32_t *topk_idx, int I,
+                                      const float *shared, int shared_rows, int SI, uint8_t *routed_q,
+                                      float *routed_s, uint8_t *shared_q, float *shared_s)
+{
+    mmoe_grid_dependency_wait();
+    mmoe_grid_launch_dependents();
+    long long chunk = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const long long routed_chunks = (long long)routed_rows * (I >> 7);
+    if (chunk < routed_chunks) {
+        const long long row = chunk / (I >> 7);
+        if (topk_idx[row] >= 0)
+            quant_chunk<float, MODE>(routed, row, (int)(chunk % (I >> 7)) * 128, I, routed_q, routed_s);
+        return;
+    }
+    chunk -= routed_chunks;
+    if (SI > 0 && chunk < (long long)shared_rows * (SI >> 7))
+        quant_chunk<float, MODE>(shared, chunk / (SI >> 7), (int)(chunk % (SI >> 7)) * 128, SI, shared_q, shared_s);
+}
+
+/** Launch one instance of requant_decode_kernel with programmatic dependent launch. */
+template <int MODE>
+static cudaError_t launch_requant_decode_t(unsigned blocks, const float *routed, int routed_rows,
+                                           const int32_t *topk_idx, int I, const float *shared, int shared_rows,
+                                           int SI, uint8_t *routed_q, float *routed_s, uint8_t *shared_q,
+                                           float *shared_s, cudaStream_t stream)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(256);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, requant_decode_kernel<MODE>, routed, routed_rows, topk_idx, I, shared,
+                                       shared_rows, SI, routed_q, routed_s, shared_q, shared_s);
+    return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+cudaError_t mmoe_launch_requant_decode(const float *routed, int routed_rows, const int32_t *topk_idx, int I,
+                                       const float *shared, int shared_rows, int SI, mmoe_quant_mode mode,
+                                       uint8_t *routed_q, float *routed_s, uint8_t *shared_q, float *shared_s,
+                                       cudaStream_t stream)
+{
+    const long long warps = (long long)routed_rows * (I / 128) + (long long)shared_rows * (SI / 128);
+    if (warps == 0)
+        return cudaSuccess;
+    const unsigned blocks = (unsigned)((warps + 7) / 8);
+    if (mode == MMOE_QUANT_SM90)
+        return launch_requant_decode_t<MMOE_QUANT_SM90>(blocks, routed, routed_rows, topk_idx, I, shared, shared_rows,
+                                                        SI, routed_q, routed_s, shared_q, shared_s, stream);
+    return launch_requant_decode_t<MMOE_QUANT_SM100_REQUANT>(blocks, routed, routed_rows, topk_idx, I, shared,
+                                                             shared_rows, SI, routed_q, routed_s, shared_q, shared_s,
+                                                             stream);
 }
 
 /** Launch quant_kernel for one input type and mode. */

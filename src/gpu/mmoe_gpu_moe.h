@@ -145,6 +145,9 @@ typedef struct mmoe_gpu_moe_result {
     int decode_blocks_per_sm;     /**< decode calls (both decode families): blocks of the L1 decode GEMM
                                        that fit on one SM at once (cudaOccupancyMaxActiveBlocksPerMultiprocessor
                                        with its shared memory); 0 for the tile families */
+    int decode_launches;          /**< decode calls: kernel launches of the call, 3 (the GEMMs requantize and
+                                       combine themselves: few tokens) or 5 (separate requantization and
+                                       combine kernels); 0 for the tile families */
 } mmoe_gpu_moe_result;
 
 /** Opaque GPU layer object. */
@@ -202,7 +205,7 @@ mmoe_status mmoe_gpu_moe_run(mmoe_gpu_moe *layer, int T, const uint16_t *x, cons
 mmoe_status mmoe_gpu_moe_expert_counts(mmoe_gpu_moe *layer, int64_t *counts, mmoe_error *err);
 
 /**
- * Time the layer: upload the inputs once, capture one call (5 kernel launches on one
+ * Time the layer: upload the inputs once, capture one call (3 or 5 kernel launches on one
  * stream with the decode kernel, 9 to 15 on two streams with the tile kernels) into a
  * CUDA graph, run @p warmup untimed replays, then @p iters replays each timed with
  * CUDA events; report the median and the
