@@ -289,14 +289,13 @@ static void compare_outputs(const char *what, const uint16_t *gpu, const uint16_
 }
 
 /**
- * Kernel launches of a decode call of @p T tokens: quantize x, L1, the requantization, L2 and
- * the combine (5) at every T, since the fused 3-launch pipeline is off (gpu_moe.cu,
- * MMOE_DECODE_FUSE_MAX_T = 0).
+ * Kernel launches of a decode call of @p T tokens: the GEMMs requantize and combine themselves
+ * (3 launches: quantize x, L1, L2) up to 4 tokens, where that was measured faster; above, the
+ * separate requantization and combine kernels run (5).
  */
 static int decode_launches_of(int64_t T)
 {
-    (void)T;
-    return 5;
+    return T <= 4 ? 3 : 5;
 }
 
 static int gpu_ok(void)
@@ -964,7 +963,7 @@ static void run_decode_layer_cases(mmoe_gpu_gemm g, mmoe_rng *rng)
     run_case(name, &L, 1, ROUTE_REPEATED, NULL);
     snprintf(name, sizeof name, "%s sm90 v4-flash widths repeated T=2", mmoe_gpu_gemm_name(g));
     run_case(name, &L, 2, ROUTE_REPEATED, NULL);
-    /* the requantization and combine kernels */
+    /* above the fused pipeline's threshold: the requantization and combine kernels */
     snprintf(name, sizeof name, "%s sm90 v4-flash widths T=6", mmoe_gpu_gemm_name(g));
     run_case(name, &L, 6, ROUTE_MASKED, &det);
     ck_assert_int_eq(det.decode_launches, 5);
@@ -1057,10 +1056,10 @@ START_TEST(layer_decode16_family)
     run_case("auto sm90 T=1", &L, 1, ROUTE_RANDOM, &det);
     ck_assert_int_eq(det.gemm == MMOE_GPU_GEMM_DECODE16, cc == 90);
     ck_assert_int_ne(det.gemm, MMOE_GPU_GEMM_DECODE);
-    ck_assert_int_eq(det.decode_launches, cc == 90 ? decode_launches_of(1) : 0);
-    ck_assert(det.kernel != NULL && (cc != 90 || strstr(det.kernel, "5 launches") != NULL));
+    ck_assert_int_eq(det.decode_launches, cc == 90 ? 3 : 0); /* the fused pipeline */
+    ck_assert(det.kernel != NULL && (cc != 90 || strstr(det.kernel, "3 launches (fused)") != NULL));
     run_case("auto sm90 T=4", &L, 4, ROUTE_MASKED, &det);
-    ck_assert_int_eq(det.decode_launches, cc == 90 ? decode_launches_of(4) : 0);
+    ck_assert_int_eq(det.decode_launches, cc == 90 ? 3 : 0);
     run_case("auto sm90 T=5", &L, 5, ROUTE_MASKED, &det);
     ck_assert_int_eq(det.decode_launches, cc == 90 ? 5 : 0); /* the requantization and combine kernels */
     run_case("auto sm90 T=8", &L, 8, ROUTE_RANDOM, &det);
@@ -1075,12 +1074,11 @@ END_TEST
 
 /**
  * One layer object called again and again on the decode path (both MMAs, with and without a
- * shared expert), each call with new inputs checked against the oracle.  Up to
- * MMOE_DECODE_FUSE_MAX_T tokens (gpu_moe.cu; 0 today) the L1 launch requantizes its output and
- * the L2 launch combines the slots through counters in the workspace that each launch must
- * leave at zero; above, the separate kernels do that and the counters must stay untouched.
- * The token counts alternate across a threshold of 4 (fused, unfused, fused, ...): calls of
- * the same T (the workspace kept, so a counter left behind would
+ * shared expert), each call with new inputs checked against the oracle.  Up to 4 tokens the
+ * L1 launch requantizes its output and the L2 launch combines the slots through counters in
+ * the workspace that each launch must leave at zero; above, the separate kernels do that and
+ * the counters must stay untouched.  The calls alternate across that threshold (fused,
+ * unfused, fused, ...): calls of the same T (the workspace kept, so a counter left behind would
  * stop the next call's requantization or combine and leave the previous call's values), a
  * larger T (the workspace and its counters reallocated and zeroed), a smaller one, a fused
  * call right after an unfused one on the same workspace, masked slots (tokens with every slot

