@@ -88,6 +88,24 @@ static void command_args(int i, char *buf, size_t n, const char **name)
     }
 }
 
+/** Run the logits command on the CPU (MMOE_GPU_GRAPH=@p env) and expect its file to say no call was graphed. */
+static void expect_cpu_logits_not_graphed(const char *env)
+{
+    char args[8192], path[700];
+    const char *name;
+    command_args(0, args, sizeof args, &name);
+    free(run_expect(env, args, 0));
+    snprintf(path, sizeof path, "%s/l.st", g_dir);
+    mmoe_st_file *f = NULL;
+    mmoe_error e;
+    mmoe_error_clear(&e);
+    ck_assert_msg(mmoe_st_open(path, &f, &e) == MMOE_OK, "%s", e.msg);
+    ck_assert_ptr_nonnull(mmoe_st_metadata(f, "cuda_graph"));
+    ck_assert_str_eq(mmoe_st_metadata(f, "cuda_graph"), "false");
+    ck_assert_str_eq(mmoe_st_metadata(f, "backend"), "cpu");
+    mmoe_st_close(f);
+}
+
 START_TEST(env_values)
 {
     static const struct {
@@ -203,18 +221,7 @@ START_TEST(the_cpu_reports_no_graph)
     char args[8192];
     const char *name;
     /* MMOE_GPU_GRAPH=1 is the GPU model's: the CPU backend runs and says no step was graphed */
-    command_args(0, args, sizeof args, &name);
-    free(run_expect("1", args, 0));
-    char path[700];
-    snprintf(path, sizeof path, "%s/l.st", g_dir);
-    mmoe_st_file *f = NULL;
-    mmoe_error e;
-    mmoe_error_clear(&e);
-    ck_assert_msg(mmoe_st_open(path, &f, &e) == MMOE_OK, "%s", e.msg);
-    ck_assert_ptr_nonnull(mmoe_st_metadata(f, "cuda_graph"));
-    ck_assert_str_eq(mmoe_st_metadata(f, "cuda_graph"), "false");
-    ck_assert_str_eq(mmoe_st_metadata(f, "backend"), "cpu");
-    mmoe_st_close(f);
+    expect_cpu_logits_not_graphed("1");
     snprintf(args, sizeof args, "bench forward --model '%s' --prefill 2 --decode 1 --json", g_model);
     char *out, *err;
     ck_assert_int_eq(setenv(MMOE_GPU_GRAPH_ENV, "1", 1), 0);
@@ -266,16 +273,7 @@ START_TEST(the_default_follows_the_backend)
         free(err);
     }
     /* the logits file of the CPU run says no call was graphed */
-    command_args(0, args, sizeof args, &name);
-    free(run_expect(NULL, args, 0));
-    char path[700];
-    snprintf(path, sizeof path, "%s/l.st", g_dir);
-    mmoe_st_file *f = NULL;
-    mmoe_error e;
-    mmoe_error_clear(&e);
-    ck_assert_msg(mmoe_st_open(path, &f, &e) == MMOE_OK, "%s", e.msg);
-    ck_assert_str_eq(mmoe_st_metadata(f, "cuda_graph"), "false");
-    mmoe_st_close(f);
+    expect_cpu_logits_not_graphed(NULL);
 }
 END_TEST
 
