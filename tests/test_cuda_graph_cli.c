@@ -111,9 +111,12 @@ START_TEST(env_values)
     static const struct {
         const char *value; /* NULL: unset */
         mmoe_status st;
-        int on;
-    } cases[] = {{NULL, MMOE_OK, 0}, {"0", MMOE_OK, 0},     {"1", MMOE_OK, 1},        {"", MMOE_EINVAL, 0},
-                 {"2", MMOE_EINVAL, 0}, {"on", MMOE_EINVAL, 0}, {"1 ", MMOE_EINVAL, 0}, {"true", MMOE_EINVAL, 0}};
+        mmoe_gpu_graph_setting setting;
+    } cases[] = {{NULL, MMOE_OK, MMOE_GPU_GRAPH_UNSET},   {"0", MMOE_OK, MMOE_GPU_GRAPH_OFF},
+                 {"1", MMOE_OK, MMOE_GPU_GRAPH_ON},       {"", MMOE_EINVAL, MMOE_GPU_GRAPH_UNSET},
+                 {"2", MMOE_EINVAL, MMOE_GPU_GRAPH_UNSET}, {"on", MMOE_EINVAL, MMOE_GPU_GRAPH_UNSET},
+                 {"1 ", MMOE_EINVAL, MMOE_GPU_GRAPH_UNSET}, {"true", MMOE_EINVAL, MMOE_GPU_GRAPH_UNSET},
+                 {"01", MMOE_EINVAL, MMOE_GPU_GRAPH_UNSET}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (cases[i].value)
             ck_assert_int_eq(setenv(MMOE_GPU_GRAPH_ENV, cases[i].value, 1), 0);
@@ -121,11 +124,11 @@ START_TEST(env_values)
             unsetenv(MMOE_GPU_GRAPH_ENV);
         mmoe_error err;
         mmoe_error_clear(&err);
-        int on = -1;
-        const mmoe_status st = mmoe_gpu_graph_env(&on, &err);
+        mmoe_gpu_graph_setting setting = (mmoe_gpu_graph_setting)-1;
+        const mmoe_status st = mmoe_gpu_graph_env(&setting, &err);
         ck_assert_msg(st == cases[i].st, "MMOE_GPU_GRAPH='%s': status %d, expected %d", cases[i].value, (int)st,
                       (int)cases[i].st);
-        ck_assert_int_eq(on, cases[i].on); /* 0 when refused: nothing half-set */
+        ck_assert_int_eq(setting, cases[i].setting); /* UNSET when refused: nothing half-set */
         if (st != MMOE_OK) {
             char want[128];
             snprintf(want, sizeof want, "MMOE_GPU_GRAPH='%s': expected 1", cases[i].value);

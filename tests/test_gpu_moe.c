@@ -252,6 +252,36 @@ static void make_inputs(mmoe_rng *rng, int64_t T, int64_t D, int64_t E, int topk
 
 /* ------------------------------------------------------------------ comparison */
 
+/**
+ * Where a failing comparison's error sits, to locate the defect from one run: per token, its
+ * relative L2 error, the elements beyond 2 BF16 ulp of the row's scale and the worst element.
+ */
+static void print_error_by_token(const uint16_t *gpu, const uint16_t *ref, int64_t T, int64_t D)
+{
+    for (int64_t t = 0; t < T; t++) {
+        double num = 0.0, den = 0.0, worst = -1.0;
+        int64_t worst_j = 0, bad = 0;
+        for (int64_t j = 0; j < D; j++) {
+            const double r = mmoe_bf16_to_f32(ref[t * D + j]), g = mmoe_bf16_to_f32(gpu[t * D + j]);
+            num += (g - r) * (g - r);
+            den += r * r;
+            if (fabs(g - r) > worst) {
+                worst = fabs(g - r);
+                worst_j = j;
+            }
+        }
+        const double rms = sqrt(den / (double)D);
+        for (int64_t j = 0; j < D; j++) {
+            const double r = mmoe_bf16_to_f32(ref[t * D + j]), g = mmoe_bf16_to_f32(gpu[t * D + j]);
+            if (fabs(g - r) > 2.0 * ldexp(1.0, ilogb(fmax(fmax(fabs(r), rms), 1e-30)) - 7))
+                bad++;
+        }
+        printf("    token %lld: rel L2 %.3g, beyond 2 ulp %lld, worst channel %lld: gpu %.6g ref %.6g\n", (long long)t,
+               den > 0 ? sqrt(num / den) : sqrt(num), (long long)bad, (long long)worst_j,
+               (double)mmoe_bf16_to_f32(gpu[t * D + worst_j]), (double)mmoe_bf16_to_f32(ref[t * D + worst_j]));
+    }
+}
+
 static void compare_outputs(const char *what, const uint16_t *gpu, const uint16_t *ref, int64_t T, int64_t D)
 {
     double num = 0.0, den = 0.0;
@@ -280,6 +310,8 @@ static void compare_outputs(const char *what, const uint16_t *gpu, const uint16_
     }
     double rel = den > 0 ? sqrt(num / den) : sqrt(num);
     printf("  %s: rel L2 %.3g, elements beyond 2 bf16 ulp %lld / %lld\n", what, rel, (long long)bad, (long long)n);
+    if (rel > GPU_NORM_TOL || (double)bad > GPU_ELEM_FRAC * (double)n)
+        print_error_by_token(gpu, ref, T, D);
     ck_assert_msg(nan_count == 0, "%s: %lld NaN outputs (seed %llu)", what, (long long)nan_count,
                   (unsigned long long)g_seed);
     ck_assert_msg(rel <= GPU_NORM_TOL, "%s: relative L2 error %g > %g (seed %llu)", what, rel, GPU_NORM_TOL,

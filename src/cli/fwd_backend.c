@@ -38,19 +38,19 @@ int mmoe_cuda_graph_option(const char *cmd, const char *value, mmoe_cuda_graph_o
 int mmoe_cuda_graph_resolve(const char *cmd, mmoe_cuda_graph_opt *o, mmoe_backend backend, int gpus)
 {
     /* the variable is checked even under the option: the GPU model reads it again when it is created */
-    int env_on = 0;
+    mmoe_gpu_graph_setting env = MMOE_GPU_GRAPH_UNSET;
     mmoe_error err;
     mmoe_error_clear(&err);
-    if (mmoe_gpu_graph_env(&env_on, &err) != MMOE_OK) {
+    if (mmoe_gpu_graph_env(&env, &err) != MMOE_OK) {
         fprintf(stderr, "megamoe %s: %s\n", cmd, err.msg);
         return 1;
     }
-    if (!o->given && getenv(MMOE_GPU_GRAPH_ENV) == NULL) {
+    if (!o->given && env == MMOE_GPU_GRAPH_UNSET) {
         o->on = gpus == 0 && backend != MMOE_BACKEND_CPU; /* the default: graphs wherever one GPU model runs */
         return 0;
     }
     if (!o->given)
-        o->on = env_on;
+        o->on = env == MMOE_GPU_GRAPH_ON;
     if (!o->on)
         return 0;
     if (gpus == 0 && o->given && backend == MMOE_BACKEND_CPU) {

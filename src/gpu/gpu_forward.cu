@@ -2989,10 +2989,12 @@ extern "C" mmoe_status gfw_model_create_part(const mmoe_model *m, const gfw_ep_p
                                              int64_t max_tokens, mmoe_gpu_model **out, mmoe_error *err)
 {
     *out = NULL;
-    int graph_on = 0; /* MMOE_GPU_GRAPH: read for a whole model (a rank of an expert-parallel forward stays eager) */
-    mmoe_status st = part ? MMOE_OK : mmoe_gpu_graph_env(&graph_on, err);
+    /* MMOE_GPU_GRAPH: read for a whole model (a rank of an expert-parallel forward stays eager); unset is off */
+    mmoe_gpu_graph_setting graph_env = MMOE_GPU_GRAPH_UNSET;
+    mmoe_status st = part ? MMOE_OK : mmoe_gpu_graph_env(&graph_env, err);
     if (st != MMOE_OK)
         return st;
+    const int graph_on = graph_env == MMOE_GPU_GRAPH_ON;
     mmoe_gpu_model_bytes need;
     st = gfw_model_bytes_part(m, part, max_seq_len, max_tokens, &need, err);
     if (st != MMOE_OK)

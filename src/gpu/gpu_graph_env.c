@@ -3,22 +3,24 @@
  * @brief MMOE_GPU_GRAPH, the switch of the GPU forward's decode-step CUDA graph (mmoe_gpu_forward.h).
  *
  * Plain C in every build, so that a bad value is refused the same way with or without CUDA:
- * the variable is either unset, "0" (the steps run kernel by kernel) or "1" (a decode step is
- * one graph replay); anything else, an empty value included, is an error naming the variable.
+ * the variable is either unset (the caller's default applies: the CLI graphs wherever one GPU
+ * model runs, the library API does not), "0" (the steps run kernel by kernel) or "1" (a decode
+ * step is one graph replay); anything else, an empty value included, is an error naming the
+ * variable.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "mmoe_gpu_forward.h"
 
-mmoe_status mmoe_gpu_graph_env(int *on, mmoe_error *err)
+mmoe_status mmoe_gpu_graph_env(mmoe_gpu_graph_setting *setting, mmoe_error *err)
 {
     const char *v = getenv(MMOE_GPU_GRAPH_ENV);
-    *on = 0;
-    if (v == NULL || strcmp(v, "0") == 0)
+    *setting = MMOE_GPU_GRAPH_UNSET;
+    if (v == NULL)
         return MMOE_OK;
-    if (strcmp(v, "1") == 0) {
-        *on = 1;
+    if (strcmp(v, "0") == 0 || strcmp(v, "1") == 0) {
+        *setting = v[0] == '1' ? MMOE_GPU_GRAPH_ON : MMOE_GPU_GRAPH_OFF;
         return MMOE_OK;
     }
     return mmoe_error_set(err, MMOE_EINVAL, "%s='%.64s': expected 1 (decode steps as one CUDA graph) or 0 (off)",

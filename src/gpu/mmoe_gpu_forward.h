@@ -160,13 +160,21 @@ mmoe_status mmoe_gpu_model_mtp_forward(mmoe_gpu_model *g, const uint16_t *stream
 /** The environment variable that turns decode-step CUDA graphs on ("1") or off (unset, "0"). */
 #define MMOE_GPU_GRAPH_ENV "MMOE_GPU_GRAPH"
 
+/** What MMOE_GPU_GRAPH says: nothing (unset), off ("0") or on ("1"). */
+typedef enum {
+    MMOE_GPU_GRAPH_UNSET = 0, /**< the variable is not set: the caller's default applies */
+    MMOE_GPU_GRAPH_OFF = 1,   /**< "0": decode steps run kernel by kernel */
+    MMOE_GPU_GRAPH_ON = 2     /**< "1": a decode step is one graph replay */
+} mmoe_gpu_graph_setting;
+
 /**
- * Read MMOE_GPU_GRAPH: unset or "0" gives 0, "1" gives 1.
- * @param on   written
- * @param err  message on failure
- * @return MMOE_OK; MMOE_EINVAL for any other value (the message names the variable and the value)
+ * Read MMOE_GPU_GRAPH.
+ * @param setting  written: #MMOE_GPU_GRAPH_UNSET, _OFF ("0") or _ON ("1"); _UNSET when refused
+ * @param err      message on failure
+ * @return MMOE_OK; MMOE_EINVAL for any other value, the empty one included (the message names
+ *         the variable and the value)
  */
-mmoe_status mmoe_gpu_graph_env(int *on, mmoe_error *err);
+mmoe_status mmoe_gpu_graph_env(mmoe_gpu_graph_setting *setting, mmoe_error *err);
 
 /**
  * Turn decode-step CUDA graphs on or off (replaces what MMOE_GPU_GRAPH set at creation).  The
