@@ -381,7 +381,7 @@ static void run_case(const char *name, test_layer *L, int64_t T, enum route_kind
            name, (long long)T, (long long)D, (long long)d->inter, (long long)E, K, mmoe_moe_recipe_name(d->recipe),
            mmoe_gpu_gemm_name(gd->gemm), gd->block_m, (long long)gd->routed_pairs, (long long)gd->exact_path_blocks_l1,
            (long long)gd->exact_path_blocks_l2, gd->fallback ? "; kernel fallback: " : "", gd->fallback_reason);
-    if (gd->gemm == MMOE_GPU_GEMM_DECODE || gd->gemm == MMOE_GPU_GEMM_DECODE16) {
+    if (gd->gemm == MMOE_GPU_GEMM_DECODE16) {
         printf("  %s: %s L1 GEMM blocks per SM %d (occupancy calculator), %d launches\n", name,
                mmoe_gpu_gemm_name(gd->gemm), gd->decode_blocks_per_sm, gd->decode_launches);
         ck_assert_int_ge(gd->decode_blocks_per_sm, 1);
@@ -797,19 +797,13 @@ static void run_gemm_case(const gemm_case *c, mmoe_rng *rng)
     /*
      * The bound on |out - ref| / sum|terms|, in units of 2^-23 (one FP32 rounding each step of
      * the longest addition chain).  Tile kernels: the MMA's own accumulation (<= 8 steps per K
-     * block), one promotion per K block, one addition per split.  Decode kernel: one warp walks
-     * all of K; per K block at most 4 MMA steps into a zeroed sum and at most 4 additions into
-     * the output's chain (MXFP4: the four group sums, then one promotion; FP8: one promotion,
-     * or one per group): <= 4 + 4 nkb.  Its F16 variant (decode16) forms the same exact
-     * products with m16n8k16 steps, half the K of an E4M3 step: MXFP4 2 steps per group sum
-     * (then the same 4 + 1 additions per K block), FP8 8 steps per sum (then one promotion, or
-     * one per group), so a term passes at most 8 MMA steps, then at most 4 additions per K
-     * block: <= 8 + 4 nkb.
+     * block), one promotion per K block, one addition per split.  Decode kernel (decode16):
+     * one warp walks all of K; per K block a term passes at most 8 m16n8k16 steps into a zeroed
+     * sum (MXFP4: 2 steps per group sum; FP8: 8 steps per sum) and at most 4 additions into the
+     * output's chain (MXFP4: the four group sums, then one promotion; FP8: one promotion, or
+     * one per group): <= 8 + 4 nkb.
      */
-    const double unit = (c->gemm == MMOE_GPU_GEMM_DECODE     ? 4.0 + 4.0 * nkb
-                         : c->gemm == MMOE_GPU_GEMM_DECODE16 ? 8.0 + 4.0 * nkb
-                                                             : 8.0 + nkb + splits) *
-                        ldexp(1.0, -23);
+    const double unit = (c->gemm == MMOE_GPU_GEMM_DECODE16 ? 8.0 + 4.0 * nkb : 8.0 + nkb + splits) * ldexp(1.0, -23);
     double num = 0.0, den = 0.0, worst = 0.0;
     int64_t bad = 0;
     for (int r = 0; r < R; r++)
@@ -879,16 +873,22 @@ START_TEST(stage_gemm_mma)
 END_TEST
 
 /**
- * The decode kernel (8-token tiles, one warp per 16 weight rows over all of K, a cp.async ring
- * of 8 or 4 K blocks per warp, MXFP4 one group per MMA step): both weight formats, both activation groups, every scale
- * spread, rows that fill 1, part of 1 and several tiles, K with fewer K blocks than the ring
- * (512), an odd number of K blocks (1152, 9) and the V4-Flash L1 width (4096); n = 128 with
- * L2's 16-row groups leaves the block's last warps without rows only when n / 16 is not a
- * multiple of 4 (384: 24 groups, 6 blocks).
+ * The decode kernel (decode16: 8-token tiles, one warp per 16 weight rows over all of K, a
+ * cp.async ring of 8 or 4 K blocks per warp, MXFP4 one group per two m16n8k16 steps,
+ * activations staged as FP8 bytes and converted to F16 B registers before each MMA, MXFP4
+ * codes moved to F16, FP8 weights converted in pairs): both weight formats, both activation
+ * groups, every scale spread, rows that fill 1, part of 1 and several tiles, K with fewer K
+ * blocks than the ring (512), an odd number of K blocks (1152, 9) and the V4-Flash L1 width
+ * (4096); n = 128 with L2's 16-row groups leaves the block's last warps without rows only when
+ * n / 16 is not a multiple of 4 (384: 24 groups, 6 blocks).  Then tiles of 4, 6 and 7 rows, so
+ * that every staged row count 1..8 runs (both weight formats, both activation groups).
  */
-static void run_decode_stage_cases(mmoe_gpu_gemm g)
+START_TEST(stage_gemm_decode16)
 {
+    if (!gpu_ok())
+        return;
     mmoe_rng rng;
+    const mmoe_gpu_gemm g = MMOE_GPU_GEMM_DECODE16;
     mmoe_rng_seed(&rng, g_seed + 20 + (uint64_t)g);
     const gemm_case cases[] = {
         {g, 8, MMOE_GPU_WEIGHTS_MXFP4, 128, 0, 1, 256, 1024, SPREAD_FOLDED},
@@ -902,31 +902,7 @@ static void run_decode_stage_cases(mmoe_gpu_gemm g)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_gemm_case(&cases[i], &rng);
-}
-
-START_TEST(stage_gemm_decode)
-{
-    if (!gpu_ok())
-        return;
-    run_decode_stage_cases(MMOE_GPU_GEMM_DECODE);
-}
-END_TEST
-
-/**
- * The decode kernel with F16 MMAs (decode16: activations staged as FP8 bytes like the E4M3
- * kernel's and converted to F16 B registers before each MMA, MXFP4 codes moved to F16, FP8
- * weights converted in pairs): the same cases as the E4M3 one, against the same float64
- * reference, with its own accumulation bound; then tiles of 4, 6 and 7 rows, so that with the
- * cases above every staged row count 1..8 runs (both weight formats, both activation groups).
- */
-START_TEST(stage_gemm_decode16)
-{
-    if (!gpu_ok())
-        return;
-    run_decode_stage_cases(MMOE_GPU_GEMM_DECODE16);
-    mmoe_rng rng;
     mmoe_rng_seed(&rng, g_seed + 40);
-    const mmoe_gpu_gemm g = MMOE_GPU_GEMM_DECODE16;
     const gemm_case rows_cases[] = {
         {g, 8, MMOE_GPU_WEIGHTS_MXFP4, 128, 0, 4, 256, 4096, SPREAD_WIDE},
         {g, 8, MMOE_GPU_WEIGHTS_FP8, 128, 0, 6, 128, 2048, SPREAD_FOLDED},
@@ -941,7 +917,7 @@ START_TEST(stage_gemm_decode16)
 END_TEST
 
 /**
- * The whole layer on the decode kernel (MMOE_GPU_GEMM=decode for this test): every token count
+ * The whole layer on the decode kernel (MMOE_GPU_GEMM=decode16): every token count
  * and routing the layer can choose it for, and beyond (AUTO picks it up to a measured T; forced,
  * any T runs): 1 token, a partial and a full 8-token tile, shared tiles past one, experts with
  * several tiles (skewed), tokens naming one expert in several slots (a tile's rows at T = 1
@@ -949,8 +925,9 @@ END_TEST
  * formats (per-32 promotion) and the V4-Flash widths; then AUTO's choice on both sides of its
  * threshold.
  */
-static void run_decode_layer_cases(mmoe_gpu_gemm g, mmoe_rng *rng)
+static void run_decode_layer_cases(mmoe_rng *rng)
 {
+    const mmoe_gpu_gemm g = MMOE_GPU_GEMM_DECODE16;
     setenv("MMOE_GPU_GEMM", mmoe_gpu_gemm_name(g), 1);
     test_layer L;
     mmoe_gpu_moe_result det;
@@ -1013,41 +990,12 @@ static void restore_gemm_env(char *saved)
     }
 }
 
-START_TEST(layer_decode_family)
-{
-    if (!gpu_ok())
-        return;
-    const char *prev = getenv("MMOE_GPU_GEMM");
-    char *saved = prev != NULL ? strdup(prev) : NULL;
-    mmoe_rng rng;
-    mmoe_rng_seed(&rng, g_seed + 30);
-    run_decode_layer_cases(MMOE_GPU_GEMM_DECODE, &rng);
-    test_layer L;
-    mmoe_gpu_moe_result det;
-    /* AUTO: the decode kernel (with F16 MMAs: decode16) up to T = 128 on a compute-capability-9.0
-       device (sm90 recipe), the tile kernels above; other devices never get it from AUTO */
-    int cc = 0;
-    mmoe_error err;
-    ck_assert(mmoe_gpu_available(&cc, &err) == MMOE_OK);
-    setenv("MMOE_GPU_GEMM", "auto", 1);
-    make_layer(&L, 256, 256, 8, 2, 1, MMOE_RECIPE_SM90, 0.02, &rng);
-    run_case("auto sm90 T=128", &L, 128, ROUTE_RANDOM, &det);
-    ck_assert_int_eq(det.gemm == MMOE_GPU_GEMM_DECODE16, cc == 90);
-    ck_assert_int_eq(det.decode_launches, cc == 90 ? 5 : 0);
-    run_case("auto sm90 T=129", &L, 129, ROUTE_RANDOM, &det);
-    ck_assert_int_ne(det.gemm, MMOE_GPU_GEMM_DECODE);
-    ck_assert_int_ne(det.gemm, MMOE_GPU_GEMM_DECODE16);
-    ck_assert_int_eq(det.decode_launches, 0);
-    free_layer(&L);
-    restore_gemm_env(saved);
-}
-END_TEST
-
 /**
- * The whole layer on the decode kernel with F16 MMAs (MMOE_GPU_GEMM=decode16 for this test):
- * the cases of layer_decode_family; then the V4-Flash widths at T = 2..5 and 8 (random
- * routing: each tile stages min(8, T) rows), each with the L1 launch's blocks per SM (the E4M3
- * kernel's: both stage the same bytes); AUTO chooses it, not decode, in the decode regime.
+ * The whole layer on the decode kernel (MMOE_GPU_GEMM=decode16 for this test): the cases of
+ * run_decode_layer_cases; then the V4-Flash widths at T = 2..5 and 8 (random routing: each tile
+ * stages min(8, T) rows), each with the L1 launch's blocks per SM; then AUTO's choice: the
+ * decode kernel up to T = 128 on a compute-capability-9.0 device (sm90 recipe), fused up to
+ * T = 4, the tile kernels above T = 128 and on other devices.
  *
  * Blocks per SM, derived here: the L1 launch (K = 4096, activation groups of 128, 16 experts)
  * asks for 4 x 10240 bytes of rings + rows x (4096 + 16) staged bytes + 8 x 32 x 4 bytes of
@@ -1064,7 +1012,7 @@ START_TEST(layer_decode16_family)
     char *saved = prev != NULL ? strdup(prev) : NULL;
     mmoe_rng rng;
     mmoe_rng_seed(&rng, g_seed + 31);
-    run_decode_layer_cases(MMOE_GPU_GEMM_DECODE16, &rng);
+    run_decode_layer_cases(&rng);
     test_layer L;
     mmoe_gpu_moe_result det;
     char name[96];
@@ -1087,7 +1035,6 @@ START_TEST(layer_decode16_family)
     make_layer(&L, 256, 256, 8, 2, 1, MMOE_RECIPE_SM90, 0.02, &rng);
     run_case("auto sm90 T=1", &L, 1, ROUTE_RANDOM, &det);
     ck_assert_int_eq(det.gemm == MMOE_GPU_GEMM_DECODE16, cc == 90);
-    ck_assert_int_ne(det.gemm, MMOE_GPU_GEMM_DECODE);
     ck_assert_int_eq(det.decode_launches, cc == 90 ? 3 : 0); /* the fused pipeline */
     ck_assert(det.kernel != NULL && (cc != 90 || strstr(det.kernel, "3 launches (fused)") != NULL));
     run_case("auto sm90 T=4", &L, 4, ROUTE_MASKED, &det);
@@ -1096,16 +1043,21 @@ START_TEST(layer_decode16_family)
     ck_assert_int_eq(det.decode_launches, cc == 90 ? 5 : 0); /* the requantization and combine kernels */
     run_case("auto sm90 T=8", &L, 8, ROUTE_RANDOM, &det);
     ck_assert_int_eq(det.gemm == MMOE_GPU_GEMM_DECODE16, cc == 90);
-    ck_assert_int_ne(det.gemm, MMOE_GPU_GEMM_DECODE);
     ck_assert_int_eq(det.decode_launches, cc == 90 ? 5 : 0);
     ck_assert(det.kernel != NULL && (cc != 90 || strstr(det.kernel, "5 launches") != NULL));
+    run_case("auto sm90 T=128", &L, 128, ROUTE_RANDOM, &det);
+    ck_assert_int_eq(det.gemm == MMOE_GPU_GEMM_DECODE16, cc == 90);
+    ck_assert_int_eq(det.decode_launches, cc == 90 ? 5 : 0);
+    run_case("auto sm90 T=129", &L, 129, ROUTE_RANDOM, &det);
+    ck_assert_int_ne(det.gemm, MMOE_GPU_GEMM_DECODE16);
+    ck_assert_int_eq(det.decode_launches, 0);
     free_layer(&L);
     restore_gemm_env(saved);
 }
 END_TEST
 
 /**
- * One layer object called again and again on the decode path (both MMAs, with and without a
+ * One layer object called again and again on the decode path (decode16, with and without a
  * shared expert), each call with new inputs checked against the oracle.  Up to 4 tokens the
  * L1 launch requantizes its output and the L2 launch combines the slots through counters in
  * the workspace that each launch must leave at zero; above, the separate kernels do that and
@@ -1140,14 +1092,12 @@ START_TEST(layer_decode_repeated_calls)
     int64_t *idx = malloc((size_t)(tmax * K) * 8);
     float *w = malloc((size_t)(tmax * K) * 4);
     ck_assert(x && y_ref && y_gpu && idx && w);
-    static const mmoe_gpu_gemm gemms[] = {MMOE_GPU_GEMM_DECODE16, MMOE_GPU_GEMM_DECODE};
-    for (size_t li = 0; li < 4; li++) {
-        const size_t gi = li % 2;
-        const int n_shared = li < 2;
+    const mmoe_gpu_gemm g = MMOE_GPU_GEMM_DECODE16;
+    for (int n_shared = 1; n_shared >= 0; n_shared--) {
         test_layer L;
         make_layer(&L, D, 384, E, K, n_shared, MMOE_RECIPE_SM90, 0.02, &rng);
         const mmoe_moe_desc *d = &L.desc;
-        setenv("MMOE_GPU_GEMM", mmoe_gpu_gemm_name(gemms[gi]), 1);
+        setenv("MMOE_GPU_GEMM", mmoe_gpu_gemm_name(g), 1);
         mmoe_error err;
         mmoe_moe_layer *cpu = NULL;
         ck_assert_msg(mmoe_moe_layer_create(d, &cpu, &err) == MMOE_OK, "oracle create: %s", err.msg);
@@ -1167,9 +1117,9 @@ START_TEST(layer_decode_repeated_calls)
             ck_assert_msg(mmoe_moe_layer_run(cpu, &in, &out_ref, &rc, &err) == MMOE_OK, "oracle run: %s", err.msg);
             mmoe_test_poison_bf16(y_gpu, (size_t)(T * D));
             ck_assert_msg(mmoe_gpu_layer_run(gl, &in, &out_gpu, &rg, &err) == MMOE_OK, "gpu run: %s", err.msg);
-            ck_assert_int_eq(mmoe_gpu_layer_details(gl)->gemm, gemms[gi]);
+            ck_assert_int_eq(mmoe_gpu_layer_details(gl)->gemm, g);
             char name[96];
-            snprintf(name, sizeof name, "%s same layer%s, call %zu (T=%lld, %d launches)", mmoe_gpu_gemm_name(gemms[gi]),
+            snprintf(name, sizeof name, "%s same layer%s, call %zu (T=%lld, %d launches)", mmoe_gpu_gemm_name(g),
                      n_shared ? "" : " (no shared)", c + 1, (long long)T, decode_launches_of(T));
             ck_assert_msg(mmoe_gpu_layer_details(gl)->decode_launches == decode_launches_of(T), "%s: %d launches ran",
                           name, mmoe_gpu_layer_details(gl)->decode_launches);
@@ -1409,7 +1359,6 @@ static Suite *gpu_suite(void)
     tcase_add_test(tc, stage_requant_bitexact);
     tcase_add_test(tc, stage_gemm_mma);
     tcase_add_test(tc, stage_gemm_wgmma);
-    tcase_add_test(tc, stage_gemm_decode);
     tcase_add_test(tc, stage_gemm_decode16);
     tcase_add_test(tc, stage_route_grouping);
     tcase_add_test(tc, stage_combine_bitexact);
@@ -1424,7 +1373,6 @@ static Suite *gpu_suite(void)
     tcase_add_test(tc, layer_sm90_v41_flash_widths);
     tcase_add_test(tc, layer_sm90_many_experts);
     tcase_add_test(tc, layer_sm90_v4_flash_full);
-    tcase_add_test(tc, layer_decode_family);
     tcase_add_test(tc, layer_decode16_family);
     tcase_add_test(tc, layer_decode_repeated_calls);
     suite_add_tcase(s, tc);

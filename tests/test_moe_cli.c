@@ -1,7 +1,8 @@
 /**
  * @file test_moe_cli.c
  * @brief Suite "moe_cli": `megamoe synth-layer`, `megamoe moe` and `megamoe bench moe` through
- *        $MMOE_BIN: round trips, options, and bad inputs (clear message, exit != 0, no output).
+ *        $MMOE_BIN: round trips, options, and bad inputs (clear message, exit != 0, no output);
+ *        the GPU GEMM kernel family names those options take.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 #include <unistd.h>
 
 #include "mmoe_formats.h"
+#include "mmoe_gpu_moe.h"
 #include "mmoe_safetensors.h"
 #include "mmoe_test.h"
 
@@ -148,7 +150,18 @@ START_TEST(bad_inputs_fail_clearly)
     ck_assert(output_has("no CUDA"));
     /* an unknown GEMM kernel family is a usage error, named, before any device is touched */
     ck_assert_int_eq(cli("bench moe --shape tiny --backend gpu --gemm tcgen05"), 2);
-    ck_assert(output_has("--gemm must be auto, mma, wgmma, decode or decode16, got 'tcgen05'"));
+    ck_assert(output_has("--gemm must be one of auto, mma, wgmma, decode16, got 'tcgen05'"));
+    /* "decode" names no family (the decode kernel's family is decode16): refused, not mapped */
+    ck_assert_int_eq(cli("bench moe --shape tiny --backend gpu --gemm decode"), 2);
+    ck_assert(output_has("--gemm must be one of auto, mma, wgmma, decode16, got 'decode'"));
+    /* the same name through MMOE_GPU_GEMM: the layer refuses it before it looks for a device */
+    setenv("MMOE_GPU_GEMM", "decode", 1);
+    const int rc_env = cli("moe --weights l.safetensors --input l.input.safetensors --out y.safetensors --backend gpu");
+    unsetenv("MMOE_GPU_GEMM");
+    ck_assert_int_eq(rc_env, 1);
+    ck_assert(output_has("MMOE_GPU_GEMM=decode is not a GEMM kernel family (expected one of auto, mma, wgmma, "
+                         "decode16)"));
+    ck_assert(!exists("y.safetensors"));
     ck_assert_int_eq(cli("synth-layer --shape huge --seed 1 --out z.safetensors"), 1);
     ck_assert(output_has("unknown shape 'huge'"));
 }
@@ -272,6 +285,40 @@ START_TEST(values_nobody_gives_are_refused)
 }
 END_TEST
 
+/**
+ * The GEMM kernel family names that --gemm and MMOE_GPU_GEMM take (mmoe_gpu_gemm_parse): the
+ * four families (written out here), each parsed to its value and named back; the list the
+ * messages print; and names that are none of them ("decode", near misses, NULL) refused with
+ * the output left as it was.
+ */
+START_TEST(gpu_gemm_family_names)
+{
+    static const struct {
+        const char *name;
+        mmoe_gpu_gemm gemm;
+    } families[] = {{"auto", MMOE_GPU_GEMM_AUTO},
+                    {"mma", MMOE_GPU_GEMM_MMA},
+                    {"wgmma", MMOE_GPU_GEMM_WGMMA},
+                    {"decode16", MMOE_GPU_GEMM_DECODE16}};
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++) {
+        mmoe_gpu_gemm g = families[i].gemm == MMOE_GPU_GEMM_AUTO ? MMOE_GPU_GEMM_MMA : MMOE_GPU_GEMM_AUTO;
+        ck_assert_int_eq(mmoe_gpu_gemm_parse(families[i].name, &g), 0);
+        ck_assert_int_eq(g, families[i].gemm);
+        ck_assert_str_eq(mmoe_gpu_gemm_name(g), families[i].name);
+    }
+    ck_assert_str_eq(mmoe_gpu_gemm_names(), "auto, mma, wgmma, decode16");
+    static const char *const not_families[] = {"decode", "decode8", "Decode16", "decode16 ", "e4m3", ""};
+    for (size_t i = 0; i < sizeof not_families / sizeof not_families[0]; i++) {
+        mmoe_gpu_gemm g = MMOE_GPU_GEMM_WGMMA;
+        ck_assert_msg(mmoe_gpu_gemm_parse(not_families[i], &g) == -1, "'%s' parsed", not_families[i]);
+        ck_assert_int_eq(g, MMOE_GPU_GEMM_WGMMA);
+    }
+    mmoe_gpu_gemm g = MMOE_GPU_GEMM_WGMMA;
+    ck_assert_int_eq(mmoe_gpu_gemm_parse(NULL, &g), -1);
+    ck_assert_int_eq(g, MMOE_GPU_GEMM_WGMMA);
+}
+END_TEST
+
 START_TEST(bench_prints_the_shape_it_runs)
 {
     ck_assert_int_eq(cli("bench moe --shape tiny --experts 4 --tokens 1 --reps 1"), 0);
@@ -300,6 +347,7 @@ int main(void)
     tcase_add_test(tc, checkpoint_values_come_from_its_config);
     tcase_add_test(tc, values_nobody_gives_are_refused);
     tcase_add_test(tc, bench_prints_the_shape_it_runs);
+    tcase_add_test(tc, gpu_gemm_family_names);
     suite_add_tcase(s, tc);
     return mmoe_test_run(s);
 }

@@ -14,7 +14,7 @@
 # with STEPS a subset of "build test memcheck bench forward profile tiles ep"
 # (default: build test memcheck bench forward).
 #   ep: expert parallelism on every GPU of the machine (tests/test_ep_gpu, bench moe --gpus N).
-# MMOE_GEMMS (default "mma wgmma decode decode16") names the kernel families that test and memcheck run.
+# MMOE_GEMMS (default "mma wgmma decode16") names the kernel families that test and memcheck run.
 set -u
 OUT=${OUT:-/tmp/mmoe-out}
 mkdir -p "$OUT"
@@ -47,7 +47,7 @@ case " $STEPS " in *" ep "*)
 esac
 case " $STEPS " in *" test "*)
   # the suite once per GEMM kernel family: the portable mma.sync one and wgmma (sm_90a)
-  for gemm in ${MMOE_GEMMS:-mma wgmma decode decode16}; do
+  for gemm in ${MMOE_GEMMS:-mma wgmma decode16}; do
     log="$OUT/test_gpu_moe-$gemm.log"
     MMOE_GPU_GEMM=$gemm CK_VERBOSITY=verbose timeout 300 ./tests/test_gpu_moe > "$log" 2>&1; rc=$?
     echo "test_gpu_moe (MMOE_GPU_GEMM=$gemm): rc=$rc"
@@ -60,8 +60,8 @@ case " $STEPS " in *" test "*)
 esac
 case " $STEPS " in *" memcheck "*)
   if command -v compute-sanitizer > /dev/null; then
-    # decode families: T <= 4 runs the 3-launch pipeline (the GEMMs requantize and combine), 40 the 5-launch one
-    for gemm in ${MMOE_GEMMS:-mma wgmma decode decode16}; do
+    # decode16: T <= 4 runs the 3-launch pipeline (the GEMMs requantize and combine), 40 the 5-launch one
+    for gemm in ${MMOE_GEMMS:-mma wgmma decode16}; do
       timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 ./tests/bench_moe_gpu --shape tiny --tokens 1,40,300 \
         --iters 2 --gemm "$gemm" --peer none > "$OUT/memcheck-$gemm.log" 2>&1
       echo "memcheck ($gemm): rc=$?"; tail -n 6 "$OUT/memcheck-$gemm.log"
@@ -74,10 +74,9 @@ esac
 case " $STEPS " in *" profile "*)
   # Nsight Compute on the routed L1 GEMM of each family (MMOE_PROFILE_T, default 128 and 8192)
   for t in ${MMOE_PROFILE_T:-128 8192}; do
-    for g in ${MMOE_GEMMS:-mma wgmma decode decode16}; do
+    for g in ${MMOE_GEMMS:-mma wgmma decode16}; do
       case $g in
         mma) k="regex:gemm_kernel<.*int.0, .int.128, .int.0>";;
-        decode) k="regex:decode_gemm_kernel<.int.128, .int.0>";;
         decode16) k="regex:decode16_gemm_kernel<.int.128, .int.0>";;
         *) k="regex:wgmma_gemm_kernel<.*int.0, .int.128, .int.0>";;
       esac

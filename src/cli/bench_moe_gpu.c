@@ -102,7 +102,7 @@ typedef struct bench_point {
     int touched;              /**< distinct routed experts */
     int block_m;              /**< tile height that ran */
     mmoe_gpu_gemm gemm;       /**< GEMM kernel family that ran */
-    int decode_launches;      /**< decode families: kernel launches of a call (3 fused, 5), else 0 */
+    int decode_launches;      /**< decode16: kernel launches of a call (3 fused, 5), else 0 */
     double peer_us;           /**< the fastest peer variant's median, < 0: none */
     const char *peer_name;    /**< its name */
 } bench_point;
@@ -118,7 +118,7 @@ typedef struct bench_ceilings {
 /** The usage text of bench moe --backend gpu. */
 static const char *const usage_text =
     "usage: bench moe --backend gpu [--shape S] [--experts N] [--tokens LIST] [--iters N]\n"
-    "       [--recipe sm90|sm100] [--block-m 16|64|128] [--gemm auto|mma|wgmma|decode|decode16]\n"
+    "       [--recipe sm90|sm100] [--block-m 16|64|128] [--gemm auto|mma|wgmma|decode16]\n"
     "       [--peer PATH|none] [--seed S] [--json]\n";
 
 /** Parse the command line into @p o; 0, or 2 on a usage error (message on stderr). */
@@ -151,7 +151,7 @@ static int parse_opts(int argc, char **argv, bench_opts *o)
             i++;
         } else if (strcmp(a, "--gemm") == 0 && v) {
             if (mmoe_gpu_gemm_parse(v, &o->gemm) != 0) {
-                fprintf(stderr, "megamoe bench moe: --gemm must be auto, mma, wgmma, decode or decode16, got '%s'\n", v);
+                fprintf(stderr, "megamoe bench moe: --gemm must be one of %s, got '%s'\n", mmoe_gpu_gemm_names(), v);
                 return 2;
             }
             i++;

@@ -15,7 +15,7 @@
  *   --shared fused|auto   accepted (the GPU always fuses); serial is refused
  *   --recipe sm90|sm100  (default: the device's)
  *   --block-m 16|64|128  force the GEMM tile height (default: by the expected pairs per expert)
- *   --gemm auto|mma|wgmma|decode  the GEMM kernel family (default: auto, the fastest verified per shape)
+ *   --gemm auto|mma|wgmma|decode16  the GEMM kernel family (default: auto, the fastest verified per shape)
  *   --peer PATH      bench/torch_peer.py to run in the same process tree ("none": skip;
  *                    default $MMOE_SRCDIR/bench/torch_peer.py when it exists)
  *   --seed S

@@ -6,14 +6,15 @@
  * experts and the shared one are ~105 MB of MXFP4 and FP8 bytes that each take part in one
  * multiply-add per token.  The tile GEMMs (gpu_gemm.cu, gpu_gemm_wgmma.cu) give each block a
  * 128-row weight tile and walk K through a shallow shared-memory ring, so a few hundred blocks
- * each keep a few KB in flight.  This kernel is organized the other way round:
+ * each keep a few KB in flight.  This kernel (the "decode16" family) is organized the other
+ * way round:
  *
  *   - **A warp = 16 weight rows x all of K x up to 8 tokens of one expert.**  The weights are
- *     the MMA's M operand (`mma.sync.m16n8k32` E4M3, "swap AB") and the tokens its N operand,
- *     so one instruction multiplies 16 rows by 8 tokens over 32 K.  A block is 4 warps, 4
+ *     the MMA's M operand (`mma.sync.m16n8k16` F16, "swap AB") and the tokens its N operand,
+ *     so one instruction multiplies 16 rows by 8 tokens over 16 K.  A block is 4 warps, 4
  *     consecutive row groups of one tile, sharing the tile's activations, which the block
- *     stages in shared memory once.  At T = 1 the V4-Flash layer's L1 GEMM has 1792 warps of
- *     work (7 experts x 256 row groups) in 448 blocks: every SM gets several.
+ *     stages in shared memory once, as FP8 bytes.  At T = 1 the V4-Flash layer's L1 GEMM has
+ *     1792 warps of work (7 experts x 256 row groups) in 448 blocks: every SM gets several.
  *   - **A deep copy ring per warp.**  Each lane copies, for each K block, its pieces of the
  *     warp's 16 rows and their scale words with `cp.async` into its own slots of a 10 KB ring:
  *     8 (MXFP4) or 4 (FP8) K blocks, up to 7 KB per warp in flight.  The layer's tile-major
@@ -21,25 +22,25 @@
  *     lane reads back only what it copied itself, so the ring needs no barrier: a per-thread
  *     `cp.async.wait_group` is the whole synchronisation.
  *   - **The K order inside an MMA is free**, since each output is a dot product: the fragment
- *     positions of m16n8k32 ("logical" k = 4t + i and 16 + 4t + i for lane t = lane % 4) may
- *     stand for any actual k, as long as the activation fragment of the same lane uses the same
- *     map.  The block stages the activations in the order the weight fragments need.
+ *     positions of m16n8k16 ("logical" k = 2t, 2t + 1, 2t + 8, 2t + 9 for lane t = lane % 4)
+ *     may stand for any actual k, as long as the activation fragment of the same lane uses the
+ *     same map.  The block stages the activations in the order the weight fragments need.
  *
  * **MXFP4 weights** (the routed experts): lane (g, t) (g = lane / 4) copies word t, codes
- * 8t..8t+7, of each of the four 32-wide groups of rows g and g + 8, so MMA step j covers group
- * j alone: its even codes in the fragment's first half, its odd codes in the second.  A code
- * becomes the E4M3 byte of e2m1 * 2^-6 by moving its bits (exact, no table, ~1 instruction per
- * code), and each group's MMA sum is scaled by its own 2^(k - 127) in FP32 (an exact product);
- * the four are added, and the sum is promoted with the token's activation scale times 2^6.  No
- * scale spread needs another path.  With per-32 activation scales (sm100 recipe) each group is
+ * 8t..8t+7, of each of the four 32-wide groups of rows g and g + 8, so the MMA steps of group
+ * j cover group j alone: two steps from zero, the even codes in the first, the odd ones in the
+ * second.  A code becomes the F16 number e2m1 * 2^-14 by moving its bits (exact, no table),
+ * and each group's sum is scaled by its own 2^(k - 127) in FP32 (an exact product); the four
+ * are added, and the sum is promoted with the token's activation scale times 2^14.  No scale
+ * spread needs another path.  With per-32 activation scales (sm100 recipe) each group is
  * promoted on its own.
  *
  * **FP8 weights** (the shared expert): lane (g, t) copies the 32 bytes of group t of rows g and
- * g + 8, used as they are; an MMA step spans the four groups.  When the four scale bytes of
- * the K block are equal in all 16 rows (the checkpoint's 128x128 block scales, expanded), the
- * step sums are promoted once with 2^(k - 127) and the activation scale; otherwise (or with
- * per-32 activation scales) each group is multiplied on its own, the other lanes' fragments
- * zeroed, and promoted with its own factors.
+ * g + 8 and converts them to F16 pairs; a K block is 8 MMA steps, each spanning the four
+ * groups.  When the four scale bytes of the K block are equal in all 16 rows (the checkpoint's
+ * 128x128 block scales, expanded), the step sums are promoted once with 2^(k - 127) and the
+ * activation scale; otherwise (or with per-32 activation scales) each group is multiplied on
+ * its own, the other lanes' fragments zeroed, and promoted with its own factors.
  *
  * Every product of an FP8 activation and a weight is exact in the tensor core, and so are the
  * power-of-two scalings, so the result differs from the oracle's only in the order of the FP32
@@ -92,20 +93,18 @@
  * tokens need min(8, T) rows: up to T = 3 four blocks fit.  A token that names one expert in
  * several slots has that many rows in the expert's tile (at most 8), and the launch stages that
  * many; a block whose tile holds more rows than the launch says traps rather than overrun its
- * staging.  The L2 launch (K = 2048) fits four blocks at any row count up to 7.
+ * staging.  From 4 to 8 rows the L1 launch fits three blocks.  The L2 launch (K = 2048) fits
+ * four blocks at any row count up to 7 (shared memory would allow five at one row; the
+ * registers decide there) and three at 8.  Staging F16 rows instead of FP8 bytes would double
+ * the activation bytes and cost blocks: the activations are converted in registers instead.
  *
- * **Two MMAs: "decode" and "decode16".**  The kernel exists twice, with the same rings,
- * routing, staging, fragments of the weight rows, promotions and epilogues: decode_gemm_kernel
- * issues m16n8k32 E4M3 MMAs on FP8 fragments, decode16_gemm_kernel m16n8k16 F16 MMAs (see "The
- * F16 variant" below: the staged FP8 activations converted to F16 pairs in registers, MXFP4
- * codes moved to F16 bits, FP8 weights converted in pairs).  sm_90 has no E4M3 mma.sync: the
- * compiler turns each E4M3 MMA into two F16 HMMAs plus 12 conversions and 4 additions, which is
- * what decode16 saves: per K block of one warp (16 rows x 128 K, 1 KB of MXFP4 weights) the
- * sm_90a loop of the L1 launch issues 248 instructions in decode and 214 in decode16, of which
- * 16 convert the activations (B registers).  Both stage the same bytes (K + 16 per row), so both fit the same blocks
- * per SM at every row count: V4-Flash L1 (K = 4096) four up to 3 rows and three from 4 to 8,
- * L2 (K = 2048) four up to 7 rows (shared memory would allow five at one row; the registers
- * decide there) and three at 8.
+ * **Why F16 MMAs, not E4M3 ones.**  An `mma.sync.m16n8k32` E4M3 MMA would take the FP8
+ * fragments as they are, but sm_90 has no such tensor-core instruction: the compiler emulates
+ * each one with two F16 HMMAs, a conversion of every A and B register pair (12 per MMA) and 4
+ * additions of the accumulator, so per K block of one warp (16 rows x 128 K of MXFP4) the L1
+ * loop would issue 248 instructions against this kernel's 214, and on an H200 the V4-Flash
+ * layer is 5 to 7% slower with them at every T from 1 to 128.  This kernel issues the F16 MMAs
+ * itself and converts each operand once (see "The F16 operands" below).
  */
 #include "gpu_internal.cuh"
 #include "gpu_decode16_map.h"
@@ -117,14 +116,6 @@ namespace {
 constexpr int DEC_WARPS = 4;               /* warps per block: 4 row groups of one tile */
 constexpr int DEC_THREADS = DEC_WARPS * 32;
 constexpr int DEC_BK = 128;                /* K block: the tile-major layout's and sm90's group */
-
-__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 /** Byte @p g of a word (a run-time @p g, without indexing a register array). */
 __device__ __forceinline__ int byte_of(uint32_t w, int g)
@@ -311,23 +302,6 @@ __device__ void stage_activations(const mmoe_decode_part &q, int ag, int ntok, c
     __syncthreads();
 }
 
-/**
- * Four E2M1 codes (the even or the odd ones of a packed word) as E4M3 bytes of value
- * e2m1 * 2^-6, exactly: the code's exponent and mantissa bits moved under E4M3's (an E2M1
- * subnormal, 0.5, becomes the E4M3 subnormal 2^-7), the sign to bit 7.  No table: 3 or 4
- * integer instructions per 4 codes.
- */
-__device__ __forceinline__ uint32_t e2m1_even_to_e4m3(uint32_t w)
-{
-    return ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u);
-}
-
-/** The odd codes (high nibbles) of a packed word, as e2m1_even_to_e4m3() does the even ones. */
-__device__ __forceinline__ uint32_t e2m1_odd_to_e4m3(uint32_t w)
-{
-    return ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);
-}
-
 /** The epilogue of one warp: acc0, acc1 = row g, columns 2t, 2t+1; acc2, acc3 = row g + 8. */
 template <int EPI>
 __device__ __forceinline__ void decode_epilogue(const mmoe_decode_args &p, const mmoe_decode_part &q, int row_group,
@@ -358,32 +332,28 @@ __device__ __forceinline__ void decode_epilogue(const mmoe_decode_args &p, const
 }
 
 /*
- * The F16 variant ("decode16").  The E4M3 MMA above is not a tensor-core instruction of sm_90:
- * the compiler turns each m16n8k32 E4M3 mma.sync into two m16n8k16 F16 HMMAs, converting every
- * A and B register pair with one F2FP each time (12 conversions per MMA), and adds the MMA's
- * accumulator in with FADDs.  This variant issues the F16 MMA itself: the weights become F16 by
- * moving bits (MXFP4) or by one paired conversion per two bytes (FP8), and each lane converts
- * its B registers from the staged FP8 activations right before the MMAs.
+ * The F16 operands.  The kernel issues m16n8k16 F16 MMAs: the weights become F16 by moving bits
+ * (MXFP4) or by one paired conversion per two bytes (FP8), and each lane converts its B
+ * registers from the staged FP8 activations right before the MMAs.
  *
- * **Staging and B conversion.**  The block stages the activations exactly as the E4M3 kernel
- * does (one byte per value, the same permuted order, K + 16 bytes a row), so the two kernels fit
- * the same blocks per SM.  A lane's 8 staged words of a K block (its 32 contiguous bytes) become
- * 16 F16 pairs with cvt.rn.f16x2.e4m3x2: MXFP4 group j's step 0 takes the pairs of word 2j,
- * step 1 those of word 2j + 1; FP8 step s those of word s.  One conversion feeds one B register
- * of an MMA whose A operand (16 rows x 16 k) the lane's weights fill: 16 conversions per warp
- * K block, against 64 weight registers moved or converted (MXFP4: 1 KB of weights, FP8: 2 KB).
+ * **Staging and B conversion.**  The block stages the activations as FP8 bytes (one byte per
+ * value, in the permuted order of gpu_decode16_map.h, K + 16 bytes a row).  A lane's 8 staged
+ * words of a K block (its 32 contiguous bytes) become 16 F16 pairs with cvt.rn.f16x2.e4m3x2:
+ * MXFP4 group j's step 0 takes the pairs of word 2j, step 1 those of word 2j + 1; FP8 step s
+ * those of word s.  One conversion feeds one B register of an MMA whose A operand (16 rows x
+ * 16 k) the lane's weights fill: 16 conversions per warp K block, against 64 weight registers
+ * moved or converted (MXFP4: 1 KB of weights, FP8: 2 KB).
  *
  * **Exactness.**  Every E4M3 number is an F16 number (F16 has 5 exponent and 10 mantissa bits,
  * E4M3 4 and 3; E4M3's subnormals, down to 2^-9, are F16 normals), and so is every E2M1 number
  * times 2^-14.  Products of two F16 numbers with at most 4 significant bits each are exact in
- * the tensor core's FP32 path, so the partial sums are sums of the same exact products as the
- * E4M3 kernel's, scaled by a power of two; only the chain of FP32 additions is longer by the
- * extra MMA step per 32 K.  An MXFP4 product is x * w * 2^-14 (the E4M3 kernel's x * w * 2^-6),
+ * the tensor core's FP32 path, so the partial sums are sums of exact products of the FP8
+ * activations and the weights, scaled by a power of two.  An MXFP4 product is x * w * 2^-14,
  * so the promotion multiplies by a_scale * 2^14 (exact).  The smallest nonzero product is
  * 2^-9 * 2^-1 * 2^-14 = 2^-24, and a group sum times its factor 2^(k - 127) stays an FP32
  * normal for every UE8M0 byte k >= 25 (weights down to 2^-102): all the powers of two are exact.
- * Each 32-wide MXFP4 group still has its own zeroed sum (two m16n8k16 steps), so its exponent
- * applies to its sum alone.
+ * Each 32-wide MXFP4 group has its own zeroed sum (two m16n8k16 steps), so its exponent applies
+ * to its sum alone.
  *
  * **Operands.**  gpu_decode16_map.h holds the bit moves and index maps, shared with a CPU test:
  * an E2M1 code moved to F16 bits is the F16 number e2m1 * 2^-14 (one byte permute per pair of
@@ -415,50 +385,31 @@ __device__ __forceinline__ void ue8m0_pow2x4(uint32_t w, float (&f)[4])
 
 /**
  * Lane (g, t)'s 8 staged words of K block @p kb: the 32 bytes at 128 kb + 32 t of staged row
- * @p gid (word w at mmoe_d16_b_word_offset(t, w)), zero when not @p has_a.  The E4M3 kernel
- * passes token g's row and whether the tile has token g, and uses the words as B registers.
- * The F16 kernel converts each word to two B registers; for a token g past the tile's rows it
- * passes row 0 and has_a true: the MMA keeps the tokens (columns) apart and the epilogue writes
- * no column past the tile's rows, so those products are never used, and no zeroing is issued.
+ * @p row (word w at mmoe_d16_b_word_offset(t, w)); each word becomes two B registers.  For a
+ * token g past the tile's rows the caller passes row 0: the MMA keeps the tokens (columns)
+ * apart and the epilogue writes no column past the tile's rows, so those products are never
+ * used, and no zeroing is issued.
  */
-__device__ __forceinline__ void staged_e4m3_b(const uint8_t *sA, int lda, int gid, int tig, int kb, bool has_a,
-                                              uint32_t (&xa)[8])
+__device__ __forceinline__ void staged_words(const uint8_t *sA, int lda, int row, int tig, int kb, uint32_t (&xa)[8])
 {
-    if (has_a) {
-        const uint4 *src = reinterpret_cast<const uint4 *>(sA + gid * lda + kb * DEC_BK + mmoe_d16_b_word_offset(tig, 0));
-        const uint4 x0 = src[0], x1 = src[1];
-        xa[0] = x0.x; xa[1] = x0.y; xa[2] = x0.z; xa[3] = x0.w;
-        xa[4] = x1.x; xa[5] = x1.y; xa[6] = x1.z; xa[7] = x1.w;
-    } else {
-#pragma unroll
-        for (int m = 0; m < 8; m++)
-            xa[m] = 0u;
-    }
-}
-
-/** One MMA step of the decode kernel with MMA @p MMA: m16n8k32 E4M3 or m16n8k16 F16. */
-template <int MMA>
-__device__ __forceinline__ void mma_step(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
-{
-    if constexpr (MMA == MMOE_DECODE_MMA_F16)
-        mma_f16(d, a, b0, b1);
-    else
-        mma_e4m3(d, a, b0, b1);
+    const uint4 *src = reinterpret_cast<const uint4 *>(sA + row * lda + kb * DEC_BK + mmoe_d16_b_word_offset(tig, 0));
+    const uint4 x0 = src[0], x1 = src[1];
+    xa[0] = x0.x; xa[1] = x0.y; xa[2] = x0.z; xa[3] = x0.w;
+    xa[4] = x1.x; xa[5] = x1.y; xa[6] = x1.z; xa[7] = x1.w;
 }
 
 /**
- * One warp's GEMM over MXFP4 weights, one 32-wide group per MMA: lane (g, t) copies word t
- * (codes 8t..8t+7) of each of the four groups of rows g and g + 8, so that MMA step j covers
- * group j alone (each lane's 8 codes of it: the 4 even ones in fragment a0/a1, the 4 odd ones
- * in a2/a3; the staged activations are permuted to match).  The codes are decoded without a
- * table (e2m1 * 2^-6, exact) and every group's sum is scaled with its own exponent: no fold,
- * no exact path, any scale spread.  Per K block and output: t = sum over the groups in order of
- * tmp_g * 2^(k_g - 127) (exact products), then acc += t * (a_scale * 2^6).
- * With F16 MMAs (MMA): each group's sum is two m16n8k16 steps from zero, the codes moved to F16
- * (e2m1 * 2^-14) and the staged activations converted to F16 as they are, so the factor is
- * a_scale * 2^14.
+ * One warp's GEMM over MXFP4 weights, one 32-wide group per pair of MMA steps: lane (g, t)
+ * copies word t (codes 8t..8t+7) of each of the four groups of rows g and g + 8, so that the
+ * two m16n8k16 steps of group j cover group j alone (each lane's 8 codes of it: the 4 even
+ * ones in the first step, the 4 odd ones in the second; the staged activations are permuted to
+ * match).  The codes are moved to F16 without a table (e2m1 * 2^-14, exact), the staged
+ * activations converted to F16 as they are, and every group's sum, from zero, is scaled with
+ * its own exponent: no fold, no exact path, any scale spread.  Per K block and output: t = sum
+ * over the groups in order of tmp_g * 2^(k_g - 127) (exact products), then
+ * acc += t * (a_scale * 2^14).
  */
-template <int AG, int EPI, int MMA>
+template <int AG, int EPI>
 __device__ void decode_warp_fp4(const mmoe_decode_args &p, const mmoe_decode_part &q, int expert, int row_group,
                                 const int *s_arow, uint8_t *sA, int lda, float *sAs, const int *s_orow,
                                 const float *s_w, int ntok, uint8_t *ring)
@@ -466,8 +417,7 @@ __device__ void decode_warp_fp4(const mmoe_decode_args &p, const mmoe_decode_par
     using R = ring_of<MMOE_B_FP4>;
     constexpr int STAGES = R::STAGES;
     constexpr int ROW_BYTES = DEC_BK / 2;
-    constexpr bool F16 = MMA == MMOE_DECODE_MMA_F16;
-    constexpr float A_UNIT = F16 ? 16384.0f : 64.0f; /* 1 / (the product's power of two) */
+    constexpr float A_UNIT = 16384.0f; /* 1 / (the product's power of two) */
     const int lane = threadIdx.x & 31;
     const int gid = lane >> 2, tig = lane & 3;
     const int K = q.K, nkb = K / DEC_BK;
@@ -509,8 +459,7 @@ __device__ void decode_warp_fp4(const mmoe_decode_args &p, const mmoe_decode_par
 
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const int tok0 = tig * 2;
-    const bool has_a = gid < ntok;
-    const int brow = F16 && !has_a ? 0 : gid; /* see staged_e4m3_b() */
+    const int brow = gid < ntok ? gid : 0; /* see staged_words() */
     uint8_t *stage = ring; /* K block kb's stage: kb % STAGES */
     for (int kb = 0; kb < nkb; kb++) {
         cp_async_wait<STAGES - 2>();
@@ -527,49 +476,29 @@ __device__ void decode_warp_fp4(const mmoe_decode_args &p, const mmoe_decode_par
         const uint32_t ww0[4] = {w0.x, w0.y, w0.z, w0.w}, ww1[4] = {w1.x, w1.y, w1.z, w1.w};
         /* activations, permuted at staging: group g's words are 2g (even k), 2g + 1 (odd k) */
         uint32_t xa[8];
-        staged_e4m3_b(sA, lda, brow, tig, kb, F16 || has_a, xa);
+        staged_words(sA, lda, brow, tig, kb, xa);
         float tmp[4][4];
-        if constexpr (F16) {
 #pragma unroll
-            for (int g = 0; g < 4; g++) {
-                uint32_t xe[2], xo[2];
-                mmoe_d16_e4m3x4_to_f16x2(xa[2 * g], &xe[0], &xe[1]);
-                mmoe_d16_e4m3x4_to_f16x2(xa[2 * g + 1], &xo[0], &xo[1]);
-                const uint32_t e0 = mmoe_d16_e2m1_even_high(ww0[g]), e1 = mmoe_d16_e2m1_even_high(ww1[g]);
-                const uint32_t o0 = mmoe_d16_e2m1_odd_high(ww0[g]), o1 = mmoe_d16_e2m1_odd_high(ww1[g]);
-                const uint32_t a_even[4] = {mmoe_d16_f16_pair_lo(e0), mmoe_d16_f16_pair_lo(e1), mmoe_d16_f16_pair_hi(e0),
-                                            mmoe_d16_f16_pair_hi(e1)};
-                const uint32_t a_odd[4] = {mmoe_d16_f16_pair_lo(o0), mmoe_d16_f16_pair_lo(o1), mmoe_d16_f16_pair_hi(o0),
-                                           mmoe_d16_f16_pair_hi(o1)};
+        for (int g = 0; g < 4; g++) {
+            uint32_t xe[2], xo[2];
+            mmoe_d16_e4m3x4_to_f16x2(xa[2 * g], &xe[0], &xe[1]);
+            mmoe_d16_e4m3x4_to_f16x2(xa[2 * g + 1], &xo[0], &xo[1]);
+            const uint32_t e0 = mmoe_d16_e2m1_even_high(ww0[g]), e1 = mmoe_d16_e2m1_even_high(ww1[g]);
+            const uint32_t o0 = mmoe_d16_e2m1_odd_high(ww0[g]), o1 = mmoe_d16_e2m1_odd_high(ww1[g]);
+            const uint32_t a_even[4] = {mmoe_d16_f16_pair_lo(e0), mmoe_d16_f16_pair_lo(e1), mmoe_d16_f16_pair_hi(e0),
+                                        mmoe_d16_f16_pair_hi(e1)};
+            const uint32_t a_odd[4] = {mmoe_d16_f16_pair_lo(o0), mmoe_d16_f16_pair_lo(o1), mmoe_d16_f16_pair_hi(o0),
+                                       mmoe_d16_f16_pair_hi(o1)};
 #pragma unroll
-                for (int c = 0; c < 4; c++)
-                    tmp[g][c] = 0.0f;
-                mma_f16(tmp[g], a_even, xe[0], xe[1]);
-                mma_f16(tmp[g], a_odd, xo[0], xo[1]);
-            }
-        } else {
-#pragma unroll
-            for (int g = 0; g < 4; g++) {
-                const uint32_t a[4] = {e2m1_even_to_e4m3(ww0[g]), e2m1_even_to_e4m3(ww1[g]), e2m1_odd_to_e4m3(ww0[g]),
-                                       e2m1_odd_to_e4m3(ww1[g])};
-#pragma unroll
-                for (int c = 0; c < 4; c++)
-                    tmp[g][c] = 0.0f;
-                mma_e4m3(tmp[g], a, xa[2 * g], xa[2 * g + 1]);
-            }
+            for (int c = 0; c < 4; c++)
+                tmp[g][c] = 0.0f;
+            mma_f16(tmp[g], a_even, xe[0], xe[1]);
+            mma_f16(tmp[g], a_odd, xo[0], xo[1]);
         }
         /* the groups' sums with their exponents (exact products), then the activation scale */
         float t[4], f0[4], f1[4];
-        if constexpr (F16) {
-            ue8m0_pow2x4(sw0, f0);
-            ue8m0_pow2x4(sw1, f1);
-        } else {
-#pragma unroll
-            for (int g = 0; g < 4; g++) {
-                f0[g] = pow2i(byte_of(sw0, g) - 127);
-                f1[g] = pow2i(byte_of(sw1, g) - 127);
-            }
-        }
+        ue8m0_pow2x4(sw0, f0);
+        ue8m0_pow2x4(sw1, f1);
 #pragma unroll
         for (int g = 0; g < 4; g++) {
             const float p0 = f0[g], p1 = f1[g];
@@ -613,12 +542,11 @@ __device__ void decode_warp_fp4(const mmoe_decode_args &p, const mmoe_decode_par
  * holds the 32 bytes of group t, so an MMA step spans the four groups: a K block whose four
  * scale bytes are equal in all 16 rows is promoted once (the usual case: the checkpoint's
  * scales are per 128x128 block), any other (or every one, with AG = 32) per group, the other
- * lanes' fragments zeroed.  With F16 MMAs (MMA) the 32 bytes of each row and the lane's 32
- * staged activation bytes become F16 pairs with the paired conversion once per K block, and the
- * K block takes 8 m16n8k16 steps (step s: weight word s of both rows, activation word s) instead
- * of 4 E4M3 steps.
+ * lanes' fragments zeroed.  The 32 bytes of each row and the lane's 32 staged activation bytes
+ * become F16 pairs with the paired conversion once per K block, and the K block takes 8
+ * m16n8k16 steps (step s: weight word s of both rows, activation word s).
  */
-template <int AG, int EPI, int MMA>
+template <int AG, int EPI>
 __device__ void decode_warp_fp8(const mmoe_decode_args &p, const mmoe_decode_part &q, int expert, int row_group,
                                 const int *s_arow, uint8_t *sA, int lda, float *sAs, const int *s_orow,
                                 const float *s_w, int ntok, uint8_t *ring)
@@ -626,8 +554,7 @@ __device__ void decode_warp_fp8(const mmoe_decode_args &p, const mmoe_decode_par
     using R = ring_of<MMOE_B_FP8>;
     constexpr int V = R::V, STAGES = R::STAGES;
     constexpr int ROW_BYTES = DEC_BK; /* bytes of a row in one K block */
-    constexpr bool F16 = MMA == MMOE_DECODE_MMA_F16;
-    constexpr int STEPS = F16 ? 8 : 4; /* MMA steps per K block */
+    constexpr int STEPS = 8; /* MMA steps per K block */
     const int lane = threadIdx.x & 31;
     const int gid = lane >> 2, tig = lane & 3;
     const int K = q.K, nkb = K / DEC_BK;
@@ -662,8 +589,7 @@ __device__ void decode_warp_fp8(const mmoe_decode_args &p, const mmoe_decode_par
 
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const int tok0 = tig * 2; /* this lane's two output columns */
-    const bool has_a = gid < ntok;
-    const int brow = F16 && !has_a ? 0 : gid; /* see staged_e4m3_b() */
+    const int brow = gid < ntok ? gid : 0; /* see staged_words() */
     for (int kb = 0; kb < nkb; kb++) {
         cp_async_wait<STAGES - 2>(); /* K block kb has landed in this lane's slots */
         const uint8_t *stage = ring + (kb % STAGES) * R::STAGE_BYTES;
@@ -681,40 +607,23 @@ __device__ void decode_warp_fp8(const mmoe_decode_args &p, const mmoe_decode_par
         cp_async_commit();
 
         /*
-         * The A fragments [step][a0..a3] and B fragments [step][b0, b1] of the K block's steps.
-         * E4M3: activations, 32 bytes of this lane's token at k = 128 kb + 32 tig (word m = k +
-         * 4m); step j takes bytes 8j..8j+7 of the group.  F16: step s takes weight word s,
-         * converted; its B registers are staged word s converted (k = 32 tig + 4s .. + 3).
+         * The A fragments [step][a0..a3] and B fragments [step][b0, b1] of the K block's steps:
+         * step s takes weight word s, converted; its B registers are staged word s converted
+         * (k = 32 tig + 4s .. + 3).
          */
         uint32_t af[STEPS][4], xb[STEPS][2], xa[8];
-        staged_e4m3_b(sA, lda, brow, tig, kb, F16 || has_a, xa);
-        if constexpr (F16) {
+        staged_words(sA, lda, brow, tig, kb, xa);
 #pragma unroll
-            for (int j = 0; j < STEPS; j++)
-                mmoe_d16_e4m3x4_to_f16x2(xa[j], &xb[j][0], &xb[j][1]);
+        for (int j = 0; j < STEPS; j++)
+            mmoe_d16_e4m3x4_to_f16x2(xa[j], &xb[j][0], &xb[j][1]);
 #pragma unroll
-            for (int v = 0; v < V; v++) {
-                const uint32_t r0[4] = {wv[0][v].x, wv[0][v].y, wv[0][v].z, wv[0][v].w};
-                const uint32_t r1[4] = {wv[1][v].x, wv[1][v].y, wv[1][v].z, wv[1][v].w};
+        for (int v = 0; v < V; v++) {
+            const uint32_t r0[4] = {wv[0][v].x, wv[0][v].y, wv[0][v].z, wv[0][v].w};
+            const uint32_t r1[4] = {wv[1][v].x, wv[1][v].y, wv[1][v].z, wv[1][v].w};
 #pragma unroll
-                for (int m = 0; m < 4; m++) {
-                    mmoe_d16_e4m3x4_to_f16x2(r0[m], &af[4 * v + m][0], &af[4 * v + m][2]);
-                    mmoe_d16_e4m3x4_to_f16x2(r1[m], &af[4 * v + m][1], &af[4 * v + m][3]);
-                }
-            }
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                xb[j][0] = xa[2 * j];
-                xb[j][1] = xa[2 * j + 1];
-            }
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const uint4 u = wv[h][0], v = wv[h][1];
-                af[0][h] = u.x; af[0][h + 2] = u.y;
-                af[1][h] = u.z; af[1][h + 2] = u.w;
-                af[2][h] = v.x; af[2][h + 2] = v.y;
-                af[3][h] = v.z; af[3][h + 2] = v.w;
+            for (int m = 0; m < 4; m++) {
+                mmoe_d16_e4m3x4_to_f16x2(r0[m], &af[4 * v + m][0], &af[4 * v + m][2]);
+                mmoe_d16_e4m3x4_to_f16x2(r1[m], &af[4 * v + m][1], &af[4 * v + m][3]);
             }
         }
         /* fold test of both rows, and whether the whole warp can fold */
@@ -727,7 +636,7 @@ __device__ void decode_warp_fp8(const mmoe_decode_args &p, const mmoe_decode_par
             float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
             for (int j = 0; j < STEPS; j++)
-                mma_step<MMA>(tmp, af[j], xb[j][0], xb[j][1]);
+                mma_f16(tmp, af[j], xb[j][0], xb[j][1]);
             const float sa0 = sAs[tok0 * (K / AG) + kb], sa1 = sAs[(tok0 + 1) * (K / AG) + kb];
             const float f0 = pow2i(base0 - 127), f1 = pow2i(base1 - 127);
             acc[0] = fmaf(tmp[0], __fmul_rn(sa0, f0), acc[0]);
@@ -743,7 +652,7 @@ __device__ void decode_warp_fp8(const mmoe_decode_args &p, const mmoe_decode_par
                 for (int j = 0; j < STEPS; j++) {
                     const uint32_t a[4] = {keep_if(af[j][0], mine), keep_if(af[j][1], mine),
                                            keep_if(af[j][2], mine), keep_if(af[j][3], mine)};
-                    mma_step<MMA>(tmp, a, xb[j][0], xb[j][1]);
+                    mma_f16(tmp, a, xb[j][0], xb[j][1]);
                 }
                 const int ga = AG == 32 ? kb * 4 + g : kb;
                 const float sa0 = sAs[tok0 * (K / AG) + ga], sa1 = sAs[(tok0 + 1) * (K / AG) + ga];
@@ -852,8 +761,8 @@ __device__ void combine_rows_if_last(const mmoe_decode_args &p, int n_out, int n
 }
 
 /**
- * Byte stride of a staged FP8 activation row (both MMAs): K plus 16, so that the 8 rows fall in
- * different banks.
+ * Byte stride of a staged FP8 activation row: K plus 16, so that the 8 rows fall in different
+ * banks.
  */
 __host__ __device__ inline int staged_row_bytes(int K)
 {
@@ -881,10 +790,8 @@ inline int decode_kmax(const mmoe_decode_args *a)
  * The decode GEMM (see the file comment).  Grid: x = blocks of DEC_WARPS row groups of 16
  * weight rows (L1: 8 channels each), y = the shared part's tiles, then the routed part's.
  * EPI: SwiGLU (L1, FP32 out), BF16 combine slots (L2) or raw FP32 sums (the per-stage test).
- * MMA: the E4M3 or the F16 warp GEMMs (mmoe_decode_mma); the two are separate kernels
- * (decode_gemm_kernel, decode16_gemm_kernel) so that a profiler can name each.
  */
-template <int AG, int EPI, int MMA>
+template <int AG, int EPI>
 __device__ __forceinline__ void decode_gemm_block(const mmoe_decode_args &p)
 {
     extern __shared__ __align__(16) uint8_t smem[];
@@ -940,9 +847,9 @@ __device__ __forceinline__ void decode_gemm_block(const mmoe_decode_args &p)
     if (!active)
         stage_activations(q, AG, ntok, s_arow, sA, lda, sAs); /* its barrier counts every thread */
     else if (q.bfmt == MMOE_B_FP4)
-        decode_warp_fp4<AG, EPI, MMA>(p, q, expert, row_group, s_arow, sA, lda, sAs, s_orow, s_w, ntok, ring);
+        decode_warp_fp4<AG, EPI>(p, q, expert, row_group, s_arow, sA, lda, sAs, s_orow, s_w, ntok, ring);
     else
-        decode_warp_fp8<AG, EPI, MMA>(p, q, expert, row_group, s_arow, sA, lda, sAs, s_orow, s_w, ntok, ring);
+        decode_warp_fp8<AG, EPI>(p, q, expert, row_group, s_arow, sA, lda, sAs, s_orow, s_w, ntok, ring);
     /* L1: the last block of each 128-channel group requantizes it (whole groups: n_out % 128 == 0) */
     if constexpr (EPI == MMOE_EPI_SWIGLU)
         if (p.rq_counters != nullptr && (int)blockIdx.x * DEC_WARPS < groups)
@@ -953,36 +860,27 @@ __device__ __forceinline__ void decode_gemm_block(const mmoe_decode_args &p)
             combine_rows_if_last(p, q.n_out, ntok, s_orow, s_tok);
 }
 
-/** The decode GEMM with E4M3 MMAs (the "decode" family). */
-template <int AG, int EPI>
-__global__ void __launch_bounds__(DEC_THREADS, 4) decode_gemm_kernel(const __grid_constant__ mmoe_decode_args p)
-{
-    decode_gemm_block<AG, EPI, MMOE_DECODE_MMA_E4M3>(p);
-}
-
-/** The decode GEMM with F16 MMAs (the "decode16" family). */
+/** The decode GEMM (the "decode16" family: the name a profiler shows). */
 template <int AG, int EPI>
 __global__ void __launch_bounds__(DEC_THREADS, 4) decode16_gemm_kernel(const __grid_constant__ mmoe_decode_args p)
 {
-    decode_gemm_block<AG, EPI, MMOE_DECODE_MMA_F16>(p);
+    decode_gemm_block<AG, EPI>(p);
 }
 
-/** The kernel instance of one launch: its activation group, epilogue and MMA. */
+/** The kernel instance of one launch: its activation group and epilogue. */
 typedef void (*decode_kernel_fn)(mmoe_decode_args);
 
-/** The instance for @p a_group (32 or 128), @p epi and @p mma. */
+/** The instance for @p a_group (32 or 128) and @p epi. */
 template <int AG>
-decode_kernel_fn decode_instance_of_group(mmoe_epi epi, mmoe_decode_mma mma)
+decode_kernel_fn decode_instance_of_group(mmoe_epi epi)
 {
-    if (mma == MMOE_DECODE_MMA_F16)
-        return epi == MMOE_EPI_SWIGLU ? decode16_gemm_kernel<AG, MMOE_EPI_SWIGLU>
-                                      : decode16_gemm_kernel<AG, MMOE_EPI_SLOT_BF16>;
-    return epi == MMOE_EPI_SWIGLU ? decode_gemm_kernel<AG, MMOE_EPI_SWIGLU> : decode_gemm_kernel<AG, MMOE_EPI_SLOT_BF16>;
+    return epi == MMOE_EPI_SWIGLU ? decode16_gemm_kernel<AG, MMOE_EPI_SWIGLU>
+                                  : decode16_gemm_kernel<AG, MMOE_EPI_SLOT_BF16>;
 }
 
-decode_kernel_fn decode_instance_of(int a_group, mmoe_epi epi, mmoe_decode_mma mma)
+decode_kernel_fn decode_instance_of(int a_group, mmoe_epi epi)
 {
-    return a_group == 32 ? decode_instance_of_group<32>(epi, mma) : decode_instance_of_group<128>(epi, mma);
+    return a_group == 32 ? decode_instance_of_group<32>(epi) : decode_instance_of_group<128>(epi);
 }
 
 /**
@@ -1012,7 +910,7 @@ bool combine_part_ok(const mmoe_decode_part &q, int tiles, int cb_chunks)
 }
 
 /**
- * Whether launch @p a with epilogue @p epi can run: staged rows 1..8, a known MMA, a
+ * Whether launch @p a with epilogue @p epi can run: staged rows 1..8, a
  * requantization only on the SwiGLU epilogue with whole groups counted, and a combine only on
  * the BF16 slot epilogue with whole chunks counted.
  */
@@ -1026,7 +924,7 @@ bool decode_args_ok(const mmoe_decode_args *a, mmoe_epi epi)
         (epi != MMOE_EPI_SLOT_BF16 || a->raw != nullptr || !combine_part_ok(a->shared, a->shared_tiles, a->cb_chunks) ||
          !combine_part_ok(a->routed, a->routed_tiles, a->cb_chunks)))
         return false;
-    return a->tile_rows >= 1 && a->tile_rows <= 8 && (a->mma == MMOE_DECODE_MMA_E4M3 || a->mma == MMOE_DECODE_MMA_F16);
+    return a->tile_rows >= 1 && a->tile_rows <= 8;
 }
 
 } // namespace
@@ -1051,7 +949,7 @@ cudaError_t mmoe_launch_decode_gemm(const mmoe_decode_args *a, int a_group, mmoe
         return cudaSuccess;
     if (!decode_args_ok(a, epi))
         return cudaErrorInvalidValue; /* the staged rows must hold every tile's tokens */
-    const decode_kernel_fn fn = decode_instance_of(a_group, epi, a->mma);
+    const decode_kernel_fn fn = decode_instance_of(a_group, epi);
     size_t smem = 0;
     cudaError_t e = set_instance_smem(fn, a, a_group, &smem);
     if (e != cudaSuccess)
@@ -1077,7 +975,7 @@ cudaError_t mmoe_decode_gemm_occupancy(const mmoe_decode_args *a, int a_group, m
     *blocks = 0;
     if (!decode_args_ok(a, epi))
         return cudaErrorInvalidValue;
-    const decode_kernel_fn fn = decode_instance_of(a_group, epi, a->mma);
+    const decode_kernel_fn fn = decode_instance_of(a_group, epi);
     size_t smem = 0;
     cudaError_t e = set_instance_smem(fn, a, a_group, &smem);
     if (e == cudaSuccess)

@@ -5,8 +5,8 @@
  *
  * decode16 multiplies with `mma.sync.m16n8k16` F16 MMAs.  Its weight operand comes from MXFP4
  * codes by moving bits (or from FP8 bytes by the paired conversion), its activation operand from
- * the FP8 bytes the block stages in shared memory as they are (one byte per value, the staging
- * of the E4M3 kernel), converted to F16 pairs in registers right before the MMA; the two must
+ * the FP8 bytes the block stages in shared memory as they are (one byte per value), converted
+ * to F16 pairs in registers right before the MMA; the two must
  * meet at the same k in every fragment.  Everything that decides which bits go where and which
  * k sits where is here, once:
  *

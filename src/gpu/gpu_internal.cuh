@@ -197,16 +197,6 @@ struct mmoe_decode_part {
 };
 
 /**
- * The tensor-core instruction of a decode GEMM launch (gpu_decode.cu).  Both compute the same
- * exact products with FP32 sums; they differ in where the operands become F16.
- */
-enum mmoe_decode_mma {
-    MMOE_DECODE_MMA_E4M3 = 0, /**< mma.sync m16n8k32 E4M3 on FP8 fragments (the "decode" family) */
-    MMOE_DECODE_MMA_F16 = 1   /**< mma.sync m16n8k16 F16: activations staged as FP8 (as the E4M3 kernel's)
-                                   and weights both made F16 in registers (the "decode16" family) */
-};
-
-/**
  * Arguments of one decode GEMM launch (gpu_decode.cu): the shared part (uniform tiles of 8
  * tokens, rows = tokens) and the routed part (tiles derived from topk_idx in each block; rows
  * of the routed L1 output and L2 input are pair indices token * topk + slot).
@@ -231,7 +221,6 @@ struct mmoe_decode_args {
     int *counts;                /**< L1: this call's pairs per expert [E], or NULL */
     long long *cum_counts;      /**< L1: running totals [E] */
     int *num_pairs;             /**< L1: the call's valid pairs */
-    mmoe_decode_mma mma;        /**< the MMA the kernel runs (zeroed arguments: E4M3) */
     /* L1 only: the requantization of both parts' outputs in the launch (gpu_decode.cu); none when
        rq_counters is NULL */
     int *rq_counters;           /**< [grid rows][rq_groups] blocks done per 128-channel group, all zero

@@ -134,6 +134,13 @@ mmoe_status mmoe_gpu_layer_create(const mmoe_moe_desc *desc, const mmoe_moe_weig
                               d->topk, (long long)d->pad_to);
     if (d->topk > 31)
         return mmoe_error_set(err, MMOE_EUNSUPPORTED, "gpu layer: topk %d > 31 is not supported on the GPU", d->topk);
+    /* The GEMM kernel family: the device's native one unless MMOE_GPU_GEMM says otherwise (the GPU
+     * test suite runs once per family this way); checked before any device is touched. */
+    mmoe_gpu_gemm gemm = MMOE_GPU_GEMM_AUTO;
+    const char *gemm_env = getenv("MMOE_GPU_GEMM");
+    if (gemm_env != NULL && gemm_env[0] != '\0' && mmoe_gpu_gemm_parse(gemm_env, &gemm) != 0)
+        return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: MMOE_GPU_GEMM=%s is not a GEMM kernel family (expected "
+                              "one of %s)", gemm_env, mmoe_gpu_gemm_names());
     int cc = 0;
     mmoe_status st = mmoe_gpu_available(&cc, err);
     if (st != MMOE_OK)
@@ -162,14 +169,7 @@ mmoe_status mmoe_gpu_layer_create(const mmoe_moe_desc *desc, const mmoe_moe_weig
                        (int)MMOE_GPU_RECIPE_SM100 == (int)MMOE_RECIPE_SM100,
                    "the GPU recipes carry the oracle's numbers");
     gd.recipe = d->recipe == MMOE_RECIPE_SM90 ? MMOE_GPU_RECIPE_SM90 : MMOE_GPU_RECIPE_SM100;
-    /* The GEMM kernel family: the device's native one unless MMOE_GPU_GEMM (auto, mma, wgmma, decode, decode16)
-     * says otherwise; the GPU test suite runs once per family this way. */
-    const char *gemm_env = getenv("MMOE_GPU_GEMM");
-    if (gemm_env != NULL && gemm_env[0] != '\0' && mmoe_gpu_gemm_parse(gemm_env, &gd.gemm) != 0) {
-        free(L);
-        return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: MMOE_GPU_GEMM=%s: expected auto, mma, wgmma, decode or decode16",
-                              gemm_env);
-    }
+    gd.gemm = gemm;
 
     const uint8_t **ptrs = (const uint8_t **)calloc(6 * (size_t)d->n_experts, sizeof *ptrs);
     uint8_t *ss1 = NULL, *ss3 = NULL, *ss2 = NULL;

@@ -24,7 +24,7 @@
  * between them: the routed GEMMs are launched on an upper bound of tiles and the
  * surplus blocks exit at once.
  *
- * One call of the decode family (gpu_decode.cu) = 5 launches on one stream, each after
+ * One call of the decode family (decode16, gpu_decode.cu) = 5 launches on one stream, each after
  * the first a programmatic dependent launch: quant(x), L1 (routed and shared, routing
  * derived in each block, SwiGLU), one requantization of both intermediates, L2 (routed and
  * shared, BF16 slots), combine.  Up to MMOE_DECODE_FUSE_MAX_T tokens the same GEMM kernel
@@ -43,13 +43,12 @@
 
 /**
  * Blocks per SM of the L1 decode launch (reported in the result), with what they depend on:
- * the kernel instance (MMA, activation group) and its dynamic shared memory (the staged rows,
+ * the kernel instance (activation group) and its dynamic shared memory (the staged rows,
  * the widest K, the experts).  The occupancy calculator runs again only when one of those
  * changes, not on every call.
  */
 typedef struct decode_occupancy {
     int known;           /**< 1: blocks holds the answer for the key below */
-    mmoe_decode_mma mma; /**< key: the MMA */
     int a_group;         /**< key: the activation group */
     int tile_rows;       /**< key: the staged rows */
     int kmax;            /**< key: the widest K of the launch */
@@ -65,7 +64,6 @@ struct mmoe_gpu_moe {
     int wgmma_ok;             /**< 1: the sm_90a wgmma kernel can run here (cc 9.0 and built for it) */
     int last_wgmma;           /**< 1: the last call ran the wgmma kernel; 0: the portable mma.sync one */
     int last_decode;          /**< 1: the last call ran a decode kernel (gpu_decode.cu) */
-    mmoe_decode_mma last_decode_mma; /**< its MMA: E4M3 ("decode") or F16 ("decode16") */
     int last_decode_fused;    /**< 1: that decode call was the 3-launch pipeline (MMOE_DECODE_FUSE_MAX_T) */
     cudaStream_t stream;      /**< the call's stream: inputs, routed experts, combine */
     cudaStream_t side;        /**< the shared expert runs here, concurrently with the routed GEMMs */
@@ -241,9 +239,9 @@ static mmoe_status check_desc(const mmoe_gpu_moe_desc *d, mmoe_error *err)
     if (d->recipe != MMOE_GPU_RECIPE_AUTO && d->recipe != MMOE_GPU_RECIPE_SM90 && d->recipe != MMOE_GPU_RECIPE_SM100)
         return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: unknown recipe %d", (int)d->recipe);
     if (d->gemm != MMOE_GPU_GEMM_AUTO && d->gemm != MMOE_GPU_GEMM_MMA && d->gemm != MMOE_GPU_GEMM_WGMMA &&
-        d->gemm != MMOE_GPU_GEMM_DECODE && d->gemm != MMOE_GPU_GEMM_DECODE16)
+        d->gemm != MMOE_GPU_GEMM_DECODE16)
         return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: unknown GEMM kernel family %d", (int)d->gemm);
-    if (d->block_m != 0 && (d->gemm == MMOE_GPU_GEMM_DECODE || d->gemm == MMOE_GPU_GEMM_DECODE16))
+    if (d->block_m != 0 && d->gemm == MMOE_GPU_GEMM_DECODE16)
         return mmoe_error_set(err, MMOE_EINVAL, "gpu layer: block_m %d: the %s kernel's tiles are 8 tokens "
                               "(block_m must be 0)", d->block_m, mmoe_gpu_gemm_name(d->gemm));
     if (d->block_m == 128 && d->gemm == MMOE_GPU_GEMM_MMA)
@@ -664,25 +662,15 @@ static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
 #define MMOE_DECODE_FUSE_MAX_T 4
 
 /**
- * Does this call run a decode kernel?  When asked for (either MMA), always; under AUTO on a
+ * Does this call run the decode kernel (decode16)?  When asked for, always; under AUTO on a
  * compute-capability-9.0 device with the sm90 recipe (where it was measured) and no forced
- * tile height, up to MMOE_AUTO_DECODE_MAX_T tokens, with the MMA of decode_mma_of().
+ * tile height, up to MMOE_AUTO_DECODE_MAX_T tokens.
  */
 static int use_decode(const mmoe_gpu_moe *L, int T)
 {
     if (L->d.gemm != MMOE_GPU_GEMM_AUTO)
-        return L->d.gemm == MMOE_GPU_GEMM_DECODE || L->d.gemm == MMOE_GPU_GEMM_DECODE16;
+        return L->d.gemm == MMOE_GPU_GEMM_DECODE16;
     return L->cc == 90 && L->recipe == MMOE_GPU_RECIPE_SM90 && L->d.block_m == 0 && T <= MMOE_AUTO_DECODE_MAX_T;
-}
-
-/**
- * The MMA of a decode call: E4M3 when "decode" was asked for, else F16 ("decode16", and AUTO's
- * choice: on one H200, V4-Flash layer, it was faster than the E4M3 MMAs at every T measured,
- * 1 to 128, by 5 to 7%).
- */
-static mmoe_decode_mma decode_mma_of(const mmoe_gpu_moe *L)
-{
-    return L->d.gemm == MMOE_GPU_GEMM_DECODE ? MMOE_DECODE_MMA_E4M3 : MMOE_DECODE_MMA_F16;
 }
 
 /** The tile kernel family of one call: the requested one, or for AUTO the faster one at this size. */
@@ -751,15 +739,13 @@ static mmoe_decode_part decode_part(mmoe_bfmt bfmt, int K, int n_out, const uint
 static cudaError_t decode_occupancy_of(decode_occupancy *o, const mmoe_decode_args *a, int a_group)
 {
     const int kmax = a->shared.K > a->routed.K ? a->shared.K : a->routed.K;
-    if (o->known && o->mma == a->mma && o->a_group == a_group && o->tile_rows == a->tile_rows && o->kmax == kmax &&
-        o->E == a->E)
+    if (o->known && o->a_group == a_group && o->tile_rows == a->tile_rows && o->kmax == kmax && o->E == a->E)
         return cudaSuccess;
     o->known = 0;
     const cudaError_t e = mmoe_decode_gemm_occupancy(a, a_group, MMOE_EPI_SWIGLU, &o->blocks);
     if (e != cudaSuccess)
         return e;
     o->known = 1;
-    o->mma = a->mma;
     o->a_group = a_group;
     o->tile_rows = a->tile_rows;
     o->kmax = kmax;
@@ -808,7 +794,6 @@ static mmoe_status launch_layer_decode(mmoe_gpu_moe *L, int T, int fused, mmoe_e
     a.counts = L->counts;
     a.cum_counts = L->cum_counts;
     a.num_pairs = L->num_pairs;
-    a.mma = L->last_decode_mma;
     if (fused) {
         /* the L2 inputs: the last block of each 128-channel group requantizes it (the recipe's rule) */
         a.rq_counters = L->rq_counters;
@@ -857,7 +842,6 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
     const int sm90 = L->recipe == MMOE_GPU_RECIPE_SM90;
     const int ag = sm90 ? 128 : 32;
     L->last_decode = use_decode(L, T);
-    L->last_decode_mma = decode_mma_of(L);
     L->last_decode_fused = L->last_decode && T <= MMOE_DECODE_FUSE_MAX_T;
     if (L->last_decode) {
         L->last_wgmma = 0;
@@ -1025,28 +1009,21 @@ static void fill_result(mmoe_gpu_moe *L, int bm, long long pairs, mmoe_gpu_moe_r
     memset(res, 0, sizeof *res);
     res->device_cc = L->cc;
     res->recipe = L->recipe;
-    const int decode16 = L->last_decode && L->last_decode_mma == MMOE_DECODE_MMA_F16;
     const int fused = L->last_decode_fused;
-    if (decode16)
+    if (L->last_decode)
         res->kernel = fused ? "decode16: mma.sync.m16n8k16 f16 (activations staged as E4M3, both operands made F16 in "
                               "registers) swap-AB weight streaming, 8-token tiles (3 launches (fused), programmatic "
                               "dependent launch)"
                             : "decode16: mma.sync.m16n8k16 f16 (activations staged as E4M3, both operands made F16 in "
                               "registers) swap-AB weight streaming, 8-token tiles (5 launches, programmatic dependent "
                               "launch)";
-    else if (L->last_decode)
-        res->kernel = fused ? "decode: mma.sync.m16n8k32 e4m3 swap-AB weight streaming, 8-token tiles (3 launches "
-                              "(fused), programmatic dependent launch)"
-                            : "decode: mma.sync.m16n8k32 e4m3 swap-AB weight streaming, 8-token tiles (5 launches, "
-                              "programmatic dependent launch)";
     else if (L->last_wgmma)
         res->kernel = L->last_split ? "wgmma f16 (E4M3/E2M1 converted) warp-specialized grouped GEMM, split-K (staged)"
                                     : "wgmma f16 (E4M3/E2M1 converted) warp-specialized grouped GEMM (staged, 9 launches)";
     else
         res->kernel = L->last_split ? "mma.sync.m16n8k32 e4m3 grouped GEMM, split-K (staged)"
                                     : "mma.sync.m16n8k32 e4m3 grouped GEMM (staged, 9 launches)";
-    res->gemm = decode16 ? MMOE_GPU_GEMM_DECODE16
-                : L->last_decode ? MMOE_GPU_GEMM_DECODE
+    res->gemm = L->last_decode ? MMOE_GPU_GEMM_DECODE16
                 : L->last_wgmma  ? MMOE_GPU_GEMM_WGMMA
                                  : MMOE_GPU_GEMM_MMA;
     res->block_m = bm;

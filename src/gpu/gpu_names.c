@@ -18,18 +18,24 @@ const char *mmoe_gpu_gemm_name(mmoe_gpu_gemm g)
 {
     return g == MMOE_GPU_GEMM_MMA        ? "mma"
            : g == MMOE_GPU_GEMM_WGMMA    ? "wgmma"
-           : g == MMOE_GPU_GEMM_DECODE   ? "decode"
            : g == MMOE_GPU_GEMM_DECODE16 ? "decode16"
                                          : "auto";
 }
 
+/** Every GEMM kernel family, in the order of mmoe_gpu_gemm_names(). */
+static const mmoe_gpu_gemm all_gemms[] = {MMOE_GPU_GEMM_AUTO, MMOE_GPU_GEMM_MMA, MMOE_GPU_GEMM_WGMMA,
+                                          MMOE_GPU_GEMM_DECODE16};
+
+const char *mmoe_gpu_gemm_names(void)
+{
+    return "auto, mma, wgmma, decode16";
+}
+
 int mmoe_gpu_gemm_parse(const char *s, mmoe_gpu_gemm *out)
 {
-    static const mmoe_gpu_gemm all[] = {MMOE_GPU_GEMM_AUTO, MMOE_GPU_GEMM_MMA, MMOE_GPU_GEMM_WGMMA,
-                                        MMOE_GPU_GEMM_DECODE, MMOE_GPU_GEMM_DECODE16};
-    for (size_t i = 0; s != NULL && i < sizeof all / sizeof all[0]; i++)
-        if (strcmp(s, mmoe_gpu_gemm_name(all[i])) == 0) {
-            *out = all[i];
+    for (size_t i = 0; s != NULL && i < sizeof all_gemms / sizeof all_gemms[0]; i++)
+        if (strcmp(s, mmoe_gpu_gemm_name(all_gemms[i])) == 0) {
+            *out = all_gemms[i];
             return 0;
         }
     return -1;

@@ -26,9 +26,9 @@ mmoe_status stage_fail(mmoe_error *err, cudaError_t e, const char *what)
 /** Check a stage GEMM description; the error names the field. */
 mmoe_status check_gemm_desc(const mmoe_gpu_stage_gemm_desc *d, int cc, mmoe_error *err)
 {
-    const int decode = d->gemm == MMOE_GPU_GEMM_DECODE || d->gemm == MMOE_GPU_GEMM_DECODE16;
+    const int decode = d->gemm == MMOE_GPU_GEMM_DECODE16;
     if (d->gemm != MMOE_GPU_GEMM_MMA && d->gemm != MMOE_GPU_GEMM_WGMMA && !decode)
-        return mmoe_error_set(err, MMOE_EINVAL, "gpu stage gemm: gemm must be mma, wgmma, decode or decode16, got %d",
+        return mmoe_error_set(err, MMOE_EINVAL, "gpu stage gemm: gemm must be mma, wgmma or decode16, got %d",
                               (int)d->gemm);
     const int bm_ok = decode
                           ? d->block_m == 8
@@ -144,9 +144,8 @@ mmoe_status mmoe_gpu_stage_gemm(const mmoe_gpu_stage_gemm_desc *d, const uint8_t
     dg.tile_rows = rows < 8 ? (int)rows : 8; /* a tile of the uniform rows holds min(8, rows) */
     dg.T = (int)rows;
     dg.raw = b.part;
-    dg.mma = d->gemm == MMOE_GPU_GEMM_DECODE16 ? MMOE_DECODE_MMA_F16 : MMOE_DECODE_MMA_E4M3;
     if (e == cudaSuccess)
-        e = d->gemm == MMOE_GPU_GEMM_DECODE || d->gemm == MMOE_GPU_GEMM_DECODE16
+        e = d->gemm == MMOE_GPU_GEMM_DECODE16
                 ? mmoe_launch_decode_gemm(&dg, d->a_group, MMOE_EPI_SLOT_BF16, 0, 0)
             : d->gemm == MMOE_GPU_GEMM_WGMMA
                 ? mmoe_launch_gemm_wgmma(&g, d->block_m, bfmt, d->a_group, MMOE_EPI_SLOT_BF16, tiles, 0)

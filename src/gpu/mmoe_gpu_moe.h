@@ -62,8 +62,8 @@ typedef enum mmoe_gpu_recipe {
 /**
  * Which GEMM kernel family the layer runs.  All compute the same exact products with FP32
  * sums (the GPU suite checks each family alone and in the layer).  AUTO picks per call: on a
- * compute-capability-9.0 device with the sm90 recipe, the decode kernel with F16 MMAs
- * (decode16) up to a measured token count; above it, on an sm_90a build, the wgmma kernel once the expected pairs per expert
+ * compute-capability-9.0 device with the sm90 recipe, the decode kernel (decode16) up to a
+ * measured token count; above it, on an sm_90a build, the wgmma kernel once the expected pairs per expert
  * exceed a measured threshold (prefill), else the mma.sync tile kernel; on other devices
  * mma.sync.
  */
@@ -71,9 +71,9 @@ typedef enum mmoe_gpu_gemm {
     MMOE_GPU_GEMM_AUTO = 0,  /**< the faster verified family for each call size (see above) */
     MMOE_GPU_GEMM_MMA = 1,   /**< the portable mma.sync tile kernel (gpu_gemm.cu), any sm_89+ device */
     MMOE_GPU_GEMM_WGMMA = 2, /**< the warp-specialized wgmma kernel (gpu_gemm_wgmma.cu), sm_90 only */
-    MMOE_GPU_GEMM_DECODE = 3, /**< the weight-streaming decode kernel (gpu_decode.cu), 8-token tiles, sm_90+ */
-    MMOE_GPU_GEMM_DECODE16 = 4 /**< the decode kernel with F16 MMAs (m16n8k16; activations staged as E4M3
-                                    and converted, MXFP4 codes moved to F16, in registers); AUTO's decode kernel */
+    MMOE_GPU_GEMM_DECODE16 = 4 /**< the weight-streaming decode kernel (gpu_decode.cu), 8-token tiles, sm_90+,
+                                    F16 MMAs (m16n8k16; activations staged as E4M3 and converted, MXFP4 codes
+                                    moved to F16, in registers); AUTO's decode kernel */
 } mmoe_gpu_gemm;
 
 /** Sizes and options of one layer. */
@@ -142,7 +142,7 @@ typedef struct mmoe_gpu_moe_result {
     size_t gpu_weight_bytes;      /**< bytes of weights (codes + scales) held on the GPU */
     size_t gpu_workspace_bytes;   /**< bytes of the token workspace after this call */
     int graph;                    /**< mmoe_gpu_moe_time(): 1 when the timed calls were CUDA-graph replays */
-    int decode_blocks_per_sm;     /**< decode calls (both decode families): blocks of the L1 decode GEMM
+    int decode_blocks_per_sm;     /**< decode calls (decode16): blocks of the L1 decode GEMM
                                        that fit on one SM at once (cudaOccupancyMaxActiveBlocksPerMultiprocessor
                                        with its shared memory); 0 for the tile families */
     int decode_launches;          /**< decode calls: kernel launches of the call, 3 (the GEMMs requantize and
@@ -248,16 +248,19 @@ mmoe_status mmoe_gpu_quantize_input(mmoe_gpu_recipe recipe, int rows, int cols, 
 /** Name of a recipe ("sm90", "sm100", "auto"). */
 const char *mmoe_gpu_recipe_name(mmoe_gpu_recipe r);
 
-/** Name of a GEMM kernel family ("auto", "mma", "wgmma", "decode", "decode16"). */
+/** Name of a GEMM kernel family ("auto", "mma", "wgmma", "decode16"). */
 const char *mmoe_gpu_gemm_name(mmoe_gpu_gemm g);
 
 /**
- * Parse a GEMM kernel family name ("auto", "mma", "wgmma", "decode" or "decode16").
+ * Parse a GEMM kernel family name: one of mmoe_gpu_gemm_names().
  * @param s    the name
- * @param out  the family, written on success
- * @return 0 on success, -1 for an unknown name
+ * @param out  the family, written on success (untouched on failure)
+ * @return 0 on success, -1 for any other name
  */
 int mmoe_gpu_gemm_parse(const char *s, mmoe_gpu_gemm *out);
+
+/** The names mmoe_gpu_gemm_parse() accepts, as a list for messages: "auto, mma, wgmma, decode16". */
+const char *mmoe_gpu_gemm_names(void);
 
 #ifdef __cplusplus
 }

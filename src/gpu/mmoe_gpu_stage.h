@@ -36,8 +36,8 @@ typedef enum mmoe_gpu_weight_format {
 
 /** One GEMM stage: sizes, formats and the kernel to run. */
 typedef struct mmoe_gpu_stage_gemm_desc {
-    mmoe_gpu_gemm gemm;            /**< MMOE_GPU_GEMM_MMA, _WGMMA, _DECODE or _DECODE16 (not AUTO) */
-    int block_m;                   /**< tokens per tile: 16 or 64 (mma), 16, 64 or 128 (wgmma), 8 (decode) */
+    mmoe_gpu_gemm gemm;            /**< MMOE_GPU_GEMM_MMA, _WGMMA or _DECODE16 (not AUTO) */
+    int block_m;                   /**< tokens per tile: 16 or 64 (mma), 16, 64 or 128 (wgmma), 8 (decode16) */
     mmoe_gpu_weight_format weights;/**< weight format */
     int a_group;                   /**< channels per activation scale: 128 (sm90) or 32 (sm100) */
     int split_kb;                  /**< K blocks of 128 per split; 0: no split (always 0 for decode) */
