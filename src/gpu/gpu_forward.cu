@@ -511,11 +511,16 @@ __device__ __forceinline__ double fp8_chunk16(const double2 *xp, int swz, uint4 
  * butterfly transposed over the two rows (exact sums), and from one lane in four the
  * (row, block) term fl32(partial) (s_x s_w) into @p term.
  */
-__device__ __forceinline__ void fp8_128_step(int64_t s, int64_t K, int64_t kb_w, int lane, uint4 q0, uint4 q1,
-                                             const float *xs_t, const uint8_t *ws_n, bool writer, float *term)
+__device__ __forceinline__ void fp8_128_step(int s, int K, int kb_w, int lane, uint4 q0, uint4 q1, const float *xs_t,
+                                             const uint8_t *ws_n, bool writer, float *term)
 {
     const int row = (lane >> 2) & 1, swz = lane & 7;
-    const int64_t k0 = s * 512 + lane * 16;
+    const int k0 = s * 512 + lane * 16, kb = s * 4 + (lane >> 3);
+    /* the term's scales are loaded first, from a block that exists, so that the loads are in
+       flight during the sums (every lane loads; only the writers of blocks kb < kb_w use them) */
+    const int kb_in = kb < kb_w ? kb : kb_w - 1;
+    const float s_x = xs_t[kb_in];
+    const uint8_t s_w = ws_n[kb_in];
     double p0 = 0.0, p1 = 0.0;
     if (k0 < K) { /* false only for the lanes past a short last step */
         const double2 *xp = (const double2 *)fp8_sx_row() + (k0 >> 1);
@@ -530,11 +535,8 @@ __device__ __forceinline__ void fp8_128_step(int64_t s, int64_t K, int64_t kb_w,
     double v = (row ? p1 : p0) + __shfl_xor_sync(0xFFFFFFFFu, row ? p0 : p1, 4);
     v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
     v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
-    const int64_t kb = s * 4 + (lane >> 3);
-    if (writer && kb < kb_w) {
-        const float sc = __fmul_rn(xs_t[kb], gfw_ue8m0(ws_n[kb]));
-        term[row * kb_w + kb] = __fmul_rn(__double2float_rn(v * 0x1p1016), sc);
-    }
+    if (writer && kb < kb_w)
+        term[row * kb_w + kb] = __fmul_rn(__double2float_rn(v * 0x1p1016), __fmul_rn(s_x, gfw_ue8m0(s_w)));
 }
 
 /** Blocks per multiprocessor k_linear_fp8_128_split is compiled for (its register bound). */
@@ -643,17 +645,19 @@ static fp8_split_shape fp8_split_choose(int64_t T, int64_t N, int64_t K, int n_s
 
 /** One warp's share of a k_linear_fp8_128_split block: `units` (pair, step) units, pair-major. */
 struct fp8_split_warp {
-    int64_t n0;     /**< first row of the warp's first pair */
-    int local0;     /**< that row's index within the block */
-    int64_t s0;     /**< first step of the warp's slice */
-    int cnt;        /**< steps of the slice (0: an empty slice) */
-    int units;      /**< live pairs times cnt */
+    int64_t n0;         /**< first row of the warp's first pair */
+    int local0;         /**< that row's index within the block */
+    int s0;             /**< first step of the warp's slice */
+    int cnt;            /**< steps of the slice (0: an empty slice) */
+    int units;          /**< live pairs times cnt */
+    int rows;           /**< rows of the warp's pairs that exist (rows n0 .. n0 + rows - 1) */
+    const uint8_t *src; /**< the lane's 16 codes of row n0 at step 0 */
 };
 
-/** A position in a warp's stream of units: pair r of the warp, step s. */
+/** A position in a warp's stream of units: pair r of the warp (rows n0 + 2 r, n0 + 2 r + 1), step s. */
 struct fp8_unit_pos {
     int r;
-    int64_t s;
+    int s;
 };
 
 /** The unit after @p p in the warp's stream (pair-major: the steps of a pair, then the next pair). */
@@ -689,12 +693,11 @@ template <int N> __device__ __forceinline__ void fp8_cp_wait()
  * into @p slot, row 0 at [16 lane, 16 lane + 16) and row 1 512 bytes later, and closes a group
  * (empty past the warp's units or past K): a missing row 1 (n + 1 = N) rereads row 0.
  */
-__device__ __forceinline__ void fp8_ring_issue(bool live, const fp8_split_warp &wp, fp8_unit_pos p, const dfp8 &w,
-                                               int lane, uint8_t *slot)
+__device__ __forceinline__ void fp8_ring_issue(bool live, const fp8_split_warp &wp, fp8_unit_pos p, int K, int lane,
+                                               uint8_t *slot)
 {
-    const int64_t n = wp.n0 + 2 * (int64_t)p.r, k0 = p.s * 512 + lane * 16;
-    if (live && k0 < w.K) {
-        const uint8_t *w0 = w.w + n * w.K + k0, *w1 = n + 1 < w.N ? w0 + w.K : w0;
+    if (live && p.s * 512 + lane * 16 < K) {
+        const uint8_t *w0 = wp.src + (int64_t)(2 * p.r) * K + p.s * 512, *w1 = 2 * p.r + 1 < wp.rows ? w0 + K : w0;
         fp8_cp16(slot + lane * 16, w0);
         fp8_cp16(slot + 512 + lane * 16, w1);
     }
@@ -756,25 +759,27 @@ __global__ void __launch_bounds__(GFW_FP8_WARPS * 32, GFW_FP8_SPLIT_BLOCKS_PER_S
     k_linear_fp8_128_split(const uint8_t *xq, const float *xs, int64_t T, dfp8 w, fp8_split_shape sh, uint16_t *y)
 {
     double *sx = fp8_sx_row();
-    const int64_t K = w.K, kb_w = K / 128, nsteps = (K + 511) / 512;
+    const int K = (int)w.K, kb_w = K / 128, nsteps = (K + 511) / 512; /* K < 2^15: the x row fits the shared memory */
     const int64_t t = blockIdx.x % T, rows_blk = fp8_split_rows(sh), nb = (int64_t)(blockIdx.x / T) * rows_blk;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     fp8_split_warp wp;
     wp.local0 = GFW_FP8_ROWS * (warp / sh.slices) * sh.pairs;
     wp.n0 = nb + wp.local0;
-    const int64_t per_slice = (nsteps + sh.slices - 1) / sh.slices;
+    const int per_slice = (nsteps + sh.slices - 1) / sh.slices;
     wp.s0 = (warp % sh.slices) * per_slice;
-    const int64_t left = nsteps - wp.s0;
-    wp.cnt = (int)(left <= 0 ? 0 : left < per_slice ? left : per_slice);
-    const int64_t live = wp.n0 < w.N ? (w.N - wp.n0 + 1) / 2 : 0;
-    wp.units = (int)(live < sh.pairs ? live : sh.pairs) * wp.cnt;
+    const int left = nsteps - wp.s0;
+    wp.cnt = left <= 0 ? 0 : left < per_slice ? left : per_slice;
+    const int64_t rows_left = wp.n0 < w.N ? w.N - wp.n0 : 0;
+    wp.rows = (int)(rows_left < 2 * sh.pairs ? rows_left : 2 * sh.pairs);
+    wp.units = (wp.rows + 1) / 2 * wp.cnt;
+    wp.src = w.w + wp.n0 * K + lane * 16;
 
     uint8_t *ring = (uint8_t *)(sx + K) + warp * (GFW_FP8_RING * GFW_FP8_UNIT_BYTES);
     float *term = (float *)((uint8_t *)(sx + K) + GFW_FP8_WARPS * GFW_FP8_RING * GFW_FP8_UNIT_BYTES);
     fp8_unit_pos in = {0, wp.s0}; /* the next unit to copy */
 #pragma unroll
     for (int u = 0; u < GFW_FP8_RING - 1; u++) {
-        fp8_ring_issue(u < wp.units, wp, in, w, lane, ring + u * GFW_FP8_UNIT_BYTES);
+        fp8_ring_issue(u < wp.units, wp, in, K, lane, ring + u * GFW_FP8_UNIT_BYTES);
         fp8_unit_next(wp, &in);
     }
 
@@ -798,14 +803,14 @@ __global__ void __launch_bounds__(GFW_FP8_WARPS * 32, GFW_FP8_SPLIT_BLOCKS_PER_S
         const uint4 q0 = has ? *(const uint4 *)(slot + lane * 16) : zero;
         const uint4 q1 = has ? *(const uint4 *)(slot + 512 + lane * 16) : zero;
         /* the slot read in the previous iteration is free again: refill it GFW_FP8_RING - 1 units ahead */
-        fp8_ring_issue(u + GFW_FP8_RING - 1 < wp.units, wp, in, w, lane,
+        fp8_ring_issue(u + GFW_FP8_RING - 1 < wp.units, wp, in, K, lane,
                        ring + ((u + GFW_FP8_RING - 1) % GFW_FP8_RING) * GFW_FP8_UNIT_BYTES);
         fp8_unit_next(wp, &in);
 
-        const int64_t n = wp.n0 + 2 * (int64_t)at.r;
-        const bool writer = (lane & 3) == 0 && (row == 0 || n + 1 < w.N);
-        const uint8_t *ws_n = w.s + ((n + row) / 128) * w.scols;
-        fp8_128_step(at.s, K, kb_w, lane, q0, q1, xs_t, ws_n, writer, term + (int64_t)(wp.local0 + 2 * at.r) * kb_w);
+        /* rows n and n + 1 (n = n0 + 2 r even) lie in the same 128-row scale block */
+        const bool writer = (lane & 3) == 0 && (row == 0 || 2 * at.r + 1 < wp.rows);
+        const uint8_t *ws_n = w.s + ((wp.n0 + 2 * at.r) >> 7) * w.scols;
+        fp8_128_step(at.s, K, kb_w, lane, q0, q1, xs_t, ws_n, writer, term + (wp.local0 + 2 * at.r) * kb_w);
         fp8_unit_next(wp, &at);
     }
     __syncthreads();
