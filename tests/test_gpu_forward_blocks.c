@@ -345,7 +345,11 @@ START_TEST(test_linear_fp8)
     check_fp8(1, 24, 2560, 128);    /* 5 steps over 4 warps: 2, 2, 1, 0 */
     check_fp8(1, 32768, 1024, 128); /* wq_b */
     check_fp8(1, 8191, 512, 128);   /* pairs per warp, the last pair one row */
-    check_fp8(1, 4096, 8192, 128);  /* wo_b */
+    check_fp8(1, 4096, 8192, 128);  /* wo_b: two blocks per multiprocessor, 16 units per warp through the ring */
+    check_fp8(2, 4095, 8192, 128);  /* 2 pairs per warp at K = 8192, an odd last row */
+    check_fp8(1, 7, 128, 128);      /* K = 128: one short step, 3 of 4 ring slots never filled */
+    check_fp8(4, 1023, 4096, 128);  /* T = 4: pairs per warp at K = 4096, the ring across pairs */
+    check_fp8(64, 257, 1024, 128);  /* prefill: 8 pairs per warp, 16 units, an odd last row */
     check_fp8_kind(1, 96, 2048, 128, FP8_EXTREME); /* 4 steps over 4 warps */
     check_fp8_kind(1, 96, 2048, 128, FP8_NAN);
     check_fp8_kind(2, 96, 2048, 128, FP8_EXTREME);

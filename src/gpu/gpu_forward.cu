@@ -70,9 +70,10 @@
  * step are bound by how fast their weights stream in: k_linear_dense_split gives each output
  * of a dense linear (the grouped output projection, the compressors' and the indexer's
  * projections, the head's logits) one warp, with about 2 KiB of its weight loads in flight
- * (one to four rounds of 32 chunks), and k_linear_fp8_128_split issues a warp's first weight
- * loads before the block decodes x and keeps the next batch of steps in flight while it sums
- * the current one; its grid is sized for the multiprocessors (fp8_split_choose()): the steps
+ * (one to four rounds of 32 chunks), and k_linear_fp8_128_split streams a warp's weight codes
+ * through a per-warp ring of cp.async copies in shared memory (3 KB per warp in flight while it
+ * sums, the first copies issued before the block decodes x); its grid is sized for the
+ * multiprocessors and the blocks that fit one (fp8_split_choose()): the steps
  * of a row pair of a short projection are shared by up to 8 warps, and a warp of a tall one
  * streams up to 8 row pairs in one stream of loads (the (row, K block) terms are exact, so
  * who computes them is free).
@@ -435,13 +436,7 @@ __global__ void k_linear_fp8(const uint8_t *xq, const float *xs, int64_t T, dfp8
 /** Dynamic shared memory k_linear_fp8_128_split may use (the limit set in upload_tables()). */
 #define GFW_FP8_SMEM_MAX (192 * 1024)
 
-/** Dynamic shared memory of k_linear_fp8_128_split for input width K: the x row, then the block terms. */
-static size_t fp8_128_smem(int64_t K)
-{
-    return sizeof(double) * (size_t)K + sizeof(float) * GFW_FP8_WARPS * GFW_FP8_ROWS * (size_t)(K / 128);
-}
-
-/** The dynamic shared memory of k_linear_fp8_128_split: the x row, then the block terms. */
+/** The dynamic shared memory of k_linear_fp8_128_split: the x row, the warps' copy rings, then the block terms. */
 __device__ __forceinline__ double *fp8_sx_row()
 {
     extern __shared__ __align__(16) double fp8_sx[];
@@ -516,11 +511,16 @@ __device__ __forceinline__ double fp8_chunk16(const double2 *xp, int swz, uint4 
  * butterfly transposed over the two rows (exact sums), and from one lane in four the
  * (row, block) term fl32(partial) (s_x s_w) into @p term.
  */
-__device__ __forceinline__ void fp8_128_step(int64_t s, int64_t K, int64_t kb_w, int lane, uint4 q0, uint4 q1,
-                                             const float *xs_t, const uint8_t *ws_n, bool writer, float *term)
+__device__ __forceinline__ void fp8_128_step(int s, int K, int kb_w, int lane, uint4 q0, uint4 q1, const float *xs_t,
+                                             const uint8_t *ws_n, bool writer, float *term)
 {
     const int row = (lane >> 2) & 1, swz = lane & 7;
-    const int64_t k0 = s * 512 + lane * 16;
+    const int k0 = s * 512 + lane * 16, kb = s * 4 + (lane >> 3);
+    /* the term's scales are loaded first, from a block that exists, so that the loads are in
+       flight during the sums (every lane loads; only the writers of blocks kb < kb_w use them) */
+    const int kb_in = kb < kb_w ? kb : kb_w - 1;
+    const float s_x = xs_t[kb_in];
+    const uint8_t s_w = ws_n[kb_in];
     double p0 = 0.0, p1 = 0.0;
     if (k0 < K) { /* false only for the lanes past a short last step */
         const double2 *xp = (const double2 *)fp8_sx_row() + (k0 >> 1);
@@ -535,43 +535,23 @@ __device__ __forceinline__ void fp8_128_step(int64_t s, int64_t K, int64_t kb_w,
     double v = (row ? p1 : p0) + __shfl_xor_sync(0xFFFFFFFFu, row ? p0 : p1, 4);
     v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
     v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
-    const int64_t kb = s * 4 + (lane >> 3);
-    if (writer && kb < kb_w) {
-        const float sc = __fmul_rn(xs_t[kb], gfw_ue8m0(ws_n[kb]));
-        term[row * kb_w + kb] = __fmul_rn(__double2float_rn(v * 0x1p1016), sc);
-    }
+    if (writer && kb < kb_w)
+        term[row * kb_w + kb] = __fmul_rn(__double2float_rn(v * 0x1p1016), __fmul_rn(s_x, gfw_ue8m0(s_w)));
 }
 
-/** The codes of step @p s of both rows for lane @p lane (zeros past K or past the last step). */
-__device__ __forceinline__ void fp8_128_load(int64_t s, int64_t nsteps, int64_t K, int lane, const uint8_t *w0,
-                                             const uint8_t *w1, uint4 *q0, uint4 *q1)
-{
-    const int64_t k0 = s * 512 + lane * 16;
-    const bool in = s < nsteps && k0 < K;
-    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    *q0 = in ? __ldg((const uint4 *)(w0 + k0)) : zero;
-    *q1 = in ? __ldg((const uint4 *)(w1 + k0)) : zero;
-}
-
-/** Lane @p lane adds the terms of its row in block order (the oracle's fp32 sum) and writes the output. */
-__device__ __forceinline__ void fp8_128_finish(int lane, bool has1, const float *term, int64_t kb_w, uint16_t *yn)
-{
-    if (lane < GFW_FP8_ROWS && (lane == 0 || has1)) {
-        float acc = 0.0f;
-        for (int64_t kb = 0; kb < kb_w; kb++)
-            acc = __fadd_rn(acc, term[lane * kb_w + kb]);
-        yn[lane] = gfw_f2bf(acc);
-    }
-}
-
-/** Steps of 512 codes per batch of k_linear_fp8_128_split (two batches of loads in flight). */
-#define GFW_FP8_SPLIT_STEPS 2
-/** Blocks per multiprocessor k_linear_fp8_128_split is compiled for (its grid is sized for them). */
+/** Blocks per multiprocessor k_linear_fp8_128_split is compiled for (its register bound). */
 #define GFW_FP8_SPLIT_BLOCKS_PER_SM 3
 /** Most row pairs one warp of k_linear_fp8_128_split streams one after the other. */
 #define GFW_FP8_SPLIT_PAIRS_MAX 8
 /** Most bytes of block terms per k_linear_fp8_128_split block (bounds the row pairs per warp). */
 #define GFW_FP8_SPLIT_TERM_BYTES (8 * 1024)
+/** Bytes of one unit of k_linear_fp8_128_split: one 512-code step of a row pair. */
+#define GFW_FP8_UNIT_BYTES (GFW_FP8_ROWS * 512)
+/** Units in a warp's copy ring (GFW_FP8_RING - 1 of them in flight while the warp sums one). */
+#define GFW_FP8_RING 4
+/** Shared memory of one multiprocessor on sm_90 and sm_100, and what the hardware keeps per block. */
+#define GFW_FP8_SM_SMEM (228 * 1024)
+#define GFW_FP8_BLOCK_RESERVED 1024
 
 /**
  * How the GFW_FP8_WARPS warps of a k_linear_fp8_128_split block share its rows: every warp
@@ -589,32 +569,65 @@ __host__ __device__ __forceinline__ int64_t fp8_split_rows(fp8_split_shape sh)
     return (int64_t)GFW_FP8_ROWS * GFW_FP8_WARPS * sh.pairs / sh.slices;
 }
 
-/** Dynamic shared memory of k_linear_fp8_128_split: the x row, then a term per (row, K block). */
+/** Bytes of the x row and the warps' copy rings, the part of the shared memory the shape does not change. */
+__host__ __device__ __forceinline__ int64_t fp8_split_fixed_smem(int64_t K)
+{
+    return (int64_t)sizeof(double) * K + (int64_t)GFW_FP8_WARPS * GFW_FP8_RING * GFW_FP8_UNIT_BYTES;
+}
+
+/** Dynamic shared memory of k_linear_fp8_128_split: the x row, the warps' rings, then a term per (row, K block). */
 static size_t fp8_split_smem(int64_t K, fp8_split_shape sh)
 {
-    return sizeof(double) * (size_t)K + sizeof(float) * (size_t)(fp8_split_rows(sh) * (K / 128));
+    return (size_t)fp8_split_fixed_smem(K) + sizeof(float) * (size_t)(fp8_split_rows(sh) * (K / 128));
+}
+
+/** The least dynamic shared memory of k_linear_fp8_128_split for input width K (one row pair per warp). */
+static size_t fp8_128_smem(int64_t K)
+{
+    return fp8_split_smem(K, fp8_split_shape{1, 1});
+}
+
+/**
+ * Blocks of k_linear_fp8_128_split that fit one multiprocessor's shared memory for input
+ * width K (at least the least shape's, at most GFW_FP8_SPLIT_BLOCKS_PER_SM), and the bytes of
+ * block terms each may then hold (@p term_bytes, at most GFW_FP8_SPLIT_TERM_BYTES).
+ */
+static int fp8_split_blocks_per_sm(int64_t K, int64_t *term_bytes)
+{
+    const int64_t least_terms = (int64_t)sizeof(float) * fp8_split_rows(fp8_split_shape{1, 1}) * (K / 128);
+    int b = GFW_FP8_SPLIT_BLOCKS_PER_SM;
+    while (b > 1 && GFW_FP8_SM_SMEM / b - GFW_FP8_BLOCK_RESERVED - fp8_split_fixed_smem(K) < least_terms)
+        b--;
+    const int64_t room = GFW_FP8_SM_SMEM / b - GFW_FP8_BLOCK_RESERVED - fp8_split_fixed_smem(K);
+    *term_bytes = room < GFW_FP8_SPLIT_TERM_BYTES ? (room > least_terms ? room : least_terms) : GFW_FP8_SPLIT_TERM_BYTES;
+    return b;
 }
 
 /**
  * The shape of k_linear_fp8_128_split for T tokens of an [N, K] weight on @p n_sm
  * multiprocessors.  One warp per row pair gives T ceil(N / 16) blocks.  When they are fewer
- * than the blocks that run at once (GFW_FP8_SPLIT_BLOCKS_PER_SM per multiprocessor), the
- * steps of a pair are split over 2, 4 or 8 warps (as long as the grid still runs at once and
- * every slice gets a step), so that a short wide projection (V4-Flash's wq_a, wkv) still
- * reaches every multiprocessor.  When there are more, each warp streams ceil(blocks / slots)
- * pairs (at most GFW_FP8_SPLIT_PAIRS_MAX, and terms of at most GFW_FP8_SPLIT_TERM_BYTES per
- * block), so that a tall one (wq_b) runs in about one wave whose warps keep their loads in
- * flight from pair to pair instead of many short blocks each waiting for its first loads.
+ * than the blocks that run at once (fp8_split_blocks_per_sm() per multiprocessor: three up to
+ * K = 4096, two at K = 8192), the steps of a pair are split over 2, 4 or 8 warps (as long as
+ * the grid still runs at once and every slice gets a step), so that a short wide projection
+ * (V4-Flash's wq_a, wkv) still reaches every multiprocessor.  When there are more, each warp
+ * streams ceil(blocks / slots) pairs (at most GFW_FP8_SPLIT_PAIRS_MAX, and terms that still let
+ * the blocks fit), so that a tall one (wq_b) runs in about one wave whose warps keep their
+ * copies in flight from pair to pair instead of many short blocks each waiting for its first.
+ * V4-Flash at T = 1 on 132 multiprocessors: wq_a (1024 x 4096) 4 slices, 256 blocks; wkv
+ * (512 x 4096) 8 slices, 256 blocks; wq_b (32768 x 1024) 6 pairs, 342 blocks; the indexer's
+ * wq_b (8192 x 1024) 2 pairs, 256 blocks; wo_b (4096 x 8192) one pair, 256 blocks, two per
+ * multiprocessor.
  */
 static fp8_split_shape fp8_split_choose(int64_t T, int64_t N, int64_t K, int n_sm)
 {
-    const int64_t slots = (int64_t)(n_sm > 0 ? n_sm : 1) * GFW_FP8_SPLIT_BLOCKS_PER_SM;
+    int64_t term_bytes = 0;
+    const int64_t slots = (int64_t)(n_sm > 0 ? n_sm : 1) * fp8_split_blocks_per_sm(K, &term_bytes);
     const int64_t nsteps = (K + 511) / 512, kb_w = K / 128;
     fp8_split_shape sh = {1, 1};
     const int64_t base = T * ((N + fp8_split_rows(sh) - 1) / fp8_split_rows(sh));
     if (base > slots) {
         int64_t p = (base + slots - 1) / slots;
-        const int64_t p_smem = GFW_FP8_SPLIT_TERM_BYTES / ((int64_t)sizeof(float) * fp8_split_rows(sh) * (kb_w > 0 ? kb_w : 1));
+        const int64_t p_smem = term_bytes / ((int64_t)sizeof(float) * fp8_split_rows(sh) * (kb_w > 0 ? kb_w : 1));
         p = p < GFW_FP8_SPLIT_PAIRS_MAX ? p : GFW_FP8_SPLIT_PAIRS_MAX;
         p = p < p_smem ? p : p_smem;
         sh.pairs = p > 1 ? (int)p : 1;
@@ -632,53 +645,63 @@ static fp8_split_shape fp8_split_choose(int64_t T, int64_t N, int64_t K, int n_s
 
 /** One warp's share of a k_linear_fp8_128_split block: `units` (pair, step) units, pair-major. */
 struct fp8_split_warp {
-    int64_t n0;     /**< first row of the warp's first pair */
-    int local0;     /**< that row's index within the block */
-    int64_t s0;     /**< first step of the warp's slice */
-    int cnt;        /**< steps of the slice (0: an empty slice) */
-    int units;      /**< live pairs times cnt */
+    int64_t n0;         /**< first row of the warp's first pair */
+    int local0;         /**< that row's index within the block */
+    int s0;             /**< first step of the warp's slice */
+    int cnt;            /**< steps of the slice (0: an empty slice) */
+    int units;          /**< live pairs times cnt */
+    int rows;           /**< rows of the warp's pairs that exist (rows n0 .. n0 + rows - 1) */
+    const uint8_t *src; /**< the lane's 16 codes of row n0 at step 0 */
 };
 
-/** Unit @p u of the warp: its pair's rows from @p n and its step @p s. */
-__device__ __forceinline__ void fp8_split_unit(const fp8_split_warp &wp, int u, int64_t *n, int64_t *s, int *r)
-{
-    *r = u / wp.cnt;
-    *n = wp.n0 + 2 * (int64_t)*r;
-    *s = wp.s0 + u % wp.cnt;
-}
+/** A position in a warp's stream of units: pair r of the warp (rows n0 + 2 r, n0 + 2 r + 1), step s. */
+struct fp8_unit_pos {
+    int r;
+    int s;
+};
 
-/** The codes of the GFW_FP8_SPLIT_STEPS units from @p u0 of the warp (zeros past its units). */
-__device__ __forceinline__ void fp8_split_load_batch(int u0, const fp8_split_warp &wp, const dfp8 &w, int64_t nsteps,
-                                                     int lane, uint4 *q0, uint4 *q1)
+/** The unit after @p p in the warp's stream (pair-major: the steps of a pair, then the next pair). */
+__device__ __forceinline__ void fp8_unit_next(const fp8_split_warp &wp, fp8_unit_pos *p)
 {
-#pragma unroll
-    for (int i = 0; i < GFW_FP8_SPLIT_STEPS; i++) {
-        int64_t n = 0, s = nsteps; /* s = nsteps: fp8_128_load gives zeros */
-        int r = 0;
-        if (u0 + i < wp.units)
-            fp8_split_unit(wp, u0 + i, &n, &s, &r);
-        const uint8_t *w0 = w.w + n * w.K, *w1 = n + 1 < w.N ? w0 + w.K : w0; /* a missing row 1 rereads row 0 */
-        fp8_128_load(s, nsteps, w.K, lane, w0, w1, &q0[i], &q1[i]);
+    if (++p->s == wp.s0 + wp.cnt) {
+        p->s = wp.s0;
+        p->r++;
     }
 }
 
-/** fp8_128_step for the units of the batch from @p u0 that exist; pair r's terms at rows local0 + 2 r of @p term. */
-__device__ __forceinline__ void fp8_split_step_batch(int u0, const fp8_split_warp &wp, const dfp8 &w, int64_t kb_w,
-                                                     int lane, const uint4 *q0, const uint4 *q1, const float *xs_t,
-                                                     float *term)
+/** Start the asynchronous copy of 16 bytes from global to shared memory, cached in L2 only. */
+__device__ __forceinline__ void fp8_cp16(void *dst, const void *src)
 {
-#pragma unroll
-    for (int i = 0; i < GFW_FP8_SPLIT_STEPS; i++) {
-        if (u0 + i >= wp.units)
-            break;
-        int64_t n, s;
-        int r;
-        fp8_split_unit(wp, u0 + i, &n, &s, &r);
-        const int row = (lane >> 2) & 1;
-        const bool writer = (lane & 3) == 0 && (row == 0 || n + 1 < w.N);
-        const uint8_t *ws_n = w.s + ((n + row) / 128) * w.scols;
-        fp8_128_step(s, w.K, kb_w, lane, q0[i], q1[i], xs_t, ws_n, writer, term + (int64_t)(wp.local0 + 2 * r) * kb_w);
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(__cvta_generic_to_global(src)) : "memory");
+}
+
+/** Close the calling thread's current group of copies (possibly empty). */
+__device__ __forceinline__ void fp8_cp_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+/** Wait until at most @p N of the calling thread's groups of copies are pending. */
+template <int N> __device__ __forceinline__ void fp8_cp_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/**
+ * Lane @p lane copies its 16 codes of both rows of unit @p p (when the warp has it, @p live)
+ * into @p slot, row 0 at [16 lane, 16 lane + 16) and row 1 512 bytes later, and closes a group
+ * (empty past the warp's units or past K): a missing row 1 (n + 1 = N) rereads row 0.
+ */
+__device__ __forceinline__ void fp8_ring_issue(bool live, const fp8_split_warp &wp, fp8_unit_pos p, int K, int lane,
+                                               uint8_t *slot)
+{
+    if (live && p.s * 512 + lane * 16 < K) {
+        const uint8_t *w0 = wp.src + (int64_t)(2 * p.r) * K + p.s * 512, *w1 = 2 * p.r + 1 < wp.rows ? w0 + K : w0;
+        fp8_cp16(slot + lane * 16, w0);
+        fp8_cp16(slot + 512 + lane * 16, w1);
     }
+    fp8_cp_commit();
 }
 
 /**
@@ -686,30 +709,44 @@ __device__ __forceinline__ void fp8_split_step_batch(int u0, const fp8_split_war
  * linear_fp8.c.
  *
  * The block first decodes the token's x codes (read four at a time) once into shared memory
- * as exact doubles.  A warp streams pairs of weight rows in steps of 512 codes: lane l loads
- * the 16 codes [16 l, 16 l + 16) of each row with one 16-byte load (the warp's loads cover 512
- * contiguous bytes: scale blocks 4s..4s+3, eight lanes each).  A weight code becomes the
- * double of its value times 2^-1016 in two integer instructions (e4m3_times_2m1016), and the
- * lane sums its 16 products with fma.
+ * as exact doubles.  A warp streams pairs of weight rows in steps of 512 codes: lane l holds
+ * the 16 codes [16 l, 16 l + 16) of each row (the warp's 32 lanes cover 512 contiguous bytes of
+ * a row: scale blocks 4s..4s+3, eight lanes each).  A weight code becomes the double of its
+ * value times 2^-1016 in two integer instructions (e4m3_times_2m1016), and the lane sums its
+ * 16 products with fma.
  *
  * The rows are shared out by @p sh (fp8_split_choose()).  Block b of token t = b mod T owns
  * the fp8_split_rows(sh) rows from (b / T) fp8_split_rows(sh); warp v runs the `pairs` row
  * pairs from 2 (v / slices) pairs within them, each over slice v mod slices of the pair's
  * steps (ceil(steps / slices) steps per slice, the last ones shorter or empty), as one stream
- * of (pair, step) units.  Each warp issues the loads of its first batch of
- * GFW_FP8_SPLIT_STEPS units before the block decodes x, so the prologue overlaps the memory
- * latency.  In the loop the loads of batch b + 1 are issued before batch b is summed, so a
- * warp always has a batch of loads in flight while it computes, also across the end of a
- * pair; two register sets (a, b) take turns, so no codes are copied.
+ * of (pair, step) units.
+ *
+ * **The copy ring.**  The codes reach the lanes through a ring of GFW_FP8_RING units of
+ * shared memory per warp (1 KB each: row 0's 512 bytes, then row 1's), fed by 16-byte
+ * cp.async copies: lane l copies its own 16 bytes of each row into bytes [16 l, 16 l + 16) of
+ * each half, and later reads back exactly those bytes, so a lane's `cp.async.wait_group` is
+ * the whole synchronisation (no barrier, no other lane involved).  Unit u lives in slot
+ * u mod GFW_FP8_RING.  Each warp issues the copies of its first GFW_FP8_RING - 1 units before
+ * the block decodes x, so the prologue overlaps the memory latency; then for each unit u it
+ * waits for u's group (one group per unit, empty ones past the warp's units keep the count),
+ * reads its codes into registers, issues unit u + GFW_FP8_RING - 1 into the slot it read in the
+ * previous iteration, and sums unit u: GFW_FP8_RING - 1 units (3 KB per warp) stay in flight
+ * while the warp computes, without holding registers, also across the end of a pair.
+ * Shared memory per block: 8 K bytes of x, 8 x 4 KB of rings and the terms: at K = 4096 about
+ * 66 KB (three blocks per multiprocessor, 24 warps, about 72 KB in flight), at K = 8192 about
+ * 100 KB (two blocks, 16 warps, about 48 KB in flight), at K = 1024 at most 45 KB (three).
  *
  * Exactness: an E4M3 value is an integer multiple of 2^-9 of magnitude <= 448 < 2^9, so a
  * product x w 2^-1016 is an integer multiple of 2^-1034 (>= 2^-1074, the double grid's
  * spacing near zero) of magnitude < 2^18 2^-1016, and any sum of at most 128 of them is a
  * multiple of 2^-1034 below 2^25 2^-1016: 43 bits, within the 53 of a double, so every fma,
  * every addition below and the final scaling by 2^1016 are exact, whatever the order (and
- * whichever warp computes a term).  The block partial is therefore the oracle's exact double,
- * and fl32 of it the oracle's float.  A NaN weight code (tested four at a time) makes the
- * lane's sum NaN, as the oracle's product would; NaN x values are NaN doubles already.
+ * whichever warp computes a term, whichever path brought its codes).  The block partial is
+ * therefore the oracle's exact double, and fl32 of it the oracle's float.  A NaN weight code
+ * (tested four at a time) makes the lane's sum NaN, as the oracle's product would; NaN x values
+ * are NaN doubles already.  The only inexact operations are the oracle's own: fl32 of the
+ * partial, the product s_x s_w, the term's product and the fp32 sum of the terms in block order,
+ * each with the oracle's operands in the oracle's order.
  *
  * The eight lanes of a scale block add their sums in a butterfly that is transposed over the
  * two rows (after the first exchange a lane keeps row ((l >> 2) & 1)), so that one lane in four
@@ -722,20 +759,29 @@ __global__ void __launch_bounds__(GFW_FP8_WARPS * 32, GFW_FP8_SPLIT_BLOCKS_PER_S
     k_linear_fp8_128_split(const uint8_t *xq, const float *xs, int64_t T, dfp8 w, fp8_split_shape sh, uint16_t *y)
 {
     double *sx = fp8_sx_row();
-    const int64_t K = w.K, kb_w = K / 128, nsteps = (K + 511) / 512;
+    const int K = (int)w.K, kb_w = K / 128, nsteps = (K + 511) / 512; /* K < 2^15: the x row fits the shared memory */
     const int64_t t = blockIdx.x % T, rows_blk = fp8_split_rows(sh), nb = (int64_t)(blockIdx.x / T) * rows_blk;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     fp8_split_warp wp;
     wp.local0 = GFW_FP8_ROWS * (warp / sh.slices) * sh.pairs;
     wp.n0 = nb + wp.local0;
-    const int64_t per_slice = (nsteps + sh.slices - 1) / sh.slices;
+    const int per_slice = (nsteps + sh.slices - 1) / sh.slices;
     wp.s0 = (warp % sh.slices) * per_slice;
-    const int64_t left = nsteps - wp.s0;
-    wp.cnt = (int)(left <= 0 ? 0 : left < per_slice ? left : per_slice);
-    const int64_t live = wp.n0 < w.N ? (w.N - wp.n0 + 1) / 2 : 0;
-    wp.units = (int)(live < sh.pairs ? live : sh.pairs) * wp.cnt;
-    uint4 a0[GFW_FP8_SPLIT_STEPS], a1[GFW_FP8_SPLIT_STEPS], b0[GFW_FP8_SPLIT_STEPS], b1[GFW_FP8_SPLIT_STEPS];
-    fp8_split_load_batch(0, wp, w, nsteps, lane, a0, a1); /* a warp without units loads nothing */
+    const int left = nsteps - wp.s0;
+    wp.cnt = left <= 0 ? 0 : left < per_slice ? left : per_slice;
+    const int64_t rows_left = wp.n0 < w.N ? w.N - wp.n0 : 0;
+    wp.rows = (int)(rows_left < 2 * sh.pairs ? rows_left : 2 * sh.pairs);
+    wp.units = (wp.rows + 1) / 2 * wp.cnt;
+    wp.src = w.w + wp.n0 * K + lane * 16;
+
+    uint8_t *ring = (uint8_t *)(sx + K) + warp * (GFW_FP8_RING * GFW_FP8_UNIT_BYTES);
+    float *term = (float *)((uint8_t *)(sx + K) + GFW_FP8_WARPS * GFW_FP8_RING * GFW_FP8_UNIT_BYTES);
+    fp8_unit_pos in = {0, wp.s0}; /* the next unit to copy */
+#pragma unroll
+    for (int u = 0; u < GFW_FP8_RING - 1; u++) {
+        fp8_ring_issue(u < wp.units, wp, in, K, lane, ring + u * GFW_FP8_UNIT_BYTES);
+        fp8_unit_next(wp, &in);
+    }
 
     const uint8_t *xr = xq + t * K; /* K is a multiple of 128: whole, aligned words of 4 codes */
     for (int k = 4 * (int)threadIdx.x; k < (int)K; k += 4 * (int)blockDim.x) {
@@ -746,16 +792,26 @@ __global__ void __launch_bounds__(GFW_FP8_WARPS * 32, GFW_FP8_SPLIT_BLOCKS_PER_S
     }
     __syncthreads();
 
-    float *term = (float *)(sx + K);
     const float *xs_t = xs + t * kb_w;
-    const int B = GFW_FP8_SPLIT_STEPS;
-    for (int u0 = 0; u0 < wp.units; u0 += 2 * B) {
-        fp8_split_load_batch(u0 + B, wp, w, nsteps, lane, b0, b1);
-        fp8_split_step_batch(u0, wp, w, kb_w, lane, a0, a1, xs_t, term);
-        if (u0 + B >= wp.units)
-            break;
-        fp8_split_load_batch(u0 + 2 * B, wp, w, nsteps, lane, a0, a1);
-        fp8_split_step_batch(u0 + B, wp, w, kb_w, lane, b0, b1, xs_t, term);
+    const int row = (lane >> 2) & 1;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    fp8_unit_pos at = {0, wp.s0}; /* the unit summed */
+    for (int u = 0; u < wp.units; u++) {
+        fp8_cp_wait<GFW_FP8_RING - 2>(); /* unit u's group has landed in this lane's bytes */
+        const uint8_t *slot = ring + (u % GFW_FP8_RING) * GFW_FP8_UNIT_BYTES;
+        const bool has = at.s * 512 + lane * 16 < K; /* false only for the lanes past a short last step */
+        const uint4 q0 = has ? *(const uint4 *)(slot + lane * 16) : zero;
+        const uint4 q1 = has ? *(const uint4 *)(slot + 512 + lane * 16) : zero;
+        /* the slot read in the previous iteration is free again: refill it GFW_FP8_RING - 1 units ahead */
+        fp8_ring_issue(u + GFW_FP8_RING - 1 < wp.units, wp, in, K, lane,
+                       ring + ((u + GFW_FP8_RING - 1) % GFW_FP8_RING) * GFW_FP8_UNIT_BYTES);
+        fp8_unit_next(wp, &in);
+
+        /* rows n and n + 1 (n = n0 + 2 r even) lie in the same 128-row scale block */
+        const bool writer = (lane & 3) == 0 && (row == 0 || 2 * at.r + 1 < wp.rows);
+        const uint8_t *ws_n = w.s + ((wp.n0 + 2 * at.r) >> 7) * w.scols;
+        fp8_128_step(at.s, K, kb_w, lane, q0, q1, xs_t, ws_n, writer, term + (wp.local0 + 2 * at.r) * kb_w);
+        fp8_unit_next(wp, &at);
     }
     __syncthreads();
     for (int64_t i = threadIdx.x; i < rows_blk && nb + i < w.N; i += blockDim.x) {
@@ -767,8 +823,8 @@ __global__ void __launch_bounds__(GFW_FP8_WARPS * 32, GFW_FP8_SPLIT_BLOCKS_PER_S
 }
 
 /**
- * Launch the FP8 linear y = fp8_linear(x) of T quantized rows: for 128-blocks whose x row fits
- * the shared memory, 16-byte aligned weight codes and 4-byte aligned x codes,
+ * Launch the FP8 linear y = fp8_linear(x) of T quantized rows: for 128-blocks whose x row and
+ * rings fit the shared memory, 16-byte aligned weight codes and 4-byte aligned x codes,
  * k_linear_fp8_128_split with its rows shared out for @p n_sm multiprocessors by
  * fp8_split_choose(), k_linear_fp8 otherwise (same bits either way).
  */
