@@ -1057,6 +1057,17 @@ __device__ __forceinline__ uint4 *dense_ring_base()
 }
 
 /**
+ * Start the asynchronous copy of 16 bytes from global to shared memory, cached in L1 too: the
+ * x words of k_linear_dense_split, which the block's other warps (same token, same head group)
+ * copy as well.
+ */
+__device__ __forceinline__ void dense_cp16_l1(void *dst, const void *src)
+{
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(__cvta_generic_to_global(src)) : "memory");
+}
+
+/**
  * Lane @p lane copies its chunk k = 32 r + lane of round @p r (when the round exists and k < m)
  * into the ring slot at @p slot: word i of the lane's unit at slot[32 i + lane] (x's two words,
  * then the weight's), and closes a group (empty past the rounds or the chunks).
@@ -1069,8 +1080,8 @@ __device__ __forceinline__ void dense_ring_issue(int64_t r, int64_t rounds, int6
     const int64_t k = r * 32 + lane;
     if (r < rounds && k < m) {
         const uint4 *xp = (const uint4 *)(xr + k * MMOE_SUM_CHUNK), *wp = (const uint4 *)(wrow + k * 16 * WQ);
-        fp8_cp16(slot + lane, xp);
-        fp8_cp16(slot + 32 + lane, xp + 1);
+        dense_cp16_l1(slot + lane, xp);
+        dense_cp16_l1(slot + 32 + lane, xp + 1);
 #pragma unroll
         for (int i = 0; i < WQ; i++)
             fp8_cp16(slot + 32 * (2 + i) + lane, wp + i);
@@ -1180,8 +1191,9 @@ __device__ __forceinline__ double dense_warp_sum(const ddense &w, int64_t n, con
  * and rows and x 16-byte aligned (and an FP8 chunk lies in one scale block), the rounds reach
  * the lanes through a **copy ring** per warp in shared memory (GFW_DENSE_RING_BYTES each, the
  * block's GFW_DENSE_SMEM = 72 KiB, so three blocks fit a multiprocessor), fed by 16-byte
- * cp.async copies: lane l copies the words of its own chunk 32 r + l of round r (x's two
- * words, then the weight's one, two or four) into slot r mod S (S = dense_ring_slots: 6 for
+ * cp.async copies (x's through L1, where the block's other warps find them; the weights' L2
+ * only): lane l copies the words of its own chunk 32 r + l of round r (x's two words, then
+ * the weight's one, two or four) into slot r mod S (S = dense_ring_slots: 6 for
  * FP8, 4 for BF16, 3 for F32), word i at 16-byte index 32 i + l of the slot (conflict-free
  * reads), and later reads back exactly those words, so a lane's `cp.async.wait_group` is the
  * whole synchronisation (no barrier, no other lane involved).  The warp issues rounds
@@ -1190,16 +1202,17 @@ __device__ __forceinline__ double dense_warp_sum(const ddense &w, int64_t n, con
  * round r + S - 1 into the slot read in the previous round, and sums round r: S - 1 rounds
  * stay in flight while it sums, also while it adds its batch's nodes (weights: 2.5 KiB FP8,
  * 3 KiB BF16, 4 KiB F32 per warp; 60 to 96 KiB per multiprocessor at three blocks of eight
- * warps), and they hold no registers.  The scale byte of an
- * FP8 chunk is read (through L1) at its round.  Other shapes run dense_chunk per round.
+ * warps), and they hold no registers.  The scale byte of an FP8 chunk is read (through L1) at
+ * its round.  Other shapes run dense_chunk per round.
  *
  * Same bits.  The ring changes only where a lane's words come from: every chunk's 16 x and
  * weight values are the same bits as the direct loads gave, each chunk is summed by the same
  * lane of the same warp with the same fma sequence (dense_f8_chunk16 for FP8), rounds past the
  * chunks still contribute +0, and the batches, butterflies, batch nodes and mmoe_pairwise
- * pushes are the same operations in the same order (the host emulation of the ring checked
- * that every chunk of every round is read exactly once, after its group was waited for, and
- * that no slot is refilled before its read).
+ * pushes are the same operations in the same order.  The words read are the landed copies:
+ * when round r is read, the groups of rounds up to r + S - 2 are committed and wait_group
+ * S - 2 leaves only those after r pending; and slot r mod S is refilled (with round r + S)
+ * only in round r + 1, after its read.
  */
 __global__ void __launch_bounds__(GFW_DENSE_WARPS * 32, GFW_DENSE_BLOCKS_PER_SM)
     k_linear_dense_split(const uint16_t *x, int64_t T, int64_t ldx, int64_t K, dense_set set, int64_t group_rows,
