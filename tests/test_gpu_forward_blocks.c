@@ -464,6 +464,11 @@ START_TEST(test_linear_dense)
     check_dense(2, 16, 8192, 0);         /* 512 chunks: 16 rounds in batches of two */
     check_dense(2, 9, 1040, 0);          /* 65 chunks: two rounds, the second nearly empty */
     check_dense(2, 5, 48, 1);            /* 3 chunks: one round, most lanes +0 */
+    /* decode (T = 1) at V4-Flash widths, each read kind through its copy ring */
+    check_dense_f8(1, 1024, 4096, 128, 0); /* one head group of wo_a: 8 rounds, 5 in flight */
+    check_dense(1, 1024, 4096, 1);         /* compressor wkv (F32): 8 rounds, 2 in flight */
+    check_dense(1, 64, 4096, 0);           /* indexer weights_proj (BF16): 8 rounds, 3 in flight */
+    check_dense(1, 129, 1024, 0);          /* 2 rounds, fewer than the ring's slots; odd outputs */
     check_dense_order();
 }
 END_TEST
