@@ -1,33 +1,41 @@
 /**
  * @file mmoe_synth_model.c
  * @brief Writing a random checkpoint: plan shards, generate each shard's tensors on a pool of
- *        threads, write shards, index and config.
+ *        threads while the shard is written, then the index and config.
  *
  * The tensor list is walked once to assign shards (consecutive tensors until a
- * shard reaches the size target), then shard by shard: generate the shard's
- * tensors into owned buffers, hand them to a safetensors writer (which borrows
- * them), finish the shard atomically, free the buffers.  Peak memory is one
- * shard (plus one float copy of the tensor each thread is generating).  An FP8 or
- * FP4 weight and its scale are generated together (the scale depends on the
- * weight's block maxima); the scale entry, which always follows its weight in the
- * list, picks up the bytes kept from the weight.
+ * shard reaches the size target), then shard by shard: declare the shard's tensors
+ * to a safetensors writer (names, dtypes, shapes: the header needs nothing else),
+ * stream the file while the tensors are generated into owned buffers, free the
+ * buffers.  Peak memory is one shard (plus one float copy of the tensor each thread
+ * is generating).  An FP8 or FP4 weight and its scale are generated together (the
+ * scale depends on the weight's block maxima); the scale entry, which always follows
+ * its weight in the list, takes its bytes from the weight's slot.
  *
  * ## Threads
  *
  * Each tensor draws from its own generator, seeded with `seed ^ FNV-1a(name)`, so the
- * tensors of a shard are independent: a pool of `n_threads` workers (the calling thread
- * is one of them) takes tensor indices in increasing order from a shared counter and
- * generates each into its own slot of the shard's output array.  No worker writes
- * anything another reads; the bytes of a tensor are those of the one-thread run, whatever
- * the thread count or the order in which the workers finish.  The shard file is written
- * by the calling thread alone, after every worker has been joined.  The workers block
- * the signals, so the cleanup handler (mmoe_cleanup.h) always runs on the calling thread.
+ * tensors of a shard are independent and their bytes do not depend on which thread makes
+ * them or when.  The file's data section has its own order (mmoe_st_writer_data_order():
+ * larger elements first, then by name); the tensors are handed out in that order (a weight
+ * and its scale at the first of their two places), to `n_threads - 1` workers and to the
+ * writing thread.  The writing thread streams the file
+ * (mmoe_st_writer_finish_streamed()): for each tensor it waits until the tensor is made,
+ * or, if the tensor has not been handed out yet, generates the next ones itself, so that
+ * with one thread it generates everything, in order.  Writing a tensor (and the kernel's
+ * write-back behind it) thus overlaps the generation of the tensors that follow.  Each
+ * slot's state (waiting, making, ready, failed) and the hand-out position sit under one
+ * mutex, with a condition variable for "a slot changed"; a slot's buffers are written by
+ * the thread that makes it before it is marked ready, and read by the writer after.  The
+ * workers block the signals, so the cleanup handler (mmoe_cleanup.h) always runs on the
+ * calling thread.
  *
- * Errors: a worker that fails records its tensor index, status and message and stops
- * the hand-out of further indices.  Indices are handed out in increasing order, so every
- * tensor before the failing one has been (or is being) generated; the error reported is
- * that of the lowest failing index, the one a one-thread run reports.  The writer adds the
- * tensors before it in order (its own errors come first, as in the one-thread run).
+ * Errors: a thread that fails on a tensor records its status and message, marks the slot
+ * failed and stops the hand-out.  Every tensor before it in data order was handed out
+ * earlier, so the writer reaches the failed slot (and reports that tensor) before any slot
+ * that was never handed out: the error is that of the first failing tensor in data order,
+ * for every thread count.  The writer removes its temporary file; the workers finish their
+ * tensor and are joined.
  *
  * ## Values
  *
@@ -45,7 +53,6 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -287,165 +294,268 @@ static mmoe_status write_text_file(const char *path, const char *text, mmoe_erro
     return st;
 }
 
-/** What the workers of one shard share: the read-only inputs, the output slots and the hand-out counter. */
+/** Where a tensor of the shard stands. */
+typedef enum slot_state {
+    SLOT_WAITING = 0, /**< not yet taken by a thread */
+    SLOT_MAKING,      /**< a thread is generating it */
+    SLOT_READY,       /**< its bytes (and its scale's) are in its slot */
+    SLOT_FAILED       /**< its generation failed (the message in the failing thread's record) */
+} slot_state;
+
+struct shard_job;
+
+/** A thread of the shard (a worker, or the writing thread when it generates) and its first failure. */
+typedef struct shard_thread {
+    struct shard_job *job; /**< the shared job */
+    pthread_t thread;      /**< the thread (unused for the writing thread) */
+    size_t failed_slot;    /**< the slot whose generation failed */
+    mmoe_status st;        /**< its status; MMOE_OK while none failed */
+    mmoe_error err;        /**< its message */
+} shard_thread;
+
+/**
+ * One shard being generated and written: the read-only inputs, the output slots, the order in
+ * which the tensors are handed out, and (under @c lock) the hand-out position and each slot's
+ * state.  Slot i holds tensor first + i.
+ */
 typedef struct shard_job {
-    const mmoe_config *cfg;               /**< the configuration */
-    const mmoe_tensor_spec *specs;        /**< the whole tensor list */
-    size_t n_specs;                       /**< its length */
-    size_t first, last;                   /**< the shard's tensors [first, last) */
-    uint64_t seed;                        /**< the run's seed */
-    const mmoe_normal_table *normals;     /**< the deviate table */
-    gen_out *outs;                        /**< one slot per tensor of the shard; slot i - first for tensor i */
-    atomic_size_t next;                   /**< the next tensor index to hand out */
-    atomic_bool stop;                     /**< set by a failing worker: hand out no more indices */
+    const mmoe_config *cfg;           /**< the configuration */
+    const mmoe_tensor_spec *specs;    /**< the whole tensor list */
+    size_t n_specs;                   /**< its length */
+    size_t first, count;              /**< the shard's tensors [first, first + count) */
+    uint64_t seed;                    /**< the run's seed */
+    const mmoe_normal_table *normals; /**< the deviate table */
+    gen_out *outs;                    /**< the slots */
+    size_t *make_order;               /**< the slots that generate (a weight makes its scale), in data order */
+    size_t n_make;                    /**< their count */
+    shard_thread *threads;            /**< n_threads: the workers, then the writing thread */
+    size_t n_threads;                 /**< their count */
+    pthread_mutex_t lock;             /**< guards the fields below */
+    pthread_cond_t changed;           /**< broadcast when a slot becomes ready or failed */
+    size_t next_make;                 /**< the next position of make_order to hand out */
+    bool stop;                        /**< a slot failed or the writer stopped: hand out nothing more */
+    slot_state *state;                /**< per slot */
 } shard_job;
 
-/** One worker of a shard: its job and its first failure. */
-typedef struct shard_worker {
-    shard_job *job;     /**< the shared job */
-    pthread_t thread;   /**< the thread (unused for the calling thread's worker) */
-    size_t failed_at;   /**< the index of the tensor that failed, or job->last */
-    mmoe_status st;     /**< its status (MMOE_OK if none failed) */
-    mmoe_error err;     /**< its message */
-} shard_worker;
+/** The slot whose generation makes the bytes of slot @p i: its weight's for a scale, else its own. */
+static size_t maker_of(const shard_job *job, size_t i)
+{
+    return job->specs[job->first + i].role == MMOE_ROLE_SCALE && i > 0 ? i - 1 : i;
+}
 
-/** Generate tensors of the job until the indices run out or one fails (the scale entries are made by their weight). */
+/** Take the next slot to generate (lock held). @return 0 when none is left or the job stopped */
+static int take_slot(shard_job *job, size_t *slot)
+{
+    if (job->stop || job->next_make == job->n_make)
+        return 0;
+    *slot = job->make_order[job->next_make++];
+    job->state[*slot] = SLOT_MAKING;
+    return 1;
+}
+
+/** Generate slot @p slot (taken with take_slot(); lock not held); a failure goes to @p th's record. */
+static void make_slot(shard_job *job, size_t slot, shard_thread *th)
+{
+    const size_t i = job->first + slot;
+    const mmoe_tensor_spec *s = &job->specs[i];
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    mmoe_status st;
+    if (s->role == MMOE_ROLE_SCALE) /* a scale first in its shard (plan_shards keeps pairs together) */
+        st = mmoe_error_set(&err, MMOE_EINTERNAL, "synth-model: scale '%s' without its weight", s->name);
+    else
+        st = gen_tensor(job->cfg, s, i + 1 < job->n_specs ? &job->specs[i + 1] : NULL, job->seed, job->normals,
+                        &job->outs[slot], &err);
+    pthread_mutex_lock(&job->lock);
+    job->state[slot] = st == MMOE_OK ? SLOT_READY : SLOT_FAILED;
+    if (st != MMOE_OK) {
+        job->stop = true;
+        if (th->st == MMOE_OK) {
+            th->failed_slot = slot;
+            th->st = st;
+            th->err = err;
+        }
+    }
+    pthread_cond_broadcast(&job->changed);
+    pthread_mutex_unlock(&job->lock);
+}
+
+/** A worker: generate slots in hand-out order until none is left or the job stops. */
 static void *shard_worker_run(void *arg)
 {
-    shard_worker *wk = arg;
-    shard_job *job = wk->job;
+    shard_thread *th = arg;
+    shard_job *job = th->job;
     for (;;) {
-        if (atomic_load(&job->stop))
+        size_t slot;
+        pthread_mutex_lock(&job->lock);
+        const int took = take_slot(job, &slot);
+        pthread_mutex_unlock(&job->lock);
+        if (!took)
             break;
-        const size_t i = atomic_fetch_add(&job->next, 1);
-        if (i >= job->last)
-            break;
-        const mmoe_tensor_spec *s = &job->specs[i];
-        if (s->role == MMOE_ROLE_SCALE)
-            continue;
-        const mmoe_tensor_spec *next = i + 1 < job->n_specs ? &job->specs[i + 1] : NULL;
-        wk->st = gen_tensor(job->cfg, s, next, job->seed, job->normals, &job->outs[i - job->first], &wk->err);
-        if (wk->st != MMOE_OK) {
-            wk->failed_at = i;
-            atomic_store(&job->stop, true);
-            break;
-        }
+        make_slot(job, slot, th);
     }
     return NULL;
 }
 
 /**
- * Generate the tensors [first, last) of @p job->specs into @p job->outs on @p n_threads workers
- * (the calling thread and up to n_threads - 1 new threads, all joined before the return).
- * @param failed_at  where the shard's writer must stop: the lowest index whose generation failed,
- *                   @p job->first when a thread could not be started, else @p job->last
- * @return MMOE_OK, or that failure's status (its message in @p err)
+ * The writer's supplier (mmoe_st_bytes_fn): the bytes of slot @p index, once made.  While the
+ * slot's maker is still waiting to be handed out, the writing thread generates the next slots
+ * itself (with one thread it generates every slot; the hand-out follows the data order, so it
+ * reaches the maker); while another thread makes it, it waits.
  */
-static mmoe_status generate_shard(shard_job *job, int n_threads, size_t *failed_at, mmoe_error *err)
+static mmoe_status supply_slot(void *ctx, size_t index, const void **data, mmoe_error *err)
 {
-    const size_t count = job->last - job->first;
-    const size_t n_workers = count == 0 ? 1 : (size_t)n_threads < count ? (size_t)n_threads : count;
-    *failed_at = job->first;
-    shard_worker *wk = calloc(n_workers, sizeof *wk);
-    if (!wk)
-        return mmoe_error_set(err, MMOE_ENOMEM, "synth-model: out of memory");
-    atomic_init(&job->next, job->first);
-    atomic_init(&job->stop, false);
-    for (size_t t = 0; t < n_workers; t++) {
-        wk[t].job = job;
-        wk[t].failed_at = job->last;
-        wk[t].st = MMOE_OK;
-        mmoe_error_clear(&wk[t].err);
+    shard_job *job = ctx;
+    shard_thread *self = &job->threads[job->n_threads - 1];
+    const size_t maker = maker_of(job, index);
+    pthread_mutex_lock(&job->lock);
+    while (job->state[maker] == SLOT_WAITING || job->state[maker] == SLOT_MAKING) {
+        size_t slot;
+        if (job->state[maker] == SLOT_MAKING) {
+            pthread_cond_wait(&job->changed, &job->lock);
+        } else if (take_slot(job, &slot)) {
+            pthread_mutex_unlock(&job->lock);
+            make_slot(job, slot, self);
+            pthread_mutex_lock(&job->lock);
+        } else {
+            break; /* stopped before the maker was handed out: an earlier slot failed */
+        }
     }
-    /* the new threads inherit a mask that blocks every signal: signals go to the calling thread */
+    const slot_state state = job->state[maker];
+    mmoe_status failed_st = MMOE_EINTERNAL;
+    for (size_t t = 0; state == SLOT_FAILED && t < job->n_threads; t++) /* the thread that failed on it */
+        if (job->threads[t].st != MMOE_OK && job->threads[t].failed_slot == maker) {
+            failed_st = job->threads[t].st;
+            if (err)
+                *err = job->threads[t].err;
+        }
+    pthread_mutex_unlock(&job->lock);
+    const mmoe_tensor_spec *s = &job->specs[job->first + index];
+    if (state == SLOT_FAILED)
+        return failed_st;
+    if (state != SLOT_READY)
+        return mmoe_error_set(err, MMOE_EINTERNAL, "synth-model: tensor '%s' was never generated", s->name);
+    const gen_out *g = &job->outs[maker];
+    const void *bytes = maker == index ? g->data : g->scale;
+    const size_t nbytes = maker == index ? g->nbytes : g->scale_nbytes;
+    if (!bytes || nbytes != numel_of(s) * mmoe_dtype_size(s->dtype))
+        return mmoe_error_set(err, MMOE_EINTERNAL, "synth-model: tensor '%s': %zu bytes made for %llu", s->name,
+                              bytes ? nbytes : 0, (unsigned long long)(numel_of(s) * mmoe_dtype_size(s->dtype)));
+    *data = bytes;
+    return MMOE_OK;
+}
+
+/**
+ * Start the job's workers (n_threads - 1 threads, signals blocked so that they go to the writing
+ * thread).  @return the number started; *@p rc the pthread_create error that stopped the start, or 0
+ */
+static size_t start_workers(shard_job *job, int *rc)
+{
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, &old);
-    size_t started = 1; /* the calling thread is worker 0 */
-    int rc = 0;
-    while (started < n_workers && (rc = pthread_create(&wk[started].thread, NULL, shard_worker_run, &wk[started])) == 0)
+    size_t started = 0;
+    *rc = 0;
+    while (started + 1 < job->n_threads &&
+           (*rc = pthread_create(&job->threads[started].thread, NULL, shard_worker_run, &job->threads[started])) == 0)
         started++;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (rc != 0)
-        atomic_store(&job->stop, true); /* the started workers finish their tensor and return */
-    else
-        shard_worker_run(&wk[0]);
-    for (size_t t = 1; t < started; t++)
-        pthread_join(wk[t].thread, NULL);
-    mmoe_status st = MMOE_OK;
-    if (rc != 0) {
-        st = mmoe_error_set(err, MMOE_ENOMEM, "synth-model: cannot start worker thread %zu of %zu: %s", started + 1,
-                            n_workers, strerror(rc));
-    } else {
-        const shard_worker *first_failed = NULL;
-        for (size_t t = 0; t < n_workers; t++)
-            if (wk[t].st != MMOE_OK && (!first_failed || wk[t].failed_at < first_failed->failed_at))
-                first_failed = &wk[t];
-        *failed_at = first_failed ? first_failed->failed_at : job->last;
-        if (first_failed) {
-            st = first_failed->st;
-            if (err)
-                *err = first_failed->err;
+    return started;
+}
+
+/** Stop handing out slots and join the @p started workers. */
+static void stop_workers(shard_job *job, size_t started)
+{
+    pthread_mutex_lock(&job->lock);
+    job->stop = true;
+    pthread_mutex_unlock(&job->lock);
+    for (size_t t = 0; t < started; t++)
+        pthread_join(job->threads[t].thread, NULL);
+}
+
+/**
+ * The slots that generate, in the data order of the writer's file: a weight and its scale are
+ * made together, at the place of whichever of the two is written first.
+ */
+static mmoe_status plan_make_order(shard_job *job, const mmoe_st_writer *w, mmoe_error *err)
+{
+    size_t *order = malloc(sizeof(size_t) * (job->count ? job->count : 1));
+    unsigned char *planned = calloc(job->count ? job->count : 1, 1);
+    if (!order || !planned) {
+        free(order);
+        free(planned);
+        return mmoe_error_set(err, MMOE_ENOMEM, "synth-model: out of memory");
+    }
+    mmoe_status st = mmoe_st_writer_data_order(w, order, err);
+    job->n_make = 0;
+    for (size_t k = 0; st == MMOE_OK && k < job->count; k++) {
+        const size_t maker = maker_of(job, order[k]);
+        if (!planned[maker]) {
+            planned[maker] = 1;
+            job->make_order[job->n_make++] = maker;
         }
     }
-    free(wk);
+    free(order);
+    free(planned);
     return st;
 }
 
-/** Write the tensors [first, last) into one shard file, generated on @p n_threads threads. */
+/**
+ * Write the tensors [first, last) into one shard file: declare them all (shapes only), then
+ * stream the file while @p n_threads threads generate the tensors in its data order.
+ */
 static mmoe_status write_shard(const mmoe_config *c, const mmoe_tensor_spec *specs, size_t n_specs, size_t first,
                                size_t last, uint64_t seed, const mmoe_normal_table *normals, int n_threads,
                                const char *path, mmoe_error *err)
 {
+    const size_t count = last - first;
+    shard_job job = {.cfg = c, .specs = specs, .n_specs = n_specs, .first = first, .count = count, .seed = seed,
+                     .normals = normals};
+    job.n_threads = count == 0 ? 1 : (size_t)n_threads < count ? (size_t)n_threads : count;
+    job.outs = calloc(count ? count : 1, sizeof *job.outs);
+    job.make_order = malloc(sizeof(size_t) * (count ? count : 1));
+    job.state = calloc(count ? count : 1, sizeof *job.state);
+    job.threads = calloc(job.n_threads, sizeof *job.threads);
     mmoe_st_writer *w = NULL;
-    mmoe_status st = mmoe_st_writer_create(&w, err);
-    if (st != MMOE_OK)
-        return st;
-    gen_out *outs = calloc(last - first, sizeof *outs);
-    if (!outs) {
-        mmoe_st_writer_destroy(w);
-        return mmoe_error_set(err, MMOE_ENOMEM, "synth-model: out of memory");
-    }
-    shard_job job = {.cfg = c, .specs = specs, .n_specs = n_specs, .first = first, .last = last, .seed = seed,
-                     .normals = normals, .outs = outs};
-    size_t failed_at;
-    mmoe_error gen_err;
-    mmoe_error_clear(&gen_err);
-    const mmoe_status gen_st = generate_shard(&job, n_threads, &failed_at, &gen_err);
-    /* add in list order up to the first failure: the errors come in the order of a one-thread run */
+    mmoe_status st = MMOE_OK;
+    if (!job.outs || !job.make_order || !job.state || !job.threads)
+        st = mmoe_error_set(err, MMOE_ENOMEM, "synth-model: out of memory");
+    if (st == MMOE_OK)
+        st = mmoe_st_writer_create(&w, err);
     for (size_t i = first; i < last && st == MMOE_OK; i++) {
         const mmoe_tensor_spec *s = &specs[i];
-        gen_out *g = &outs[i - first];
-        if (i == failed_at)
-            break;
-        if (s->role == MMOE_ROLE_SCALE) {
-            /* the preceding weight (in this shard: plan_shards keeps pairs together) made our bytes */
-            gen_out *prev = i > first ? &outs[i - first - 1] : NULL;
-            if (!prev || !prev->scale) {
-                st = mmoe_error_set(err, MMOE_EINTERNAL, "synth-model: scale '%s' without its weight", s->name);
-                break;
-            }
-            g->data = prev->scale;
-            g->nbytes = prev->scale_nbytes;
-            prev->scale = NULL;
-        }
-        st = mmoe_st_writer_add(w, s->name, s->dtype, s->ndim, s->shape, g->data, g->nbytes, err);
-    }
-    if (st == MMOE_OK && gen_st != MMOE_OK) {
-        st = gen_st;
-        if (err)
-            *err = gen_err;
+        st = mmoe_st_writer_add_deferred(w, s->name, s->dtype, s->ndim, s->shape,
+                                         numel_of(s) * mmoe_dtype_size(s->dtype), err);
     }
     if (st == MMOE_OK)
         st = mmoe_st_writer_set_metadata(w, "format", "pt", err);
     if (st == MMOE_OK)
-        st = mmoe_st_writer_finish(w, path, err);
-    mmoe_st_writer_destroy(w);
-    for (size_t i = 0; i < last - first; i++) {
-        free(outs[i].data);
-        free(outs[i].scale);
+        st = plan_make_order(&job, w, err);
+    if (st == MMOE_OK) {
+        pthread_mutex_init(&job.lock, NULL);
+        pthread_cond_init(&job.changed, NULL);
+        for (size_t t = 0; t < job.n_threads; t++)
+            job.threads[t].job = &job;
+        int rc;
+        const size_t started = start_workers(&job, &rc);
+        if (rc != 0)
+            st = mmoe_error_set(err, MMOE_ENOMEM, "synth-model: cannot start worker thread %zu of %zu: %s",
+                                started + 1, job.n_threads - 1, strerror(rc));
+        else
+            st = mmoe_st_writer_finish_streamed(w, path, supply_slot, &job, err);
+        stop_workers(&job, started);
+        pthread_cond_destroy(&job.changed);
+        pthread_mutex_destroy(&job.lock);
     }
-    free(outs);
+    mmoe_st_writer_destroy(w);
+    for (size_t i = 0; job.outs && i < count; i++) {
+        free(job.outs[i].data);
+        free(job.outs[i].scale);
+    }
+    free(job.outs);
+    free(job.make_order);
+    free(job.state);
+    free(job.threads);
     return st;
 }
 

@@ -15,8 +15,8 @@
  * generator, seeded from (seed, tensor name): the bytes of a tensor do not depend on
  * the shard layout or on which other tensors exist.
  *
- * The tensors of a shard are generated on a pool of threads; the files are the same bytes
- * for every thread count.
+ * The tensors of a shard are generated on a pool of threads while the shard is written; the
+ * files are the same bytes for every thread count.
  *
  * Atomicity: everything is written into `<dir>.partial-<pid>` and renamed to
  * `<dir>` at the end; on failure the partial directory is removed.
