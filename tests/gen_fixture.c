@@ -19,7 +19,7 @@ int gen_fixture_make(uint64_t seed, const char *srcdir, char *root, size_t root_
     mmoe_config cfg;
     mmoe_error err = {0};
     if (mmoe_config_preset("tiny", 4, &cfg, &err) != MMOE_OK ||
-        mmoe_synth_model_write(&cfg, seed, model, 0, NULL, NULL, &err) != MMOE_OK) {
+        mmoe_synth_model_write(&cfg, seed, model, 0, 0, NULL, NULL, &err) != MMOE_OK) {
         fprintf(stderr, "fixture: %s\n", err.msg);
         mmoe_test_rmtree(root);
         return -1;

@@ -198,6 +198,7 @@ START_TEST(threads_on_every_compute_command)
         "bench forward --model ck --prefill 2 --decode 1 --threads 1",
         "logits --model ck --ids 1,2 --out o.safetensors --threads 1",
         "generate --model ck --prompt hi --max-tokens 1 --threads 1",
+        "synth-model --shape tiny --layers 1 --out t1 --threads 1",
     };
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         char *out, *err;
@@ -208,6 +209,10 @@ START_TEST(threads_on_every_compute_command)
     }
     expect_error_line("logits --model ck --ids 1 --out o.safetensors --threads 0", 2,
                       "megamoe logits: --threads: expected an integer in [1, 1024], got '0'");
+    expect_error_line("synth-model --shape tiny --out t0 --threads 1025", 2,
+                      "megamoe synth-model: --threads: expected an integer in [1, 1024], got '1025'");
+    expect_error_line("synth-model --shape tiny --out t0 --threads 2x", 2,
+                      "megamoe synth-model: --threads: expected an integer in [1, 1024], got '2x'");
 }
 END_TEST
 

@@ -213,7 +213,7 @@ START_TEST(synth_uneven)
     mmoe_error err;
     ck_assert(mmoe_config_preset("tiny", 3, &cfg, &err) == MMOE_OK);
     cfg.n_routed_experts = 7;
-    ck_assert_msg(mmoe_synth_model_write(&cfg, g_seed, dir, 256 << 20, NULL, NULL, &err) == MMOE_OK, "%s", err.msg);
+    ck_assert_msg(mmoe_synth_model_write(&cfg, g_seed, dir, 256 << 20, 0, NULL, NULL, &err) == MMOE_OK, "%s", err.msg);
     static const mmoe_ep_comm_kind kinds[] = {MMOE_EP_COMM_INPROC, MMOE_EP_COMM_INPROC};
     static const int ranks[] = {2, 3};
     check_model("synth tiny x3, 7 experts", dir, kinds, ranks, 2);

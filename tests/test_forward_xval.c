@@ -50,7 +50,7 @@ static int compare_one_model(uint64_t seed)
     mmoe_error err;
     mmoe_error_clear(&err);
     ck_assert(mmoe_config_preset("tiny", 3, &cfg, &err) == MMOE_OK);
-    ck_assert_msg(mmoe_synth_model_write(&cfg, seed, dir, 1 << 20, NULL, NULL, &err) == MMOE_OK, "%s", err.msg);
+    ck_assert_msg(mmoe_synth_model_write(&cfg, seed, dir, 1 << 20, 0, NULL, NULL, &err) == MMOE_OK, "%s", err.msg);
     mmoe_rng r;
     mmoe_rng_seed(&r, seed ^ 0x5eed);
     size_t len = 0;

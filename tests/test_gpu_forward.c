@@ -278,7 +278,7 @@ static void synth_write(const char *dir, const char *preset, int layers, int64_t
     }
     if (cfg.max_seq_len > 1024)
         cfg.max_seq_len = 1024;
-    ck_assert_msg(mmoe_synth_model_write(&cfg, g_seed, dir, 256 << 20, NULL, NULL, &err) == MMOE_OK, "%s", err.msg);
+    ck_assert_msg(mmoe_synth_model_write(&cfg, g_seed, dir, 256 << 20, 0, NULL, NULL, &err) == MMOE_OK, "%s", err.msg);
 }
 
 /** A synth checkpoint in a temporary directory, run and removed. */

@@ -4,6 +4,7 @@
  *
  * Every case writes a fresh tiny checkpoint with mmoe_synth_model_write() (a few MB,
  * every layer type: hash + window-only, hash + ratio 4, ratio 128, MTP) and opens it.
+ * The writer's files are the same bytes for 1 and 3 threads, in one shard and in six.
  *
  * Prefill versus decode: the attention, mHC, norms and head are row-independent and
  * order-fixed, and the MoE oracle is batch-invariant (every GEMM output is summed in one fixed
@@ -15,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#include <dirent.h>
 #include <unistd.h>
 
 #include "mmoe_formats.h"
@@ -25,16 +27,23 @@
 
 static uint64_t g_seed;
 
-/** A tiny checkpoint in a fresh temporary directory: @p root gets the temp dir, @p dir the checkpoint. */
-static void make_tiny(char *root, size_t rn, char *dir, size_t dn, int layers, uint64_t shard_bytes)
+/** Write a tiny checkpoint with @p layers layers into the new directory @p dir on @p threads threads. */
+static void write_tiny(const char *dir, int layers, uint64_t shard_bytes, int threads)
 {
     mmoe_config cfg;
     mmoe_error err;
     mmoe_error_clear(&err);
+    ck_assert(mmoe_config_preset("tiny", layers, &cfg, &err) == MMOE_OK);
+    ck_assert_msg(mmoe_synth_model_write(&cfg, g_seed, dir, shard_bytes, threads, NULL, NULL, &err) == MMOE_OK, "%s",
+                  err.msg);
+}
+
+/** A tiny checkpoint in a fresh temporary directory: @p root gets the temp dir, @p dir the checkpoint. */
+static void make_tiny(char *root, size_t rn, char *dir, size_t dn, int layers, uint64_t shard_bytes)
+{
     ck_assert_int_eq(mmoe_test_mkdtemp(root, rn), 0);
     snprintf(dir, dn, "%s/ckpt", root);
-    ck_assert(mmoe_config_preset("tiny", layers, &cfg, &err) == MMOE_OK);
-    ck_assert_msg(mmoe_synth_model_write(&cfg, g_seed, dir, shard_bytes, NULL, NULL, &err) == MMOE_OK, "%s", err.msg);
+    write_tiny(dir, layers, shard_bytes, 0);
 }
 
 /**
@@ -343,6 +352,84 @@ START_TEST(loader_errors_name_the_tensor)
 }
 END_TEST
 
+/**
+ * The files of directory @p b are those of @p a, byte for byte (same names, same bytes).
+ * @return the number of files
+ */
+static int expect_same_files(const char *a, const char *b)
+{
+    DIR *d = opendir(a);
+    ck_assert_ptr_nonnull(d);
+    struct dirent *e;
+    int n = 0;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char pa[1024], pb[1024];
+        snprintf(pa, sizeof pa, "%s/%s", a, e->d_name);
+        snprintf(pb, sizeof pb, "%s/%s", b, e->d_name);
+        size_t na = 0, nb = 0;
+        uint8_t *fa = mmoe_test_read_file(pa, &na), *fb = mmoe_test_read_file(pb, &nb);
+        ck_assert_msg(fa != NULL && fb != NULL, "%s or %s cannot be read", pa, pb);
+        ck_assert_msg(na == nb, "%s: %zu bytes, %s: %zu bytes", pa, na, pb, nb);
+        size_t at = 0;
+        while (at < na && fa[at] == fb[at])
+            at++;
+        ck_assert_msg(at == na, "%s and %s differ first at byte %zu", pa, pb, at);
+        free(fa);
+        free(fb);
+        n++;
+    }
+    closedir(d);
+    d = opendir(b);
+    ck_assert_ptr_nonnull(d);
+    int nb_files = 0;
+    while ((e = readdir(d)) != NULL)
+        nb_files += e->d_name[0] != '.';
+    closedir(d);
+    ck_assert_msg(nb_files == n, "%s holds %d files, %s %d", a, n, b, nb_files);
+    return n;
+}
+
+START_TEST(threads_write_the_same_bytes)
+{
+    /* each tensor has its own generator: 3 threads must give the one-thread files, whichever
+     * thread takes which tensor, in one shard (every worker busy) and in six */
+    static const struct {
+        uint64_t shard_bytes;
+        int files; /* shards + index + config */
+    } cases[] = {{0, 3}, {1 << 20, 8}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char root[512], one[600], three[600];
+        ck_assert_int_eq(mmoe_test_mkdtemp(root, sizeof root), 0);
+        snprintf(one, sizeof one, "%s/one", root);
+        snprintf(three, sizeof three, "%s/three", root);
+        write_tiny(one, 3, cases[i].shard_bytes, 1);
+        write_tiny(three, 3, cases[i].shard_bytes, 3);
+        ck_assert_int_eq(expect_same_files(one, three), cases[i].files);
+        fprintf(stderr, "synth-model, shard target %llu bytes: 1 and 3 threads wrote the same %d files\n",
+                (unsigned long long)cases[i].shard_bytes, cases[i].files);
+        mmoe_test_rmtree(root);
+    }
+    /* a thread count out of range is refused, and nothing is written */
+    char root[512], dir[600];
+    ck_assert_int_eq(mmoe_test_mkdtemp(root, sizeof root), 0);
+    snprintf(dir, sizeof dir, "%s/ckpt", root);
+    mmoe_config cfg;
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    ck_assert(mmoe_config_preset("tiny", 1, &cfg, &err) == MMOE_OK);
+    const int bad[] = {-1, MMOE_SYNTH_MAX_THREADS + 1};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        mmoe_status st = mmoe_synth_model_write(&cfg, g_seed, dir, 0, bad[i], NULL, NULL, &err);
+        ck_assert_msg(st == MMOE_EINVAL && strstr(err.msg, "thread count") != NULL, "%d threads: %s: %s", bad[i],
+                      mmoe_status_name(st), err.msg);
+        ck_assert_msg(access(dir, F_OK) != 0, "a refused thread count left '%s'", dir);
+    }
+    mmoe_test_rmtree(root);
+}
+END_TEST
+
 /** The CLI on bad input: a clear message and a non-zero exit. */
 START_TEST(cli_bad_input)
 {
@@ -380,6 +467,7 @@ static Suite *model_suite(void)
     tcase_add_test(tc, embed_and_head_vs_f64);
     tcase_add_test(tc, loader_errors_name_the_tensor);
     tcase_add_test(tc, cli_bad_input);
+    tcase_add_test(tc, threads_write_the_same_bytes);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -278,7 +278,7 @@ static int threads_of_model(int layers, int *n_blocks)
     ck_assert_int_eq(mmoe_test_mkdtemp(root, sizeof root), 0);
     snprintf(dir, sizeof dir, "%s/ckpt", root);
     ck_assert(mmoe_config_preset("tiny", layers, &cfg, &err) == MMOE_OK);
-    ck_assert_msg(mmoe_synth_model_write(&cfg, g_seed, dir, 0, NULL, NULL, &err) == MMOE_OK, "%s", err.msg);
+    ck_assert_msg(mmoe_synth_model_write(&cfg, g_seed, dir, 0, 0, NULL, NULL, &err) == MMOE_OK, "%s", err.msg);
     *n_blocks = cfg.n_layers + cfg.n_mtp_layers;
     const int before = count_threads();
     mmoe_model *m = NULL;

@@ -439,6 +439,100 @@ START_TEST(writer_rejects_bad_tensors)
 }
 END_TEST
 
+/** The supplier of streamed_finish_asks_in_data_order: records each call, fails at index fail_at. */
+typedef struct supplier_log {
+    const uint8_t *const *bytes; /**< per add index: the bytes to hand out */
+    size_t calls[8];             /**< the indices asked for, in call order */
+    size_t n_calls;              /**< their count */
+    size_t fail_at;              /**< the index whose call fails (SIZE_MAX: none) */
+} supplier_log;
+
+static mmoe_status log_supplier(void *ctx, size_t index, const void **data, mmoe_error *err)
+{
+    supplier_log *log = ctx;
+    ck_assert_uint_lt(log->n_calls, 8);
+    log->calls[log->n_calls++] = index;
+    if (index == log->fail_at)
+        return mmoe_error_set(err, MMOE_EIO, "supplier: no bytes for %zu", index);
+    *data = log->bytes[index];
+    return MMOE_OK;
+}
+
+START_TEST(streamed_finish_asks_in_data_order)
+{
+    /* add order: 0 b.f32 (given), 1 a.u8 (deferred), 2 c.i64 (deferred), 3 a.bf16 (given),
+     * 4 z.u8 (deferred), 5 b.u8 (deferred).  Data order by the format description (larger
+     * elements first, then by name): c.i64, b.f32, a.bf16, a.u8, b.u8, z.u8 = 2, 0, 3, 1, 5, 4;
+     * the supplier is asked for the deferred ones in that order: 2, 1, 5, 4. */
+    static const uint8_t f32[8] = {1, 2, 3, 4, 5, 6, 7, 8}, u8a[3] = {9, 10, 11},
+                         i64[8] = {12, 13, 14, 15, 16, 17, 18, 19}, bf16[4] = {20, 21, 22, 23}, u8z[1] = {24},
+                         u8b[2] = {25, 26};
+    static const uint8_t *const bytes[6] = {f32, u8a, i64, bf16, u8z, u8b};
+    static const struct {
+        const char *name;
+        mmoe_dtype dtype;
+        int64_t n;
+        int deferred;
+    } t[6] = {{"b.f32", MMOE_DT_F32, 2, 0}, {"a.u8", MMOE_DT_U8, 3, 1},  {"c.i64", MMOE_DT_I64, 1, 1},
+              {"a.bf16", MMOE_DT_BF16, 2, 0}, {"z.u8", MMOE_DT_U8, 1, 1}, {"b.u8", MMOE_DT_U8, 2, 1}};
+    char dir[512], streamed[700], plain[700];
+    ck_assert_int_eq(mmoe_test_mkdtemp(dir, sizeof dir), 0);
+    snprintf(streamed, sizeof streamed, "%s/streamed.safetensors", dir);
+    snprintf(plain, sizeof plain, "%s/plain.safetensors", dir);
+    mmoe_error err;
+    mmoe_st_writer *ws, *wp;
+    ck_assert_int_eq(mmoe_st_writer_create(&ws, &err), MMOE_OK);
+    ck_assert_int_eq(mmoe_st_writer_create(&wp, &err), MMOE_OK);
+    for (int i = 0; i < 6; i++) {
+        const size_t nb = (size_t)t[i].n * mmoe_dtype_size(t[i].dtype);
+        if (t[i].deferred)
+            ck_assert_int_eq(mmoe_st_writer_add_deferred(ws, t[i].name, t[i].dtype, 1, &t[i].n, nb, &err), MMOE_OK);
+        else
+            ck_assert_int_eq(mmoe_st_writer_add(ws, t[i].name, t[i].dtype, 1, &t[i].n, bytes[i], nb, &err), MMOE_OK);
+        ck_assert_int_eq(mmoe_st_writer_add(wp, t[i].name, t[i].dtype, 1, &t[i].n, bytes[i], nb, &err), MMOE_OK);
+    }
+    /* the deferred checks are those of add: a wrong byte count is refused */
+    const int64_t two = 2;
+    ck_assert_int_eq(mmoe_st_writer_add_deferred(ws, "bad", MMOE_DT_F32, 1, &two, 7, &err), MMOE_EINVAL);
+    ck_assert_msg(strstr(err.msg, "'bad'") && strstr(err.msg, "needs 8 bytes, got 7"), "%s", err.msg);
+    size_t order[6];
+    ck_assert_int_eq(mmoe_st_writer_data_order(ws, order, &err), MMOE_OK);
+    static const size_t want_order[6] = {2, 0, 3, 1, 5, 4};
+    for (int k = 0; k < 6; k++)
+        ck_assert_uint_eq(order[k], want_order[k]);
+    /* a writer with deferred tensors has no bytes for the plain finishes */
+    ck_assert_int_eq(mmoe_st_writer_finish(ws, streamed, &err), MMOE_EINVAL);
+    ck_assert_msg(strstr(err.msg, "deferred"), "%s", err.msg);
+    ck_assert_int_eq(mmoe_st_writer_finish_sharded(ws, dir, 1 << 20, NULL, &err), MMOE_EINVAL);
+    ck_assert_msg(strstr(err.msg, "deferred"), "%s", err.msg);
+    ck_assert_int_eq(count_dir_entries(dir), 0);
+    /* a failing supplier: its status and message, no file, no temporary */
+    supplier_log log = {.bytes = bytes, .fail_at = 5};
+    ck_assert_int_eq(mmoe_st_writer_finish_streamed(ws, streamed, log_supplier, &log, &err), MMOE_EIO);
+    ck_assert_str_eq(err.msg, "supplier: no bytes for 5");
+    ck_assert_uint_eq(log.n_calls, 3); /* 2, 1, then 5 fails */
+    ck_assert_int_eq(count_dir_entries(dir), 0);
+    /* the streamed file is the plain one, byte for byte; the supplier was asked in data order */
+    log = (supplier_log){.bytes = bytes, .fail_at = SIZE_MAX};
+    ck_assert_int_eq(mmoe_st_writer_finish_streamed(ws, streamed, log_supplier, &log, &err), MMOE_OK);
+    static const size_t want_calls[4] = {2, 1, 5, 4};
+    ck_assert_uint_eq(log.n_calls, 4);
+    for (int k = 0; k < 4; k++)
+        ck_assert_uint_eq(log.calls[k], want_calls[k]);
+    ck_assert_int_eq(mmoe_st_writer_finish(wp, plain, &err), MMOE_OK);
+    size_t ns = 0, np = 0;
+    uint8_t *fs = mmoe_test_read_file(streamed, &ns), *fp = mmoe_test_read_file(plain, &np);
+    ck_assert(fs && fp);
+    ck_assert_uint_eq(ns, np);
+    ck_assert_msg(memcmp(fs, fp, ns) == 0, "the streamed file differs from the plain one");
+    free(fs);
+    free(fp);
+    mmoe_st_writer_destroy(ws);
+    mmoe_st_writer_destroy(wp);
+    mmoe_test_rmtree(dir);
+}
+END_TEST
+
 /** A writer with one small tensor, finished to @p path; returns the status. */
 static mmoe_status write_small(const char *path, mmoe_error *err)
 {
@@ -1158,6 +1252,7 @@ static Suite *safetensors_suite(void)
     Suite *s = suite_create("safetensors");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, round_trip_every_dtype);
+    tcase_add_test(tc, streamed_finish_asks_in_data_order);
     tcase_add_test(tc, reads_hand_built_file);
     tcase_add_test(tc, bad_length_field);
     tcase_add_test(tc, bad_text);

@@ -271,6 +271,15 @@ mmoe_status mmoe_st_writer_add(mmoe_st_writer *w, const char *name, mmoe_dtype d
                                const int64_t *shape, const void *data, size_t nbytes,
                                mmoe_error *err);
 
+/**
+ * Add a tensor whose bytes come later: mmoe_st_writer_finish_streamed() asks for them just
+ * before it writes them.  Checks as mmoe_st_writer_add(); a writer holding such a tensor can only
+ * be finished by mmoe_st_writer_finish_streamed().
+ * @return MMOE_OK; MMOE_EINVAL (as mmoe_st_writer_add()); MMOE_ENOMEM
+ */
+mmoe_status mmoe_st_writer_add_deferred(mmoe_st_writer *w, const char *name, mmoe_dtype dtype, int ndim,
+                                        const int64_t *shape, size_t nbytes, mmoe_error *err);
+
 /** mmoe_st_writer_add() with the dtype, shape, bytes and size of a view. */
 mmoe_status mmoe_st_writer_add_tensor(mmoe_st_writer *w, const char *name, const mmoe_tensor *t,
                                       mmoe_error *err);
@@ -298,6 +307,30 @@ uint64_t mmoe_st_writer_data_bytes(const mmoe_st_writer *w);
  * @return MMOE_OK, MMOE_EIO (naming the path and the system error), MMOE_ENOMEM
  */
 mmoe_status mmoe_st_writer_finish(mmoe_st_writer *w, const char *path, mmoe_error *err);
+
+/**
+ * The tensors in the order of the data section (the order every finish writes them), as indices
+ * in the order they were added: @p order[k] = the index of the k-th tensor written.
+ * @param order  room for mmoe_st_writer_count() indices
+ * @return MMOE_OK or MMOE_ENOMEM
+ */
+mmoe_status mmoe_st_writer_data_order(const mmoe_st_writer *w, size_t *order, mmoe_error *err);
+
+/**
+ * Supplier of a deferred tensor's bytes (mmoe_st_writer_add_deferred()): sets *@p data to the
+ * @p nbytes bytes of the tensor added @p index-th (0-based), which must stay valid until the
+ * finish returns.  Called in data order (mmoe_st_writer_data_order()), once per deferred tensor.
+ * @return MMOE_OK, or a failure that ends the finish (its message in @p err)
+ */
+typedef mmoe_status (*mmoe_st_bytes_fn)(void *ctx, size_t index, const void **data, mmoe_error *err);
+
+/**
+ * mmoe_st_writer_finish() for a writer with deferred tensors: each one's bytes are asked of
+ * @p bytes just before they are written, so that a producer can make them while the file is
+ * being written.  A failure of @p bytes is returned as is and leaves no file.
+ */
+mmoe_status mmoe_st_writer_finish_streamed(mmoe_st_writer *w, const char *path, mmoe_st_bytes_fn bytes, void *ctx,
+                                           mmoe_error *err);
 
 /**
  * Write all tensors as a sharded checkpoint into the existing directory

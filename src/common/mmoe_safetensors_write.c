@@ -21,6 +21,12 @@
  *    each tensor's bytes, through mmoe_atomic_file (temporary file, fsync,
  *    rename), so that an error leaves no file behind.
  *
+ * A deferred tensor (mmoe_st_writer_add_deferred()) has its shape but not yet its
+ * bytes: the header needs only the shapes, so mmoe_st_writer_finish_streamed() writes
+ * the header and asks a supplier for each deferred tensor's bytes in data order, just
+ * before writing them.  A producer of many tensors (the synthetic checkpoint writer)
+ * makes them in that order on other threads while the file is being written.
+ *
  * Names are checked when added (non-empty, valid UTF-8, no NUL, not
  * "__metadata__", unique); a jansson object serves as the set of names seen,
  * so adding is O(1) even for checkpoints of many thousand tensors.
@@ -42,8 +48,9 @@ typedef struct writer_item {
     mmoe_dtype dtype;             /**< element type */
     int ndim;                     /**< number of dimensions */
     int64_t shape[MMOE_MAX_DIMS]; /**< extents */
-    const void *data;             /**< borrowed */
+    const void *data;             /**< borrowed (NULL for a deferred tensor until it is written) */
     size_t nbytes;                /**< = numel * dtype size */
+    int deferred;                 /**< its bytes come from the supplier of mmoe_st_writer_finish_streamed() */
 } writer_item;
 
 /** The tensors and metadata of a file to be written. */
@@ -52,6 +59,7 @@ struct mmoe_st_writer {
     size_t n_items;       /**< tensors added */
     size_t cap_items;     /**< capacity of @c items */
     uint64_t data_bytes;  /**< sum of nbytes */
+    size_t n_deferred;    /**< deferred tensors among them */
     json_t *names;    /**< set of the names added (values are null) */
     json_t *metadata; /**< "__metadata__" object */
 };
@@ -100,9 +108,9 @@ static int valid_text(const char *s)
     return s && s[0] != '\0' && mmoe_utf8_valid(s, strlen(s), NULL);
 }
 
-mmoe_status mmoe_st_writer_add(mmoe_st_writer *w, const char *name, mmoe_dtype dtype, int ndim,
-                               const int64_t *shape, const void *data, size_t nbytes,
-                               mmoe_error *err)
+/** Add a tensor: its bytes @p data, or (@p deferred) none yet. */
+static mmoe_status add_item(mmoe_st_writer *w, const char *name, mmoe_dtype dtype, int ndim, const int64_t *shape,
+                            const void *data, size_t nbytes, int deferred, mmoe_error *err)
 {
     if (!valid_text(name))
         return mmoe_error_set(err, MMOE_EINVAL,
@@ -142,7 +150,7 @@ mmoe_status mmoe_st_writer_add(mmoe_st_writer *w, const char *name, mmoe_dtype d
                               name, mmoe_shape_str(ndim, shape, buf, sizeof buf),
                               mmoe_dtype_name(dtype), want_bytes, nbytes);
     }
-    if (!data && nbytes > 0)
+    if (!deferred && !data && nbytes > 0)
         return mmoe_error_set(err, MMOE_EINVAL, "safetensors writer: tensor '%s': NULL data",
                               name);
     if (w->n_items == w->cap_items) {
@@ -166,9 +174,24 @@ mmoe_status mmoe_st_writer_add(mmoe_st_writer *w, const char *name, mmoe_dtype d
         it->shape[d] = shape[d];
     it->data = data;
     it->nbytes = nbytes;
+    it->deferred = deferred;
     w->n_items++;
     w->data_bytes += nbytes;
+    w->n_deferred += deferred != 0;
     return MMOE_OK;
+}
+
+mmoe_status mmoe_st_writer_add(mmoe_st_writer *w, const char *name, mmoe_dtype dtype, int ndim,
+                               const int64_t *shape, const void *data, size_t nbytes,
+                               mmoe_error *err)
+{
+    return add_item(w, name, dtype, ndim, shape, data, nbytes, 0, err);
+}
+
+mmoe_status mmoe_st_writer_add_deferred(mmoe_st_writer *w, const char *name, mmoe_dtype dtype, int ndim,
+                                        const int64_t *shape, size_t nbytes, mmoe_error *err)
+{
+    return add_item(w, name, dtype, ndim, shape, NULL, nbytes, 1, err);
 }
 
 mmoe_status mmoe_st_writer_add_tensor(mmoe_st_writer *w, const char *name, const mmoe_tensor *t,
@@ -261,10 +284,10 @@ static char *build_header(const mmoe_st_writer *w, writer_item *const *order, si
 
 /**
  * Write the @p n items at @p order (re-sorted here into layout order) as one
- * file at @p path, atomically.
+ * file at @p path, atomically; a deferred item's bytes come from @p bytes (with @p ctx).
  */
 static mmoe_status write_items(const mmoe_st_writer *w, writer_item **order, size_t n,
-                               const char *path, mmoe_error *err)
+                               const char *path, mmoe_st_bytes_fn bytes, void *ctx, mmoe_error *err)
 {
     qsort(order, n, sizeof *order, cmp_item_layout);
     size_t header_len = 0;
@@ -282,14 +305,25 @@ static mmoe_status write_items(const mmoe_st_writer *w, writer_item **order, siz
         st = mmoe_atomic_write(&af, len_field, sizeof len_field, err);
     if (st == MMOE_OK)
         st = mmoe_atomic_write(&af, header, header_len, err);
-    for (size_t i = 0; st == MMOE_OK && i < n; i++)
+    int supplier_failed = 0;
+    for (size_t i = 0; st == MMOE_OK && i < n; i++) {
+        const void *data = order[i]->data;
+        if (order[i]->deferred) {
+            st = bytes(ctx, (size_t)(order[i] - w->items), &data, err);
+            if (st != MMOE_OK) {
+                supplier_failed = 1;
+                mmoe_atomic_abort(&af);
+                break;
+            }
+        }
         if (order[i]->nbytes > 0)
-            st = mmoe_atomic_write(&af, order[i]->data, order[i]->nbytes, err);
+            st = mmoe_atomic_write(&af, data, order[i]->nbytes, err);
+    }
     if (st == MMOE_OK)
         st = mmoe_atomic_commit(&af, err);
     /* on failure the atomic helpers have already removed the temporary file */
     free(header);
-    if (st != MMOE_OK)
+    if (st != MMOE_OK && !supplier_failed)
         mmoe_error_prefix(err, "safetensors writer: ");
     return st;
 }
@@ -305,12 +339,41 @@ static writer_item **item_pointers(mmoe_st_writer *w)
 
 mmoe_status mmoe_st_writer_finish(mmoe_st_writer *w, const char *path, mmoe_error *err)
 {
+    if (w->n_deferred > 0)
+        return mmoe_error_set(err, MMOE_EINVAL,
+                              "safetensors writer: %s: %zu deferred tensors need mmoe_st_writer_finish_streamed()",
+                              path, w->n_deferred);
     writer_item **order = item_pointers(w);
     if (!order)
         return mmoe_error_set(err, MMOE_ENOMEM, "safetensors writer: %s: out of memory", path);
-    mmoe_status st = write_items(w, order, w->n_items, path, err);
+    mmoe_status st = write_items(w, order, w->n_items, path, NULL, NULL, err);
     free(order);
     return st;
+}
+
+mmoe_status mmoe_st_writer_finish_streamed(mmoe_st_writer *w, const char *path, mmoe_st_bytes_fn bytes, void *ctx,
+                                           mmoe_error *err)
+{
+    if (w->n_deferred > 0 && !bytes)
+        return mmoe_error_set(err, MMOE_EINVAL, "safetensors writer: %s: deferred tensors but no supplier", path);
+    writer_item **order = item_pointers(w);
+    if (!order)
+        return mmoe_error_set(err, MMOE_ENOMEM, "safetensors writer: %s: out of memory", path);
+    mmoe_status st = write_items(w, order, w->n_items, path, bytes, ctx, err);
+    free(order);
+    return st;
+}
+
+mmoe_status mmoe_st_writer_data_order(const mmoe_st_writer *w, size_t *order, mmoe_error *err)
+{
+    writer_item **items = item_pointers((mmoe_st_writer *)w);
+    if (!items)
+        return mmoe_error_set(err, MMOE_ENOMEM, "safetensors writer: out of memory");
+    qsort(items, w->n_items, sizeof *items, cmp_item_layout);
+    for (size_t k = 0; k < w->n_items; k++)
+        order[k] = (size_t)(items[k] - w->items);
+    free(items);
+    return MMOE_OK;
 }
 
 /* ------------------------------------------------------------------------- */
@@ -330,6 +393,9 @@ mmoe_status mmoe_st_writer_finish_sharded(mmoe_st_writer *w, const char *dir,
                                           uint64_t max_shard_bytes, size_t *n_shards_out,
                                           mmoe_error *err)
 {
+    if (w->n_deferred > 0)
+        return mmoe_error_set(err, MMOE_EINVAL, "safetensors writer: %s: %zu deferred tensors cannot be sharded", dir,
+                              w->n_deferred);
     size_t n = w->n_items;
     writer_item **order = item_pointers(w);
     size_t *shard_of = calloc(n ? n : 1, sizeof *shard_of);
@@ -372,7 +438,7 @@ mmoe_status mmoe_st_writer_finish_sharded(mmoe_st_writer *w, const char *dir,
         while (end < n && shard_of[end] == shard_of[begin])
             end++;
         snprintf(path, path_len, "%s/%s", dir, shard_names[shard_of[begin]]);
-        st = write_items(w, order + begin, end - begin, path, err);
+        st = write_items(w, order + begin, end - begin, path, NULL, NULL, err);
         n_ok += st == MMOE_OK;
         begin = end;
     }
