@@ -69,8 +69,8 @@
  * blocks of 256, which matters at long contexts (n = position / 4).  The linears of a decode
  * step are bound by how fast their weights stream in: k_linear_dense_split gives each output
  * of a dense linear (the grouped output projection, the compressors' and the indexer's
- * projections, the head's logits) one warp, which streams its row's rounds of 32 chunks through
- * a per-warp ring of cp.async copies in shared memory (2.5 to 4 KiB of weights in flight), and k_linear_fp8_128_split streams a warp's weight codes
+ * projections, the head's logits) one warp, with about 2 KiB of its weight loads in flight
+ * (one to four rounds of 32 chunks), and k_linear_fp8_128_split streams a warp's weight codes
  * through a per-warp ring of cp.async copies in shared memory (3 KB per warp in flight while it
  * sums, the first copies issued before the block decodes x); its grid is sized for the
  * multiprocessors and the blocks that fit one (fp8_split_choose()): the steps
@@ -981,7 +981,8 @@ struct dense_set {
 #define GFW_DENSE_WARPS 8
 /**
  * Blocks per multiprocessor k_linear_dense_split is compiled for: 3 (at most 85 registers;
- * its copy rings, 72 KiB per block, also let three fit the 228 KiB of shared memory).
+ * unbounded it takes 120, which leaves 2 blocks, 16 warps, to stream the weights).  The few
+ * values that then live in local memory are read once per batch of rounds, outside the sums.
  */
 #define GFW_DENSE_BLOCKS_PER_SM 3
 
@@ -1025,91 +1026,19 @@ __device__ __forceinline__ double dense_batch_node(const double *c, int64_t k)
     return c[0];
 }
 
-/** Slots of a warp's copy ring in k_linear_dense_split (dense_ring_slots(R) - 1 rounds in flight while it sums one). */
-__host__ __device__ constexpr int dense_ring_slots(dense_read R)
-{
-    return R == DENSE_READ_F8 ? 6 : R == DENSE_READ_BF16 ? 4 : 3;
-}
-
-/** 16-byte words of one lane's chunk of a round in the ring: its 16 x values (2), then its weights (1, 2 or 4). */
-__host__ __device__ constexpr int dense_unit_words(dense_read R)
-{
-    return 2 + (R == DENSE_READ_F8 ? 1 : R == DENSE_READ_BF16 ? 2 : 4);
-}
-
-/** Bytes of one warp's copy ring in k_linear_dense_split: the largest over the read kinds (F8 and F32: 9 KiB). */
-#define GFW_DENSE_RING_BYTES (6 * 32 * 16 * 3)
-static_assert(dense_ring_slots(DENSE_READ_F8) * 32 * 16 * dense_unit_words(DENSE_READ_F8) <= GFW_DENSE_RING_BYTES &&
-                  dense_ring_slots(DENSE_READ_BF16) * 32 * 16 * dense_unit_words(DENSE_READ_BF16) <=
-                      GFW_DENSE_RING_BYTES &&
-                  dense_ring_slots(DENSE_READ_F32) * 32 * 16 * dense_unit_words(DENSE_READ_F32) <=
-                      GFW_DENSE_RING_BYTES,
-              "a dense ring fits its warp's share of the shared memory");
-
-/** Dynamic shared memory of a k_linear_dense_split block: its warps' copy rings (72 KiB: three blocks fit a multiprocessor). */
-#define GFW_DENSE_SMEM (GFW_DENSE_WARPS * GFW_DENSE_RING_BYTES)
-
-/** The dynamic shared memory of k_linear_dense_split: the warps' copy rings, GFW_DENSE_RING_BYTES each. */
-__device__ __forceinline__ uint4 *dense_ring_base()
-{
-    extern __shared__ __align__(16) uint4 dense_ring_smem[];
-    return dense_ring_smem;
-}
-
-/**
- * Start the asynchronous copy of 16 bytes from global to shared memory, cached in L1 too: the
- * x words of k_linear_dense_split, which the block's other warps (same token, same head group)
- * copy as well.
- */
-__device__ __forceinline__ void dense_cp16_l1(void *dst, const void *src)
-{
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(__cvta_generic_to_global(src)) : "memory");
-}
-
-/**
- * Lane @p lane copies its chunk k = 32 r + lane of round @p r (when the round exists and k < m)
- * into the ring slot at @p slot: word i of the lane's unit at slot[32 i + lane] (x's two words,
- * then the weight's), and closes a group (empty past the rounds or the chunks).
- */
-template <dense_read R>
-__device__ __forceinline__ void dense_ring_issue(int64_t r, int64_t rounds, int64_t m, const char *wrow,
-                                                 const uint16_t *xr, int lane, uint4 *slot)
-{
-    constexpr int WQ = dense_unit_words(R) - 2;
-    const int64_t k = r * 32 + lane;
-    if (r < rounds && k < m) {
-        const uint4 *xp = (const uint4 *)(xr + k * MMOE_SUM_CHUNK), *wp = (const uint4 *)(wrow + k * 16 * WQ);
-        dense_cp16_l1(slot + lane, xp);
-        dense_cp16_l1(slot + 32 + lane, xp + 1);
-#pragma unroll
-        for (int i = 0; i < WQ; i++)
-            fp8_cp16(slot + 32 * (2 + i) + lane, wp + i);
-    }
-    fp8_cp_commit();
-}
-
 /**
  * The spec's sum for output row @p n of weight @p w and x row @p xr (m chunks, `rounds` rounds
- * of 32 chunks, a power of two), by one warp, read as @p R says; every lane gets it.  The
- * whole-chunk kinds bring each round's x and weight words through the warp's copy ring
- * @p ring (see k_linear_dense_split); DENSE_READ_ANY reads with dense_chunk.
+ * of 32 chunks, a power of two), by one warp, read as @p R says; every lane gets it.
  */
 template <dense_read R>
 __device__ __forceinline__ double dense_warp_sum(const ddense &w, int64_t n, const uint16_t *xr, int64_t K, int64_t m,
-                                                 int64_t rounds, int lane, uint4 *ring)
+                                                 int64_t rounds, int lane)
 {
     constexpr int B = dense_batch(R);
-    constexpr int S = dense_ring_slots(R), U = dense_unit_words(R);
-    constexpr int WQ = U - 2; /* 16-byte weight words per chunk */
+    constexpr int WQ = R == DENSE_READ_F8 ? 1 : R == DENSE_READ_BF16 ? 2 : 4; /* 16-byte words per chunk */
     const int64_t per_batch = rounds < B ? rounds : B;
     const char *wrow = (const char *)w.p + n * w.cols * (R == DENSE_READ_F8 ? 1 : R == DENSE_READ_BF16 ? 2 : 4);
     const uint8_t *srow = R == DENSE_READ_F8 ? w.scale + (int64_t)((int)n / w.block) * w.scols : NULL;
-    if constexpr (R != DENSE_READ_ANY) {
-#pragma unroll
-        for (int s = 0; s < S - 1; s++)
-            dense_ring_issue<R>(s, rounds, m, wrow, xr, lane, ring + s * 32 * U);
-    }
     mmoe_pairwise pw;
     mmoe_pairwise_init(&pw);
     for (int64_t r0 = 0; r0 < rounds; r0 += per_batch) {
@@ -1117,48 +1046,46 @@ __device__ __forceinline__ double dense_warp_sum(const ddense &w, int64_t n, con
         if constexpr (R == DENSE_READ_ANY) {
             c[0] = dense_chunk(w, n, xr, r0 * 32 + lane, K);
         } else {
+            uint4 q[B][WQ], xa[B], xb[B];
+            uint8_t sb[B];
             const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
-            for (int u = 0; u < B; u++)
-                c[u] = 0.0;
+            for (int u = 0; u < B; u++) {
+                const int64_t k = (r0 + u) * 32 + lane;
+                const bool in = u < per_batch && k < m;
+                const uint4 *wp = (const uint4 *)(wrow + k * 16 * WQ);
+#pragma unroll
+                for (int i = 0; i < WQ; i++)
+                    q[u][i] = in ? __ldg(wp + i) : zero;
+                xa[u] = in ? __ldg((const uint4 *)(xr + k * MMOE_SUM_CHUNK)) : zero;
+                xb[u] = in ? __ldg((const uint4 *)(xr + k * MMOE_SUM_CHUNK) + 1) : zero;
+                sb[u] = R == DENSE_READ_F8 && in ? __ldg(srow + (int)(k * MMOE_SUM_CHUNK) / w.block) : (uint8_t)0;
+            }
 #pragma unroll
             for (int u = 0; u < B; u++) {
-                if (u >= per_batch) /* warp-uniform: only when rounds < B */
-                    break;
-                const int64_t r = r0 + u, k = r * 32 + lane;
-                const bool in = k < m;
-                const uint8_t sb = R == DENSE_READ_F8 && in ? __ldg(srow + (int)(k * MMOE_SUM_CHUNK) / w.block)
-                                                            : (uint8_t)0;
-                fp8_cp_wait<S - 2>(); /* round r's group has landed in this lane's words */
-                const uint4 *slot = ring + (int)(r % S) * 32 * U;
-                uint4 q[U];
-#pragma unroll
-                for (int i = 0; i < U; i++)
-                    q[i] = in ? slot[32 * i + lane] : zero;
-                /* the slot read in the previous round is free again: refill it S - 1 rounds ahead */
-                dense_ring_issue<R>(r + S - 1, rounds, m, wrow, xr, lane, ring + (int)((r + S - 1) % S) * 32 * U);
+                const int64_t k = (r0 + u) * 32 + lane;
                 float xv[16];
-                bf16x16_to_f32(q[0], q[1], xv);
+                bf16x16_to_f32(xa[u], xb[u], xv);
                 double v = 0.0;
                 if constexpr (R == DENSE_READ_F8) {
-                    const uint32_t codes[4] = {q[2].x, q[2].y, q[2].z, q[2].w};
-                    v = dense_f8_chunk16(xv, codes, sb);
+                    const uint32_t codes[4] = {q[u][0].x, q[u][0].y, q[u][0].z, q[u][0].w};
+                    v = dense_f8_chunk16(xv, codes, sb[u]);
                 } else {
                     float wv[16];
                     if constexpr (R == DENSE_READ_BF16) {
-                        bf16x16_to_f32(q[2], q[3], wv);
+                        bf16x16_to_f32(q[u][0], q[u][1], wv);
                     } else {
 #pragma unroll
-                        for (int i = 0; i < WQ; i++) {
-                            wv[4 * i] = __uint_as_float(q[2 + i].x), wv[4 * i + 1] = __uint_as_float(q[2 + i].y);
-                            wv[4 * i + 2] = __uint_as_float(q[2 + i].z), wv[4 * i + 3] = __uint_as_float(q[2 + i].w);
+                        for (int i = 0; i < 4; i++) {
+                            wv[4 * i] = __uint_as_float(q[u][i].x), wv[4 * i + 1] = __uint_as_float(q[u][i].y);
+                            wv[4 * i + 2] = __uint_as_float(q[u][i].z), wv[4 * i + 3] = __uint_as_float(q[u][i].w);
                         }
                     }
 #pragma unroll
                     for (int i = 0; i < 16; i++)
                         v = __fma_rn((double)xv[i], (double)wv[i], v); /* exact products, as dense_chunk */
                 }
-                c[u] = in ? v : 0.0;
+                c[u] = u < per_batch && k < m ? v : 0.0;
             }
         }
 #pragma unroll
@@ -1172,7 +1099,7 @@ __device__ __forceinline__ double dense_warp_sum(const ddense &w, int64_t n, con
 /**
  * Dense linears (linear_dense.c) of one input x: y[t, n] = fl32(the double sum of x_k w_k in the
  * order of @ref spec_arch_sum_order), one WARP per output of any linear of the set (the outputs
- * of linear 0 first), GFW_DENSE_WARPS outputs per block, a copy ring per warp, no block barrier.
+ * of linear 0 first), GFW_DENSE_WARPS outputs per block, no shared memory, no block barrier.
  * x row t starts at x + t*ldx + (n / group_rows) * group_width (the grouped output projection
  * reads its head group; group_rows = 0: no grouping).
  *
@@ -1186,33 +1113,13 @@ __device__ __forceinline__ double dense_warp_sum(const ddense &w, int64_t n, con
  * is P either way.  Every addition is one of the tree's (IEEE addition commutes, so lane l +
  * lane l^s in the butterfly is the same bits in both lanes).
  *
- * Memory.  A round reads 32 consecutive chunks of the row: 512 contiguous bytes of an FP8
- * row, 1 KiB of a BF16 one, 2 KiB of an F32 one, and 1 KiB of x.  When the chunks are whole
- * and rows and x 16-byte aligned (and an FP8 chunk lies in one scale block), the rounds reach
- * the lanes through a **copy ring** per warp in shared memory (GFW_DENSE_RING_BYTES each, the
- * block's GFW_DENSE_SMEM = 72 KiB, so three blocks fit a multiprocessor), fed by 16-byte
- * cp.async copies (x's through L1, where the block's other warps find them; the weights' L2
- * only): lane l copies the words of its own chunk 32 r + l of round r (x's two words, then
- * the weight's one, two or four) into slot r mod S (S = dense_ring_slots: 6 for
- * FP8, 4 for BF16, 3 for F32), word i at 16-byte index 32 i + l of the slot (conflict-free
- * reads), and later reads back exactly those words, so a lane's `cp.async.wait_group` is the
- * whole synchronisation (no barrier, no other lane involved).  The warp issues rounds
- * 0 .. S-2 first; then for each round r it waits for r's group (one group per round, empty
- * ones past the chunks or the rounds keep the count), reads its words into registers, issues
- * round r + S - 1 into the slot read in the previous round, and sums round r: S - 1 rounds
- * stay in flight while it sums, also while it adds its batch's nodes (weights: 2.5 KiB FP8,
- * 3 KiB BF16, 4 KiB F32 per warp; 60 to 96 KiB per multiprocessor at three blocks of eight
- * warps), and they hold no registers.  The scale byte of an FP8 chunk is read (through L1) at
- * its round.  Other shapes run dense_chunk per round.
- *
- * Same bits.  The ring changes only where a lane's words come from: every chunk's 16 x and
- * weight values are the same bits as the direct loads gave, each chunk is summed by the same
- * lane of the same warp with the same fma sequence (dense_f8_chunk16 for FP8), rounds past the
- * chunks still contribute +0, and the batches, butterflies, batch nodes and mmoe_pairwise
- * pushes are the same operations in the same order.  The words read are the landed copies:
- * when round r is read, the groups of rounds up to r + S - 2 are committed and wait_group
- * S - 2 leaves only those after r pending; and slot r mod S is refilled (with round r + S)
- * only in round r + 1, after its read.
+ * Memory.  A round's weight loads are 32 consecutive chunks of the row: 512 contiguous bytes
+ * of an FP8 row, 1 KiB of a BF16 one, 2 KiB of an F32 one.  When the chunks are whole and
+ * rows and x 16-byte aligned (and an FP8 chunk lies in one scale block), a warp issues the
+ * weight, x and scale-byte loads of a batch (dense_batch: about 2 KiB of weights) before it
+ * sums any, with the chunk sums of dense_chunk (dense_f8_chunk16 for FP8); otherwise it runs
+ * dense_chunk per round.  The x row (the head group's for the grouped output projection) is
+ * read by all warps of the block through L1.
  */
 __global__ void __launch_bounds__(GFW_DENSE_WARPS * 32, GFW_DENSE_BLOCKS_PER_SM)
     k_linear_dense_split(const uint16_t *x, int64_t T, int64_t ldx, int64_t K, dense_set set, int64_t group_rows,
@@ -1225,7 +1132,6 @@ __global__ void __launch_bounds__(GFW_DENSE_WARPS * 32, GFW_DENSE_BLOCKS_PER_SM)
     if (!dense_output(set, T, o, &j, &t, &n))
         return;
     const ddense &w = set.w[j];
-    uint4 *ring = dense_ring_base() + (threadIdx.x >> 5) * (GFW_DENSE_RING_BYTES / 16);
     const uint16_t *xr = x + t * ldx + (group_rows > 0 ? (n / group_rows) * group_width : 0);
     const int64_t m = (K + MMOE_SUM_CHUNK - 1) / MMOE_SUM_CHUNK;
     int64_t M = 1;
@@ -1237,13 +1143,13 @@ __global__ void __launch_bounds__(GFW_DENSE_WARPS * 32, GFW_DENSE_BLOCKS_PER_SM)
                        ((uintptr_t)((const char *)w.p + n * w.cols * esize) & 15) == 0;
     double v;
     if (whole && w.dtype == GFW_F8 && w.block % MMOE_SUM_CHUNK == 0)
-        v = dense_warp_sum<DENSE_READ_F8>(w, n, xr, K, m, rounds, lane, ring);
+        v = dense_warp_sum<DENSE_READ_F8>(w, n, xr, K, m, rounds, lane);
     else if (whole && w.dtype == GFW_BF16)
-        v = dense_warp_sum<DENSE_READ_BF16>(w, n, xr, K, m, rounds, lane, ring);
+        v = dense_warp_sum<DENSE_READ_BF16>(w, n, xr, K, m, rounds, lane);
     else if (whole && w.dtype == GFW_F32)
-        v = dense_warp_sum<DENSE_READ_F32>(w, n, xr, K, m, rounds, lane, ring);
+        v = dense_warp_sum<DENSE_READ_F32>(w, n, xr, K, m, rounds, lane);
     else
-        v = dense_warp_sum<DENSE_READ_ANY>(w, n, xr, K, m, rounds, lane, ring);
+        v = dense_warp_sum<DENSE_READ_ANY>(w, n, xr, K, m, rounds, lane);
     if (lane == 0) {
         const float f = __double2float_rn(v);
         if (set.yf[j])
@@ -3097,7 +3003,7 @@ static void exp_table(unsigned long long *tab)
     }
 }
 
-/** Upload the E4M3 and exp tables to constant memory; allow k_linear_fp8_128_split and k_linear_dense_split their shared memory. */
+/** Upload the E4M3 and exp tables to constant memory; allow k_linear_fp8_128_split its shared memory. */
 static cudaError_t upload_tables(void)
 {
     unsigned long long tab[32];
@@ -3110,8 +3016,6 @@ static cudaError_t upload_tables(void)
     if (ce == cudaSuccess) /* the x row of k_linear_fp8_128_split may exceed the default 48 KiB */
         ce = cudaFuncSetAttribute(k_linear_fp8_128_split, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   GFW_FP8_SMEM_MAX);
-    if (ce == cudaSuccess) /* the copy rings of k_linear_dense_split exceed the default 48 KiB */
-        ce = cudaFuncSetAttribute(k_linear_dense_split, cudaFuncAttributeMaxDynamicSharedMemorySize, GFW_DENSE_SMEM);
     return ce;
 }
 
@@ -3447,8 +3351,8 @@ static void launch_linear_dense(const uint16_t *x, int64_t rows, int64_t ldx, in
     int64_t outputs = 0;
     for (int j = 0; j < s.n; j++)
         outputs += rows * s.N[j];
-    k_linear_dense_split<<<(unsigned)((outputs + GFW_DENSE_WARPS - 1) / GFW_DENSE_WARPS), GFW_DENSE_WARPS * 32,
-                           GFW_DENSE_SMEM, st>>>(x, rows, ldx, K, s, group_rows, group_width);
+    k_linear_dense_split<<<(unsigned)((outputs + GFW_DENSE_WARPS - 1) / GFW_DENSE_WARPS), GFW_DENSE_WARPS * 32, 0,
+                           st>>>(x, rows, ldx, K, s, group_rows, group_width);
 }
 
 /** Dense linear. */
