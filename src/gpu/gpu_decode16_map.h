@@ -27,7 +27,11 @@
  *     in runs of 8 (run r holds k = 8r .. 8r + 7 of the block, r = 4j + t: group j, lane column
  *     t).  MXFP4 launches move run (j, t) to byte 32t + 8j with its even k first (x0 x2 x4 x6
  *     x1 x3 x5 x7); FP8 launches keep every run in place.  Either way lane (g, t) of a warp reads
- *     the 32 bytes at 32t of the block, 8 words: word w at byte 32t + 4w.
+ *     the 32 bytes at 32t of the block, 8 words: word w at byte 32t + 4w.  An MXFP4 launch with
+ *     few staged rows stages F16 pairs instead (two bytes a value, the same numbers): run
+ *     (j, t), permuted the same way and converted, goes to byte 64j + 16t of a 256-byte block,
+ *     and lane (g, t) reads 4 chunks of 16 bytes, chunk j at 64j + 16t: the B registers of group
+ *     j's two steps, ready, with no conversion in the loop.
  *   - **Which codes form a step.**  MXFP4 lane (g, t) holds codes 8t .. 8t + 7 of group j of its
  *     two rows; step 0 of the group multiplies codes 8t + {0, 2} (fragment a0, a1) and
  *     8t + {4, 6} (a2, a3), step 1 codes 8t + {1, 3} and 8t + {5, 7}; the B registers of step 0
@@ -153,6 +157,30 @@ MMOE_D16_FN int mmoe_d16_run_offset(int run, int fp4)
 {
     const unsigned r = (unsigned)run, j = r / 4u, t = r % 4u; /* unsigned: a shift and a mask */
     return (int)(fp4 ? t * 32u + j * 8u : r * 8u);
+}
+
+/**
+ * Byte offset, inside a K block staged as F16 pairs (256 bytes), where run @p run (0..15) of an
+ * MXFP4 launch is staged: run (j, t) = (run / 4, run % 4), its 8 values (even k first, as in
+ * mmoe_d16_run_offset) as 4 F16 pairs (16 bytes) at 64j + 16t.  Lane column t's 16 pairs are
+ * then 4 chunks of 16 bytes at 64j + 16t (mmoe_d16_b16_chunk_offset): the B registers of group
+ * j's two steps in one chunk, and the 4 lane columns' chunks j side by side (different banks).
+ */
+MMOE_D16_FN int mmoe_d16_run_offset_f16(int run)
+{
+    const unsigned r = (unsigned)run, j = r / 4u, t = r % 4u;
+    return (int)(j * 64u + t * 16u);
+}
+
+/**
+ * Byte offset, inside a K block staged as F16 pairs, of lane column @p t's chunk @p j (0..3):
+ * the F16 pairs of its staged E4M3 words 2j and 2j + 1 (mmoe_d16_b_word_offset), in the order
+ * low pair of word 2j, high pair of word 2j, low pair of word 2j + 1, high pair of word 2j + 1:
+ * group j's B registers of step 0, then of step 1.
+ */
+MMOE_D16_FN int mmoe_d16_b16_chunk_offset(int t, int j)
+{
+    return j * 64 + t * 16;
 }
 
 /** Byte offset, inside a staged K block, of lane column @p t's word @p w (0..7: its B source words). */
