@@ -16,7 +16,7 @@
  *   (ldexpf is the reference: k = 0 is the subnormal 2^-127, k = 255 infinity);
  * - one warp's K block modelled end to end with the header's maps: the staging of FP8
  *   activations as bytes (byte permutes, run offsets), each lane's staged words and their F16
- *   pairs, or for MXFP4 the staging as F16 pairs (run offsets, each lane's chunks read ready), the weight fragments (MXFP4 bit moves and pairs; FP8 bytes in order), then m16n8k16
+ *   pairs, the weight fragments (MXFP4 bit moves and pairs; FP8 bytes in order), then m16n8k16
  *   as the PTX layout defines it (lane (g, t): A rows g, g + 8 at k = 2t, 2t + 1 and 2t + 8,
  *   2t + 9; B column g at the same k).  One-hot weights times one-hot activations: each (row,
  *   k) x (token, k) product is formed exactly once, in the sum of its own 32-wide group (MXFP4
@@ -205,52 +205,14 @@ static void b_read(const uint8_t staged[TOKS][KB], int g, int ntok, int t, int w
 }
 
 /**
- * The staging of one K block of an MXFP4 launch as F16 pairs (few rows): each run permuted as
- * stage() does, its two words converted with the header's model of the paired conversion, the
- * 16 bytes at mmoe_d16_run_offset_f16: staged16[token][byte].  Rows past the tile's tokens hold
- * F16 NaN bytes (never read).
- */
-static void stage16(const uint8_t act[TOKS][KB], int ntok, uint8_t staged16[TOKS][2 * KB])
-{
-    memset(staged16, 0x7F, sizeof(uint8_t) * TOKS * 2 * KB);
-    for (int r = 0; r < ntok; r++)
-        for (int run = 0; run < KB / 8; run++) {
-            uint32_t x, y, h[4];
-            memcpy(&x, act[r] + 8 * run, 4);
-            memcpy(&y, act[r] + 8 * run + 4, 4);
-            mmoe_d16_e4m3x4_to_f16x2(mmoe_d16_byte_perm(x, y, MMOE_D16_SEL_EVEN), &h[0], &h[1]);
-            mmoe_d16_e4m3x4_to_f16x2(mmoe_d16_byte_perm(x, y, MMOE_D16_SEL_ODD), &h[2], &h[3]);
-            memcpy(staged16[r] + mmoe_d16_run_offset_f16(run), h, 16);
-        }
-}
-
-/**
- * Lane (g, t)'s B registers of group @p j's step @p step read ready from the F16 staging
- * (chunk j at mmoe_d16_b16_chunk_offset: step 0 in its first two words, step 1 in the last
- * two; row 0 when the tile has no token g), as doubles.
- */
-static void b16_read(const uint8_t staged16[TOKS][2 * KB], int g, int ntok, int t, int j, int step, double out[2][2])
-{
-    uint32_t q[4];
-    memcpy(q, staged16[g < ntok ? g : 0] + mmoe_d16_b16_chunk_offset(t, j), 16);
-    for (int i = 0; i < 2; i++) {
-        out[0][i] = half_of(q[2 * step], i);
-        out[1][i] = half_of(q[2 * step + 1], i);
-    }
-}
-
-/**
  * One K block of the MXFP4 warp GEMM: codes w[row][64 bytes], lane (g, t) holding word t of
  * each group of rows g and g + 8; the four group sums, each from two steps, into sums[group].
- * The B registers come from the FP8 staging converted per lane, or (@p a16) read ready from the
- * F16 staging.
  */
-static void warp_fp4(const uint8_t w[ROWS][KB / 2], const uint8_t act[TOKS][KB], int ntok, int a16,
+static void warp_fp4(const uint8_t w[ROWS][KB / 2], const uint8_t act[TOKS][KB], int ntok,
                      double sums[4][ROWS][TOKS])
 {
-    static uint8_t staged[TOKS][KB], staged16[TOKS][2 * KB];
+    static uint8_t staged[TOKS][KB];
     stage(act, ntok, 1, staged);
-    stage16(act, ntok, staged16);
     memset(sums, 0, sizeof(double) * 4 * ROWS * TOKS);
     for (int j = 0; j < 4; j++) {
         frag even[LANES], odd[LANES];
@@ -266,13 +228,8 @@ static void warp_fp4(const uint8_t w[ROWS][KB / 2], const uint8_t act[TOKS][KB],
             const uint32_t ao[4] = {mmoe_d16_f16_pair_lo(o0), mmoe_d16_f16_pair_lo(o1), mmoe_d16_f16_pair_hi(o0),
                                     mmoe_d16_f16_pair_hi(o1)};
             double xe[2][2], xo[2][2];
-            if (a16) {
-                b16_read(staged16, g, ntok, t, j, 0, xe);
-                b16_read(staged16, g, ntok, t, j, 1, xo);
-            } else {
-                b_read(staged, g, ntok, t, 2 * j, xe);     /* step 0: word 2j (even k) */
-                b_read(staged, g, ntok, t, 2 * j + 1, xo); /* step 1: word 2j + 1 (odd k) */
-            }
+            b_read(staged, g, ntok, t, 2 * j, xe);     /* step 0: word 2j (even k) */
+            b_read(staged, g, ntok, t, 2 * j + 1, xo); /* step 1: word 2j + 1 (odd k) */
             for (int q = 0; q < 4; q++)
                 for (int i = 0; i < 2; i++) {
                     even[lane].a[q][i] = half_of(ae[q], i);
@@ -326,8 +283,8 @@ static void warp_fp8(const uint8_t w[ROWS][KB], const uint8_t act[TOKS][KB], int
 START_TEST(fragments_pair_every_k_once_mxfp4)
 {
     static const int ntoks[] = {1, 3, 8};
-    for (size_t nt = 0; nt < 2 * sizeof ntoks / sizeof ntoks[0]; nt++) {
-        const int ntok = ntoks[nt / 2], a16 = nt % 2; /* each staging: FP8 bytes, F16 pairs */
+    for (size_t nt = 0; nt < sizeof ntoks / sizeof ntoks[0]; nt++) {
+        const int ntok = ntoks[nt];
         for (int kw = 0; kw < KB; kw++)
             for (int ka = 0; ka < KB; ka++) {
                 uint8_t w[ROWS][KB / 2], act[TOKS][KB];
@@ -338,16 +295,15 @@ START_TEST(fragments_pair_every_k_once_mxfp4)
                     w[r][kw / 2] = (uint8_t)(kw % 2 ? 0x20 : 0x02); /* E2M1 1.0 at k = kw */
                 for (int n = 0; n < ntok; n++)
                     act[n][ka] = 0x38; /* E4M3 1.0 at k = ka */
-                warp_fp4(w, act, ntok, a16, sums);
+                warp_fp4(w, act, ntok, sums);
                 for (int j = 0; j < 4; j++)
                     for (int r = 0; r < ROWS; r++)
                         for (int n = 0; n < ntok; n++) {
                             /* 1.0 * 2^-14 times 1.0, once, in group kw / 32 only */
                             const double want = kw == ka && j == kw / 32 ? 0x1p-14 : 0.0;
                             REQUIRE(sums[j][r][n] == want,
-                                          "MXFP4 %d tokens (F16 staging %d), weight k %d x activation k %d: group %d "
-                                          "row %d token %d sum %g, want %g", ntok, a16, kw, ka, j, r, n, sums[j][r][n],
-                                          want);
+                                          "MXFP4 %d tokens, weight k %d x activation k %d: group %d row %d token %d "
+                                          "sum %g, want %g", ntok, kw, ka, j, r, n, sums[j][r][n], want);
                         }
             }
     }
@@ -412,9 +368,8 @@ START_TEST(fragments_random_blocks_equal_dot_products)
                 const uint8_t b = (uint8_t)mmoe_rng_u32(&rng);
                 act[n][i] = (b & 0x7F) == 0x7F ? 0 : b;
             }
-        double sums[4][ROWS][TOKS], sums16[4][ROWS][TOKS], out[ROWS][TOKS];
-        warp_fp4(w4, act, ntok, 0, sums);
-        warp_fp4(w4, act, ntok, 1, sums16);
+        double sums[4][ROWS][TOKS], out[ROWS][TOKS];
+        warp_fp4(w4, act, ntok, sums);
         warp_fp8(w8, act, ntok, -1, out);
         for (int r = 0; r < ROWS; r++)
             for (int n = 0; n < ntok; n++) {
@@ -429,16 +384,12 @@ START_TEST(fragments_random_blocks_equal_dot_products)
                     REQUIRE(sums[j][r][n] == ldexp(ref, -14), "MXFP4 trial %d group %d row %d token %d: %.17g, "
                                   "want %.17g (seed %llu)", trial, j, r, n, sums[j][r][n], ldexp(ref, -14),
                                   (unsigned long long)g_seed);
-                    REQUIRE(sums16[j][r][n] == ldexp(ref, -14), "MXFP4 F16 staging, trial %d group %d row %d token "
-                                  "%d: %.17g, want %.17g (seed %llu)", trial, j, r, n, sums16[j][r][n],
-                                  ldexp(ref, -14), (unsigned long long)g_seed);
                 }
                 double ref = 0.0;
                 for (int k = 0; k < KB; k++)
                     ref += (double)mmoe_fp8_e4m3_to_f32(w8[r][k]) * mmoe_fp8_e4m3_to_f32(act[n][k]);
                 for (int m = ntok; m < TOKS; m++) /* columns past the tile's rows: token 0's (row 0 read) */
-                    REQUIRE(out[r][m] == out[r][0] && sums[0][r][m] == sums[0][r][0] &&
-                                sums[3][r][m] == sums[3][r][0] && sums16[1][r][m] == sums16[1][r][0],
+                    REQUIRE(out[r][m] == out[r][0] && sums[0][r][m] == sums[0][r][0] && sums[3][r][m] == sums[3][r][0],
                             "trial %d row %d: column %d past %d tokens is not token 0's", trial, r, m, ntok);
                 REQUIRE(out[r][n] == ref, "FP8 trial %d row %d token %d: %.17g, want %.17g (seed %llu)", trial, r,
                               n, out[r][n], ref, (unsigned long long)g_seed);

@@ -998,14 +998,11 @@ static void restore_gemm_env(char *saved)
  * T = 4, the tile kernels above T = 128 and on other devices.
  *
  * Blocks per SM, derived here: the L1 launch (K = 4096, activation groups of 128, 16 experts)
- * asks for 4 x 10240 bytes of rings + rows x (4096 + 16) staged bytes (FP8), or at one row
- * 2 x 4096 + 64 (F16 pairs, which decode16 stages when four blocks still fit), + 8 x 32 x 4 bytes
- * of scales + 16 x 4 bytes of counts, and an H200 SM holds 233472 bytes of shared memory with
- * 1024 reserved per block: 1..3 rows 4 blocks (with the reserve, 1 row of F16 pairs: 51328
- * bytes a block, 3 FP8 rows: 55408), 4..8 rows 3 (4 rows: 59520; 8 rows: 75968).  Shared memory
- * is the limit: the kernel's registers (at most 107 a thread, 4 warps) would allow 4 or more.
- * The cases at T = 1 (L1 and L2) and T = 2, 3 (L2: 2 and 3 rows, tokens past the rows reading
- * row 0) run the MXFP4 loop on F16 staged rows; T >= 4 and L1 at T >= 2 on FP8 rows.
+ * asks for 4 x 10240 bytes of rings + rows x (4096 + 16) staged bytes + 8 x 32 x 4 bytes of
+ * scales + 16 x 4 bytes of counts, and an H200 SM holds 233472 bytes of shared memory with 1024
+ * reserved per block: 1..3 rows 4 blocks (with the reserve, 1 row: 47184 bytes a block, 3 rows:
+ * 55408), 4..8 rows 3 (4 rows: 59520; 8 rows: 75968).  Shared memory is the limit: the
+ * kernel's registers (at most 107 a thread, 4 warps) would allow 4 or more.
  */
 START_TEST(layer_decode16_family)
 {

@@ -94,19 +94,15 @@
  * several slots has that many rows in the expert's tile (at most 8), and the launch stages that
  * many; a block whose tile holds more rows than the launch says traps rather than overrun its
  * staging.  From 4 to 8 rows the L1 launch fits three blocks.  The L2 launch (K = 2048) fits
- * four blocks at any row count up to 7 and three at 8.  The MXFP4 part's rows are staged as F16
- * pairs instead (2 K + 64 bytes a row, see "The F16 operands") whenever four blocks still fit
- * with them (decode_stages_f16: at most DEC_SMEM_FOUR_BLOCKS = 56832 bytes a block, a quarter
- * of the SM less the reserve and 512 bytes for the static shared variables): V4-Flash L1 at one
- * row (40960 + 8256 + 1024 + 1024 = 51264 bytes; two rows would need 59520), L2 up to three rows
- * (42496 + 4160 per row: 54976); with more rows it stages the FP8 bytes, so the F16 rows never
- * cost a block per SM.
+ * four blocks at any row count up to 7 (shared memory would allow five at one row; the
+ * registers decide there) and three at 8.  Staging F16 rows instead of FP8 bytes would double
+ * the activation bytes and cost blocks: the activations are converted in registers instead.
  *
  * **Why F16 MMAs, not E4M3 ones.**  An `mma.sync.m16n8k32` E4M3 MMA would take the FP8
  * fragments as they are, but sm_90 has no such tensor-core instruction: the compiler emulates
  * each one with two F16 HMMAs, a conversion of every A and B register pair (12 per MMA) and 4
  * additions of the accumulator, so per K block of one warp (16 rows x 128 K of MXFP4) the L1
- * loop would issue 248 instructions against this kernel's 210 (197 with the F16 rows below), and on an H200 the V4-Flash
+ * loop would issue 248 instructions against this kernel's 214, and on an H200 the V4-Flash
  * layer is 5 to 7% slower with them at every T from 1 to 128.  This kernel issues the F16 MMAs
  * itself and converts each operand once (see "The F16 operands" below).
  */
@@ -272,34 +268,17 @@ __device__ __forceinline__ uint8_t *ring_next(uint8_t *stage, uint8_t *ring)
  * The block stages the tile's activations in shared memory: it waits for the kernel before it
  * (programmatic dependent launch: the activations are that kernel's output), copies the @p ntok
  * token rows of A (rows @p s_arow) and their scales (zero past ntok), and meets at a barrier.
- * Every thread of the block calls it once, after its warp has issued its first weight copies,
- * with the same @p a16: whether the rows are staged as F16 pairs (MXFP4 parts of launches with
- * few rows, see decode_stages_f16) or as the FP8 bytes.
+ * Every thread of the block calls it once, after its warp has issued its first weight copies.
  */
 __device__ void stage_activations(const mmoe_decode_part &q, int ag, int ntok, const int *s_arow, uint8_t *sA, int lda,
-                                  float *sAs, bool a16 = false)
+                                  float *sAs)
 {
     mmoe_grid_dependency_wait();
     const int K = q.K, chunks = K / 16, ng = K / ag;
     for (int i = threadIdx.x; i < ntok * chunks; i += DEC_THREADS) {
         const int r = i / chunks, c = i % chunks;
         const uint4 v = *reinterpret_cast<const uint4 *>(q.a + (size_t)s_arow[r] * K + c * 16);
-        if (a16) {
-            /*
-             * The MXFP4 order as F16 pairs (gpu_decode16_map.h): run (j, t), permuted even k
-             * first as below and converted exactly, is 16 bytes at 64 j + 16 t of the 256-byte
-             * K block: lane t's B registers of group j's two steps.
-             */
-            const int kb = c / 8, run = (c % 8) * 2;
-            uint8_t *blk = sA + r * lda + kb * (2 * DEC_BK);
-            uint4 h0, h1;
-            mmoe_d16_e4m3x4_to_f16x2(mmoe_d16_byte_perm(v.x, v.y, MMOE_D16_SEL_EVEN), &h0.x, &h0.y);
-            mmoe_d16_e4m3x4_to_f16x2(mmoe_d16_byte_perm(v.x, v.y, MMOE_D16_SEL_ODD), &h0.z, &h0.w);
-            mmoe_d16_e4m3x4_to_f16x2(mmoe_d16_byte_perm(v.z, v.w, MMOE_D16_SEL_EVEN), &h1.x, &h1.y);
-            mmoe_d16_e4m3x4_to_f16x2(mmoe_d16_byte_perm(v.z, v.w, MMOE_D16_SEL_ODD), &h1.z, &h1.w);
-            *reinterpret_cast<uint4 *>(blk + mmoe_d16_run_offset_f16(run)) = h0;
-            *reinterpret_cast<uint4 *>(blk + mmoe_d16_run_offset_f16(run + 1)) = h1;
-        } else if (q.bfmt == MMOE_B_FP4) {
+        if (q.bfmt == MMOE_B_FP4) {
             /*
              * MXFP4 order (see decode_warp_fp4 and gpu_decode16_map.h): inside each K block, run
              * (j, t) of 8 bytes at 32 j + 8 t goes to 32 t + 8 j, even positions first: lane t
@@ -358,19 +337,12 @@ __device__ __forceinline__ void decode_epilogue(const mmoe_decode_args &p, const
  * registers from the staged FP8 activations right before the MMAs.
  *
  * **Staging and B conversion.**  The block stages the activations as FP8 bytes (one byte per
- * value, in the permuted order of gpu_decode16_map.h, K + 16 bytes a row).  A lane's 8 staged words of a K
- * block (its 32 contiguous bytes) become 16 F16 pairs with cvt.rn.f16x2.e4m3x2: MXFP4 group j's
- * step 0 takes the pairs of word 2j, step 1 those of word 2j + 1; FP8 step s those of word s.
- * One conversion feeds one B register of an MMA whose A operand (16 rows x 16 k) the lane's
- * weights fill: 16 conversions per warp K block, against 64 weight registers moved or converted
- * (MXFP4: 1 KB of weights, FP8: 2 KB).  Every warp of the block converts the same activations
- * again, so when the launch's rows are few (decode_stages_f16: four blocks per SM still fit with
- * rows of two bytes a value), the MXFP4 part's block converts them once, at staging: the same
- * permuted runs, converted with the same instruction, as F16 pairs (a 256-byte K block, run
- * (j, t) at 64j + 16t, rows 2 K + 64 bytes apart), and a lane loads its 16 B registers of a K
- * block with 4 16-byte loads, group j's two steps in chunk j.  The same numbers meet the same
- * weights in the same MMAs in the same order: the same bits.  The FP8 part (the shared expert)
- * of the launch keeps its FP8 rows.
+ * value, in the permuted order of gpu_decode16_map.h, K + 16 bytes a row).  A lane's 8 staged
+ * words of a K block (its 32 contiguous bytes) become 16 F16 pairs with cvt.rn.f16x2.e4m3x2:
+ * MXFP4 group j's step 0 takes the pairs of word 2j, step 1 those of word 2j + 1; FP8 step s
+ * those of word s.  One conversion feeds one B register of an MMA whose A operand (16 rows x
+ * 16 k) the lane's weights fill: 16 conversions per warp K block, against 64 weight registers
+ * moved or converted (MXFP4: 1 KB of weights, FP8: 2 KB).
  *
  * **Exactness.**  Every E4M3 number is an F16 number (F16 has 5 exponent and 10 mantissa bits,
  * E4M3 4 and 3; E4M3's subnormals, down to 2^-9, are F16 normals), and so is every E2M1 number
@@ -403,17 +375,12 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], u
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/**
- * 2^(k - 127) of UE8M0 byte g of a scale word, for g = 0..3 in @p f[g] (gpu_decode16_map.h): two
- * factor pairs (bytes 0 and 2, bytes 1 and 3), each unpacked twice: 10 instructions.
- */
+/** 2^(k - 127) of UE8M0 byte g of a scale word, for g = 0..3 in @p f[g] (gpu_decode16_map.h). */
 __device__ __forceinline__ void ue8m0_pow2x4(uint32_t w, float (&f)[4])
 {
-    const uint32_t p02 = mmoe_d16_ue8m0_pow2_pair(w, 0), p13 = mmoe_d16_ue8m0_pow2_pair(w, 1);
-    f[0] = __uint_as_float(mmoe_d16_pair_factor_bits(p02, 0));
-    f[1] = __uint_as_float(mmoe_d16_pair_factor_bits(p13, 0));
-    f[2] = __uint_as_float(mmoe_d16_pair_factor_bits(p02, 1));
-    f[3] = __uint_as_float(mmoe_d16_pair_factor_bits(p13, 1));
+#pragma unroll
+    for (int g = 0; g < 4; g++)
+        f[g] = __uint_as_float(mmoe_d16_ue8m0_pow2_bits(w, g));
 }
 
 /**
@@ -442,7 +409,7 @@ __device__ __forceinline__ void staged_words(const uint8_t *sA, int lda, int row
  * over the groups in order of tmp_g * 2^(k_g - 127) (exact products), then
  * acc += t * (a_scale * 2^14).
  */
-template <int AG, int EPI, bool A16 = false>
+template <int AG, int EPI>
 __device__ void decode_warp_fp4(const mmoe_decode_args &p, const mmoe_decode_part &q, int expert, int row_group,
                                 const int *s_arow, uint8_t *sA, int lda, float *sAs, const int *s_orow,
                                 const float *s_w, int ntok, uint8_t *ring)
@@ -488,13 +455,11 @@ __device__ void decode_warp_fp4(const mmoe_decode_args &p, const mmoe_decode_par
             issue_next();
         cp_async_commit();
     }
-    stage_activations(q, AG, ntok, s_arow, sA, lda, sAs, A16);
+    stage_activations(q, AG, ntok, s_arow, sA, lda, sAs);
 
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const int tok0 = tig * 2;
     const int brow = gid < ntok ? gid : 0; /* see staged_words() */
-    /* A16: lane t's chunks of staged row brow (chunk j of K block kb at + 256 kb + 64 j) */
-    const uint8_t *b16 = sA + brow * lda + mmoe_d16_b16_chunk_offset(tig, 0);
     uint8_t *stage = ring; /* K block kb's stage: kb % STAGES */
     for (int kb = 0; kb < nkb; kb++) {
         cp_async_wait<STAGES - 2>();
@@ -511,25 +476,13 @@ __device__ void decode_warp_fp4(const mmoe_decode_args &p, const mmoe_decode_par
         const uint32_t ww0[4] = {w0.x, w0.y, w0.z, w0.w}, ww1[4] = {w1.x, w1.y, w1.z, w1.w};
         /* activations, permuted at staging: group g's words are 2g (even k), 2g + 1 (odd k) */
         uint32_t xa[8];
-        uint4 x16[4]; /* A16: group g's B registers, step 0 in .x .y, step 1 in .z .w */
-        if constexpr (A16) {
-#pragma unroll
-            for (int g = 0; g < 4; g++)
-                x16[g] = *reinterpret_cast<const uint4 *>(b16 + kb * (2 * DEC_BK) + mmoe_d16_b16_chunk_offset(0, g));
-        } else {
-            staged_words(sA, lda, brow, tig, kb, xa);
-        }
+        staged_words(sA, lda, brow, tig, kb, xa);
         float tmp[4][4];
 #pragma unroll
         for (int g = 0; g < 4; g++) {
             uint32_t xe[2], xo[2];
-            if constexpr (A16) {
-                xe[0] = x16[g].x; xe[1] = x16[g].y;
-                xo[0] = x16[g].z; xo[1] = x16[g].w;
-            } else {
-                mmoe_d16_e4m3x4_to_f16x2(xa[2 * g], &xe[0], &xe[1]);
-                mmoe_d16_e4m3x4_to_f16x2(xa[2 * g + 1], &xo[0], &xo[1]);
-            }
+            mmoe_d16_e4m3x4_to_f16x2(xa[2 * g], &xe[0], &xe[1]);
+            mmoe_d16_e4m3x4_to_f16x2(xa[2 * g + 1], &xo[0], &xo[1]);
             const uint32_t e0 = mmoe_d16_e2m1_even_high(ww0[g]), e1 = mmoe_d16_e2m1_even_high(ww1[g]);
             const uint32_t o0 = mmoe_d16_e2m1_odd_high(ww0[g]), o1 = mmoe_d16_e2m1_odd_high(ww1[g]);
             const uint32_t a_even[4] = {mmoe_d16_f16_pair_lo(e0), mmoe_d16_f16_pair_lo(e1), mmoe_d16_f16_pair_hi(e0),
@@ -817,46 +770,14 @@ __host__ __device__ inline int staged_row_bytes(int K)
 }
 
 /**
- * Byte stride of a row staged as F16 pairs (MXFP4 parts of launches with few rows):
- * 2 K plus 64, so that two rows' chunks read by one 8-lane phase of a 16-byte load (lanes of
- * tokens g and g + 1, chunks at 64j + 16t) fall in different halves of the banks.
+ * Dynamic shared memory of a launch: the warps' rings, the @p tile_rows staged activation rows,
+ * the scales of 8 (zero past the tile's rows: the lanes of absent tokens read them), the routing
+ * counts.
  */
-__host__ __device__ inline int staged_row_bytes_f16(int K)
+inline size_t decode_smem_bytes(int Kmax, int a_group, int tile_rows, int E)
 {
-    return 2 * K + 64;
-}
-
-/**
- * Dynamic shared memory of a launch: the warps' rings, the @p tile_rows staged activation rows
- * (F16 pairs when @p a16, else FP8 bytes), the scales of 8 (zero past the tile's rows: the lanes
- * of absent tokens read them), the routing counts.
- */
-__host__ __device__ inline size_t decode_smem_bytes(int Kmax, int a_group, int tile_rows, int E, bool a16)
-{
-    return (size_t)DEC_WARPS * RING_BYTES +
-           (size_t)tile_rows * (a16 ? staged_row_bytes_f16(Kmax) : staged_row_bytes(Kmax)) +
+    return (size_t)DEC_WARPS * RING_BYTES + (size_t)tile_rows * staged_row_bytes(Kmax) +
            (size_t)8 * (Kmax / a_group) * sizeof(float) + (size_t)(E > 0 ? E : 1) * sizeof(int);
-}
-
-/**
- * Dynamic shared memory a block may take so that four fit in an SM: an SM's 228 KB (sm_90 and
- * sm_100), a quarter each, less the 1 KB the runtime reserves per block and 512 bytes for the
- * kernel's static shared variables (160 bytes today).
- */
-constexpr size_t DEC_SMEM_FOUR_BLOCKS = 228 * 1024 / 4 - 1024 - 512;
-
-/**
- * Whether launch @p p stages its MXFP4 parts' activations as F16 pairs: a launch with an
- * MXFP4 part whose shared memory with F16 rows still lets four blocks share an SM (the L1
- * launch's registers allow four, no more).  Then the loop reads its B registers ready and
- * converts nothing.  Host (sizing) and device (layout) decide it with this one function.
- */
-__host__ __device__ inline bool decode_stages_f16(const mmoe_decode_args &p, int a_group)
-{
-    const bool fp4 = (p.shared_tiles > 0 && p.shared.bfmt == MMOE_B_FP4) ||
-                     (p.routed_tiles > 0 && p.routed.bfmt == MMOE_B_FP4);
-    const int kmax = p.shared.K > p.routed.K ? p.shared.K : p.routed.K;
-    return fp4 && decode_smem_bytes(kmax, a_group, p.tile_rows, p.E, true) <= DEC_SMEM_FOUR_BLOCKS;
 }
 
 /** Largest reduction length of a launch's two parts: the staged rows' length. */
@@ -885,14 +806,10 @@ __device__ __forceinline__ void decode_gemm_block(const mmoe_decode_args &p)
     const int groups = EPI == MMOE_EPI_SWIGLU ? q.n_out / 8 : q.n_out / 16;
     /* dynamic shared memory: rings | staged activations | their scales | routing counts */
     const int kmax = max(p.shared.K, p.routed.K);
-    /* rows as F16 pairs in the MXFP4 part of a launch that stages so (sized for them) */
-    const bool a16_launch = decode_stages_f16(p, AG);
-    const bool a16 = a16_launch && q.bfmt == MMOE_B_FP4;
-    const int lda = a16 ? staged_row_bytes_f16(kmax) : staged_row_bytes(kmax);
+    const int lda = staged_row_bytes(kmax);
     uint8_t *rings = smem;
     uint8_t *sA = rings + DEC_WARPS * RING_BYTES;
-    float *sAs = reinterpret_cast<float *>(
-        sA + p.tile_rows * (a16_launch ? staged_row_bytes_f16(kmax) : staged_row_bytes(kmax)));
+    float *sAs = reinterpret_cast<float *>(sA + p.tile_rows * lda);
     int *s_cnt = reinterpret_cast<int *>(sAs + 8 * (kmax / AG));
     int expert = 0, ntok = 0;
     if (shared_part) {
@@ -928,9 +845,7 @@ __device__ __forceinline__ void decode_gemm_block(const mmoe_decode_args &p)
     /* each warp issues its first weight copies, then the block stages the activations (after the
        wait), then each warp streams the rest of its K blocks */
     if (!active)
-        stage_activations(q, AG, ntok, s_arow, sA, lda, sAs, a16); /* its barrier counts every thread */
-    else if (a16)
-        decode_warp_fp4<AG, EPI, true>(p, q, expert, row_group, s_arow, sA, lda, sAs, s_orow, s_w, ntok, ring);
+        stage_activations(q, AG, ntok, s_arow, sA, lda, sAs); /* its barrier counts every thread */
     else if (q.bfmt == MMOE_B_FP4)
         decode_warp_fp4<AG, EPI>(p, q, expert, row_group, s_arow, sA, lda, sAs, s_orow, s_w, ntok, ring);
     else
@@ -974,7 +889,7 @@ decode_kernel_fn decode_instance_of(int a_group, mmoe_epi epi)
  */
 cudaError_t set_instance_smem(decode_kernel_fn fn, const mmoe_decode_args *a, int a_group, size_t *smem)
 {
-    *smem = decode_smem_bytes(decode_kmax(a), a_group, a->tile_rows, a->E, decode_stages_f16(*a, a_group));
+    *smem = decode_smem_bytes(decode_kmax(a), a_group, a->tile_rows, a->E);
     cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)*smem);
     /* all of the unified L1 as shared memory: the rings are what keeps bytes in flight */
     if (e == cudaSuccess)

@@ -22,21 +22,12 @@
  *     instruction per pair; the host model below derives the F16 fields from E4M3's.
  *   - **Scale bytes.**  2^(k - 127) of a UE8M0 byte k is the FP32 with k in its exponent field for
  *     k >= 1 (k = 255: infinity), and 2^-127 (bits 0x00400000, below every normal exponent field)
- *     for k = 0: the unsigned maximum of the two is the factor's bits for every k.  The low 16
- *     bits of all of them are zero, so two factors are made at once as 16-bit halves (k << 7 and
- *     0x0040, one paired maximum) and each is then one shift or mask away: 5 instructions per
- *     two factors instead of 6.  Byte k = 0 must give 2^-127 exactly (a factor of 0 would drop
- *     the group; the group sum times 2^-127 is then an FP32 subnormal, rounded once, as the
- *     oracle's product is).
+ *     for k = 0: the unsigned maximum of the two is the factor's bits for every k.
  *   - **Where activation k is staged.**  A staged row holds, per K block of 128, 128 E4M3 bytes
  *     in runs of 8 (run r holds k = 8r .. 8r + 7 of the block, r = 4j + t: group j, lane column
  *     t).  MXFP4 launches move run (j, t) to byte 32t + 8j with its even k first (x0 x2 x4 x6
  *     x1 x3 x5 x7); FP8 launches keep every run in place.  Either way lane (g, t) of a warp reads
- *     the 32 bytes at 32t of the block, 8 words: word w at byte 32t + 4w.  An MXFP4 launch with
- *     few staged rows stages F16 pairs instead (two bytes a value, the same numbers): run
- *     (j, t), permuted the same way and converted, goes to byte 64j + 16t of a 256-byte block,
- *     and lane (g, t) reads 4 chunks of 16 bytes, chunk j at 64j + 16t: the B registers of group
- *     j's two steps, ready, with no conversion in the loop.
+ *     the 32 bytes at 32t of the block, 8 words: word w at byte 32t + 4w.
  *   - **Which codes form a step.**  MXFP4 lane (g, t) holds codes 8t .. 8t + 7 of group j of its
  *     two rows; step 0 of the group multiplies codes 8t + {0, 2} (fragment a0, a1) and
  *     8t + {4, 6} (a2, a3), step 1 codes 8t + {1, 3} and 8t + {5, 7}; the B registers of step 0
@@ -106,45 +97,11 @@ MMOE_D16_FN uint32_t mmoe_d16_f16_pair_hi(uint32_t h)
     return mmoe_d16_byte_perm(h, 0u, MMOE_D16_SEL_PAIR_HI);
 }
 
-/**
- * CUDA's __vmaxu2(a, b): each 16-bit half the unsigned maximum of the two halves there.  On the
- * device one instruction (VIMNMX.U16x2 on sm_90).
- */
-MMOE_D16_FN uint32_t mmoe_d16_max_u16x2(uint32_t a, uint32_t b)
-{
-#ifdef __CUDA_ARCH__
-    return __vmaxu2(a, b);
-#else
-    const uint32_t lo = (a & 0xFFFFu) > (b & 0xFFFFu) ? a & 0xFFFFu : b & 0xFFFFu;
-    const uint32_t hi = (a >> 16) > (b >> 16) ? a >> 16 : b >> 16;
-    return hi << 16 | lo;
-#endif
-}
-
-/**
- * The factors of UE8M0 bytes @p h and h + 2 (@p h = 0, 1) of scale word @p w, as a pair of
- * 16-bit halves (byte h low), each the high half of the FP32 bits of 2^(k - 127): k << 7, and
- * for k = 0 (2^-127, the subnormal 0x00400000) 0x0040.  Both bytes are moved to bits 7..14 of
- * their halves with one shift and one mask, and one 16-bit maximum with 0x0040 gives k = 0
- * its bits (every k >= 1 is at least 0x0080): three instructions for two factors, where one
- * factor alone takes three (shift, mask, maximum).
- */
-MMOE_D16_FN uint32_t mmoe_d16_ue8m0_pow2_pair(uint32_t w, int h)
-{
-    const uint32_t e = (h == 0 ? w << 7 : w >> 1) & 0x7F807F80u;
-    return mmoe_d16_max_u16x2(e, 0x00400040u);
-}
-
-/** FP32 bits of the factor in half @p i (0: low) of a factor pair: one shift or one mask. */
-MMOE_D16_FN uint32_t mmoe_d16_pair_factor_bits(uint32_t pair, int i)
-{
-    return i == 0 ? pair << 16 : pair & 0xFFFF0000u;
-}
-
 /** FP32 bits of 2^(k - 127) for UE8M0 byte @p g (0..3) of scale word @p w (k = 0: 2^-127; 255: inf). */
 MMOE_D16_FN uint32_t mmoe_d16_ue8m0_pow2_bits(uint32_t w, int g)
 {
-    return mmoe_d16_pair_factor_bits(mmoe_d16_ue8m0_pow2_pair(w, g % 2), g / 2);
+    const uint32_t e = (g < 3 ? w << (23 - 8 * g) : w >> 1) & 0x7F800000u;
+    return e > 0x00400000u ? e : 0x00400000u;
 }
 
 /**
@@ -196,30 +153,6 @@ MMOE_D16_FN int mmoe_d16_run_offset(int run, int fp4)
 {
     const unsigned r = (unsigned)run, j = r / 4u, t = r % 4u; /* unsigned: a shift and a mask */
     return (int)(fp4 ? t * 32u + j * 8u : r * 8u);
-}
-
-/**
- * Byte offset, inside a K block staged as F16 pairs (256 bytes), where run @p run (0..15) of an
- * MXFP4 launch is staged: run (j, t) = (run / 4, run % 4), its 8 values (even k first, as in
- * mmoe_d16_run_offset) as 4 F16 pairs (16 bytes) at 64j + 16t.  Lane column t's 16 pairs are
- * then 4 chunks of 16 bytes at 64j + 16t (mmoe_d16_b16_chunk_offset): the B registers of group
- * j's two steps in one chunk, and the 4 lane columns' chunks j side by side (different banks).
- */
-MMOE_D16_FN int mmoe_d16_run_offset_f16(int run)
-{
-    const unsigned r = (unsigned)run, j = r / 4u, t = r % 4u;
-    return (int)(j * 64u + t * 16u);
-}
-
-/**
- * Byte offset, inside a K block staged as F16 pairs, of lane column @p t's chunk @p j (0..3):
- * the F16 pairs of its staged E4M3 words 2j and 2j + 1 (mmoe_d16_b_word_offset), in the order
- * low pair of word 2j, high pair of word 2j, low pair of word 2j + 1, high pair of word 2j + 1:
- * group j's B registers of step 0, then of step 1.
- */
-MMOE_D16_FN int mmoe_d16_b16_chunk_offset(int t, int j)
-{
-    return j * 64 + t * 16;
 }
 
 /** Byte offset, inside a staged K block, of lane column @p t's word @p w (0..7: its B source words). */
