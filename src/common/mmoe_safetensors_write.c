@@ -343,12 +343,7 @@ mmoe_status mmoe_st_writer_finish(mmoe_st_writer *w, const char *path, mmoe_erro
         return mmoe_error_set(err, MMOE_EINVAL,
                               "safetensors writer: %s: %zu deferred tensors need mmoe_st_writer_finish_streamed()",
                               path, w->n_deferred);
-    writer_item **order = item_pointers(w);
-    if (!order)
-        return mmoe_error_set(err, MMOE_ENOMEM, "safetensors writer: %s: out of memory", path);
-    mmoe_status st = write_items(w, order, w->n_items, path, NULL, NULL, err);
-    free(order);
-    return st;
+    return mmoe_st_writer_finish_streamed(w, path, NULL, NULL, err); /* every tensor has its bytes */
 }
 
 mmoe_status mmoe_st_writer_finish_streamed(mmoe_st_writer *w, const char *path, mmoe_st_bytes_fn bytes, void *ctx,
