@@ -19,7 +19,9 @@
 #include "mmoe_config.h"
 #include "mmoe_synth_model.h"
 
+/** @cond */
 _Static_assert(MMOE_CLI_MAX_THREADS <= MMOE_SYNTH_MAX_THREADS, "--threads accepts more threads than the writer");
+/** @endcond */
 
 /** Print the usage text to @p out. */
 static void usage(FILE *out)

@@ -311,7 +311,9 @@ mmoe_status mmoe_st_writer_finish(mmoe_st_writer *w, const char *path, mmoe_erro
 /**
  * The tensors in the order of the data section (the order every finish writes them), as indices
  * in the order they were added: @p order[k] = the index of the k-th tensor written.
+ * @param w      the writer
  * @param order  room for mmoe_st_writer_count() indices
+ * @param err    message on failure
  * @return MMOE_OK or MMOE_ENOMEM
  */
 mmoe_status mmoe_st_writer_data_order(const mmoe_st_writer *w, size_t *order, mmoe_error *err);

@@ -322,7 +322,8 @@ typedef struct shard_job {
     const mmoe_config *cfg;           /**< the configuration */
     const mmoe_tensor_spec *specs;    /**< the whole tensor list */
     size_t n_specs;                   /**< its length */
-    size_t first, count;              /**< the shard's tensors [first, first + count) */
+    size_t first;                     /**< the shard's first tensor */
+    size_t count;                     /**< its tensors: [first, first + count) */
     uint64_t seed;                    /**< the run's seed */
     const mmoe_normal_table *normals; /**< the deviate table */
     gen_out *outs;                    /**< the slots */

@@ -549,8 +549,9 @@ __device__ __forceinline__ void fp8_128_step(int s, int K, int kb_w, int lane, u
 #define GFW_FP8_UNIT_BYTES (GFW_FP8_ROWS * 512)
 /** Units in a warp's copy ring (GFW_FP8_RING - 1 of them in flight while the warp sums one). */
 #define GFW_FP8_RING 4
-/** Shared memory of one multiprocessor on sm_90 and sm_100, and what the hardware keeps per block. */
+/** Shared memory of one multiprocessor on sm_90 and sm_100. */
 #define GFW_FP8_SM_SMEM (228 * 1024)
+/** Shared memory the hardware keeps for each resident block. */
 #define GFW_FP8_BLOCK_RESERVED 1024
 
 /**
@@ -656,8 +657,8 @@ struct fp8_split_warp {
 
 /** A position in a warp's stream of units: pair r of the warp (rows n0 + 2 r, n0 + 2 r + 1), step s. */
 struct fp8_unit_pos {
-    int r;
-    int s;
+    int r; /**< the pair, within the warp's pairs */
+    int s; /**< the 512-code step */
 };
 
 /** The unit after @p p in the warp's stream (pair-major: the steps of a pair, then the next pair). */
