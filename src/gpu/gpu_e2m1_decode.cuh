@@ -1,7 +1,7 @@
 /**
  * @file gpu_e2m1_decode.cuh
- * @brief Device helpers of the GEMM kernels: the E2M1 -> E4M3 decoder with folded scales, exact
- *        powers of two and the cp.async copies.
+ * @brief Device helpers of the GEMM kernels: the E2M1 -> E4M3 decoder with folded scales and exact
+ *        powers of two (the cp.async copies they use: gpu_cp_async.cuh).
  *
  * Both GEMM kernels (gpu_gemm.cu: mma.sync, portable; gpu_gemm_wgmma.cu: wgmma,
  * sm_90a) decode MXFP4 weights the same way, so the decoder lives here, once.
@@ -25,6 +25,8 @@
 
 #include <cuda_bf16.h>
 #include <stdint.h>
+
+#include "gpu_cp_async.cuh"
 
 namespace {
 
@@ -82,29 +84,6 @@ __device__ __forceinline__ void decode8(uint32_t w, uint32_t lo, uint32_t hi, ui
     const uint32_t E = mE | sE, O = mO | sO;
     *out_lo = __byte_perm(E, O, 0x6240u); /* n0 n1 n2 n3 */
     *out_hi = __byte_perm(E, O, 0x7351u); /* n4 n5 n6 n7 */
-}
-
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
-{
-    unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem));
-}
-
-__device__ __forceinline__ void cp_async4(void *smem, const void *gmem)
-{
-    unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(sa), "l"(gmem));
-}
-
-__device__ __forceinline__ void cp_async_commit()
-{
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 } // namespace

@@ -135,6 +135,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "gpu_cp_async.cuh"
 #include "gpu_forward_internal.h"
 #include "gpu_forward_kernels.cuh"
 #include "gpu_fwd_moe.cuh"
@@ -670,25 +671,6 @@ __device__ __forceinline__ void fp8_unit_next(const fp8_split_warp &wp, fp8_unit
     }
 }
 
-/** Start the asynchronous copy of 16 bytes from global to shared memory, cached in L2 only. */
-__device__ __forceinline__ void fp8_cp16(void *dst, const void *src)
-{
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(__cvta_generic_to_global(src)) : "memory");
-}
-
-/** Close the calling thread's current group of copies (possibly empty). */
-__device__ __forceinline__ void fp8_cp_commit()
-{
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-/** Wait until at most @p N of the calling thread's groups of copies are pending. */
-template <int N> __device__ __forceinline__ void fp8_cp_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 /**
  * Lane @p lane copies its 16 codes of both rows of unit @p p (when the warp has it, @p live)
  * into @p slot, row 0 at [16 lane, 16 lane + 16) and row 1 512 bytes later, and closes a group
@@ -699,10 +681,10 @@ __device__ __forceinline__ void fp8_ring_issue(bool live, const fp8_split_warp &
 {
     if (live && p.s * 512 + lane * 16 < K) {
         const uint8_t *w0 = wp.src + (int64_t)(2 * p.r) * K + p.s * 512, *w1 = 2 * p.r + 1 < wp.rows ? w0 + K : w0;
-        fp8_cp16(slot + lane * 16, w0);
-        fp8_cp16(slot + 512 + lane * 16, w1);
+        cp_async16(slot + lane * 16, w0);
+        cp_async16(slot + 512 + lane * 16, w1);
     }
-    fp8_cp_commit();
+    cp_async_commit();
 }
 
 /**
@@ -798,7 +780,7 @@ __global__ void __launch_bounds__(GFW_FP8_WARPS * 32, GFW_FP8_SPLIT_BLOCKS_PER_S
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
     fp8_unit_pos at = {0, wp.s0}; /* the unit summed */
     for (int u = 0; u < wp.units; u++) {
-        fp8_cp_wait<GFW_FP8_RING - 2>(); /* unit u's group has landed in this lane's bytes */
+        cp_async_wait<GFW_FP8_RING - 2>(); /* unit u's group has landed in this lane's bytes */
         const uint8_t *slot = ring + (u % GFW_FP8_RING) * GFW_FP8_UNIT_BYTES;
         const bool has = at.s * 512 + lane * 16 < K; /* false only for the lanes past a short last step */
         const uint4 q0 = has ? *(const uint4 *)(slot + lane * 16) : zero;
