@@ -20,24 +20,9 @@ __global__ void combine_kernel(const __nv_bfloat16 *slots_buf, const int32_t *to
 {
     mmoe_grid_dependency_wait(); /* as the dependent of a programmatic launch: the slots are written */
     const int t = blockIdx.x;
-    const int slots = topk + 1;
-    unsigned valid = 0;
-    for (int k = 0; k < topk; k++)
-        if (topk_idx[(size_t)t * topk + k] >= 0)
-            valid |= 1u << k;
-    if (has_shared)
-        valid |= 1u << topk;
-    for (int d = threadIdx.x * 2; d < D; d += blockDim.x * 2) {
-        float a0 = 0.0f, a1 = 0.0f;
-        for (int k = 0; k <= topk; k++) {
-            if (!(valid >> k & 1u))
-                continue;
-            __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162 *>(slots_buf + ((size_t)t * slots + k) * D + d);
-            a0 = __fadd_rn(a0, __low2float(v));
-            a1 = __fadd_rn(a1, __high2float(v));
-        }
-        *reinterpret_cast<__nv_bfloat162 *>(y + (size_t)t * D + d) = __floats2bfloat162_rn(a0, a1);
-    }
+    const unsigned mask = mmoe_combine_slot_mask(topk_idx, t, topk, has_shared);
+    for (int d = threadIdx.x * 2; d < D; d += blockDim.x * 2)
+        *reinterpret_cast<__nv_bfloat162 *>(y + (size_t)t * D + d) = mmoe_combine_pair(slots_buf, mask, t, topk, D, d);
 }
 
 cudaError_t mmoe_launch_combine(const __nv_bfloat16 *slots_buf, const int32_t *topk_idx, int T, int topk,

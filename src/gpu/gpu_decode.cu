@@ -714,9 +714,9 @@ constexpr int CB_CHUNK = DEC_WARPS * 16;
  * slot rows (BF16).  For each of its rows (token t, slot k), after a fence, one thread counts the
  * row in the counter of (t, chunk); a token's chunk is complete when all its unmasked slots and
  * the shared slot have counted, and the block that counts last sums them with one warp (two
- * channels a lane) exactly as the combine kernel does (gpu_combine.cu: from 0, the unmasked
- * slots in ascending order, the shared slot last, FP32 additions, one BF16 rounding), reading
- * the slots through L2, and resets the counter.  A token with no slot to count (every slot
+ * channels a lane) with the combine kernel's own steps (mmoe_combine_slot_mask and
+ * mmoe_combine_pair, gpu_internal.cuh: from 0, the unmasked slots in ascending order, the shared
+ * slot last, FP32 additions, one BF16 rounding), and resets the counter.  A token with no slot to count (every slot
  * masked, no shared expert) is never summed: the layer zeroes the output first in that case.
  */
 __device__ void combine_rows_if_last(const mmoe_decode_args &p, int n_out, int ntok, const int *s_orow, int *s_tok)
@@ -728,9 +728,7 @@ __device__ void combine_rows_if_last(const mmoe_decode_args &p, int n_out, int n
         int last = -1;
         if ((int)threadIdx.x < ntok) {
             const int t = s_orow[threadIdx.x] / slots;
-            int want = p.cb_has_shared;
-            for (int k = 0; k < p.topk; k++)
-                want += p.topk_idx[(size_t)t * p.topk + k] >= 0;
+            const int want = __popc(mmoe_combine_slot_mask(p.topk_idx, t, p.topk, p.cb_has_shared));
             int *count = p.cb_counters + (size_t)t * p.cb_chunks + x;
             if (atomicAdd(count, 1) == want - 1) {
                 *count = 0; /* every row of the chunk has counted: ready for the next launch */
@@ -744,19 +742,9 @@ __device__ void combine_rows_if_last(const mmoe_decode_args &p, int n_out, int n
     const int lane = (int)threadIdx.x & 31, d = x * CB_CHUNK + lane * 2;
     for (int r = (int)threadIdx.x >> 5; r < 8; r += DEC_WARPS) {
         const int t = s_tok[r];
-        if (t < 0)
-            continue;
-        float a0 = 0.0f, a1 = 0.0f;
-        for (int k = 0; k < slots; k++) {
-            const bool used = k < p.topk ? p.topk_idx[(size_t)t * p.topk + k] >= 0 : p.cb_has_shared != 0;
-            if (!used)
-                continue;
-            const unsigned int u =
-                __ldcg(reinterpret_cast<const unsigned int *>(p.out_slots + ((size_t)t * slots + k) * n_out + d));
-            a0 = __fadd_rn(a0, __uint_as_float(u << 16));
-            a1 = __fadd_rn(a1, __uint_as_float(u & 0xffff0000u));
-        }
-        *reinterpret_cast<__nv_bfloat162 *>(p.cb_out + (size_t)t * n_out + d) = __floats2bfloat162_rn(a0, a1);
+        if (t >= 0)
+            *reinterpret_cast<__nv_bfloat162 *>(p.cb_out + (size_t)t * n_out + d) = mmoe_combine_pair(
+                p.out_slots, mmoe_combine_slot_mask(p.topk_idx, t, p.topk, p.cb_has_shared), t, p.topk, n_out, d);
     }
 }
 

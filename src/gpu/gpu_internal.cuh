@@ -87,6 +87,41 @@ __device__ __forceinline__ void mmoe_grid_launch_dependents()
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
+/**
+ * The combine's rule, one place for its two users (the combine kernel, gpu_combine.cu, and the
+ * decode L2 launch that combines itself, gpu_decode.cu): the slots of token @p t that take part,
+ * as a bit mask: bit k for each slot k < topk that is not masked (topk_idx >= 0), bit topk for
+ * the shared expert's slot when there is one.
+ */
+__device__ __forceinline__ unsigned mmoe_combine_slot_mask(const int32_t *topk_idx, int t, int topk, int has_shared)
+{
+    unsigned mask = has_shared ? 1u << topk : 0u;
+    for (int k = 0; k < topk; k++)
+        if (topk_idx[(size_t)t * topk + k] >= 0)
+            mask |= 1u << k;
+    return mask;
+}
+
+/**
+ * Channels d and d + 1 of token @p t's output: its slots of @p mask (rows t * (topk + 1) + k of
+ * @p slots_buf, width D) summed from 0 in ascending slot order with FP32 additions, then one
+ * BF16 rounding.  The slots are read through L2 (another block may have written them).
+ */
+__device__ __forceinline__ __nv_bfloat162 mmoe_combine_pair(const __nv_bfloat16 *slots_buf, unsigned mask, int t,
+                                                            int topk, int D, int d)
+{
+    float a0 = 0.0f, a1 = 0.0f;
+    for (int k = 0; k <= topk; k++) {
+        if (!(mask >> k & 1u))
+            continue;
+        const unsigned int u =
+            __ldcg(reinterpret_cast<const unsigned int *>(slots_buf + ((size_t)t * (topk + 1) + k) * D + d));
+        a0 = __fadd_rn(a0, __uint_as_float(u << 16));
+        a1 = __fadd_rn(a1, __uint_as_float(u & 0xffff0000u));
+    }
+    return __floats2bfloat162_rn(a0, a1);
+}
+
 /** Arguments of one grouped GEMM launch (all pointers are device pointers). */
 struct mmoe_gemm_args {
     int K;                      /**< reduction length (D for L1, I for L2), multiple of 128 */
