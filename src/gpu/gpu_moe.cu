@@ -802,10 +802,8 @@ static mmoe_status launch_layer_decode(mmoe_gpu_moe *L, int T, int fused, mmoe_e
         a.rq_routed_s = L->l2s;
         a.rq_shared_q = L->sh_l2q;
         a.rq_shared_s = L->sh_l2s;
-        CK(mmoe_launch_decode_gemm(&a, ag, MMOE_EPI_SWIGLU, 1, s), "L1 decode GEMM (requantizing)");
-    } else {
-        CK(mmoe_launch_decode_gemm(&a, ag, MMOE_EPI_SWIGLU, 1, s), "L1 decode GEMM");
     }
+    CK(mmoe_launch_decode_gemm(&a, ag, MMOE_EPI_SWIGLU, 1, s), fused ? "L1 decode GEMM (requantizing)" : "L1 decode GEMM");
     CK(decode_occupancy_of(&L->occ, &a, ag), "L1 decode GEMM occupancy");
     if (!fused)
         CK(mmoe_launch_requant_decode(L->a1, T * K, L->idx, I, L->sh_a1, SI > 0 ? T : 0, SI,
@@ -821,17 +819,16 @@ static mmoe_status launch_layer_decode(mmoe_gpu_moe *L, int T, int fused, mmoe_e
     a.cum_counts = NULL;
     a.num_pairs = NULL;
     a.rq_counters = NULL;
-    if (!fused) {
-        CK(mmoe_launch_decode_gemm(&a, ag, MMOE_EPI_SLOT_BF16, 1, s), "L2 decode GEMM");
-        CK(mmoe_launch_combine_pdl(L->slots, L->idx, T, K, SI > 0, D, L->y, s), "combine");
-        return MMOE_OK;
+    if (fused) {
+        /* ... and the last writer of each token's 64-channel chunk sums its slots into y */
+        a.cb_counters = L->cb_counters;
+        a.cb_chunks = D / 64;
+        a.cb_has_shared = SI > 0;
+        a.cb_out = L->y;
     }
-    /* ... and the last writer of each token's 64-channel chunk sums its slots into y */
-    a.cb_counters = L->cb_counters;
-    a.cb_chunks = D / 64;
-    a.cb_has_shared = SI > 0;
-    a.cb_out = L->y;
-    CK(mmoe_launch_decode_gemm(&a, ag, MMOE_EPI_SLOT_BF16, 1, s), "L2 decode GEMM (combining)");
+    CK(mmoe_launch_decode_gemm(&a, ag, MMOE_EPI_SLOT_BF16, 1, s), fused ? "L2 decode GEMM (combining)" : "L2 decode GEMM");
+    if (!fused)
+        CK(mmoe_launch_combine_pdl(L->slots, L->idx, T, K, SI > 0, D, L->y, s), "combine");
     return MMOE_OK;
 }
 
@@ -1011,12 +1008,11 @@ static void fill_result(mmoe_gpu_moe *L, int bm, long long pairs, mmoe_gpu_moe_r
     res->recipe = L->recipe;
     const int fused = L->last_decode_fused;
     if (L->last_decode)
-        res->kernel = fused ? "decode16: mma.sync.m16n8k16 f16 (activations staged as E4M3, both operands made F16 in "
-                              "registers) swap-AB weight streaming, 8-token tiles (3 launches (fused), programmatic "
-                              "dependent launch)"
-                            : "decode16: mma.sync.m16n8k16 f16 (activations staged as E4M3, both operands made F16 in "
-                              "registers) swap-AB weight streaming, 8-token tiles (5 launches, programmatic dependent "
-                              "launch)";
+#define DECODE16_KERNEL "decode16: mma.sync.m16n8k16 f16 (activations staged as E4M3, both operands made F16 in " \
+                        "registers) swap-AB weight streaming, 8-token tiles "
+        res->kernel = fused ? DECODE16_KERNEL "(3 launches (fused), programmatic dependent launch)"
+                            : DECODE16_KERNEL "(5 launches, programmatic dependent launch)";
+#undef DECODE16_KERNEL
     else if (L->last_wgmma)
         res->kernel = L->last_split ? "wgmma f16 (E4M3/E2M1 converted) warp-specialized grouped GEMM, split-K (staged)"
                                     : "wgmma f16 (E4M3/E2M1 converted) warp-specialized grouped GEMM (staged, 9 launches)";
