@@ -979,7 +979,14 @@ static void run_decode_layer_cases(mmoe_rng *rng)
     free_layer(&L);
 }
 
-/** Restore MMOE_GPU_GEMM as it was before a test set it (@p saved: its old value or NULL). */
+/** MMOE_GPU_GEMM as it is now, for restore_gemm_env() after a test sets it (a copy, or NULL when unset). */
+static char *save_gemm_env(void)
+{
+    const char *prev = getenv("MMOE_GPU_GEMM");
+    return prev != NULL ? strdup(prev) : NULL;
+}
+
+/** Restore MMOE_GPU_GEMM as it was before a test set it (@p saved: from save_gemm_env()). */
 static void restore_gemm_env(char *saved)
 {
     if (saved != NULL) {
@@ -1008,8 +1015,7 @@ START_TEST(layer_decode16_family)
 {
     if (!gpu_ok())
         return;
-    const char *prev = getenv("MMOE_GPU_GEMM");
-    char *saved = prev != NULL ? strdup(prev) : NULL;
+    char *saved = save_gemm_env();
     mmoe_rng rng;
     mmoe_rng_seed(&rng, g_seed + 31);
     run_decode_layer_cases(&rng);
@@ -1074,8 +1080,7 @@ START_TEST(layer_decode_repeated_calls)
 {
     if (!gpu_ok())
         return;
-    const char *prev = getenv("MMOE_GPU_GEMM");
-    char *saved = prev != NULL ? strdup(prev) : NULL;
+    char *saved = save_gemm_env();
     mmoe_rng rng;
     mmoe_rng_seed(&rng, g_seed + 32);
     const int64_t D = 256, E = 8;

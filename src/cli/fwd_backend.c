@@ -5,7 +5,6 @@
 #include "mmoe_fwd_backend.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "mmoe_cli.h"
