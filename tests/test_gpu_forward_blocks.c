@@ -349,7 +349,15 @@ START_TEST(test_linear_fp8)
     check_fp8(2, 4095, 8192, 128);  /* 2 pairs per warp at K = 8192, an odd last row */
     check_fp8(1, 7, 128, 128);      /* K = 128: one short step, 3 of 4 ring slots never filled */
     check_fp8(4, 1023, 4096, 128);  /* T = 4: pairs per warp at K = 4096, the ring across pairs */
-    check_fp8(64, 257, 1024, 128);  /* prefill: 8 pairs per warp, 16 units, an odd last row */
+    check_fp8(7, 2049, 1024, 128);  /* T = 7, the most tokens of the one-token kernel: 3 pairs per warp, an odd last row */
+    /* from 8 tokens on: k_linear_fp8_tokens (FP64 MMAs over 32-token tiles) */
+    check_fp8(8, 1024, 4096, 128);   /* one full n-tile */
+    check_fp8(64, 32768, 1024, 128); /* wq_b, a 64-token prefill: two token tiles */
+    check_fp8(33, 4096, 8192, 128);  /* wo_b; the second token tile holds one token */
+    check_fp8(13, 201, 384, 128);    /* a partial second n-tile, a warp with one live row */
+    check_fp8(40, 7, 128, 128);      /* fewer rows than a warp's 8, one K block */
+    check_fp8_kind(16, 96, 2048, 128, FP8_EXTREME);
+    check_fp8_kind(24, 96, 1024, 128, FP8_NAN);
     check_fp8_kind(1, 96, 2048, 128, FP8_EXTREME); /* 4 steps over 4 warps */
     check_fp8_kind(1, 96, 2048, 128, FP8_NAN);
     check_fp8_kind(2, 96, 2048, 128, FP8_EXTREME);

@@ -20,6 +20,7 @@
  * |                   | optionally k_act_quant's codes of its output            |        |
  * | k_act_quant       | 1x128 E4M3, UE8M0 ceil scale of the V4 rule [linear_fp8.c] | yes |
  * | k_linear_fp8_128_split | exact block partials, fp32 scaled sum in block order; grid per SM count | yes |
+ * | k_linear_fp8_tokens | the same from 8 tokens on, FP64 tensor-core partials [gpu_linear_fp8_tokens.cuh] | yes |
  * | k_linear_fp8      | the same for other scale blocks (one warp per output)   | yes    |
  * | k_linear_dense_split | double dot in the chunked pairwise order [linear_dense.c] | yes  |
  * | k_hc_part, k_hc_finish_split | mHC logits (double, block trees), sigmoid, Sinkhorn, mix | yes* |
@@ -183,6 +184,9 @@ __device__ __forceinline__ float gfw_e4m3_value(uint32_t code)
     const float mag = e ? __uint_as_float(((e + 120u) << 23) | (m << 20)) : __fmul_rn((float)m, 0x1p-9f);
     return __uint_as_float(__float_as_uint(mag) | ((code & 0x80u) << 24));
 }
+
+/* The many-token FP8 linear (its own chapter), which needs dfp8 and gfw_e4m3_value() above. */
+#include "gpu_linear_fp8_tokens.cuh"
 
 /** Element (r, k) of a dense weight as the oracle's dense linear reads it. */
 __device__ __forceinline__ double dd_at(const ddense &w, int64_t r, int64_t k)
@@ -806,14 +810,19 @@ __global__ void __launch_bounds__(GFW_FP8_WARPS * 32, GFW_FP8_SPLIT_BLOCKS_PER_S
 }
 
 /**
- * Launch the FP8 linear y = fp8_linear(x) of T quantized rows: for 128-blocks whose x row and
- * rings fit the shared memory, 16-byte aligned weight codes and 4-byte aligned x codes,
- * k_linear_fp8_128_split with its rows shared out for @p n_sm multiprocessors by
- * fp8_split_choose(), k_linear_fp8 otherwise (same bits either way).
+ * Launch the FP8 linear y = fp8_linear(x) of T quantized rows: for 128-blocks, 16-byte aligned
+ * weight codes and 4-byte aligned x codes, k_linear_fp8_tokens from GFW_FP8T_MIN_T tokens on,
+ * and below that, where the x row and rings fit the shared memory, k_linear_fp8_128_split with
+ * its rows shared out for @p n_sm multiprocessors by fp8_split_choose(); k_linear_fp8
+ * otherwise (same bits on every path).
  */
 static void launch_linear_fp8(const uint8_t *xq, const float *xs, int64_t T, const dfp8 &w, uint16_t *y, int n_sm,
                               cudaStream_t st)
 {
+    if (w.block == 128 && T >= GFW_FP8T_MIN_T && ((uintptr_t)w.w & 15) == 0 && ((uintptr_t)xq & 3) == 0) {
+        launch_linear_fp8_tokens(xq, xs, T, w, y, st);
+        return;
+    }
     const size_t smem = fp8_128_smem(w.K);
     if (w.block == 128 && smem <= GFW_FP8_SMEM_MAX && ((uintptr_t)w.w & 15) == 0 && ((uintptr_t)xq & 3) == 0) {
         fp8_split_shape sh = fp8_split_choose(T, w.N, w.K, n_sm);

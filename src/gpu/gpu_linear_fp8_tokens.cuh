@@ -1,0 +1,174 @@
+/**
+ * @file gpu_linear_fp8_tokens.cuh
+ * @brief The FP8 linear for many tokens (prefill): exact block partials on the FP64 tensor
+ *        cores, each weight code decoded once for up to 32 tokens.
+ *
+ * ## Why a second FP8 linear
+ *
+ * k_linear_fp8_128_split (gpu_forward.cu) serves one token per thread block: at decode that
+ * is the whole call, but a prefill of T tokens streams every weight T times and decodes every
+ * code T times, so a 64-token prefill of V4-Flash's W_qb (32 MB) costs about as much as 64
+ * decode steps.  This kernel gives each weight code to 32 tokens at once.
+ *
+ * ## The arithmetic is the oracle's
+ *
+ * linear_fp8.c defines y[t, n] = bf16(sum_kb fl32(P[t, n, kb]) (s_x[t, kb] s_w[n/128, kb])),
+ * the fp32 sum in ascending kb from +0, where P is the exact sum of the 128 products of E4M3
+ * values of K block kb.  Every product is an integer multiple of 2^-18 below 2^18 and any sum
+ * of at most 128 of them a multiple of 2^-18 below 2^25 (43 bits), so every partial sum of the
+ * block, in any order and any grouping, is a double exactly.  The FP64 MMA
+ * (`mma.sync.m8n8k4.f64`) computes D = A B + C with IEEE double operations, none of which has
+ * anything to round here: the 8 x 8 block partials it leaves are the oracle's exact P, and
+ * the rest (fl32, the scale product, the term, the fp32 sum in block order) is written out
+ * with the oracle's operands in the oracle's order.  The operands are the codes' true values
+ * (gfw_e4m3_value(), widened to double), never a subnormal double: the smallest nonzero
+ * product is 2^-18.  A NaN code gives a NaN value and a NaN partial, as in the oracle.
+ *
+ * ## Data layout
+ *
+ * A block is GFW_FP8T_WARPS warps and GFW_FP8T_TOKENS tokens; warp v owns the 8 weight rows
+ * n0 = 8 (GFW_FP8T_WARPS b + v) .. n0 + 7, the MMA's M.  The K order inside a 128-block is free
+ * (the partial is exact), so MMA step j (0..31) of a block multiplies the four k = 32 q + j,
+ * q = 0..3, fragment column q standing for k = 32 q + j:
+ *
+ *   - A (8 x 4, weights): lane (g, q) = (lane / 4, lane % 4) holds row n0 + g at k = 32 q + j;
+ *     over the 32 steps a lane needs the 32 contiguous codes [32 q, 32 q + 32) of its row,
+ *     which it loads as two 16-byte words (the block's next K block is loaded while this one
+ *     is summed).
+ *   - B (4 x 8, tokens): lane (g, q) holds token 8 i + g of n-tile i at k = 32 q + j.  The
+ *     block stages the K block's values of its 32 tokens as doubles in shared memory once
+ *     (each thread decodes 32 codes), token r's value k at r GFW_FP8T_ROW + (k / 32)
+ *     GFW_FP8T_SEG + k % 32: the row stride of 132 doubles (1056 bytes, 32 mod 128) and the
+ *     segment stride of 33 (264 bytes, 8 mod 128) put the 16 lanes of a half warp on 16
+ *     different 8-byte bank pairs.
+ *   - C/D (8 x 8): lane (g, q) holds rows n0 + g, tokens 8 i + 2 q and 8 i + 2 q + 1.  After the
+ *     32 steps of a K block the lane turns its 2 partials per n-tile into terms and adds them
+ *     to its fp32 outputs; the partials start again from zero.
+ *
+ * Tokens past T (the last tile) are zero codes whose outputs are not written, and n-tiles
+ * wholly past T are skipped; rows past N reread row N - 1 and are not written.
+ *
+ * ## Cost
+ *
+ * Per K block a warp issues 32 MMAs per live n-tile (8 rows x 8 tokens x 4 k each), 32 weight
+ * decodes per lane and a shared-memory read per MMA; an H200's FP64 tensor rate (half an
+ * m8n8k4 per cycle and multiprocessor) bounds a 64-token W_qb (32768 x 1024) at about 64 us,
+ * against one decode-kernel pass over the weights per token before.
+ */
+#ifndef MMOE_GPU_LINEAR_FP8_TOKENS_CUH
+#define MMOE_GPU_LINEAR_FP8_TOKENS_CUH
+
+/** Warps of a k_linear_fp8_tokens block (8 weight rows each). */
+#define GFW_FP8T_WARPS 4
+/** Tokens of a k_linear_fp8_tokens block: four n-tiles of the FP64 MMA. */
+#define GFW_FP8T_TOKENS 32
+/** Doubles of one 32-value segment of a staged token row, with one of padding (bank spread). */
+#define GFW_FP8T_SEG 33
+/** Doubles of one staged token row: four segments. */
+#define GFW_FP8T_ROW (4 * GFW_FP8T_SEG)
+/** The fewest tokens for which launch_linear_fp8() takes this kernel rather than the one-token one. */
+#define GFW_FP8T_MIN_T 8
+
+/** D += A B for one m8n8k4 FP64 MMA: this lane's A and B elements and its two D elements. */
+__device__ __forceinline__ void dmma_m8n8k4(double &d0, double &d1, double a, double b)
+{
+    asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
+                 : "+d"(d0), "+d"(d1)
+                 : "d"(a), "d"(b));
+}
+
+/**
+ * Stage the values of K block @p kb of the block's tokens t0 .. t0 + 31 (zero past T) as
+ * doubles in @p sx, in the layout of the chapter above.  Every thread of the block calls it.
+ */
+__device__ __forceinline__ void fp8t_stage_x(const uint8_t *xq, int64_t T, int64_t K, int64_t t0, int kb, double *sx)
+{
+    for (int i = threadIdx.x; i < GFW_FP8T_TOKENS * 32; i += blockDim.x) {
+        const int r = i >> 5, k = (i & 31) * 4; /* token r, codes k .. k + 3 of the block */
+        const uint32_t c = t0 + r < T ? *(const uint32_t *)(xq + (t0 + r) * K + (int64_t)kb * 128 + k) : 0u;
+        double *dst = sx + r * GFW_FP8T_ROW + (k >> 5) * GFW_FP8T_SEG + (k & 31);
+#pragma unroll
+        for (int b = 0; b < 4; b++)
+            dst[b] = (double)gfw_e4m3_value((c >> (8 * b)) & 0xFFu);
+    }
+}
+
+/**
+ * y = fp8_linear(x) for T >= 1 tokens of 128-block scales (linear_fp8.c's bits): grid
+ * (ceil(N / (8 GFW_FP8T_WARPS)), ceil(T / GFW_FP8T_TOKENS)), GFW_FP8T_WARPS warps a block.
+ * @p xq codes [T, K] (4-byte aligned), @p xs fp32 scales [T, K/128], weight codes 16-byte
+ * aligned, K a multiple of 128.
+ */
+__global__ void __launch_bounds__(GFW_FP8T_WARPS * 32)
+    k_linear_fp8_tokens(const uint8_t *xq, const float *xs, int64_t T, dfp8 w, uint16_t *y)
+{
+    __shared__ double sx[GFW_FP8T_TOKENS * GFW_FP8T_ROW];
+    const int64_t K = w.K;
+    const int kb_w = (int)(K / 128);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int64_t t0 = (int64_t)blockIdx.y * GFW_FP8T_TOKENS;
+    const int64_t live_t = T - t0 < GFW_FP8T_TOKENS ? T - t0 : GFW_FP8T_TOKENS;
+    const int tiles = (int)((live_t + 7) / 8); /* n-tiles holding a token; the same for the whole block */
+    const int64_t row = ((int64_t)blockIdx.x * GFW_FP8T_WARPS + warp) * 8 + g;
+    const bool row_live = row < w.N;
+    const int64_t row_rd = row_live ? row : w.N - 1;
+    const uint8_t *wr = w.w + row_rd * K + 32 * q; /* the lane's 32 codes of K block 0 */
+    const uint8_t *ws = w.s + (row_rd >> 7) * w.scols;
+
+    uint4 c0 = *(const uint4 *)wr, c1 = *(const uint4 *)(wr + 16);
+    float acc[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
+    for (int kb = 0; kb < kb_w; kb++) {
+        __syncthreads(); /* every warp is done with the previous block's values */
+        fp8t_stage_x(xq, T, K, t0, kb, sx);
+        uint4 n0 = c0, n1 = c1; /* the next K block's codes, in flight while this one is summed */
+        if (kb + 1 < kb_w) {
+            n0 = *(const uint4 *)(wr + (int64_t)(kb + 1) * 128);
+            n1 = *(const uint4 *)(wr + (int64_t)(kb + 1) * 128 + 16);
+        }
+        __syncthreads();
+        const uint32_t wq[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+        const double *xb = sx + g * GFW_FP8T_ROW + q * GFW_FP8T_SEG;
+        double d[4][2] = {{0.0, 0.0}, {0.0, 0.0}, {0.0, 0.0}, {0.0, 0.0}};
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            const double a = (double)gfw_e4m3_value((wq[j >> 2] >> (8 * (j & 3))) & 0xFFu);
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                if (i < tiles)
+                    dmma_m8n8k4(d[i][0], d[i][1], a, xb[i * 8 * GFW_FP8T_ROW + j]);
+        }
+        const float s_w = gfw_ue8m0(ws[kb]);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int64_t t = t0 + 8 * i + 2 * q + c;
+                if (t < T)
+                    acc[i][c] = __fadd_rn(acc[i][c],
+                                          __fmul_rn(__double2float_rn(d[i][c]), __fmul_rn(xs[t * kb_w + kb], s_w)));
+            }
+        c0 = n0;
+        c1 = n1;
+    }
+    if (!row_live)
+        return;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const int64_t t = t0 + 8 * i + 2 * q + c;
+            if (t < T)
+                y[t * w.N + row] = gfw_f2bf(acc[i][c]);
+        }
+}
+
+/** Launch k_linear_fp8_tokens for T tokens of @p w (see its contract). */
+static void launch_linear_fp8_tokens(const uint8_t *xq, const float *xs, int64_t T, const dfp8 &w, uint16_t *y,
+                                     cudaStream_t st)
+{
+    const int64_t rows = 8 * GFW_FP8T_WARPS;
+    const dim3 grid((unsigned)((w.N + rows - 1) / rows), (unsigned)((T + GFW_FP8T_TOKENS - 1) / GFW_FP8T_TOKENS));
+    k_linear_fp8_tokens<<<grid, GFW_FP8T_WARPS * 32, 0, st>>>(xq, xs, T, w, y);
+}
+
+#endif
