@@ -477,6 +477,15 @@ START_TEST(test_linear_dense)
     check_dense(1, 1024, 4096, 1);         /* compressor wkv (F32): 8 rounds, 2 in flight */
     check_dense(1, 64, 4096, 0);           /* indexer weights_proj (BF16): 8 rounds, 3 in flight */
     check_dense(1, 129, 1024, 0);          /* 2 rounds, fewer than the ring's slots; odd outputs */
+    /* from 8 tokens on: k_linear_dense_tokens (a weight chunk decoded once for 8 tokens) */
+    check_dense_f8(16, 256, 1024, 128, 0); /* two token groups */
+    check_dense_f8(9, 64, 4096, 128, 1);   /* 8 rounds; a group of one token; NaN codes */
+    check_dense_f8(12, 37, 8192, 128, 0);  /* 16 rounds, the most it holds */
+    check_dense(24, 64, 4096, 0);          /* BF16 */
+    check_dense(8, 9, 1040, 0);            /* 65 chunks: 4 rounds, the last three +0 past the chunks */
+    check_dense(10, 5, 48, 0);             /* one round, most lanes +0 */
+    check_dense(8, 1024, 4097, 0);         /* a short last chunk: the one-token kernel */
+    check_dense(8, 64, 4096, 1);           /* F32: the one-token kernel */
     check_dense_order();
 }
 END_TEST

@@ -23,6 +23,7 @@
  * | k_linear_fp8_tokens | the same from 8 tokens on, FP64 tensor-core partials [gpu_linear_fp8_tokens.cuh] | yes |
  * | k_linear_fp8      | the same for other scale blocks (one warp per output)   | yes    |
  * | k_linear_dense_split | double dot in the chunked pairwise order [linear_dense.c] | yes  |
+ * | k_linear_dense_tokens | the same from 8 tokens on, a weight chunk for 8 tokens [gpu_linear_dense_tokens.cuh] | yes |
  * | k_hc_part, k_hc_finish_split | mHC logits (double, block trees), sigmoid, Sinkhorn, mix | yes* |
  * | k_hc_post         | fp32 write-back, j ascending, then the post term       | yes    |
  * | k_scale_heads     | per-head q scaling in bf16 steps, RoPE [attn_forward.c] | yes    |
@@ -3333,13 +3334,21 @@ static mmoe_status linear_fp8(mmoe_gpu_model *g, const uint16_t *x, int64_t rows
     return st == MMOE_OK ? linear_fp8_quantized(g, rows, w, y, err) : st;
 }
 
+/* The many-token dense linear (its own chapter), which needs the dense-sum helpers above. */
+#include "gpu_linear_dense_tokens.cuh"
+
 /**
  * Launch the dense linears of set @p s on x rows [rows, ldx] (width K; grouped as in
- * k_linear_dense_split): k_linear_dense_split, one warp per output.
+ * k_linear_dense_split): k_linear_dense_tokens from GFW_DENSE_TT_MIN_T rows on where
+ * dense_tokens_fit() holds, else k_linear_dense_split, one warp per output (same bits).
  */
 static void launch_linear_dense(const uint16_t *x, int64_t rows, int64_t ldx, int64_t K, const dense_set &s,
                                 int64_t group_rows, int64_t group_width, cudaStream_t st)
 {
+    if (dense_tokens_fit(x, rows, ldx, K, s, group_width)) {
+        launch_linear_dense_tokens(x, rows, ldx, K, s, group_rows, group_width, st);
+        return;
+    }
     int64_t outputs = 0;
     for (int j = 0; j < s.n; j++)
         outputs += rows * s.N[j];
