@@ -80,6 +80,14 @@
  * streams up to 8 row pairs in one stream of loads (the (row, K block) terms are exact, so
  * who computes them is free).
  *
+ * ## The linears of a prefill
+ *
+ * The one-token kernels above give a token to a thread block or a warp, so a prefill of T
+ * tokens streams and decodes every weight T times.  From 8 tokens on, the FP8 linears run
+ * k_linear_fp8_tokens (gpu_linear_fp8_tokens.cuh: 32 tokens per block, the exact block
+ * partials on the FP64 tensor cores) and the dense ones k_linear_dense_tokens
+ * (gpu_linear_dense_tokens.cuh: a weight chunk decoded once for 8 tokens); both keep every bit.
+ *
  * ## Expert parallelism
  *
  * One rank of an N-GPU forward (gfw_ep_part, src/ep/ep_gpu_forward.c) is this model with only
