@@ -540,8 +540,12 @@ __device__ __forceinline__ void fp8_128_step(int s, int K, int kb_w, int lane, u
         term[row * kb_w + kb] = __fmul_rn(__double2float_rn(v * 0x1p1016), __fmul_rn(s_x, gfw_ue8m0(s_w)));
 }
 
-/** Blocks per multiprocessor k_linear_fp8_128_split is compiled for (its register bound). */
-#define GFW_FP8_SPLIT_BLOCKS_PER_SM 3
+/**
+ * Blocks per multiprocessor k_linear_fp8_128_split is compiled for (its register bound: 64
+ * registers, four blocks of 256 threads fill the register file; the shared memory allows four
+ * up to K = 2048).
+ */
+#define GFW_FP8_SPLIT_BLOCKS_PER_SM 4
 /** Most row pairs one warp of k_linear_fp8_128_split streams one after the other. */
 #define GFW_FP8_SPLIT_PAIRS_MAX 8
 /** Most bytes of block terms per k_linear_fp8_128_split block (bounds the row pairs per warp). */
@@ -606,33 +610,53 @@ static int fp8_split_blocks_per_sm(int64_t K, int64_t *term_bytes)
 }
 
 /**
+ * The largest number of blocks of @p blocks that one of @p n_sm multiprocessors runs when
+ * they are spread evenly: ceil(blocks / n_sm).
+ */
+static int64_t fp8_split_blocks_on_busiest(int64_t blocks, int64_t n_sm)
+{
+    return (blocks + n_sm - 1) / n_sm;
+}
+
+/**
  * The shape of k_linear_fp8_128_split for T tokens of an [N, K] weight on @p n_sm
  * multiprocessors.  One warp per row pair gives T ceil(N / 16) blocks.  When they are fewer
- * than the blocks that run at once (fp8_split_blocks_per_sm() per multiprocessor: three up to
- * K = 4096, two at K = 8192), the steps of a pair are split over 2, 4 or 8 warps (as long as
- * the grid still runs at once and every slice gets a step), so that a short wide projection
- * (V4-Flash's wq_a, wkv) still reaches every multiprocessor.  When there are more, each warp
- * streams ceil(blocks / slots) pairs (at most GFW_FP8_SPLIT_PAIRS_MAX, and terms that still let
- * the blocks fit), so that a tall one (wq_b) runs in about one wave whose warps keep their
- * copies in flight from pair to pair instead of many short blocks each waiting for its first.
- * V4-Flash at T = 1 on 132 multiprocessors: wq_a (1024 x 4096) 4 slices, 256 blocks; wkv
- * (512 x 4096) 8 slices, 256 blocks; wq_b (32768 x 1024) 6 pairs, 342 blocks; the indexer's
- * wq_b (8192 x 1024) 2 pairs, 256 blocks; wo_b (4096 x 8192) one pair, 256 blocks, two per
- * multiprocessor.
+ * than the blocks that run at once (fp8_split_blocks_per_sm() per multiprocessor: four up to
+ * K = 2048, three at K = 4096, two at K = 8192), the steps of a pair are split over 2, 4 or 8
+ * warps (as long as the grid still runs at once and every slice gets a step), so that a short
+ * wide projection (V4-Flash's wq_a, wkv) still reaches every multiprocessor.  When there are
+ * more, each warp streams p row pairs, p from ceil(blocks / slots) (one wave) up to
+ * GFW_FP8_SPLIT_PAIRS_MAX and the terms that still let the blocks fit, chosen to give the
+ * busiest multiprocessor the fewest units (p times its ceil(grid / n_sm) blocks; the smallest
+ * such p), so that a tall one (wq_b) runs in one wave that loads the multiprocessors evenly and
+ * whose warps keep their copies in flight from pair to pair instead of many short blocks each
+ * waiting for its first.  V4-Flash at T = 1 on 132 multiprocessors: wq_a (1024 x 4096) 4
+ * slices, 256 blocks; wkv (512 x 4096) 8 slices, 256 blocks; wq_b (32768 x 1024) 4 pairs, 512
+ * blocks, 3 or 4 per multiprocessor (6 pairs, 342 blocks, would give 78 of them 3 blocks of
+ * 12 units per warp, 288 units against 256); the indexer's wq_b (8192 x 1024) one pair, 512
+ * blocks; wo_b (4096 x 8192) one pair, 256 blocks, two per multiprocessor.
  */
 static fp8_split_shape fp8_split_choose(int64_t T, int64_t N, int64_t K, int n_sm)
 {
     int64_t term_bytes = 0;
-    const int64_t slots = (int64_t)(n_sm > 0 ? n_sm : 1) * fp8_split_blocks_per_sm(K, &term_bytes);
+    const int64_t sms = n_sm > 0 ? n_sm : 1;
+    const int64_t slots = sms * fp8_split_blocks_per_sm(K, &term_bytes);
     const int64_t nsteps = (K + 511) / 512, kb_w = K / 128;
     fp8_split_shape sh = {1, 1};
     const int64_t base = T * ((N + fp8_split_rows(sh) - 1) / fp8_split_rows(sh));
     if (base > slots) {
-        int64_t p = (base + slots - 1) / slots;
         const int64_t p_smem = term_bytes / ((int64_t)sizeof(float) * fp8_split_rows(sh) * (kb_w > 0 ? kb_w : 1));
-        p = p < GFW_FP8_SPLIT_PAIRS_MAX ? p : GFW_FP8_SPLIT_PAIRS_MAX;
-        p = p < p_smem ? p : p_smem;
-        sh.pairs = p > 1 ? (int)p : 1;
+        int64_t p_max = p_smem < GFW_FP8_SPLIT_PAIRS_MAX ? p_smem : GFW_FP8_SPLIT_PAIRS_MAX;
+        p_max = p_max > 1 ? p_max : 1;
+        const int64_t p_min = (base + slots - 1) / slots < p_max ? (base + slots - 1) / slots : p_max;
+        int64_t best = 0, best_units = 0;
+        for (int64_t p = p_min; p <= p_max; p++) {
+            const int64_t rows = fp8_split_rows(fp8_split_shape{(int)p, 1});
+            const int64_t units = p * fp8_split_blocks_on_busiest(T * ((N + rows - 1) / rows), sms);
+            if (best == 0 || units < best_units)
+                best = p, best_units = units;
+        }
+        sh.pairs = (int)best;
     } else {
         for (;;) {
             const fp8_split_shape next = {1, 2 * sh.slices};
@@ -717,7 +741,7 @@ __device__ __forceinline__ void fp8_ring_issue(bool live, const fp8_split_warp &
  * while the warp computes, without holding registers, also across the end of a pair.
  * Shared memory per block: 8 K bytes of x, 8 x 4 KB of rings and the terms: at K = 4096 about
  * 66 KB (three blocks per multiprocessor, 24 warps, about 72 KB in flight), at K = 8192 about
- * 100 KB (two blocks, 16 warps, about 48 KB in flight), at K = 1024 at most 45 KB (three).
+ * 100 KB (two blocks, 16 warps, about 48 KB in flight), at K = 1024 at most 45 KB (four).
  *
  * Exactness: an E4M3 value is an integer multiple of 2^-9 of magnitude <= 448 < 2^9, so a
  * product x w 2^-1016 is an integer multiple of 2^-1034 (>= 2^-1074, the double grid's
