@@ -15,12 +15,21 @@
 
 namespace {
 
+/**
+ * Start copying 16 bytes (both ends 16-byte aligned) from global to shared memory, cached in L2
+ * only; the destination as a shared-window address (a kernel that keeps its slots' addresses
+ * so spares their conversion in its loop).
+ */
+__device__ __forceinline__ void cp_async16_sa(unsigned sa, const void *gmem)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(__cvta_generic_to_global(gmem))
+                 : "memory");
+}
+
 /** Start copying 16 bytes (both ends 16-byte aligned) from global to shared memory, cached in L2 only. */
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
 {
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(__cvta_generic_to_global(gmem))
-                 : "memory");
+    cp_async16_sa((unsigned)__cvta_generic_to_shared(smem), gmem);
 }
 
 /** Start copying 4 bytes (both ends 4-byte aligned) from global to shared memory. */

@@ -458,14 +458,16 @@ __device__ __forceinline__ double *fp8_sx_row()
 }
 
 /**
- * Shared-memory index of x value k.  A lane reads the 16 values of its chunk as 8 pairs; the
- * pairs' slots are XOR-swizzled within each chunk (pair j of lane l at slot j ^ (l mod 8)) so
- * that the 8 lanes of a 16-byte access phase hit 8 different 16-byte bank groups.
+ * Shared-memory index of x value k: the values are stored in the order the lanes read them.
+ * Within step s (values [512 s, 512 s + 512)) lane l sums values [16 l, 16 l + 16) as 8 pairs;
+ * pair j of all 32 lanes is one run of 32 16-byte slots, so a warp's read of pair j is 512
+ * contiguous bytes (four wavefronts, no bank conflict) at an offset the code fixes (j * 512
+ * bytes from the lane's base): index = 512 s + 64 j + 2 l + (k mod 2).  The row takes
+ * 512 ceil(K / 512) doubles (a short last step leaves holes no lane reads).
  */
 __device__ __forceinline__ int fp8_x_slot(int k)
 {
-    const int pair = k >> 1;
-    return ((pair ^ ((pair >> 3) & 7)) << 1) | (k & 1);
+    return (k & ~511) | (((k >> 1) & 7) << 6) | (((k >> 4) & 31) << 1) | (k & 1);
 }
 
 /**
@@ -497,64 +499,57 @@ __device__ __forceinline__ uint32_t e4m3_nan_bits(uint32_t w)
 }
 
 /**
- * Lane sum of its 16 products for one weight row: x pairs from the swizzled shared row (@p xp
- * at the lane's first pair slot), codes @p q.  Every product x w 2^-1016 is an integer
- * multiple of 2^-1034 below 2^(17.7-1016) in magnitude, so each fma is exact (see
- * k_linear_fp8_128_split).
+ * The lane's sums of its 16 products for both weight rows of a unit: x pairs from the lane's
+ * slots of the shared row (@p xl: pair j at xl[32 j], fp8_x_slot()), codes @p q0 and @p q1.
+ * Every product x w 2^-1016 is an integer multiple of 2^-1034 below 2^(17.7-1016) in magnitude,
+ * so each fma and each addition is exact (see k_linear_fp8_128_split): the products of words
+ * 0, 2 and of words 1, 3 run in two independent chains per row, added at the end.  A NaN code
+ * makes the row's sum NaN.
  */
-__device__ __forceinline__ double fp8_chunk16(const double2 *xp, int swz, uint4 q, uint32_t *nan)
+__device__ __forceinline__ void fp8_pair_sums(const double2 *xl, uint4 q0, uint4 q1, double *p0, double *p1)
 {
-    const uint32_t wq[4] = {q.x, q.y, q.z, q.w};
-    double p = 0.0;
+    const uint32_t w0[4] = {q0.x, q0.y, q0.z, q0.w}, w1[4] = {q1.x, q1.y, q1.z, q1.w};
+    double c0[2] = {0.0, 0.0}, c1[2] = {0.0, 0.0};
+    uint32_t nan0 = 0, nan1 = 0;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        const uint32_t w = wq[i], w1 = w << 1;
-        const double2 a = xp[(2 * i) ^ swz], b = xp[(2 * i + 1) ^ swz];
-        p = __fma_rn(a.x, e4m3_times_2m1016<0>(w, w1), p);
-        p = __fma_rn(a.y, e4m3_times_2m1016<1>(w, w1), p);
-        p = __fma_rn(b.x, e4m3_times_2m1016<2>(w, w1), p);
-        p = __fma_rn(b.y, e4m3_times_2m1016<3>(w, w1), p);
-        *nan |= e4m3_nan_bits(w);
+        const double2 a = xl[32 * (2 * i)], b = xl[32 * (2 * i + 1)];
+        const uint32_t u = w0[i], u1 = u << 1, v = w1[i], v1 = v << 1;
+        double &r0 = c0[i & 1], &r1 = c1[i & 1];
+        r0 = __fma_rn(a.x, e4m3_times_2m1016<0>(u, u1), r0);
+        r1 = __fma_rn(a.x, e4m3_times_2m1016<0>(v, v1), r1);
+        r0 = __fma_rn(a.y, e4m3_times_2m1016<1>(u, u1), r0);
+        r1 = __fma_rn(a.y, e4m3_times_2m1016<1>(v, v1), r1);
+        r0 = __fma_rn(b.x, e4m3_times_2m1016<2>(u, u1), r0);
+        r1 = __fma_rn(b.x, e4m3_times_2m1016<2>(v, v1), r1);
+        r0 = __fma_rn(b.y, e4m3_times_2m1016<3>(u, u1), r0);
+        r1 = __fma_rn(b.y, e4m3_times_2m1016<3>(v, v1), r1);
+        nan0 |= e4m3_nan_bits(u);
+        nan1 |= e4m3_nan_bits(v);
     }
-    return p;
+    *p0 = nan0 ? __longlong_as_double(0x7FF8000000000000LL) : c0[0] + c0[1];
+    *p1 = nan1 ? __longlong_as_double(0x7FF8000000000000LL) : c1[0] + c1[1];
 }
 
 /**
- * Step @p s (codes [512 s, 512 s + 512) of both rows, lane l's 16 in @p q0 and @p q1) of a warp
- * of k_linear_fp8_128_split: the lanes' exact sums, the eight lanes of a scale block added in a
- * butterfly transposed over the two rows (exact sums), and from one lane in four the
- * (row, block) term fl32(partial) (s_x s_w) into @p term.
+ * The eight lanes of a scale block add their sums @p p0, @p p1 in a butterfly transposed over
+ * the two rows (after the first exchange lane l keeps row (l >> 2) & 1; exact sums), and lane
+ * l with l mod 4 = 0 gets the (row, block) partial times 2^-1016.
  */
-__device__ __forceinline__ void fp8_128_step(int s, int K, int kb_w, int lane, uint4 q0, uint4 q1, const float *xs_t,
-                                             const uint8_t *ws_n, bool writer, float *term)
+__device__ __forceinline__ double fp8_block_sum(int row, double p0, double p1)
 {
-    const int row = (lane >> 2) & 1, swz = lane & 7;
-    const int k0 = s * 512 + lane * 16, kb = s * 4 + (lane >> 3);
-    /* the term's scales are loaded first, from a block that exists, so that the loads are in
-       flight during the sums (every lane loads; only the writers of blocks kb < kb_w use them) */
-    const int kb_in = kb < kb_w ? kb : kb_w - 1;
-    const float s_x = xs_t[kb_in];
-    const uint8_t s_w = ws_n[kb_in];
-    double p0 = 0.0, p1 = 0.0;
-    if (k0 < K) { /* false only for the lanes past a short last step */
-        const double2 *xp = (const double2 *)fp8_sx_row() + (k0 >> 1);
-        uint32_t nan0 = 0, nan1 = 0;
-        p0 = fp8_chunk16(xp, swz, q0, &nan0);
-        p1 = fp8_chunk16(xp, swz, q1, &nan1);
-        if (nan0)
-            p0 = __longlong_as_double(0x7FF8000000000000LL);
-        if (nan1)
-            p1 = __longlong_as_double(0x7FF8000000000000LL);
-    }
     double v = (row ? p1 : p0) + __shfl_xor_sync(0xFFFFFFFFu, row ? p0 : p1, 4);
     v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
     v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
-    if (writer && kb < kb_w)
-        term[row * kb_w + kb] = __fmul_rn(__double2float_rn(v * 0x1p1016), __fmul_rn(s_x, gfw_ue8m0(s_w)));
+    return v;
 }
 
-/** Blocks per multiprocessor k_linear_fp8_128_split is compiled for (its register bound). */
-#define GFW_FP8_SPLIT_BLOCKS_PER_SM 3
+/**
+ * Blocks per multiprocessor k_linear_fp8_128_split is compiled for (its register bound: 64
+ * registers, four blocks of 256 threads fill the register file; the shared memory allows four
+ * up to K = 2048).
+ */
+#define GFW_FP8_SPLIT_BLOCKS_PER_SM 4
 /** Most row pairs one warp of k_linear_fp8_128_split streams one after the other. */
 #define GFW_FP8_SPLIT_PAIRS_MAX 8
 /** Most bytes of block terms per k_linear_fp8_128_split block (bounds the row pairs per warp). */
@@ -584,10 +579,16 @@ __host__ __device__ __forceinline__ int64_t fp8_split_rows(fp8_split_shape sh)
     return (int64_t)GFW_FP8_ROWS * GFW_FP8_WARPS * sh.pairs / sh.slices;
 }
 
+/** Doubles of the shared x row of k_linear_fp8_128_split: whole 512-value steps (fp8_x_slot()). */
+__host__ __device__ __forceinline__ int64_t fp8_x_row_len(int64_t K)
+{
+    return (K + 511) / 512 * 512;
+}
+
 /** Bytes of the x row and the warps' copy rings, the part of the shared memory the shape does not change. */
 __host__ __device__ __forceinline__ int64_t fp8_split_fixed_smem(int64_t K)
 {
-    return (int64_t)sizeof(double) * K + (int64_t)GFW_FP8_WARPS * GFW_FP8_RING * GFW_FP8_UNIT_BYTES;
+    return (int64_t)sizeof(double) * fp8_x_row_len(K) + (int64_t)GFW_FP8_WARPS * GFW_FP8_RING * GFW_FP8_UNIT_BYTES;
 }
 
 /** Dynamic shared memory of k_linear_fp8_128_split: the x row, the warps' rings, then a term per (row, K block). */
@@ -619,33 +620,53 @@ static int fp8_split_blocks_per_sm(int64_t K, int64_t *term_bytes)
 }
 
 /**
+ * The largest number of blocks of @p blocks that one of @p n_sm multiprocessors runs when
+ * they are spread evenly: ceil(blocks / n_sm).
+ */
+static int64_t fp8_split_blocks_on_busiest(int64_t blocks, int64_t n_sm)
+{
+    return (blocks + n_sm - 1) / n_sm;
+}
+
+/**
  * The shape of k_linear_fp8_128_split for T tokens of an [N, K] weight on @p n_sm
  * multiprocessors.  One warp per row pair gives T ceil(N / 16) blocks.  When they are fewer
- * than the blocks that run at once (fp8_split_blocks_per_sm() per multiprocessor: three up to
- * K = 4096, two at K = 8192), the steps of a pair are split over 2, 4 or 8 warps (as long as
- * the grid still runs at once and every slice gets a step), so that a short wide projection
- * (V4-Flash's wq_a, wkv) still reaches every multiprocessor.  When there are more, each warp
- * streams ceil(blocks / slots) pairs (at most GFW_FP8_SPLIT_PAIRS_MAX, and terms that still let
- * the blocks fit), so that a tall one (wq_b) runs in about one wave whose warps keep their
- * copies in flight from pair to pair instead of many short blocks each waiting for its first.
- * V4-Flash at T = 1 on 132 multiprocessors: wq_a (1024 x 4096) 4 slices, 256 blocks; wkv
- * (512 x 4096) 8 slices, 256 blocks; wq_b (32768 x 1024) 6 pairs, 342 blocks; the indexer's
- * wq_b (8192 x 1024) 2 pairs, 256 blocks; wo_b (4096 x 8192) one pair, 256 blocks, two per
- * multiprocessor.
+ * than the blocks that run at once (fp8_split_blocks_per_sm() per multiprocessor: four up to
+ * K = 2048, three at K = 4096, two at K = 8192), the steps of a pair are split over 2, 4 or 8
+ * warps (as long as the grid still runs at once and every slice gets a step), so that a short
+ * wide projection (V4-Flash's wq_a, wkv) still reaches every multiprocessor.  When there are
+ * more, each warp streams p row pairs, p from ceil(blocks / slots) (one wave) up to
+ * GFW_FP8_SPLIT_PAIRS_MAX and the terms that still let the blocks fit, chosen to give the
+ * busiest multiprocessor the fewest units (p times its ceil(grid / n_sm) blocks; the smallest
+ * such p), so that a tall one (wq_b) runs in one wave that loads the multiprocessors evenly and
+ * whose warps keep their copies in flight from pair to pair instead of many short blocks each
+ * waiting for its first.  V4-Flash at T = 1 on 132 multiprocessors: wq_a (1024 x 4096) 4
+ * slices, 256 blocks; wkv (512 x 4096) 8 slices, 256 blocks; wq_b (32768 x 1024) 4 pairs, 512
+ * blocks, 3 or 4 per multiprocessor (6 pairs, 342 blocks, would give 78 of them 3 blocks of
+ * 12 units per warp, 288 units against 256); the indexer's wq_b (8192 x 1024) one pair, 512
+ * blocks; wo_b (4096 x 8192) one pair, 256 blocks, two per multiprocessor.
  */
 static fp8_split_shape fp8_split_choose(int64_t T, int64_t N, int64_t K, int n_sm)
 {
     int64_t term_bytes = 0;
-    const int64_t slots = (int64_t)(n_sm > 0 ? n_sm : 1) * fp8_split_blocks_per_sm(K, &term_bytes);
+    const int64_t sms = n_sm > 0 ? n_sm : 1;
+    const int64_t slots = sms * fp8_split_blocks_per_sm(K, &term_bytes);
     const int64_t nsteps = (K + 511) / 512, kb_w = K / 128;
     fp8_split_shape sh = {1, 1};
     const int64_t base = T * ((N + fp8_split_rows(sh) - 1) / fp8_split_rows(sh));
     if (base > slots) {
-        int64_t p = (base + slots - 1) / slots;
         const int64_t p_smem = term_bytes / ((int64_t)sizeof(float) * fp8_split_rows(sh) * (kb_w > 0 ? kb_w : 1));
-        p = p < GFW_FP8_SPLIT_PAIRS_MAX ? p : GFW_FP8_SPLIT_PAIRS_MAX;
-        p = p < p_smem ? p : p_smem;
-        sh.pairs = p > 1 ? (int)p : 1;
+        int64_t p_max = p_smem < GFW_FP8_SPLIT_PAIRS_MAX ? p_smem : GFW_FP8_SPLIT_PAIRS_MAX;
+        p_max = p_max > 1 ? p_max : 1;
+        const int64_t p_min = (base + slots - 1) / slots < p_max ? (base + slots - 1) / slots : p_max;
+        int64_t best = 0, best_units = 0;
+        for (int64_t p = p_min; p <= p_max; p++) {
+            const int64_t rows = fp8_split_rows(fp8_split_shape{(int)p, 1});
+            const int64_t units = p * fp8_split_blocks_on_busiest(T * ((N + rows - 1) / rows), sms);
+            if (best == 0 || units < best_units)
+                best = p, best_units = units;
+        }
+        sh.pairs = (int)best;
     } else {
         for (;;) {
             const fp8_split_shape next = {1, 2 * sh.slices};
@@ -660,42 +681,47 @@ static fp8_split_shape fp8_split_choose(int64_t T, int64_t N, int64_t K, int n_s
 
 /** One warp's share of a k_linear_fp8_128_split block: `units` (pair, step) units, pair-major. */
 struct fp8_split_warp {
-    int64_t n0;         /**< first row of the warp's first pair */
-    int local0;         /**< that row's index within the block */
-    int s0;             /**< first step of the warp's slice */
-    int cnt;            /**< steps of the slice (0: an empty slice) */
-    int units;          /**< live pairs times cnt */
-    int rows;           /**< rows of the warp's pairs that exist (rows n0 .. n0 + rows - 1) */
-    const uint8_t *src; /**< the lane's 16 codes of row n0 at step 0 */
+    int64_t n0;  /**< first row of the warp's first pair */
+    int local0;  /**< that row's index within the block */
+    int s0;      /**< first step of the warp's slice */
+    int cnt;     /**< steps of the slice (0: an empty slice) */
+    int units;   /**< live pairs times cnt */
+    int rows;    /**< rows of the warp's pairs that exist (rows n0 .. n0 + rows - 1) */
 };
 
-/** A position in a warp's stream of units: pair r of the warp (rows n0 + 2 r, n0 + 2 r + 1), step s. */
+/**
+ * A position in a warp's stream of units, pair-major (the steps of a pair, then the next
+ * pair): pair r of the warp (rows n0 + 2 r, n0 + 2 r + 1), step s, and the lane's first code of
+ * row n0 + 2 r at step s (@p src).
+ */
 struct fp8_unit_pos {
-    int r; /**< the pair, within the warp's pairs */
-    int s; /**< the 512-code step */
+    int r;              /**< the pair, within the warp's pairs */
+    int s;              /**< the 512-code step */
+    const uint8_t *src; /**< the lane's 16 codes of the pair's first row at step s */
 };
 
-/** The unit after @p p in the warp's stream (pair-major: the steps of a pair, then the next pair). */
-__device__ __forceinline__ void fp8_unit_next(const fp8_split_warp &wp, fp8_unit_pos *p)
+/** The unit after @p p in the warp's stream; @p pair_jump = 2 K - 512 cnt bytes from a pair's end to the next pair. */
+__device__ __forceinline__ void fp8_unit_next(const fp8_split_warp &wp, int64_t pair_jump, fp8_unit_pos *p)
 {
+    p->src += 512;
     if (++p->s == wp.s0 + wp.cnt) {
         p->s = wp.s0;
         p->r++;
+        p->src += pair_jump;
     }
 }
 
 /**
- * Lane @p lane copies its 16 codes of both rows of unit @p p (when the warp has it, @p live)
- * into @p slot, row 0 at [16 lane, 16 lane + 16) and row 1 512 bytes later, and closes a group
- * (empty past the warp's units or past K): a missing row 1 (n + 1 = N) rereads row 0.
+ * Lane copies its 16 codes of both rows of unit @p p (when the warp has it, @p live, and the
+ * lane's codes lie below K, @p in_k) to shared address @p slot_sa (row 0) and 512 bytes later
+ * (row 1), and closes a group (empty otherwise): a missing row 1 (n + 1 = N) rereads row 0.
  */
-__device__ __forceinline__ void fp8_ring_issue(bool live, const fp8_split_warp &wp, fp8_unit_pos p, int K, int lane,
-                                               uint8_t *slot)
+__device__ __forceinline__ void fp8_ring_issue(bool live, bool in_k, const fp8_split_warp &wp, const fp8_unit_pos &p,
+                                               int K, unsigned slot_sa)
 {
-    if (live && p.s * 512 + lane * 16 < K) {
-        const uint8_t *w0 = wp.src + (int64_t)(2 * p.r) * K + p.s * 512, *w1 = 2 * p.r + 1 < wp.rows ? w0 + K : w0;
-        cp_async16(slot + lane * 16, w0);
-        cp_async16(slot + 512 + lane * 16, w1);
+    if (live && in_k) {
+        cp_async16_sa(slot_sa, p.src);
+        cp_async16_sa(slot_sa + 512, 2 * p.r + 1 < wp.rows ? p.src + K : p.src);
     }
     cp_async_commit();
 }
@@ -705,11 +731,16 @@ __device__ __forceinline__ void fp8_ring_issue(bool live, const fp8_split_warp &
  * linear_fp8.c.
  *
  * The block first decodes the token's x codes (read four at a time) once into shared memory
- * as exact doubles.  A warp streams pairs of weight rows in steps of 512 codes: lane l holds
- * the 16 codes [16 l, 16 l + 16) of each row (the warp's 32 lanes cover 512 contiguous bytes of
- * a row: scale blocks 4s..4s+3, eight lanes each).  A weight code becomes the double of its
- * value times 2^-1016 in two integer instructions (e4m3_times_2m1016), and the lane sums its
- * 16 products with fma.
+ * as exact doubles, in the order the lanes read them (fp8_x_slot(): a warp's read of a pair
+ * of x values is 512 contiguous bytes at a fixed offset from the lane's base, no bank
+ * conflict, no address arithmetic).  A warp streams pairs of weight rows in steps of 512
+ * codes: lane l holds the 16 codes [16 l, 16 l + 16) of each row (the warp's 32 lanes cover
+ * 512 contiguous bytes of a row: scale blocks 4s..4s+3, eight lanes each).  A weight code
+ * becomes the double of its value times 2^-1016 in two integer instructions
+ * (e4m3_times_2m1016), and the lane sums its 16 products per row with fma in two independent
+ * chains (fp8_pair_sums()).  Per 1 KB unit a warp runs about 250 instructions (sm_90a SASS of
+ * the loop): 32 DFMA, 32 PRMT, 32 masks, 32 moves of the zero low words, 24 NaN tests, 10
+ * shared loads, the butterfly, the copies and the bookkeeping.
  *
  * The rows are shared out by @p sh (fp8_split_choose()).  Block b of token t = b mod T owns
  * the fp8_split_rows(sh) rows from (b / T) fp8_split_rows(sh); warp v runs the `pairs` row
@@ -730,7 +761,7 @@ __device__ __forceinline__ void fp8_ring_issue(bool live, const fp8_split_warp &
  * while the warp computes, without holding registers, also across the end of a pair.
  * Shared memory per block: 8 K bytes of x, 8 x 4 KB of rings and the terms: at K = 4096 about
  * 66 KB (three blocks per multiprocessor, 24 warps, about 72 KB in flight), at K = 8192 about
- * 100 KB (two blocks, 16 warps, about 48 KB in flight), at K = 1024 at most 45 KB (three).
+ * 100 KB (two blocks, 16 warps, about 48 KB in flight), at K = 1024 at most 45 KB (four).
  *
  * Exactness: an E4M3 value is an integer multiple of 2^-9 of magnitude <= 448 < 2^9, so a
  * product x w 2^-1016 is an integer multiple of 2^-1034 (>= 2^-1074, the double grid's
@@ -746,10 +777,10 @@ __device__ __forceinline__ void fp8_ring_issue(bool live, const fp8_split_warp &
  *
  * The eight lanes of a scale block add their sums in a butterfly that is transposed over the
  * two rows (after the first exchange a lane keeps row ((l >> 2) & 1)), so that one lane in four
- * ends with a (row, block) sum and computes the block's term fl32(partial) (s_x s_w)
- * (fp8_128_step).  The terms of all the block's rows stay in shared memory until a barrier
- * after the loop; then thread i adds row i's terms in block order from +0 (the oracle's fp32
- * sum) and writes the output.
+ * ends with a (row, block) sum (fp8_block_sum()) and stores fl32(partial) in shared memory.
+ * After a barrier the block's threads turn every (row, block) value into the term
+ * fl32(partial) (s_x s_w) (the scales read there, not in the loop), and after another thread i
+ * adds row i's terms in block order from +0 (the oracle's fp32 sum) and writes the output.
  */
 __global__ void __launch_bounds__(GFW_FP8_WARPS * 32, GFW_FP8_SPLIT_BLOCKS_PER_SM)
     k_linear_fp8_128_split(const uint8_t *xq, const float *xs, int64_t T, dfp8 w, fp8_split_shape sh, uint16_t *y)
@@ -768,46 +799,64 @@ __global__ void __launch_bounds__(GFW_FP8_WARPS * 32, GFW_FP8_SPLIT_BLOCKS_PER_S
     const int64_t rows_left = wp.n0 < w.N ? w.N - wp.n0 : 0;
     wp.rows = (int)(rows_left < 2 * sh.pairs ? rows_left : 2 * sh.pairs);
     wp.units = (wp.rows + 1) / 2 * wp.cnt;
-    wp.src = w.w + wp.n0 * K + lane * 16;
+    const int64_t pair_jump = 2 * (int64_t)K - 512 * (int64_t)wp.cnt;
+    /* only the last step may be short: the lane's codes lie below K at step s if s < nsteps - 1 or this holds */
+    const bool lane_in_last = lane * 16 < K - (nsteps - 1) * 512;
 
-    uint8_t *ring = (uint8_t *)(sx + K) + warp * (GFW_FP8_RING * GFW_FP8_UNIT_BYTES);
-    float *term = (float *)((uint8_t *)(sx + K) + GFW_FP8_WARPS * GFW_FP8_RING * GFW_FP8_UNIT_BYTES);
-    fp8_unit_pos in = {0, wp.s0}; /* the next unit to copy */
+    uint8_t *ring = (uint8_t *)(sx + fp8_x_row_len(K)) + warp * (GFW_FP8_RING * GFW_FP8_UNIT_BYTES) + lane * 16;
+    float *term = (float *)((uint8_t *)(sx + fp8_x_row_len(K)) + GFW_FP8_WARPS * GFW_FP8_RING * GFW_FP8_UNIT_BYTES);
+    const fp8_unit_pos first = {0, wp.s0, w.w + wp.n0 * K + wp.s0 * 512 + lane * 16};
+    fp8_unit_pos in = first; /* the next unit to copy */
+    const unsigned ring_sa = (unsigned)__cvta_generic_to_shared(ring);
 #pragma unroll
     for (int u = 0; u < GFW_FP8_RING - 1; u++) {
-        fp8_ring_issue(u < wp.units, wp, in, K, lane, ring + u * GFW_FP8_UNIT_BYTES);
-        fp8_unit_next(wp, &in);
+        fp8_ring_issue(u < wp.units, in.s < nsteps - 1 || lane_in_last, wp, in, K, ring_sa + u * GFW_FP8_UNIT_BYTES);
+        fp8_unit_next(wp, pair_jump, &in);
     }
 
     const uint8_t *xr = xq + t * K; /* K is a multiple of 128: whole, aligned words of 4 codes */
     for (int k = 4 * (int)threadIdx.x; k < (int)K; k += 4 * (int)blockDim.x) {
         const uint32_t c = *(const uint32_t *)(xr + k);
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            sx[fp8_x_slot(k + i)] = (double)gfw_e4m3_value((c >> (8 * i)) & 0xFFu);
+        /* codes k, k + 1 and k + 2, k + 3 are two pairs of the same lane: two 16-byte slots */
+        ((double2 *)sx)[fp8_x_slot(k) >> 1] =
+            make_double2((double)gfw_e4m3_value(c & 0xFFu), (double)gfw_e4m3_value((c >> 8) & 0xFFu));
+        ((double2 *)sx)[fp8_x_slot(k + 2) >> 1] =
+            make_double2((double)gfw_e4m3_value((c >> 16) & 0xFFu), (double)gfw_e4m3_value(c >> 24));
     }
     __syncthreads();
 
-    const float *xs_t = xs + t * kb_w;
     const int row = (lane >> 2) & 1;
-    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    fp8_unit_pos at = {0, wp.s0}; /* the unit summed */
+    const double2 *xl = (const double2 *)sx + lane; /* the lane's pair 0 at step 0 */
+    fp8_unit_pos at = first;                        /* the unit summed */
+    /* the lane's (row, block) term of the unit summed: row local0 + 2 r + row, block 4 s + lane / 8 */
+    float *term_at = term + (wp.local0 + row) * kb_w + 4 * wp.s0 + (lane >> 3);
     for (int u = 0; u < wp.units; u++) {
         cp_async_wait<GFW_FP8_RING - 2>(); /* unit u's group has landed in this lane's bytes */
         const uint8_t *slot = ring + (u % GFW_FP8_RING) * GFW_FP8_UNIT_BYTES;
-        const bool has = at.s * 512 + lane * 16 < K; /* false only for the lanes past a short last step */
-        const uint4 q0 = has ? *(const uint4 *)(slot + lane * 16) : zero;
-        const uint4 q1 = has ? *(const uint4 *)(slot + 512 + lane * 16) : zero;
+        const bool has = at.s < nsteps - 1 || lane_in_last; /* false only for the lanes past a short last step */
+        const uint4 q0 = *(const uint4 *)slot, q1 = *(const uint4 *)(slot + 512); /* used only when has */
         /* the slot read in the previous iteration is free again: refill it GFW_FP8_RING - 1 units ahead */
-        fp8_ring_issue(u + GFW_FP8_RING - 1 < wp.units, wp, in, K, lane,
-                       ring + ((u + GFW_FP8_RING - 1) % GFW_FP8_RING) * GFW_FP8_UNIT_BYTES);
-        fp8_unit_next(wp, &in);
+        fp8_ring_issue(u + GFW_FP8_RING - 1 < wp.units, in.s < nsteps - 1 || lane_in_last, wp, in, K,
+                       ring_sa + ((u + GFW_FP8_RING - 1) % GFW_FP8_RING) * GFW_FP8_UNIT_BYTES);
+        fp8_unit_next(wp, pair_jump, &in);
 
-        /* rows n and n + 1 (n = n0 + 2 r even) lie in the same 128-row scale block */
-        const bool writer = (lane & 3) == 0 && (row == 0 || 2 * at.r + 1 < wp.rows);
-        const uint8_t *ws_n = w.s + ((wp.n0 + 2 * at.r) >> 7) * w.scols;
-        fp8_128_step(at.s, K, kb_w, lane, q0, q1, xs_t, ws_n, writer, term + (wp.local0 + 2 * at.r) * kb_w);
-        fp8_unit_next(wp, &at);
+        double p0 = 0.0, p1 = 0.0;
+        if (has)
+            fp8_pair_sums(xl + at.s * 256, q0, q1, &p0, &p1);
+        const double v = fp8_block_sum(row, p0, p1);
+        /* one lane in four holds a (row, block) partial: its fl32, scaled after the loop (its
+           block kb = 4 s + lane / 8 is below K / 128 exactly when the lane's codes are, has) */
+        if ((lane & 3) == 0 && has && (row == 0 || 2 * at.r + 1 < wp.rows))
+            term_at[0] = __double2float_rn(v * 0x1p1016);
+        term_at += at.s + 1 == wp.s0 + wp.cnt ? 2 * kb_w - 4 * (wp.cnt - 1) : 4;
+        fp8_unit_next(wp, pair_jump, &at);
+    }
+    __syncthreads();
+    /* the terms fl32(partial) (s_x s_w), all (row, block) pairs of the block in parallel */
+    const float *xs_t = xs + t * kb_w;
+    for (int64_t i = threadIdx.x; i < rows_blk * kb_w && nb + i / kb_w < w.N; i += blockDim.x) {
+        const int64_t kb = i % kb_w, n = nb + i / kb_w;
+        term[i] = __fmul_rn(term[i], __fmul_rn(xs_t[kb], gfw_ue8m0(w.s[(n >> 7) * w.scols + kb])));
     }
     __syncthreads();
     for (int64_t i = threadIdx.x; i < rows_blk && nb + i < w.N; i += blockDim.x) {
