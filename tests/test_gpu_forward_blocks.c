@@ -350,7 +350,7 @@ START_TEST(test_linear_fp8)
     check_fp8(2, 4095, 8192, 128);  /* 2 pairs per warp at K = 8192, an odd last row */
     check_fp8(1, 7, 128, 128);      /* K = 128: one short step, 3 of 4 ring slots never filled */
     check_fp8(4, 1023, 4096, 128);  /* T = 4: pairs per warp at K = 4096, the ring across pairs */
-    check_fp8(7, 2049, 1024, 128);  /* T = 7, the most tokens of the one-token kernel: 3 pairs per warp, an odd last row */
+    check_fp8(7, 2049, 1024, 128);  /* T = 7, the most tokens of the one-token kernel: pairs per warp, an odd last row */
     /* from 8 tokens on: k_linear_fp8_tokens (FP64 MMAs over 32-token tiles) */
     check_fp8(8, 1024, 4096, 128);   /* one full n-tile */
     check_fp8(64, 32768, 1024, 128); /* wq_b, a 64-token prefill: two token tiles */
