@@ -255,8 +255,9 @@ __device__ __forceinline__ float amax_nan(float a, float o) { return isnan(a) ? 
  * k_act_quant of a chunk of 16 normed values @p yb (bf16 bits; @p len of them, 0 or 16) that
  * k_rmsnorm's thread holds, for row @p row of width n (a multiple of 128): the 8 threads of a
  * 128-block (aligned lanes of one warp) take its amax by xor shuffles, then the V4 scale
- * s = 2^ceil(log2(max(amax, 1e-4) * fl(1/448))) and each thread's 16 codes e4m3(clamp(y/s)).
- * Every lane of the warp must call it.
+ * s = 2^ceil(log2(max(amax, 1e-4) * fl(1/448))) and each thread's 16 codes e4m3(clamp(y/s)),
+ * the quotient as the product by the exact 1/s (gfw_ue8m0_inv()), stored as one 16-byte vector
+ * when q's chunk is aligned for it.  Every lane of the warp must call it.
  */
 __device__ __forceinline__ void rmsnorm_chunk_quant(const uint16_t *yb, int len, int64_t row, int64_t n, uint8_t *q,
                                                     float *qs)
@@ -271,16 +272,65 @@ __device__ __forceinline__ void rmsnorm_chunk_quant(const uint16_t *yb, int len,
     if (len == 0)
         return;
     const float clamped = a < 1e-4f ? 1e-4f : a;
-    const float sc = gfw_ue8m0(gfw_ue8m0_ceil_clamped(__fmul_rn(clamped, 1.0f / 448.0f)));
+    const uint8_t e = gfw_ue8m0_ceil_clamped(__fmul_rn(clamped, 1.0f / 448.0f));
+    const float sc = gfw_ue8m0(e), inv = gfw_ue8m0_inv(e);
     const int64_t i0 = (int64_t)threadIdx.x * MMOE_SUM_CHUNK;
+    uint8_t code[MMOE_SUM_CHUNK];
 #pragma unroll
     for (int i = 0; i < MMOE_SUM_CHUNK; i++) {
-        float w = __fdiv_rn(gfw_bf2f(yb[i]), sc);
+        float w = __fmul_rn(gfw_bf2f(yb[i]), inv);
         w = w > 448.0f ? 448.0f : (w < -448.0f ? -448.0f : w);
-        q[row * n + i0 + i] = gfw_e4m3_code(w);
+        code[i] = gfw_e4m3_code(w);
+    }
+    uint8_t *qc = q + row * n + i0;
+    if (gfw_aligned16(qc)) {
+        uint32_t word[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            word[j] = (uint32_t)code[4 * j] | ((uint32_t)code[4 * j + 1] << 8) | ((uint32_t)code[4 * j + 2] << 16) |
+                      ((uint32_t)code[4 * j + 3] << 24);
+        *(uint4 *)qc = make_uint4(word[0], word[1], word[2], word[3]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < MMOE_SUM_CHUNK; i++)
+            qc[i] = code[i];
     }
     if ((threadIdx.x & 7) == 0)
         qs[row * (n / 128) + i0 / 128] = sc;
+}
+
+/**
+ * Chunk @p i0 (16 values from index i0, all inside the row) of a row of bf16 values @p xr and
+ * of the weight @p w, as fp32, in 16-byte vector loads when both are aligned for them (two for
+ * x, two or four for w), else value by value: the same values either way.
+ */
+__device__ __forceinline__ void rmsnorm_load_chunk(const uint16_t *xr, const ddense &w, int64_t i0, float *xv,
+                                                   float *wv)
+{
+    const uint16_t *xc = xr + i0;
+    const void *wc = w.dtype == GFW_F32 ? (const void *)((const float *)w.p + i0)
+                                        : (const void *)((const uint16_t *)w.p + i0);
+    if (!gfw_aligned16(xc) || !gfw_aligned16(wc)) {
+#pragma unroll
+        for (int i = 0; i < MMOE_SUM_CHUNK; i++) {
+            xv[i] = gfw_bf2f(xc[i]);
+            wv[i] = dv_at(w, i0 + i);
+        }
+        return;
+    }
+    gfw_load_bf16x16(xc, xv);
+    if (w.dtype == GFW_F32) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float4 f = ((const float4 *)wc)[j];
+            wv[4 * j] = f.x;
+            wv[4 * j + 1] = f.y;
+            wv[4 * j + 2] = f.z;
+            wv[4 * j + 3] = f.w;
+        }
+    } else {
+        gfw_load_bf16x16((const uint16_t *)wc, wv);
+    }
 }
 
 /**
@@ -291,7 +341,10 @@ __device__ __forceinline__ void rmsnorm_chunk_quant(const uint16_t *yb, int len,
  * values), thread b holds chunk b: it loads the chunk's 16 values of x and of w at once, sums
  * the chunk (gfw_chunk_sum's order), joins the block's tree and writes the same 16 values of y,
  * so the row costs one wait for memory, not one per value of a strided loop (whose stores to
- * y, which may alias x, keep every next load behind them).  Wider rows take that loop.
+ * y, which may alias x, keep every next load behind them).  A whole chunk moves in 16-byte
+ * vectors where its addresses allow (rmsnorm_load_chunk(), gfw_store_bf16x16()): a warp's
+ * loads of x are then 1 KiB in 64 fully used sectors, instead of 16 loads of 2 bytes a lane
+ * that each touch 32 sectors for 64 useful bytes.  Wider rows take the strided loop.
  *
  * With @p q (only on the register path, n a multiple of 128: rmsnorm_quant()), the block also
  * quantizes y as k_act_quant does, codes into q [rows, n] and scales into @p qs [rows, n/128]
@@ -306,12 +359,16 @@ __global__ void k_rmsnorm(const uint16_t *x, int64_t n, ddense w, float eps, uin
         const int64_t i0 = (int64_t)threadIdx.x * MMOE_SUM_CHUNK;
         const int len = i0 >= n ? 0 : (n - i0 < MMOE_SUM_CHUNK ? (int)(n - i0) : MMOE_SUM_CHUNK);
         float xv[MMOE_SUM_CHUNK], wv[MMOE_SUM_CHUNK];
+        if (len == MMOE_SUM_CHUNK) {
+            rmsnorm_load_chunk(xr, w, i0, xv, wv);
+        } else {
 #pragma unroll
-        for (int i = 0; i < MMOE_SUM_CHUNK; i++)
-            if (i < len) {
-                xv[i] = gfw_bf2f(xr[i0 + i]);
-                wv[i] = dv_at(w, i0 + i);
-            }
+            for (int i = 0; i < MMOE_SUM_CHUNK; i++)
+                if (i < len) {
+                    xv[i] = gfw_bf2f(xr[i0 + i]);
+                    wv[i] = dv_at(w, i0 + i);
+                }
+        }
         double chunk = 0.0;
 #pragma unroll
         for (int i = 0; i < MMOE_SUM_CHUNK; i++)
@@ -321,10 +378,16 @@ __global__ void k_rmsnorm(const uint16_t *x, int64_t n, ddense w, float eps, uin
         uint16_t yb[MMOE_SUM_CHUNK];
 #pragma unroll
         for (int i = 0; i < MMOE_SUM_CHUNK; i++)
-            if (i < len) {
+            if (i < len)
                 yb[i] = gfw_f2bf(__fmul_rn(wv[i], __fmul_rn(xv[i], rs)));
-                yr[i0 + i] = yb[i];
-            }
+        if (len == MMOE_SUM_CHUNK && gfw_aligned16(yr + i0)) {
+            gfw_store_bf16x16(yr + i0, yb);
+        } else {
+#pragma unroll
+            for (int i = 0; i < MMOE_SUM_CHUNK; i++)
+                if (i < len)
+                    yr[i0 + i] = yb[i];
+        }
         if (q != NULL)
             rmsnorm_chunk_quant(yb, len, blockIdx.x, n, q, qs);
         return;
