@@ -1226,10 +1226,44 @@ struct fn_term {
 };
 
 /**
+ * Chunk @p k of mHC's reduction (gfw_chunk_sum's order: ascending from +0) when its 16 terms
+ * are whole and their operands 16-byte aligned, from 16-byte vector loads: the stream values
+ * @p Xt in two, the fn row @p row (NULL: the sum of squares) in four.  Returns 0 and leaves
+ * @p sum alone when the chunk does not qualify (the caller then sums it value by value).
+ */
+__device__ __forceinline__ int hc_chunk_vec(const uint16_t *Xt, const float *row, int64_t k, int64_t n, double *sum)
+{
+    const int64_t i0 = k * MMOE_SUM_CHUNK;
+    if (i0 + MMOE_SUM_CHUNK > n || !gfw_aligned16(Xt + i0) || (row != NULL && !gfw_aligned16(row + i0)))
+        return 0;
+    float xv[MMOE_SUM_CHUNK], fv[MMOE_SUM_CHUNK];
+    gfw_load_bf16x16(Xt + i0, xv);
+    if (row != NULL) {
+#pragma unroll
+        for (int j = 0; j < MMOE_SUM_CHUNK / 4; j++) {
+            const float4 f = ((const float4 *)(row + i0))[j];
+            fv[4 * j] = f.x;
+            fv[4 * j + 1] = f.y;
+            fv[4 * j + 2] = f.z;
+            fv[4 * j + 3] = f.w;
+        }
+    }
+    double c = 0.0;
+#pragma unroll
+    for (int i = 0; i < MMOE_SUM_CHUNK; i++)
+        c = __dadd_rn(c, __dmul_rn(row != NULL ? (double)fv[i] : (double)xv[i], (double)xv[i]));
+    *sum = c;
+    return 1;
+}
+
+/**
  * First half of hc_pre / hc_head (mmoe_mhc.c, stream_mix_logits): the partial sums of the n_out
  * dot products fn[r] . x and of the sum of squares (r = n_out) over the n = hc*D stream values
  * of token blockIdx.z.  Block (s, r) sums the aligned run of 256 chunks s of reduction r, a node
  * of the spec's tree (@ref spec_arch_sum_order), into part[(t * (n_out + 1) + r) * S + s].
+ * A thread's chunk comes in 16-byte vectors where it can (hc_chunk_vec(): a warp then reads
+ * 2 KiB of fn and 1 KiB of x in fully used sectors, not 16 scalar loads a lane that each touch
+ * 32 sectors); the terms (fn_term, sq_term) and their order are the same either way.
  */
 __global__ void k_hc_part(const uint16_t *X, int64_t n, const float *fn, int n_out, double *part)
 {
@@ -1237,7 +1271,9 @@ __global__ void k_hc_part(const uint16_t *X, int64_t n, const float *fn, int n_o
     const int64_t t = blockIdx.z, r = blockIdx.y, s = blockIdx.x;
     const uint16_t *Xt = X + t * n;
     const int64_t k = s * GFW_HC_PART_CHUNKS + threadIdx.x;
-    const double v = r < n_out ? gfw_run_sum(fn_term{fn + r * n, Xt}, k, 1, n) : gfw_run_sum(sq_term{Xt}, k, 1, n);
+    double v;
+    if (!hc_chunk_vec(Xt, r < n_out ? fn + r * n : NULL, k, n, &v))
+        v = r < n_out ? gfw_run_sum(fn_term{fn + r * n, Xt}, k, 1, n) : gfw_run_sum(sq_term{Xt}, k, 1, n);
     const double node = gfw_block_tree(v, sh);
     if (threadIdx.x == 0)
         part[(t * (n_out + 1) + r) * gridDim.x + s] = node;
