@@ -1485,26 +1485,64 @@ __global__ void k_hc_finish_split(const uint16_t *X, int64_t D, int hc, const do
     y[t * D + c] = gfw_f2bf(acc);
 }
 
-/** hc_post: X[t,k,c] = bf16(post[k]*out[c] + sum_j comb[j][k] * R[t,j,c]); in place. */
-__global__ void k_hc_post(const uint16_t *out, uint16_t *X, int64_t T, int64_t D, int hc, const float *post,
-                          const float *comb)
+/**
+ * hc_post of channel c of token t: X[t,k,c] = bf16(post[k]*out[c] + sum_j comb[j][k] * R[t,j,c])
+ * (j ascending, fp32; R the streams before the update), in place.  The hc stream values, the
+ * comb matrix and post are loaded once into registers, all before the first product (the loops
+ * have fixed bounds: HC > 0 fixes hc at compile time, HC = 0 takes @p hc_rt <= 8 behind
+ * predicates), so the thread waits for memory once; the operations and their order are those
+ * of mmoe_hc_post.
+ */
+template <int HC>
+__device__ __forceinline__ void hc_post_channel(const uint16_t *out, uint16_t *X, int64_t t, int64_t c, int64_t D,
+                                                int hc_rt, const float *post, const float *comb)
 {
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= T * D)
-        return;
-    const int64_t t = i / D, c = i % D;
+    constexpr int NMAX = HC > 0 ? HC : 8;
+    const int hc = HC > 0 ? HC : hc_rt;
     uint16_t *Xt = X + t * hc * D;
     const float *C = comb + t * hc * hc;
-    const float o = gfw_bf2f(out[i]);
-    float res[8];
-    for (int k = 0; k < hc; k++) {
-        float acc = 0.0f;
-        for (int j = 0; j < hc; j++)
-            acc = __fadd_rn(acc, __fmul_rn(C[j * hc + k], gfw_bf2f(Xt[j * D + c])));
-        res[k] = __fadd_rn(__fmul_rn(post[t * hc + k], o), acc);
-    }
-    for (int k = 0; k < hc; k++)
-        Xt[k * D + c] = gfw_f2bf(res[k]);
+    const float o = gfw_bf2f(out[t * D + c]);
+    float xv[NMAX], pv[NMAX], cv[NMAX][NMAX];
+#pragma unroll
+    for (int j = 0; j < NMAX; j++)
+        if (j < hc) {
+            xv[j] = gfw_bf2f(Xt[j * D + c]);
+            pv[j] = post[t * hc + j];
+#pragma unroll
+            for (int k = 0; k < NMAX; k++)
+                if (k < hc)
+                    cv[j][k] = C[j * hc + k];
+        }
+    float res[NMAX];
+#pragma unroll
+    for (int k = 0; k < NMAX; k++)
+        if (k < hc) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NMAX; j++)
+                if (j < hc)
+                    acc = __fadd_rn(acc, __fmul_rn(cv[j][k], xv[j]));
+            res[k] = __fadd_rn(__fmul_rn(pv[k], o), acc);
+        }
+#pragma unroll
+    for (int k = 0; k < NMAX; k++)
+        if (k < hc)
+            Xt[k * D + c] = gfw_f2bf(res[k]);
+}
+
+/**
+ * hc_post (mmoe_mhc.c) of token blockIdx.y of width D, one channel per thread over the blocks
+ * blockIdx.x (launch_hc_post(); hc_post_channel(): hc = 4, the model's, with its loops unrolled).
+ */
+__global__ void k_hc_post(const uint16_t *out, uint16_t *X, int64_t D, int hc, const float *post, const float *comb)
+{
+    const int64_t t = blockIdx.y, c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= D)
+        return;
+    if (hc == 4)
+        hc_post_channel<4>(out, X, t, c, D, hc, post, comb);
+    else
+        hc_post_channel<0>(out, X, t, c, D, hc, post, comb);
 }
 
 /* ================================================================== kernels: attention */
@@ -3242,6 +3280,13 @@ static void launch_hc_mix(const uint16_t *X, int64_t D, int hc, int64_t T, const
                                                                              norm_eps, hc_eps, iters, y, post, comb);
 }
 
+/** k_hc_post for T tokens on stream @p st: a row of blocks per token. */
+static void launch_hc_post(const uint16_t *out, uint16_t *X, int64_t T, int64_t D, int hc, const float *post,
+                           const float *comb, cudaStream_t st)
+{
+    k_hc_post<<<dim3(nblk(D), (unsigned)T), 256, 0, st>>>(out, X, D, hc, post, comb);
+}
+
 /**
  * The indexer's top-k of T tokens at positions *pos_dev.. (scores [T, max_blocks]): k_topk_split
  * (the candidates over blocks of 256, enough blocks for @p n_most candidates: the call's last
@@ -3609,7 +3654,7 @@ static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, i
     if (st != MMOE_OK)
         return st;
     double t2 = tick(g);
-    k_hc_post<<<nblk(T * D), 256, 0, g->stream>>>(g->o, g->X, T, D, hc, g->post, g->comb);
+    launch_hc_post(g->o, g->X, T, D, hc, g->post, g->comb, g->stream);
     launch_hc_mix(g->X, D, hc, T, b->hcf_fn, b->hcf_base, b->hcf_scale, n_mix, g->eps, g->hc_eps, g->iters, g->hc_part,
                   g->y, g->post, g->comb, g->stream);
     GFW_CHECK("hc_post / hc_pre (moe)");
@@ -3618,7 +3663,7 @@ static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, i
         (st = moe(g, b, ids_dev, T, err)) != MMOE_OK)
         return st;
     double t4 = tick(g);
-    k_hc_post<<<nblk(T * D), 256, 0, g->stream>>>(g->o, g->X, T, D, hc, g->post, g->comb);
+    launch_hc_post(g->o, g->X, T, D, hc, g->post, g->comb, g->stream);
     GFW_CHECK("hc_post (moe)");
     double t5 = tick(g);
     g->mhc_s[L] += (t1 - t0) + (t3 - t2) + (t5 - t4);
@@ -4054,7 +4099,7 @@ extern "C" mmoe_status gfw_test_hc_post(int hc, int64_t D, const uint16_t *out, 
     const float *dp = (const float *)tput(&a, post, sizeof(float) * (size_t)(T * hc));
     const float *dc = (const float *)tput(&a, comb, sizeof(float) * (size_t)(T * hc * hc));
     if (a.ce == cudaSuccess)
-        k_hc_post<<<nblk(T * D), 256>>>(dout, dX, T, D, hc, dp, dc);
+        launch_hc_post(dout, dX, T, D, hc, dp, dc, 0);
     return tfinish(&a, X, dX, 2 * (size_t)(T * hc * D), err, "hc_post");
 }
 
