@@ -1279,6 +1279,29 @@ __global__ void k_hc_part(const uint16_t *X, int64_t n, const float *fn, int n_o
         part[(t * (n_out + 1) + r) * gridDim.x + s] = node;
 }
 
+/** Most block sums of one mHC reduction that hc_fold_parts() folds in registers. */
+#define GFW_HC_FOLD_MAX 8
+
+/**
+ * The spec's tree over the S <= GFW_HC_FOLD_MAX block sums @p p of one reduction (what
+ * mmoe_pairwise_push() of each, then mmoe_pairwise_result(), give), in registers: the S values
+ * are loaded at once and padded with +0 to eight, then ((p0+p1)+(p2+p3))+((p4+p5)+(p6+p7)).
+ * The same bits: the balanced tree over the next power of two with +0 leaves is the binary
+ * counter's subtrees folded from the right (each padded subtree reduces to its live part, since
+ * x + (+0) = x for every x but -0), and no block sum is -0 (a chunk sum starts at +0, and
+ * +0 + (-0) = +0; a sum of two values is -0 only when both are).  Saves the counter's stack in
+ * local memory and the loads' one-at-a-time waits.
+ */
+__device__ __forceinline__ double hc_fold_parts(const double *p, int S)
+{
+    double v[GFW_HC_FOLD_MAX];
+#pragma unroll
+    for (int s = 0; s < GFW_HC_FOLD_MAX; s++)
+        v[s] = s < S ? p[s] : 0.0;
+    return __dadd_rn(__dadd_rn(__dadd_rn(v[0], v[1]), __dadd_rn(v[2], v[3])),
+                     __dadd_rn(__dadd_rn(v[4], v[5]), __dadd_rn(v[6], v[7])));
+}
+
 /**
  * The first steps of k_hc_finish_split for token @p t (whole block): the S block
  * sums of each reduction folded by the spec's tree, the logits m[0, n_out) (m[n_out]: the rms
@@ -1296,11 +1319,15 @@ __device__ __forceinline__ void hc_finish_logits(int64_t t, int64_t n, int hc, c
     double raw = 0.0;
     if (tid <= n_out) {
         const double *p = part + (t * (n_out + 1) + tid) * S;
-        mmoe_pairwise pw;
-        mmoe_pairwise_init(&pw);
-        for (int s = 0; s < S; s++)
-            mmoe_pairwise_push(&pw, p[s]);
-        raw = mmoe_pairwise_result(&pw);
+        if (S <= GFW_HC_FOLD_MAX) {
+            raw = hc_fold_parts(p, S);
+        } else {
+            mmoe_pairwise pw;
+            mmoe_pairwise_init(&pw);
+            for (int s = 0; s < S; s++)
+                mmoe_pairwise_push(&pw, p[s]);
+            raw = mmoe_pairwise_result(&pw);
+        }
         if (tid == n_out)
             m[n_out] = rms_factor(raw, n, norm_eps);
     }
