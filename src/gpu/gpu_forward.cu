@@ -2261,6 +2261,28 @@ __device__ __forceinline__ const uint16_t *attend_row(const attend_args &a, int6
     return a.comp + j * a.d;
 }
 
+/**
+ * The tree node that lane @p lane of k_attend's warp sums for the score of kv row @p row:
+ * gfw_run_sum() of the terms q_i k_i over its run of @p r chunks.  A single whole chunk whose
+ * 16 values of q and of the row are 16-byte aligned is loaded in two vectors each (a warp then
+ * reads a 1 KiB row in fully used sectors, not 16 loads of 2 bytes a lane) and summed with the
+ * same terms in the same order (gfw_chunk_sum's: ascending from +0).
+ */
+__device__ __forceinline__ double attend_lane_sum(const uint16_t *qh, const uint16_t *row, int lane, int64_t r, int d)
+{
+    const int64_t i0 = (int64_t)lane * MMOE_SUM_CHUNK;
+    if (r != 1 || i0 + MMOE_SUM_CHUNK > d || !gfw_aligned16(qh + i0) || !gfw_aligned16(row + i0))
+        return gfw_run_sum(bf_dot_term{qh, row}, (int64_t)lane * r, r, d);
+    float qv[MMOE_SUM_CHUNK], kv[MMOE_SUM_CHUNK];
+    gfw_load_bf16x16(qh + i0, qv);
+    gfw_load_bf16x16(row + i0, kv);
+    double c = 0.0;
+#pragma unroll
+    for (int i = 0; i < MMOE_SUM_CHUNK; i++)
+        c = __dadd_rn(c, __dmul_rn((double)qv[i], (double)kv[i]));
+    return c;
+}
+
 /** Rows of a chunk whose scores one warp of k_attend sums at once (independent loads in flight). */
 #define GFW_ATTEND_ROWS 4
 
@@ -2269,7 +2291,7 @@ __device__ __forceinline__ const uint16_t *attend_row(const attend_args &a, int6
  * 32, d <= 8 blockDim.x): the window, then the compressed rows; chunks of 64 with the
  * running-max softmax; P rounded to bf16 for P.V; the sink joins the denominator at the end.
  * Each warp sums the scores of rows warp, warp + nw, ... (the order of
- * @ref spec_arch_sum_order, GFW_ATTEND_ROWS rows at a time); the exps are taken in parallel,
+ * @ref spec_arch_sum_order, GFW_ATTEND_ROWS rows at a time, attend_lane_sum()); the exps are taken in parallel,
  * the denominator is summed in row order by one thread, and each thread extends the P.V sums of
  * its channels in row order.  With a.cs the output gets its inverse RoPE at the end.  Bounded
  * to three CTAs per multiprocessor (80 registers on sm_90a and sm_100a, no spills; unbounded,
@@ -2316,7 +2338,7 @@ __global__ void __launch_bounds__(256, 3) k_attend(attend_args a)
 #pragma unroll
             for (int u = 0; u < GFW_ATTEND_ROWS; u++) {
                 const int iu = i + u * nw;
-                v[u] = iu < cn ? gfw_run_sum(bf_dot_term{qh, rowp[iu]}, (int64_t)lane * r, r, d) : 0.0;
+                v[u] = iu < cn ? attend_lane_sum(qh, rowp[iu], lane, r, d) : 0.0;
             }
 #pragma unroll
             for (int u = 0; u < GFW_ATTEND_ROWS; u++) {
