@@ -1605,7 +1605,11 @@ struct bf_sq_term {
 /**
  * q_h <- q_h * rsqrt(mean(q_h^2) + eps) in bf16 steps (attn_forward.c), then RoPE on its last
  * rope_dim dims at position pos0 + row / H (pos0 = *pos_dev, the step record); one warp per row
- * of @p rows (t, head), the squares summed in the order of @ref spec_arch_sum_order.
+ * of @p rows (t, head), the squares summed in the order of @ref spec_arch_sum_order.  When each
+ * lane's run is one chunk, d a multiple of 16 and the row 16-byte aligned (d = 128 and 512),
+ * lane l loads its chunk [16 l, 16 l + 16) in two 16-byte vectors, keeps it in registers for
+ * the scaling and stores the scaled chunk the same way; else the lanes stride over the row.
+ * The values, operations and order are the same either way.
  */
 __global__ void k_scale_heads(uint16_t *q, int64_t rows, int64_t d, float eps, int64_t H, int rope_dim,
                               const float *cs, const int64_t *pos_dev)
@@ -1616,12 +1620,36 @@ __global__ void k_scale_heads(uint16_t *q, int64_t rows, int64_t d, float eps, i
     if (row >= rows)
         return;
     uint16_t *qh = q + row * d;
-    const double sum = gfw_group_sum(bf_sq_term{qh}, d, lane, 32);
+    const int64_t r = gfw_chunks_per_lane(d, 32), i0 = (int64_t)lane * MMOE_SUM_CHUNK;
+    const bool vec = r == 1 && d % MMOE_SUM_CHUNK == 0 && gfw_aligned16(qh), live = i0 < d;
+    float xv[MMOE_SUM_CHUNK];
+    double part = 0.0;
+    if (vec) {
+        if (live) {
+            gfw_load_bf16x16(qh + i0, xv);
+#pragma unroll
+            for (int i = 0; i < MMOE_SUM_CHUNK; i++) /* bf_sq_term, gfw_chunk_sum's order */
+                part = __dadd_rn(part, (double)gfw_bfr(__fmul_rn(xv[i], xv[i])));
+        }
+    } else {
+        part = gfw_run_sum(bf_sq_term{qh}, (int64_t)lane * r, r, d);
+    }
+    const double sum = gfw_group_pairwise(part, 32);
     const float mean = gfw_bfr(__fdiv_rn(__double2float_rn(sum), (float)d));
     const float with_eps = gfw_bfr(__fadd_rn(mean, eps));
     const float rs = gfw_bfr(__fdiv_rn(1.0f, __fsqrt_rn(with_eps)));
-    for (int64_t c = lane; c < d; c += 32)
-        qh[c] = gfw_f2bf(__fmul_rn(gfw_bf2f(qh[c]), rs));
+    if (vec) {
+        if (live) {
+            uint16_t yb[MMOE_SUM_CHUNK];
+#pragma unroll
+            for (int i = 0; i < MMOE_SUM_CHUNK; i++)
+                yb[i] = gfw_f2bf(__fmul_rn(xv[i], rs));
+            gfw_store_bf16x16(qh + i0, yb);
+        }
+    } else {
+        for (int64_t c = lane; c < d; c += 32)
+            qh[c] = gfw_f2bf(__fmul_rn(gfw_bf2f(qh[c]), rs));
+    }
     __syncwarp();
     for (int p = lane; p < rope_dim / 2; p += 32)
         rope_pair(qh + d - rope_dim, p, rope_dim / 2, cs, pos0 + row / H, 0);
