@@ -230,10 +230,24 @@ __global__ void k_embed(const uint16_t *E, const int32_t *ids, int64_t D, int hc
         X[(t * hc + j) * D + c] = v;
 }
 
+/**
+ * sumsq / n in double for n >= 1.  A power of two n = 2^k (the model's widths) takes the
+ * product by 2^-k, an exact double for k <= 1022, instead of the division's long sequence: both
+ * round the same exact value (sumsq 2^-k) to nearest even, so the bits are the same, specials
+ * included (+-0, +-inf and NaN stay what they are).
+ */
+__device__ __forceinline__ double rms_mean(double sumsq, int64_t n)
+{
+    if ((n & (n - 1)) != 0)
+        return __ddiv_rn(sumsq, (double)n);
+    const int k = __ffsll((long long)n) - 1;
+    return __dmul_rn(sumsq, __longlong_as_double((long long)(1023 - k) << 52));
+}
+
 /** 1 / sqrt(fp32(sumsq / n) + eps): the RMSNorm factor of rmsnorm.c from its double sum of squares. */
 __device__ __forceinline__ float rms_factor(double sumsq, int64_t n, float eps)
 {
-    const float mean = __double2float_rn(__ddiv_rn(sumsq, (double)n));
+    const float mean = __double2float_rn(rms_mean(sumsq, n));
     return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
 }
 
