@@ -557,6 +557,8 @@ START_TEST(test_mhc)
     check_mhc(4, 1, 4096); /* one token (decode) */
     check_mhc(6, 2, 128); /* 36 entries: a row across the two registers of a lane */
     check_mhc(8, 2, 1100);
+    check_mhc(4, 2, 37); /* n = 148: a short last chunk; token 1's streams off 16-byte alignment (scalar chunks) */
+    check_mhc(4, 1, 8448); /* 9 block sums a reduction: more than hc_fold_parts() folds in registers */
 }
 END_TEST
 

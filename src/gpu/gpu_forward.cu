@@ -243,10 +243,24 @@ __global__ void k_embed(const uint16_t *E, const int32_t *ids, int64_t D, int hc
         X[(t * hc + j) * D + c] = v;
 }
 
+/**
+ * sumsq / n in double for n >= 1.  A power of two n = 2^k (the model's widths) takes the
+ * product by 2^-k, an exact double for k <= 1022, instead of the division's long sequence: both
+ * round the same exact value (sumsq 2^-k) to nearest even, so the bits are the same, specials
+ * included (+-0, +-inf and NaN stay what they are).
+ */
+__device__ __forceinline__ double rms_mean(double sumsq, int64_t n)
+{
+    if ((n & (n - 1)) != 0)
+        return __ddiv_rn(sumsq, (double)n);
+    const int k = __ffsll((long long)n) - 1;
+    return __dmul_rn(sumsq, __longlong_as_double((long long)(1023 - k) << 52));
+}
+
 /** 1 / sqrt(fp32(sumsq / n) + eps): the RMSNorm factor of rmsnorm.c from its double sum of squares. */
 __device__ __forceinline__ float rms_factor(double sumsq, int64_t n, float eps)
 {
-    const float mean = __double2float_rn(__ddiv_rn(sumsq, (double)n));
+    const float mean = __double2float_rn(rms_mean(sumsq, n));
     return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
 }
 
@@ -268,8 +282,9 @@ __device__ __forceinline__ float amax_nan(float a, float o) { return isnan(a) ? 
  * k_act_quant of a chunk of 16 normed values @p yb (bf16 bits; @p len of them, 0 or 16) that
  * k_rmsnorm's thread holds, for row @p row of width n (a multiple of 128): the 8 threads of a
  * 128-block (aligned lanes of one warp) take its amax by xor shuffles, then the V4 scale
- * s = 2^ceil(log2(max(amax, 1e-4) * fl(1/448))) and each thread's 16 codes e4m3(clamp(y/s)).
- * Every lane of the warp must call it.
+ * s = 2^ceil(log2(max(amax, 1e-4) * fl(1/448))) and each thread's 16 codes e4m3(clamp(y/s)),
+ * the quotient as the product by the exact 1/s (gfw_ue8m0_inv()), stored as one 16-byte vector
+ * when q's chunk is aligned for it.  Every lane of the warp must call it.
  */
 __device__ __forceinline__ void rmsnorm_chunk_quant(const uint16_t *yb, int len, int64_t row, int64_t n, uint8_t *q,
                                                     float *qs)
@@ -284,16 +299,65 @@ __device__ __forceinline__ void rmsnorm_chunk_quant(const uint16_t *yb, int len,
     if (len == 0)
         return;
     const float clamped = a < 1e-4f ? 1e-4f : a;
-    const float sc = gfw_ue8m0(gfw_ue8m0_ceil_clamped(__fmul_rn(clamped, 1.0f / 448.0f)));
+    const uint8_t e = gfw_ue8m0_ceil_clamped(__fmul_rn(clamped, 1.0f / 448.0f));
+    const float sc = gfw_ue8m0(e), inv = gfw_ue8m0_inv(e);
     const int64_t i0 = (int64_t)threadIdx.x * MMOE_SUM_CHUNK;
+    uint8_t code[MMOE_SUM_CHUNK];
 #pragma unroll
     for (int i = 0; i < MMOE_SUM_CHUNK; i++) {
-        float w = __fdiv_rn(gfw_bf2f(yb[i]), sc);
+        float w = __fmul_rn(gfw_bf2f(yb[i]), inv);
         w = w > 448.0f ? 448.0f : (w < -448.0f ? -448.0f : w);
-        q[row * n + i0 + i] = gfw_e4m3_code(w);
+        code[i] = gfw_e4m3_code(w);
+    }
+    uint8_t *qc = q + row * n + i0;
+    if (gfw_aligned16(qc)) {
+        uint32_t word[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            word[j] = (uint32_t)code[4 * j] | ((uint32_t)code[4 * j + 1] << 8) | ((uint32_t)code[4 * j + 2] << 16) |
+                      ((uint32_t)code[4 * j + 3] << 24);
+        *(uint4 *)qc = make_uint4(word[0], word[1], word[2], word[3]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < MMOE_SUM_CHUNK; i++)
+            qc[i] = code[i];
     }
     if ((threadIdx.x & 7) == 0)
         qs[row * (n / 128) + i0 / 128] = sc;
+}
+
+/**
+ * Chunk @p i0 (16 values from index i0, all inside the row) of a row of bf16 values @p xr and
+ * of the weight @p w, as fp32, in 16-byte vector loads when both are aligned for them (two for
+ * x, two or four for w), else value by value: the same values either way.
+ */
+__device__ __forceinline__ void rmsnorm_load_chunk(const uint16_t *xr, const ddense &w, int64_t i0, float *xv,
+                                                   float *wv)
+{
+    const uint16_t *xc = xr + i0;
+    const void *wc = w.dtype == GFW_F32 ? (const void *)((const float *)w.p + i0)
+                                        : (const void *)((const uint16_t *)w.p + i0);
+    if (!gfw_aligned16(xc) || !gfw_aligned16(wc)) {
+#pragma unroll
+        for (int i = 0; i < MMOE_SUM_CHUNK; i++) {
+            xv[i] = gfw_bf2f(xc[i]);
+            wv[i] = dv_at(w, i0 + i);
+        }
+        return;
+    }
+    gfw_load_bf16x16(xc, xv);
+    if (w.dtype == GFW_F32) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float4 f = ((const float4 *)wc)[j];
+            wv[4 * j] = f.x;
+            wv[4 * j + 1] = f.y;
+            wv[4 * j + 2] = f.z;
+            wv[4 * j + 3] = f.w;
+        }
+    } else {
+        gfw_load_bf16x16((const uint16_t *)wc, wv);
+    }
 }
 
 /**
@@ -304,7 +368,10 @@ __device__ __forceinline__ void rmsnorm_chunk_quant(const uint16_t *yb, int len,
  * values), thread b holds chunk b: it loads the chunk's 16 values of x and of w at once, sums
  * the chunk (gfw_chunk_sum's order), joins the block's tree and writes the same 16 values of y,
  * so the row costs one wait for memory, not one per value of a strided loop (whose stores to
- * y, which may alias x, keep every next load behind them).  Wider rows take that loop.
+ * y, which may alias x, keep every next load behind them).  A whole chunk moves in 16-byte
+ * vectors where its addresses allow (rmsnorm_load_chunk(), gfw_store_bf16x16()): a warp's
+ * loads of x are then 1 KiB in 64 fully used sectors, instead of 16 loads of 2 bytes a lane
+ * that each touch 32 sectors for 64 useful bytes.  Wider rows take the strided loop.
  *
  * With @p q (only on the register path, n a multiple of 128: rmsnorm_quant()), the block also
  * quantizes y as k_act_quant does, codes into q [rows, n] and scales into @p qs [rows, n/128]
@@ -319,12 +386,16 @@ __global__ void k_rmsnorm(const uint16_t *x, int64_t n, ddense w, float eps, uin
         const int64_t i0 = (int64_t)threadIdx.x * MMOE_SUM_CHUNK;
         const int len = i0 >= n ? 0 : (n - i0 < MMOE_SUM_CHUNK ? (int)(n - i0) : MMOE_SUM_CHUNK);
         float xv[MMOE_SUM_CHUNK], wv[MMOE_SUM_CHUNK];
+        if (len == MMOE_SUM_CHUNK) {
+            rmsnorm_load_chunk(xr, w, i0, xv, wv);
+        } else {
 #pragma unroll
-        for (int i = 0; i < MMOE_SUM_CHUNK; i++)
-            if (i < len) {
-                xv[i] = gfw_bf2f(xr[i0 + i]);
-                wv[i] = dv_at(w, i0 + i);
-            }
+            for (int i = 0; i < MMOE_SUM_CHUNK; i++)
+                if (i < len) {
+                    xv[i] = gfw_bf2f(xr[i0 + i]);
+                    wv[i] = dv_at(w, i0 + i);
+                }
+        }
         double chunk = 0.0;
 #pragma unroll
         for (int i = 0; i < MMOE_SUM_CHUNK; i++)
@@ -334,10 +405,16 @@ __global__ void k_rmsnorm(const uint16_t *x, int64_t n, ddense w, float eps, uin
         uint16_t yb[MMOE_SUM_CHUNK];
 #pragma unroll
         for (int i = 0; i < MMOE_SUM_CHUNK; i++)
-            if (i < len) {
+            if (i < len)
                 yb[i] = gfw_f2bf(__fmul_rn(wv[i], __fmul_rn(xv[i], rs)));
-                yr[i0 + i] = yb[i];
-            }
+        if (len == MMOE_SUM_CHUNK && gfw_aligned16(yr + i0)) {
+            gfw_store_bf16x16(yr + i0, yb);
+        } else {
+#pragma unroll
+            for (int i = 0; i < MMOE_SUM_CHUNK; i++)
+                if (i < len)
+                    yr[i0 + i] = yb[i];
+        }
         if (q != NULL)
             rmsnorm_chunk_quant(yb, len, blockIdx.x, n, q, qs);
         return;
@@ -1230,10 +1307,44 @@ struct fn_term {
 };
 
 /**
+ * Chunk @p k of mHC's reduction (gfw_chunk_sum's order: ascending from +0) when its 16 terms
+ * are whole and their operands 16-byte aligned, from 16-byte vector loads: the stream values
+ * @p Xt in two, the fn row @p row (NULL: the sum of squares) in four.  Returns 0 and leaves
+ * @p sum alone when the chunk does not qualify (the caller then sums it value by value).
+ */
+__device__ __forceinline__ int hc_chunk_vec(const uint16_t *Xt, const float *row, int64_t k, int64_t n, double *sum)
+{
+    const int64_t i0 = k * MMOE_SUM_CHUNK;
+    if (i0 + MMOE_SUM_CHUNK > n || !gfw_aligned16(Xt + i0) || (row != NULL && !gfw_aligned16(row + i0)))
+        return 0;
+    float xv[MMOE_SUM_CHUNK], fv[MMOE_SUM_CHUNK];
+    gfw_load_bf16x16(Xt + i0, xv);
+    if (row != NULL) {
+#pragma unroll
+        for (int j = 0; j < MMOE_SUM_CHUNK / 4; j++) {
+            const float4 f = ((const float4 *)(row + i0))[j];
+            fv[4 * j] = f.x;
+            fv[4 * j + 1] = f.y;
+            fv[4 * j + 2] = f.z;
+            fv[4 * j + 3] = f.w;
+        }
+    }
+    double c = 0.0;
+#pragma unroll
+    for (int i = 0; i < MMOE_SUM_CHUNK; i++)
+        c = __dadd_rn(c, __dmul_rn(row != NULL ? (double)fv[i] : (double)xv[i], (double)xv[i]));
+    *sum = c;
+    return 1;
+}
+
+/**
  * First half of hc_pre / hc_head (mmoe_mhc.c, stream_mix_logits): the partial sums of the n_out
  * dot products fn[r] . x and of the sum of squares (r = n_out) over the n = hc*D stream values
  * of token blockIdx.z.  Block (s, r) sums the aligned run of 256 chunks s of reduction r, a node
  * of the spec's tree (@ref spec_arch_sum_order), into part[(t * (n_out + 1) + r) * S + s].
+ * A thread's chunk comes in 16-byte vectors where it can (hc_chunk_vec(): a warp then reads
+ * 2 KiB of fn and 1 KiB of x in fully used sectors, not 16 scalar loads a lane that each touch
+ * 32 sectors); the terms (fn_term, sq_term) and their order are the same either way.
  */
 __global__ void k_hc_part(const uint16_t *X, int64_t n, const float *fn, int n_out, double *part)
 {
@@ -1241,10 +1352,35 @@ __global__ void k_hc_part(const uint16_t *X, int64_t n, const float *fn, int n_o
     const int64_t t = blockIdx.z, r = blockIdx.y, s = blockIdx.x;
     const uint16_t *Xt = X + t * n;
     const int64_t k = s * GFW_HC_PART_CHUNKS + threadIdx.x;
-    const double v = r < n_out ? gfw_run_sum(fn_term{fn + r * n, Xt}, k, 1, n) : gfw_run_sum(sq_term{Xt}, k, 1, n);
+    double v;
+    if (!hc_chunk_vec(Xt, r < n_out ? fn + r * n : NULL, k, n, &v))
+        v = r < n_out ? gfw_run_sum(fn_term{fn + r * n, Xt}, k, 1, n) : gfw_run_sum(sq_term{Xt}, k, 1, n);
     const double node = gfw_block_tree(v, sh);
     if (threadIdx.x == 0)
         part[(t * (n_out + 1) + r) * gridDim.x + s] = node;
+}
+
+/** Most block sums of one mHC reduction that hc_fold_parts() folds in registers. */
+#define GFW_HC_FOLD_MAX 8
+
+/**
+ * The spec's tree over the S <= GFW_HC_FOLD_MAX block sums @p p of one reduction (what
+ * mmoe_pairwise_push() of each, then mmoe_pairwise_result(), give), in registers: the S values
+ * are loaded at once and padded with +0 to eight, then ((p0+p1)+(p2+p3))+((p4+p5)+(p6+p7)).
+ * The same bits: the balanced tree over the next power of two with +0 leaves is the binary
+ * counter's subtrees folded from the right (each padded subtree reduces to its live part, since
+ * x + (+0) = x for every x but -0), and no block sum is -0 (a chunk sum starts at +0, and
+ * +0 + (-0) = +0; a sum of two values is -0 only when both are).  Saves the counter's stack in
+ * local memory and the loads' one-at-a-time waits.
+ */
+__device__ __forceinline__ double hc_fold_parts(const double *p, int S)
+{
+    double v[GFW_HC_FOLD_MAX];
+#pragma unroll
+    for (int s = 0; s < GFW_HC_FOLD_MAX; s++)
+        v[s] = s < S ? p[s] : 0.0;
+    return __dadd_rn(__dadd_rn(__dadd_rn(v[0], v[1]), __dadd_rn(v[2], v[3])),
+                     __dadd_rn(__dadd_rn(v[4], v[5]), __dadd_rn(v[6], v[7])));
 }
 
 /**
@@ -1264,11 +1400,15 @@ __device__ __forceinline__ void hc_finish_logits(int64_t t, int64_t n, int hc, c
     double raw = 0.0;
     if (tid <= n_out) {
         const double *p = part + (t * (n_out + 1) + tid) * S;
-        mmoe_pairwise pw;
-        mmoe_pairwise_init(&pw);
-        for (int s = 0; s < S; s++)
-            mmoe_pairwise_push(&pw, p[s]);
-        raw = mmoe_pairwise_result(&pw);
+        if (S <= GFW_HC_FOLD_MAX) {
+            raw = hc_fold_parts(p, S);
+        } else {
+            mmoe_pairwise pw;
+            mmoe_pairwise_init(&pw);
+            for (int s = 0; s < S; s++)
+                mmoe_pairwise_push(&pw, p[s]);
+            raw = mmoe_pairwise_result(&pw);
+        }
         if (tid == n_out)
             m[n_out] = rms_factor(raw, n, norm_eps);
     }
@@ -1453,26 +1593,64 @@ __global__ void k_hc_finish_split(const uint16_t *X, int64_t D, int hc, const do
     y[t * D + c] = gfw_f2bf(acc);
 }
 
-/** hc_post: X[t,k,c] = bf16(post[k]*out[c] + sum_j comb[j][k] * R[t,j,c]); in place. */
-__global__ void k_hc_post(const uint16_t *out, uint16_t *X, int64_t T, int64_t D, int hc, const float *post,
-                          const float *comb)
+/**
+ * hc_post of channel c of token t: X[t,k,c] = bf16(post[k]*out[c] + sum_j comb[j][k] * R[t,j,c])
+ * (j ascending, fp32; R the streams before the update), in place.  The hc stream values, the
+ * comb matrix and post are loaded once into registers, all before the first product (the loops
+ * have fixed bounds: HC > 0 fixes hc at compile time, HC = 0 takes @p hc_rt <= 8 behind
+ * predicates), so the thread waits for memory once; the operations and their order are those
+ * of mmoe_hc_post.
+ */
+template <int HC>
+__device__ __forceinline__ void hc_post_channel(const uint16_t *out, uint16_t *X, int64_t t, int64_t c, int64_t D,
+                                                int hc_rt, const float *post, const float *comb)
 {
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= T * D)
-        return;
-    const int64_t t = i / D, c = i % D;
+    constexpr int NMAX = HC > 0 ? HC : 8;
+    const int hc = HC > 0 ? HC : hc_rt;
     uint16_t *Xt = X + t * hc * D;
     const float *C = comb + t * hc * hc;
-    const float o = gfw_bf2f(out[i]);
-    float res[8];
-    for (int k = 0; k < hc; k++) {
-        float acc = 0.0f;
-        for (int j = 0; j < hc; j++)
-            acc = __fadd_rn(acc, __fmul_rn(C[j * hc + k], gfw_bf2f(Xt[j * D + c])));
-        res[k] = __fadd_rn(__fmul_rn(post[t * hc + k], o), acc);
-    }
-    for (int k = 0; k < hc; k++)
-        Xt[k * D + c] = gfw_f2bf(res[k]);
+    const float o = gfw_bf2f(out[t * D + c]);
+    float xv[NMAX], pv[NMAX], cv[NMAX][NMAX];
+#pragma unroll
+    for (int j = 0; j < NMAX; j++)
+        if (j < hc) {
+            xv[j] = gfw_bf2f(Xt[j * D + c]);
+            pv[j] = post[t * hc + j];
+#pragma unroll
+            for (int k = 0; k < NMAX; k++)
+                if (k < hc)
+                    cv[j][k] = C[j * hc + k];
+        }
+    float res[NMAX];
+#pragma unroll
+    for (int k = 0; k < NMAX; k++)
+        if (k < hc) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NMAX; j++)
+                if (j < hc)
+                    acc = __fadd_rn(acc, __fmul_rn(cv[j][k], xv[j]));
+            res[k] = __fadd_rn(__fmul_rn(pv[k], o), acc);
+        }
+#pragma unroll
+    for (int k = 0; k < NMAX; k++)
+        if (k < hc)
+            Xt[k * D + c] = gfw_f2bf(res[k]);
+}
+
+/**
+ * hc_post (mmoe_mhc.c) of token blockIdx.y of width D, one channel per thread over the blocks
+ * blockIdx.x (launch_hc_post(); hc_post_channel(): hc = 4, the model's, with its loops unrolled).
+ */
+__global__ void k_hc_post(const uint16_t *out, uint16_t *X, int64_t D, int hc, const float *post, const float *comb)
+{
+    const int64_t t = blockIdx.y, c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= D)
+        return;
+    if (hc == 4)
+        hc_post_channel<4>(out, X, t, c, D, hc, post, comb);
+    else
+        hc_post_channel<0>(out, X, t, c, D, hc, post, comb);
 }
 
 /* ================================================================== kernels: attention */
@@ -1508,7 +1686,11 @@ struct bf_sq_term {
 /**
  * q_h <- q_h * rsqrt(mean(q_h^2) + eps) in bf16 steps (attn_forward.c), then RoPE on its last
  * rope_dim dims at position pos0 + row / H (pos0 = *pos_dev, the step record); one warp per row
- * of @p rows (t, head), the squares summed in the order of @ref spec_arch_sum_order.
+ * of @p rows (t, head), the squares summed in the order of @ref spec_arch_sum_order.  When each
+ * lane's run is one chunk, d a multiple of 16 and the row 16-byte aligned (d = 128 and 512),
+ * lane l loads its chunk [16 l, 16 l + 16) in two 16-byte vectors, keeps it in registers for
+ * the scaling and stores the scaled chunk the same way; else the lanes stride over the row.
+ * The values, operations and order are the same either way.
  */
 __global__ void k_scale_heads(uint16_t *q, int64_t rows, int64_t d, float eps, int64_t H, int rope_dim,
                               const float *cs, const int64_t *pos_dev)
@@ -1519,12 +1701,36 @@ __global__ void k_scale_heads(uint16_t *q, int64_t rows, int64_t d, float eps, i
     if (row >= rows)
         return;
     uint16_t *qh = q + row * d;
-    const double sum = gfw_group_sum(bf_sq_term{qh}, d, lane, 32);
+    const int64_t r = gfw_chunks_per_lane(d, 32), i0 = (int64_t)lane * MMOE_SUM_CHUNK;
+    const bool vec = r == 1 && d % MMOE_SUM_CHUNK == 0 && gfw_aligned16(qh), live = i0 < d;
+    float xv[MMOE_SUM_CHUNK];
+    double part = 0.0;
+    if (vec) {
+        if (live) {
+            gfw_load_bf16x16(qh + i0, xv);
+#pragma unroll
+            for (int i = 0; i < MMOE_SUM_CHUNK; i++) /* bf_sq_term, gfw_chunk_sum's order */
+                part = __dadd_rn(part, (double)gfw_bfr(__fmul_rn(xv[i], xv[i])));
+        }
+    } else {
+        part = gfw_run_sum(bf_sq_term{qh}, (int64_t)lane * r, r, d);
+    }
+    const double sum = gfw_group_pairwise(part, 32);
     const float mean = gfw_bfr(__fdiv_rn(__double2float_rn(sum), (float)d));
     const float with_eps = gfw_bfr(__fadd_rn(mean, eps));
     const float rs = gfw_bfr(__fdiv_rn(1.0f, __fsqrt_rn(with_eps)));
-    for (int64_t c = lane; c < d; c += 32)
-        qh[c] = gfw_f2bf(__fmul_rn(gfw_bf2f(qh[c]), rs));
+    if (vec) {
+        if (live) {
+            uint16_t yb[MMOE_SUM_CHUNK];
+#pragma unroll
+            for (int i = 0; i < MMOE_SUM_CHUNK; i++)
+                yb[i] = gfw_f2bf(__fmul_rn(xv[i], rs));
+            gfw_store_bf16x16(qh + i0, yb);
+        }
+    } else {
+        for (int64_t c = lane; c < d; c += 32)
+            qh[c] = gfw_f2bf(__fmul_rn(gfw_bf2f(qh[c]), rs));
+    }
     __syncwarp();
     for (int p = lane; p < rope_dim / 2; p += 32)
         rope_pair(qh + d - rope_dim, p, rope_dim / 2, cs, pos0 + row / H, 0);
@@ -2164,6 +2370,28 @@ __device__ __forceinline__ const uint16_t *attend_row(const attend_args &a, int6
     return a.comp + j * a.d;
 }
 
+/**
+ * The tree node that lane @p lane of k_attend's warp sums for the score of kv row @p row:
+ * gfw_run_sum() of the terms q_i k_i over its run of @p r chunks.  A single whole chunk whose
+ * 16 values of q and of the row are 16-byte aligned is loaded in two vectors each (a warp then
+ * reads a 1 KiB row in fully used sectors, not 16 loads of 2 bytes a lane) and summed with the
+ * same terms in the same order (gfw_chunk_sum's: ascending from +0).
+ */
+__device__ __forceinline__ double attend_lane_sum(const uint16_t *qh, const uint16_t *row, int lane, int64_t r, int d)
+{
+    const int64_t i0 = (int64_t)lane * MMOE_SUM_CHUNK;
+    if (r != 1 || i0 + MMOE_SUM_CHUNK > d || !gfw_aligned16(qh + i0) || !gfw_aligned16(row + i0))
+        return gfw_run_sum(bf_dot_term{qh, row}, (int64_t)lane * r, r, d);
+    float qv[MMOE_SUM_CHUNK], kv[MMOE_SUM_CHUNK];
+    gfw_load_bf16x16(qh + i0, qv);
+    gfw_load_bf16x16(row + i0, kv);
+    double c = 0.0;
+#pragma unroll
+    for (int i = 0; i < MMOE_SUM_CHUNK; i++)
+        c = __dadd_rn(c, __dmul_rn((double)qv[i], (double)kv[i]));
+    return c;
+}
+
 /** Rows of a chunk whose scores one warp of k_attend sums at once (independent loads in flight). */
 #define GFW_ATTEND_ROWS 4
 
@@ -2172,7 +2400,7 @@ __device__ __forceinline__ const uint16_t *attend_row(const attend_args &a, int6
  * 32, d <= 8 blockDim.x): the window, then the compressed rows; chunks of 64 with the
  * running-max softmax; P rounded to bf16 for P.V; the sink joins the denominator at the end.
  * Each warp sums the scores of rows warp, warp + nw, ... (the order of
- * @ref spec_arch_sum_order, GFW_ATTEND_ROWS rows at a time); the exps are taken in parallel,
+ * @ref spec_arch_sum_order, GFW_ATTEND_ROWS rows at a time, attend_lane_sum()); the exps are taken in parallel,
  * the denominator is summed in row order by one thread, and each thread extends the P.V sums of
  * its channels in row order.  With a.cs the output gets its inverse RoPE at the end.  Bounded
  * to three CTAs per multiprocessor (80 registers on sm_90a and sm_100a, no spills; unbounded,
@@ -2219,7 +2447,7 @@ __global__ void __launch_bounds__(256, 3) k_attend(attend_args a)
 #pragma unroll
             for (int u = 0; u < GFW_ATTEND_ROWS; u++) {
                 const int iu = i + u * nw;
-                v[u] = iu < cn ? gfw_run_sum(bf_dot_term{qh, rowp[iu]}, (int64_t)lane * r, r, d) : 0.0;
+                v[u] = iu < cn ? attend_lane_sum(qh, rowp[iu], lane, r, d) : 0.0;
             }
 #pragma unroll
             for (int u = 0; u < GFW_ATTEND_ROWS; u++) {
@@ -3210,6 +3438,13 @@ static void launch_hc_mix(const uint16_t *X, int64_t D, int hc, int64_t T, const
                                                                              norm_eps, hc_eps, iters, y, post, comb);
 }
 
+/** k_hc_post for T tokens on stream @p st: a row of blocks per token. */
+static void launch_hc_post(const uint16_t *out, uint16_t *X, int64_t T, int64_t D, int hc, const float *post,
+                           const float *comb, cudaStream_t st)
+{
+    k_hc_post<<<dim3(nblk(D), (unsigned)T), 256, 0, st>>>(out, X, D, hc, post, comb);
+}
+
 /**
  * The indexer's top-k of T tokens at positions *pos_dev.. (scores [T, max_blocks]): k_topk_split
  * (the candidates over blocks of 256, enough blocks for @p n_most candidates: the call's last
@@ -3585,7 +3820,7 @@ static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, i
     if (st != MMOE_OK)
         return st;
     double t2 = tick(g);
-    k_hc_post<<<nblk(T * D), 256, 0, g->stream>>>(g->o, g->X, T, D, hc, g->post, g->comb);
+    launch_hc_post(g->o, g->X, T, D, hc, g->post, g->comb, g->stream);
     launch_hc_mix(g->X, D, hc, T, b->hcf_fn, b->hcf_base, b->hcf_scale, n_mix, g->eps, g->hc_eps, g->iters, g->hc_part,
                   g->y, g->post, g->comb, g->stream);
     GFW_CHECK("hc_post / hc_pre (moe)");
@@ -3594,7 +3829,7 @@ static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, i
         (st = moe(g, b, ids_dev, T, err)) != MMOE_OK)
         return st;
     double t4 = tick(g);
-    k_hc_post<<<nblk(T * D), 256, 0, g->stream>>>(g->o, g->X, T, D, hc, g->post, g->comb);
+    launch_hc_post(g->o, g->X, T, D, hc, g->post, g->comb, g->stream);
     GFW_CHECK("hc_post (moe)");
     double t5 = tick(g);
     g->mhc_s[L] += (t1 - t0) + (t3 - t2) + (t5 - t4);
@@ -4030,7 +4265,7 @@ extern "C" mmoe_status gfw_test_hc_post(int hc, int64_t D, const uint16_t *out, 
     const float *dp = (const float *)tput(&a, post, sizeof(float) * (size_t)(T * hc));
     const float *dc = (const float *)tput(&a, comb, sizeof(float) * (size_t)(T * hc * hc));
     if (a.ce == cudaSuccess)
-        k_hc_post<<<nblk(T * D), 256>>>(dout, dX, T, D, hc, dp, dc);
+        launch_hc_post(dout, dX, T, D, hc, dp, dc, 0);
     return tfinish(&a, X, dX, 2 * (size_t)(T * hc * D), err, "hc_post");
 }
 

@@ -56,6 +56,46 @@ __device__ __forceinline__ uint8_t gfw_ue8m0_ceil_clamped(float s)
     return (uint8_t)e;
 }
 
+/**
+ * 1 / gfw_ue8m0(@p e) for a byte of gfw_ue8m0_ceil_clamped() (1 <= e <= 254): 2^(127-e), an
+ * exact float (2^-127, for e = 254, is subnormal; the byte 254 - e is never 255), so that
+ * x / s may be computed as x * (1/s) with the same bits.  Proof: IEEE division and
+ * multiplication both return the exact result rounded to nearest even, and the exact
+ * quotient x / 2^(e-127) equals the exact product x * 2^(127-e); the special operands agree too
+ * (+-0 and +-inf keep their sign and kind, a NaN stays a NaN, whose E4M3 code is 0x7F either way
+ * since the conversion ignores a NaN's sign).  The scale byte 255 (NaN) never reaches here.
+ */
+__device__ __forceinline__ float gfw_ue8m0_inv(uint8_t e) { return gfw_ue8m0((uint8_t)(254 - e)); }
+
+/** Whether @p p may be read or written as one 16-byte vector. */
+__device__ __forceinline__ bool gfw_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/**
+ * The 16 bf16 values at @p p (16-byte aligned) as fp32, in two 16-byte loads; value 2i is the
+ * low half of 32-bit word i (little-endian), value 2i + 1 its high half.
+ */
+__device__ __forceinline__ void gfw_load_bf16x16(const uint16_t *p, float *v)
+{
+    const uint4 a = ((const uint4 *)p)[0], b = ((const uint4 *)p)[1];
+    const uint32_t word[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        v[2 * i] = __uint_as_float(word[i] << 16);
+        v[2 * i + 1] = __uint_as_float(word[i] & 0xFFFF0000u);
+    }
+}
+
+/** Store the 16 bf16 bit patterns @p h at @p p (16-byte aligned) in two 16-byte stores. */
+__device__ __forceinline__ void gfw_store_bf16x16(uint16_t *p, const uint16_t *h)
+{
+    uint32_t word[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        word[i] = (uint32_t)h[2 * i] | ((uint32_t)h[2 * i + 1] << 16);
+    ((uint4 *)p)[0] = make_uint4(word[0], word[1], word[2], word[3]);
+    ((uint4 *)p)[1] = make_uint4(word[4], word[5], word[6], word[7]);
+}
+
 /** E4M3 code of @p v: nearest even, saturating to +-448. */
 __device__ __forceinline__ uint8_t gfw_e4m3_code(float v)
 {
