@@ -16,7 +16,9 @@
  * - the word test "every byte <= 128" for every byte value in every byte position, the other
  *   bytes 0, 128 or random;
  * - the slot word (the kernels' storage of a chain word) is a permutation of the 32 bits, and
- *   the tiny float read from it is the code's, for every code in every position.
+ *   the tiny float read from it is the code's, for every code in every position;
+ * - the one-step factors read four at a time from a scale word (mmoe_moe_one_step_fields()),
+ *   for every byte <= 128 in every position.
  * Built with -ffp-contract=off (tests.am): every product here is one rounding.
  */
 #include <check.h>
@@ -158,6 +160,30 @@ START_TEST(slot_tiny_every_code_every_position)
 }
 END_TEST
 
+/* Every scale byte s <= 128 in every byte position of a word whose other bytes are 0, 128 or
+ * random (<= 128): the factor read from the fields word is 2^(s - 1) (ldexp) and
+ * mmoe_moe_one_step_factor(s), bit for bit. */
+START_TEST(one_step_factor_of_every_byte)
+{
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed ^ 0xfac7u);
+    for (int fill = 0; fill < 66; fill++)
+        for (int j = 0; j < 4; j++)
+            for (int sb = 0; sb <= MMOE_MOE_DEC_ONE_STEP_MAX; sb++) {
+                uint32_t w = 0;
+                for (int i = 0; i < 4; i++) {
+                    const uint32_t o = fill == 0 ? 0u : fill == 1 ? 128u : mmoe_rng_below(&rng, 129);
+                    w |= (i == j ? (uint32_t)sb : o) << (8 * i);
+                }
+                const float got = mmoe_moe_one_step_factor_of(mmoe_moe_one_step_fields(w), j);
+                ck_assert_msg(bits_of(got) == bits_of((float)ldexp(1.0, sb - 1)) &&
+                                  bits_of(got) == bits_of(mmoe_moe_one_step_factor((uint32_t)sb)),
+                              "word %08x byte %d (%d): factor %a, want 2^%d (seed %llu)", w, j, sb, (double)got,
+                              sb - 1, (unsigned long long)g_seed);
+            }
+}
+END_TEST
+
 static Suite *moe_decode_suite(void)
 {
     Suite *s = suite_create("gpu_moe_decode");
@@ -168,6 +194,7 @@ static Suite *moe_decode_suite(void)
     tcase_add_test(tc, one_step_word_test_every_byte);
     tcase_add_test(tc, slot_word_is_a_permutation);
     tcase_add_test(tc, slot_tiny_every_code_every_position);
+    tcase_add_test(tc, one_step_factor_of_every_byte);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -66,7 +66,8 @@
  * body, or the two-multiply one when a byte exceeds 128 (never for real checkpoints, whose
  * scales are far below 1; correct either way, a divergent branch at worst).  Per E2M1 weight
  * that leaves the bit moves (23 integer operations per word of eight, gpu_moe_decode.h), one
- * FMUL and the fma.  E4M3 codes are
+ * FMUL and the fma; the factors 2^(s - 1) of a scale word's four bytes take one add for all
+ * four, then one shift and one mask each (mmoe_moe_one_step_fields()).  E4M3 codes are
  * converted two at a time (one E4M3x2 -> F16x2 conversion per pair, exact).
  *
  * ## The kernels of one call
@@ -276,8 +277,8 @@ __device__ __forceinline__ void moe_decode(const moe_batch<FMT, VB, NM, PF> &b, 
 {
     const uint32_t word = b.w[q][n][v];
     if (FMT == MOE_WF_FP4 && DEC == MOE_DEC_ONE_STEP) {
-        const uint32_t sb = b.s[q][n][v >> 1] >> (16 * (v & 1));
-        const float f0 = mmoe_moe_one_step_factor(sb & 0xFFu), f1 = mmoe_moe_one_step_factor((sb >> 8) & 0xFFu);
+        const uint32_t fs = mmoe_moe_one_step_fields(b.s[q][n][v >> 1]);
+        const float f0 = mmoe_moe_one_step_factor_of(fs, 2 * (v & 1)), f1 = mmoe_moe_one_step_factor_of(fs, 2 * (v & 1) + 1);
 #pragma unroll
         for (int i = 0; i < moe_epw<FMT>::n; i++)
             w[i] = mmoe_moe_mul(mmoe_moe_slot_tiny(word, i), i < 4 ? f0 : f1);

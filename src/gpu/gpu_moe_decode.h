@@ -96,6 +96,27 @@ MMOE_MOE_DEC_FN float mmoe_moe_one_step_factor(uint32_t s)
 }
 
 /**
+ * The exponent fields s + 126 of the one-step factors of the four scale bytes of @p w at once,
+ * for a word whose bytes are all at most MMOE_MOE_DEC_ONE_STEP_MAX (mmoe_moe_one_step_word()):
+ * s + 126 <= 254 fits its byte, so no carry crosses into the next.
+ */
+MMOE_MOE_DEC_FN uint32_t mmoe_moe_one_step_fields(uint32_t w)
+{
+    return w + 0x7E7E7E7Eu;
+}
+
+/**
+ * The one-step factor of byte @p j (0..3, a constant after unrolling) of a fields word @p f
+ * (mmoe_moe_one_step_fields()): the byte moved to the exponent bits 23..30 and the rest
+ * masked off, one shift and one mask (mmoe_moe_one_step_factor() of the byte, bit for bit).
+ */
+MMOE_MOE_DEC_FN float mmoe_moe_one_step_factor_of(uint32_t f, int j)
+{
+    const uint32_t placed = j < 3 ? f << (23 - 8 * j) : f >> 1;
+    return mmoe_moe_f32_from_bits(placed & 0x7F800000u);
+}
+
+/**
  * Nonzero when every byte of @p w is at most MMOE_MOE_DEC_ONE_STEP_MAX (= 0x80): a byte is
  * larger exactly when its top bit and one of its low 7 bits are set.  Adding 0x7F to each low
  * 7-bit field sets that field's bit 7 exactly when the field is nonzero (no carry leaves the
