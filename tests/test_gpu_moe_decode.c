@@ -14,7 +14,11 @@
  * - the one-step weight, and the factor's value 2^(s - 1) (ldexp), for all 16 codes x every
  *   scale byte s <= 128, bit for bit (subnormal weights at small s, large ones at s = 128);
  * - the word test "every byte <= 128" for every byte value in every byte position, the other
- *   bytes 0, 128 or random.
+ *   bytes 0, 128 or random;
+ * - the slot word (the kernels' storage of a chain word) is a permutation of the 32 bits, and
+ *   the tiny float read from it is the code's, for every code in every position;
+ * - the one-step factors read four at a time from a scale word (mmoe_moe_one_step_fields()),
+ *   for every byte <= 128 in every position.
  * Built with -ffp-contract=off (tests.am): every product here is one rounding.
  */
 #include <check.h>
@@ -120,6 +124,66 @@ START_TEST(one_step_word_test_every_byte)
 }
 END_TEST
 
+START_TEST(slot_word_is_a_permutation)
+{
+    uint32_t seen = 0;
+    for (int b = 0; b < 32; b++) {
+        const uint32_t w = mmoe_moe_slot_word(1u << b);
+        ck_assert_msg(w != 0 && (w & (w - 1)) == 0, "plain bit %d -> slot word %08x: not one bit", b, w);
+        ck_assert_msg((seen & w) == 0, "plain bit %d -> slot word %08x: bit already taken", b, w);
+        seen |= w;
+    }
+    ck_assert_uint_eq(seen, 0xFFFFFFFFu);
+}
+END_TEST
+
+/* Every code in every position of a slot word, the seven others 0, 15 (all bits set) or
+ * random: the tiny float is the oracle's e2m1(n) * 2^-126 (ldexp: an exact double), with the
+ * code's sign; and the bits are (n & 7) << 22 | (n & 8) << 28, derived by hand in the header. */
+START_TEST(slot_tiny_every_code_every_position)
+{
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed ^ 0x510u);
+    for (int fill = 0; fill < 66; fill++)
+        for (int i = 0; i < 8; i++)
+            for (int n = 0; n < 16; n++) {
+                uint32_t plain = fill == 0 ? 0u : fill == 1 ? 0xFFFFFFFFu : mmoe_rng_u32(&rng);
+                plain = (plain & ~(0xFu << (4 * i))) | (uint32_t)n << (4 * i);
+                const uint32_t slot = mmoe_moe_slot_word(plain);
+                const float got = mmoe_moe_slot_tiny(slot, i);
+                const float want = (float)ldexp((double)mmoe_fp4_e2m1_to_f32((uint8_t)n), -126);
+                const uint32_t want_bits = ((uint32_t)(n & 7) << 22) | ((uint32_t)(n & 8) << 28);
+                ck_assert_msg(bits_of(got) == bits_of(want) && bits_of(got) == want_bits,
+                              "code %d at position %d (plain %08x, slot %08x): tiny %08x, want %08x (seed %llu)", n,
+                              i, plain, slot, bits_of(got), want_bits, (unsigned long long)g_seed);
+            }
+}
+END_TEST
+
+/* Every scale byte s <= 128 in every byte position of a word whose other bytes are 0, 128 or
+ * random (<= 128): the factor read from the fields word is 2^(s - 1) (ldexp) and
+ * mmoe_moe_one_step_factor(s), bit for bit. */
+START_TEST(one_step_factor_of_every_byte)
+{
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed ^ 0xfac7u);
+    for (int fill = 0; fill < 66; fill++)
+        for (int j = 0; j < 4; j++)
+            for (int sb = 0; sb <= MMOE_MOE_DEC_ONE_STEP_MAX; sb++) {
+                uint32_t w = 0;
+                for (int i = 0; i < 4; i++) {
+                    const uint32_t o = fill == 0 ? 0u : fill == 1 ? 128u : mmoe_rng_below(&rng, 129);
+                    w |= (i == j ? (uint32_t)sb : o) << (8 * i);
+                }
+                const float got = mmoe_moe_one_step_factor_of(mmoe_moe_one_step_fields(w), j);
+                ck_assert_msg(bits_of(got) == bits_of((float)ldexp(1.0, sb - 1)) &&
+                                  bits_of(got) == bits_of(mmoe_moe_one_step_factor((uint32_t)sb)),
+                              "word %08x byte %d (%d): factor %a, want 2^%d (seed %llu)", w, j, sb, (double)got,
+                              sb - 1, (unsigned long long)g_seed);
+            }
+}
+END_TEST
+
 static Suite *moe_decode_suite(void)
 {
     Suite *s = suite_create("gpu_moe_decode");
@@ -128,6 +192,9 @@ static Suite *moe_decode_suite(void)
     tcase_add_test(tc, two_step_every_code_and_scale);
     tcase_add_test(tc, one_step_every_code_and_scale);
     tcase_add_test(tc, one_step_word_test_every_byte);
+    tcase_add_test(tc, slot_word_is_a_permutation);
+    tcase_add_test(tc, slot_tiny_every_code_every_position);
+    tcase_add_test(tc, one_step_factor_of_every_byte);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -24,7 +24,9 @@
  * (element i of a 32-bit word at bits [i * w, (i + 1) * w) for elements of w bits).  For
  * E2M1 (w = 4) chain word v of group g holds chain elements m = 8 (g vb + v) .. + 7, i.e.
  * k = 8 m + l; their two UE8M0 scales are bytes m/4 and m/4 + 1 of the row's scales (k / 32 =
- * m / 4), which stay in the checkpoint's order.  E4M3 words hold 4 elements, and a group's
+ * m / 4), which stay in the checkpoint's order.  Each E2M1 chain word is then stored as its
+ * slot word (gpu_moe_decode.h: the same 32 bits rearranged so that each code's tiny float below
+ * takes fewer shifts and masks).  E4M3 words hold 4 elements, and a group's
  * 32 * vb columns share one block scale (the shared block is a multiple of 32 * vb); bf16
  * words hold 2.  Thread (row, l) then loads its 4 * vb bytes per group with one aligned load,
  * and the 8 threads of a row read 32 * vb contiguous bytes: coalesced without staging through
@@ -48,8 +50,10 @@
  *
  * ## Decode
  *
- * E2M1 nibble n becomes the float d with bits (n & 7) << 22 | (n & 8) << 28, which is
- * e2m1(n) * 2^-126 exactly (codes 0 and 1 land on the subnormals 0 and 2^-127); times 2^126
+ * E2M1 code n becomes the float d with bits (n & 7) << 22 | (n & 8) << 28, which is
+ * e2m1(n) * 2^-126 exactly (codes 0 and 1 land on the subnormals 0 and 2^-127); the slot word
+ * gives it by mmoe_moe_slot_tiny_bits(): one shift and one mask for three of a word's eight
+ * codes, a mask alone for one, two shifts, a mask and a merge for the other four.  Times 2^126
  * and then times the UE8M0 scale 2^(s - 127) gives fl(e2m1(n) * 2^(s - 127)), the oracle's
  * weight, for every s (no flush to zero in this build).  E4M3 codes go through the hardware's
  * E4M3 -> F16 conversion (exact), then one fp32 multiply by the block scale, as the oracle.
@@ -61,7 +65,9 @@
  * first (moe_one_step_slot(): a few integer operations per group) and takes the one-multiply
  * body, or the two-multiply one when a byte exceeds 128 (never for real checkpoints, whose
  * scales are far below 1; correct either way, a divergent branch at worst).  Per E2M1 weight
- * that leaves the bit moves (two shifts, two LOP3), one FMUL and the fma.  E4M3 codes are
+ * that leaves the bit moves (23 integer operations per word of eight, gpu_moe_decode.h), one
+ * FMUL and the fma; the factors 2^(s - 1) of a scale word's four bytes take one add for all
+ * four, then one shift and one mask each (mmoe_moe_one_step_fields()).  E4M3 codes are
  * converted two at a time (one E4M3x2 -> F16x2 conversion per pair, exact).
  *
  * ## The kernels of one call
@@ -163,12 +169,6 @@ __device__ __forceinline__ void moe_e4m3_pair_values(uint32_t word, int h, float
     const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(word >> (16 * h)), __NV_E4M3);
     v0 = __half2float(__half(__half_raw{hr.x}));
     v1 = __half2float(__half(__half_raw{hr.y}));
-}
-
-/** E2M1 nibble @p n (low 4 bits) times 2^-126, exactly, as float bits. */
-__device__ __forceinline__ float moe_e2m1_tiny(uint32_t n)
-{
-    return __uint_as_float(((n & 7u) << 22) | ((n & 8u) << 28));
 }
 
 /**
@@ -277,17 +277,17 @@ __device__ __forceinline__ void moe_decode(const moe_batch<FMT, VB, NM, PF> &b, 
 {
     const uint32_t word = b.w[q][n][v];
     if (FMT == MOE_WF_FP4 && DEC == MOE_DEC_ONE_STEP) {
-        const uint32_t sb = b.s[q][n][v >> 1] >> (16 * (v & 1));
-        const float f0 = mmoe_moe_one_step_factor(sb & 0xFFu), f1 = mmoe_moe_one_step_factor((sb >> 8) & 0xFFu);
+        const uint32_t fs = mmoe_moe_one_step_fields(b.s[q][n][v >> 1]);
+        const float f0 = mmoe_moe_one_step_factor_of(fs, 2 * (v & 1)), f1 = mmoe_moe_one_step_factor_of(fs, 2 * (v & 1) + 1);
 #pragma unroll
         for (int i = 0; i < moe_epw<FMT>::n; i++)
-            w[i] = mmoe_moe_e2m1_one_step(word >> (4 * i), i < 4 ? f0 : f1);
+            w[i] = mmoe_moe_mul(mmoe_moe_slot_tiny(word, i), i < 4 ? f0 : f1);
     } else if (FMT == MOE_WF_FP4) {
         const uint32_t sb = b.s[q][n][v >> 1] >> (16 * (v & 1));
         const float s0 = gfw_ue8m0((uint8_t)(sb & 0xFF)), s1 = gfw_ue8m0((uint8_t)((sb >> 8) & 0xFF));
 #pragma unroll
         for (int i = 0; i < moe_epw<FMT>::n; i++)
-            w[i] = __fmul_rn(__fmul_rn(moe_e2m1_tiny(word >> (4 * i)), 0x1p126f), i < 4 ? s0 : s1);
+            w[i] = __fmul_rn(__fmul_rn(mmoe_moe_slot_tiny(word, i), 0x1p126f), i < 4 ? s0 : s1);
     } else if (FMT == MOE_WF_FP8) {
         const float s = b.f[q][n];
         float v[moe_epw<FMT>::n];
@@ -883,7 +883,7 @@ __global__ void k_moe_pack(uint8_t *base, int64_t rows, int64_t row_bytes, int b
         dst[l * vb + c / epw] |= v << ((c % epw) * bits);
     }
     for (int i = 0; i < nw; i++)
-        p[i] = dst[i];
+        p[i] = bits == MOE_WF_FP4 ? mmoe_moe_slot_word(dst[i]) : dst[i];
 }
 
 /* ================================================================== host side */
