@@ -418,6 +418,38 @@ static void check_dense_order(void)
 }
 
 /**
+ * The tree over the round nodes (a round is 32 chunks, 512 values): a weight row of ones
+ * against x rows holding 2^60, 1, -2^60 and 1 at values 512 q, 512 (q + 1), 512 (q + 2),
+ * 512 (q + 3) (q = 0, or 4 on odd rows) and zeros elsewhere.  Every round node is then one
+ * of those values exactly, and the spec's tree adds (2^60 + 1) + (-2^60 + 1) = 2^60 + -2^60
+ * = +0 (2^60 + 1 rounds to 2^60 in double), while a left fold of the nodes gives
+ * ((2^60 + 1) + -2^60) + 1 = 1.  So every output is +0, derived here, and an order of the
+ * nodes other than the spec's shows.
+ */
+static void check_dense_round_order(int64_t T, int64_t K)
+{
+    uint16_t *x = calloc((size_t)(T * K), 2), *w = malloc(2 * (size_t)K);
+    float *yc = malloc(sizeof(float) * (size_t)T), *yg = malloc(sizeof(float) * (size_t)T);
+    ck_assert(x && w && yc && yg);
+    const float v[4] = {0x1p60f, 1.0f, -0x1p60f, 1.0f};
+    for (int64_t r = 0; r < T; r++)
+        for (int i = 0; i < 4; i++)
+            x[r * K + 512 * ((r & 1) * 4 + i)] = mmoe_bf16_from_f32(v[i]);
+    for (int64_t k = 0; k < K; k++)
+        w[k] = mmoe_bf16_from_f32(1.0f);
+    mmoe_tensor wt = view(MMOE_DT_BF16, 2, 1, K, w);
+    mmoe_error err;
+    ck_assert_msg(mmoe_linear_dense(x, T, K, &wt, 1, yc, NULL, &err) == MMOE_OK, "%s", err.msg);
+    for (int64_t r = 0; r < T; r++)
+        ck_assert_msg(yc[r] == 0.0f && !signbit(yc[r]), "oracle, round order row %lld: %a, want +0", (long long)r,
+                      yc[r]);
+    mmoe_test_poison_f32(yg, (size_t)T);
+    ck_assert_msg(gfw_test_linear_dense(x, T, K, w, 0, 1, yg, &err) == MMOE_OK, "%s", err.msg);
+    expect_same_f32("dense linear, round order rows", yg, yc, (size_t)T);
+    free(x), free(w), free(yc), free(yg);
+}
+
+/**
  * Dense linear with an FP8 weight (the grouped output projection's form) against the oracle's
  * attn_dense_rows: scale bytes over 1..160, so that chunks with scales inside and outside the
  * kernel's direct-decode range (10..134, with fp32 subnormals below it) both occur; with @p nan,
@@ -487,6 +519,10 @@ START_TEST(test_linear_dense)
     check_dense(10, 5, 48, 0);             /* one round, most lanes +0 */
     check_dense(8, 1024, 4097, 0);         /* a short last chunk: the one-token kernel */
     check_dense(8, 64, 4096, 1);           /* F32: the one-token kernel */
+    check_dense_round_order(1, 4096); /* the one-token kernel: 8 rounds in batches of four */
+    check_dense_round_order(2, 8192); /* 16 rounds in batches of two */
+    check_dense_round_order(8, 4096); /* k_linear_dense_tokens: 8 rounds */
+    check_dense_round_order(9, 8192); /* 16 rounds; a group of one token */
     check_dense_order();
 }
 END_TEST
