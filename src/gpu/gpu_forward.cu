@@ -955,7 +955,7 @@ static void launch_linear_fp8(const uint8_t *xq, const float *xs, int64_t T, con
                               cudaStream_t st)
 {
     if (w.block == 128 && T >= GFW_FP8T_MIN_T && ((uintptr_t)w.w & 15) == 0 && ((uintptr_t)xq & 3) == 0) {
-        launch_linear_fp8_tokens(xq, xs, T, w, y, st);
+        launch_linear_fp8_tokens(xq, xs, T, w, y, n_sm, st);
         return;
     }
     const size_t smem = fp8_128_smem(w.K);

@@ -26,7 +26,8 @@
  *
  * ## Data layout
  *
- * A block is GFW_FP8T_WARPS warps and GFW_FP8T_TOKENS tokens; warp v owns the 8 weight rows
+ * A block is GFW_FP8T_WARPS warps and tb = 8, 16 or 32 tokens (fewer where the grid would
+ * otherwise leave multiprocessors idle); warp v owns the 8 weight rows
  * n0 = 8 (GFW_FP8T_WARPS b + v) .. n0 + 7, the MMA's M.  The K order inside a 128-block is free
  * (the partial is exact), so MMA step j (0..31) of a block multiplies the four k = 32 q + j,
  * q = 0..3, fragment column q standing for k = 32 q + j:
@@ -36,8 +37,9 @@
  *     which it loads as two 16-byte words (the block's next K block is loaded while this one
  *     is summed).
  *   - B (4 x 8, tokens): lane (g, q) holds token 8 i + g of n-tile i at k = 32 q + j.  The
- *     block stages the K block's values of its 32 tokens as doubles in shared memory once
- *     (each thread decodes 32 codes), token r's value k at r GFW_FP8T_ROW + (k / 32)
+ *     block stages the K block's values of its tb tokens as doubles in shared memory once
+ *     (each thread decodes up to 32 codes, loaded during the previous K block), token r's
+ *     value k at r GFW_FP8T_ROW + (k / 32)
  *     GFW_FP8T_SEG + k % 32: the row stride of 132 doubles (1056 bytes, 32 mod 128) and the
  *     segment stride of 33 (264 bytes, 8 mod 128) put the 16 lanes of a half warp on 16
  *     different 8-byte bank pairs.
@@ -77,37 +79,56 @@ __device__ __forceinline__ void dmma_m8n8k4(double &d0, double &d1, double a, do
                  : "d"(a), "d"(b));
 }
 
+/** Most 4-code words of x one thread of k_linear_fp8_tokens stages per K block (32 tokens x 32 words / 128 threads). */
+#define GFW_FP8T_XWORDS (GFW_FP8T_TOKENS * 32 / (GFW_FP8T_WARPS * 32))
+
 /**
- * Stage the values of K block @p kb of the block's tokens t0 .. t0 + 31 (zero past T) as
- * doubles in @p sx, in the layout of the chapter above.  Every thread of the block calls it.
+ * Load this thread's words of K block @p kb of the block's @p tb tokens from t0 (zero past T)
+ * into @p xw: word u is word threadIdx.x + u blockDim.x of the block's tb x 32 words (token
+ * w / 32, codes 4 (w % 32) ..), for u < tb / 4.  Every thread of the block calls it.
  */
-__device__ __forceinline__ void fp8t_stage_x(const uint8_t *xq, int64_t T, int64_t K, int64_t t0, int kb, double *sx)
+__device__ __forceinline__ void fp8t_load_x(const uint8_t *xq, int64_t T, int64_t K, int64_t t0, int tb, int kb,
+                                            uint32_t *xw)
 {
-    for (int i = threadIdx.x; i < GFW_FP8T_TOKENS * 32; i += blockDim.x) {
-        const int r = i >> 5, k = (i & 31) * 4; /* token r, codes k .. k + 3 of the block */
-        const uint32_t c = t0 + r < T ? *(const uint32_t *)(xq + (t0 + r) * K + (int64_t)kb * 128 + k) : 0u;
+#pragma unroll
+    for (int u = 0; u < GFW_FP8T_XWORDS; u++) {
+        const int i = threadIdx.x + u * blockDim.x, r = i >> 5;
+        xw[u] = u < tb / 4 && t0 + r < T ? *(const uint32_t *)(xq + (t0 + r) * K + (int64_t)kb * 128 + (i & 31) * 4)
+                                         : 0u;
+    }
+}
+
+/** Decode the words fp8t_load_x() left in @p xw into the staged doubles @p sx (the layout of the chapter above). */
+__device__ __forceinline__ void fp8t_store_x(const uint32_t *xw, int tb, double *sx)
+{
+#pragma unroll
+    for (int u = 0; u < GFW_FP8T_XWORDS; u++) {
+        if (u >= tb / 4)
+            break;
+        const int i = threadIdx.x + u * blockDim.x, r = i >> 5, k = (i & 31) * 4;
         double *dst = sx + r * GFW_FP8T_ROW + (k >> 5) * GFW_FP8T_SEG + (k & 31);
 #pragma unroll
         for (int b = 0; b < 4; b++)
-            dst[b] = (double)gfw_e4m3_value((c >> (8 * b)) & 0xFFu);
+            dst[b] = (double)gfw_e4m3_value((xw[u] >> (8 * b)) & 0xFFu);
     }
 }
 
 /**
  * y = fp8_linear(x) for T >= 1 tokens of 128-block scales (linear_fp8.c's bits): grid
- * (ceil(N / (8 GFW_FP8T_WARPS)), ceil(T / GFW_FP8T_TOKENS)), GFW_FP8T_WARPS warps a block.
- * @p xq codes [T, K] (4-byte aligned), @p xs fp32 scales [T, K/128], weight codes 16-byte
- * aligned, K a multiple of 128.
+ * (ceil(N / (8 GFW_FP8T_WARPS)), ceil(T / tb)), GFW_FP8T_WARPS warps a block, @p tb = 8, 16
+ * or 32 tokens a block.  @p xq codes [T, K] (4-byte aligned), @p xs fp32 scales [T, K/128],
+ * weight codes 16-byte aligned, K a multiple of 128.  The codes of K block kb + 1 (weights
+ * in registers, x in fp8t_load_x's words) are loaded while block kb is summed.
  */
 __global__ void __launch_bounds__(GFW_FP8T_WARPS * 32)
-    k_linear_fp8_tokens(const uint8_t *xq, const float *xs, int64_t T, dfp8 w, uint16_t *y)
+    k_linear_fp8_tokens(const uint8_t *xq, const float *xs, int64_t T, dfp8 w, int tb, uint16_t *y)
 {
     __shared__ double sx[GFW_FP8T_TOKENS * GFW_FP8T_ROW];
     const int64_t K = w.K;
     const int kb_w = (int)(K / 128);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    const int64_t t0 = (int64_t)blockIdx.y * GFW_FP8T_TOKENS;
-    const int64_t live_t = T - t0 < GFW_FP8T_TOKENS ? T - t0 : GFW_FP8T_TOKENS;
+    const int64_t t0 = (int64_t)blockIdx.y * tb;
+    const int64_t live_t = T - t0 < tb ? T - t0 : tb;
     const int tiles = (int)((live_t + 7) / 8); /* n-tiles holding a token; the same for the whole block */
     const int64_t row = ((int64_t)blockIdx.x * GFW_FP8T_WARPS + warp) * 8 + g;
     const bool row_live = row < w.N;
@@ -116,14 +137,17 @@ __global__ void __launch_bounds__(GFW_FP8T_WARPS * 32)
     const uint8_t *ws = w.s + (row_rd >> 7) * w.scols;
 
     uint4 c0 = *(const uint4 *)wr, c1 = *(const uint4 *)(wr + 16);
+    uint32_t xw[GFW_FP8T_XWORDS];
+    fp8t_load_x(xq, T, K, t0, tb, 0, xw);
     float acc[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
     for (int kb = 0; kb < kb_w; kb++) {
         __syncthreads(); /* every warp is done with the previous block's values */
-        fp8t_stage_x(xq, T, K, t0, kb, sx);
+        fp8t_store_x(xw, tb, sx);
         uint4 n0 = c0, n1 = c1; /* the next K block's codes, in flight while this one is summed */
         if (kb + 1 < kb_w) {
             n0 = *(const uint4 *)(wr + (int64_t)(kb + 1) * 128);
             n1 = *(const uint4 *)(wr + (int64_t)(kb + 1) * 128 + 16);
+            fp8t_load_x(xq, T, K, t0, tb, kb + 1, xw);
         }
         __syncthreads();
         const uint32_t wq[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
@@ -162,13 +186,21 @@ __global__ void __launch_bounds__(GFW_FP8T_WARPS * 32)
         }
 }
 
-/** Launch k_linear_fp8_tokens for T tokens of @p w (see its contract). */
+/**
+ * Launch k_linear_fp8_tokens for T tokens of @p w (see its contract) on @p n_sm
+ * multiprocessors: 32 tokens a block, or 16 or 8 where that leaves fewer than two blocks per
+ * multiprocessor (a short projection such as wq_a or wkv would otherwise run on a fraction of
+ * them; each block walks all of K).
+ */
 static void launch_linear_fp8_tokens(const uint8_t *xq, const float *xs, int64_t T, const dfp8 &w, uint16_t *y,
-                                     cudaStream_t st)
+                                     int n_sm, cudaStream_t st)
 {
-    const int64_t rows = 8 * GFW_FP8T_WARPS;
-    const dim3 grid((unsigned)((w.N + rows - 1) / rows), (unsigned)((T + GFW_FP8T_TOKENS - 1) / GFW_FP8T_TOKENS));
-    k_linear_fp8_tokens<<<grid, GFW_FP8T_WARPS * 32, 0, st>>>(xq, xs, T, w, y);
+    const int64_t rows = 8 * GFW_FP8T_WARPS, row_blocks = (w.N + rows - 1) / rows;
+    int tb = GFW_FP8T_TOKENS;
+    while (tb > 8 && row_blocks * ((T + tb - 1) / tb) < 2 * (int64_t)(n_sm > 0 ? n_sm : 1))
+        tb /= 2;
+    const dim3 grid((unsigned)row_blocks, (unsigned)((T + tb - 1) / tb));
+    k_linear_fp8_tokens<<<grid, GFW_FP8T_WARPS * 32, 0, st>>>(xq, xs, T, w, tb, y);
 }
 
 #endif
