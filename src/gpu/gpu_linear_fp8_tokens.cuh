@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(GFW_FP8T_WARPS * 32)
 #pragma unroll
             for (int c = 0; c < 2; c++) {
                 const int64_t t = t0 + 8 * i + 2 * q + c;
-                if (t < T)
+                if (i < tiles && t < T) /* n-tiles past the block's are the next block's tokens */
                     acc[i][c] = __fadd_rn(acc[i][c],
                                           __fmul_rn(__double2float_rn(d[i][c]), __fmul_rn(xs[t * kb_w + kb], s_w)));
             }
@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(GFW_FP8T_WARPS * 32)
 #pragma unroll
         for (int c = 0; c < 2; c++) {
             const int64_t t = t0 + 8 * i + 2 * q + c;
-            if (t < T)
+            if (i < tiles && t < T)
                 y[t * w.N + row] = gfw_f2bf(acc[i][c]);
         }
 }
