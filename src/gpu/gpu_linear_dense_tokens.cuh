@@ -9,8 +9,7 @@
  * that is the whole call, but in a prefill of T tokens every weight row is loaded and decoded
  * T times.  Here a warp owns one output row for GFW_DENSE_TT tokens: per round of 32 chunks,
  * lane l loads and decodes chunk 32 r + l of the row once, as 16 doubles, and sums it against
- * each token's 16 x values (the next round's chunk and the next token's x values are loaded
- * while it sums).
+ * each token's 16 x values.
  *
  * ## The order is the oracle's, unchanged
  *
@@ -43,34 +42,12 @@
 /** The fewest tokens for which launch_linear_dense() takes k_linear_dense_tokens. */
 #define GFW_DENSE_TT_MIN_T 8
 
-/** The raw bytes of one weight chunk: an F8 chunk's 16 codes in @p a and its scale byte, or a BF16 chunk in @p a, @p b. */
-struct dense_tokens_raw {
-    uint4 a, b;  /**< the chunk's bytes */
-    uint8_t sb;  /**< F8: the chunk's scale byte */
-};
-
-/** Load chunk @p k of row @p n of @p w (F8 when @p f8, else BF16) into @p raw, when @p in. */
-__device__ __forceinline__ void dense_tokens_load(const ddense &w, bool f8, int64_t n, int64_t k, bool in,
-                                                  dense_tokens_raw *raw)
-{
-    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    raw->a = zero, raw->b = zero, raw->sb = 0;
-    if (!in)
-        return;
-    if (!f8) {
-        const uint4 *p = (const uint4 *)((const uint16_t *)w.p + n * w.cols + k * MMOE_SUM_CHUNK);
-        raw->a = __ldg(p), raw->b = __ldg(p + 1);
-        return;
-    }
-    raw->a = __ldg((const uint4 *)((const uint8_t *)w.p + n * w.cols + k * MMOE_SUM_CHUNK));
-    raw->sb = __ldg(w.scale + (int64_t)((int)n / w.block) * w.scols + (int)(k * MMOE_SUM_CHUNK) / w.block);
-}
-
 /**
- * The chunk's 16 weights as the doubles the oracle multiplies by (zeros when @p in is false),
- * decoded as dense_warp_sum decodes an F8 (@p f8) or BF16 chunk.
+ * Chunk @p k's 16 weights of row @p n of @p w as the doubles the oracle multiplies by (zeros
+ * when @p in is false), read as dense_warp_sum reads an F8 (@p f8) or BF16 row.
  */
-__device__ __forceinline__ void dense_tokens_weights(const dense_tokens_raw &raw, bool f8, bool in, double *wd)
+__device__ __forceinline__ void dense_tokens_weights(const ddense &w, bool f8, int64_t n, int64_t k, bool in,
+                                                     double *wd)
 {
     if (!in) {
 #pragma unroll
@@ -79,15 +56,17 @@ __device__ __forceinline__ void dense_tokens_weights(const dense_tokens_raw &raw
         return;
     }
     if (!f8) {
+        const uint4 *p = (const uint4 *)((const uint16_t *)w.p + n * w.cols + k * MMOE_SUM_CHUNK);
         float wv[16];
-        bf16x16_to_f32(raw.a, raw.b, wv);
+        bf16x16_to_f32(__ldg(p), __ldg(p + 1), wv);
 #pragma unroll
         for (int i = 0; i < 16; i++)
             wd[i] = (double)wv[i];
         return;
     }
-    const uint8_t sb = raw.sb;
-    const uint32_t codes[4] = {raw.a.x, raw.a.y, raw.a.z, raw.a.w};
+    const uint4 q = __ldg((const uint4 *)((const uint8_t *)w.p + n * w.cols + k * MMOE_SUM_CHUNK));
+    const uint8_t sb = __ldg(w.scale + (int64_t)((int)n / w.block) * w.scols + (int)(k * MMOE_SUM_CHUNK) / w.block);
+    const uint32_t codes[4] = {q.x, q.y, q.z, q.w};
     const uint32_t nan =
         e4m3_nan_bits(codes[0]) | e4m3_nan_bits(codes[1]) | e4m3_nan_bits(codes[2]) | e4m3_nan_bits(codes[3]);
     if (sb >= 10 && sb <= 134 && nan == 0) { /* dense_f8_chunk16's direct doubles */
@@ -138,29 +117,17 @@ __global__ void __launch_bounds__(GFW_DENSE_WARPS * 32)
     while (M < m)
         M <<= 1;
     const int rounds = M > 32 ? (int)(M / 32) : 1;
-    /* the next round's weight chunk and the next token's x chunk are loaded while the current
-       ones are summed */
-    dense_tokens_raw raw;
-    dense_tokens_load(w, f8, n, lane, lane < m, &raw);
-    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
     for (int r = 0; r < rounds; r++) {
         const int64_t k = (int64_t)r * 32 + lane;
         const bool in = k < m;
         double wd[16];
-        dense_tokens_weights(raw, f8, in, wd);
-        dense_tokens_load(w, f8, n, k + 32, r + 1 < rounds && k + 32 < m, &raw);
-        const uint4 *xp = (const uint4 *)(xg + k * MMOE_SUM_CHUNK);
-        uint4 xa = in ? __ldg(xp) : zero, xb = in ? __ldg(xp + 1) : zero;
+        dense_tokens_weights(w, f8, n, k, in, wd);
         for (int tt = 0; tt < tn; tt++) {
-            uint4 na = zero, nb = zero;
-            if (in && tt + 1 < tn) {
-                const uint4 *np = (const uint4 *)(xg + (tt + 1) * ldx + k * MMOE_SUM_CHUNK);
-                na = __ldg(np), nb = __ldg(np + 1);
-            }
             double c = 0.0;
             if (in) {
+                const uint4 *xp = (const uint4 *)(xg + tt * ldx + k * MMOE_SUM_CHUNK);
                 float xv[16];
-                bf16x16_to_f32(xa, xb, xv);
+                bf16x16_to_f32(__ldg(xp), __ldg(xp + 1), xv);
 #pragma unroll
                 for (int i = 0; i < 16; i++)
                     c = __fma_rn((double)xv[i], wd[i], c); /* exact products, as dense_chunk */
@@ -168,7 +135,6 @@ __global__ void __launch_bounds__(GFW_DENSE_WARPS * 32)
             c = gfw_group_pairwise(c, 32); /* the node over the round's 32 chunks */
             if (lane == 0)
                 node[warp][tt][r] = c;
-            xa = na, xb = nb;
         }
     }
     __syncwarp();
