@@ -33,6 +33,7 @@
  * most GFW_DENSE_TT_ROUNDS rounds); anything else runs k_linear_dense_split as before.
  */
 #ifndef MMOE_GPU_LINEAR_DENSE_TOKENS_CUH
+/** Include guard (this file is included in the middle of gpu_forward.cu). */
 #define MMOE_GPU_LINEAR_DENSE_TOKENS_CUH
 
 /** Tokens one warp of k_linear_dense_tokens sums each decoded weight chunk against. */

@@ -58,6 +58,7 @@
  * against one decode-kernel pass over the weights per token before.
  */
 #ifndef MMOE_GPU_LINEAR_FP8_TOKENS_CUH
+/** Include guard (this file is included in the middle of gpu_forward.cu). */
 #define MMOE_GPU_LINEAR_FP8_TOKENS_CUH
 
 /** Warps of a k_linear_fp8_tokens block (8 weight rows each). */

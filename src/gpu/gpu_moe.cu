@@ -998,6 +998,10 @@ static mmoe_status upload_inputs(mmoe_gpu_moe *L, int T, const uint16_t *x, cons
     return MMOE_OK;
 }
 
+/** The decode16 kernel's description, which the two launch shapes complete (fill_result()). */
+#define DECODE16_KERNEL "decode16: mma.sync.m16n8k16 f16 (activations staged as E4M3, both operands made F16 in " \
+                        "registers) swap-AB weight streaming, 8-token tiles "
+
 /** Fill the GPU details of a call. */
 static void fill_result(mmoe_gpu_moe *L, int bm, long long pairs, mmoe_gpu_moe_result *res)
 {
@@ -1008,11 +1012,8 @@ static void fill_result(mmoe_gpu_moe *L, int bm, long long pairs, mmoe_gpu_moe_r
     res->recipe = L->recipe;
     const int fused = L->last_decode_fused;
     if (L->last_decode)
-#define DECODE16_KERNEL "decode16: mma.sync.m16n8k16 f16 (activations staged as E4M3, both operands made F16 in " \
-                        "registers) swap-AB weight streaming, 8-token tiles "
         res->kernel = fused ? DECODE16_KERNEL "(3 launches (fused), programmatic dependent launch)"
                             : DECODE16_KERNEL "(5 launches, programmatic dependent launch)";
-#undef DECODE16_KERNEL
     else if (L->last_wgmma)
         res->kernel = L->last_split ? "wgmma f16 (E4M3/E2M1 converted) warp-specialized grouped GEMM, split-K (staged)"
                                     : "wgmma f16 (E4M3/E2M1 converted) warp-specialized grouped GEMM (staged, 9 launches)";
