@@ -347,14 +347,7 @@ __device__ __forceinline__ void rmsnorm_load_chunk(const uint16_t *xr, const dde
     }
     gfw_load_bf16x16(xc, xv);
     if (w.dtype == GFW_F32) {
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const float4 f = ((const float4 *)wc)[j];
-            wv[4 * j] = f.x;
-            wv[4 * j + 1] = f.y;
-            wv[4 * j + 2] = f.z;
-            wv[4 * j + 3] = f.w;
-        }
+        gfw_load_f32x16((const float *)wc, wv);
     } else {
         gfw_load_bf16x16((const uint16_t *)wc, wv);
     }
@@ -971,22 +964,11 @@ static void launch_linear_fp8(const uint8_t *xq, const float *xs, int64_t T, con
     }
 }
 
-/** The 16 bf16 values of @p u0, @p u1 (ascending) as fp32. */
-__device__ __forceinline__ void bf16x16_to_f32(uint4 u0, uint4 u1, float *out)
-{
-    const uint32_t w[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        out[2 * i] = __uint_as_float(w[i] << 16);
-        out[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
-    }
-}
-
 /** 16 bf16 values from @p p (16-byte aligned when @p vec) as fp32. */
 __device__ __forceinline__ void load16_bf16(const uint16_t *p, bool vec, float *out)
 {
     if (vec) {
-        bf16x16_to_f32(((const uint4 *)p)[0], ((const uint4 *)p)[1], out);
+        gfw_load_bf16x16(p, out);
     } else {
 #pragma unroll
         for (int i = 0; i < 16; i++)
@@ -1059,11 +1041,7 @@ __device__ double dense_chunk(const ddense &w, int64_t n, const uint16_t *xr, in
     } else if (w.dtype == GFW_F32) {
         const float *p = (const float *)w.p + e;
         if (((uintptr_t)p & 15) == 0) {
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const float4 f = ((const float4 *)p)[q];
-                wv[4 * q] = f.x, wv[4 * q + 1] = f.y, wv[4 * q + 2] = f.z, wv[4 * q + 3] = f.w;
-            }
+            gfw_load_f32x16(p, wv);
         } else {
 #pragma unroll
             for (int i = 0; i < 16; i++)
@@ -1192,7 +1170,7 @@ __device__ __forceinline__ double dense_warp_sum(const ddense &w, int64_t n, con
             for (int u = 0; u < B; u++) {
                 const int64_t k = (r0 + u) * 32 + lane;
                 float xv[16];
-                bf16x16_to_f32(xa[u], xb[u], xv);
+                gfw_bf16x16_to_f32(xa[u], xb[u], xv);
                 double v = 0.0;
                 if constexpr (R == DENSE_READ_F8) {
                     const uint32_t codes[4] = {q[u][0].x, q[u][0].y, q[u][0].z, q[u][0].w};
@@ -1200,7 +1178,7 @@ __device__ __forceinline__ double dense_warp_sum(const ddense &w, int64_t n, con
                 } else {
                     float wv[16];
                     if constexpr (R == DENSE_READ_BF16) {
-                        bf16x16_to_f32(q[u][0], q[u][1], wv);
+                        gfw_bf16x16_to_f32(q[u][0], q[u][1], wv);
                     } else {
 #pragma unroll
                         for (int i = 0; i < 4; i++) {
@@ -1319,16 +1297,8 @@ __device__ __forceinline__ int hc_chunk_vec(const uint16_t *Xt, const float *row
         return 0;
     float xv[MMOE_SUM_CHUNK], fv[MMOE_SUM_CHUNK];
     gfw_load_bf16x16(Xt + i0, xv);
-    if (row != NULL) {
-#pragma unroll
-        for (int j = 0; j < MMOE_SUM_CHUNK / 4; j++) {
-            const float4 f = ((const float4 *)(row + i0))[j];
-            fv[4 * j] = f.x;
-            fv[4 * j + 1] = f.y;
-            fv[4 * j + 2] = f.z;
-            fv[4 * j + 3] = f.w;
-        }
-    }
+    if (row != NULL)
+        gfw_load_f32x16(row + i0, fv);
     double c = 0.0;
 #pragma unroll
     for (int i = 0; i < MMOE_SUM_CHUNK; i++)

@@ -71,17 +71,35 @@ __device__ __forceinline__ float gfw_ue8m0_inv(uint8_t e) { return gfw_ue8m0((ui
 __device__ __forceinline__ bool gfw_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 /**
- * The 16 bf16 values at @p p (16-byte aligned) as fp32, in two 16-byte loads; value 2i is the
- * low half of 32-bit word i (little-endian), value 2i + 1 its high half.
+ * The 16 bf16 values held by @p a, @p b (ascending) as fp32; value 2i is the low half of 32-bit
+ * word i (little-endian), value 2i + 1 its high half.
  */
-__device__ __forceinline__ void gfw_load_bf16x16(const uint16_t *p, float *v)
+__device__ __forceinline__ void gfw_bf16x16_to_f32(uint4 a, uint4 b, float *v)
 {
-    const uint4 a = ((const uint4 *)p)[0], b = ((const uint4 *)p)[1];
     const uint32_t word[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         v[2 * i] = __uint_as_float(word[i] << 16);
         v[2 * i + 1] = __uint_as_float(word[i] & 0xFFFF0000u);
+    }
+}
+
+/** The 16 bf16 values at @p p (16-byte aligned) as fp32, in two 16-byte loads. */
+__device__ __forceinline__ void gfw_load_bf16x16(const uint16_t *p, float *v)
+{
+    gfw_bf16x16_to_f32(((const uint4 *)p)[0], ((const uint4 *)p)[1], v);
+}
+
+/** The 16 floats at @p p (16-byte aligned), in four 16-byte loads. */
+__device__ __forceinline__ void gfw_load_f32x16(const float *p, float *v)
+{
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const float4 f = ((const float4 *)p)[j];
+        v[4 * j] = f.x;
+        v[4 * j + 1] = f.y;
+        v[4 * j + 2] = f.z;
+        v[4 * j + 3] = f.w;
     }
 }
 

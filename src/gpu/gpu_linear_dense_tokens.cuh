@@ -59,7 +59,7 @@ __device__ __forceinline__ void dense_tokens_weights(const ddense &w, bool f8, i
     if (!f8) {
         const uint4 *p = (const uint4 *)((const uint16_t *)w.p + n * w.cols + k * MMOE_SUM_CHUNK);
         float wv[16];
-        bf16x16_to_f32(__ldg(p), __ldg(p + 1), wv);
+        gfw_bf16x16_to_f32(__ldg(p), __ldg(p + 1), wv);
 #pragma unroll
         for (int i = 0; i < 16; i++)
             wd[i] = (double)wv[i];
@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(GFW_DENSE_WARPS * 32)
             if (in) {
                 const uint4 *xp = (const uint4 *)(xg + tt * ldx + k * MMOE_SUM_CHUNK);
                 float xv[16];
-                bf16x16_to_f32(__ldg(xp), __ldg(xp + 1), xv);
+                gfw_bf16x16_to_f32(__ldg(xp), __ldg(xp + 1), xv);
 #pragma unroll
                 for (int i = 0; i < 16; i++)
                     c = __fma_rn((double)xv[i], wd[i], c); /* exact products, as dense_chunk */
