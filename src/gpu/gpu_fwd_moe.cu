@@ -281,13 +281,13 @@ __device__ __forceinline__ void moe_decode(const moe_batch<FMT, VB, NM, PF> &b, 
         const float f0 = mmoe_moe_one_step_factor_of(fs, 2 * (v & 1)), f1 = mmoe_moe_one_step_factor_of(fs, 2 * (v & 1) + 1);
 #pragma unroll
         for (int i = 0; i < moe_epw<FMT>::n; i++)
-            w[i] = mmoe_moe_mul(mmoe_moe_slot_tiny(word, i), i < 4 ? f0 : f1);
+            w[i] = mmoe_moe_tiny_one_step(mmoe_moe_slot_tiny(word, i), i < 4 ? f0 : f1);
     } else if (FMT == MOE_WF_FP4) {
         const uint32_t sb = b.s[q][n][v >> 1] >> (16 * (v & 1));
         const float s0 = gfw_ue8m0((uint8_t)(sb & 0xFF)), s1 = gfw_ue8m0((uint8_t)((sb >> 8) & 0xFF));
 #pragma unroll
         for (int i = 0; i < moe_epw<FMT>::n; i++)
-            w[i] = __fmul_rn(__fmul_rn(mmoe_moe_slot_tiny(word, i), 0x1p126f), i < 4 ? s0 : s1);
+            w[i] = mmoe_moe_tiny_two_step(mmoe_moe_slot_tiny(word, i), i < 4 ? s0 : s1);
     } else if (FMT == MOE_WF_FP8) {
         const float s = b.f[q][n];
         float v[moe_epw<FMT>::n];

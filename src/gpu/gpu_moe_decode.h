@@ -197,18 +197,31 @@ MMOE_MOE_DEC_FN float mmoe_moe_slot_tiny(uint32_t w, int i)
 /** @} */
 
 /**
- * The weight fl(e2m1(n) * 2^(s - 127)) by two multiplies, for every scale byte: fl(d * 2^126)
- * is e2m1(n) exactly, then times the UE8M0 value @p scale.
+ * The weight fl(e2m1(n) * 2^(s - 127)) by two multiplies from the code's tiny float @p tiny
+ * (e2m1(n) * 2^-126, from a plain or a slot word), for every scale byte: fl(tiny * 2^126) is
+ * e2m1(n) exactly, then times the UE8M0 value @p scale.
  */
-MMOE_MOE_DEC_FN float mmoe_moe_e2m1_two_step(uint32_t n, float scale)
+MMOE_MOE_DEC_FN float mmoe_moe_tiny_two_step(float tiny, float scale)
 {
-    return mmoe_moe_mul(mmoe_moe_mul(mmoe_moe_e2m1_tiny(n), 0x1p126f), scale);
+    return mmoe_moe_mul(mmoe_moe_mul(tiny, 0x1p126f), scale);
 }
 
 /** The same weight by one multiply, @p factor = mmoe_moe_one_step_factor(s) for s <= 128. */
+MMOE_MOE_DEC_FN float mmoe_moe_tiny_one_step(float tiny, float factor)
+{
+    return mmoe_moe_mul(tiny, factor);
+}
+
+/** mmoe_moe_tiny_two_step() of the code in the low 4 bits of @p n. */
+MMOE_MOE_DEC_FN float mmoe_moe_e2m1_two_step(uint32_t n, float scale)
+{
+    return mmoe_moe_tiny_two_step(mmoe_moe_e2m1_tiny(n), scale);
+}
+
+/** mmoe_moe_tiny_one_step() of the code in the low 4 bits of @p n. */
 MMOE_MOE_DEC_FN float mmoe_moe_e2m1_one_step(uint32_t n, float factor)
 {
-    return mmoe_moe_mul(mmoe_moe_e2m1_tiny(n), factor);
+    return mmoe_moe_tiny_one_step(mmoe_moe_e2m1_tiny(n), factor);
 }
 
 #endif
