@@ -728,7 +728,8 @@ static fp8_split_shape fp8_split_choose(int64_t T, int64_t N, int64_t K, int n_s
         const int64_t p_smem = term_bytes / ((int64_t)sizeof(float) * fp8_split_rows(sh) * (kb_w > 0 ? kb_w : 1));
         int64_t p_max = p_smem < GFW_FP8_SPLIT_PAIRS_MAX ? p_smem : GFW_FP8_SPLIT_PAIRS_MAX;
         p_max = p_max > 1 ? p_max : 1;
-        const int64_t p_min = (base + slots - 1) / slots < p_max ? (base + slots - 1) / slots : p_max;
+        const int64_t one_wave = (base + slots - 1) / slots;
+        const int64_t p_min = one_wave < p_max ? one_wave : p_max;
         int64_t best = 0, best_units = 0;
         for (int64_t p = p_min; p <= p_max; p++) {
             const int64_t rows = fp8_split_rows(fp8_split_shape{(int)p, 1});
@@ -947,12 +948,12 @@ __global__ void __launch_bounds__(GFW_FP8_WARPS * 32, GFW_FP8_SPLIT_BLOCKS_PER_S
 static void launch_linear_fp8(const uint8_t *xq, const float *xs, int64_t T, const dfp8 &w, uint16_t *y, int n_sm,
                               cudaStream_t st)
 {
-    if (w.block == 128 && T >= GFW_FP8T_MIN_T && ((uintptr_t)w.w & 15) == 0 && ((uintptr_t)xq & 3) == 0) {
+    const bool blocks128 = w.block == 128 && ((uintptr_t)w.w & 15) == 0 && ((uintptr_t)xq & 3) == 0;
+    if (blocks128 && T >= GFW_FP8T_MIN_T) {
         launch_linear_fp8_tokens(xq, xs, T, w, y, n_sm, st);
         return;
     }
-    const size_t smem = fp8_128_smem(w.K);
-    if (w.block == 128 && smem <= GFW_FP8_SMEM_MAX && ((uintptr_t)w.w & 15) == 0 && ((uintptr_t)xq & 3) == 0) {
+    if (blocks128 && fp8_128_smem(w.K) <= GFW_FP8_SMEM_MAX) {
         fp8_split_shape sh = fp8_split_choose(T, w.N, w.K, n_sm);
         if (fp8_split_smem(w.K, sh) > GFW_FP8_SMEM_MAX)
             sh = fp8_split_shape{1, 1}; /* one row pair per warp: the least shared memory, fp8_128_smem(K) */
