@@ -45,7 +45,10 @@
 
 /**
  * Chunk @p k's 16 weights of row @p n of @p w as the doubles the oracle multiplies by (zeros
- * when @p in is false), read as dense_warp_sum reads an F8 (@p f8) or BF16 row.
+ * when @p in is false), read as dense_warp_sum reads an F8 (@p f8) or BF16 row.  The F8 decode
+ * is dense_f8_chunk16's, written out here because that function decodes each weight beside
+ * its fma: made to decode all 16 first (one function for both), the one-token kernel
+ * k_linear_dense_split spills about ten times more (ptxas, sm_90a).
  */
 __device__ __forceinline__ void dense_tokens_weights(const ddense &w, bool f8, int64_t n, int64_t k, bool in,
                                                      double *wd)
