@@ -16,8 +16,8 @@
  *     stages in shared memory once, as FP8 bytes.  At T = 1 the V4-Flash layer's L1 GEMM has
  *     1792 warps of work (7 experts x 256 row groups) in 448 blocks: every SM gets several.
  *   - **A deep copy ring per warp.**  Each lane copies, for each K block, its pieces of the
- *     warp's 16 rows and their scale words with `cp.async` into its own slots of a 10 KB ring:
- *     8 (MXFP4) or 4 (FP8) K blocks, up to 7 KB per warp in flight.  The layer's tile-major
+ *     warp's 16 rows and their scale words with `cp.async` into its own slots of a 9 KB ring:
+ *     7 (MXFP4) or 4 (FP8) K blocks, up to 6 KB of weights per warp in flight.  The layer's tile-major
  *     layout (gpu_moe.cu) makes the 32 lanes' copies one contiguous 1 KB (2 KB) run.  Each
  *     lane reads back only what it copied itself, so the ring needs no barrier: a per-thread
  *     `cp.async.wait_group` is the whole synchronisation.
@@ -81,22 +81,33 @@
  * counter, and the layer launches the requantization (gpu_quant.cu) and combine
  * (gpu_combine.cu) kernels after it: five launches.
  *
- * **Shared memory per block, and blocks per SM.**  A block holds its 4 warps' rings (40 KB),
+ * **Shared memory per block, and blocks per SM.**  A block holds its 4 warps' rings (36 KB),
  * the tile's staged activation rows (K + 16 bytes each), their scales and the routing counts.
  * The rows are sized by the launch, not by the tile's upper bound of 8: the host, which checks
  * the routing when it uploads it, passes the most rows any tile of the call holds (tile_rows:
  * min(8, T) for the shared part, min(8, the most pairs of one expert) for the routed part).  At
  * T = 1 with distinct experts that is one row: the V4-Flash L1 launch (K = 4096, 256 experts)
- * needs 40960 + 4112 + 1024 + 1024 = 47120 bytes, so four blocks fit in an SM's 228 KB (with
- * the 1 KB each block reserves) and its 448 blocks run in one wave on 132 SMs (sized for
- * T * topk = 6 rows, 67680 bytes, three would fit: two waves).  With the shared expert, T
- * tokens need min(8, T) rows: up to T = 3 four blocks fit.  A token that names one expert in
- * several slots has that many rows in the expert's tile (at most 8), and the launch stages that
- * many; a block whose tile holds more rows than the launch says traps rather than overrun its
- * staging.  From 4 to 8 rows the L1 launch fits three blocks.  The L2 launch (K = 2048) fits
- * four blocks at any row count up to 7 (shared memory would allow five at one row; the
- * registers decide there) and three at 8.  Staging F16 rows instead of FP8 bytes would double
- * the activation bytes and cost blocks: the activations are converted in registers instead.
+ * needs 36864 + 4112 + 1024 + 1024 = 43024 bytes, so five blocks fit in an SM's 228 KB (with
+ * the 160 static bytes and the 1 KB each block reserves; the 92 registers of the sm_90a build
+ * also allow five), and its 448 blocks run in one wave on 132 SMs.  With the shared expert, T
+ * tokens need min(8, T) rows: four blocks fit from 2 to 4 rows, three from 5 to 8.  A token
+ * that names one expert in several slots has that many rows in the expert's tile (at most 8),
+ * and the launch stages that many; a block whose tile holds more rows than the launch says
+ * traps rather than overrun its staging.  The L2 launch (K = 2048) fits five blocks up to 3
+ * rows and four up to 8.  The ring's size is what sets these counts: with 10 KB rings (8
+ * MXFP4 stages) L1 fitted four blocks at one row and L2 three at 8 rows, and the layer was 6%
+ * slower at T = 128 (docs/perf.md).  Staging F16 rows instead of FP8 bytes would double the
+ * activation bytes and cost blocks: the activations are converted in registers instead.
+ *
+ * **Handing over to the next launch.**  A block signals the launch after it
+ * (griddepcontrol.launch_dependents) as soon as its warps have left the K loop, before the
+ * epilogue stores and the counted requantization or combine: the next GEMM's blocks take the
+ * SM slots that finish first and issue their first weight copies while the last blocks of
+ * this one finish; they read this launch's outputs only after their griddepcontrol.wait, which
+ * waits for the whole launch to complete.  Triggered at the start of a block instead, the
+ * waiting blocks would hold slots that this launch still needs.  The counted epilogues make
+ * the block's stores visible with one fence by the counting thread after the block's barrier
+ * (the barrier orders every thread's stores before it), not one fence per thread.
  *
  * **Why F16 MMAs, not E4M3 ones.**  An `mma.sync.m16n8k32` E4M3 MMA would take the FP8
  * fragments as they are, but sm_90 has no such tensor-core instruction: the compiler emulates
@@ -236,7 +247,7 @@ __device__ __forceinline__ uint32_t keep_if(uint32_t v, bool keep)
 }
 
 /** Bytes of the per-warp copy ring (both weight formats; see ring_of). */
-constexpr int RING_BYTES = 10240;
+constexpr int RING_BYTES = 9216;
 
 /**
  * The copy ring of one warp for weight format BFMT: each lane copies, per K block, 16 bytes
@@ -410,9 +421,9 @@ __device__ __forceinline__ void staged_words(const uint8_t *sA, int lda, int row
  * acc += t * (a_scale * 2^14).
  */
 template <int AG, int EPI>
-__device__ void decode_warp_fp4(const mmoe_decode_args &p, const mmoe_decode_part &q, int expert, int row_group,
-                                const int *s_arow, uint8_t *sA, int lda, float *sAs, const int *s_orow,
-                                const float *s_w, int ntok, uint8_t *ring)
+__device__ void decode_warp_fp4(const mmoe_decode_part &q, int expert, int row_group,
+                                const int *s_arow, uint8_t *sA, int lda, float *sAs, int ntok, uint8_t *ring,
+                                float (&acc)[4])
 {
     using R = ring_of<MMOE_B_FP4>;
     constexpr int STAGES = R::STAGES;
@@ -457,7 +468,6 @@ __device__ void decode_warp_fp4(const mmoe_decode_args &p, const mmoe_decode_par
     }
     stage_activations(q, AG, ntok, s_arow, sA, lda, sAs);
 
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const int tok0 = tig * 2;
     const int brow = gid < ntok ? gid : 0; /* see staged_words() */
     uint8_t *stage = ring; /* K block kb's stage: kb % STAGES */
@@ -532,7 +542,6 @@ __device__ void decode_warp_fp4(const mmoe_decode_args &p, const mmoe_decode_par
         }
     }
     cp_async_wait<0>();
-    decode_epilogue<EPI>(p, q, row_group, acc, s_orow, s_w, ntok);
 }
 
 /**
@@ -547,9 +556,9 @@ __device__ void decode_warp_fp4(const mmoe_decode_args &p, const mmoe_decode_par
  * m16n8k16 steps (step s: weight word s of both rows, activation word s).
  */
 template <int AG, int EPI>
-__device__ void decode_warp_fp8(const mmoe_decode_args &p, const mmoe_decode_part &q, int expert, int row_group,
-                                const int *s_arow, uint8_t *sA, int lda, float *sAs, const int *s_orow,
-                                const float *s_w, int ntok, uint8_t *ring)
+__device__ void decode_warp_fp8(const mmoe_decode_part &q, int expert, int row_group,
+                                const int *s_arow, uint8_t *sA, int lda, float *sAs, int ntok, uint8_t *ring,
+                                float (&acc)[4])
 {
     using R = ring_of<MMOE_B_FP8>;
     constexpr int V = R::V, STAGES = R::STAGES;
@@ -587,7 +596,6 @@ __device__ void decode_warp_fp8(const mmoe_decode_args &p, const mmoe_decode_par
     /* the weights are on their way; now the block stages the activations (after the wait) */
     stage_activations(q, AG, ntok, s_arow, sA, lda, sAs);
 
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const int tok0 = tig * 2; /* this lane's two output columns */
     const int brow = gid < ntok ? gid : 0; /* see staged_words() */
     for (int kb = 0; kb < nkb; kb++) {
@@ -665,8 +673,6 @@ __device__ void decode_warp_fp8(const mmoe_decode_args &p, const mmoe_decode_par
         }
     }
     cp_async_wait<0>();
-
-    decode_epilogue<EPI>(p, q, row_group, acc, s_orow, s_w, ntok);
 }
 
 /** Blocks of the decode GEMM whose SwiGLU outputs make up one 128-channel group (8 channels a warp). */
@@ -688,9 +694,9 @@ __device__ void requant_group_if_last(const mmoe_decode_args &p, const mmoe_deco
     constexpr int MODE = AG == 128 ? MMOE_QUANT_SM90 : MMOE_QUANT_SM100_REQUANT; /* the recipe's requant rule */
     const int c = (int)blockIdx.x / RQ_BLOCKS;
     int *count = p.rq_counters + (size_t)blockIdx.y * p.rq_groups + c;
-    __threadfence(); /* this thread's L1 outputs, visible to every block before the count says so */
-    __syncthreads();
+    __syncthreads(); /* every thread's L1 outputs are stored ... */
     if (threadIdx.x == 0) {
+        __threadfence(); /* ... and, through the barrier, ordered before this count for every block */
         const int before = atomicAdd(count, 1);
         *s_last = before == RQ_BLOCKS - 1;
         if (before == RQ_BLOCKS - 1)
@@ -722,9 +728,9 @@ constexpr int CB_CHUNK = DEC_WARPS * 16;
 __device__ void combine_rows_if_last(const mmoe_decode_args &p, int n_out, int ntok, const int *s_orow, int *s_tok)
 {
     const int slots = p.topk + 1, x = (int)blockIdx.x;
-    __threadfence(); /* this thread's slot stores, visible to every block before the count says so */
-    __syncthreads();
+    __syncthreads(); /* every thread's slot stores are done ... */
     if (threadIdx.x < 8) {
+        __threadfence(); /* ... and, through the barrier, ordered before this warp's counts */
         int last = -1;
         if ((int)threadIdx.x < ntok) {
             const int t = s_orow[threadIdx.x] / slots;
@@ -832,12 +838,18 @@ __device__ __forceinline__ void decode_gemm_block(const mmoe_decode_args &p)
     uint8_t *ring = rings + warp * RING_BYTES;
     /* each warp issues its first weight copies, then the block stages the activations (after the
        wait), then each warp streams the rest of its K blocks */
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (!active)
         stage_activations(q, AG, ntok, s_arow, sA, lda, sAs); /* its barrier counts every thread */
     else if (q.bfmt == MMOE_B_FP4)
-        decode_warp_fp4<AG, EPI>(p, q, expert, row_group, s_arow, sA, lda, sAs, s_orow, s_w, ntok, ring);
+        decode_warp_fp4<AG, EPI>(q, expert, row_group, s_arow, sA, lda, sAs, ntok, ring, acc);
     else
-        decode_warp_fp8<AG, EPI>(p, q, expert, row_group, s_arow, sA, lda, sAs, s_orow, s_w, ntok, ring);
+        decode_warp_fp8<AG, EPI>(q, expert, row_group, s_arow, sA, lda, sAs, ntok, ring, acc);
+    /* the weights are read: the next launch's blocks may take the SM slots this block leaves
+       and start their own weight copies while the epilogues below run */
+    mmoe_grid_launch_dependents();
+    if (active)
+        decode_epilogue<EPI>(p, q, row_group, acc, s_orow, s_w, ntok);
     /* L1: the last block of each 128-channel group requantizes it (whole groups: n_out % 128 == 0) */
     if constexpr (EPI == MMOE_EPI_SWIGLU)
         if (p.rq_counters != nullptr && (int)blockIdx.x * DEC_WARPS < groups)
