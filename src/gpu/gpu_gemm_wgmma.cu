@@ -275,10 +275,16 @@ __global__ void __launch_bounds__(wg_cfg<BT>::THREADS, wg_cfg<BT>::MIN_BLOCKS) w
                     mbar_wait(&empty[j % S], ((j / S) - 1) & 1);
                 uint8_t *st = smem + (j % S) * SL::STAGE_BYTES;
                 const int kb = kb0 + j;
-                /* the widened activations: F16 chunk c (K 8c..8c+7) of row r straight to its place */
+                /* the widened activations: F16 chunk c (K 8c..8c+7) of row r straight to its place;
+                   the chunks' A rows read together before the copies (read one by one between
+                   them, asm statements with a memory clobber, each waited out its own latency) */
+                int act_row[ACT_CHUNKS];
+#pragma unroll
+                for (int t = 0; t < ACT_CHUNKS; t++)
+                    act_row[t] = sArow[(n + 128 * t) >> 4];
 #pragma unroll
                 for (int t = 0; t < ACT_CHUNKS; t++) {
-                    const int i = n + 128 * t, r = i >> 4, c = i & 15, ar = sArow[r];
+                    const int i = n + 128 * t, r = i >> 4, c = i & 15, ar = act_row[t];
                     if (ar >= 0)
                         cp_async16(st + SL::OFF_ACT + (c >> 3) * SL::A_HALF + sw128_offset(r, c & 7),
                                    p.a16 + (size_t)ar * K + (size_t)kb * WK + c * 8);
