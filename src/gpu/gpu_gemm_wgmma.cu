@@ -6,9 +6,10 @@
  * the scale folding, the epilogues are identical), organised the way Hopper
  * wants it:
  *
- *   - **Roles.**  Warpgroup 0 is the *producer*: it copies the raw bytes of each
- *     K block into a ring of shared-memory stages with cp.async and converts
- *     them there to F16.  Warpgroups 1 (and 2) are *consumers*: they run
+ *   - **Roles.**  Warpgroup 0 is the *producer*: it copies each K block of the
+ *     weights (raw bytes) and of the activations (already F16, below) into a
+ *     ring of shared-memory stages with cp.async and converts the weights
+ *     there to F16.  Warpgroups 1 (and 2) are *consumers*: they run
  *     `wgmma` on the converted stage and promote the partial sums into FP32
  *     accumulators.  No block-wide barrier sits in the K loop; the roles meet
  *     only at two mbarriers per stage ("full": the producer's 128 threads have
@@ -34,11 +35,17 @@
  *     tensor-core work is not padded to 64 tokens.
  *   - **Layout.**  Both operands are K-major F16, 256 bytes (one K block of
  *     128) per row, held as two 128B-swizzled sub-tiles of 64 K values each
- *     (gpu_wgmma.cuh).  The raw bytes of a row (64 B of E2M1 codes, 128 B of
- *     E4M3 weights or activations) are copied into the row's place in the
- *     second sub-tile and converted in place: each producer thread reads its
- *     raw chunks into registers, the producer warpgroup meets at a named
- *     barrier, then writes the F16 values.
+ *     (gpu_wgmma.cuh).  The raw bytes of a weight row (64 B of E2M1 codes or
+ *     128 B of E4M3) are copied into the row's place in the second sub-tile
+ *     and converted in place by the one producer thread that owns the row.
+ *   - **Activations widened once.**  A tile of tokens meets every 128-row
+ *     weight block of its expert (32 of them in the V4-Flash L1), so
+ *     converting its E4M3 bytes in each block repeated the same work 32
+ *     times and cost about a third of the producer's instructions.  The
+ *     layer widens each activation matrix to F16 once per call instead
+ *     (mmoe_launch_widen_e4m3: exact, every E4M3 value is an F16 value; two
+ *     bytes per value in the workspace), and the producer copies the F16
+ *     rows into their swizzled places as they are.
  *   - **Scale folding into F16.**  A weight is e2m1(code) * 2^(k_g - 127) per
  *     32-group g.  Per row and K block the producer folds 2^(k_g - base) into
  *     the F16 value, with base = max_g k_g - 13 (E2M1) or - 7 (E4M3), and
@@ -194,7 +201,7 @@ __global__ void __launch_bounds__(wg_cfg<BT>::THREADS, wg_cfg<BT>::MIN_BLOCKS) w
     constexpr int S = SL::STAGES, AGPB = SL::AGPB, NT = CFG::NT, NWG = CFG::NWG;
     constexpr int BROW = BFMT == MMOE_B_FP4 ? WK / 2 : WK; /* raw weight bytes per row and K block */
     constexpr int WCH = BROW / 16;                         /* raw 16-byte chunks per weight row */
-    constexpr int ACT_TASKS = BT * 8 / 128;                /* raw activation chunks per producer thread */
+    constexpr int ACT_CHUNKS = BT * 16 / 128;              /* F16 activation chunks per producer thread */
 
     extern __shared__ __align__(16) uint8_t smem_raw[];
     uint8_t *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
@@ -268,12 +275,19 @@ __global__ void __launch_bounds__(wg_cfg<BT>::THREADS, wg_cfg<BT>::MIN_BLOCKS) w
                     mbar_wait(&empty[j % S], ((j / S) - 1) & 1);
                 uint8_t *st = smem + (j % S) * SL::STAGE_BYTES;
                 const int kb = kb0 + j;
+                /* the widened activations: F16 chunk c (K 8c..8c+7) of row r straight to its place;
+                   the chunks' A rows read together before the copies (read one by one between
+                   them, asm statements with a memory clobber, each waited out its own latency) */
+                int act_row[ACT_CHUNKS];
 #pragma unroll
-                for (int t = 0; t < ACT_TASKS; t++) {
-                    const int i = n + 128 * t, r = i >> 3, c = i & 7, ar = sArow[r];
+                for (int t = 0; t < ACT_CHUNKS; t++)
+                    act_row[t] = sArow[(n + 128 * t) >> 4];
+#pragma unroll
+                for (int t = 0; t < ACT_CHUNKS; t++) {
+                    const int i = n + 128 * t, r = i >> 4, c = i & 15, ar = act_row[t];
                     if (ar >= 0)
-                        cp_async16(st + SL::OFF_ACT + SL::A_HALF + sw128_offset(r, c),
-                                   p.a + (size_t)ar * K + (size_t)kb * WK + c * 16);
+                        cp_async16(st + SL::OFF_ACT + (c >> 3) * SL::A_HALF + sw128_offset(r, c & 7),
+                                   p.a16 + (size_t)ar * K + (size_t)kb * WK + c * 8);
                 }
                 for (int i = n; i < BT * AGPB; i += 128) {
                     const int ar = sArow[i / AGPB];
@@ -313,16 +327,12 @@ __global__ void __launch_bounds__(wg_cfg<BT>::THREADS, wg_cfg<BT>::MIN_BLOCKS) w
                 sb[g * WROWS + n] = pow2i((flag ? kg : base) - 127);
             }
             /* read this thread's raw chunks (weight row n, its activation chunks), then meet */
-            uint4 wraw[WCH], araw[ACT_TASKS];
+            /* this thread's raw chunks of weight row n: the row is read and rewritten by this
+               thread alone, so no barrier sits between the reads and the F16 writes */
+            uint4 wraw[WCH];
 #pragma unroll
             for (int c = 0; c < WCH; c++)
                 wraw[c] = *reinterpret_cast<const uint4 *>(st + SL::OFF_W + SL::W_HALF + sw128_offset(n, c));
-#pragma unroll
-            for (int t = 0; t < ACT_TASKS; t++) {
-                const int a = n + 128 * t;
-                araw[t] = *reinterpret_cast<const uint4 *>(st + SL::OFF_ACT + SL::A_HALF + sw128_offset(a >> 3, a & 7));
-            }
-            named_bar_sync(1, 128);
             /* weights: 32-group q (K 32q..32q+31) becomes F16 chunks 4q..4q+3 of row n */
 #pragma unroll
             for (int q = 0; q < 4; q++) {
@@ -344,19 +354,6 @@ __global__ void __launch_bounds__(wg_cfg<BT>::THREADS, wg_cfg<BT>::MIN_BLOCKS) w
                 for (int c = 0; c < 4; c++)
                     *reinterpret_cast<uint4 *>(st + SL::OFF_W + f16_chunk_offset(n, 4 * q + c, SL::W_HALF)) =
                         e4m3x8_to_f16(e8[2 * c], e8[2 * c + 1], scale);
-            }
-            /* activations: raw chunk c (K 16c..16c+15) of row r becomes F16 chunks 2c, 2c+1 */
-            const __half2 one = pow2_h2(0);
-#pragma unroll
-            for (int t = 0; t < ACT_TASKS; t++) {
-                const int a = n + 128 * t, r = a >> 3, c = a & 7;
-                if (sArow[r] < 0)
-                    continue;
-                const uint4 v = araw[t];
-                *reinterpret_cast<uint4 *>(st + SL::OFF_ACT + f16_chunk_offset(r, 2 * c, SL::A_HALF)) =
-                    e4m3x8_to_f16(v.x, v.y, one);
-                *reinterpret_cast<uint4 *>(st + SL::OFF_ACT + f16_chunk_offset(r, 2 * c + 1, SL::A_HALF)) =
-                    e4m3x8_to_f16(v.z, v.w, one);
             }
             fence_proxy_async_smem();
             mbar_arrive(&full[i % S]);
@@ -530,6 +527,8 @@ cudaError_t mmoe_launch_gemm_wgmma(const mmoe_gemm_args *args, int block_m, mmoe
 {
     if (max_tiles <= 0)
         return cudaSuccess;
+    if (args->a16 == nullptr)
+        return cudaErrorInvalidValue; /* the kernel reads the activations widened to F16 only */
     const dim3 grid = mmoe_gemm_grid(args, epi, max_tiles);
     switch (block_m) {
     case 16:

@@ -130,6 +130,8 @@ struct mmoe_gemm_args {
     const uint8_t *a;           /**< FP8 activations */
     const float *a_scale;       /**< activation scales */
     const mmoe_pool_entry *a_gather; /**< L1 routed: A row of pool row p is token a_gather[p].token; NULL: A row = pool row */
+    const uint16_t *a16;        /**< the F16 bits of the same FP8 values [row, K] (exact, mmoe_launch_widen_e4m3):
+                                     what the wgmma kernel reads (it refuses NULL); the mma.sync kernel reads a */
     /* tiles */
     const mmoe_tile *tiles;     /**< tile list, or NULL: uniform tiles over total_rows (expert 0) */
     const int *num_tiles;       /**< device count of valid tiles when tiles != NULL */
@@ -334,6 +336,13 @@ cudaError_t mmoe_wgmma_built_for_device(int *built);
  * @param scales   FP32 scales [rows, cols/128] (MMOE_QUANT_SM90) or [rows, cols/32] (the SM100 rules)
  * @param stream   CUDA stream
  */
+/**
+ * The F16 bits of @p n E4M3 bytes @p q (n a multiple of 8) into @p out: every E4M3 number is an
+ * F16 number, so the values are the same.  The wgmma kernel reads activations widened once this
+ * way instead of converting each tile for every weight block it meets.
+ */
+cudaError_t mmoe_launch_widen_e4m3(const uint8_t *q, long long n, uint16_t *out, cudaStream_t stream);
+
 cudaError_t mmoe_launch_quant(const __nv_bfloat16 *in_bf16, const float *in_f32, int rows, int cols, mmoe_quant_mode mode,
                               uint8_t *q, float *scales, cudaStream_t stream);
 

@@ -102,6 +102,10 @@ struct mmoe_gpu_moe {
     uint8_t *xq;              /**< [cap, D] quantized input */
     uint8_t *l2q;             /**< routed L2 input (E4M3) */
     uint8_t *sh_l2q;          /**< shared L2 input (E4M3) */
+    /* the wgmma kernel's activations: the same E4M3 values as F16 bits (allocated where wgmma_ok) */
+    uint16_t *x16;            /**< [cap, D] the quantized input */
+    uint16_t *l2h;            /**< [cap*topk, I] the routed L2 input */
+    uint16_t *sh_l2h;         /**< [cap, SI] the shared L2 input */
     int *rq_counters;         /**< decode L1: [grid rows][max(I, SI) / 128] blocks done per group, zero between calls */
     int *cb_counters;         /**< decode L2: [cap][D / 64] slot rows written per token and chunk, zero between calls */
     mmoe_pool_entry *pool;    /**< [cap*topk] pool rows */
@@ -517,13 +521,14 @@ static void free_workspace(mmoe_gpu_moe *L)
 {
     void *ptrs[] = {L->x, L->y, L->slots, L->idx, L->tw, L->xs, L->a1, L->l2s, L->sh_a1, L->sh_l2s,
                     L->xq, L->l2q, L->sh_l2q, L->pool, L->tiles, L->part, L->sh_part, L->rq_counters,
-                    L->cb_counters};
+                    L->cb_counters, L->x16, L->l2h, L->sh_l2h};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
         cudaFree(ptrs[i]);
     L->x = L->y = L->slots = NULL;
     L->idx = NULL;
     L->tw = L->xs = L->a1 = L->l2s = L->sh_a1 = L->sh_l2s = NULL;
     L->xq = L->l2q = L->sh_l2q = NULL;
+    L->x16 = L->l2h = L->sh_l2h = NULL;
     L->pool = NULL;
     L->tiles = NULL;
     L->part = L->sh_part = NULL;
@@ -614,6 +619,9 @@ static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
         {(void **)&L->sh_part, ts * (2 * SI * split_count(D) > D * split_count(SI) ? 2 * SI * split_count(D)
                                                                                  : D * split_count(SI)) * 4},
         {(void **)&L->rq_counters, rq_bytes},     {(void **)&L->cb_counters, cb_bytes},
+        {(void **)&L->x16, L->wgmma_ok ? t * D * 2 : 0},
+        {(void **)&L->l2h, L->wgmma_ok ? t * K * I * 2 : 0},
+        {(void **)&L->sh_l2h, L->wgmma_ok ? t * SI * 2 : 0},
     };
     cudaError_t e = cudaSuccess;
     for (size_t i = 0; i < sizeof arrays / sizeof arrays[0] && e == cudaSuccess; i++)
@@ -855,6 +863,9 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
     if (T == 0)
         return MMOE_OK;
     CK(mmoe_launch_quant(L->x, NULL, T, D, sm90 ? MMOE_QUANT_SM90 : MMOE_QUANT_SM100_INPUT, L->xq, L->xs, s), "quantize x");
+    const int wg = L->last_wgmma; /* the wgmma kernel reads every activation widened to F16 */
+    if (wg)
+        CK(mmoe_launch_widen_e4m3(L->xq, (long long)T * D, L->x16, s), "widen x");
     mmoe_gemm_args a;
     if (SI > 0) {
         /* the shared expert on the side stream: it needs only the quantized x */
@@ -867,6 +878,7 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
         a.K = D;
         a.n_out = SI;
         a.a = L->xq;
+        a.a16 = wg ? L->x16 : NULL;
         a.a_scale = L->xs;
         a.total_rows = T;
         a.b = L->sw13;
@@ -880,10 +892,13 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
         if (split)
             CK(mmoe_launch_split_finish(&a, MMOE_EPI_SWIGLU, (int)split_count(D), T, NULL, s), "L1 split-K sum (shared)");
         CK(mmoe_launch_quant(NULL, L->sh_a1, T, SI, sm90 ? MMOE_QUANT_SM90 : MMOE_QUANT_SM100_REQUANT, L->sh_l2q, L->sh_l2s, s), "requantize L1 (shared)");
+        if (wg)
+            CK(mmoe_launch_widen_e4m3(L->sh_l2q, (long long)T * SI, L->sh_l2h, s), "widen the shared L2 input");
         memset(&a, 0, sizeof a);
         a.K = SI;
         a.n_out = D;
         a.a = L->sh_l2q;
+        a.a16 = wg ? L->sh_l2h : NULL;
         a.a_scale = L->sh_l2s;
         a.total_rows = T;
         a.b = L->sw2;
@@ -910,6 +925,7 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
     a.K = D;
     a.n_out = I;
     a.a = L->xq;
+    a.a16 = wg ? L->x16 : NULL;
     a.a_scale = L->xs;
     a.a_gather = L->pool;
     a.tiles = L->tiles;
@@ -930,11 +946,14 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
            "L1 split-K sum (routed)");
     /* requantize: rows beyond the valid pairs are quantized too (garbage in, never read) */
     CK(mmoe_launch_quant(NULL, L->a1, T * K, I, sm90 ? MMOE_QUANT_SM90 : MMOE_QUANT_SM100_REQUANT, L->l2q, L->l2s, s), "requantize L1 (routed)");
+    if (wg)
+        CK(mmoe_launch_widen_e4m3(L->l2q, (long long)T * K * I, L->l2h, s), "widen the routed L2 input");
     /* L2 routed */
     memset(&a, 0, sizeof a);
     a.K = I;
     a.n_out = D;
     a.a = L->l2q;
+    a.a16 = wg ? L->l2h : NULL;
     a.a_scale = L->l2s;
     a.tiles = L->tiles;
     a.num_tiles = L->num_tiles;

@@ -108,6 +108,34 @@ cudaError_t mmoe_launch_requant_decode(const float *routed, int routed_rows, con
                                                              stream);
 }
 
+/** Eight E4M3 bytes (one uint2) per thread to their eight F16 bit patterns (one uint4), exactly. */
+__global__ void widen_e4m3_kernel(const uint2 *q, long long n8, uint4 *out)
+{
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n8)
+        return;
+    const uint2 v = q[i];
+    const uint32_t w[4] = {v.x & 0xffffu, v.x >> 16, v.y & 0xffffu, v.y >> 16};
+    uint32_t h[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)w[j], __NV_E4M3);
+        h[j] = (uint32_t)r.x | (uint32_t)r.y << 16;
+    }
+    out[i] = make_uint4(h[0], h[1], h[2], h[3]);
+}
+
+cudaError_t mmoe_launch_widen_e4m3(const uint8_t *q, long long n, uint16_t *out, cudaStream_t stream)
+{
+    const long long n8 = n / 8;
+    if (n8 == 0)
+        return cudaSuccess;
+    const int threads = 256;
+    widen_e4m3_kernel<<<(unsigned)((n8 + threads - 1) / threads), threads, 0, stream>>>(
+        reinterpret_cast<const uint2 *>(q), n8, reinterpret_cast<uint4 *>(out));
+    return cudaGetLastError();
+}
+
 /** Launch quant_kernel for one input type and mode. */
 template <typename TIn>
 static cudaError_t launch_quant_t(const TIn *in, int rows, int cols, mmoe_quant_mode mode, uint8_t *q, float *scales,

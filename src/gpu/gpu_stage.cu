@@ -62,12 +62,14 @@ mmoe_status check_gemm_desc(const mmoe_gpu_stage_gemm_desc *d, int cc, mmoe_erro
 /** Device buffers of one stage GEMM. */
 struct gemm_bufs {
     uint8_t *a, *w_src, *ws_src, *w, *ws;
+    uint16_t *a16;
     float *as, *part;
 };
 
 void free_bufs(gemm_bufs *b)
 {
     cudaFree(b->a);
+    cudaFree(b->a16);
     cudaFree(b->w_src);
     cudaFree(b->ws_src);
     cudaFree(b->w);
@@ -104,6 +106,9 @@ mmoe_status mmoe_gpu_stage_gemm(const mmoe_gpu_stage_gemm_desc *d, const uint8_t
     if (e == cudaSuccess) e = cudaMalloc((void **)&b.ws, N * K / 32);
     if (e == cudaSuccess) e = cudaMalloc((void **)&b.part, (size_t)nsplit * rows * N * 4);
     if (e == cudaSuccess) e = cudaMemcpy(b.a, a, rows * K, cudaMemcpyHostToDevice);
+    /* the wgmma kernel reads the activations widened to F16, as the layer gives them to it */
+    if (e == cudaSuccess && d->gemm == MMOE_GPU_GEMM_WGMMA) e = cudaMalloc((void **)&b.a16, rows * K * 2);
+    if (e == cudaSuccess && d->gemm == MMOE_GPU_GEMM_WGMMA) e = mmoe_launch_widen_e4m3(b.a, (long long)(rows * K), b.a16, 0);
     if (e == cudaSuccess) e = cudaMemcpy(b.as, a_scale, rows * (K / d->a_group) * 4, cudaMemcpyHostToDevice);
     if (e == cudaSuccess) e = cudaMemcpy(b.w_src, w, N * wrow, cudaMemcpyHostToDevice);
     if (e == cudaSuccess) e = cudaMemcpy(b.ws_src, w_scale, N * K / 32, cudaMemcpyHostToDevice);
@@ -120,6 +125,7 @@ mmoe_status mmoe_gpu_stage_gemm(const mmoe_gpu_stage_gemm_desc *d, const uint8_t
     g.K = (int)K;
     g.n_out = (int)N;
     g.a = b.a;
+    g.a16 = b.a16;
     g.a_scale = b.as;
     g.total_rows = (int)rows;
     g.b = b.w;
