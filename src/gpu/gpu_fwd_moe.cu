@@ -355,23 +355,27 @@ __device__ __forceinline__ void moe_cp_wait(void)
 /**
  * Stage values [c0, c0 + n) of every chain of tokens t < @p nt into @p xs (chunk size @p mc,
  * n <= mc, both multiples of 4), all NTH threads of the CTA together; @p xt[t] is token t's
- * chain-major row of K values (K8 = K / 8 per chain).  The 16-byte copies are asynchronous
- * (cp.async: no registers hold them, all are in flight at once) and cached in L1 (.ca: the
- * other CTAs of the SM stage the same tokens); the caller's barrier after this makes them
- * visible to the CTA.
+ * chain-major row of K values (K8 = K / 8 per chain).  Thread i copies chain i mod 8 (fixed,
+ * as NTH is a multiple of 8), 16-byte words q = i / 8, i / 8 + NTH / 8, ... of it: no division,
+ * one pointer step per word, and the 8 chains' words of one step land in 8 distinct bank quads.
+ * The 16-byte copies are asynchronous (cp.async: no registers hold them, all are in flight at
+ * once) and cached in L1 (.ca: the other CTAs of the SM stage the same tokens); the caller's
+ * barrier after this makes them visible to the CTA.
  */
 template <int TT, int NTH>
 __device__ __forceinline__ void moe_stage(float *xs, const float *const (&xt)[TT], int nt, int64_t K8, int c0, int n,
                                           int mc)
 {
-    const int q4 = n / 4, per_t = 8 * q4;
+    static_assert(NTH % 8 == 0, "a thread stages one chain");
+    const int l = (int)threadIdx.x & 7, q0 = (int)threadIdx.x >> 3;
+    const int64_t src0 = l * K8 + c0 + 4 * q0;
 #pragma unroll
     for (int t = 0; t < TT; t++) {
         if (t < nt) {
-            for (int i = (int)threadIdx.x; i < per_t; i += NTH) {
-                const int l = i / q4, q = i - l * q4;
-                moe_cp16(xs + moe_xs_pos(t, l, 4 * q, mc), xt[t] + l * K8 + c0 + 4 * q);
-            }
+            const float *src = xt[t] + src0;
+            float *dst = xs + moe_xs_pos(t, l, 4 * q0, mc);
+            for (int q = q0; q < n / 4; q += NTH / 8, src += NTH / 2, dst += NTH / 2)
+                moe_cp16(dst, src);
         }
     }
     moe_cp_wait();
