@@ -38,12 +38,15 @@
  * All rows of a CTA read the same activations, so the CTA stages them in shared memory
  * before its chains run (moe_chain_dot): a chunk of mc values of each of the 8 chains of each
  * of the item's nt tokens, copied with cp.async by every thread of the CTA, then one barrier;
- * the next chunk after another barrier.  The tile holds 16 KB of fp32 (moe_xs); mc is all
- * K/8 values when the nt tokens fit it, else the largest multiple of 64 that fits
- * (moe_xs_chunk): all of K = 4096 for one token, 64 values per chain for 8.  Inside the tile
- * chain l of token t starts at (8 t + l) (mc + 4): the four floats of padding put the 8
- * chains' 16-byte reads of one instruction in 8 distinct bank quads (mc is a multiple of 16),
- * and the rows of a warp read the same words (a broadcast).  A chunk holds whole batches of
+ * the next chunk after another barrier.  The tile of a token tile TT holds MC = 512 / TT
+ * values per chain of TT tokens, 16 KB of fp32 (moe_xs); mc is all K/8 values when they fit,
+ * else MC (moe_xs_chunk): all of K = 4096 for one token, 64 values per chain for 8.  Inside
+ * the tile chain l of token t starts at (8 t + l) (MC + 4), whatever nt: the four floats of
+ * padding put the 8 chains' 16-byte reads of one instruction in 8 distinct bank quads (MC is
+ * a multiple of 64), the rows of a warp read the same words (a broadcast), and since the
+ * stride is a constant a chain reads all its tokens' values from one register with immediate
+ * offsets.  Each thread stages one chain (its index mod 8) by pointer steps, no index
+ * arithmetic per copy (moe_stage).  A chunk holds whole batches of
  * PF groups (a batch is 16, 32 or 64 values per chain), so the weight loads still run one
  * batch ahead across chunks.
  * Only where the values come from changed: every chain runs the same fma in the same order.
@@ -304,31 +307,32 @@ __device__ __forceinline__ void moe_decode(const moe_batch<FMT, VB, NM, PF> &b, 
 }
 
 /**
- * The staged activation tile of a CTA for token tile TT: each token's eight chains, mc values
- * each (moe_xs_chunk), chain after chain with a stride of mc + 4.  MC = 512 / TT values per
- * chain for all TT tokens keep the tile at 16 KB for every TT.
+ * The staged activation tile of a CTA for token tile TT: each token's eight chains, MC values
+ * each, chain after chain with the fixed stride MC + 4 (the four extra floats put the 8
+ * chains' 16-byte words in 8 distinct bank quads, MC being a multiple of 64).  MC = 512 / TT
+ * values per chain keep the tile at 16 KB.  The stride is a constant so that a chain's reads
+ * for its TT tokens are one register plus immediate offsets.
  */
 template <int TT> struct moe_xs {
-    static const int MC = 512 / TT;             /**< values per chain with all TT tokens */
-    static const int FLOATS = TT * 8 * (MC + 4); /**< the tile's floats */
+    static const int MC = 512 / TT;              /**< values per chain of a chunk */
+    static const int STRIDE = MC + 4;            /**< floats from one staged chain to the next */
+    static const int FLOATS = TT * 8 * STRIDE;   /**< the tile's floats */
 };
 
 /**
- * Values per chain of one staged chunk for @p nt <= TT tokens: all K8 = K/8 when they fit the
- * tile, else the largest multiple of 64 whose nt * 8 chains fit (512/TT at nt = TT, more for
- * a partial item: 512 at nt = 1 for every TT).  A multiple of 64 holds whole batches.
+ * Values per chain of one staged chunk: all K8 = K/8 when they fit the tile, else MC (512/TT,
+ * a multiple of 64, so a chunk holds whole batches).
  */
-template <int TT> __host__ __device__ __forceinline__ int moe_xs_chunk(int64_t K8, int nt)
+template <int TT> __host__ __device__ __forceinline__ int moe_xs_chunk(int64_t K8)
 {
-    const int fit = (moe_xs<TT>::FLOATS / (8 * nt) - 4) / 64 * 64;
-    return (int)(K8 < fit ? K8 : fit);
+    return (int)(K8 < moe_xs<TT>::MC ? K8 : moe_xs<TT>::MC);
 }
 
-/** Stride of one staged chain: the four extra floats put the 8 chains' 16-byte words in 8 distinct bank quads. */
-__host__ __device__ __forceinline__ int moe_xs_stride(int mc) { return mc + 4; }
-
 /** Offset in the staged tile of chain @p l of token @p t, value @p m of the chunk. */
-__host__ __device__ __forceinline__ int moe_xs_pos(int t, int l, int m, int mc) { return (t * 8 + l) * moe_xs_stride(mc) + m; }
+template <int TT> __host__ __device__ __forceinline__ int moe_xs_pos(int t, int l, int m)
+{
+    return (t * 8 + l) * moe_xs<TT>::STRIDE + m;
+}
 
 /**
  * Start the asynchronous copy of 16 bytes (both ends 16-byte aligned) from global to shared
@@ -353,8 +357,8 @@ __device__ __forceinline__ void moe_cp_wait(void)
 }
 
 /**
- * Stage values [c0, c0 + n) of every chain of tokens t < @p nt into @p xs (chunk size @p mc,
- * n <= mc, both multiples of 4), all NTH threads of the CTA together; @p xt[t] is token t's
+ * Stage values [c0, c0 + n) of every chain of tokens t < @p nt into @p xs (n <= MC, a
+ * multiple of 4), all NTH threads of the CTA together; @p xt[t] is token t's
  * chain-major row of K values (K8 = K / 8 per chain).  Thread i copies chain i mod 8 (fixed,
  * as NTH is a multiple of 8), 16-byte words q = i / 8, i / 8 + NTH / 8, ... of it: no division,
  * one pointer step per word, and the 8 chains' words of one step land in 8 distinct bank quads.
@@ -363,8 +367,7 @@ __device__ __forceinline__ void moe_cp_wait(void)
  * barrier after this makes them visible to the CTA.
  */
 template <int TT, int NTH>
-__device__ __forceinline__ void moe_stage(float *xs, const float *const (&xt)[TT], int nt, int64_t K8, int c0, int n,
-                                          int mc)
+__device__ __forceinline__ void moe_stage(float *xs, const float *const (&xt)[TT], int nt, int64_t K8, int c0, int n)
 {
     static_assert(NTH % 8 == 0, "a thread stages one chain");
     const int l = (int)threadIdx.x & 7, q0 = (int)threadIdx.x >> 3;
@@ -373,7 +376,8 @@ __device__ __forceinline__ void moe_stage(float *xs, const float *const (&xt)[TT
     for (int t = 0; t < TT; t++) {
         if (t < nt) {
             const float *src = xt[t] + src0;
-            float *dst = xs + moe_xs_pos(t, l, 4 * q0, mc);
+            float *dst = xs + moe_xs_pos<TT>(t, l, 4 * q0);
+#pragma unroll 1
             for (int q = q0; q < n / 4; q += NTH / 8, src += NTH / 2, dst += NTH / 2)
                 moe_cp16(dst, src);
         }
@@ -417,16 +421,17 @@ __device__ __forceinline__ int moe_one_step_slot(const moe_batch<FMT, VB, NM, PF
 
 /**
  * The fma of slot @p q's VB words of NM rows, for tokens t < @p nt: chain @p l's staged values
- * from @p m0 (chunk offset), the weights decoded by moe_decode(), E2M1 the DEC way.
+ * from @p m0 (chunk offset), the weights decoded by moe_decode(), E2M1 the DEC way.  Token t's
+ * values lie a constant t * 8 * STRIDE floats after token 0's (moe_xs_pos).
  */
 template <int FMT, int VB, int TT, int NM, int PF, int DEC>
 __device__ __forceinline__ void moe_group_fma(const moe_batch<FMT, VB, NM, PF> &cur, int q, const float *xs, int l,
-                                              int m0, int mc, int nt, float (&acc)[NM][TT])
+                                              int m0, int nt, float (&acc)[NM][TT])
 {
     constexpr int EPW = moe_epw<FMT>::n;
+    const float *const x0 = xs + moe_xs_pos<TT>(0, l, m0);
 #pragma unroll
     for (int v = 0; v < VB; v++) {
-        const int m = m0 + v * EPW;
         float w[NM][EPW];
 #pragma unroll
         for (int n = 0; n < NM; n++)
@@ -435,7 +440,7 @@ __device__ __forceinline__ void moe_group_fma(const moe_batch<FMT, VB, NM, PF> &
         for (int t = 0; t < TT; t++) {
             if (t < nt) {
                 float xv[EPW];
-                moe_xread<EPW>(xs + moe_xs_pos(t, l, m, mc), xv);
+                moe_xread<EPW>(x0 + (moe_xs_pos<TT>(t, 0, 0) + v * EPW), xv);
 #pragma unroll
                 for (int n = 0; n < NM; n++)
 #pragma unroll
@@ -460,7 +465,7 @@ __device__ __forceinline__ void moe_chain_dot(const moe_row (&r)[NM], const floa
 {
     constexpr int EPW = moe_epw<FMT>::n;
     static_assert(64 % (PF * VB * EPW) == 0, "a batch must not straddle two staged chunks");
-    const int mc = moe_xs_chunk<TT>(K8, nt);
+    const int mc = moe_xs_chunk<TT>(K8);
     moe_batch<FMT, VB, NM, PF> cur, nxt;
 #pragma unroll
     for (int q = 0; q < PF; q++)
@@ -473,7 +478,7 @@ __device__ __forceinline__ void moe_chain_dot(const moe_row (&r)[NM], const floa
                 __syncthreads();
             c0 = c_next;
             const int n_c = (int)(K8 - c0 < mc ? K8 - c0 : mc);
-            moe_stage<TT, NTH>(xs, xt, nt, K8, c0, n_c, mc);
+            moe_stage<TT, NTH>(xs, xt, nt, K8, c0, n_c);
             c_next = c0 + mc;
             __syncthreads();
         }
@@ -486,9 +491,9 @@ __device__ __forceinline__ void moe_chain_dot(const moe_row (&r)[NM], const floa
             if (g0 + q < groups) {
                 const int m0 = (int)(g0 + q) * VB * EPW - c0;
                 if (FMT == MOE_WF_FP4 && moe_one_step_slot(cur, q))
-                    moe_group_fma<FMT, VB, TT, NM, PF, MOE_DEC_ONE_STEP>(cur, q, xs, l, m0, mc, nt, acc);
+                    moe_group_fma<FMT, VB, TT, NM, PF, MOE_DEC_ONE_STEP>(cur, q, xs, l, m0, nt, acc);
                 else
-                    moe_group_fma<FMT, VB, TT, NM, PF, MOE_DEC_TWO_STEP>(cur, q, xs, l, m0, mc, nt, acc);
+                    moe_group_fma<FMT, VB, TT, NM, PF, MOE_DEC_TWO_STEP>(cur, q, xs, l, m0, nt, acc);
             }
         }
         cur = nxt;
