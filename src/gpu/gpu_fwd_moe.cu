@@ -112,8 +112,13 @@
  * output rows (MOE_L2_NM), so that its grid of D / 32 CTAs per item also runs in one wave
  * (with one row per thread, 7 items x 256 CTAs took two, the shared expert's last), its E4M3
  * rows again two groups per batch.  For prefill the fp32
- * fma rate bounds the work: the exact order leaves the tensor cores out.  The router's top-k
- * runs one warp per token.
+ * fma rate bounds the work: the exact order leaves the tensor cores out, so what counts is
+ * the instructions issued besides the fma.  An E2M1 word of 8 weights takes ~37 to decode
+ * (bit moves, factors, 8 FMUL) and one LDS.128 feeds 4 fma of each of the thread's 2 rows;
+ * so calls of at least 16 tokens use a 16-token tile (MOE_TT_MAX; with 4-word groups, whose
+ * kernels fit 168 registers without spilling): each decoded weight feeds 16 fma, and the
+ * one-step E2M1 group body issues ~0.53 other instructions per fma (0.78 with 8 tokens).
+ * The router's top-k runs one warp per token.
  */
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -149,8 +154,13 @@ enum moe_dec {
 #define MOE_ROUTER_ROWS 4
 /** Threads of a router CTA. */
 #define MOE_ROUTER_THREADS (MOE_ROUTER_ROWS * 8)
-/** Largest token tile. */
-#define MOE_TT_MAX 8
+/**
+ * Largest token tile of the expert GEMMs: 16 tokens per decoded weight with 4-word groups
+ * (prefill calls of at least 16 tokens), 8 with 1-word groups (whose 16-token kernels spill).
+ */
+#define MOE_TT_MAX(VB) ((VB) == 4 ? 16 : 8)
+/** Largest token tile of the router GEMM (one warp per CTA: few rows, TT accumulators each). */
+#define MOE_ROUTER_TT_MAX 8
 /** Threads of the routing / planning CTA. */
 #define MOE_PLAN_THREADS 512
 
@@ -310,11 +320,12 @@ __device__ __forceinline__ void moe_decode(const moe_batch<FMT, VB, NM, PF> &b, 
  * The staged activation tile of a CTA for token tile TT: each token's eight chains, MC values
  * each, chain after chain with the fixed stride MC + 4 (the four extra floats put the 8
  * chains' 16-byte words in 8 distinct bank quads, MC being a multiple of 64).  MC = 512 / TT
- * values per chain keep the tile at 16 KB.  The stride is a constant so that a chain's reads
+ * values per chain keep the tile at 16 KB up to TT = 8; the 16-token tile keeps MC = 64, the
+ * smallest chunk of whole batches (34 KB).  The stride is a constant so that a chain's reads
  * for its TT tokens are one register plus immediate offsets.
  */
 template <int TT> struct moe_xs {
-    static const int MC = 512 / TT;              /**< values per chain of a chunk */
+    static const int MC = 512 / TT < 64 ? 64 : 512 / TT; /**< values per chain of a chunk */
     static const int STRIDE = MC + 4;            /**< floats from one staged chain to the next */
     static const int FLOATS = TT * 8 * STRIDE;   /**< the tile's floats */
 };
@@ -703,12 +714,12 @@ __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l1(dm
     const int l = threadIdx.x & 7;
     const int64_t j = j0 + (threadIdx.x >> 3), D = m.D;
     const int nt = it.z;
-    int64_t task[TT];
+    int32_t task[TT]; /* the plan's task ids, 32 bits (one register each) */
     const float *xt[TT];
 #pragma unroll
     for (int t = 0; t < TT; t++) {
         task[t] = w.order[it.y + (t < nt ? t : 0)];
-        const int64_t tok = shared ? task[t] - T * m.k : task[t] / m.k;
+        const int64_t tok = shared ? (int64_t)task[t] - T * m.k : (int64_t)task[t] / m.k;
         xt[t] = xq + tok * D;
     }
     __shared__ float4 xs4[moe_xs<TT>::FLOATS / 4]; /* float4: 16-byte aligned */
@@ -749,7 +760,7 @@ __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l1(dm
         }
         const float silu = __fdiv_rn(gf, __fadd_rn(1.0f, gfw_expf(-gf)));
         const float a = __fmul_rn(__fmul_rn(silu, uf), wt);
-        h[task[t] * width + j] = gfw_bfr(a);
+        h[(int64_t)task[t] * width + j] = gfw_bfr(a);
     }
 }
 
@@ -792,12 +803,12 @@ __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l2(dm
     const int l = threadIdx.x & 7;
     const int64_t n = (int64_t)blockIdx.x * (NM * MOE_ROWS) + (threadIdx.x >> 3);
     const int nt = it.z;
-    int64_t task[TT];
+    int32_t task[TT]; /* the plan's task ids, 32 bits (one register each) */
     const float *xt[TT];
 #pragma unroll
     for (int t = 0; t < TT; t++) {
         task[t] = w.order[it.y + (t < nt ? t : 0)];
-        xt[t] = w.hq + task[t] * width;
+        xt[t] = w.hq + (int64_t)task[t] * width;
     }
     __shared__ float4 xs4[moe_xs<TT>::FLOATS / 4]; /* float4: 16-byte aligned */
     float *const xs = (float *)xs4;
@@ -835,7 +846,7 @@ __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l2(dm
             const float sum = moe_combine8(acc[i][t]);
             const int64_t ni = n + i * MOE_ROWS;
             if (ni < D && t < nt && l == (t & 7))
-                slot_y[task[t] * D + ni] = gfw_f2bf(sum);
+                slot_y[(int64_t)task[t] * D + ni] = gfw_f2bf(sum);
         }
     }
 }
@@ -972,8 +983,11 @@ cudaError_t gfw_moe_pack(dmoe *m, uint16_t *gate)
     return ce;
 }
 
-/** The token tile for @p T tokens per call. */
-static int moe_tile(int64_t T) { return T >= 8 ? 8 : (T >= 4 ? 4 : (T >= 2 ? 2 : 1)); }
+/** The token tile for @p T tokens per call, at most @p tt_max. */
+static int moe_tile(int64_t T, int tt_max)
+{
+    return T >= tt_max ? tt_max : T >= 8 ? 8 : (T >= 4 ? 4 : (T >= 2 ? 2 : 1));
+}
 
 /** Launch the router GEMM for tile TT. */
 template <int VB, int TT>
@@ -1013,7 +1027,7 @@ static cudaError_t moe_run_vb(const dmoe &m, const gfw_moe_router &r, const gfw_
                               int given, cudaStream_t st, const char **what)
 {
     const int64_t T = io.T, D = m.D, Tk = T * m.k;
-    const int TT = moe_tile(T);
+    const int TT = moe_tile(T, MOE_TT_MAX(VB));
     *what = "moe input quantization";
     k_moe_in<<<dim3((unsigned)(D / 128), (unsigned)T), 128, 0, st>>>(io.x, D, w.xb, io.xq);
     cudaError_t ce = cudaGetLastError();
@@ -1024,7 +1038,7 @@ static cudaError_t moe_run_vb(const dmoe &m, const gfw_moe_router &r, const gfw_
     case 1: moe_launch_logits<VB, 1>(r, w.xb, T, m.E, D, io.logits, st); break;
     case 2: moe_launch_logits<VB, 2>(r, w.xb, T, m.E, D, io.logits, st); break;
     case 4: moe_launch_logits<VB, 4>(r, w.xb, T, m.E, D, io.logits, st); break;
-    default: moe_launch_logits<VB, 8>(r, w.xb, T, m.E, D, io.logits, st); break;
+    default: moe_launch_logits<VB, MOE_ROUTER_TT_MAX>(r, w.xb, T, m.E, D, io.logits, st); break;
     }
     if ((ce = cudaGetLastError()) != cudaSuccess)
         return ce;
@@ -1043,7 +1057,8 @@ static cudaError_t moe_run_vb(const dmoe &m, const gfw_moe_router &r, const gfw_
     case 1: ce = moe_launch_experts<VB, 1>(m, w, io, items, st, what); break;
     case 2: ce = moe_launch_experts<VB, 2>(m, w, io, items, st, what); break;
     case 4: ce = moe_launch_experts<VB, 4>(m, w, io, items, st, what); break;
-    default: ce = moe_launch_experts<VB, 8>(m, w, io, items, st, what); break;
+    case 8: ce = moe_launch_experts<VB, 8>(m, w, io, items, st, what); break;
+    default: ce = moe_launch_experts<VB, MOE_TT_MAX(VB)>(m, w, io, items, st, what); break;
     }
     return ce;
 }
