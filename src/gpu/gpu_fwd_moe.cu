@@ -373,6 +373,8 @@ __device__ __forceinline__ void moe_cp_wait(void)
  * chain-major row of K values (K8 = K / 8 per chain).  Thread i copies chain i mod 8 (fixed,
  * as NTH is a multiple of 8), 16-byte words q = i / 8, i / 8 + NTH / 8, ... of it: no division,
  * one pointer step per word, and the 8 chains' words of one step land in 8 distinct bank quads.
+ * Where a chain's chunk has at most NTH / 8 words (MC <= NTH / 2: the tiles of 8 and 16
+ * tokens in a CTA of 128), each thread copies at most word q0 = i / 8 of each token, no loop.
  * The 16-byte copies are asynchronous (cp.async: no registers hold them, all are in flight at
  * once) and cached in L1 (.ca: the other CTAs of the SM stage the same tokens); the caller's
  * barrier after this makes them visible to the CTA.
@@ -383,14 +385,23 @@ __device__ __forceinline__ void moe_stage(float *xs, const float *const (&xt)[TT
     static_assert(NTH % 8 == 0, "a thread stages one chain");
     const int l = (int)threadIdx.x & 7, q0 = (int)threadIdx.x >> 3;
     const int64_t src0 = l * K8 + c0 + 4 * q0;
+    if constexpr (moe_xs<TT>::MC / 4 <= NTH / 8) {
+        if (q0 < n / 4) {
 #pragma unroll
-    for (int t = 0; t < TT; t++) {
-        if (t < nt) {
-            const float *src = xt[t] + src0;
-            float *dst = xs + moe_xs_pos<TT>(t, l, 4 * q0);
+            for (int t = 0; t < TT; t++)
+                if (t < nt)
+                    moe_cp16(xs + moe_xs_pos<TT>(t, l, 4 * q0), xt[t] + src0);
+        }
+    } else {
+#pragma unroll
+        for (int t = 0; t < TT; t++) {
+            if (t < nt) {
+                const float *src = xt[t] + src0;
+                float *dst = xs + moe_xs_pos<TT>(t, l, 4 * q0);
 #pragma unroll 1
-            for (int q = q0; q < n / 4; q += NTH / 8, src += NTH / 2, dst += NTH / 2)
-                moe_cp16(dst, src);
+                for (int q = q0; q < n / 4; q += NTH / 8, src += NTH / 2, dst += NTH / 2)
+                    moe_cp16(dst, src);
+            }
         }
     }
     moe_cp_wait();
