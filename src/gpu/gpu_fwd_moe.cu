@@ -116,8 +116,9 @@
  * the instructions issued besides the fma.  An E2M1 word of 8 weights takes ~37 to decode
  * (bit moves, factors, 8 FMUL) and one LDS.128 feeds 4 fma of each of the thread's 2 rows;
  * so calls of at least 16 tokens use a 16-token tile (MOE_TT_MAX; with 4-word groups, whose
- * kernels fit 168 registers without spilling): each decoded weight feeds 16 fma, and the
- * one-step E2M1 group body issues ~0.53 other instructions per fma (0.78 with 8 tokens).
+ * kernels fit 168 registers): each decoded weight feeds 16 fma.  A full tile runs a body
+ * without per-token tests (moe_chain_dot), whose one-step E2M1 group issues ~0.40 other
+ * instructions per fma (0.68 with 8 tokens; ~0.53 for a partial 16-token item).
  * The router's top-k runs one warp per token.
  */
 #include <cuda_fp8.h>
@@ -379,7 +380,7 @@ __device__ __forceinline__ void moe_cp_wait(void)
  * once) and cached in L1 (.ca: the other CTAs of the SM stage the same tokens); the caller's
  * barrier after this makes them visible to the CTA.
  */
-template <int TT, int NTH>
+template <int TT, int NTH, bool FULL>
 __device__ __forceinline__ void moe_stage(float *xs, const float *const (&xt)[TT], int nt, int64_t K8, int c0, int n)
 {
     static_assert(NTH % 8 == 0, "a thread stages one chain");
@@ -389,13 +390,13 @@ __device__ __forceinline__ void moe_stage(float *xs, const float *const (&xt)[TT
         if (q0 < n / 4) {
 #pragma unroll
             for (int t = 0; t < TT; t++)
-                if (t < nt)
+                if (FULL || t < nt)
                     moe_cp16(xs + moe_xs_pos<TT>(t, l, 4 * q0), xt[t] + src0);
         }
     } else {
 #pragma unroll
         for (int t = 0; t < TT; t++) {
-            if (t < nt) {
+            if (FULL || t < nt) {
                 const float *src = xt[t] + src0;
                 float *dst = xs + moe_xs_pos<TT>(t, l, 4 * q0);
 #pragma unroll 1
@@ -446,7 +447,7 @@ __device__ __forceinline__ int moe_one_step_slot(const moe_batch<FMT, VB, NM, PF
  * from @p m0 (chunk offset), the weights decoded by moe_decode(), E2M1 the DEC way.  Token t's
  * values lie a constant t * 8 * STRIDE floats after token 0's (moe_xs_pos).
  */
-template <int FMT, int VB, int TT, int NM, int PF, int DEC>
+template <int FMT, int VB, int TT, int NM, int PF, int DEC, bool FULL>
 __device__ __forceinline__ void moe_group_fma(const moe_batch<FMT, VB, NM, PF> &cur, int q, const float *xs, int l,
                                               int m0, int nt, float (&acc)[NM][TT])
 {
@@ -460,7 +461,7 @@ __device__ __forceinline__ void moe_group_fma(const moe_batch<FMT, VB, NM, PF> &
             moe_decode<FMT, VB, NM, PF, DEC>(cur, q, n, v, w[n]);
 #pragma unroll
         for (int t = 0; t < TT; t++) {
-            if (t < nt) {
+            if (FULL || t < nt) {
                 float xv[EPW];
                 moe_xread<EPW>(x0 + (moe_xs_pos<TT>(t, 0, 0) + v * EPW), xv);
 #pragma unroll
@@ -479,10 +480,10 @@ __device__ __forceinline__ void moe_group_fma(const moe_batch<FMT, VB, NM, PF> &
  * @p xt[t] is token t's chain-major row of K = 8 K8 values.  The activations are staged in
  * @p xs (moe_xs) one chunk of every chain at a time, by the whole CTA of NTH threads (so every
  * thread of the CTA calls this, with the same @p nt and @p groups); the weights are loaded
- * one batch of PF groups ahead, across the chunks.
+ * one batch of PF groups ahead, across the chunks.  FULL: nt = TT, no token test.
  */
-template <int FMT, int VB, int TT, int NM, int PF, int NTH>
-__device__ __forceinline__ void moe_chain_dot(const moe_row (&r)[NM], const float *const (&xt)[TT], int64_t K8,
+template <int FMT, int VB, int TT, int NM, int PF, int NTH, bool FULL>
+__device__ __forceinline__ void moe_chain_run(const moe_row (&r)[NM], const float *const (&xt)[TT], int64_t K8,
                                               int l, int nt, int64_t groups, float *xs, float (&acc)[NM][TT])
 {
     constexpr int EPW = moe_epw<FMT>::n;
@@ -500,7 +501,7 @@ __device__ __forceinline__ void moe_chain_dot(const moe_row (&r)[NM], const floa
                 __syncthreads();
             c0 = c_next;
             const int n_c = (int)(K8 - c0 < mc ? K8 - c0 : mc);
-            moe_stage<TT, NTH>(xs, xt, nt, K8, c0, n_c);
+            moe_stage<TT, NTH, FULL>(xs, xt, nt, K8, c0, n_c);
             c_next = c0 + mc;
             __syncthreads();
         }
@@ -513,13 +514,31 @@ __device__ __forceinline__ void moe_chain_dot(const moe_row (&r)[NM], const floa
             if (g0 + q < groups) {
                 const int m0 = (int)(g0 + q) * VB * EPW - c0;
                 if (FMT == MOE_WF_FP4 && moe_one_step_slot(cur, q))
-                    moe_group_fma<FMT, VB, TT, NM, PF, MOE_DEC_ONE_STEP>(cur, q, xs, l, m0, nt, acc);
+                    moe_group_fma<FMT, VB, TT, NM, PF, MOE_DEC_ONE_STEP, FULL>(cur, q, xs, l, m0, nt, acc);
                 else
-                    moe_group_fma<FMT, VB, TT, NM, PF, MOE_DEC_TWO_STEP>(cur, q, xs, l, m0, nt, acc);
+                    moe_group_fma<FMT, VB, TT, NM, PF, MOE_DEC_TWO_STEP, FULL>(cur, q, xs, l, m0, nt, acc);
             }
         }
         cur = nxt;
     }
+}
+
+/**
+ * moe_chain_run() for the item's @p nt tokens: a full tile (nt = TT, always for TT = 1) runs
+ * the body without a test per token, a partial one the body that tests t < nt.  With 16
+ * tokens the tests do not fit the predicate registers and are recomputed per word (about one
+ * in ten of the instructions of the E4M3 rows' loop).
+ */
+template <int FMT, int VB, int TT, int NM, int PF, int NTH>
+__device__ __forceinline__ void moe_chain_dot(const moe_row (&r)[NM], const float *const (&xt)[TT], int64_t K8,
+                                              int l, int nt, int64_t groups, float *xs, float (&acc)[NM][TT])
+{
+    if constexpr (TT == 1)
+        moe_chain_run<FMT, VB, TT, NM, PF, NTH, true>(r, xt, K8, l, nt, groups, xs, acc);
+    else if (nt == TT)
+        moe_chain_run<FMT, VB, TT, NM, PF, NTH, true>(r, xt, K8, l, nt, groups, xs, acc);
+    else
+        moe_chain_run<FMT, VB, TT, NM, PF, NTH, false>(r, xt, K8, l, nt, groups, xs, acc);
 }
 
 /** Groups of a chain-packed row of @p K elements of @p bits bits. */
