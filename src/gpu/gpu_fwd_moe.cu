@@ -39,8 +39,9 @@
  * before its chains run (moe_chain_dot): a chunk of mc values of each of the 8 chains of each
  * of the item's nt tokens, copied with cp.async by every thread of the CTA, then one barrier;
  * the next chunk after another barrier.  The tile of a token tile TT holds MC = 512 / TT
- * values per chain of TT tokens, 16 KB of fp32 (moe_xs); mc is all K/8 values when they fit,
- * else MC (moe_xs_chunk): all of K = 4096 for one token, 64 values per chain for 8.  Inside
+ * values per chain of TT tokens, 16 KB of fp32 (moe_xs; 64 values and 34 KB for 16 tokens);
+ * mc is all K/8 values when they fit, else MC (moe_xs_chunk): all of K = 4096 for one token,
+ * 64 values per chain for 8 or 16.  Inside
  * the tile chain l of token t starts at (8 t + l) (MC + 4), whatever nt: the four floats of
  * padding put the 8 chains' 16-byte reads of one instruction in 8 distinct bank quads (MC is
  * a multiple of 64), the rows of a warp read the same words (a broadcast), and since the
