@@ -38,12 +38,16 @@
  * All rows of a CTA read the same activations, so the CTA stages them in shared memory
  * before its chains run (moe_chain_dot): a chunk of mc values of each of the 8 chains of each
  * of the item's nt tokens, copied with cp.async by every thread of the CTA, then one barrier;
- * the next chunk after another barrier.  The tile holds 16 KB of fp32 (moe_xs); mc is all
- * K/8 values when the nt tokens fit it, else the largest multiple of 64 that fits
- * (moe_xs_chunk): all of K = 4096 for one token, 64 values per chain for 8.  Inside the tile
- * chain l of token t starts at (8 t + l) (mc + 4): the four floats of padding put the 8
- * chains' 16-byte reads of one instruction in 8 distinct bank quads (mc is a multiple of 16),
- * and the rows of a warp read the same words (a broadcast).  A chunk holds whole batches of
+ * the next chunk after another barrier.  The tile of a token tile TT holds MC = 512 / TT
+ * values per chain of TT tokens, 16 KB of fp32 (moe_xs; 64 values and 34 KB for 16 tokens);
+ * mc is all K/8 values when they fit, else MC (moe_xs_chunk): all of K = 4096 for one token,
+ * 64 values per chain for 8 or 16.  Inside
+ * the tile chain l of token t starts at (8 t + l) (MC + 4), whatever nt: the four floats of
+ * padding put the 8 chains' 16-byte reads of one instruction in 8 distinct bank quads (MC is
+ * a multiple of 64), the rows of a warp read the same words (a broadcast), and since the
+ * stride is a constant a chain reads all its tokens' values from one register with immediate
+ * offsets.  Each thread stages one chain (its index mod 8) by pointer steps, no index
+ * arithmetic per copy (moe_stage).  A chunk holds whole batches of
  * PF groups (a batch is 16, 32 or 64 values per chain), so the weight loads still run one
  * batch ahead across chunks.
  * Only where the values come from changed: every chain runs the same fma in the same order.
@@ -109,8 +113,14 @@
  * output rows (MOE_L2_NM), so that its grid of D / 32 CTAs per item also runs in one wave
  * (with one row per thread, 7 items x 256 CTAs took two, the shared expert's last), its E4M3
  * rows again two groups per batch.  For prefill the fp32
- * fma rate bounds the work: the exact order leaves the tensor cores out.  The router's top-k
- * runs one warp per token.
+ * fma rate bounds the work: the exact order leaves the tensor cores out, so what counts is
+ * the instructions issued besides the fma.  An E2M1 word of 8 weights takes ~37 to decode
+ * (bit moves, factors, 8 FMUL) and one LDS.128 feeds 4 fma of each of the thread's 2 rows;
+ * so calls of at least 16 tokens use a 16-token tile (MOE_TT_MAX; with 4-word groups, whose
+ * kernels fit 168 registers): each decoded weight feeds 16 fma.  A full tile runs a body
+ * without per-token tests (moe_chain_dot), whose one-step E2M1 group issues ~0.40 other
+ * instructions per fma (0.68 with 8 tokens; ~0.53 for a partial 16-token item).
+ * The router's top-k runs one warp per token.
  */
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -146,8 +156,13 @@ enum moe_dec {
 #define MOE_ROUTER_ROWS 4
 /** Threads of a router CTA. */
 #define MOE_ROUTER_THREADS (MOE_ROUTER_ROWS * 8)
-/** Largest token tile. */
-#define MOE_TT_MAX 8
+/**
+ * Largest token tile of the expert GEMMs: 16 tokens per decoded weight with 4-word groups
+ * (prefill calls of at least 16 tokens), 8 with 1-word groups (whose 16-token kernels spill).
+ */
+#define MOE_TT_MAX(VB) ((VB) == 4 ? 16 : 8)
+/** Largest token tile of the router GEMM (one warp per CTA: few rows, TT accumulators each). */
+#define MOE_ROUTER_TT_MAX 8
 /** Threads of the routing / planning CTA. */
 #define MOE_PLAN_THREADS 512
 
@@ -304,31 +319,33 @@ __device__ __forceinline__ void moe_decode(const moe_batch<FMT, VB, NM, PF> &b, 
 }
 
 /**
- * The staged activation tile of a CTA for token tile TT: each token's eight chains, mc values
- * each (moe_xs_chunk), chain after chain with a stride of mc + 4.  MC = 512 / TT values per
- * chain for all TT tokens keep the tile at 16 KB for every TT.
+ * The staged activation tile of a CTA for token tile TT: each token's eight chains, MC values
+ * each, chain after chain with the fixed stride MC + 4 (the four extra floats put the 8
+ * chains' 16-byte words in 8 distinct bank quads, MC being a multiple of 64).  MC = 512 / TT
+ * values per chain keep the tile at 16 KB up to TT = 8; the 16-token tile keeps MC = 64, the
+ * smallest chunk of whole batches (34 KB).  The stride is a constant so that a chain's reads
+ * for its TT tokens are one register plus immediate offsets.
  */
 template <int TT> struct moe_xs {
-    static const int MC = 512 / TT;             /**< values per chain with all TT tokens */
-    static const int FLOATS = TT * 8 * (MC + 4); /**< the tile's floats */
+    static const int MC = 512 / TT < 64 ? 64 : 512 / TT; /**< values per chain of a chunk */
+    static const int STRIDE = MC + 4;            /**< floats from one staged chain to the next */
+    static const int FLOATS = TT * 8 * STRIDE;   /**< the tile's floats */
 };
 
 /**
- * Values per chain of one staged chunk for @p nt <= TT tokens: all K8 = K/8 when they fit the
- * tile, else the largest multiple of 64 whose nt * 8 chains fit (512/TT at nt = TT, more for
- * a partial item: 512 at nt = 1 for every TT).  A multiple of 64 holds whole batches.
+ * Values per chain of one staged chunk: all K8 = K/8 when they fit the tile, else MC (512/TT,
+ * a multiple of 64, so a chunk holds whole batches).
  */
-template <int TT> __host__ __device__ __forceinline__ int moe_xs_chunk(int64_t K8, int nt)
+template <int TT> __host__ __device__ __forceinline__ int moe_xs_chunk(int64_t K8)
 {
-    const int fit = (moe_xs<TT>::FLOATS / (8 * nt) - 4) / 64 * 64;
-    return (int)(K8 < fit ? K8 : fit);
+    return (int)(K8 < moe_xs<TT>::MC ? K8 : moe_xs<TT>::MC);
 }
 
-/** Stride of one staged chain: the four extra floats put the 8 chains' 16-byte words in 8 distinct bank quads. */
-__host__ __device__ __forceinline__ int moe_xs_stride(int mc) { return mc + 4; }
-
 /** Offset in the staged tile of chain @p l of token @p t, value @p m of the chunk. */
-__host__ __device__ __forceinline__ int moe_xs_pos(int t, int l, int m, int mc) { return (t * 8 + l) * moe_xs_stride(mc) + m; }
+template <int TT> __host__ __device__ __forceinline__ int moe_xs_pos(int t, int l, int m)
+{
+    return (t * 8 + l) * moe_xs<TT>::STRIDE + m;
+}
 
 /**
  * Start the asynchronous copy of 16 bytes (both ends 16-byte aligned) from global to shared
@@ -353,24 +370,39 @@ __device__ __forceinline__ void moe_cp_wait(void)
 }
 
 /**
- * Stage values [c0, c0 + n) of every chain of tokens t < @p nt into @p xs (chunk size @p mc,
- * n <= mc, both multiples of 4), all NTH threads of the CTA together; @p xt[t] is token t's
- * chain-major row of K values (K8 = K / 8 per chain).  The 16-byte copies are asynchronous
- * (cp.async: no registers hold them, all are in flight at once) and cached in L1 (.ca: the
- * other CTAs of the SM stage the same tokens); the caller's barrier after this makes them
- * visible to the CTA.
+ * Stage values [c0, c0 + n) of every chain of tokens t < @p nt into @p xs (n <= MC, a
+ * multiple of 4), all NTH threads of the CTA together; @p xt[t] is token t's
+ * chain-major row of K values (K8 = K / 8 per chain).  Thread i copies chain i mod 8 (fixed,
+ * as NTH is a multiple of 8), 16-byte words q = i / 8, i / 8 + NTH / 8, ... of it: no division,
+ * one pointer step per word, and the 8 chains' words of one step land in 8 distinct bank quads.
+ * Where a chain's chunk has at most NTH / 8 words (MC <= NTH / 2: the tiles of 8 and 16
+ * tokens in a CTA of 128), each thread copies at most word q0 = i / 8 of each token, no loop.
+ * The 16-byte copies are asynchronous (cp.async: no registers hold them, all are in flight at
+ * once) and cached in L1 (.ca: the other CTAs of the SM stage the same tokens); the caller's
+ * barrier after this makes them visible to the CTA.
  */
-template <int TT, int NTH>
-__device__ __forceinline__ void moe_stage(float *xs, const float *const (&xt)[TT], int nt, int64_t K8, int c0, int n,
-                                          int mc)
+template <int TT, int NTH, bool FULL>
+__device__ __forceinline__ void moe_stage(float *xs, const float *const (&xt)[TT], int nt, int64_t K8, int c0, int n)
 {
-    const int q4 = n / 4, per_t = 8 * q4;
+    static_assert(NTH % 8 == 0, "a thread stages one chain");
+    const int l = (int)threadIdx.x & 7, q0 = (int)threadIdx.x >> 3;
+    const int64_t src0 = l * K8 + c0 + 4 * q0;
+    if constexpr (moe_xs<TT>::MC / 4 <= NTH / 8) {
+        if (q0 < n / 4) {
 #pragma unroll
-    for (int t = 0; t < TT; t++) {
-        if (t < nt) {
-            for (int i = (int)threadIdx.x; i < per_t; i += NTH) {
-                const int l = i / q4, q = i - l * q4;
-                moe_cp16(xs + moe_xs_pos(t, l, 4 * q, mc), xt[t] + l * K8 + c0 + 4 * q);
+            for (int t = 0; t < TT; t++)
+                if (FULL || t < nt)
+                    moe_cp16(xs + moe_xs_pos<TT>(t, l, 4 * q0), xt[t] + src0);
+        }
+    } else {
+#pragma unroll
+        for (int t = 0; t < TT; t++) {
+            if (FULL || t < nt) {
+                const float *src = xt[t] + src0;
+                float *dst = xs + moe_xs_pos<TT>(t, l, 4 * q0);
+#pragma unroll 1
+                for (int q = q0; q < n / 4; q += NTH / 8, src += NTH / 2, dst += NTH / 2)
+                    moe_cp16(dst, src);
             }
         }
     }
@@ -413,25 +445,26 @@ __device__ __forceinline__ int moe_one_step_slot(const moe_batch<FMT, VB, NM, PF
 
 /**
  * The fma of slot @p q's VB words of NM rows, for tokens t < @p nt: chain @p l's staged values
- * from @p m0 (chunk offset), the weights decoded by moe_decode(), E2M1 the DEC way.
+ * from @p m0 (chunk offset), the weights decoded by moe_decode(), E2M1 the DEC way.  Token t's
+ * values lie a constant t * 8 * STRIDE floats after token 0's (moe_xs_pos).
  */
-template <int FMT, int VB, int TT, int NM, int PF, int DEC>
+template <int FMT, int VB, int TT, int NM, int PF, int DEC, bool FULL>
 __device__ __forceinline__ void moe_group_fma(const moe_batch<FMT, VB, NM, PF> &cur, int q, const float *xs, int l,
-                                              int m0, int mc, int nt, float (&acc)[NM][TT])
+                                              int m0, int nt, float (&acc)[NM][TT])
 {
     constexpr int EPW = moe_epw<FMT>::n;
+    const float *const x0 = xs + moe_xs_pos<TT>(0, l, m0);
 #pragma unroll
     for (int v = 0; v < VB; v++) {
-        const int m = m0 + v * EPW;
         float w[NM][EPW];
 #pragma unroll
         for (int n = 0; n < NM; n++)
             moe_decode<FMT, VB, NM, PF, DEC>(cur, q, n, v, w[n]);
 #pragma unroll
         for (int t = 0; t < TT; t++) {
-            if (t < nt) {
+            if (FULL || t < nt) {
                 float xv[EPW];
-                moe_xread<EPW>(xs + moe_xs_pos(t, l, m, mc), xv);
+                moe_xread<EPW>(x0 + (moe_xs_pos<TT>(t, 0, 0) + v * EPW), xv);
 #pragma unroll
                 for (int n = 0; n < NM; n++)
 #pragma unroll
@@ -448,15 +481,15 @@ __device__ __forceinline__ void moe_group_fma(const moe_batch<FMT, VB, NM, PF> &
  * @p xt[t] is token t's chain-major row of K = 8 K8 values.  The activations are staged in
  * @p xs (moe_xs) one chunk of every chain at a time, by the whole CTA of NTH threads (so every
  * thread of the CTA calls this, with the same @p nt and @p groups); the weights are loaded
- * one batch of PF groups ahead, across the chunks.
+ * one batch of PF groups ahead, across the chunks.  FULL: nt = TT, no token test.
  */
-template <int FMT, int VB, int TT, int NM, int PF, int NTH>
-__device__ __forceinline__ void moe_chain_dot(const moe_row (&r)[NM], const float *const (&xt)[TT], int64_t K8,
+template <int FMT, int VB, int TT, int NM, int PF, int NTH, bool FULL>
+__device__ __forceinline__ void moe_chain_run(const moe_row (&r)[NM], const float *const (&xt)[TT], int64_t K8,
                                               int l, int nt, int64_t groups, float *xs, float (&acc)[NM][TT])
 {
     constexpr int EPW = moe_epw<FMT>::n;
     static_assert(64 % (PF * VB * EPW) == 0, "a batch must not straddle two staged chunks");
-    const int mc = moe_xs_chunk<TT>(K8, nt);
+    const int mc = moe_xs_chunk<TT>(K8);
     moe_batch<FMT, VB, NM, PF> cur, nxt;
 #pragma unroll
     for (int q = 0; q < PF; q++)
@@ -469,7 +502,7 @@ __device__ __forceinline__ void moe_chain_dot(const moe_row (&r)[NM], const floa
                 __syncthreads();
             c0 = c_next;
             const int n_c = (int)(K8 - c0 < mc ? K8 - c0 : mc);
-            moe_stage<TT, NTH>(xs, xt, nt, K8, c0, n_c, mc);
+            moe_stage<TT, NTH, FULL>(xs, xt, nt, K8, c0, n_c);
             c_next = c0 + mc;
             __syncthreads();
         }
@@ -482,13 +515,31 @@ __device__ __forceinline__ void moe_chain_dot(const moe_row (&r)[NM], const floa
             if (g0 + q < groups) {
                 const int m0 = (int)(g0 + q) * VB * EPW - c0;
                 if (FMT == MOE_WF_FP4 && moe_one_step_slot(cur, q))
-                    moe_group_fma<FMT, VB, TT, NM, PF, MOE_DEC_ONE_STEP>(cur, q, xs, l, m0, mc, nt, acc);
+                    moe_group_fma<FMT, VB, TT, NM, PF, MOE_DEC_ONE_STEP, FULL>(cur, q, xs, l, m0, nt, acc);
                 else
-                    moe_group_fma<FMT, VB, TT, NM, PF, MOE_DEC_TWO_STEP>(cur, q, xs, l, m0, mc, nt, acc);
+                    moe_group_fma<FMT, VB, TT, NM, PF, MOE_DEC_TWO_STEP, FULL>(cur, q, xs, l, m0, nt, acc);
             }
         }
         cur = nxt;
     }
+}
+
+/**
+ * moe_chain_run() for the item's @p nt tokens: a full tile (nt = TT, always for TT = 1) runs
+ * the body without a test per token, a partial one the body that tests t < nt.  With 16
+ * tokens the tests do not fit the predicate registers and are recomputed per word (about one
+ * in ten of the instructions of the E4M3 rows' loop).
+ */
+template <int FMT, int VB, int TT, int NM, int PF, int NTH>
+__device__ __forceinline__ void moe_chain_dot(const moe_row (&r)[NM], const float *const (&xt)[TT], int64_t K8,
+                                              int l, int nt, int64_t groups, float *xs, float (&acc)[NM][TT])
+{
+    if constexpr (TT == 1)
+        moe_chain_run<FMT, VB, TT, NM, PF, NTH, true>(r, xt, K8, l, nt, groups, xs, acc);
+    else if (nt == TT)
+        moe_chain_run<FMT, VB, TT, NM, PF, NTH, true>(r, xt, K8, l, nt, groups, xs, acc);
+    else
+        moe_chain_run<FMT, VB, TT, NM, PF, NTH, false>(r, xt, K8, l, nt, groups, xs, acc);
 }
 
 /** Groups of a chain-packed row of @p K elements of @p bits bits. */
@@ -694,12 +745,12 @@ __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l1(dm
     const int l = threadIdx.x & 7;
     const int64_t j = j0 + (threadIdx.x >> 3), D = m.D;
     const int nt = it.z;
-    int64_t task[TT];
+    int32_t task[TT]; /* the plan's task ids, 32 bits (one register each) */
     const float *xt[TT];
 #pragma unroll
     for (int t = 0; t < TT; t++) {
         task[t] = w.order[it.y + (t < nt ? t : 0)];
-        const int64_t tok = shared ? task[t] - T * m.k : task[t] / m.k;
+        const int64_t tok = shared ? (int64_t)task[t] - T * m.k : (int64_t)task[t] / m.k;
         xt[t] = xq + tok * D;
     }
     __shared__ float4 xs4[moe_xs<TT>::FLOATS / 4]; /* float4: 16-byte aligned */
@@ -740,7 +791,7 @@ __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l1(dm
         }
         const float silu = __fdiv_rn(gf, __fadd_rn(1.0f, gfw_expf(-gf)));
         const float a = __fmul_rn(__fmul_rn(silu, uf), wt);
-        h[task[t] * width + j] = gfw_bfr(a);
+        h[(int64_t)task[t] * width + j] = gfw_bfr(a);
     }
 }
 
@@ -783,12 +834,12 @@ __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l2(dm
     const int l = threadIdx.x & 7;
     const int64_t n = (int64_t)blockIdx.x * (NM * MOE_ROWS) + (threadIdx.x >> 3);
     const int nt = it.z;
-    int64_t task[TT];
+    int32_t task[TT]; /* the plan's task ids, 32 bits (one register each) */
     const float *xt[TT];
 #pragma unroll
     for (int t = 0; t < TT; t++) {
         task[t] = w.order[it.y + (t < nt ? t : 0)];
-        xt[t] = w.hq + task[t] * width;
+        xt[t] = w.hq + (int64_t)task[t] * width;
     }
     __shared__ float4 xs4[moe_xs<TT>::FLOATS / 4]; /* float4: 16-byte aligned */
     float *const xs = (float *)xs4;
@@ -826,7 +877,7 @@ __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l2(dm
             const float sum = moe_combine8(acc[i][t]);
             const int64_t ni = n + i * MOE_ROWS;
             if (ni < D && t < nt && l == (t & 7))
-                slot_y[task[t] * D + ni] = gfw_f2bf(sum);
+                slot_y[(int64_t)task[t] * D + ni] = gfw_f2bf(sum);
         }
     }
 }
@@ -963,8 +1014,11 @@ cudaError_t gfw_moe_pack(dmoe *m, uint16_t *gate)
     return ce;
 }
 
-/** The token tile for @p T tokens per call. */
-static int moe_tile(int64_t T) { return T >= 8 ? 8 : (T >= 4 ? 4 : (T >= 2 ? 2 : 1)); }
+/** The token tile for @p T tokens per call, at most @p tt_max. */
+static int moe_tile(int64_t T, int tt_max)
+{
+    return T >= tt_max ? tt_max : T >= 8 ? 8 : (T >= 4 ? 4 : (T >= 2 ? 2 : 1));
+}
 
 /** Launch the router GEMM for tile TT. */
 template <int VB, int TT>
@@ -1004,7 +1058,7 @@ static cudaError_t moe_run_vb(const dmoe &m, const gfw_moe_router &r, const gfw_
                               int given, cudaStream_t st, const char **what)
 {
     const int64_t T = io.T, D = m.D, Tk = T * m.k;
-    const int TT = moe_tile(T);
+    const int TT = moe_tile(T, MOE_TT_MAX(VB));
     *what = "moe input quantization";
     k_moe_in<<<dim3((unsigned)(D / 128), (unsigned)T), 128, 0, st>>>(io.x, D, w.xb, io.xq);
     cudaError_t ce = cudaGetLastError();
@@ -1015,7 +1069,7 @@ static cudaError_t moe_run_vb(const dmoe &m, const gfw_moe_router &r, const gfw_
     case 1: moe_launch_logits<VB, 1>(r, w.xb, T, m.E, D, io.logits, st); break;
     case 2: moe_launch_logits<VB, 2>(r, w.xb, T, m.E, D, io.logits, st); break;
     case 4: moe_launch_logits<VB, 4>(r, w.xb, T, m.E, D, io.logits, st); break;
-    default: moe_launch_logits<VB, 8>(r, w.xb, T, m.E, D, io.logits, st); break;
+    default: moe_launch_logits<VB, MOE_ROUTER_TT_MAX>(r, w.xb, T, m.E, D, io.logits, st); break;
     }
     if ((ce = cudaGetLastError()) != cudaSuccess)
         return ce;
@@ -1034,7 +1088,8 @@ static cudaError_t moe_run_vb(const dmoe &m, const gfw_moe_router &r, const gfw_
     case 1: ce = moe_launch_experts<VB, 1>(m, w, io, items, st, what); break;
     case 2: ce = moe_launch_experts<VB, 2>(m, w, io, items, st, what); break;
     case 4: ce = moe_launch_experts<VB, 4>(m, w, io, items, st, what); break;
-    default: ce = moe_launch_experts<VB, 8>(m, w, io, items, st, what); break;
+    case 8: ce = moe_launch_experts<VB, 8>(m, w, io, items, st, what); break;
+    default: ce = moe_launch_experts<VB, MOE_TT_MAX(VB)>(m, w, io, items, st, what); break;
     }
     return ce;
 }
