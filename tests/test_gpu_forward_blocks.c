@@ -516,19 +516,21 @@ START_TEST(test_linear_dense)
     check_dense(1, 1024, 4096, 1);         /* compressor wkv (F32): 8 rounds, 2 in flight */
     check_dense(1, 64, 4096, 0);           /* indexer weights_proj (BF16): 8 rounds, 3 in flight */
     check_dense(1, 129, 1024, 0);          /* 2 rounds, fewer than the ring's slots; odd outputs */
-    /* from 8 tokens on: k_linear_dense_tokens (a weight chunk decoded once for 8 tokens) */
-    check_dense_f8(16, 256, 1024, 128, 0); /* two token groups */
-    check_dense_f8(9, 64, 4096, 128, 1);   /* 8 rounds; a group of one token; NaN codes */
-    check_dense_f8(12, 37, 8192, 128, 0);  /* 16 rounds, the most it holds */
+    /* from 8 tokens on: k_linear_dense_tokens (a weight chunk decoded once for 8 tokens, 32 rows a block) */
+    check_dense_f8(16, 256, 1024, 128, 0); /* two token groups, 8 row blocks */
+    check_dense_f8(9, 64, 4096, 128, 1);   /* 32 groups of 8 chunks; a token group of one token; NaN codes */
+    check_dense_f8(12, 37, 8192, 128, 0);  /* 64 groups, the most it folds; a row block 27 rows past N */
     check_dense(24, 64, 4096, 0);          /* BF16 */
-    check_dense(8, 9, 1040, 0);            /* 65 chunks: 4 rounds, the last three +0 past the chunks */
-    check_dense(10, 5, 48, 0);             /* one round, most lanes +0 */
+    check_dense(64, 100, 1024, 0);         /* a 64-token prefill: 8 token groups; 100 rows, odd ones */
+    check_dense(8, 9, 1040, 0);            /* 65 chunks: 16 groups, the last 7 groups +0 past the chunks */
+    check_dense(10, 5, 48, 0);             /* 3 chunks: 4 groups, the 29 slots past them +0 */
+    check_dense(15, 33, 16, 0);            /* one chunk; 7 tokens in the second group, the last pair half empty */
     check_dense(8, 1024, 4097, 0);         /* a short last chunk: the one-token kernel */
     check_dense(8, 64, 4096, 1);           /* F32: the one-token kernel */
     check_dense_round_order(1, 4096); /* the one-token kernel: 8 rounds in batches of four */
     check_dense_round_order(2, 8192); /* 16 rounds in batches of two */
-    check_dense_round_order(8, 4096); /* k_linear_dense_tokens: 8 rounds */
-    check_dense_round_order(9, 8192); /* 16 rounds; a group of one token */
+    check_dense_round_order(8, 4096); /* k_linear_dense_tokens: 32 groups of 8 chunks */
+    check_dense_round_order(9, 8192); /* 64 groups; a token group of one token */
     check_dense_order();
 }
 END_TEST

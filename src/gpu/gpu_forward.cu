@@ -3608,7 +3608,7 @@ static mmoe_status linear_fp8(mmoe_gpu_model *g, const uint16_t *x, int64_t rows
 static void launch_linear_dense(const uint16_t *x, int64_t rows, int64_t ldx, int64_t K, const dense_set &s,
                                 int64_t group_rows, int64_t group_width, cudaStream_t st)
 {
-    if (dense_tokens_fit(x, rows, ldx, K, s, group_width)) {
+    if (dense_tokens_fit(x, rows, ldx, K, s, group_rows, group_width)) {
         launch_linear_dense_tokens(x, rows, ldx, K, s, group_rows, group_width, st);
         return;
     }
