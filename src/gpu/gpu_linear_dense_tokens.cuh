@@ -14,17 +14,17 @@
  *
  * ## Data layout
  *
- * A warp holds GFW_DENSE_TT_WROWS rows, GFW_DENSE_TT_SLOTS lanes each: lane (s, h) =
- * (lane / 4, lane % 4) owns row n0 + h and, in group g of 8 chunks, chunk k = 8 g + s, whose 16
- * weights it decodes into doubles once and sums against each token's 16 x values.  The block
+ * A block is GFW_DENSE_TT_WARPS warps, a warp GFW_DENSE_TT_WROWS = 8 rows from n0: lane
+ * (s, h) = (lane / 4, lane % 4) owns rows n0 + h and n0 + 4 + h and, in group g of 8 chunks,
+ * chunk k = 8 g + s of both, whose 2 x 16 weights it decodes into doubles once and sums against
+ * each token's 16 x values (one x double, two fmas).  The block
  * stages the x values of its tokens, a round of 32 chunks at a time, as doubles in shared
  * memory (sx[token][chunk][GFW_DENSE_TT_CSTRIDE doubles]); the raw words of the next round's
  * x and of the lane's next weight chunk are loaded while the current ones are summed.  The
  * chunk stride of 18 doubles (144 bytes, 16 mod 128) puts the 8 chunks a warp reads in one
  * 16-byte load on 8 different 16-byte bank groups, and the four lanes of a slot (lanes 4 s ..
- * 4 s + 3, its four rows) read the same address: lane pairs (l, l ^ 1) and (l, l ^ 2) with equal
- * addresses let the shared memory return two registers a lane per cycle rather than one, and
- * a lane's x double feeds one fma per row.
+ * 4 s + 3, its eight rows) read the same address: lane pairs (l, l ^ 1) and (l, l ^ 2) with
+ * equal addresses let the shared memory return two registers a lane per cycle rather than one.
  *
  * ## The order is the oracle's, unchanged
  *
@@ -36,10 +36,11 @@
  * are +0 (zero weights times zero x).  The sums above the chunks form the full binary tree
  * over the M chunk leaves (M the chunk count rounded up to a power of two, at least 32, the
  * spec's tree padded with +0 leaves), which is what the split kernel's butterflies and batches
- * and mmoe_pairwise add: here the butterfly over a row's 8 lanes (dense_slot_pairwise())
- * forms the node over the 8 chunks of group g, the lane s = tt keeps token tt's node, and it
- * folds the M / 8 group nodes in order into the same tree with a stack of its pending left
- * subtrees (dense_tree_push()).  The addition is commutative, bit for bit, so which operand
+ * and mmoe_pairwise add: here the row's 8 lanes form the nodes over the 8 chunks of group g
+ * for the 8 tokens, lane s ending with token s's (dense_slot_scatter(): at each level a lane
+ * keeps half its tokens' nodes and hands its partner the other half), and the lane folds the
+ * M / 8 group nodes in order into the same tree with a stack of its pending left subtrees
+ * (dense_tree_push()), one stack per row.  The addition is commutative, bit for bit, so which operand
  * of a node comes from which lane does not matter.  Only which thread computes a value and
  * when its operands are loaded changed; every operation, operand and order is the same, so
  * are the bits.
@@ -61,10 +62,16 @@
 #define GFW_DENSE_TT 8
 /** Lanes of one row in k_linear_dense_tokens: the chunks of a group, one per lane. */
 #define GFW_DENSE_TT_SLOTS 8
+/** Lanes of one chunk slot in k_linear_dense_tokens (lanes 4 s .. 4 s + 3 of slot s). */
+#define GFW_DENSE_TT_SLANES (32 / GFW_DENSE_TT_SLOTS)
+/** Rows of one lane of k_linear_dense_tokens (h and GFW_DENSE_TT_SLANES + h of its warp's). */
+#define GFW_DENSE_TT_LROWS 2
 /** Rows of one warp of k_linear_dense_tokens. */
-#define GFW_DENSE_TT_WROWS (32 / GFW_DENSE_TT_SLOTS)
+#define GFW_DENSE_TT_WROWS (GFW_DENSE_TT_SLANES * GFW_DENSE_TT_LROWS)
+/** Warps of a k_linear_dense_tokens block. */
+#define GFW_DENSE_TT_WARPS 4
 /** Rows of one k_linear_dense_tokens block. */
-#define GFW_DENSE_TT_BROWS (GFW_DENSE_WARPS * GFW_DENSE_TT_WROWS)
+#define GFW_DENSE_TT_BROWS (GFW_DENSE_TT_WARPS * GFW_DENSE_TT_WROWS)
 /** Chunks of x a k_linear_dense_tokens block stages at a time (a round: four groups). */
 #define GFW_DENSE_TT_RCHUNKS 32
 /** Doubles between two staged chunks of x: 16 and two of padding (bank spread). */
@@ -148,7 +155,7 @@ __device__ __forceinline__ void dense_tokens_weights(const dense_raw &r, bool f8
 }
 
 /** Staged x words of one k_linear_dense_tokens thread: a round's GFW_DENSE_TT x 32 chunks x 2 halves, per thread. */
-#define GFW_DENSE_TT_XWORDS (GFW_DENSE_TT * GFW_DENSE_TT_RCHUNKS * 2 / (GFW_DENSE_WARPS * 32))
+#define GFW_DENSE_TT_XWORDS (GFW_DENSE_TT * GFW_DENSE_TT_RCHUNKS * 2 / (GFW_DENSE_TT_WARPS * 32))
 
 /**
  * Load this thread's words of round @p r of x (token rows @p xg, @p ldx apart; @p tn live
@@ -183,15 +190,29 @@ __device__ __forceinline__ void dense_tokens_store_x(const uint4 *xv, double *sx
 }
 
 /**
- * The pairwise tree over the 8 slots of a row (lanes 4 s + h, s = 0..7) in every one of them:
- * the butterfly over lane strides 4, 8 and 16, the levels of gfw_group_pairwise(v, 8).
+ * The nodes over the 8 slots of a row (lanes 4 s + h, s = 0..7) of the 8 tokens' chunk sums
+ * @p c (token t in c[t]), token s's in lane s: the pairwise tree over the slots, level l
+ * adding the nodes of slots s and s ^ 2^(l-1) (lane stride 4 2^(l-1)), as a butterfly would;
+ * at each level a lane keeps the tokens whose bit l-1 is its slot's and sends its partner the
+ * others, so the shuffles halve from level to level (4, 2, 1 doubles).
  */
-__device__ __forceinline__ double dense_slot_pairwise(double v)
+__device__ __forceinline__ double dense_slot_scatter(const double *c, int s)
 {
+    const bool b0 = s & 1, b1 = (s >> 1) & 1, b2 = (s >> 2) & 1;
+    double n1[4], n2[2];
 #pragma unroll
-    for (int o = 32 / GFW_DENSE_TT_SLOTS; o < 32; o <<= 1)
-        v = __dadd_rn(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
-    return v;
+    for (int j = 0; j < 4; j++) { /* n1[j]: token 2 j + b0 */
+        const double send = b0 ? c[2 * j] : c[2 * j + 1];
+        n1[j] = __dadd_rn(b0 ? c[2 * j + 1] : c[2 * j], __shfl_xor_sync(0xFFFFFFFFu, send, GFW_DENSE_TT_SLANES));
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) { /* n2[i]: token 4 i + 2 b1 + b0 */
+        const double send = b1 ? n1[2 * i] : n1[2 * i + 1];
+        n2[i] = __dadd_rn(b1 ? n1[2 * i + 1] : n1[2 * i],
+                          __shfl_xor_sync(0xFFFFFFFFu, send, 2 * GFW_DENSE_TT_SLANES));
+    }
+    const double send = b2 ? n2[0] : n2[1]; /* token 4 b2 + 2 b1 + b0 = s */
+    return __dadd_rn(b2 ? n2[1] : n2[0], __shfl_xor_sync(0xFFFFFFFFu, send, 4 * GFW_DENSE_TT_SLANES));
 }
 
 /**
@@ -217,6 +238,24 @@ __device__ __forceinline__ double dense_tree_push(double *st, int g, double v)
     return v;
 }
 
+/** Row @p o of the rows of set @p set as linear *j, row *n; false (and its last row) past the set. */
+__device__ __forceinline__ bool dense_tokens_row(const dense_set &set, int64_t o, int *j, int64_t *n)
+{
+    int jj = 0;
+    while (jj < set.n && o >= set.N[jj]) {
+        o -= set.N[jj];
+        jj++;
+    }
+    if (jj >= set.n) {
+        *j = set.n - 1;
+        *n = set.N[set.n - 1] - 1;
+        return false;
+    }
+    *j = jj;
+    *n = o;
+    return true;
+}
+
 /**
  * The dense linears of set @p set for tokens [GFW_DENSE_TT y, GFW_DENSE_TT y + GFW_DENSE_TT)
  * (y = blockIdx.y), GFW_DENSE_TT_BROWS output rows of the set a block (the rows of linear 0
@@ -224,26 +263,22 @@ __device__ __forceinline__ double dense_tree_push(double *st, int g, double v)
  * The caller guarantees the conditions of the chapter above.  Rows past the set reread its
  * last row and are not written (every warp takes part in the block's barriers).
  */
-__global__ void __launch_bounds__(GFW_DENSE_WARPS * 32, 2)
+__global__ void __launch_bounds__(GFW_DENSE_TT_WARPS * 32, 2)
     k_linear_dense_tokens(const uint16_t *x, int64_t T, int64_t ldx, int64_t K, dense_set set, int64_t group_rows,
                           int64_t group_width)
 {
     __shared__ __align__(16) double sx[GFW_DENSE_TT * GFW_DENSE_TT_RCHUNKS * GFW_DENSE_TT_CSTRIDE];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, s = lane / GFW_DENSE_TT_WROWS;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, s = lane / GFW_DENSE_TT_SLANES;
     const int64_t row0 = (int64_t)blockIdx.x * GFW_DENSE_TT_BROWS;
-    int j = 0;
-    int64_t n = row0 + warp * GFW_DENSE_TT_WROWS + lane % GFW_DENSE_TT_WROWS;
-    while (j < set.n && n >= set.N[j]) {
-        n -= set.N[j];
-        j++;
+    const int64_t o0 = row0 + warp * GFW_DENSE_TT_WROWS + lane % GFW_DENSE_TT_SLANES;
+    int j[GFW_DENSE_TT_LROWS];
+    int64_t n[GFW_DENSE_TT_LROWS];
+    bool live[GFW_DENSE_TT_LROWS], f8[GFW_DENSE_TT_LROWS];
+#pragma unroll
+    for (int q = 0; q < GFW_DENSE_TT_LROWS; q++) {
+        live[q] = dense_tokens_row(set, o0 + q * GFW_DENSE_TT_SLANES, &j[q], &n[q]);
+        f8[q] = set.w[j[q]].dtype == GFW_F8;
     }
-    const bool live = j < set.n;
-    if (!live) {
-        j = set.n - 1;
-        n = set.N[j] - 1;
-    }
-    const ddense &w = set.w[j];
-    const bool f8 = w.dtype == GFW_F8;
     const int64_t t0 = (int64_t)blockIdx.y * GFW_DENSE_TT;
     const int tn = (int)(T - t0 < GFW_DENSE_TT ? T - t0 : GFW_DENSE_TT);
     /* one x for the block: with groups, the set is one linear and its groups are whole blocks */
@@ -256,11 +291,16 @@ __global__ void __launch_bounds__(GFW_DENSE_WARPS * 32, 2)
 
     uint4 xv[GFW_DENSE_TT_XWORDS];
     dense_tokens_load_x(xg, ldx, tn, m, 0, xv);
-    dense_raw raw = dense_tokens_load(w, f8, n, s, s < m);
-    double st[GFW_DENSE_TT_LEVELS], root = 0.0;
+    dense_raw raw[GFW_DENSE_TT_LROWS];
+    double st[GFW_DENSE_TT_LROWS][GFW_DENSE_TT_LEVELS], root[GFW_DENSE_TT_LROWS];
 #pragma unroll
-    for (int l = 0; l < GFW_DENSE_TT_LEVELS; l++)
-        st[l] = 0.0;
+    for (int q = 0; q < GFW_DENSE_TT_LROWS; q++) {
+        raw[q] = dense_tokens_load(set.w[j[q]], f8[q], n[q], s, s < m);
+        root[q] = 0.0;
+#pragma unroll
+        for (int l = 0; l < GFW_DENSE_TT_LEVELS; l++)
+            st[q][l] = 0.0;
+    }
     for (int r = 0; r < rounds; r++) {
         __syncthreads(); /* every warp is done with the previous round's x */
         dense_tokens_store_x(xv, sx);
@@ -269,39 +309,55 @@ __global__ void __launch_bounds__(GFW_DENSE_WARPS * 32, 2)
         __syncthreads();
         for (int gl = 0; gl < GFW_DENSE_TT_RCHUNKS / GFW_DENSE_TT_SLOTS; gl++) {
             const int g = r * (GFW_DENSE_TT_RCHUNKS / GFW_DENSE_TT_SLOTS) + gl;
-            const int64_t k = (int64_t)g * GFW_DENSE_TT_SLOTS + s;
-            double wd[16];
-            dense_tokens_weights(raw, f8, k < m, wd);
-            if (g + 1 < groups) /* the lane's next chunk, in flight while this one is summed */
-                raw = dense_tokens_load(w, f8, n, k + GFW_DENSE_TT_SLOTS, k + GFW_DENSE_TT_SLOTS < m);
-            const double *xc = sx + (gl * GFW_DENSE_TT_SLOTS + s) * GFW_DENSE_TT_CSTRIDE;
-            double keep = 0.0;
-            for (int tt = 0; tt < tn; tt += 2) { /* two chains at once; a token past tn is staged zeros */
-                const double2 *xa = (const double2 *)(xc + tt * GFW_DENSE_TT_RCHUNKS * GFW_DENSE_TT_CSTRIDE);
-                const double2 *xb = (const double2 *)(xc + (tt + 1) * GFW_DENSE_TT_RCHUNKS * GFW_DENSE_TT_CSTRIDE);
-                double c0 = 0.0, c1 = 0.0;
+            const int64_t k = (int64_t)g * GFW_DENSE_TT_SLOTS + s, kn = k + GFW_DENSE_TT_SLOTS;
+            double wa[16], wb[16];
+            dense_tokens_weights(raw[0], f8[0], k < m, wa);
+            dense_tokens_weights(raw[1], f8[1], k < m, wb);
+            if (g + 1 < groups) { /* the lane's next chunks, in flight while these are summed */
 #pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    const double2 a = xa[i], b = xb[i];
-                    c0 = __fma_rn(a.x, wd[2 * i], c0); /* exact products, as dense_chunk */
-                    c1 = __fma_rn(b.x, wd[2 * i], c1);
-                    c0 = __fma_rn(a.y, wd[2 * i + 1], c0);
-                    c1 = __fma_rn(b.y, wd[2 * i + 1], c1);
-                }
-                c0 = dense_slot_pairwise(c0); /* the node over the group's 8 chunks */
-                c1 = dense_slot_pairwise(c1);
-                keep = s == tt ? c0 : s == tt + 1 ? c1 : keep;
+                for (int q = 0; q < GFW_DENSE_TT_LROWS; q++)
+                    raw[q] = dense_tokens_load(set.w[j[q]], f8[q], n[q], kn, kn < m);
             }
-            root = dense_tree_push(st, g, keep);
+            const double *xc = sx + (gl * GFW_DENSE_TT_SLOTS + s) * GFW_DENSE_TT_CSTRIDE;
+            double ca[GFW_DENSE_TT], cb[GFW_DENSE_TT];
+#pragma unroll
+            for (int tt = 0; tt < GFW_DENSE_TT; tt++)
+                ca[tt] = cb[tt] = 0.0;
+#pragma unroll
+            for (int tt = 0; tt < GFW_DENSE_TT; tt += 2) {
+                if (tt >= tn) /* the rest stay +0: staged zeros would give +0 as well */
+                    break;
+                const double2 *x0 = (const double2 *)(xc + tt * GFW_DENSE_TT_RCHUNKS * GFW_DENSE_TT_CSTRIDE);
+                const double2 *x1 = (const double2 *)(xc + (tt + 1) * GFW_DENSE_TT_RCHUNKS * GFW_DENSE_TT_CSTRIDE);
+#pragma unroll
+                for (int i = 0; i < 8; i++) { /* exact products, as dense_chunk; four chains */
+                    const double2 u = x0[i], v = x1[i];
+                    ca[tt] = __fma_rn(u.x, wa[2 * i], ca[tt]);
+                    cb[tt] = __fma_rn(u.x, wb[2 * i], cb[tt]);
+                    ca[tt + 1] = __fma_rn(v.x, wa[2 * i], ca[tt + 1]);
+                    cb[tt + 1] = __fma_rn(v.x, wb[2 * i], cb[tt + 1]);
+                    ca[tt] = __fma_rn(u.y, wa[2 * i + 1], ca[tt]);
+                    cb[tt] = __fma_rn(u.y, wb[2 * i + 1], cb[tt]);
+                    ca[tt + 1] = __fma_rn(v.y, wa[2 * i + 1], ca[tt + 1]);
+                    cb[tt + 1] = __fma_rn(v.y, wb[2 * i + 1], cb[tt + 1]);
+                }
+            }
+            root[0] = dense_tree_push(st[0], g, dense_slot_scatter(ca, s)); /* group g's node, token s */
+            root[1] = dense_tree_push(st[1], g, dense_slot_scatter(cb, s));
         }
     }
-    if (live && s < tn) {
+    if (s < tn) {
         const int64_t t = t0 + s;
-        const float f = __double2float_rn(root);
-        if (set.yf[j])
-            set.yf[j][t * set.N[j] + n] = f;
-        if (set.yb[j])
-            set.yb[j][t * set.N[j] + n] = gfw_f2bf(f);
+#pragma unroll
+        for (int q = 0; q < GFW_DENSE_TT_LROWS; q++) {
+            if (!live[q])
+                continue;
+            const float f = __double2float_rn(root[q]);
+            if (set.yf[j[q]])
+                set.yf[j[q]][t * set.N[j[q]] + n[q]] = f;
+            if (set.yb[j[q]])
+                set.yb[j[q]][t * set.N[j[q]] + n[q]] = gfw_f2bf(f);
+        }
     }
 }
 
@@ -335,7 +391,7 @@ static void launch_linear_dense_tokens(const uint16_t *x, int64_t rows, int64_t 
         outputs += s.N[j];
     const dim3 grid((unsigned)((outputs + GFW_DENSE_TT_BROWS - 1) / GFW_DENSE_TT_BROWS),
                     (unsigned)((rows + GFW_DENSE_TT - 1) / GFW_DENSE_TT));
-    k_linear_dense_tokens<<<grid, GFW_DENSE_WARPS * 32, 0, st>>>(x, rows, ldx, K, s, group_rows, group_width);
+    k_linear_dense_tokens<<<grid, GFW_DENSE_TT_WARPS * 32, 0, st>>>(x, rows, ldx, K, s, group_rows, group_width);
 }
 
 #endif
