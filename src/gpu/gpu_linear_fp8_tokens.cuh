@@ -21,8 +21,17 @@
  * anything to round here: the 8 x 8 block partials it leaves are the oracle's exact P, and
  * the rest (fl32, the scale product, the term, the fp32 sum in block order) is written out
  * with the oracle's operands in the oracle's order.  The operands are the codes' true values
- * (gfw_e4m3_value(), widened to double), never a subnormal double: the smallest nonzero
- * product is 2^-18.  A NaN code gives a NaN value and a NaN partial, as in the oracle.
+ * as doubles, never a subnormal double: the smallest nonzero product is 2^-18.  A NaN code
+ * gives a NaN value and a NaN partial, as in the oracle.
+ *
+ * ## The decode
+ *
+ * A code's double is built from its bits (fp8t_word_values()): e4m3_times_2m1016() places
+ * the code's magnitude and sign in a double that is the value times 2^-1016 exactly (two
+ * integer instructions), and a multiplication by 2^1016 restores the value, exactly (no
+ * conversion instruction, no branch).  The NaN codes, which that function leaves finite, take
+ * the table path (gfw_e4m3_value()): a lane tests its K block's 32 weight codes once (and the
+ * warp takes the table path if any lane holds one), a thread its x words one at a time.
  *
  * ## Data layout
  *
@@ -53,7 +62,7 @@
  * ## Cost
  *
  * Per K block a warp issues 32 MMAs per live n-tile (8 rows x 8 tokens x 4 k each), 32 weight
- * decodes per lane and a shared-memory read per MMA; an H200's FP64 tensor rate (half an
+ * decodes per lane (three instructions each) and a shared-memory read per MMA; an H200's FP64 tensor rate (half an
  * m8n8k4 per cycle and multiprocessor) bounds a 64-token W_qb (32768 x 1024) at about 64 us,
  * against one decode-kernel pass over the weights per token before.
  */
@@ -99,6 +108,27 @@ __device__ __forceinline__ void fp8t_load_x(const uint8_t *xq, int64_t T, int64_
     }
 }
 
+/**
+ * The values of the four E4M3 codes of @p w (byte b in @p v[b]) as doubles, exactly, for a
+ * word without NaN codes (the chapter's decode).
+ */
+__device__ __forceinline__ void fp8t_word_values(uint32_t w, double *v)
+{
+    const uint32_t w1 = w << 1;
+    v[0] = __dmul_rn(e4m3_times_2m1016<0>(w, w1), 0x1p1016);
+    v[1] = __dmul_rn(e4m3_times_2m1016<1>(w, w1), 0x1p1016);
+    v[2] = __dmul_rn(e4m3_times_2m1016<2>(w, w1), 0x1p1016);
+    v[3] = __dmul_rn(e4m3_times_2m1016<3>(w, w1), 0x1p1016);
+}
+
+/** The values of the four E4M3 codes of @p w through the table path (NaN codes included). */
+__device__ __forceinline__ void fp8t_word_values_table(uint32_t w, double *v)
+{
+#pragma unroll
+    for (int b = 0; b < 4; b++)
+        v[b] = (double)gfw_e4m3_value((w >> (8 * b)) & 0xFFu);
+}
+
 /** Decode the words fp8t_load_x() left in @p xw into the staged doubles @p sx (the layout of the chapter above). */
 __device__ __forceinline__ void fp8t_store_x(const uint32_t *xw, int tb, double *sx)
 {
@@ -108,9 +138,14 @@ __device__ __forceinline__ void fp8t_store_x(const uint32_t *xw, int tb, double 
             break;
         const int i = threadIdx.x + u * blockDim.x, r = i >> 5, k = (i & 31) * 4;
         double *dst = sx + r * GFW_FP8T_ROW + (k >> 5) * GFW_FP8T_SEG + (k & 31);
+        double v[4];
+        if (e4m3_nan_bits(xw[u]) == 0)
+            fp8t_word_values(xw[u], v);
+        else
+            fp8t_word_values_table(xw[u], v);
 #pragma unroll
         for (int b = 0; b < 4; b++)
-            dst[b] = (double)gfw_e4m3_value((xw[u] >> (8 * b)) & 0xFFu);
+            dst[b] = v[b];
     }
 }
 
@@ -154,13 +189,24 @@ __global__ void __launch_bounds__(GFW_FP8T_WARPS * 32)
         const uint32_t wq[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
         const double *xb = sx + g * GFW_FP8T_ROW + q * GFW_FP8T_SEG;
         double d[4][2] = {{0.0, 0.0}, {0.0, 0.0}, {0.0, 0.0}, {0.0, 0.0}};
+        uint32_t nan = 0;
 #pragma unroll
-        for (int j = 0; j < 32; j++) {
-            const double a = (double)gfw_e4m3_value((wq[j >> 2] >> (8 * (j & 3))) & 0xFFu);
+        for (int u = 0; u < 8; u++)
+            nan |= e4m3_nan_bits(wq[u]);
+        const bool table = __any_sync(0xFFFFFFFFu, nan != 0); /* warp-uniform: the MMAs need every lane */
 #pragma unroll
-            for (int i = 0; i < 4; i++)
-                if (i < tiles)
-                    dmma_m8n8k4(d[i][0], d[i][1], a, xb[i * 8 * GFW_FP8T_ROW + j]);
+        for (int u = 0; u < 8; u++) { /* steps j = 4 u + b */
+            double a[4];
+            if (table)
+                fp8t_word_values_table(wq[u], a);
+            else
+                fp8t_word_values(wq[u], a);
+#pragma unroll
+            for (int b = 0; b < 4; b++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    if (i < tiles)
+                        dmma_m8n8k4(d[i][0], d[i][1], a[b], xb[i * 8 * GFW_FP8T_ROW + 4 * u + b]);
         }
         const float s_w = gfw_ue8m0(ws[kb]);
 #pragma unroll
