@@ -359,6 +359,10 @@ START_TEST(test_linear_fp8)
     check_fp8(40, 7, 128, 128);      /* fewer rows than a warp's 8, one K block */
     check_fp8_kind(16, 96, 2048, 128, FP8_EXTREME);
     check_fp8_kind(24, 96, 1024, 128, FP8_NAN);
+    /* on 132 multiprocessors: 16-token blocks (two MMA chains per n-tile), NaN and finite K blocks */
+    check_fp8_kind(48, 4096, 1024, 128, FP8_NAN);
+    /* on 132 multiprocessors: 32-token blocks with three live n-tiles (one chain each) */
+    check_fp8_kind(24, 8480, 256, 128, FP8_EXTREME);
     check_fp8_kind(1, 96, 2048, 128, FP8_EXTREME); /* 4 steps over 4 warps */
     check_fp8_kind(1, 96, 2048, 128, FP8_NAN);
     check_fp8_kind(2, 96, 2048, 128, FP8_EXTREME);

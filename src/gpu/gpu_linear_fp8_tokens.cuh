@@ -62,9 +62,12 @@
  * ## Cost
  *
  * Per K block a warp issues 32 MMAs per live n-tile (8 rows x 8 tokens x 4 k each), 32 weight
- * decodes per lane (three instructions each) and a shared-memory read per MMA; an H200's FP64 tensor rate (half an
- * m8n8k4 per cycle and multiprocessor) bounds a 64-token W_qb (32768 x 1024) at about 64 us,
- * against one decode-kernel pass over the weights per token before.
+ * decodes per lane (three instructions each) and a shared-memory read per MMA.  A block of
+ * one or two live n-tiles (8 or 16 tokens) spreads each n-tile's 32 steps over four or two
+ * accumulators (fp8t_block_mmas()), so that every warp has four independent MMA chains.  An
+ * H200's FP64 tensor rate (half an m8n8k4 per cycle and multiprocessor) bounds a 64-token
+ * W_qb (32768 x 1024) at about 64 us, against one decode-kernel pass over the weights per
+ * token before.
  */
 #ifndef MMOE_GPU_LINEAR_FP8_TOKENS_CUH
 /** Include guard (this file is included in the middle of gpu_forward.cu). */
@@ -150,6 +153,36 @@ __device__ __forceinline__ void fp8t_store_x(const uint32_t *xw, int tb, double 
 }
 
 /**
+ * The 32 MMA steps of one K block: step j = 4 u + b multiplies the lane's weight value of code
+ * b of word @p wq[u] (fp8t_word_values(), or the table path where @p table) by each live
+ * n-tile's staged x (@p xb, the lane's column).  With @p CHAINS > 1 (CHAINS x @p tiles = 4)
+ * n-tile i's steps alternate over the accumulators i + tiles (j % CHAINS), so that one warp
+ * keeps four independent MMA chains in flight; the caller adds them (every partial sum of a
+ * block is exact: the chapter above).
+ */
+template <int CHAINS>
+__device__ __forceinline__ void fp8t_block_mmas(const uint32_t *wq, bool table, const double *xb, int tiles,
+                                                double (*d)[2])
+{
+#pragma unroll
+    for (int u = 0; u < 8; u++) { /* steps j = 4 u + b */
+        double a[4];
+        if (table)
+            fp8t_word_values_table(wq[u], a);
+        else
+            fp8t_word_values(wq[u], a);
+#pragma unroll
+        for (int b = 0; b < 4; b++)
+#pragma unroll
+            for (int i = 0; i < 4 / CHAINS; i++)
+                if (i < tiles) {
+                    double *acc = d[i + (4 / CHAINS) * (b % CHAINS)];
+                    dmma_m8n8k4(acc[0], acc[1], a[b], xb[i * 8 * GFW_FP8T_ROW + 4 * u + b]);
+                }
+    }
+}
+
+/**
  * y = fp8_linear(x) for T >= 1 tokens of 128-block scales (linear_fp8.c's bits): grid
  * (ceil(N / (8 GFW_FP8T_WARPS)), ceil(T / tb)), GFW_FP8T_WARPS warps a block, @p tb = 8, 16
  * or 32 tokens a block.  @p xq codes [T, K] (4-byte aligned), @p xs fp32 scales [T, K/128],
@@ -194,19 +227,19 @@ __global__ void __launch_bounds__(GFW_FP8T_WARPS * 32)
         for (int u = 0; u < 8; u++)
             nan |= e4m3_nan_bits(wq[u]);
         const bool table = __any_sync(0xFFFFFFFFu, nan != 0); /* warp-uniform: the MMAs need every lane */
+        if (tiles == 1) { /* four chains, added after (exact) */
+            fp8t_block_mmas<4>(wq, table, xb, 1, d);
+            d[0][0] = __dadd_rn(__dadd_rn(d[0][0], d[1][0]), __dadd_rn(d[2][0], d[3][0]));
+            d[0][1] = __dadd_rn(__dadd_rn(d[0][1], d[1][1]), __dadd_rn(d[2][1], d[3][1]));
+        } else if (tiles == 2) { /* two chains per n-tile */
+            fp8t_block_mmas<2>(wq, table, xb, 2, d);
 #pragma unroll
-        for (int u = 0; u < 8; u++) { /* steps j = 4 u + b */
-            double a[4];
-            if (table)
-                fp8t_word_values_table(wq[u], a);
-            else
-                fp8t_word_values(wq[u], a);
-#pragma unroll
-            for (int b = 0; b < 4; b++)
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    if (i < tiles)
-                        dmma_m8n8k4(d[i][0], d[i][1], a[b], xb[i * 8 * GFW_FP8T_ROW + 4 * u + b]);
+            for (int i = 0; i < 2; i++) {
+                d[i][0] = __dadd_rn(d[i][0], d[i + 2][0]);
+                d[i][1] = __dadd_rn(d[i][1], d[i + 2][1]);
+            }
+        } else {
+            fp8t_block_mmas<1>(wq, table, xb, tiles, d);
         }
         const float s_w = gfw_ue8m0(ws[kb]);
 #pragma unroll
