@@ -352,11 +352,13 @@ START_TEST(test_linear_fp8)
     check_fp8(4, 1023, 4096, 128);  /* T = 4: pairs per warp at K = 4096, the ring across pairs */
     check_fp8(7, 2049, 1024, 128);  /* T = 7, the most tokens of the one-token kernel: pairs per warp, an odd last row */
     /* from 8 tokens on: k_linear_fp8_tokens (FP64 MMAs over 32-token tiles) */
-    check_fp8(8, 1024, 4096, 128);   /* one full n-tile */
+    check_fp8(8, 1024, 4096, 128);   /* one full n-tile (K split over the warps, on 132 multiprocessors) */
     check_fp8(64, 32768, 1024, 128); /* wq_b, a 64-token prefill: two token tiles */
     check_fp8(33, 4096, 8192, 128);  /* wo_b; the second token tile holds one token */
-    check_fp8(13, 201, 384, 128);    /* a partial second n-tile, a warp with one live row */
+    check_fp8(13, 201, 384, 128);    /* a partial second n-tile, a warp with one live row; 3 K blocks */
     check_fp8(40, 7, 128, 128);      /* fewer rows than a warp's 8, one K block */
+    check_fp8(9, 40, 640, 128);      /* 5 K blocks: K split, the second round with one live warp */
+    check_fp8(64, 1024, 4096, 128);  /* wq_a at a 64-token prefill (K split on 132 multiprocessors) */
     check_fp8_kind(16, 96, 2048, 128, FP8_EXTREME);
     check_fp8_kind(24, 96, 1024, 128, FP8_NAN);
     /* on 132 multiprocessors: 16-token blocks (two MMA chains per n-tile), NaN and finite K blocks */

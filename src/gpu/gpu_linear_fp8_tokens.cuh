@@ -59,6 +59,14 @@
  * Tokens past T (the last tile) are zero codes whose outputs are not written, and n-tiles
  * wholly past T are skipped; rows past N reread row N - 1 and are not written.
  *
+ * ## Short projections: K split over the warps
+ *
+ * Where even 8-token blocks of 32 rows leave most multiprocessors idle (wq_a and wkv are 1024
+ * and 512 rows), k_linear_fp8_tokens_ksplit gives a block 8 rows and 8 tokens and its warps
+ * consecutive K blocks: the same staged layout holds four K blocks of 8 tokens where it held
+ * one of 32, warp v takes n-tile v, and the fp32 terms, each computed as above, wait in shared
+ * memory until warp 0 adds them in ascending K block order.
+ *
  * ## Cost
  *
  * Per K block a warp issues 32 MMAs per live n-tile (8 rows x 8 tokens x 4 k each), 32 weight
@@ -267,18 +275,129 @@ __global__ void __launch_bounds__(GFW_FP8T_WARPS * 32)
 }
 
 /**
- * Launch k_linear_fp8_tokens for T tokens of @p w (see its contract) on @p n_sm
- * multiprocessors: 32 tokens a block, or 16 or 8 where that leaves fewer than two blocks per
- * multiprocessor (a short projection such as wq_a or wkv would otherwise run on a fraction of
- * them; each block walks all of K).
+ * Load this thread's words of K blocks 4 @p it .. 4 @p it + 3 of the block's 8 tokens from t0
+ * for k_linear_fp8_tokens_ksplit (zero past T and past the @p kb_w K blocks) into @p xw:
+ * staged row r = 8 v + t holds token t of K block 4 it + v, word w of the 32 x 32 words
+ * being row w / 32, codes 4 (w % 32) .., as fp8t_load_x() lays out 32 tokens.
+ */
+__device__ __forceinline__ void fp8t_load_x_ksplit(const uint8_t *xq, int64_t T, int64_t K, int64_t t0, int kb_w,
+                                                   int it, uint32_t *xw)
+{
+#pragma unroll
+    for (int u = 0; u < GFW_FP8T_XWORDS; u++) {
+        const int i = threadIdx.x + u * blockDim.x, r = i >> 5, t = r & 7, kb = 4 * it + (r >> 3);
+        xw[u] = t0 + t < T && kb < kb_w ? *(const uint32_t *)(xq + (t0 + t) * K + (int64_t)kb * 128 + (i & 31) * 4)
+                                        : 0u;
+    }
+}
+
+/**
+ * y = fp8_linear(x) as k_linear_fp8_tokens computes it, for 8 rows and 8 tokens a block with
+ * K split over the block's warps: grid (ceil(N / 8), ceil(T / 8)), GFW_FP8T_WARPS warps; in
+ * round it warp v sums K block kb = 4 it + v (the staged rows 8 v .. 8 v + 7 hold its x, the
+ * buffer of 32 tokens holding four K blocks of 8) with four MMA chains, and leaves its terms
+ * fl32(P) (s_x s_w) in shared memory; warp 0 adds them to its fp32 outputs in ascending kb
+ * from +0, the oracle's order, one round later.  For projections whose 8-token grid would
+ * leave most multiprocessors idle (launch_linear_fp8_tokens()); contract as
+ * k_linear_fp8_tokens's.
+ */
+__global__ void __launch_bounds__(GFW_FP8T_WARPS * 32)
+    k_linear_fp8_tokens_ksplit(const uint8_t *xq, const float *xs, int64_t T, dfp8 w, uint16_t *y)
+{
+    __shared__ double sx[GFW_FP8T_TOKENS * GFW_FP8T_ROW];
+    __shared__ float term[2][GFW_FP8T_WARPS][64]; /* [round parity][warp][8 g + token] */
+    const int64_t K = w.K;
+    const int kb_w = (int)(K / 128), rounds = (kb_w + GFW_FP8T_WARPS - 1) / GFW_FP8T_WARPS;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int64_t t0 = (int64_t)blockIdx.y * 8;
+    const int64_t row = (int64_t)blockIdx.x * 8 + g;
+    const bool row_live = row < w.N;
+    const int64_t row_rd = row_live ? row : w.N - 1;
+    const uint8_t *wr = w.w + row_rd * K + 32 * q; /* the lane's 32 codes of K block 0 */
+    const uint8_t *ws = w.s + (row_rd >> 7) * w.scols;
+    const double *xb = sx + (8 * warp + g) * GFW_FP8T_ROW + q * GFW_FP8T_SEG;
+
+    uint4 c0 = make_uint4(0u, 0u, 0u, 0u), c1 = c0;
+    if (warp < kb_w) {
+        c0 = *(const uint4 *)(wr + (int64_t)warp * 128);
+        c1 = *(const uint4 *)(wr + (int64_t)warp * 128 + 16);
+    }
+    uint32_t xw[GFW_FP8T_XWORDS];
+    fp8t_load_x_ksplit(xq, T, K, t0, kb_w, 0, xw);
+    float acc[2] = {0.0f, 0.0f};
+    for (int it = 0; it <= rounds; it++) {
+        __syncthreads(); /* every warp is done with round it - 1's values and has left its terms */
+        if (warp == 0 && it > 0) {
+#pragma unroll
+            for (int v = 0; v < GFW_FP8T_WARPS; v++)
+                if (4 * (it - 1) + v < kb_w)
+#pragma unroll
+                    for (int c = 0; c < 2; c++)
+                        acc[c] = __fadd_rn(acc[c], term[(it - 1) & 1][v][8 * g + 2 * q + c]);
+        }
+        if (it == rounds)
+            break;
+        fp8t_store_x(xw, GFW_FP8T_TOKENS, sx);
+        const int kb = 4 * it + warp, kbn = kb + 4;
+        uint4 n0 = c0, n1 = c1; /* the warp's next K block's codes, in flight while this one is summed */
+        if (it + 1 < rounds) {
+            if (kbn < kb_w) {
+                n0 = *(const uint4 *)(wr + (int64_t)kbn * 128);
+                n1 = *(const uint4 *)(wr + (int64_t)kbn * 128 + 16);
+            }
+            fp8t_load_x_ksplit(xq, T, K, t0, kb_w, it + 1, xw);
+        }
+        __syncthreads();
+        if (kb < kb_w) { /* warp-uniform */
+            const uint32_t wq[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+            double d[4][2] = {{0.0, 0.0}, {0.0, 0.0}, {0.0, 0.0}, {0.0, 0.0}};
+            uint32_t nan = 0;
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                nan |= e4m3_nan_bits(wq[u]);
+            fp8t_block_mmas<4>(wq, __any_sync(0xFFFFFFFFu, nan != 0), xb, 1, d);
+            const float s_w = gfw_ue8m0(ws[kb]);
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const double P = __dadd_rn(__dadd_rn(d[0][c], d[1][c]), __dadd_rn(d[2][c], d[3][c])); /* exact */
+                const int64_t t = t0 + 2 * q + c;
+                term[it & 1][warp][8 * g + 2 * q + c] =
+                    t < T ? __fmul_rn(__double2float_rn(P), __fmul_rn(xs[t * kb_w + kb], s_w)) : 0.0f;
+            }
+        }
+        c0 = n0;
+        c1 = n1;
+    }
+    if (warp != 0 || !row_live)
+        return;
+#pragma unroll
+    for (int c = 0; c < 2; c++) {
+        const int64_t t = t0 + 2 * q + c;
+        if (t < T)
+            y[t * w.N + row] = gfw_f2bf(acc[c]);
+    }
+}
+
+/**
+ * Launch the many-token FP8 linear for T tokens of @p w (see k_linear_fp8_tokens's contract)
+ * on @p n_sm multiprocessors: 32 tokens a block, or 16 or 8 where that leaves fewer than two
+ * blocks per multiprocessor (a short projection such as wq_a or wkv would otherwise run on a
+ * fraction of them; each block walks all of K); where even 8 tokens a block leave fewer than
+ * two, k_linear_fp8_tokens_ksplit with 8 rows a block and K split over its warps.
  */
 static void launch_linear_fp8_tokens(const uint8_t *xq, const float *xs, int64_t T, const dfp8 &w, uint16_t *y,
                                      int n_sm, cudaStream_t st)
 {
     const int64_t rows = 8 * GFW_FP8T_WARPS, row_blocks = (w.N + rows - 1) / rows;
+    const int64_t few = 2 * (int64_t)(n_sm > 0 ? n_sm : 1);
     int tb = GFW_FP8T_TOKENS;
-    while (tb > 8 && row_blocks * ((T + tb - 1) / tb) < 2 * (int64_t)(n_sm > 0 ? n_sm : 1))
+    while (tb > 8 && row_blocks * ((T + tb - 1) / tb) < few)
         tb /= 2;
+    if (tb == 8 && row_blocks * ((T + 7) / 8) < few) {
+        const dim3 grid((unsigned)((w.N + 7) / 8), (unsigned)((T + 7) / 8));
+        k_linear_fp8_tokens_ksplit<<<grid, GFW_FP8T_WARPS * 32, 0, st>>>(xq, xs, T, w, y);
+        return;
+    }
     const dim3 grid((unsigned)row_blocks, (unsigned)((T + tb - 1) / tb));
     k_linear_fp8_tokens<<<grid, GFW_FP8T_WARPS * 32, 0, st>>>(xq, xs, T, w, tb, y);
 }
