@@ -16,15 +16,23 @@
  *
  * A block is GFW_DENSE_TT_WARPS warps, a warp GFW_DENSE_TT_WROWS = 8 rows from n0: lane
  * (s, h) = (lane / 4, lane % 4) owns rows n0 + h and n0 + 4 + h and, in group g of 8 chunks,
- * chunk k = 8 g + s of both, whose 2 x 16 weights it decodes into doubles once and sums against
- * each token's 16 x values (one x double, two fmas).  The block
- * stages the x values of its tokens, a round of 32 chunks at a time, as doubles in shared
- * memory (sx[token][chunk][GFW_DENSE_TT_CSTRIDE doubles]); the raw words of the next round's
- * x and of the lane's next weight chunk are loaded while the current ones are summed.  The
- * chunk stride of 18 doubles (144 bytes, 16 mod 128) puts the 8 chunks a warp reads in one
- * 16-byte load on 8 different 16-byte bank groups, and the four lanes of a slot (lanes 4 s ..
- * 4 s + 3, its eight rows) read the same address: lane pairs (l, l ^ 1) and (l, l ^ 2) with
- * equal addresses let the shared memory return two registers a lane per cycle rather than one.
+ * chunk k = 8 g + s of both, whose 2 x 16 weights it decodes into doubles once and sums
+ * against each token's 16 x values (one x double, two fmas).  The block stages the x values
+ * of its tokens, a round of 32 chunks at a time, as doubles in shared memory
+ * (sx[token][chunk][GFW_DENSE_TT_CSTRIDE doubles]); the raw words of the next round's x and of
+ * the lane's next weight chunks are loaded while the current ones are summed.  The chunk
+ * stride of 18 doubles (144 bytes, 16 mod 128) puts the 8 chunks a warp reads in one 16-byte
+ * load on 8 different 16-byte bank groups, and the four lanes of a slot (lanes 4 s .. 4 s + 3,
+ * its eight rows) read the same address: lane pairs (l, l ^ 1) and (l, l ^ 2) with equal
+ * addresses let the shared memory return two registers a lane per cycle rather than one.
+ *
+ * ## Cost
+ *
+ * Per group of 8 chunks a warp issues 256 DFMAs (8 tokens x 2 rows x 16 products a lane), 64
+ * 16-byte shared loads of x, 28 shuffles and 14 additions for the nodes, and decodes 2 x 16
+ * weights a lane: about as much shared-memory traffic (two registers a lane per cycle) as
+ * FP64 work (half a warp DFMA per cycle and multiprocessor), every x value converted once per
+ * block rather than once per row.
  *
  * ## The order is the oracle's, unchanged
  *
@@ -40,10 +48,10 @@
  * for the 8 tokens, lane s ending with token s's (dense_slot_scatter(): at each level a lane
  * keeps half its tokens' nodes and hands its partner the other half), and the lane folds the
  * M / 8 group nodes in order into the same tree with a stack of its pending left subtrees
- * (dense_tree_push()), one stack per row.  The addition is commutative, bit for bit, so which operand
- * of a node comes from which lane does not matter.  Only which thread computes a value and
- * when its operands are loaded changed; every operation, operand and order is the same, so
- * are the bits.
+ * (dense_tree_push()), one stack per row.  The addition is commutative, bit for bit, so which
+ * operand of a node comes from which lane does not matter.  Only which thread computes a
+ * value and when its operands are loaded changed; every operation, operand and order is the
+ * same, so are the bits.
  *
  * ## Where it applies
  *
