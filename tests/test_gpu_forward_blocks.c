@@ -352,13 +352,19 @@ START_TEST(test_linear_fp8)
     check_fp8(4, 1023, 4096, 128);  /* T = 4: pairs per warp at K = 4096, the ring across pairs */
     check_fp8(7, 2049, 1024, 128);  /* T = 7, the most tokens of the one-token kernel: pairs per warp, an odd last row */
     /* from 8 tokens on: k_linear_fp8_tokens (FP64 MMAs over 32-token tiles) */
-    check_fp8(8, 1024, 4096, 128);   /* one full n-tile */
+    check_fp8(8, 1024, 4096, 128);   /* one full n-tile (K split over the warps, on 132 multiprocessors) */
     check_fp8(64, 32768, 1024, 128); /* wq_b, a 64-token prefill: two token tiles */
     check_fp8(33, 4096, 8192, 128);  /* wo_b; the second token tile holds one token */
-    check_fp8(13, 201, 384, 128);    /* a partial second n-tile, a warp with one live row */
+    check_fp8(13, 201, 384, 128);    /* a partial second n-tile, a warp with one live row; 3 K blocks */
     check_fp8(40, 7, 128, 128);      /* fewer rows than a warp's 8, one K block */
+    check_fp8(9, 40, 640, 128);      /* 5 K blocks: K split, the second round with one live warp */
+    check_fp8(64, 1024, 4096, 128);  /* wq_a at a 64-token prefill (K split on 132 multiprocessors) */
     check_fp8_kind(16, 96, 2048, 128, FP8_EXTREME);
     check_fp8_kind(24, 96, 1024, 128, FP8_NAN);
+    /* on 132 multiprocessors: 16-token blocks (two MMA chains per n-tile), NaN and finite K blocks */
+    check_fp8_kind(48, 4096, 1024, 128, FP8_NAN);
+    /* on 132 multiprocessors: 32-token blocks with three live n-tiles (one chain each) */
+    check_fp8_kind(24, 8480, 256, 128, FP8_EXTREME);
     check_fp8_kind(1, 96, 2048, 128, FP8_EXTREME); /* 4 steps over 4 warps */
     check_fp8_kind(1, 96, 2048, 128, FP8_NAN);
     check_fp8_kind(2, 96, 2048, 128, FP8_EXTREME);
@@ -516,19 +522,21 @@ START_TEST(test_linear_dense)
     check_dense(1, 1024, 4096, 1);         /* compressor wkv (F32): 8 rounds, 2 in flight */
     check_dense(1, 64, 4096, 0);           /* indexer weights_proj (BF16): 8 rounds, 3 in flight */
     check_dense(1, 129, 1024, 0);          /* 2 rounds, fewer than the ring's slots; odd outputs */
-    /* from 8 tokens on: k_linear_dense_tokens (a weight chunk decoded once for 8 tokens) */
-    check_dense_f8(16, 256, 1024, 128, 0); /* two token groups */
-    check_dense_f8(9, 64, 4096, 128, 1);   /* 8 rounds; a group of one token; NaN codes */
-    check_dense_f8(12, 37, 8192, 128, 0);  /* 16 rounds, the most it holds */
+    /* from 8 tokens on: k_linear_dense_tokens (a weight chunk decoded once for 8 tokens, 32 rows a block) */
+    check_dense_f8(16, 256, 1024, 128, 0); /* two token groups, 8 row blocks */
+    check_dense_f8(9, 64, 4096, 128, 1);   /* 32 groups of 8 chunks; a token group of one token; NaN codes */
+    check_dense_f8(12, 37, 8192, 128, 0);  /* 64 groups, the most it folds; a row block 27 rows past N */
     check_dense(24, 64, 4096, 0);          /* BF16 */
-    check_dense(8, 9, 1040, 0);            /* 65 chunks: 4 rounds, the last three +0 past the chunks */
-    check_dense(10, 5, 48, 0);             /* one round, most lanes +0 */
+    check_dense(64, 100, 1024, 0);         /* a 64-token prefill: 8 token groups; 100 rows, odd ones */
+    check_dense(8, 9, 1040, 0);            /* 65 chunks: 16 groups, the last 7 groups +0 past the chunks */
+    check_dense(10, 5, 48, 0);             /* 3 chunks: 4 groups, the 29 slots past them +0 */
+    check_dense(15, 33, 16, 0);            /* one chunk; 7 tokens in the second group, the last pair half empty */
     check_dense(8, 1024, 4097, 0);         /* a short last chunk: the one-token kernel */
     check_dense(8, 64, 4096, 1);           /* F32: the one-token kernel */
     check_dense_round_order(1, 4096); /* the one-token kernel: 8 rounds in batches of four */
     check_dense_round_order(2, 8192); /* 16 rounds in batches of two */
-    check_dense_round_order(8, 4096); /* k_linear_dense_tokens: 8 rounds */
-    check_dense_round_order(9, 8192); /* 16 rounds; a group of one token */
+    check_dense_round_order(8, 4096); /* k_linear_dense_tokens: 32 groups of 8 chunks */
+    check_dense_round_order(9, 8192); /* 64 groups; a token group of one token */
     check_dense_order();
 }
 END_TEST

@@ -194,9 +194,6 @@ __device__ __forceinline__ float gfw_e4m3_value(uint32_t code)
     return __uint_as_float(__float_as_uint(mag) | ((code & 0x80u) << 24));
 }
 
-/* The many-token FP8 linear (its own chapter), which needs dfp8 and gfw_e4m3_value() above. */
-#include "gpu_linear_fp8_tokens.cuh"
-
 /** Element (r, k) of a dense weight as the oracle's dense linear reads it. */
 __device__ __forceinline__ double dd_at(const ddense &w, int64_t r, int64_t k)
 {
@@ -567,6 +564,10 @@ __device__ __forceinline__ uint32_t e4m3_nan_bits(uint32_t w)
 {
     return ((w & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u;
 }
+
+/* The many-token FP8 linear (its own chapter), which needs dfp8, gfw_e4m3_value(),
+   e4m3_times_2m1016() and e4m3_nan_bits() above. */
+#include "gpu_linear_fp8_tokens.cuh"
 
 /**
  * The lane's sums of its 16 products for both weight rows of a unit: x pairs from the lane's
@@ -3608,7 +3609,7 @@ static mmoe_status linear_fp8(mmoe_gpu_model *g, const uint16_t *x, int64_t rows
 static void launch_linear_dense(const uint16_t *x, int64_t rows, int64_t ldx, int64_t K, const dense_set &s,
                                 int64_t group_rows, int64_t group_width, cudaStream_t st)
 {
-    if (dense_tokens_fit(x, rows, ldx, K, s, group_width)) {
+    if (dense_tokens_fit(x, rows, ldx, K, s, group_rows, group_width)) {
         launch_linear_dense_tokens(x, rows, ldx, K, s, group_rows, group_width, st);
         return;
     }
