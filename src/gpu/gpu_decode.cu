@@ -95,8 +95,8 @@
  * and the launch stages that many; a block whose tile holds more rows than the launch says
  * traps rather than overrun its staging.  The L2 launch (K = 2048) fits five blocks up to 3
  * rows and four up to 8.  The ring's size is what sets these counts: with 10 KB rings (8
- * MXFP4 stages) L1 fitted four blocks at one row and L2 three at 8 rows, and the layer was 6%
- * slower at T = 128 (docs/perf.md).  Staging F16 rows instead of FP8 bytes would double the
+ * MXFP4 stages) L1 would fit four blocks at one row and L2 three at 8 rows, and the layer
+ * measures 6% slower at T = 128 that way (docs/perf.md).  Staging F16 rows instead of FP8 bytes would double the
  * activation bytes and cost blocks: the activations are converted in registers instead.
  *
  * **Handing over to the next launch.**  A block signals the launch after it

@@ -40,12 +40,15 @@
  *     and converted in place by the one producer thread that owns the row.
  *   - **Activations widened once.**  A tile of tokens meets every 128-row
  *     weight block of its expert (32 of them in the V4-Flash L1), so
- *     converting its E4M3 bytes in each block repeated the same work 32
- *     times and cost about a third of the producer's instructions.  The
- *     layer widens each activation matrix to F16 once per call instead
- *     (mmoe_launch_widen_e4m3: exact, every E4M3 value is an F16 value; two
- *     bytes per value in the workspace), and the producer copies the F16
- *     rows into their swizzled places as they are.
+ *     converting its E4M3 bytes in each block would repeat the same work 32
+ *     times, about a third of the producer's instructions.  The layer widens
+ *     each activation matrix to F16 once per call (mmoe_launch_widen_e4m3:
+ *     exact, every E4M3 value is an F16 value; two bytes per value in the
+ *     workspace), and the producer copies the F16 rows into their swizzled
+ *     places as they are, having read the A rows of its chunks together
+ *     first: read one by one between the copies (asm statements with a
+ *     memory clobber, which the compiler does not reorder), each read would
+ *     wait out its own shared-memory latency.
  *   - **Scale folding into F16.**  A weight is e2m1(code) * 2^(k_g - 127) per
  *     32-group g.  Per row and K block the producer folds 2^(k_g - base) into
  *     the F16 value, with base = max_g k_g - 13 (E2M1) or - 7 (E4M3), and
@@ -275,9 +278,8 @@ __global__ void __launch_bounds__(wg_cfg<BT>::THREADS, wg_cfg<BT>::MIN_BLOCKS) w
                     mbar_wait(&empty[j % S], ((j / S) - 1) & 1);
                 uint8_t *st = smem + (j % S) * SL::STAGE_BYTES;
                 const int kb = kb0 + j;
-                /* the widened activations: F16 chunk c (K 8c..8c+7) of row r straight to its place;
-                   the chunks' A rows read together before the copies (read one by one between
-                   them, asm statements with a memory clobber, each waited out its own latency) */
+                /* the widened activations: F16 chunk c (K 8c..8c+7) of row r straight to its
+                   place, the chunks' A rows read together before the copies */
                 int act_row[ACT_CHUNKS];
 #pragma unroll
                 for (int t = 0; t < ACT_CHUNKS; t++)
