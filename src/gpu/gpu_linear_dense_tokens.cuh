@@ -60,7 +60,7 @@
  * weights, BF16 weights or F8 ones whose scale block is a multiple of 16), K <= 8192 (at most
  * GFW_DENSE_TT_GROUPS groups: the stack's depth) and, for a grouped x (group_rows > 0), one
  * linear whose groups are whole blocks of rows (group_rows a multiple of GFW_DENSE_TT_BROWS:
- * the block stages one x); anything else runs k_linear_dense_split as before.
+ * the block stages one x); anything else runs k_linear_dense_split, one token at a time.
  */
 #ifndef MMOE_GPU_LINEAR_DENSE_TOKENS_CUH
 /** Include guard (this file is included in the middle of gpu_forward.cu). */

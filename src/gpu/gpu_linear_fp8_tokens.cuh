@@ -74,8 +74,8 @@
  * one or two live n-tiles (8 or 16 tokens) spreads each n-tile's 32 steps over four or two
  * accumulators (fp8t_block_mmas()), so that every warp has four independent MMA chains.  An
  * H200's FP64 tensor rate (half an m8n8k4 per cycle and multiprocessor) bounds a 64-token
- * W_qb (32768 x 1024) at about 64 us, against one decode-kernel pass over the weights per
- * token before.
+ * W_qb (32768 x 1024) at about 64 us, where the one-token kernel would pass over the weights
+ * once per token.
  */
 #ifndef MMOE_GPU_LINEAR_FP8_TOKENS_CUH
 /** Include guard (this file is included in the middle of gpu_forward.cu). */
