@@ -326,6 +326,13 @@ cudaError_t mmoe_launch_gemm_wgmma(const mmoe_gemm_args *args, int block_m, mmoe
 cudaError_t mmoe_wgmma_built_for_device(int *built);
 
 /**
+ * The F16 bits of @p n E4M3 bytes @p q (n a multiple of 8) into @p out: every E4M3 number is an
+ * F16 number, so the values are the same.  The wgmma kernel reads activations widened once this
+ * way instead of converting each tile for every weight block it meets.
+ */
+cudaError_t mmoe_launch_widen_e4m3(const uint8_t *q, long long n, uint16_t *out, cudaStream_t stream);
+
+/**
  * Quantize rows to FP8 E4M3.
  * @param in_bf16  BF16 input rows [rows, cols], or NULL
  * @param in_f32   FP32 input rows [rows, cols], or NULL (exactly one of the two is given)
@@ -336,13 +343,6 @@ cudaError_t mmoe_wgmma_built_for_device(int *built);
  * @param scales   FP32 scales [rows, cols/128] (MMOE_QUANT_SM90) or [rows, cols/32] (the SM100 rules)
  * @param stream   CUDA stream
  */
-/**
- * The F16 bits of @p n E4M3 bytes @p q (n a multiple of 8) into @p out: every E4M3 number is an
- * F16 number, so the values are the same.  The wgmma kernel reads activations widened once this
- * way instead of converting each tile for every weight block it meets.
- */
-cudaError_t mmoe_launch_widen_e4m3(const uint8_t *q, long long n, uint16_t *out, cudaStream_t stream);
-
 cudaError_t mmoe_launch_quant(const __nv_bfloat16 *in_bf16, const float *in_f32, int rows, int cols, mmoe_quant_mode mode,
                               uint8_t *q, float *scales, cudaStream_t stream);
 
