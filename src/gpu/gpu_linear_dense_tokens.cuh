@@ -93,7 +93,8 @@
 
 /** The raw words of one weight chunk: 16 codes and the scale byte (F8) or 16 bf16 values. */
 struct dense_raw {
-    uint4 a, b;  /**< the chunk's 16 or 32 bytes (b unused for F8) */
+    uint4 a;     /**< the chunk's first 16 bytes (all of an F8 chunk) */
+    uint4 b;     /**< its second 16 bytes (BF16 only) */
     uint32_t sb; /**< F8: the chunk's scale byte */
 };
 
