@@ -28,6 +28,7 @@
  */
 #include "gpu_internal.cuh"
 #include "gpu_quant.cuh"
+#include "gpu_decode16_map.h"
 
 /**
  * One warp per (row, 128-channel chunk); MODE as in the file comment.  As the dependent of a
@@ -108,21 +109,21 @@ cudaError_t mmoe_launch_requant_decode(const float *routed, int routed_rows, con
                                                              stream);
 }
 
-/** Eight E4M3 bytes (one uint2) per thread to their eight F16 bit patterns (one uint4), exactly. */
+/**
+ * Eight E4M3 bytes (one uint2) per thread to their eight F16 bit patterns (one uint4), exactly:
+ * the paired conversion of the decode kernel (gpu_decode16_map.h, whose CPU model a suite checks
+ * for every byte).
+ */
 __global__ void widen_e4m3_kernel(const uint2 *q, long long n8, uint4 *out)
 {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n8)
         return;
     const uint2 v = q[i];
-    const uint32_t w[4] = {v.x & 0xffffu, v.x >> 16, v.y & 0xffffu, v.y >> 16};
-    uint32_t h[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)w[j], __NV_E4M3);
-        h[j] = (uint32_t)r.x | (uint32_t)r.y << 16;
-    }
-    out[i] = make_uint4(h[0], h[1], h[2], h[3]);
+    uint4 h;
+    mmoe_d16_e4m3x4_to_f16x2(v.x, &h.x, &h.y);
+    mmoe_d16_e4m3x4_to_f16x2(v.y, &h.z, &h.w);
+    out[i] = h;
 }
 
 cudaError_t mmoe_launch_widen_e4m3(const uint8_t *q, long long n, uint16_t *out, cudaStream_t stream)

@@ -90,12 +90,6 @@ __device__ __forceinline__ void reg_fence(float &r)
     asm volatile("" : "+f"(r)::"memory");
 }
 
-/** Barrier over the @p count threads of named barrier @p id (one warpgroup, not the whole block). */
-__device__ __forceinline__ void named_bar_sync(int id, int count)
-{
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-
 __device__ __forceinline__ void fence_proxy_async_smem()
 {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
