@@ -32,11 +32,23 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
     cp_async16_sa((unsigned)__cvta_generic_to_shared(smem), gmem);
 }
 
+/** Start copying 4 bytes (both ends 4-byte aligned) from global to shared memory (shared-window address). */
+__device__ __forceinline__ void cp_async4_sa(unsigned sa, const void *gmem)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(sa), "l"(__cvta_generic_to_global(gmem))
+                 : "memory");
+}
+
 /** Start copying 4 bytes (both ends 4-byte aligned) from global to shared memory. */
 __device__ __forceinline__ void cp_async4(void *smem, const void *gmem)
 {
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(sa), "l"(__cvta_generic_to_global(gmem))
+    cp_async4_sa((unsigned)__cvta_generic_to_shared(smem), gmem);
+}
+
+/** Start copying 8 bytes (both ends 8-byte aligned) from global to shared memory (shared-window address). */
+__device__ __forceinline__ void cp_async8_sa(unsigned sa, const void *gmem)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(sa), "l"(__cvta_generic_to_global(gmem))
                  : "memory");
 }
 

@@ -130,25 +130,26 @@ __global__ void __launch_bounds__(threads_of<BM>::value, BM == 16 ? 4 : 2) gemm_
     const int wm = warp / WN, wn = warp % WN;
     const int gid = lane >> 2, tig = lane & 3;
 
+    const mmoe_gemm_block blk = mmoe_gemm_block_of(p, (mmoe_epi)EPI);
     int expert = 0, row0, nrows;
     if (p.tiles != nullptr) {
-        if ((int)blockIdx.x >= *p.num_tiles)
+        if (blk.tile >= *p.num_tiles)
             return;
-        mmoe_tile tl = p.tiles[blockIdx.x];
+        mmoe_tile tl = p.tiles[blk.tile];
         expert = tl.expert;
         row0 = tl.row0;
         nrows = tl.nrows;
     } else {
-        row0 = blockIdx.x * BM;
+        row0 = blk.tile * BM;
         if (row0 >= p.total_rows)
             return;
         nrows = min(BM, p.total_rows - row0);
     }
-    const int nb = blockIdx.y;
+    const int nb = blk.nb;
     const int K = p.K;
     const int nkb = K / BK;
     /* split K: this block sums K blocks [kb0, kb0 + nk) only (all of them without a split) */
-    const int kb0 = p.split_kb > 0 ? (int)blockIdx.z * p.split_kb : 0;
+    const int kb0 = p.split_kb > 0 ? blk.split * p.split_kb : 0;
     const int nk = p.split_kb > 0 ? min(p.split_kb, nkb - kb0) : nkb;
 
     for (int r = tid; r < BM; r += THREADS) {
@@ -353,7 +354,7 @@ __global__ void __launch_bounds__(threads_of<BM>::value, BM == 16 ? 4 : 2) gemm_
     /* ---- epilogue */
     if (p.partial != nullptr) {
         /* split K: store the raw FP32 sums; mmoe_launch_split_finish() adds the splits in order */
-        float *part = p.partial + (size_t)blockIdx.z * p.partial_rows * p.partial_cols;
+        float *part = p.partial + (size_t)blk.split * p.partial_rows * p.partial_cols;
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll

@@ -130,7 +130,7 @@ struct mmoe_gemm_args {
     const uint8_t *a;           /**< FP8 activations */
     const float *a_scale;       /**< activation scales */
     const mmoe_pool_entry *a_gather; /**< L1 routed: A row of pool row p is token a_gather[p].token; NULL: A row = pool row */
-    const uint16_t *a16;        /**< the F16 bits of the same FP8 values [row, K] (exact, mmoe_launch_widen_e4m3):
+    const uint16_t *a16;        /**< the F16 bits of the same FP8 values [row, K], in wgmma K order (mmoe_launch_widen_e4m3):
                                      what the wgmma kernel reads (it refuses NULL); the mma.sync kernel reads a */
     /* tiles */
     const mmoe_tile *tiles;     /**< tile list, or NULL: uniform tiles over total_rows (expert 0) */
@@ -173,14 +173,52 @@ cudaError_t mmoe_launch_split_finish(const mmoe_gemm_args *args, mmoe_epi epi, i
 cudaError_t mmoe_tile_rows(const uint32_t *src, uint32_t *dst, int n_blocks, int nkb, int src_row_words,
                            int tile_row_words, int l1_interleave, int half_rows, cudaStream_t stream);
 
-/** Grid of a grouped GEMM launch: (tiles, 128-row weight blocks, K splits). */
+/**
+ * The blocks of a grouped GEMM launch, one per (weight block, tile, K split) and numbered in
+ * that order, the weight blocks of a tile next to each other: the blocks that run at the same
+ * time then share a few tiles' activations in L2 (each block reads all of its tile's K), and
+ * the consecutive tiles of one expert share its weights.  Numbered the other way round (tiles
+ * first), every block of a wave read another tile's activations, and the routed GEMMs of a
+ * large call streamed them from DRAM again for every weight block.
+ */
+struct mmoe_gemm_block {
+    int nb;    /**< weight block: 64 output channels (SwiGLU) or 128 output rows */
+    int tile;  /**< tile index (into the tile list, or the uniform tiles) */
+    int split; /**< K split (0 without a split) */
+};
+
+/** Weight blocks (the first factor of the launch's block count) of a GEMM with epilogue @p epi. */
+__host__ __device__ inline int mmoe_gemm_nblocks(const mmoe_gemm_args *a, mmoe_epi epi)
+{
+    return epi == MMOE_EPI_SWIGLU ? a->n_out / 64 : a->n_out / 128;
+}
+
+/** K splits (the last factor of the launch's block count). */
+__host__ __device__ inline int mmoe_gemm_nsplit(const mmoe_gemm_args *a)
+{
+    const int nkb = a->K / 128;
+    return a->split_kb > 0 ? (nkb + a->split_kb - 1) / a->split_kb : 1;
+}
+
+/** Grid of a grouped GEMM launch: nblocks * max_tiles * nsplit blocks (see mmoe_gemm_block). */
 inline dim3 mmoe_gemm_grid(const mmoe_gemm_args *a, mmoe_epi epi, int max_tiles)
 {
-    const int nblocks = epi == MMOE_EPI_SWIGLU ? a->n_out / 64 : a->n_out / 128;
-    const int nkb = a->K / 128;
-    const int nsplit = a->split_kb > 0 ? (nkb + a->split_kb - 1) / a->split_kb : 1;
-    return dim3((unsigned)max_tiles, (unsigned)nblocks, (unsigned)nsplit);
+    return dim3((unsigned)(mmoe_gemm_nblocks(a, epi) * max_tiles * mmoe_gemm_nsplit(a)));
 }
+
+#ifdef __CUDACC__
+/** This block's weight block, tile and K split (see mmoe_gemm_block). */
+__device__ inline mmoe_gemm_block mmoe_gemm_block_of(const mmoe_gemm_args &p, mmoe_epi epi)
+{
+    const unsigned nblocks = (unsigned)mmoe_gemm_nblocks(&p, epi), b = blockIdx.x;
+    const unsigned max_tiles = gridDim.x / (nblocks * (unsigned)mmoe_gemm_nsplit(&p));
+    mmoe_gemm_block r;
+    r.nb = (int)(b % nblocks);
+    r.tile = (int)((b / nblocks) % max_tiles);
+    r.split = (int)(b / nblocks / max_tiles);
+    return r;
+}
+#endif
 
 /**
  * Launch one GEMM kernel instance with @p smem_bytes of dynamic shared memory: raise the
@@ -326,9 +364,11 @@ cudaError_t mmoe_launch_gemm_wgmma(const mmoe_gemm_args *args, int block_m, mmoe
 cudaError_t mmoe_wgmma_built_for_device(int *built);
 
 /**
- * The F16 bits of @p n E4M3 bytes @p q (n a multiple of 8) into @p out: every E4M3 number is an
- * F16 number, so the values are the same.  The wgmma kernel reads activations widened once this
- * way instead of converting each tile for every weight block it meets.
+ * The F16 bits of @p n E4M3 bytes @p q (n a multiple of 32, rows of whole 32-groups) into @p out,
+ * each 32-group in the wgmma kernel's K order (gpu_gemm_wgmma.cu, "Fragments and the K order"):
+ * every E4M3 number is an F16 number, so the values are the same, only their places within the
+ * group change.  The wgmma kernel reads activations widened once this way instead of converting
+ * each tile for every weight block it meets.
  */
 cudaError_t mmoe_launch_widen_e4m3(const uint8_t *q, long long n, uint16_t *out, cudaStream_t stream);
 

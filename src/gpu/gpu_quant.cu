@@ -110,30 +110,38 @@ cudaError_t mmoe_launch_requant_decode(const float *routed, int routed_rows, con
 }
 
 /**
- * Eight E4M3 bytes (one uint2) per thread to their eight F16 bit patterns (one uint4), exactly:
- * the paired conversion of the decode kernel (gpu_decode16_map.h, whose CPU model a suite checks
- * for every byte).
+ * One 32-group of E4M3 bytes (8 words w0..w7, word v = bytes 4v..4v+3) per thread to its 32 F16
+ * values in the wgmma kernel's K order: logical positions 0-7 hold bytes 0, 2, 8, 10, 16, 18, 24,
+ * 26 (the even bytes of words 0, 2, 4, 6), 8-15 bytes 4, 6, 12, ..., 30 (words 1, 3, 5, 7),
+ * 16-31 the odd bytes in the same way.  One byte permute gathers four of them
+ * (MMOE_D16_SEL_EVEN / _ODD), and the decode kernel's paired conversion (gpu_decode16_map.h,
+ * whose CPU model a suite checks for every byte) makes them F16, exactly.
  */
-__global__ void widen_e4m3_kernel(const uint2 *q, long long n8, uint4 *out)
+__global__ void widen_e4m3_kernel(const uint4 *q, long long groups, uint4 *out)
 {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n8)
+    if (i >= groups)
         return;
-    const uint2 v = q[i];
-    uint4 h;
-    mmoe_d16_e4m3x4_to_f16x2(v.x, &h.x, &h.y);
-    mmoe_d16_e4m3x4_to_f16x2(v.y, &h.z, &h.w);
-    out[i] = h;
+    const uint4 x0 = q[2 * i], x1 = q[2 * i + 1];
+    const uint32_t w[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+    for (int c = 0; c < 4; c++) { /* logical chunk c: parity c / 2, words c % 2 + {0, 2} and + {4, 6} */
+        const uint32_t sel = c < 2 ? MMOE_D16_SEL_EVEN : MMOE_D16_SEL_ODD;
+        uint4 h;
+        mmoe_d16_e4m3x4_to_f16x2(mmoe_d16_byte_perm(w[c % 2], w[c % 2 + 2], sel), &h.x, &h.y);
+        mmoe_d16_e4m3x4_to_f16x2(mmoe_d16_byte_perm(w[c % 2 + 4], w[c % 2 + 6], sel), &h.z, &h.w);
+        out[4 * i + c] = h;
+    }
 }
 
 cudaError_t mmoe_launch_widen_e4m3(const uint8_t *q, long long n, uint16_t *out, cudaStream_t stream)
 {
-    const long long n8 = n / 8;
-    if (n8 == 0)
+    const long long groups = n / 32;
+    if (groups == 0)
         return cudaSuccess;
     const int threads = 256;
-    widen_e4m3_kernel<<<(unsigned)((n8 + threads - 1) / threads), threads, 0, stream>>>(
-        reinterpret_cast<const uint2 *>(q), n8, reinterpret_cast<uint4 *>(out));
+    widen_e4m3_kernel<<<(unsigned)((groups + threads - 1) / threads), threads, 0, stream>>>(
+        reinterpret_cast<const uint4 *>(q), groups, reinterpret_cast<uint4 *>(out));
     return cudaGetLastError();
 }
 

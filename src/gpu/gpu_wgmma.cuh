@@ -1,12 +1,13 @@
 /**
  * @file gpu_wgmma.cuh
- * @brief sm_90a building blocks: wgmma on shared-memory descriptors, mbarriers, proxy fences.
+ * @brief sm_90a building blocks: wgmma with register A and shared-memory B, mbarriers, proxy fences, setmaxnreg.
  *
  * **wgmma.**  A warpgroup (4 warps, 128 threads) issues
  * `wgmma.mma_async.m64nNk16.f32.f16.f16`: D (64 x N, FP32, in registers)
- * += A (64 x 16, F16) * B (N x 16, F16)^T, both read from shared memory
- * through 64-bit matrix descriptors, both K-major here: each of the 64 (or N)
- * rows holds its 16 K values contiguously.
+ * += A (64 x 16, F16) * B (N x 16, F16)^T.  Here A comes from the threads'
+ * registers (the GEMM kernel decodes the weights into them) and B from shared
+ * memory through a 64-bit matrix descriptor, K-major: each of the N rows holds
+ * its 16 K values contiguously.
  *
  * **The shared-memory layout (128-byte swizzle).**  A tile of R rows x 128
  * bytes of K (64 F16 values: half a K block of the GEMM) is stored row after row, 128 bytes per
@@ -29,7 +30,7 @@
  * with row = 16 * (t / 32) + (t % 32) / 4 and col = 8j + 2 * (t % 4).
  *
  * **Ordering.**  `wgmma.fence` before the first wgmma of a batch (the
- * accumulators were touched by ordinary instructions), `commit_group` after the
+ * accumulators or the A registers were written by ordinary instructions), `commit_group` after the
  * batch, `wait_group 0` before the accumulators are read.  Shared memory
  * written by ordinary stores or cp.async (the generic proxy) must be made
  * visible to wgmma (the async proxy) with `fence.proxy.async.shared::cta` by
@@ -119,50 +120,71 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, int parity)
 }
 
 /**
- * The F16 x F16 -> FP32 wgmma of width N (16, 32 or 64 columns), both operands K-major
- * (transpose flags 0).  The GEMM kernel uses F16 rather than E4M3 operands: the E4M3 form
- * (QGMMA) returns its sums with about 13 mantissa bits, the F16 form keeps FP32 sums (see
- * gpu_gemm_wgmma.cu).
+ * Give back registers: the warpgroup's warps continue with at most @p N registers per thread
+ * (setmaxnreg; the kernel must declare its block size and one block per SM in its launch bounds,
+ * so that the compiler knows the count at entry).
  */
 template <int N>
-struct wgmma_f16;
+__device__ __forceinline__ void warpgroup_reg_dealloc()
+{
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
 
-/** D(64x16, FP32) (+)= A(64x16, F16, smem) * B(16x16, F16, smem)^T; scale_d = 0 overwrites D. */
+/** Take registers: the warpgroup's warps continue with @p N registers per thread (setmaxnreg). */
+template <int N>
+__device__ __forceinline__ void warpgroup_reg_alloc()
+{
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+/**
+ * The F16 x F16 -> FP32 wgmma of width N (16, 64 or 128 columns) with A from registers: each
+ * warp of the warpgroup holds 16 of the 64 rows of A in the m16n8k16 fragment layout (lane
+ * (g, t) = (lane / 4, lane % 4): a[0] rows g, k 2t, 2t + 1; a[1] row g + 8, same k; a[2] row
+ * g, k 2t + 8, 2t + 9; a[3] row g + 8, same k), B from shared memory, K-major (transpose flag
+ * 0).  The A registers must keep their values until the wgmma has completed (wait_group).  The
+ * GEMM kernel uses F16 rather than E4M3 operands: the E4M3 form (QGMMA) returns its sums with
+ * about 13 mantissa bits, the F16 form keeps FP32 sums (see gpu_gemm_wgmma.cu).
+ */
+template <int N>
+struct wgmma_rs;
+
+/** D(64x16, FP32) (+)= A(64x16, F16, registers) * B(16x16, F16, smem)^T; scale_d = 0 overwrites D. */
 template <>
-struct wgmma_f16<16> {
-    static __device__ __forceinline__ void mma(float (&d)[8], uint64_t desc_a, uint64_t desc_b, int scale_d)
+struct wgmma_rs<16> {
+    static __device__ __forceinline__ void mma(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b, int scale_d)
     {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
                      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
-                     "{%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+                     "{%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"
                      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-                     : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
     }
 };
 
-/** D(64x32, FP32) (+)= A(64x16, F16, smem) * B(32x16, F16, smem)^T; scale_d = 0 overwrites D. */
+/** D(64x64, FP32) (+)= A(64x16, F16, registers) * B(64x16, F16, smem)^T; scale_d = 0 overwrites D. */
 template <>
-struct wgmma_f16<32> {
-    static __device__ __forceinline__ void mma(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int scale_d)
+struct wgmma_rs<64> {
+    static __device__ __forceinline__ void mma(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, int scale_d)
     {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
-                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-                     : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-    }
-};
-
-/** D(64x64, FP32) (+)= A(64x16, F16, smem) * B(64x16, F16, smem)^T; scale_d = 0 overwrites D. */
-template <>
-struct wgmma_f16<64> {
-    static __device__ __forceinline__ void mma(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d)
-    {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
                      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
                      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                     : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+    }
+};
+
+/** D(64x128, FP32) (+)= A(64x16, F16, registers) * B(128x16, F16, smem)^T; scale_d = 0 overwrites D. */
+template <>
+struct wgmma_rs<128> {
+    static __device__ __forceinline__ void mma(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, int scale_d)
+    {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
     }
 };
 
