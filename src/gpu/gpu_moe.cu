@@ -643,12 +643,13 @@ static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
 /* ------------------------------------------------------------------ one call */
 
 /**
- * The expected pairs per expert above which AUTO runs the wgmma kernel (with 128-token tiles)
- * rather than the mma.sync one.  Measured on one H200, V4-Flash layer (docs/perf.md): below
- * it the mma.sync kernel's small tiles stream the weights faster, above it the wgmma kernel's
- * wide tiles convert each weight tile once for 128 tokens.
+ * The expected pairs per expert above which AUTO runs the wgmma kernel rather than the mma.sync
+ * one (with 64-token tiles up to 64.5, 128 above: choose_block_m).  Measured on one H200,
+ * V4-Flash layer (docs/perf.md, "Kernel choice"): up to T = 512 (e = 12) the mma.sync kernel's
+ * 16-row tiles stream the weights faster; from T = 1024 (e = 24) on the wgmma kernel is the
+ * fastest family at every T measured.
  */
-#define MMOE_AUTO_WGMMA_MIN_PAIRS 96.5
+#define MMOE_AUTO_WGMMA_MIN_PAIRS 16.5
 
 /**
  * The largest call AUTO runs on the decode kernel (gpu_decode.cu): measured on one H200,
@@ -695,8 +696,9 @@ static int use_wgmma(const mmoe_gpu_moe *L, int T)
 /**
  * Tile height: the description's, or by the expected pairs per expert e (as in
  * get_block_config_for_mega_moe): 16 while e <= 16.5, else 64; with the wgmma kernel 128
- * from 64.5 on (each tile converts its weight block once, so wider tiles convert less per
- * FLOP).
+ * from 64.5 on (each tile decodes its weight block once, so wider tiles decode less per
+ * FLOP; measured: T = 2048, e = 48: 64-row tiles 4.58 ms, 128-row 4.98; T = 8192: 16.0 and
+ * 11.6 ms).
  */
 static int choose_block_m(int forced, int wgmma, int T, int topk, int E)
 {

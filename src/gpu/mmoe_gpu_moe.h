@@ -137,7 +137,7 @@ typedef struct mmoe_gpu_moe_result {
     int64_t exact_path_blocks_l1; /**< (expert,row,128-K) weight blocks of L1 whose 1x32 scale exponents
                                        span more than E4M3 can hold: the mma.sync kernel computes them
                                        by per-32 promotion (the wgmma kernel folds into F16 and takes
-                                       that path only for spreads beyond 36, or 22 for FP8 weights) */
+                                       that path only for spreads beyond 24, or 22 for FP8 weights) */
     int64_t exact_path_blocks_l2; /**< the same for L2 (and the shared expert's blocks) */
     size_t gpu_weight_bytes;      /**< bytes of weights (codes + scales) held on the GPU */
     size_t gpu_workspace_bytes;   /**< bytes of the token workspace after this call */
