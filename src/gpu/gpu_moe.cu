@@ -644,12 +644,12 @@ static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
 
 /**
  * The expected pairs per expert above which AUTO runs the wgmma kernel rather than the mma.sync
- * one (with 64-token tiles up to 64.5, 128 above: choose_block_m).  Measured on one H200,
- * V4-Flash layer (docs/perf.md, "Kernel choice"): up to T = 512 (e = 12) the mma.sync kernel's
- * 16-row tiles stream the weights faster; from T = 1024 (e = 24) on the wgmma kernel is the
- * fastest family at every T measured.
+ * one (16-token tiles up to 16.5, 64 up to 64.5, 128 above: choose_block_m).  Measured on one
+ * H200, V4-Flash layer (docs/perf.md, "Kernel choice"): from T = 128 (e = 3) on the wgmma kernel
+ * is the faster family at every T measured, with each tile height against mma.sync's; below
+ * it (calls that do not run the decode kernel) it was not measured, and mma.sync keeps them.
  */
-#define MMOE_AUTO_WGMMA_MIN_PAIRS 16.5
+#define MMOE_AUTO_WGMMA_MIN_PAIRS 2.5
 
 /**
  * The largest call AUTO runs on the decode kernel (gpu_decode.cu): measured on one H200,
