@@ -22,6 +22,12 @@
  *   k) x (token, k) product is formed exactly once, in the sum of its own 32-wide group (MXFP4
  *   group sums; FP8 per-group path), never across k; tokens past the tile's rows read row 0
  *   and are not checked (the kernel writes no such column); random blocks equal the float64 dot product exactly.
+ * - the wgmma kernel's maps (gpu_gemm_wgmma.cu): its K order names every k of a 32-group once,
+ *   and the widened activations hold at each position the E4M3 byte it names; one consumer
+ *   warp's K block modelled with the same m16n8k16 layout (the wgmma's A fragments per warp),
+ *   the A registers from the header's pair functions, B read from the widened rows the way the
+ *   tensor core reads its K-major tile: one-hot weights times one-hot activations meet once, in
+ *   their own group, for both weight formats, and random blocks equal the float64 dot products.
  */
 #include <check.h>
 #include <math.h>
@@ -398,6 +404,172 @@ START_TEST(fragments_random_blocks_equal_dot_products)
 }
 END_TEST
 
+/* ------------------------------------------------------------- the wgmma kernel's maps */
+
+/**
+ * One activation row of a K block widened in the wgmma kernel's order (mmoe_d16_wg_widen_group
+ * per 32-group), as doubles: pos[p] is the value at position p of the block.
+ */
+static void widen_row(const uint8_t act[KB], double pos[KB])
+{
+    for (int j = 0; j < KB / 32; j++) {
+        uint32_t w[8], h[16];
+        memcpy(w, act + 32 * j, 32);
+        mmoe_d16_wg_widen_group(w, h);
+        for (int v = 0; v < 16; v++)
+            for (int i = 0; i < 2; i++)
+                pos[32 * j + 2 * v + i] = half_of(h[v], i);
+    }
+}
+
+/**
+ * One K block of one consumer warp of the wgmma kernel (16 of its 64 rows) against 8 tokens:
+ * lane (g, t)'s A registers from the header's pair functions (MXFP4: word t of group j of rows
+ * g, g + 8; FP8: bytes 8t..8t+7 of group j), unscaled; B from the widened rows, logical k l of
+ * step s at position 16 s + l (the B tile the tensor core reads, K-major).  sums[j]: the two
+ * steps of group j (the per-group path); their total is the folded path's block sum.
+ */
+static void warp_wg(int fp4, const uint8_t *w, const uint8_t act[TOKS][KB], double sums[4][ROWS][TOKS])
+{
+    double pos[TOKS][KB];
+    for (int n = 0; n < TOKS; n++)
+        widen_row(act[n], pos[n]);
+    memset(sums, 0, sizeof(double) * 4 * ROWS * TOKS);
+    const int row_bytes = KB; /* w: ROWS rows of KB bytes (MXFP4 codes in the first KB / 2) */
+    for (int j = 0; j < 4; j++) {
+        frag step[2][LANES];
+        for (int lane = 0; lane < LANES; lane++) {
+            const int g = lane >> 2, t = lane & 3;
+            uint32_t ev[4], od[4];
+            if (fp4) {
+                uint32_t w0, w1;
+                memcpy(&w0, w + g * row_bytes + 16 * j + 4 * t, 4);
+                memcpy(&w1, w + (g + 8) * row_bytes + 16 * j + 4 * t, 4);
+                mmoe_d16_a_pairs_fp4(w0, w1, ev, od);
+            } else {
+                uint32_t u[2], v[2];
+                memcpy(u, w + g * row_bytes + 32 * j + 8 * t, 8);
+                memcpy(v, w + (g + 8) * row_bytes + 32 * j + 8 * t, 8);
+                mmoe_d16_a_pairs_fp8(u[0], u[1], v[0], v[1], ev, od);
+            }
+            for (int h = 0; h < 2; h++) {
+                const int s = 2 * j + h;
+                for (int q = 0; q < 4; q++)
+                    for (int i = 0; i < 2; i++)
+                        step[h][lane].a[q][i] = half_of(h ? od[q] : ev[q], i);
+                for (int i = 0; i < 2; i++) {
+                    step[h][lane].b[0][i] = pos[g][16 * s + 2 * t + i];
+                    step[h][lane].b[1][i] = pos[g][16 * s + 2 * t + 8 + i];
+                }
+            }
+        }
+        mma_m16n8k16(sums[j], step[0]);
+        mma_m16n8k16(sums[j], step[1]);
+    }
+}
+
+START_TEST(wgmma_k_order_widens_every_byte_once)
+{
+    /* each position holds the byte mmoe_d16_wg_k_of_position names, each k exactly once */
+    int seen[32] = {0};
+    for (int p = 0; p < 32; p++) {
+        const int k = mmoe_d16_wg_k_of_position(p);
+        REQUIRE(k >= 0 && k < 32, "position %d: k %d", p, k);
+        seen[k]++;
+    }
+    for (int k = 0; k < 32; k++)
+        REQUIRE(seen[k] == 1, "k %d held by %d positions", k, seen[k]);
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 3);
+    for (int trial = 0; trial < 1000; trial++) {
+        uint8_t b[32];
+        for (int i = 0; i < 32; i++)
+            b[i] = (uint8_t)mmoe_rng_u32(&rng);
+        uint32_t w[8], h[16];
+        memcpy(w, b, 32);
+        mmoe_d16_wg_widen_group(w, h);
+        for (int p = 0; p < 32; p++) {
+            const uint8_t byte = b[mmoe_d16_wg_k_of_position(p)];
+            const double want = mmoe_fp8_e4m3_to_f32(byte), got = half_of(h[p / 2], p % 2);
+            REQUIRE(got == want || (isnan(got) && isnan(want)),
+                    "trial %d position %d: %g, want byte 0x%02x = %g (seed %llu)", trial, p, got, byte, want,
+                    (unsigned long long)g_seed);
+        }
+    }
+}
+END_TEST
+
+START_TEST(wgmma_fragments_pair_every_k_once)
+{
+    for (int fp4 = 0; fp4 < 2; fp4++)
+        for (int kw = 0; kw < KB; kw++)
+            for (int ka = 0; ka < KB; ka++) {
+                uint8_t w[ROWS][KB], act[TOKS][KB];
+                double sums[4][ROWS][TOKS];
+                memset(w, 0, sizeof w);
+                memset(act, 0, sizeof act);
+                for (int r = 0; r < ROWS; r++) {
+                    if (fp4)
+                        w[r][kw / 2] = (uint8_t)(kw % 2 ? 0x20 : 0x02); /* E2M1 1.0 at k = kw */
+                    else
+                        w[r][kw] = 0x38; /* E4M3 1.0 */
+                }
+                for (int n = 0; n < TOKS; n++)
+                    act[n][ka] = 0x38;
+                warp_wg(fp4, &w[0][0], act, sums);
+                for (int j = 0; j < 4; j++)
+                    for (int r = 0; r < ROWS; r++)
+                        for (int n = 0; n < TOKS; n++) {
+                            /* the product once, in group kw / 32 only (MXFP4: times 2^-14) */
+                            const double want = kw == ka && j == kw / 32 ? (fp4 ? 0x1p-14 : 1.0) : 0.0;
+                            REQUIRE(sums[j][r][n] == want,
+                                    "%s weight k %d x activation k %d: group %d row %d token %d sum %g, want %g",
+                                    fp4 ? "MXFP4" : "FP8", kw, ka, j, r, n, sums[j][r][n], want);
+                        }
+            }
+}
+END_TEST
+
+START_TEST(wgmma_fragments_random_blocks_equal_dot_products)
+{
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 4);
+    for (int trial = 0; trial < 100; trial++) {
+        uint8_t w4[ROWS][KB], w8[ROWS][KB], act[TOKS][KB];
+        for (int r = 0; r < ROWS; r++)
+            for (int i = 0; i < KB; i++) {
+                w4[r][i] = (uint8_t)mmoe_rng_u32(&rng);
+                const uint8_t b = (uint8_t)mmoe_rng_u32(&rng);
+                w8[r][i] = (b & 0x7F) == 0x7F ? 0 : b; /* no NaN */
+            }
+        for (int n = 0; n < TOKS; n++)
+            for (int i = 0; i < KB; i++) {
+                const uint8_t b = (uint8_t)mmoe_rng_u32(&rng);
+                act[n][i] = (b & 0x7F) == 0x7F ? 0 : b;
+            }
+        double s4[4][ROWS][TOKS], s8[4][ROWS][TOKS];
+        warp_wg(1, &w4[0][0], act, s4);
+        warp_wg(0, &w8[0][0], act, s8);
+        for (int r = 0; r < ROWS; r++)
+            for (int n = 0; n < TOKS; n++)
+                for (int j = 0; j < 4; j++) {
+                    /* sums of 32 products of <= 7 significant bits: exact in double */
+                    double ref4 = 0.0, ref8 = 0.0;
+                    for (int k = 32 * j; k < 32 * j + 32; k++) {
+                        const uint8_t byte = w4[r][k / 2];
+                        const double a = mmoe_fp8_e4m3_to_f32(act[n][k]);
+                        ref4 += (double)mmoe_fp4_e2m1_to_f32((uint8_t)(k % 2 ? byte >> 4 : byte & 15)) * a;
+                        ref8 += (double)mmoe_fp8_e4m3_to_f32(w8[r][k]) * a;
+                    }
+                    REQUIRE(s4[j][r][n] == ldexp(ref4, -14) && s8[j][r][n] == ref8,
+                            "trial %d group %d row %d token %d: MXFP4 %.17g want %.17g, FP8 %.17g want %.17g "
+                            "(seed %llu)", trial, j, r, n, s4[j][r][n], ldexp(ref4, -14), s8[j][r][n], ref8,
+                            (unsigned long long)g_seed);
+                }
+    }
+}
+END_TEST
+
 static Suite *decode16_map_suite(void)
 {
     Suite *s = suite_create("gpu_decode16_map");
@@ -409,6 +581,9 @@ static Suite *decode16_map_suite(void)
     tcase_add_test(tc, fragments_pair_every_k_once_mxfp4);
     tcase_add_test(tc, fragments_pair_every_k_once_fp8);
     tcase_add_test(tc, fragments_random_blocks_equal_dot_products);
+    tcase_add_test(tc, wgmma_k_order_widens_every_byte_once);
+    tcase_add_test(tc, wgmma_fragments_pair_every_k_once);
+    tcase_add_test(tc, wgmma_fragments_random_blocks_equal_dot_products);
     suite_add_tcase(s, tc);
     return s;
 }

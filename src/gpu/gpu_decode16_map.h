@@ -1,7 +1,8 @@
 /**
  * @file gpu_decode16_map.h
- * @brief The bit moves and index maps of the decode GEMM with F16 MMAs (decode16, gpu_decode.cu),
- *        in plain C that the CUDA kernel and a CPU test (tests/test_gpu_decode16_map.c) share.
+ * @brief The bit moves and index maps of the decode GEMM with F16 MMAs (decode16, gpu_decode.cu)
+ *        and of the wgmma GEMM's register fragments (gpu_gemm_wgmma.cu), in plain C that the
+ *        CUDA kernels and a CPU test (tests/test_gpu_decode16_map.c) share.
  *
  * decode16 multiplies with `mma.sync.m16n8k16` F16 MMAs.  Its weight operand comes from MXFP4
  * codes by moving bits (or from FP8 bytes by the paired conversion), its activation operand from
@@ -35,6 +36,12 @@
  *     (x1 x3 | x5 x7).  FP8 lane (g, t) holds the 32 bytes of group t; step s (0..7) multiplies
  *     bytes 4s, 4s + 1 (a0, a1) and 4s + 2, 4s + 3 (a2, a3), with B registers the low and high
  *     F16 pairs of word s (the same k).
+ *   - **The wgmma kernel** builds its A fragments the way decode16 builds its MXFP4 ones, for
+ *     both weight formats (mmoe_d16_a_pairs_fp4, mmoe_d16_a_pairs_fp8: lane (g, t) holds k 8t..
+ *     8t + 7 of each group, even k in the group's first step, odd k in its second), but its B
+ *     operand is a K-major tile in shared memory that the tensor core reads at logical k: the
+ *     activations are widened to F16 once, into the order those fragments need
+ *     (mmoe_d16_wg_k_of_position, mmoe_d16_wg_widen_group).
  */
 #ifndef MMOE_GPU_DECODE16_MAP_H
 #define MMOE_GPU_DECODE16_MAP_H
@@ -142,6 +149,71 @@ MMOE_D16_FN void mmoe_d16_e4m3x4_to_f16x2(uint32_t v, uint32_t *lo, uint32_t *hi
     *lo = h[0] | h[1] << 16;
     *hi = h[2] | h[3] << 16;
 #endif
+}
+
+/**
+ * The A registers of one 32-wide MXFP4 group for lane (g, t) of a warp: word @p w0 of row g and
+ * @p w1 of row g + 8 (codes 8t..8t+7 of the group each) to the F16 pairs of the group's first
+ * step, @p ev (its even codes: 8t, 8t + 2 in ev[0] / ev[1], 8t + 4, 8t + 6 in ev[2] / ev[3],
+ * rows g / g + 8), and of its second step, @p od (the odd codes).  Each value is e2m1 * 2^-14.
+ */
+MMOE_D16_FN void mmoe_d16_a_pairs_fp4(uint32_t w0, uint32_t w1, uint32_t ev[4], uint32_t od[4])
+{
+    const uint32_t e0 = mmoe_d16_e2m1_even_high(w0), e1 = mmoe_d16_e2m1_even_high(w1);
+    const uint32_t o0 = mmoe_d16_e2m1_odd_high(w0), o1 = mmoe_d16_e2m1_odd_high(w1);
+    ev[0] = mmoe_d16_f16_pair_lo(e0);
+    ev[2] = mmoe_d16_f16_pair_hi(e0);
+    ev[1] = mmoe_d16_f16_pair_lo(e1);
+    ev[3] = mmoe_d16_f16_pair_hi(e1);
+    od[0] = mmoe_d16_f16_pair_lo(o0);
+    od[2] = mmoe_d16_f16_pair_hi(o0);
+    od[1] = mmoe_d16_f16_pair_lo(o1);
+    od[3] = mmoe_d16_f16_pair_hi(o1);
+}
+
+/**
+ * The same for FP8 weights in the wgmma kernel's order (gpu_gemm_wgmma.cu): bytes 8t..8t+7 of the
+ * group, @p u0, @p u1 of row g and @p v0, @p v1 of row g + 8, the even bytes to the first step's
+ * F16 pairs @p ev, the odd ones to the second step's @p od, in the places mmoe_d16_a_pairs_fp4
+ * gives the codes of the same k.
+ */
+MMOE_D16_FN void mmoe_d16_a_pairs_fp8(uint32_t u0, uint32_t u1, uint32_t v0, uint32_t v1, uint32_t ev[4],
+                                      uint32_t od[4])
+{
+    mmoe_d16_e4m3x4_to_f16x2(mmoe_d16_byte_perm(u0, u1, MMOE_D16_SEL_EVEN), &ev[0], &ev[2]);
+    mmoe_d16_e4m3x4_to_f16x2(mmoe_d16_byte_perm(v0, v1, MMOE_D16_SEL_EVEN), &ev[1], &ev[3]);
+    mmoe_d16_e4m3x4_to_f16x2(mmoe_d16_byte_perm(u0, u1, MMOE_D16_SEL_ODD), &od[0], &od[2]);
+    mmoe_d16_e4m3x4_to_f16x2(mmoe_d16_byte_perm(v0, v1, MMOE_D16_SEL_ODD), &od[1], &od[3]);
+}
+
+/**
+ * The wgmma kernel's K order: position @p p (0..31) of a widened 32-group holds actual k =
+ * 8t + 2q + h of the group, with h = p / 16 (the group's step), i = p % 16 (the step's logical
+ * k), t = (i % 8) / 2 and q = i % 2 + 2 (i / 8): logical k 2t, 2t + 1, 2t + 8, 2t + 9 of a step
+ * (lane column t's fragment places) are the codes or bytes 8t + h, 8t + 2 + h, 8t + 4 + h,
+ * 8t + 6 + h that mmoe_d16_a_pairs_fp4 and _fp8 put there.
+ */
+MMOE_D16_FN int mmoe_d16_wg_k_of_position(int p)
+{
+    const int h = p / 16, i = p % 16, t = (i % 8) / 2, q = i % 2 + 2 * (i / 8);
+    return 8 * t + 2 * q + h;
+}
+
+/**
+ * One 32-group of E4M3 bytes (words @p w: word v = bytes 4v..4v+3) widened to F16 in the wgmma
+ * kernel's K order: @p out[v] holds positions 2v (low half) and 2v + 1.  Positions 0-7 are the
+ * even bytes of words 0, 2 and 4, 6 (k 0, 2, 8, 10, 16, 18, 24, 26), 8-15 those of words 1, 3
+ * and 5, 7, 16-31 the odd bytes likewise: one byte permute gathers four, the paired conversion
+ * makes them F16 (exact).
+ */
+MMOE_D16_FN void mmoe_d16_wg_widen_group(const uint32_t w[8], uint32_t out[16])
+{
+    for (int c = 0; c < 4; c++) { /* positions 8c..8c+7: step c / 2, words c % 2 + {0, 2} and + {4, 6} */
+        const uint32_t sel = c < 2 ? MMOE_D16_SEL_EVEN : MMOE_D16_SEL_ODD;
+        mmoe_d16_e4m3x4_to_f16x2(mmoe_d16_byte_perm(w[c % 2], w[c % 2 + 2], sel), &out[4 * c], &out[4 * c + 1]);
+        mmoe_d16_e4m3x4_to_f16x2(mmoe_d16_byte_perm(w[c % 2 + 4], w[c % 2 + 6], sel), &out[4 * c + 2],
+                                 &out[4 * c + 3]);
+    }
 }
 
 /**

@@ -160,17 +160,12 @@ __device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b)
     return *reinterpret_cast<const uint32_t *>(&r);
 }
 
-/** Four of the eight E4M3 bytes of (u0, u1), picked by @p sel (even or odd bytes), as two F16 pairs, exactly. */
-__device__ __forceinline__ void e4m3_pick_f16(uint32_t u0, uint32_t u1, uint32_t sel, uint32_t *lo, uint32_t *hi)
-{
-    mmoe_d16_e4m3x4_to_f16x2(mmoe_d16_byte_perm(u0, u1, sel), lo, hi);
-}
-
 /**
  * The A registers of one K block for the thread's two rows: 8 k16 steps, 4 registers each
  * (a[s][0]: row 0, k 2t, 2t+1; a[s][1]: row 1; a[s][2], a[s][3]: k 2t+8, 2t+9).  @p r0, @p r1
  * hold the rows' raw words (MXFP4: word j = word t of group j; FP8: words 2j, 2j + 1 = bytes
- * 8t..8t+7 of group j), @p m0, @p m1 the rows' F16-pair multipliers per group.
+ * 8t..8t+7 of group j), @p m0, @p m1 the rows' F16-pair multipliers per group.  The F16 pairs
+ * of a group's two steps come from gpu_decode16_map.h (mmoe_d16_a_pairs_fp4 / _fp8).
  */
 template <int BFMT>
 __device__ __forceinline__ void decode_a(const uint32_t (&r0)[BFMT == MMOE_B_FP4 ? 4 : 8],
@@ -179,28 +174,17 @@ __device__ __forceinline__ void decode_a(const uint32_t (&r0)[BFMT == MMOE_B_FP4
 {
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        uint32_t e0l, e0h, e1l, e1h, o0l, o0h, o1l, o1h; /* F16 pairs: even / odd k, row 0 / 1, low / high */
-        if (BFMT == MMOE_B_FP4) {
-            const uint32_t e0 = mmoe_d16_e2m1_even_high(r0[j]), e1 = mmoe_d16_e2m1_even_high(r1[j]);
-            const uint32_t o0 = mmoe_d16_e2m1_odd_high(r0[j]), o1 = mmoe_d16_e2m1_odd_high(r1[j]);
-            e0l = mmoe_d16_f16_pair_lo(e0); e0h = mmoe_d16_f16_pair_hi(e0);
-            e1l = mmoe_d16_f16_pair_lo(e1); e1h = mmoe_d16_f16_pair_hi(e1);
-            o0l = mmoe_d16_f16_pair_lo(o0); o0h = mmoe_d16_f16_pair_hi(o0);
-            o1l = mmoe_d16_f16_pair_lo(o1); o1h = mmoe_d16_f16_pair_hi(o1);
-        } else {
-            e4m3_pick_f16(r0[2 * j], r0[2 * j + 1], MMOE_D16_SEL_EVEN, &e0l, &e0h);
-            e4m3_pick_f16(r1[2 * j], r1[2 * j + 1], MMOE_D16_SEL_EVEN, &e1l, &e1h);
-            e4m3_pick_f16(r0[2 * j], r0[2 * j + 1], MMOE_D16_SEL_ODD, &o0l, &o0h);
-            e4m3_pick_f16(r1[2 * j], r1[2 * j + 1], MMOE_D16_SEL_ODD, &o1l, &o1h);
-        }
-        a[2 * j][0] = hmul2_bits(e0l, m0[j]);
-        a[2 * j][1] = hmul2_bits(e1l, m1[j]);
-        a[2 * j][2] = hmul2_bits(e0h, m0[j]);
-        a[2 * j][3] = hmul2_bits(e1h, m1[j]);
-        a[2 * j + 1][0] = hmul2_bits(o0l, m0[j]);
-        a[2 * j + 1][1] = hmul2_bits(o1l, m1[j]);
-        a[2 * j + 1][2] = hmul2_bits(o0h, m0[j]);
-        a[2 * j + 1][3] = hmul2_bits(o1h, m1[j]);
+        uint32_t ev[4], od[4]; /* rows 0 / 1 in [0] / [1], k + 8 in [2] / [3] */
+        if (BFMT == MMOE_B_FP4)
+            mmoe_d16_a_pairs_fp4(r0[j], r1[j], ev, od);
+        else
+            mmoe_d16_a_pairs_fp8(r0[2 * j], r0[2 * j + 1], r1[2 * j], r1[2 * j + 1], ev, od);
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            a[2 * j][c] = hmul2_bits(ev[c], c % 2 ? m1[j] : m0[j]);
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            a[2 * j + 1][c] = hmul2_bits(od[c], c % 2 ? m1[j] : m0[j]);
     }
 }
 #endif

@@ -110,12 +110,8 @@ cudaError_t mmoe_launch_requant_decode(const float *routed, int routed_rows, con
 }
 
 /**
- * One 32-group of E4M3 bytes (8 words w0..w7, word v = bytes 4v..4v+3) per thread to its 32 F16
- * values in the wgmma kernel's K order: logical positions 0-7 hold bytes 0, 2, 8, 10, 16, 18, 24,
- * 26 (the even bytes of words 0, 2, 4, 6), 8-15 bytes 4, 6, 12, ..., 30 (words 1, 3, 5, 7),
- * 16-31 the odd bytes in the same way.  One byte permute gathers four of them
- * (MMOE_D16_SEL_EVEN / _ODD), and the decode kernel's paired conversion (gpu_decode16_map.h,
- * whose CPU model a suite checks for every byte) makes them F16, exactly.
+ * One 32-group of E4M3 bytes per thread to its 32 F16 values in the wgmma kernel's K order
+ * (mmoe_d16_wg_widen_group, gpu_decode16_map.h, whose CPU model a suite checks).
  */
 __global__ void widen_e4m3_kernel(const uint4 *q, long long groups, uint4 *out)
 {
@@ -124,14 +120,11 @@ __global__ void widen_e4m3_kernel(const uint4 *q, long long groups, uint4 *out)
         return;
     const uint4 x0 = q[2 * i], x1 = q[2 * i + 1];
     const uint32_t w[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    uint32_t h[16];
+    mmoe_d16_wg_widen_group(w, h);
 #pragma unroll
-    for (int c = 0; c < 4; c++) { /* logical chunk c: parity c / 2, words c % 2 + {0, 2} and + {4, 6} */
-        const uint32_t sel = c < 2 ? MMOE_D16_SEL_EVEN : MMOE_D16_SEL_ODD;
-        uint4 h;
-        mmoe_d16_e4m3x4_to_f16x2(mmoe_d16_byte_perm(w[c % 2], w[c % 2 + 2], sel), &h.x, &h.y);
-        mmoe_d16_e4m3x4_to_f16x2(mmoe_d16_byte_perm(w[c % 2 + 4], w[c % 2 + 6], sel), &h.z, &h.w);
-        out[4 * i + c] = h;
-    }
+    for (int c = 0; c < 4; c++)
+        out[4 * i + c] = make_uint4(h[4 * c], h[4 * c + 1], h[4 * c + 2], h[4 * c + 3]);
 }
 
 cudaError_t mmoe_launch_widen_e4m3(const uint8_t *q, long long n, uint16_t *out, cudaStream_t stream)
