@@ -354,6 +354,30 @@ START_TEST(fragments_pair_every_k_once_fp8)
 }
 END_TEST
 
+/** A random E4M3 byte other than NaN (0x7F, 0xFF become zero). */
+static uint8_t random_e4m3(mmoe_rng *rng)
+{
+    const uint8_t b = (uint8_t)mmoe_rng_u32(rng);
+    return (b & 0x7F) == 0x7F ? 0 : b;
+}
+
+/**
+ * Random operands of one K block: MXFP4 codes (KB / 2 bytes per row, rows @p w4_stride bytes
+ * apart), FP8 weights and FP8 activations without NaN.
+ */
+static void random_block(mmoe_rng *rng, uint8_t *w4, int w4_stride, uint8_t w8[ROWS][KB], uint8_t act[TOKS][KB])
+{
+    for (int r = 0; r < ROWS; r++) {
+        for (int i = 0; i < KB / 2; i++)
+            w4[r * w4_stride + i] = (uint8_t)mmoe_rng_u32(rng);
+        for (int i = 0; i < KB; i++)
+            w8[r][i] = random_e4m3(rng);
+    }
+    for (int n = 0; n < TOKS; n++)
+        for (int i = 0; i < KB; i++)
+            act[n][i] = random_e4m3(rng);
+}
+
 START_TEST(fragments_random_blocks_equal_dot_products)
 {
     mmoe_rng rng;
@@ -361,19 +385,7 @@ START_TEST(fragments_random_blocks_equal_dot_products)
     for (int trial = 0; trial < 100; trial++) {
         const int ntok = 1 + (int)mmoe_rng_below(&rng, TOKS);
         uint8_t w4[ROWS][KB / 2], w8[ROWS][KB], act[TOKS][KB];
-        for (int r = 0; r < ROWS; r++) {
-            for (int i = 0; i < KB / 2; i++)
-                w4[r][i] = (uint8_t)mmoe_rng_u32(&rng);
-            for (int i = 0; i < KB; i++) {
-                const uint8_t b = (uint8_t)mmoe_rng_u32(&rng);
-                w8[r][i] = (b & 0x7F) == 0x7F ? 0 : b; /* no NaN */
-            }
-        }
-        for (int n = 0; n < TOKS; n++)
-            for (int i = 0; i < KB; i++) {
-                const uint8_t b = (uint8_t)mmoe_rng_u32(&rng);
-                act[n][i] = (b & 0x7F) == 0x7F ? 0 : b;
-            }
+        random_block(&rng, &w4[0][0], KB / 2, w8, act);
         double sums[4][ROWS][TOKS], out[ROWS][TOKS];
         warp_fp4(w4, act, ntok, sums);
         warp_fp8(w8, act, ntok, -1, out);
@@ -536,17 +548,7 @@ START_TEST(wgmma_fragments_random_blocks_equal_dot_products)
     mmoe_rng_seed(&rng, g_seed + 4);
     for (int trial = 0; trial < 100; trial++) {
         uint8_t w4[ROWS][KB], w8[ROWS][KB], act[TOKS][KB];
-        for (int r = 0; r < ROWS; r++)
-            for (int i = 0; i < KB; i++) {
-                w4[r][i] = (uint8_t)mmoe_rng_u32(&rng);
-                const uint8_t b = (uint8_t)mmoe_rng_u32(&rng);
-                w8[r][i] = (b & 0x7F) == 0x7F ? 0 : b; /* no NaN */
-            }
-        for (int n = 0; n < TOKS; n++)
-            for (int i = 0; i < KB; i++) {
-                const uint8_t b = (uint8_t)mmoe_rng_u32(&rng);
-                act[n][i] = (b & 0x7F) == 0x7F ? 0 : b;
-            }
+        random_block(&rng, &w4[0][0], KB, w8, act);
         double s4[4][ROWS][TOKS], s8[4][ROWS][TOKS];
         warp_wg(1, &w4[0][0], act, s4);
         warp_wg(0, &w8[0][0], act, s8);

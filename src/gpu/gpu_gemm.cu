@@ -398,12 +398,7 @@ __global__ void __launch_bounds__(threads_of<BM>::value, BM == 16 ? 4 : 2) gemm_
                     *reinterpret_cast<float2 *>(p.out_f32 + (size_t)pr * p.n_out + ch) = make_float2(out[0], out[1]);
                 }
             } else {
-                int token = pr, slot = p.shared_slot;
-                if (p.pool != nullptr) {
-                    token = p.pool[pr].token;
-                    slot = p.pool[pr].slot;
-                }
-                __nv_bfloat16 *orow = p.out_slots + ((size_t)token * p.slots + slot) * p.n_out;
+                __nv_bfloat16 *orow = mmoe_gemm_slot_row(p, pr);
 #pragma unroll
                 for (int j = 0; j < NT; j++) {
                     const int ntile = j < NTH ? wn * NTH + j : 8 + wn * NTH + (j - NTH);

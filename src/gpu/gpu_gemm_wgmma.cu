@@ -459,12 +459,7 @@ __global__ void __launch_bounds__(THREADS, 1) wgmma_gemm_kernel(const mmoe_gemm_
                 const float wt = p.pool != nullptr ? p.pool[pr].weight : 1.0f;
                 p.out_f32[(size_t)pr * p.n_out + nb * 64 + R0] = mmoe_swiglu_channel(a0, a1, p.clamp, wt);
             } else {
-                int token = pr, slot = p.shared_slot;
-                if (p.pool != nullptr) {
-                    token = p.pool[pr].token;
-                    slot = p.pool[pr].slot;
-                }
-                __nv_bfloat16 *orow = p.out_slots + ((size_t)token * p.slots + slot) * p.n_out;
+                __nv_bfloat16 *orow = mmoe_gemm_slot_row(p, pr);
                 orow[nb * WROWS + R0] = __float2bfloat16_rn(a0);
                 orow[nb * WROWS + R1] = __float2bfloat16_rn(a1);
             }

@@ -207,6 +207,20 @@ inline dim3 mmoe_gemm_grid(const mmoe_gemm_args *a, mmoe_epi epi, int max_tiles)
 }
 
 #ifdef __CUDACC__
+/**
+ * The BF16 row of the combine buffer that pool row @p pr of an L2 GEMM writes: the row of its
+ * (token, slot), or of (pr, shared_slot) without a pool (the shared expert).
+ */
+__device__ inline __nv_bfloat16 *mmoe_gemm_slot_row(const mmoe_gemm_args &p, int pr)
+{
+    int token = pr, slot = p.shared_slot;
+    if (p.pool != nullptr) {
+        token = p.pool[pr].token;
+        slot = p.pool[pr].slot;
+    }
+    return p.out_slots + ((size_t)token * p.slots + slot) * p.n_out;
+}
+
 /** This block's weight block, tile and K split (see mmoe_gemm_block). */
 __device__ inline mmoe_gemm_block mmoe_gemm_block_of(const mmoe_gemm_args &p, mmoe_epi epi)
 {
