@@ -130,27 +130,16 @@ __global__ void __launch_bounds__(threads_of<BM>::value, BM == 16 ? 4 : 2) gemm_
     const int wm = warp / WN, wn = warp % WN;
     const int gid = lane >> 2, tig = lane & 3;
 
-    const mmoe_gemm_block blk = mmoe_gemm_block_of(p, (mmoe_epi)EPI);
-    int expert = 0, row0, nrows;
-    if (p.tiles != nullptr) {
-        if (blk.tile >= *p.num_tiles)
-            return;
-        mmoe_tile tl = p.tiles[blk.tile];
-        expert = tl.expert;
-        row0 = tl.row0;
-        nrows = tl.nrows;
-    } else {
-        row0 = blk.tile * BM;
-        if (row0 >= p.total_rows)
-            return;
-        nrows = min(BM, p.total_rows - row0);
-    }
+    mmoe_gemm_work wk;
+    if (!mmoe_gemm_work_of(p, (mmoe_epi)EPI, BM, &wk))
+        return;
+    const mmoe_gemm_block blk = wk.blk;
+    const int expert = wk.expert, row0 = wk.row0, nrows = wk.nrows;
     const int nb = blk.nb;
     const int K = p.K;
     const int nkb = K / BK;
     /* split K: this block sums K blocks [kb0, kb0 + nk) only (all of them without a split) */
-    const int kb0 = p.split_kb > 0 ? blk.split * p.split_kb : 0;
-    const int nk = p.split_kb > 0 ? min(p.split_kb, nkb - kb0) : nkb;
+    const int kb0 = wk.kb0, nk = wk.nk;
 
     for (int r = tid; r < BM; r += THREADS) {
         int pr = row0 + r;

@@ -233,26 +233,15 @@ __global__ void __launch_bounds__(THREADS, 1) wgmma_gemm_kernel(const mmoe_gemm_
     int *sArow = reinterpret_cast<int *>(smem + SL::OFF_AROW);
 
     const int tid = threadIdx.x;
-    const mmoe_gemm_block blk = mmoe_gemm_block_of(p, (mmoe_epi)EPI);
-    int expert = 0, row0, nrows;
-    if (p.tiles != nullptr) {
-        if (blk.tile >= *p.num_tiles)
-            return;
-        const mmoe_tile tl = p.tiles[blk.tile];
-        expert = tl.expert;
-        row0 = tl.row0;
-        nrows = tl.nrows;
-    } else {
-        row0 = blk.tile * BT;
-        if (row0 >= p.total_rows)
-            return;
-        nrows = min(BT, p.total_rows - row0);
-    }
+    mmoe_gemm_work wk;
+    if (!mmoe_gemm_work_of(p, (mmoe_epi)EPI, BT, &wk))
+        return;
+    const mmoe_gemm_block blk = wk.blk;
+    const int expert = wk.expert, row0 = wk.row0, nrows = wk.nrows;
     const int nb = blk.nb;
     const int K = p.K;
     const int nkb = K / WK;
-    const int kb0 = p.split_kb > 0 ? blk.split * p.split_kb : 0;
-    const int nk = p.split_kb > 0 ? min(p.split_kb, nkb - kb0) : nkb;
+    const int kb0 = wk.kb0, nk = wk.nk;
 
     for (int r = tid; r < BT; r += THREADS)
         sArow[r] = r < nrows ? (p.a_gather != nullptr ? p.a_gather[row0 + r].token : row0 + r) : -1;

@@ -232,6 +232,41 @@ __device__ inline mmoe_gemm_block mmoe_gemm_block_of(const mmoe_gemm_args &p, mm
     r.split = (int)(b / nblocks / max_tiles);
     return r;
 }
+
+/** What one block of a grouped GEMM computes: its place in the grid and its tile's rows and K range. */
+struct mmoe_gemm_work {
+    mmoe_gemm_block blk; /**< weight block, tile, K split */
+    int expert;          /**< the tile's expert (0 with uniform tiles) */
+    int row0, nrows;     /**< the tile's first pool row and its rows (<= the tile height) */
+    int kb0, nk;         /**< the K blocks (of 128) it sums: [kb0, kb0 + nk), all of K without a split */
+};
+
+/**
+ * This block's work with tiles of @p tile_rows rows; false for a block past the last tile (the
+ * launches are sized by an upper bound of tiles: such blocks exit at once).
+ */
+__device__ inline bool mmoe_gemm_work_of(const mmoe_gemm_args &p, mmoe_epi epi, int tile_rows, mmoe_gemm_work *w)
+{
+    w->blk = mmoe_gemm_block_of(p, epi);
+    w->expert = 0;
+    if (p.tiles != nullptr) {
+        if (w->blk.tile >= *p.num_tiles)
+            return false;
+        const mmoe_tile tl = p.tiles[w->blk.tile];
+        w->expert = tl.expert;
+        w->row0 = tl.row0;
+        w->nrows = tl.nrows;
+    } else {
+        w->row0 = w->blk.tile * tile_rows;
+        if (w->row0 >= p.total_rows)
+            return false;
+        w->nrows = min(tile_rows, p.total_rows - w->row0);
+    }
+    const int nkb = p.K / 128;
+    w->kb0 = p.split_kb > 0 ? w->blk.split * p.split_kb : 0;
+    w->nk = p.split_kb > 0 ? min(p.split_kb, nkb - w->kb0) : nkb;
+    return true;
+}
 #endif
 
 /**
