@@ -128,25 +128,6 @@ constexpr int DEC_WARPS = 4;               /* warps per block: 4 row groups of o
 constexpr int DEC_THREADS = DEC_WARPS * 32;
 constexpr int DEC_BK = 128;                /* K block: the tile-major layout's and sm90's group */
 
-/** Byte @p g of a word (a run-time @p g, without indexing a register array). */
-__device__ __forceinline__ int byte_of(uint32_t w, int g)
-{
-    return (int)((w >> (8 * g)) & 0xffu);
-}
-
-/** Largest and smallest of the four UE8M0 bytes of a scale word. */
-__device__ __forceinline__ void scale_span(uint32_t w, int *kmax, int *kmin)
-{
-    int hi = 0, lo = 255;
-#pragma unroll
-    for (int g = 0; g < 4; g++) {
-        hi = max(hi, byte_of(w, g));
-        lo = min(lo, byte_of(w, g));
-    }
-    *kmax = hi;
-    *kmin = lo;
-}
-
 /**
  * The block's tile of the routed part: experts in ascending order, each expert's valid pairs in
  * ascending pair order, cut into runs of 8.  Fills s_pair[0..8) with the pair indices (-1 past

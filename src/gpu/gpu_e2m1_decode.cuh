@@ -1,7 +1,8 @@
 /**
  * @file gpu_e2m1_decode.cuh
- * @brief Device helpers of the GEMM kernels: the E2M1 -> E4M3 decoder with folded scales and exact
- *        powers of two (the cp.async copies they use: gpu_cp_async.cuh).
+ * @brief Device helpers of the GEMM kernels: the E2M1 -> E4M3 decoder with folded scales, exact
+ *        powers of two and the UE8M0 bytes of a scale word (the cp.async copies they use:
+ *        gpu_cp_async.cuh).
  *
  * Both GEMM kernels (gpu_gemm.cu: mma.sync, portable; gpu_gemm_wgmma.cu: wgmma,
  * sm_90a) decode MXFP4 weights the same way, so the decoder lives here, once.
@@ -34,6 +35,25 @@ namespace {
 __device__ __forceinline__ float pow2i(int e)
 {
     return e >= -126 ? __uint_as_float((uint32_t)(e + 127) << 23) : __uint_as_float(1u << (e + 149));
+}
+
+/** Byte @p g of a word (a run-time @p g, without indexing a register array). */
+__device__ __forceinline__ int byte_of(uint32_t w, int g)
+{
+    return (int)((w >> (8 * g)) & 0xffu);
+}
+
+/** Largest and smallest of the four UE8M0 bytes of a scale word. */
+__device__ __forceinline__ void scale_span(uint32_t w, int *kmax, int *kmin)
+{
+    int hi = 0, lo = 255;
+#pragma unroll
+    for (int g = 0; g < 4; g++) {
+        hi = max(hi, byte_of(w, g));
+        lo = min(lo, byte_of(w, g));
+    }
+    *kmax = hi;
+    *kmin = lo;
 }
 
 /**

@@ -225,14 +225,8 @@ __global__ void __launch_bounds__(threads_of<BM>::value, BM == 16 ? 4 : 2) gemm_
         /* ---- B: scale exponents of this row's four 32-groups; can they be folded? */
         const int brow = tid / TPR, bhalf = tid % TPR; /* this thread's weight row and part of it */
         const uint32_t sw = reinterpret_cast<const uint32_t *>(stage + SL::OFF_BSC)[brow];
-        int k[4];
-        int kmax = 0, kmin = 255;
-#pragma unroll
-        for (int g = 0; g < 4; g++) {
-            k[g] = (int)((sw >> (8 * g)) & 0xffu);
-            kmax = max(kmax, k[g]);
-            kmin = min(kmin, k[g]);
-        }
+        int kmax, kmin;
+        scale_span(sw, &kmax, &kmin);
         const int fold_ok = BFMT == MMOE_B_FP4 ? (kmax - kmin <= 14) : (kmax == kmin);
         /*
          * The 8 rows of an MMA column group are decoded by 8 * TPR consecutive lanes of one warp
@@ -250,7 +244,7 @@ __global__ void __launch_bounds__(threads_of<BM>::value, BM == 16 ? 4 : 2) gemm_
 #pragma unroll
         for (int gg = 0; gg < GPT; gg++) {
             const int g = GPT * bhalf + gg;
-            const int kg = (int)((sw >> (8 * g)) & 0xffu); /* not k[g]: a run-time index would spill k */
+            const int kg = byte_of(sw, g);
             sBs[g][brow] = pow2i((tile_flag ? kg : base) - 127);
         }
         const uint8_t *sB;

@@ -284,13 +284,8 @@ __global__ void __launch_bounds__(THREADS, 1) wgmma_gemm_kernel(const mmoe_gemm_
                 cp_async_wait<P - 1>(); /* this thread's copies of K block i have landed */
                 uint8_t *st = smem + (i % S) * SL::STAGE_BYTES;
                 const uint32_t sw = *reinterpret_cast<const uint32_t *>(st + SL::OFF_WSC + n * 4);
-                int kmax = 0, kmin = 255;
-#pragma unroll
-                for (int g = 0; g < 4; g++) {
-                    const int kg = (int)((sw >> (8 * g)) & 0xffu);
-                    kmax = max(kmax, kg);
-                    kmin = min(kmin, kg);
-                }
+                int kmax, kmin;
+                scale_span(sw, &kmax, &kmin);
                 const bool fold = kmax - kmin <= FOLD::SPREAD;
                 const int flag = AG == 32 ? 1 : (__ballot_sync(0xffffffffu, !fold) != 0u);
                 if (lane == 0)
@@ -299,7 +294,7 @@ __global__ void __launch_bounds__(THREADS, 1) wgmma_gemm_kernel(const mmoe_gemm_
                 uint32_t mul[4];
 #pragma unroll
                 for (int g = 0; g < 4; g++) {
-                    const int kg = (int)((sw >> (8 * g)) & 0xffu);
+                    const int kg = byte_of(sw, g);
                     sb[g] = pow2i((fold ? kmax - FOLD::BASE : kg) - 127);
                     mul[g] = pow2_h2(fold ? kg - kmax + FOLD::TOP : FOLD::EXACT);
                 }
