@@ -128,9 +128,10 @@ struct wg_layout {
     static constexpr int OFF_MUL = OFF_SB + WROWS * 16;                   /* [128][4] F16-pair multipliers */
     static constexpr int OFF_FLAG = OFF_MUL + WROWS * 16;                 /* 4 ints: exact path, per producer warp */
     static constexpr int STAGE_BYTES = (OFF_FLAG + 16 + 1023) / 1024 * 1024;
-    static constexpr int FIXED = 2 * 6 * 8 + BT * 4 + 1024;               /* barriers, row map, alignment slack */
+    static constexpr int MAX_STAGES = 6;
+    static constexpr int FIXED = 2 * MAX_STAGES * 8 + BT * 4 + 1024;      /* barriers, row map, alignment slack */
     static constexpr int FIT = (227 * 1024 - FIXED) / STAGE_BYTES;
-    static constexpr int STAGES = FIT > 6 ? 6 : FIT;
+    static constexpr int STAGES = FIT > MAX_STAGES ? MAX_STAGES : FIT;
     static constexpr int OFF_BAR = STAGES * STAGE_BYTES;                  /* full[STAGES], empty[STAGES] */
     static constexpr int OFF_AROW = OFF_BAR + 2 * STAGES * 8;             /* BT ints: A row of each tile row */
     static constexpr int TOTAL = OFF_AROW + BT * 4 + 1024;                /* + slack to align the base */
@@ -215,12 +216,11 @@ __device__ __forceinline__ void fence_regs(float (&r)[N])
 template <int BT, int BFMT, int AG, int EPI>
 __global__ void __launch_bounds__(THREADS, 1) wgmma_gemm_kernel(const mmoe_gemm_args p)
 {
-    using SLc = wg_layout<BT, BFMT, AG>;
-    static_assert(SLc::OFF_ACT % 1024 == 0 && SLc::A_HALF % 1024 == 0 && SLc::STAGE_BYTES % 1024 == 0,
-                  "swizzled sub-tiles start on 1024-byte boundaries");
-    static_assert(SLc::STAGES >= 2 && SLc::TOTAL <= 227 * 1024, "at least two stages fit the shared memory of one block");
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using SL = wg_layout<BT, BFMT, AG>;
+    static_assert(SL::OFF_ACT % 1024 == 0 && SL::A_HALF % 1024 == 0 && SL::STAGE_BYTES % 1024 == 0,
+                  "swizzled sub-tiles start on 1024-byte boundaries");
+    static_assert(SL::STAGES >= 2 && SL::TOTAL <= 227 * 1024, "at least two stages fit the shared memory of one block");
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using FOLD = f16_fold<BFMT>;
     constexpr int S = SL::STAGES, AGPB = SL::AGPB, BROW = SL::BROW;
     constexpr int ACT_CHUNKS = BT * 16 / 128; /* F16 activation chunks per producer thread and K block */
