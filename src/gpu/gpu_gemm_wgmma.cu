@@ -49,10 +49,9 @@
  *     (codes 8t..8t+7) of each 32-wide group j, and the group's two k16 steps
  *     multiply its even codes, then its odd codes.  The K order inside a
  *     wgmma is free as long as B uses the same map, so the layer widens the
- *     activations into that order once per call (mmoe_launch_widen_e4m3,
- *     "logical" position 16 s + i of a K block holding actual k = 32 (s / 2) +
- *     8 t + 2 q + s % 2 with t = (i % 8) / 2, q = i % 2 + 2 (i / 8)), and the
- *     producer copies the F16 rows as they are into the 128B-swizzled B tile.
+ *     activations into that order once per call (mmoe_launch_widen_e4m3; the
+ *     map of each 32-group is mmoe_d16_wg_k_of_position), and the producer
+ *     copies the F16 rows as they are into the 128B-swizzled B tile.
  *     FP8 weights follow the same map (bytes 8t..8t+7 of group j, even bytes
  *     for step 2j, odd ones for step 2j + 1).  The producer copies each
  *     thread's weight words next to each other (4-byte or 8-byte cp.async into
