@@ -28,6 +28,9 @@
  *   the A registers from the header's pair functions, B read from the widened rows the way the
  *   tensor core reads its K-major tile: one-hot weights times one-hot activations meet once, in
  *   their own group, for both weight formats, and random blocks equal the float64 dot products.
+ * - the decode kernel's MXFP4 copy stage: its pieces tile a half once, the rows of each
+ *   ldmatrix matrix fall in different banks, and ldmatrix (modelled here from the PTX ISA) gives
+ *   each lane the words its fragments take.
  */
 #include <check.h>
 #include <math.h>
@@ -572,6 +575,74 @@ START_TEST(wgmma_fragments_random_blocks_equal_dot_products)
 }
 END_TEST
 
+/*
+ * ldmatrix.sync.aligned.m8n8.x4.shared.b16, from the PTX ISA: lanes 8i .. 8i + 7 give the
+ * addresses of rows 0..7 of matrix i (16 bytes each); lane l receives in register i the 32-bit
+ * word l % 4 of row l / 4 of matrix i.
+ */
+static uint32_t ldmatrix_x4_word(const uint8_t *smem, const int addr[LANES], int lane, int i)
+{
+    uint32_t w;
+    memcpy(&w, smem + addr[8 * i + lane / 4] + 4 * (lane % 4), 4);
+    return w;
+}
+
+START_TEST(fp4_stage_ldmatrix_gives_each_lane_its_words)
+{
+    /* the pieces of a half tile the 512 bytes once each */
+    int owner[512];
+    for (int b = 0; b < 512; b++)
+        owner[b] = -1;
+    for (int r = 0; r < 8; r++)
+        for (int j = 0; j < 4; j++) {
+            const int o = mmoe_d16_fp4_piece_offset(r, j);
+            REQUIRE(o >= 0 && o + 16 <= 512 && o % 16 == 0, "piece (%d, %d) at %d", r, j, o);
+            for (int b = o; b < o + 16; b++) {
+                REQUIRE(owner[b] < 0, "byte %d of pieces %d and (%d, %d)", b, owner[b], r, j);
+                owner[b] = 4 * r + j;
+            }
+        }
+    /* each matrix's eight rows fall in eight different 16-byte quarters of the banks, at any
+       stage base a multiple of 16 bytes */
+    int addr[LANES];
+    for (int l = 0; l < LANES; l++)
+        addr[l] = mmoe_d16_fp4_ldmatrix_row_offset(l);
+    for (int base = 0; base < 128; base += 16)
+        for (int i = 0; i < 4; i++) {
+            int quarter_used = 0;
+            for (int r = 0; r < 8; r++) {
+                const int q = ((base + addr[8 * i + r]) % 128) / 16;
+                REQUIRE(!(quarter_used >> q & 1), "base %d matrix %d row %d: bank quarter %d twice", base, i, r, q);
+                quarter_used |= 1 << q;
+            }
+        }
+    /* random rows copied the way the lanes copy them (lane (g, t): group t of row g), read back
+       with ldmatrix: lane (g, t) holds word t of group i of row g in register i */
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 5);
+    for (int trial = 0; trial < 100; trial++) {
+        uint8_t rows[8][64], stage[512];
+        for (int r = 0; r < 8; r++)
+            for (int b = 0; b < 64; b++)
+                rows[r][b] = (uint8_t)mmoe_rng_u32(&rng);
+        memset(stage, 0xA5, sizeof stage);
+        for (int lane = 0; lane < LANES; lane++) {
+            const int g = lane / 4, t = lane % 4;
+            memcpy(stage + mmoe_d16_fp4_piece_offset(g, t), &rows[g][16 * t], 16);
+        }
+        for (int lane = 0; lane < LANES; lane++)
+            for (int i = 0; i < 4; i++) {
+                const int g = lane / 4, t = lane % 4;
+                uint32_t want;
+                memcpy(&want, &rows[g][16 * i + 4 * t], 4);
+                const uint32_t got = ldmatrix_x4_word(stage, addr, lane, i);
+                REQUIRE(got == want, "trial %d lane %d register %d: 0x%08x, want word %d of group %d of row %d 0x%08x "
+                        "(seed %llu)", trial, lane, i, got, t, i, g, want, (unsigned long long)g_seed);
+            }
+    }
+}
+END_TEST
+
 static Suite *decode16_map_suite(void)
 {
     Suite *s = suite_create("gpu_decode16_map");
@@ -586,6 +657,7 @@ static Suite *decode16_map_suite(void)
     tcase_add_test(tc, wgmma_k_order_widens_every_byte_once);
     tcase_add_test(tc, wgmma_fragments_pair_every_k_once);
     tcase_add_test(tc, wgmma_fragments_random_blocks_equal_dot_products);
+    tcase_add_test(tc, fp4_stage_ldmatrix_gives_each_lane_its_words);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -231,29 +231,40 @@ __device__ __forceinline__ uint32_t keep_if(uint32_t v, bool keep)
 constexpr int RING_BYTES = 9216;
 
 /**
- * The copy ring of one warp for weight format BFMT: each lane copies, per K block, 16 bytes
- * (MXFP4: four words) or 32 bytes (FP8) of each of rows g and g + 8 and their two scale words
- * into its own slots; STAGES K blocks are in flight.  Stage layout: [row][piece][lane] of
- * uint4, then [row][lane] of scale words, so that the lanes' reads back are contiguous (no bank
- * conflict).
+ * The copy ring of one warp for weight format BFMT.  FP8: each lane copies, per K block, the 32
+ * bytes of its group of rows g and g + 8 and their two scale words into its own slots (stage
+ * layout: [row][piece][lane] of uint4, then [row][lane] of scale words, so that the lanes'
+ * reads back are contiguous) and reads back only those.  MXFP4: the warp copies the K block's
+ * 16 rows of 64 bytes in two halves of 8 rows, one 16-byte cp.async per lane and half, at the
+ * offsets of gpu_decode16_map.h (mmoe_d16_fp4_piece_offset), then the 16 rows' scale words (64
+ * bytes, four lanes); after its wait a warp barrier makes every lane's copies visible to all,
+ * and two ldmatrix.x4 give each lane its words.  STAGES K blocks are in flight.
  */
 template <int BFMT>
 struct ring_of {
     static constexpr int V = BFMT == MMOE_B_FP4 ? 1 : 2;         /* uint4 per lane, row and K block */
-    static constexpr int STAGE_BYTES = 32 * (2 * V * 16 + 2 * 4);  /* one K block of one warp */
+    static constexpr int STAGE_BYTES = BFMT == MMOE_B_FP4 ? 16 * 64 + 16 * 4 : 32 * (2 * V * 16 + 2 * 4);
     static constexpr int STAGES = RING_BYTES / STAGE_BYTES;        /* 8 (MXFP4) or 4 (FP8) */
 };
 
 /**
- * The stage after @p stage in ring @p ring of format R (the last stage wraps to the first).  A
- * warp copies its K blocks into the stages in turn and reads them back in the same turn, so
- * each side walks the ring with a pointer: one compare and one select a step, no remainder and
- * no multiply.
+ * ldmatrix.x4 of 8x8 16-bit matrices at shared-window address @p sa (lanes 8i .. 8i + 7 name the
+ * rows of matrix i): register i of lane l is word l % 4 of row l / 4 of matrix i.
  */
-template <class R>
-__device__ __forceinline__ uint8_t *ring_next(uint8_t *stage, uint8_t *ring)
+__device__ __forceinline__ void ldmatrix_x4(unsigned sa, uint32_t (&r)[4])
 {
-    return stage == ring + (R::STAGES - 1) * R::STAGE_BYTES ? ring : stage + R::STAGE_BYTES;
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(sa)
+                 : "memory");
+}
+
+/** A 32-bit load from shared-window address @p sa. */
+__device__ __forceinline__ uint32_t ld_shared_u32(unsigned sa)
+{
+    uint32_t v;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(sa) : "memory");
+    return v;
 }
 
 /**
@@ -409,6 +420,7 @@ __device__ void decode_warp_fp4(const mmoe_decode_part &q, int expert, int row_g
     using R = ring_of<MMOE_B_FP4>;
     constexpr int STAGES = R::STAGES;
     constexpr int ROW_BYTES = DEC_BK / 2;
+    constexpr int HALF_BYTES = 8 * ROW_BYTES; /* one half of a stage: 8 rows */
     constexpr float A_UNIT = 16384.0f; /* 1 / (the product's power of two) */
     const int lane = threadIdx.x & 31;
     const int gid = lane >> 2, tig = lane & 3;
@@ -418,28 +430,32 @@ __device__ void decode_warp_fp4(const mmoe_decode_part &q, int expert, int row_g
     const uint8_t *bw = q.b + (size_t)expert * q.b_expert_stride + (size_t)nb * nkb * (128 * ROW_BYTES);
     const uint8_t *bs = q.b_scale + (size_t)expert * q.bs_expert_stride + (size_t)nb * nkb * (128 * 4);
     /*
-     * The next K block to copy (blocks 0, 1, ... in turn, block j into stage j % STAGES): word
-     * tig of row trow0's groups and the row's scale word; the lane's second row, trow0 + ROW1, is
-     * a constant distance further (an immediate offset of the copy).  Each copy advances the
-     * three pointers.
+     * The next K block to copy (blocks 0, 1, ... in turn, block j into stage j % STAGES): group
+     * tig of row trow0 (16 bytes), the lane's piece of the first half; its piece of the second
+     * half, row trow0 + ROW1, is a constant distance further (an immediate offset of the copy).
+     * Lanes 0..3 copy the scale words, 16 bytes each: lane 2h + i the i-th 16 bytes of half h's
+     * 8 rows.  Each copy advances the three pointers.
      */
     constexpr int ROW1 = EPI == MMOE_EPI_SWIGLU ? 64 : 8; /* L1: the up channel of gate row trow0; L2: row g + 8 */
-    const uint8_t *next_w = bw + trow0 * ROW_BYTES + tig * 4;
-    const uint8_t *next_s = bs + trow0 * 4;
-    uint8_t *next_stage = ring;
+    const uint8_t *next_w = bw + trow0 * ROW_BYTES + tig * 16;
+    const uint8_t *next_s = bs + (trow0 - gid + (lane >> 1 & 1) * ROW1) * 4 + (lane & 1) * 16;
+    const bool copies_scales = lane < 4;
+    const unsigned ring_sa = (unsigned)__cvta_generic_to_shared(ring);
+    const unsigned piece_sa = (unsigned)mmoe_d16_fp4_piece_offset(gid, tig);
+    const unsigned scale_sa = 2 * HALF_BYTES + lane * 16;
+    const unsigned ldm_sa = (unsigned)mmoe_d16_fp4_ldmatrix_row_offset(lane);
+    unsigned next_stage = ring_sa;
+    const unsigned last_stage = ring_sa + (STAGES - 1) * R::STAGE_BYTES;
 
-    /* stage layout: [row h][lane] of uint4 (word g = group g), then [row h][lane] of scale words */
+    /* stage layout: [half h][pieces of 8 rows] (gpu_decode16_map.h), then [half h][row] of scale words */
     auto issue_next = [&]() {
-#pragma unroll
-        for (int g = 0; g < 4; g++) {
-            cp_async4(next_stage + lane * 16 + g * 4, next_w + g * 16);
-            cp_async4(next_stage + (32 + lane) * 16 + g * 4, next_w + ROW1 * ROW_BYTES + g * 16);
-        }
-        cp_async4(next_stage + 1024 + lane * 4, next_s);
-        cp_async4(next_stage + 1024 + (32 + lane) * 4, next_s + ROW1 * 4);
+        cp_async16_sa(next_stage + piece_sa, next_w);
+        cp_async16_sa(next_stage + HALF_BYTES + piece_sa, next_w + ROW1 * ROW_BYTES);
+        if (copies_scales)
+            cp_async16_sa(next_stage + scale_sa, next_s);
         next_w += 128 * ROW_BYTES;
         next_s += 128 * 4;
-        next_stage = ring_next<R>(next_stage, ring);
+        next_stage = next_stage == last_stage ? ring_sa : next_stage + R::STAGE_BYTES;
     };
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
@@ -451,20 +467,22 @@ __device__ void decode_warp_fp4(const mmoe_decode_part &q, int expert, int row_g
 
     const int tok0 = tig * 2;
     const int brow = gid < ntok ? gid : 0; /* see staged_words() */
-    uint8_t *stage = ring; /* K block kb's stage: kb % STAGES */
+    unsigned stage = ring_sa; /* K block kb's stage: kb % STAGES */
     for (int kb = 0; kb < nkb; kb++) {
         cp_async_wait<STAGES - 2>();
-        const uint4 w0 = reinterpret_cast<const uint4 *>(stage)[lane];
-        const uint4 w1 = reinterpret_cast<const uint4 *>(stage)[32 + lane];
-        const uint32_t sw0 = reinterpret_cast<const uint32_t *>(stage + 1024)[lane];
-        const uint32_t sw1 = reinterpret_cast<const uint32_t *>(stage + 1024)[32 + lane];
-        stage = ring_next<R>(stage, ring);
-        /* the stage read last step is free again: K block kb + STAGES - 1 goes there */
+        __syncwarp(); /* every lane's copies of K block kb are complete and visible to the warp */
+        uint32_t ww0[4], ww1[4];
+        ldmatrix_x4(stage + ldm_sa, ww0);
+        ldmatrix_x4(stage + HALF_BYTES + ldm_sa, ww1);
+        const uint32_t sw0 = ld_shared_u32(stage + 2 * HALF_BYTES + gid * 4);
+        const uint32_t sw1 = ld_shared_u32(stage + 2 * HALF_BYTES + 32 + gid * 4);
+        stage = stage == last_stage ? ring_sa : stage + R::STAGE_BYTES;
+        /* the stage read last step is free again (every lane has passed this step's barrier): K
+           block kb + STAGES - 1 goes there */
         if (kb + STAGES - 1 < nkb)
             issue_next();
         cp_async_commit();
 
-        const uint32_t ww0[4] = {w0.x, w0.y, w0.z, w0.w}, ww1[4] = {w1.x, w1.y, w1.z, w1.w};
         /* activations, permuted at staging: group g's words are 2g (even k), 2g + 1 (odd k) */
         uint32_t xa[8];
         staged_words(sA, lda, brow, tig, kb, xa);
@@ -843,7 +861,7 @@ __device__ __forceinline__ void decode_gemm_block(const mmoe_decode_args &p)
 
 /** The decode GEMM (the "decode16" family: the name a profiler shows). */
 template <int AG, int EPI>
-__global__ void __launch_bounds__(DEC_THREADS, 4) decode16_gemm_kernel(const __grid_constant__ mmoe_decode_args p)
+__global__ void __launch_bounds__(DEC_THREADS, 5) decode16_gemm_kernel(const __grid_constant__ mmoe_decode_args p)
 {
     decode_gemm_block<AG, EPI>(p);
 }

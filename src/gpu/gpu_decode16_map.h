@@ -233,4 +233,29 @@ MMOE_D16_FN int mmoe_d16_b_word_offset(int t, int w)
     return t * 32 + w * 4;
 }
 
+/**
+ * The decode kernel's MXFP4 copy stage (gpu_decode.cu): one K block of a warp's 16 weight rows,
+ * 64 bytes a row, in two halves of 8 rows (rows g and g + 8 of the MMA fragments).  Lane (g, t)
+ * copies 16 bytes with one cp.async per half: group t (codes 32t .. 32t + 31) of row g.  The
+ * 16-byte piece (row r, group j) of a half lands at byte 64 r + 16 (j ^ ((r / 2) % 4)) of it, so
+ * that one ldmatrix.x4 reads a half without a bank conflict: its matrix j is group j of rows
+ * 0..7, lane (g, t) receives word t of each (codes 8t .. 8t + 7 of group j of row g, the word
+ * the fragments of mmoe_d16_a_pairs_fp4 take), and the eight 16-byte rows of one matrix fall in
+ * eight different quarters of the 32 banks.
+ */
+MMOE_D16_FN int mmoe_d16_fp4_piece_offset(int r, int j)
+{
+    const unsigned ur = (unsigned)r, uj = (unsigned)j;
+    return (int)(ur * 64u + ((uj ^ ((ur >> 1) & 3u)) * 16u));
+}
+
+/**
+ * The row address lane @p lane gives an ldmatrix.x4 of a half of the MXFP4 copy stage: lanes
+ * 8j .. 8j + 7 name rows 0..7 of matrix j (group j), at their pieces' offsets.
+ */
+MMOE_D16_FN int mmoe_d16_fp4_ldmatrix_row_offset(int lane)
+{
+    return mmoe_d16_fp4_piece_offset(lane & 7, lane >> 3);
+}
+
 #endif /* MMOE_GPU_DECODE16_MAP_H */
