@@ -964,7 +964,7 @@ static void run_decode_layer_cases(mmoe_rng *rng)
     make_layer(&L, 4096, 2048, 16, 6, 1, MMOE_RECIPE_SM90, 0.01, rng);
     snprintf(name, sizeof name, "%s sm90 v4-flash widths T=1", mmoe_gpu_gemm_name(g));
     run_case(name, &L, 1, ROUTE_RANDOM, &det);
-    /* at T = 1 with distinct experts a block stages one row: 43024 bytes of dynamic shared
+    /* at T = 1 with distinct experts a block stages one row: 42000 bytes of dynamic shared
        memory, five blocks per SM (gpu_decode.cu, "Shared memory per block") */
     ck_assert_int_eq(det.decode_blocks_per_sm, 5);
     snprintf(name, sizeof name, "%s sm90 v4-flash widths T=4", mmoe_gpu_gemm_name(g));
@@ -1005,13 +1005,12 @@ static void restore_gemm_env(char *saved)
  * decode kernel up to T = 128 on a compute-capability-9.0 device (sm90 recipe), fused up to
  * T = 4, the tile kernels above T = 128 and on other devices.
  *
- * Blocks per SM, derived here: the L1 launch (K = 4096, activation groups of 128, 16 experts)
- * asks for 4 x 9216 bytes of rings + rows x (4096 + 16) staged bytes + 8 x 32 x 4 bytes of
- * scales + 16 x 4 bytes of counts, plus 160 static bytes, and an H200 SM holds 233472 bytes of
- * shared memory with 1024 reserved per block: a block takes 39136 + 4112 rows bytes, so 1 row
- * fits 5 blocks (43248 bytes), 2..4 rows 4 (55584 at 4 rows), 5..8 rows 3 (59696 at 5,
- * 72032 at 8).  Shared memory is the limit: the sm_90a kernel's registers (at most 96 a
- * thread, 4 warps) allow 5.
+ * Blocks per SM, derived here: the L1 launch (K = 4096, activation groups of 128) asks for
+ * 4 x 9216 bytes of rings + rows x (4096 + 16) staged bytes + 8 x 32 x 4 bytes of scales,
+ * plus 144 static bytes, and an H200 SM holds 233472 bytes of shared memory with 1024 reserved
+ * per block: a block takes 39056 + 4112 rows bytes, so 1 row fits 5 blocks (43168 bytes),
+ * 2..4 rows 4 (47280 at 2 rows, 55504 at 4), 5..8 rows 3 (59616 at 5, 71952 at 8).  Shared
+ * memory is the limit: the sm_90a kernel's registers (at most 96 a thread, 4 warps) allow 5.
  */
 START_TEST(layer_decode16_family)
 {

@@ -15,19 +15,24 @@
  *     consecutive row groups of one tile, sharing the tile's activations, which the block
  *     stages in shared memory once, as FP8 bytes.  At T = 1 the V4-Flash layer's L1 GEMM has
  *     1792 warps of work (7 experts x 256 row groups) in 448 blocks: every SM gets several.
- *   - **A deep copy ring per warp.**  Each lane copies, for each K block, its pieces of the
- *     warp's 16 rows and their scale words with `cp.async` into its own slots of a 9 KB ring:
- *     7 (MXFP4) or 4 (FP8) K blocks, up to 6 KB of weights per warp in flight.  The layer's tile-major
- *     layout (gpu_moe.cu) makes the 32 lanes' copies one contiguous 1 KB (2 KB) run.  Each
- *     lane reads back only what it copied itself, so the ring needs no barrier: a per-thread
- *     `cp.async.wait_group` is the whole synchronisation.
+ *   - **A deep copy ring per warp.**  The warp copies each K block of its 16 rows and their
+ *     scale words with `cp.async` into a 9 KB ring of its own: 8 (MXFP4) or 4 (FP8) K blocks,
+ *     up to 7 KB of weights per warp in flight.  The layer's tile-major layout (gpu_moe.cu)
+ *     makes the warp's rows one contiguous 1 KB (2 KB) run per K block.  MXFP4: each lane
+ *     copies two 16-byte pieces (one per 8 rows), so a copy instruction moves 512 contiguous
+ *     bytes, and the lanes read the block back with two `ldmatrix.x4`, each lane receiving the
+ *     words its fragments need from other lanes' pieces; a warp barrier after the per-thread
+ *     `cp.async.wait_group` orders every lane's copies before those reads (the warp is
+ *     converged there, and the sm_90a build issues no instruction for it).  FP8: each lane
+ *     copies and reads back only its own slots, so the wait alone is the synchronisation.
  *   - **The K order inside an MMA is free**, since each output is a dot product: the fragment
  *     positions of m16n8k16 ("logical" k = 2t, 2t + 1, 2t + 8, 2t + 9 for lane t = lane % 4)
  *     may stand for any actual k, as long as the activation fragment of the same lane uses the
  *     same map.  The block stages the activations in the order the weight fragments need.
  *
- * **MXFP4 weights** (the routed experts): lane (g, t) (g = lane / 4) copies word t, codes
- * 8t..8t+7, of each of the four 32-wide groups of rows g and g + 8, so the MMA steps of group
+ * **MXFP4 weights** (the routed experts): lane (g, t) (g = lane / 4) holds word t, codes
+ * 8t..8t+7, of each of the four 32-wide groups of rows g and g + 8 (what ldmatrix gives it
+ * from the stage: gpu_decode16_map.h), so the MMA steps of group
  * j cover group j alone: two steps from zero, the even codes in the first, the odd ones in the
  * second.  A code becomes the F16 number e2m1 * 2^-14 by moving its bits (exact, no table),
  * and each group's sum is scaled by its own 2^(k - 127) in FP32 (an exact product); the four
@@ -47,13 +52,16 @@
  * additions: per output, one warp adds its K blocks in ascending order (fixed: a call is
  * deterministic).
  *
- * **Routing in every block.**  The kernel needs no routing kernel before it: each block reads
- * topk_idx (an input) and derives its tile, the tiles being the experts in ascending order,
- * each expert's valid (token, slot) pairs in ascending pair order cut into runs of 8.  The
- * rows of the routed L1 output and L2 input are the pair indices (token * topk + slot).  So
- * a block knows its weights before any earlier kernel has finished: launched with
- * programmatic dependent launch, its warps issue their first weight copies, and only then does
- * the block wait (griddepcontrol.wait) for the activations of the kernel before it.
+ * **Routing on the host, once per call.**  The kernel needs no routing kernel before it: the
+ * layer checks each call's topk_idx on the host and builds the table of its routed tiles there
+ * (gpu_decode_route.h: the experts in ascending order, each expert's valid (token, slot) pairs
+ * in ascending pair order cut into runs of 8), uploaded with the routing; a block reads its
+ * tile's entry with one load.  The rows of the routed L1 output and L2 input are the pair
+ * indices (token * topk + slot).  So a block knows its weights before any earlier kernel has
+ * finished: launched with programmatic dependent launch, its warps issue their first weight
+ * copies, and only then does the block wait (griddepcontrol.wait) for the activations of the
+ * kernel before it.  (Each block once derived its tile from topk_idx itself, two passes over
+ * the T * topk pairs; at T = 128 that prologue held 44% of the L1 launch's warp samples.)
  *
  * **One launch, routed and shared.**  A launch carries two parts: the shared expert (grid rows
  * [0, shared tiles), uniform tiles of 8 tokens, weight 1, slot topk) and the routed experts
@@ -82,21 +90,23 @@
  * (gpu_combine.cu) kernels after it: five launches.
  *
  * **Shared memory per block, and blocks per SM.**  A block holds its 4 warps' rings (36 KB),
- * the tile's staged activation rows (K + 16 bytes each), their scales and the routing counts.
+ * the tile's staged activation rows (K + 16 bytes each) and their scales.
  * The rows are sized by the launch, not by the tile's upper bound of 8: the host, which checks
  * the routing when it uploads it, passes the most rows any tile of the call holds (tile_rows:
  * min(8, T) for the shared part, min(8, the most pairs of one expert) for the routed part).  At
  * T = 1 with distinct experts that is one row: the V4-Flash L1 launch (K = 4096, 256 experts)
- * needs 36864 + 4112 + 1024 + 1024 = 43024 bytes, so five blocks fit in an SM's 228 KB (with
- * the 160 static bytes and the 1 KB each block reserves; the 92 registers of the sm_90a build
- * also allow five), and its 448 blocks run in one wave on 132 SMs.  With the shared expert, T
+ * needs 36864 + 4112 + 1024 = 42000 bytes, so five blocks fit in an SM's 228 KB (with
+ * the 144 static bytes and the 1 KB each block reserves; the kernel is compiled for five
+ * blocks of 128 threads, at most 96 registers a thread, and the sm_90a build uses 90 to 93),
+ * and its 448 blocks run in one wave on 132 SMs.  With the shared expert, T
  * tokens need min(8, T) rows: four blocks fit from 2 to 4 rows, three from 5 to 8.  A token
  * that names one expert in several slots has that many rows in the expert's tile (at most 8),
  * and the launch stages that many; a block whose tile holds more rows than the launch says
  * traps rather than overrun its staging.  The L2 launch (K = 2048) fits five blocks up to 3
- * rows and four up to 8.  The ring's size is what sets these counts: with 10 KB rings (8
- * MXFP4 stages) L1 would fit four blocks at one row and L2 three at 8 rows, and the layer
- * measures 6% slower at T = 128 that way (docs/perf.md).  Staging F16 rows instead of FP8 bytes would double the
+ * rows and four up to 8.  The ring's size is what sets these counts: with 10 KB rings L1
+ * would fit four blocks at one row and L2 three at 8 rows, and the layer measured 6% slower
+ * at T = 128 that way (docs/perf.md).  The FP8 stage (2304 bytes) needs the 9 KB for four
+ * stages; the MXFP4 stage (1088 bytes) uses 8704 of them.  Staging F16 rows instead of FP8 bytes would double the
  * activation bytes and cost blocks: the activations are converted in registers instead.
  *
  * **Handing over to the next launch.**  A block signals the launch after it
@@ -119,6 +129,7 @@
  */
 #include "gpu_internal.cuh"
 #include "gpu_decode16_map.h"
+#include "gpu_decode_route.h"
 #include "gpu_quant.cuh"
 #include "gpu_e2m1_decode.cuh"
 
@@ -129,96 +140,28 @@ constexpr int DEC_THREADS = DEC_WARPS * 32;
 constexpr int DEC_BK = 128;                /* K block: the tile-major layout's and sm90's group */
 
 /**
- * The block's tile of the routed part: experts in ascending order, each expert's valid pairs in
- * ascending pair order, cut into runs of 8.  Fills s_pair[0..8) with the pair indices (-1 past
- * the tile's end) and returns the expert, or -1 when tile @p y does not exist.  Uses s_cnt[E]
- * and s_scan[DEC_WARPS] of shared memory; all threads of the block call it.
- * The block of tile 0 and row group 0 also stores the call's routing counters (pairs per
- * expert, their running totals and the number of valid pairs; s_valid is its scratch).
+ * The block's tile of the routed part, from the call's table (gpu_decode_route.h): its entry
+ * (the expert, then 8 pair indices, -1 past the tile's end) into @p s_tile; returns the expert,
+ * or -1 when tile @p y does not exist.  The block of tile 0 and row group 0 also stores the
+ * call's routing counters (pairs per expert, their running totals and the number of valid
+ * pairs).  All threads of the block call it.
  */
-__device__ int route_tile(const mmoe_decode_args &p, int y, int *s_cnt, int *s_scan, int *s_pair, int *s_expert,
-                          int *s_j, int *s_valid)
+__device__ int read_tile(const mmoe_decode_args &p, int y, int *s_tile)
 {
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int E = p.E, pairs = p.T * p.topk;
-    for (int e = tid; e < E; e += DEC_THREADS)
-        s_cnt[e] = 0;
-    if (tid == 0) {
-        *s_expert = -1;
-        *s_valid = 0;
-    }
-    __syncthreads();
-    for (int i = tid; i < pairs; i += DEC_THREADS) {
-        const int e = p.topk_idx[i];
-        if (e >= 0)
-            atomicAdd(&s_cnt[e], 1);
-    }
-    __syncthreads();
-    /* exclusive scan of tiles per expert: each thread owns a contiguous chunk of experts */
-    const int chunk = (E + DEC_THREADS - 1) / DEC_THREADS;
-    const int e0 = min(E, tid * chunk), e1 = min(E, e0 + chunk);
-    int mine = 0, valid = 0;
-    for (int e = e0; e < e1; e++) {
-        mine += (s_cnt[e] + 7) / 8;
-        valid += s_cnt[e];
-    }
-    int incl = mine;
-    for (int off = 1; off < 32; off <<= 1) {
-        const int v = __shfl_up_sync(0xffffffffu, incl, off);
-        if (lane >= off)
-            incl += v;
-    }
-    if (lane == 31)
-        s_scan[warp] = incl;
-    __syncthreads();
-    int before = 0;
-    for (int w = 0; w < warp; w++)
-        before += s_scan[w];
-    int t = before + incl - mine;
-    for (int e = e0; e < e1; e++) {
-        const int n = (s_cnt[e] + 7) / 8;
-        if (y >= t && y < t + n) {
-            *s_expert = e;
-            *s_j = y - t;
-        }
-        t += n;
-    }
+    const int tid = threadIdx.x;
+    if (tid < MMOE_DECODE_TILE_INTS)
+        s_tile[tid] = p.route[(size_t)y * MMOE_DECODE_TILE_INTS + tid];
     if (p.counts != nullptr && y == 0 && blockIdx.x == 0) {
-        /* the call's routing counters, once per call */
-        for (int e = e0; e < e1; e++) {
-            p.counts[e] = s_cnt[e];
-            p.cum_counts[e] += s_cnt[e];
+        const int32_t *counts = p.route + (size_t)p.routed_tiles * MMOE_DECODE_TILE_INTS;
+        for (int e = tid; e < p.E; e += DEC_THREADS) {
+            p.counts[e] = counts[e];
+            p.cum_counts[e] += counts[e];
         }
-        for (int off = 16; off > 0; off >>= 1)
-            valid += __shfl_xor_sync(0xffffffffu, valid, off);
-        if (lane == 0)
-            atomicAdd(s_valid, valid);
+        if (tid == 0)
+            *p.num_pairs = counts[p.E];
     }
     __syncthreads();
-    if (p.counts != nullptr && y == 0 && blockIdx.x == 0 && tid == 0)
-        *p.num_pairs = *s_valid;
-    const int expert = *s_expert;
-    if (expert < 0)
-        return -1;
-    if (warp == 0) {
-        /* ranks [8j, 8j + 8) among the expert's pairs, in ascending pair order */
-        const int r0 = *s_j * 8;
-        int seen = 0;
-        if (lane < 8)
-            s_pair[lane] = -1;
-        __syncwarp();
-        for (int base = 0; base < pairs && seen < r0 + 8; base += 32) {
-            const int i = base + lane;
-            const int hit = i < pairs && p.topk_idx[i] == expert;
-            const uint32_t m = __ballot_sync(0xffffffffu, hit);
-            const int rank = seen + __popc(m & ((1u << lane) - 1u));
-            if (hit && rank >= r0 && rank < r0 + 8)
-                s_pair[rank - r0] = i;
-            seen += __popc(m);
-        }
-    }
-    __syncthreads();
-    return expert;
+    return s_tile[0];
 }
 
 /** A fragment register, kept by the lanes of the group being multiplied, zero in the others (per-group path). */
@@ -277,25 +220,40 @@ __device__ void stage_activations(const mmoe_decode_part &q, int ag, int ntok, c
                                   float *sAs)
 {
     mmoe_grid_dependency_wait();
-    const int K = q.K, chunks = K / 16, ng = K / ag;
-    for (int i = threadIdx.x; i < ntok * chunks; i += DEC_THREADS) {
-        const int r = i / chunks, c = i % chunks;
-        const uint4 v = *reinterpret_cast<const uint4 *>(q.a + (size_t)s_arow[r] * K + c * 16);
-        if (q.bfmt == MMOE_B_FP4) {
-            /*
-             * MXFP4 order (see decode_warp_fp4 and gpu_decode16_map.h): inside each K block, run
-             * (j, t) of 8 bytes at 32 j + 8 t goes to 32 t + 8 j, even positions first: lane t
-             * then reads its four groups' bytes as 32 contiguous bytes, each group's B registers
-             * in a row.  This chunk holds runs 2 (c % 8) and 2 (c % 8) + 1.
-             */
-            const int kb = c / 8, run = (c % 8) * 2;
-            uint8_t *blk = sA + r * lda + kb * DEC_BK;
-            *reinterpret_cast<uint2 *>(blk + mmoe_d16_run_offset(run, 1)) =
-                make_uint2(mmoe_d16_byte_perm(v.x, v.y, MMOE_D16_SEL_EVEN), mmoe_d16_byte_perm(v.x, v.y, MMOE_D16_SEL_ODD));
-            *reinterpret_cast<uint2 *>(blk + mmoe_d16_run_offset(run + 1, 1)) =
-                make_uint2(mmoe_d16_byte_perm(v.z, v.w, MMOE_D16_SEL_EVEN), mmoe_d16_byte_perm(v.z, v.w, MMOE_D16_SEL_ODD));
-        } else {
-            *reinterpret_cast<uint4 *>(sA + r * lda + c * 16) = v;
+    const int K = q.K, chunks = K / 16, ng = K / ag, n = ntok * chunks;
+    /* STAGE_LOADS chunks of 16 bytes per thread and round, their loads issued together */
+    constexpr int STAGE_LOADS = 4;
+    for (int i0 = threadIdx.x; i0 < n; i0 += STAGE_LOADS * DEC_THREADS) {
+        uint4 v[STAGE_LOADS];
+#pragma unroll
+        for (int u = 0; u < STAGE_LOADS; u++) {
+            const int i = i0 + u * DEC_THREADS, r = i / chunks, c = i % chunks;
+            if (i < n)
+                v[u] = *reinterpret_cast<const uint4 *>(q.a + (size_t)s_arow[r] * K + c * 16);
+        }
+#pragma unroll
+        for (int u = 0; u < STAGE_LOADS; u++) {
+            const int i = i0 + u * DEC_THREADS, r = i / chunks, c = i % chunks;
+            if (i >= n)
+                break;
+            if (q.bfmt == MMOE_B_FP4) {
+                /*
+                 * MXFP4 order (see decode_warp_fp4 and gpu_decode16_map.h): inside each K block,
+                 * run (j, t) of 8 bytes at 32 j + 8 t goes to 32 t + 8 j, even positions first:
+                 * lane t then reads its four groups' bytes as 32 contiguous bytes, each group's B
+                 * registers in a row.  This chunk holds runs 2 (c % 8) and 2 (c % 8) + 1.
+                 */
+                const int kb = c / 8, run = (c % 8) * 2;
+                uint8_t *blk = sA + r * lda + kb * DEC_BK;
+                *reinterpret_cast<uint2 *>(blk + mmoe_d16_run_offset(run, 1)) =
+                    make_uint2(mmoe_d16_byte_perm(v[u].x, v[u].y, MMOE_D16_SEL_EVEN),
+                               mmoe_d16_byte_perm(v[u].x, v[u].y, MMOE_D16_SEL_ODD));
+                *reinterpret_cast<uint2 *>(blk + mmoe_d16_run_offset(run + 1, 1)) =
+                    make_uint2(mmoe_d16_byte_perm(v[u].z, v[u].w, MMOE_D16_SEL_EVEN),
+                               mmoe_d16_byte_perm(v[u].z, v[u].w, MMOE_D16_SEL_ODD));
+            } else {
+                *reinterpret_cast<uint4 *>(sA + r * lda + c * 16) = v[u];
+            }
         }
     }
     for (int i = threadIdx.x; i < 8 * ng; i += DEC_THREADS) {
@@ -403,7 +361,8 @@ __device__ __forceinline__ void staged_words(const uint8_t *sA, int lda, int row
 
 /**
  * One warp's GEMM over MXFP4 weights, one 32-wide group per pair of MMA steps: lane (g, t)
- * copies word t (codes 8t..8t+7) of each of the four groups of rows g and g + 8, so that the
+ * copies group t of row g and of row g + 8 (16 bytes each) and receives, through ldmatrix,
+ * word t (codes 8t..8t+7) of each of the four groups of rows g and g + 8, so that the
  * two m16n8k16 steps of group j cover group j alone (each lane's 8 codes of it: the 4 even
  * ones in the first step, the 4 odd ones in the second; the staged activations are permuted to
  * match).  The codes are moved to F16 without a table (e2m1 * 2^-14, exact), the staged
@@ -764,13 +723,12 @@ __host__ __device__ inline int staged_row_bytes(int K)
 
 /**
  * Dynamic shared memory of a launch: the warps' rings, the @p tile_rows staged activation rows,
- * the scales of 8 (zero past the tile's rows: the lanes of absent tokens read them), the routing
- * counts.
+ * the scales of 8 (zero past the tile's rows: the lanes of absent tokens read them).
  */
-inline size_t decode_smem_bytes(int Kmax, int a_group, int tile_rows, int E)
+inline size_t decode_smem_bytes(int Kmax, int a_group, int tile_rows)
 {
     return (size_t)DEC_WARPS * RING_BYTES + (size_t)tile_rows * staged_row_bytes(Kmax) +
-           (size_t)8 * (Kmax / a_group) * sizeof(float) + (size_t)(E > 0 ? E : 1) * sizeof(int);
+           (size_t)8 * (Kmax / a_group) * sizeof(float);
 }
 
 /** Largest reduction length of a launch's two parts: the staged rows' length. */
@@ -788,8 +746,8 @@ template <int AG, int EPI>
 __device__ __forceinline__ void decode_gemm_block(const mmoe_decode_args &p)
 {
     extern __shared__ __align__(16) uint8_t smem[];
-    __shared__ int s_scan[DEC_WARPS];
-    __shared__ int s_pair[8], s_arow[8], s_orow[8], s_expert, s_j, s_valid, s_last, s_tok[8];
+    __shared__ int s_tile[MMOE_DECODE_TILE_INTS], s_arow[8], s_orow[8], s_last, s_tok[8];
+    const int *s_pair = s_tile + 1; /* the routed tile's pairs */
     __shared__ float s_w[8];
     const int tid = threadIdx.x, warp = tid >> 5;
     const int y = (int)blockIdx.y;
@@ -797,13 +755,12 @@ __device__ __forceinline__ void decode_gemm_block(const mmoe_decode_args &p)
     const mmoe_decode_part &q = shared_part ? p.shared : p.routed;
     const int row_group = (int)blockIdx.x * DEC_WARPS + warp;
     const int groups = EPI == MMOE_EPI_SWIGLU ? q.n_out / 8 : q.n_out / 16;
-    /* dynamic shared memory: rings | staged activations | their scales | routing counts */
+    /* dynamic shared memory: rings | staged activations | their scales */
     const int kmax = max(p.shared.K, p.routed.K);
     const int lda = staged_row_bytes(kmax);
     uint8_t *rings = smem;
     uint8_t *sA = rings + DEC_WARPS * RING_BYTES;
     float *sAs = reinterpret_cast<float *>(sA + p.tile_rows * lda);
-    int *s_cnt = reinterpret_cast<int *>(sAs + 8 * (kmax / AG));
     int expert = 0, ntok = 0;
     if (shared_part) {
         const int t0 = y * 8;
@@ -817,7 +774,7 @@ __device__ __forceinline__ void decode_gemm_block(const mmoe_decode_args &p)
         }
         __syncthreads();
     } else {
-        expert = route_tile(p, y - p.shared_tiles, s_cnt, s_scan, s_pair, &s_expert, &s_j, &s_valid);
+        expert = read_tile(p, y - p.shared_tiles, s_tile);
         if (expert < 0)
             return; /* beyond the call's tiles (the grid has an upper bound of them) */
         if (tid < 8) {
@@ -888,7 +845,7 @@ decode_kernel_fn decode_instance_of(int a_group, mmoe_epi epi)
  */
 cudaError_t set_instance_smem(decode_kernel_fn fn, const mmoe_decode_args *a, int a_group, size_t *smem)
 {
-    *smem = decode_smem_bytes(decode_kmax(a), a_group, a->tile_rows, a->E);
+    *smem = decode_smem_bytes(decode_kmax(a), a_group, a->tile_rows);
     cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)*smem);
     /* all of the unified L1 as shared memory: the rings are what keeps bytes in flight */
     if (e == cudaSuccess)
@@ -927,13 +884,6 @@ bool decode_args_ok(const mmoe_decode_args *a, mmoe_epi epi)
 }
 
 } // namespace
-
-int mmoe_decode_max_tiles(int T, int topk, int E)
-{
-    const int pairs = T * topk;
-    const int bound = (pairs + 7) / 8 + E;
-    return pairs < bound ? pairs : bound;
-}
 
 cudaError_t mmoe_launch_decode_gemm(const mmoe_decode_args *a, int a_group, mmoe_epi epi, int pdl, cudaStream_t s)
 {

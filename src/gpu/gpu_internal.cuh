@@ -322,14 +322,14 @@ struct mmoe_decode_part {
 
 /**
  * Arguments of one decode GEMM launch (gpu_decode.cu): the shared part (uniform tiles of 8
- * tokens, rows = tokens) and the routed part (tiles derived from topk_idx in each block; rows
- * of the routed L1 output and L2 input are pair indices token * topk + slot).
+ * tokens, rows = tokens) and the routed part (tiles from the call's table, gpu_decode_route.h;
+ * rows of the routed L1 output and L2 input are pair indices token * topk + slot).
  */
 struct mmoe_decode_args {
     mmoe_decode_part shared;    /**< the shared expert (grid rows [0, shared_tiles)) */
     mmoe_decode_part routed;    /**< the routed experts (the next routed_tiles grid rows) */
     int shared_tiles;           /**< tiles of the shared part: ceil(T / 8), or 0 */
-    int routed_tiles;           /**< upper bound of the routed tiles (mmoe_decode_max_tiles), or 0 */
+    int routed_tiles;           /**< upper bound of the routed tiles (mmoe_decode_route_max_tiles), or 0 */
     int tile_rows;              /**< 1..8: the most activation rows a tile of this launch holds, the rows
                                      each block stages (shared: min(8, T); routed: min(8, the most pairs
                                      of one expert)); a block given more traps */
@@ -337,6 +337,8 @@ struct mmoe_decode_args {
     int topk;                   /**< routed slots per token */
     int E;                      /**< routed experts */
     const int32_t *topk_idx;    /**< [T, topk], -1 = masked */
+    const int32_t *route;       /**< the routed tiles and counters of the call (gpu_decode_route.h, built for
+                                     routed_tiles tiles); NULL when routed_tiles is 0 */
     const float *topk_w;        /**< [T, topk] routing weights */
     int routed_a_by_pair;       /**< 1: the routed A row is the pair (L2); 0: the token (L1) */
     float clamp;                /**< SwiGLU clamp, <= 0: none */
@@ -362,9 +364,6 @@ struct mmoe_decode_args {
     int cb_has_shared;          /**< 1: slot topk (the shared expert) is part of every token's sum */
     __nv_bfloat16 *cb_out;      /**< the layer output [T, n_out] BF16 */
 };
-
-/** Upper bound of the routed tiles of 8 pairs a decode GEMM launch has for T tokens. */
-int mmoe_decode_max_tiles(int T, int topk, int E);
 
 /**
  * Launch the decode GEMM with epilogue @p epi (SwiGLU, or BF16 slots / raw sums) and activation

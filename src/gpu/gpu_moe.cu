@@ -39,6 +39,7 @@
 #include <string.h>
 
 #include "gpu_internal.cuh"
+#include "gpu_decode_route.h"
 #include "mmoe_gpu_moe.h"
 
 /**
@@ -86,6 +87,8 @@ struct mmoe_gpu_moe {
     size_t weight_bytes;      /**< bytes of all weight arrays */
     int cap;                  /**< tokens the workspace holds */
     int *pairs_of_expert;     /**< [E] host scratch: the uploaded routing's pairs per expert */
+    int32_t *dec_route;       /**< the decode GEMM's routed tiles and counters of the call (gpu_decode_route.h) */
+    int32_t *dec_route_host;  /**< host copy being built (uploaded to dec_route) */
     int route_rows;           /**< the uploaded routing's most pairs of one expert, capped at 8 */
     decode_occupancy occ;     /**< blocks per SM of the last decode call's L1 launch, and what they depend on */
     size_t ws_bytes;          /**< bytes of the workspace */
@@ -521,7 +524,7 @@ static void free_workspace(mmoe_gpu_moe *L)
 {
     void *ptrs[] = {L->x, L->y, L->slots, L->idx, L->tw, L->xs, L->a1, L->l2s, L->sh_a1, L->sh_l2s,
                     L->xq, L->l2q, L->sh_l2q, L->pool, L->tiles, L->part, L->sh_part, L->rq_counters,
-                    L->cb_counters, L->x16, L->l2h, L->sh_l2h};
+                    L->cb_counters, L->x16, L->l2h, L->sh_l2h, L->dec_route};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
         cudaFree(ptrs[i]);
     L->x = L->y = L->slots = NULL;
@@ -529,6 +532,9 @@ static void free_workspace(mmoe_gpu_moe *L)
     L->tw = L->xs = L->a1 = L->l2s = L->sh_a1 = L->sh_l2s = NULL;
     L->xq = L->l2q = L->sh_l2q = NULL;
     L->x16 = L->l2h = L->sh_l2h = NULL;
+    L->dec_route = NULL;
+    free(L->dec_route_host);
+    L->dec_route_host = NULL;
     L->pool = NULL;
     L->tiles = NULL;
     L->part = L->sh_part = NULL;
@@ -587,7 +593,7 @@ static size_t split_count(size_t K)
 static size_t rq_counter_count(const mmoe_gpu_moe *L, int T)
 {
     const int I = L->d.inter, SI = L->d.shared_inter;
-    const size_t rows = (size_t)(T + 7) / 8 + (size_t)mmoe_decode_max_tiles(T, L->d.topk, L->d.n_experts);
+    const size_t rows = (size_t)(T + 7) / 8 + (size_t)mmoe_decode_route_max_tiles(T, L->d.topk, L->d.n_experts);
     return rows * (size_t)((I > SI ? I : SI) / 128);
 }
 
@@ -602,6 +608,7 @@ static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
     const size_t ts = t < MMOE_SPLIT_MAX_T ? t : MMOE_SPLIT_MAX_T; /* tokens of a split-K call */
     const size_t rq_bytes = rq_counter_count(L, T) * sizeof(int);
     const size_t cb_bytes = t * (D / 64) * sizeof(int); /* the decode L2's combine: per token and 64 channels */
+    const size_t route_bytes = mmoe_decode_route_ints(mmoe_decode_route_max_tiles(T, (int)K, (int)E), (int)E) * 4;
     const struct {
         void **p;
         size_t bytes;
@@ -619,6 +626,7 @@ static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
         {(void **)&L->sh_part, ts * (2 * SI * split_count(D) > D * split_count(SI) ? 2 * SI * split_count(D)
                                                                                  : D * split_count(SI)) * 4},
         {(void **)&L->rq_counters, rq_bytes},     {(void **)&L->cb_counters, cb_bytes},
+        {(void **)&L->dec_route, route_bytes},
         {(void **)&L->x16, L->wgmma_ok ? t * D * 2 : 0},
         {(void **)&L->l2h, L->wgmma_ok ? t * K * I * 2 : 0},
         {(void **)&L->sh_l2h, L->wgmma_ok ? t * SI * 2 : 0},
@@ -635,6 +643,11 @@ static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
     if (e != cudaSuccess) {
         free_workspace(L);
         return cuda_fail(err, e, "cudaMalloc(workspace)");
+    }
+    L->dec_route_host = (int32_t *)malloc(route_bytes);
+    if (L->dec_route_host == NULL) {
+        free_workspace(L);
+        return mmoe_error_set(err, MMOE_ENOMEM, "gpu layer: out of host memory (routing table)");
     }
     L->cap = T;
     return MMOE_OK;
@@ -791,7 +804,8 @@ static mmoe_status launch_layer_decode(mmoe_gpu_moe *L, int T, int fused, mmoe_e
     a.topk_w = L->tw;
     a.clamp = L->d.swiglu_limit;
     a.shared_tiles = SI > 0 ? (T + 7) / 8 : 0;
-    a.routed_tiles = mmoe_decode_max_tiles(T, K, E);
+    a.routed_tiles = mmoe_decode_route_max_tiles(T, K, E);
+    a.route = L->dec_route;
     /* rows a block stages: a shared tile's tokens, a routed tile's pairs (from the upload's scan) */
     const int shared_rows = SI > 0 ? (T < 8 ? T : 8) : 0;
     a.tile_rows = shared_rows > L->route_rows ? shared_rows : L->route_rows;
@@ -1016,6 +1030,14 @@ static mmoe_status upload_inputs(mmoe_gpu_moe *L, int T, const uint16_t *x, cons
     CK(cudaMemcpyAsync(L->x, x, (size_t)T * D * 2, cudaMemcpyHostToDevice, L->stream), "upload x");
     CK(cudaMemcpyAsync(L->idx, topk_idx, (size_t)T * K * 4, cudaMemcpyHostToDevice, L->stream), "upload topk_idx");
     CK(cudaMemcpyAsync(L->tw, topk_w, (size_t)T * K * 4, cudaMemcpyHostToDevice, L->stream), "upload topk_weights");
+    if (use_decode(L, T)) {
+        /* the decode GEMM's routed tiles, built here once instead of in each of its blocks */
+        const int max_tiles = mmoe_decode_route_max_tiles(T, K, E);
+        mmoe_decode_route_table(T, K, E, topk_idx, max_tiles, L->dec_route_host, L->pairs_of_expert);
+        CK(cudaMemcpyAsync(L->dec_route, L->dec_route_host, mmoe_decode_route_ints(max_tiles, E) * 4,
+                           cudaMemcpyHostToDevice, L->stream),
+           "upload the decode routing table");
+    }
     return MMOE_OK;
 }
 
