@@ -778,8 +778,8 @@ static cudaError_t decode_occupancy_of(decode_occupancy *o, const mmoe_decode_ar
 
 /**
  * The decode pipeline (gpu_decode.cu): quant(x); L1 of the routed and the shared experts in one
- * launch, routing derived in each block; one requantization of both intermediates; L2 of both
- * into the combine slots; combine.  Up to MMOE_DECODE_FUSE_MAX_T tokens (@p fused) the L1
+ * launch, its routed tiles from the call's table (gpu_decode_route.h, built in upload_inputs);
+ * one requantization of both intermediates; L2 of both into the combine slots; combine.  Up to MMOE_DECODE_FUSE_MAX_T tokens (@p fused) the L1
  * launch requantizes and the L2 launch combines (their counters set), and the two standalone
  * kernels are not launched.  One stream, every launch after the first a programmatic dependent
  * launch, so that each GEMM's blocks load their weights while the kernel before finishes.
