@@ -60,8 +60,8 @@
  * indices (token * topk + slot).  So a block knows its weights before any earlier kernel has
  * finished: launched with programmatic dependent launch, its warps issue their first weight
  * copies, and only then does the block wait (griddepcontrol.wait) for the activations of the
- * kernel before it.  (Each block once derived its tile from topk_idx itself, two passes over
- * the T * topk pairs; at T = 128 that prologue held 44% of the L1 launch's warp samples.)
+ * kernel before it.  Deriving the tile in the block instead would cost every block two passes
+ * over the T * topk pairs before its first copy (docs/perf.md, "Sixth pass").
  *
  * **One launch, routed and shared.**  A launch carries two parts: the shared expert (grid rows
  * [0, shared tiles), uniform tiles of 8 tokens, weight 1, slot topk) and the routed experts
@@ -225,16 +225,19 @@ __device__ void stage_activations(const mmoe_decode_part &q, int ag, int ntok, c
     constexpr int STAGE_LOADS = 4;
     for (int i0 = threadIdx.x; i0 < n; i0 += STAGE_LOADS * DEC_THREADS) {
         uint4 v[STAGE_LOADS];
+        int rows[STAGE_LOADS], cols[STAGE_LOADS]; /* chunk i's row i / chunks and chunk i % chunks */
 #pragma unroll
         for (int u = 0; u < STAGE_LOADS; u++) {
-            const int i = i0 + u * DEC_THREADS, r = i / chunks, c = i % chunks;
+            const int i = i0 + u * DEC_THREADS;
+            rows[u] = i / chunks;
+            cols[u] = i % chunks;
             if (i < n)
-                v[u] = *reinterpret_cast<const uint4 *>(q.a + (size_t)s_arow[r] * K + c * 16);
+                v[u] = *reinterpret_cast<const uint4 *>(q.a + (size_t)s_arow[rows[u]] * K + cols[u] * 16);
         }
 #pragma unroll
         for (int u = 0; u < STAGE_LOADS; u++) {
-            const int i = i0 + u * DEC_THREADS, r = i / chunks, c = i % chunks;
-            if (i >= n)
+            const int r = rows[u], c = cols[u];
+            if (i0 + u * DEC_THREADS >= n)
                 break;
             if (q.bfmt == MMOE_B_FP4) {
                 /*

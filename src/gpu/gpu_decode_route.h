@@ -9,8 +9,8 @@
  * every block of that row needs its expert and its pairs before it can issue its first weight
  * copy.  The layer checks each call's routing on the host as it uploads it; it builds this table
  * there too and uploads it with the routing, so that a block reads its tile with one load
- * instead of scanning topk_idx itself (with T * topk pairs per call and thousands of blocks, the
- * scans had become a large part of the launch).
+ * instead of scanning the T * topk pairs of topk_idx itself, as each of a launch's thousands of
+ * blocks would.
  *
  * The table, MMOE_DECODE_TILE_INTS ints per tile for the launch's upper bound of tiles
  * (mmoe_decode_route_max_tiles), then the call's routing counters:
