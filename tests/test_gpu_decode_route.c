@@ -9,7 +9,8 @@
  * pair, the hits cut into runs of 8), and one small case against a table derived by hand.
  * Random routings with masked slots (-1), tokens that name one expert in several slots, every
  * slot masked, one expert receiving many tiles, and the upper bound of tiles at its two regimes
- * (T * topk, and ceil(T * topk / 8) + E).
+ * (T * topk, and ceil(T * topk / 8) + E).  The most rows a tile holds (the rows the layer has
+ * each block stage) against the reference's most pairs of one expert, capped at 8.
  */
 #include <check.h>
 #include <stdio.h>
@@ -64,6 +65,15 @@ static int check_table(int T, int topk, int E, const int32_t *idx, const char *w
         for (int k = 0; k < MMOE_DECODE_TILE_INTS; k++)
             ck_assert_msg(table[(size_t)t * MMOE_DECODE_TILE_INTS + k] == -1, "%s: unused tile %d int %d = %d", what, t,
                           k, table[(size_t)t * MMOE_DECODE_TILE_INTS + k]);
+    int most = 0;
+    for (int e = 0; e < E; e++) {
+        int count = 0;
+        for (long long i = 0; i < (long long)T * topk; i++)
+            count += idx[i] == e;
+        most = count > most ? count : most;
+    }
+    ck_assert_msg(mmoe_decode_route_most_rows(table, max_tiles, E) == (most < 8 ? most : 8),
+                  "%s: most rows %d, want min(8, %d)", what, mmoe_decode_route_most_rows(table, max_tiles, E), most);
     ck_assert_msg(table[(size_t)max_tiles * MMOE_DECODE_TILE_INTS + E] == valid, "%s: %d valid pairs, want %d", what,
                   table[(size_t)max_tiles * MMOE_DECODE_TILE_INTS + E], valid);
     free(table);
@@ -87,6 +97,7 @@ START_TEST(hand_derived_table)
     int32_t table[sizeof want / sizeof want[0]];
     int cursor[2];
     ck_assert_int_eq(mmoe_decode_route_table(3, 2, 2, idx, 3, table, cursor), 2);
+    ck_assert_int_eq(mmoe_decode_route_most_rows(table, 3, 2), 3); /* expert 1's three pairs */
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         ck_assert_msg(table[i] == want[i], "int %zu: %d, want %d", i, table[i], want[i]);
     check_table(3, 2, 2, idx, "hand");

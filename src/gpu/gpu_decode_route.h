@@ -78,4 +78,17 @@ static inline int mmoe_decode_route_table(int T, int topk, int E, const int32_t 
     return tiles;
 }
 
+/**
+ * The most pairs one tile of @p table (built for @p max_tiles tiles and @p E experts) holds:
+ * the most pairs of one expert, capped at 8, the rows a routed tile stages at most.
+ */
+static inline int mmoe_decode_route_most_rows(const int32_t *table, int max_tiles, int E)
+{
+    const int32_t *counts = table + (size_t)max_tiles * MMOE_DECODE_TILE_INTS;
+    int most = 0;
+    for (int e = 0; e < E; e++)
+        most = counts[e] > most ? counts[e] : most;
+    return most < 8 ? most : 8;
+}
+
 #endif /* MMOE_GPU_DECODE_ROUTE_H */

@@ -86,10 +86,10 @@ struct mmoe_gpu_moe {
     long long wide_l2;        /**< L2 weight blocks on the exact path */
     size_t weight_bytes;      /**< bytes of all weight arrays */
     int cap;                  /**< tokens the workspace holds */
-    int *pairs_of_expert;     /**< [E] host scratch: the uploaded routing's pairs per expert */
+    int *pairs_of_expert;     /**< [E] host scratch of the decode routing table's builder */
     int32_t *dec_route;       /**< the decode GEMM's routed tiles and counters of the call (gpu_decode_route.h) */
     int32_t *dec_route_host;  /**< host copy being built (uploaded to dec_route) */
-    int route_rows;           /**< the uploaded routing's most pairs of one expert, capped at 8 */
+    int route_rows;           /**< a decode call's most pairs of one expert, capped at 8 (from its table) */
     decode_occupancy occ;     /**< blocks per SM of the last decode call's L1 launch, and what they depend on */
     size_t ws_bytes;          /**< bytes of the workspace */
     __nv_bfloat16 *x;         /**< [cap, D] input */
@@ -992,23 +992,6 @@ static mmoe_status launch_layer(mmoe_gpu_moe *L, int T, int *block_m_out, mmoe_e
     return MMOE_OK;
 }
 
-/**
- * The most valid pairs any one expert receives in @p topk_idx (T tokens, checked), capped at 8:
- * the rows a routed decode tile holds at most (a token may name an expert in several slots).
- */
-static int most_pairs_of_one_expert(mmoe_gpu_moe *L, int T, const int32_t *topk_idx)
-{
-    const int K = L->d.topk, E = L->d.n_experts;
-    int most = 0;
-    memset(L->pairs_of_expert, 0, (size_t)E * sizeof(int));
-    for (long long i = 0; i < (long long)T * K; i++)
-        if (topk_idx[i] >= 0) {
-            const int n = ++L->pairs_of_expert[topk_idx[i]];
-            most = n > most ? n : most;
-        }
-    return most < 8 ? most : 8;
-}
-
 /** Check the routing and copy the inputs of a call to the device. */
 static mmoe_status upload_inputs(mmoe_gpu_moe *L, int T, const uint16_t *x, const int32_t *topk_idx,
                                  const float *topk_w, mmoe_error *err)
@@ -1025,7 +1008,6 @@ static mmoe_status upload_inputs(mmoe_gpu_moe *L, int T, const uint16_t *x, cons
     mmoe_status st = ensure_workspace(L, T, err);
     if (st != MMOE_OK || T == 0)
         return st;
-    L->route_rows = most_pairs_of_one_expert(L, T, topk_idx);
     const size_t D = (size_t)L->d.hidden;
     CK(cudaMemcpyAsync(L->x, x, (size_t)T * D * 2, cudaMemcpyHostToDevice, L->stream), "upload x");
     CK(cudaMemcpyAsync(L->idx, topk_idx, (size_t)T * K * 4, cudaMemcpyHostToDevice, L->stream), "upload topk_idx");
@@ -1034,6 +1016,7 @@ static mmoe_status upload_inputs(mmoe_gpu_moe *L, int T, const uint16_t *x, cons
         /* the decode GEMM's routed tiles, built here once instead of in each of its blocks */
         const int max_tiles = mmoe_decode_route_max_tiles(T, K, E);
         mmoe_decode_route_table(T, K, E, topk_idx, max_tiles, L->dec_route_host, L->pairs_of_expert);
+        L->route_rows = mmoe_decode_route_most_rows(L->dec_route_host, max_tiles, E);
         CK(cudaMemcpyAsync(L->dec_route, L->dec_route_host, mmoe_decode_route_ints(max_tiles, E) * 4,
                            cudaMemcpyHostToDevice, L->stream),
            "upload the decode routing table");
