@@ -1002,8 +1002,8 @@ static void restore_gemm_env(char *saved)
  * The whole layer on the decode kernel (MMOE_GPU_GEMM=decode16 for this test): the cases of
  * run_decode_layer_cases; then the V4-Flash widths at T = 2..5 and 8 (random routing: each tile
  * stages min(8, T) rows), each with the L1 launch's blocks per SM; then AUTO's choice: the
- * decode kernel up to T = 128 on a compute-capability-9.0 device (sm90 recipe), fused up to
- * T = 4, the tile kernels above T = 128 and on other devices.
+ * decode kernel up to T = 384 on a compute-capability-9.0 device (sm90 recipe), fused up to
+ * T = 4, the tile kernels above T = 384 and on other devices.
  *
  * Blocks per SM, derived here: the L1 launch (K = 4096, activation groups of 128) asks for
  * 4 x 9216 bytes of rings + rows x (4096 + 16) staged bytes + 8 x 32 x 4 bytes of scales,
@@ -1052,10 +1052,10 @@ START_TEST(layer_decode16_family)
     ck_assert_int_eq(det.gemm == MMOE_GPU_GEMM_DECODE16, cc == 90);
     ck_assert_int_eq(det.decode_launches, cc == 90 ? 5 : 0);
     ck_assert(det.kernel != NULL && (cc != 90 || strstr(det.kernel, "5 launches") != NULL));
-    run_case("auto sm90 T=128", &L, 128, ROUTE_RANDOM, &det);
+    run_case("auto sm90 T=384", &L, 384, ROUTE_RANDOM, &det);
     ck_assert_int_eq(det.gemm == MMOE_GPU_GEMM_DECODE16, cc == 90);
     ck_assert_int_eq(det.decode_launches, cc == 90 ? 5 : 0);
-    run_case("auto sm90 T=129", &L, 129, ROUTE_RANDOM, &det);
+    run_case("auto sm90 T=385", &L, 385, ROUTE_RANDOM, &det);
     ck_assert_int_ne(det.gemm, MMOE_GPU_GEMM_DECODE16);
     ck_assert_int_eq(det.decode_launches, 0);
     free_layer(&L);

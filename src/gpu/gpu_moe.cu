@@ -666,11 +666,12 @@ static mmoe_status ensure_workspace(mmoe_gpu_moe *L, int T, mmoe_error *err)
 
 /**
  * The largest call AUTO runs on the decode kernel (gpu_decode.cu): measured on one H200,
- * V4-Flash layer, sm90 recipe (docs/perf.md, "Kernel choice"): faster than the mma.sync tile
- * kernel at every T measured up to here (1.6x at T = 1, 1.1x at T = 128); larger calls were
- * not measured, so they keep the tile kernels.
+ * V4-Flash layer, sm90 recipe (docs/perf.md, "Kernel choice"): faster than both tile kernels
+ * at every T measured up to here (T = 128: 1323 us against wgmma's 2259; T = 384: 2479
+ * against 2529); at T = 512 the wgmma kernel is faster (2799 against 3131), so larger calls
+ * run the tile kernels.
  */
-#define MMOE_AUTO_DECODE_MAX_T 128
+#define MMOE_AUTO_DECODE_MAX_T 384
 
 /**
  * The largest decode call whose GEMMs requantize and combine themselves (3 launches); larger
