@@ -17,7 +17,7 @@
 
 #include "mmoe_formats.h"
 
-int64_t gmc_beyond_2ulp(const double *err, const uint16_t *ref, int64_t D, double rms)
+int64_t gmc_beyond_ulps(const double *err, const uint16_t *ref, int64_t D, double rms, int ulps)
 {
     int64_t beyond = 0;
     for (int64_t j = 0; j < D; j++) {
@@ -25,7 +25,7 @@ int64_t gmc_beyond_2ulp(const double *err, const uint16_t *ref, int64_t D, doubl
         if (isnan(r) || isnan(err[j]))
             continue;
         const double ulp = ldexp(1.0, ilogb(fmax(fmax(fabs(r), rms), 1e-30)) - 7);
-        beyond += fabs(err[j]) > 2.0 * ulp;
+        beyond += fabs(err[j]) > ulps * ulp;
     }
     return beyond;
 }
@@ -50,13 +50,13 @@ static double rel_of(double err_sq, double ref_sq)
     return ref_sq > 0.0 ? sqrt(err_sq / ref_sq) : sqrt(err_sq);
 }
 
-/** Does one token's error pass both bounds within the token? */
-static int token_passes(const double *err, const uint16_t *ref, int64_t D)
+/** Does one token's error pass a normwise bound @p norm_tol and the element count at @p ulps? */
+static int token_passes(const double *err, const uint16_t *ref, int64_t D, double norm_tol, int ulps)
 {
     double ref_sq, err_sq;
     token_sums(err, ref, D, &ref_sq, &err_sq);
-    const int64_t beyond = gmc_beyond_2ulp(err, ref, D, sqrt(ref_sq / (double)D));
-    return rel_of(err_sq, ref_sq) <= GMC_NORM_TOL && (double)beyond <= GMC_ELEM_FRAC * (double)D;
+    const int64_t beyond = gmc_beyond_ulps(err, ref, D, sqrt(ref_sq / (double)D), ulps);
+    return rel_of(err_sq, ref_sq) <= norm_tol && (double)beyond <= GMC_ELEM_FRAC * (double)D;
 }
 
 /** W2 of one expert, decoded on demand: routed (E2M1 + UE8M0 per group) or shared (E4M3 + UE8M0 blocks). */
@@ -173,7 +173,7 @@ int gmc_explain_token(const gmc_layer *L, int64_t t, double *err, const uint16_t
                       gmc_flip *flips)
 {
     const int64_t D = L->desc->hidden;
-    if (token_passes(err, ref, D))
+    if (token_passes(err, ref, D, GMC_NORM_TOL, GMC_ULPS))
         return 0;
     int64_t *experts = malloc((size_t)(L->desc->topk + 1) * sizeof *experts);
     if (experts == NULL)
@@ -236,7 +236,7 @@ int gmc_explain_token(const gmc_layer *L, int64_t t, double *err, const uint16_t
         flips[f].channel = best_c;
         /* the chosen columns' multiples fitted together (least squares), from the first error */
         fit_columns(cols, f + 1, D, err0, err, flips);
-        if (token_passes(err, ref, D))
+        if (token_passes(err, ref, D, GMC_FLIP_NORM_TOL, GMC_FLIP_ULPS))
             result = f + 1;
     }
     free(cols);
@@ -267,10 +267,29 @@ static void print_error_by_token(const uint16_t *gpu, const uint16_t *ref, int64
             if (fabs(err[j]) > fabs(err[worst_j]))
                 worst_j = j;
         printf("    token %lld: rel L2 %.3g, beyond 2 ulp %lld, worst channel %lld: gpu %.6g ref %.6g\n", (long long)t,
-               rel_of(err_sq, ref_sq), (long long)gmc_beyond_2ulp(err, ref + t * D, D, sqrt(ref_sq / (double)D)),
+               rel_of(err_sq, ref_sq), (long long)gmc_beyond_ulps(err, ref + t * D, D, sqrt(ref_sq / (double)D), GMC_ULPS),
                (long long)worst_j, (double)mmoe_bf16_to_f32(gpu[t * D + worst_j]),
                (double)mmoe_bf16_to_f32(ref[t * D + worst_j]));
     }
+}
+
+/** The call's bounds over the tokens not explained by flips (@p explained NULL: all of them). */
+static void call_sums(gmc_verdict *v, int64_t T, int64_t D, const double *tok_ref_sq, const double *tok_err_sq,
+                      const int64_t *tok_beyond, const int *explained)
+{
+    double ref_sq = 0.0, err_sq = 0.0;
+    v->beyond = 0;
+    v->n = 0;
+    for (int64_t t = 0; t < T; t++) {
+        if (explained != NULL && explained[t])
+            continue;
+        ref_sq += tok_ref_sq[t];
+        err_sq += tok_err_sq[t];
+        v->beyond += tok_beyond[t];
+        v->n += D;
+    }
+    v->rel_l2 = rel_of(err_sq, ref_sq);
+    v->pass = v->nan_count == 0 && v->rel_l2 <= GMC_NORM_TOL && (double)v->beyond <= GMC_ELEM_FRAC * (double)v->n;
 }
 
 gmc_verdict gmc_compare(const char *what, const gmc_layer *L, const uint16_t *gpu, const uint16_t *ref, int64_t T,
@@ -278,34 +297,24 @@ gmc_verdict gmc_compare(const char *what, const gmc_layer *L, const uint16_t *gp
 {
     gmc_verdict v;
     memset(&v, 0, sizeof v);
-    v.n = T * D;
+    const size_t nt = (size_t)(T > 0 ? T : 1);
     double *err = malloc((size_t)(D > 0 ? D : 1) * sizeof *err);
-    double *tok_err_sq = calloc((size_t)(T > 0 ? T : 1), sizeof *tok_err_sq);
-    int64_t *tok_beyond = calloc((size_t)(T > 0 ? T : 1), sizeof *tok_beyond);
-    if (err == NULL || tok_err_sq == NULL || tok_beyond == NULL) {
+    double *tok_ref_sq = calloc(nt, sizeof *tok_ref_sq), *tok_err_sq = calloc(nt, sizeof *tok_err_sq);
+    int64_t *tok_beyond = calloc(nt, sizeof *tok_beyond);
+    int *explained = calloc(nt, sizeof *explained);
+    if (err == NULL || tok_ref_sq == NULL || tok_err_sq == NULL || tok_beyond == NULL || explained == NULL) {
         printf("  %s: out of memory in the comparison\n", what);
-        free(err);
-        free(tok_err_sq);
-        free(tok_beyond);
-        return v;
+        v.nan_count = -1;
+        goto done;
     }
-    double ref_sq_all = 0.0;
     for (int64_t t = 0; t < T; t++) {
         token_error(gpu, ref, t, D, err);
         for (int64_t j = 0; j < D; j++)
             v.nan_count += isnan(err[j]);
-        double ref_sq;
-        token_sums(err, ref + t * D, D, &ref_sq, &tok_err_sq[t]);
-        tok_beyond[t] = gmc_beyond_2ulp(err, ref + t * D, D, sqrt(ref_sq / (double)D));
-        ref_sq_all += ref_sq;
+        token_sums(err, ref + t * D, D, &tok_ref_sq[t], &tok_err_sq[t]);
+        tok_beyond[t] = gmc_beyond_ulps(err, ref + t * D, D, sqrt(tok_ref_sq[t] / (double)D), GMC_ULPS);
     }
-    double err_sq_all = 0.0;
-    for (int64_t t = 0; t < T; t++) {
-        err_sq_all += tok_err_sq[t];
-        v.beyond += tok_beyond[t];
-    }
-    v.rel_l2 = rel_of(err_sq_all, ref_sq_all);
-    v.pass = v.nan_count == 0 && v.rel_l2 <= GMC_NORM_TOL && (double)v.beyond <= GMC_ELEM_FRAC * (double)v.n;
+    call_sums(&v, T, D, tok_ref_sq, tok_err_sq, tok_beyond, NULL);
     printf("  %s: rel L2 %.3g, elements beyond 2 bf16 ulp %lld / %lld\n", what, v.rel_l2, (long long)v.beyond,
            (long long)v.n);
     if (!v.pass && L != NULL && v.nan_count == 0) {
@@ -322,35 +331,31 @@ gmc_verdict gmc_compare(const char *what, const gmc_layer *L, const uint16_t *gp
             }
             double ref_sq, err_sq;
             token_sums(err, ref + t * D, D, &ref_sq, &err_sq);
-            const int64_t beyond = gmc_beyond_2ulp(err, ref + t * D, D, sqrt(ref_sq / (double)D));
             printf("    token %lld: explained by %d requantization flip%s:", (long long)t, k, k > 1 ? "s" : "");
             for (int f = 0; f < k; f++)
                 printf(" %s %lld channel %lld (alpha %.4g)%s", flips[f].expert < 0 ? "shared expert" : "expert",
                        (long long)(flips[f].expert < 0 ? 0 : flips[f].expert), (long long)flips[f].channel,
                        flips[f].alpha, f + 1 < k ? "," : "");
-            printf("; rel L2 %.3g -> %.3g, beyond 2 ulp %lld -> %lld\n", rel_of(tok_err_sq[t], ref_sq),
-                   rel_of(err_sq, ref_sq), (long long)tok_beyond[t], (long long)beyond);
-            tok_err_sq[t] = err_sq;
-            tok_beyond[t] = beyond;
+            printf("; rel L2 %.3g -> %.3g, beyond 2 ulp %lld, beyond %d ulp after %lld\n",
+                   rel_of(tok_err_sq[t], ref_sq), rel_of(err_sq, ref_sq), (long long)tok_beyond[t], GMC_FLIP_ULPS,
+                   (long long)gmc_beyond_ulps(err, ref + t * D, D, sqrt(ref_sq / (double)D), GMC_FLIP_ULPS));
+            explained[t] = 1;
             v.explained++;
         }
         if (v.explained > 0) {
-            err_sq_all = 0.0;
-            v.beyond = 0;
-            for (int64_t t = 0; t < T; t++) {
-                err_sq_all += tok_err_sq[t];
-                v.beyond += tok_beyond[t];
-            }
-            v.rel_l2 = rel_of(err_sq_all, ref_sq_all);
-            v.pass = v.rel_l2 <= GMC_NORM_TOL && (double)v.beyond <= GMC_ELEM_FRAC * (double)v.n;
-            printf("  %s: with %lld token%s explained: rel L2 %.3g, elements beyond 2 bf16 ulp %lld / %lld\n", what,
-                   (long long)v.explained, v.explained > 1 ? "s" : "", v.rel_l2, (long long)v.beyond, (long long)v.n);
+            call_sums(&v, T, D, tok_ref_sq, tok_err_sq, tok_beyond, explained);
+            printf("  %s: the %lld token%s not explained: rel L2 %.3g, elements beyond 2 bf16 ulp %lld / %lld\n",
+                   what, (long long)(T - v.explained), T - v.explained == 1 ? "" : "s", v.rel_l2, (long long)v.beyond,
+                   (long long)v.n);
         }
     }
     if (!v.pass)
         print_error_by_token(gpu, ref, T, D, err);
+done:
     free(err);
+    free(tok_ref_sq);
     free(tok_err_sq);
     free(tok_beyond);
+    free(explained);
     return v;
 }
