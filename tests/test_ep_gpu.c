@@ -10,9 +10,10 @@
  *    and a rank that fails before the exchange is reported by all (with one GPU: the one-rank
  *    communicator, whose exchange moves nothing but runs the whole staging path);
  *  - the EP layer with GPU executors over the NCCL group against the CPU oracle's unsplit layer
- *    on the same weights and routing, recipes sm90 and sm100, with the GPU suite's bound
- *    (tests/test_gpu_moe.c: the GPU and the oracle differ only in the order of FP32 additions
- *    inside the GEMMs: relative L2 <= 2^-8, at most 0.5 % of the elements beyond 2 BF16 ulps);
+ *    on the same weights and routing, recipes sm90 and sm100, with the GPU suite's comparison
+ *    (tests/gpu_moe_compare.h: the GPU and the oracle differ only in the order of FP32
+ *    additions inside the GEMMs: relative L2 <= 2^-8, at most 0.5 % of the elements beyond 2
+ *    BF16 ulps, a token first explained by requantization flips where it needs them);
  *    T = 0, 1, 3 (split-K), 40 and 300; random routing, every token on rank 0's experts, masked
  *    slots;
  *  - the same layer over the in-process group with one rank (the same GPU executor, no NCCL):
@@ -33,36 +34,22 @@
 #include "mmoe_moe_synth.h"
 #include "mmoe_rng.h"
 #include "mmoe_test.h"
+#include "gpu_moe_compare.h"
 
-#define GPU_NORM_TOL 0x1.0p-8
-#define GPU_ELEM_FRAC 0.005
 
 static uint64_t g_seed;
 static int g_gpus;
 
-/** The GPU suite's comparison (tests/test_gpu_moe.c), on BF16 outputs. */
-static void compare_outputs(const char *what, const uint16_t *gpu, const uint16_t *ref, int64_t n)
+/** The GPU suite's comparison (tests/gpu_moe_compare.h) of @p T tokens routed by @p idx. */
+static void compare_outputs(const char *what, const mmoe_moe_desc *d, const mmoe_moe_weights *w, const int64_t *idx,
+                            const uint16_t *gpu, const uint16_t *ref, int64_t T)
 {
-    double num = 0.0, den = 0.0;
-    int64_t bad = 0, nan_count = 0;
-    for (int64_t i = 0; i < n; i++) {
-        float g = mmoe_bf16_to_f32(gpu[i]), r = mmoe_bf16_to_f32(ref[i]);
-        if (isnan(g) || isnan(r)) {
-            nan_count++;
-            continue;
-        }
-        num += ((double)g - r) * ((double)g - r);
-        den += (double)r * r;
-        double ulp = ldexp(1.0, ilogb(fmax(fabs((double)r), 1e-30)) - 7);
-        if (fabs((double)g - r) > 2.0 * ulp)
-            bad++;
-    }
-    double rel = den > 0 ? sqrt(num / den) : sqrt(num);
-    printf("  %s: rel L2 %.3g, elements beyond 2 bf16 ulp %lld / %lld\n", what, rel, (long long)bad, (long long)n);
-    ck_assert_msg(nan_count == 0, "%s: %lld NaN outputs", what, (long long)nan_count);
-    ck_assert_msg(rel <= GPU_NORM_TOL, "%s: relative L2 error %g > %g", what, rel, GPU_NORM_TOL);
-    ck_assert_msg((double)bad <= GPU_ELEM_FRAC * (double)n, "%s: %lld of %lld elements beyond 2 bf16 ulp", what,
-                  (long long)bad, (long long)n);
+    const gmc_layer layer = {d, w, idx};
+    const gmc_verdict v = gmc_compare(what, &layer, gpu, ref, T, d->hidden);
+    ck_assert_msg(v.nan_count == 0, "%s: %lld NaN outputs (seed %llu)", what, (long long)v.nan_count,
+                  (unsigned long long)g_seed);
+    ck_assert_msg(v.pass, "%s: rel L2 %g, %lld of %lld elements beyond 2 bf16 ulp (seed %llu)", what, v.rel_l2,
+                  (long long)v.beyond, (long long)v.n, (unsigned long long)g_seed);
 }
 
 /* ------------------------------------------------------------------ the NCCL exchange */
@@ -217,7 +204,7 @@ START_TEST(ep_layer_on_gpus)
             char what[160];
             snprintf(what, sizeof what, "%s, %d GPU(s), T = %lld, routing %s", mmoe_moe_recipe_name(recipe), g_gpus,
                      (long long)t, route == 0 ? "router" : route == 1 ? "all on rank 0" : "masked");
-            compare_outputs(what, yn, y_ref, t * D);
+            compare_outputs(what, &d, w, idx, yn, y_ref, t);
             int64_t differ = 0;
             for (int64_t i = 0; i < t * D; i++)
                 differ += yn[i] != y1[i];
