@@ -408,11 +408,18 @@ __device__ __forceinline__ void moe_stage(float *xs, const float *const (&xt)[TT
                 float *staged = xs + moe_xs_pos<TT>(t, l0, 4 * q0);
 #pragma unroll 1
                 for (int l = l0; l < 8; l += PASS, chain += PASS * K8, staged += PASS * moe_xs<TT>::STRIDE) {
-                    const float *src = chain;
-                    float *dst = staged;
+                    if (n == 4 * W) {
+                        /* a whole chunk: W / TPC words a thread, a count known here, so issued back to back */
+#pragma unroll
+                        for (int k = 0; k < W / TPC; k++)
+                            moe_cp16(staged + 4 * TPC * k, chain + 4 * TPC * k);
+                    } else {
+                        const float *src = chain;
+                        float *dst = staged;
 #pragma unroll 1
-                    for (int q = q0; q < n / 4; q += TPC, src += 4 * TPC, dst += 4 * TPC)
-                        moe_cp16(dst, src);
+                        for (int q = q0; q < n / 4; q += TPC, src += 4 * TPC, dst += 4 * TPC)
+                            moe_cp16(dst, src);
+                    }
                 }
             }
         }
