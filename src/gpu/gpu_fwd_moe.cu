@@ -378,8 +378,10 @@ __device__ __forceinline__ void moe_cp_wait(void)
  * chains' words of one warp land in 8 distinct bank quads.  Longer chunks (the tiles of 1 to
  * 4 tokens) are copied by TPC = min(W, NTH) consecutive threads per chain, NTH / TPC chains at
  * a time (all compile-time powers of two: shifts, not divisions), each thread stepping by
- * pointer: a warp's 32 copies are 512 contiguous bytes of one chain at both ends where W >= 32.
- * (Eight pieces of 64 bytes per warp, one per chain, made the one-token kernels 10% slower.)
+ * pointer, W / TPC words a chain when the chunk is whole (a count known at compile time, so
+ * a one-warp router CTA issues them back to back): a warp's 32 copies are 512 contiguous
+ * bytes of one chain at both ends where W >= 32 (a warp copying a 64-byte piece of each of the
+ * 8 chains instead measured 10% slower in the one-token kernels: docs/perf.md).
  * The 16-byte copies are asynchronous (cp.async: no registers hold them, all are in flight at
  * once) and cached in L1 (.ca: the other CTAs of the SM stage the same tokens); the caller's
  * barrier after this makes them visible to the CTA.
