@@ -14,7 +14,7 @@
 # with STEPS a subset of "build test memcheck bench forward profile tiles ep"
 # (default: build test memcheck bench forward).
 #   ep: expert parallelism on every GPU of the machine (tests/test_ep_gpu, bench moe --gpus N).
-# MMOE_GEMMS (default "mma wgmma decode16") names the kernel families that test and memcheck run.
+# MMOE_GEMMS (default "auto mma wgmma decode16") names the kernel families that test and memcheck run.
 set -u
 OUT=${OUT:-/tmp/mmoe-out}
 mkdir -p "$OUT"
@@ -46,8 +46,8 @@ case " $STEPS " in *" ep "*)
   echo "bench moe --gpus $n_gpus: rc=$?"; cat "$OUT/bench-ep.log";;
 esac
 case " $STEPS " in *" test "*)
-  # the suite once per GEMM kernel family: the portable mma.sync one and wgmma (sm_90a)
-  for gemm in ${MMOE_GEMMS:-mma wgmma decode16}; do
+  # the suite once per GEMM kernel family (auto: the per-call choice users get), each forced family too
+  for gemm in ${MMOE_GEMMS:-auto mma wgmma decode16}; do
     log="$OUT/test_gpu_moe-$gemm.log"
     MMOE_GPU_GEMM=$gemm CK_VERBOSITY=verbose timeout 300 ./tests/test_gpu_moe > "$log" 2>&1; rc=$?
     echo "test_gpu_moe (MMOE_GPU_GEMM=$gemm): rc=$rc"
@@ -61,7 +61,7 @@ esac
 case " $STEPS " in *" memcheck "*)
   if command -v compute-sanitizer > /dev/null; then
     # decode16: T <= 4 runs the 3-launch pipeline (the GEMMs requantize and combine), 40 the 5-launch one
-    for gemm in ${MMOE_GEMMS:-mma wgmma decode16}; do
+    for gemm in ${MMOE_GEMMS:-auto mma wgmma decode16}; do
       timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 ./tests/bench_moe_gpu --shape tiny --tokens 1,40,300 \
         --iters 2 --gemm "$gemm" --peer none > "$OUT/memcheck-$gemm.log" 2>&1
       echo "memcheck ($gemm): rc=$?"; tail -n 6 "$OUT/memcheck-$gemm.log"
