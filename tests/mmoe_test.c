@@ -42,19 +42,6 @@ void mmoe_test_poison_f64(double *p, size_t n)
         p[i] = NAN;
 }
 
-mmoe_tensor mmoe_test_view2(mmoe_dtype dt, int64_t rows, int64_t cols, void *data)
-{
-    mmoe_tensor t;
-    memset(&t, 0, sizeof t);
-    t.dtype = dt;
-    t.ndim = 2;
-    t.shape[0] = rows;
-    t.shape[1] = cols;
-    t.data = data;
-    t.nbytes = (size_t)(rows * cols) * mmoe_dtype_size(dt);
-    return t;
-}
-
 void mmoe_test_poison_bf16(uint16_t *p, size_t n)
 {
     for (size_t i = 0; i < n; i++)

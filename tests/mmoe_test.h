@@ -20,7 +20,6 @@
 #include <stdint.h>
 
 #include "mmoe_rng.h"
-#include "mmoe_tensor.h"
 
 /** Exit status automake reads as "skipped". */
 #define MMOE_TEST_SKIP 77
@@ -44,9 +43,6 @@ void mmoe_test_poison_f64(double *p, size_t n);
 
 /** Fill @p n BF16 values (uint16 bit patterns) with a quiet NaN (0x7FC0). */
 void mmoe_test_poison_bf16(uint16_t *p, size_t n);
-
-/** A 2-D view of @p data: dtype @p dt, @p rows x @p cols, nbytes from the dtype's size. */
-mmoe_tensor mmoe_test_view2(mmoe_dtype dt, int64_t rows, int64_t cols, void *data);
 
 /** Rows of mmoe_test_sum_order_row(): p = 1..127 times q = 0..7. */
 #define MMOE_TEST_SUM_ORDER_ROWS (127 * 8)

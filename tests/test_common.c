@@ -64,6 +64,12 @@ START_TEST(tensor_expect_messages)
     ck_assert_str_eq(err.msg, "tensor 'x': expected shape [3, 2], found [2, 3]");
     ck_assert_int_eq(mmoe_tensor_expect(&t, "x", MMOE_DT_BF16, 2, ok_shape, &err), MMOE_EDTYPE);
     ck_assert_str_eq(err.msg, "tensor 'x': expected dtype BF16, found F32");
+    /* the 2-D view constructor gives the same view as the literal above; its bytes from the dtype */
+    const mmoe_tensor v = mmoe_tensor_view2(MMOE_DT_F32, 2, 3, data);
+    ck_assert_int_eq(mmoe_tensor_expect(&v, "v", MMOE_DT_F32, 2, ok_shape, &err), MMOE_OK);
+    ck_assert_ptr_eq(v.data, data);
+    ck_assert_uint_eq(v.nbytes, sizeof data);
+    ck_assert_uint_eq(mmoe_tensor_view2(MMOE_DT_BF16, 4, 5, data).nbytes, 40);
 }
 END_TEST
 

@@ -115,19 +115,19 @@ static void make_layer_b(test_layer *L, int64_t D, int64_t I, int64_t E, int top
         fill_fp4(rng, w1, s1, I, D, b1, wide_frac);
         fill_fp4(rng, w3, s3, I, D, b1, wide_frac);
         fill_fp4(rng, w2, s2, D, I, b2, wide_frac);
-        x->w1 = mmoe_test_view2(MMOE_DT_U8, I, D / 2, w1);
-        x->w3 = mmoe_test_view2(MMOE_DT_U8, I, D / 2, w3);
-        x->w2 = mmoe_test_view2(MMOE_DT_U8, D, I / 2, w2);
-        x->w1_scale = mmoe_test_view2(MMOE_DT_F8_E8M0, I, D / 32, s1);
-        x->w3_scale = mmoe_test_view2(MMOE_DT_F8_E8M0, I, D / 32, s3);
-        x->w2_scale = mmoe_test_view2(MMOE_DT_F8_E8M0, D, I / 32, s2);
+        x->w1 = mmoe_tensor_view2(MMOE_DT_U8, I, D / 2, w1);
+        x->w3 = mmoe_tensor_view2(MMOE_DT_U8, I, D / 2, w3);
+        x->w2 = mmoe_tensor_view2(MMOE_DT_U8, D, I / 2, w2);
+        x->w1_scale = mmoe_tensor_view2(MMOE_DT_F8_E8M0, I, D / 32, s1);
+        x->w3_scale = mmoe_tensor_view2(MMOE_DT_F8_E8M0, I, D / 32, s3);
+        x->w2_scale = mmoe_tensor_view2(MMOE_DT_F8_E8M0, D, I / 32, s2);
     }
     L->w.experts = L->experts;
     /* the router's weight is required by the oracle even though the tests pass topk_idx */
     uint16_t *gate = tl_alloc(L, (size_t)(E * D) * 2);
     for (int64_t i = 0; i < E * D; i++)
         gate[i] = mmoe_bf16_from_f32((float)(0.05 * mmoe_rng_normal(rng)));
-    L->w.gate = mmoe_test_view2(MMOE_DT_BF16, E, D, gate);
+    L->w.gate = mmoe_tensor_view2(MMOE_DT_BF16, E, D, gate);
     if (n_shared > 0) {
         const int64_t SW = (int64_t)n_shared * I;
         uint8_t *w1 = tl_alloc(L, (size_t)(SW * D)), *w3 = tl_alloc(L, (size_t)(SW * D));
@@ -140,12 +140,12 @@ static void make_layer_b(test_layer *L, int64_t D, int64_t I, int64_t E, int top
         fill_block_scales(rng, s1, n13, b1 + 1);
         fill_block_scales(rng, s3, n13, b1 + 1);
         fill_block_scales(rng, s2, n2, b2 + 1);
-        L->w.shared.w1 = mmoe_test_view2(MMOE_DT_F8_E4M3, SW, D, w1);
-        L->w.shared.w3 = mmoe_test_view2(MMOE_DT_F8_E4M3, SW, D, w3);
-        L->w.shared.w2 = mmoe_test_view2(MMOE_DT_F8_E4M3, D, SW, w2);
-        L->w.shared.w1_scale = mmoe_test_view2(MMOE_DT_F8_E8M0, (SW + B - 1) / B, (D + B - 1) / B, s1);
-        L->w.shared.w3_scale = mmoe_test_view2(MMOE_DT_F8_E8M0, (SW + B - 1) / B, (D + B - 1) / B, s3);
-        L->w.shared.w2_scale = mmoe_test_view2(MMOE_DT_F8_E8M0, (D + B - 1) / B, (SW + B - 1) / B, s2);
+        L->w.shared.w1 = mmoe_tensor_view2(MMOE_DT_F8_E4M3, SW, D, w1);
+        L->w.shared.w3 = mmoe_tensor_view2(MMOE_DT_F8_E4M3, SW, D, w3);
+        L->w.shared.w2 = mmoe_tensor_view2(MMOE_DT_F8_E4M3, D, SW, w2);
+        L->w.shared.w1_scale = mmoe_tensor_view2(MMOE_DT_F8_E8M0, (SW + B - 1) / B, (D + B - 1) / B, s1);
+        L->w.shared.w3_scale = mmoe_tensor_view2(MMOE_DT_F8_E8M0, (SW + B - 1) / B, (D + B - 1) / B, s3);
+        L->w.shared.w2_scale = mmoe_tensor_view2(MMOE_DT_F8_E8M0, (D + B - 1) / B, (SW + B - 1) / B, s2);
     }
 }
 

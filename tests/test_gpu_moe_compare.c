@@ -50,16 +50,16 @@ static cmp_layer *make_layer(mmoe_rng *rng)
             L->w2[e][i] = (uint8_t)mmoe_rng_u32(rng);
         for (size_t i = 0; i < sizeof L->s2[e]; i++)
             L->s2[e][i] = (uint8_t)(122 - mmoe_rng_below(rng, 3));
-        L->experts[e].w2 = mmoe_test_view2(MMOE_DT_U8, D, I / 2, L->w2[e]);
-        L->experts[e].w2_scale = mmoe_test_view2(MMOE_DT_F8_E8M0, D, I / 32, L->s2[e]);
+        L->experts[e].w2 = mmoe_tensor_view2(MMOE_DT_U8, D, I / 2, L->w2[e]);
+        L->experts[e].w2_scale = mmoe_tensor_view2(MMOE_DT_F8_E8M0, D, I / 32, L->s2[e]);
     }
     for (size_t i = 0; i < sizeof L->sh_w2; i++)
         L->sh_w2[i] = (uint8_t)(mmoe_rng_u32(rng) & 0xBF); /* |v| < 2, never NaN */
     for (size_t i = 0; i < sizeof L->sh_s2; i++)
         L->sh_s2[i] = (uint8_t)(121 - mmoe_rng_below(rng, 3));
     L->w.experts = L->experts;
-    L->w.shared.w2 = mmoe_test_view2(MMOE_DT_F8_E4M3, D, SW, L->sh_w2);
-    L->w.shared.w2_scale = mmoe_test_view2(MMOE_DT_F8_E8M0, D / BLK, SW / BLK, L->sh_s2);
+    L->w.shared.w2 = mmoe_tensor_view2(MMOE_DT_F8_E4M3, D, SW, L->sh_w2);
+    L->w.shared.w2_scale = mmoe_tensor_view2(MMOE_DT_F8_E8M0, D / BLK, SW / BLK, L->sh_s2);
     mmoe_moe_desc_init(&L->desc);
     L->desc.hidden = D;
     L->desc.inter = I;

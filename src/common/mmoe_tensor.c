@@ -51,6 +51,12 @@ mmoe_status mmoe_dtype_from_name(const char *name, mmoe_dtype *out)
     return MMOE_EFORMAT;
 }
 
+mmoe_tensor mmoe_tensor_view2(mmoe_dtype dt, int64_t rows, int64_t cols, void *data)
+{
+    mmoe_tensor t = {dt, 2, {rows, cols}, data, (size_t)(rows * cols) * mmoe_dtype_size(dt)};
+    return t;
+}
+
 int64_t mmoe_tensor_numel(const mmoe_tensor *t)
 {
     int64_t n = 1;

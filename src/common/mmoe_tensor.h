@@ -70,6 +70,9 @@ const char *mmoe_dtype_name(mmoe_dtype dt);
  */
 mmoe_status mmoe_dtype_from_name(const char *name, mmoe_dtype *out);
 
+/** A 2-D view of @p data: dtype @p dt, shape [@p rows, @p cols], nbytes = rows * cols * dtype size. */
+mmoe_tensor mmoe_tensor_view2(mmoe_dtype dt, int64_t rows, int64_t cols, void *data);
+
 /** Number of elements (product of the shape; 1 for a scalar). */
 int64_t mmoe_tensor_numel(const mmoe_tensor *t);
 

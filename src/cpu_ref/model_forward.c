@@ -135,20 +135,6 @@ static void buf_free(fwd_buf *b)
     free(b->comb);
 }
 
-/** A bf16 [T, D] tensor view of @p p. */
-static mmoe_tensor bf16_view(uint16_t *p, int64_t T, int64_t D)
-{
-    mmoe_tensor t;
-    memset(&t, 0, sizeof t);
-    t.dtype = MMOE_DT_BF16;
-    t.ndim = 2;
-    t.shape[0] = T;
-    t.shape[1] = D;
-    t.data = p;
-    t.nbytes = (size_t)(T * D) * 2;
-    return t;
-}
-
 /** Spec 3.2 "Block": attention sub-layer, then MoE sub-layer, each wrapped in hc_pre / hc_post. */
 static mmoe_status run_block(const mmoe_model *m, mmoe_model_state *s, int L, const int32_t *ids, int64_t pos,
                              int64_t T, fwd_buf *b, mmoe_error *err)
@@ -161,7 +147,7 @@ static mmoe_status run_block(const mmoe_model *m, mmoe_model_state *s, int L, co
     mmoe_hc_pre(hp, b->X, T, blk->hc_attn.fn, blk->hc_attn.base, blk->hc_attn.scale, b->y, b->post, b->comb);
     double t1 = mmoe_clock_s();
     mmoe_rmsnorm_bf16(b->y, T, D, &blk->attn_norm, eps, b->y);
-    mmoe_tensor xin = bf16_view(b->y, T, D), xout = bf16_view(b->o, T, D);
+    mmoe_tensor xin = mmoe_tensor_view2(MMOE_DT_BF16, T, D, b->y), xout = mmoe_tensor_view2(MMOE_DT_BF16, T, D, b->o);
     mmoe_status st = mmoe_attention_forward(&blk->attn_p, &blk->attn_w, s->caches[L], &xin, pos, T, &xout,
                                             s->scratch, err);
     if (st != MMOE_OK)

@@ -55,13 +55,6 @@ static void *synth_alloc(mmoe_moe_synth *s, size_t bytes)
     return p;
 }
 
-/** A 2-D view. */
-static mmoe_tensor view2(mmoe_dtype dt, int64_t r, int64_t c, void *data)
-{
-    mmoe_tensor t = {dt, 2, {r, c}, data, (size_t)(r * c) * mmoe_dtype_size(dt)};
-    return t;
-}
-
 /** One routed FP4 matrix [n, k] with 1x32 scales. */
 static int make_fp4(mmoe_moe_synth *s, int64_t n, int64_t k, mmoe_moe_synth_values values,
                     const mmoe_normal_table *nt, mmoe_rng *rng, mmoe_tensor *w, mmoe_tensor *sf)
@@ -86,8 +79,8 @@ static int make_fp4(mmoe_moe_synth *s, int64_t n, int64_t k, mmoe_moe_synth_valu
         }
     }
     free(row);
-    *w = view2(MMOE_DT_I8, n, k / 2, wb);
-    *sf = view2(MMOE_DT_F8_E8M0, n, k / 32, sb);
+    *w = mmoe_tensor_view2(MMOE_DT_I8, n, k / 2, wb);
+    *sf = mmoe_tensor_view2(MMOE_DT_F8_E8M0, n, k / 32, sb);
     return 0;
 }
 
@@ -118,8 +111,8 @@ static int make_fp8(mmoe_moe_synth *s, int64_t n, int64_t k, int64_t bsz, mmoe_m
         }
     }
     free(vals);
-    *w = view2(MMOE_DT_F8_E4M3, n, k, wb);
-    *sf = view2(MMOE_DT_F8_E8M0, sr, sc, sb);
+    *w = mmoe_tensor_view2(MMOE_DT_F8_E4M3, n, k, wb);
+    *sf = mmoe_tensor_view2(MMOE_DT_F8_E8M0, sr, sc, sb);
     return 0;
 }
 
@@ -134,7 +127,7 @@ static int make_router(mmoe_moe_synth *s, mmoe_moe_synth_values values, const mm
     for (int64_t i = 0; i < d->n_experts * d->hidden; i++)
         gate[i] = mmoe_bf16_from_f32(values == MMOE_SYNTH_DYADIC ? (float)((int64_t)mmoe_rng_below(rng, 9) - 4) / 64.0f
                                                                  : gstd * mmoe_normal_table_draw(nt, rng));
-    s->w.gate = view2(MMOE_DT_BF16, d->n_experts, d->hidden, gate);
+    s->w.gate = mmoe_tensor_view2(MMOE_DT_BF16, d->n_experts, d->hidden, gate);
     if (d->routing == MMOE_ROUTING_BIASED) {
         float *bias = synth_alloc(s, (size_t)d->n_experts * sizeof(float));
         if (bias == NULL)
@@ -160,7 +153,7 @@ static int make_router(mmoe_moe_synth *s, mmoe_moe_synth_values values, const mm
                 } while (dup);
                 t2e[v * d->topk + k] = (int32_t)e;
             }
-        s->w.tid2eid = view2(MMOE_DT_I32, d->vocab, d->topk, t2e);
+        s->w.tid2eid = mmoe_tensor_view2(MMOE_DT_I32, d->vocab, d->topk, t2e);
     }
     return 0;
 }
