@@ -10,6 +10,7 @@
  */
 #include "gpu_moe_compare.h"
 
+#include <check.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,13 +90,15 @@ static int w2_of(const gmc_layer *L, int64_t expert, w2_view *v)
 }
 
 /** Row @p j of @p v decoded into @p out [cols]. */
-static void w2_row(const w2_view *v, int64_t j, const float *fp4_pairs, const float *e4m3, double *out)
+static void w2_row(const w2_view *v, int64_t j, double *out)
 {
     if (v->shared) {
+        const float *e4m3 = mmoe_fp8_e4m3_table();
         const uint8_t *row = v->codes + j * v->cols, *sc = v->scales + (j / v->group) * v->scale_cols;
         for (int64_t c = 0; c < v->cols; c++)
             out[c] = (double)e4m3[row[c]] * (double)mmoe_ue8m0_to_f32(sc[c / v->group]);
     } else {
+        const float *fp4_pairs = mmoe_fp4_e2m1_pair_table();
         const uint8_t *row = v->codes + j * (v->cols / 2), *sc = v->scales + j * v->scale_cols;
         for (int64_t c = 0; c < v->cols; c++)
             out[c] = (double)fp4_pairs[2 * row[c >> 1] + (c & 1)] * (double)mmoe_ue8m0_to_f32(sc[c / v->group]);
@@ -169,6 +172,57 @@ static void fit_columns(const double *cols, int k, int64_t D, const double *err0
     }
 }
 
+/**
+ * The W2 column of the token's experts @p experts [n] that removes the most squared error from
+ * @p err (<e, v>^2 / <v, v>, NaN elements left out): its expert into @p expert and the column
+ * into @p col [D]; returns its index, or -1 when none removes any.
+ */
+static int64_t best_column(const gmc_layer *L, const int64_t *experts, int n, const double *err, int64_t *expert,
+                           double *col)
+{
+    const int64_t D = L->desc->hidden;
+    double best_gain = 0.0;
+    int64_t best_c = -1;
+    w2_view best = {0};
+    for (int i = 0; i < n; i++) {
+        w2_view v;
+        if (w2_of(L, experts[i], &v) != 0 || v.rows != D)
+            continue;
+        double *row = malloc((size_t)v.cols * sizeof *row), *dot = calloc((size_t)v.cols, sizeof *dot),
+               *nn = calloc((size_t)v.cols, sizeof *nn);
+        if (row != NULL && dot != NULL && nn != NULL) {
+            for (int64_t j = 0; j < D; j++) {
+                if (isnan(err[j]))
+                    continue;
+                w2_row(&v, j, row);
+                for (int64_t c = 0; c < v.cols; c++) {
+                    dot[c] += err[j] * row[c];
+                    nn[c] += row[c] * row[c];
+                }
+            }
+            for (int64_t c = 0; c < v.cols; c++)
+                if (nn[c] > 0.0 && dot[c] * dot[c] / nn[c] > best_gain) {
+                    best_gain = dot[c] * dot[c] / nn[c];
+                    best_c = c;
+                    best = v;
+                    *expert = experts[i];
+                }
+        }
+        free(row);
+        free(dot);
+        free(nn);
+    }
+    double *row = best_c >= 0 ? malloc((size_t)best.cols * sizeof *row) : NULL;
+    if (row == NULL)
+        return -1;
+    for (int64_t j = 0; j < D; j++) {
+        w2_row(&best, j, row);
+        col[j] = row[best_c];
+    }
+    free(row);
+    return best_c;
+}
+
 int gmc_explain_token(const gmc_layer *L, int64_t t, double *err, const uint16_t *ref, int max_flips,
                       gmc_flip *flips)
 {
@@ -176,68 +230,20 @@ int gmc_explain_token(const gmc_layer *L, int64_t t, double *err, const uint16_t
     if (token_passes(err, ref, D, GMC_NORM_TOL, GMC_ULPS))
         return 0;
     int64_t *experts = malloc((size_t)(L->desc->topk + 1) * sizeof *experts);
-    if (experts == NULL)
-        return -1;
-    const int n_experts = experts_of(L, t, experts);
-    const float *fp4_pairs = mmoe_fp4_e2m1_pair_table(), *e4m3 = mmoe_fp8_e4m3_table();
     double *cols = malloc((size_t)max_flips * (size_t)D * sizeof *cols), *err0 = malloc((size_t)D * sizeof *err0);
-    if (cols == NULL || err0 == NULL) {
-        free(cols);
-        free(err0);
-        free(experts);
-        return -1;
-    }
-    memcpy(err0, err, (size_t)D * sizeof *err);
     int result = -1;
-    for (int f = 0; f < max_flips && result < 0; f++) {
-        /* the column of the token's experts that removes the most squared error: <e,v>^2 / <v,v> */
-        double best_gain = 0.0;
-        int64_t best_e = 0, best_c = -1;
-        for (int i = 0; i < n_experts; i++) {
-            w2_view v;
-            if (w2_of(L, experts[i], &v) != 0 || v.rows != D)
-                continue;
-            double *row = malloc((size_t)v.cols * sizeof *row), *dot = calloc((size_t)v.cols, sizeof *dot),
-                   *nn = calloc((size_t)v.cols, sizeof *nn);
-            if (row != NULL && dot != NULL && nn != NULL) {
-                for (int64_t j = 0; j < D; j++) {
-                    if (isnan(err[j]))
-                        continue;
-                    w2_row(&v, j, fp4_pairs, e4m3, row);
-                    for (int64_t c = 0; c < v.cols; c++) {
-                        dot[c] += err[j] * row[c];
-                        nn[c] += row[c] * row[c];
-                    }
-                }
-                for (int64_t c = 0; c < v.cols; c++)
-                    if (nn[c] > 0.0 && dot[c] * dot[c] / nn[c] > best_gain) {
-                        best_gain = dot[c] * dot[c] / nn[c];
-                        best_e = experts[i];
-                        best_c = c;
-                    }
-            }
-            free(row);
-            free(dot);
-            free(nn);
+    if (experts != NULL && cols != NULL && err0 != NULL) {
+        const int n_experts = experts_of(L, t, experts);
+        memcpy(err0, err, (size_t)D * sizeof *err);
+        for (int f = 0; f < max_flips && result < 0; f++) {
+            flips[f].channel = best_column(L, experts, n_experts, err, &flips[f].expert, cols + (size_t)f * D);
+            if (flips[f].channel < 0)
+                break;
+            /* the chosen columns' multiples fitted together (least squares), from the first error */
+            fit_columns(cols, f + 1, D, err0, err, flips);
+            if (token_passes(err, ref, D, GMC_FLIP_NORM_TOL, GMC_FLIP_ULPS))
+                result = f + 1;
         }
-        if (best_c < 0)
-            break;
-        w2_view v;
-        (void)w2_of(L, best_e, &v);
-        double *row = malloc((size_t)v.cols * sizeof *row);
-        if (row == NULL)
-            break;
-        for (int64_t j = 0; j < D; j++) {
-            w2_row(&v, j, fp4_pairs, e4m3, row);
-            cols[(size_t)f * D + j] = row[best_c];
-        }
-        free(row);
-        flips[f].expert = best_e;
-        flips[f].channel = best_c;
-        /* the chosen columns' multiples fitted together (least squares), from the first error */
-        fit_columns(cols, f + 1, D, err0, err, flips);
-        if (token_passes(err, ref, D, GMC_FLIP_NORM_TOL, GMC_FLIP_ULPS))
-            result = f + 1;
     }
     free(cols);
     free(err0);
@@ -358,4 +364,18 @@ done:
     free(tok_beyond);
     free(explained);
     return v;
+}
+
+void gmc_assert_close(const char *what, const gmc_layer *L, const uint16_t *gpu, const uint16_t *ref, int64_t T,
+                      int64_t D, uint64_t seed)
+{
+    const gmc_verdict v = gmc_compare(what, L, gpu, ref, T, D);
+    ck_assert_msg(v.nan_count == 0, "%s: %lld NaN outputs (seed %llu)", what, (long long)v.nan_count,
+                  (unsigned long long)seed);
+    ck_assert_msg(v.rel_l2 <= GMC_NORM_TOL, "%s: relative L2 error %g > %g (seed %llu)", what, v.rel_l2, GMC_NORM_TOL,
+                  (unsigned long long)seed);
+    ck_assert_msg((double)v.beyond <= GMC_ELEM_FRAC * (double)v.n,
+                  "%s: %lld of %lld elements beyond 2 bf16 ulp (seed %llu)", what, (long long)v.beyond,
+                  (long long)v.n, (unsigned long long)seed);
+    ck_assert_msg(v.pass, "%s: the comparison failed (seed %llu)", what, (unsigned long long)seed);
 }

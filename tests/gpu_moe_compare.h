@@ -98,4 +98,11 @@ int gmc_explain_token(const gmc_layer *L, int64_t t, double *err, const uint16_t
 gmc_verdict gmc_compare(const char *what, const gmc_layer *L, const uint16_t *gpu, const uint16_t *ref, int64_t T,
                         int64_t D);
 
+/**
+ * gmc_compare(), then Check assertions that no output is NaN and the call passes, each naming
+ * @p what and the suite's @p seed.
+ */
+void gmc_assert_close(const char *what, const gmc_layer *L, const uint16_t *gpu, const uint16_t *ref, int64_t T,
+                      int64_t D, uint64_t seed);
+
 #endif

@@ -21,7 +21,6 @@
  *    several GPUs the count of elements that differ from the one-rank result is printed (the
  *    GPU layer picks split-K by its row count, so the N-GPU result may differ within the bound).
  */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,21 +35,8 @@
 #include "mmoe_test.h"
 #include "gpu_moe_compare.h"
 
-
 static uint64_t g_seed;
 static int g_gpus;
-
-/** The GPU suite's comparison (tests/gpu_moe_compare.h) of @p T tokens routed by @p idx. */
-static void compare_outputs(const char *what, const mmoe_moe_desc *d, const mmoe_moe_weights *w, const int64_t *idx,
-                            const uint16_t *gpu, const uint16_t *ref, int64_t T)
-{
-    const gmc_layer layer = {d, w, idx};
-    const gmc_verdict v = gmc_compare(what, &layer, gpu, ref, T, d->hidden);
-    ck_assert_msg(v.nan_count == 0, "%s: %lld NaN outputs (seed %llu)", what, (long long)v.nan_count,
-                  (unsigned long long)g_seed);
-    ck_assert_msg(v.pass, "%s: rel L2 %g, %lld of %lld elements beyond 2 bf16 ulp (seed %llu)", what, v.rel_l2,
-                  (long long)v.beyond, (long long)v.n, (unsigned long long)g_seed);
-}
 
 /* ------------------------------------------------------------------ the NCCL exchange */
 
@@ -204,7 +190,8 @@ START_TEST(ep_layer_on_gpus)
             char what[160];
             snprintf(what, sizeof what, "%s, %d GPU(s), T = %lld, routing %s", mmoe_moe_recipe_name(recipe), g_gpus,
                      (long long)t, route == 0 ? "router" : route == 1 ? "all on rank 0" : "masked");
-            compare_outputs(what, &d, w, idx, yn, y_ref, t);
+            const gmc_layer layer = {&d, w, idx};
+            gmc_assert_close(what, &layer, yn, y_ref, t, D, g_seed);
             int64_t differ = 0;
             for (int64_t i = 0; i < t * D; i++)
                 differ += yn[i] != y1[i];

@@ -149,6 +149,7 @@ START_TEST(equal_outputs_pass)
     ck_assert_int_eq(v.explained, 0);
     ck_assert_int_eq(v.beyond, 0);
     ck_assert(v.rel_l2 == 0.0);
+    gmc_assert_close("equal, asserted", &f->view, f->gpu, f->ref, T, D, g_seed);
     free_fixture(f);
 }
 END_TEST
@@ -171,6 +172,7 @@ START_TEST(one_flip_is_found)
     ck_assert_int_eq(gmc_explain_token(&f->view, 1, err, f->ref + D, GMC_MAX_FLIPS, flips), 1);
     ck_assert_int_eq(flips[0].expert, e);
     ck_assert_int_eq(flips[0].channel, c);
+    gmc_assert_close("one flip, asserted", &f->view, f->gpu, f->ref, T, D, g_seed);
     free_fixture(f);
 }
 END_TEST
