@@ -87,11 +87,16 @@
  * | k_moe_combine     | ascending expert id, ties in slot order, shared last             |
  *
  * **The plan.**  A task is one (token, slot) pair of a routed expert, or one token of the
- * shared expert (treated as expert E).  The plan sorts the valid tasks by expert (in task
- * order within one expert) and cuts each expert's run into items of at most TT tasks; an L1
- * CTA owns 16 output rows of one item and an L2 CTA 32, so an expert's weights are streamed
- * once per TT of its tokens.  The grid is sized for the worst case and
- * CTAs beyond the plan's count exit.
+ * shared expert (treated as expert E).  The plan sorts the valid tasks by expert, the shared
+ * expert first and the routed ones in ascending id (in task order within one expert), and
+ * cuts each expert's run into items of at most TT tasks; an L1 CTA owns 16 output rows of one
+ * item and an L2 CTA 32, so an expert's weights are streamed once per TT of its tokens.  The
+ * grid is sized for the worst case and CTAs beyond the plan's count exit.  The order of the
+ * items decides only when each CTA runs (every output is written at its task's row, whatever
+ * the item): with the shared expert's items first, its CTAs, which stream the most bytes
+ * (E4M3, twice an E2M1 row's), are the first CTA of almost every SM in a decode step's one
+ * wave, and the warp schedulers, which favour a multiprocessor's oldest warps, run them
+ * ahead of the routed CTAs instead of last (docs/perf.md: 13% off the one-token L1 launch).
  *
  * **Rounding points**, all the oracle's (moe_layer.c, dsv4-ref recipe): the input's 1x128
  * E4M3 quantization (UE8M0 ceil scale, clamp +-448); bf16 of the L1 sums; clamp; silu =
@@ -638,6 +643,12 @@ __device__ __forceinline__ int moe_beats(float a, int64_t ea, float b, int64_t e
 }
 
 /**
+ * The plan's sort key of held expert @p e (E: the shared expert): the shared expert before
+ * every routed one, the routed ones in ascending id (see "The plan" in the file's chapter).
+ */
+__device__ __forceinline__ int64_t moe_plan_key(int64_t e, int64_t E) { return e == E ? -1 : e; }
+
+/**
  * Routing and the plan, one CTA.  Routing (unless @p given; moe_router.c): s = sqrt(softplus(z))
  * over all (token, expert) in parallel, then one warp per token: for each slot, every lane
  * scans its experts e = lane, lane + 32, .. in ascending order for the best not yet taken
@@ -715,14 +726,16 @@ __global__ void __launch_bounds__(MOE_PLAN_THREADS)
         const int64_t ep = p < Tk ? moe_held_id(idx[p], first, held) : E;
         if (ep < 0)
             continue;
+        const int64_t kp = moe_plan_key(ep, E);
         int64_t lt = 0, same = 0, before = 0;
         for (int64_t q = 0; q < n; q++) {
             const int64_t eq = q < Tk ? moe_held_id(idx[q], first, held) : E;
             if (eq < 0)
                 continue;
-            lt += eq < ep;
-            same += eq == ep;
-            before += eq == ep && q < p;
+            const int64_t kq = moe_plan_key(eq, E);
+            lt += kq < kp;
+            same += kq == kp;
+            before += kq == kp && q < p;
         }
         const int64_t rank = lt + before;
         w.order[rank] = (int32_t)p;
