@@ -10,7 +10,10 @@
  * Random routings with masked slots (-1), tokens that name one expert in several slots, every
  * slot masked, one expert receiving many tiles, and the upper bound of tiles at its two regimes
  * (T * topk, and ceil(T * topk / 8) + E).  The most rows a tile holds (the rows the layer has
- * each block stage) against the reference's most pairs of one expert, capped at 8.
+ * each block stage) against the reference's most pairs of one expert, capped at 8.  The launch's
+ * dispatch order (the shared part's blocks after a lead of routed ones): a case derived by hand
+ * and, for random SM counts and part sizes, that every block is computed exactly once, the shared
+ * blocks in their window, which closes the first round of SMs.
  */
 #include <check.h>
 #include <stdio.h>
@@ -148,6 +151,55 @@ START_TEST(upper_bound_of_tiles)
 }
 END_TEST
 
+START_TEST(dispatch_order_hand_derived)
+{
+    /* 2 shared blocks, 6 routed, 3 routed first: positions 0..7 hold blocks 2 3 4 | 0 1 | 5 6 7 */
+    const int want[8] = {2, 3, 4, 0, 1, 5, 6, 7};
+    for (int o = 0; o < 8; o++)
+        ck_assert_int_eq(mmoe_decode_block_natural(o, 2, 3), want[o]);
+    /* the one-token V4-Flash launches on an H200: 64 shared and 384 routed blocks, 132 SMs:
+       68 routed blocks first, so the shared ones take the last 64 places of the first round */
+    ck_assert_int_eq(mmoe_decode_shared_lead(132, 64, 384), 68);
+    /* fewer routed blocks than the free places: all of them first */
+    ck_assert_int_eq(mmoe_decode_shared_lead(132, 64, 10), 10);
+    /* shared blocks that fill a round, or none: the natural order */
+    ck_assert_int_eq(mmoe_decode_shared_lead(132, 132, 384), 0);
+    ck_assert_int_eq(mmoe_decode_shared_lead(132, 1024, 384), 0);
+    ck_assert_int_eq(mmoe_decode_shared_lead(132, 0, 384), 0);
+    for (int o = 0; o < 20; o++)
+        ck_assert_int_eq(mmoe_decode_block_natural(o, 4, 0), o);
+}
+END_TEST
+
+START_TEST(dispatch_order_is_a_permutation)
+{
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed ^ 0xD15Full);
+    for (int trial = 0; trial < 200; trial++) {
+        const int n_sm = 1 + (int)mmoe_rng_below(&rng, 200);
+        const int shared = (int)mmoe_rng_below(&rng, 300), routed = (int)mmoe_rng_below(&rng, 700);
+        const int lead = mmoe_decode_shared_lead(n_sm, shared, routed), n = shared + routed;
+        ck_assert(lead >= 0 && lead <= routed);
+        char *seen = calloc((size_t)n + 1, 1);
+        ck_assert(seen != NULL);
+        for (int o = 0; o < n; o++) {
+            const int b = mmoe_decode_block_natural(o, shared, lead);
+            ck_assert_msg(b >= 0 && b < n && !seen[b], "seed %llu trial %d: position %d gives block %d twice or "
+                          "out of range (%d shared, %d routed, lead %d)", (unsigned long long)g_seed, trial, o, b,
+                          shared, routed, lead);
+            seen[b] = 1;
+            /* the shared blocks occupy positions [lead, lead + shared) */
+            ck_assert_int_eq(b < shared, o >= lead && o < lead + shared);
+        }
+        /* where the shared blocks do not fill a round of SMs, they end that round or precede
+           every routed block that is left */
+        if (shared > 0 && shared < n_sm)
+            ck_assert(lead + shared == n_sm || lead == routed);
+        free(seen);
+    }
+}
+END_TEST
+
 static Suite *decode_route_suite(void)
 {
     Suite *s = suite_create("gpu_decode_route");
@@ -156,6 +208,8 @@ static Suite *decode_route_suite(void)
     tcase_add_test(tc, hand_derived_table);
     tcase_add_test(tc, random_routings_match_the_reference);
     tcase_add_test(tc, upper_bound_of_tiles);
+    tcase_add_test(tc, dispatch_order_hand_derived);
+    tcase_add_test(tc, dispatch_order_is_a_permutation);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -65,8 +65,13 @@
  *
  * **One launch, routed and shared.**  A launch carries two parts: the shared expert (grid rows
  * [0, shared tiles), uniform tiles of 8 tokens, weight 1, slot topk) and the routed experts
- * (the next rows).  The shared expert's blocks come first because they stream the most bytes
- * (FP8, twice as many per row).
+ * (the next rows).  The shared expert's blocks stream the most bytes (FP8, twice as many per
+ * row), so they are dispatched in the first round of blocks (one per SM), where each is the
+ * oldest block of its SM, which the warp schedulers favour; and where the launch has fewer
+ * blocks than two rounds of SMs (the one-token launches), after enough routed blocks that
+ * the partial last round, which goes to the SMs served first, does not land on an SM that
+ * holds a shared block (mmoe_decode_shared_lead, gpu_decode_route.h; decode_block_pos maps
+ * the dispatch position back to the block's row block and grid row).
  *
  * **The requantization in L1 (when rq_counters is set).**  The L2 launch reads the L1 outputs as E4M3 rows with a scale per
  * 128 (sm90) or 32 (sm100) channels, and a 128-channel group of a tile's rows is written by
@@ -146,12 +151,12 @@ constexpr int DEC_BK = 128;                /* K block: the tile-major layout's a
  * call's routing counters (pairs per expert, their running totals and the number of valid
  * pairs).  All threads of the block call it.
  */
-__device__ int read_tile(const mmoe_decode_args &p, int y, int *s_tile)
+__device__ int read_tile(const mmoe_decode_args &p, int y, int bx, int *s_tile)
 {
     const int tid = threadIdx.x;
     if (tid < MMOE_DECODE_TILE_INTS)
         s_tile[tid] = p.route[(size_t)y * MMOE_DECODE_TILE_INTS + tid];
-    if (p.counts != nullptr && y == 0 && blockIdx.x == 0) {
+    if (p.counts != nullptr && y == 0 && bx == 0) {
         const int32_t *counts = p.route + (size_t)p.routed_tiles * MMOE_DECODE_TILE_INTS;
         for (int e = tid; e < p.E; e += DEC_THREADS) {
             p.counts[e] = counts[e];
@@ -649,12 +654,12 @@ constexpr int RQ_BLOCKS = 128 / (DEC_WARPS * 8);
  * kernel: the same bytes and scales.
  */
 template <int AG>
-__device__ void requant_group_if_last(const mmoe_decode_args &p, const mmoe_decode_part &q, bool shared_part,
-                                      int ntok, const int *s_orow, int *s_last)
+__device__ void requant_group_if_last(const mmoe_decode_args &p, const mmoe_decode_part &q, int2 pos,
+                                      bool shared_part, int ntok, const int *s_orow, int *s_last)
 {
     constexpr int MODE = AG == 128 ? MMOE_QUANT_SM90 : MMOE_QUANT_SM100_REQUANT; /* the recipe's requant rule */
-    const int c = (int)blockIdx.x / RQ_BLOCKS;
-    int *count = p.rq_counters + (size_t)blockIdx.y * p.rq_groups + c;
+    const int c = pos.x / RQ_BLOCKS;
+    int *count = p.rq_counters + (size_t)pos.y * p.rq_groups + c;
     __syncthreads(); /* every thread's L1 outputs are stored ... */
     if (threadIdx.x == 0) {
         __threadfence(); /* ... and, through the barrier, ordered before this count for every block */
@@ -686,9 +691,10 @@ constexpr int CB_CHUNK = DEC_WARPS * 16;
  * slot last, FP32 additions, one BF16 rounding), and resets the counter.  A token with no slot to count (every slot
  * masked, no shared expert) is never summed: the layer zeroes the output first in that case.
  */
-__device__ void combine_rows_if_last(const mmoe_decode_args &p, int n_out, int ntok, const int *s_orow, int *s_tok)
+__device__ void combine_rows_if_last(const mmoe_decode_args &p, int bx, int n_out, int ntok, const int *s_orow,
+                                     int *s_tok)
 {
-    const int slots = p.topk + 1, x = (int)blockIdx.x;
+    const int slots = p.topk + 1, x = bx;
     __syncthreads(); /* every thread's slot stores are done ... */
     if (threadIdx.x < 8) {
         __threadfence(); /* ... and, through the barrier, ordered before this warp's counts */
@@ -741,6 +747,19 @@ inline int decode_kmax(const mmoe_decode_args *a)
 }
 
 /**
+ * The (row block, grid row) this block computes: the GPU dispatches p.shared_lead routed blocks
+ * first, then the shared part's, then the other routed ones (mmoe_decode_block_natural(),
+ * gpu_decode_route.h).  In the natural order row block x of grid row y is block
+ * y * gridDim.x + x, the shared part's rows first.
+ */
+__device__ __forceinline__ int2 decode_block_pos(const mmoe_decode_args &p)
+{
+    const int gx = (int)gridDim.x, order = (int)blockIdx.y * gx + (int)blockIdx.x;
+    const int natural = mmoe_decode_block_natural(order, p.shared_tiles * gx, p.shared_lead);
+    return make_int2(natural % gx, natural / gx);
+}
+
+/**
  * The decode GEMM (see the file comment).  Grid: x = blocks of DEC_WARPS row groups of 16
  * weight rows (L1: 8 channels each), y = the shared part's tiles, then the routed part's.
  * EPI: SwiGLU (L1, FP32 out), BF16 combine slots (L2) or raw FP32 sums (the per-stage test).
@@ -753,10 +772,11 @@ __device__ __forceinline__ void decode_gemm_block(const mmoe_decode_args &p)
     const int *s_pair = s_tile + 1; /* the routed tile's pairs */
     __shared__ float s_w[8];
     const int tid = threadIdx.x, warp = tid >> 5;
-    const int y = (int)blockIdx.y;
+    const int2 pos = decode_block_pos(p);
+    const int y = pos.y;
     const bool shared_part = y < p.shared_tiles;
     const mmoe_decode_part &q = shared_part ? p.shared : p.routed;
-    const int row_group = (int)blockIdx.x * DEC_WARPS + warp;
+    const int row_group = pos.x * DEC_WARPS + warp;
     const int groups = EPI == MMOE_EPI_SWIGLU ? q.n_out / 8 : q.n_out / 16;
     /* dynamic shared memory: rings | staged activations | their scales */
     const int kmax = max(p.shared.K, p.routed.K);
@@ -777,7 +797,7 @@ __device__ __forceinline__ void decode_gemm_block(const mmoe_decode_args &p)
         }
         __syncthreads();
     } else {
-        expert = read_tile(p, y - p.shared_tiles, s_tile);
+        expert = read_tile(p, y - p.shared_tiles, pos.x, s_tile);
         if (expert < 0)
             return; /* beyond the call's tiles (the grid has an upper bound of them) */
         if (tid < 8) {
@@ -811,12 +831,12 @@ __device__ __forceinline__ void decode_gemm_block(const mmoe_decode_args &p)
         decode_epilogue<EPI>(p, q, row_group, acc, s_orow, s_w, ntok);
     /* L1: the last block of each 128-channel group requantizes it (whole groups: n_out % 128 == 0) */
     if constexpr (EPI == MMOE_EPI_SWIGLU)
-        if (p.rq_counters != nullptr && (int)blockIdx.x * DEC_WARPS < groups)
-            requant_group_if_last<AG>(p, q, shared_part, ntok, s_orow, &s_last);
+        if (p.rq_counters != nullptr && pos.x * DEC_WARPS < groups)
+            requant_group_if_last<AG>(p, q, pos, shared_part, ntok, s_orow, &s_last);
     /* L2: the last writer of each token's 64-channel chunk sums the token's slots there */
     if constexpr (EPI == MMOE_EPI_SLOT_BF16)
-        if (p.cb_counters != nullptr && (int)blockIdx.x * DEC_WARPS < groups)
-            combine_rows_if_last(p, q.n_out, ntok, s_orow, s_tok);
+        if (p.cb_counters != nullptr && pos.x * DEC_WARPS < groups)
+            combine_rows_if_last(p, pos.x, q.n_out, ntok, s_orow, s_tok);
 }
 
 /** The decode GEMM (the "decode16" family: the name a profiler shows). */
@@ -906,8 +926,15 @@ cudaError_t mmoe_launch_decode_gemm(const mmoe_decode_args *a, int a_group, mmoe
     cudaError_t e = set_instance_smem(fn, a, a_group, &smem);
     if (e != cudaSuccess)
         return e;
+    const int gx = (groups + DEC_WARPS - 1) / DEC_WARPS;
+    int dev = 0, n_sm = 0;
+    if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
+        (e = cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
+        return e;
+    mmoe_decode_args args = *a;
+    args.shared_lead = mmoe_decode_shared_lead(n_sm, a->shared_tiles * gx, a->routed_tiles * gx);
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)((groups + DEC_WARPS - 1) / DEC_WARPS), (unsigned)gy);
+    cfg.gridDim = dim3((unsigned)gx, (unsigned)gy);
     cfg.blockDim = dim3(DEC_THREADS);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
@@ -916,7 +943,7 @@ cudaError_t mmoe_launch_decode_gemm(const mmoe_decode_args *a, int a_group, mmoe
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
-    e = cudaLaunchKernelEx(&cfg, fn, *a);
+    e = cudaLaunchKernelEx(&cfg, fn, args);
     if (e != cudaSuccess)
         return e;
     return cudaGetLastError();

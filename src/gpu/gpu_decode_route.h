@@ -24,6 +24,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __CUDACC__
+#define MMOE_DROUTE_FN __host__ __device__ static inline
+#else
+/** The qualifiers of the functions a kernel also calls: host and device under nvcc, static inline in C. */
+#define MMOE_DROUTE_FN static inline
+#endif
+
 /** Ints of one tile's entry: the expert and 8 pair indices. */
 enum { MMOE_DECODE_TILE_INTS = 9 };
 
@@ -89,6 +96,40 @@ static inline int mmoe_decode_route_most_rows(const int32_t *table, int max_tile
     for (int e = 0; e < E; e++)
         most = counts[e] > most ? counts[e] : most;
     return most < 8 ? most : 8;
+}
+
+/**
+ * The dispatch order of a decode GEMM launch's blocks.  In the natural order the shared part's
+ * @p shared_blocks blocks come first (grid rows [0, shared_tiles)), then the routed ones.  The
+ * GPU hands out a launch's blocks in order, one to each SM in turn, so with fewer blocks than
+ * two rounds of SMs the blocks of the last, partial round land on the SMs that got the first
+ * blocks.  The shared expert's blocks stream twice the bytes of a routed block (FP8 against
+ * MXFP4), so they should not share an SM with a block of that last round: the launch lets
+ * @p lead routed blocks go first, so that the shared blocks take the last places of the first
+ * round.  Returns min(routed_blocks, n_sm - shared_blocks), or 0 when the shared blocks fill a
+ * round (or there are none).
+ */
+static inline int mmoe_decode_shared_lead(int n_sm, int shared_blocks, int routed_blocks)
+{
+    if (shared_blocks <= 0 || shared_blocks >= n_sm)
+        return 0;
+    const int free_places = n_sm - shared_blocks;
+    return routed_blocks < free_places ? routed_blocks : free_places;
+}
+
+/**
+ * The natural number of the block at dispatch position @p order: positions [0, lead) hold
+ * routed blocks shared_blocks .. shared_blocks + lead - 1, the next @p shared_blocks positions
+ * the shared part's blocks, the rest the remaining routed blocks in order (a permutation of
+ * the launch's blocks for every 0 <= lead).
+ */
+MMOE_DROUTE_FN int mmoe_decode_block_natural(int order, int shared_blocks, int lead)
+{
+    if (order < lead)
+        return shared_blocks + order;
+    if (order < lead + shared_blocks)
+        return order - lead;
+    return order;
 }
 
 #endif /* MMOE_GPU_DECODE_ROUTE_H */

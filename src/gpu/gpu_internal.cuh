@@ -330,6 +330,8 @@ struct mmoe_decode_args {
     mmoe_decode_part routed;    /**< the routed experts (the next routed_tiles grid rows) */
     int shared_tiles;           /**< tiles of the shared part: ceil(T / 8), or 0 */
     int routed_tiles;           /**< upper bound of the routed tiles (mmoe_decode_route_max_tiles), or 0 */
+    int shared_lead;            /**< routed blocks dispatched before the shared part's
+                                     (mmoe_decode_shared_lead; set by mmoe_launch_decode_gemm) */
     int tile_rows;              /**< 1..8: the most activation rows a tile of this launch holds, the rows
                                      each block stages (shared: min(8, T); routed: min(8, the most pairs
                                      of one expert)); a block given more traps */
