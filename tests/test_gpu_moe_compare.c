@@ -10,7 +10,8 @@
  *   - the reference plus alpha times one W2 column of one of the token's routed experts
  *     (or of the shared expert), rounded to BF16, fails the plain bounds and passes with
  *     exactly that flip found, one or two of them in a token, also with a BF16 ulp of
- *     rounding noise in every element (an explained token's own bounds);
+ *     rounding noise in every element (an explained token's own bounds), and two flips whose
+ *     columns are strongly correlated, which only the joint least-squares fit explains;
  *   - a column of an expert the token does not use, three columns, a few elements moved by
  *     several BF16 ulps, or a NaN: refused.
  * The W2 columns are decoded here from the codes with the E2M1 values and UE8M0 powers of two
@@ -199,6 +200,50 @@ START_TEST(routed_and_shared_flips_are_found)
 END_TEST
 
 /*
+ * Two flips whose W2 columns are far from orthogonal: expert 0's columns 40 and 41 share their
+ * scale bytes (one 32-wide group) and, here, 80% of their codes, so the second column carries
+ * about 0.8 of the first.  Fitting each chosen column alone against what the ones before left
+ * would leave about rho^2 (1 - rho^2) of the error's energy, some 20% of it: more than an
+ * explained token's 2^-7 normwise.  Fitted together, the two multiples remove it.
+ */
+START_TEST(correlated_flips_need_the_joint_fit)
+{
+    fixture *f = make_fixture(9);
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed ^ 99);
+    for (int j = 0; j < D; j++) {
+        uint8_t *byte = &f->L->w2[0][j * (I / 2) + 20]; /* columns 40 (low nibble) and 41 (high) */
+        if (mmoe_rng_below(&rng, 10) < 8)
+            *byte = (uint8_t)((*byte & 15) | (*byte & 15) << 4);
+    }
+    double c40[D], c41[D], dot = 0.0, n40 = 0.0, n41 = 0.0;
+    column(f->L, 0, 40, c40);
+    column(f->L, 0, 41, c41);
+    for (int j = 0; j < D; j++) {
+        dot += c40[j] * c41[j];
+        n40 += c40[j] * c40[j];
+        n41 += c41[j] * c41[j];
+    }
+    const double rho = dot / sqrt(n40 * n41);
+    ck_assert_msg(rho > 0.6, "the columns must be correlated: rho %.3f (seed %llu)", rho, (unsigned long long)g_seed);
+    add_column(f->L, f->gpu, 0, 0, 40, 0.05); /* token 0's expert 0 */
+    add_column(f->L, f->gpu, 0, 0, 41, 0.05);
+    const gmc_verdict v = gmc_compare("correlated flips", &f->view, f->gpu, f->ref, T, D);
+    ck_assert_msg(v.pass && v.explained == 1, "pass %d explained %lld, rho %.3f (seed %llu)", v.pass,
+                  (long long)v.explained, rho, (unsigned long long)g_seed);
+    double err[D];
+    for (int j = 0; j < D; j++)
+        err[j] = (double)mmoe_bf16_to_f32(f->gpu[j]) - (double)mmoe_bf16_to_f32(f->ref[j]);
+    gmc_flip flips[GMC_MAX_FLIPS];
+    ck_assert_int_eq(gmc_explain_token(&f->view, 0, err, f->ref, GMC_MAX_FLIPS, flips), 2);
+    ck_assert_int_eq(flips[0].expert, 0);
+    ck_assert_int_eq(flips[1].expert, 0);
+    ck_assert_int_eq(flips[0].channel + flips[1].channel, 81); /* 40 and 41, in either order */
+    free_fixture(f);
+}
+END_TEST
+
+/*
  * A flip in the sm90 recipe, whose slots are rounded to BF16 before the combine: the flipped
  * slot's two roundings then differ by up to one BF16 ulp of the slot's value in every element.
  * Modelled as one ulp of the reference with a random sign on top of the column: about 2^-7.5
@@ -279,6 +324,7 @@ static Suite *compare_suite(void)
     tcase_add_test(tc, one_flip_is_found);
     tcase_add_test(tc, routed_and_shared_flips_are_found);
     tcase_add_test(tc, flip_with_slot_rounding_passes);
+    tcase_add_test(tc, correlated_flips_need_the_joint_fit);
     tcase_add_test(tc, other_expert_is_refused);
     tcase_add_test(tc, three_flips_are_refused);
     tcase_add_test(tc, scattered_errors_are_refused);
