@@ -11,7 +11,9 @@
  * invariance hold by construction.
  *
  * A job is "decode rows [r0, r0 + nr) of columns [c0, c0 + nc) as nc / chunk tiles of
- * [nr, chunk] floats, tile t at out + t * nr * chunk".  The layer uses one tile per job
+ * [nr, chunk] floats, tile t at out + t * nr * chunk", or (moe_pool_gemm_fp4()) "multiply the
+ * rows of an FP4 matrix, decoded in registers, by a few tokens": the same rule holds there, each
+ * output element being one call of the fixed-order kernel (moe_dot.c) whatever thread makes it.  The layer uses one tile per job
  * (chunk = nc = K): 128 rows x D for L1, 256 rows x I for L2, so that a job is large enough to
  * be worth a wake-up (a 256 x 128 piece alone takes about 15 us); the tests also use chunks.  The job's rows are cut
  * into grabs of about ::MOE_DEQUANT_GRAB_WEIGHTS weights; the workers and the caller take grabs
@@ -77,15 +79,27 @@
 #include <string.h>
 #include <unistd.h>
 
-/** One job: the arguments of moe_dequant_tiles(). */
+/** What a job does with its rows. */
+typedef enum dequant_job_kind {
+    JOB_DECODE,  /**< decode them into tiles (moe_dequant_tiles()) */
+    JOB_GEMM_FP4 /**< multiply them, decoded in registers, by a few tokens (moe_pool_gemm_fp4()) */
+} dequant_job_kind;
+
+/** One job: the arguments of moe_dequant_tiles() or of moe_pool_gemm_fp4(). */
 typedef struct dequant_job {
+    dequant_job_kind kind; /**< what is done with the rows */
     const moe_mat *m; /**< the matrix (borrowed for the job's duration) */
     int64_t r0;       /**< first row */
     int64_t nr;       /**< rows */
-    int64_t c0;       /**< first column */
-    int64_t nc;       /**< columns (a multiple of chunk) */
-    int64_t chunk;    /**< columns per output tile */
-    float *out;       /**< nc / chunk tiles of [nr, chunk] */
+    int64_t c0;       /**< JOB_DECODE: first column */
+    int64_t nc;       /**< JOB_DECODE: columns (a multiple of chunk) */
+    int64_t chunk;    /**< JOB_DECODE: columns per output tile */
+    float *out;       /**< JOB_DECODE: nc / chunk tiles of [nr, chunk]; JOB_GEMM_FP4: c, row r at out + r */
+    moe_dot_isa isa;  /**< JOB_GEMM_FP4: the FMA kernels (never the generic one, which may fail) */
+    const float *a;   /**< JOB_GEMM_FP4: the tokens' activations [tokens, lda] */
+    int64_t lda;      /**< JOB_GEMM_FP4: their leading dimension */
+    int64_t tokens;   /**< JOB_GEMM_FP4: how many */
+    int64_t ldc;      /**< JOB_GEMM_FP4: the output's leading dimension */
     int64_t grab_rows; /**< rows per grab */
     int n_grabs;      /**< grabs of the job: ceil(nr / grab_rows) */
 } dequant_job;
@@ -119,11 +133,16 @@ struct mmoe_moe_pool {
 /** Seconds a worker spins on the generation before it sleeps on the condition variable. */
 #define DEQUANT_SPIN_S 100e-6
 
-/** Decode grab @p g of @p j: its rows of every tile of the job. */
+/** Run grab @p g of @p j: decode its rows of every tile of the job, or multiply them. */
 static void run_grab(const dequant_job *j, int g)
 {
     const int64_t a = (int64_t)g * j->grab_rows;
     const int64_t b = a + j->grab_rows < j->nr ? a + j->grab_rows : j->nr;
+    if (j->kind == JOB_GEMM_FP4) {
+        /* the AVX2 kernel cannot fail (moe_pool_gemm_fp4() never gives the generic one) */
+        (void)moe_dot_gemm_fp4(j->isa, j->a, j->lda, j->tokens, j->m, j->r0 + a, b - a, j->out + j->r0 + a, j->ldc);
+        return;
+    }
     const int64_t n_tiles = j->nc / j->chunk;
     for (int64_t t = 0; t < n_tiles; t++)
         moe_weight_tile_f32(j->m, j->r0 + a, b - a, j->c0 + t * j->chunk, j->chunk,
@@ -320,16 +339,20 @@ int moe_dequant_pool_threads(const moe_dequant_pool *p)
     return p != NULL ? p->n_threads : 1;
 }
 
-void moe_dequant_start(moe_dequant_pool *p, const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
-                       int64_t chunk, float *out)
+/**
+ * Start @p job (its rows cut into grabs of about ::MOE_DEQUANT_GRAB_WEIGHTS weights of
+ * @p row_weights each) on the pool's workers, or run it now on the caller when it is too small to
+ * share or there are no workers.
+ */
+static void job_start(moe_dequant_pool *p, dequant_job job, int64_t row_weights)
 {
-    int64_t grab_rows = MOE_DEQUANT_GRAB_WEIGHTS / (nc > 0 ? nc : 1);
-    if (grab_rows < 1)
-        grab_rows = 1;
-    dequant_job job = {.m = m, .r0 = r0, .nr = nr, .c0 = c0, .nc = nc, .chunk = chunk, .out = out,
-                       .grab_rows = grab_rows, .n_grabs = (int)moe_ceil_div(nr, grab_rows)};
-    if (p == NULL || p->n_threads == 1 || job.n_grabs < 2 || nr * nc < MOE_DEQUANT_MIN_PARALLEL) {
-        /* too small to share (or no workers): decode now, on the caller */
+    const int64_t nr = job.nr;
+    job.grab_rows = MOE_DEQUANT_GRAB_WEIGHTS / (row_weights > 0 ? row_weights : 1);
+    if (job.grab_rows < 1)
+        job.grab_rows = 1;
+    job.n_grabs = (int)moe_ceil_div(nr, job.grab_rows);
+    if (p == NULL || p->n_threads == 1 || job.n_grabs < 2 || nr * row_weights < MOE_DEQUANT_MIN_PARALLEL) {
+        /* too small to share (or no workers): run it now, on the caller */
         job.grab_rows = nr > 0 ? nr : 1;
         job.n_grabs = nr > 0 ? 1 : 0;
         if (job.n_grabs == 1)
@@ -347,6 +370,25 @@ void moe_dequant_start(moe_dequant_pool *p, const moe_mat *m, int64_t r0, int64_
     pthread_cond_broadcast(&p->work_cv);
     pthread_mutex_unlock(&p->mu);
     p->in_flight = 1;
+}
+
+void moe_dequant_start(moe_dequant_pool *p, const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                       int64_t chunk, float *out)
+{
+    job_start(p, (dequant_job){.kind = JOB_DECODE, .m = m, .r0 = r0, .nr = nr, .c0 = c0, .nc = nc, .chunk = chunk,
+                               .out = out},
+              nc);
+}
+
+void moe_pool_gemm_fp4(moe_dequant_pool *p, moe_dot_isa isa, const float *a, int64_t lda, int64_t tokens,
+                       const moe_mat *w, float *c, int64_t ldc)
+{
+    /* every grab does as many multiply-adds as it decodes weights times tokens: grabs of the
+       decode's size in weights, which a few tokens make a few times longer */
+    job_start(p, (dequant_job){.kind = JOB_GEMM_FP4, .m = w, .r0 = 0, .nr = w->rows, .out = c, .isa = isa, .a = a,
+                               .lda = lda, .tokens = tokens, .ldc = ldc},
+              w->cols);
+    moe_dequant_finish(p);
 }
 
 void moe_dequant_finish(moe_dequant_pool *p)

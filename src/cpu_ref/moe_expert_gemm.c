@@ -32,7 +32,9 @@
  * and FP4 weights skips the tiles: moe_dot_gemm_fp4() decodes each 32-weight group in AVX2
  * registers, with the decoder's exact values, and feeds it to the same FMA lanes, so the bits
  * are those of the tiled path (suite moe_batchinv runs every token alone, on this path, and in
- * a batch, on the tiled one).  Thread CPU time per 2048 x 4096 FP4 matrix on the Zen 3
+ * a batch, on the tiled one).  The weight rows are shared out over the layer's dequantization
+ * threads and the caller (moe_pool_gemm_fp4(), moe_dequant_pool.c): each output row is one call
+ * of the same kernel on the same operands whichever thread runs it.  Thread CPU time per 2048 x 4096 FP4 matrix on the Zen 3
  * development machine: 1.5 / 2.3 / 3.4 / 5.0 ms for 1 / 2 / 4 / 6 tokens in registers, against
  * 4.4-6.7 ms for decoding the tiles on one thread and multiplying (at 8 tokens and more the
  * tiles win, and their decoding runs on the worker pool besides).  Without AVX2 the tiled path
@@ -111,8 +113,7 @@ int moe_expert_gemm(const moe_mat *w, const float *a, int64_t m, moe_gemm_kind k
     const moe_dot_isa isa = moe_dot_isa_best();
     if (w->fmt == MOE_W_FP4 && m <= MOE_FP4_FUSED_MAX_TOKENS && isa != MOE_DOT_ISA_GENERIC) {
         double t0 = mmoe_clock_s();
-        if (moe_dot_gemm_fp4(isa, a, w->cols, m, w, 0, w->rows, out, w->rows) != 0)
-            return -1;
+        moe_pool_gemm_fp4(s->pool, isa, a, w->cols, m, w, out, w->rows);
         clk->gemm_s += mmoe_clock_s() - t0;
         clk->flops += 2.0 * (double)m * (double)w->rows * (double)w->cols;
         return 0;

@@ -252,6 +252,16 @@ void moe_dot_gemm(moe_dot_isa isa, const float *a, int64_t lda, int64_t m, const
 int moe_dot_gemm_fp4(moe_dot_isa isa, const float *a, int64_t lda, int64_t m, const moe_mat *w, int64_t r0,
                      int64_t n, float *c, int64_t ldc);
 
+/**
+ * moe_dot_gemm_fp4() over all rows of @p w (c[t * ldc + r] = a_t . W[r]) with the rows split
+ * over the pool's threads (the caller takes part): each output is computed by the same function
+ * on the same operands whatever thread runs it, so the bits are those of one thread.  @p isa must
+ * be an FMA kernel (the generic one allocates and could fail); @p p may be NULL.  Returns when
+ * every row is done.  Not reentrant: one job per pool at a time.
+ */
+void moe_pool_gemm_fp4(moe_dequant_pool *p, moe_dot_isa isa, const float *a, int64_t lda, int64_t tokens,
+                       const moe_mat *w, float *c, int64_t ldc);
+
 /* ------------------------------------------------------------------ expert GEMMs */
 
 /** Scratch for the tiled GEMMs (grown on demand, owned by the layer). */
