@@ -237,12 +237,13 @@ START_TEST(fp4_threads_bit_identical)
 END_TEST
 
 /**
- * The few-token FP4 GEMM with its rows split over a pool (moe_pool_gemm_fp4()) against the
- * same kernel on one thread over all rows (moe_dot_gemm_fp4()), bit for bit, for thread counts
- * 1 to 5 and a NULL pool: rows from one to several grabs (and not a multiple of a grab), 1 to 4
- * tokens, leading dimensions wider than the rows and columns.
+ * The few-token GEMM of FP4 and FP8 weights decoded in registers, with its rows split over a
+ * pool (moe_pool_gemm_coded()), against the same kernel on one thread over all rows
+ * (moe_dot_gemm_coded()), bit for bit, for thread counts 1 to 5 and a NULL pool: rows from one
+ * to several grabs (and not a multiple of a grab), 1 to 4 tokens, leading dimensions wider than
+ * the rows and columns.
  */
-START_TEST(fp4_gemm_threads_bit_identical)
+START_TEST(coded_gemm_threads_bit_identical)
 {
     const moe_dot_isa isa = moe_dot_isa_best();
     if (isa == MOE_DOT_ISA_GENERIC)
@@ -253,17 +254,20 @@ START_TEST(fp4_gemm_threads_bit_identical)
         const int64_t groups = 1 + (int64_t)mmoe_rng_below(&rng, 24), cols = 32 * groups;
         const int64_t rows = it == 0 ? 1 : 1 + (int64_t)mmoe_rng_below(&rng, 900);
         const int64_t tokens = 1 + (int64_t)mmoe_rng_below(&rng, 4), lda = cols + 8, ldc = rows + 3;
+        const int fp8 = it % 2;
         rand_mat rm;
-        rand_mat_make(&rm, &rng, MOE_W_FP4, rows, cols, 0, 0, 0);
-        for (size_t i = 0; i < (size_t)(rm.m.sf_rows * rm.m.sf_cols); i++)
-            ((uint8_t *)rm.sf)[i] = (uint8_t)(120 + mmoe_rng_below(&rng, 10)); /* finite products */
+        rand_mat_make(&rm, &rng, fp8 ? MOE_W_FP8 : MOE_W_FP4, rows, cols, 1 + it % 3, 32, it % 4 == 3);
+        ck_assert(moe_dot_coded_in_registers(isa, &rm.m));
+        if (!rm.m.sf_f32)
+            for (size_t i = 0; i < (size_t)(rm.m.sf_rows * rm.m.sf_cols); i++)
+                ((uint8_t *)rm.sf)[i] = (uint8_t)(120 + mmoe_rng_below(&rng, 10)); /* finite products */
         float *a = malloc((size_t)(tokens * lda) * sizeof(float));
         float *ref = malloc((size_t)(tokens * ldc) * sizeof(float)), *got = malloc((size_t)(tokens * ldc) * sizeof(float));
         ck_assert(a != NULL && ref != NULL && got != NULL);
         for (int64_t i = 0; i < tokens * lda; i++)
             a[i] = (float)mmoe_rng_normal(&rng);
         mmoe_test_poison_f32(ref, (size_t)(tokens * ldc));
-        ck_assert_int_eq(moe_dot_gemm_fp4(isa, a, lda, tokens, &rm.m, 0, rows, ref, ldc), 0);
+        ck_assert_int_eq(moe_dot_gemm_coded(isa, a, lda, tokens, &rm.m, 0, rows, ref, ldc), 0);
         for (int threads = 0; threads <= 5; threads++) { /* 0: no pool */
             moe_dequant_pool *pool = NULL;
             mmoe_error err;
@@ -271,12 +275,12 @@ START_TEST(fp4_gemm_threads_bit_identical)
                 ck_assert_int_eq(moe_dequant_pool_create(threads, &pool, &err), MMOE_OK);
             for (int rep = 0; rep < 2; rep++) {
                 mmoe_test_poison_f32(got, (size_t)(tokens * ldc));
-                moe_pool_gemm_fp4(pool, isa, a, lda, tokens, &rm.m, got, ldc);
+                moe_pool_gemm_coded(pool, isa, a, lda, tokens, &rm.m, got, ldc);
                 for (int64_t t = 0; t < tokens; t++)
                     ck_assert_msg(memcmp(got + t * ldc, ref + t * ldc, (size_t)rows * sizeof(float)) == 0,
-                                  "seed %llu: %d threads, token %lld of %lld differs (rows %lld, cols %lld, rep %d)",
-                                  (unsigned long long)g_seed, threads, (long long)t, (long long)tokens,
-                                  (long long)rows, (long long)cols, rep);
+                                  "seed %llu: %s, %d threads, token %lld of %lld differs (rows %lld, cols %lld, rep %d)",
+                                  (unsigned long long)g_seed, fp8 ? "fp8" : "fp4", threads, (long long)t,
+                                  (long long)tokens, (long long)rows, (long long)cols, rep);
             }
             moe_dequant_pool_release(pool);
         }
@@ -357,7 +361,7 @@ static Suite *dequant_suite(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, fp4_threads_bit_identical);
-    tcase_add_test(tc, fp4_gemm_threads_bit_identical);
+    tcase_add_test(tc, coded_gemm_threads_bit_identical);
     tcase_add_loop_test(tc, fp8_threads_bit_identical, 0, 2);
     tcase_add_test(tc, bf16_threads_bit_identical);
     tcase_add_test(tc, thread_count_from_environment);

@@ -16,9 +16,10 @@
  * - Hand-derived values: the lane order (a sum where sequential order gives 3 and the lanes 6)
  *   and the single rounding of the fused multiply-add (2^-24, where mul + add gives 0).
  * - Zero runs of a multiple of 8 inserted into K (the padding of I) change no bit.
- * - The FP4 variant that decodes weights in registers equals the definition applied to the rows
- *   decoded by moe_weight_tile_f32() (tested against the formats' formulas in moe_dequant), for
- *   every code and scale bytes from 0 to 254, the extremes included.
+ * - The FP4 and FP8 variants that decode weights in registers equal the definition applied to
+ *   the rows decoded by moe_weight_tile_f32() (tested against the formats' formulas in
+ *   moe_dequant), for every code (FP8: the NaN codes and -0 too) and scale bytes from 0 to 254,
+ *   the extremes included, and (FP8) F32 block scales whose products round.
  * Seeds are printed (replay with MMOE_SEED=n).
  */
 #include <check.h>
@@ -211,7 +212,7 @@ START_TEST(fp4_on_the_fly_matches_decoded_rows)
             moe_mat w = {.fmt = MOE_W_FP4, .rows = rows, .cols = k, .w = wb, .sf = sb, .block_n = 1,
                          .block_k = 32, .sf_rows = rows, .sf_cols = k / 32};
             mmoe_test_poison_f32(c, (size_t)(m * ldc));
-            ck_assert_int_eq(moe_dot_gemm_fp4(isa, a, lda, m, &w, r0, n, c, ldc), 0);
+            ck_assert_int_eq(moe_dot_gemm_coded(isa, a, lda, m, &w, r0, n, c, ldc), 0);
             for (int64_t j = 0; j < n; j++) {
                 moe_weight_tile_f32(&w, r0 + j, 1, 0, k, row);
                 for (int64_t t = 0; t < m; t++) {
@@ -235,6 +236,69 @@ START_TEST(fp4_on_the_fly_matches_decoded_rows)
 }
 END_TEST
 
+/*
+ * FP8 weights decoded on the fly: the same bits as decoding the rows first, for every code (the
+ * two NaN codes and -0 included; a few rows of all 256), UE8M0 scale bytes 0 to 254 and F32
+ * scales that make e4m3 x scale round, scale blocks of 8 to 128 columns and 1 to 3 rows.
+ */
+START_TEST(fp8_on_the_fly_matches_decoded_rows)
+{
+    const moe_dot_isa isa = (moe_dot_isa)_i;
+    if (!moe_dot_isa_runs_here(isa))
+        return;
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, g_seed + 1931u * (uint64_t)(_i + 1));
+    static const int64_t ks[] = {8, 64, 256, 1024};
+    static const int64_t bks[] = {8, 24, 128, 128};
+    for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+        for (int64_t m = 1; m <= 5; m++) {
+            const int64_t k = ks[ki], bk = bks[ki], bn = 1 + (int64_t)mmoe_rng_below(&rng, 3);
+            const int64_t rows = 2 + (int64_t)mmoe_rng_below(&rng, 30);
+            const int64_t r0 = (int64_t)mmoe_rng_below(&rng, 2), n = rows - r0 - (int64_t)mmoe_rng_below(&rng, 2);
+            const int64_t lda = k + 3, ldc = n + 2, sr = (rows + bn - 1) / bn, sc = (k + bk - 1) / bk;
+            const int f32 = (int)(m % 2);
+            uint8_t *wb = malloc((size_t)(rows * k)), *sb = malloc((size_t)(sr * sc));
+            float *sf = malloc((size_t)(sr * sc) * sizeof(float));
+            float *a = malloc((size_t)(m * lda) * sizeof(float)), *row = malloc((size_t)k * sizeof(float));
+            float *c = malloc((size_t)(m * ldc) * sizeof(float));
+            ck_assert(wb && sb && sf && a && row && c);
+            for (int64_t i = 0; i < rows * k; i++)
+                wb[i] = (uint8_t)(k >= 256 && i < 2 * k ? i : (int64_t)mmoe_rng_below(&rng, 256)); /* rows 0, 1: every code */
+            for (int64_t i = 0; i < sr * sc; i++) {
+                sb[i] = (uint8_t)(i % 5 == 2 ? (i % 2 ? 0 : 254) : 115 + mmoe_rng_below(&rng, 20));
+                sf[i] = (float)(0.001 + mmoe_rng_uniform(&rng)); /* not powers of two: e4m3 x s rounds */
+            }
+            for (int64_t i = 0; i < m * lda; i++)
+                a[i] = (float)mmoe_rng_normal(&rng);
+            moe_mat w = {.fmt = MOE_W_FP8, .rows = rows, .cols = k, .w = wb, .sf = f32 ? (const void *)sf : sb,
+                         .sf_f32 = f32, .block_n = bn, .block_k = bk, .sf_rows = sr, .sf_cols = sc};
+            mmoe_test_poison_f32(c, (size_t)(m * ldc));
+            ck_assert_int_eq(moe_dot_gemm_coded(isa, a, lda, m, &w, r0, n, c, ldc), 0);
+            for (int64_t j = 0; j < n; j++) {
+                moe_weight_tile_f32(&w, r0 + j, 1, 0, k, row);
+                for (int64_t t = 0; t < m; t++) {
+                    const float want = reference_dot(a + t * lda, row, k), got = c[t * ldc + j];
+                    ck_assert_msg(bits_of(got) == bits_of(want) || (isnan(got) && isnan(want)),
+                                  "%s fp8 k=%lld block %lldx%lld %s m=%lld: c[%lld][%lld] = %a, decoded rows give %a",
+                                  moe_dot_isa_name(isa), (long long)k, (long long)bn, (long long)bk,
+                                  f32 ? "f32" : "ue8m0", (long long)m, (long long)t, (long long)j, (double)got,
+                                  (double)want);
+                }
+            }
+            for (int64_t t = 0; t < m; t++)
+                for (int64_t j = n; j < ldc; j++)
+                    ck_assert(isnan(c[t * ldc + j]));
+            free(wb);
+            free(sb);
+            free(sf);
+            free(a);
+            free(row);
+            free(c);
+        }
+    }
+}
+END_TEST
+
 static Suite *dot_suite(void)
 {
     Suite *s = suite_create("moe_dot");
@@ -244,6 +308,7 @@ static Suite *dot_suite(void)
     tcase_add_test(tc, hand_derived_order_and_rounding);
     tcase_add_test(tc, zero_runs_of_eight_change_no_bit);
     tcase_add_loop_test(tc, fp4_on_the_fly_matches_decoded_rows, 0, MOE_DOT_ISA_COUNT);
+    tcase_add_loop_test(tc, fp8_on_the_fly_matches_decoded_rows, 0, MOE_DOT_ISA_COUNT);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -11,8 +11,8 @@
  * invariance hold by construction.
  *
  * A job is "decode rows [r0, r0 + nr) of columns [c0, c0 + nc) as nc / chunk tiles of
- * [nr, chunk] floats, tile t at out + t * nr * chunk", or (moe_pool_gemm_fp4()) "multiply the
- * rows of an FP4 matrix, decoded in registers, by a few tokens": the same rule holds there, each
+ * [nr, chunk] floats, tile t at out + t * nr * chunk", or (moe_pool_gemm_coded()) "multiply the
+ * rows of an FP4 or FP8 matrix, decoded in registers, by a few tokens": the same rule holds there, each
  * output element being one call of the fixed-order kernel (moe_dot.c) whatever thread makes it.  The layer uses one tile per job
  * (chunk = nc = K): 128 rows x D for L1, 256 rows x I for L2, so that a job is large enough to
  * be worth a wake-up (a 256 x 128 piece alone takes about 15 us); the tests also use chunks.  The job's rows are cut
@@ -82,10 +82,10 @@
 /** What a job does with its rows. */
 typedef enum dequant_job_kind {
     JOB_DECODE,  /**< decode them into tiles (moe_dequant_tiles()) */
-    JOB_GEMM_FP4 /**< multiply them, decoded in registers, by a few tokens (moe_pool_gemm_fp4()) */
+    JOB_GEMM_CODED /**< multiply them, decoded in registers, by a few tokens (moe_pool_gemm_coded()) */
 } dequant_job_kind;
 
-/** One job: the arguments of moe_dequant_tiles() or of moe_pool_gemm_fp4(). */
+/** One job: the arguments of moe_dequant_tiles() or of moe_pool_gemm_coded(). */
 typedef struct dequant_job {
     dequant_job_kind kind; /**< what is done with the rows */
     const moe_mat *m; /**< the matrix (borrowed for the job's duration) */
@@ -94,12 +94,12 @@ typedef struct dequant_job {
     int64_t c0;       /**< JOB_DECODE: first column */
     int64_t nc;       /**< JOB_DECODE: columns (a multiple of chunk) */
     int64_t chunk;    /**< JOB_DECODE: columns per output tile */
-    float *out;       /**< JOB_DECODE: nc / chunk tiles of [nr, chunk]; JOB_GEMM_FP4: c, row r at out + r */
-    moe_dot_isa isa;  /**< JOB_GEMM_FP4: the FMA kernels (never the generic one, which may fail) */
-    const float *a;   /**< JOB_GEMM_FP4: the tokens' activations [tokens, lda] */
-    int64_t lda;      /**< JOB_GEMM_FP4: their leading dimension */
-    int64_t tokens;   /**< JOB_GEMM_FP4: how many */
-    int64_t ldc;      /**< JOB_GEMM_FP4: the output's leading dimension */
+    float *out;       /**< JOB_DECODE: nc / chunk tiles of [nr, chunk]; JOB_GEMM_CODED: c, row r at out + r */
+    moe_dot_isa isa;  /**< JOB_GEMM_CODED: FMA kernels that take the matrix in registers (they cannot fail) */
+    const float *a;   /**< JOB_GEMM_CODED: the tokens' activations [tokens, lda] */
+    int64_t lda;      /**< JOB_GEMM_CODED: their leading dimension */
+    int64_t tokens;   /**< JOB_GEMM_CODED: how many */
+    int64_t ldc;      /**< JOB_GEMM_CODED: the output's leading dimension */
     int64_t grab_rows; /**< rows per grab */
     int n_grabs;      /**< grabs of the job: ceil(nr / grab_rows) */
 } dequant_job;
@@ -138,9 +138,9 @@ static void run_grab(const dequant_job *j, int g)
 {
     const int64_t a = (int64_t)g * j->grab_rows;
     const int64_t b = a + j->grab_rows < j->nr ? a + j->grab_rows : j->nr;
-    if (j->kind == JOB_GEMM_FP4) {
-        /* the AVX2 kernel cannot fail (moe_pool_gemm_fp4() never gives the generic one) */
-        (void)moe_dot_gemm_fp4(j->isa, j->a, j->lda, j->tokens, j->m, j->r0 + a, b - a, j->out + j->r0 + a, j->ldc);
+    if (j->kind == JOB_GEMM_CODED) {
+        /* the in-register kernels cannot fail (moe_pool_gemm_coded()'s contract) */
+        (void)moe_dot_gemm_coded(j->isa, j->a, j->lda, j->tokens, j->m, j->r0 + a, b - a, j->out + j->r0 + a, j->ldc);
         return;
     }
     const int64_t n_tiles = j->nc / j->chunk;
@@ -380,12 +380,12 @@ void moe_dequant_start(moe_dequant_pool *p, const moe_mat *m, int64_t r0, int64_
               nc);
 }
 
-void moe_pool_gemm_fp4(moe_dequant_pool *p, moe_dot_isa isa, const float *a, int64_t lda, int64_t tokens,
+void moe_pool_gemm_coded(moe_dequant_pool *p, moe_dot_isa isa, const float *a, int64_t lda, int64_t tokens,
                        const moe_mat *w, float *c, int64_t ldc)
 {
     /* every grab does as many multiply-adds as it decodes weights times tokens: grabs of the
        decode's size in weights, which a few tokens make a few times longer */
-    job_start(p, (dequant_job){.kind = JOB_GEMM_FP4, .m = w, .r0 = 0, .nr = w->rows, .out = c, .isa = isa, .a = a,
+    job_start(p, (dequant_job){.kind = JOB_GEMM_CODED, .m = w, .r0 = 0, .nr = w->rows, .out = c, .isa = isa, .a = a,
                                .lda = lda, .tokens = tokens, .ldc = ldc},
               w->cols);
     moe_dequant_finish(p);

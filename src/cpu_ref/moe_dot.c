@@ -123,8 +123,8 @@ static void gemm_generic(const float *a, int64_t lda, int64_t m, const float *w,
             c[t * ldc + j] = dot_generic(a + t * lda, w + j * ldw, k);
 }
 
-/** FP4 rows decoded one at a time (moe_weight_tile.c), then the scalar formula. */
-static int gemm_fp4_generic(const float *a, int64_t lda, int64_t m, const moe_mat *w, int64_t r0, int64_t n,
+/** FP4 or FP8 rows decoded one at a time (moe_weight_tile.c), then the scalar formula. */
+static int gemm_coded_generic(const float *a, int64_t lda, int64_t m, const moe_mat *w, int64_t r0, int64_t n,
                             float *c, int64_t ldc)
 {
     const int64_t k = w->cols;
@@ -286,6 +286,95 @@ DOT_AVX2 static inline __attribute__((always_inline)) void fp4_block_avx2(int rt
         }
 }
 
+/**
+ * Eight E4M3 codes (bytes at @p codes) as FP32 values times 2^-120, exactly: each code's sign
+ * and 7 magnitude bits become bits 31 and 26..20 of a float, whose exponent field is then the
+ * code's exponent e (0..15) and the top of its mantissa the code's 3 bits m, so the float is
+ * (1 + m/8) 2^(e - 127) for e >= 1 and m/8 2^-126 for e = 0: the E4M3 value (1 + m/8) 2^(e - 7),
+ * or m 2^-9, times 2^-120 in both cases.  The two NaN codes (magnitude 0x7F) take the decoder's
+ * NaN of their sign (@p nan_pos, @p nan_neg: the table's values).
+ */
+DOT_AVX2 static inline __attribute__((always_inline)) __m256 fp8_codes_avx2(const uint8_t *codes, __m256 nan_pos,
+                                                                            __m256 nan_neg)
+{
+    const __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)codes));
+    const __m256i mag = _mm256_and_si256(x, _mm256_set1_epi32(0x7F));
+    const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(x, 7), 31);
+    __m256 v = _mm256_castsi256_ps(_mm256_or_si256(sign, _mm256_slli_epi32(mag, 20)));
+    const __m256 is_nan = _mm256_castsi256_ps(_mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7F)));
+    if (!_mm256_testz_ps(is_nan, is_nan))
+        v = _mm256_blendv_ps(v, _mm256_blendv_ps(nan_pos, nan_neg, _mm256_castsi256_ps(sign)), is_nan);
+    return v;
+}
+
+/**
+ * RT tokens x RN FP8 weight rows, decoded in registers 8 codes at a time: the code's value
+ * (fp8_codes_avx2() times 2^120, exact) times its block's scale, one rounding, as the decoder's
+ * e4m3 x scale; then the same fused multiply-adds, in the same lane order, as decoding the rows
+ * and calling block_avx2.  The width and the scale-block width are multiples of 8.
+ */
+DOT_AVX2 static inline __attribute__((always_inline)) void fp8_block_avx2(int rt, int rn, const float *a,
+                                                                          int64_t lda, const moe_mat *w, int64_t r0,
+                                                                          float *c, int64_t ldc)
+{
+    const int64_t k = w->cols;
+    const float *e4m3 = mmoe_fp8_e4m3_table();
+    const __m256 nan_pos = _mm256_set1_ps(e4m3[0x7F]), nan_neg = _mm256_set1_ps(e4m3[0xFF]);
+    const __m256 up = _mm256_set1_ps(0x1p120f);
+    __m256 acc[2][8];
+    _Pragma("GCC unroll 8")
+    for (int t = 0; t < rt; t++)
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < rn; j++)
+            acc[t][j] = _mm256_setzero_ps();
+    for (int64_t k0 = 0; k0 < k; k0 += w->block_k) {
+        const int64_t k1 = k0 + w->block_k < k ? k0 + w->block_k : k;
+        __m256 sv[8];
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < rn; j++)
+            sv[j] = _mm256_set1_ps(moe_fp8_block_scale(w, r0 + j, k0));
+        for (int64_t i = k0; i < k1; i += MOE_DOT_LANES) {
+            _Pragma("GCC unroll 8")
+            for (int j = 0; j < rn; j++) {
+                const __m256 v = fp8_codes_avx2(w->w + (r0 + j) * k + i, nan_pos, nan_neg);
+                const __m256 wv = _mm256_mul_ps(_mm256_mul_ps(v, up), sv[j]);
+                _Pragma("GCC unroll 8")
+                for (int t = 0; t < rt; t++)
+                    acc[t][j] = _mm256_fmadd_ps(_mm256_loadu_ps(a + t * lda + i), wv, acc[t][j]);
+            }
+        }
+    }
+    _Pragma("GCC unroll 8")
+    for (int t = 0; t < rt; t++)
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < rn; j++) {
+            float p[MOE_DOT_LANES];
+            _mm256_storeu_ps(p, acc[t][j]);
+            c[t * ldc + j] = combine_lanes(p);
+        }
+}
+
+/** The FP8 GEMM in registers: pairs of tokens x 4 rows, then single tokens x 8 rows. */
+DOT_AVX2 static void gemm_fp8_avx2(const float *a, int64_t lda, int64_t m, const moe_mat *w, int64_t r0, int64_t n,
+                                   float *c, int64_t ldc)
+{
+    int64_t t = 0;
+    for (; t + 2 <= m; t += 2) {
+        int64_t j = 0;
+        for (; j + 4 <= n; j += 4)
+            fp8_block_avx2(2, 4, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
+        for (; j < n; j++)
+            fp8_block_avx2(2, 1, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
+    }
+    for (; t < m; t++) {
+        int64_t j = 0;
+        for (; j + 8 <= n; j += 8)
+            fp8_block_avx2(1, 8, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
+        for (; j < n; j++)
+            fp8_block_avx2(1, 1, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
+    }
+}
+
 /** The FP4 GEMM in registers: pairs of tokens x 4 rows, then single tokens x 8 rows. */
 DOT_AVX2 static void gemm_fp4_avx2(const float *a, int64_t lda, int64_t m, const moe_mat *w, int64_t r0, int64_t n,
                                    float *c, int64_t ldc)
@@ -322,15 +411,26 @@ void moe_dot_gemm(moe_dot_isa isa, const float *a, int64_t lda, int64_t m, const
     gemm_generic(a, lda, m, w, ldw, n, k, c, ldc);
 }
 
-int moe_dot_gemm_fp4(moe_dot_isa isa, const float *a, int64_t lda, int64_t m, const moe_mat *w, int64_t r0,
-                     int64_t n, float *c, int64_t ldc)
+int moe_dot_coded_in_registers(moe_dot_isa isa, const moe_mat *w)
+{
+    if (isa != MOE_DOT_ISA_AVX2_FMA || !MOE_DOT_HAVE_X86)
+        return 0;
+    if (w->fmt == MOE_W_FP4)
+        return 1;
+    return w->fmt == MOE_W_FP8 && w->cols % MOE_DOT_LANES == 0 && w->block_k > 0 && w->block_k % MOE_DOT_LANES == 0;
+}
+
+int moe_dot_gemm_coded(moe_dot_isa isa, const float *a, int64_t lda, int64_t m, const moe_mat *w, int64_t r0,
+                       int64_t n, float *c, int64_t ldc)
 {
 #if MOE_DOT_HAVE_X86
-    if (isa == MOE_DOT_ISA_AVX2_FMA) {
-        gemm_fp4_avx2(a, lda, m, w, r0, n, c, ldc);
+    if (moe_dot_coded_in_registers(isa, w)) {
+        if (w->fmt == MOE_W_FP4)
+            gemm_fp4_avx2(a, lda, m, w, r0, n, c, ldc);
+        else
+            gemm_fp8_avx2(a, lda, m, w, r0, n, c, ldc);
         return 0;
     }
 #endif
-    (void)isa;
-    return gemm_fp4_generic(a, lda, m, w, r0, n, c, ldc);
+    return gemm_coded_generic(a, lda, m, w, r0, n, c, ldc);
 }

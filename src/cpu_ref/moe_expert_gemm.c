@@ -27,14 +27,15 @@
  * GEMM is done.  Which buffer holds which tile, and which thread decodes which rows, changes
  * nothing in the values the GEMM reads.
  *
- * ## Few tokens: FP4 decoded in registers
- * An expert with at most ::MOE_FP4_FUSED_MAX_TOKENS tokens (the common case at decode sizes)
- * and FP4 weights skips the tiles: moe_dot_gemm_fp4() decodes each 32-weight group in AVX2
- * registers, with the decoder's exact values, and feeds it to the same FMA lanes, so the bits
+ * ## Few tokens: weights decoded in registers
+ * An expert with at most ::MOE_FP4_FUSED_MAX_TOKENS tokens of FP4 weights (the common case at
+ * decode sizes), or ::MOE_FP8_FUSED_MAX_TOKENS of FP8 ones (the shared expert, whose m is every
+ * token of the call), skips the tiles: moe_dot_gemm_coded() decodes each 32-weight FP4 group, or
+ * each 8 FP8 codes and their block scale, in AVX2 registers, with the decoder's exact values, and feeds them to the same FMA lanes, so the bits
  * are those of the tiled path (suite moe_batchinv runs every token alone, on this path, and in
  * a batch, on the tiled one).  The weight rows are shared out over the layer's dequantization
- * threads and the caller (moe_pool_gemm_fp4(), moe_dequant_pool.c): each output row is one call
- * of the same kernel on the same operands whichever thread runs it.  Thread CPU time per 2048 x 4096 FP4 matrix on the Zen 3
+ * threads and the caller (moe_pool_gemm_coded(), moe_dequant_pool.c): each output row is one
+ * call of the same kernel on the same operands whichever thread runs it.  Thread CPU time per 2048 x 4096 FP4 matrix on the Zen 3
  * development machine: 1.5 / 2.3 / 3.4 / 5.0 ms for 1 / 2 / 4 / 6 tokens in registers, against
  * 4.4-6.7 ms for decoding the tiles on one thread and multiplying (at 8 tokens and more the
  * tiles win, and their decoding runs on the worker pool besides).  Without AVX2 the tiled path
@@ -50,6 +51,11 @@
 #define MOE_L2_ROWS 256
 /** Experts with at most this many tokens multiply FP4 weights decoded in registers (no tiles). */
 #define MOE_FP4_FUSED_MAX_TOKENS 4
+/**
+ * The same for FP8 weights (the shared expert): decoding 8 codes and their scale costs more
+ * than a 32-weight FP4 group, and with 4 tokens the tiles measured faster (docs/perf.md).
+ */
+#define MOE_FP8_FUSED_MAX_TOKENS 2
 int moe_scratch_reserve(float **buf, size_t *cap, size_t n)
 {
     if (n <= *cap)
@@ -111,9 +117,10 @@ int moe_expert_gemm(const moe_mat *w, const float *a, int64_t m, moe_gemm_kind k
     if (m <= 0)
         return 0;
     const moe_dot_isa isa = moe_dot_isa_best();
-    if (w->fmt == MOE_W_FP4 && m <= MOE_FP4_FUSED_MAX_TOKENS && isa != MOE_DOT_ISA_GENERIC) {
+    const int64_t fused_max = w->fmt == MOE_W_FP8 ? MOE_FP8_FUSED_MAX_TOKENS : MOE_FP4_FUSED_MAX_TOKENS;
+    if (m <= fused_max && moe_dot_coded_in_registers(isa, w)) {
         double t0 = mmoe_clock_s();
-        moe_pool_gemm_fp4(s->pool, isa, a, w->cols, m, w, out, w->rows);
+        moe_pool_gemm_coded(s->pool, isa, a, w->cols, m, w, out, w->rows);
         clk->gemm_s += mmoe_clock_s() - t0;
         clk->flops += 2.0 * (double)m * (double)w->rows * (double)w->cols;
         return 0;

@@ -245,22 +245,32 @@ void moe_dot_gemm(moe_dot_isa isa, const float *a, int64_t lda, int64_t m, const
                   int64_t k, float *c, int64_t ldc);
 
 /**
- * As moe_dot_gemm() with W = rows [r0, r0 + n) of the FP4 matrix @p w, decoded on the fly
- * (the same values as moe_weight_tile_f32(), so the same bits): c[t * ldc + j] = a_t . W[r0 + j].
- * @return 0, or -1 on allocation failure (the generic variant's row buffer)
+ * Whether moe_dot_gemm_coded() takes @p w in the registers of @p isa: FP4 (groups of 32), or FP8
+ * whose width and scale-block width are multiples of 8, with an FMA kernel.
  */
-int moe_dot_gemm_fp4(moe_dot_isa isa, const float *a, int64_t lda, int64_t m, const moe_mat *w, int64_t r0,
-                     int64_t n, float *c, int64_t ldc);
+int moe_dot_coded_in_registers(moe_dot_isa isa, const moe_mat *w);
 
 /**
- * moe_dot_gemm_fp4() over all rows of @p w (c[t * ldc + r] = a_t . W[r]) with the rows split
- * over the pool's threads (the caller takes part): each output is computed by the same function
- * on the same operands whatever thread runs it, so the bits are those of one thread.  @p isa must
- * be an FMA kernel (the generic one allocates and could fail); @p p may be NULL.  Returns when
- * every row is done.  Not reentrant: one job per pool at a time.
+ * As moe_dot_gemm() with W = rows [r0, r0 + n) of the FP4 or FP8 matrix @p w, decoded on the fly
+ * (the same values as moe_weight_tile_f32(), so the same bits): c[t * ldc + j] = a_t . W[r0 + j].
+ * In registers where moe_dot_coded_in_registers(), else one decoded row at a time.
+ * @return 0, or -1 on allocation failure (the row buffer of the second way)
  */
-void moe_pool_gemm_fp4(moe_dequant_pool *p, moe_dot_isa isa, const float *a, int64_t lda, int64_t tokens,
-                       const moe_mat *w, float *c, int64_t ldc);
+int moe_dot_gemm_coded(moe_dot_isa isa, const float *a, int64_t lda, int64_t m, const moe_mat *w, int64_t r0,
+                       int64_t n, float *c, int64_t ldc);
+
+/**
+ * moe_dot_gemm_coded() over all rows of @p w (c[t * ldc + r] = a_t . W[r]) with the rows split
+ * over the pool's threads (the caller takes part): each output is computed by the same function
+ * on the same operands whatever thread runs it, so the bits are those of one thread.
+ * moe_dot_coded_in_registers(isa, w) must hold (the other way allocates and could fail); @p p
+ * may be NULL.  Returns when every row is done.  Not reentrant: one job per pool at a time.
+ */
+void moe_pool_gemm_coded(moe_dequant_pool *p, moe_dot_isa isa, const float *a, int64_t lda, int64_t tokens,
+                         const moe_mat *w, float *c, int64_t ldc);
+
+/** The scale of weight (r, c) of an FP8 matrix: its block's UE8M0 or F32 scale. */
+float moe_fp8_block_scale(const moe_mat *m, int64_t r, int64_t c);
 
 /* ------------------------------------------------------------------ expert GEMMs */
 

@@ -55,8 +55,7 @@ static void tile_fp4(const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64
     }
 }
 
-/** The scale of weight (r, c) of an FP8 matrix. */
-static float block_scale(const moe_mat *m, int64_t r, int64_t c)
+float moe_fp8_block_scale(const moe_mat *m, int64_t r, int64_t c)
 {
     int64_t i = (r / m->block_n) * m->sf_cols + c / m->block_k;
     if (m->sf_f32)
@@ -77,7 +76,7 @@ static void tile_fp8(const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64
             int64_t run_end = (c / m->block_k + 1) * m->block_k;
             if (run_end > c0 + nc)
                 run_end = c0 + nc;
-            const float scale = block_scale(m, r0 + r, c);
+            const float scale = moe_fp8_block_scale(m, r0 + r, c);
             for (int64_t j = c; j < run_end; j++)
                 orow[j - c0] = e4m3[wrow[j]] * scale;
             c = run_end;
