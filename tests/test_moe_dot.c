@@ -184,6 +184,36 @@ START_TEST(zero_runs_of_eight_change_no_bit)
 }
 END_TEST
 
+/**
+ * Run moe_dot_gemm_coded() on rows [r0, r0 + n) of @p w for @p m tokens and compare every output
+ * with the definition applied to the rows decoded by moe_weight_tile_f32(), bit for bit (NaN with
+ * NaN); the gaps of the leading dimension must stay NaN-poisoned.  @p what names the case.
+ */
+static void check_coded(moe_dot_isa isa, const float *a, int64_t lda, int64_t m, const moe_mat *w, int64_t r0,
+                        int64_t n, const char *what)
+{
+    const int64_t k = w->cols, ldc = n + 2;
+    float *row = malloc((size_t)k * sizeof(float)), *c = malloc((size_t)(m * ldc) * sizeof(float));
+    ck_assert(row && c);
+    mmoe_test_poison_f32(c, (size_t)(m * ldc));
+    ck_assert_int_eq(moe_dot_gemm_coded(isa, a, lda, m, w, r0, n, c, ldc), 0);
+    for (int64_t j = 0; j < n; j++) {
+        moe_weight_tile_f32(w, r0 + j, 1, 0, k, row);
+        for (int64_t t = 0; t < m; t++) {
+            const float want = reference_dot(a + t * lda, row, k), got = c[t * ldc + j];
+            ck_assert_msg(bits_of(got) == bits_of(want) || (isnan(got) && isnan(want)),
+                          "%s %s k=%lld m=%lld: c[%lld][%lld] = %a, decoded rows give %a (seed %llu)",
+                          moe_dot_isa_name(isa), what, (long long)k, (long long)m, (long long)t, (long long)j,
+                          (double)got, (double)want, (unsigned long long)g_seed);
+        }
+    }
+    for (int64_t t = 0; t < m; t++)
+        for (int64_t j = n; j < ldc; j++)
+            ck_assert(isnan(c[t * ldc + j]));
+    free(row);
+    free(c);
+}
+
 /* FP4 weights decoded on the fly: the same bits as decoding the rows first. */
 START_TEST(fp4_on_the_fly_matches_decoded_rows)
 {
@@ -197,11 +227,10 @@ START_TEST(fp4_on_the_fly_matches_decoded_rows)
         for (int64_t m = 1; m <= 5; m++) {
             const int64_t k = ks[ki], rows = 2 + (int64_t)mmoe_rng_below(&rng, 30);
             const int64_t r0 = (int64_t)mmoe_rng_below(&rng, 2), n = rows - r0 - (int64_t)mmoe_rng_below(&rng, 2);
-            const int64_t lda = k + 3, ldc = n + 2;
+            const int64_t lda = k + 3;
             uint8_t *wb = malloc((size_t)(rows * k / 2)), *sb = malloc((size_t)(rows * k / 32));
-            float *a = malloc((size_t)(m * lda) * sizeof(float)), *row = malloc((size_t)k * sizeof(float));
-            float *c = malloc((size_t)(m * ldc) * sizeof(float));
-            ck_assert(wb && sb && a && row && c);
+            float *a = malloc((size_t)(m * lda) * sizeof(float));
+            ck_assert(wb && sb && a);
             for (int64_t i = 0; i < rows * k / 2; i++)
                 wb[i] = (uint8_t)mmoe_rng_below(&rng, 256);
             /* mostly realistic scales; every 7th an extreme (0: subnormal, 254: overflow with large a) */
@@ -211,26 +240,10 @@ START_TEST(fp4_on_the_fly_matches_decoded_rows)
                 a[i] = (float)mmoe_rng_normal(&rng);
             moe_mat w = {.fmt = MOE_W_FP4, .rows = rows, .cols = k, .w = wb, .sf = sb, .block_n = 1,
                          .block_k = 32, .sf_rows = rows, .sf_cols = k / 32};
-            mmoe_test_poison_f32(c, (size_t)(m * ldc));
-            ck_assert_int_eq(moe_dot_gemm_coded(isa, a, lda, m, &w, r0, n, c, ldc), 0);
-            for (int64_t j = 0; j < n; j++) {
-                moe_weight_tile_f32(&w, r0 + j, 1, 0, k, row);
-                for (int64_t t = 0; t < m; t++) {
-                    const float want = reference_dot(a + t * lda, row, k), got = c[t * ldc + j];
-                    ck_assert_msg(bits_of(got) == bits_of(want) || (isnan(got) && isnan(want)),
-                                  "%s fp4 k=%lld m=%lld: c[%lld][%lld] = %a, decoded rows give %a",
-                                  moe_dot_isa_name(isa), (long long)k, (long long)m, (long long)t, (long long)j,
-                                  (double)got, (double)want);
-                }
-            }
-            for (int64_t t = 0; t < m; t++)
-                for (int64_t j = n; j < ldc; j++)
-                    ck_assert(isnan(c[t * ldc + j]));
+            check_coded(isa, a, lda, m, &w, r0, n, "fp4");
             free(wb);
             free(sb);
             free(a);
-            free(row);
-            free(c);
         }
     }
 }
@@ -255,13 +268,11 @@ START_TEST(fp8_on_the_fly_matches_decoded_rows)
             const int64_t k = ks[ki], bk = bks[ki], bn = 1 + (int64_t)mmoe_rng_below(&rng, 3);
             const int64_t rows = 2 + (int64_t)mmoe_rng_below(&rng, 30);
             const int64_t r0 = (int64_t)mmoe_rng_below(&rng, 2), n = rows - r0 - (int64_t)mmoe_rng_below(&rng, 2);
-            const int64_t lda = k + 3, ldc = n + 2, sr = (rows + bn - 1) / bn, sc = (k + bk - 1) / bk;
+            const int64_t lda = k + 3, sr = (rows + bn - 1) / bn, sc = (k + bk - 1) / bk;
             const int f32 = (int)(m % 2);
             uint8_t *wb = malloc((size_t)(rows * k)), *sb = malloc((size_t)(sr * sc));
-            float *sf = malloc((size_t)(sr * sc) * sizeof(float));
-            float *a = malloc((size_t)(m * lda) * sizeof(float)), *row = malloc((size_t)k * sizeof(float));
-            float *c = malloc((size_t)(m * ldc) * sizeof(float));
-            ck_assert(wb && sb && sf && a && row && c);
+            float *sf = malloc((size_t)(sr * sc) * sizeof(float)), *a = malloc((size_t)(m * lda) * sizeof(float));
+            ck_assert(wb && sb && sf && a);
             for (int64_t i = 0; i < rows * k; i++)
                 wb[i] = (uint8_t)(k >= 256 && i < 2 * k ? i : (int64_t)mmoe_rng_below(&rng, 256)); /* rows 0, 1: every code */
             for (int64_t i = 0; i < sr * sc; i++) {
@@ -272,28 +283,14 @@ START_TEST(fp8_on_the_fly_matches_decoded_rows)
                 a[i] = (float)mmoe_rng_normal(&rng);
             moe_mat w = {.fmt = MOE_W_FP8, .rows = rows, .cols = k, .w = wb, .sf = f32 ? (const void *)sf : sb,
                          .sf_f32 = f32, .block_n = bn, .block_k = bk, .sf_rows = sr, .sf_cols = sc};
-            mmoe_test_poison_f32(c, (size_t)(m * ldc));
-            ck_assert_int_eq(moe_dot_gemm_coded(isa, a, lda, m, &w, r0, n, c, ldc), 0);
-            for (int64_t j = 0; j < n; j++) {
-                moe_weight_tile_f32(&w, r0 + j, 1, 0, k, row);
-                for (int64_t t = 0; t < m; t++) {
-                    const float want = reference_dot(a + t * lda, row, k), got = c[t * ldc + j];
-                    ck_assert_msg(bits_of(got) == bits_of(want) || (isnan(got) && isnan(want)),
-                                  "%s fp8 k=%lld block %lldx%lld %s m=%lld: c[%lld][%lld] = %a, decoded rows give %a",
-                                  moe_dot_isa_name(isa), (long long)k, (long long)bn, (long long)bk,
-                                  f32 ? "f32" : "ue8m0", (long long)m, (long long)t, (long long)j, (double)got,
-                                  (double)want);
-                }
-            }
-            for (int64_t t = 0; t < m; t++)
-                for (int64_t j = n; j < ldc; j++)
-                    ck_assert(isnan(c[t * ldc + j]));
+            char what[64];
+            snprintf(what, sizeof what, "fp8 (blocks %lldx%lld, %s scales)", (long long)bn, (long long)bk,
+                     f32 ? "f32" : "ue8m0");
+            check_coded(isa, a, lda, m, &w, r0, n, what);
             free(wb);
             free(sb);
             free(sf);
             free(a);
-            free(row);
-            free(c);
         }
     }
 }

@@ -223,6 +223,20 @@ DOT_AVX2 static void gemm_avx2(const float *a, int64_t lda, int64_t m, const flo
         rows_avx2(a, lda, m, w + j0 * ldw, ldw, n - j0 < rb ? n - j0 : rb, k, c + j0, ldc);
 }
 
+/** The RT x RN outputs of a register block of weights decoded in registers: each accumulator's combined lanes. */
+DOT_AVX2 static inline __attribute__((always_inline)) void store_block_avx2(int rt, int rn, __m256 acc[2][8], float *c,
+                                                                            int64_t ldc)
+{
+    _Pragma("GCC unroll 8")
+    for (int t = 0; t < rt; t++)
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < rn; j++) {
+            float p[MOE_DOT_LANES];
+            _mm256_storeu_ps(p, acc[t][j]);
+            c[t * ldc + j] = combine_lanes(p);
+        }
+}
+
 /**
  * The 32 weights of one FP4 group (16 bytes: element 2i in the low nibble of byte i, 2i + 1 in
  * the high one) as four vectors of exact FP32 values.  A 16-entry byte table holds 2 x the E2M1
@@ -276,14 +290,7 @@ DOT_AVX2 static inline __attribute__((always_inline)) void fp4_block_avx2(int rt
                     acc[t][j] = _mm256_fmadd_ps(_mm256_loadu_ps(a + t * lda + g * 32 + q * 8), wv[q], acc[t][j]);
         }
     }
-    _Pragma("GCC unroll 8")
-    for (int t = 0; t < rt; t++)
-        _Pragma("GCC unroll 8")
-        for (int j = 0; j < rn; j++) {
-            float p[MOE_DOT_LANES];
-            _mm256_storeu_ps(p, acc[t][j]);
-            c[t * ldc + j] = combine_lanes(p);
-        }
+    store_block_avx2(rt, rn, acc, c, ldc);
 }
 
 /**
@@ -344,55 +351,38 @@ DOT_AVX2 static inline __attribute__((always_inline)) void fp8_block_avx2(int rt
             }
         }
     }
-    _Pragma("GCC unroll 8")
-    for (int t = 0; t < rt; t++)
-        _Pragma("GCC unroll 8")
-        for (int j = 0; j < rn; j++) {
-            float p[MOE_DOT_LANES];
-            _mm256_storeu_ps(p, acc[t][j]);
-            c[t * ldc + j] = combine_lanes(p);
-        }
+    store_block_avx2(rt, rn, acc, c, ldc);
 }
 
-/** The FP8 GEMM in registers: pairs of tokens x 4 rows, then single tokens x 8 rows. */
-DOT_AVX2 static void gemm_fp8_avx2(const float *a, int64_t lda, int64_t m, const moe_mat *w, int64_t r0, int64_t n,
-                                   float *c, int64_t ldc)
+/** RT tokens x RN rows of an FP4 or FP8 matrix in registers (fp4_block_avx2, fp8_block_avx2). */
+DOT_AVX2 static inline __attribute__((always_inline)) void coded_block_avx2(int rt, int rn, const float *a,
+                                                                            int64_t lda, const moe_mat *w, int64_t r0,
+                                                                            float *c, int64_t ldc)
+{
+    if (w->fmt == MOE_W_FP8)
+        fp8_block_avx2(rt, rn, a, lda, w, r0, c, ldc);
+    else
+        fp4_block_avx2(rt, rn, a, lda, w, r0, c, ldc);
+}
+
+/** The GEMM of weights decoded in registers: pairs of tokens x 4 rows, then single tokens x 8 rows. */
+DOT_AVX2 static void gemm_coded_avx2(const float *a, int64_t lda, int64_t m, const moe_mat *w, int64_t r0, int64_t n,
+                                     float *c, int64_t ldc)
 {
     int64_t t = 0;
     for (; t + 2 <= m; t += 2) {
         int64_t j = 0;
         for (; j + 4 <= n; j += 4)
-            fp8_block_avx2(2, 4, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
+            coded_block_avx2(2, 4, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
         for (; j < n; j++)
-            fp8_block_avx2(2, 1, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
+            coded_block_avx2(2, 1, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
     }
     for (; t < m; t++) {
         int64_t j = 0;
         for (; j + 8 <= n; j += 8)
-            fp8_block_avx2(1, 8, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
+            coded_block_avx2(1, 8, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
         for (; j < n; j++)
-            fp8_block_avx2(1, 1, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
-    }
-}
-
-/** The FP4 GEMM in registers: pairs of tokens x 4 rows, then single tokens x 8 rows. */
-DOT_AVX2 static void gemm_fp4_avx2(const float *a, int64_t lda, int64_t m, const moe_mat *w, int64_t r0, int64_t n,
-                                   float *c, int64_t ldc)
-{
-    int64_t t = 0;
-    for (; t + 2 <= m; t += 2) {
-        int64_t j = 0;
-        for (; j + 4 <= n; j += 4)
-            fp4_block_avx2(2, 4, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
-        for (; j < n; j++)
-            fp4_block_avx2(2, 1, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
-    }
-    for (; t < m; t++) {
-        int64_t j = 0;
-        for (; j + 8 <= n; j += 8)
-            fp4_block_avx2(1, 8, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
-        for (; j < n; j++)
-            fp4_block_avx2(1, 1, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
+            coded_block_avx2(1, 1, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
     }
 }
 
@@ -425,10 +415,7 @@ int moe_dot_gemm_coded(moe_dot_isa isa, const float *a, int64_t lda, int64_t m, 
 {
 #if MOE_DOT_HAVE_X86
     if (moe_dot_coded_in_registers(isa, w)) {
-        if (w->fmt == MOE_W_FP4)
-            gemm_fp4_avx2(a, lda, m, w, r0, n, c, ldc);
-        else
-            gemm_fp8_avx2(a, lda, m, w, r0, n, c, ldc);
+        gemm_coded_avx2(a, lda, m, w, r0, n, c, ldc);
         return 0;
     }
 #endif
