@@ -262,7 +262,8 @@ START_TEST(coded_gemm_threads_bit_identical)
             for (size_t i = 0; i < (size_t)(rm.m.sf_rows * rm.m.sf_cols); i++)
                 ((uint8_t *)rm.sf)[i] = (uint8_t)(120 + mmoe_rng_below(&rng, 10)); /* finite products */
         float *a = malloc((size_t)(tokens * lda) * sizeof(float));
-        float *ref = malloc((size_t)(tokens * ldc) * sizeof(float)), *got = malloc((size_t)(tokens * ldc) * sizeof(float));
+        float *ref = malloc((size_t)(tokens * ldc) * sizeof(float));
+        float *got = malloc((size_t)(tokens * ldc) * sizeof(float));
         ck_assert(a != NULL && ref != NULL && got != NULL);
         for (int64_t i = 0; i < tokens * lda; i++)
             a[i] = (float)mmoe_rng_normal(&rng);
@@ -278,7 +279,8 @@ START_TEST(coded_gemm_threads_bit_identical)
                 moe_pool_gemm_coded(pool, isa, a, lda, tokens, &rm.m, got, ldc);
                 for (int64_t t = 0; t < tokens; t++)
                     ck_assert_msg(memcmp(got + t * ldc, ref + t * ldc, (size_t)rows * sizeof(float)) == 0,
-                                  "seed %llu: %s, %d threads, token %lld of %lld differs (rows %lld, cols %lld, rep %d)",
+                                  "seed %llu: %s, %d threads, token %lld of %lld differs (rows %lld, cols %lld, "
+                                  "rep %d)",
                                   (unsigned long long)g_seed, fp8 ? "fp8" : "fp4", threads, (long long)t,
                                   (long long)tokens, (long long)rows, (long long)cols, rep);
             }

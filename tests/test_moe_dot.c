@@ -274,7 +274,8 @@ START_TEST(fp8_on_the_fly_matches_decoded_rows)
             float *sf = malloc((size_t)(sr * sc) * sizeof(float)), *a = malloc((size_t)(m * lda) * sizeof(float));
             ck_assert(wb && sb && sf && a);
             for (int64_t i = 0; i < rows * k; i++)
-                wb[i] = (uint8_t)(k >= 256 && i < 2 * k ? i : (int64_t)mmoe_rng_below(&rng, 256)); /* rows 0, 1: every code */
+                /* rows 0 and 1 hold every code */
+                wb[i] = (uint8_t)(k >= 256 && i < 2 * k ? i : (int64_t)mmoe_rng_below(&rng, 256));
             for (int64_t i = 0; i < sr * sc; i++) {
                 sb[i] = (uint8_t)(i % 5 == 2 ? (i % 2 ? 0 : 254) : 115 + mmoe_rng_below(&rng, 20));
                 sf[i] = (float)(0.001 + mmoe_rng_uniform(&rng)); /* not powers of two: e4m3 x s rounds */

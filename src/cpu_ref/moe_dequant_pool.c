@@ -12,13 +12,14 @@
  *
  * A job is "decode rows [r0, r0 + nr) of columns [c0, c0 + nc) as nc / chunk tiles of
  * [nr, chunk] floats, tile t at out + t * nr * chunk", or (moe_pool_gemm_coded()) "multiply the
- * rows of an FP4 or FP8 matrix, decoded in registers, by a few tokens": the same rule holds there, each
- * output element being one call of the fixed-order kernel (moe_dot.c) whatever thread makes it.  The layer uses one tile per job
- * (chunk = nc = K): 128 rows x D for L1, 256 rows x I for L2, so that a job is large enough to
- * be worth a wake-up (a 256 x 128 piece alone takes about 15 us); the tests also use chunks.  The job's rows are cut
- * into grabs of about ::MOE_DEQUANT_GRAB_WEIGHTS weights; the workers and the caller take grabs
- * from one atomic counter until none is left, so a thread that is late (descheduled, or busy
- * with something else) simply takes fewer.
+ * rows of an FP4 or FP8 matrix, decoded in registers, by a few tokens": the same rule holds
+ * there, each output element being one call of the fixed-order kernel (moe_dot.c) whatever
+ * thread makes it.  The layer uses one tile per job (chunk = nc = K): 128 rows x D for L1,
+ * 256 rows x I for L2, so that a job is large enough to be worth a wake-up (a 256 x 128 piece
+ * alone takes about 15 us); the tests also use chunks.  The job's rows are cut into grabs of
+ * about ::MOE_DEQUANT_GRAB_WEIGHTS weights; the workers and the caller take grabs from one
+ * atomic counter until none is left, so a thread that is late (descheduled, or busy with
+ * something else) simply takes fewer.
  *
  * ## Overlap with the GEMMs
  * A job is started by moe_dequant_start() and completed by moe_dequant_finish(): between the
@@ -81,7 +82,7 @@
 
 /** What a job does with its rows. */
 typedef enum dequant_job_kind {
-    JOB_DECODE,  /**< decode them into tiles (moe_dequant_tiles()) */
+    JOB_DECODE,    /**< decode them into tiles (moe_dequant_tiles()) */
     JOB_GEMM_CODED /**< multiply them, decoded in registers, by a few tokens (moe_pool_gemm_coded()) */
 } dequant_job_kind;
 
@@ -381,10 +382,10 @@ void moe_dequant_start(moe_dequant_pool *p, const moe_mat *m, int64_t r0, int64_
 }
 
 void moe_pool_gemm_coded(moe_dequant_pool *p, moe_dot_isa isa, const float *a, int64_t lda, int64_t tokens,
-                       const moe_mat *w, float *c, int64_t ldc)
+                         const moe_mat *w, float *c, int64_t ldc)
 {
-    /* every grab does as many multiply-adds as it decodes weights times tokens: grabs of the
-       decode's size in weights, which a few tokens make a few times longer */
+    /* grabs of the decoding jobs' size in weights (a row's weights: its columns); each weight
+       then also feeds one fma per token, so a grab takes a few times a decode grab's time */
     job_start(p, (dequant_job){.kind = JOB_GEMM_CODED, .m = w, .r0 = 0, .nr = w->rows, .out = c, .isa = isa, .a = a,
                                .lda = lda, .tokens = tokens, .ldc = ldc},
               w->cols);

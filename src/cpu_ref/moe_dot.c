@@ -125,7 +125,7 @@ static void gemm_generic(const float *a, int64_t lda, int64_t m, const float *w,
 
 /** FP4 or FP8 rows decoded one at a time (moe_weight_tile.c), then the scalar formula. */
 static int gemm_coded_generic(const float *a, int64_t lda, int64_t m, const moe_mat *w, int64_t r0, int64_t n,
-                            float *c, int64_t ldc)
+                              float *c, int64_t ldc)
 {
     const int64_t k = w->cols;
     float *row = malloc((size_t)k * sizeof(float));

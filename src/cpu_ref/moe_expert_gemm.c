@@ -31,15 +31,16 @@
  * An expert with at most ::MOE_FP4_FUSED_MAX_TOKENS tokens of FP4 weights (the common case at
  * decode sizes), or ::MOE_FP8_FUSED_MAX_TOKENS of FP8 ones (the shared expert, whose m is every
  * token of the call), skips the tiles: moe_dot_gemm_coded() decodes each 32-weight FP4 group, or
- * each 8 FP8 codes and their block scale, in AVX2 registers, with the decoder's exact values, and feeds them to the same FMA lanes, so the bits
- * are those of the tiled path (suite moe_batchinv runs every token alone, on this path, and in
- * a batch, on the tiled one).  The weight rows are shared out over the layer's dequantization
- * threads and the caller (moe_pool_gemm_coded(), moe_dequant_pool.c): each output row is one
- * call of the same kernel on the same operands whichever thread runs it.  Thread CPU time per 2048 x 4096 FP4 matrix on the Zen 3
- * development machine: 1.5 / 2.3 / 3.4 / 5.0 ms for 1 / 2 / 4 / 6 tokens in registers, against
- * 4.4-6.7 ms for decoding the tiles on one thread and multiplying (at 8 tokens and more the
- * tiles win, and their decoding runs on the worker pool besides).  Without AVX2 the tiled path
- * is used for every m.
+ * each 8 FP8 codes and their block scale, in AVX2 registers, with the decoder's exact values,
+ * and feeds them to the same FMA lanes, so the bits are those of the tiled path (suite
+ * moe_batchinv runs every token alone, on this path, and in a batch, on the tiled one).  The
+ * weight rows are shared out over the layer's dequantization threads and the caller
+ * (moe_pool_gemm_coded(), moe_dequant_pool.c): each output row is one call of the same kernel
+ * on the same operands whichever thread runs it.  Thread CPU time per 2048 x 4096 FP4 matrix
+ * on one thread of the Zen 3 development machine: 1.5 / 2.3 / 3.4 / 5.0 ms for 1 / 2 / 4 / 6
+ * tokens in registers, against 4.4-6.7 ms for decoding the tiles on one thread and multiplying
+ * (at 8 tokens and more the tiles win, and their decoding runs on the worker pool besides).
+ * Without AVX2 the tiled path is used for every m.
  */
 #include "moe_internal.h"
 
@@ -56,6 +57,7 @@
  * than a 32-weight FP4 group, and with 4 tokens the tiles measured faster (docs/perf.md).
  */
 #define MOE_FP8_FUSED_MAX_TOKENS 2
+
 int moe_scratch_reserve(float **buf, size_t *cap, size_t n)
 {
     if (n <= *cap)
