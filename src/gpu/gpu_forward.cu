@@ -232,6 +232,7 @@ __device__ __forceinline__ double warp_sum(double v)
  */
 __global__ void k_embed(const uint16_t *E, const int32_t *ids, int64_t D, int hc, uint16_t *X)
 {
+    gfw_pdl_enter();
     const int64_t t = blockIdx.y, c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= D)
         return;
@@ -369,6 +370,7 @@ __device__ __forceinline__ void rmsnorm_load_chunk(const uint16_t *xr, const dde
  */
 __global__ void k_rmsnorm(const uint16_t *x, int64_t n, ddense w, float eps, uint16_t *y, uint8_t *q, float *qs)
 {
+    gfw_pdl_enter();
     __shared__ double sh[33];
     const uint16_t *xr = x + (int64_t)blockIdx.x * n;
     uint16_t *yr = y + (int64_t)blockIdx.x * n;
@@ -421,6 +423,7 @@ __global__ void k_rmsnorm(const uint16_t *x, int64_t n, ddense w, float eps, uin
  */
 __global__ void k_act_quant(const uint16_t *x, int64_t K, uint8_t *q, float *s)
 {
+    gfw_pdl_enter();
     __shared__ float red[4];
     const int64_t row = blockIdx.y, kb = blockIdx.x;
     const int64_t i = row * K + kb * 128 + threadIdx.x;
@@ -458,6 +461,7 @@ __global__ void k_act_quant(const uint16_t *x, int64_t K, uint8_t *q, float *s)
  */
 __global__ void k_linear_fp8(const uint8_t *xq, const float *xs, int64_t T, dfp8 w, uint16_t *y)
 {
+    gfw_pdl_enter();
     const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x & 31;
     if (warp >= T * w.N)
@@ -857,6 +861,7 @@ __device__ __forceinline__ void fp8_ring_issue(bool live, bool in_k, const fp8_s
 __global__ void __launch_bounds__(GFW_FP8_WARPS * 32, GFW_FP8_SPLIT_BLOCKS_PER_SM)
     k_linear_fp8_128_split(const uint8_t *xq, const float *xs, int64_t T, dfp8 w, fp8_split_shape sh, uint16_t *y)
 {
+    gfw_pdl_enter();
     double *sx = fp8_sx_row();
     const int K = (int)w.K, kb_w = K / 128, nsteps = (K + 511) / 512; /* K < 2^15: the x row fits the shared memory */
     const int64_t t = blockIdx.x % T, rows_blk = fp8_split_rows(sh), nb = (int64_t)(blockIdx.x / T) * rows_blk;
@@ -959,10 +964,10 @@ static void launch_linear_fp8(const uint8_t *xq, const float *xs, int64_t T, con
         if (fp8_split_smem(w.K, sh) > GFW_FP8_SMEM_MAX)
             sh = fp8_split_shape{1, 1}; /* one row pair per warp: the least shared memory, fp8_128_smem(K) */
         const int64_t rows = fp8_split_rows(sh), blocks = T * ((w.N + rows - 1) / rows);
-        k_linear_fp8_128_split<<<(unsigned)blocks, GFW_FP8_WARPS * 32, fp8_split_smem(w.K, sh), st>>>(xq, xs, T, w,
-                                                                                                     sh, y);
+        mmoe_launch_pdl(k_linear_fp8_128_split, (unsigned)blocks, GFW_FP8_WARPS * 32, fp8_split_smem(w.K, sh), st, xq,
+                        xs, T, w, sh, y);
     } else {
-        k_linear_fp8<<<(unsigned)((T * w.N * 32 + 255) / 256), 256, 0, st>>>(xq, xs, T, w, y);
+        mmoe_launch_pdl(k_linear_fp8, (unsigned)((T * w.N * 32 + 255) / 256), 256, 0, st, xq, xs, T, w, y);
     }
 }
 
@@ -1232,6 +1237,7 @@ __global__ void __launch_bounds__(GFW_DENSE_WARPS * 32, GFW_DENSE_BLOCKS_PER_SM)
     k_linear_dense_split(const uint16_t *x, int64_t T, int64_t ldx, int64_t K, dense_set set, int64_t group_rows,
                          int64_t group_width)
 {
+    gfw_pdl_enter();
     const int lane = threadIdx.x & 31;
     const int64_t o = (int64_t)blockIdx.x * GFW_DENSE_WARPS + (threadIdx.x >> 5);
     int j;
@@ -1320,6 +1326,7 @@ __device__ __forceinline__ int hc_chunk_vec(const uint16_t *Xt, const float *row
  */
 __global__ void k_hc_part(const uint16_t *X, int64_t n, const float *fn, int n_out, double *part)
 {
+    gfw_pdl_enter();
     __shared__ double sh[33];
     const int64_t t = blockIdx.z, r = blockIdx.y, s = blockIdx.x;
     const uint16_t *Xt = X + t * n;
@@ -1527,6 +1534,7 @@ __global__ void k_hc_finish_split(const uint16_t *X, int64_t D, int hc, const do
                                   const float *scale, int n_out, float norm_eps, float hc_eps, int iters, uint16_t *y,
                                   float *post, float *comb)
 {
+    gfw_pdl_enter();
     __shared__ float m[(2 + 8) * 8 + 1];
     __shared__ float pre[8];
     const int64_t t = blockIdx.y, n = (int64_t)hc * D;
@@ -1616,6 +1624,7 @@ __device__ __forceinline__ void hc_post_channel(const uint16_t *out, uint16_t *X
  */
 __global__ void k_hc_post(const uint16_t *out, uint16_t *X, int64_t D, int hc, const float *post, const float *comb)
 {
+    gfw_pdl_enter();
     const int64_t t = blockIdx.y, c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= D)
         return;
@@ -1667,6 +1676,7 @@ struct bf_sq_term {
 __global__ void k_scale_heads(uint16_t *q, int64_t rows, int64_t d, float eps, int64_t H, int rope_dim,
                               const float *cs, const int64_t *pos_dev)
 {
+    gfw_pdl_enter();
     const int64_t pos0 = *pos_dev;
     const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x & 31;
@@ -1786,6 +1796,7 @@ __device__ void hadamard_block(uint16_t *x, int64_t rows, int n, float *v)
 __global__ void k_kv_finish(uint16_t *kv, int64_t d, ddense w, float eps, int rope_dim, const float *cs,
                             const int64_t *pos_dev)
 {
+    gfw_pdl_enter();
     const int64_t pos0 = *pos_dev;
     __shared__ double sh[33];
     uint16_t *x = kv + (int64_t)blockIdx.x * d;
@@ -1893,6 +1904,7 @@ __global__ void __launch_bounds__(GFW_IDXQ_WARPS * 32)
     k_indexer_q_split(uint16_t *qi, int ih, int rope_dim, const float *cs, const int64_t *pos_dev, uint16_t *wi,
                       float w_scale, int fp4)
 {
+    gfw_pdl_enter();
     const int64_t pos0 = *pos_dev;
     const int h = blockIdx.x * GFW_IDXQ_WARPS + threadIdx.x / 32;
     const int64_t t = blockIdx.y;
@@ -2031,6 +2043,7 @@ __device__ __forceinline__ float comp_pool_channel(const comp_args &a, int ch)
  */
 __global__ void __launch_bounds__(GFW_COMP_MAX_THREADS) k_compress(comp_args a0, comp_args a1)
 {
+    gfw_pdl_enter();
     extern __shared__ float sh[]; /* pooled [dh], then hadamard scratch [dh] */
     __shared__ double ssum[33];
     const comp_args a = blockIdx.x == 0 ? a0 : a1;
@@ -2253,6 +2266,7 @@ __device__ __forceinline__ void indexer_score_block(const uint16_t *qi, const ui
 __global__ void k_indexer_scores(const uint16_t *qi, const uint16_t *wi, const uint16_t *keys, int ih, int id,
                                  int64_t T, const int64_t *pos_dev, int64_t max_blocks, float *scores)
 {
+    gfw_pdl_enter();
     __shared__ float terms[GFW_SCORES_MAX_HEADS];
     const int64_t pos0 = *pos_dev;
     const int64_t nb = (pos0 + T) / 4 < max_blocks ? (pos0 + T) / 4 : max_blocks;
@@ -2286,6 +2300,7 @@ __device__ __forceinline__ int topk_before(float sa, int64_t a, float sb, int64_
  */
 __global__ void k_topk_split(const float *scores, const int64_t *pos_dev, int64_t max_blocks, int topk, int32_t *idx)
 {
+    gfw_pdl_enter();
     const int64_t pos0 = *pos_dev;
     const int64_t t = blockIdx.y, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t n = (pos0 + t + 1) / 4;
@@ -2380,6 +2395,7 @@ __device__ __forceinline__ double attend_lane_sum(const uint16_t *qh, const uint
  */
 __global__ void __launch_bounds__(256, 3) k_attend(attend_args a)
 {
+    gfw_pdl_enter();
     __shared__ float sc[64];
     __shared__ float pf[64];
     __shared__ float pb[64];
@@ -2492,6 +2508,7 @@ __global__ void __launch_bounds__(256, 3) k_attend(attend_args a)
 /** Copy the last min(T, W) kv rows of the call into the ring (slot pos % W; pos0 = *pos_dev). */
 __global__ void k_ring_store(const uint16_t *kv, int64_t T, const int64_t *pos_dev, int W, int d, uint16_t *ring)
 {
+    gfw_pdl_enter();
     const int64_t pos0 = *pos_dev;
     const int64_t first = T > W ? T - W : 0;
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -2506,6 +2523,7 @@ __global__ void k_ring_store(const uint16_t *kv, int64_t T, const int64_t *pos_d
 /** X[t, j, :] = bf16(e[t, :] + hp[t, j, :]) (the MTP input). */
 __global__ void k_mtp_sum(const uint16_t *e, const uint16_t *hp, int64_t T, int hc, int64_t D, uint16_t *X)
 {
+    gfw_pdl_enter();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= T * hc * D)
         return;
@@ -3375,6 +3393,7 @@ extern "C" void mmoe_gpu_model_destroy(mmoe_gpu_model *g)
 /** Fill @p n floats with @p v. */
 __global__ void k_fill(float *p, size_t n, float v)
 {
+    gfw_pdl_enter();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         p[i] = v;
@@ -3404,17 +3423,17 @@ static void launch_hc_mix(const uint16_t *X, int64_t D, int hc, int64_t T, const
 {
     const int64_t n = (int64_t)hc * D;
     const int S = hc_part_blocks(n);
-    k_hc_part<<<dim3((unsigned)S, (unsigned)(n_out + 1), (unsigned)T), GFW_HC_PART_CHUNKS, 0, st>>>(X, n, fn, n_out,
-                                                                                                   part);
-    k_hc_finish_split<<<dim3(nblk(D) + (n_out > hc), (unsigned)T), 256, 0, st>>>(X, D, hc, part, S, base, scale, n_out,
-                                                                             norm_eps, hc_eps, iters, y, post, comb);
+    mmoe_launch_pdl(k_hc_part, dim3((unsigned)S, (unsigned)(n_out + 1), (unsigned)T), GFW_HC_PART_CHUNKS, 0, st, X, n,
+                    fn, n_out, part);
+    mmoe_launch_pdl(k_hc_finish_split, dim3(nblk(D) + (n_out > hc), (unsigned)T), 256, 0, st, X, D, hc, part, S, base,
+                    scale, n_out, norm_eps, hc_eps, iters, y, post, comb);
 }
 
 /** k_hc_post for T tokens on stream @p st: a row of blocks per token. */
 static void launch_hc_post(const uint16_t *out, uint16_t *X, int64_t T, int64_t D, int hc, const float *post,
                            const float *comb, cudaStream_t st)
 {
-    k_hc_post<<<dim3(nblk(D), (unsigned)T), 256, 0, st>>>(out, X, D, hc, post, comb);
+    mmoe_launch_pdl(k_hc_post, dim3(nblk(D), (unsigned)T), 256, 0, st, out, X, D, hc, post, comb);
 }
 
 /**
@@ -3427,7 +3446,8 @@ static void launch_topk(const float *scores, int64_t T, const int64_t *pos_dev, 
                         int topk, int32_t *idx, cudaStream_t st)
 {
     if (n_most > 0)
-        k_topk_split<<<dim3(nblk(n_most), (unsigned)T), 256, 0, st>>>(scores, pos_dev, max_blocks, topk, idx);
+        mmoe_launch_pdl(k_topk_split, dim3(nblk(n_most), (unsigned)T), 256, 0, st, scores, pos_dev, max_blocks, topk,
+                        idx);
 }
 
 /**
@@ -3441,13 +3461,18 @@ static void launch_indexer_q(uint16_t *qi, int64_t T, int ih, int id, int rope_d
     const dim3 grid((unsigned)((ih + GFW_IDXQ_WARPS - 1) / GFW_IDXQ_WARPS), (unsigned)T);
     const unsigned threads = GFW_IDXQ_WARPS * 32;
     switch (id) {
-    case 32: k_indexer_q_split<1><<<grid, threads, 0, st>>>(qi, ih, rope_dim, cs, pos_dev, wi, w_scale, fp4); break;
-    case 64: k_indexer_q_split<2><<<grid, threads, 0, st>>>(qi, ih, rope_dim, cs, pos_dev, wi, w_scale, fp4); break;
-    case 128: k_indexer_q_split<4><<<grid, threads, 0, st>>>(qi, ih, rope_dim, cs, pos_dev, wi, w_scale, fp4); break;
-    case 256: k_indexer_q_split<8><<<grid, threads, 0, st>>>(qi, ih, rope_dim, cs, pos_dev, wi, w_scale, fp4); break;
-    case 512: k_indexer_q_split<16><<<grid, threads, 0, st>>>(qi, ih, rope_dim, cs, pos_dev, wi, w_scale, fp4); break;
+    case 32: mmoe_launch_pdl(k_indexer_q_split<1>, grid, threads, 0, st, qi, ih, rope_dim, cs, pos_dev, wi, w_scale,
+                             fp4); break;
+    case 64: mmoe_launch_pdl(k_indexer_q_split<2>, grid, threads, 0, st, qi, ih, rope_dim, cs, pos_dev, wi, w_scale,
+                             fp4); break;
+    case 128: mmoe_launch_pdl(k_indexer_q_split<4>, grid, threads, 0, st, qi, ih, rope_dim, cs, pos_dev, wi, w_scale,
+                              fp4); break;
+    case 256: mmoe_launch_pdl(k_indexer_q_split<8>, grid, threads, 0, st, qi, ih, rope_dim, cs, pos_dev, wi, w_scale,
+                              fp4); break;
+    case 512: mmoe_launch_pdl(k_indexer_q_split<16>, grid, threads, 0, st, qi, ih, rope_dim, cs, pos_dev, wi, w_scale,
+                              fp4); break;
     default: /* 1024: the parameters admit no other width */
-        k_indexer_q_split<32><<<grid, threads, 0, st>>>(qi, ih, rope_dim, cs, pos_dev, wi, w_scale, fp4);
+        mmoe_launch_pdl(k_indexer_q_split<32>, grid, threads, 0, st, qi, ih, rope_dim, cs, pos_dev, wi, w_scale, fp4);
         break;
     }
 }
@@ -3457,12 +3482,14 @@ extern "C" mmoe_status mmoe_gpu_model_reset(mmoe_gpu_model *g, mmoe_error *err)
     for (int L = 0; L < g->n_blocks; L++) {
         gblock *d = &g->blocks[L];
         if (d->c_kv) {
-            k_fill<<<nblk((int64_t)d->c_state_n), 256, 0, g->stream>>>(d->c_kv, d->c_state_n, 0.0f);
-            k_fill<<<nblk((int64_t)d->c_state_n), 256, 0, g->stream>>>(d->c_score, d->c_state_n, -INFINITY);
+            mmoe_launch_pdl(k_fill, nblk((int64_t)d->c_state_n), 256, 0, g->stream, d->c_kv, d->c_state_n, 0.0f);
+            mmoe_launch_pdl(k_fill, nblk((int64_t)d->c_state_n), 256, 0, g->stream, d->c_score, d->c_state_n,
+                            -INFINITY);
         }
         if (d->i_kv) {
-            k_fill<<<nblk((int64_t)d->i_state_n), 256, 0, g->stream>>>(d->i_kv, d->i_state_n, 0.0f);
-            k_fill<<<nblk((int64_t)d->i_state_n), 256, 0, g->stream>>>(d->i_score, d->i_state_n, -INFINITY);
+            mmoe_launch_pdl(k_fill, nblk((int64_t)d->i_state_n), 256, 0, g->stream, d->i_kv, d->i_state_n, 0.0f);
+            mmoe_launch_pdl(k_fill, nblk((int64_t)d->i_state_n), 256, 0, g->stream, d->i_score, d->i_state_n,
+                            -INFINITY);
         }
         g->attn_s[L] = g->moe_s[L] = g->mhc_s[L] = 0.0;
     }
@@ -3551,7 +3578,7 @@ static unsigned rmsnorm_threads(int64_t n)
 static mmoe_status rmsnorm(const uint16_t *x, int64_t rows, int64_t n, const ddense &w, float eps, uint16_t *y,
                            cudaStream_t st, mmoe_error *err)
 {
-    k_rmsnorm<<<(unsigned)rows, rmsnorm_threads(n), 0, st>>>(x, n, w, eps, y, NULL, NULL);
+    mmoe_launch_pdl(k_rmsnorm, (unsigned)rows, rmsnorm_threads(n), 0, st, x, n, w, eps, y, nullptr, nullptr);
     GFW_CHECK("rmsnorm");
     return MMOE_OK;
 }
@@ -3559,7 +3586,7 @@ static mmoe_status rmsnorm(const uint16_t *x, int64_t rows, int64_t n, const dde
 /** Quantize @p rows rows of width K of @p x into g->aq, g->as (the input of the next FP8 linears). */
 static mmoe_status act_quant(mmoe_gpu_model *g, const uint16_t *x, int64_t rows, int64_t K, mmoe_error *err)
 {
-    k_act_quant<<<dim3((unsigned)(K / 128), (unsigned)rows), 128, 0, g->stream>>>(x, K, g->aq, g->as);
+    mmoe_launch_pdl(k_act_quant, dim3((unsigned)(K / 128), (unsigned)rows), 128, 0, g->stream, x, K, g->aq, g->as);
     GFW_CHECK("activation quantization");
     return MMOE_OK;
 }
@@ -3576,7 +3603,7 @@ static mmoe_status rmsnorm_quant(mmoe_gpu_model *g, const uint16_t *x, int64_t r
         mmoe_status st = rmsnorm(x, rows, n, w, eps, y, g->stream, err);
         return st == MMOE_OK ? act_quant(g, y, rows, n, err) : st;
     }
-    k_rmsnorm<<<(unsigned)rows, rmsnorm_threads(n), 0, g->stream>>>(x, n, w, eps, y, g->aq, g->as);
+    mmoe_launch_pdl(k_rmsnorm, (unsigned)rows, rmsnorm_threads(n), 0, g->stream, x, n, w, eps, y, g->aq, g->as);
     GFW_CHECK("rmsnorm and activation quantization");
     return MMOE_OK;
 }
@@ -3616,8 +3643,8 @@ static void launch_linear_dense(const uint16_t *x, int64_t rows, int64_t ldx, in
     int64_t outputs = 0;
     for (int j = 0; j < s.n; j++)
         outputs += rows * s.N[j];
-    k_linear_dense_split<<<(unsigned)((outputs + GFW_DENSE_WARPS - 1) / GFW_DENSE_WARPS), GFW_DENSE_WARPS * 32, 0,
-                           st>>>(x, rows, ldx, K, s, group_rows, group_width);
+    mmoe_launch_pdl(k_linear_dense_split, (unsigned)((outputs + GFW_DENSE_WARPS - 1) / GFW_DENSE_WARPS),
+                    GFW_DENSE_WARPS * 32, 0, st, x, rows, ldx, K, s, group_rows, group_width);
 }
 
 /** Dense linear. */
@@ -3682,9 +3709,9 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
         (st = linear_fp8_quantized(g, T, b->wq_b, g->q, err)) != MMOE_OK ||
         (a.ratio == 4 && (st = linear_fp8_quantized(g, T, b->idx_wq_b, g->qi, err)) != MMOE_OK))
         return st;
-    k_scale_heads<<<nblk(T * H * 32), 256, 0, sm>>>(g->q, T * H, d, a.eps, H, a.rope_dim, b->cs, pos_dev);
+    mmoe_launch_pdl(k_scale_heads, nblk(T * H * 32), 256, 0, sm, g->q, T * H, d, a.eps, H, a.rope_dim, b->cs, pos_dev);
     GFW_CHECK("q head scaling and rope");
-    k_kv_finish<<<(unsigned)T, 256, 0, sm>>>(g->kv, d, b->kv_norm, a.eps, a.rope_dim, b->cs, pos_dev);
+    mmoe_launch_pdl(k_kv_finish, (unsigned)T, 256, 0, sm, g->kv, d, b->kv_norm, a.eps, a.rope_dim, b->cs, pos_dev);
     GFW_CHECK("kv norm, rope and fp8 round trip");
     const int c = a.ratio == 4 ? 2 : 1;
     if (a.ratio > 0) { /* the compressors' and the indexer's dense projections of x, one launch */
@@ -3715,7 +3742,8 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
             ia = comp_args{g->ikv, g->igate, b->i_ape, b->i_kv, b->i_score, b->i_norm, 4, 2, (int)id, a.rope_dim,
                            a.eps, b->cs, 1, b->idx_keys, pos_dev, T};
         const int64_t widest = with_indexer && id > d ? id : d;
-        k_compress<<<1 + with_indexer, compress_threads(widest), sizeof(float) * (size_t)(2 * widest), sm>>>(ca, ia);
+        mmoe_launch_pdl(k_compress, 1 + with_indexer, compress_threads(widest), sizeof(float) * (size_t)(2 * widest),
+                        sm, ca, ia);
         GFW_CHECK(with_indexer ? "compressors" : "compressor");
     }
     if (a.ratio == 4) {
@@ -3728,8 +3756,8 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
             const unsigned cap = (unsigned)(GFW_SCORES_CTAS_PER_SM * g->n_sm);
             if (nb > 0) { /* none before the first block is complete */
                 const unsigned grid = indexer_scores_grid(T * nb, cap);
-                k_indexer_scores<<<grid, 256, 0, sm>>>(g->qi, g->wi, b->idx_keys, (int)ih, (int)id, T, pos_dev,
-                                                       b->max_blocks, g->scores);
+                mmoe_launch_pdl(k_indexer_scores, grid, 256, 0, sm, g->qi, g->wi, b->idx_keys, (int)ih, (int)id, T,
+                                pos_dev, b->max_blocks, g->scores);
                 GFW_CHECK("indexer scores");
             }
             launch_topk(g->scores, T, pos_dev, g->capturing ? b->max_blocks : (pos0 + T) / 4, b->max_blocks,
@@ -3739,10 +3767,10 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
     }
     attend_args aa = {g->q, g->kv, b->ring, b->comp, g->topk_idx, b->sink, b->cs, (int)H, (int)d, a.window, a.ratio,
                       a.topk, a.rope_dim, pos_dev, (float)(1.0 / sqrt((double)d)), g->att};
-    k_attend<<<dim3((unsigned)T, (unsigned)H), 256, 0, sm>>>(aa);
+    mmoe_launch_pdl(k_attend, dim3((unsigned)T, (unsigned)H), 256, 0, sm, aa);
     GFW_CHECK("attention and inverse rope");
-    k_ring_store<<<nblk((T < a.window ? T : a.window) * d), 256, 0, sm>>>(g->kv, T, pos_dev, a.window, (int)d,
-                                                                          b->ring);
+    mmoe_launch_pdl(k_ring_store, nblk((T < a.window ? T : a.window) * d), 256, 0, sm, g->kv, T, pos_dev, a.window,
+                    (int)d, b->ring);
     GFW_CHECK("window store");
     /* grouped output projection */
     const int64_t hd = H * d, gw = hd / a.G, gr = (int64_t)a.G * a.o_lora;
@@ -3870,7 +3898,7 @@ static mmoe_status step_send(mmoe_gpu_model *g, int64_t T, mmoe_error *err)
 static void launch_embed(const uint16_t *E, const int32_t *ids, int64_t T, int64_t D, int hc, uint16_t *X,
                          cudaStream_t st)
 {
-    k_embed<<<dim3(nblk(D), (unsigned)T), 256, 0, st>>>(E, ids, D, hc, X);
+    mmoe_launch_pdl(k_embed, dim3(nblk(D), (unsigned)T), 256, 0, st, E, ids, D, hc, X);
 }
 
 /**
@@ -4034,7 +4062,7 @@ extern "C" mmoe_status mmoe_gpu_model_mtp_forward(mmoe_gpu_model *g, const uint1
          (st = linear_fp8(g, g->hn, T * hc, g->h_proj, g->hp, err)) != MMOE_OK))
         st = mmoe_error_prefix(err, "mtp: ");
     if (st == MMOE_OK) {
-        k_mtp_sum<<<nblk(T * hc * D), 256, 0, g->stream>>>(g->e, g->hp, T, (int)hc, D, g->X);
+        mmoe_launch_pdl(k_mtp_sum, nblk(T * hc * D), 256, 0, g->stream, g->e, g->hp, T, (int)hc, D, g->X);
         if ((ce = cudaGetLastError()) != cudaSuccess)
             st = cuda_fail(err, ce, "mtp input sum");
     }
@@ -4271,6 +4299,7 @@ extern "C" mmoe_status gfw_test_attend(const uint16_t *q, int H, int d, const ui
  */
 __global__ void k_test_qat(uint16_t *x, int64_t rows, int width, int kind)
 {
+    gfw_pdl_enter();
     extern __shared__ float hv[];
     uint16_t *xr = x + (int64_t)blockIdx.x * width;
     if (kind == 0) {
@@ -4333,6 +4362,7 @@ extern "C" mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, 
 /** y[i] = gfw_expf(x[i]). */
 __global__ void k_test_expf(const float *x, int64_t n, float *y)
 {
+    gfw_pdl_enter();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         y[i] = gfw_expf(x[i]);

@@ -20,6 +20,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "gpu_pdl.cuh"
 #include "mmoe_sum_order.h"
 
 /** bf16 bits -> fp32 (exact). */
@@ -307,6 +308,22 @@ __device__ __forceinline__ float gfw_warp_amax(float a)
         a = o > a ? o : a;
     }
     return a;
+}
+
+/**
+ * The first step of every forward kernel.  The forward launches each of its kernels with
+ * mmoe_launch_pdl() (programmatic dependent launch, gpu_pdl.cuh), so a kernel's blocks may be
+ * dispatched while the kernel before it still runs: they first wait for it to complete (its
+ * results visible), and only then let the kernel after them be launched.  So at most one
+ * kernel waits ahead of the one that works, the kernels run one after the other as written,
+ * each reading what the one before wrote, and what the attribute removes is the gap between
+ * one kernel's end and the next one's first instructions (a step of the decode graph is about
+ * 65 kernels, most of a few microseconds).
+ */
+__device__ __forceinline__ void gfw_pdl_enter()
+{
+    mmoe_grid_dependency_wait();
+    mmoe_grid_launch_dependents();
 }
 
 #endif /* MMOE_GPU_FORWARD_KERNELS_CUH */

@@ -575,6 +575,7 @@ __host__ __device__ __forceinline__ int64_t moe_groups(int64_t K, int bits, int 
 /** x bf16 [T, D] -> xb (fp32 values) and xq (1x128 E4M3 values), both chain-major; block (D/128, T) x 128. */
 __global__ void k_moe_in(const uint16_t *x, int64_t D, float *xb, float *xq)
 {
+    gfw_pdl_enter();
     const int64_t t = blockIdx.y, k = (int64_t)blockIdx.x * 128 + threadIdx.x;
     const float v = gfw_bf2f(x[t * D + k]);
     const int64_t o = t * D + moe_chain_pos(k, D);
@@ -587,6 +588,7 @@ template <int VB, int TT, int PF>
 __global__ void __launch_bounds__(MOE_ROUTER_THREADS) k_moe_logits(const uint16_t *gate, const float *xb, int64_t T,
                                                                    int64_t E, int64_t D, float *logits)
 {
+    gfw_pdl_enter();
     const int l = threadIdx.x & 7;
     const int64_t e = (int64_t)blockIdx.x * MOE_ROUTER_ROWS + (threadIdx.x >> 3);
     const int64_t t0 = (int64_t)blockIdx.y * TT;
@@ -662,6 +664,7 @@ __global__ void __launch_bounds__(MOE_PLAN_THREADS)
                      int64_t E, int k, float route_scale, int given, int has_shared, int TT, int64_t first,
                      int64_t held, int32_t *idx, float *wts, gfw_moe_work w)
 {
+    gfw_pdl_enter();
     __shared__ int n_valid, n_items;
     if (!given) {
         for (int64_t i = threadIdx.x; i < T * E; i += blockDim.x) {
@@ -768,6 +771,7 @@ template <int VB, int TT>
 __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l1(dmoe m, gfw_moe_work w, const float *xq, const float *wts,
                                                          int64_t T, int64_t width, float *h)
 {
+    gfw_pdl_enter();
     if ((int)blockIdx.y >= *w.n_items)
         return;
     const int4 it = w.items[blockIdx.y];
@@ -831,6 +835,7 @@ __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l1(dm
 /** h rows -> 1x128 E4M3 values, chain-major over the task's width; block (width/128, tasks) x 128. */
 __global__ void k_moe_requant(dmoe m, const int32_t *idx, int64_t T, const float *h, int64_t width, float *hq)
 {
+    gfw_pdl_enter();
     const int64_t p = blockIdx.y, k = (int64_t)blockIdx.x * 128 + threadIdx.x;
     const int shared = p >= T * m.k;
     const int64_t Iw = shared ? m.Ws : m.I;
@@ -858,6 +863,7 @@ template <int VB, int TT>
 __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l2(dmoe m, gfw_moe_work w, int64_t T, int64_t width,
                                                          uint16_t *slot_y)
 {
+    gfw_pdl_enter();
     constexpr int NM = MOE_L2_NM;
     if ((int)blockIdx.y >= *w.n_items)
         return;
@@ -919,6 +925,7 @@ __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l2(dm
 __global__ void k_moe_combine(const uint16_t *slot_y, const int32_t *idx, int64_t T, int k, int64_t D, int has_shared,
                               uint16_t *y)
 {
+    gfw_pdl_enter();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= T * D)
         return;
@@ -949,6 +956,7 @@ __global__ void k_moe_combine(const uint16_t *slot_y, const int32_t *idx, int64_
  */
 __global__ void k_moe_pack(uint8_t *base, int64_t rows, int64_t row_bytes, int bits, int vb)
 {
+    gfw_pdl_enter();
     const int64_t per_row = row_bytes / (32 * vb);
     const int64_t gi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (gi >= rows * per_row)
@@ -1059,7 +1067,7 @@ static void moe_launch_logits(const gfw_moe_router &r, const float *xb, int64_t 
                               cudaStream_t st)
 {
     const dim3 grid(moe_nblk(E, MOE_ROUTER_ROWS), moe_nblk(T, TT));
-    k_moe_logits<VB, TT, 32 / VB><<<grid, MOE_ROUTER_THREADS, 0, st>>>(r.gate, xb, T, E, D, lg);
+    mmoe_launch_pdl(k_moe_logits<VB, TT, 32 / VB>, grid, MOE_ROUTER_THREADS, 0, st, r.gate, xb, T, E, D, lg);
 }
 
 /** Launch L1, requant and L2 for tile TT. */
@@ -1069,19 +1077,19 @@ static cudaError_t moe_launch_experts(const dmoe &m, const gfw_moe_work &w, cons
 {
     const int64_t T = io.T, tasks = T * m.k + (m.Ws > 0 ? T : 0);
     *what = "moe L1";
-    k_moe_l1<VB, TT><<<dim3(moe_nblk(io.width, MOE_ROWS), (unsigned)items), MOE_THREADS, 0, st>>>(
-        m, w, io.xq, io.wts, T, io.width, io.h);
+    mmoe_launch_pdl(k_moe_l1<VB, TT>, dim3(moe_nblk(io.width, MOE_ROWS), (unsigned)items), MOE_THREADS, 0, st, m, w,
+                    io.xq, io.wts, T, io.width, io.h);
     cudaError_t ce = cudaGetLastError();
     if (ce != cudaSuccess)
         return ce;
     *what = "moe requantization";
-    k_moe_requant<<<dim3((unsigned)(io.width / 128), (unsigned)tasks), 128, 0, st>>>(m, io.idx, T, io.h, io.width,
-                                                                                     w.hq);
+    mmoe_launch_pdl(k_moe_requant, dim3((unsigned)(io.width / 128), (unsigned)tasks), 128, 0, st, m, io.idx, T, io.h,
+                    io.width, w.hq);
     if ((ce = cudaGetLastError()) != cudaSuccess)
         return ce;
     *what = "moe L2";
-    k_moe_l2<VB, TT><<<dim3(moe_nblk(m.D, MOE_L2_NM * MOE_ROWS), (unsigned)items), MOE_THREADS, 0, st>>>(m, w, T, io.width,
-                                                                                         io.slot_y);
+    mmoe_launch_pdl(k_moe_l2<VB, TT>, dim3(moe_nblk(m.D, MOE_L2_NM * MOE_ROWS), (unsigned)items), MOE_THREADS, 0, st, m,
+                    w, T, io.width, io.slot_y);
     return cudaGetLastError();
 }
 
@@ -1093,7 +1101,7 @@ static cudaError_t moe_run_vb(const dmoe &m, const gfw_moe_router &r, const gfw_
     const int64_t T = io.T, D = m.D, Tk = T * m.k;
     const int TT = moe_tile(T, MOE_TT_MAX(VB));
     *what = "moe input quantization";
-    k_moe_in<<<dim3((unsigned)(D / 128), (unsigned)T), 128, 0, st>>>(io.x, D, w.xb, io.xq);
+    mmoe_launch_pdl(k_moe_in, dim3((unsigned)(D / 128), (unsigned)T), 128, 0, st, io.x, D, w.xb, io.xq);
     cudaError_t ce = cudaGetLastError();
     if (ce != cudaSuccess)
         return ce;
@@ -1107,9 +1115,8 @@ static cudaError_t moe_run_vb(const dmoe &m, const gfw_moe_router &r, const gfw_
     if ((ce = cudaGetLastError()) != cudaSuccess)
         return ce;
     *what = "router";
-    k_moe_route_plan<<<1, MOE_PLAN_THREADS, 0, st>>>(io.logits, r.bias, r.tid2eid, io.ids, T, m.E, (int)m.k,
-                                                     r.route_scale, given, m.Ws > 0, TT, m.first, m.held, io.idx,
-                                                     io.wts, w);
+    mmoe_launch_pdl(k_moe_route_plan, 1, MOE_PLAN_THREADS, 0, st, io.logits, r.bias, r.tid2eid, io.ids, T, m.E,
+                    (int)m.k, r.route_scale, given, m.Ws > 0, TT, m.first, m.held, io.idx, io.wts, w);
     if ((ce = cudaGetLastError()) != cudaSuccess)
         return ce;
     /* at most one partial item per expert (E + shared) beyond the full ones */
@@ -1136,7 +1143,8 @@ cudaError_t gfw_moe_rows(const dmoe &m, const gfw_moe_router &r, const gfw_moe_w
 cudaError_t gfw_moe_combine(const dmoe &m, const gfw_moe_io &io, cudaStream_t st, const char **what)
 {
     *what = "moe combine";
-    k_moe_combine<<<moe_nblk(io.T * m.D, 256), 256, 0, st>>>(io.slot_y, io.idx, io.T, (int)m.k, m.D, m.Ws > 0, io.y);
+    mmoe_launch_pdl(k_moe_combine, moe_nblk(io.T * m.D, 256), 256, 0, st, io.slot_y, io.idx, io.T, (int)m.k, m.D,
+                    m.Ws > 0, io.y);
     return cudaGetLastError();
 }
 

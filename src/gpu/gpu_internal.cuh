@@ -20,6 +20,8 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
+#include "gpu_pdl.cuh"
+
 /** Routed pool entry: which token and which of its top-k slots a pool row holds. */
 struct mmoe_pool_entry {
     int token;   /**< token index in [0, T) */
@@ -65,26 +67,6 @@ __device__ __forceinline__ float mmoe_swiglu_channel(float acc_gate, float acc_u
     }
     const float sig = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-g)));
     return __fmul_rn(__fmul_rn(__fmul_rn(g, sig), u), w);
-}
-
-/**
- * Programmatic dependent launch, the consumer side: wait until the kernel before this one on
- * the stream has finished and its writes are visible.  A no-op for a kernel launched without
- * the programmatic-serialization attribute.
- */
-__device__ __forceinline__ void mmoe_grid_dependency_wait()
-{
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-}
-
-/**
- * Programmatic dependent launch, the producer side: the next kernel on the stream, when it was
- * launched with the programmatic-serialization attribute, may start its blocks now (they wait
- * in mmoe_grid_dependency_wait() before reading this kernel's results).
- */
-__device__ __forceinline__ void mmoe_grid_launch_dependents()
-{
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
 /**

@@ -276,6 +276,7 @@ __global__ void __launch_bounds__(GFW_DENSE_TT_WARPS * 32, 2)
     k_linear_dense_tokens(const uint16_t *x, int64_t T, int64_t ldx, int64_t K, dense_set set, int64_t group_rows,
                           int64_t group_width)
 {
+    gfw_pdl_enter();
     __shared__ __align__(16) double sx[GFW_DENSE_TT * GFW_DENSE_TT_RCHUNKS * GFW_DENSE_TT_CSTRIDE];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, s = lane / GFW_DENSE_TT_SLANES;
     const int64_t row0 = (int64_t)blockIdx.x * GFW_DENSE_TT_BROWS;
@@ -400,7 +401,8 @@ static void launch_linear_dense_tokens(const uint16_t *x, int64_t rows, int64_t 
         outputs += s.N[j];
     const dim3 grid((unsigned)((outputs + GFW_DENSE_TT_BROWS - 1) / GFW_DENSE_TT_BROWS),
                     (unsigned)((rows + GFW_DENSE_TT - 1) / GFW_DENSE_TT));
-    k_linear_dense_tokens<<<grid, GFW_DENSE_TT_WARPS * 32, 0, st>>>(x, rows, ldx, K, s, group_rows, group_width);
+    mmoe_launch_pdl(k_linear_dense_tokens, grid, GFW_DENSE_TT_WARPS * 32, 0, st, x, rows, ldx, K, s, group_rows,
+                    group_width);
 }
 
 #endif

@@ -200,6 +200,7 @@ __device__ __forceinline__ void fp8t_block_mmas(const uint32_t *wq, bool table, 
 __global__ void __launch_bounds__(GFW_FP8T_WARPS * 32)
     k_linear_fp8_tokens(const uint8_t *xq, const float *xs, int64_t T, dfp8 w, int tb, uint16_t *y)
 {
+    gfw_pdl_enter();
     __shared__ double sx[GFW_FP8T_TOKENS * GFW_FP8T_ROW];
     const int64_t K = w.K;
     const int kb_w = (int)(K / 128);
@@ -304,6 +305,7 @@ __device__ __forceinline__ void fp8t_load_x_ksplit(const uint8_t *xq, int64_t T,
 __global__ void __launch_bounds__(GFW_FP8T_WARPS * 32)
     k_linear_fp8_tokens_ksplit(const uint8_t *xq, const float *xs, int64_t T, dfp8 w, uint16_t *y)
 {
+    gfw_pdl_enter();
     __shared__ double sx[GFW_FP8T_TOKENS * GFW_FP8T_ROW];
     __shared__ float term[2][GFW_FP8T_WARPS][64]; /* [round parity][warp][8 g + token] */
     const int64_t K = w.K;
@@ -395,11 +397,11 @@ static void launch_linear_fp8_tokens(const uint8_t *xq, const float *xs, int64_t
         tb /= 2;
     if (tb == 8 && row_blocks * ((T + 7) / 8) < few) {
         const dim3 grid((unsigned)((w.N + 7) / 8), (unsigned)((T + 7) / 8));
-        k_linear_fp8_tokens_ksplit<<<grid, GFW_FP8T_WARPS * 32, 0, st>>>(xq, xs, T, w, y);
+        mmoe_launch_pdl(k_linear_fp8_tokens_ksplit, grid, GFW_FP8T_WARPS * 32, 0, st, xq, xs, T, w, y);
         return;
     }
     const dim3 grid((unsigned)row_blocks, (unsigned)((T + tb - 1) / tb));
-    k_linear_fp8_tokens<<<grid, GFW_FP8T_WARPS * 32, 0, st>>>(xq, xs, T, w, tb, y);
+    mmoe_launch_pdl(k_linear_fp8_tokens, grid, GFW_FP8T_WARPS * 32, 0, st, xq, xs, T, w, tb, y);
 }
 
 #endif

@@ -1,0 +1,74 @@
+/**
+ * @file gpu_pdl.cuh
+ * @brief Programmatic dependent launch: how one kernel on a stream lets the next one start
+ *        before it has finished, for the layer's kernels and the forward's.
+ *
+ * Two kernels in a row on one stream normally run one after the other: the second is launched
+ * (its blocks dispatched, their registers and shared memory set up) only when the first has
+ * completed.  A kernel launched with the programmatic-serialization attribute
+ * (mmoe_launch_pdl()) may instead be launched as soon as every block of the kernel before it
+ * has executed griddepcontrol.launch_dependents (mmoe_grid_launch_dependents()), or exited;
+ * its blocks must then execute griddepcontrol.wait (mmoe_grid_dependency_wait()) before they
+ * read anything the kernel before wrote: that wait returns when the kernel before has completed
+ * and its writes are visible.  Both instructions are no-ops for a kernel launched without the
+ * attribute, and the attribute is an ordinary dependency when the operation before is not a
+ * kernel (a copy, a kernel of another library).  Inside a captured CUDA graph the two kernels
+ * keep this relation (a programmatic edge).
+ *
+ *     kernel N:    [blocks ... launch_dependents ......................... done]
+ *     kernel N+1:                    [dispatched, wait ..................]   [work ...]
+ *
+ * So what overlaps is the second kernel's launch and dispatch, and whatever its blocks do before
+ * the wait; never a read of the first kernel's results.
+ */
+#ifndef MMOE_GPU_PDL_CUH
+#define MMOE_GPU_PDL_CUH
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+/**
+ * Programmatic dependent launch, the consumer side: wait until the kernel before this one on
+ * the stream has finished and its writes are visible.  A no-op for a kernel launched without
+ * the programmatic-serialization attribute.
+ */
+__device__ __forceinline__ void mmoe_grid_dependency_wait()
+{
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+
+/**
+ * Programmatic dependent launch, the producer side: the next kernel on the stream, when it was
+ * launched with the programmatic-serialization attribute, may start its blocks now (they wait
+ * in mmoe_grid_dependency_wait() before reading this kernel's results).
+ */
+__device__ __forceinline__ void mmoe_grid_launch_dependents()
+{
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+/**
+ * Launch @p kernel on @p st with the programmatic-serialization attribute: it may start once
+ * every block of the kernel before it has called mmoe_grid_launch_dependents() (see the file
+ * comment), so it must call mmoe_grid_dependency_wait() before reading that kernel's results.
+ * The arguments are converted to the kernel's parameter types, as with <<< >>>.
+ */
+template <typename... Params, typename... Args>
+static inline cudaError_t mmoe_launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                          cudaStream_t st, Args &&...args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+#endif
