@@ -37,6 +37,7 @@
 #include "mmoe_linear.h"
 #include "mmoe_mhc.h"
 #include "mmoe_rng.h"
+#include "mmoe_sum_order.h"
 #include "mmoe_test.h"
 
 static uint64_t g_seed;
@@ -399,24 +400,43 @@ static void check_dense(int64_t T, int64_t N, int64_t K, int f32)
     free(x), free(w), free(yc), free(yg);
 }
 
+/** Tokens per call when dense_ones_compare() runs the FP8 form: a decode step's few. */
+#define DENSE_ONES_F8_CALL 4
+
 /**
  * The oracle's dense linear of the T x rows [T, K] (bf16) against a weight row of ones into
- * @p yc, the GPU's into a poisoned buffer, and the two compared bit for bit under @p what.
+ * @p yc, the GPU's into a poisoned buffer, and the two compared bit for bit under @p what;
+ * then the same rows against an FP8 row of ones (code 0x38 = 1.0, scale byte 127 = 2^0: the
+ * same weights, so the same oracle values), DENSE_ONES_F8_CALL tokens a call, which is the
+ * few-token kernel's form when K is a multiple of 16.
  */
 static void dense_ones_compare(const char *what, const uint16_t *x, int64_t T, int64_t K, float *yc)
 {
+    const int block = 128;
+    const int64_t sc = (K + block - 1) / block;
     uint16_t *w = malloc(2 * (size_t)K);
+    uint8_t *w8 = malloc((size_t)K), *s8 = malloc((size_t)sc);
     float *yg = malloc(sizeof(float) * (size_t)T);
-    ck_assert(w && yg);
+    ck_assert(w && w8 && s8 && yg);
     for (int64_t k = 0; k < K; k++)
-        w[k] = mmoe_bf16_from_f32(1.0f);
+        w[k] = mmoe_bf16_from_f32(1.0f), w8[k] = 0x38;
+    memset(s8, 127, (size_t)sc);
     mmoe_tensor wt = view(MMOE_DT_BF16, 2, 1, K, w);
     mmoe_error err;
     ck_assert_msg(mmoe_linear_dense(x, T, K, &wt, 1, yc, NULL, &err) == MMOE_OK, "%s", err.msg);
     mmoe_test_poison_f32(yg, (size_t)T);
     ck_assert_msg(gfw_test_linear_dense(x, T, K, w, 0, 1, yg, &err) == MMOE_OK, "%s", err.msg);
     expect_same_f32(what, yg, yc, (size_t)T);
-    free(w), free(yg);
+    mmoe_test_poison_f32(yg, (size_t)T);
+    for (int64_t r0 = 0; r0 < T; r0 += DENSE_ONES_F8_CALL) {
+        const int64_t n = T - r0 < DENSE_ONES_F8_CALL ? T - r0 : DENSE_ONES_F8_CALL;
+        ck_assert_msg(gfw_test_linear_dense_f8(x + r0 * K, n, K, w8, s8, block, 1, yg + r0, &err) == MMOE_OK, "%s",
+                      err.msg);
+    }
+    char what8[160];
+    snprintf(what8, sizeof what8, "%s, fp8 ones", what);
+    expect_same_f32(what8, yg, yc, (size_t)T);
+    free(w), free(w8), free(s8), free(yg);
 }
 
 /**
@@ -464,14 +484,21 @@ static void check_dense_round_order(int64_t T, int64_t K)
 /**
  * Dense linear with an FP8 weight (the grouped output projection's form) against the oracle's
  * attn_dense_rows: scale bytes over 1..160, so that chunks with scales inside and outside the
- * kernel's direct-decode range (10..134, with fp32 subnormals below it) both occur; with @p nan,
- * one weight code in 2048 is a NaN code and NaN outputs match any NaN.
+ * kernel's direct-decode range (10..134, with fp32 subnormals below it) both occur.  @p mode:
+ * DF8_NAN, one weight code in 2048 is a NaN code and NaN outputs match any NaN; DF8_WIDE_X, one
+ * x value in 32 is a BF16 of any exponent (subnormals and values near the largest included),
+ * so that the products span the whole range the few-token kernel's scaled doubles must hold.
  */
-static void check_dense_f8(int64_t T, int64_t N, int64_t K, int block, int nan)
+enum { DF8_NAN = 1, DF8_WIDE_X = 2 };
+static void check_dense_f8(int64_t T, int64_t N, int64_t K, int block, int mode)
 {
+    const int nan = mode & DF8_NAN;
     mmoe_rng r;
-    mmoe_rng_seed(&r, g_seed ^ (uint64_t)(N * 5 + K + 77 * nan));
+    mmoe_rng_seed(&r, g_seed ^ (uint64_t)(N * 5 + K + 77 * mode));
     uint16_t *x = rand_bf16(&r, (size_t)(T * K), 2.0f);
+    for (int64_t i = 0; (mode & DF8_WIDE_X) && i < T * K; i++)
+        if (mmoe_rng_below(&r, 32) == 0) /* sign, exponent field 0..254, mantissa: any finite bf16 */
+            x[i] = (uint16_t)((mmoe_rng_below(&r, 2) << 15) | (mmoe_rng_below(&r, 255) << 7) | mmoe_rng_below(&r, 128));
     uint8_t *w = rand_e4m3(&r, (size_t)(N * K));
     for (int64_t i = 0; nan && i < N * K; i++)
         if (mmoe_rng_below(&r, 2048) == 0)
@@ -503,13 +530,42 @@ static void check_dense_f8(int64_t T, int64_t N, int64_t K, int block, int nan)
     free(x), free(w), free(s), free(xd), free(yc), free(yg);
 }
 
+/**
+ * The order inside a chunk: row r (r = 0 .. 13) holds 2^60, 1 and -2^60 at values j - 1, j, j + 1
+ * (j = r + 1) of one chunk (chunk (5 + 37 r) mod m, so that the rows fall on different lanes
+ * and rounds) and zeros elsewhere, against a weight row of ones.  Summed in the spec's order
+ * the chunk is (2^60 + 1) + -2^60 = +0 (2^60 + 1 rounds to 2^60 in double), and so is the row;
+ * adding value j + 1 before value j gives (2^60 + -2^60) + 1 = 1.  So every output is +0,
+ * derived here, and a swap of any two neighbouring values but the first two (whose sum from
+ * +0 is the same either way) shows.
+ */
+static void check_dense_chunk_order(int64_t K)
+{
+    const int64_t T = MMOE_SUM_CHUNK - 2, m = K / MMOE_SUM_CHUNK;
+    uint16_t *x = calloc((size_t)(T * K), 2);
+    float *yc = malloc(sizeof(float) * (size_t)T);
+    ck_assert(x && yc && m > 0);
+    const float v[3] = {0x1p60f, 1.0f, -0x1p60f};
+    for (int64_t r = 0; r < T; r++)
+        for (int i = 0; i < 3; i++)
+            x[r * K + ((5 + 37 * r) % m) * MMOE_SUM_CHUNK + r + i] = mmoe_bf16_from_f32(v[i]);
+    dense_ones_compare("dense linear, chunk order rows", x, T, K, yc);
+    for (int64_t r = 0; r < T; r++)
+        ck_assert_msg(yc[r] == 0.0f && !signbit(yc[r]), "oracle, chunk order row %lld: %a, want +0", (long long)r,
+                      yc[r]);
+    free(x), free(yc);
+}
+
 START_TEST(test_linear_dense)
 {
-    check_dense_f8(2, 256, 1024, 128, 0); /* wo_a's form */
-    check_dense_f8(2, 256, 1024, 128, 1);
-    check_dense_f8(2, 64, 4096, 128, 1); /* wo_a's K: two batches of four rounds */
-    check_dense_f8(2, 64, 200, 128, 0);  /* a short last chunk */
-    check_dense_f8(3, 37, 8320, 128, 0); /* 520 chunks: a last batch past the chunks, odd outputs */
+    /* below 8 tokens, K a multiple of 16: k_linear_dense_f8_rows (x staged with the scales, 16 rows a block) */
+    check_dense_f8(2, 256, 1024, 128, 0);        /* wo_a's form */
+    check_dense_f8(2, 256, 1024, 128, DF8_NAN);
+    check_dense_f8(2, 64, 4096, 128, DF8_NAN);   /* wo_a's K: 8 rounds */
+    check_dense_f8(2, 64, 4096, 128, DF8_WIDE_X);
+    check_dense_f8(1, 40, 4096, 128, DF8_NAN | DF8_WIDE_X); /* a block 8 rows past N */
+    check_dense_f8(2, 64, 200, 128, 0);          /* a short last chunk: k_linear_dense_split */
+    check_dense_f8(3, 37, 8320, 128, 0);         /* 520 chunks: rounds past the chunks, odd outputs */
     check_dense(3, 256, 128, 1);         /* tiny compressor */
     check_dense(3, 1024, 4096, 1);       /* V4-Flash ratio-4 compressor wkv */
     check_dense(4, 64, 4096, 0);         /* indexer weights_proj */
@@ -518,13 +574,13 @@ START_TEST(test_linear_dense)
     check_dense(2, 9, 1040, 0);          /* 65 chunks: two rounds, the second nearly empty */
     check_dense(2, 5, 48, 1);            /* 3 chunks: one round, most lanes +0 */
     /* decode (T = 1) at V4-Flash widths, each read kind through its copy ring */
-    check_dense_f8(1, 1024, 4096, 128, 0); /* one head group of wo_a: 8 rounds, 5 in flight */
+    check_dense_f8(1, 1024, 4096, 128, 0); /* one head group of wo_a: 8 rounds */
     check_dense(1, 1024, 4096, 1);         /* compressor wkv (F32): 8 rounds, 2 in flight */
     check_dense(1, 64, 4096, 0);           /* indexer weights_proj (BF16): 8 rounds, 3 in flight */
     check_dense(1, 129, 1024, 0);          /* 2 rounds, fewer than the ring's slots; odd outputs */
     /* from 8 tokens on: k_linear_dense_tokens (a weight chunk decoded once for 8 tokens, 32 rows a block) */
     check_dense_f8(16, 256, 1024, 128, 0); /* two token groups, 8 row blocks */
-    check_dense_f8(9, 64, 4096, 128, 1);   /* 32 groups of 8 chunks; a token group of one token; NaN codes */
+    check_dense_f8(9, 64, 4096, 128, DF8_NAN); /* 32 groups of 8 chunks; a token group of one token; NaN codes */
     check_dense_f8(12, 37, 8192, 128, 0);  /* 64 groups, the most it folds; a row block 27 rows past N */
     check_dense(24, 64, 4096, 0);          /* BF16 */
     check_dense(64, 100, 1024, 0);         /* a 64-token prefill: 8 token groups; 100 rows, odd ones */
@@ -538,6 +594,7 @@ START_TEST(test_linear_dense)
     check_dense_round_order(8, 4096); /* k_linear_dense_tokens: 32 groups of 8 chunks */
     check_dense_round_order(9, 8192); /* 64 groups; a token group of one token */
     check_dense_order();
+    check_dense_chunk_order(4096);
 }
 END_TEST
 

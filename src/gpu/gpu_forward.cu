@@ -24,6 +24,7 @@
  * | k_linear_fp8      | the same for other scale blocks (one warp per output)   | yes    |
  * | k_linear_dense_split | double dot in the chunked pairwise order [linear_dense.c] | yes  |
  * | k_linear_dense_tokens | the same from 8 tokens on, a weight chunk for 8 tokens [gpu_linear_dense_tokens.cuh] | yes |
+ * | k_linear_dense_f8_rows | the same below 8 tokens for an FP8 weight, the scale staged with x [gpu_linear_dense_f8_rows.cuh] | yes |
  * | k_hc_part, k_hc_finish_split | mHC logits (double, block trees), sigmoid, Sinkhorn, mix | yes* |
  * | k_hc_post         | fp32 write-back, j ascending, then the post term       | yes    |
  * | k_scale_heads     | per-head q scaling in bf16 steps, RoPE [attn_forward.c] | yes    |
@@ -3627,6 +3628,8 @@ static mmoe_status linear_fp8(mmoe_gpu_model *g, const uint16_t *x, int64_t rows
 
 /* The many-token dense linear (its own chapter), which needs the dense-sum helpers above. */
 #include "gpu_linear_dense_tokens.cuh"
+/* The few-token dense linear of an FP8 weight (its own chapter). */
+#include "gpu_linear_dense_f8_rows.cuh"
 
 /**
  * Launch the dense linears of set @p s on x rows [rows, ldx] (width K; grouped as in
@@ -3638,6 +3641,10 @@ static void launch_linear_dense(const uint16_t *x, int64_t rows, int64_t ldx, in
 {
     if (dense_tokens_fit(x, rows, ldx, K, s, group_rows, group_width)) {
         launch_linear_dense_tokens(x, rows, ldx, K, s, group_rows, group_width, st);
+        return;
+    }
+    if (dense_f8_rows_fit(x, rows, ldx, K, s, group_rows, group_width)) {
+        launch_linear_dense_f8_rows(x, rows, ldx, K, s, group_rows, group_width, st);
         return;
     }
     int64_t outputs = 0;
