@@ -400,15 +400,15 @@ static void check_dense(int64_t T, int64_t N, int64_t K, int f32)
     free(x), free(w), free(yc), free(yg);
 }
 
-/** Tokens per call when dense_ones_compare() runs the FP8 form: a decode step's few. */
-#define DENSE_ONES_F8_CALL 4
+/** Tokens per call of dense_ones_compare()'s few-token calls: a decode step's few. */
+#define DENSE_ONES_CALL 4
 
 /**
  * The oracle's dense linear of the T x rows [T, K] (bf16) against a weight row of ones into
- * @p yc, the GPU's into a poisoned buffer, and the two compared bit for bit under @p what;
- * then the same rows against an FP8 row of ones (code 0x38 = 1.0, scale byte 127 = 2^0: the
- * same weights, so the same oracle values), DENSE_ONES_F8_CALL tokens a call, which is the
- * few-token kernel's form when K is a multiple of 16.
+ * @p yc; the GPU's into a poisoned buffer, compared bit for bit under @p what: with a BF16 row
+ * of ones for all T rows in one call, then DENSE_ONES_CALL rows a call (the few-token form),
+ * then an FP8 row of ones (code 0x38 = 1.0, scale byte 127 = 2^0: the same weights, so the same
+ * oracle values) DENSE_ONES_CALL rows a call.
  */
 static void dense_ones_compare(const char *what, const uint16_t *x, int64_t T, int64_t K, float *yc)
 {
@@ -427,15 +427,18 @@ static void dense_ones_compare(const char *what, const uint16_t *x, int64_t T, i
     mmoe_test_poison_f32(yg, (size_t)T);
     ck_assert_msg(gfw_test_linear_dense(x, T, K, w, 0, 1, yg, &err) == MMOE_OK, "%s", err.msg);
     expect_same_f32(what, yg, yc, (size_t)T);
-    mmoe_test_poison_f32(yg, (size_t)T);
-    for (int64_t r0 = 0; r0 < T; r0 += DENSE_ONES_F8_CALL) {
-        const int64_t n = T - r0 < DENSE_ONES_F8_CALL ? T - r0 : DENSE_ONES_F8_CALL;
-        ck_assert_msg(gfw_test_linear_dense_f8(x + r0 * K, n, K, w8, s8, block, 1, yg + r0, &err) == MMOE_OK, "%s",
-                      err.msg);
+    char what_few[160];
+    for (int f8 = 0; f8 < 2; f8++) {
+        mmoe_test_poison_f32(yg, (size_t)T);
+        for (int64_t r0 = 0; r0 < T; r0 += DENSE_ONES_CALL) {
+            const int64_t n = T - r0 < DENSE_ONES_CALL ? T - r0 : DENSE_ONES_CALL;
+            const mmoe_status st = f8 ? gfw_test_linear_dense_f8(x + r0 * K, n, K, w8, s8, block, 1, yg + r0, &err)
+                                      : gfw_test_linear_dense(x + r0 * K, n, K, w, 0, 1, yg + r0, &err);
+            ck_assert_msg(st == MMOE_OK, "%s", err.msg);
+        }
+        snprintf(what_few, sizeof what_few, "%s, %s ones, %d rows a call", what, f8 ? "fp8" : "bf16", DENSE_ONES_CALL);
+        expect_same_f32(what_few, yg, yc, (size_t)T);
     }
-    char what8[160];
-    snprintf(what8, sizeof what8, "%s, fp8 ones", what);
-    expect_same_f32(what8, yg, yc, (size_t)T);
     free(w), free(w8), free(s8), free(yg);
 }
 
