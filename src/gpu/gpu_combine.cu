@@ -39,15 +39,7 @@ cudaError_t mmoe_launch_combine_pdl(const __nv_bfloat16 *slots_buf, const int32_
 {
     if (T == 0)
         return cudaSuccess;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)T);
-    cfg.blockDim = dim3(256);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, combine_kernel, slots_buf, topk_idx, topk, has_shared, D, y);
+    cudaError_t e = mmoe_launch_pdl(combine_kernel, dim3((unsigned)T), dim3(256), 0, stream, slots_buf, topk_idx, topk,
+                                    has_shared, D, y);
     return e != cudaSuccess ? e : cudaGetLastError();
 }

@@ -933,17 +933,7 @@ cudaError_t mmoe_launch_decode_gemm(const mmoe_decode_args *a, int a_group, mmoe
         return e;
     mmoe_decode_args args = *a;
     args.shared_lead = mmoe_decode_shared_lead(n_sm, a->shared_tiles * gx, a->routed_tiles * gx);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)gx, (unsigned)gy);
-    cfg.blockDim = dim3(DEC_THREADS);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
-    e = cudaLaunchKernelEx(&cfg, fn, args);
+    e = mmoe_launch_ex(pdl, fn, dim3((unsigned)gx, (unsigned)gy), dim3(DEC_THREADS), smem, s, args);
     if (e != cudaSuccess)
         return e;
     return cudaGetLastError();

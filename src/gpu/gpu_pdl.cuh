@@ -49,14 +49,15 @@ __device__ __forceinline__ void mmoe_grid_launch_dependents()
 }
 
 /**
- * Launch @p kernel on @p st with the programmatic-serialization attribute: it may start once
- * every block of the kernel before it has called mmoe_grid_launch_dependents() (see the file
- * comment), so it must call mmoe_grid_dependency_wait() before reading that kernel's results.
- * The arguments are converted to the kernel's parameter types, as with <<< >>>.
+ * Launch @p kernel on @p st, with the programmatic-serialization attribute when @p pdl is set:
+ * it may then start once every block of the kernel before it has called
+ * mmoe_grid_launch_dependents() (see the file comment), so it must call
+ * mmoe_grid_dependency_wait() before reading that kernel's results.  The arguments are converted
+ * to the kernel's parameter types, as with <<< >>>.
  */
 template <typename... Params, typename... Args>
-static inline cudaError_t mmoe_launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                                          cudaStream_t st, Args &&...args)
+static inline cudaError_t mmoe_launch_ex(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                         cudaStream_t st, Args &&...args)
 {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
@@ -67,8 +68,16 @@ static inline cudaError_t mmoe_launch_pdl(void (*kernel)(Params...), dim3 grid, 
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = pdl ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+/** mmoe_launch_ex() with the attribute: the launch of every forward kernel and of the layer's helpers. */
+template <typename... Params, typename... Args>
+static inline cudaError_t mmoe_launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                          cudaStream_t st, Args &&...args)
+{
+    return mmoe_launch_ex(true, kernel, grid, block, smem, st, std::forward<Args>(args)...);
 }
 
 #endif

@@ -78,17 +78,8 @@ static cudaError_t launch_requant_decode_t(unsigned blocks, const float *routed,
                                            int SI, uint8_t *routed_q, float *routed_s, uint8_t *shared_q,
                                            float *shared_s, cudaStream_t stream)
 {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(blocks);
-    cfg.blockDim = dim3(256);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, requant_decode_kernel<MODE>, routed, routed_rows, topk_idx, I, shared,
-                                       shared_rows, SI, routed_q, routed_s, shared_q, shared_s);
+    cudaError_t e = mmoe_launch_pdl(requant_decode_kernel<MODE>, dim3(blocks), dim3(256), 0, stream, routed, routed_rows,
+                                    topk_idx, I, shared, shared_rows, SI, routed_q, routed_s, shared_q, shared_s);
     return e != cudaSuccess ? e : cudaGetLastError();
 }
 
