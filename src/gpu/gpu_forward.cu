@@ -71,9 +71,11 @@
  * needs only pre).  k_topk_split ranks the candidates (one thread each, O(n) comparisons) in
  * blocks of 256, which matters at long contexts (n = position / 4).  The linears of a decode
  * step are bound by how fast their weights stream in: k_linear_dense_split gives each output
- * of a dense linear (the grouped output projection, the compressors' and the indexer's
- * projections, the head's logits) one warp, with about 2 KiB of its weight loads in flight
- * (one to four rounds of 32 chunks), and k_linear_fp8_128_split streams a warp's weight codes
+ * of a dense linear (the compressors' and the indexer's projections, the head's logits) one
+ * warp, with about 2 KiB of its weight loads in flight (one to four rounds of 32 chunks); the
+ * grouped output projection, whose weight is FP8, runs k_linear_dense_f8_rows
+ * (gpu_linear_dense_f8_rows.cuh: the token's x staged once per block with the weight's scale
+ * folded in, one fma per weight); and k_linear_fp8_128_split streams a warp's weight codes
  * through a per-warp ring of cp.async copies in shared memory (3 KB per warp in flight while it
  * sums, the first copies issued before the block decodes x); its grid is sized for the
  * multiprocessors and the blocks that fit one (fp8_split_choose()): the steps
@@ -138,6 +140,11 @@
  * and mmoe_gpu_model_destroy() frees it.  Prefill, the MTP block, timing runs and graphs off
  * run the same functions launched one by one, so both ways run identical kernels on identical
  * inputs.
+ *
+ * Every kernel is launched with programmatic dependent launch (mmoe_launch_pdl(), gpu_pdl.cuh)
+ * and first waits for the kernel before it (gfw_pdl_enter()), so the next launch and the
+ * dispatch of its blocks overlap the end of the one before, eagerly and inside the graph alike;
+ * the one-token dense FP8 linear issues its first weight loads before that wait.
  */
 #include <cuda_runtime.h>
 #include <math.h>
