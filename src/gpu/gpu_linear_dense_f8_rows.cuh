@@ -35,11 +35,13 @@
  * product is an integer multiple of 2^-266 (two BF16 subnormal steps) below 2^256 in
  * magnitude, every partial sum is zero or at least 2^-266 and (with K <= 12288) below 2^270,
  * and times 2^-512 it stays a normal double, where rounding commutes with a power-of-two
- * scaling.  Signed zeros are unchanged (each chunk starts at +0
- * and adds the same products), infinities and NaNs propagate alike.  The result is multiplied
- * by 2^512 (exact) and rounded to fp32 as before.  The order is k_linear_dense_split's: lane l
- * sums chunk 32 r + l of round r ascending from +0 (+0 past the row), the warp's butterfly
- * forms the round's node, and the rounds' nodes go through mmoe_pairwise.
+ * scaling.  Signed zeros are unchanged (each chunk starts at +0 and adds the same products),
+ * infinities and NaNs propagate alike.  The result is multiplied by 2^512 (exact) and rounded
+ * to fp32 as before.  The order is k_linear_dense_split's: lane l sums chunk 32 r + l of round
+ * r ascending from +0 (+0 past the row), the warp's butterfly forms the round's node, and the
+ * rounds' nodes go through mmoe_pairwise.  The constants, the direct range and the codes' bits
+ * are gpu_dense_f8_scaled.h's, whose arithmetic a CPU suite runs for every scale byte against
+ * the oracle.
  *
  * ## Data layout
  *
@@ -64,6 +66,8 @@
 /** Include guard (this file is included in the middle of gpu_forward.cu). */
 #define MMOE_GPU_LINEAR_DENSE_F8_ROWS_CUH
 
+#include "gpu_dense_f8_scaled.h"
+
 /** Warps of a k_linear_dense_f8_rows block, two output rows each. */
 #define GFW_DF8_WARPS 8
 /** Output rows of a k_linear_dense_f8_rows block. */
@@ -72,8 +76,6 @@
 #define GFW_DF8_SMEM_MAX (96 * 1024)
 /** Rounds of codes a lane has loaded ahead of the round it sums. */
 #define GFW_DF8_AHEAD 1
-/** The power of two the staged values and every partial sum carry: 2^-GFW_DF8_SHIFT. */
-#define GFW_DF8_SHIFT 512
 
 /** 2^e as a double, for e in -1022 .. 1023. */
 __device__ __forceinline__ double df8_pow2(int e)
@@ -81,11 +83,6 @@ __device__ __forceinline__ double df8_pow2(int e)
     return __longlong_as_double((long long)(e + 1023) << 52);
 }
 
-/** Whether scale byte @p sb lets a chunk use the direct doubles (dense_f8_chunk16's range). */
-__device__ __forceinline__ bool df8_scale_direct(uint32_t sb)
-{
-    return sb >= 10u && sb <= 134u;
-}
 
 /**
  * The chunk sum of one row over 16 codes @p q with staged pairs @p xp (pair j at xp[j m]):
@@ -150,7 +147,7 @@ __device__ __forceinline__ void df8_stage_x(double2 *sx, const uint16_t *xr, int
         const int64_t c = v >> 1;
         const int p0 = 4 * (int)(v & 1);
         const uint32_t sb = __ldg(srow + (int)((c * MMOE_SUM_CHUNK) / block));
-        const double f = df8_pow2(df8_scale_direct(sb) ? (int)sb + 377 : -GFW_DF8_SHIFT);
+        const double f = df8_pow2(mmoe_df8_x_exponent(sb));
         const uint4 u = __ldg((const uint4 *)(xr + 8 * v));
         const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
@@ -209,7 +206,7 @@ __global__ void __launch_bounds__(GFW_DF8_WARPS * 32, 4)
         if (k < m) {
             const double2 *xp = df8_sx + k;
             const uint32_t sb = __ldg(srow + (int)((k * MMOE_SUM_CHUNK) / w.block));
-            if (df8_scale_direct(sb)) {
+            if (mmoe_df8_scale_direct(sb)) {
                 df8_chunk_pair(xp, m, ua, ub, &ca, &cb);
                 if (df8_has_nan(ua))
                     ca = __longlong_as_double(0x7FF8000000000000LL);
@@ -227,7 +224,7 @@ __global__ void __launch_bounds__(GFW_DF8_WARPS * 32, 4)
         const int64_t n = lane == 0 ? na : nb;
         if (n < N) {
             const float f =
-                __double2float_rn(__dmul_rn(mmoe_pairwise_result(lane == 0 ? &pa : &pb), df8_pow2(GFW_DF8_SHIFT)));
+                __double2float_rn(__dmul_rn(mmoe_pairwise_result(lane == 0 ? &pa : &pb), df8_pow2(MMOE_DF8_SHIFT)));
             if (yf)
                 yf[t * N + n] = f;
             if (yb)
