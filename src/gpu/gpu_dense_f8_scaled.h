@@ -1,7 +1,7 @@
 /**
  * @file gpu_dense_f8_scaled.h
  * @brief The scaled doubles of the few-token dense FP8 linear (gpu_linear_dense_f8_rows.cuh), in
- *        plain C that the CUDA kernel and a CPU test (tests/test_gpu_dense_f8_scaled.c) share.
+ *        plain C that the CUDA kernels and a CPU test (tests/test_gpu_dense_f8_scaled.c) share.
  *
  * The oracle's product of a BF16 value x and the FP8 weight w = bf16(fl32(e 2^(sb - 127))) (E4M3
  * value e, UE8M0 scale byte sb) enters a double fma chain.  The kernel computes every value of
@@ -17,9 +17,10 @@
  *   - **Other scale bytes**: the staged x carries 2^-512 and the weight is the oracle's decode.
  *
  * (The form is exact for scale bytes 3..246, where e 2^(sb - 127) keeps its bits through the
- * fp32 and bf16 roundings and stays finite; the kernel keeps the narrower range of
- * dense_f8_chunk16 in gpu_forward.cu, and the CPU test fails when the range is widened to 2 or
- * to 247.)
+ * fp32 and bf16 roundings and stays finite; the kernels keep the narrower range 10..134, which
+ * the dense linears' other direct decodes (dense_f8_chunk16 in gpu_forward.cu and
+ * k_linear_dense_tokens) share through mmoe_df8_scale_direct(), and the CPU test fails when the
+ * range is widened to 2 or to 247.)
  *
  * Every product, fma result and tree node is then the oracle's times 2^-512: finite products of
  * two BF16 values are integer multiples of 2^-266 below 2^256, partial sums of up to 12288 of

@@ -156,6 +156,7 @@
 #include "gpu_cp_async.cuh"
 #include "gpu_forward_internal.h"
 #include "gpu_forward_kernels.cuh"
+#include "gpu_dense_f8_scaled.h"
 #include "gpu_fwd_moe.cuh"
 #include "mmoe_formats.h"
 
@@ -202,6 +203,21 @@ __device__ __forceinline__ float gfw_e4m3_value(uint32_t code)
     return __uint_as_float(__float_as_uint(mag) | ((code & 0x80u) << 24));
 }
 
+/**
+ * The oracle's weight of FP8 code @p code under scale @p scale (a UE8M0 value, gfw_ue8m0()): the
+ * fp32 product rounded to bf16, as the oracle dequantizes the grouped output projection.
+ */
+__device__ __forceinline__ float gfw_f8_weight(uint32_t code, float scale)
+{
+    return gfw_bfr(__fmul_rn(gfw_e4m3_value(code), scale));
+}
+
+/** 2^@p e as a double, for e in -1022 .. 1023 (its bits). */
+__device__ __forceinline__ double gfw_pow2(int e)
+{
+    return __longlong_as_double((long long)(e + 1023) << 52);
+}
+
 /** Element (r, k) of a dense weight as the oracle's dense linear reads it. */
 __device__ __forceinline__ double dd_at(const ddense &w, int64_t r, int64_t k)
 {
@@ -211,9 +227,8 @@ __device__ __forceinline__ double dd_at(const ddense &w, int64_t r, int64_t k)
     if (w.dtype == GFW_F32)
         return (double)((const float *)w.p)[i];
     const int blk = w.block;
-    const float v = __fmul_rn(gfw_e4m3_value(((const uint8_t *)w.p)[i]),
-                              gfw_ue8m0(w.scale[(int64_t)((int)r / blk) * w.scols + (int)k / blk]));
-    return (double)gfw_bfr(v);
+    return (double)gfw_f8_weight(((const uint8_t *)w.p)[i],
+                                 gfw_ue8m0(w.scale[(int64_t)((int)r / blk) * w.scols + (int)k / blk]));
 }
 
 /** Element i of a vector (BF16 or F32) as fp32. */
@@ -575,6 +590,12 @@ __device__ __forceinline__ double e4m3_times_2m1016(uint32_t w, uint32_t w1)
 __device__ __forceinline__ uint32_t e4m3_nan_bits(uint32_t w)
 {
     return ((w & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u;
+}
+
+/** Whether any of the 16 codes of @p q (four per word) is NaN. */
+__device__ __forceinline__ bool e4m3_has_nan16(uint4 q)
+{
+    return (e4m3_nan_bits(q.x) | e4m3_nan_bits(q.y) | e4m3_nan_bits(q.z) | e4m3_nan_bits(q.w)) != 0u;
 }
 
 /* The many-token FP8 linear (its own chapter), which needs dfp8, gfw_e4m3_value(),
@@ -994,21 +1015,19 @@ __device__ __forceinline__ void load16_bf16(const uint16_t *p, bool vec, float *
 /**
  * The sum of one full 16-value chunk of a dense dot product with an FP8 weight: x values @p xv,
  * codes @p codes (four per word, ascending), one scale byte @p sb; products ascending from +0
- * (@ref spec_arch_sum_order).  Without NaN codes and with a scale byte in 10..134 the weights
- * are built as doubles directly (e4m3_times_2m1016 times a power of two), the same values as
+ * (@ref spec_arch_sum_order).  Without NaN codes and with a scale byte in the direct range
+ * (mmoe_df8_scale_direct(): 10..134) the weights are built as doubles directly (e4m3_times_2m1016 times a power of two), the same values as
  * the oracle's fp32 decode and bf16 rounding; otherwise they are decoded as the oracle does.
  */
 __device__ __forceinline__ double dense_f8_chunk16(const float *xv, const uint32_t *codes, uint8_t sb)
 {
     double c = 0.0;
-    const uint32_t nan =
-        e4m3_nan_bits(codes[0]) | e4m3_nan_bits(codes[1]) | e4m3_nan_bits(codes[2]) | e4m3_nan_bits(codes[3]);
-    if (sb >= 10 && sb <= 134 && nan == 0) {
+    if (mmoe_df8_scale_direct(sb) && !e4m3_has_nan16(make_uint4(codes[0], codes[1], codes[2], codes[3]))) {
         /* For scale bytes 10..134 the value v 2^(sb-127) of a finite code is a normal fp32 of
            at most 4 significant bits (2^-126 <= |v s| < 2^16), so fl32 and the bf16 rounding
            keep it, and it is the double e4m3_times_2m1016 times 2^(sb+889) exactly: the
            oracle's weight without the fp32 decode, the bf16 rounding and the conversion. */
-        const double S = __longlong_as_double((long long)(sb + 1912) << 52); /* 2^(sb+889) */
+        const double S = gfw_pow2((int)sb + 889);
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             const uint32_t wq = codes[q], wq1 = wq << 1;
@@ -1022,7 +1041,7 @@ __device__ __forceinline__ double dense_f8_chunk16(const float *xv, const uint32
     const float sc = gfw_ue8m0(sb);
 #pragma unroll
     for (int i = 0; i < 16; i++) {
-        const float wv = gfw_bfr(__fmul_rn(gfw_e4m3_value((codes[i / 4] >> (8 * (i % 4))) & 0xFFu), sc));
+        const float wv = gfw_f8_weight((codes[i / 4] >> (8 * (i % 4))) & 0xFFu, sc);
         c = __fma_rn((double)xv[i], (double)wv, c); /* an exact product: one rounding, the sum's */
     }
     return c;
@@ -3279,7 +3298,13 @@ static void exp_table(unsigned long long *tab)
     }
 }
 
-/** Upload the E4M3 and exp tables to constant memory; allow k_linear_fp8_128_split its shared memory. */
+/* The staged-x dense FP8 linear's shared memory limit (gpu_linear_dense_f8_rows.cuh, included below). */
+static cudaError_t dense_f8_rows_allow_smem(void);
+
+/**
+ * Upload the E4M3 and exp tables to constant memory; allow k_linear_fp8_128_split and
+ * k_linear_dense_f8_rows their shared memory.
+ */
 static cudaError_t upload_tables(void)
 {
     unsigned long long tab[32];
@@ -3292,6 +3317,8 @@ static cudaError_t upload_tables(void)
     if (ce == cudaSuccess) /* the x row of k_linear_fp8_128_split may exceed the default 48 KiB */
         ce = cudaFuncSetAttribute(k_linear_fp8_128_split, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   GFW_FP8_SMEM_MAX);
+    if (ce == cudaSuccess)
+        ce = dense_f8_rows_allow_smem();
     return ce;
 }
 
@@ -3468,21 +3495,16 @@ static void launch_indexer_q(uint16_t *qi, int64_t T, int ih, int id, int rope_d
 {
     const dim3 grid((unsigned)((ih + GFW_IDXQ_WARPS - 1) / GFW_IDXQ_WARPS), (unsigned)T);
     const unsigned threads = GFW_IDXQ_WARPS * 32;
+    void (*kernel)(uint16_t *, int, int, const float *, const int64_t *, uint16_t *, float, int);
     switch (id) {
-    case 32: mmoe_launch_pdl(k_indexer_q_split<1>, grid, threads, 0, st, qi, ih, rope_dim, cs, pos_dev, wi, w_scale,
-                             fp4); break;
-    case 64: mmoe_launch_pdl(k_indexer_q_split<2>, grid, threads, 0, st, qi, ih, rope_dim, cs, pos_dev, wi, w_scale,
-                             fp4); break;
-    case 128: mmoe_launch_pdl(k_indexer_q_split<4>, grid, threads, 0, st, qi, ih, rope_dim, cs, pos_dev, wi, w_scale,
-                              fp4); break;
-    case 256: mmoe_launch_pdl(k_indexer_q_split<8>, grid, threads, 0, st, qi, ih, rope_dim, cs, pos_dev, wi, w_scale,
-                              fp4); break;
-    case 512: mmoe_launch_pdl(k_indexer_q_split<16>, grid, threads, 0, st, qi, ih, rope_dim, cs, pos_dev, wi, w_scale,
-                              fp4); break;
-    default: /* 1024: the parameters admit no other width */
-        mmoe_launch_pdl(k_indexer_q_split<32>, grid, threads, 0, st, qi, ih, rope_dim, cs, pos_dev, wi, w_scale, fp4);
-        break;
+    case 32: kernel = k_indexer_q_split<1>; break;
+    case 64: kernel = k_indexer_q_split<2>; break;
+    case 128: kernel = k_indexer_q_split<4>; break;
+    case 256: kernel = k_indexer_q_split<8>; break;
+    case 512: kernel = k_indexer_q_split<16>; break;
+    default: kernel = k_indexer_q_split<32>; break; /* 1024: the parameters admit no other width */
     }
+    mmoe_launch_pdl(kernel, grid, threads, 0, st, qi, ih, rope_dim, cs, pos_dev, wi, w_scale, fp4);
 }
 
 extern "C" mmoe_status mmoe_gpu_model_reset(mmoe_gpu_model *g, mmoe_error *err)

@@ -77,12 +77,6 @@
 /** Rounds of codes a lane has loaded ahead of the round it sums. */
 #define GFW_DF8_AHEAD 1
 
-/** 2^e as a double, for e in -1022 .. 1023. */
-__device__ __forceinline__ double df8_pow2(int e)
-{
-    return __longlong_as_double((long long)(e + 1023) << 52);
-}
-
 
 /**
  * The chunk sum of one row over 16 codes @p q with staged pairs @p xp (pair j at xp[j m]):
@@ -99,8 +93,8 @@ __device__ __forceinline__ double df8_chunk_slow(const double2 *xp, int64_t m, u
     for (int j = 0; j < 8; j++) {
         const double2 x = xp[j * m];
         const uint32_t c0 = (w[j / 2] >> (16 * (j % 2))) & 0xFFu, c1 = (w[j / 2] >> (16 * (j % 2) + 8)) & 0xFFu;
-        c = __fma_rn(x.x, (double)gfw_bfr(__fmul_rn(gfw_e4m3_value(c0), sc)), c);
-        c = __fma_rn(x.y, (double)gfw_bfr(__fmul_rn(gfw_e4m3_value(c1), sc)), c);
+        c = __fma_rn(x.x, (double)gfw_f8_weight(c0, sc), c);
+        c = __fma_rn(x.y, (double)gfw_f8_weight(c1, sc), c);
     }
     return c;
 }
@@ -130,12 +124,6 @@ __device__ __forceinline__ void df8_chunk_pair(const double2 *xp, int64_t m, uin
     *ca = sa, *cb = sb;
 }
 
-/** Whether any of the 16 codes of @p q is NaN. */
-__device__ __forceinline__ bool df8_has_nan(uint4 q)
-{
-    return (e4m3_nan_bits(q.x) | e4m3_nan_bits(q.y) | e4m3_nan_bits(q.z) | e4m3_nan_bits(q.w)) != 0u;
-}
-
 /**
  * Stage the block's x row @p xr (K values, m chunks) into @p sx, pair-major, each value times
  * 2^(sb + 377) of its scale column (scale bytes @p srow, columns of @p block values), or times
@@ -147,7 +135,7 @@ __device__ __forceinline__ void df8_stage_x(double2 *sx, const uint16_t *xr, int
         const int64_t c = v >> 1;
         const int p0 = 4 * (int)(v & 1);
         const uint32_t sb = __ldg(srow + (int)((c * MMOE_SUM_CHUNK) / block));
-        const double f = df8_pow2(mmoe_df8_x_exponent(sb));
+        const double f = gfw_pow2(mmoe_df8_x_exponent(sb));
         const uint4 u = __ldg((const uint4 *)(xr + 8 * v));
         const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
@@ -208,9 +196,9 @@ __global__ void __launch_bounds__(GFW_DF8_WARPS * 32, 4)
             const uint32_t sb = __ldg(srow + (int)((k * MMOE_SUM_CHUNK) / w.block));
             if (mmoe_df8_scale_direct(sb)) {
                 df8_chunk_pair(xp, m, ua, ub, &ca, &cb);
-                if (df8_has_nan(ua))
+                if (e4m3_has_nan16(ua))
                     ca = __longlong_as_double(0x7FF8000000000000LL);
-                if (df8_has_nan(ub))
+                if (e4m3_has_nan16(ub))
                     cb = __longlong_as_double(0x7FF8000000000000LL);
             } else {
                 ca = df8_chunk_slow(xp, m, ua, sb);
@@ -224,7 +212,7 @@ __global__ void __launch_bounds__(GFW_DF8_WARPS * 32, 4)
         const int64_t n = lane == 0 ? na : nb;
         if (n < N) {
             const float f =
-                __double2float_rn(__dmul_rn(mmoe_pairwise_result(lane == 0 ? &pa : &pb), df8_pow2(MMOE_DF8_SHIFT)));
+                __double2float_rn(__dmul_rn(mmoe_pairwise_result(lane == 0 ? &pa : &pb), gfw_pow2(MMOE_DF8_SHIFT)));
             if (yf)
                 yf[t * N + n] = f;
             if (yb)
@@ -249,18 +237,18 @@ static bool dense_f8_rows_fit(const uint16_t *x, int64_t rows, int64_t ldx, int6
            (group_rows == 0 || group_rows % GFW_DF8_ROWS == 0);
 }
 
-/**
- * Launch k_linear_dense_f8_rows for the set @p s (dense_f8_rows_fit() holds), its shared memory
- * limit raised first (cheap and idempotent; a failure is the launch's error, which the caller's
- * check reports).
- */
+/** Allow k_linear_dense_f8_rows its staged x row (beyond the default 48 KiB; upload_tables() calls it). */
+static cudaError_t dense_f8_rows_allow_smem(void)
+{
+    return cudaFuncSetAttribute(k_linear_dense_f8_rows, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                GFW_DF8_SMEM_MAX);
+}
+
+/** Launch k_linear_dense_f8_rows for the set @p s (dense_f8_rows_fit() holds). */
 static void launch_linear_dense_f8_rows(const uint16_t *x, int64_t rows, int64_t ldx, int64_t K, const dense_set &s,
                                         int64_t group_rows, int64_t group_width, cudaStream_t st)
 {
     const dim3 grid((unsigned)((s.N[0] + GFW_DF8_ROWS - 1) / GFW_DF8_ROWS), (unsigned)rows);
-    if (cudaFuncSetAttribute(k_linear_dense_f8_rows, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             GFW_DF8_SMEM_MAX) != cudaSuccess)
-        return;
     mmoe_launch_pdl(k_linear_dense_f8_rows, grid, GFW_DF8_WARPS * 32, (size_t)K * sizeof(double), st, x, ldx, K,
                     s.w[0], s.N[0], group_rows, group_width, s.yf[0], s.yb[0]);
 }

@@ -143,10 +143,8 @@ __device__ __forceinline__ void dense_tokens_weights(const dense_raw &r, bool f8
     }
     const uint32_t sb = r.sb;
     const uint32_t codes[4] = {r.a.x, r.a.y, r.a.z, r.a.w};
-    const uint32_t nan =
-        e4m3_nan_bits(codes[0]) | e4m3_nan_bits(codes[1]) | e4m3_nan_bits(codes[2]) | e4m3_nan_bits(codes[3]);
-    if (sb >= 10 && sb <= 134 && nan == 0) { /* dense_f8_chunk16's direct doubles */
-        const double S = __longlong_as_double((long long)(sb + 1912) << 52); /* 2^(sb+889) */
+    if (mmoe_df8_scale_direct(sb) && !e4m3_has_nan16(r.a)) { /* dense_f8_chunk16's direct doubles */
+        const double S = gfw_pow2((int)sb + 889);
 #pragma unroll
         for (int c = 0; c < 4; c++) {
             const uint32_t wq = codes[c], wq1 = wq << 1;
@@ -160,7 +158,7 @@ __device__ __forceinline__ void dense_tokens_weights(const dense_raw &r, bool f8
     const float sc = gfw_ue8m0((uint8_t)sb);
 #pragma unroll
     for (int i = 0; i < 16; i++)
-        wd[i] = (double)gfw_bfr(__fmul_rn(gfw_e4m3_value((codes[i / 4] >> (8 * (i % 4))) & 0xFFu), sc));
+        wd[i] = (double)gfw_f8_weight((codes[i / 4] >> (8 * (i % 4))) & 0xFFu, sc);
 }
 
 /** Staged x words of one k_linear_dense_tokens thread: a round's GFW_DENSE_TT x 32 chunks x 2 halves, per thread. */
