@@ -27,8 +27,8 @@
  * | k_linear_dense_f8_rows | the same below 8 tokens for an FP8 weight, the scale staged with x [gpu_linear_dense_f8_rows.cuh] | yes |
  * | k_hc_part, k_hc_finish_split | mHC logits (double, block trees), sigmoid, Sinkhorn, mix | yes* |
  * | k_hc_post         | fp32 write-back, j ascending, then the post term       | yes    |
- * | k_scale_heads     | per-head q scaling in bf16 steps, RoPE [attn_forward.c] | yes    |
- * | k_kv_finish       | kv RMSNorm, RoPE, FP8 round trip (block 64)             | yes    |
+ * | k_q_kv_finish     | per-head q scaling in bf16 steps, RoPE [attn_forward.c]; | yes  |
+ * |                   | kv RMSNorm, RoPE, FP8 round trip (block 64)             |        |
  * | k_indexer_q_split | RoPE, Hadamard, FP4 round trip; head weights scaling    | yes    |
  * | k_compress        | gated pooling per channel, finish [attn_compressor.c]   | yes*   |
  * | k_indexer_scores  | bf16-rounded head terms, double sums [attn_indexer.c]   | yes    |
@@ -119,8 +119,8 @@
  * What changes from call to call lives in device memory, the **step record** g->step: the
  * call's first position (int64) followed by its token ids (int32).  The host writes it into a
  * pinned copy (g->step_host) and the call's first operation copies it over (step_send()).  The
- * kernels that depend on the position read it there, never as an argument: k_scale_heads,
- * k_kv_finish, k_indexer_q_split (RoPE), k_compress (slot, "block complete", the output row),
+ * kernels that depend on the position read it there, never as an argument: k_q_kv_finish,
+ * k_indexer_q_split (RoPE), k_compress (slot, "block complete", the output row),
  * k_indexer_scores and k_topk_split (the causal block count), k_attend (window and compressed
  * lists) and k_ring_store (the ring slot); k_embed and the hash router read the ids.  The
  * one launch whose size follows the position, the indexer scores (one warp per causal
@@ -1601,22 +1601,21 @@ __global__ void k_hc_finish_split(const uint16_t *X, int64_t D, int hc, const do
 }
 
 /**
- * hc_post of channel c of token t: X[t,k,c] = bf16(post[k]*out[c] + sum_j comb[j][k] * R[t,j,c])
- * (j ascending, fp32; R the streams before the update), in place.  The hc stream values, the
- * comb matrix and post are loaded once into registers, all before the first product (the loops
- * have fixed bounds: HC > 0 fixes hc at compile time, HC = 0 takes @p hc_rt <= 8 behind
- * predicates), so the thread waits for memory once; the operations and their order are those
- * of mmoe_hc_post.
+ * hc_post of channel c of token t: X[t,k,c] = bf16(post[k]*o + sum_j comb[j][k] * R[t,j,c])
+ * (j ascending, fp32; R the streams before the update; @p o the sub-layer's output out[t, c]),
+ * in place.  The hc stream values, the comb matrix and post are loaded once into registers,
+ * all before the first product (the loops have fixed bounds: HC > 0 fixes hc at compile time,
+ * HC = 0 takes @p hc_rt <= 8 behind predicates), so the thread waits for memory once; the
+ * operations and their order are those of mmoe_hc_post.
  */
 template <int HC>
-__device__ __forceinline__ void hc_post_channel(const uint16_t *out, uint16_t *X, int64_t t, int64_t c, int64_t D,
-                                                int hc_rt, const float *post, const float *comb)
+__device__ __forceinline__ void hc_post_channel(float o, uint16_t *X, int64_t t, int64_t c, int64_t D, int hc_rt,
+                                                const float *post, const float *comb)
 {
     constexpr int NMAX = HC > 0 ? HC : 8;
     const int hc = HC > 0 ? HC : hc_rt;
     uint16_t *Xt = X + t * hc * D;
     const float *C = comb + t * hc * hc;
-    const float o = gfw_bf2f(out[t * D + c]);
     float xv[NMAX], pv[NMAX], cv[NMAX][NMAX];
 #pragma unroll
     for (int j = 0; j < NMAX; j++)
@@ -1655,10 +1654,33 @@ __global__ void k_hc_post(const uint16_t *out, uint16_t *X, int64_t D, int hc, c
     const int64_t t = blockIdx.y, c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= D)
         return;
+    const float o = gfw_bf2f(out[t * D + c]);
     if (hc == 4)
-        hc_post_channel<4>(out, X, t, c, D, hc, post, comb);
+        hc_post_channel<4>(o, X, t, c, D, hc, post, comb);
     else
-        hc_post_channel<0>(out, X, t, c, D, hc, post, comb);
+        hc_post_channel<0>(o, X, t, c, D, hc, post, comb);
+}
+
+/**
+ * The MoE sub-layer's combine and the hc_post after it in one launch: channel c of token
+ * blockIdx.y takes its combined output from the slot rows (gfw_moe_combine_channel(), the
+ * combine kernel's rule and bits), stores it in @p out as the combine kernel does, and updates
+ * the streams with it as k_hc_post does.  Both steps are per channel, so one thread does both.
+ */
+__global__ void k_hc_post_moe(const uint16_t *slot_y, const int32_t *idx, int64_t T, int k, int has_shared,
+                              uint16_t *out, uint16_t *X, int64_t D, int hc, const float *post, const float *comb)
+{
+    gfw_pdl_enter();
+    const int64_t t = blockIdx.y, c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= D)
+        return;
+    const uint16_t y = gfw_moe_combine_channel(slot_y, idx, T, k, D, has_shared, t, c);
+    out[t * D + c] = y;
+    const float o = gfw_bf2f(y);
+    if (hc == 4)
+        hc_post_channel<4>(o, X, t, c, D, hc, post, comb);
+    else
+        hc_post_channel<0>(o, X, t, c, D, hc, post, comb);
 }
 
 /* ================================================================== kernels: attention */
@@ -1693,19 +1715,17 @@ struct bf_sq_term {
 
 /**
  * q_h <- q_h * rsqrt(mean(q_h^2) + eps) in bf16 steps (attn_forward.c), then RoPE on its last
- * rope_dim dims at position pos0 + row / H (pos0 = *pos_dev, the step record); one warp per row
- * of @p rows (t, head), the squares summed in the order of @ref spec_arch_sum_order.  When each
- * lane's run is one chunk, d a multiple of 16 and the row 16-byte aligned (d = 128 and 512),
+ * rope_dim dims at position pos0 + row / H (pos0 from the step record); one warp per row of
+ * @p rows (t, head), the rows of block @p bx of k_q_kv_finish's q part, the squares summed in
+ * the order of @ref spec_arch_sum_order.  When each lane's run is one chunk, d a multiple of 16 and the row 16-byte aligned (d = 128 and 512),
  * lane l loads its chunk [16 l, 16 l + 16) in two 16-byte vectors, keeps it in registers for
  * the scaling and stores the scaled chunk the same way; else the lanes stride over the row.
  * The values, operations and order are the same either way.
  */
-__global__ void k_scale_heads(uint16_t *q, int64_t rows, int64_t d, float eps, int64_t H, int rope_dim,
-                              const float *cs, const int64_t *pos_dev)
+__device__ __forceinline__ void scale_heads_block(uint16_t *q, int64_t rows, int64_t d, float eps, int64_t H,
+                                                  int rope_dim, const float *cs, int64_t pos0, int64_t bx)
 {
-    gfw_pdl_enter();
-    const int64_t pos0 = *pos_dev;
-    const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int64_t row = (bx * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x & 31;
     if (row >= rows)
         return;
@@ -1815,25 +1835,41 @@ __device__ void hadamard_block(uint16_t *x, int64_t rows, int n, float *v)
 }
 
 /**
- * The kv row of each token (one block per row, blockDim.x a power of two): RMSNorm with @p w
+ * The kv row @p row of a call (by one block, blockDim.x a power of two): RMSNorm with @p w
  * (the block's tree of squares, @ref spec_arch_sum_order), RoPE on the last rope_dim dims at
- * position pos0 + row (pos0 = *pos_dev), and the FP8 round trip of the others (attn_forward.c),
- * in place.
+ * position pos0 + row (pos0 from the step record), and the FP8 round trip of the others
+ * (attn_forward.c), in place.
  */
-__global__ void k_kv_finish(uint16_t *kv, int64_t d, ddense w, float eps, int rope_dim, const float *cs,
-                            const int64_t *pos_dev)
+__device__ __forceinline__ void kv_finish_row(uint16_t *kv, int64_t d, const ddense &w, float eps, int rope_dim,
+                                              const float *cs, int64_t pos0, int64_t row)
 {
-    gfw_pdl_enter();
-    const int64_t pos0 = *pos_dev;
     __shared__ double sh[33];
-    uint16_t *x = kv + (int64_t)blockIdx.x * d;
+    uint16_t *x = kv + row * d;
     const float rs = rms_factor(gfw_block_sum(sq_term{x}, d, sh), d, eps);
     for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
         x[i] = gfw_f2bf(__fmul_rn(dv_at(w, i), __fmul_rn(gfw_bf2f(x[i]), rs)));
     __syncthreads();
     for (int p = threadIdx.x; p < rope_dim / 2; p += blockDim.x)
-        rope_pair(x + d - rope_dim, p, rope_dim / 2, cs, pos0 + blockIdx.x, 0);
+        rope_pair(x + d - rope_dim, p, rope_dim / 2, cs, pos0 + row, 0);
     fp8_roundtrip_warps(x, d - rope_dim, threadIdx.x / 32, blockDim.x / 32);
+}
+
+/**
+ * The q heads' scaling and RoPE (scale_heads_block(), blocks [0, q_blocks)) and the kv rows'
+ * norm, RoPE and FP8 round trip (kv_finish_row(), one block per token after them) in one
+ * launch: the two write different tensors (q from W_qb, kv from W_kv), so they run side by
+ * side, each block as its own kernel ran it.
+ */
+__global__ void k_q_kv_finish(uint16_t *q, int64_t q_rows, int64_t d, float eps, int64_t H, int64_t q_blocks,
+                              uint16_t *kv, ddense kv_w, float kv_eps, int rope_dim, const float *cs,
+                              const int64_t *pos_dev)
+{
+    gfw_pdl_enter();
+    const int64_t pos0 = *pos_dev;
+    if ((int64_t)blockIdx.x < q_blocks)
+        scale_heads_block(q, q_rows, d, eps, H, rope_dim, cs, pos0, blockIdx.x);
+    else
+        kv_finish_row(kv, d, kv_w, kv_eps, rope_dim, cs, pos0, (int64_t)blockIdx.x - q_blocks);
 }
 
 /** Warps of a k_indexer_q_split block (one indexer head each). */
@@ -3745,10 +3781,10 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
         (st = linear_fp8_quantized(g, T, b->wq_b, g->q, err)) != MMOE_OK ||
         (a.ratio == 4 && (st = linear_fp8_quantized(g, T, b->idx_wq_b, g->qi, err)) != MMOE_OK))
         return st;
-    mmoe_launch_pdl(k_scale_heads, nblk(T * H * 32), 256, 0, sm, g->q, T * H, d, a.eps, H, a.rope_dim, b->cs, pos_dev);
-    GFW_CHECK("q head scaling and rope");
-    mmoe_launch_pdl(k_kv_finish, (unsigned)T, 256, 0, sm, g->kv, d, b->kv_norm, a.eps, a.rope_dim, b->cs, pos_dev);
-    GFW_CHECK("kv norm, rope and fp8 round trip");
+    const unsigned q_blocks = nblk(T * H * 32);
+    mmoe_launch_pdl(k_q_kv_finish, q_blocks + (unsigned)T, 256, 0, sm, g->q, T * H, d, a.eps, H, (int64_t)q_blocks,
+                    g->kv, b->kv_norm, a.eps, a.rope_dim, b->cs, pos_dev);
+    GFW_CHECK("q head scaling and rope; kv norm, rope and fp8 round trip");
     const int c = a.ratio == 4 ? 2 : 1;
     if (a.ratio > 0) { /* the compressors' and the indexer's dense projections of x, one launch */
         dense_set ds;
@@ -3815,15 +3851,21 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
     return linear_fp8(g, g->z, T, b->wo_b, g->o, err);
 }
 
-/** The MoE sub-layer on g->y (ffn_norm output), result in g->o (gpu_fwd_moe.cu; @p given: see gfw_moe_forward()). */
-static mmoe_status moe(mmoe_gpu_model *g, gblock *b, const int32_t *ids_dev, int64_t T, mmoe_error *err, int given = 0)
+/**
+ * The MoE sub-layer on g->y (ffn_norm output), result in g->o (gpu_fwd_moe.cu; @p given: see
+ * gfw_moe_forward()).  @p rows_only: on one GPU, stop before the combine (the slot rows in
+ * g->slot_y); the caller combines in its hc_post (k_hc_post_moe), which also writes g->o.
+ */
+static mmoe_status moe(mmoe_gpu_model *g, gblock *b, const int32_t *ids_dev, int64_t T, mmoe_error *err, int given = 0,
+                       int rows_only = 0)
 {
     const gfw_moe_router r = {b->gate, b->bias, b->tid2eid, b->route_scale};
     const gfw_moe_io io = {g->y, ids_dev, T, g->o, g->moe_scores, g->moe_idx, g->moe_w, g->moe_x, g->moe_h, g->slot_y,
                            g->moe_width};
     const char *what = "moe";
     if (!g->has_part) {
-        const cudaError_t ce = gfw_moe_forward(b->moe, r, g->moe_work, io, given, g->stream, &what);
+        const cudaError_t ce = rows_only ? gfw_moe_rows(b->moe, r, g->moe_work, io, given, g->stream, &what)
+                                         : gfw_moe_forward(b->moe, r, g->moe_work, io, given, g->stream, &what);
         return ce == cudaSuccess ? MMOE_OK : cuda_fail(err, ce, what);
     }
     /* one rank of an expert-parallel forward: the slot rows of the pairs whose expert it holds
@@ -3862,10 +3904,14 @@ static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, i
     GFW_CHECK("hc_post / hc_pre (moe)");
     double t3 = tick(g);
     if ((st = rmsnorm(g->y, T, D, b->ffn_norm, g->eps, g->y, g->stream, err)) != MMOE_OK ||
-        (st = moe(g, b, ids_dev, T, err)) != MMOE_OK)
+        (st = moe(g, b, ids_dev, T, err, 0, 1)) != MMOE_OK)
         return st;
     double t4 = tick(g);
-    launch_hc_post(g->o, g->X, T, D, hc, g->post, g->comb, g->stream);
+    if (g->has_part) /* the expert-parallel rank combined after its exchange */
+        launch_hc_post(g->o, g->X, T, D, hc, g->post, g->comb, g->stream);
+    else
+        mmoe_launch_pdl(k_hc_post_moe, dim3(nblk(D), (unsigned)T), 256, 0, g->stream, g->slot_y, g->moe_idx, T,
+                        (int)b->moe.k, b->moe.Ws > 0, g->o, g->X, D, hc, g->post, g->comb);
     GFW_CHECK("hc_post (moe)");
     double t5 = tick(g);
     g->mhc_s[L] += (t1 - t0) + (t3 - t2) + (t5 - t4);

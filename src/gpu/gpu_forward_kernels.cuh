@@ -311,6 +311,36 @@ __device__ __forceinline__ float gfw_warp_amax(float a)
 }
 
 /**
+ * The MoE combine of channel @p c of token @p t (moe_combine.c, the dsv4-ref order): the slot
+ * rows of the token's unmasked slots (idx >= 0) in ascending expert id, ties in slot order, then
+ * the shared expert's row (row T k + t, when @p has_shared), added in fp32 from +0 and rounded
+ * to bf16 (the bits returned).  slot_y holds the bf16 rows [T k (+ T), D].  One place for the
+ * combine kernel (gpu_fwd_moe.cu) and for the hc_post that combines (gpu_forward.cu).
+ */
+__device__ __forceinline__ uint16_t gfw_moe_combine_channel(const uint16_t *slot_y, const int32_t *idx, int64_t T,
+                                                            int k, int64_t D, int has_shared, int64_t t, int64_t c)
+{
+    int visit[32];
+    int n = 0;
+    for (int s = 0; s < k; s++) {
+        if (idx[t * k + s] < 0)
+            continue;
+        int pos = n++;
+        while (pos > 0 && idx[t * k + visit[pos - 1]] > idx[t * k + s]) {
+            visit[pos] = visit[pos - 1];
+            pos--;
+        }
+        visit[pos] = s;
+    }
+    float acc = 0.0f;
+    for (int v = 0; v < n; v++)
+        acc = __fadd_rn(acc, gfw_bf2f(slot_y[(t * k + visit[v]) * D + c]));
+    if (has_shared)
+        acc = __fadd_rn(acc, gfw_bf2f(slot_y[(T * k + t) * D + c]));
+    return gfw_f2bf(acc);
+}
+
+/**
  * The first step of every forward kernel.  The forward launches each of its kernels with
  * mmoe_launch_pdl() (programmatic dependent launch, gpu_pdl.cuh), so a kernel's blocks may be
  * dispatched while the kernel before it still runs: they first wait for it to complete (its

@@ -921,7 +921,7 @@ __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l2(dm
     }
 }
 
-/** Combine (moe_combine.c, dsv4-ref order): ascending expert id, ties in slot order, shared last. */
+/** Combine (moe_combine.c, dsv4-ref order): gfw_moe_combine_channel() for every (token, channel). */
 __global__ void k_moe_combine(const uint16_t *slot_y, const int32_t *idx, int64_t T, int k, int64_t D, int has_shared,
                               uint16_t *y)
 {
@@ -929,25 +929,7 @@ __global__ void k_moe_combine(const uint16_t *slot_y, const int32_t *idx, int64_
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= T * D)
         return;
-    const int64_t t = i / D, c = i % D;
-    int visit[32];
-    int n = 0;
-    for (int s = 0; s < k; s++) {
-        if (idx[t * k + s] < 0)
-            continue;
-        int pos = n++;
-        while (pos > 0 && idx[t * k + visit[pos - 1]] > idx[t * k + s]) {
-            visit[pos] = visit[pos - 1];
-            pos--;
-        }
-        visit[pos] = s;
-    }
-    float acc = 0.0f;
-    for (int v = 0; v < n; v++)
-        acc = __fadd_rn(acc, gfw_bf2f(slot_y[(t * k + visit[v]) * D + c]));
-    if (has_shared)
-        acc = __fadd_rn(acc, gfw_bf2f(slot_y[(T * k + t) * D + c]));
-    y[i] = gfw_f2bf(acc);
+    y[i] = gfw_moe_combine_channel(slot_y, idx, T, k, D, has_shared, i / D, i % D);
 }
 
 /**
