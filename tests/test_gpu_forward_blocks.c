@@ -286,39 +286,96 @@ static void expect_same_u16_nan(const char *what, const uint16_t *g, const uint1
     ck_assert_msg(nans > 0 && nans < n, "%s: %zu NaN outputs of %zu (the test wants some)", what, nans, n);
 }
 
+/** Weight codes [N, K] and scale bytes of @p block blocks of a kind (random finite or extreme codes). */
+static void make_fp8_weight(mmoe_rng *r, int64_t N, int64_t K, int block, fp8_kind kind, uint8_t **w, uint8_t **s)
+{
+    if (kind == FP8_RANDOM) {
+        *w = rand_e4m3(r, (size_t)(N * K));
+    } else {
+        *w = malloc((size_t)(N * K));
+        ck_assert_ptr_nonnull(*w);
+        for (int64_t i = 0; i < N * K; i++)
+            (*w)[i] = extreme_e4m3(r, kind == FP8_NAN);
+    }
+    const int64_t sr = (N + block - 1) / block, sc = (K + block - 1) / block;
+    *s = malloc((size_t)(sr * sc));
+    ck_assert_ptr_nonnull(*s);
+    for (int64_t i = 0; i < sr * sc; i++)
+        (*s)[i] = (uint8_t)(112 + mmoe_rng_below(r, 12));
+}
+
+/** x [T, K] of a kind (fp8_kind). */
+static uint16_t *make_fp8_x(mmoe_rng *r, int64_t T, int64_t K, fp8_kind kind)
+{
+    return kind == FP8_RANDOM ? rand_bf16(r, (size_t)(T * K), 4.0f) : extreme_bf16(r, (size_t)(T * K), kind);
+}
+
+/** The oracle's fp8 linear of x [T, K] with weight @p w, scales @p s into @p yc [T, N]. */
+static void oracle_fp8(const uint16_t *x, int64_t T, int64_t N, int64_t K, int block, uint8_t *w, uint8_t *s,
+                       uint16_t *yc)
+{
+    const int64_t sr = (N + block - 1) / block, sc = (K + block - 1) / block;
+    mmoe_tensor wt = view(MMOE_DT_F8_E4M3, 2, N, K, w), st = view(MMOE_DT_F8_E8M0, 2, sr, sc, s);
+    mmoe_error err;
+    ck_assert_msg(mmoe_linear_fp8(x, T, &wt, &st, block, yc, &err) == MMOE_OK, "%s", err.msg);
+}
+
+/** GPU outputs @p yg [n] against the oracle's @p yc: bit for bit, NaN for NaN where @p kind has NaN codes. */
+static void expect_fp8_outputs(const char *what, fp8_kind kind, const uint16_t *yg, const uint16_t *yc, size_t n)
+{
+    if (kind == FP8_NAN)
+        expect_same_u16_nan(what, yg, yc, n);
+    else
+        expect_same_u16(what, yg, yc, n);
+}
+
 static void check_fp8_kind(int64_t T, int64_t N, int64_t K, int block, fp8_kind kind)
 {
     mmoe_rng r;
     mmoe_rng_seed(&r, g_seed ^ (uint64_t)(N * 7 + K + 1000003 * kind));
-    uint16_t *x;
-    uint8_t *w;
-    if (kind == FP8_RANDOM) {
-        x = rand_bf16(&r, (size_t)(T * K), 4.0f);
-        w = rand_e4m3(&r, (size_t)(N * K));
-    } else {
-        x = extreme_bf16(&r, (size_t)(T * K), kind);
-        w = malloc((size_t)(N * K));
-        ck_assert_ptr_nonnull(w);
-        for (int64_t i = 0; i < N * K; i++)
-            w[i] = extreme_e4m3(&r, kind == FP8_NAN);
-    }
-    const int64_t sr = (N + block - 1) / block, sc = (K + block - 1) / block;
-    uint8_t *s = malloc((size_t)(sr * sc));
-    for (int64_t i = 0; i < sr * sc; i++)
-        s[i] = (uint8_t)(112 + mmoe_rng_below(&r, 12));
+    uint16_t *x = make_fp8_x(&r, T, K, kind);
+    uint8_t *w, *s;
+    make_fp8_weight(&r, N, K, block, kind, &w, &s);
     uint16_t *yc = malloc(2 * (size_t)(T * N)), *yg = malloc(2 * (size_t)(T * N));
-    mmoe_tensor wt = view(MMOE_DT_F8_E4M3, 2, N, K, w), st = view(MMOE_DT_F8_E8M0, 2, sr, sc, s);
+    oracle_fp8(x, T, N, K, block, w, s, yc);
     mmoe_error err;
-    ck_assert_msg(mmoe_linear_fp8(x, T, &wt, &st, block, yc, &err) == MMOE_OK, "%s", err.msg);
     mmoe_test_poison_bf16(yg, (size_t)(T * N));
     ck_assert_msg(gfw_test_linear_fp8(x, T, w, s, N, K, block, yg, &err) == MMOE_OK, "%s", err.msg);
     char what[64];
     snprintf(what, sizeof what, "fp8 linear %lldx%lld kind %d", (long long)N, (long long)K, (int)kind);
-    if (kind == FP8_NAN)
-        expect_same_u16_nan(what, yg, yc, (size_t)(T * N));
-    else
-        expect_same_u16(what, yg, yc, (size_t)(T * N));
+    expect_fp8_outputs(what, kind, yg, yc, (size_t)(T * N));
     free(x), free(w), free(s), free(yc), free(yg);
+}
+
+/**
+ * Two FP8 linears of the same x in one launch (the forward's wq_a with wkv, wq_b with the
+ * indexer's wq_b): each output against the oracle's linear of its own weight.
+ */
+static void check_fp8_pair(int64_t T, int64_t N0, int64_t N1, int64_t K, fp8_kind kind)
+{
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed ^ (uint64_t)(N0 * 5 + N1 * 11 + K + 1000033 * kind));
+    uint16_t *x = make_fp8_x(&r, T, K, kind);
+    uint8_t *w0, *s0, *w1, *s1;
+    make_fp8_weight(&r, N0, K, 128, kind, &w0, &s0);
+    make_fp8_weight(&r, N1, K, 128, kind, &w1, &s1);
+    uint16_t *yc0 = malloc(2 * (size_t)(T * N0)), *yg0 = malloc(2 * (size_t)(T * N0));
+    uint16_t *yc1 = malloc(2 * (size_t)(T * N1)), *yg1 = malloc(2 * (size_t)(T * N1));
+    oracle_fp8(x, T, N0, K, 128, w0, s0, yc0);
+    oracle_fp8(x, T, N1, K, 128, w1, s1, yc1);
+    mmoe_test_poison_bf16(yg0, (size_t)(T * N0));
+    mmoe_test_poison_bf16(yg1, (size_t)(T * N1));
+    mmoe_error err;
+    ck_assert_msg(gfw_test_linear_fp8_pair(x, T, K, w0, s0, N0, w1, s1, N1, yg0, yg1, &err) == MMOE_OK, "%s",
+                  err.msg);
+    char what[80];
+    snprintf(what, sizeof what, "fp8 pair %lld+%lldx%lld T=%lld, first", (long long)N0, (long long)N1, (long long)K,
+             (long long)T);
+    expect_fp8_outputs(what, kind, yg0, yc0, (size_t)(T * N0));
+    snprintf(what, sizeof what, "fp8 pair %lld+%lldx%lld T=%lld, second", (long long)N0, (long long)N1, (long long)K,
+             (long long)T);
+    expect_fp8_outputs(what, kind, yg1, yc1, (size_t)(T * N1));
+    free(x), free(w0), free(s0), free(w1), free(s1), free(yc0), free(yg0), free(yc1), free(yg1);
 }
 
 static void check_fp8(int64_t T, int64_t N, int64_t K, int block)
@@ -371,6 +428,15 @@ START_TEST(test_linear_fp8)
     check_fp8_kind(2, 96, 2048, 128, FP8_EXTREME);
     check_fp8_kind(2, 96, 1024, 128, FP8_NAN);
     check_fp8_kind(2, 256, 512, 32, FP8_NAN); /* the 32-block kernel's NaN path */
+    /* two linears in one launch: wq_a + wkv and wq_b + the indexer's wq_b at decode (on 132
+       multiprocessors: 4 slices each, 256 + 128 blocks; 5 and 8 pairs per warp), odd rows and
+       a short step in both halves, extreme and NaN codes, and from 8 tokens on two launches */
+    check_fp8_pair(1, 1024, 512, 4096, FP8_RANDOM);
+    check_fp8_pair(1, 32768, 8192, 1024, FP8_RANDOM);
+    check_fp8_pair(3, 201, 41, 384, FP8_RANDOM);
+    check_fp8_pair(1, 96, 40, 2048, FP8_EXTREME);
+    check_fp8_pair(2, 96, 33, 1024, FP8_NAN);
+    check_fp8_pair(9, 40, 24, 640, FP8_RANDOM);
 }
 END_TEST
 

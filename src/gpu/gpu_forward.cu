@@ -305,10 +305,13 @@ __device__ __forceinline__ float amax_nan(float a, float o) { return isnan(a) ? 
  * 128-block (aligned lanes of one warp) take its amax by xor shuffles, then the V4 scale
  * s = 2^ceil(log2(max(amax, 1e-4) * fl(1/448))) and each thread's 16 codes e4m3(clamp(y/s)),
  * the quotient as the product by the exact 1/s (gfw_ue8m0_inv()), stored as one 16-byte vector
- * when q's chunk is aligned for it.  Every lane of the warp must call it.
+ * when q's chunk is aligned for it (with @p q; @p qs gets s).  With @p mq, the same quantization
+ * is also the MoE's input as gpu_fwd_moe.cu's k_moe_in writes it (the same rule and bits, its
+ * moe_quant128()): the values y into @p mb and e4m3(y/s) s into @p mq, both chain-major
+ * (gfw_moe_chain_pos()).  Every lane of the warp must call it.
  */
 __device__ __forceinline__ void rmsnorm_chunk_quant(const uint16_t *yb, int len, int64_t row, int64_t n, uint8_t *q,
-                                                    float *qs)
+                                                    float *qs, float *mb, float *mq)
 {
     float a = 0.0f;
 #pragma unroll
@@ -330,6 +333,16 @@ __device__ __forceinline__ void rmsnorm_chunk_quant(const uint16_t *yb, int len,
         w = w > 448.0f ? 448.0f : (w < -448.0f ? -448.0f : w);
         code[i] = gfw_e4m3_code(w);
     }
+    if (mq != NULL) {
+#pragma unroll
+        for (int i = 0; i < MMOE_SUM_CHUNK; i++) {
+            const int64_t o = row * n + gfw_moe_chain_pos(i0 + i, n);
+            mb[o] = gfw_bf2f(yb[i]);
+            mq[o] = __fmul_rn(gfw_e4m3_to_f32(code[i]), sc);
+        }
+    }
+    if (q == NULL)
+        return;
     uint8_t *qc = q + row * n + i0;
     if (gfw_aligned16(qc)) {
         uint32_t word[4];
@@ -389,9 +402,12 @@ __device__ __forceinline__ void rmsnorm_load_chunk(const uint16_t *xr, const dde
  *
  * With @p q (only on the register path, n a multiple of 128: rmsnorm_quant()), the block also
  * quantizes y as k_act_quant does, codes into q [rows, n] and scales into @p qs [rows, n/128]
- * (rmsnorm_chunk_quant()), which saves that kernel's launch and its read of y.
+ * (rmsnorm_chunk_quant()), which saves that kernel's launch and its read of y.  With @p mq
+ * (the same path: rmsnorm_moe_in()) it writes the MoE's two inputs as k_moe_in does, y as fp32
+ * into @p mb and its 1x128 quantized values into @p mq, both [rows][8][n/8] (chain-major).
  */
-__global__ void k_rmsnorm(const uint16_t *x, int64_t n, ddense w, float eps, uint16_t *y, uint8_t *q, float *qs)
+__global__ void k_rmsnorm(const uint16_t *x, int64_t n, ddense w, float eps, uint16_t *y, uint8_t *q, float *qs,
+                          float *mb, float *mq)
 {
     gfw_pdl_enter();
     __shared__ double sh[33];
@@ -430,8 +446,8 @@ __global__ void k_rmsnorm(const uint16_t *x, int64_t n, ddense w, float eps, uin
                 if (i < len)
                     yr[i0 + i] = yb[i];
         }
-        if (q != NULL)
-            rmsnorm_chunk_quant(yb, len, blockIdx.x, n, q, qs);
+        if (q != NULL || mq != NULL)
+            rmsnorm_chunk_quant(yb, len, blockIdx.x, n, q, qs, mb, mq);
         return;
     }
     const float rs = rms_factor(gfw_block_sum(sq_term{xr}, n, sh), n, eps);
@@ -784,6 +800,25 @@ static fp8_split_shape fp8_split_choose(int64_t T, int64_t N, int64_t K, int n_s
     return sh;
 }
 
+/**
+ * One linear of a k_linear_fp8_128_split launch: its weight, the shape its rows are shared out
+ * in (fp8_split_choose()) and its output.  A launch runs one linear, or two on the same x rows
+ * (the same K: wq_a and wkv, wq_b and the indexer's wq_b), the second one's blocks after the
+ * first one's, so that neither waits for the other's last blocks.
+ */
+struct fp8_split_job {
+    dfp8 w;            /**< the weight (128x128 scale blocks) */
+    fp8_split_shape sh; /**< its rows per block and warp */
+    uint16_t *y;       /**< its output [T, w.N] */
+};
+
+/** Blocks of @p j's linear for T tokens: T ceil(N / rows per block). */
+static int64_t fp8_split_job_blocks(int64_t T, const fp8_split_job &j)
+{
+    const int64_t rows = fp8_split_rows(j.sh);
+    return T * ((j.w.N + rows - 1) / rows);
+}
+
 /** One warp's share of a k_linear_fp8_128_split block: `units` (pair, step) units, pair-major. */
 struct fp8_split_warp {
     int64_t n0;  /**< first row of the warp's first pair */
@@ -888,12 +923,19 @@ __device__ __forceinline__ void fp8_ring_issue(bool live, bool in_k, const fp8_s
  * adds row i's terms in block order from +0 (the oracle's fp32 sum) and writes the output.
  */
 __global__ void __launch_bounds__(GFW_FP8_WARPS * 32, GFW_FP8_SPLIT_BLOCKS_PER_SM)
-    k_linear_fp8_128_split(const uint8_t *xq, const float *xs, int64_t T, dfp8 w, fp8_split_shape sh, uint16_t *y)
+    k_linear_fp8_128_split(const uint8_t *xq, const float *xs, int64_t T, fp8_split_job j0, int64_t blocks0,
+                           fp8_split_job j1)
 {
     gfw_pdl_enter();
+    /* the blocks from blocks0 on are the second linear's (fp8_split_job) */
+    const bool second = blockIdx.x >= blocks0;
+    const dfp8 w = second ? j1.w : j0.w;
+    const fp8_split_shape sh = second ? j1.sh : j0.sh;
+    uint16_t *const y = second ? j1.y : j0.y;
+    const int64_t bid = second ? blockIdx.x - blocks0 : blockIdx.x;
     double *sx = fp8_sx_row();
     const int K = (int)w.K, kb_w = K / 128, nsteps = (K + 511) / 512; /* K < 2^15: the x row fits the shared memory */
-    const int64_t t = blockIdx.x % T, rows_blk = fp8_split_rows(sh), nb = (int64_t)(blockIdx.x / T) * rows_blk;
+    const int64_t t = bid % T, rows_blk = fp8_split_rows(sh), nb = (bid / T) * rows_blk;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     fp8_split_warp wp;
     wp.local0 = GFW_FP8_ROWS * (warp / sh.slices) * sh.pairs;
@@ -973,6 +1015,25 @@ __global__ void __launch_bounds__(GFW_FP8_WARPS * 32, GFW_FP8_SPLIT_BLOCKS_PER_S
     }
 }
 
+/** Whether k_linear_fp8_128_split serves @p w for T rows of x codes @p xq (launch_linear_fp8()). */
+static bool fp8_split_serves(const uint8_t *xq, int64_t T, const dfp8 &w)
+{
+    const bool blocks128 = w.block == 128 && ((uintptr_t)w.w & 15) == 0 && ((uintptr_t)xq & 3) == 0;
+    return blocks128 && T < GFW_FP8T_MIN_T && fp8_128_smem(w.K) <= GFW_FP8_SMEM_MAX;
+}
+
+/** The job of k_linear_fp8_128_split for @p w on T rows with @p n_sm multiprocessors (fp8_split_choose()). */
+static fp8_split_job fp8_split_job_for(int64_t T, const dfp8 &w, uint16_t *y, int n_sm)
+{
+    fp8_split_job j;
+    j.w = w;
+    j.y = y;
+    j.sh = fp8_split_choose(T, w.N, w.K, n_sm);
+    if (fp8_split_smem(w.K, j.sh) > GFW_FP8_SMEM_MAX)
+        j.sh = fp8_split_shape{1, 1}; /* one row pair per warp: the least shared memory, fp8_128_smem(K) */
+    return j;
+}
+
 /**
  * Launch the FP8 linear y = fp8_linear(x) of T quantized rows: for 128-blocks, 16-byte aligned
  * weight codes and 4-byte aligned x codes, k_linear_fp8_tokens from GFW_FP8T_MIN_T tokens on,
@@ -988,16 +1049,38 @@ static void launch_linear_fp8(const uint8_t *xq, const float *xs, int64_t T, con
         launch_linear_fp8_tokens(xq, xs, T, w, y, n_sm, st);
         return;
     }
-    if (blocks128 && fp8_128_smem(w.K) <= GFW_FP8_SMEM_MAX) {
-        fp8_split_shape sh = fp8_split_choose(T, w.N, w.K, n_sm);
-        if (fp8_split_smem(w.K, sh) > GFW_FP8_SMEM_MAX)
-            sh = fp8_split_shape{1, 1}; /* one row pair per warp: the least shared memory, fp8_128_smem(K) */
-        const int64_t rows = fp8_split_rows(sh), blocks = T * ((w.N + rows - 1) / rows);
-        mmoe_launch_pdl(k_linear_fp8_128_split, (unsigned)blocks, GFW_FP8_WARPS * 32, fp8_split_smem(w.K, sh), st, xq,
-                        xs, T, w, sh, y);
+    if (fp8_split_serves(xq, T, w)) {
+        const fp8_split_job j = fp8_split_job_for(T, w, y, n_sm);
+        const int64_t blocks = fp8_split_job_blocks(T, j);
+        mmoe_launch_pdl(k_linear_fp8_128_split, (unsigned)blocks, GFW_FP8_WARPS * 32, fp8_split_smem(w.K, j.sh), st,
+                        xq, xs, T, j, blocks, j);
     } else {
         mmoe_launch_pdl(k_linear_fp8, (unsigned)((T * w.N * 32 + 255) / 256), 256, 0, st, xq, xs, T, w, y);
     }
+}
+
+/**
+ * Launch y0 = fp8_linear(x) with @p w0 and y1 = fp8_linear(x) with @p w1 on the same T
+ * quantized rows: as one k_linear_fp8_128_split launch when it serves both (the same K), each
+ * shaped for its share of the @p n_sm multiprocessors in proportion to its rows, so that the
+ * two short projections of a decode step fill the device together; else as two launches of
+ * launch_linear_fp8().  The same bits either way (each block computes what it would alone).
+ */
+static void launch_linear_fp8_pair(const uint8_t *xq, const float *xs, int64_t T, const dfp8 &w0, uint16_t *y0,
+                                   const dfp8 &w1, uint16_t *y1, int n_sm, cudaStream_t st)
+{
+    if (w0.K != w1.K || !fp8_split_serves(xq, T, w0) || !fp8_split_serves(xq, T, w1) || n_sm < 2) {
+        launch_linear_fp8(xq, xs, T, w0, y0, n_sm, st);
+        launch_linear_fp8(xq, xs, T, w1, y1, n_sm, st);
+        return;
+    }
+    int sm0 = (int)((int64_t)n_sm * w0.N / (w0.N + w1.N));
+    sm0 = sm0 < 1 ? 1 : sm0 > n_sm - 1 ? n_sm - 1 : sm0;
+    const fp8_split_job j0 = fp8_split_job_for(T, w0, y0, sm0), j1 = fp8_split_job_for(T, w1, y1, n_sm - sm0);
+    const size_t smem0 = fp8_split_smem(w0.K, j0.sh), smem1 = fp8_split_smem(w1.K, j1.sh);
+    const int64_t blocks0 = fp8_split_job_blocks(T, j0), blocks = blocks0 + fp8_split_job_blocks(T, j1);
+    mmoe_launch_pdl(k_linear_fp8_128_split, (unsigned)blocks, GFW_FP8_WARPS * 32, smem0 > smem1 ? smem0 : smem1, st,
+                    xq, xs, T, j0, blocks0, j1);
 }
 
 /** 16 bf16 values from @p p (16-byte aligned when @p vec) as fp32. */
@@ -3640,11 +3723,21 @@ static unsigned rmsnorm_threads(int64_t n)
     return chunks > GFW_RMSNORM_MAX_THREADS ? 256 : b;
 }
 
+/**
+ * Whether k_rmsnorm takes its register path for rows of width @p n and can quantize them on the
+ * way (n a multiple of 128, at most GFW_RMSNORM_MAX_THREADS chunks of 16).
+ */
+static bool rmsnorm_quantizes(int64_t n)
+{
+    return n % 128 == 0 && (n + MMOE_SUM_CHUNK - 1) / MMOE_SUM_CHUNK <= GFW_RMSNORM_MAX_THREADS;
+}
+
 /** y = rmsnorm(x) for @p rows rows of width n. */
 static mmoe_status rmsnorm(const uint16_t *x, int64_t rows, int64_t n, const ddense &w, float eps, uint16_t *y,
                            cudaStream_t st, mmoe_error *err)
 {
-    mmoe_launch_pdl(k_rmsnorm, (unsigned)rows, rmsnorm_threads(n), 0, st, x, n, w, eps, y, nullptr, nullptr);
+    mmoe_launch_pdl(k_rmsnorm, (unsigned)rows, rmsnorm_threads(n), 0, st, x, n, w, eps, y, nullptr, nullptr, nullptr,
+                    nullptr);
     GFW_CHECK("rmsnorm");
     return MMOE_OK;
 }
@@ -3665,12 +3758,31 @@ static mmoe_status act_quant(mmoe_gpu_model *g, const uint16_t *x, int64_t rows,
 static mmoe_status rmsnorm_quant(mmoe_gpu_model *g, const uint16_t *x, int64_t rows, int64_t n, const ddense &w,
                                  float eps, uint16_t *y, mmoe_error *err)
 {
-    if (n % 128 != 0 || (n + MMOE_SUM_CHUNK - 1) / MMOE_SUM_CHUNK > GFW_RMSNORM_MAX_THREADS) {
+    if (!rmsnorm_quantizes(n)) {
         mmoe_status st = rmsnorm(x, rows, n, w, eps, y, g->stream, err);
         return st == MMOE_OK ? act_quant(g, y, rows, n, err) : st;
     }
-    mmoe_launch_pdl(k_rmsnorm, (unsigned)rows, rmsnorm_threads(n), 0, g->stream, x, n, w, eps, y, g->aq, g->as);
+    mmoe_launch_pdl(k_rmsnorm, (unsigned)rows, rmsnorm_threads(n), 0, g->stream, x, n, w, eps, y, g->aq, g->as, nullptr,
+                    nullptr);
     GFW_CHECK("rmsnorm and activation quantization");
+    return MMOE_OK;
+}
+
+/**
+ * y = rmsnorm(x) for @p rows rows of width n, the norm before the MoE: where the norm's kernel
+ * can quantize (rmsnorm_quantizes()), it also writes the MoE's inputs as k_moe_in would (into
+ * the MoE's work buffers: @p staged is then 1, and the MoE sub-layer skips k_moe_in); else
+ * rmsnorm() alone (@p staged 0).  The same bits either way.
+ */
+static mmoe_status rmsnorm_moe_in(mmoe_gpu_model *g, const uint16_t *x, int64_t rows, int64_t n, const ddense &w,
+                                  float eps, uint16_t *y, int *staged, mmoe_error *err)
+{
+    *staged = rmsnorm_quantizes(n);
+    if (!*staged)
+        return rmsnorm(x, rows, n, w, eps, y, g->stream, err);
+    mmoe_launch_pdl(k_rmsnorm, (unsigned)rows, rmsnorm_threads(n), 0, g->stream, x, n, w, eps, y, nullptr, nullptr,
+                    g->moe_work.xb, g->moe_x);
+    GFW_CHECK("rmsnorm and the moe input");
     return MMOE_OK;
 }
 
@@ -3680,6 +3792,15 @@ static mmoe_status linear_fp8_quantized(mmoe_gpu_model *g, int64_t rows, const d
 {
     launch_linear_fp8(g->aq, g->as, rows, w, y, g->n_sm, g->stream);
     GFW_CHECK("fp8 linear");
+    return MMOE_OK;
+}
+
+/** y0 = fp8_linear with @p w0 and y1 = fp8_linear with @p w1 of the rows in g->aq, g->as (launch_linear_fp8_pair()). */
+static mmoe_status linear_fp8_quantized_pair(mmoe_gpu_model *g, int64_t rows, const dfp8 &w0, uint16_t *y0,
+                                             const dfp8 &w1, uint16_t *y1, mmoe_error *err)
+{
+    launch_linear_fp8_pair(g->aq, g->as, rows, w0, y0, w1, y1, g->n_sm, g->stream);
+    GFW_CHECK("fp8 linears");
     return MMOE_OK;
 }
 
@@ -3775,11 +3896,10 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
     /* projections */
     /* x quantized once for wq_a and wkv, q_r once for wq_b and the indexer's wq_b */
     if ((!y_quantized && (st = act_quant(g, g->y, T, a.D, err)) != MMOE_OK) ||
-        (st = linear_fp8_quantized(g, T, b->wq_a, g->qr, err)) != MMOE_OK ||
-        (st = linear_fp8_quantized(g, T, b->wkv, g->kv, err)) != MMOE_OK ||
+        (st = linear_fp8_quantized_pair(g, T, b->wq_a, g->qr, b->wkv, g->kv, err)) != MMOE_OK ||
         (st = rmsnorm_quant(g, g->qr, T, a.q_lora, b->q_norm, a.eps, g->qr, err)) != MMOE_OK ||
-        (st = linear_fp8_quantized(g, T, b->wq_b, g->q, err)) != MMOE_OK ||
-        (a.ratio == 4 && (st = linear_fp8_quantized(g, T, b->idx_wq_b, g->qi, err)) != MMOE_OK))
+        (a.ratio == 4 ? (st = linear_fp8_quantized_pair(g, T, b->wq_b, g->q, b->idx_wq_b, g->qi, err))
+                      : (st = linear_fp8_quantized(g, T, b->wq_b, g->q, err))) != MMOE_OK)
         return st;
     const unsigned q_blocks = nblk(T * H * 32);
     mmoe_launch_pdl(k_q_kv_finish, q_blocks + (unsigned)T, 256, 0, sm, g->q, T * H, d, a.eps, H, (int64_t)q_blocks,
@@ -3855,13 +3975,14 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
  * The MoE sub-layer on g->y (ffn_norm output), result in g->o (gpu_fwd_moe.cu; @p given: see
  * gfw_moe_forward()).  @p rows_only: on one GPU, stop before the combine (the slot rows in
  * g->slot_y); the caller combines in its hc_post (k_hc_post_moe), which also writes g->o.
+ * @p x_staged: the ffn norm's kernel already wrote the MoE's inputs (rmsnorm_moe_in()).
  */
 static mmoe_status moe(mmoe_gpu_model *g, gblock *b, const int32_t *ids_dev, int64_t T, mmoe_error *err, int given = 0,
-                       int rows_only = 0)
+                       int rows_only = 0, int x_staged = 0)
 {
     const gfw_moe_router r = {b->gate, b->bias, b->tid2eid, b->route_scale};
     const gfw_moe_io io = {g->y, ids_dev, T, g->o, g->moe_scores, g->moe_idx, g->moe_w, g->moe_x, g->moe_h, g->slot_y,
-                           g->moe_width};
+                           g->moe_width, x_staged};
     const char *what = "moe";
     if (!g->has_part) {
         const cudaError_t ce = rows_only ? gfw_moe_rows(b->moe, r, g->moe_work, io, given, g->stream, &what)
@@ -3903,8 +4024,9 @@ static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, i
                   g->y, g->post, g->comb, g->stream);
     GFW_CHECK("hc_post / hc_pre (moe)");
     double t3 = tick(g);
-    if ((st = rmsnorm(g->y, T, D, b->ffn_norm, g->eps, g->y, g->stream, err)) != MMOE_OK ||
-        (st = moe(g, b, ids_dev, T, err, 0, 1)) != MMOE_OK)
+    int staged = 0;
+    if ((st = rmsnorm_moe_in(g, g->y, T, D, b->ffn_norm, g->eps, g->y, &staged, err)) != MMOE_OK ||
+        (st = moe(g, b, ids_dev, T, err, 0, 1, staged)) != MMOE_OK)
         return st;
     double t4 = tick(g);
     if (g->has_part) /* the expert-parallel rank combined after its exchange */
@@ -4220,8 +4342,31 @@ extern "C" mmoe_status gfw_test_rmsnorm(const uint16_t *x, int64_t T, int64_t n,
     wd.p = tput(&a, w, 2 * (size_t)n);
     uint16_t *dx = (uint16_t *)tput(&a, x, 2 * (size_t)(T * n));
     if (a.ce == cudaSuccess)
-        k_rmsnorm<<<(unsigned)T, rmsnorm_threads(n)>>>(dx, n, wd, eps, dx, NULL, NULL);
+        k_rmsnorm<<<(unsigned)T, rmsnorm_threads(n)>>>(dx, n, wd, eps, dx, NULL, NULL, NULL, NULL);
     return tfinish(&a, y, dx, 2 * (size_t)(T * n), err, "rmsnorm");
+}
+
+/** An FP8 weight of a test hook on the device: codes [N, K] and E8M0 scales of @p block blocks. */
+static dfp8 tput_fp8(tarena *a, const uint8_t *w, const uint8_t *scale, int64_t N, int64_t K, int block)
+{
+    dfp8 f;
+    f.N = N;
+    f.K = K;
+    f.block = block;
+    f.scols = (K + block - 1) / block;
+    f.w = (const uint8_t *)tput(a, w, (size_t)(N * K));
+    f.s = (const uint8_t *)tput(a, scale, (size_t)(((N + block - 1) / block) * f.scols));
+    return f;
+}
+
+/** The device's multiprocessor count into @p n_sm (the arena's error otherwise). */
+static void tget_sm_count(tarena *a, int *n_sm)
+{
+    int dev = 0;
+    if (a->ce == cudaSuccess)
+        a->ce = cudaGetDevice(&dev);
+    if (a->ce == cudaSuccess)
+        a->ce = cudaDeviceGetAttribute(n_sm, cudaDevAttrMultiProcessorCount, dev);
 }
 
 extern "C" mmoe_status gfw_test_linear_fp8(const uint16_t *x, int64_t T, const uint8_t *w, const uint8_t *scale,
@@ -4231,27 +4376,46 @@ extern "C" mmoe_status gfw_test_linear_fp8(const uint16_t *x, int64_t T, const u
     mmoe_status st = tbegin(&a, err);
     if (st != MMOE_OK)
         return st;
-    dfp8 f;
-    f.N = N;
-    f.K = K;
-    f.block = block;
-    f.scols = (K + block - 1) / block;
-    f.w = (const uint8_t *)tput(&a, w, (size_t)(N * K));
-    f.s = (const uint8_t *)tput(&a, scale, (size_t)(((N + block - 1) / block) * f.scols));
+    const dfp8 f = tput_fp8(&a, w, scale, N, K, block);
     uint16_t *dx = (uint16_t *)tput(&a, x, 2 * (size_t)(T * K));
     uint8_t *q = (uint8_t *)tput(&a, NULL, (size_t)(T * K));
     float *s = (float *)tput(&a, NULL, sizeof(float) * (size_t)(T * K / 128));
     uint16_t *dy = (uint16_t *)tput(&a, NULL, 2 * (size_t)(T * N));
-    int dev = 0, n_sm = 0;
-    if (a.ce == cudaSuccess)
-        a.ce = cudaGetDevice(&dev);
-    if (a.ce == cudaSuccess)
-        a.ce = cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
+    int n_sm = 0;
+    tget_sm_count(&a, &n_sm);
     if (a.ce == cudaSuccess) {
         k_act_quant<<<dim3((unsigned)(K / 128), (unsigned)T), 128>>>(dx, K, q, s);
         launch_linear_fp8(q, s, T, f, dy, n_sm, 0);
     }
     return tfinish(&a, y, dy, 2 * (size_t)(T * N), err, "fp8 linear");
+}
+
+extern "C" mmoe_status gfw_test_linear_fp8_pair(const uint16_t *x, int64_t T, int64_t K, const uint8_t *w0,
+                                                const uint8_t *scale0, int64_t N0, const uint8_t *w1,
+                                                const uint8_t *scale1, int64_t N1, uint16_t *y0, uint16_t *y1,
+                                                mmoe_error *err)
+{
+    tarena a;
+    mmoe_status st = tbegin(&a, err);
+    if (st != MMOE_OK)
+        return st;
+    const dfp8 f0 = tput_fp8(&a, w0, scale0, N0, K, 128), f1 = tput_fp8(&a, w1, scale1, N1, K, 128);
+    uint16_t *dx = (uint16_t *)tput(&a, x, 2 * (size_t)(T * K));
+    uint8_t *q = (uint8_t *)tput(&a, NULL, (size_t)(T * K));
+    float *s = (float *)tput(&a, NULL, sizeof(float) * (size_t)(T * K / 128));
+    /* both outputs in one buffer, y0's rows then y1's */
+    uint16_t *dy = (uint16_t *)tput(&a, NULL, 2 * (size_t)(T * (N0 + N1)));
+    int n_sm = 0;
+    tget_sm_count(&a, &n_sm);
+    if (a.ce == cudaSuccess) /* NaN bits in every output until the kernel writes it */
+        a.ce = cudaMemset(dy, 0xFF, 2 * (size_t)(T * (N0 + N1)));
+    if (a.ce == cudaSuccess) {
+        k_act_quant<<<dim3((unsigned)(K / 128), (unsigned)T), 128>>>(dx, K, q, s);
+        launch_linear_fp8_pair(q, s, T, f0, dy, f1, dy + T * N0, n_sm, 0);
+    }
+    if (a.ce == cudaSuccess)
+        a.ce = cudaMemcpy(y1, dy + T * N0, 2 * (size_t)(T * N1), cudaMemcpyDeviceToHost);
+    return tfinish(&a, y0, dy, 2 * (size_t)(T * N0), err, "fp8 linear pair");
 }
 
 /**

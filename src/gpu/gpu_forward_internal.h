@@ -278,6 +278,14 @@ mmoe_status gfw_test_rmsnorm(const uint16_t *x, int64_t T, int64_t n, const uint
  */
 mmoe_status gfw_test_linear_fp8(const uint16_t *x, int64_t T, const uint8_t *w, const uint8_t *scale, int64_t N,
                                 int64_t K, int block, uint16_t *y, mmoe_error *err);
+/**
+ * Two FP8 linears of the same x (bf16 [T, K]) as the forward launches wq_a with wkv: weights
+ * E4M3 [N0, K] and [N1, K] with 128x128 E8M0 scales, outputs y0 [T, N0] and y1 [T, N1]
+ * (k_act_quant, then one k_linear_fp8_128_split launch for both where it serves them).
+ */
+mmoe_status gfw_test_linear_fp8_pair(const uint16_t *x, int64_t T, int64_t K, const uint8_t *w0,
+                                     const uint8_t *scale0, int64_t N0, const uint8_t *w1, const uint8_t *scale1,
+                                     int64_t N1, uint16_t *y0, uint16_t *y1, mmoe_error *err);
 /** Dense linear: x bf16 [T, K], w BF16 (w_f32 = 0) or F32 [N, K], y fp32 [T, N] (k_linear_dense_split). */
 mmoe_status gfw_test_linear_dense(const uint16_t *x, int64_t T, int64_t K, const void *w, int w_f32, int64_t N,
                                   float *y, mmoe_error *err);

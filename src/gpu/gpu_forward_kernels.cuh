@@ -15,6 +15,7 @@
 #ifndef MMOE_GPU_FORWARD_KERNELS_CUH
 #define MMOE_GPU_FORWARD_KERNELS_CUH
 
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -120,6 +121,23 @@ __device__ __forceinline__ uint8_t gfw_e4m3_code(float v)
 {
     return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
 }
+
+/**
+ * E4M3 code -> fp32 value by the hardware's exact E4M3 -> F16 conversion (NaN codes give the
+ * F16 conversion's NaN): the MoE input's quantized values, written by gpu_fwd_moe.cu's k_moe_in
+ * and by the norm before the MoE (gpu_forward.cu), the same bits from both.
+ */
+__device__ __forceinline__ float gfw_e4m3_to_f32(uint32_t code)
+{
+    const __half_raw hr = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)code, __NV_E4M3);
+    return __half2float(__half(hr));
+}
+
+/**
+ * Offset of element @p k in a chain-major row of width @p K, the layout of the MoE kernels'
+ * inputs (gpu_fwd_moe.cu): chain k mod 8, then k / 8.
+ */
+__device__ __forceinline__ int64_t gfw_moe_chain_pos(int64_t k, int64_t K) { return (k & 7) * (K / 8) + (k >> 3); }
 
 /** Magnitudes of the eight E2M1 codes. */
 __device__ __forceinline__ float gfw_e2m1_mag(int c)

@@ -111,6 +111,15 @@ mmoe_status gfw_test_linear_fp8(const uint16_t *x, int64_t T, const uint8_t *w, 
     return no_cuda(err);
 }
 
+mmoe_status gfw_test_linear_fp8_pair(const uint16_t *x, int64_t T, int64_t K, const uint8_t *w0,
+                                     const uint8_t *scale0, int64_t N0, const uint8_t *w1, const uint8_t *scale1,
+                                     int64_t N1, uint16_t *y0, uint16_t *y1, mmoe_error *err)
+{
+    (void)x; (void)T; (void)K; (void)w0; (void)scale0; (void)N0; (void)w1; (void)scale1; (void)N1; (void)y0;
+    (void)y1;
+    return no_cuda(err);
+}
+
 mmoe_status gfw_test_linear_dense(const uint16_t *x, int64_t T, int64_t K, const void *w, int w_f32, int64_t N,
                                   float *y, mmoe_error *err)
 {

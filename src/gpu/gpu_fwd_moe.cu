@@ -78,7 +78,7 @@
  *
  * | kernel            | what                                                             |
  * |-------------------|------------------------------------------------------------------|
- * | k_moe_in          | x -> fp32 values and 1x128 E4M3 values, both chain-major         |
+ * | k_moe_in          | x -> fp32 values and 1x128 E4M3 values, both chain-major (skipped when the norm before wrote them: gfw_moe_io::x_staged) |
  * | k_moe_logits      | router logits [T, E]; CTA = 4 rows x 8 chains, TT tokens         |
  * | k_moe_route_plan  | one CTA: sqrt-softplus, top-k (a warp per token) or hash, weights; then the plan |
  * | k_moe_l1          | CTA = 16 rows x 8 chains of one item; gate and up; SwiGLU epilogue |
@@ -173,12 +173,6 @@ enum moe_dec {
 
 /* ================================================================== helpers */
 
-/** E4M3 code -> fp32 value (the hardware's exact E4M3 -> F16 conversion). */
-__device__ __forceinline__ float moe_e4m3_value(uint32_t code)
-{
-    const __half_raw hr = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)code, __NV_E4M3);
-    return __half2float(__half(hr));
-}
 
 /**
  * E4M3 codes in bytes 2h and 2h + 1 of @p word -> their fp32 values @p v0, @p v1, by one
@@ -216,11 +210,9 @@ __device__ __forceinline__ float moe_quant128(float v)
     const float s = gfw_ue8m0(gfw_ue8m0_ceil_clamped(__fmul_rn(clamped, 1.0f / 448.0f)));
     float w = __fdiv_rn(v, s);
     w = w > 448.0f ? 448.0f : (w < -448.0f ? -448.0f : w);
-    return __fmul_rn(moe_e4m3_value(gfw_e4m3_code(w)), s);
+    return __fmul_rn(gfw_e4m3_to_f32(gfw_e4m3_code(w)), s);
 }
 
-/** Offset of element k in a chain-major row of width K: chain k mod 8, then k / 8. */
-__device__ __forceinline__ int64_t moe_chain_pos(int64_t k, int64_t K) { return (k & 7) * (K / 8) + (k >> 3); }
 
 /** The fixed combine of the eight chains held by the 8-lane group of the calling lane. */
 __device__ __forceinline__ float moe_combine8(float acc)
@@ -578,7 +570,7 @@ __global__ void k_moe_in(const uint16_t *x, int64_t D, float *xb, float *xq)
     gfw_pdl_enter();
     const int64_t t = blockIdx.y, k = (int64_t)blockIdx.x * 128 + threadIdx.x;
     const float v = gfw_bf2f(x[t * D + k]);
-    const int64_t o = t * D + moe_chain_pos(k, D);
+    const int64_t o = t * D + gfw_moe_chain_pos(k, D);
     xb[o] = v;
     xq[o] = moe_quant128(v);
 }
@@ -841,7 +833,7 @@ __global__ void k_moe_requant(dmoe m, const int32_t *idx, int64_t T, const float
     const int64_t Iw = shared ? m.Ws : m.I;
     if ((!shared && moe_held_id(idx[p], m.first, m.held) < 0) || (int64_t)blockIdx.x * 128 >= Iw)
         return;
-    hq[p * width + moe_chain_pos(k, Iw)] = moe_quant128(h[p * width + k]);
+    hq[p * width + gfw_moe_chain_pos(k, Iw)] = moe_quant128(h[p * width + k]);
 }
 
 /**
@@ -1082,11 +1074,13 @@ static cudaError_t moe_run_vb(const dmoe &m, const gfw_moe_router &r, const gfw_
 {
     const int64_t T = io.T, D = m.D, Tk = T * m.k;
     const int TT = moe_tile(T, MOE_TT_MAX(VB));
-    *what = "moe input quantization";
-    mmoe_launch_pdl(k_moe_in, dim3((unsigned)(D / 128), (unsigned)T), 128, 0, st, io.x, D, w.xb, io.xq);
-    cudaError_t ce = cudaGetLastError();
-    if (ce != cudaSuccess)
-        return ce;
+    cudaError_t ce;
+    if (!io.x_staged) {
+        *what = "moe input quantization";
+        mmoe_launch_pdl(k_moe_in, dim3((unsigned)(D / 128), (unsigned)T), 128, 0, st, io.x, D, w.xb, io.xq);
+        if ((ce = cudaGetLastError()) != cudaSuccess)
+            return ce;
+    }
     *what = "router logits";
     switch (TT) {
     case 1: moe_launch_logits<VB, 1>(r, w.xb, T, m.E, D, io.logits, st); break;

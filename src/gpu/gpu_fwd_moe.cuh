@@ -82,6 +82,7 @@ struct gfw_moe_io {
     float *h;                     /**< [T*(k+1)][width]: L1 outputs after the epilogue */
     uint16_t *slot_y;             /**< [T*(k+1)][D]: expert outputs per slot */
     int64_t width;                /**< row width of h and hq (max of I, Ws) */
+    int x_staged;                 /**< 1: the work's xb and xq already hold x (the norm before wrote them) */
 };
 
 /** Bytes of the work buffers for @p Tm tokens, @p kmax experts per token, rows of @p width. */
