@@ -333,12 +333,13 @@ __device__ __forceinline__ void rmsnorm_chunk_quant(const uint16_t *yb, int len,
         w = w > 448.0f ? 448.0f : (w < -448.0f ? -448.0f : w);
         code[i] = gfw_e4m3_code(w);
     }
-    if (mq != NULL) {
+    if (mq != NULL) { /* values i and i + 8 of the chunk are neighbours in chain i: one 8-byte store each */
 #pragma unroll
-        for (int i = 0; i < MMOE_SUM_CHUNK; i++) {
-            const int64_t o = row * n + gfw_moe_chain_pos(i0 + i, n);
-            mb[o] = gfw_bf2f(yb[i]);
-            mq[o] = __fmul_rn(gfw_e4m3_to_f32(code[i]), sc);
+        for (int i = 0; i < 8; i++) {
+            const int64_t o = row * n + gfw_moe_chain_pos(i0 + i, n); /* even: i0 / 8 is */
+            *(float2 *)(mb + o) = make_float2(gfw_bf2f(yb[i]), gfw_bf2f(yb[i + 8]));
+            *(float2 *)(mq + o) = make_float2(__fmul_rn(gfw_e4m3_to_f32(code[i]), sc),
+                                              __fmul_rn(gfw_e4m3_to_f32(code[i + 8]), sc));
         }
     }
     if (q == NULL)
