@@ -3418,7 +3418,7 @@ static void exp_table(unsigned long long *tab)
     }
 }
 
-/* The staged-x dense FP8 linear's shared memory limit (gpu_linear_dense_f8_rows.cuh, included below). */
+/** The staged-x dense FP8 linear's shared memory limit (gpu_linear_dense_f8_rows.cuh, included below). */
 static cudaError_t dense_f8_rows_allow_smem(void);
 
 /**
