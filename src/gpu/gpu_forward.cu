@@ -1016,11 +1016,19 @@ __global__ void __launch_bounds__(GFW_FP8_WARPS * 32, GFW_FP8_SPLIT_BLOCKS_PER_S
     }
 }
 
+/**
+ * Whether the 128-block kernels serve @p w with x codes @p xq: 128x128 scale blocks, 16-byte
+ * aligned weight codes and 4-byte aligned x codes.
+ */
+static bool fp8_blocks128(const uint8_t *xq, const dfp8 &w)
+{
+    return w.block == 128 && ((uintptr_t)w.w & 15) == 0 && ((uintptr_t)xq & 3) == 0;
+}
+
 /** Whether k_linear_fp8_128_split serves @p w for T rows of x codes @p xq (launch_linear_fp8()). */
 static bool fp8_split_serves(const uint8_t *xq, int64_t T, const dfp8 &w)
 {
-    const bool blocks128 = w.block == 128 && ((uintptr_t)w.w & 15) == 0 && ((uintptr_t)xq & 3) == 0;
-    return blocks128 && T < GFW_FP8T_MIN_T && fp8_128_smem(w.K) <= GFW_FP8_SMEM_MAX;
+    return fp8_blocks128(xq, w) && T < GFW_FP8T_MIN_T && fp8_128_smem(w.K) <= GFW_FP8_SMEM_MAX;
 }
 
 /** The job of k_linear_fp8_128_split for @p w on T rows with @p n_sm multiprocessors (fp8_split_choose()). */
@@ -1045,8 +1053,7 @@ static fp8_split_job fp8_split_job_for(int64_t T, const dfp8 &w, uint16_t *y, in
 static void launch_linear_fp8(const uint8_t *xq, const float *xs, int64_t T, const dfp8 &w, uint16_t *y, int n_sm,
                               cudaStream_t st)
 {
-    const bool blocks128 = w.block == 128 && ((uintptr_t)w.w & 15) == 0 && ((uintptr_t)xq & 3) == 0;
-    if (blocks128 && T >= GFW_FP8T_MIN_T) {
+    if (fp8_blocks128(xq, w) && T >= GFW_FP8T_MIN_T) {
         launch_linear_fp8_tokens(xq, xs, T, w, y, n_sm, st);
         return;
     }
@@ -1100,8 +1107,9 @@ __device__ __forceinline__ void load16_bf16(const uint16_t *p, bool vec, float *
  * The sum of one full 16-value chunk of a dense dot product with an FP8 weight: x values @p xv,
  * codes @p codes (four per word, ascending), one scale byte @p sb; products ascending from +0
  * (@ref spec_arch_sum_order).  Without NaN codes and with a scale byte in the direct range
- * (mmoe_df8_scale_direct(): 10..134) the weights are built as doubles directly (e4m3_times_2m1016 times a power of two), the same values as
- * the oracle's fp32 decode and bf16 rounding; otherwise they are decoded as the oracle does.
+ * (mmoe_df8_scale_direct(): 10..134) the weights are built as doubles directly
+ * (e4m3_times_2m1016 times a power of two), the same values as the oracle's fp32 decode and
+ * bf16 rounding; otherwise they are decoded as the oracle does.
  */
 __device__ __forceinline__ double dense_f8_chunk16(const float *xv, const uint32_t *codes, uint8_t sb)
 {
@@ -1728,6 +1736,16 @@ __device__ __forceinline__ void hc_post_channel(float o, uint16_t *X, int64_t t,
             Xt[k * D + c] = gfw_f2bf(res[k]);
 }
 
+/** hc_post_channel() with hc fixed at compile time for the model's hc = 4, else at run time. */
+__device__ __forceinline__ void hc_post_channel_any(float o, uint16_t *X, int64_t t, int64_t c, int64_t D, int hc,
+                                                    const float *post, const float *comb)
+{
+    if (hc == 4)
+        hc_post_channel<4>(o, X, t, c, D, hc, post, comb);
+    else
+        hc_post_channel<0>(o, X, t, c, D, hc, post, comb);
+}
+
 /**
  * hc_post (mmoe_mhc.c) of token blockIdx.y of width D, one channel per thread over the blocks
  * blockIdx.x (launch_hc_post(); hc_post_channel(): hc = 4, the model's, with its loops unrolled).
@@ -1738,11 +1756,7 @@ __global__ void k_hc_post(const uint16_t *out, uint16_t *X, int64_t D, int hc, c
     const int64_t t = blockIdx.y, c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= D)
         return;
-    const float o = gfw_bf2f(out[t * D + c]);
-    if (hc == 4)
-        hc_post_channel<4>(o, X, t, c, D, hc, post, comb);
-    else
-        hc_post_channel<0>(o, X, t, c, D, hc, post, comb);
+    hc_post_channel_any(gfw_bf2f(out[t * D + c]), X, t, c, D, hc, post, comb);
 }
 
 /**
@@ -1760,11 +1774,7 @@ __global__ void k_hc_post_moe(const uint16_t *slot_y, const int32_t *idx, int64_
         return;
     const uint16_t y = gfw_moe_combine_channel(slot_y, idx, T, k, D, has_shared, t, c);
     out[t * D + c] = y;
-    const float o = gfw_bf2f(y);
-    if (hc == 4)
-        hc_post_channel<4>(o, X, t, c, D, hc, post, comb);
-    else
-        hc_post_channel<0>(o, X, t, c, D, hc, post, comb);
+    hc_post_channel_any(gfw_bf2f(y), X, t, c, D, hc, post, comb);
 }
 
 /* ================================================================== kernels: attention */
@@ -1801,10 +1811,11 @@ struct bf_sq_term {
  * q_h <- q_h * rsqrt(mean(q_h^2) + eps) in bf16 steps (attn_forward.c), then RoPE on its last
  * rope_dim dims at position pos0 + row / H (pos0 from the step record); one warp per row of
  * @p rows (t, head), the rows of block @p bx of k_q_kv_finish's q part, the squares summed in
- * the order of @ref spec_arch_sum_order.  When each lane's run is one chunk, d a multiple of 16 and the row 16-byte aligned (d = 128 and 512),
- * lane l loads its chunk [16 l, 16 l + 16) in two 16-byte vectors, keeps it in registers for
- * the scaling and stores the scaled chunk the same way; else the lanes stride over the row.
- * The values, operations and order are the same either way.
+ * the order of @ref spec_arch_sum_order.  When each lane's run is one chunk, d a multiple of 16
+ * and the row 16-byte aligned (d = 128 and 512), lane l loads its chunk [16 l, 16 l + 16) in
+ * two 16-byte vectors, keeps it in registers for the scaling and stores the scaled chunk the
+ * same way; else the lanes stride over the row.  The values, operations and order are the same
+ * either way.
  */
 __device__ __forceinline__ void scale_heads_block(uint16_t *q, int64_t rows, int64_t d, float eps, int64_t H,
                                                   int rope_dim, const float *cs, int64_t pos0, int64_t bx)

@@ -78,7 +78,7 @@
  *
  * | kernel            | what                                                             |
  * |-------------------|------------------------------------------------------------------|
- * | k_moe_in          | x -> fp32 values and 1x128 E4M3 values, both chain-major (skipped when the norm before wrote them: gfw_moe_io::x_staged) |
+ * | k_moe_in          | x -> fp32 values and 1x128 E4M3 values, both chain-major (or the norm: x_staged) |
  * | k_moe_logits      | router logits [T, E]; CTA = 4 rows x 8 chains, TT tokens         |
  * | k_moe_route_plan  | one CTA: sqrt-softplus, top-k (a warp per token) or hash, weights; then the plan |
  * | k_moe_l1          | CTA = 16 rows x 8 chains of one item; gate and up; SwiGLU epilogue |
@@ -173,7 +173,6 @@ enum moe_dec {
 
 /* ================================================================== helpers */
 
-
 /**
  * E4M3 codes in bytes 2h and 2h + 1 of @p word -> their fp32 values @p v0, @p v1, by one
  * hardware conversion of the pair to F16 (exact), then each F16 to fp32 (exact).
@@ -212,7 +211,6 @@ __device__ __forceinline__ float moe_quant128(float v)
     w = w > 448.0f ? 448.0f : (w < -448.0f ? -448.0f : w);
     return __fmul_rn(gfw_e4m3_to_f32(gfw_e4m3_code(w)), s);
 }
-
 
 /** The fixed combine of the eight chains held by the 8-lane group of the calling lane. */
 __device__ __forceinline__ float moe_combine8(float acc)
