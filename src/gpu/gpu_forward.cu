@@ -144,7 +144,8 @@
  * Every kernel is launched with programmatic dependent launch (mmoe_launch_pdl(), gpu_pdl.cuh)
  * and first waits for the kernel before it (gfw_pdl_enter()), so the next launch and the
  * dispatch of its blocks overlap the end of the one before, eagerly and inside the graph alike;
- * the one-token dense FP8 linear issues its first weight loads before that wait.
+ * the one-token FP8 linears (k_linear_fp8_128_split, k_linear_dense_f8_rows) issue their first
+ * weight loads before that wait.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -895,7 +896,8 @@ __device__ __forceinline__ void fp8_ring_issue(bool live, bool in_k, const fp8_s
  * each half, and later reads back exactly those bytes, so a lane's `cp.async.wait_group` is
  * the whole synchronisation (no barrier, no other lane involved).  Unit u lives in slot
  * u mod GFW_FP8_RING.  Each warp issues the copies of its first GFW_FP8_RING - 1 units before
- * the block decodes x, so the prologue overlaps the memory latency; then for each unit u it
+ * the block waits for the kernel before it (the weight is no kernel's output) and decodes x,
+ * so the prologue overlaps the kernel before and the memory latency; then for each unit u it
  * waits for u's group (one group per unit, empty ones past the warp's units keep the count),
  * reads its codes into registers, issues unit u + GFW_FP8_RING - 1 into the slot it read in the
  * previous iteration, and sums unit u: GFW_FP8_RING - 1 units (3 KB per warp) stay in flight
@@ -927,7 +929,6 @@ __global__ void __launch_bounds__(GFW_FP8_WARPS * 32, GFW_FP8_SPLIT_BLOCKS_PER_S
     k_linear_fp8_128_split(const uint8_t *xq, const float *xs, int64_t T, fp8_split_job j0, int64_t blocks0,
                            fp8_split_job j1)
 {
-    gfw_pdl_enter();
     /* the blocks from blocks0 on are the second linear's (fp8_split_job) */
     const bool second = blockIdx.x >= blocks0;
     const dfp8 w = second ? j1.w : j0.w;
@@ -957,11 +958,13 @@ __global__ void __launch_bounds__(GFW_FP8_WARPS * 32, GFW_FP8_SPLIT_BLOCKS_PER_S
     const fp8_unit_pos first = {0, wp.s0, w.w + wp.n0 * K + wp.s0 * 512 + lane * 16};
     fp8_unit_pos in = first; /* the next unit to copy */
     const unsigned ring_sa = (unsigned)__cvta_generic_to_shared(ring);
+    /* the weight is no kernel's output: the first units are copied while the kernel before still runs */
 #pragma unroll
     for (int u = 0; u < GFW_FP8_RING - 1; u++) {
         fp8_ring_issue(u < wp.units, in.s < nsteps - 1 || lane_in_last, wp, in, K, ring_sa + u * GFW_FP8_UNIT_BYTES);
         fp8_unit_next(wp, pair_jump, &in);
     }
+    gfw_pdl_enter();
 
     const uint8_t *xr = xq + t * K; /* K is a multiple of 128: whole, aligned words of 4 codes */
     for (int k = 4 * (int)threadIdx.x; k < (int)K; k += 4 * (int)blockDim.x) {
