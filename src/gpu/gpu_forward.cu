@@ -173,6 +173,7 @@ struct ddense {
      *  shape: rows */
     int block;              /**< F8 only */
     int64_t scols;          /**< F8 only: scale columns */
+    int nan_free;           /**< F8 only: 1 when no code is NaN (e4m3_codes_nan_free(), at upload) */
 };
 
 /** An FP8 linear on the device. */
@@ -185,6 +186,7 @@ struct dfp8 {
      *  shape: output width */
     int block;              /**< scale block */
     int64_t scols;          /**< scale columns */
+    int nan_free;           /**< 1 when no code is NaN (e4m3_codes_nan_free(), at upload): no NaN tests */
 };
 
 /** E4M3 decode table (the oracle's values). */
@@ -625,9 +627,11 @@ __device__ __forceinline__ bool e4m3_has_nan16(uint4 q)
  * slots of the shared row (@p xl: pair j at xl[32 j], fp8_x_slot()), codes @p q0 and @p q1.
  * Every product x w 2^-1016 is an integer multiple of 2^-1034 below 2^(17.7-1016) in magnitude,
  * so each fma and each addition is exact (see k_linear_fp8_128_split): the products of words
- * 0, 2 and of words 1, 3 run in two independent chains per row, added at the end.  A NaN code
- * makes the row's sum NaN.
+ * 0, 2 and of words 1, 3 run in two independent chains per row, added at the end.  With
+ * @p NAN_TEST a NaN code makes the row's sum NaN; without it (a weight that has no NaN code,
+ * dfp8::nan_free) the tests are left out.
  */
+template <bool NAN_TEST>
 __device__ __forceinline__ void fp8_pair_sums(const double2 *xl, uint4 q0, uint4 q1, double *p0, double *p1)
 {
     const uint32_t w0[4] = {q0.x, q0.y, q0.z, q0.w}, w1[4] = {q1.x, q1.y, q1.z, q1.w};
@@ -646,8 +650,10 @@ __device__ __forceinline__ void fp8_pair_sums(const double2 *xl, uint4 q0, uint4
         r1 = __fma_rn(b.x, e4m3_times_2m1016<2>(v, v1), r1);
         r0 = __fma_rn(b.y, e4m3_times_2m1016<3>(u, u1), r0);
         r1 = __fma_rn(b.y, e4m3_times_2m1016<3>(v, v1), r1);
-        nan0 |= e4m3_nan_bits(u);
-        nan1 |= e4m3_nan_bits(v);
+        if (NAN_TEST) {
+            nan0 |= e4m3_nan_bits(u);
+            nan1 |= e4m3_nan_bits(v);
+        }
     }
     *p0 = nan0 ? __longlong_as_double(0x7FF8000000000000LL) : c0[0] + c0[1];
     *p1 = nan1 ? __longlong_as_double(0x7FF8000000000000LL) : c1[0] + c1[1];
@@ -882,7 +888,9 @@ __device__ __forceinline__ void fp8_ring_issue(bool live, bool in_k, const fp8_s
  * (e4m3_times_2m1016), and the lane sums its 16 products per row with fma in two independent
  * chains (fp8_pair_sums()).  Per 1 KB unit a warp runs about 250 instructions (sm_90a SASS of
  * the loop): 32 DFMA, 32 PRMT, 32 masks, 32 moves of the zero low words, 24 NaN tests, 10
- * shared loads, the butterfly, the copies and the bookkeeping.
+ * shared loads, the butterfly, the copies and the bookkeeping.  The NaN tests run only in the
+ * NAN_TEST instance, which serves a weight with a NaN code: whether a weight has one is
+ * looked up once, at upload (dfp8::nan_free), and a checkpoint's weights have none.
  *
  * The rows are shared out by @p sh (fp8_split_choose()).  Block b of token t = b mod T owns
  * the fp8_split_rows(sh) rows from (b / T) fp8_split_rows(sh); warp v runs the `pairs` row
@@ -913,8 +921,9 @@ __device__ __forceinline__ void fp8_ring_issue(bool live, bool in_k, const fp8_s
  * every addition below and the final scaling by 2^1016 are exact, whatever the order (and
  * whichever warp computes a term, whichever path brought its codes).  The block partial is
  * therefore the oracle's exact double, and fl32 of it the oracle's float.  A NaN weight code
- * (tested four at a time) makes the lane's sum NaN, as the oracle's product would; NaN x values
- * are NaN doubles already.  The only inexact operations are the oracle's own: fl32 of the
+ * (tested four at a time, in the NAN_TEST instance, the only one that serves a weight with such
+ * a code) makes the lane's sum NaN, as the oracle's product would; NaN x values are NaN doubles
+ * already.  The only inexact operations are the oracle's own: fl32 of the
  * partial, the product s_x s_w, the term's product and the fp32 sum of the terms in block order,
  * each with the oracle's operands in the oracle's order.
  *
@@ -925,6 +934,7 @@ __device__ __forceinline__ void fp8_ring_issue(bool live, bool in_k, const fp8_s
  * fl32(partial) (s_x s_w) (the scales read there, not in the loop), and after another thread i
  * adds row i's terms in block order from +0 (the oracle's fp32 sum) and writes the output.
  */
+template <bool NAN_TEST>
 __global__ void __launch_bounds__(GFW_FP8_WARPS * 32, GFW_FP8_SPLIT_BLOCKS_PER_SM)
     k_linear_fp8_128_split(const uint8_t *xq, const float *xs, int64_t T, fp8_split_job j0, int64_t blocks0,
                            fp8_split_job j1)
@@ -994,7 +1004,7 @@ __global__ void __launch_bounds__(GFW_FP8_WARPS * 32, GFW_FP8_SPLIT_BLOCKS_PER_S
 
         double p0 = 0.0, p1 = 0.0;
         if (has)
-            fp8_pair_sums(xl + at.s * 256, q0, q1, &p0, &p1);
+            fp8_pair_sums<NAN_TEST>(xl + at.s * 256, q0, q1, &p0, &p1);
         const double v = fp8_block_sum(row, p0, p1);
         /* one lane in four holds a (row, block) partial: its fl32, scaled after the loop (its
            block kb = 4 s + lane / 8 is below K / 128 exactly when the lane's codes are, has) */
@@ -1063,8 +1073,8 @@ static void launch_linear_fp8(const uint8_t *xq, const float *xs, int64_t T, con
     if (fp8_split_serves(xq, T, w)) {
         const fp8_split_job j = fp8_split_job_for(T, w, y, n_sm);
         const int64_t blocks = fp8_split_job_blocks(T, j);
-        mmoe_launch_pdl(k_linear_fp8_128_split, (unsigned)blocks, GFW_FP8_WARPS * 32, fp8_split_smem(w.K, j.sh), st,
-                        xq, xs, T, j, blocks, j);
+        mmoe_launch_pdl(w.nan_free ? k_linear_fp8_128_split<false> : k_linear_fp8_128_split<true>, (unsigned)blocks,
+                        GFW_FP8_WARPS * 32, fp8_split_smem(w.K, j.sh), st, xq, xs, T, j, blocks, j);
     } else {
         mmoe_launch_pdl(k_linear_fp8, (unsigned)((T * w.N * 32 + 255) / 256), 256, 0, st, xq, xs, T, w, y);
     }
@@ -1090,8 +1100,8 @@ static void launch_linear_fp8_pair(const uint8_t *xq, const float *xs, int64_t T
     const fp8_split_job j0 = fp8_split_job_for(T, w0, y0, sm0), j1 = fp8_split_job_for(T, w1, y1, n_sm - sm0);
     const size_t smem0 = fp8_split_smem(w0.K, j0.sh), smem1 = fp8_split_smem(w1.K, j1.sh);
     const int64_t blocks0 = fp8_split_job_blocks(T, j0), blocks = blocks0 + fp8_split_job_blocks(T, j1);
-    mmoe_launch_pdl(k_linear_fp8_128_split, (unsigned)blocks, GFW_FP8_WARPS * 32, smem0 > smem1 ? smem0 : smem1, st,
-                    xq, xs, T, j0, blocks0, j1);
+    mmoe_launch_pdl(w0.nan_free && w1.nan_free ? k_linear_fp8_128_split<false> : k_linear_fp8_128_split<true>,
+                    (unsigned)blocks, GFW_FP8_WARPS * 32, smem0 > smem1 ? smem0 : smem1, st, xq, xs, T, j0, blocks0, j1);
 }
 
 /** 16 bf16 values from @p p (16-byte aligned when @p vec) as fp32. */
@@ -3033,6 +3043,20 @@ static const void *gupload(mmoe_gpu_model *g, const void *src, size_t bytes, cud
 }
 
 /** Upload a dense weight. */
+/**
+ * 1 when none of the @p n E4M3 codes at @p p (host memory) is NaN (0x7F or 0xFF), else 0.  The
+ * FP8 kernels of a NaN-free weight skip their per-code NaN tests (a weight is constant, so one
+ * look at upload answers for every call); a weight with a NaN code keeps them, and its NaN
+ * reaches the outputs as in the oracle.
+ */
+static int e4m3_codes_nan_free(const uint8_t *p, size_t n)
+{
+    uint8_t any = 0;
+    for (size_t i = 0; i < n; i++)
+        any |= (uint8_t)((p[i] & 0x7Fu) == 0x7Fu);
+    return !any;
+}
+
 static ddense up_dense(mmoe_gpu_model *g, const gfw_dense *w, cudaError_t *ce)
 {
     ddense d;
@@ -3047,6 +3071,7 @@ static ddense up_dense(mmoe_gpu_model *g, const gfw_dense *w, cudaError_t *ce)
     if (w->dtype == GFW_F8) {
         d.scols = (w->cols + w->block - 1) / w->block;
         d.scale = (const uint8_t *)gupload(g, w->scale, (size_t)(((w->rows + w->block - 1) / w->block) * d.scols), ce);
+        d.nan_free = e4m3_codes_nan_free((const uint8_t *)w->data, gfw_dense_bytes(w));
     }
     return d;
 }
@@ -3064,6 +3089,7 @@ static dfp8 up_fp8(mmoe_gpu_model *g, const gfw_fp8 *w, cudaError_t *ce)
     d.scols = (w->K + w->block - 1) / w->block;
     d.w = (const uint8_t *)gupload(g, w->w, (size_t)(w->N * w->K), ce);
     d.s = (const uint8_t *)gupload(g, w->scale, (size_t)(((w->N + w->block - 1) / w->block) * d.scols), ce);
+    d.nan_free = e4m3_codes_nan_free(w->w, (size_t)(w->N * w->K));
     return d;
 }
 
@@ -3449,7 +3475,10 @@ static cudaError_t upload_tables(void)
     if (ce == cudaSuccess)
         ce = gfw_moe_upload_exp_table(tab);
     if (ce == cudaSuccess) /* the x row of k_linear_fp8_128_split may exceed the default 48 KiB */
-        ce = cudaFuncSetAttribute(k_linear_fp8_128_split, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        ce = cudaFuncSetAttribute(k_linear_fp8_128_split<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  GFW_FP8_SMEM_MAX);
+    if (ce == cudaSuccess)
+        ce = cudaFuncSetAttribute(k_linear_fp8_128_split<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   GFW_FP8_SMEM_MAX);
     if (ce == cudaSuccess)
         ce = dense_f8_rows_allow_smem();
@@ -4371,6 +4400,7 @@ static dfp8 tput_fp8(tarena *a, const uint8_t *w, const uint8_t *scale, int64_t 
     f.scols = (K + block - 1) / block;
     f.w = (const uint8_t *)tput(a, w, (size_t)(N * K));
     f.s = (const uint8_t *)tput(a, scale, (size_t)(((N + block - 1) / block) * f.scols));
+    f.nan_free = e4m3_codes_nan_free(w, (size_t)(N * K));
     return f;
 }
 
@@ -4483,6 +4513,7 @@ extern "C" mmoe_status gfw_test_linear_dense_f8(const uint16_t *x, int64_t T, in
     wd.scols = (K + block - 1) / block;
     wd.p = tput(&a, w, (size_t)(N * K));
     wd.scale = (const uint8_t *)tput(&a, scale, (size_t)(((N + block - 1) / block) * wd.scols));
+    wd.nan_free = e4m3_codes_nan_free(w, (size_t)(N * K));
     return test_dense_run(&a, wd, x, T, K, N, y, err, "dense linear (fp8 weight)");
 }
 

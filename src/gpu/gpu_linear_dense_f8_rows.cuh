@@ -26,7 +26,9 @@
  * scale column (the rows of a block share their scale row), and a weight then costs its two
  * integer instructions, the move of the zero low word and one DFMA.  A chunk whose scale byte
  * lies outside 10..134 is staged as x 2^-512 and summed with the oracle's fp32 decode of its
- * weights; a chunk with a NaN code sums to NaN, as the oracle's does.
+ * weights; a chunk with a NaN code sums to NaN, as the oracle's does (the NAN_TEST instance,
+ * which serves the weights that have a NaN code, ddense::nan_free; the other one leaves the
+ * tests out).
  *
  * ## Why the bits are the oracle's
  *
@@ -150,6 +152,7 @@ __device__ __forceinline__ void df8_stage_x(double2 *sx, const uint16_t *xr, int
  * offset (n / group_rows) * group_width; group_rows = 0: no grouping): block (i, t) computes
  * output rows GFW_DF8_ROWS i .. of token t into yf and/or yb ([T, N]).  See the file comment.
  */
+template <bool NAN_TEST>
 __global__ void __launch_bounds__(GFW_DF8_WARPS * 32, 4)
     k_linear_dense_f8_rows(const uint16_t *x, int64_t ldx, int64_t K, ddense w, int64_t N, int64_t group_rows,
                            int64_t group_width, float *yf, uint16_t *yb)
@@ -196,9 +199,9 @@ __global__ void __launch_bounds__(GFW_DF8_WARPS * 32, 4)
             const uint32_t sb = __ldg(srow + (int)((k * MMOE_SUM_CHUNK) / w.block));
             if (mmoe_df8_scale_direct(sb)) {
                 df8_chunk_pair(xp, m, ua, ub, &ca, &cb);
-                if (e4m3_has_nan16(ua))
+                if (NAN_TEST && e4m3_has_nan16(ua))
                     ca = __longlong_as_double(0x7FF8000000000000LL);
-                if (e4m3_has_nan16(ub))
+                if (NAN_TEST && e4m3_has_nan16(ub))
                     cb = __longlong_as_double(0x7FF8000000000000LL);
             } else {
                 ca = df8_chunk_slow(xp, m, ua, sb);
@@ -240,8 +243,11 @@ static bool dense_f8_rows_fit(const uint16_t *x, int64_t rows, int64_t ldx, int6
 /** Allow k_linear_dense_f8_rows its staged x row (beyond the default 48 KiB; upload_tables() calls it). */
 static cudaError_t dense_f8_rows_allow_smem(void)
 {
-    return cudaFuncSetAttribute(k_linear_dense_f8_rows, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                GFW_DF8_SMEM_MAX);
+    const cudaError_t ce = cudaFuncSetAttribute(k_linear_dense_f8_rows<true>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, GFW_DF8_SMEM_MAX);
+    return ce != cudaSuccess ? ce
+                             : cudaFuncSetAttribute(k_linear_dense_f8_rows<false>,
+                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, GFW_DF8_SMEM_MAX);
 }
 
 /** Launch k_linear_dense_f8_rows for the set @p s (dense_f8_rows_fit() holds). */
@@ -249,7 +255,7 @@ static void launch_linear_dense_f8_rows(const uint16_t *x, int64_t rows, int64_t
                                         int64_t group_rows, int64_t group_width, cudaStream_t st)
 {
     const dim3 grid((unsigned)((s.N[0] + GFW_DF8_ROWS - 1) / GFW_DF8_ROWS), (unsigned)rows);
-    mmoe_launch_pdl(k_linear_dense_f8_rows, grid, GFW_DF8_WARPS * 32, (size_t)K * sizeof(double), st, x, ldx, K,
+    mmoe_launch_pdl(s.w[0].nan_free ? k_linear_dense_f8_rows<false> : k_linear_dense_f8_rows<true>, grid, GFW_DF8_WARPS * 32, (size_t)K * sizeof(double), st, x, ldx, K,
                     s.w[0], s.N[0], group_rows, group_width, s.yf[0], s.yb[0]);
 }
 
