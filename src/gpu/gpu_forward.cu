@@ -3042,7 +3042,6 @@ static const void *gupload(mmoe_gpu_model *g, const void *src, size_t bytes, cud
     return p;
 }
 
-/** Upload a dense weight. */
 /**
  * 1 when none of the @p n E4M3 codes at @p p (host memory) is NaN (0x7F or 0xFF), else 0.  The
  * FP8 kernels of a NaN-free weight skip their per-code NaN tests (a weight is constant, so one
@@ -3057,6 +3056,7 @@ static int e4m3_codes_nan_free(const uint8_t *p, size_t n)
     return !any;
 }
 
+/** Upload a dense weight. */
 static ddense up_dense(mmoe_gpu_model *g, const gfw_dense *w, cudaError_t *ce)
 {
     ddense d;
