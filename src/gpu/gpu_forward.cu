@@ -1056,6 +1056,30 @@ static fp8_split_job fp8_split_job_for(int64_t T, const dfp8 &w, uint16_t *y, in
     return j;
 }
 
+/** A k_linear_fp8_128_split instance. */
+typedef void (*fp8_split_fn)(const uint8_t *, const float *, int64_t, fp8_split_job, int64_t, fp8_split_job);
+
+/** The instance of k_linear_fp8_128_split for weights all free of NaN codes (@p nan_free: dfp8::nan_free) or not. */
+static fp8_split_fn fp8_split_kernel(bool nan_free)
+{
+    return nan_free ? k_linear_fp8_128_split<false> : k_linear_fp8_128_split<true>;
+}
+
+/**
+ * One k_linear_fp8_128_split launch for T quantized rows: job @p j0's blocks, then, with @p j1,
+ * j1's (fp8_split_job), with the shared memory the larger of the two needs.
+ */
+static void launch_fp8_split(const uint8_t *xq, const float *xs, int64_t T, const fp8_split_job &j0,
+                             const fp8_split_job *j1, cudaStream_t st)
+{
+    const fp8_split_job &second = j1 != NULL ? *j1 : j0;
+    const int64_t blocks0 = fp8_split_job_blocks(T, j0);
+    const int64_t blocks = blocks0 + (j1 != NULL ? fp8_split_job_blocks(T, *j1) : 0);
+    const size_t smem0 = fp8_split_smem(j0.w.K, j0.sh), smem1 = fp8_split_smem(second.w.K, second.sh);
+    mmoe_launch_pdl(fp8_split_kernel(j0.w.nan_free && second.w.nan_free), (unsigned)blocks, GFW_FP8_WARPS * 32,
+                    smem0 > smem1 ? smem0 : smem1, st, xq, xs, T, j0, blocks0, second);
+}
+
 /**
  * Launch the FP8 linear y = fp8_linear(x) of T quantized rows: for 128-blocks, 16-byte aligned
  * weight codes and 4-byte aligned x codes, k_linear_fp8_tokens from GFW_FP8T_MIN_T tokens on,
@@ -1070,14 +1094,10 @@ static void launch_linear_fp8(const uint8_t *xq, const float *xs, int64_t T, con
         launch_linear_fp8_tokens(xq, xs, T, w, y, n_sm, st);
         return;
     }
-    if (fp8_split_serves(xq, T, w)) {
-        const fp8_split_job j = fp8_split_job_for(T, w, y, n_sm);
-        const int64_t blocks = fp8_split_job_blocks(T, j);
-        mmoe_launch_pdl(w.nan_free ? k_linear_fp8_128_split<false> : k_linear_fp8_128_split<true>, (unsigned)blocks,
-                        GFW_FP8_WARPS * 32, fp8_split_smem(w.K, j.sh), st, xq, xs, T, j, blocks, j);
-    } else {
+    if (fp8_split_serves(xq, T, w))
+        launch_fp8_split(xq, xs, T, fp8_split_job_for(T, w, y, n_sm), NULL, st);
+    else
         mmoe_launch_pdl(k_linear_fp8, (unsigned)((T * w.N * 32 + 255) / 256), 256, 0, st, xq, xs, T, w, y);
-    }
 }
 
 /**
@@ -1098,10 +1118,7 @@ static void launch_linear_fp8_pair(const uint8_t *xq, const float *xs, int64_t T
     int sm0 = (int)((int64_t)n_sm * w0.N / (w0.N + w1.N));
     sm0 = sm0 < 1 ? 1 : sm0 > n_sm - 1 ? n_sm - 1 : sm0;
     const fp8_split_job j0 = fp8_split_job_for(T, w0, y0, sm0), j1 = fp8_split_job_for(T, w1, y1, n_sm - sm0);
-    const size_t smem0 = fp8_split_smem(w0.K, j0.sh), smem1 = fp8_split_smem(w1.K, j1.sh);
-    const int64_t blocks0 = fp8_split_job_blocks(T, j0), blocks = blocks0 + fp8_split_job_blocks(T, j1);
-    mmoe_launch_pdl(w0.nan_free && w1.nan_free ? k_linear_fp8_128_split<false> : k_linear_fp8_128_split<true>,
-                    (unsigned)blocks, GFW_FP8_WARPS * 32, smem0 > smem1 ? smem0 : smem1, st, xq, xs, T, j0, blocks0, j1);
+    launch_fp8_split(xq, xs, T, j0, &j1, st);
 }
 
 /** 16 bf16 values from @p p (16-byte aligned when @p vec) as fp32. */
@@ -3474,11 +3491,9 @@ static cudaError_t upload_tables(void)
         ce = cudaMemcpyToSymbol(c_e4m3, mmoe_fp8_e4m3_table(), sizeof(float) * 256);
     if (ce == cudaSuccess)
         ce = gfw_moe_upload_exp_table(tab);
-    if (ce == cudaSuccess) /* the x row of k_linear_fp8_128_split may exceed the default 48 KiB */
-        ce = cudaFuncSetAttribute(k_linear_fp8_128_split<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  GFW_FP8_SMEM_MAX);
-    if (ce == cudaSuccess)
-        ce = cudaFuncSetAttribute(k_linear_fp8_128_split<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    /* the x row of k_linear_fp8_128_split may exceed the default 48 KiB (both instances) */
+    for (int nan_free = 0; nan_free < 2 && ce == cudaSuccess; nan_free++)
+        ce = cudaFuncSetAttribute(fp8_split_kernel(nan_free), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   GFW_FP8_SMEM_MAX);
     if (ce == cudaSuccess)
         ce = dense_f8_rows_allow_smem();

@@ -240,14 +240,24 @@ static bool dense_f8_rows_fit(const uint16_t *x, int64_t rows, int64_t ldx, int6
            (group_rows == 0 || group_rows % GFW_DF8_ROWS == 0);
 }
 
+/** A k_linear_dense_f8_rows instance. */
+typedef void (*dense_f8_rows_fn)(const uint16_t *, int64_t, int64_t, ddense, int64_t, int64_t, int64_t, float *,
+                                 uint16_t *);
+
+/** The instance of k_linear_dense_f8_rows for a weight free of NaN codes (@p nan_free: ddense::nan_free) or not. */
+static dense_f8_rows_fn dense_f8_rows_kernel(bool nan_free)
+{
+    return nan_free ? k_linear_dense_f8_rows<false> : k_linear_dense_f8_rows<true>;
+}
+
 /** Allow k_linear_dense_f8_rows its staged x row (beyond the default 48 KiB; upload_tables() calls it). */
 static cudaError_t dense_f8_rows_allow_smem(void)
 {
-    const cudaError_t ce = cudaFuncSetAttribute(k_linear_dense_f8_rows<true>,
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize, GFW_DF8_SMEM_MAX);
-    return ce != cudaSuccess ? ce
-                             : cudaFuncSetAttribute(k_linear_dense_f8_rows<false>,
-                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, GFW_DF8_SMEM_MAX);
+    cudaError_t ce = cudaSuccess;
+    for (int nan_free = 0; nan_free < 2 && ce == cudaSuccess; nan_free++)
+        ce = cudaFuncSetAttribute(dense_f8_rows_kernel(nan_free), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  GFW_DF8_SMEM_MAX);
+    return ce;
 }
 
 /** Launch k_linear_dense_f8_rows for the set @p s (dense_f8_rows_fit() holds). */
@@ -255,8 +265,8 @@ static void launch_linear_dense_f8_rows(const uint16_t *x, int64_t rows, int64_t
                                         int64_t group_rows, int64_t group_width, cudaStream_t st)
 {
     const dim3 grid((unsigned)((s.N[0] + GFW_DF8_ROWS - 1) / GFW_DF8_ROWS), (unsigned)rows);
-    mmoe_launch_pdl(s.w[0].nan_free ? k_linear_dense_f8_rows<false> : k_linear_dense_f8_rows<true>, grid, GFW_DF8_WARPS * 32, (size_t)K * sizeof(double), st, x, ldx, K,
-                    s.w[0], s.N[0], group_rows, group_width, s.yf[0], s.yb[0]);
+    mmoe_launch_pdl(dense_f8_rows_kernel(s.w[0].nan_free), grid, GFW_DF8_WARPS * 32, (size_t)K * sizeof(double), st,
+                    x, ldx, K, s.w[0], s.N[0], group_rows, group_width, s.yf[0], s.yb[0]);
 }
 
 #endif /* MMOE_GPU_LINEAR_DENSE_F8_ROWS_CUH */
