@@ -396,14 +396,14 @@ START_TEST(test_linear_fp8)
     check_fp8(1, 1, 128, 128);      /* one step, one output: a block of one live warp */
     /* decode (T = 1): on a 132-multiprocessor device the kernel shares a row pair's steps over
        4 warps (wq_a), over 8 (wkv), over 2 and 4 with a short and an empty slice, and streams
-       4 pairs per warp (wq_b, 512 blocks) or 2 with an odd last row */
+       8 pairs per warp (wq_b, 256 blocks), or 2 and 4 with an odd last row */
     check_fp8(1, 1024, 4096, 128);  /* wq_a */
     check_fp8(1, 512, 4096, 128);   /* wkv */
     check_fp8(1, 40, 1536, 128);    /* 3 steps over 2 warps */
     check_fp8(1, 24, 2560, 128);    /* 5 steps over 4 warps: 2, 2, 1, 0 */
     check_fp8(1, 32768, 1024, 128); /* wq_b */
-    check_fp8(1, 8191, 512, 128);   /* one pair per warp, the last pair one row */
-    check_fp8(1, 16383, 1024, 128); /* 2 pairs per warp, the last pair one row */
+    check_fp8(1, 8191, 512, 128);   /* 2 pairs per warp, the last pair one row */
+    check_fp8(1, 16383, 1024, 128); /* 4 pairs per warp, the last pair one row */
     check_fp8(1, 4096, 8192, 128);  /* wo_b: two blocks per multiprocessor, 16 units per warp through the ring */
     check_fp8(2, 4095, 8192, 128);  /* 2 pairs per warp at K = 8192, an odd last row */
     check_fp8(1, 7, 128, 128);      /* K = 128: one short step, 3 of 4 ring slots never filled */
@@ -429,7 +429,7 @@ START_TEST(test_linear_fp8)
     check_fp8_kind(2, 96, 1024, 128, FP8_NAN);
     check_fp8_kind(2, 256, 512, 32, FP8_NAN); /* the 32-block kernel's NaN path */
     /* two linears in one launch: wq_a + wkv and wq_b + the indexer's wq_b at decode (on 132
-       multiprocessors: 4 slices each, 256 + 128 blocks; 5 and 8 pairs per warp), odd rows and
+       multiprocessors: 4 slices each, 256 + 128 blocks; 7 pairs per warp each), odd rows and
        a short step in both halves, extreme and NaN codes, and from 8 tokens on two launches */
     check_fp8_pair(1, 1024, 512, 4096, FP8_RANDOM);
     check_fp8_pair(1, 32768, 8192, 1024, FP8_RANDOM);

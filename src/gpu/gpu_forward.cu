@@ -673,11 +673,15 @@ __device__ __forceinline__ double fp8_block_sum(int row, double p0, double p1)
 }
 
 /**
- * Blocks per multiprocessor k_linear_fp8_128_split is compiled for (its register bound: 64
- * registers, four blocks of 256 threads fill the register file; the shared memory allows four
- * up to K = 2048).
+ * Blocks per multiprocessor k_linear_fp8_128_split is compiled for and shapes its grids for
+ * (fp8_split_choose()): three, so 76 registers.  Four (64 registers, the register file full)
+ * gave V4-Flash's one-token wq_b 512 blocks of 4 row pairs per warp, one in every slot of the
+ * device; three give it 256 blocks of 8 pairs, the same units on the busiest multiprocessor and
+ * as fast alone, but a graphed decode step about 2% faster (docs/perf.md, "Eleventh pass": the
+ * same with four blocks' registers and three blocks' grids), which points at the room the
+ * kernels after it find free on each multiprocessor.
  */
-#define GFW_FP8_SPLIT_BLOCKS_PER_SM 4
+#define GFW_FP8_SPLIT_BLOCKS_PER_SM 3
 /** Most row pairs one warp of k_linear_fp8_128_split streams one after the other. */
 #define GFW_FP8_SPLIT_PAIRS_MAX 8
 /** Most bytes of block terms per k_linear_fp8_128_split block (bounds the row pairs per warp). */
@@ -759,8 +763,8 @@ static int64_t fp8_split_blocks_on_busiest(int64_t blocks, int64_t n_sm)
 /**
  * The shape of k_linear_fp8_128_split for T tokens of an [N, K] weight on @p n_sm
  * multiprocessors.  One warp per row pair gives T ceil(N / 16) blocks.  When they are fewer
- * than the blocks that run at once (fp8_split_blocks_per_sm() per multiprocessor: four up to
- * K = 2048, three at K = 4096, two at K = 8192), the steps of a pair are split over 2, 4 or 8
+ * than the blocks that run at once (fp8_split_blocks_per_sm() per multiprocessor: three up to
+ * K = 4096, two at K = 8192), the steps of a pair are split over 2, 4 or 8
  * warps (as long as the grid still runs at once and every slice gets a step), so that a short
  * wide projection (V4-Flash's wq_a, wkv) still reaches every multiprocessor.  When there are
  * more, each warp streams p row pairs, p from ceil(blocks / slots) (one wave) up to
@@ -769,10 +773,10 @@ static int64_t fp8_split_blocks_on_busiest(int64_t blocks, int64_t n_sm)
  * such p), so that a tall one (wq_b) runs in one wave that loads the multiprocessors evenly and
  * whose warps keep their copies in flight from pair to pair instead of many short blocks each
  * waiting for its first.  V4-Flash at T = 1 on 132 multiprocessors: wq_a (1024 x 4096) 4
- * slices, 256 blocks; wkv (512 x 4096) 8 slices, 256 blocks; wq_b (32768 x 1024) 4 pairs, 512
- * blocks, 3 or 4 per multiprocessor (6 pairs, 342 blocks, would give 78 of them 3 blocks of
- * 12 units per warp, 288 units against 256); the indexer's wq_b (8192 x 1024) one pair, 512
- * blocks; wo_b (4096 x 8192) one pair, 256 blocks, two per multiprocessor.
+ * slices, 256 blocks; wkv (512 x 4096) 8 slices, 256 blocks; wq_b (32768 x 1024) 8 pairs, 256
+ * blocks, two per multiprocessor (6 pairs, 342 blocks, would give 78 of them 3 blocks of 12
+ * units per warp, 36 units against 32); the indexer's wq_b (8192 x 1024) 2 pairs, 256 blocks;
+ * wo_b (4096 x 8192) one pair, 256 blocks, two per multiprocessor.
  */
 static fp8_split_shape fp8_split_choose(int64_t T, int64_t N, int64_t K, int n_sm)
 {
@@ -912,7 +916,7 @@ __device__ __forceinline__ void fp8_ring_issue(bool live, bool in_k, const fp8_s
  * while the warp computes, without holding registers, also across the end of a pair.
  * Shared memory per block: 8 K bytes of x, 8 x 4 KB of rings and the terms: at K = 4096 about
  * 66 KB (three blocks per multiprocessor, 24 warps, about 72 KB in flight), at K = 8192 about
- * 100 KB (two blocks, 16 warps, about 48 KB in flight), at K = 1024 at most 45 KB (four).
+ * 100 KB (two blocks, 16 warps, about 48 KB in flight), at K = 1024 at most 45 KB (three).
  *
  * Exactness: an E4M3 value is an integer multiple of 2^-9 of magnitude <= 448 < 2^9, so a
  * product x w 2^-1016 is an integer multiple of 2^-1034 (>= 2^-1074, the double grid's
