@@ -3494,7 +3494,7 @@ static cudaError_t upload_tables(void)
     if (ce == cudaSuccess)
         ce = cudaMemcpyToSymbol(c_e4m3, mmoe_fp8_e4m3_table(), sizeof(float) * 256);
     if (ce == cudaSuccess)
-        ce = gfw_moe_upload_exp_table(tab);
+        ce = gfw_moe_upload_tables(tab);
     /* the x row of k_linear_fp8_128_split may exceed the default 48 KiB (both instances) */
     for (int nan_free = 0; nan_free < 2 && ce == cudaSuccess; nan_free++)
         ce = cudaFuncSetAttribute(fp8_split_kernel(nan_free), cudaFuncAttributeMaxDynamicSharedMemorySize,

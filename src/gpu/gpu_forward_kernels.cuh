@@ -169,7 +169,7 @@ __device__ __forceinline__ float gfw_e2m1_round(float v)
  * The 32-entry table of gfw_expf(): bits of 2^(i/32) minus i << 47 (so that adding k << 47 scales
  * by 2^(k/32)); filled at model creation from exp_table() (gpu_forward.cu).  Every CUDA file that
  * includes this header holds its own copy, and each copy must be filled (gpu_forward.cu fills
- * its own and, through gfw_moe_upload_exp_table(), gpu_fwd_moe.cu's): an unfilled copy makes
+ * its own and, through gfw_moe_upload_tables(), gpu_fwd_moe.cu's): an unfilled copy makes
  * gfw_expf() return garbage, NaN for negative arguments.
  */
 __constant__ unsigned long long c_exp2_tab[32];

@@ -80,6 +80,7 @@
  * |-------------------|------------------------------------------------------------------|
  * | k_moe_in          | x -> fp32 values and 1x128 E4M3 values, both chain-major (or the norm: x_staged) |
  * | k_moe_logits      | router logits [T, E]; CTA = 4 rows x 8 chains, TT tokens         |
+ * | k_moe_logits_one  | the same for one token, gate rows and x staged in shared memory  |
  * | k_moe_route_plan  | one CTA: sqrt-softplus, top-k (a warp per token) or hash, weights; then the plan |
  * | k_moe_l1          | CTA = 16 rows x 8 chains of one item; gate and up; SwiGLU epilogue |
  * | k_moe_requant     | L1 outputs -> 1x128 E4M3 values, chain-major                     |
@@ -133,6 +134,7 @@
 #include <stdint.h>
 
 #include "gpu_forward_kernels.cuh"
+#include "gpu_cp_async.cuh"
 #include "gpu_fwd_moe.cuh"
 #include "gpu_moe_decode.h"
 
@@ -166,6 +168,11 @@ enum moe_dec {
  * (prefill calls of at least 16 tokens), 8 with 1-word groups (whose 16-token kernels spill).
  */
 #define MOE_TT_MAX(VB) ((VB) == 4 ? 16 : 8)
+/**
+ * Most dynamic shared memory of k_moe_logits_one: its gate rows and the token's staged chains
+ * (moe_logits_one_smem(); 49.5 KB at D = 4096, 86 KB at D = 7168).
+ */
+#define MOE_LOGITS_ONE_SMEM_MAX (96 * 1024)
 /** Largest token tile of the router GEMM (one warp per CTA: few rows, TT accumulators each). */
 #define MOE_ROUTER_TT_MAX 8
 /** Threads of the routing / planning CTA. */
@@ -606,6 +613,69 @@ __global__ void __launch_bounds__(MOE_ROUTER_THREADS) k_moe_logits(const uint16_
     }
 }
 
+/** Floats between two chains' starts in k_moe_logits_one's staged x (four of padding: distinct bank quads). */
+__host__ __device__ __forceinline__ int64_t moe_logits_one_xstride(int64_t D) { return D / 8 + 4; }
+
+/** Dynamic shared memory of k_moe_logits_one for width D: the CTA's gate rows, then the staged chains. */
+__host__ __device__ __forceinline__ size_t moe_logits_one_smem(int64_t D)
+{
+    return (size_t)MOE_ROUTER_ROWS * 2 * (size_t)D + sizeof(float) * 8 * (size_t)moe_logits_one_xstride(D);
+}
+
+/**
+ * The router logits of one token (decode), the same bits as k_moe_logits with TT = 1 and
+ * 4-word groups: thread (row e, chain l) sums its chain in ascending order from +0 with fma,
+ * then moe_combine8().  What differs is where the operands wait: the CTA's MOE_ROUTER_ROWS
+ * gate rows (chain-packed bf16, 2 D bytes each, contiguous) are copied into shared memory with
+ * cp.async before the programmatic wait (a weight is no kernel's output, so the copy overlaps
+ * the kernel before: the ffn norm), and the token's eight chains of xb after it, all in
+ * flight at once.  The chain then reads shared memory only, instead of waiting for global
+ * memory once per batch of groups (eight batches in turn at D = 4096, where k_moe_logits took
+ * 9 us a call for 512 fma per chain; docs/perf.md).  Layout: row r's chain l, group g (8 values,
+ * m = 8 g .. 8 g + 7) at byte 2 D r + 128 g + 16 l, as in the packed row; chain l's values
+ * at floats l moe_logits_one_xstride(D) + m, the 8 chains of one read in distinct bank quads.
+ */
+__global__ void __launch_bounds__(MOE_ROUTER_THREADS) k_moe_logits_one(const uint16_t *gate, const float *xb,
+                                                                       int64_t E, int64_t D, float *logits)
+{
+    extern __shared__ __align__(16) uint8_t lg_sm[];
+    const int l = threadIdx.x & 7, row = threadIdx.x >> 3;
+    const int64_t e0 = (int64_t)blockIdx.x * MOE_ROUTER_ROWS;
+    const int rows = (int)(E - e0 < MOE_ROUTER_ROWS ? E - e0 : MOE_ROUTER_ROWS);
+    const int64_t K8 = D / 8, xstride = moe_logits_one_xstride(D), row_bytes = 2 * D;
+    float *const xs = (float *)(lg_sm + MOE_ROUTER_ROWS * row_bytes);
+    const uint8_t *src = (const uint8_t *)(gate + e0 * D);
+    for (int64_t i = threadIdx.x; i < rows * row_bytes / 16; i += blockDim.x)
+        cp_async16(lg_sm + 16 * i, src + 16 * i);
+    cp_async_commit();
+    gfw_pdl_enter();
+    for (int64_t i = threadIdx.x; i < 2 * D / 8; i += blockDim.x) { /* 4 floats a copy, K8 / 4 copies a chain */
+        const int64_t c = i / (K8 / 4), q = i % (K8 / 4);
+        cp_async16(xs + c * xstride + 4 * q, xb + c * K8 + 4 * q);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    const uint8_t *wl = lg_sm + (row < rows ? row : rows - 1) * row_bytes + 16 * l;
+    const float *xl = xs + l * xstride;
+    float acc = 0.0f;
+    for (int64_t g = 0; g < K8 / 8; g++) {
+        const uint4 v = *(const uint4 *)(wl + 128 * g);
+        const float4 xa = *(const float4 *)(xl + 8 * g), xc = *(const float4 *)(xl + 8 * g + 4);
+        acc = __fmaf_rn(xa.x, __uint_as_float(v.x << 16), acc);
+        acc = __fmaf_rn(xa.y, __uint_as_float(v.x & 0xFFFF0000u), acc);
+        acc = __fmaf_rn(xa.z, __uint_as_float(v.y << 16), acc);
+        acc = __fmaf_rn(xa.w, __uint_as_float(v.y & 0xFFFF0000u), acc);
+        acc = __fmaf_rn(xc.x, __uint_as_float(v.z << 16), acc);
+        acc = __fmaf_rn(xc.y, __uint_as_float(v.z & 0xFFFF0000u), acc);
+        acc = __fmaf_rn(xc.z, __uint_as_float(v.w << 16), acc);
+        acc = __fmaf_rn(xc.w, __uint_as_float(v.w & 0xFFFF0000u), acc);
+    }
+    const float sum = moe_combine8(acc);
+    if (row < rows && l == 0)
+        logits[e0 + row] = sum;
+}
+
 /** The index among the held experts of global expert @p e, or -1 (masked, or held by another rank). */
 __device__ __forceinline__ int64_t moe_held_id(int64_t e, int64_t first, int64_t held)
 {
@@ -991,9 +1061,12 @@ const char *gfw_moe_unsupported(int64_t D, int64_t I, int64_t Ws, int B)
     return NULL;
 }
 
-cudaError_t gfw_moe_upload_exp_table(const unsigned long long tab[32])
+cudaError_t gfw_moe_upload_tables(const unsigned long long tab[32])
 {
-    return cudaMemcpyToSymbol(c_exp2_tab, tab, sizeof(unsigned long long) * 32);
+    const cudaError_t ce = cudaMemcpyToSymbol(c_exp2_tab, tab, sizeof(unsigned long long) * 32);
+    if (ce != cudaSuccess)
+        return ce;
+    return cudaFuncSetAttribute(k_moe_logits_one, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_LOGITS_ONE_SMEM_MAX);
 }
 
 /** Chain-pack one matrix in place (nothing for NULL). */
@@ -1038,6 +1111,11 @@ template <int VB, int TT>
 static void moe_launch_logits(const gfw_moe_router &r, const float *xb, int64_t T, int64_t E, int64_t D, float *lg,
                               cudaStream_t st)
 {
+    if (TT == 1 && VB == 4 && T == 1 && moe_logits_one_smem(D) <= MOE_LOGITS_ONE_SMEM_MAX) {
+        mmoe_launch_pdl(k_moe_logits_one, moe_nblk(E, MOE_ROUTER_ROWS), MOE_ROUTER_THREADS, moe_logits_one_smem(D), st,
+                        r.gate, xb, E, D, lg);
+        return;
+    }
     const dim3 grid(moe_nblk(E, MOE_ROUTER_ROWS), moe_nblk(T, TT));
     mmoe_launch_pdl(k_moe_logits<VB, TT, 32 / VB>, grid, MOE_ROUTER_THREADS, 0, st, r.gate, xb, T, E, D, lg);
 }

@@ -99,9 +99,10 @@ const char *gfw_moe_unsupported(int64_t D, int64_t I, int64_t Ws, int B);
 
 /**
  * Upload gfw_expf()'s table (gpu_forward_kernels.cuh) into this file's copy of the constant
- * (each CUDA translation unit holds its own): at model creation, with the forward's own.
+ * (each CUDA translation unit holds its own) and allow the one-token router kernel its shared
+ * memory: at model creation, with the forward's own tables.
  */
-cudaError_t gfw_moe_upload_exp_table(const unsigned long long tab[32]);
+cudaError_t gfw_moe_upload_tables(const unsigned long long tab[32]);
 
 /** Set m->vb and chain-pack the uploaded matrices of @p m and the router gate in place. */
 cudaError_t gfw_moe_pack(dmoe *m, uint16_t *gate);
