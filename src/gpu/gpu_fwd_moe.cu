@@ -629,9 +629,10 @@ __host__ __device__ __forceinline__ size_t moe_logits_one_smem(int64_t D)
  * gate rows (chain-packed bf16, 2 D bytes each, contiguous) are copied into shared memory with
  * cp.async before the programmatic wait (a weight is no kernel's output, so the copy overlaps
  * the kernel before: the ffn norm), and the token's eight chains of xb after it, all in
- * flight at once.  The chain then reads shared memory only, instead of waiting for global
- * memory once per batch of groups (eight batches in turn at D = 4096, where k_moe_logits took
- * 9 us a call for 512 fma per chain; docs/perf.md).  Layout: row r's chain l, group g (8 values,
+ * flight at once.  The chain then reads shared memory only.  Alone the kernel is no faster
+ * than k_moe_logits (about 9.5 us at D = 4096: one warp per CTA runs a latency chain of 512
+ * fma and their loads either way); in the graphed decode step the copy ahead of the wait is
+ * what saves time (docs/perf.md, "Eleventh pass").  Layout: row r's chain l, group g (8 values,
  * m = 8 g .. 8 g + 7) at byte 2 D r + 128 g + 16 l, as in the packed row; chain l's values
  * at floats l moe_logits_one_xstride(D) + m, the 8 chains of one read in distinct bank quads.
  */
