@@ -286,6 +286,23 @@ static void expect_same_u16_nan(const char *what, const uint16_t *g, const uint1
     ck_assert_msg(nans > 0 && nans < n, "%s: %zu NaN outputs of %zu (the test wants some)", what, nans, n);
 }
 
+/**
+ * A NaN case's outputs made partly NaN whatever the seed: a NaN code at a random place of a
+ * random row @p a of the weight w [N, K] (N >= 2), so that every output of row a is NaN (the
+ * x values of the NaN cases are finite), and the NaN codes of another row b turned into 0x7E
+ * (the largest finite magnitude, same sign), so that row b's outputs are finite.  The check
+ * "some NaN outputs, not all" then holds by construction, not with a probability per seed.
+ */
+static void pin_nan_rows(mmoe_rng *r, uint8_t *w, int64_t N, int64_t K)
+{
+    const int64_t a = (int64_t)mmoe_rng_below(r, (uint64_t)N);
+    const int64_t b = (a + 1 + (int64_t)mmoe_rng_below(r, (uint64_t)(N - 1))) % N;
+    w[a * K + (int64_t)mmoe_rng_below(r, (uint64_t)K)] = 0x7F;
+    for (int64_t k = 0; k < K; k++)
+        if ((w[b * K + k] & 0x7F) == 0x7F)
+            w[b * K + k] = (uint8_t)((w[b * K + k] & 0x80) | 0x7E);
+}
+
 /** Weight codes [N, K] and scale bytes of @p block blocks of a kind (random finite or extreme codes). */
 static void make_fp8_weight(mmoe_rng *r, int64_t N, int64_t K, int block, fp8_kind kind, uint8_t **w, uint8_t **s)
 {
@@ -296,6 +313,8 @@ static void make_fp8_weight(mmoe_rng *r, int64_t N, int64_t K, int block, fp8_ki
         ck_assert_ptr_nonnull(*w);
         for (int64_t i = 0; i < N * K; i++)
             (*w)[i] = extreme_e4m3(r, kind == FP8_NAN);
+        if (kind == FP8_NAN)
+            pin_nan_rows(r, *w, N, K);
     }
     const int64_t sr = (N + block - 1) / block, sc = (K + block - 1) / block;
     *s = malloc((size_t)(sr * sc));
@@ -572,6 +591,8 @@ static void check_dense_f8(int64_t T, int64_t N, int64_t K, int block, int mode)
     for (int64_t i = 0; nan && i < N * K; i++)
         if (mmoe_rng_below(&r, 2048) == 0)
             w[i] = (uint8_t)(0x7F | (mmoe_rng_below(&r, 2) << 7));
+    if (nan)
+        pin_nan_rows(&r, w, N, K);
     const int64_t sr = (N + block - 1) / block, sc = (K + block - 1) / block;
     uint8_t *s = malloc((size_t)(sr * sc));
     double *xd = malloc(sizeof(double) * (size_t)(T * K));
