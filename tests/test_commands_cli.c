@@ -451,14 +451,17 @@ static int has_entry(const char *prefix)
 
 START_TEST(ctrl_c_leaves_no_temporaries)
 {
-    /* a 100-layer tiny checkpoint takes seconds to write; its DIR.partial-PID/ exists from the start */
+    /* a tiny-shape checkpoint of 200 layers of 128 experts (about 1.5 GB, tens of seconds to write
+       on a 2-core machine) is far from done 300 ms in, also when a loaded machine delays the
+       signal: a checkpoint finished before the signal lands is rightly kept, and would fail the
+       check.  Its DIR.partial-PID/ exists from the start. */
     pid_t pid = fork();
     ck_assert(pid >= 0);
     if (pid == 0) {
         if (freopen("/dev/null", "w", stderr) == NULL)
             _exit(99);
-        execl(getenv("MMOE_BIN"), "megamoe", "synth-model", "--shape", "tiny", "--layers", "100", "--seed", "1",
-              "--shard-mib", "4", "--out", "big", (char *)NULL);
+        execl(getenv("MMOE_BIN"), "megamoe", "synth-model", "--shape", "tiny", "--layers", "200", "--experts", "128",
+              "--seed", "1", "--shard-mib", "4", "--out", "big", (char *)NULL);
         _exit(98);
     }
     int seen = 0;
