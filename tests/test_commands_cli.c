@@ -436,17 +436,42 @@ START_TEST(token_ids_out_of_range_are_named)
 }
 END_TEST
 
-/** Does the current directory hold an entry whose name starts with @p prefix? */
-static int has_entry(const char *prefix)
+/**
+ * Does directory @p dir hold an entry whose name starts with @p prefix?  With @p names, the
+ * names of all such entries (and of the entries inside those that are directories) are
+ * appended to it, space-separated, as far as @p n bytes allow.
+ */
+static int has_entry_in(const char *dir, const char *prefix, char *names, size_t n)
 {
-    DIR *d = opendir(".");
+    DIR *d = opendir(dir);
     ck_assert_ptr_nonnull(d);
     struct dirent *e;
     int found = 0;
-    while (!found && (e = readdir(d)) != NULL)
-        found = strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0 || strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        found = 1;
+        if (names == NULL)
+            break;
+        size_t len = strlen(names);
+        snprintf(names + len, n - len, "%s%s/%s", len ? " " : "", dir, e->d_name);
+        char sub[1024];
+        snprintf(sub, sizeof sub, "%s/%s", dir, e->d_name);
+        DIR *inner = opendir(sub);
+        if (inner != NULL) {
+            closedir(inner);
+            if (strcmp(dir, ".") == 0) /* one level down: the partial directory's files */
+                has_entry_in(sub, "", names, n);
+        }
+    }
     closedir(d);
     return found;
+}
+
+/** Does the current directory hold an entry whose name starts with @p prefix? */
+static int has_entry(const char *prefix)
+{
+    return has_entry_in(".", prefix, NULL, 0);
 }
 
 START_TEST(ctrl_c_leaves_no_temporaries)
@@ -479,7 +504,9 @@ START_TEST(ctrl_c_leaves_no_temporaries)
     int status;
     ck_assert_int_eq(waitpid(pid, &status, 0), pid);
     ck_assert_msg(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT, "status 0x%x: not ended by SIGINT", status);
-    ck_assert_msg(!has_entry("big"), "an interrupted synth-model left files behind");
+    char left[4096] = "";
+    ck_assert_msg(!has_entry_in(".", "big", left, sizeof left), "an interrupted synth-model left files behind: %s",
+                  left);
 }
 END_TEST
 

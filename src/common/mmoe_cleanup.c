@@ -9,6 +9,7 @@
  */
 #include "mmoe_cleanup.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -21,6 +22,12 @@
 #define CLEANUP_PATH_MAX 4096
 /** Longest path kept for a mapping's message. */
 #define CLEANUP_MAP_PATH_MAX 1024
+/**
+ * Passes over a temporary directory at most: a pass unlinks the files it lists, then removes
+ * the directory; another pass follows only when the directory is still not empty (an entry the
+ * listing did not return while its neighbours were being unlinked).
+ */
+#define CLEANUP_DIR_PASSES 8
 
 /** Slot states. */
 enum { SLOT_FREE = 0, SLOT_FILLING = 1, SLOT_ACTIVE = 2 };
@@ -103,24 +110,38 @@ typedef struct linux_dirent64_rec {
     char d_name[];           /**< NUL-terminated name */
 } linux_dirent64_rec;
 
-/** Remove the plain files of directory @p path, then the directory (async-signal-safe). */
-static void remove_dir_files(const char *path)
+/** Unlink the plain files that one listing of directory @p path returns (async-signal-safe). */
+static void unlink_dir_files(const char *path)
 {
     int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        char buf[4096] __attribute__((aligned(8)));
-        long n;
-        while ((n = syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0) {
-            for (long off = 0; off < n;) {
-                const linux_dirent64_rec *d = (const linux_dirent64_rec *)(buf + off);
-                if (strcmp(d->d_name, ".") != 0 && strcmp(d->d_name, "..") != 0)
-                    (void)unlinkat(fd, d->d_name, 0);
-                off += d->d_reclen;
-            }
+    if (fd < 0)
+        return;
+    char buf[4096] __attribute__((aligned(8)));
+    long n;
+    while ((n = syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0) {
+        for (long off = 0; off < n;) {
+            const linux_dirent64_rec *d = (const linux_dirent64_rec *)(buf + off);
+            if (strcmp(d->d_name, ".") != 0 && strcmp(d->d_name, "..") != 0)
+                (void)unlinkat(fd, d->d_name, 0);
+            off += d->d_reclen;
         }
-        close(fd);
     }
-    (void)rmdir(path);
+    close(fd);
+}
+
+/**
+ * Remove the plain files of directory @p path, then the directory, in up to CLEANUP_DIR_PASSES
+ * passes while it is not empty (async-signal-safe; errno as it was).
+ */
+static void remove_dir_files(const char *path)
+{
+    const int saved = errno;
+    for (int pass = 0; pass < CLEANUP_DIR_PASSES; pass++) {
+        unlink_dir_files(path);
+        if (rmdir(path) == 0 || (errno != ENOTEMPTY && errno != EEXIST))
+            break;
+    }
+    errno = saved;
 }
 
 void mmoe_cleanup_run(void)
