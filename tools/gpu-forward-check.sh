@@ -8,7 +8,10 @@
 #      --cuda-graph off and on.
 # Logs go to $OUT.  Usage on the device machine (see tools/gpu-check.sh for the tarball layout):
 #   MMOE_DEBS=$PWD/.gpu/debs bash /tmp/m/tools/gpu-forward-check.sh [STEPS]
-# STEPS: a subset of "build test memcheck flash bench break" (default: all but break).
+# STEPS: a subset of "build test memcheck racecheck flash bench break" (default: build test
+# memcheck flash bench).  BLOCKS_RUNS (default 1): runs of test_gpu_forward_blocks in "test", each
+# with its own seed; every failure line is printed with the run's seed.  "racecheck": the blocks
+# suite under compute-sanitizer racecheck and synccheck (shared-memory hazards, barriers).
 # "break" (last: it edits the tree) applies $BREAK_PATCH (deliberate bugs, one per block) and
 # runs the suites again, which must fail.
 set -u
@@ -33,10 +36,12 @@ esac
 export MMOE_SRCDIR=$ROOT MMOE_BUILDDIR=$ROOT MMOE_BIN=$ROOT/megamoe CK_VERBOSITY=verbose
 FLASH=/tmp/mmoe-flash
 case " $STEPS " in *" test "*)
-  t0=$(date +%s)
-  timeout 200 ./tests/test_gpu_forward_blocks > "$OUT/test-blocks.log" 2>&1
-  echo "test_gpu_forward_blocks: rc=$? ($(( $(date +%s) - t0 )) s)"
-  grep -E "gpu_forward_blocks:|:[PFE]:|Checks" "$OUT/test-blocks.log" | tail -n 30
+  for run in $(seq 1 "${BLOCKS_RUNS:-1}"); do
+    t0=$(date +%s)
+    timeout 200 ./tests/test_gpu_forward_blocks > "$OUT/test-blocks-$run.log" 2>&1
+    echo "test_gpu_forward_blocks run $run: rc=$? ($(( $(date +%s) - t0 )) s), $(grep -m1 -o 'seed [0-9]*' "$OUT/test-blocks-$run.log")"
+    grep -E ":[FE]:|Checks" "$OUT/test-blocks-$run.log" | tail -n 10
+  done
   t0=$(date +%s)
   CK_EXCLUDE_TAGS=flash OPENBLAS_NUM_THREADS=16 timeout 300 ./tests/test_gpu_forward > "$OUT/test.log" 2>&1
   echo "test_gpu_forward (all but flash): rc=$? ($(( $(date +%s) - t0 )) s)"
@@ -55,6 +60,15 @@ case " $STEPS " in *" memcheck "*)
     echo "memcheck (tiny, MMOE_GPU_GRAPH=1): rc=$? ($(( $(date +%s) - t0 )) s)"
     grep -E "ERROR SUMMARY|Invalid|Checks" "$OUT/memcheck-graph.log" | head
   else echo "memcheck: compute-sanitizer not found"; fi;;
+esac
+case " $STEPS " in *" racecheck "*)
+  if command -v compute-sanitizer > /dev/null; then
+    for tool in racecheck synccheck; do
+      t0=$(date +%s)
+      timeout 300 compute-sanitizer --tool $tool --error-exitcode 3 ./tests/test_gpu_forward_blocks > "$OUT/$tool.log" 2>&1
+      echo "$tool (blocks): rc=$? ($(( $(date +%s) - t0 )) s)"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|hazard|:[FE]:|Checks" "$OUT/$tool.log" | head
+    done
+  else echo "racecheck: compute-sanitizer not found"; fi;;
 esac
 case " $STEPS " in *" flash "*)
   t0=$(date +%s)
