@@ -759,6 +759,99 @@ START_TEST(test_mhc)
 }
 END_TEST
 
+/** Finite bf16 values only (k_hc_pre_norm wrote every one). */
+static void expect_finite_u16(const char *what, const uint16_t *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        ck_assert_msg((v[i] & 0x7F80) != 0x7F80, "%s: element %zu is 0x%04x (seed %llu)", what, i, v[i],
+                      (unsigned long long)g_seed);
+}
+
+/**
+ * The fused hc_pre + RMSNorm (k_hc_pre_norm) against the three kernels it replaces (k_hc_part,
+ * k_hc_finish_split, k_rmsnorm, each checked against the CPU above): every output bit for bit,
+ * for T tokens of width D, an hc_pre (@p n_out 24: post and comb too) or an hc_head (4), with
+ * output @p out 0 (y), 1 (y and its FP8 quantization) or 2 (y and the MoE's quantized input).
+ * The fused kernel runs twice, each time from NaN outputs (the first launch must reset its block
+ * counts for the second to finish).
+ *
+ * With @p cancel the mix's order shows in its bf16 result: fn = 0 and one base value make the
+ * four pre weights one number p, stream 1 is stream 0 negated and streams 2 and 3 are about
+ * 2^-20 of it, so ((p x0 + p x1) + p x2) + p x3 is p x2 + p x3 almost exactly, where any other
+ * order rounds the small terms away against p x0 (random inputs leave the order to the last
+ * fp32 bit, which the bf16 output hides but for about one value in 2^16).
+ */
+static void check_hc_pre_norm(int64_t T, int64_t D, int n_out, int out, int cancel)
+{
+    const int hc = 4;
+    const int64_t n = hc * D;
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed ^ (uint64_t)D ^ 0x9e ^ ((uint64_t)(n_out * 8 + out * 2 + cancel) << 24) ^ ((uint64_t)T << 40));
+    uint16_t *X = rand_bf16(&r, (size_t)(T * n), 2.0f), *w = malloc(2 * (size_t)D);
+    float *fn = malloc(sizeof(float) * (size_t)(n_out * n)), base[24], scale[3] = {0.5f, 0.7f, 1.3f};
+    ck_assert(w && fn);
+    for (int64_t i = 0; i < n_out * n; i++)
+        fn[i] = cancel ? 0.0f : unif(&r, 0.02f);
+    for (int i = 0; i < n_out; i++)
+        base[i] = cancel ? 0.3f : unif(&r, 1.0f);
+    for (int64_t t = 0; cancel && t < T; t++)
+        for (int64_t c = 0; c < D; c++) {
+            uint16_t *xt = X + t * n;
+            xt[D + c] = xt[c] ^ 0x8000u; /* -x0 */
+            xt[2 * D + c] = mmoe_bf16_from_f32(unif(&r, 0x1p-20f));
+            xt[3 * D + c] = mmoe_bf16_from_f32(unif(&r, 0x1p-20f));
+        }
+    for (int64_t i = 0; i < D; i++)
+        w[i] = mmoe_bf16_from_f32(1.0f + unif(&r, 0.5f));
+    uint16_t *y[2];
+    float *post[2], *comb[2], *qs[2], *mq[2];
+    uint8_t *q[2];
+    for (int f = 0; f < 2; f++) {
+        y[f] = malloc(2 * (size_t)(T * D));
+        post[f] = malloc(sizeof(float) * (size_t)(T * hc));
+        comb[f] = malloc(sizeof(float) * (size_t)(T * hc * hc));
+        q[f] = malloc((size_t)(T * D));
+        qs[f] = malloc(sizeof(float) * (size_t)(T * D / 128));
+        mq[f] = malloc(sizeof(float) * (size_t)(T * D));
+        ck_assert(y[f] && post[f] && comb[f] && q[f] && qs[f] && mq[f]);
+        mmoe_error err;
+        ck_assert_msg(gfw_test_hc_pre_norm(D, n_out, 20, 1e-6f, 1e-6f, X, T, fn, base, scale, w, 1e-6f, out, f, y[f],
+                                           post[f], comb[f], q[f], qs[f], mq[f], &err) == MMOE_OK,
+                      "%s", err.msg);
+    }
+    expect_finite_u16("hc_pre_norm y (fused)", y[1], (size_t)(T * D));
+    expect_same_u16("hc_pre_norm y", y[1], y[0], (size_t)(T * D));
+    expect_same_f32("hc_pre_norm post", post[1], post[0], (size_t)(T * hc));
+    expect_same_f32("hc_pre_norm comb", comb[1], comb[0], (size_t)(T * hc * hc));
+    ck_assert_msg(memcmp(q[1], q[0], (size_t)(T * D)) == 0, "hc_pre_norm q differs (seed %llu)",
+                  (unsigned long long)g_seed);
+    expect_same_f32("hc_pre_norm qs", qs[1], qs[0], (size_t)(T * D / 128));
+    expect_same_f32("hc_pre_norm mq", mq[1], mq[0], (size_t)(T * D));
+    if (n_out > hc)
+        ck_assert_msg(isfinite(post[1][0]) && isfinite(comb[1][T * hc * hc - 1]), "hc_pre_norm: post or comb not written");
+    if (out == 1)
+        ck_assert_msg(isfinite(qs[1][0]) && isfinite(qs[1][T * D / 128 - 1]), "hc_pre_norm: qs not written");
+    if (out == 2)
+        ck_assert_msg(isfinite(mq[1][0]) && isfinite(mq[1][T * D - 1]), "hc_pre_norm: mq not written");
+    fprintf(stderr, "gpu_forward_blocks: hc_pre_norm T=%lld D=%lld n_out=%d out=%d%s: fused = three kernels, bit for bit\n",
+            (long long)T, (long long)D, n_out, out, cancel ? " (cancelling streams)" : "");
+    for (int f = 0; f < 2; f++)
+        free(y[f]), free(post[f]), free(comb[f]), free(q[f]), free(qs[f]), free(mq[f]);
+    free(X), free(w), free(fn);
+}
+
+START_TEST(test_hc_pre_norm)
+{
+    check_hc_pre_norm(1, 4096, 24, 1, 0); /* decode, attention side (V4-Flash width) */
+    check_hc_pre_norm(1, 4096, 24, 2, 0); /* decode, MoE side */
+    check_hc_pre_norm(3, 4096, 24, 1, 0);
+    check_hc_pre_norm(2, 128, 24, 2, 0);  /* one warp of chunks partly idle */
+    check_hc_pre_norm(2, 4096, 4, 0, 0);  /* hc_head and the final norm */
+    check_hc_pre_norm(1, 384, 4, 0, 0);
+    check_hc_pre_norm(1, 4096, 24, 1, 1); /* the mix's order visible in y */
+}
+END_TEST
+
 static void check_attend(int H, int d, int64_t n)
 {
     mmoe_rng r;
@@ -910,6 +1003,7 @@ static Suite *blocks_suite(void)
     tcase_add_test(tc, test_linear_fp8);
     tcase_add_test(tc, test_linear_dense);
     tcase_add_test(tc, test_mhc);
+    tcase_add_test(tc, test_hc_pre_norm);
     tcase_add_test(tc, test_attend);
     tcase_add_test(tc, test_qat);
     tcase_add_test(tc, test_indexer);

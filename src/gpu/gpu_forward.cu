@@ -1503,29 +1503,31 @@ __global__ void k_hc_part(const uint16_t *X, int64_t n, const float *fn, int n_o
  * counter's subtrees folded from the right (each padded subtree reduces to its live part, since
  * x + (+0) = x for every x but -0), and no block sum is -0 (a chunk sum starts at +0, and
  * +0 + (-0) = +0; a sum of two values is -0 only when both are).  Saves the counter's stack in
- * local memory and the loads' one-at-a-time waits.
+ * local memory and the loads' one-at-a-time waits.  The loads go through the L2 (ld.global.cg): in
+ * k_hc_pre_norm the sums were written by other blocks of the same kernel.
  */
 __device__ __forceinline__ double hc_fold_parts(const double *p, int S)
 {
     double v[GFW_HC_FOLD_MAX];
 #pragma unroll
     for (int s = 0; s < GFW_HC_FOLD_MAX; s++)
-        v[s] = s < S ? p[s] : 0.0;
+        v[s] = s < S ? __ldcg(p + s) : 0.0;
     return __dadd_rn(__dadd_rn(__dadd_rn(v[0], v[1]), __dadd_rn(v[2], v[3])),
                      __dadd_rn(__dadd_rn(v[4], v[5]), __dadd_rn(v[6], v[7])));
 }
 
 /**
- * The first steps of k_hc_finish_split for token @p t (whole block): the S block
- * sums of each reduction folded by the spec's tree, the logits m[0, n_out) (m[n_out]: the rms
- * factor), pre[0, hc), and from block 0 of an hc_pre also post.  Ends with m visible to the
- * block (pre is written after the last barrier: the caller synchronizes before reading it).
+ * The first steps of k_hc_finish_split and k_hc_pre_norm for token @p t (whole block): the S
+ * block sums of each reduction folded by the spec's tree, the logits m[0, n_out) (m[n_out]: the
+ * rms factor), pre[0, hc), and with @p has_post (one block of an hc_pre) also post.  Ends with
+ * m visible to the block (pre is written after the last barrier: the caller synchronizes before
+ * reading it).
  */
 __device__ __forceinline__ void hc_finish_logits(int64_t t, int64_t n, int hc, const double *part, int S,
                                                  const float *base, const float *scale, int n_out, float norm_eps,
-                                                 float hc_eps, float *post, float *m, float *pre)
+                                                 float hc_eps, int has_post, float *post, float *m, float *pre)
 {
-    const int tid = threadIdx.x, has_post = n_out > hc && blockIdx.x == 0;
+    const int tid = threadIdx.x;
     /* the parameters this thread needs later, loaded with the block sums (not after the barriers) */
     const float pre_scale = scale[0], pre_base = tid < hc ? base[tid] : 0.0f;
     const float post_scale = has_post ? scale[1] : 0.0f, post_base = has_post && tid < hc ? base[hc + tid] : 0.0f;
@@ -1538,7 +1540,7 @@ __device__ __forceinline__ void hc_finish_logits(int64_t t, int64_t n, int hc, c
             mmoe_pairwise pw;
             mmoe_pairwise_init(&pw);
             for (int s = 0; s < S; s++)
-                mmoe_pairwise_push(&pw, p[s]);
+                mmoe_pairwise_push(&pw, __ldcg(p + s));
             raw = mmoe_pairwise_result(&pw);
         }
         if (tid == n_out)
@@ -1709,7 +1711,7 @@ __global__ void k_hc_finish_split(const uint16_t *X, int64_t D, int hc, const do
             if (jj < hc)
                 xv[jj] = gfw_bf2f(Xt[jj * D + c]);
     }
-    hc_finish_logits(t, n, hc, part, S, base, scale, n_out, norm_eps, hc_eps, post, m, pre);
+    hc_finish_logits(t, n, hc, part, S, base, scale, n_out, norm_eps, hc_eps, sinkhorn, post, m, pre);
     __syncthreads();
     if (sinkhorn) {
         if (threadIdx.x < 32)
@@ -1724,6 +1726,177 @@ __global__ void k_hc_finish_split(const uint16_t *X, int64_t D, int hc, const do
         if (jj < hc)
             acc = __fadd_rn(acc, __fmul_rn(pre[jj], xv[jj]));
     y[t * D + c] = gfw_f2bf(acc);
+}
+
+/** The mHC width k_hc_pre_norm is compiled for (the model's: DeepSeek-V4 has hc = 4). */
+#define GFW_HC_FUSED_HC 4
+
+/**
+ * Threads of k_hc_pre_norm: GFW_HC_PART_CHUNKS for the block sums, the mix and the norm (one
+ * chunk of 16 each), and one warp more for the Sinkhorn iterations.
+ */
+#define GFW_HC_FUSED_THREADS (GFW_HC_PART_CHUNKS + 32)
+
+/**
+ * Blocks of k_hc_pre_norm per multiprocessor that its registers allow (it is compiled for at
+ * least this many): its grid is used where it fits one wave of them (hc_pre_norm_fits()).
+ */
+#define GFW_HC_FUSED_BLOCKS_PER_SM 2
+
+/** What k_hc_pre_norm reads and writes (one struct: the launch takes one argument). */
+struct hc_pre_norm_args {
+    const uint16_t *X;          /**< streams [T, hc, D] */
+    int64_t D;                  /**< width */
+    const float *fn;            /**< mHC fn [n_out, hc D] */
+    const float *base;          /**< mHC base [n_out] */
+    const float *scale;         /**< mHC scale [3] */
+    int n_out;                  /**< (2 + hc) hc for an hc_pre, hc for hc_head */
+    int iters;                  /**< Sinkhorn iterations */
+    float hc_eps;               /**< the Sinkhorn's epsilon */
+    float norm_eps;             /**< the epsilon of the logits' rms factor */
+    double *part;               /**< block sums [T, n_out + 1, S] */
+    unsigned *arrive;           /**< [T] blocks of each token done; 0 between launches */
+    float *post;                /**< hc_pre only: [T, hc] */
+    float *comb;                /**< hc_pre only: [T, hc, hc] */
+    ddense w;                   /**< the RMSNorm's weight [D] */
+    float eps;                  /**< the RMSNorm's epsilon */
+    uint16_t *y;                /**< the normed mix [T, D] */
+    uint8_t *q;                 /**< NULL, or y quantized: codes [T, D] (rmsnorm_chunk_quant()) */
+    float *qs;                  /**< with q: scales [T, D / 128] */
+    float *mb;                  /**< NULL, or the MoE's fp32 input (rmsnorm_chunk_quant()) */
+    float *mq;                  /**< with mb: the MoE's quantized input */
+};
+
+/**
+ * hc_pre (or hc_head) and the RMSNorm after it in one launch, for widths D <= 16
+ * GFW_HC_PART_CHUNKS (one chunk of 16 channels per thread) and hc = GFW_HC_FUSED_HC: the same
+ * operations on the same operands in the same order as k_hc_part, k_hc_finish_split and
+ * k_rmsnorm (with its quantization) one after the other, so the same bits, in one kernel
+ * instead of three.
+ *
+ * Every block (s, r, t) first sums its node of reduction r as k_hc_part does, its first
+ * GFW_HC_PART_CHUNKS threads one chunk each and the last warp +0 (a ninth warp sum of +0 is the
+ * tree's own padding: the same node), and stores it into @p part; then its thread 0 counts
+ * the block in arrive[t] (after a fence, so that the sum is visible before the count).  The
+ * block that counts last for token t (each token's sums are then all stored) resets the count
+ * for the next launch and finishes the token alone: the logits, pre and post
+ * (hc_finish_logits(), reading the sums through the L2), then its last warp runs the Sinkhorn
+ * iterations (sinkhorn_warp()) while thread b of the others mixes channels [16 b, 16 b + 16)
+ * (hc_mix_channels()'s sum), sums their squares as k_rmsnorm's chunk b, joins the norm's tree
+ * (barrier 1: the Sinkhorn warp is not waited for) and stores its 16 normed values (and their
+ * quantization, rmsnorm_chunk_quant()).  Thread b's stream values and norm weights are loaded
+ * before the logits, so the finishing block waits for memory once.  Nothing waits on another
+ * block: a block that is not last exits.
+ */
+__global__ void __launch_bounds__(GFW_HC_FUSED_THREADS, GFW_HC_FUSED_BLOCKS_PER_SM) k_hc_pre_norm(hc_pre_norm_args a)
+{
+    constexpr int HC = GFW_HC_FUSED_HC, NT = GFW_HC_PART_CHUNKS, C = MMOE_SUM_CHUNK;
+    gfw_pdl_enter();
+    __shared__ double sh[33];
+    __shared__ float m[(2 + HC) * HC + 1];
+    __shared__ float pre[HC];
+    __shared__ int last;
+    const int64_t t = blockIdx.z, n = HC * a.D;
+    const int tid = threadIdx.x, mixer = tid < NT, S = (int)gridDim.x;
+    const uint16_t *Xt = a.X + t * n;
+    double leaf = 0.0; /* the Sinkhorn warp's leaves: +0, as the tree's padding */
+    if (mixer) {
+        const int64_t r = blockIdx.y, k = (int64_t)blockIdx.x * NT + tid;
+        const float *row = r < a.n_out ? a.fn + r * n : NULL;
+        if (!hc_chunk_vec(Xt, row, k, n, &leaf))
+            leaf = row != NULL ? gfw_run_sum(fn_term{row, Xt}, k, 1, n) : gfw_run_sum(sq_term{Xt}, k, 1, n);
+    }
+    const double node = gfw_threads_tree(leaf, sh, GFW_HC_FUSED_THREADS, 0);
+    if (tid == 0) {
+        a.part[(t * (a.n_out + 1) + blockIdx.y) * S + blockIdx.x] = node;
+        __threadfence();
+        last = atomicAdd(a.arrive + t, 1u) == (unsigned)(S * (int)gridDim.y) - 1u;
+    }
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    if (tid == 0)
+        a.arrive[t] = 0u; /* every block of token t has counted */
+    const int has_sinkhorn = a.n_out > HC;
+    const int64_t i0 = (int64_t)tid * C;
+    const int live = mixer && i0 < a.D;
+    const void *wc = a.w.dtype == GFW_F32 ? (const void *)((const float *)a.w.p + i0)
+                                          : (const void *)((const uint16_t *)a.w.p + i0);
+    const int w_vec = gfw_aligned16(wc), w_words = a.w.dtype == GFW_F32 ? 4 : 2;
+    float c_scale = 0.0f, c_base[2] = {0.0f, 0.0f};
+    uint4 xr[HC][2], wr[4]; /* the chunk's stream values and norm weights as loaded (bf16 or fp32 bits) */
+    if (!mixer) {
+        if (has_sinkhorn) {
+            c_scale = a.scale[2];
+#pragma unroll
+            for (int q = 0; q < 2; q++)
+                if ((tid - NT) + 32 * q < HC * HC)
+                    c_base[q] = a.base[2 * HC + (tid - NT) + 32 * q];
+        }
+    } else if (live) {
+#pragma unroll
+        for (int j = 0; j < HC; j++) { /* aligned: D is a multiple of 128 */
+            xr[j][0] = ((const uint4 *)(Xt + j * a.D + i0))[0];
+            xr[j][1] = ((const uint4 *)(Xt + j * a.D + i0))[1];
+        }
+        if (w_vec) {
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                if (k < w_words)
+                    wr[k] = ((const uint4 *)wc)[k];
+        }
+    }
+    hc_finish_logits(t, n, HC, a.part, S, a.base, a.scale, a.n_out, a.norm_eps, a.hc_eps, has_sinkhorn, a.post, m, pre);
+    __syncthreads();
+    if (!mixer) {
+        if (has_sinkhorn)
+            sinkhorn_warp<HC>(m + 2 * HC, c_scale, c_base, HC, a.hc_eps, a.iters, a.comb + t * HC * HC);
+        return;
+    }
+    float acc[C], v[C]; /* hc_mix_channels' sums (stream j ascending from +0); v: one stream's values */
+#pragma unroll
+    for (int i = 0; i < C; i++)
+        acc[i] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < HC; j++) {
+        if (live)
+            gfw_bf16x16_to_f32(xr[j][0], xr[j][1], v);
+#pragma unroll
+        for (int i = 0; i < C; i++)
+            acc[i] = __fadd_rn(acc[i], __fmul_rn(pre[j], live ? v[i] : 0.0f));
+    }
+    uint16_t yb[C];
+    double chunk = 0.0; /* k_rmsnorm's chunk of squares */
+#pragma unroll
+    for (int i = 0; i < C; i++) {
+        yb[i] = gfw_f2bf(acc[i]);
+        const double x = (double)gfw_bf2f(yb[i]);
+        if (live) /* a chunk past the row is +0, as in k_rmsnorm */
+            chunk = __dadd_rn(chunk, __dmul_rn(x, x));
+    }
+    const float rs = rms_factor(gfw_threads_tree(chunk, sh, NT, 1), a.D, a.eps);
+    float wv[C];
+    if (live && w_vec && a.w.dtype == GFW_F32) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            wv[4 * k] = __uint_as_float(wr[k].x), wv[4 * k + 1] = __uint_as_float(wr[k].y);
+            wv[4 * k + 2] = __uint_as_float(wr[k].z), wv[4 * k + 3] = __uint_as_float(wr[k].w);
+        }
+    } else if (live && w_vec) {
+        gfw_bf16x16_to_f32(wr[0], wr[1], wv);
+    } else {
+#pragma unroll
+        for (int i = 0; i < C; i++)
+            wv[i] = live ? dv_at(a.w, i0 + i) : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < C; i++)
+        yb[i] = gfw_f2bf(__fmul_rn(wv[i], __fmul_rn(gfw_bf2f(yb[i]), rs)));
+    if (live)
+        gfw_store_bf16x16(a.y + t * a.D + i0, yb);
+    if (a.q != NULL || a.mq != NULL) /* every lane of the warp: its 128-blocks' amax are shuffles */
+        rmsnorm_chunk_quant(yb, live ? C : 0, t, a.D, a.q, a.qs, a.mb, a.mq);
 }
 
 /**
@@ -2851,6 +3024,7 @@ struct mmoe_gpu_model {
     /* work */
     uint16_t *X, *y, *o, *qr, *q, *kv, *att, *z, *hn, *hp, *e;
     double *hc_part;
+    unsigned *hc_arrive;
     float *post, *comb, *ckv, *cgate, *ikv, *igate, *scores, *logits, *moe_x, *moe_scores, *moe_w, *moe_h;
     uint16_t *qi, *wi, *slot_y;
     int32_t *ids, *topk_idx, *moe_idx;
@@ -2959,6 +3133,8 @@ struct mmoe_gpu_model {
      *  MTP projected embedding [Tm, D]
      *  @var mmoe_gpu_model::hc_part
      *  mHC block sums [Tm, (2+hc)*hc + 1, hc_part_blocks(hc*D)]
+     *  @var mmoe_gpu_model::hc_arrive
+     *  k_hc_pre_norm's count of the blocks done, per token [Tm] (0 between launches)
      *  @var mmoe_gpu_model::post
      *  mHC post weights [Tm, hc]
      *  @var mmoe_gpu_model::comb
@@ -3325,6 +3501,7 @@ static cudaError_t build(mmoe_gpu_model *g, const gfw_model_src *s, int *host_oo
     g->hp = (uint16_t *)galloc(g, 2 * (size_t)(rows * D), &ce);
     g->post = (float *)galloc(g, sizeof(float) * (size_t)(Tm * hc), &ce);
     g->hc_part = (double *)galloc(g, sizeof(double) * (size_t)(Tm * ((2 + hc) * hc + 1) * hc_part_blocks(hc * D)), &ce);
+    g->hc_arrive = (unsigned *)galloc(g, sizeof(unsigned) * (size_t)Tm, &ce);
     g->comb = (float *)galloc(g, sizeof(float) * (size_t)(Tm * hc * hc), &ce);
     g->qr = (uint16_t *)galloc(g, 2 * (size_t)(Tm * q), &ce);
     g->q = (uint16_t *)galloc(g, 2 * (size_t)(Tm * H * d), &ce);
@@ -3644,6 +3821,36 @@ static void launch_hc_mix(const uint16_t *X, int64_t D, int hc, int64_t T, const
                     fn, n_out, part);
     mmoe_launch_pdl(k_hc_finish_split, dim3(nblk(D) + (n_out > hc), (unsigned)T), 256, 0, st, X, D, hc, part, S, base,
                     scale, n_out, norm_eps, hc_eps, iters, y, post, comb);
+}
+
+/**
+ * Whether k_hc_pre_norm serves an mHC of width @p D and @p hc streams with the norm after it
+ * (one chunk of 16 channels per thread, whole 128-blocks for the quantization).
+ */
+static bool hc_pre_norm_serves(int hc, int64_t D)
+{
+    return hc == GFW_HC_FUSED_HC && D % 128 == 0 && D <= (int64_t)MMOE_SUM_CHUNK * GFW_HC_PART_CHUNKS;
+}
+
+/**
+ * Whether the forward takes k_hc_pre_norm for @p T tokens (n_out + 1 reductions): where it
+ * serves the width and its grid fits one wave on @p n_sm multiprocessors (the decode steps).
+ * Longer calls take launch_hc_mix() and the norm's own kernel, the same bits: there the one
+ * finishing block per token, holding its chunk in registers, would leave the sums' many blocks
+ * fewer places to run.
+ */
+static bool hc_pre_norm_fits(int hc, int64_t D, int64_t T, int n_out, int n_sm)
+{
+    return hc_pre_norm_serves(hc, D) &&
+           (int64_t)hc_part_blocks(hc * D) * (n_out + 1) * T <= (int64_t)GFW_HC_FUSED_BLOCKS_PER_SM * n_sm;
+}
+
+/** k_hc_pre_norm for T tokens of @p a on stream @p st: S x (n_out + 1) blocks per token. */
+static void launch_hc_pre_norm(const hc_pre_norm_args &a, int64_t T, cudaStream_t st)
+{
+    const int S = hc_part_blocks(GFW_HC_FUSED_HC * a.D);
+    mmoe_launch_pdl(k_hc_pre_norm, dim3((unsigned)S, (unsigned)(a.n_out + 1), (unsigned)T), GFW_HC_FUSED_THREADS, 0,
+                    st, a);
 }
 
 /** k_hc_post for T tokens on stream @p st: a row of blocks per token. */
@@ -4064,6 +4271,21 @@ static mmoe_status moe(mmoe_gpu_model *g, gblock *b, const int32_t *ids_dev, int
     return ce == cudaSuccess ? MMOE_OK : cuda_fail(err, ce, what);
 }
 
+/**
+ * hc_pre (@p n_out = (2+hc)*hc, with g->post and g->comb) or hc_head (n_out = hc) of T tokens
+ * of @p X and the RMSNorm of the mix by @p w into g->y, in one k_hc_pre_norm launch
+ * (hc_pre_norm_fits()); with @p q or @p mq also its quantizations (rmsnorm_chunk_quant()).
+ */
+static void hc_pre_norm(mmoe_gpu_model *g, const uint16_t *X, int64_t T, const float *fn, const float *base,
+                        const float *scale, int n_out, const ddense &w, uint8_t *q, float *qs, float *mb, float *mq)
+{
+    const int with_post = n_out > (int)g->hc;
+    const hc_pre_norm_args a = {X, g->D, fn, base, scale, n_out, with_post ? g->iters : 0, g->hc_eps, g->eps,
+                                g->hc_part, g->hc_arrive, with_post ? g->post : NULL, with_post ? g->comb : NULL,
+                                w, g->eps, g->y, q, qs, mb, mq};
+    launch_hc_pre_norm(a, T, g->stream);
+}
+
 /** One block (spec 3.2) on g->X. */
 static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, int64_t pos0, int64_t T,
                              mmoe_error *err)
@@ -4071,24 +4293,40 @@ static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, i
     gblock *b = &g->blocks[L];
     const int64_t D = g->D;
     const int hc = (int)g->hc, n_mix = (2 + hc) * hc;
+    const bool fused = hc_pre_norm_fits(hc, D, T, n_mix, g->n_sm);
     double t0 = tick(g);
-    launch_hc_mix(g->X, D, hc, T, b->hca_fn, b->hca_base, b->hca_scale, n_mix, g->eps, g->hc_eps, g->iters, g->hc_part,
-                  g->y, g->post, g->comb, g->stream);
-    GFW_CHECK("hc_pre (attention)");
+    mmoe_status st = MMOE_OK;
+    if (fused) {
+        hc_pre_norm(g, g->X, T, b->hca_fn, b->hca_base, b->hca_scale, n_mix, b->attn_norm, g->aq, g->as, NULL,
+                           NULL);
+        GFW_CHECK("hc_pre and attn_norm");
+    } else {
+        launch_hc_mix(g->X, D, hc, T, b->hca_fn, b->hca_base, b->hca_scale, n_mix, g->eps, g->hc_eps, g->iters,
+                      g->hc_part, g->y, g->post, g->comb, g->stream);
+        GFW_CHECK("hc_pre (attention)");
+    }
     double t1 = tick(g);
-    mmoe_status st = rmsnorm_quant(g, g->y, T, D, b->attn_norm, g->eps, g->y, err);
+    if (!fused)
+        st = rmsnorm_quant(g, g->y, T, D, b->attn_norm, g->eps, g->y, err);
     if (st == MMOE_OK)
         st = attention(g, b, pos0, T, 1, err);
     if (st != MMOE_OK)
         return st;
     double t2 = tick(g);
     launch_hc_post(g->o, g->X, T, D, hc, g->post, g->comb, g->stream);
-    launch_hc_mix(g->X, D, hc, T, b->hcf_fn, b->hcf_base, b->hcf_scale, n_mix, g->eps, g->hc_eps, g->iters, g->hc_part,
-                  g->y, g->post, g->comb, g->stream);
-    GFW_CHECK("hc_post / hc_pre (moe)");
-    double t3 = tick(g);
     int staged = 0;
-    if ((st = rmsnorm_moe_in(g, g->y, T, D, b->ffn_norm, g->eps, g->y, &staged, err)) != MMOE_OK ||
+    if (fused) {
+        hc_pre_norm(g, g->X, T, b->hcf_fn, b->hcf_base, b->hcf_scale, n_mix, b->ffn_norm, NULL, NULL,
+                           g->moe_work.xb, g->moe_x);
+        staged = 1;
+        GFW_CHECK("hc_post / hc_pre and ffn_norm (moe)");
+    } else {
+        launch_hc_mix(g->X, D, hc, T, b->hcf_fn, b->hcf_base, b->hcf_scale, n_mix, g->eps, g->hc_eps, g->iters,
+                      g->hc_part, g->y, g->post, g->comb, g->stream);
+        GFW_CHECK("hc_post / hc_pre (moe)");
+    }
+    double t3 = tick(g);
+    if ((!fused && (st = rmsnorm_moe_in(g, g->y, T, D, b->ffn_norm, g->eps, g->y, &staged, err)) != MMOE_OK) ||
         (st = moe(g, b, ids_dev, T, err, 0, 1, staged)) != MMOE_OK)
         return st;
     double t4 = tick(g);
@@ -4111,11 +4349,17 @@ static mmoe_status head(mmoe_gpu_model *g, const float *fn, const float *base, c
 {
     const int hc = (int)g->hc;
     const uint16_t *Xf = g->X + first * hc * g->D;
-    launch_hc_mix(Xf, g->D, hc, n, fn, base, scale, hc, g->eps, g->hc_eps, 0, g->hc_part, g->y, NULL, NULL, g->stream);
-    GFW_CHECK("hc_head");
-    mmoe_status st = rmsnorm(g->y, n, g->D, norm, g->eps, g->y, g->stream, err);
-    if (st != MMOE_OK)
-        return st;
+    if (hc_pre_norm_fits(hc, g->D, n, hc, g->n_sm)) {
+        hc_pre_norm(g, Xf, n, fn, base, scale, hc, norm, NULL, NULL, NULL, NULL);
+        GFW_CHECK("hc_head and the final norm");
+    } else {
+        launch_hc_mix(Xf, g->D, hc, n, fn, base, scale, hc, g->eps, g->hc_eps, 0, g->hc_part, g->y, NULL, NULL,
+                      g->stream);
+        GFW_CHECK("hc_head");
+        mmoe_status st = rmsnorm(g->y, n, g->D, norm, g->eps, g->y, g->stream, err);
+        if (st != MMOE_OK)
+            return st;
+    }
     ddense hw;
     memset(&hw, 0, sizeof hw);
     hw.dtype = GFW_BF16;
@@ -4562,6 +4806,79 @@ extern "C" mmoe_status gfw_test_hc_pre(int hc, int64_t D, int iters, float norm_
     if (a.ce == cudaSuccess)
         a.ce = cudaMemcpy(comb, dc, sizeof(float) * (size_t)(T * hc * hc), cudaMemcpyDeviceToHost);
     return tfinish(&a, y, dy, 2 * (size_t)(T * D), err, "hc_pre");
+}
+
+extern "C" mmoe_status gfw_test_hc_pre_norm(int64_t D, int n_out, int iters, float norm_eps, float hc_eps,
+                                            const uint16_t *X, int64_t T, const float *fn, const float *base,
+                                            const float *scale, const uint16_t *w, float eps, int out, int fused,
+                                            uint16_t *y, float *post, float *comb, uint8_t *q, float *qs, float *mq,
+                                            mmoe_error *err)
+{
+    const int hc = GFW_HC_FUSED_HC;
+    if (!hc_pre_norm_serves(hc, D))
+        return mmoe_error_set(err, MMOE_EINVAL, "hc_pre_norm: width %lld is not served by k_hc_pre_norm", (long long)D);
+    tarena a;
+    mmoe_status st = tbegin(&a, err);
+    if (st != MMOE_OK)
+        return st;
+    const int64_t n = hc * D;
+    const int with_post = n_out > hc, S = hc_part_blocks(n);
+    ddense wd;
+    memset(&wd, 0, sizeof wd);
+    wd.dtype = GFW_BF16;
+    wd.cols = D;
+    wd.rows = 1;
+    wd.p = tput(&a, w, 2 * (size_t)D);
+    const uint16_t *dX = (const uint16_t *)tput(&a, X, 2 * (size_t)(T * n));
+    const float *dfn = (const float *)tput(&a, fn, sizeof(float) * (size_t)(n_out * n));
+    const float *db = (const float *)tput(&a, base, sizeof(float) * (size_t)n_out);
+    const float *ds = (const float *)tput(&a, scale, sizeof(float) * 3);
+    double *dpart = (double *)tput(&a, NULL, sizeof(double) * (size_t)(T * (n_out + 1) * S));
+    unsigned *darrive = (unsigned *)tput(&a, NULL, sizeof(unsigned) * (size_t)T);
+    /* every output starts as NaN (0xFF bytes: bf16, fp32 and E4M3 NaN), the work buffers zero */
+    const size_t y_bytes = 2 * (size_t)(T * D), p_bytes = sizeof(float) * (size_t)(T * hc),
+                 c_bytes = sizeof(float) * (size_t)(T * hc * hc), q_bytes = (size_t)(T * D),
+                 qs_bytes = sizeof(float) * (size_t)(T * D / 128), m_bytes = sizeof(float) * (size_t)(T * D);
+    uint16_t *dy = (uint16_t *)tput(&a, NULL, y_bytes);
+    float *dp = (float *)tput(&a, NULL, p_bytes), *dc = (float *)tput(&a, NULL, c_bytes);
+    uint8_t *dq = (uint8_t *)tput(&a, NULL, q_bytes);
+    float *dqs = (float *)tput(&a, NULL, qs_bytes), *dmb = (float *)tput(&a, NULL, m_bytes);
+    float *dmq = (float *)tput(&a, NULL, m_bytes);
+    void *nan_fill[] = {dy, dp, dc, dq, dqs, dmb, dmq};
+    const size_t nan_bytes[] = {y_bytes, p_bytes, c_bytes, q_bytes, qs_bytes, m_bytes, m_bytes};
+    for (int i = 0; i < 7 && a.ce == cudaSuccess; i++)
+        a.ce = cudaMemset(nan_fill[i], 0xFF, nan_bytes[i]);
+    if (a.ce == cudaSuccess)
+        a.ce = cudaMemset(dpart, 0, sizeof(double) * (size_t)(T * (n_out + 1) * S));
+    if (a.ce == cudaSuccess)
+        a.ce = cudaMemset(darrive, 0, sizeof(unsigned) * (size_t)T);
+    uint8_t *oq = out == 1 ? dq : NULL;
+    float *oqs = out == 1 ? dqs : NULL, *omb = out == 2 ? dmb : NULL, *omq = out == 2 ? dmq : NULL;
+    if (a.ce == cudaSuccess && fused) {
+        const hc_pre_norm_args args = {dX, D, dfn, db, ds, n_out, with_post ? iters : 0, hc_eps, norm_eps, dpart,
+                                       darrive, with_post ? dp : NULL, with_post ? dc : NULL, wd, eps, dy, oq, oqs,
+                                       omb, omq};
+        launch_hc_pre_norm(args, T, 0);
+        /* again from NaN outputs: the second launch must find the counts the first reset */
+        for (int i = 0; i < 7 && a.ce == cudaSuccess; i++)
+            a.ce = cudaMemset(nan_fill[i], 0xFF, nan_bytes[i]);
+        if (a.ce == cudaSuccess)
+            launch_hc_pre_norm(args, T, 0);
+    } else if (a.ce == cudaSuccess) {
+        launch_hc_mix(dX, D, hc, T, dfn, db, ds, n_out, norm_eps, hc_eps, with_post ? iters : 0, dpart, dy,
+                      with_post ? dp : NULL, with_post ? dc : NULL, 0);
+        k_rmsnorm<<<(unsigned)T, rmsnorm_threads(D)>>>(dy, D, wd, eps, dy, oq, oqs, omb, omq);
+    }
+    if (a.ce == cudaSuccess)
+        a.ce = cudaGetLastError();
+    if (a.ce == cudaSuccess)
+        a.ce = cudaDeviceSynchronize();
+    const void *src[] = {dp, dc, dq, dqs, dmq};
+    void *dst[] = {post, comb, q, qs, mq};
+    const size_t bytes[] = {p_bytes, c_bytes, q_bytes, qs_bytes, m_bytes};
+    for (int i = 0; i < 5 && a.ce == cudaSuccess; i++)
+        a.ce = cudaMemcpy(dst[i], src[i], bytes[i], cudaMemcpyDeviceToHost);
+    return tfinish(&a, y, dy, y_bytes, err, "hc_pre_norm");
 }
 
 extern "C" mmoe_status gfw_test_hc_post(int hc, int64_t D, const uint16_t *out, uint16_t *X, int64_t T,

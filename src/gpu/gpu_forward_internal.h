@@ -299,6 +299,19 @@ mmoe_status gfw_test_linear_dense_f8(const uint16_t *x, int64_t T, int64_t K, co
 mmoe_status gfw_test_hc_pre(int hc, int64_t D, int iters, float norm_eps, float hc_eps, const uint16_t *X, int64_t T,
                             const float *fn, const float *base, const float *scale, uint16_t *y, float *post,
                             float *comb, mmoe_error *err);
+/**
+ * hc_pre (@p n_out = 24) or hc_head (n_out = 4) of T tokens with hc = 4 streams, then the RMSNorm
+ * of the mix by the bf16 weight @p w into @p y, and with @p out 1 its FP8 quantization (@p q
+ * codes [T, D], @p qs scales [T, D/128]) or with @p out 2 the MoE's quantized input (@p mq
+ * [T, D], chain-major); @p fused 1: k_hc_pre_norm (launched twice, the outputs NaN-filled
+ * again before the second launch, whose result is returned), 0: k_hc_part, k_hc_finish_split
+ * and k_rmsnorm.  Every output buffer is returned
+ * whole (NaN where nothing was written); @p post and @p comb hold NaN for hc_head.
+ */
+mmoe_status gfw_test_hc_pre_norm(int64_t D, int n_out, int iters, float norm_eps, float hc_eps, const uint16_t *X,
+                                 int64_t T, const float *fn, const float *base, const float *scale,
+                                 const uint16_t *w, float eps, int out, int fused, uint16_t *y, float *post,
+                                 float *comb, uint8_t *q, float *qs, float *mq, mmoe_error *err);
 /** hc_post, in place on X (k_hc_post). */
 mmoe_status gfw_test_hc_post(int hc, int64_t D, const uint16_t *out, uint16_t *X, int64_t T, const float *post,
                              const float *comb, mmoe_error *err);

@@ -274,26 +274,51 @@ __device__ __forceinline__ double gfw_group_sum(const Term &term, int64_t n, int
 }
 
 /**
+ * Barrier @p id for the first @p nt threads of the block (a multiple of 32): __syncthreads()
+ * for id 0 and nt = blockDim.x; a named barrier otherwise, which the block's other warps do not
+ * wait for.
+ */
+__device__ __forceinline__ void gfw_bar(int id, int nt)
+{
+    if (id == 0)
+        __syncthreads();
+    else
+        asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(nt) : "memory");
+}
+
+/**
+ * The tree above the values @p v of the first @p B threads of the block (B a multiple of 32 up
+ * to 1024; thread b holds node b of one level, the nodes past the level's last are +0),
+ * returned to each of them; they synchronize on barrier @p bar_id (gfw_bar(): 0 when B is the
+ * whole block).  @p sh: 33 doubles of shared memory.  Level one is each warp's pairwise tree,
+ * level two the tree over the B / 32 warp sums padded with +0 to 32.
+ */
+__device__ __forceinline__ double gfw_threads_tree(double v, double *sh, int B, int bar_id)
+{
+    const int b = threadIdx.x;
+    v = gfw_group_pairwise(v, 32);
+    if ((b & 31) == 0)
+        sh[b >> 5] = v;
+    gfw_bar(bar_id, B);
+    if (b < 32) {
+        v = gfw_group_pairwise(b < B / 32 ? sh[b] : 0.0, 32);
+        if (b == 0)
+            sh[32] = v;
+    }
+    gfw_bar(bar_id, B);
+    v = sh[32];
+    gfw_bar(bar_id, B);
+    return v;
+}
+
+/**
  * The tree above the values @p v of the block's threads (blockDim.x a power of two, 32..1024;
  * thread b holds node b of one level), returned to every thread.  @p sh: 33 doubles of shared
  * memory.  Contains __syncthreads().
  */
 __device__ __forceinline__ double gfw_block_tree(double v, double *sh)
 {
-    const int B = blockDim.x, b = threadIdx.x;
-    v = gfw_group_pairwise(v, 32);
-    if ((b & 31) == 0)
-        sh[b >> 5] = v;
-    __syncthreads();
-    if (b < 32) {
-        v = gfw_group_pairwise(b < B / 32 ? sh[b] : 0.0, 32);
-        if (b == 0)
-            sh[32] = v;
-    }
-    __syncthreads();
-    v = sh[32];
-    __syncthreads();
-    return v;
+    return gfw_threads_tree(v, sh, (int)blockDim.x, 0);
 }
 
 /**
