@@ -26,6 +26,7 @@
  * | k_linear_dense_tokens | the same from 8 tokens on, a weight chunk for 8 tokens [gpu_linear_dense_tokens.cuh] | yes |
  * | k_linear_dense_f8_rows | the same below 8 tokens for an FP8 weight, the scale staged with x [gpu_linear_dense_f8_rows.cuh] | yes |
  * | k_hc_part, k_hc_finish_split | mHC logits (double, block trees), sigmoid, Sinkhorn, mix | yes* |
+ * | k_hc_pre_norm     | the same and k_rmsnorm after it, one launch (decode steps) | yes* |
  * | k_hc_post         | fp32 write-back, j ascending, then the post term       | yes    |
  * | k_q_kv_finish     | per-head q scaling in bf16 steps, RoPE [attn_forward.c]; | yes  |
  * |                   | kv RMSNorm, RoPE, FP8 round trip (block 64)             |        |
@@ -68,7 +69,11 @@
  * in warp 0 of block 0 of k_hc_finish_split, the matrix in registers and every row and column
  * sum fetched by shuffles in the oracle's order, while the other blocks mix one channel per
  * thread, their stream values loaded while the block sums are still being folded (the mix
- * needs only pre).  k_topk_split ranks the candidates (one thread each, O(n) comparisons) in
+ * needs only pre).  At decode (hc_pre_norm_fits()) one kernel, k_hc_pre_norm, does all of that
+ * and the norm after it: the block sums' blocks count themselves done, and the last block of a
+ * token finishes it alone (the Sinkhorn in one warp, the mix and the norm in the others, a
+ * chunk of 16 channels per thread), so a decode step's mHC costs one launch instead of three.
+ * k_topk_split ranks the candidates (one thread each, O(n) comparisons) in
  * blocks of 256, which matters at long contexts (n = position / 4).  The linears of a decode
  * step are bound by how fast their weights stream in: k_linear_dense_split gives each output
  * of a dense linear (the compressors' and the indexer's projections, the head's logits) one
