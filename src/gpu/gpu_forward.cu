@@ -4291,6 +4291,22 @@ static void hc_pre_norm(mmoe_gpu_model *g, const uint16_t *X, int64_t T, const f
     launch_hc_pre_norm(a, T, g->stream);
 }
 
+/**
+ * The hc_pre of a sub-layer on g->X (fn, base, scale: its mHC parameters): with @p fused
+ * (hc_pre_norm_fits()) k_hc_pre_norm, which also writes the norm's output by @p norm into g->y
+ * and the quantizations named by @p q or @p mb; else launch_hc_mix() alone, the mix into g->y.
+ */
+static void sublayer_hc_pre(mmoe_gpu_model *g, int64_t T, const float *fn, const float *base, const float *scale,
+                            bool fused, const ddense &norm, uint8_t *q, float *qs, float *mb, float *mq)
+{
+    const int hc = (int)g->hc, n_mix = (2 + hc) * hc;
+    if (fused)
+        hc_pre_norm(g, g->X, T, fn, base, scale, n_mix, norm, q, qs, mb, mq);
+    else
+        launch_hc_mix(g->X, g->D, hc, T, fn, base, scale, n_mix, g->eps, g->hc_eps, g->iters, g->hc_part, g->y,
+                      g->post, g->comb, g->stream);
+}
+
 /** One block (spec 3.2) on g->X. */
 static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, int64_t pos0, int64_t T,
                              mmoe_error *err)
@@ -4301,15 +4317,8 @@ static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, i
     const bool fused = hc_pre_norm_fits(hc, D, T, n_mix, g->n_sm);
     double t0 = tick(g);
     mmoe_status st = MMOE_OK;
-    if (fused) {
-        hc_pre_norm(g, g->X, T, b->hca_fn, b->hca_base, b->hca_scale, n_mix, b->attn_norm, g->aq, g->as, NULL,
-                           NULL);
-        GFW_CHECK("hc_pre and attn_norm");
-    } else {
-        launch_hc_mix(g->X, D, hc, T, b->hca_fn, b->hca_base, b->hca_scale, n_mix, g->eps, g->hc_eps, g->iters,
-                      g->hc_part, g->y, g->post, g->comb, g->stream);
-        GFW_CHECK("hc_pre (attention)");
-    }
+    sublayer_hc_pre(g, T, b->hca_fn, b->hca_base, b->hca_scale, fused, b->attn_norm, g->aq, g->as, NULL, NULL);
+    GFW_CHECK("hc_pre (attention)");
     double t1 = tick(g);
     if (!fused)
         st = rmsnorm_quant(g, g->y, T, D, b->attn_norm, g->eps, g->y, err);
@@ -4319,17 +4328,10 @@ static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, i
         return st;
     double t2 = tick(g);
     launch_hc_post(g->o, g->X, T, D, hc, g->post, g->comb, g->stream);
-    int staged = 0;
-    if (fused) {
-        hc_pre_norm(g, g->X, T, b->hcf_fn, b->hcf_base, b->hcf_scale, n_mix, b->ffn_norm, NULL, NULL,
-                           g->moe_work.xb, g->moe_x);
-        staged = 1;
-        GFW_CHECK("hc_post / hc_pre and ffn_norm (moe)");
-    } else {
-        launch_hc_mix(g->X, D, hc, T, b->hcf_fn, b->hcf_base, b->hcf_scale, n_mix, g->eps, g->hc_eps, g->iters,
-                      g->hc_part, g->y, g->post, g->comb, g->stream);
-        GFW_CHECK("hc_post / hc_pre (moe)");
-    }
+    sublayer_hc_pre(g, T, b->hcf_fn, b->hcf_base, b->hcf_scale, fused, b->ffn_norm, NULL, NULL, g->moe_work.xb,
+                    g->moe_x);
+    GFW_CHECK("hc_post / hc_pre (moe)");
+    int staged = fused; /* k_hc_pre_norm wrote the MoE's inputs */
     double t3 = tick(g);
     if ((!fused && (st = rmsnorm_moe_in(g, g->y, T, D, b->ffn_norm, g->eps, g->y, &staged, err)) != MMOE_OK) ||
         (st = moe(g, b, ids_dev, T, err, 0, 1, staged)) != MMOE_OK)
