@@ -4641,6 +4641,18 @@ static mmoe_status tbegin(tarena *a, mmoe_error *err)
     return st;
 }
 
+/** A bf16 vector [n] of a test hook (an RMSNorm's weight) on the device. */
+static ddense tput_bf16_vector(tarena *a, const uint16_t *w, int64_t n)
+{
+    ddense wd;
+    memset(&wd, 0, sizeof wd);
+    wd.dtype = GFW_BF16;
+    wd.cols = n;
+    wd.rows = 1;
+    wd.p = tput(a, w, 2 * (size_t)n);
+    return wd;
+}
+
 extern "C" mmoe_status gfw_test_rmsnorm(const uint16_t *x, int64_t T, int64_t n, const uint16_t *w, float eps,
                                         uint16_t *y, mmoe_error *err)
 {
@@ -4648,12 +4660,7 @@ extern "C" mmoe_status gfw_test_rmsnorm(const uint16_t *x, int64_t T, int64_t n,
     mmoe_status st = tbegin(&a, err);
     if (st != MMOE_OK)
         return st;
-    ddense wd;
-    memset(&wd, 0, sizeof wd);
-    wd.dtype = GFW_BF16;
-    wd.cols = n;
-    wd.rows = 1;
-    wd.p = tput(&a, w, 2 * (size_t)n);
+    const ddense wd = tput_bf16_vector(&a, w, n);
     uint16_t *dx = (uint16_t *)tput(&a, x, 2 * (size_t)(T * n));
     if (a.ce == cudaSuccess)
         k_rmsnorm<<<(unsigned)T, rmsnorm_threads(n)>>>(dx, n, wd, eps, dx, NULL, NULL, NULL, NULL);
@@ -4830,12 +4837,7 @@ extern "C" mmoe_status gfw_test_hc_pre_norm(int64_t D, int n_out, int iters, flo
         return st;
     const int64_t n = hc * D;
     const int with_post = n_out > hc, S = hc_part_blocks(n);
-    ddense wd;
-    memset(&wd, 0, sizeof wd);
-    wd.dtype = GFW_BF16;
-    wd.cols = D;
-    wd.rows = 1;
-    wd.p = tput(&a, w, 2 * (size_t)D);
+    const ddense wd = tput_bf16_vector(&a, w, D);
     const uint16_t *dX = (const uint16_t *)tput(&a, X, 2 * (size_t)(T * n));
     const float *dfn = (const float *)tput(&a, fn, sizeof(float) * (size_t)(n_out * n));
     const float *db = (const float *)tput(&a, base, sizeof(float) * (size_t)n_out);
