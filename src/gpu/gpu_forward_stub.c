@@ -143,6 +143,17 @@ mmoe_status gfw_test_hc_pre(int hc, int64_t D, int iters, float norm_eps, float 
     return no_cuda(err);
 }
 
+mmoe_status gfw_test_hc_pre_norm(int64_t D, int n_out, int iters, float norm_eps, float hc_eps, const uint16_t *X,
+                                 int64_t T, const float *fn, const float *base, const float *scale,
+                                 const uint16_t *w, float eps, int out, int fused, uint16_t *y, float *post,
+                                 float *comb, uint8_t *q, float *qs, float *mq, mmoe_error *err)
+{
+    (void)D; (void)n_out; (void)iters; (void)norm_eps; (void)hc_eps; (void)X; (void)T; (void)fn; (void)base;
+    (void)scale; (void)w; (void)eps; (void)out; (void)fused; (void)y; (void)post; (void)comb; (void)q; (void)qs;
+    (void)mq;
+    return no_cuda(err);
+}
+
 mmoe_status gfw_test_hc_post(int hc, int64_t D, const uint16_t *out, uint16_t *X, int64_t T, const float *post,
                              const float *comb, mmoe_error *err)
 {
