@@ -179,12 +179,21 @@ static void run_model(const char *what, const char *dir, int64_t T, int64_t chun
     }
     char label[128];
     snprintf(label, sizeof label, "%s prefill", what);
+    int64_t same = 0, tokens_same = 0, first_diff = -1;
+    for (int64_t t = 0; t < T; t++) {
+        int64_t here = 0;
+        for (int64_t i = t * row; i < (t + 1) * row; i++)
+            here += sc[i] == sg[i];
+        same += here;
+        tokens_same += here == row;
+        if (here != row && first_diff < 0)
+            first_diff = t;
+    }
+    /* before the logits' check, so that a failing run says where the streams first part */
+    fprintf(stderr, "gpu_forward: %s: final streams: %lld of %lld bf16 values identical (%lld of %lld tokens; first "
+            "token that differs: %lld)\n", what, (long long)same, (long long)(T * row), (long long)tokens_same,
+            (long long)T, (long long)first_diff);
     compare_logits(label, lg, lc, T, V);
-    int64_t same = 0;
-    for (int64_t i = 0; i < T * row; i++)
-        same += sc[i] == sg[i];
-    fprintf(stderr, "gpu_forward: %s: final streams: %lld of %lld bf16 values identical\n", what, (long long)same,
-            (long long)(T * row));
     float m0, a0;
     int64_t next = argmax_margin(lc + (T - 1) * V, V, &m0, &a0);
     const int64_t n_dec = T < n_replay ? T : n_replay;
