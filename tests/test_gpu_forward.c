@@ -28,7 +28,9 @@
  * bit-exact where the device's expf is the host's, the MoE normwise within 2^-7 (its router's
  * log1p may move a routing weight by one ulp); then the MoE once more with the oracle's own
  * routing given, bit-exact where expf is, and the router's logits bit-exact against the
- * spec's order written out in the test (check_moe_given()).
+ * spec's order written out in the test (check_moe_given()).  The same sub-layers once more on
+ * the oracle forward's own activations (check_sublayers_on_forward(): the CPU model's observer
+ * keeps every sub-layer's input and output), under the same rules, the worst token printed.
  *
  * The CLI: `megamoe logits --backend gpu|cpu` (70 tokens: two GPU calls; --mtp) under the same
  * bound, `megamoe generate --backend cpu|gpu|auto` greedy continuations identical.  Without a
@@ -489,11 +491,181 @@ static void check_sublayers(const char *what, const char *dir, int64_t T, int64_
     mmoe_model_close(m);
 }
 
+/** What observe_sublayers() keeps: each block's sub-layers' inputs and outputs over the sequence. */
+typedef struct fwd_acts {
+    int64_t D;
+    uint16_t *in[2 * 8], *out[2 * 8]; /**< [block * 2 + which] bf16 [T, D] by position */
+} fwd_acts;
+
+/** A forward's observer (the oracle's or the GPU's): copy each sub-layer's input and output to its positions. */
+static int observe_sublayers(void *ctx, int block, mmoe_sublayer which, int64_t pos, int64_t T, const uint16_t *in,
+                             const uint16_t *out)
+{
+    fwd_acts *a = ctx;
+    const int k = block * 2 + (int)which;
+    if (k >= 2 * 8 || a->in[k] == NULL)
+        return 1;
+    memcpy(a->in[k] + pos * a->D, in, 2 * (size_t)(T * a->D));
+    if (out != NULL) /* the GPU forward's MoE: its combine is inside hc_post */
+        memcpy(a->out[k] + pos * a->D, out, 2 * (size_t)(T * a->D));
+    return 0;
+}
+
+/**
+ * The token of @p T whose output row differs most from the oracle's (relative L2 over the row),
+ * and that difference; @p n_tok_diff counts the tokens with any differing element.
+ */
+static int64_t worst_token(const uint16_t *g, const uint16_t *c, int64_t T, int64_t D, double *rel,
+                           int64_t *n_tok_diff)
+{
+    int64_t worst = -1;
+    *rel = 0.0;
+    *n_tok_diff = 0;
+    for (int64_t t = 0; t < T; t++) {
+        int64_t same;
+        const double r = bf16_rel(g + t * D, c + t * D, D, &same);
+        *n_tok_diff += same != D;
+        if (worst < 0 || r > *rel) {
+            worst = t;
+            *rel = r;
+        }
+    }
+    return worst;
+}
+
+/**
+ * The GPU forward of the same tokens (chunks of @p chunk) with an observer: each sub-layer's
+ * input, and the attention's output, against the oracle's @p a, token by token.  Printed for
+ * every sub-layer: the tokens that differ, the first of them, the worst token's relative
+ * error, so that where the forward first parts from the oracle can be read off.  The first
+ * attention's input is bit-exact (embedding, hc_pre and the norm are exact); every compared
+ * tensor is within the forward's bound 2^-4 (FWD_REL_TOL's, whole tensor).
+ */
+static void compare_forward_inputs(const char *what, mmoe_gpu_model *g, const fwd_acts *a, const int32_t *ids,
+                                   int64_t T, int64_t chunk, int nl)
+{
+    const int64_t D = a->D;
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    fwd_acts ga = {.D = D};
+    for (int k = 0; k < 2 * nl; k++) {
+        ga.in[k] = malloc(2 * (size_t)(T * D));
+        ga.out[k] = malloc(2 * (size_t)(T * D));
+        ck_assert(ga.in[k] && ga.out[k]);
+        mmoe_test_poison_bf16(ga.in[k], (size_t)(T * D));
+        mmoe_test_poison_bf16(ga.out[k], (size_t)(T * D));
+    }
+    ck_assert_msg(gfw_test_set_observer(g, observe_sublayers, &ga, &err) == MMOE_OK, "%s", err.msg);
+    for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+        const int64_t n = T - t0 < chunk ? T - t0 : chunk;
+        ck_assert_msg(mmoe_gpu_model_forward(g, ids + t0, n, NULL, 0, NULL, &err) == MMOE_OK, "%s", err.msg);
+    }
+    ck_assert_msg(gfw_test_set_observer(g, NULL, NULL, &err) == MMOE_OK, "%s", err.msg);
+    for (int k = 0; k < 2 * nl; k++)
+        for (int side = 0; side < 1 + (k % 2 == 0); side++) {
+            const uint16_t *gx = side ? ga.out[k] : ga.in[k], *cx = side ? a->out[k] : a->in[k];
+            int64_t same, n_tok, first = -1;
+            double rel_tok;
+            const double rel = bf16_rel(gx, cx, T * D, &same);
+            const int64_t worst = worst_token(gx, cx, T, D, &rel_tok, &n_tok);
+            for (int64_t t = 0; t < T && first < 0; t++)
+                if (memcmp(gx + t * D, cx + t * D, 2 * (size_t)D) != 0)
+                    first = t;
+            fprintf(stderr, "gpu_forward: %s: forward: block %d %s %s: %lld of %lld tokens differ (first %lld), rel "
+                    "%.3g; worst token %lld: rel %.3g\n", what, k / 2, k % 2 ? "moe" : "attention",
+                    side ? "output" : "input", (long long)n_tok, (long long)T, (long long)first, rel, (long long)worst,
+                    rel_tok);
+            if (k == 0 && side == 0)
+                ck_assert_msg(same == T * D, "%s: forward: block 0's attention input differs from the oracle's at token "
+                              "%lld (seed %llu)", what, (long long)first, (unsigned long long)g_seed);
+            ck_assert_msg(rel <= FWD_REL_TOL, "%s: forward: block %d %s %s: rel %.3g (worst token %lld: %.3g; seed "
+                          "%llu)", what, k / 2, k % 2 ? "moe" : "attention", side ? "output" : "input", rel,
+                          (long long)worst, rel_tok, (unsigned long long)g_seed);
+        }
+    for (int k = 0; k < 2 * nl; k++)
+        free(ga.in[k]), free(ga.out[k]);
+}
+
+/**
+ * Every sub-layer of the main layers on the oracle forward's own activations: the CPU forward
+ * of @p T random tokens (one call) with an observer that keeps each attention's and MoE's input
+ * and output; then each GPU sub-layer (a fresh model, chunks of @p chunk, the attention's caches
+ * filled by its own chunks) on those inputs against those outputs, under check_sublayers()'s
+ * rules.  Random inputs (check_sublayers()) miss what only a model's own activations reach
+ * (their scale, the router's near-ties, the attention's peaks); the worst token of each
+ * sub-layer is printed, so that a forward that parts from the oracle says where.
+ */
+static void check_sublayers_on_forward(const char *what, const char *dir, int64_t T, int64_t chunk)
+{
+    mmoe_model *m = open_model(dir);
+    const mmoe_config *c = mmoe_model_config(m);
+    const int64_t D = c->dim;
+    const int nl = c->n_layers;
+    ck_assert_int_le(nl, 8);
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    fwd_acts a = {.D = D};
+    for (int k = 0; k < 2 * nl; k++) {
+        a.in[k] = malloc(2 * (size_t)(T * D));
+        a.out[k] = malloc(2 * (size_t)(T * D));
+        ck_assert(a.in[k] && a.out[k]);
+    }
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)T);
+    uint16_t *yg = malloc(2 * (size_t)(T * D));
+    ck_assert(ids && yg);
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed ^ (uint64_t)T); /* run_model()'s tokens for the same T */
+    for (int64_t i = 0; i < T; i++)
+        ids[i] = (int32_t)mmoe_rng_below(&r, (uint64_t)c->vocab_size);
+    mmoe_model_state *s = NULL;
+    ck_assert_msg(mmoe_model_state_create(m, T, &s, &err) == MMOE_OK, "%s", err.msg);
+    mmoe_model_set_observer(m, observe_sublayers, &a);
+    ck_assert_msg(mmoe_model_forward(m, s, ids, T, NULL, 0, NULL, &err) == MMOE_OK, "%s", err.msg);
+    mmoe_model_set_observer(m, NULL, NULL);
+    mmoe_model_state_destroy(s);
+
+    mmoe_gpu_model *g = NULL;
+    ck_assert_msg(mmoe_gpu_model_create(m, T, chunk, &g, &err) == MMOE_OK, "%s", err.msg);
+    const int exact_exp = exp_is_exact();
+    compare_forward_inputs(what, g, &a, ids, T, chunk, nl);
+    ck_assert_msg(mmoe_gpu_model_reset(g, &err) == MMOE_OK, "%s", err.msg);
+    for (int L = 0; L < nl; L++)
+        for (int which = 0; which < 2; which++) {
+            const uint16_t *x = a.in[2 * L + which], *yc = a.out[2 * L + which];
+            mmoe_test_poison_bf16(yg, (size_t)(T * D));
+            for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+                const int64_t n = T - t0 < chunk ? T - t0 : chunk;
+                ck_assert_msg(gfw_test_sublayer(g, L, which, x + t0 * D, which ? ids + t0 : NULL, n, t0, yg + t0 * D,
+                                                &err) == MMOE_OK, "%s", err.msg);
+            }
+            int64_t same, n_tok;
+            double rel_tok;
+            const double rel = bf16_rel(yg, yc, T * D, &same);
+            const int64_t worst = worst_token(yg, yc, T, D, &rel_tok, &n_tok);
+            const char *name = which ? "moe" : "attention";
+            fprintf(stderr, "gpu_forward: %s: forward's activations: block %d %s: %lld of %lld bit-exact (%lld of %lld "
+                    "tokens differ), rel %.3g; worst token %lld: rel %.3g\n", what, L, name, (long long)same,
+                    (long long)(T * D), (long long)n_tok, (long long)T, rel, (long long)worst, rel_tok);
+            if (which == 0 && exact_exp)
+                ck_assert_msg(same == T * D, "%s: forward's activations: block %d attention differs from the oracle "
+                              "(worst token %lld, seed %llu)", what, L, (long long)worst, (unsigned long long)g_seed);
+            ck_assert_msg(rel <= (which ? 0x1.0p-7 : 0x1.0p-6), "%s: forward's activations: block %d %s: rel %.3g "
+                          "(worst token %lld: %.3g; seed %llu)", what, L, name, rel, (long long)worst, rel_tok,
+                          (unsigned long long)g_seed);
+        }
+    for (int k = 0; k < 2 * nl; k++)
+        free(a.in[k]), free(a.out[k]);
+    free(ids), free(yg);
+    mmoe_gpu_model_destroy(g);
+    mmoe_model_close(m);
+}
+
 START_TEST(test_sublayers)
 {
     char dir[4096];
     tiny_dir(dir, sizeof dir);
     check_sublayers("tiny-dsv4", dir, 40, 16);
+    check_sublayers_on_forward("tiny-dsv4", dir, 40, 16);
     char root[512], sdir[600];
     ck_assert_int_eq(mmoe_test_mkdtemp(root, sizeof root), 0);
     snprintf(sdir, sizeof sdir, "%s/ckpt", root);
@@ -534,6 +706,7 @@ START_TEST(test_synth_flash)
     }
     synth_write(dir, "v4-flash", 2, 8, 1024, ratios, 1);
     check_sublayers("synth v4-flash widths", dir, 136, 64);
+    check_sublayers_on_forward("synth v4-flash widths", dir, 136, 64);
     run_model("synth v4-flash widths", dir, 136, 64, 4, 6);
     graph_case("synth v4-flash widths cuda graph", dir, 136); /* past the window of 128 and a ratio-128 block */
     if (keep == NULL)

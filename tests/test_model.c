@@ -1,6 +1,6 @@
 /**
  * @file test_model.c
- * @brief Suite "model": prefill = decode (bit-exact), the head against float64, loader errors that name the tensor.
+ * @brief Suite "model": prefill = decode (bit-exact), the forward's observer, the head against float64, loader errors that name the tensor.
  *
  * Every case writes a fresh tiny checkpoint with mmoe_synth_model_write() (a few MB,
  * every layer type: hash + window-only, hash + ratio 4, ratio 128, MTP) and opens it.
@@ -130,6 +130,108 @@ START_TEST(prefill_equals_decode)
     free(b);
     free(sa);
     free(sb);
+    mmoe_model_state_destroy(s);
+    mmoe_model_close(m);
+    mmoe_test_rmtree(root);
+}
+END_TEST
+
+/** What the observer of observer_sees_each_sublayer saw. */
+typedef struct seen {
+    const mmoe_model *m;
+    const int32_t *ids;   /**< the token ids of the whole sequence (hash layers' MoE) */
+    int calls, stop_at;   /**< calls so far; the call that returns non-zero (-1: none) */
+    int block[64], which[64];
+    int64_t pos[64], T[64];
+    int moe_checked, moe_mismatch;
+} seen;
+
+/**
+ * Record each call; rerun each MoE call on a layer of its own made from the block's weights:
+ * the observed output must be that layer's output of the observed input, bit for bit.
+ */
+static int observe(void *ctx, int block, mmoe_sublayer which, int64_t pos, int64_t T, const uint16_t *in,
+                   const uint16_t *out)
+{
+    seen *o = ctx;
+    if (o->calls < 64) {
+        o->block[o->calls] = block;
+        o->which[o->calls] = (int)which;
+        o->pos[o->calls] = pos;
+        o->T[o->calls] = T;
+    }
+    const int this_call = o->calls++;
+    if (which == MMOE_SUBLAYER_MOE) {
+        mmoe_moe_desc d;
+        mmoe_moe_weights w;
+        mmoe_moe_layer *layer = NULL;
+        mmoe_error err;
+        mmoe_error_clear(&err);
+        uint16_t *y = malloc(sizeof(uint16_t) * (size_t)(T * mmoe_model_config(o->m)->dim));
+        ck_assert(y != NULL);
+        ck_assert_msg(mmoe_model_moe_layer(o->m, block, &d, &w, &err) == MMOE_OK, "%s", err.msg);
+        ck_assert_msg(mmoe_moe_layer_create(&d, &layer, &err) == MMOE_OK, "%s", err.msg);
+        ck_assert_msg(mmoe_moe_layer_set_weights(layer, &w, &err) == MMOE_OK, "%s", err.msg);
+        mmoe_moe_input mi = {T, in, d.routing == MMOE_ROUTING_HASH ? o->ids + pos : NULL, NULL, NULL};
+        mmoe_moe_output mo = {y, NULL, NULL};
+        mmoe_test_poison_bf16(y, (size_t)(T * mmoe_model_config(o->m)->dim));
+        ck_assert_msg(mmoe_moe_layer_run(layer, &mi, &mo, NULL, &err) == MMOE_OK, "%s", err.msg);
+        o->moe_checked++;
+        o->moe_mismatch += memcmp(y, out, sizeof(uint16_t) * (size_t)(T * mmoe_model_config(o->m)->dim)) != 0;
+        mmoe_moe_layer_destroy(layer);
+        mmoe_moe_weights_release(&w);
+        free(y);
+    }
+    return this_call == o->stop_at;
+}
+
+/*
+ * The forward's observer: called once per sub-layer in the blocks' order with the chunk's
+ * positions; what it is given as the MoE's input and output are that (the block's MoE layer
+ * rebuilt from its weights maps the one to the other); a non-zero return stops the forward
+ * with an error that names the block.
+ */
+START_TEST(observer_sees_each_sublayer)
+{
+    char root[512], dir[600];
+    make_tiny(root, sizeof root, dir, sizeof dir, 3, 0);
+    mmoe_model *m;
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    ck_assert_msg(mmoe_model_open(dir, NULL, NULL, &m, &err) == MMOE_OK, "%s", err.msg);
+    const mmoe_config *c = mmoe_model_config(m);
+    const int64_t T = 20, V = c->vocab_size;
+    const int n_layers = c->n_layers;
+    int32_t *ids = random_ids(T, V, g_seed + 11);
+    mmoe_model_state *s;
+    ck_assert(mmoe_model_state_create(m, T, &s, &err) == MMOE_OK);
+    seen o = {.m = m, .ids = ids, .stop_at = -1};
+    mmoe_model_set_observer(m, observe, &o);
+    ck_assert_msg(mmoe_model_forward(m, s, ids, 12, NULL, 0, NULL, &err) == MMOE_OK, "%s", err.msg);
+    ck_assert_msg(mmoe_model_forward(m, s, ids + 12, 8, NULL, 0, NULL, &err) == MMOE_OK, "%s", err.msg);
+    ck_assert_int_eq(o.calls, 4 * n_layers);
+    for (int i = 0; i < o.calls; i++) {
+        const int chunk = i / (2 * n_layers), k = i % (2 * n_layers);
+        ck_assert_int_eq(o.block[i], k / 2);
+        ck_assert_int_eq(o.which[i], k % 2 ? MMOE_SUBLAYER_MOE : MMOE_SUBLAYER_ATTENTION);
+        ck_assert_int_eq(o.pos[i], chunk ? 12 : 0);
+        ck_assert_int_eq(o.T[i], chunk ? 8 : 12);
+    }
+    ck_assert_int_eq(o.moe_checked, 2 * n_layers);
+    ck_assert_int_eq(o.moe_mismatch, 0);
+    /* stop at the second block's MoE: the forward fails and says where */
+    mmoe_model_state_reset(s);
+    o.calls = 0;
+    o.stop_at = 3;
+    ck_assert_int_eq(mmoe_model_forward(m, s, ids, 4, NULL, 0, NULL, &err), MMOE_EINVAL);
+    ck_assert_msg(strstr(err.msg, "block 1's MoE") != NULL, "%s", err.msg);
+    ck_assert_int_eq(o.calls, 4);
+    /* removed: no more calls */
+    mmoe_model_set_observer(m, NULL, NULL);
+    mmoe_model_state_reset(s);
+    ck_assert_int_eq(mmoe_model_forward(m, s, ids, 4, NULL, 0, NULL, &err), MMOE_OK);
+    ck_assert_int_eq(o.calls, 4);
+    free(ids);
     mmoe_model_state_destroy(s);
     mmoe_model_close(m);
     mmoe_test_rmtree(root);
@@ -464,6 +566,7 @@ static Suite *model_suite(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, prefill_equals_decode);
+    tcase_add_test(tc, observer_sees_each_sublayer);
     tcase_add_test(tc, embed_and_head_vs_f64);
     tcase_add_test(tc, loader_errors_name_the_tensor);
     tcase_add_test(tc, cli_bad_input);

@@ -172,6 +172,25 @@ typedef mmoe_status (*mmoe_model_moe_fn)(void *ctx, int block, const mmoe_moe_in
 /** Route the MoE sub-layers through @p fn (NULL: back to the oracle layers). */
 void mmoe_model_set_moe_executor(mmoe_model *m, mmoe_model_moe_fn fn, void *ctx);
 
+/** The two sub-layers of a block, in the order they run. */
+typedef enum mmoe_sublayer {
+    MMOE_SUBLAYER_ATTENTION = 0, /**< hc_pre, attention norm, attention */
+    MMOE_SUBLAYER_MOE = 1        /**< hc_pre, ffn norm, MoE */
+} mmoe_sublayer;
+
+/**
+ * An observer of the forward's sub-layers: called after sub-layer @p which of block @p block
+ * ran on @p T rows at positions @p pos .. pos+T-1, with its normalized input @p in and its output
+ * @p out (both bf16 [T, D], read-only, valid during the call).  A debugging and testing aid, as
+ * llama.cpp's evaluation callback: another backend's sub-layers can then be driven with the
+ * oracle's own activations.  A non-zero return stops the forward with MMOE_EINVAL.
+ */
+typedef int (*mmoe_model_observer)(void *ctx, int block, mmoe_sublayer which, int64_t pos, int64_t T,
+                                   const uint16_t *in, const uint16_t *out);
+
+/** Call @p fn after every sub-layer of every block, main layers and MTP blocks (NULL: none). */
+void mmoe_model_set_observer(mmoe_model *m, mmoe_model_observer fn, void *ctx);
+
 /** Blocks of the model: main layers + MTP blocks. */
 int mmoe_model_n_blocks(const mmoe_model *m);
 

@@ -135,6 +135,16 @@ static void buf_free(fwd_buf *b)
     free(b->comb);
 }
 
+/** Tell the model's observer (if any) that sub-layer @p which of block @p L ran. */
+static mmoe_status observe(const mmoe_model *m, int L, mmoe_sublayer which, int64_t pos, int64_t T,
+                           const fwd_buf *b, mmoe_error *err)
+{
+    if (m->obs_fn == NULL || m->obs_fn(m->obs_ctx, L, which, pos, T, b->y, b->o) == 0)
+        return MMOE_OK;
+    return mmoe_error_set(err, MMOE_EINVAL, "forward: the observer stopped the forward after block %d's %s", L,
+                          which == MMOE_SUBLAYER_ATTENTION ? "attention" : "MoE");
+}
+
 /** Spec 3.2 "Block": attention sub-layer, then MoE sub-layer, each wrapped in hc_pre / hc_post. */
 static mmoe_status run_block(const mmoe_model *m, mmoe_model_state *s, int L, const int32_t *ids, int64_t pos,
                              int64_t T, fwd_buf *b, mmoe_error *err)
@@ -152,6 +162,8 @@ static mmoe_status run_block(const mmoe_model *m, mmoe_model_state *s, int L, co
                                             s->scratch, err);
     if (st != MMOE_OK)
         return mmoe_error_prefix(err, "%sattn: ", blk->prefix);
+    if ((st = observe(m, L, MMOE_SUBLAYER_ATTENTION, pos, T, b, err)) != MMOE_OK)
+        return st;
     double t2 = mmoe_clock_s();
     mmoe_hc_post(hp, b->o, b->X, T, b->post, b->comb, b->X);
     mmoe_hc_pre(hp, b->X, T, blk->hc_ffn.fn, blk->hc_ffn.base, blk->hc_ffn.scale, b->y, b->post, b->comb);
@@ -162,6 +174,8 @@ static mmoe_status run_block(const mmoe_model *m, mmoe_model_state *s, int L, co
     st = m->moe_fn != NULL ? m->moe_fn(m->moe_ctx, L, &in, &out, err) : mmoe_moe_layer_run(blk->moe, &in, &out, NULL, err);
     if (st != MMOE_OK)
         return mmoe_error_prefix(err, "%sffn: ", blk->prefix);
+    if ((st = observe(m, L, MMOE_SUBLAYER_MOE, pos, T, b, err)) != MMOE_OK)
+        return st;
     double t4 = mmoe_clock_s();
     mmoe_hc_post(hp, b->o, b->X, T, b->post, b->comb, b->X);
     double t5 = mmoe_clock_s();

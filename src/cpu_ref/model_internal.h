@@ -71,6 +71,8 @@ struct mmoe_model {
     mmoe_hc_params hcp;        /**< mHC parameters */
     mmoe_model_moe_fn moe_fn;  /**< executor of the MoE sub-layers (NULL: the blocks' oracle layers) */
     void *moe_ctx;             /**< its context */
+    mmoe_model_observer obs_fn;/**< observer of the sub-layers (NULL: none) */
+    void *obs_ctx;             /**< its context */
 };
 
 /** Per-sequence state: positions, per-layer caches, timings. */

@@ -358,6 +358,12 @@ void mmoe_model_set_moe_executor(mmoe_model *m, mmoe_model_moe_fn fn, void *ctx)
     m->moe_ctx = ctx;
 }
 
+void mmoe_model_set_observer(mmoe_model *m, mmoe_model_observer fn, void *ctx)
+{
+    m->obs_fn = fn;
+    m->obs_ctx = ctx;
+}
+
 int mmoe_model_n_blocks(const mmoe_model *m) { return m->n_blocks; }
 
 mmoe_status mmoe_model_moe_layer(const mmoe_model *m, int block, mmoe_moe_desc *desc, mmoe_moe_weights *w,

@@ -3052,6 +3052,9 @@ struct mmoe_gpu_model {
     int capturing;                /**< 1 while the decode step is being captured */
     cudaGraphExec_t graph_exec;   /**< the captured decode step (NULL until the first graphed step) */
     int64_t graph_captures, graph_replays, eager_calls; /**< since creation */
+    mmoe_model_observer obs_fn;   /**< gfw_test_set_observer()'s observer (NULL: none) */
+    void *obs_ctx;                /**< its context */
+    uint16_t *obs_in, *obs_out;   /**< host copies [Tm, D] of a sub-layer's input and output */
     /** @var mmoe_gpu_model::graph_captures
      *  captures of the decode graph
      *  @var mmoe_gpu_model::graph_replays
@@ -3782,6 +3785,8 @@ extern "C" void mmoe_gpu_model_destroy(mmoe_gpu_model *g)
         cudaStreamDestroy(g->stream);
     if (g->step_host)
         cudaFreeHost(g->step_host);
+    free(g->obs_in);
+    free(g->obs_out);
     free(g->blocks);
     free(g->attn_s);
     free(g->moe_s);
@@ -4307,6 +4312,40 @@ static void sublayer_hc_pre(mmoe_gpu_model *g, int64_t T, const float *fn, const
                       g->post, g->comb, g->stream);
 }
 
+/** With an observer: keep the sub-layer's input g->y [T, D] on the host before the sub-layer runs. */
+static mmoe_status obs_keep_input(mmoe_gpu_model *g, int64_t T, mmoe_error *err)
+{
+    if (g->obs_fn == NULL)
+        return MMOE_OK;
+    cudaError_t ce = cudaMemcpyAsync(g->obs_in, g->y, 2 * (size_t)(T * g->D), cudaMemcpyDeviceToHost, g->stream);
+    if (ce == cudaSuccess)
+        ce = cudaStreamSynchronize(g->stream);
+    return ce == cudaSuccess ? MMOE_OK : cuda_fail(err, ce, "observer: sub-layer input copy");
+}
+
+/**
+ * With an observer: report sub-layer @p which of block @p L, its kept input and (attention only)
+ * its output g->o.
+ */
+static mmoe_status obs_report(mmoe_gpu_model *g, int L, mmoe_sublayer which, int64_t pos0, int64_t T,
+                              mmoe_error *err)
+{
+    if (g->obs_fn == NULL)
+        return MMOE_OK;
+    const int with_out = which == MMOE_SUBLAYER_ATTENTION;
+    cudaError_t ce = with_out ? cudaMemcpyAsync(g->obs_out, g->o, 2 * (size_t)(T * g->D), cudaMemcpyDeviceToHost,
+                                                g->stream)
+                              : cudaSuccess;
+    if (ce == cudaSuccess)
+        ce = cudaStreamSynchronize(g->stream);
+    if (ce != cudaSuccess)
+        return cuda_fail(err, ce, "observer: sub-layer output copy");
+    if (g->obs_fn(g->obs_ctx, L, which, pos0, T, g->obs_in, with_out ? g->obs_out : NULL) != 0)
+        return mmoe_error_set(err, MMOE_EINVAL, "gpu forward: the observer stopped the forward after block %d's %s", L,
+                              with_out ? "attention" : "MoE");
+    return MMOE_OK;
+}
+
 /** One block (spec 3.2) on g->X. */
 static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, int64_t pos0, int64_t T,
                              mmoe_error *err)
@@ -4323,7 +4362,11 @@ static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, i
     if (!fused)
         st = rmsnorm_quant(g, g->y, T, D, b->attn_norm, g->eps, g->y, err);
     if (st == MMOE_OK)
+        st = obs_keep_input(g, T, err);
+    if (st == MMOE_OK)
         st = attention(g, b, pos0, T, 1, err);
+    if (st == MMOE_OK)
+        st = obs_report(g, L, MMOE_SUBLAYER_ATTENTION, pos0, T, err);
     if (st != MMOE_OK)
         return st;
     double t2 = tick(g);
@@ -4334,7 +4377,8 @@ static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, i
     int staged = fused; /* k_hc_pre_norm wrote the MoE's inputs */
     double t3 = tick(g);
     if ((!fused && (st = rmsnorm_moe_in(g, g->y, T, D, b->ffn_norm, g->eps, g->y, &staged, err)) != MMOE_OK) ||
-        (st = moe(g, b, ids_dev, T, err, 0, 1, staged)) != MMOE_OK)
+        (st = obs_keep_input(g, T, err)) != MMOE_OK || (st = moe(g, b, ids_dev, T, err, 0, 1, staged)) != MMOE_OK ||
+        (st = obs_report(g, L, MMOE_SUBLAYER_MOE, pos0, T, err)) != MMOE_OK)
         return st;
     double t4 = tick(g);
     if (g->has_part) /* the expert-parallel rank combined after its exchange */
@@ -4477,7 +4521,7 @@ static mmoe_status graph_capture(mmoe_gpu_model *g, mmoe_error *err)
 /** Is this call a decode step that replays the graph? */
 static int call_is_graphed(const mmoe_gpu_model *g, int64_t T, const float *logits)
 {
-    return g->graph_on && T == 1 && logits != NULL && !g->timing && !g->has_part;
+    return g->graph_on && T == 1 && logits != NULL && !g->timing && !g->has_part && g->obs_fn == NULL;
 }
 
 /** Enqueue the copies out of a call (streams [T, hc, D], logits [n, V]) on the model's stream. */
@@ -5036,6 +5080,20 @@ extern "C" mmoe_status gfw_test_sublayer(mmoe_gpu_model *g, int L, int which, co
         (ce = cudaMemcpyAsync(out, g->o, 2 * (size_t)(T * g->D), cudaMemcpyDeviceToHost, g->stream)) != cudaSuccess)
         st = cuda_fail(err, ce, "sub-layer output copy");
     return finish_call(g, st, err, "sub-layer");
+}
+
+extern "C" mmoe_status gfw_test_set_observer(mmoe_gpu_model *g, mmoe_model_observer fn, void *ctx,
+                                             mmoe_error *err)
+{
+    if (fn != NULL && g->obs_in == NULL) {
+        g->obs_in = (uint16_t *)malloc(2 * (size_t)(g->Tm * g->D));
+        g->obs_out = (uint16_t *)malloc(2 * (size_t)(g->Tm * g->D));
+        if (g->obs_in == NULL || g->obs_out == NULL)
+            return mmoe_error_set(err, MMOE_ENOMEM, "gfw_test_set_observer: out of host memory");
+    }
+    g->obs_fn = fn;
+    g->obs_ctx = ctx;
+    return MMOE_OK;
 }
 
 extern "C" mmoe_status gfw_test_moe_given(mmoe_gpu_model *g, int L, const uint16_t *x, const int32_t *idx,

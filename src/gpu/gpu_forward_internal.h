@@ -340,6 +340,14 @@ mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, const uint1
 mmoe_status gfw_test_sublayer(mmoe_gpu_model *g, int L, int which, const uint16_t *x, const int32_t *ids,
                               int64_t T, int64_t pos0, uint16_t *out, mmoe_error *err);
 /**
+ * Call @p fn (NULL: none) after every sub-layer of the model's forward calls, as the CPU
+ * model's observer (mmoe_model_set_observer()) does: @p in the sub-layer's normalized input,
+ * @p out the attention's output; NULL for the MoE, whose combine the forward does inside
+ * hc_post.  Each report synchronizes the stream; decode steps are not graphed meanwhile.
+ * MMOE_ENOMEM if the host copies cannot be allocated.
+ */
+mmoe_status gfw_test_set_observer(mmoe_gpu_model *g, mmoe_model_observer fn, void *ctx, mmoe_error *err);
+/**
  * The MoE sub-layer of block @p L with the routing given: idx [T, k] (-1 = masked) and wts
  * [T, k] instead of the router's; out bf16 [T, D] as gfw_test_sublayer(), and logits fp32
  * [T, E] the router GEMM's raw logits of x.

@@ -214,3 +214,9 @@ mmoe_status gfw_test_moe_given(mmoe_gpu_model *g, int L, const uint16_t *x, cons
     (void)g; (void)L; (void)x; (void)idx; (void)wts; (void)T; (void)logits; (void)out;
     return no_cuda(err);
 }
+
+mmoe_status gfw_test_set_observer(mmoe_gpu_model *g, mmoe_model_observer fn, void *ctx, mmoe_error *err)
+{
+    (void)g; (void)fn; (void)ctx;
+    return no_cuda(err);
+}
