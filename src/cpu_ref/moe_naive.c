@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "mmoe_formats.h"
+#include "mmoe_log1p.h"
 
 /* ------------------------------------------------------------------ reading weights */
 
@@ -81,7 +82,7 @@ float moe_naive_dot(const float *a, const mmoe_tensor *w, const mmoe_tensor *sf,
 /** \f$\sqrt{\mathrm{softplus}(z)}\f$ with torch's threshold: softplus(z) = z above 20. */
 static float sqrt_softplus(float z)
 {
-    return sqrtf(z > 20.0f ? z : log1pf(expf(z)));
+    return sqrtf(z > 20.0f ? z : mmoe_log1pf(expf(z)));
 }
 
 /* [naive router] */

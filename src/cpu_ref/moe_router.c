@@ -6,7 +6,8 @@
  * For each token t (@ref spec_moe_router):
  *
  *     z[e]   = x_t . W_g[e]                       FP32 (x and W_g are BF16, widened exactly)
- *     s[e]   = sqrt(softplus(z[e]))               softplus(z) = z > 20 ? z : log1p(exp(z))
+ *     s[e]   = sqrt(softplus(z[e]))               softplus(z) = z > 20 ? z : log1p(exp(z)),
+ *                                                 log1p by mmoe_log1pf() (the same bits everywhere)
  *     sel[e] = s[e] + bias[e]                     bias only for the *selection* (noaux_tc)
  *     idx    = top-k of sel, descending; equal values: the lower expert id first
  *              (hash layers: idx = tid2eid[token_id], in the table's order)
@@ -25,10 +26,11 @@
 #include <stdlib.h>
 
 #include "mmoe_formats.h"
+#include "mmoe_log1p.h"
 
 float moe_sqrtsoftplus(float z)
 {
-    const float sp = z > 20.0f ? z : log1pf(expf(z));
+    const float sp = z > 20.0f ? z : mmoe_log1pf(expf(z));
     return sqrtf(sp);
 }
 

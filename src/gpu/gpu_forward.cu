@@ -5082,6 +5082,20 @@ extern "C" mmoe_status gfw_test_sublayer(mmoe_gpu_model *g, int L, int which, co
     return finish_call(g, st, err, "sub-layer");
 }
 
+extern "C" mmoe_status gfw_test_last_routing(mmoe_gpu_model *g, int L, int64_t T, int32_t *idx, float *w,
+                                             mmoe_error *err)
+{
+    if (L < 0 || L >= g->n_blocks || T < 1 || T > g->Tm)
+        return mmoe_error_set(err, MMOE_EINVAL, "gfw_test_last_routing: block %d, T %lld out of range", L,
+                              (long long)T);
+    const size_t k = (size_t)g->blocks[L].moe.k;
+    cudaError_t ce = cudaMemcpyAsync(idx, g->moe_idx, sizeof(int32_t) * k * (size_t)T, cudaMemcpyDeviceToHost,
+                                     g->stream);
+    if (ce == cudaSuccess)
+        ce = cudaMemcpyAsync(w, g->moe_w, sizeof(float) * k * (size_t)T, cudaMemcpyDeviceToHost, g->stream);
+    return finish_call(g, ce == cudaSuccess ? MMOE_OK : cuda_fail(err, ce, "routing copy"), err, "routing copy");
+}
+
 extern "C" mmoe_status gfw_test_set_observer(mmoe_gpu_model *g, mmoe_model_observer fn, void *ctx,
                                              mmoe_error *err)
 {

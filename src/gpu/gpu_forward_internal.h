@@ -340,6 +340,11 @@ mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, const uint1
 mmoe_status gfw_test_sublayer(mmoe_gpu_model *g, int L, int which, const uint16_t *x, const int32_t *ids,
                               int64_t T, int64_t pos0, uint16_t *out, mmoe_error *err);
 /**
+ * The routing of block @p L's last MoE call of @p T tokens (gfw_test_sublayer() or the forward):
+ * idx [T, k] the experts (-1 = masked), w [T, k] their weights, as the GPU router wrote them.
+ */
+mmoe_status gfw_test_last_routing(mmoe_gpu_model *g, int L, int64_t T, int32_t *idx, float *w, mmoe_error *err);
+/**
  * Call @p fn (NULL: none) after every sub-layer of the model's forward calls, as the CPU
  * model's observer (mmoe_model_set_observer()) does: @p in the sub-layer's normalized input,
  * @p out the attention's output; NULL for the MoE, whose combine the forward does inside

@@ -137,6 +137,7 @@
 #include "gpu_cp_async.cuh"
 #include "gpu_fwd_moe.cuh"
 #include "gpu_moe_decode.h"
+#include "mmoe_log1p.h"
 
 /** Bits of one weight element per format. */
 enum moe_wfmt { MOE_WF_FP4 = 4, MOE_WF_FP8 = 8, MOE_WF_BF16 = 16 };
@@ -730,7 +731,7 @@ __global__ void __launch_bounds__(MOE_PLAN_THREADS)
     if (!given) {
         for (int64_t i = threadIdx.x; i < T * E; i += blockDim.x) {
             const float z = scores[i];
-            const float sp = z > 20.0f ? z : __double2float_rn(log1p((double)gfw_expf(z)));
+            const float sp = z > 20.0f ? z : mmoe_log1pf(gfw_expf(z));
             scores[i] = __fsqrt_rn(sp);
         }
         __syncthreads();

@@ -16,7 +16,7 @@
  * ## The recipe
  *
  * Every block is the oracle's block, step by step, with the same rounding points
- * (src/gpu/gpu_forward.cu lists them per kernel).  Three kinds of steps:
+ * (src/gpu/gpu_forward.cu lists them per kernel).  Two kinds of steps:
  *
  * - **exact** (bit-identical to the oracle): embedding and stream expansion, RMSNorm (the
  *   sum of squares in double in the order of @ref spec_arch_sum_order, summed in parallel),
@@ -25,17 +25,14 @@
  *   oracle's four-lane double order), the stream write-back of mHC, the per-head q scaling,
  *   RoPE (cos/sin tables computed on the host by the oracle's own function), the FP8 and FP4
  *   round trips, the Hadamard rotation, the indexer scores and their top-k order, the grouped
- *   output projection, the head's logits;
+ *   output projection, the head's logits, the router's log1p (mmoe_log1p.h's evaluation, which
+ *   the oracle's router also uses), the MoE's GEMM sums (router logits, L1, L2: the fixed
+ *   order of @ref spec_moe_gemm_order on both);
  * - **exp**: the device's expf is the C library's algorithm (glibc's expf as built for CPUs
  *   with FMA: a 32-entry table of 2^(i/32) and a cubic in double), so sigmoid and Sinkhorn of
  *   mHC, the compressor's softmax pooling, the attention softmax and its sink and SiLU give the
  *   oracle's bits where the oracle runs on such a library (checked by the tests, which
- *   otherwise fall back to a one-ulp-per-exp bound);
- * - **log1p** (the router's softplus): computed in double and rounded once, within one fp32 ulp
- *   of the C library's log1pf;
- * - **order-free GEMM sums** (the MoE's L1/L2 and router logits, which the oracle evaluates as
- *   fp32 BLAS GEMMs with an unspecified order): here exact products accumulated in double and
- *   rounded once to fp32, i.e. at least as accurate as any fp32 order.
+ *   otherwise fall back to a one-ulp-per-exp bound).
  *
  * The tests (tests/test_gpu_forward.c, tests/test_gpu_forward_blocks.c) hold the exact blocks
  * to bit equality and the others to the bounds derived there.
