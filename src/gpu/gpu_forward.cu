@@ -818,6 +818,74 @@ static fp8_split_shape fp8_split_choose(int64_t T, int64_t N, int64_t K, int n_s
 }
 
 /**
+ * hc_post of channel c of token t: X[t,k,c] = bf16(post[k]*o + sum_j comb[j][k] * R[t,j,c])
+ * (j ascending, fp32; R the streams before the update; @p o the sub-layer's output out[t, c]),
+ * in place.  The hc stream values, the comb matrix and post are loaded once into registers,
+ * all before the first product (the loops have fixed bounds: HC > 0 fixes hc at compile time,
+ * HC = 0 takes @p hc_rt <= 8 behind predicates), so the thread waits for memory once; the
+ * operations and their order are those of mmoe_hc_post.
+ */
+template <int HC>
+__device__ __forceinline__ void hc_post_channel(float o, uint16_t *X, int64_t t, int64_t c, int64_t D, int hc_rt,
+                                                const float *post, const float *comb)
+{
+    constexpr int NMAX = HC > 0 ? HC : 8;
+    const int hc = HC > 0 ? HC : hc_rt;
+    uint16_t *Xt = X + t * hc * D;
+    const float *C = comb + t * hc * hc;
+    float xv[NMAX], pv[NMAX], cv[NMAX][NMAX];
+#pragma unroll
+    for (int j = 0; j < NMAX; j++)
+        if (j < hc) {
+            xv[j] = gfw_bf2f(Xt[j * D + c]);
+            pv[j] = post[t * hc + j];
+#pragma unroll
+            for (int k = 0; k < NMAX; k++)
+                if (k < hc)
+                    cv[j][k] = C[j * hc + k];
+        }
+    float res[NMAX];
+#pragma unroll
+    for (int k = 0; k < NMAX; k++)
+        if (k < hc) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NMAX; j++)
+                if (j < hc)
+                    acc = __fadd_rn(acc, __fmul_rn(cv[j][k], xv[j]));
+            res[k] = __fadd_rn(__fmul_rn(pv[k], o), acc);
+        }
+#pragma unroll
+    for (int k = 0; k < NMAX; k++)
+        if (k < hc)
+            Xt[k * D + c] = gfw_f2bf(res[k]);
+}
+
+/** hc_post_channel() with hc fixed at compile time for the model's hc = 4, else at run time. */
+__device__ __forceinline__ void hc_post_channel_any(float o, uint16_t *X, int64_t t, int64_t c, int64_t D, int hc,
+                                                    const float *post, const float *comb)
+{
+    if (hc == 4)
+        hc_post_channel<4>(o, X, t, c, D, hc, post, comb);
+    else
+        hc_post_channel<0>(o, X, t, c, D, hc, post, comb);
+}
+
+/** The mHC width of the FP8 linear's hc_post epilogue (compiled for the model's 4 streams only). */
+#define GFW_FP8_HC_POST_HC 4
+
+/**
+ * An hc_post applied to a linear's output as it is written (the attention's wo_b, whose outputs
+ * are the sub-layer's: output n of token t is channel n): X NULL for none.
+ */
+struct fp8_hc_post {
+    uint16_t *X;       /**< the streams [T, GFW_FP8_HC_POST_HC, D], updated in place */
+    const float *post; /**< [T, hc] */
+    const float *comb; /**< [T, hc, hc] */
+    int hc;            /**< streams (GFW_FP8_HC_POST_HC where X is given) */
+};
+
+/**
  * One linear of a k_linear_fp8_128_split launch: its weight, the shape its rows are shared out
  * in (fp8_split_choose()) and its output.  A launch runs one linear, or two on the same x rows
  * (the same K: wq_a and wkv, wq_b and the indexer's wq_b), the second one's blocks after the
@@ -827,6 +895,7 @@ struct fp8_split_job {
     dfp8 w;            /**< the weight (128x128 scale blocks) */
     fp8_split_shape sh; /**< its rows per block and warp */
     uint16_t *y;       /**< its output [T, w.N] */
+    fp8_hc_post post;  /**< an hc_post of the output (width w.N) after it is written, or none */
 };
 
 /** Blocks of @p j's linear for T tokens: T ceil(N / rows per block). */
@@ -1030,11 +1099,16 @@ __global__ void __launch_bounds__(GFW_FP8_WARPS * 32, GFW_FP8_SPLIT_BLOCKS_PER_S
         term[i] = __fmul_rn(term[i], __fmul_rn(xs_t[kb], gfw_ue8m0(w.s[(n >> 7) * w.scols + kb])));
     }
     __syncthreads();
+    const fp8_hc_post hp = second ? j1.post : j0.post;
     for (int64_t i = threadIdx.x; i < rows_blk && nb + i < w.N; i += blockDim.x) {
         float acc = 0.0f;
         for (int64_t kb = 0; kb < kb_w; kb++)
             acc = __fadd_rn(acc, term[i * kb_w + kb]);
-        y[t * w.N + nb + i] = gfw_f2bf(acc);
+        const uint16_t out = gfw_f2bf(acc);
+        y[t * w.N + nb + i] = out;
+        if (hp.X != NULL) /* k_hc_post's step for channel nb + i, from the stored bf16 (hc = 4) */
+            hc_post_channel<GFW_FP8_HC_POST_HC>(gfw_bf2f(out), hp.X, t, nb + i, w.N, GFW_FP8_HC_POST_HC, hp.post,
+                                                hp.comb);
     }
 }
 
@@ -1059,6 +1133,7 @@ static fp8_split_job fp8_split_job_for(int64_t T, const dfp8 &w, uint16_t *y, in
     fp8_split_job j;
     j.w = w;
     j.y = y;
+    j.post = fp8_hc_post{NULL, NULL, NULL, 0};
     j.sh = fp8_split_choose(T, w.N, w.K, n_sm);
     if (fp8_split_smem(w.K, j.sh) > GFW_FP8_SMEM_MAX)
         j.sh = fp8_split_shape{1, 1}; /* one row pair per warp: the least shared memory, fp8_128_smem(K) */
@@ -1087,6 +1162,24 @@ static void launch_fp8_split(const uint8_t *xq, const float *xs, int64_t T, cons
     const size_t smem0 = fp8_split_smem(j0.w.K, j0.sh), smem1 = fp8_split_smem(second.w.K, second.sh);
     mmoe_launch_pdl(fp8_split_kernel(j0.w.nan_free && second.w.nan_free), (unsigned)blocks, GFW_FP8_WARPS * 32,
                     smem0 > smem1 ? smem0 : smem1, st, xq, xs, T, j0, blocks0, second);
+}
+
+/**
+ * The attention's output projection y = fp8_linear(x) of T quantized rows with k_hc_post's
+ * update of the streams @p hp done by the thread that stores each output (the same operations
+ * on the same values: hc_post_channel() of the stored bf16), where k_linear_fp8_128_split
+ * serves @p w (fp8_split_serves()) and hc = GFW_FP8_HC_POST_HC: returns true; else nothing is
+ * launched and it returns false.
+ */
+static bool launch_linear_fp8_hc_post(const uint8_t *xq, const float *xs, int64_t T, const dfp8 &w, uint16_t *y,
+                                      const fp8_hc_post &hp, int n_sm, cudaStream_t st)
+{
+    if (!fp8_split_serves(xq, T, w) || hp.hc != GFW_FP8_HC_POST_HC)
+        return false;
+    fp8_split_job j = fp8_split_job_for(T, w, y, n_sm);
+    j.post = hp;
+    launch_fp8_split(xq, xs, T, j, NULL, st);
+    return true;
 }
 
 /**
@@ -1904,59 +1997,6 @@ __global__ void __launch_bounds__(GFW_HC_FUSED_THREADS, GFW_HC_FUSED_BLOCKS_PER_
         rmsnorm_chunk_quant(yb, live ? C : 0, t, a.D, a.q, a.qs, a.mb, a.mq);
 }
 
-/**
- * hc_post of channel c of token t: X[t,k,c] = bf16(post[k]*o + sum_j comb[j][k] * R[t,j,c])
- * (j ascending, fp32; R the streams before the update; @p o the sub-layer's output out[t, c]),
- * in place.  The hc stream values, the comb matrix and post are loaded once into registers,
- * all before the first product (the loops have fixed bounds: HC > 0 fixes hc at compile time,
- * HC = 0 takes @p hc_rt <= 8 behind predicates), so the thread waits for memory once; the
- * operations and their order are those of mmoe_hc_post.
- */
-template <int HC>
-__device__ __forceinline__ void hc_post_channel(float o, uint16_t *X, int64_t t, int64_t c, int64_t D, int hc_rt,
-                                                const float *post, const float *comb)
-{
-    constexpr int NMAX = HC > 0 ? HC : 8;
-    const int hc = HC > 0 ? HC : hc_rt;
-    uint16_t *Xt = X + t * hc * D;
-    const float *C = comb + t * hc * hc;
-    float xv[NMAX], pv[NMAX], cv[NMAX][NMAX];
-#pragma unroll
-    for (int j = 0; j < NMAX; j++)
-        if (j < hc) {
-            xv[j] = gfw_bf2f(Xt[j * D + c]);
-            pv[j] = post[t * hc + j];
-#pragma unroll
-            for (int k = 0; k < NMAX; k++)
-                if (k < hc)
-                    cv[j][k] = C[j * hc + k];
-        }
-    float res[NMAX];
-#pragma unroll
-    for (int k = 0; k < NMAX; k++)
-        if (k < hc) {
-            float acc = 0.0f;
-#pragma unroll
-            for (int j = 0; j < NMAX; j++)
-                if (j < hc)
-                    acc = __fadd_rn(acc, __fmul_rn(cv[j][k], xv[j]));
-            res[k] = __fadd_rn(__fmul_rn(pv[k], o), acc);
-        }
-#pragma unroll
-    for (int k = 0; k < NMAX; k++)
-        if (k < hc)
-            Xt[k * D + c] = gfw_f2bf(res[k]);
-}
-
-/** hc_post_channel() with hc fixed at compile time for the model's hc = 4, else at run time. */
-__device__ __forceinline__ void hc_post_channel_any(float o, uint16_t *X, int64_t t, int64_t c, int64_t D, int hc,
-                                                    const float *post, const float *comb)
-{
-    if (hc == 4)
-        hc_post_channel<4>(o, X, t, c, D, hc, post, comb);
-    else
-        hc_post_channel<0>(o, X, t, c, D, hc, post, comb);
-}
 
 /**
  * hc_post (mmoe_mhc.c) of token blockIdx.y of width D, one channel per thread over the blocks
@@ -4163,10 +4203,12 @@ static unsigned compress_threads(int64_t dh)
  * call's first position from the step record (g->step); @p pos0, its value, only sizes the
  * indexer scores' grid when the step is launched eagerly (a captured step sizes it for
  * max_blocks).  @p y_quantized: g->aq, g->as already hold g->y quantized (the layer's
- * rmsnorm_quant()); else the sub-layer quantizes it first.
+ * rmsnorm_quant()); else the sub-layer quantizes it first.  @p post_done: NULL, or set to 1 when
+ * the output projection also did the hc_post after the sub-layer on g->X
+ * (launch_linear_fp8_hc_post()), else 0.
  */
 static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t T, int y_quantized,
-                             mmoe_error *err)
+                             int *post_done, mmoe_error *err)
 {
     const gfw_attn_dims &a = b->a;
     const int64_t D = g->D, d = a.d, H = a.H, ih = a.ih, id = a.id;
@@ -4248,7 +4290,15 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
     const int64_t hd = H * d, gw = hd / a.G, gr = (int64_t)a.G * a.o_lora;
     if ((st = linear_dense(g->att, T, hd, gw, b->wo_a, gr, a.o_lora, gw, NULL, g->z, sm, err)) != MMOE_OK)
         return st;
-    return linear_fp8(g, g->z, T, b->wo_b, g->o, err);
+    if ((st = act_quant(g, g->z, T, b->wo_b.K, err)) != MMOE_OK)
+        return st;
+    const fp8_hc_post hp = {g->X, g->post, g->comb, (int)g->hc};
+    if (post_done != NULL && (*post_done = launch_linear_fp8_hc_post(g->aq, g->as, T, b->wo_b, g->o, hp, g->n_sm,
+                                                                     sm))) {
+        GFW_CHECK("fp8 linear and hc_post");
+        return MMOE_OK;
+    }
+    return linear_fp8_quantized(g, T, b->wo_b, g->o, err);
 }
 
 /**
@@ -4356,6 +4406,7 @@ static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, i
     const bool fused = hc_pre_norm_fits(hc, D, T, n_mix, g->n_sm);
     double t0 = tick(g);
     mmoe_status st = MMOE_OK;
+    int post_done = 0; /* the attention's output projection did its hc_post */
     sublayer_hc_pre(g, T, b->hca_fn, b->hca_base, b->hca_scale, fused, b->attn_norm, g->aq, g->as, NULL, NULL);
     GFW_CHECK("hc_pre (attention)");
     double t1 = tick(g);
@@ -4364,13 +4415,14 @@ static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, i
     if (st == MMOE_OK)
         st = obs_keep_input(g, T, err);
     if (st == MMOE_OK)
-        st = attention(g, b, pos0, T, 1, err);
+        st = attention(g, b, pos0, T, 1, &post_done, err);
     if (st == MMOE_OK)
         st = obs_report(g, L, MMOE_SUBLAYER_ATTENTION, pos0, T, err);
     if (st != MMOE_OK)
         return st;
     double t2 = tick(g);
-    launch_hc_post(g->o, g->X, T, D, hc, g->post, g->comb, g->stream);
+    if (!post_done)
+        launch_hc_post(g->o, g->X, T, D, hc, g->post, g->comb, g->stream);
     sublayer_hc_pre(g, T, b->hcf_fn, b->hcf_base, b->hcf_scale, fused, b->ffn_norm, NULL, NULL, g->moe_work.xb,
                     g->moe_x);
     GFW_CHECK("hc_post / hc_pre (moe)");
@@ -5075,7 +5127,7 @@ extern "C" mmoe_status gfw_test_sublayer(mmoe_gpu_model *g, int L, int which, co
         (ce = cudaMemcpyAsync(g->y, x, 2 * (size_t)(T * g->D), cudaMemcpyHostToDevice, g->stream)) != cudaSuccess)
         st = cuda_fail(err, ce, "sub-layer input copy");
     if (st == MMOE_OK)
-        st = which == 0 ? attention(g, &g->blocks[L], pos0, T, 0, err) : moe(g, &g->blocks[L], g->ids, T, err);
+        st = which == 0 ? attention(g, &g->blocks[L], pos0, T, 0, NULL, err) : moe(g, &g->blocks[L], g->ids, T, err);
     if (st == MMOE_OK &&
         (ce = cudaMemcpyAsync(out, g->o, 2 * (size_t)(T * g->D), cudaMemcpyDeviceToHost, g->stream)) != cudaSuccess)
         st = cuda_fail(err, ce, "sub-layer output copy");
