@@ -2185,10 +2185,11 @@ __device__ void hadamard_block(uint16_t *x, int64_t rows, int n, float *v)
  * The kv row @p row of a call (by one block, blockDim.x a power of two): RMSNorm with @p w
  * (the block's tree of squares, @ref spec_arch_sum_order), RoPE on the last rope_dim dims at
  * position pos0 + row (pos0 from the step record), and the FP8 round trip of the others
- * (attn_forward.c), in place.
+ * (attn_forward.c), in place.  With @p ring (one-token calls only: k_ring_store's step, see
+ * k_q_kv_finish) the finished row is also stored in the window ring of @p W rows.
  */
 __device__ __forceinline__ void kv_finish_row(uint16_t *kv, int64_t d, const ddense &w, float eps, int rope_dim,
-                                              const float *cs, int64_t pos0, int64_t row)
+                                              const float *cs, int64_t pos0, int64_t row, uint16_t *ring, int W)
 {
     __shared__ double sh[33];
     uint16_t *x = kv + row * d;
@@ -2199,24 +2200,35 @@ __device__ __forceinline__ void kv_finish_row(uint16_t *kv, int64_t d, const dde
     for (int p = threadIdx.x; p < rope_dim / 2; p += blockDim.x)
         rope_pair(x + d - rope_dim, p, rope_dim / 2, cs, pos0 + row, 0);
     fp8_roundtrip_warps(x, d - rope_dim, threadIdx.x / 32, blockDim.x / 32);
+    if (ring == NULL)
+        return;
+    __syncthreads(); /* the row is final */
+    uint16_t *slot = ring + ((pos0 + row) % W) * d;
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
+        slot[i] = x[i];
 }
 
 /**
  * The q heads' scaling and RoPE (scale_heads_block(), blocks [0, q_blocks)) and the kv rows'
  * norm, RoPE and FP8 round trip (kv_finish_row(), one block per token after them) in one
  * launch: the two write different tensors (q from W_qb, kv from W_kv), so they run side by
- * side, each block as its own kernel ran it.
+ * side, each block as its own kernel ran it.  With @p ring (a one-token call) the kv row also
+ * goes into the window ring of @p W rows, k_ring_store's step done here, before the attention
+ * instead of after it: the slot it overwrites holds position pos - W, which the window of the
+ * token at pos (positions pos - W + 1 .. pos) does not read.  With more tokens a row's slot
+ * can hold a position an earlier token of the call still reads, so k_ring_store runs after
+ * k_attend.
  */
 __global__ void k_q_kv_finish(uint16_t *q, int64_t q_rows, int64_t d, float eps, int64_t H, int64_t q_blocks,
                               uint16_t *kv, ddense kv_w, float kv_eps, int rope_dim, const float *cs,
-                              const int64_t *pos_dev)
+                              const int64_t *pos_dev, uint16_t *ring, int W)
 {
     gfw_pdl_enter();
     const int64_t pos0 = *pos_dev;
     if ((int64_t)blockIdx.x < q_blocks)
         scale_heads_block(q, q_rows, d, eps, H, rope_dim, cs, pos0, blockIdx.x);
     else
-        kv_finish_row(kv, d, kv_w, kv_eps, rope_dim, cs, pos0, (int64_t)blockIdx.x - q_blocks);
+        kv_finish_row(kv, d, kv_w, kv_eps, rope_dim, cs, pos0, (int64_t)blockIdx.x - q_blocks, ring, W);
 }
 
 /** Warps of a k_indexer_q_split block (one indexer head each). */
@@ -4224,8 +4236,9 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
                       : (st = linear_fp8_quantized(g, T, b->wq_b, g->q, err))) != MMOE_OK)
         return st;
     const unsigned q_blocks = nblk(T * H * 32);
+    const bool ring_early = T == 1; /* k_q_kv_finish stores the window row (see there) */
     mmoe_launch_pdl(k_q_kv_finish, q_blocks + (unsigned)T, 256, 0, sm, g->q, T * H, d, a.eps, H, (int64_t)q_blocks,
-                    g->kv, b->kv_norm, a.eps, a.rope_dim, b->cs, pos_dev);
+                    g->kv, b->kv_norm, a.eps, a.rope_dim, b->cs, pos_dev, ring_early ? b->ring : nullptr, a.window);
     GFW_CHECK("q head scaling and rope; kv norm, rope and fp8 round trip");
     const int c = a.ratio == 4 ? 2 : 1;
     if (a.ratio > 0) { /* the compressors' and the indexer's dense projections of x, one launch */
@@ -4283,9 +4296,11 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
                       a.topk, a.rope_dim, pos_dev, (float)(1.0 / sqrt((double)d)), g->att};
     mmoe_launch_pdl(k_attend, dim3((unsigned)T, (unsigned)H), 256, 0, sm, aa);
     GFW_CHECK("attention and inverse rope");
-    mmoe_launch_pdl(k_ring_store, nblk((T < a.window ? T : a.window) * d), 256, 0, sm, g->kv, T, pos_dev, a.window,
-                    (int)d, b->ring);
-    GFW_CHECK("window store");
+    if (!ring_early) {
+        mmoe_launch_pdl(k_ring_store, nblk((T < a.window ? T : a.window) * d), 256, 0, sm, g->kv, T, pos_dev,
+                        a.window, (int)d, b->ring);
+        GFW_CHECK("window store");
+    }
     /* grouped output projection */
     const int64_t hd = H * d, gw = hd / a.G, gr = (int64_t)a.G * a.o_lora;
     if ((st = linear_dense(g->att, T, hd, gw, b->wo_a, gr, a.o_lora, gw, NULL, g->z, sm, err)) != MMOE_OK)
