@@ -6,9 +6,12 @@
 #   4. the V4-Flash-width case (its checkpoint is kept in $FLASH for the bench);
 #   5. megamoe bench forward --backend gpu on the tiny fixture and on the V4-Flash-width checkpoint,
 #      --cuda-graph off and on.
+#   "profile" (after "flash"): Nsight Compute's kernel durations of one decode step (position 12)
+#      of the V4-Flash-width checkpoint, kernels serialized (tools/ncu_step.py), in
+#      $OUT/decode-step-profile.txt.
 # Logs go to $OUT.  Usage on the device machine (see tools/gpu-check.sh for the tarball layout):
 #   MMOE_DEBS=$PWD/.gpu/debs bash /tmp/m/tools/gpu-forward-check.sh [STEPS]
-# STEPS: a subset of "build test memcheck racecheck flash bench break" (default: build test
+# STEPS: a subset of "build test memcheck racecheck flash profile bench break" (default: build test
 # memcheck flash bench).  BLOCKS_RUNS (default 1): runs of test_gpu_forward_blocks in "test", each
 # with its own seed; every failure line is printed with the run's seed.  "racecheck": the blocks
 # suite under compute-sanitizer racecheck and synccheck (shared-memory hazards, barriers).
@@ -75,7 +78,24 @@ case " $STEPS " in *" flash "*)
   CK_RUN_CASE=flash MMOE_GPU_FWD_FLASH_DIR=$FLASH OPENBLAS_NUM_THREADS=16 timeout 300 ./tests/test_gpu_forward \
     > "$OUT/test-flash.log" 2>&1
   echo "test_gpu_forward (flash): rc=$? ($(( $(date +%s) - t0 )) s)"
-  grep -E "gpu_forward:|:[PFE]:|Checks" "$OUT/test-flash.log" | tail -n 20;;
+  grep -E "gpu_forward:|:[PFE]:|Checks" "$OUT/test-flash.log" | tail -n 20
+  # a seed whose routing weights once differed in the last bit (the router's log1p), kept as a regression
+  t0=$(date +%s)
+  MMOE_SEED=1342607946089217 CK_RUN_CASE=flash OPENBLAS_NUM_THREADS=16 timeout 300 ./tests/test_gpu_forward \
+    > "$OUT/test-flash-seed.log" 2>&1
+  echo "test_gpu_forward (flash, seed 1342607946089217): rc=$? ($(( $(date +%s) - t0 )) s)"
+  grep -E ":[FE]:|Checks" "$OUT/test-flash-seed.log" | tail -n 5;;
+esac
+case " $STEPS " in *" profile "*)
+  if [ -d "$FLASH" ] && command -v ncu > /dev/null; then
+    # 13 tokens one per call: the last call is the decode step at position 12 (no ratio-4 block ends there)
+    timeout 240 ncu --clock-control none --metrics gpu__time_duration.sum --csv ./megamoe logits --model "$FLASH" \
+      --ids "$(seq -s, 1 13)" --decode --last --cuda-graph off --backend gpu --out "$OUT/profile.safetensors" \
+      > "$OUT/ncu-decode.csv" 2> "$OUT/ncu-decode.err"
+    python3 tools/ncu_step.py "$OUT/ncu-decode.csv" > "$OUT/decode-step-profile.txt" 2>&1
+    echo "profile: rc=$?"; tail -n 30 "$OUT/decode-step-profile.txt"
+    rm -f "$OUT/profile.safetensors"
+  else echo "profile: no V4-Flash-width checkpoint (run the flash step first) or no ncu"; fi;;
 esac
 case " $STEPS " in *" break "*)
   # the .cu rules do not track header dependencies: touch the sources so that a patch to a
