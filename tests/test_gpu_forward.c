@@ -513,6 +513,28 @@ typedef struct fwd_acts {
     uint16_t *in[2 * 8], *out[2 * 8]; /**< [block * 2 + which] bf16 [T, D] by position */
 } fwd_acts;
 
+/** Room for the inputs and outputs of the @p nl layers' sub-layers over @p T tokens of width @p D, NaN-filled. */
+static void fwd_acts_alloc(fwd_acts *a, int64_t D, int64_t T, int nl)
+{
+    ck_assert_int_le(nl, 8);
+    memset(a, 0, sizeof *a);
+    a->D = D;
+    for (int k = 0; k < 2 * nl; k++) {
+        a->in[k] = malloc(2 * (size_t)(T * D));
+        a->out[k] = malloc(2 * (size_t)(T * D));
+        ck_assert(a->in[k] && a->out[k]);
+        mmoe_test_poison_bf16(a->in[k], (size_t)(T * D));
+        mmoe_test_poison_bf16(a->out[k], (size_t)(T * D));
+    }
+}
+
+/** Free what fwd_acts_alloc() took. */
+static void fwd_acts_free(fwd_acts *a)
+{
+    for (int k = 0; k < 2 * 8; k++)
+        free(a->in[k]), free(a->out[k]);
+}
+
 /** A forward's observer (the oracle's or the GPU's): copy each sub-layer's input and output to its positions. */
 static int observe_sublayers(void *ctx, int block, mmoe_sublayer which, int64_t pos, int64_t T, const uint16_t *in,
                              const uint16_t *out)
@@ -564,14 +586,8 @@ static void compare_forward_inputs(const char *what, mmoe_gpu_model *g, const fw
     const int64_t D = a->D;
     mmoe_error err;
     mmoe_error_clear(&err);
-    fwd_acts ga = {.D = D};
-    for (int k = 0; k < 2 * nl; k++) {
-        ga.in[k] = malloc(2 * (size_t)(T * D));
-        ga.out[k] = malloc(2 * (size_t)(T * D));
-        ck_assert(ga.in[k] && ga.out[k]);
-        mmoe_test_poison_bf16(ga.in[k], (size_t)(T * D));
-        mmoe_test_poison_bf16(ga.out[k], (size_t)(T * D));
-    }
+    fwd_acts ga;
+    fwd_acts_alloc(&ga, D, T, nl);
     ck_assert_msg(gfw_test_set_observer(g, observe_sublayers, &ga, &err) == MMOE_OK, "%s", err.msg);
     for (int64_t t0 = 0; t0 < T; t0 += chunk) {
         const int64_t n = T - t0 < chunk ? T - t0 : chunk;
@@ -600,8 +616,7 @@ static void compare_forward_inputs(const char *what, mmoe_gpu_model *g, const fw
                           "%llu)", what, k / 2, k % 2 ? "moe" : "attention", side ? "output" : "input", rel,
                           (long long)worst, rel_tok, (unsigned long long)g_seed);
         }
-    for (int k = 0; k < 2 * nl; k++)
-        free(ga.in[k]), free(ga.out[k]);
+    fwd_acts_free(&ga);
 }
 
 /**
@@ -675,15 +690,10 @@ static void check_sublayers_on_forward(const char *what, const char *dir, int64_
     const mmoe_config *c = mmoe_model_config(m);
     const int64_t D = c->dim;
     const int nl = c->n_layers;
-    ck_assert_int_le(nl, 8);
     mmoe_error err;
     mmoe_error_clear(&err);
-    fwd_acts a = {.D = D};
-    for (int k = 0; k < 2 * nl; k++) {
-        a.in[k] = malloc(2 * (size_t)(T * D));
-        a.out[k] = malloc(2 * (size_t)(T * D));
-        ck_assert(a.in[k] && a.out[k]);
-    }
+    fwd_acts a;
+    fwd_acts_alloc(&a, D, T, nl);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)T);
     uint16_t *yg = malloc(2 * (size_t)(T * D));
     ck_assert(ids && yg);
@@ -741,8 +751,7 @@ static void check_sublayers_on_forward(const char *what, const char *dir, int64_
                           "(worst token %lld: %.3g; seed %llu)", what, L, name, rel, (long long)worst, rel_tok,
                           (unsigned long long)g_seed);
         }
-    for (int k = 0; k < 2 * nl; k++)
-        free(a.in[k]), free(a.out[k]);
+    fwd_acts_free(&a);
     free(ids), free(yg), free(gi), free(gw);
     gfw_model_src_free(&src);
     mmoe_gpu_model_destroy(g);

@@ -63,6 +63,16 @@ static int same_bits(const char *what, const float *a, const float *b, int64_t T
     return 1;
 }
 
+/** The model in @p dir, opened (the test fails with the loader's message if it cannot be). */
+static mmoe_model *open_dir(const char *dir)
+{
+    mmoe_model *m = NULL;
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    ck_assert_msg(mmoe_model_open(dir, NULL, NULL, &m, &err) == MMOE_OK, "%s", err.msg);
+    return m;
+}
+
 static int32_t *random_ids(int64_t T, int64_t V, uint64_t seed)
 {
     mmoe_rng r;
@@ -77,10 +87,9 @@ START_TEST(prefill_equals_decode)
 {
     char root[512], dir[600];
     make_tiny(root, sizeof root, dir, sizeof dir, 3, 0);
-    mmoe_model *m;
+    mmoe_model *m = open_dir(dir);
     mmoe_error err;
     mmoe_error_clear(&err);
-    ck_assert_msg(mmoe_model_open(dir, NULL, NULL, &m, &err) == MMOE_OK, "%s", err.msg);
     const mmoe_config *c = mmoe_model_config(m);
     const int64_t T = 132, V = c->vocab_size, S = c->hc_mult * c->dim;
     int32_t *ids = random_ids(T, V, g_seed + 7);
@@ -195,10 +204,9 @@ START_TEST(observer_sees_each_sublayer)
 {
     char root[512], dir[600];
     make_tiny(root, sizeof root, dir, sizeof dir, 3, 0);
-    mmoe_model *m;
+    mmoe_model *m = open_dir(dir);
     mmoe_error err;
     mmoe_error_clear(&err);
-    ck_assert_msg(mmoe_model_open(dir, NULL, NULL, &m, &err) == MMOE_OK, "%s", err.msg);
     const mmoe_config *c = mmoe_model_config(m);
     const int64_t T = 20, V = c->vocab_size;
     const int n_layers = c->n_layers;

@@ -3106,7 +3106,8 @@ struct mmoe_gpu_model {
     int64_t graph_captures, graph_replays, eager_calls; /**< since creation */
     mmoe_model_observer obs_fn;   /**< gfw_test_set_observer()'s observer (NULL: none) */
     void *obs_ctx;                /**< its context */
-    uint16_t *obs_in, *obs_out;   /**< host copies [Tm, D] of a sub-layer's input and output */
+    uint16_t *obs_in;             /**< host copy [Tm, D] of a sub-layer's input, for the observer */
+    uint16_t *obs_out;            /**< host copy [Tm, D] of the attention's output, for the observer */
     /** @var mmoe_gpu_model::graph_captures
      *  captures of the decode graph
      *  @var mmoe_gpu_model::graph_replays
