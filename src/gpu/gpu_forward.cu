@@ -5167,9 +5167,11 @@ extern "C" mmoe_status gfw_test_last_routing(mmoe_gpu_model *g, int L, int64_t T
 extern "C" mmoe_status gfw_test_set_observer(mmoe_gpu_model *g, mmoe_model_observer fn, void *ctx,
                                              mmoe_error *err)
 {
-    if (fn != NULL && g->obs_in == NULL) {
-        g->obs_in = (uint16_t *)malloc(2 * (size_t)(g->Tm * g->D));
-        g->obs_out = (uint16_t *)malloc(2 * (size_t)(g->Tm * g->D));
+    if (fn != NULL) { /* the host copies, kept until the model is destroyed */
+        if (g->obs_in == NULL)
+            g->obs_in = (uint16_t *)malloc(2 * (size_t)(g->Tm * g->D));
+        if (g->obs_out == NULL)
+            g->obs_out = (uint16_t *)malloc(2 * (size_t)(g->Tm * g->D));
         if (g->obs_in == NULL || g->obs_out == NULL)
             return mmoe_error_set(err, MMOE_ENOMEM, "gfw_test_set_observer: out of host memory");
     }
