@@ -1656,22 +1656,6 @@ __device__ __forceinline__ void hc_finish_logits(int64_t t, int64_t n, int hc, c
 }
 
 /**
- * The mix y[t, c] = bf16(sum_j pre[j] X[t, j, c]) (j ascending, fp32) of the channels
- * [1024 blockIdx.x, 1024 (blockIdx.x + 1)) by the block's threads from @p first on.
- */
-__device__ __forceinline__ void hc_mix_channels(const uint16_t *Xt, int64_t D, int hc, const float *pre, uint16_t *y,
-                                                int64_t t, int first)
-{
-    const int64_t c1 = (blockIdx.x + 1) * 1024 < D ? (blockIdx.x + 1) * 1024 : D;
-    for (int64_t c = blockIdx.x * 1024 + threadIdx.x - first; c < c1; c += blockDim.x - first) {
-        float acc = 0.0f;
-        for (int jj = 0; jj < hc; jj++)
-            acc = __fadd_rn(acc, __fmul_rn(pre[jj], gfw_bf2f(Xt[jj * D + c])));
-        y[t * D + c] = gfw_f2bf(acc);
-    }
-}
-
-/**
  * Entry @p e (< 64) of a Sinkhorn matrix held by a warp, entry i in lane i % 32 of register
  * i / 32 (@p c0, @p c1); @p two: 0 when hc*hc <= 32 (c1 unused).  Every lane must call it.
  */
@@ -1818,7 +1802,7 @@ __global__ void k_hc_finish_split(const uint16_t *X, int64_t D, int hc, const do
     }
     if (c >= D)
         return;
-    float acc = 0.0f; /* hc_mix_channels' sum */
+    float acc = 0.0f; /* the mix y = bf16(sum_j pre[j] X[j]): j ascending from +0, fp32 (mmoe_hc_pre's) */
 #pragma unroll
     for (int jj = 0; jj < 8; jj++)
         if (jj < hc)
@@ -1880,7 +1864,7 @@ struct hc_pre_norm_args {
  * for the next launch and finishes the token alone: the logits, pre and post
  * (hc_finish_logits(), reading the sums through the L2), then its last warp runs the Sinkhorn
  * iterations (sinkhorn_warp()) while thread b of the others mixes channels [16 b, 16 b + 16)
- * (hc_mix_channels()'s sum), sums their squares as k_rmsnorm's chunk b, joins the norm's tree
+ * (the mix's sum, as k_hc_finish_split's), sums their squares as k_rmsnorm's chunk b, joins the norm's tree
  * (barrier 1: the Sinkhorn warp is not waited for) and stores its 16 normed values (and their
  * quantization, rmsnorm_chunk_quant()).  Thread b's stream values and norm weights are loaded
  * before the logits, so the finishing block waits for memory once.  Nothing waits on another
@@ -1952,7 +1936,7 @@ __global__ void __launch_bounds__(GFW_HC_FUSED_THREADS, GFW_HC_FUSED_BLOCKS_PER_
             sinkhorn_warp<HC>(m + 2 * HC, c_scale, c_base, HC, a.hc_eps, a.iters, a.comb + t * HC * HC);
         return;
     }
-    float acc[C], v[C]; /* hc_mix_channels' sums (stream j ascending from +0); v: one stream's values */
+    float acc[C], v[C]; /* the mix's sums (stream j ascending from +0); v: one stream's values */
 #pragma unroll
     for (int i = 0; i < C; i++)
         acc[i] = 0.0f;
