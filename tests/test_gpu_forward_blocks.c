@@ -14,7 +14,9 @@
  * **exp.**  The device's expf (gfw_expf) is glibc's algorithm (the build for CPUs with FMA),
  * so that it returns the host's expf bit for bit there; test_expf checks that on 2^22 inputs
  * over the whole range (and +-inf, NaN).  Where every input agrees (exp_probe()), the
- * exp-based blocks below must be bit-exact too; with another C library they are held to:
+ * exp-based blocks below must be bit-exact too; with another C library they are held to the
+ * bounds below.  The router's log1p (mmoe_log1p.h) uses no library: test_log1pf holds the
+ * device's to the host's bit for bit on any machine.
  *
  * **Bounded** (two fp32 exps that differ by at most one ulp per call):
  * - hc_pre: pre = sigmoid(.) + eps and post = 2 sigmoid(.) move by a few fp32 ulp
@@ -35,6 +37,7 @@
 #include "mmoe_formats.h"
 #include "mmoe_gpu_moe.h"
 #include "mmoe_linear.h"
+#include "mmoe_log1p.h"
 #include "mmoe_mhc.h"
 #include "mmoe_rng.h"
 #include "mmoe_sum_order.h"
@@ -163,7 +166,7 @@ static int exp_probe(void)
         x[i] = i < 6 ? special[i] : (i & 1 ? unif(&r, 110.0f) : unif(&r, 12.0f));
     mmoe_test_poison_f32(y, (size_t)n);
     mmoe_error err;
-    ck_assert_msg(gfw_test_expf(x, n, y, &err) == MMOE_OK, "%s", err.msg);
+    ck_assert_msg(gfw_test_unary(GFW_TEST_EXPF, x, n, y, &err) == MMOE_OK, "%s", err.msg);
     int64_t diff = 0, far = 0, host_glibc = 1;
     for (int64_t i = 0; i < n; i++) {
         const float h = expf(x[i]), ref = glibc_fma_expf(x[i]);
@@ -188,6 +191,46 @@ static int exp_probe(void)
 START_TEST(test_expf)
 {
     exp_probe();
+}
+END_TEST
+
+/*
+ * The router's log1p on the device against the host's, bit for bit, always: mmoe_log1p.h is one
+ * fixed sequence of IEEE float64 operations (fma written out, the device's _rn intrinsics), so
+ * no compiler or library may make the two differ.  2^22 arguments: e^z for z uniform in
+ * [-110, 20] (what the router gives it: subnormals to 4.9e8), uniform in (-1, 1), and the
+ * special values.
+ */
+START_TEST(test_log1pf)
+{
+    const int64_t n = 1 << 22;
+    float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)n);
+    ck_assert(x && y);
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed ^ 0x1091);
+    const float special[8] = {0.0f, -0.0f, -1.0f, -2.0f, INFINITY, NAN, 0x1p-149f, 1.0f};
+    for (int64_t i = 0; i < n; i++)
+        x[i] = i < 8 ? special[i]
+                     : (i & 1 ? expf(unif(&r, 65.0f) - 45.0f) : unif(&r, 1.0f)); /* z in [-110, 20]; (-1, 1) */
+    mmoe_test_poison_f32(y, (size_t)n);
+    mmoe_error err;
+    ck_assert_msg(gfw_test_unary(GFW_TEST_LOG1PF, x, n, y, &err) == MMOE_OK, "%s", err.msg);
+    int64_t diff = 0, first = -1;
+    for (int64_t i = 0; i < n; i++) {
+        const float h = mmoe_log1pf(x[i]);
+        const int same = memcmp(&h, &y[i], 4) == 0 || (isnan(h) && isnan(y[i]));
+        diff += !same;
+        if (!same && first < 0)
+            first = i;
+    }
+    fprintf(stderr, "gpu_forward_blocks: log1pf: %lld of %lld differ from the host's\n", (long long)diff,
+            (long long)n);
+    ck_assert_msg(diff == 0, "device mmoe_log1pf differs from the host's at %lld inputs, first x = %a: %a vs %a "
+                  "(seed %llu)", (long long)diff, first >= 0 ? (double)x[first] : 0.0,
+                  first >= 0 ? (double)y[first] : 0.0, first >= 0 ? (double)mmoe_log1pf(x[first]) : 0.0,
+                  (unsigned long long)g_seed);
+    free(x);
+    free(y);
 }
 END_TEST
 
@@ -999,6 +1042,7 @@ static Suite *blocks_suite(void)
     TCase *tc = tcase_create("blocks");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_expf);
+    tcase_add_test(tc, test_log1pf);
     tcase_add_test(tc, test_rmsnorm);
     tcase_add_test(tc, test_linear_fp8);
     tcase_add_test(tc, test_linear_dense);

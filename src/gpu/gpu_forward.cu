@@ -165,6 +165,7 @@
 #include "gpu_dense_f8_scaled.h"
 #include "gpu_fwd_moe.cuh"
 #include "mmoe_formats.h"
+#include "mmoe_log1p.h"
 
 /* ================================================================== device structures */
 
@@ -5092,16 +5093,16 @@ extern "C" mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, 
     return tfinish(&a, scores, ds, sizeof(float) * (size_t)n_blocks, err, "indexer");
 }
 
-/** y[i] = gfw_expf(x[i]). */
-__global__ void k_test_expf(const float *x, int64_t n, float *y)
+/** y[i] = fn(x[i]) (gfw_test_unary()). */
+__global__ void k_test_unary(gfw_test_fn fn, const float *x, int64_t n, float *y)
 {
     gfw_pdl_enter();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
-        y[i] = gfw_expf(x[i]);
+        y[i] = fn == GFW_TEST_LOG1PF ? mmoe_log1pf(x[i]) : gfw_expf(x[i]);
 }
 
-extern "C" mmoe_status gfw_test_expf(const float *x, int64_t n, float *y, mmoe_error *err)
+extern "C" mmoe_status gfw_test_unary(gfw_test_fn fn, const float *x, int64_t n, float *y, mmoe_error *err)
 {
     tarena a;
     mmoe_status st = tbegin(&a, err);
@@ -5110,8 +5111,8 @@ extern "C" mmoe_status gfw_test_expf(const float *x, int64_t n, float *y, mmoe_e
     const float *dx = (const float *)tput(&a, x, sizeof(float) * (size_t)n);
     float *dy = (float *)tput(&a, NULL, sizeof(float) * (size_t)n);
     if (a.ce == cudaSuccess)
-        k_test_expf<<<nblk(n), 256>>>(dx, n, dy);
-    return tfinish(&a, y, dy, sizeof(float) * (size_t)n, err, "expf");
+        k_test_unary<<<nblk(n), 256>>>(fn, dx, n, dy);
+    return tfinish(&a, y, dy, sizeof(float) * (size_t)n, err, fn == GFW_TEST_LOG1PF ? "log1pf" : "expf");
 }
 
 extern "C" mmoe_status gfw_test_sublayer(mmoe_gpu_model *g, int L, int which, const uint16_t *x, const int32_t *ids,

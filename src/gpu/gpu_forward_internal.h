@@ -360,8 +360,14 @@ mmoe_status gfw_test_set_observer(mmoe_gpu_model *g, mmoe_model_observer fn, voi
 mmoe_status gfw_test_moe_given(mmoe_gpu_model *g, int L, const uint16_t *x, const int32_t *idx, const float *wts,
                                int64_t T, float *logits, uint16_t *out, mmoe_error *err);
 
-/** y[i] = the device's expf(x[i]) (gfw_expf, the exp of every exp-based block). */
-mmoe_status gfw_test_expf(const float *x, int64_t n, float *y, mmoe_error *err);
+/** The device functions of one float that gfw_test_unary() evaluates. */
+typedef enum gfw_test_fn {
+    GFW_TEST_EXPF = 0,  /**< gfw_expf, the exp of every exp-based block */
+    GFW_TEST_LOG1PF = 1 /**< mmoe_log1pf as the device compiles it (the router's softplus) */
+} gfw_test_fn;
+
+/** y[i] = the device's @p fn (x[i]). */
+mmoe_status gfw_test_unary(gfw_test_fn fn, const float *x, int64_t n, float *y, mmoe_error *err);
 /** @} */
 
 #ifdef __cplusplus
