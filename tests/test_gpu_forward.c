@@ -418,6 +418,21 @@ static void check_moe_given(const char *what, mmoe_gpu_model *g, const gfw_block
 }
 
 /**
+ * The oracle's MoE layer of block @p b on tokens [t0, t0 + n) of x [T, D] (@p ids: the
+ * sequence's token ids, for hash layers): output rows into y, routing rows into ci, cw (k per
+ * token), all at the tokens' positions.
+ */
+static void oracle_moe_chunk(const model_block *b, const uint16_t *x, const int32_t *ids, int64_t t0, int64_t n,
+                             int64_t D, int64_t k, uint16_t *y, int64_t *ci, float *cw)
+{
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    mmoe_moe_input in = {n, x + t0 * D, b->hash ? ids + t0 : NULL, NULL, NULL};
+    mmoe_moe_output out = {y + t0 * D, ci + t0 * k, cw + t0 * k};
+    ck_assert_msg(mmoe_moe_layer_run(b->moe, &in, &out, NULL, &err) == MMOE_OK, "%s", err.msg);
+}
+
+/**
  * Every block's attention and MoE sub-layer on its own, on random normalized inputs: the CPU
  * sub-layer (mmoe_attention_forward with a fresh cache, mmoe_moe_layer_run) against the GPU
  * model's (gfw_test_sublayer), T tokens in calls of @p chunk.  Both are exact where exp is (all
@@ -484,10 +499,7 @@ static void check_sublayers(const char *what, const char *dir, int64_t T, int64_
         mmoe_test_poison_bf16(yg, (size_t)(T * D));
         for (int64_t t0 = 0; t0 < T; t0 += chunk) {
             const int64_t n = T - t0 < chunk ? T - t0 : chunk;
-            mmoe_moe_input in = {n, x + t0 * D, b->hash ? ids + t0 : NULL, NULL, NULL};
-            const int64_t k = src.blocks[L].moe.topk;
-            mmoe_moe_output out = {yc + t0 * D, ci + t0 * k, cw + t0 * k};
-            ck_assert_msg(mmoe_moe_layer_run(b->moe, &in, &out, NULL, &err) == MMOE_OK, "%s", err.msg);
+            oracle_moe_chunk(b, x, ids, t0, n, D, src.blocks[L].moe.topk, yc, ci, cw);
             ck_assert_msg(gfw_test_sublayer(g, L, 1, x + t0 * D, ids + t0, n, t0, yg + t0 * D, &err) == MMOE_OK, "%s",
                           err.msg);
         }
@@ -635,14 +647,8 @@ static void check_routing_on_forward(const char *what, mmoe_gpu_model *g, const 
     float *cw = malloc(sizeof(float) * (size_t)(T * k));
     uint16_t *y = malloc(2 * (size_t)(T * D));
     ck_assert(ci && cw && y);
-    mmoe_error err;
-    mmoe_error_clear(&err);
-    for (int64_t t0 = 0; t0 < T; t0 += chunk) {
-        const int64_t n = T - t0 < chunk ? T - t0 : chunk;
-        mmoe_moe_input in = {n, x + t0 * D, b->hash ? ids + t0 : NULL, NULL, NULL};
-        mmoe_moe_output out = {y + t0 * D, ci + t0 * k, cw + t0 * k};
-        ck_assert_msg(mmoe_moe_layer_run(b->moe, &in, &out, NULL, &err) == MMOE_OK, "%s", err.msg);
-    }
+    for (int64_t t0 = 0; t0 < T; t0 += chunk)
+        oracle_moe_chunk(b, x, ids, t0, T - t0 < chunk ? T - t0 : chunk, D, k, y, ci, cw);
     ck_assert_msg(memcmp(y, yc, 2 * (size_t)(T * D)) == 0, "%s: block %d: the oracle's MoE of the forward's inputs "
                   "is not the forward's (seed %llu)", what, L, (unsigned long long)g_seed);
     int64_t idx_diff = 0, w_diff = 0, shown = 0;
