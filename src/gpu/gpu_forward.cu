@@ -4738,6 +4738,13 @@ static mmoe_status tbegin(tarena *a, mmoe_error *err)
     return st;
 }
 
+/** Fill the @p n device buffers @p p (@p bytes each) with byte @p value (0xFF: NaN in bf16, fp32 and E4M3). */
+static void tfill(tarena *a, void *const *p, const size_t *bytes, int n, int value)
+{
+    for (int i = 0; i < n && a->ce == cudaSuccess; i++)
+        a->ce = cudaMemset(p[i], value, bytes[i]);
+}
+
 /** A bf16 vector [n] of a test hook (an RMSNorm's weight) on the device. */
 static ddense tput_bf16_vector(tarena *a, const uint16_t *w, int64_t n)
 {
@@ -4952,8 +4959,7 @@ extern "C" mmoe_status gfw_test_hc_pre_norm(int64_t D, int n_out, int iters, flo
     float *dmq = (float *)tput(&a, NULL, m_bytes);
     void *nan_fill[] = {dy, dp, dc, dq, dqs, dmb, dmq};
     const size_t nan_bytes[] = {y_bytes, p_bytes, c_bytes, q_bytes, qs_bytes, m_bytes, m_bytes};
-    for (int i = 0; i < 7 && a.ce == cudaSuccess; i++)
-        a.ce = cudaMemset(nan_fill[i], 0xFF, nan_bytes[i]);
+    tfill(&a, nan_fill, nan_bytes, 7, 0xFF);
     if (a.ce == cudaSuccess)
         a.ce = cudaMemset(dpart, 0, sizeof(double) * (size_t)(T * (n_out + 1) * S));
     if (a.ce == cudaSuccess)
@@ -4966,8 +4972,7 @@ extern "C" mmoe_status gfw_test_hc_pre_norm(int64_t D, int n_out, int iters, flo
                                        omb, omq};
         launch_hc_pre_norm(args, T, 0);
         /* again from NaN outputs: the second launch must find the counts the first reset */
-        for (int i = 0; i < 7 && a.ce == cudaSuccess; i++)
-            a.ce = cudaMemset(nan_fill[i], 0xFF, nan_bytes[i]);
+        tfill(&a, nan_fill, nan_bytes, 7, 0xFF);
         if (a.ce == cudaSuccess)
             launch_hc_pre_norm(args, T, 0);
     } else if (a.ce == cudaSuccess) {
