@@ -79,7 +79,7 @@ case " $STEPS " in *" flash "*)
     > "$OUT/test-flash.log" 2>&1
   echo "test_gpu_forward (flash): rc=$? ($(( $(date +%s) - t0 )) s)"
   grep -E "gpu_forward:|:[PFE]:|Checks" "$OUT/test-flash.log" | tail -n 20
-  # a seed whose routing weights once differed in the last bit (the router's log1p), kept as a regression
+  # a seed at which a last-bit difference of a routing weight (the router's log1p) moves an expert's FP8 group scale
   t0=$(date +%s)
   MMOE_SEED=1342607946089217 CK_RUN_CASE=flash OPENBLAS_NUM_THREADS=16 timeout 300 ./tests/test_gpu_forward \
     > "$OUT/test-flash-seed.log" 2>&1
