@@ -119,7 +119,10 @@
  * Every launch and copy of a call goes to the model's own stream (g->stream; the MoE's too,
  * gfw_fwd_moe.cuh), and a call ends by synchronizing that stream.  The stream is a blocking
  * one: the expert-parallel exchange, which copies on the legacy default stream, stays ordered
- * with it as it was when everything ran there.
+ * with it as it was when everything ran there.  One exception, joined before anything reads
+ * it: a one-token call's MoE forks its shared expert onto g->side (moe_side(),
+ * gfw_moe_rows_split(): an event recorded on g->stream and waited for on g->side, and back),
+ * which a graph capture follows as two branches of the same graph.
  *
  * What changes from call to call lives in device memory, the **step record** g->step: the
  * call's first position (int64) followed by its token ids (int32).  The host writes it into a
@@ -147,7 +150,9 @@
  * inputs.
  *
  * Every kernel is launched with programmatic dependent launch (mmoe_launch_pdl(), gpu_pdl.cuh)
- * and first waits for the kernel before it (gfw_pdl_enter()), so the next launch and the
+ * (but the first kernel of the shared expert's branch and the hc_post after its join, whose
+ * dependencies cross streams and are full ones) and first waits for the kernel before it
+ * (gfw_pdl_enter()), so the next launch and the
  * dispatch of its blocks overlap the end of the one before, eagerly and inside the graph alike;
  * the one-token FP8 linears (k_linear_fp8_128_split, k_linear_dense_f8_rows) issue their first
  * weight loads before that wait.
@@ -3076,12 +3081,16 @@ struct mmoe_gpu_model {
     float *as;
     int64_t max_blocks_all, kmax, moe_width, moe_kmax;
     gfw_moe_work moe_work;        /**< the MoE sub-layer's own work buffers */
+    gfw_moe_work moe_side_work;   /**< the shared expert's branch: its own plan arrays, moe_work's xb and hq */
     /* state */
     int64_t pos, mtp_pos;
     int timing;
     double *attn_s, *moe_s, *mhc_s, embed_s, head_s;
     /* the stream, the step record and the decode graph (the chapter "One stream, one step record, one graph") */
     cudaStream_t stream;          /**< every launch and copy of a call */
+    cudaStream_t side;            /**< the one-token MoE's shared expert, forked from and joined to stream (moe_side()) */
+    cudaEvent_t moe_fork;         /**< recorded on stream before the shared expert's branch */
+    cudaEvent_t moe_join;         /**< recorded on side after it */
     int64_t *step;                /**< device step record: step[0] the call's first position, then its ids (ids) */
     int64_t *step_host;           /**< its pinned host copy, written before each call */
     int n_sm;                     /**< multiprocessors of the device (grids sized for the largest live count) */
@@ -3577,6 +3586,9 @@ static cudaError_t build(mmoe_gpu_model *g, const gfw_model_src *s, int *host_oo
     void *mw = galloc(g, gfw_moe_work_bytes(Tm, D, moe_k, moe_width), &ce);
     if (mw)
         gfw_moe_work_carve(mw, Tm, D, moe_k, moe_width, &g->moe_work);
+    void *sw = galloc(g, gfw_moe_side_bytes(Tm), &ce);
+    if (sw && mw)
+        gfw_moe_side_carve(sw, Tm, g->moe_work, &g->moe_side_work);
     return ce;
 }
 
@@ -3744,6 +3756,12 @@ static cudaError_t create_stream_and_step(mmoe_gpu_model *g)
     if (ce == cudaSuccess)
         ce = cudaStreamCreate(&g->stream);
     if (ce == cudaSuccess)
+        ce = cudaStreamCreate(&g->side);
+    if (ce == cudaSuccess)
+        ce = cudaEventCreateWithFlags(&g->moe_fork, cudaEventDisableTiming);
+    if (ce == cudaSuccess)
+        ce = cudaEventCreateWithFlags(&g->moe_join, cudaEventDisableTiming);
+    if (ce == cudaSuccess)
         ce = cudaHostAlloc((void **)&g->step_host, sizeof(int64_t) + sizeof(int32_t) * (size_t)g->Tm,
                            cudaHostAllocDefault);
     return ce;
@@ -3821,6 +3839,12 @@ extern "C" void mmoe_gpu_model_destroy(mmoe_gpu_model *g)
     free_all(g);
     if (g->stream)
         cudaStreamDestroy(g->stream);
+    if (g->side)
+        cudaStreamDestroy(g->side);
+    if (g->moe_fork)
+        cudaEventDestroy(g->moe_fork);
+    if (g->moe_join)
+        cudaEventDestroy(g->moe_join);
     if (g->step_host)
         cudaFreeHost(g->step_host);
     free(g->obs_in);
@@ -4303,6 +4327,18 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
 }
 
 /**
+ * Whether the MoE sub-layer of block @p b runs its shared expert on g->side
+ * (gfw_moe_rows_split()): a one-token call of the forward on one GPU (rows only, the router's
+ * own routing) of a layer with a shared expert.  Then the shared expert's weight stream runs
+ * while the router's one-block kernels (logits, top-k and plan) leave the device idle, instead
+ * of after them.
+ */
+static bool moe_side(const mmoe_gpu_model *g, const gblock *b, int64_t T, int given, int rows_only)
+{
+    return T == 1 && rows_only && !given && !g->has_part && b->moe.Ws > 0;
+}
+
+/**
  * The MoE sub-layer on g->y (ffn_norm output), result in g->o (gpu_fwd_moe.cu; @p given: see
  * gfw_moe_forward()).  @p rows_only: on one GPU, stop before the combine (the slot rows in
  * g->slot_y); the caller combines in its hc_post (k_hc_post_moe), which also writes g->o.
@@ -4315,6 +4351,11 @@ static mmoe_status moe(mmoe_gpu_model *g, gblock *b, const int32_t *ids_dev, int
     const gfw_moe_io io = {g->y, ids_dev, T, g->o, g->moe_scores, g->moe_idx, g->moe_w, g->moe_x, g->moe_h, g->slot_y,
                            g->moe_width, x_staged};
     const char *what = "moe";
+    if (moe_side(g, b, T, given, rows_only)) {
+        const cudaError_t ce = gfw_moe_rows_split(b->moe, r, g->moe_work, g->moe_side_work, io, g->stream, g->side,
+                                                  g->moe_fork, g->moe_join, &what);
+        return ce == cudaSuccess ? MMOE_OK : cuda_fail(err, ce, what);
+    }
     if (!g->has_part) {
         const cudaError_t ce = rows_only ? gfw_moe_rows(b->moe, r, g->moe_work, io, given, g->stream, &what)
                                          : gfw_moe_forward(b->moe, r, g->moe_work, io, given, g->stream, &what);
@@ -4436,9 +4477,9 @@ static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, i
     double t4 = tick(g);
     if (g->has_part) /* the expert-parallel rank combined after its exchange */
         launch_hc_post(g->o, g->X, T, D, hc, g->post, g->comb, g->stream);
-    else
-        mmoe_launch_pdl(k_hc_post_moe, dim3(nblk(D), (unsigned)T), 256, 0, g->stream, g->slot_y, g->moe_idx, T,
-                        (int)b->moe.k, b->moe.Ws > 0, g->o, g->X, D, hc, g->post, g->comb);
+    else /* after the shared expert's branch joined: a plain launch, whose dependencies are all full */
+        mmoe_launch_ex(!moe_side(g, b, T, 0, 1), k_hc_post_moe, dim3(nblk(D), (unsigned)T), 256, 0, g->stream,
+                       g->slot_y, g->moe_idx, T, (int)b->moe.k, b->moe.Ws > 0, g->o, g->X, D, hc, g->post, g->comb);
     GFW_CHECK("hc_post (moe)");
     double t5 = tick(g);
     g->mhc_s[L] += (t1 - t0) + (t3 - t2) + (t5 - t4);

@@ -82,6 +82,7 @@
  * | k_moe_logits      | router logits [T, E]; CTA = 4 rows x 8 chains, TT tokens         |
  * | k_moe_logits_one  | the same for one token, gate rows and x staged in shared memory  |
  * | k_moe_route_plan  | one CTA: sqrt-softplus, top-k (a warp per token) or hash, weights; then the plan |
+ * | k_moe_shared_plan | the shared expert's tasks alone, for its own stream (moe_run_split()) |
  * | k_moe_l1          | CTA = 16 rows x 8 chains of one item; gate and up; SwiGLU epilogue |
  * | k_moe_requant     | L1 outputs -> 1x128 E4M3 values, chain-major                     |
  * | k_moe_l2          | CTA = 16 (serial) or 2 x 16 (split) rows x 8 chains of one item; bf16 per slot |
@@ -98,6 +99,11 @@
  * (E4M3, twice an E2M1 row's), are the first CTA of almost every SM in a decode step's one
  * wave, and the warp schedulers, which favour a multiprocessor's oldest warps, run them
  * ahead of the routed CTAs instead of last (docs/perf.md: 13% off the one-token L1 launch).
+ * A one-token call of the forward goes further (gfw_moe_rows_split()): the shared expert,
+ * which needs no routing, runs its L1, requantization and L2 on a second stream forked right
+ * after the input's quantization, while the router's one-block kernels run on the first; the
+ * plan there leaves the shared expert out, and the first stream waits for the second before
+ * the combine.
  *
  * **Rounding points**, all the oracle's (moe_layer.c, dsv4-ref recipe): the input's 1x128
  * E4M3 quantization (UE8M0 ceil scale, clamp +-448); bf16 of the L1 sums; clamp; silu =
@@ -824,6 +830,25 @@ __global__ void __launch_bounds__(MOE_PLAN_THREADS)
 }
 
 /**
+ * The plan of the shared expert's tasks alone (moe_run_split()): rank r is task T k + r (token
+ * r's shared row), items of TT tasks in token order, as k_moe_route_plan would cut them (the
+ * shared expert's run of the full plan, without the routed experts' runs).  One block.
+ */
+__global__ void k_moe_shared_plan(int64_t T, int k, int64_t E, int TT, gfw_moe_work w)
+{
+    gfw_pdl_enter(); /* no programmatic prerequisite: lets the shared L1 launch early */
+    const int64_t n_items = (T + TT - 1) / TT;
+    for (int64_t r = threadIdx.x; r < T; r += blockDim.x) {
+        w.order[r] = (int32_t)(T * k + r);
+        w.flag[r] = r % TT == 0 ? (int32_t)(T - r < TT ? T - r : TT) : 0;
+    }
+    for (int64_t i = threadIdx.x; i < n_items; i += blockDim.x)
+        w.items[i] = make_int4((int)E, (int)(i * TT), (int)(T - i * TT < TT ? T - i * TT : TT), 0);
+    if (threadIdx.x == 0)
+        *w.n_items = (int32_t)n_items;
+}
+
+/**
  * L1 and the dsv4-ref epilogue for 16 rows of one item: thread (row j, chain l) runs chain l
  * of the gate and the up row for the item's tokens.  Task p < T*k is (token p/k, slot p%k) of
  * expert idx[p] with weight wts[p]; task T*k + t is token t's shared expert (weight 1).
@@ -894,11 +919,15 @@ __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l1(dm
     }
 }
 
-/** h rows -> 1x128 E4M3 values, chain-major over the task's width; block (width/128, tasks) x 128. */
-__global__ void k_moe_requant(dmoe m, const int32_t *idx, int64_t T, const float *h, int64_t width, float *hq)
+/**
+ * h rows -> 1x128 E4M3 values, chain-major over the task's width; block (width/128, tasks) x
+ * 128 for the tasks p0, p0 + 1, ...
+ */
+__global__ void k_moe_requant(dmoe m, const int32_t *idx, int64_t T, const float *h, int64_t width, float *hq,
+                              int64_t p0)
 {
     gfw_pdl_enter();
-    const int64_t p = blockIdx.y, k = (int64_t)blockIdx.x * 128 + threadIdx.x;
+    const int64_t p = p0 + blockIdx.y, k = (int64_t)blockIdx.x * 128 + threadIdx.x;
     const int shared = p >= T * m.k;
     const int64_t Iw = shared ? m.Ws : m.I;
     if ((!shared && moe_held_id(idx[p], m.first, m.held) < 0) || (int64_t)blockIdx.x * 128 >= Iw)
@@ -1122,12 +1151,12 @@ static void moe_launch_logits(const gfw_moe_router &r, const float *xb, int64_t 
     mmoe_launch_pdl(k_moe_logits<VB, TT, 32 / VB>, grid, MOE_ROUTER_THREADS, 0, st, r.gate, xb, T, E, D, lg);
 }
 
-/** Launch L1, requant and L2 for tile TT. */
+/** Launch L1, requant (of the @p tasks tasks from @p p0 on) and L2 for tile TT. */
 template <int VB, int TT>
 static cudaError_t moe_launch_experts(const dmoe &m, const gfw_moe_work &w, const gfw_moe_io &io, int64_t items,
-                                      cudaStream_t st, const char **what)
+                                      int64_t p0, int64_t tasks, cudaStream_t st, const char **what)
 {
-    const int64_t T = io.T, tasks = T * m.k + (m.Ws > 0 ? T : 0);
+    const int64_t T = io.T;
     *what = "moe L1";
     mmoe_launch_pdl(k_moe_l1<VB, TT>, dim3(moe_nblk(io.width, MOE_ROWS), (unsigned)items), MOE_THREADS, 0, st, m, w,
                     io.xq, io.wts, T, io.width, io.h);
@@ -1136,7 +1165,7 @@ static cudaError_t moe_launch_experts(const dmoe &m, const gfw_moe_work &w, cons
         return ce;
     *what = "moe requantization";
     mmoe_launch_pdl(k_moe_requant, dim3((unsigned)(io.width / 128), (unsigned)tasks), 128, 0, st, m, io.idx, T, io.h,
-                    io.width, w.hq);
+                    io.width, w.hq, p0);
     if ((ce = cudaGetLastError()) != cudaSuccess)
         return ce;
     *what = "moe L2";
@@ -1145,12 +1174,16 @@ static cudaError_t moe_launch_experts(const dmoe &m, const gfw_moe_work &w, cons
     return cudaGetLastError();
 }
 
-/** Dispatch on the token tile. */
+/**
+ * Dispatch on the token tile.  With @p shared_in_plan 0 the plan, L1, requantization and L2
+ * leave the shared expert out (moe_run_split() runs it on its own stream).
+ */
 template <int VB>
 static cudaError_t moe_run_vb(const dmoe &m, const gfw_moe_router &r, const gfw_moe_work &w, const gfw_moe_io &io,
-                              int given, cudaStream_t st, const char **what)
+                              int given, cudaStream_t st, const char **what, int shared_in_plan = 1)
 {
     const int64_t T = io.T, D = m.D, Tk = T * m.k;
+    const int shared = m.Ws > 0 && shared_in_plan;
     const int TT = moe_tile(T, MOE_TT_MAX(VB));
     cudaError_t ce;
     if (!io.x_staged) {
@@ -1170,28 +1203,109 @@ static cudaError_t moe_run_vb(const dmoe &m, const gfw_moe_router &r, const gfw_
         return ce;
     *what = "router";
     mmoe_launch_pdl(k_moe_route_plan, 1, MOE_PLAN_THREADS, 0, st, io.logits, r.bias, r.tid2eid, io.ids, T, m.E,
-                    (int)m.k, r.route_scale, given, m.Ws > 0, TT, m.first, m.held, io.idx, io.wts, w);
+                    (int)m.k, r.route_scale, given, shared, TT, m.first, m.held, io.idx, io.wts, w);
     if ((ce = cudaGetLastError()) != cudaSuccess)
         return ce;
     /* at most one partial item per expert (E + shared) beyond the full ones */
-    const int64_t distinct = (Tk < m.E ? Tk : m.E) + (m.Ws > 0 ? 1 : 0);
-    int64_t items = (Tk + (m.Ws > 0 ? T : 0)) / TT + distinct;
-    if (items > Tk + (m.Ws > 0 ? T : 0))
-        items = Tk + (m.Ws > 0 ? T : 0);
+    const int64_t tasks = Tk + (shared ? T : 0), distinct = (Tk < m.E ? Tk : m.E) + (shared ? 1 : 0);
+    int64_t items = tasks / TT + distinct;
+    if (items > tasks)
+        items = tasks;
     switch (TT) {
-    case 1: ce = moe_launch_experts<VB, 1>(m, w, io, items, st, what); break;
-    case 2: ce = moe_launch_experts<VB, 2>(m, w, io, items, st, what); break;
-    case 4: ce = moe_launch_experts<VB, 4>(m, w, io, items, st, what); break;
-    case 8: ce = moe_launch_experts<VB, 8>(m, w, io, items, st, what); break;
-    default: ce = moe_launch_experts<VB, MOE_TT_MAX(VB)>(m, w, io, items, st, what); break;
+    case 1: ce = moe_launch_experts<VB, 1>(m, w, io, items, 0, tasks, st, what); break;
+    case 2: ce = moe_launch_experts<VB, 2>(m, w, io, items, 0, tasks, st, what); break;
+    case 4: ce = moe_launch_experts<VB, 4>(m, w, io, items, 0, tasks, st, what); break;
+    case 8: ce = moe_launch_experts<VB, 8>(m, w, io, items, 0, tasks, st, what); break;
+    default: ce = moe_launch_experts<VB, MOE_TT_MAX(VB)>(m, w, io, items, 0, tasks, st, what); break;
     }
     return ce;
+}
+
+/**
+ * moe_run_vb() with the shared expert on stream @p side: after the input's quantization (when
+ * not staged) @p fork is recorded on @p st and waited for on @p side, which runs the shared
+ * tasks' plan (k_moe_shared_plan, launched without the programmatic attribute: its one
+ * dependency is the fork), L1, requantization and L2 into their slot rows, then records
+ * @p join; @p st runs the router and the routed experts as moe_run_vb() with the shared
+ * expert left out, then waits for @p join.  The two write different rows of h, hq and
+ * slot_y, and the plan arrays of @p ws are the shared branch's own, so they share nothing
+ * they write.  Every task's arithmetic is unchanged: the same bits as moe_run_vb().
+ */
+template <int VB>
+static cudaError_t moe_run_split(const dmoe &m, const gfw_moe_router &r, const gfw_moe_work &w, const gfw_moe_work &ws,
+                                 const gfw_moe_io &io, cudaStream_t st, cudaStream_t side, cudaEvent_t fork,
+                                 cudaEvent_t join, const char **what)
+{
+    const int64_t T = io.T, D = m.D;
+    const int TT = moe_tile(T, MOE_TT_MAX(VB));
+    cudaError_t ce;
+    if (!io.x_staged) {
+        *what = "moe input quantization";
+        mmoe_launch_pdl(k_moe_in, dim3((unsigned)(D / 128), (unsigned)T), 128, 0, st, io.x, D, w.xb, io.xq);
+        if ((ce = cudaGetLastError()) != cudaSuccess)
+            return ce;
+    }
+    *what = "moe: the shared expert's stream";
+    if ((ce = cudaEventRecord(fork, st)) != cudaSuccess || (ce = cudaStreamWaitEvent(side, fork, 0)) != cudaSuccess)
+        return ce;
+    *what = "moe: the shared expert's plan";
+    mmoe_launch_ex(false, k_moe_shared_plan, 1, 128, 0, side, T, (int)m.k, m.E, TT, ws);
+    if ((ce = cudaGetLastError()) != cudaSuccess)
+        return ce;
+    const int64_t items = (T + TT - 1) / TT;
+    switch (TT) {
+    case 1: ce = moe_launch_experts<VB, 1>(m, ws, io, items, T * m.k, T, side, what); break;
+    case 2: ce = moe_launch_experts<VB, 2>(m, ws, io, items, T * m.k, T, side, what); break;
+    case 4: ce = moe_launch_experts<VB, 4>(m, ws, io, items, T * m.k, T, side, what); break;
+    case 8: ce = moe_launch_experts<VB, 8>(m, ws, io, items, T * m.k, T, side, what); break;
+    default: ce = moe_launch_experts<VB, MOE_TT_MAX(VB)>(m, ws, io, items, T * m.k, T, side, what); break;
+    }
+    if (ce != cudaSuccess)
+        return ce;
+    *what = "moe: the shared expert's stream";
+    if ((ce = cudaEventRecord(join, side)) != cudaSuccess)
+        return ce;
+    gfw_moe_io staged = io;
+    staged.x_staged = 1;
+    if ((ce = moe_run_vb<VB>(m, r, w, staged, 0, st, what, 0)) != cudaSuccess)
+        return ce;
+    *what = "moe: the shared expert's stream";
+    return cudaStreamWaitEvent(st, join, 0);
 }
 
 cudaError_t gfw_moe_rows(const dmoe &m, const gfw_moe_router &r, const gfw_moe_work &w, const gfw_moe_io &io,
                          int given, cudaStream_t st, const char **what)
 {
     return m.vb == 4 ? moe_run_vb<4>(m, r, w, io, given, st, what) : moe_run_vb<1>(m, r, w, io, given, st, what);
+}
+
+cudaError_t gfw_moe_rows_split(const dmoe &m, const gfw_moe_router &r, const gfw_moe_work &w, const gfw_moe_work &ws,
+                               const gfw_moe_io &io, cudaStream_t st, cudaStream_t side, cudaEvent_t fork,
+                               cudaEvent_t join, const char **what)
+{
+    if (m.Ws <= 0)
+        return gfw_moe_rows(m, r, w, io, 0, st, what);
+    return m.vb == 4 ? moe_run_split<4>(m, r, w, ws, io, st, side, fork, join, what)
+                     : moe_run_split<1>(m, r, w, ws, io, st, side, fork, join, what);
+}
+
+size_t gfw_moe_side_bytes(int64_t Tm)
+{
+    return 2 * moe_al(sizeof(int32_t) * (size_t)Tm) + moe_al(sizeof(int4) * (size_t)Tm) + moe_al(sizeof(int32_t));
+}
+
+void gfw_moe_side_carve(void *base, int64_t Tm, const gfw_moe_work &w, gfw_moe_work *ws)
+{
+    uint8_t *p = (uint8_t *)base;
+    ws->xb = w.xb;
+    ws->hq = w.hq;
+    ws->order = (int32_t *)p;
+    p += moe_al(sizeof(int32_t) * (size_t)Tm);
+    ws->flag = (int32_t *)p;
+    p += moe_al(sizeof(int32_t) * (size_t)Tm);
+    ws->items = (int4 *)p;
+    p += moe_al(sizeof(int4) * (size_t)Tm);
+    ws->n_items = (int32_t *)p;
 }
 
 cudaError_t gfw_moe_combine(const dmoe &m, const gfw_moe_io &io, cudaStream_t st, const char **what)

@@ -127,6 +127,24 @@ cudaError_t gfw_moe_forward(const dmoe &m, const gfw_moe_router &r, const gfw_mo
 cudaError_t gfw_moe_rows(const dmoe &m, const gfw_moe_router &r, const gfw_moe_work &w, const gfw_moe_io &io,
                          int given, cudaStream_t st, const char **what);
 
+/**
+ * gfw_moe_rows() (not given, all experts held) with the shared expert's rows computed on
+ * stream @p side, side by side with the router and the routed experts on @p st: @p fork is
+ * recorded on @p st once the input is quantized and waited for on @p side, and @p st waits for
+ * @p join (recorded on @p side after the shared rows) before it returns, so what is enqueued on
+ * @p st after it sees every slot row, in a CUDA graph capture as well.  @p ws: the shared
+ * branch's plan arrays (gfw_moe_side_carve()).  Same bits as gfw_moe_rows().
+ */
+cudaError_t gfw_moe_rows_split(const dmoe &m, const gfw_moe_router &r, const gfw_moe_work &w, const gfw_moe_work &ws,
+                               const gfw_moe_io &io, cudaStream_t st, cudaStream_t side, cudaEvent_t fork,
+                               cudaEvent_t join, const char **what);
+
+/** Bytes of the shared branch's plan arrays for @p Tm tokens (gfw_moe_rows_split()). */
+size_t gfw_moe_side_bytes(int64_t Tm);
+
+/** Point @p ws's plan arrays into @p base (gfw_moe_side_bytes() bytes), its xb and hq at @p w's. */
+void gfw_moe_side_carve(void *base, int64_t Tm, const gfw_moe_work &w, gfw_moe_work *ws);
+
 /** The combine of every slot row io.slot_y by io.idx into io.y (moe_combine.c's order). */
 cudaError_t gfw_moe_combine(const dmoe &m, const gfw_moe_io &io, cudaStream_t st, const char **what);
 
