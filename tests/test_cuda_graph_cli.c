@@ -11,6 +11,8 @@
  * (exit 2 for the option, 1 for the variable); with neither option nor variable, graphs are on
  * where one GPU model runs (`--backend gpu|auto`) and off on the CPU and over `--gpus N`; with
  * the CPU running, the reports say that no step was graphed.  The expected messages are written here from those rules.
+ * Also MMOE_GPU_FP8_LINEARS, the recipe of the GPU forward's FP8 linears: unset, "exact" or
+ * "tc"; anything else refused by every command (exit 1), whatever the backend.
  */
 #include <check.h>
 #include <stdio.h>
@@ -37,6 +39,7 @@ static void setup(void)
 static void teardown(void)
 {
     unsetenv(MMOE_GPU_GRAPH_ENV);
+    unsetenv(MMOE_GPU_FP8_LINEARS_ENV);
     mmoe_test_rmtree(g_dir);
 }
 
@@ -135,6 +138,57 @@ START_TEST(env_values)
             ck_assert_msg(strncmp(err.msg, want, strlen(want)) == 0, "message '%s'", err.msg);
         }
     }
+}
+END_TEST
+
+START_TEST(fp8_linears_values)
+{
+    static const struct {
+        const char *value; /* NULL: unset */
+        mmoe_status st;
+        mmoe_gpu_fp8_linears r;
+    } cases[] = {{NULL, MMOE_OK, MMOE_GPU_FP8_LINEARS_EXACT},     {"exact", MMOE_OK, MMOE_GPU_FP8_LINEARS_EXACT},
+                 {"tc", MMOE_OK, MMOE_GPU_FP8_LINEARS_TC},         {"", MMOE_EINVAL, MMOE_GPU_FP8_LINEARS_EXACT},
+                 {"TC", MMOE_EINVAL, MMOE_GPU_FP8_LINEARS_EXACT},  {"tc ", MMOE_EINVAL, MMOE_GPU_FP8_LINEARS_EXACT},
+                 {"fast", MMOE_EINVAL, MMOE_GPU_FP8_LINEARS_EXACT}, {"1", MMOE_EINVAL, MMOE_GPU_FP8_LINEARS_EXACT}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].value)
+            ck_assert_int_eq(setenv(MMOE_GPU_FP8_LINEARS_ENV, cases[i].value, 1), 0);
+        else
+            unsetenv(MMOE_GPU_FP8_LINEARS_ENV);
+        mmoe_error err;
+        mmoe_error_clear(&err);
+        mmoe_gpu_fp8_linears r = (mmoe_gpu_fp8_linears)-1;
+        const mmoe_status st = mmoe_gpu_fp8_linears_env(&r, &err);
+        ck_assert_msg(st == cases[i].st, "MMOE_GPU_FP8_LINEARS='%s': status %d, expected %d", cases[i].value, (int)st,
+                      (int)cases[i].st);
+        ck_assert_int_eq(r, cases[i].r); /* exact when refused: nothing half-set */
+        if (st != MMOE_OK) {
+            char want[128];
+            snprintf(want, sizeof want, "MMOE_GPU_FP8_LINEARS='%s': expected exact", cases[i].value);
+            ck_assert_msg(strncmp(err.msg, want, strlen(want)) == 0, "message '%s'", err.msg);
+        }
+    }
+    ck_assert_str_eq(mmoe_gpu_fp8_linears_name(MMOE_GPU_FP8_LINEARS_EXACT), "exact");
+    ck_assert_str_eq(mmoe_gpu_fp8_linears_name(MMOE_GPU_FP8_LINEARS_TC), "tc");
+    unsetenv(MMOE_GPU_FP8_LINEARS_ENV);
+}
+END_TEST
+
+START_TEST(a_bad_fp8_linears_value_is_refused_by_every_command)
+{
+    char args[8192], line[256];
+    const char *name;
+    ck_assert_int_eq(setenv(MMOE_GPU_FP8_LINEARS_ENV, "fast", 1), 0);
+    for (int i = 0; i < 4; i++) {
+        command_args(i, args, sizeof args - 64, &name);
+        strcat(args, " --backend cpu"); /* refused whatever the backend: the value is wrong, not unused */
+        snprintf(line, sizeof line,
+                 "megamoe %s: MMOE_GPU_FP8_LINEARS='fast': expected exact (the oracle's bits) or tc (tensor-core "
+                 "block partials, within a stated bound)", name);
+        expect_line(NULL, args, 1, line);
+    }
+    unsetenv(MMOE_GPU_FP8_LINEARS_ENV);
 }
 END_TEST
 
@@ -287,6 +341,8 @@ static Suite *cuda_graph_cli_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, env_values);
+    tcase_add_test(tc, fp8_linears_values);
+    tcase_add_test(tc, a_bad_fp8_linears_value_is_refused_by_every_command);
     tcase_add_test(tc, option_values_are_on_or_off);
     tcase_add_test(tc, the_default_follows_the_backend);
     tcase_add_test(tc, on_with_the_cpu_backend_is_refused);

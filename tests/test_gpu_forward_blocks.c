@@ -689,6 +689,158 @@ static void check_dense_chunk_order(int64_t K)
     free(x), free(yc);
 }
 
+/* ------------------------------------------------------------------ the FP8 linear's `tc` recipe */
+
+/**
+ * The dequantized inputs of the oracle's FP8 linear, in double: x̂ [T, K] (the V4 act_quant of
+ * each row, mmoe_quant_row_fp8_ue8m0()) and ŵ [N, K] (code times its 128x128 block's scale),
+ * for the bound A = sum_k |x̂_k ŵ_k| of gpu_linear_fp8_tc.cuh.
+ */
+static void tc_dequant(const uint16_t *x, int64_t T, int64_t N, int64_t K, const uint8_t *w, const uint8_t *s,
+                       double *xd, double *wd)
+{
+    const float *e4m3 = mmoe_fp8_e4m3_table();
+    float *row = malloc(sizeof(float) * (size_t)K);
+    uint8_t *codes = malloc((size_t)K), *sf = malloc((size_t)(K / 128));
+    ck_assert(row && codes && sf);
+    mmoe_error err;
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t k = 0; k < K; k++)
+            row[k] = mmoe_bf16_to_f32(x[t * K + k]);
+        ck_assert(mmoe_quant_row_fp8_ue8m0(row, (size_t)K, 128, MMOE_SF_RULE_V4, codes, sf, &err) == MMOE_OK);
+        for (int64_t k = 0; k < K; k++)
+            xd[t * K + k] = (double)e4m3[codes[k]] * ldexp(1.0, (int)sf[k / 128] - 127);
+    }
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t k = 0; k < K; k++)
+            wd[n * K + k] = (double)e4m3[w[n * K + k]] * ldexp(1.0, (int)s[(n / 128) * (K / 128) + k / 128] - 127);
+    free(row), free(codes), free(sf);
+}
+
+/** One unit in the last place of a bf16 value of magnitude @p m (the smallest normal's below it). */
+static double bf16_ulp(double m)
+{
+    int e = 0;
+    frexp(m > 0x1p-126 ? m : 0x1p-126, &e); /* m = f 2^e, f in [0.5, 1) */
+    return ldexp(1.0, e - 8);
+}
+
+/**
+ * GPU outputs @p yg [T, N] of the `tc` recipe against the oracle's @p yc: NaN where the oracle
+ * has NaN, else |gpu - cpu| <= 2^-14 A + ulp_bf16(max(|gpu|, |cpu|)) (the bound derived in
+ * gpu_linear_fp8_tc.cuh; A from the dequantized inputs).  Prints how many outputs are
+ * bit-exact and the largest error as a fraction of its bound.
+ */
+static void expect_tc_bound(const char *what, const uint16_t *yg, const uint16_t *yc, const double *xd,
+                            const double *wd, int64_t T, int64_t N, int64_t K)
+{
+    int64_t exact = 0, nans = 0;
+    double worst = 0.0;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t n = 0; n < N; n++) {
+            const int64_t i = t * N + n;
+            const int gn = (yg[i] & 0x7FFF) > 0x7F80, cn = (yc[i] & 0x7FFF) > 0x7F80;
+            ck_assert_msg(gn == cn, "%s: output [%lld, %lld]: gpu 0x%04x, cpu 0x%04x (seed %llu)", what, (long long)t,
+                          (long long)n, yg[i], yc[i], (unsigned long long)g_seed);
+            if (cn) {
+                nans++;
+                continue;
+            }
+            double A = 0.0;
+            for (int64_t k = 0; k < K; k++)
+                A += fabs(xd[t * K + k] * wd[n * K + k]);
+            const double g = mmoe_bf16_to_f32(yg[i]), c = mmoe_bf16_to_f32(yc[i]);
+            const double bound = 0x1p-14 * A + bf16_ulp(fmax(fabs(g), fabs(c)));
+            const double e = fabs(g - c);
+            ck_assert_msg(e <= bound, "%s: output [%lld, %lld]: gpu %a, cpu %a, error %.3g > bound %.3g (A = %.3g, "
+                          "seed %llu)", what, (long long)t, (long long)n, g, c, e, bound, A,
+                          (unsigned long long)g_seed);
+            exact += yg[i] == yc[i];
+            worst = fmax(worst, e / bound);
+        }
+    fprintf(stderr, "gpu_forward_blocks: %s: %lld of %lld outputs bit-exact, %lld NaN, worst error %.3f of its bound\n",
+            what, (long long)exact, (long long)(T * N), (long long)nans, worst);
+}
+
+/**
+ * One case of the `tc` FP8 linear: weight(s) and x of @p kind, T tokens, N0 (and N1 > 0: a
+ * second weight in the same launch) rows, K wide, @p post: the first linear's hc_post (N0 is
+ * then the streams' width), launched twice (so a count left behind shows as NaN).
+ */
+static void check_tc(int64_t T, int64_t N0, int64_t N1, int64_t K, fp8_kind kind, int post)
+{
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed ^ (uint64_t)(N0 * 13 + N1 * 17 + K + 1000099 * kind + 7 * T + post));
+    uint16_t *x = make_fp8_x(&r, T, K, kind);
+    uint8_t *w0, *s0, *w1 = NULL, *s1 = NULL;
+    make_fp8_weight(&r, N0, K, 128, kind, &w0, &s0);
+    if (N1 > 0)
+        make_fp8_weight(&r, N1, K, 128, kind, &w1, &s1);
+    const int64_t hc = 4;
+    uint16_t *yc0 = malloc(2 * (size_t)(T * N0)), *yg0 = malloc(2 * (size_t)(T * N0));
+    uint16_t *yc1 = malloc(2 * (size_t)(T * (N1 > 0 ? N1 : 1))), *yg1 = malloc(2 * (size_t)(T * (N1 > 0 ? N1 : 1)));
+    uint16_t *X = post ? rand_bf16(&r, (size_t)(T * hc * N0), 3.0f) : NULL;
+    uint16_t *Xg = post ? malloc(2 * (size_t)(T * hc * N0)) : NULL, *Xc = post ? malloc(2 * (size_t)(T * hc * N0)) : NULL;
+    float *pv = malloc(sizeof(float) * (size_t)(T * hc)), *cv = malloc(sizeof(float) * (size_t)(T * hc * hc));
+    for (int64_t i = 0; i < T * hc; i++)
+        pv[i] = unif(&r, 2.0f);
+    for (int64_t i = 0; i < T * hc * hc; i++)
+        cv[i] = unif(&r, 1.0f);
+    oracle_fp8(x, T, N0, K, 128, w0, s0, yc0);
+    if (N1 > 0)
+        oracle_fp8(x, T, N1, K, 128, w1, s1, yc1);
+    mmoe_test_poison_bf16(yg0, (size_t)(T * N0));
+    mmoe_test_poison_bf16(yg1, (size_t)(T * (N1 > 0 ? N1 : 1)));
+    if (post)
+        mmoe_test_poison_bf16(Xg, (size_t)(T * hc * N0));
+    gfw_test_tc_args a = {x, T, K, w0, s0, N0, w1, s1, N1, X, pv, cv, 2, yg0, yg1, Xg};
+    mmoe_error err;
+    ck_assert_msg(gfw_test_linear_fp8_tc(&a, &err) == MMOE_OK, "%s", err.msg);
+    double *xd = malloc(sizeof(double) * (size_t)(T * K));
+    double *wd = malloc(sizeof(double) * (size_t)((N0 > N1 ? N0 : N1) * K));
+    ck_assert(xd && wd);
+    char what[96];
+    tc_dequant(x, T, N0, K, w0, s0, xd, wd);
+    snprintf(what, sizeof what, "fp8 tc %lldx%lld T=%lld kind %d%s", (long long)N0, (long long)K, (long long)T,
+             (int)kind, post ? " (hc_post)" : "");
+    expect_tc_bound(what, yg0, yc0, xd, wd, T, N0, K);
+    if (N1 > 0) {
+        tc_dequant(x, T, N1, K, w1, s1, xd, wd);
+        snprintf(what, sizeof what, "fp8 tc second %lldx%lld T=%lld kind %d", (long long)N1, (long long)K,
+                 (long long)T, (int)kind);
+        expect_tc_bound(what, yg1, yc1, xd, wd, T, N1, K);
+    }
+    if (post) { /* the streams' update from the GPU's own outputs: exact */
+        const mmoe_hc_params hp = {(int)hc, N0, 20, 1e-6f, 1e-6f};
+        mmoe_hc_post(&hp, yg0, X, T, pv, cv, Xc);
+        expect_same_u16("fp8 tc hc_post", Xg, Xc, (size_t)(T * hc * N0));
+    }
+    free(x), free(w0), free(s0), free(w1), free(s1), free(yc0), free(yg0), free(yc1), free(yg1), free(X), free(Xg);
+    free(Xc), free(pv), free(cv), free(xd), free(wd);
+}
+
+START_TEST(test_linear_fp8_tc)
+{
+    check_tc(1, 1024, 512, 4096, FP8_RANDOM, 0); /* wq_a with wkv (sliced) */
+    check_tc(1, 32768, 0, 1024, FP8_RANDOM, 0);  /* wq_b: one slice */
+    check_tc(1, 4096, 0, 8192, FP8_RANDOM, 1);   /* wo_b with hc_post */
+    check_tc(2, 4096, 0, 8192, FP8_RANDOM, 1);   /* two tokens (MTP) */
+    check_tc(8, 1000, 0, 2048, FP8_RANDOM, 0);   /* eight tokens, a partial last tile */
+    check_tc(3, 201, 37, 384, FP8_EXTREME, 0);   /* codes and x values over the whole range */
+    check_tc(5, 96, 0, 1024, FP8_NAN, 0);        /* NaN codes: NaN rows */
+    check_tc(1, 8, 0, 128, FP8_RANDOM, 0);       /* a tile of 8 live rows, one block */
+    /* what it does not serve is refused, not run differently */
+    uint16_t x[9 * 128] = {0};
+    uint8_t w[16 * 128] = {0}, s[1] = {127};
+    uint16_t y[9 * 16];
+    gfw_test_tc_args a = {x, 9, 128, w, s, 16, NULL, NULL, 0, NULL, NULL, NULL, 1, y, NULL, NULL};
+    mmoe_error err;
+    ck_assert_int_eq(gfw_test_linear_fp8_tc(&a, &err), MMOE_EUNSUPPORTED);
+    ck_assert_msg(strstr(err.msg, "T = 9"), "%s", err.msg);
+}
+END_TEST
+
+
 START_TEST(test_linear_dense)
 {
     /* below 8 tokens, K a multiple of 16: k_linear_dense_f8_rows (x staged with the scales, 16 rows a block) */
@@ -1045,6 +1197,7 @@ static Suite *blocks_suite(void)
     tcase_add_test(tc, test_log1pf);
     tcase_add_test(tc, test_rmsnorm);
     tcase_add_test(tc, test_linear_fp8);
+    tcase_add_test(tc, test_linear_fp8_tc);
     tcase_add_test(tc, test_linear_dense);
     tcase_add_test(tc, test_mhc);
     tcase_add_test(tc, test_hc_pre_norm);

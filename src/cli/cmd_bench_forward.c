@@ -25,7 +25,9 @@
  * same model, prefill and decode keys, "device_bytes", "cuda_graph" (true when every timed
  * decode step was one replay of the captured graph, `--cuda-graph on`), "cuda_graph_replays"
  * and the two synchronized splits.  The split run always launches kernel by kernel (a graph
- * has no points to synchronize between parts); "cuda_graph" is false for the CPU.
+ * has no points to synchronize between parts); "cuda_graph" is false for the CPU.  The GPU's
+ * report also names the recipe of its FP8 linears, "fp8_linears" ("exact" or "tc",
+ * MMOE_GPU_FP8_LINEARS).
  *
  * With --gpus N the GPU forward runs over N GPUs, expert parallel (cli_ep.h; planned and
  * refused before loading as `logits --gpus N` is); its report (bench_forward_ep.c) gives the
@@ -183,6 +185,7 @@ static mmoe_status bench_gpu(mmoe_gpu_model *g, int32_t *ids, long n_prefill, lo
         mmoe_json_set_int(report, "device_bytes", (int64_t)b.total);
         json_object_set_new(report, "cuda_graph", json_boolean(graphed));
         mmoe_json_set_int(report, "cuda_graph_replays", replays);
+        json_object_set_new(report, "fp8_linears", json_string(mmoe_gpu_fp8_linears_name(mmoe_gpu_model_fp8_linears(g))));
     } else {
         printf("gpu: %.1f MiB on the device (weights %.1f, caches %.1f, work %.1f)\n", (double)b.total / 1048576.0,
                (double)b.weights / 1048576.0, (double)b.caches / 1048576.0, (double)b.work / 1048576.0);
@@ -191,6 +194,10 @@ static mmoe_status bench_gpu(mmoe_gpu_model *g, int32_t *ids, long n_prefill, lo
             printf("decode: %ld tokens in %.4f s = %.3f ms/token\n", n_decode, td, 1e3 * td / (double)n_decode);
         printf("cuda graph: %s (%lld of %ld timed decode steps replayed the captured graph; %lld capture(s))\n",
                graphed ? "on" : "off", (long long)replays, n_decode, (long long)g1.captures);
+        printf("fp8 linears: %s%s\n", mmoe_gpu_fp8_linears_name(mmoe_gpu_model_fp8_linears(g)),
+               mmoe_gpu_model_fp8_linears(g) == MMOE_GPU_FP8_LINEARS_TC
+                   ? " (tensor-core block partials for calls of 1 to 8 tokens, within the stated bound; exact above)"
+                   : " (the oracle's bits)");
     }
     mmoe_gpu_model_set_timing(g, 1);
     st = gpu_pass(g, ids, n_prefill, 0, V, logits, &sp, &sd, err);

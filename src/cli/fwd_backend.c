@@ -44,6 +44,12 @@ int mmoe_cuda_graph_resolve(const char *cmd, mmoe_cuda_graph_opt *o, mmoe_backen
         fprintf(stderr, "megamoe %s: %s\n", cmd, err.msg);
         return 1;
     }
+    /* the FP8 linears' recipe: read by the GPU model when it is created, refused here first */
+    mmoe_gpu_fp8_linears fp8 = MMOE_GPU_FP8_LINEARS_EXACT;
+    if (mmoe_gpu_fp8_linears_env(&fp8, &err) != MMOE_OK) {
+        fprintf(stderr, "megamoe %s: %s\n", cmd, err.msg);
+        return 1;
+    }
     if (!o->given && env == MMOE_GPU_GRAPH_UNSET) {
         o->on = gpus == 0 && backend != MMOE_BACKEND_CPU; /* the default: graphs wherever one GPU model runs */
         return 0;

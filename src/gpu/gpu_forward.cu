@@ -22,6 +22,7 @@
  * | k_linear_fp8_128_split | exact block partials, fp32 scaled sum in block order; grid per SM count | yes |
  * | k_linear_fp8_tokens | the same from 8 tokens on, FP64 tensor-core partials [gpu_linear_fp8_tokens.cuh] | yes |
  * | k_linear_fp8      | the same for other scale blocks (one warp per output)   | yes    |
+ * | k_linear_fp8_tc   | the `tc` recipe, 1 to 8 tokens: F16 MMA block partials [gpu_linear_fp8_tc.cuh] | bound |
  * | k_linear_dense_split | double dot in the chunked pairwise order [linear_dense.c] | yes  |
  * | k_linear_dense_tokens | the same from 8 tokens on, a weight chunk for 8 tokens [gpu_linear_dense_tokens.cuh] | yes |
  * | k_linear_dense_f8_rows | the same below 8 tokens for an FP8 weight, the scale staged with x [gpu_linear_dense_f8_rows.cuh] | yes |
@@ -41,6 +42,18 @@
  * The "exact" kernels are bit-identical to the oracle given identical inputs (yes*: where the
  * host's expf is glibc's FMA build, which gfw_expf() reproduces); the others are bounded in
  * tests/test_gpu_forward.c and tests/test_gpu_forward_blocks.c.
+ *
+ * ## The FP8 linears' two recipes
+ *
+ * A model's FP8 linears run one of two recipes, picked by MMOE_GPU_FP8_LINEARS at creation or
+ * mmoe_gpu_model_set_fp8_linears() and reported by mmoe_gpu_model_fp8_linears() (and by
+ * `bench forward`): `exact` (the default), the kernels above, bit for bit the oracle's; or `tc`,
+ * where a call of 1 to 8 tokens (decode, MTP) runs k_linear_fp8_tc, whose block partials the
+ * tensor cores sum in FP32 (within 2^-14 A of the oracle before the BF16 rounding, A the dot
+ * product of the absolute dequantized values: @ref spec_arch_linear), and longer calls stay
+ * exact.  The recipe changes only which kernel computes the linears (wq_a with wkv, wq_b and the
+ * indexer's, wo_b with its hc_post, the MTP's); a captured decode graph is dropped when it
+ * changes.
  *
  * ## Parallel sums in the oracle's order
  *
@@ -1228,6 +1241,10 @@ static void launch_linear_fp8_pair(const uint8_t *xq, const float *xs, int64_t T
     const fp8_split_job j0 = fp8_split_job_for(T, w0, y0, sm0), j1 = fp8_split_job_for(T, w1, y1, n_sm - sm0);
     launch_fp8_split(xq, xs, T, j0, &j1, st);
 }
+
+/* The few-token FP8 linear on the tensor cores, the `tc` recipe (its own chapter), which needs
+   dfp8, fp8_hc_post and hc_post_channel() above. */
+#include "gpu_linear_fp8_tc.cuh"
 
 /** 16 bf16 values from @p p (16-byte aligned when @p vec) as fp32. */
 __device__ __forceinline__ void load16_bf16(const uint16_t *p, bool vec, float *out)
@@ -3082,6 +3099,8 @@ struct mmoe_gpu_model {
     int64_t max_blocks_all, kmax, moe_width, moe_kmax;
     gfw_moe_work moe_work;        /**< the MoE sub-layer's own work buffers */
     gfw_moe_work moe_side_work;   /**< the shared expert's branch: its own plan arrays, moe_work's xb and hq */
+    mmoe_gpu_fp8_linears fp8_linears; /**< the FP8 linears' recipe (MMOE_GPU_FP8_LINEARS, mmoe_gpu_model_set_fp8_linears()) */
+    gfw_tc_ws tc_ws;              /**< k_linear_fp8_tc's partials and counts (the `tc` recipe) */
     /* state */
     int64_t pos, mtp_pos;
     int timing;
@@ -3589,6 +3608,9 @@ static cudaError_t build(mmoe_gpu_model *g, const gfw_model_src *s, int *host_oo
     void *sw = galloc(g, gfw_moe_side_bytes(Tm), &ce);
     if (sw && mw)
         gfw_moe_side_carve(sw, Tm, g->moe_work, &g->moe_side_work);
+    /* held whatever the recipe, so that switching it needs no allocation (4 MB) */
+    g->tc_ws.part = (float *)galloc(g, sizeof(float) * GFW_TC_PART_FLOATS, &ce);
+    g->tc_ws.count = (unsigned *)galloc(g, sizeof(unsigned) * GFW_TC_COUNTS, &ce);
     return ce;
 }
 
@@ -3736,6 +3758,8 @@ static cudaError_t upload_tables(void)
                                   GFW_FP8_SMEM_MAX);
     if (ce == cudaSuccess)
         ce = dense_f8_rows_allow_smem();
+    if (ce == cudaSuccess)
+        ce = tc_allow_smem();
     return ce;
 }
 
@@ -3777,6 +3801,9 @@ extern "C" mmoe_status gfw_model_create_part(const mmoe_model *m, const gfw_ep_p
     if (st != MMOE_OK)
         return st;
     const int graph_on = graph_env == MMOE_GPU_GRAPH_ON;
+    mmoe_gpu_fp8_linears fp8_linears = MMOE_GPU_FP8_LINEARS_EXACT;
+    if ((st = mmoe_gpu_fp8_linears_env(&fp8_linears, err)) != MMOE_OK)
+        return st;
     mmoe_gpu_model_bytes need;
     st = gfw_model_bytes_part(m, part, max_seq_len, max_tokens, &need, err);
     if (st != MMOE_OK)
@@ -3812,6 +3839,7 @@ extern "C" mmoe_status gfw_model_create_part(const mmoe_model *m, const gfw_ep_p
     if (ce == cudaSuccess)
         ce = build(g, &s, &oom);
     g->graph_on = graph_on;
+    g->fp8_linears = fp8_linears;
     g->bytes.total = g->bytes.weights + g->bytes.caches + g->bytes.work;
     gfw_model_src_free(&s);
     if (oom || !g->attn_s || !g->moe_s || !g->mhc_s)
@@ -4007,6 +4035,20 @@ extern "C" mmoe_status mmoe_gpu_model_set_cuda_graph(mmoe_gpu_model *g, int on, 
     return MMOE_OK;
 }
 
+extern "C" mmoe_status mmoe_gpu_model_set_fp8_linears(mmoe_gpu_model *g, mmoe_gpu_fp8_linears r, mmoe_error *err)
+{
+    if (r != MMOE_GPU_FP8_LINEARS_EXACT && r != MMOE_GPU_FP8_LINEARS_TC)
+        return mmoe_error_set(err, MMOE_EINVAL, "fp8 linears: recipe %d is neither exact nor tc", (int)r);
+    if (r != g->fp8_linears && g->graph_exec != NULL) { /* the graph holds the other recipe's kernels */
+        cudaGraphExecDestroy(g->graph_exec);
+        g->graph_exec = NULL;
+    }
+    g->fp8_linears = r;
+    return MMOE_OK;
+}
+
+extern "C" mmoe_gpu_fp8_linears mmoe_gpu_model_fp8_linears(const mmoe_gpu_model *g) { return g->fp8_linears; }
+
 extern "C" void mmoe_gpu_model_graph_stats(const mmoe_gpu_model *g, mmoe_gpu_graph_stats *out)
 {
     out->enabled = g->graph_on;
@@ -4132,7 +4174,10 @@ static mmoe_status rmsnorm_moe_in(mmoe_gpu_model *g, const uint16_t *x, int64_t 
 static mmoe_status linear_fp8_quantized(mmoe_gpu_model *g, int64_t rows, const dfp8 &w, uint16_t *y,
                                         mmoe_error *err)
 {
-    launch_linear_fp8(g->aq, g->as, rows, w, y, g->n_sm, g->stream);
+    const fp8_hc_post none = {NULL, NULL, NULL, 0};
+    if (!(g->fp8_linears == MMOE_GPU_FP8_LINEARS_TC &&
+          launch_linear_fp8_tc(g->aq, g->as, rows, w, y, none, NULL, NULL, g->tc_ws, g->n_sm, g->stream)))
+        launch_linear_fp8(g->aq, g->as, rows, w, y, g->n_sm, g->stream);
     GFW_CHECK("fp8 linear");
     return MMOE_OK;
 }
@@ -4141,7 +4186,10 @@ static mmoe_status linear_fp8_quantized(mmoe_gpu_model *g, int64_t rows, const d
 static mmoe_status linear_fp8_quantized_pair(mmoe_gpu_model *g, int64_t rows, const dfp8 &w0, uint16_t *y0,
                                              const dfp8 &w1, uint16_t *y1, mmoe_error *err)
 {
-    launch_linear_fp8_pair(g->aq, g->as, rows, w0, y0, w1, y1, g->n_sm, g->stream);
+    const fp8_hc_post none = {NULL, NULL, NULL, 0};
+    if (!(g->fp8_linears == MMOE_GPU_FP8_LINEARS_TC &&
+          launch_linear_fp8_tc(g->aq, g->as, rows, w0, y0, none, &w1, y1, g->tc_ws, g->n_sm, g->stream)))
+        launch_linear_fp8_pair(g->aq, g->as, rows, w0, y0, w1, y1, g->n_sm, g->stream);
     GFW_CHECK("fp8 linears");
     return MMOE_OK;
 }
@@ -4318,6 +4366,11 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
     if ((st = act_quant(g, g->z, T, b->wo_b.K, err)) != MMOE_OK)
         return st;
     const fp8_hc_post hp = {g->X, g->post, g->comb, (int)g->hc};
+    if (post_done != NULL && hp.hc == GFW_FP8_HC_POST_HC && g->fp8_linears == MMOE_GPU_FP8_LINEARS_TC &&
+        (*post_done = launch_linear_fp8_tc(g->aq, g->as, T, b->wo_b, g->o, hp, NULL, NULL, g->tc_ws, g->n_sm, sm))) {
+        GFW_CHECK("fp8 linear (tc) and hc_post");
+        return MMOE_OK;
+    }
     if (post_done != NULL && (*post_done = launch_linear_fp8_hc_post(g->aq, g->as, T, b->wo_b, g->o, hp, g->n_sm,
                                                                      sm))) {
         GFW_CHECK("fp8 linear and hc_post");
@@ -4883,6 +4936,62 @@ extern "C" mmoe_status gfw_test_linear_fp8_pair(const uint16_t *x, int64_t T, in
     if (a.ce == cudaSuccess)
         a.ce = cudaMemcpy(y1, dy + T * N0, 2 * (size_t)(T * N1), cudaMemcpyDeviceToHost);
     return tfinish(&a, y0, dy, 2 * (size_t)(T * N0), err, "fp8 linear pair");
+}
+
+extern "C" mmoe_status gfw_test_linear_fp8_tc(const gfw_test_tc_args *a_in, mmoe_error *err)
+{
+    const gfw_test_tc_args &t = *a_in;
+    tarena a;
+    mmoe_status st = tbegin(&a, err);
+    if (st != MMOE_OK)
+        return st;
+    const int64_t T = t.T, K = t.K, N0 = t.N0, N1 = t.w1 != NULL ? t.N1 : 0, hc = GFW_FP8_HC_POST_HC;
+    const dfp8 f0 = tput_fp8(&a, t.w0, t.scale0, N0, K, 128);
+    const dfp8 f1 = t.w1 != NULL ? tput_fp8(&a, t.w1, t.scale1, N1, K, 128) : f0;
+    uint16_t *dx = (uint16_t *)tput(&a, t.x, 2 * (size_t)(T * K));
+    uint8_t *q = (uint8_t *)tput(&a, NULL, (size_t)(T * K));
+    float *s = (float *)tput(&a, NULL, sizeof(float) * (size_t)(T * K / 128));
+    uint16_t *dy = (uint16_t *)tput(&a, NULL, 2 * (size_t)(T * (N0 + N1)));
+    gfw_tc_ws ws;
+    ws.part = (float *)tput(&a, NULL, sizeof(float) * GFW_TC_PART_FLOATS);
+    ws.count = (unsigned *)tput(&a, NULL, sizeof(unsigned) * GFW_TC_COUNTS);
+    fp8_hc_post hp = {NULL, NULL, NULL, 0};
+    if (t.X != NULL) {
+        hp.X = (uint16_t *)tput(&a, t.X, 2 * (size_t)(T * hc * N0));
+        hp.post = (const float *)tput(&a, t.post, sizeof(float) * (size_t)(T * hc));
+        hp.comb = (const float *)tput(&a, t.comb, sizeof(float) * (size_t)(T * hc * hc));
+        hp.hc = (int)hc;
+    }
+    int n_sm = 0;
+    tget_sm_count(&a, &n_sm);
+    if (a.ce == cudaSuccess) /* the counts start at zero, as the model's do */
+        a.ce = cudaMemset(ws.count, 0, sizeof(unsigned) * GFW_TC_COUNTS);
+    if (a.ce == cudaSuccess)
+        k_act_quant<<<dim3((unsigned)(K / 128), (unsigned)T), 128>>>(dx, K, q, s);
+    bool served = true;
+    for (int r = 0; r < t.runs && a.ce == cudaSuccess && served; r++) {
+        /* NaN bits in every output and partial until a launch writes it: a launch that finds a
+           count another left behind leaves NaN outputs */
+        void *const fill[2] = {dy, ws.part};
+        const size_t bytes[2] = {2 * (size_t)(T * (N0 + N1)), sizeof(float) * GFW_TC_PART_FLOATS};
+        tfill(&a, fill, bytes, 2, 0xFF);
+        if (r == t.runs - 1 && hp.X != NULL) /* the streams are updated in place: the last run's update is returned */
+            a.ce = a.ce == cudaSuccess ? cudaMemcpy(hp.X, t.X, 2 * (size_t)(T * hc * N0), cudaMemcpyHostToDevice) : a.ce;
+        if (a.ce == cudaSuccess)
+            served = launch_linear_fp8_tc(q, s, T, f0, dy, hp, t.w1 != NULL ? &f1 : NULL, dy + T * N0, ws, n_sm, 0);
+    }
+    if (!served) {
+        tfinish(&a, NULL, NULL, 0, err, "fp8 linear (tc)");
+        return mmoe_error_set(err, MMOE_EUNSUPPORTED, "fp8 linear (tc): T = %lld, K = %lld is not served",
+                              (long long)T, (long long)K);
+    }
+    if (a.ce == cudaSuccess)
+        a.ce = cudaDeviceSynchronize();
+    if (a.ce == cudaSuccess && N1 > 0)
+        a.ce = cudaMemcpy(t.y1, dy + T * N0, 2 * (size_t)(T * N1), cudaMemcpyDeviceToHost);
+    if (a.ce == cudaSuccess && hp.X != NULL)
+        a.ce = cudaMemcpy(t.X_out, hp.X, 2 * (size_t)(T * hc * N0), cudaMemcpyDeviceToHost);
+    return tfinish(&a, t.y0, dy, 2 * (size_t)(T * N0), err, "fp8 linear (tc)");
 }
 
 /**

@@ -286,6 +286,29 @@ mmoe_status gfw_test_linear_fp8(const uint16_t *x, int64_t T, const uint8_t *w, 
 mmoe_status gfw_test_linear_fp8_pair(const uint16_t *x, int64_t T, int64_t K, const uint8_t *w0,
                                      const uint8_t *scale0, int64_t N0, const uint8_t *w1, const uint8_t *scale1,
                                      int64_t N1, uint16_t *y0, uint16_t *y1, mmoe_error *err);
+/** The arguments of gfw_test_linear_fp8_tc(). */
+typedef struct gfw_test_tc_args {
+    const uint16_t *x;       /**< bf16 [T, K] */
+    int64_t T, K;            /**< tokens (1..8), input width */
+    const uint8_t *w0;       /**< E4M3 [N0, K] */
+    const uint8_t *scale0;   /**< E8M0 [ceil(N0/128), K/128] */
+    int64_t N0;              /**< rows of w0 */
+    const uint8_t *w1;       /**< a second weight in the same launch (E4M3 [N1, K]), or NULL */
+    const uint8_t *scale1;   /**< its scales */
+    int64_t N1;              /**< its rows */
+    const uint16_t *X;       /**< the streams [T, 4, N0] for the first linear's hc_post, or NULL */
+    const float *post;       /**< [T, 4] */
+    const float *comb;       /**< [T, 4, 4] */
+    int runs;                /**< launches (outputs NaN-filled before each; the last one's are returned) */
+    uint16_t *y0, *y1;       /**< outputs bf16 [T, N0], [T, N1] */
+    uint16_t *X_out;         /**< the streams after the hc_post (with X) */
+} gfw_test_tc_args;
+/**
+ * The FP8 linear of the `tc` recipe (k_act_quant, then k_linear_fp8_tc; one or two weights,
+ * optionally the first one's hc_post with hc = 4).  MMOE_EUNSUPPORTED where the kernel does not
+ * serve the shape (tc_serves()).
+ */
+mmoe_status gfw_test_linear_fp8_tc(const gfw_test_tc_args *args, mmoe_error *err);
 /** Dense linear: x bf16 [T, K], w BF16 (w_f32 = 0) or F32 [N, K], y fp32 [T, N] (k_linear_dense_split). */
 mmoe_status gfw_test_linear_dense(const uint16_t *x, int64_t T, int64_t K, const void *w, int w_f32, int64_t N,
                                   float *y, mmoe_error *err);

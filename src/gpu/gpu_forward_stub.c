@@ -85,6 +85,19 @@ mmoe_status mmoe_gpu_model_set_cuda_graph(mmoe_gpu_model *g, int on, mmoe_error 
     return no_cuda(err);
 }
 
+mmoe_status mmoe_gpu_model_set_fp8_linears(mmoe_gpu_model *g, mmoe_gpu_fp8_linears r, mmoe_error *err)
+{
+    (void)g;
+    (void)r;
+    return no_cuda(err);
+}
+
+mmoe_gpu_fp8_linears mmoe_gpu_model_fp8_linears(const mmoe_gpu_model *g)
+{
+    (void)g;
+    return MMOE_GPU_FP8_LINEARS_EXACT;
+}
+
 void mmoe_gpu_model_graph_stats(const mmoe_gpu_model *g, mmoe_gpu_graph_stats *out)
 {
     (void)g;
@@ -101,6 +114,12 @@ mmoe_status gfw_test_rmsnorm(const uint16_t *x, int64_t T, int64_t n, const uint
                              mmoe_error *err)
 {
     (void)x; (void)T; (void)n; (void)w; (void)eps; (void)y;
+    return no_cuda(err);
+}
+
+mmoe_status gfw_test_linear_fp8_tc(const gfw_test_tc_args *args, mmoe_error *err)
+{
+    (void)args;
     return no_cuda(err);
 }
 

@@ -110,7 +110,8 @@ mmoe_status mmoe_gpu_model_bytes_needed(const mmoe_model *m, int64_t max_seq_len
  * @param max_tokens   largest T of one forward call (> 0)
  * @param out          the GPU model
  * @param err          message on failure
- * @return MMOE_OK; MMOE_ENODEV; MMOE_EINVAL (#MMOE_GPU_GRAPH_ENV holds a value it refuses);
+ * @return MMOE_OK; MMOE_ENODEV; MMOE_EINVAL (#MMOE_GPU_GRAPH_ENV or #MMOE_GPU_FP8_LINEARS_ENV holds a
+ *         value it refuses);
  *         MMOE_ENOMEM (device memory: "needs N bytes, M available"), MMOE_EUNSUPPORTED (a tensor
  *         layout the kernels do not take, named), MMOE_EINTERNAL (a CUDA error, named)
  */
@@ -192,6 +193,39 @@ typedef struct mmoe_gpu_graph_stats {
 
 /** The CUDA graph's counters (all 0 without CUDA). */
 void mmoe_gpu_model_graph_stats(const mmoe_gpu_model *g, mmoe_gpu_graph_stats *out);
+
+/** The environment variable that picks the recipe of the GPU forward's FP8 linears ("exact" or "tc"). */
+#define MMOE_GPU_FP8_LINEARS_ENV "MMOE_GPU_FP8_LINEARS"
+
+/**
+ * The recipe of the GPU forward's FP8 linears (docs/spec/architecture.md, "Linear layers").
+ */
+typedef enum {
+    MMOE_GPU_FP8_LINEARS_EXACT = 0, /**< "exact": the oracle's exact block partials, bit for bit (the default) */
+    MMOE_GPU_FP8_LINEARS_TC = 1     /**< "tc": block partials by the tensor cores for calls of 1 to 8 tokens,
+                                         within the stated bound of the oracle; longer calls stay exact */
+} mmoe_gpu_fp8_linears;
+
+/** The name of a recipe of the FP8 linears ("exact", "tc"). */
+const char *mmoe_gpu_fp8_linears_name(mmoe_gpu_fp8_linears r);
+
+/**
+ * Read MMOE_GPU_FP8_LINEARS.
+ * @param r    written: the recipe it names, #MMOE_GPU_FP8_LINEARS_EXACT where unset or refused
+ * @param err  message on failure
+ * @return MMOE_OK; MMOE_EINVAL for any value but "exact" and "tc" (named with the variable)
+ */
+mmoe_status mmoe_gpu_fp8_linears_env(mmoe_gpu_fp8_linears *r, mmoe_error *err);
+
+/**
+ * Pick the recipe of @p g's FP8 linears (replaces what MMOE_GPU_FP8_LINEARS set at creation;
+ * a captured decode graph is dropped and captured again at the next graphed step).
+ * @return MMOE_OK; MMOE_EINVAL for a value outside the enum
+ */
+mmoe_status mmoe_gpu_model_set_fp8_linears(mmoe_gpu_model *g, mmoe_gpu_fp8_linears r, mmoe_error *err);
+
+/** The recipe of @p g's FP8 linears (#MMOE_GPU_FP8_LINEARS_EXACT without CUDA). */
+mmoe_gpu_fp8_linears mmoe_gpu_model_fp8_linears(const mmoe_gpu_model *g);
 
 /** Seconds spent per part (device time, measured with events; cumulative since reset). */
 typedef struct mmoe_gpu_model_timings {
