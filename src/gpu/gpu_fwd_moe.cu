@@ -1174,6 +1174,17 @@ static cudaError_t moe_launch_experts(const dmoe &m, const gfw_moe_work &w, cons
     return cudaGetLastError();
 }
 
+/** The MoE input's 1x128 quantization (k_moe_in) of @p io's T rows, unless the norm before staged it. */
+static cudaError_t moe_quantize_input(const dmoe &m, const gfw_moe_work &w, const gfw_moe_io &io, cudaStream_t st,
+                                      const char **what)
+{
+    if (io.x_staged)
+        return cudaSuccess;
+    *what = "moe input quantization";
+    mmoe_launch_pdl(k_moe_in, dim3((unsigned)(m.D / 128), (unsigned)io.T), 128, 0, st, io.x, m.D, w.xb, io.xq);
+    return cudaGetLastError();
+}
+
 /**
  * Dispatch on the token tile.  With @p shared_in_plan 0 the plan, L1, requantization and L2
  * leave the shared expert out (moe_run_split() runs it on its own stream).
@@ -1186,12 +1197,8 @@ static cudaError_t moe_run_vb(const dmoe &m, const gfw_moe_router &r, const gfw_
     const int shared = m.Ws > 0 && shared_in_plan;
     const int TT = moe_tile(T, MOE_TT_MAX(VB));
     cudaError_t ce;
-    if (!io.x_staged) {
-        *what = "moe input quantization";
-        mmoe_launch_pdl(k_moe_in, dim3((unsigned)(D / 128), (unsigned)T), 128, 0, st, io.x, D, w.xb, io.xq);
-        if ((ce = cudaGetLastError()) != cudaSuccess)
-            return ce;
-    }
+    if ((ce = moe_quantize_input(m, w, io, st, what)) != cudaSuccess)
+        return ce;
     *what = "router logits";
     switch (TT) {
     case 1: moe_launch_logits<VB, 1>(r, w.xb, T, m.E, D, io.logits, st); break;
@@ -1236,15 +1243,11 @@ static cudaError_t moe_run_split(const dmoe &m, const gfw_moe_router &r, const g
                                  const gfw_moe_io &io, cudaStream_t st, cudaStream_t side, cudaEvent_t fork,
                                  cudaEvent_t join, const char **what)
 {
-    const int64_t T = io.T, D = m.D;
+    const int64_t T = io.T;
     const int TT = moe_tile(T, MOE_TT_MAX(VB));
     cudaError_t ce;
-    if (!io.x_staged) {
-        *what = "moe input quantization";
-        mmoe_launch_pdl(k_moe_in, dim3((unsigned)(D / 128), (unsigned)T), 128, 0, st, io.x, D, w.xb, io.xq);
-        if ((ce = cudaGetLastError()) != cudaSuccess)
-            return ce;
-    }
+    if ((ce = moe_quantize_input(m, w, io, st, what)) != cudaSuccess)
+        return ce;
     *what = "moe: the shared expert's stream";
     if ((ce = cudaEventRecord(fork, st)) != cudaSuccess || (ce = cudaStreamWaitEvent(side, fork, 0)) != cudaSuccess)
         return ce;
