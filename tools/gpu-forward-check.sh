@@ -9,9 +9,12 @@
 #   "profile" (after "flash"): Nsight Compute's kernel durations of one decode step (position 12)
 #      of the V4-Flash-width checkpoint, kernels serialized (tools/ncu_step.py), in
 #      $OUT/decode-step-profile.txt.
+#   "profile-tc" (after "flash"): Nsight Compute's full sections of the `tc` recipe's FP8 linears
+#      (MMOE_GPU_FP8_LINEARS=tc) of one decode step, and the SASS instructions where their warps
+#      stall (tools/ncu_sass_stalls.py) in $OUT/tc-stalls.txt.
 # Logs go to $OUT.  Usage on the device machine (see tools/gpu-check.sh for the tarball layout):
 #   MMOE_DEBS=$PWD/.gpu/debs bash /tmp/m/tools/gpu-forward-check.sh [STEPS]
-# STEPS: a subset of "build test memcheck racecheck flash profile bench break" (default: build test
+# STEPS: a subset of "build test memcheck racecheck flash profile profile-tc bench break" (default: build test
 # memcheck flash bench).  BLOCKS_RUNS (default 1): runs of test_gpu_forward_blocks in "test", each
 # with its own seed; every failure line is printed with the run's seed.  "racecheck": the blocks
 # suite under compute-sanitizer racecheck and synccheck (shared-memory hazards, barriers).
@@ -96,6 +99,18 @@ case " $STEPS " in *" profile "*)
     echo "profile: rc=$?"; tail -n 30 "$OUT/decode-step-profile.txt"
     rm -f "$OUT/profile.safetensors"
   else echo "profile: no V4-Flash-width checkpoint (run the flash step first) or no ncu"; fi;;
+esac
+case " $STEPS " in *" profile-tc "*)
+  if [ -d "$FLASH" ] && command -v ncu > /dev/null; then
+    # the tc recipe's FP8 linears of the first decode step, every section, then where its warps stall
+    MMOE_GPU_FP8_LINEARS=tc timeout 300 ncu --set full -k regex:k_linear_fp8_tc -c 3 -f -o "$OUT/tc" ./megamoe logits \
+      --model "$FLASH" --ids 1,2,3 --decode --last --cuda-graph off --backend gpu --out "$OUT/p.safetensors" \
+      > "$OUT/ncu-tc.log" 2>&1
+    echo "profile-tc: rc=$?"; rm -f "$OUT/p.safetensors"
+    ncu --import "$OUT/tc.ncu-rep" --page source --print-source sass --csv > "$OUT/tc-sass.csv" 2> "$OUT/tc-sass.err"
+    python3 tools/ncu_sass_stalls.py "$OUT/tc-sass.csv" > "$OUT/tc-stalls.txt" 2>&1
+    echo "tc stalls: rc=$?"; head -n 50 "$OUT/tc-stalls.txt"
+  else echo "profile-tc: no V4-Flash-width checkpoint (run the flash step first) or no ncu"; fi;;
 esac
 case " $STEPS " in *" break "*)
   # the .cu rules do not track header dependencies: touch the sources so that a patch to a
