@@ -763,17 +763,44 @@ static void expect_tc_bound(const char *what, const uint16_t *yg, const uint16_t
 }
 
 /**
+ * A case whose block sums cancel (for the `tc` recipe's bound): every x is 1 (code 2^8 at scale
+ * 2^-8), and in every 128-wide block of every row codes 0..3 are +448 and codes 4..7 are -448,
+ * the other 120 small (2^-6 to 2^-4.1, random signs).  The exact partial is the sum of the small
+ * products (4 to 15, multiples of 1/2), added to running sums of magnitude up to 4 x 448 x 2^8
+ * (2^18.8).  An accumulator that keeps FP32's 24 bits (the chapter's model) keeps them all and
+ * the outputs are the oracle's; one that kept about 14 bits (as reported for FP8 tensor-core
+ * sums) would drop them, and the error, their sum, exceeds 2^-14 A for most rows (a float64
+ * model of that accumulator: 445 of 512 rows): so the case fails exactly when the device sums
+ * less precisely than the bound assumes.
+ */
+static void make_tc_cancel(mmoe_rng *r, uint16_t *x, int64_t T, uint8_t *w, int64_t N, int64_t K)
+{
+    for (int64_t i = 0; i < T * K; i++)
+        x[i] = mmoe_bf16_from_f32(1.0f);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t k = 0; k < K; k++) {
+            const int64_t j = k % 128;
+            const uint8_t small = (uint8_t)((mmoe_rng_below(r, 2) << 7) | ((1 + mmoe_rng_below(r, 2)) << 3) |
+                                            mmoe_rng_below(r, 8));
+            w[n * K + k] = j < 4 ? 0x7E : j < 8 ? 0xFE : small;
+        }
+}
+
+/**
  * One case of the `tc` FP8 linear: weight(s) and x of @p kind, T tokens, N0 (and N1 > 0: a
  * second weight in the same launch) rows, K wide, @p post: the first linear's hc_post (N0 is
- * then the streams' width), launched twice (so a count left behind shows as NaN).
+ * then the streams' width), @p cancel: the first weight and x made by make_tc_cancel(); every
+ * case launched twice (so a count left behind shows as NaN).
  */
-static void check_tc(int64_t T, int64_t N0, int64_t N1, int64_t K, fp8_kind kind, int post)
+static void check_tc(int64_t T, int64_t N0, int64_t N1, int64_t K, fp8_kind kind, int post, int cancel)
 {
     mmoe_rng r;
-    mmoe_rng_seed(&r, g_seed ^ (uint64_t)(N0 * 13 + N1 * 17 + K + 1000099 * kind + 7 * T + post));
+    mmoe_rng_seed(&r, g_seed ^ (uint64_t)(N0 * 13 + N1 * 17 + K + 1000099 * kind + 7 * T + post + 31 * cancel));
     uint16_t *x = make_fp8_x(&r, T, K, kind);
     uint8_t *w0, *s0, *w1 = NULL, *s1 = NULL;
     make_fp8_weight(&r, N0, K, 128, kind, &w0, &s0);
+    if (cancel)
+        make_tc_cancel(&r, x, T, w0, N0, K);
     if (N1 > 0)
         make_fp8_weight(&r, N1, K, 128, kind, &w1, &s1);
     const int64_t hc = 4;
@@ -801,8 +828,8 @@ static void check_tc(int64_t T, int64_t N0, int64_t N1, int64_t K, fp8_kind kind
     ck_assert(xd && wd);
     char what[96];
     tc_dequant(x, T, N0, K, w0, s0, xd, wd);
-    snprintf(what, sizeof what, "fp8 tc %lldx%lld T=%lld kind %d%s", (long long)N0, (long long)K, (long long)T,
-             (int)kind, post ? " (hc_post)" : "");
+    snprintf(what, sizeof what, "fp8 tc %lldx%lld T=%lld kind %d%s%s", (long long)N0, (long long)K, (long long)T,
+             (int)kind, post ? " (hc_post)" : "", cancel ? " (cancelling)" : "");
     expect_tc_bound(what, yg0, yc0, xd, wd, T, N0, K);
     if (N1 > 0) {
         tc_dequant(x, T, N1, K, w1, s1, xd, wd);
@@ -821,14 +848,15 @@ static void check_tc(int64_t T, int64_t N0, int64_t N1, int64_t K, fp8_kind kind
 
 START_TEST(test_linear_fp8_tc)
 {
-    check_tc(1, 1024, 512, 4096, FP8_RANDOM, 0); /* wq_a with wkv (sliced) */
-    check_tc(1, 32768, 0, 1024, FP8_RANDOM, 0);  /* wq_b: one slice */
-    check_tc(1, 4096, 0, 8192, FP8_RANDOM, 1);   /* wo_b with hc_post */
-    check_tc(2, 4096, 0, 8192, FP8_RANDOM, 1);   /* two tokens (MTP) */
-    check_tc(8, 1000, 0, 2048, FP8_RANDOM, 0);   /* eight tokens, a partial last tile */
-    check_tc(3, 201, 37, 384, FP8_EXTREME, 0);   /* codes and x values over the whole range */
-    check_tc(5, 96, 0, 1024, FP8_NAN, 0);        /* NaN codes: NaN rows */
-    check_tc(1, 8, 0, 128, FP8_RANDOM, 0);       /* a tile of 8 live rows, one block */
+    check_tc(1, 1024, 512, 4096, FP8_RANDOM, 0, 0); /* wq_a with wkv: tiles shared by warps */
+    check_tc(1, 32768, 0, 1024, FP8_RANDOM, 0, 0);  /* wq_b */
+    check_tc(1, 4096, 0, 8192, FP8_RANDOM, 1, 0);   /* wo_b with hc_post */
+    check_tc(2, 4096, 0, 8192, FP8_RANDOM, 1, 0);   /* two tokens (MTP) */
+    check_tc(8, 1000, 0, 2048, FP8_RANDOM, 0, 0);   /* eight tokens, a partial last tile */
+    check_tc(3, 201, 37, 384, FP8_EXTREME, 0, 0);   /* codes and x values over the whole range */
+    check_tc(5, 96, 0, 1024, FP8_NAN, 0, 0);        /* NaN codes: NaN rows */
+    check_tc(1, 8, 0, 128, FP8_RANDOM, 0, 0);       /* a tile of 8 live rows, one block */
+    check_tc(1, 512, 0, 4096, FP8_RANDOM, 0, 1);    /* cancelling block sums: the bound itself */
     /* what it does not serve is refused, not run differently */
     uint16_t x[9 * 128] = {0};
     uint8_t w[16 * 128] = {0}, s[1] = {127};
