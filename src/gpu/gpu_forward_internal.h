@@ -289,7 +289,8 @@ mmoe_status gfw_test_linear_fp8_pair(const uint16_t *x, int64_t T, int64_t K, co
 /** The arguments of gfw_test_linear_fp8_tc(). */
 typedef struct gfw_test_tc_args {
     const uint16_t *x;       /**< bf16 [T, K] */
-    int64_t T, K;            /**< tokens (1..8), input width */
+    int64_t T;               /**< tokens (1..8) */
+    int64_t K;               /**< input width */
     const uint8_t *w0;       /**< E4M3 [N0, K] */
     const uint8_t *scale0;   /**< E8M0 [ceil(N0/128), K/128] */
     int64_t N0;              /**< rows of w0 */
@@ -300,7 +301,8 @@ typedef struct gfw_test_tc_args {
     const float *post;       /**< [T, 4] */
     const float *comb;       /**< [T, 4, 4] */
     int runs;                /**< launches (outputs NaN-filled before each; the last one's are returned) */
-    uint16_t *y0, *y1;       /**< outputs bf16 [T, N0], [T, N1] */
+    uint16_t *y0;            /**< output bf16 [T, N0] */
+    uint16_t *y1;            /**< output bf16 [T, N1] */
     uint16_t *X_out;         /**< the streams after the hc_post (with X) */
 } gfw_test_tc_args;
 /**

@@ -98,6 +98,7 @@
  * the model.
  */
 #ifndef MMOE_GPU_LINEAR_FP8_TC_CUH
+/** Include guard (this file is included in the middle of gpu_forward.cu). */
 #define MMOE_GPU_LINEAR_FP8_TC_CUH
 
 /** Warps of one k_linear_fp8_tc block (each works alone). */
@@ -139,7 +140,8 @@ struct tc_job {
  * [floor(w U / W), floor((w + 1) U / W)), at least one.
  */
 struct tc_plan {
-    tc_job j0, j1;    /**< the linears (j1.tiles = 0: none) */
+    tc_job j0;        /**< the first linear */
+    tc_job j1;        /**< the second (j1.tiles = 0: none) */
     int nb;           /**< K blocks of both (the same K) */
     int64_t units;    /**< U */
     int64_t warps;    /**< W */
@@ -180,7 +182,8 @@ __device__ __forceinline__ void tc_mma(float (&d)[4], uint32_t a0, uint32_t a1, 
 
 /** A lane's 32 codes of one K block for one row or token: two 16-byte pieces, 64 codes apart. */
 struct tc_codes {
-    uint4 lo, hi;
+    uint4 lo; /**< codes 0..15: piece 0 */
+    uint4 hi; /**< codes 16..31: piece 1 */
 };
 
 /** Word @p m (0..7) of a lane's 32 codes. */
@@ -265,7 +268,8 @@ __device__ __forceinline__ tc_unit tc_unit_next(const tc_plan &p, tc_unit x)
 
 /** Lane's first codes of a unit's block in rows g and g + 8 of its tile. */
 struct tc_rows {
-    const uint8_t *a, *b;
+    const uint8_t *a; /**< row g */
+    const uint8_t *b; /**< row g + 8 */
 };
 
 /** Lane's first codes of unit @p x, piece 0 (piece 1 is 64 codes on; rows past N read row N - 1: never stored). */
@@ -314,15 +318,17 @@ __device__ __forceinline__ void tc_issue(const tc_rows &r, int u, int u_end, int
 /** Where a lane reads what it needs of a unit besides the weight (tokens past T read token T - 1: never stored). */
 struct tc_side_src {
     const uint8_t *px;       /**< token g's codes of block 0, lane's 32 */
-    const float *xs0, *xs1;  /**< the x scales of tokens 2t, 2t + 1, block 0 */
+    const float *xs0;        /**< the x scales of token 2t, block 0 */
+    const float *xs1;        /**< the x scales of token 2t + 1, block 0 */
     const uint8_t *sw_row;   /**< the current tile's weight scale row */
 };
 
 /** What a lane reads of a unit besides the weight: token g's 32 codes, the weight's scale byte, tokens 2t, 2t + 1's x scales. */
 struct tc_side {
-    tc_codes xv;
-    uint8_t swb;
-    float x0, x1;
+    tc_codes xv;  /**< token g's codes */
+    uint8_t swb;  /**< the weight's scale byte */
+    float x0;     /**< token 2t's x scale */
+    float x1;     /**< token 2t + 1's x scale */
 };
 
 /** Lane's side inputs of block @p kb. */
