@@ -332,6 +332,12 @@ START_TEST(cli_bench_forward)
     ck_assert_str_eq(json_string_value(json_object_get(o, "bench")), "forward");
     ck_assert_str_eq(json_string_value(json_object_get(o, "backend")), "gpu");
     ck_assert_str_eq(json_string_value(json_object_get(o, "comm")), "nccl");
+    mmoe_gpu_fp8_linears recipe = MMOE_GPU_FP8_LINEARS_EXACT; /* the one MMOE_GPU_FP8_LINEARS names, as the ranks read it */
+    mmoe_error e;
+    mmoe_error_clear(&e);
+    ck_assert_int_eq(mmoe_gpu_fp8_linears_env(&recipe, &e), MMOE_OK);
+    ck_assert_ptr_nonnull(json_string_value(json_object_get(o, "fp8_linears")));
+    ck_assert_str_eq(json_string_value(json_object_get(o, "fp8_linears")), mmoe_gpu_fp8_linears_name(recipe));
     ck_assert_int_eq(jint(o, "gpus"), 1);
     ck_assert_int_eq(jint(o, "layers"), 4);
     ck_assert_int_eq(jint(o, "prefill_tokens"), 5);

@@ -22,7 +22,8 @@
  * The text report gives per layer the smallest and largest rank time (prefill: ms for the
  * whole prompt; decode: ms per token) and each phase's total against its wall time.  With
  * --json the report is one JSON object on stdout: {"bench": "forward", "backend": "gpu",
- * "gpus", "comm", "model", "layers", "mtp_layers", "load_s", "prefill_tokens", "prefill_s", "prefill_tokens_per_s",
+ * "gpus", "comm", "cuda_graph" (false), "fp8_linears" (the FP8 linears' recipe), "model", "layers",
+ * "mtp_layers", "load_s", "prefill_tokens", "prefill_s", "prefill_tokens_per_s",
  * "decode_tokens", "decode_s", "decode_ms_per_token", "ranks": [{"rank", "first_expert",
  * "end_expert", "device_bytes"}], "prefill_exchange", "decode_exchange"}; a phase's exchange
  * object is {"exchanges", "bytes_sent", "pairs": [per rank], "idle": [per rank], "exchange_s":
@@ -190,6 +191,9 @@ static mmoe_status report_json(const ep_bench *b, const mmoe_config *cfg, const 
     mmoe_json_set_int(o, "gpus", b->n);
     mmoe_json_set_str(o, "comm", mmoe_ep_comm_kind_name(mmoe_ep_gpu_model_kind(b->e)));
     json_object_set_new(o, "cuda_graph", json_false()); /* the ranks' steps run kernel by kernel */
+    /* every rank reads MMOE_GPU_FP8_LINEARS when it is created: rank 0's is all ranks' */
+    mmoe_json_set_str(o, "fp8_linears",
+                      mmoe_gpu_fp8_linears_name(mmoe_gpu_model_fp8_linears(mmoe_ep_gpu_model_rank(b->e, 0))));
     mmoe_json_bench_forward_model(o, model_dir, cfg->n_layers, cfg->n_mtp_layers, t_load);
     mmoe_json_bench_forward_prefill(o, n_prefill, tp);
     mmoe_json_bench_forward_decode(o, n_decode, td);
