@@ -203,3 +203,12 @@ int32_t mmoe_test_argmax_f32(const float *v, int64_t n)
             best = (int32_t)i;
     return best;
 }
+
+mmoe_model *mmoe_test_open_model(const char *dir)
+{
+    mmoe_model *m = NULL;
+    mmoe_error err;
+    mmoe_error_clear(&err);
+    ck_assert_msg(mmoe_model_open(dir, NULL, NULL, &m, &err) == MMOE_OK, "%s: %s", dir, err.msg);
+    return m;
+}

@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "mmoe_model.h"
 #include "mmoe_rng.h"
 
 /** Exit status automake reads as "skipped". */
@@ -123,5 +124,8 @@ int32_t mmoe_test_argmax_f32(const float *v, int64_t n);
  * @return the exit status, as mmoe_test_system()
  */
 int mmoe_test_run_cli(const char *dir, const char *args, const char *stdin_text, char **out, char **err);
+
+/** The model in directory @p dir, opened on the CPU; the test fails with the loader's message if it cannot be. */
+mmoe_model *mmoe_test_open_model(const char *dir);
 
 #endif /* MMOE_TEST_H */

@@ -62,14 +62,6 @@ static void tiny_dir(char *buf, size_t n)
     snprintf(buf, n, "%s/fixtures/tiny-dsv4", src ? src : ".");
 }
 
-static mmoe_model *open_model(const char *dir)
-{
-    mmoe_model *m = NULL;
-    mmoe_error err;
-    ck_assert_msg(mmoe_model_open(dir, NULL, NULL, &m, &err) == MMOE_OK, "%s", err.msg);
-    return m;
-}
-
 /** The outputs of one sequence. */
 typedef struct seq_out {
     float *logits;  /**< [(T_PROMPT + T_NEXT + T_PROMPT), V]: prefill, decodes, prefill after reset */
@@ -135,7 +127,7 @@ static long long first_diff(const float *a, const float *b, size_t n)
  */
 static void check_model(const char *what, const char *dir, const mmoe_ep_comm_kind *kinds, const int *ranks, int n_cases)
 {
-    mmoe_model *m = open_model(dir);
+    mmoe_model *m = mmoe_test_open_model(dir);
     const mmoe_config *cfg = mmoe_model_config(m);
     mmoe_error err;
     mmoe_gpu_model *g = NULL;
@@ -381,7 +373,7 @@ START_TEST(refusals_without_gpu)
     char dir[1100], args[4096], path[1200], *out, *err;
     struct stat sb;
     tiny_dir(dir, sizeof dir);
-    mmoe_model *m = open_model(dir);
+    mmoe_model *m = mmoe_test_open_model(dir);
     mmoe_ep_gpu_model *e = NULL;
     mmoe_error er;
     mmoe_error_clear(&er);

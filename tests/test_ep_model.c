@@ -30,10 +30,7 @@ static mmoe_model *open_fixture(void)
     char dir[1024];
     const char *src = getenv("MMOE_SRCDIR");
     snprintf(dir, sizeof dir, "%s/fixtures/tiny-dsv4", src ? src : ".");
-    mmoe_model *m = NULL;
-    mmoe_error err;
-    ck_assert_msg(mmoe_model_open(dir, NULL, NULL, &m, &err) == MMOE_OK, "%s", err.msg);
-    return m;
+    return mmoe_test_open_model(dir);
 }
 
 /** Prefill the prompt (all positions' logits), then decode two tokens: [T_PROMPT + T_NEXT, V]. */

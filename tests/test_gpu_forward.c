@@ -77,16 +77,6 @@
 
 static uint64_t g_seed;
 
-/** Open a model directory (CPU) or fail the test. */
-static mmoe_model *open_model(const char *dir)
-{
-    mmoe_model *m = NULL;
-    mmoe_error err;
-    mmoe_error_clear(&err);
-    ck_assert_msg(mmoe_model_open(dir, NULL, NULL, &m, &err) == MMOE_OK, "%s", err.msg);
-    return m;
-}
-
 /** The embedded tiny model's directory. */
 static void tiny_dir(char *buf, size_t n)
 {
@@ -162,7 +152,7 @@ static int exp_is_exact(void);
  */
 static void run_model(const char *what, const char *dir, int64_t T, int64_t chunk, int n_gen, int64_t n_replay)
 {
-    mmoe_model *m = open_model(dir);
+    mmoe_model *m = mmoe_test_open_model(dir);
     const mmoe_config *c = mmoe_model_config(m);
     const int64_t V = c->vocab_size, row = c->hc_mult * c->dim, total = T + n_gen + 1;
     mmoe_error err;
@@ -441,7 +431,7 @@ static void oracle_moe_chunk(const model_block *b, const uint16_t *x, const int3
  */
 static void check_sublayers(const char *what, const char *dir, int64_t T, int64_t chunk)
 {
-    mmoe_model *m = open_model(dir);
+    mmoe_model *m = mmoe_test_open_model(dir);
     const mmoe_config *c = mmoe_model_config(m);
     const int64_t D = c->dim;
     mmoe_error err;
@@ -692,7 +682,7 @@ static void check_routing_on_forward(const char *what, mmoe_gpu_model *g, const 
  */
 static void check_sublayers_on_forward(const char *what, const char *dir, int64_t T, int64_t chunk)
 {
-    mmoe_model *m = open_model(dir);
+    mmoe_model *m = mmoe_test_open_model(dir);
     const mmoe_config *c = mmoe_model_config(m);
     const int64_t D = c->dim;
     const int nl = c->n_layers;
@@ -828,7 +818,7 @@ START_TEST(test_refuses)
 {
     char dir[4096];
     tiny_dir(dir, sizeof dir);
-    mmoe_model *m = open_model(dir);
+    mmoe_model *m = mmoe_test_open_model(dir);
     mmoe_error err;
     mmoe_error_clear(&err);
     mmoe_gpu_model *g = NULL;
@@ -901,7 +891,7 @@ static void graph_decode_compare(const char *what, graph_pair *p, const int32_t 
  */
 static void graph_case(const char *what, const char *dir, int64_t n)
 {
-    mmoe_model *m = open_model(dir);
+    mmoe_model *m = mmoe_test_open_model(dir);
     const mmoe_config *c = mmoe_model_config(m);
     mmoe_error err;
     mmoe_error_clear(&err);
@@ -989,7 +979,7 @@ START_TEST(test_cuda_graph)
     graph_case("synth tiny x3 cuda graph", sdir, 140);
     mmoe_test_rmtree(root);
 
-    mmoe_model *m = open_model(dir);
+    mmoe_model *m = mmoe_test_open_model(dir);
     mmoe_error err;
     mmoe_error_clear(&err);
     mmoe_gpu_model *g = NULL;

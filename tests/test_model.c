@@ -63,16 +63,6 @@ static int same_bits(const char *what, const float *a, const float *b, int64_t T
     return 1;
 }
 
-/** The model in @p dir, opened (the test fails with the loader's message if it cannot be). */
-static mmoe_model *open_dir(const char *dir)
-{
-    mmoe_model *m = NULL;
-    mmoe_error err;
-    mmoe_error_clear(&err);
-    ck_assert_msg(mmoe_model_open(dir, NULL, NULL, &m, &err) == MMOE_OK, "%s", err.msg);
-    return m;
-}
-
 static int32_t *random_ids(int64_t T, int64_t V, uint64_t seed)
 {
     mmoe_rng r;
@@ -87,7 +77,7 @@ START_TEST(prefill_equals_decode)
 {
     char root[512], dir[600];
     make_tiny(root, sizeof root, dir, sizeof dir, 3, 0);
-    mmoe_model *m = open_dir(dir);
+    mmoe_model *m = mmoe_test_open_model(dir);
     mmoe_error err;
     mmoe_error_clear(&err);
     const mmoe_config *c = mmoe_model_config(m);
@@ -204,7 +194,7 @@ START_TEST(observer_sees_each_sublayer)
 {
     char root[512], dir[600];
     make_tiny(root, sizeof root, dir, sizeof dir, 3, 0);
-    mmoe_model *m = open_dir(dir);
+    mmoe_model *m = mmoe_test_open_model(dir);
     mmoe_error err;
     mmoe_error_clear(&err);
     const mmoe_config *c = mmoe_model_config(m);
@@ -261,10 +251,9 @@ START_TEST(embed_and_head_vs_f64)
 {
     char root[512], dir[600];
     make_tiny(root, sizeof root, dir, sizeof dir, 1, 0);
-    mmoe_model *m;
+    mmoe_model *m = mmoe_test_open_model(dir);
     mmoe_error err;
     mmoe_error_clear(&err);
-    ck_assert_msg(mmoe_model_open(dir, NULL, NULL, &m, &err) == MMOE_OK, "%s", err.msg);
     mmoe_ckpt *ck;
     ck_assert(mmoe_ckpt_open(dir, &ck, &err) == MMOE_OK);
     const mmoe_config *c = mmoe_model_config(m);

@@ -95,12 +95,8 @@ static int32_t *json_ids(json_t *arr, size_t *n)
 static mmoe_model *open_fixture(void)
 {
     char dir[1024];
-    mmoe_error err;
-    mmoe_error_clear(&err);
-    mmoe_model *m = NULL;
     fixture_path(dir, sizeof dir, NULL);
-    ck_assert_msg(mmoe_model_open(dir, NULL, NULL, &m, &err) == MMOE_OK, "%s", err.msg);
-    return m;
+    return mmoe_test_open_model(dir);
 }
 
 static mmoe_tokenizer *open_tokenizer(void)
