@@ -904,6 +904,22 @@ struct fp8_hc_post {
     int hc;            /**< streams (GFW_FP8_HC_POST_HC where X is given) */
 };
 
+/** No hc_post after the linear. */
+__host__ __device__ __forceinline__ fp8_hc_post fp8_no_hc_post() { return fp8_hc_post{NULL, NULL, NULL, 0}; }
+
+/**
+ * Output @p n of token @p t of an FP8 linear of width @p N: y = bf16(@p acc), then where @p hp
+ * has streams, k_hc_post's step for channel n from the stored bf16 (hc = GFW_FP8_HC_POST_HC).
+ */
+__device__ __forceinline__ void fp8_store_output(uint16_t *y, const fp8_hc_post &hp, int64_t t, int64_t n, int64_t N,
+                                                 float acc)
+{
+    const uint16_t out = gfw_f2bf(acc);
+    y[t * N + n] = out;
+    if (hp.X != NULL)
+        hc_post_channel<GFW_FP8_HC_POST_HC>(gfw_bf2f(out), hp.X, t, n, N, GFW_FP8_HC_POST_HC, hp.post, hp.comb);
+}
+
 /**
  * One linear of a k_linear_fp8_128_split launch: its weight, the shape its rows are shared out
  * in (fp8_split_choose()) and its output.  A launch runs one linear, or two on the same x rows
@@ -1123,11 +1139,7 @@ __global__ void __launch_bounds__(GFW_FP8_WARPS * 32, GFW_FP8_SPLIT_BLOCKS_PER_S
         float acc = 0.0f;
         for (int64_t kb = 0; kb < kb_w; kb++)
             acc = __fadd_rn(acc, term[i * kb_w + kb]);
-        const uint16_t out = gfw_f2bf(acc);
-        y[t * w.N + nb + i] = out;
-        if (hp.X != NULL) /* k_hc_post's step for channel nb + i, from the stored bf16 (hc = 4) */
-            hc_post_channel<GFW_FP8_HC_POST_HC>(gfw_bf2f(out), hp.X, t, nb + i, w.N, GFW_FP8_HC_POST_HC, hp.post,
-                                                hp.comb);
+        fp8_store_output(y, hp, t, nb + i, w.N, acc);
     }
 }
 
@@ -1152,7 +1164,7 @@ static fp8_split_job fp8_split_job_for(int64_t T, const dfp8 &w, uint16_t *y, in
     fp8_split_job j;
     j.w = w;
     j.y = y;
-    j.post = fp8_hc_post{NULL, NULL, NULL, 0};
+    j.post = fp8_no_hc_post();
     j.sh = fp8_split_choose(T, w.N, w.K, n_sm);
     if (fp8_split_smem(w.K, j.sh) > GFW_FP8_SMEM_MAX)
         j.sh = fp8_split_shape{1, 1}; /* one row pair per warp: the least shared memory, fp8_128_smem(K) */
@@ -4170,13 +4182,23 @@ static mmoe_status rmsnorm_moe_in(mmoe_gpu_model *g, const uint16_t *x, int64_t 
     return MMOE_OK;
 }
 
+/**
+ * The `tc` recipe's launch of the linear(s) of the rows in g->aq, g->as (launch_linear_fp8_tc())
+ * where @p g has chosen that recipe and the kernel serves the call: true; else nothing is
+ * launched and the caller runs the exact kernels.
+ */
+static bool linear_fp8_tc_chosen(mmoe_gpu_model *g, int64_t rows, const dfp8 &w0, uint16_t *y0, const fp8_hc_post &p0,
+                                 const dfp8 *w1, uint16_t *y1, cudaStream_t st)
+{
+    return g->fp8_linears == MMOE_GPU_FP8_LINEARS_TC &&
+           launch_linear_fp8_tc(g->aq, g->as, rows, w0, y0, p0, w1, y1, g->tc_ws, g->n_sm, st);
+}
+
 /** y = fp8_linear of the rows act_quant() left in g->aq, g->as (width w.K). */
 static mmoe_status linear_fp8_quantized(mmoe_gpu_model *g, int64_t rows, const dfp8 &w, uint16_t *y,
                                         mmoe_error *err)
 {
-    const fp8_hc_post none = {NULL, NULL, NULL, 0};
-    if (!(g->fp8_linears == MMOE_GPU_FP8_LINEARS_TC &&
-          launch_linear_fp8_tc(g->aq, g->as, rows, w, y, none, NULL, NULL, g->tc_ws, g->n_sm, g->stream)))
+    if (!linear_fp8_tc_chosen(g, rows, w, y, fp8_no_hc_post(), NULL, NULL, g->stream))
         launch_linear_fp8(g->aq, g->as, rows, w, y, g->n_sm, g->stream);
     GFW_CHECK("fp8 linear");
     return MMOE_OK;
@@ -4186,9 +4208,7 @@ static mmoe_status linear_fp8_quantized(mmoe_gpu_model *g, int64_t rows, const d
 static mmoe_status linear_fp8_quantized_pair(mmoe_gpu_model *g, int64_t rows, const dfp8 &w0, uint16_t *y0,
                                              const dfp8 &w1, uint16_t *y1, mmoe_error *err)
 {
-    const fp8_hc_post none = {NULL, NULL, NULL, 0};
-    if (!(g->fp8_linears == MMOE_GPU_FP8_LINEARS_TC &&
-          launch_linear_fp8_tc(g->aq, g->as, rows, w0, y0, none, &w1, y1, g->tc_ws, g->n_sm, g->stream)))
+    if (!linear_fp8_tc_chosen(g, rows, w0, y0, fp8_no_hc_post(), &w1, y1, g->stream))
         launch_linear_fp8_pair(g->aq, g->as, rows, w0, y0, w1, y1, g->n_sm, g->stream);
     GFW_CHECK("fp8 linears");
     return MMOE_OK;
@@ -4366,8 +4386,7 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
     if ((st = act_quant(g, g->z, T, b->wo_b.K, err)) != MMOE_OK)
         return st;
     const fp8_hc_post hp = {g->X, g->post, g->comb, (int)g->hc};
-    if (post_done != NULL && hp.hc == GFW_FP8_HC_POST_HC && g->fp8_linears == MMOE_GPU_FP8_LINEARS_TC &&
-        (*post_done = launch_linear_fp8_tc(g->aq, g->as, T, b->wo_b, g->o, hp, NULL, NULL, g->tc_ws, g->n_sm, sm))) {
+    if (post_done != NULL && (*post_done = linear_fp8_tc_chosen(g, T, b->wo_b, g->o, hp, NULL, NULL, sm))) {
         GFW_CHECK("fp8 linear (tc) and hc_post");
         return MMOE_OK;
     }
@@ -4889,6 +4908,19 @@ static void tget_sm_count(tarena *a, int *n_sm)
         a->ce = cudaDeviceGetAttribute(n_sm, cudaDevAttrMultiProcessorCount, dev);
 }
 
+/**
+ * x bf16 [T, K] on the device, quantized there as act_quant() does (k_act_quant) into codes
+ * @p q [T, K] and scale values @p s [T, K/128].
+ */
+static void tput_quantized_x(tarena *a, const uint16_t *x, int64_t T, int64_t K, uint8_t **q, float **s)
+{
+    uint16_t *dx = (uint16_t *)tput(a, x, 2 * (size_t)(T * K));
+    *q = (uint8_t *)tput(a, NULL, (size_t)(T * K));
+    *s = (float *)tput(a, NULL, sizeof(float) * (size_t)(T * K / 128));
+    if (a->ce == cudaSuccess)
+        k_act_quant<<<dim3((unsigned)(K / 128), (unsigned)T), 128>>>(dx, K, *q, *s);
+}
+
 extern "C" mmoe_status gfw_test_linear_fp8(const uint16_t *x, int64_t T, const uint8_t *w, const uint8_t *scale,
                                            int64_t N, int64_t K, int block, uint16_t *y, mmoe_error *err)
 {
@@ -4897,16 +4929,14 @@ extern "C" mmoe_status gfw_test_linear_fp8(const uint16_t *x, int64_t T, const u
     if (st != MMOE_OK)
         return st;
     const dfp8 f = tput_fp8(&a, w, scale, N, K, block);
-    uint16_t *dx = (uint16_t *)tput(&a, x, 2 * (size_t)(T * K));
-    uint8_t *q = (uint8_t *)tput(&a, NULL, (size_t)(T * K));
-    float *s = (float *)tput(&a, NULL, sizeof(float) * (size_t)(T * K / 128));
+    uint8_t *q;
+    float *s;
+    tput_quantized_x(&a, x, T, K, &q, &s);
     uint16_t *dy = (uint16_t *)tput(&a, NULL, 2 * (size_t)(T * N));
     int n_sm = 0;
     tget_sm_count(&a, &n_sm);
-    if (a.ce == cudaSuccess) {
-        k_act_quant<<<dim3((unsigned)(K / 128), (unsigned)T), 128>>>(dx, K, q, s);
+    if (a.ce == cudaSuccess)
         launch_linear_fp8(q, s, T, f, dy, n_sm, 0);
-    }
     return tfinish(&a, y, dy, 2 * (size_t)(T * N), err, "fp8 linear");
 }
 
@@ -4920,19 +4950,17 @@ extern "C" mmoe_status gfw_test_linear_fp8_pair(const uint16_t *x, int64_t T, in
     if (st != MMOE_OK)
         return st;
     const dfp8 f0 = tput_fp8(&a, w0, scale0, N0, K, 128), f1 = tput_fp8(&a, w1, scale1, N1, K, 128);
-    uint16_t *dx = (uint16_t *)tput(&a, x, 2 * (size_t)(T * K));
-    uint8_t *q = (uint8_t *)tput(&a, NULL, (size_t)(T * K));
-    float *s = (float *)tput(&a, NULL, sizeof(float) * (size_t)(T * K / 128));
+    uint8_t *q;
+    float *s;
+    tput_quantized_x(&a, x, T, K, &q, &s);
     /* both outputs in one buffer, y0's rows then y1's */
     uint16_t *dy = (uint16_t *)tput(&a, NULL, 2 * (size_t)(T * (N0 + N1)));
     int n_sm = 0;
     tget_sm_count(&a, &n_sm);
     if (a.ce == cudaSuccess) /* NaN bits in every output until the kernel writes it */
         a.ce = cudaMemset(dy, 0xFF, 2 * (size_t)(T * (N0 + N1)));
-    if (a.ce == cudaSuccess) {
-        k_act_quant<<<dim3((unsigned)(K / 128), (unsigned)T), 128>>>(dx, K, q, s);
+    if (a.ce == cudaSuccess)
         launch_linear_fp8_pair(q, s, T, f0, dy, f1, dy + T * N0, n_sm, 0);
-    }
     if (a.ce == cudaSuccess)
         a.ce = cudaMemcpy(y1, dy + T * N0, 2 * (size_t)(T * N1), cudaMemcpyDeviceToHost);
     return tfinish(&a, y0, dy, 2 * (size_t)(T * N0), err, "fp8 linear pair");
@@ -4948,14 +4976,14 @@ extern "C" mmoe_status gfw_test_linear_fp8_tc(const gfw_test_tc_args *a_in, mmoe
     const int64_t T = t.T, K = t.K, N0 = t.N0, N1 = t.w1 != NULL ? t.N1 : 0, hc = GFW_FP8_HC_POST_HC;
     const dfp8 f0 = tput_fp8(&a, t.w0, t.scale0, N0, K, 128);
     const dfp8 f1 = t.w1 != NULL ? tput_fp8(&a, t.w1, t.scale1, N1, K, 128) : f0;
-    uint16_t *dx = (uint16_t *)tput(&a, t.x, 2 * (size_t)(T * K));
-    uint8_t *q = (uint8_t *)tput(&a, NULL, (size_t)(T * K));
-    float *s = (float *)tput(&a, NULL, sizeof(float) * (size_t)(T * K / 128));
+    uint8_t *q;
+    float *s;
+    tput_quantized_x(&a, t.x, T, K, &q, &s);
     uint16_t *dy = (uint16_t *)tput(&a, NULL, 2 * (size_t)(T * (N0 + N1)));
     gfw_tc_ws ws;
     ws.part = (float *)tput(&a, NULL, sizeof(float) * GFW_TC_PART_FLOATS);
     ws.count = (unsigned *)tput(&a, NULL, sizeof(unsigned) * GFW_TC_COUNTS);
-    fp8_hc_post hp = {NULL, NULL, NULL, 0};
+    fp8_hc_post hp = fp8_no_hc_post();
     if (t.X != NULL) {
         hp.X = (uint16_t *)tput(&a, t.X, 2 * (size_t)(T * hc * N0));
         hp.post = (const float *)tput(&a, t.post, sizeof(float) * (size_t)(T * hc));
@@ -4966,8 +4994,6 @@ extern "C" mmoe_status gfw_test_linear_fp8_tc(const gfw_test_tc_args *a_in, mmoe
     tget_sm_count(&a, &n_sm);
     if (a.ce == cudaSuccess) /* the counts start at zero, as the model's do */
         a.ce = cudaMemset(ws.count, 0, sizeof(unsigned) * GFW_TC_COUNTS);
-    if (a.ce == cudaSuccess)
-        k_act_quant<<<dim3((unsigned)(K / 128), (unsigned)T), 128>>>(dx, K, q, s);
     bool served = true;
     for (int r = 0; r < t.runs && a.ce == cudaSuccess && served; r++) {
         /* NaN bits in every output and partial until a launch writes it: a launch that finds a

@@ -225,11 +225,7 @@ __device__ __forceinline__ int tc_frag_token(int lane, int i) { return 2 * (lane
 /** Writes output @p v of token @p t, row @p n of @p j (bf16), and its hc_post where the job has one. */
 __device__ __forceinline__ void tc_store(const tc_job &j, int64_t t, int64_t n, float v)
 {
-    const uint16_t out = gfw_f2bf(v);
-    j.y[t * j.w.N + n] = out;
-    if (j.post.X != NULL) /* k_hc_post's step for channel n, from the stored bf16 (hc = 4) */
-        hc_post_channel<GFW_FP8_HC_POST_HC>(gfw_bf2f(out), j.post.X, t, n, j.w.N, GFW_FP8_HC_POST_HC, j.post.post,
-                                            j.post.comb);
+    fp8_store_output(j.y, j.post, t, n, j.w.N, v);
 }
 
 /** A unit of the launch: its job, tile (within the job and in the launch) and K block. */
@@ -544,8 +540,8 @@ static cudaError_t tc_allow_smem(void)
  */
 static bool tc_serves(const uint8_t *xq, int64_t T, const dfp8 &w)
 {
-    return T >= 1 && T <= GFW_TC_TOKENS && w.block == 128 && w.K % 128 == 0 && w.K <= 16384 &&
-           ((uintptr_t)w.w & 15) == 0 && ((uintptr_t)xq & 15) == 0;
+    return T >= 1 && T <= GFW_TC_TOKENS && fp8_blocks128(xq, w) && ((uintptr_t)xq & 15) == 0 && w.K % 128 == 0 &&
+           w.K <= 16384;
 }
 
 /** The job of k_linear_fp8_tc for @p w. */
@@ -564,15 +560,17 @@ static tc_job tc_job_for(const dfp8 &w, uint16_t *y, fp8_hc_post post)
  * in the same launch, on the tensor cores (the chapter) for T quantized rows: one wave of
  * GFW_TC_BLOCKS_PER_SM blocks on each of @p n_sm multiprocessors, the units of both shared
  * out evenly.  Returns false and launches nothing where the kernel does not serve a weight
- * (tc_serves()) or the partials do not fit @p ws.
+ * (tc_serves()), @p p0 updates another number of streams than GFW_FP8_HC_POST_HC, or the
+ * partials do not fit @p ws.
  */
 static bool launch_linear_fp8_tc(const uint8_t *xq, const float *xs, int64_t T, const dfp8 &w0, uint16_t *y0,
                                  fp8_hc_post p0, const dfp8 *w1, uint16_t *y1, const gfw_tc_ws &ws, int n_sm,
                                  cudaStream_t st)
 {
-    if (!tc_serves(xq, T, w0) || (w1 != NULL && (!tc_serves(xq, T, *w1) || w1->K != w0.K)))
+    if (!tc_serves(xq, T, w0) || (w1 != NULL && (!tc_serves(xq, T, *w1) || w1->K != w0.K)) ||
+        (p0.X != NULL && p0.hc != GFW_FP8_HC_POST_HC))
         return false;
-    const fp8_hc_post none = {NULL, NULL, NULL, 0};
+    const fp8_hc_post none = fp8_no_hc_post();
     tc_plan p;
     p.j0 = tc_job_for(w0, y0, p0);
     p.j1 = w1 != NULL ? tc_job_for(*w1, y1, none) : p.j0;
