@@ -1174,6 +1174,20 @@ static cudaError_t moe_launch_experts(const dmoe &m, const gfw_moe_work &w, cons
     return cudaGetLastError();
 }
 
+/** moe_launch_experts() for the token tile @p TT that moe_tile() chose (1, 2, 4, 8 or MOE_TT_MAX(VB)). */
+template <int VB>
+static cudaError_t moe_launch_experts_tt(int TT, const dmoe &m, const gfw_moe_work &w, const gfw_moe_io &io,
+                                         int64_t items, int64_t p0, int64_t tasks, cudaStream_t st, const char **what)
+{
+    switch (TT) {
+    case 1: return moe_launch_experts<VB, 1>(m, w, io, items, p0, tasks, st, what);
+    case 2: return moe_launch_experts<VB, 2>(m, w, io, items, p0, tasks, st, what);
+    case 4: return moe_launch_experts<VB, 4>(m, w, io, items, p0, tasks, st, what);
+    case 8: return moe_launch_experts<VB, 8>(m, w, io, items, p0, tasks, st, what);
+    default: return moe_launch_experts<VB, MOE_TT_MAX(VB)>(m, w, io, items, p0, tasks, st, what);
+    }
+}
+
 /** The MoE input's 1x128 quantization (k_moe_in) of @p io's T rows, unless the norm before staged it. */
 static cudaError_t moe_quantize_input(const dmoe &m, const gfw_moe_work &w, const gfw_moe_io &io, cudaStream_t st,
                                       const char **what)
@@ -1218,14 +1232,7 @@ static cudaError_t moe_run_vb(const dmoe &m, const gfw_moe_router &r, const gfw_
     int64_t items = tasks / TT + distinct;
     if (items > tasks)
         items = tasks;
-    switch (TT) {
-    case 1: ce = moe_launch_experts<VB, 1>(m, w, io, items, 0, tasks, st, what); break;
-    case 2: ce = moe_launch_experts<VB, 2>(m, w, io, items, 0, tasks, st, what); break;
-    case 4: ce = moe_launch_experts<VB, 4>(m, w, io, items, 0, tasks, st, what); break;
-    case 8: ce = moe_launch_experts<VB, 8>(m, w, io, items, 0, tasks, st, what); break;
-    default: ce = moe_launch_experts<VB, MOE_TT_MAX(VB)>(m, w, io, items, 0, tasks, st, what); break;
-    }
-    return ce;
+    return moe_launch_experts_tt<VB>(TT, m, w, io, items, 0, tasks, st, what);
 }
 
 /**
@@ -1256,14 +1263,7 @@ static cudaError_t moe_run_split(const dmoe &m, const gfw_moe_router &r, const g
     if ((ce = cudaGetLastError()) != cudaSuccess)
         return ce;
     const int64_t items = (T + TT - 1) / TT;
-    switch (TT) {
-    case 1: ce = moe_launch_experts<VB, 1>(m, ws, io, items, T * m.k, T, side, what); break;
-    case 2: ce = moe_launch_experts<VB, 2>(m, ws, io, items, T * m.k, T, side, what); break;
-    case 4: ce = moe_launch_experts<VB, 4>(m, ws, io, items, T * m.k, T, side, what); break;
-    case 8: ce = moe_launch_experts<VB, 8>(m, ws, io, items, T * m.k, T, side, what); break;
-    default: ce = moe_launch_experts<VB, MOE_TT_MAX(VB)>(m, ws, io, items, T * m.k, T, side, what); break;
-    }
-    if (ce != cudaSuccess)
+    if ((ce = moe_launch_experts_tt<VB>(TT, m, ws, io, items, T * m.k, T, side, what)) != cudaSuccess)
         return ce;
     *what = "moe: the shared expert's stream";
     if ((ce = cudaEventRecord(join, side)) != cudaSuccess)
