@@ -1,0 +1,207 @@
+/**
+ * @file stream_probe.cu
+ * @brief How fast one H200 reads a weight it has not seen: the floor under every weight-streaming
+ *        kernel of a decode step, measured apart from the project's kernels.
+ *
+ * A decode step reads each weight once, cold (nothing of it in the L2), in kernels of a few to a
+ * few hundred megabytes.  The copy bandwidth of a large transfer says little about such
+ * kernels: a launch, the ramp until enough requests are in flight, and the tail of the last
+ * blocks cost a fixed time that a 32 MB read does not amortize.  This probe times, with CUDA
+ * events and the L2 flushed by a 256 MB memset before each run (best of 20):
+ *
+ * - reads of S = 8 .. 512 MB by plain 16-byte loads over a grid of 4 blocks of 512 threads per
+ *   multiprocessor (more blocks did not read faster);
+ * - the 32 MB of a [32768, 1024] byte matrix by 2-D TMA boxes through a ring of stages per
+ *   block (one thread issues, one thread waits and gives each stage back), for several box
+ *   shapes, ring depths and grids: whether the copy engine reads faster than loads;
+ * - four 32 MB reads as four launches back to back against one 128 MB read: the fixed cost
+ *   of a launch.
+ *
+ * Build and run on the device (not part of the project's build):
+ *
+ *     nvcc -std=c++17 -O3 -arch=sm_90a -o /tmp/stream_probe tools/stream_probe.cu && /tmp/stream_probe
+ */
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define CK(x)                                                                                                          \
+    do {                                                                                                               \
+        cudaError_t e_ = (x);                                                                                          \
+        if (e_ != cudaSuccess) {                                                                                       \
+            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));                               \
+            return 1;                                                                                                  \
+        }                                                                                                              \
+    } while (0)
+
+/** Read n 16-byte words; the XOR of all keeps the loads alive. */
+__global__ void k_ldg(const uint4 *p, size_t n, unsigned *out)
+{
+    unsigned acc = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint4 v = __ldg(p + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x12345678u)
+        *out = acc;
+}
+
+__device__ __forceinline__ uint32_t sa(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void wait_parity(uint64_t *bar, int parity)
+{
+    asm volatile("{.reg .pred p; W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1; @!p bra W;}" ::"r"(sa(bar)),
+                 "r"(parity)
+                 : "memory");
+}
+
+/** Units (BOXR rows x BOXK bytes) [b * per, (b + 1) * per) of the matrix, row-tile-major, through a ring of STAGES. */
+template <int STAGES, int BOXK, int BOXR>
+__global__ void __launch_bounds__(64) k_tma(const __grid_constant__ CUtensorMap map, int nb, int total, int per,
+                                            unsigned *out)
+{
+    extern __shared__ uint8_t raw[];
+    uint8_t *ring = (uint8_t *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
+    __shared__ uint64_t full[STAGES], empty[STAGES];
+    const int tid = threadIdx.x, bytes = BOXK * BOXR, u0 = blockIdx.x * per;
+    const int u1 = u0 + per < total ? u0 + per : total;
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(sa(full + s)));
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(sa(empty + s)));
+        }
+        asm volatile("fence.proxy.async.shared::cta;");
+    }
+    __syncthreads();
+    if (tid == 32) {
+        for (int u = u0, s = 0, n = 0; u < u1; u++) {
+            if (n > 0)
+                wait_parity(empty + s, (n - 1) & 1);
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(sa(full + s)), "r"(bytes));
+            asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, "
+                         "{%2, %3}], [%4];" ::"r"(sa(ring + s * bytes)),
+                         "l"((uint64_t)&map), "r"((u % nb) * BOXK), "r"((u / nb) * BOXR), "r"(sa(full + s))
+                         : "memory");
+            if (++s == STAGES) {
+                s = 0;
+                n++;
+            }
+        }
+    } else if (tid == 0) {
+        unsigned acc = 0;
+        for (int u = u0, s = 0, ph = 0; u < u1; u++) {
+            wait_parity(full + s, ph);
+            acc ^= *(volatile unsigned *)(ring + s * bytes);
+            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(sa(empty + s)) : "memory");
+            if (++s == STAGES) {
+                s = 0;
+                ph ^= 1;
+            }
+        }
+        if (acc == 0x12345678u)
+            *out = acc;
+    }
+}
+
+typedef CUresult (*encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                              const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/** What every timing needs: the events, the flush buffer, the sink. */
+struct probe {
+    cudaEvent_t a, b;
+    uint8_t *flush;
+    unsigned *out;
+    int n_sm;
+};
+
+/** Best time (ms) of 20 runs of launching @p launches reads of @p bytes each from @p w (loads), the L2 flushed first. */
+static int time_ldg(const probe &p, const uint8_t *w, size_t bytes, int launches, float *best)
+{
+    *best = 1e9f;
+    for (int r = 0; r < 20; r++) {
+        CK(cudaMemsetAsync(p.flush, r, (size_t)256 << 20));
+        CK(cudaEventRecord(p.a));
+        for (int l = 0; l < launches; l++)
+            k_ldg<<<p.n_sm * 4, 512>>>((const uint4 *)(w + l * bytes), bytes / 16, p.out);
+        CK(cudaEventRecord(p.b));
+        CK(cudaEventSynchronize(p.b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, p.a, p.b));
+        *best = ms < *best ? ms : *best;
+    }
+    return cudaGetLastError() == cudaSuccess ? 0 : 1;
+}
+
+template <int STAGES, int BOXK, int BOXR>
+static int time_tma(const probe &p, encode_fn enc, uint8_t *w, int64_t N, int64_t K, int blocks, CUtensorMapSwizzle sw)
+{
+    CUtensorMap map;
+    const cuuint64_t dim[2] = {(cuuint64_t)K, (cuuint64_t)N}, stride[1] = {(cuuint64_t)K};
+    const cuuint32_t box[2] = {BOXK, BOXR}, es[2] = {1, 1};
+    if (enc(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, w, dim, stride, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, sw,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+        fprintf(stderr, "cuTensorMapEncodeTiled failed\n");
+        return 1;
+    }
+    const int nb = (int)(K / BOXK), total = (int)(N / BOXR) * nb, per = (total + blocks - 1) / blocks;
+    const int smem = STAGES * BOXK * BOXR + 1024;
+    CK(cudaFuncSetAttribute(k_tma<STAGES, BOXK, BOXR>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    float best = 1e9f;
+    for (int r = 0; r < 20; r++) {
+        CK(cudaMemsetAsync(p.flush, r, (size_t)256 << 20));
+        CK(cudaEventRecord(p.a));
+        k_tma<STAGES, BOXK, BOXR><<<(total + per - 1) / per, 64, smem>>>(map, nb, total, per, p.out);
+        CK(cudaEventRecord(p.b));
+        CK(cudaEventSynchronize(p.b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, p.a, p.b));
+        best = ms < best ? ms : best;
+    }
+    CK(cudaGetLastError());
+    printf("tma  32 MB, box %3d x %3d, %2d stages, %4d blocks (%2d units each), swizzle %d: %6.2f us, %.2f TB/s\n", BOXK,
+           BOXR, STAGES, (total + per - 1) / per, per, (int)sw, best * 1e3, N * K / (best * 1e-3) / 1e12);
+    return 0;
+}
+
+int main(void)
+{
+    const size_t big = (size_t)512 << 20;
+    probe p;
+    uint8_t *w;
+    CK(cudaMalloc(&w, big));
+    CK(cudaMalloc(&p.flush, (size_t)256 << 20));
+    CK(cudaMalloc(&p.out, 4));
+    CK(cudaMemset(w, 1, big));
+    CK(cudaDeviceGetAttribute(&p.n_sm, cudaDevAttrMultiProcessorCount, 0));
+    CK(cudaEventCreate(&p.a));
+    CK(cudaEventCreate(&p.b));
+    for (size_t mb = 8; mb <= 512; mb *= 2) {
+        float ms;
+        if (time_ldg(p, w, mb << 20, 1, &ms))
+            return 1;
+        printf("ldg %3zu MB, one launch:  %7.2f us, %.2f TB/s\n", mb, ms * 1e3, (double)(mb << 20) / (ms * 1e-3) / 1e12);
+    }
+    float ms;
+    if (time_ldg(p, w, (size_t)32 << 20, 4, &ms))
+        return 1;
+    printf("ldg 4 x 32 MB, four launches: %7.2f us, %.2f TB/s\n", ms * 1e3, (double)(128 << 20) / (ms * 1e-3) / 1e12);
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q;
+    CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
+    if (q != cudaDriverEntryPointSuccess || fn == NULL) {
+        fprintf(stderr, "no cuTensorMapEncodeTiled\n");
+        return 1;
+    }
+    const encode_fn enc = (encode_fn)fn;
+    const int64_t N = 32768, K = 1024;
+    const CUtensorMapSwizzle S = CU_TENSOR_MAP_SWIZZLE_128B, Z = CU_TENSOR_MAP_SWIZZLE_NONE;
+    int bad = 0;
+    bad |= time_tma<6, 128, 64>(p, enc, w, N, K, p.n_sm * 2, S);
+    bad |= time_tma<6, 128, 64>(p, enc, w, N, K, p.n_sm * 4, S);
+    bad |= time_tma<12, 128, 64>(p, enc, w, N, K, p.n_sm * 2, S);
+    bad |= time_tma<4, 128, 128>(p, enc, w, N, K, p.n_sm * 2, S);
+    bad |= time_tma<6, 256, 64>(p, enc, w, N, K, p.n_sm * 2, Z);
+    return bad;
+}
