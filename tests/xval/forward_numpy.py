@@ -739,7 +739,7 @@ def main(argv):
     # blocks and the indexer's top-k) to later rows at the level of a few percent.  So the test accepts:
     #   - bit-exact logits, or
     #   - a divergence that starts like a rounding flip: every row before the first differing one is
-    #     bit-exact, that first row is within FLIP_SEED relative (a flip seen there: 1e-3 .. 7e-2),
+    #     bit-exact, that first row is within FLIP_SEED relative (a flip seen there: 1e-3 .. 1.9e-1),
     #     80% of all rows are within 0.25 and the argmax agrees on 80% of the rows (a screen for gross errors
     #     only: the C test then requires a bit-exact model, see below).
     # A wrong formula (stream index, norm, rope, a missing round trip, wrong block order) changes the first
@@ -756,8 +756,9 @@ def main(argv):
     # the bulk criteria on the rest); 1 anything else.  A flip-like run is not a pass by itself: the C test
     # (tests/test_forward_xval.c) then draws another random model and requires a bit-exact one among a few,
     # because a wrong formula makes every model differ while a flip touches about one run in five.  The first-row
-    # bound is therefore only a screen for gross errors (flips were seen up to 7e-2 there).
-    FLIP_SEED = 0.15
+    # bound is therefore only a screen for gross errors: flips were seen up to 1.9e-1 there (row 12 of seed
+    # 2219616774377253, in the sanitizer build, where NumPy's transcendentals stand in for the C library's).
+    FLIP_SEED = 0.3
     ok = True
     exact = True
     main_first = None
