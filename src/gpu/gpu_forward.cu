@@ -22,7 +22,7 @@
  * | k_linear_fp8_128_split | exact block partials, fp32 scaled sum in block order; grid per SM count | yes |
  * | k_linear_fp8_tokens | the same from 8 tokens on, FP64 tensor-core partials [gpu_linear_fp8_tokens.cuh] | yes |
  * | k_linear_fp8      | the same for other scale blocks (one warp per output)   | yes    |
- * | k_linear_fp8_tc   | the `tc` recipe, 1 to 8 tokens: F16 MMA block partials [gpu_linear_fp8_tc.cuh] | bound |
+ * | k_linear_fp8_tc   | the `tc` recipe, 1 to 8 tokens: F16 wgmma block partials, sm_90a [gpu_linear_fp8_tc.cuh] | bound |
  * | k_linear_dense_split | double dot in the chunked pairwise order [linear_dense.c] | yes  |
  * | k_linear_dense_tokens | the same from 8 tokens on, a weight chunk for 8 tokens [gpu_linear_dense_tokens.cuh] | yes |
  * | k_linear_dense_f8_rows | the same below 8 tokens for an FP8 weight, the scale staged with x [gpu_linear_dense_f8_rows.cuh] | yes |
@@ -51,7 +51,8 @@
  * where a call of 1 to 8 tokens (decode, MTP) runs k_linear_fp8_tc, whose block partials the
  * tensor cores sum in FP32 (within 2^-14 A of the oracle before the BF16 rounding, A the dot
  * product of the absolute dequantized values: @ref spec_arch_linear), and longer calls stay
- * exact.  The recipe changes only which kernel computes the linears (wq_a with wkv, wq_b and the
+ * exact; `tc` is refused on devices other than compute capability 9.x (its kernel is a wgmma
+ * kernel, built for sm_90a only).  The recipe changes only which kernel computes the linears (wq_a with wkv, wq_b and the
  * indexer's, wo_b with its hc_post, the MTP's); a captured decode graph is dropped when it
  * changes.
  *
@@ -3816,6 +3817,8 @@ extern "C" mmoe_status gfw_model_create_part(const mmoe_model *m, const gfw_ep_p
     mmoe_gpu_fp8_linears fp8_linears = MMOE_GPU_FP8_LINEARS_EXACT;
     if ((st = mmoe_gpu_fp8_linears_env(&fp8_linears, err)) != MMOE_OK)
         return st;
+    if (fp8_linears == MMOE_GPU_FP8_LINEARS_TC && (st = tc_device_check(err)) != MMOE_OK)
+        return st;
     mmoe_gpu_model_bytes need;
     st = gfw_model_bytes_part(m, part, max_seq_len, max_tokens, &need, err);
     if (st != MMOE_OK)
@@ -4051,6 +4054,11 @@ extern "C" mmoe_status mmoe_gpu_model_set_fp8_linears(mmoe_gpu_model *g, mmoe_gp
 {
     if (r != MMOE_GPU_FP8_LINEARS_EXACT && r != MMOE_GPU_FP8_LINEARS_TC)
         return mmoe_error_set(err, MMOE_EINVAL, "fp8 linears: recipe %d is neither exact nor tc", (int)r);
+    if (r == MMOE_GPU_FP8_LINEARS_TC) {
+        const mmoe_status st = tc_device_check(err);
+        if (st != MMOE_OK)
+            return st;
+    }
     if (r != g->fp8_linears && g->graph_exec != NULL) { /* the graph holds the other recipe's kernels */
         cudaGraphExecDestroy(g->graph_exec);
         g->graph_exec = NULL;
@@ -4973,6 +4981,10 @@ extern "C" mmoe_status gfw_test_linear_fp8_tc(const gfw_test_tc_args *a_in, mmoe
     mmoe_status st = tbegin(&a, err);
     if (st != MMOE_OK)
         return st;
+    if ((st = tc_device_check(err)) != MMOE_OK) {
+        tfinish(&a, NULL, NULL, 0, err, "fp8 linear (tc)");
+        return st;
+    }
     const int64_t T = t.T, K = t.K, N0 = t.N0, N1 = t.w1 != NULL ? t.N1 : 0, hc = GFW_FP8_HC_POST_HC;
     const dfp8 f0 = tput_fp8(&a, t.w0, t.scale0, N0, K, 128);
     const dfp8 f1 = t.w1 != NULL ? tput_fp8(&a, t.w1, t.scale1, N1, K, 128) : f0;

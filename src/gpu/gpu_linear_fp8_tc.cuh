@@ -10,8 +10,8 @@
  * partial \f$p_\kappa = \sum_i \hat q_{x,i} \hat q_{w,i}\f$ exactly and rounds it once to FP32.
  * The exact kernels reproduce that bit for bit (k_linear_fp8_128_split: every weight code
  * becomes a double by bit moves and costs one DFMA), and at one token they are bound by
- * instruction issue, not by memory: about 255 instructions per kilobyte of weights and warp,
- * 1.4 to 1.9 TB/s (docs/perf.md, "Tenth pass").  A tensor core takes 4096 products in one
+ * instruction issue rather than by memory: about 255 instructions per kilobyte of weights and
+ * warp, 1.4 to 1.9 TB/s (docs/perf.md, "Tenth pass").  A tensor core takes 4096 products in one
  * instruction, but it adds them in FP32 in an order and with a truncation the hardware does not
  * specify, so no CPU loop can match its bits: this kernel is a *recipe* of its own, chosen by
  * the forward's setting (#MMOE_GPU_FP8_LINEARS_ENV, mmoe_gpu_model_fp8_linears()), and tested
@@ -23,12 +23,12 @@
  * (k_act_quant) and of the weight, the term \f$t_\kappa = \tilde p_\kappa \cdot (s_x s_w)\f$
  * in FP32, the terms added in FP32, the output rounded to BF16 (and, for the attention's
  * wo_b, k_hc_post's update of the streams from the stored BF16, hc_post_channel()).
- * \f$\tilde p_\kappa\f$ is the sum of the block's 128 products by eight
- * `mma.sync.m16n8k16` F16 MMAs with FP32 accumulation (two chains of four from \f$+0\f$,
+ * \f$\tilde p_\kappa\f$ is the sum of the block's 128 products by eight F16 MMA steps of 16
+ * products each (`wgmma.m64n8k16` with FP32 accumulation, two chains of four from \f$+0\f$,
  * added): every E4M3 value is an F16 value exactly (`cvt.rn.f16x2.e4m3x2`, NaN codes to NaN),
  * and a product of two F16 values is exact in the tensor core.  The terms of a row are added
- * in ascending block order within each warp's run of blocks, and the runs' sums in ascending
- * K (a tile summed by one warp: the oracle's order of the terms).
+ * in ascending block order within each block's chunk of K, and the chunks' sums in ascending K
+ * (a tile summed by one block: the oracle's order of the terms).
  *
  * ## The bound
  *
@@ -63,101 +63,86 @@
  *
  * ## Data layout
  *
- * A *tile* is 16 weight rows (the MMA's M) for all T <= 8 tokens (the MMA's N: tokens past T
- * are columns whose sums are never stored), a *unit* one tile's 128-wide K block: 2 KB of codes.
- * Lane \f$4g + t\f$ holds the 32 codes \f$[16t, 16t + 16) \cup [64 + 16t, 80 + 16t)\f$ of the
- * block from rows \f$g\f$ and \f$g + 8\f$ of the tile and from token \f$g\f$'s x (so that
- * the four lanes of a row copy 64 contiguous bytes, whole 32-byte sectors, with each
- * instruction), and uses word \f$m\f$ of them in MMA step \f$m\f$: its low two codes as
- * the fragment's \f$k = 2t, 2t+1\f$, its high two as \f$k = 2t + 8, 2t + 9\f$.  A dot
- * product does not depend on the order of its K, so weight and x need only agree, and they do:
- * both take the same permutation, which lets every lane copy whole 16-byte pieces of a row (no
- * shuffle of the checkpoint's layout, no second copy of the weight).  A unit costs a lane four
- * 16-byte copies, four shared loads, two loads of x (an L2 hit), 48 conversions and 8 MMAs;
- * with the bookkeeping, Nsight Compute counts about 320 warp instructions a unit (2 KB of
- * weights), against about 510 for the exact kernel's same 2 KB, and the kernel is bound by
- * latency rather than by issue or memory (docs/perf.md, "Fourteenth pass").
+ * A *tile* is 64 weight rows (the wgmma's M: warp w of the consumer warpgroup holds rows
+ * 16w..16w+15), a *unit* one tile's 128-wide K block (8 KB of codes): row r of the unit sits in
+ * the ring stage at bytes [128 r, 128 r + 128), its 16-byte chunk c at position c XOR (r mod 8)
+ * (the TMA copy's 128-byte swizzle, which also keeps a quarter-warp's loads on
+ * distinct banks).  Lane \f$4g + t\f$ of warp w reads the 32 codes
+ * \f$[32t, 32t + 32)\f$ of rows \f$16w + g\f$ and \f$16w + g + 8\f$ and uses word m of them in
+ * step m: its low two codes as the fragment's \f$k = 2t, 2t+1\f$, its high two as
+ * \f$k = 2t+8, 2t+9\f$.  So step m's logical k is the block's code
+ * \f[ \mathrm{code}(m, k) = 32 \lfloor (k \bmod 8) / 2 \rfloor + 4m + 2 \lfloor k / 8 \rfloor + (k \bmod 2), \f]
+ * and x is stored in the same order: a dot product does not depend on the order of its K, only
+ * weight and x must agree.  x (all T <= 8 tokens, tokens past T zero) is converted to F16 once
+ * per block into shared memory, two 128-byte-swizzled tiles of 8 rows per K block (gpu_wgmma.cuh:
+ * step m reads tile m / 4 at byte offset 32 (m mod 4)), for the K blocks the block's range
+ * touches (at most GFW_TC_XBLOCKS: tc_job_for() cuts K so).
  *
- * ## One wave, a copy ring per warp
+ * ## Roles
  *
- * The grid is one wave (GFW_TC_BLOCKS_PER_SM blocks of GFW_TC_WARPS warps on every
- * multiprocessor), and the launch's units, tile-major (the first linear's tiles, then the
- * second's: wq_a with wkv), are shared out evenly: warp w streams units
- * \f$[\lfloor wU/W \rfloor, \lfloor (w+1)U/W \rfloor)\f$ (tc_plan) through a ring of
- * GFW_TC_RING slots in shared memory filled by cp.async, GFW_TC_RING - 1 units (6 KB) in
- * flight while it sums one, the first ones copied before the kernel waits for the one before it
- * (a weight is no kernel's output).  Each lane copies and later reads only its own bytes, so
- * its `cp.async.wait_group` is the whole synchronisation.  A warp adds its terms in ascending
- * K while its units stay in one tile; where its run ends, the run is either the whole tile
- * (the output is stored: the oracle's order of the terms) or a part of it, written to the
- * tile's slot for that warp (a range has at most two such runs, its first and its last).  When
- * its range is done, and so no copy of its ring is in flight, the warp counts its partial runs
- * (an atomic add with release semantics per tile: the fence it implies would otherwise wait for
- * the ring's copies); the warp that counts a tile last adds the slots in ascending K, stores,
- * and resets the count for the next launch.  The partials and counts (gfw_tc_ws) belong to
- * the model.
+ * A block is one consumer warpgroup and one producer warp.  The producer's first thread streams
+ * the block's units with one 2-D TMA copy each (tma_load_2d(), a 128 x 64
+ * box of the weight's own [N, K] layout, described by a tensor map made at launch) into a ring
+ * of GFW_TC_STAGES stages; an mbarrier per stage counts the bytes in, another the consumer warps
+ * out.  It starts before the kernel waits for the one before it: a weight is no kernel's output.
+ * The consumers wait for the previous kernel, convert x, then per unit: wait for the stage, read
+ * their 32 codes of two rows, give the stage back, convert, and issue the 8 wgmmas; the next
+ * unit's codes are read and converted while the wgmmas run (two fragment sets take turns).
+ *
+ * ## Work
+ *
+ * Where a linear has at least as many tiles as its share of the grid (GFW_TC_BLOCKS_PER_SM
+ * blocks on every multiprocessor; wq_b, 512 tiles), blocks take whole tiles and no partial sum
+ * exists.  Otherwise each tile's K blocks are cut into equal chunks, one block a chunk (wo_b: 4
+ * chunks of 16; wq_a with wkv: 8 of 4), each chunk's sums go to its slot, and the tile's last
+ * block to count (an acquire-release atomic per tile, after a barrier of the consumers) adds
+ * the slots in ascending K, stores, and resets the count for the next launch.  An earlier
+ * version shared the units out evenly instead, so that nearly every tile was split between two
+ * blocks: the count and the last block's reads at the end of almost every block made wq_b 22 us
+ * instead of 14 (docs/perf.md, "Fifteenth pass").  The partials and counts (gfw_tc_ws) belong
+ * to the model.
  */
 #ifndef MMOE_GPU_LINEAR_FP8_TC_CUH
 /** Include guard (this file is included in the middle of gpu_forward.cu). */
 #define MMOE_GPU_LINEAR_FP8_TC_CUH
 
-/** Warps of one k_linear_fp8_tc block (each works alone). */
-#define GFW_TC_WARPS 4
-/** Blocks of k_linear_fp8_tc per multiprocessor: the grid is one wave of them. */
-#define GFW_TC_BLOCKS_PER_SM 5
-/** Weight rows of a tile: the MMA's M. */
-#define GFW_TC_ROWS 16
-/** Most tokens of a call: the MMA's N. */
-#define GFW_TC_TOKENS 8
-/** Fewest units a warp streams where the wave would give it fewer (launch_linear_fp8_tc()). */
+#include "gpu_wgmma.cuh"
+
+#include <cuda.h>
+
+/** Weight rows of a tile: the wgmma's M. */
+#define GFW_TC_ROWS 64
+/** Stages of the weight ring. */
+#define GFW_TC_STAGES 6
+/** Bytes between two rows of a ring stage (the 128-byte swizzle's row). */
+#define GFW_TC_PITCH 128
+/** Bytes of a ring stage. */
+#define GFW_TC_STAGE_BYTES (GFW_TC_ROWS * GFW_TC_PITCH)
+/** K blocks of x a block holds (the most its chunk of K spans). */
+#define GFW_TC_XBLOCKS 16
+/** Threads: the consumer warpgroup, then the producer warp. */
+#define GFW_TC_THREADS 160
+/** Blocks per multiprocessor: the grid's wave. */
+#define GFW_TC_BLOCKS_PER_SM 2
+/** Fewest K blocks of a chunk where a tile is cut (tc_job_for()). */
 #define GFW_TC_MIN_UNITS 4
-/** Units (a tile's K block, 2 KB of codes) in a warp's copy ring: GFW_TC_RING - 1 in flight while one is summed. */
-#define GFW_TC_RING 4
-/** Bytes of one ring slot: a lane's four 16-byte pieces (rows g and g + 8, two each), for 32 lanes. */
-#define GFW_TC_SLOT_BYTES (4 * 16 * 32)
+/** Dynamic shared memory: x, the ring, x's scales, the barriers, a broadcast word, and the slack to align x to 1 KB. */
+#define GFW_TC_SMEM                                                                                                    \
+    (GFW_TC_XBLOCKS * 2048 + GFW_TC_STAGES * GFW_TC_STAGE_BYTES + GFW_TC_XBLOCKS * 8 * 128 + GFW_TC_XBLOCKS * 8 * 4 +   \
+     GFW_TC_STAGES * 16 + 16 + 1024)
+
+/** Most tokens of a call: the wgmma's N. */
+#define GFW_TC_TOKENS 8
 /** Floats of the partials buffer (gfw_tc_ws::part): 4 MB. */
 #define GFW_TC_PART_FLOATS (1 << 20)
 /** Counts of the partials buffer (gfw_tc_ws::count): tiles of one launch. */
 #define GFW_TC_COUNTS 8192
 
-/** The model's work space of k_linear_fp8_tc: partial sums of shared tiles and a count per tile (zero between launches). */
+/** The model's work space of k_linear_fp8_tc: partial sums of split tiles and a count per tile (zero between launches). */
 struct gfw_tc_ws {
     float *part;     /**< GFW_TC_PART_FLOATS floats */
     unsigned *count; /**< GFW_TC_COUNTS counts, zero between launches */
 };
-
-/** One linear of a k_linear_fp8_tc launch. */
-struct tc_job {
-    dfp8 w;           /**< the weight (128x128 scale blocks) */
-    uint16_t *y;      /**< its output [T, w.N] */
-    fp8_hc_post post; /**< an hc_post of the output after it is written, or none (X NULL) */
-    int64_t tiles;    /**< ceil(N / GFW_TC_ROWS) */
-};
-
-/**
- * How a k_linear_fp8_tc launch shares its units out: U = (tiles of both jobs) x nb units in
- * tile-major order (j0's tiles, then j1's), warp w of W <= U takes units
- * [floor(w U / W), floor((w + 1) U / W)), at least one.
- */
-struct tc_plan {
-    tc_job j0;        /**< the first linear */
-    tc_job j1;        /**< the second (j1.tiles = 0: none) */
-    int nb;           /**< K blocks of both (the same K) */
-    int64_t units;    /**< U */
-    int64_t warps;    /**< W */
-    int slots;        /**< partial slots per tile: the most warps one tile can span */
-    float *part;      /**< [tiles, slots, 16 rows, 8 tokens] */
-    unsigned *count;  /**< [tiles] */
-};
-
-/** First unit of warp @p w. */
-__host__ __device__ __forceinline__ int64_t tc_unit0(const tc_plan &p, int64_t w) { return w * p.units / p.warps; }
-
-/** The warp whose range holds unit @p u: the largest w with tc_unit0(w) <= u. */
-__host__ __device__ __forceinline__ int64_t tc_warp_of(const tc_plan &p, int64_t u)
-{
-    return ((u + 1) * p.warps + p.units - 1) / p.units - 1;
-}
 
 /**
  * Four E4M3 codes (a word, code 0 lowest) as two F16 pairs: codes 0, 1 into @p lo, codes 2, 3
@@ -170,367 +155,356 @@ __device__ __forceinline__ void tc_e4m3x4_f16(uint32_t w, uint32_t &lo, uint32_t
         : "r"(w));
 }
 
-/** d += A B, one m16n8k16 F16 MMA with FP32 accumulation (fragments in the PTX layout). */
-__device__ __forceinline__ void tc_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                       uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                 "{%0, %1, %2, %3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-/** A lane's 32 codes of one K block for one row or token: two 16-byte pieces, 64 codes apart. */
-struct tc_codes {
-    uint4 lo; /**< codes 0..15: piece 0 */
-    uint4 hi; /**< codes 16..31: piece 1 */
-};
-
-/** Word @p m (0..7) of a lane's 32 codes. */
-__device__ __forceinline__ uint32_t tc_word(const tc_codes &c, int m)
-{
-    const uint4 &q = m < 4 ? c.lo : c.hi;
-    const int i = m & 3;
-    return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
-}
 
 /**
- * The block partials of the tile's rows g and g + 8 (@p r0, @p r1) and token g's x (@p xv)
- * for tokens 2t, 2t + 1 into @p d (d[0], d[1]: row g; d[2], d[3]: row g + 8): word m of each
- * lane's codes in MMA step m (the chapter's K permutation), the even steps and the odd ones in
- * two chains from +0 (half the dependent MMAs), added at the end.
+ * One linear of a k_linear_fp8_tc launch and its blocks.  Its tiles are either shared out whole
+ * (splits = 1: block b takes tiles [b tpc, (b + 1) tpc), all K blocks: no partial sums at all),
+ * or each tile's K blocks are cut into `splits` chunks of `chunk` blocks (the last may be
+ * shorter), block b taking chunk b mod splits of tile b / splits; the tile's last block to
+ * count adds the chunks' partials in order.
  */
-__device__ __forceinline__ void tc_block_partials(const tc_codes &r0, const tc_codes &r1, const tc_codes &xv,
-                                                  float (&d)[4])
-{
-    float e[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-#pragma unroll
-    for (int m = 0; m < 8; m++) {
-        uint32_t a0, a2, a1, a3, b0, b1;
-        tc_e4m3x4_f16(tc_word(r0, m), a0, a2);
-        tc_e4m3x4_f16(tc_word(r1, m), a1, a3);
-        tc_e4m3x4_f16(tc_word(xv, m), b0, b1);
-        tc_mma(e[m & 1], a0, a1, a2, a3, b0, b1);
-    }
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-        d[i] = __fadd_rn(e[0][i], e[1][i]);
-}
-
-/** The row (g or g + 8, within the tile) of output @p i (0..3) of a lane's fragment. */
-__device__ __forceinline__ int tc_frag_row(int lane, int i) { return (lane >> 2) + (i >= 2 ? 8 : 0); }
-/** The token (2t or 2t + 1) of output @p i of a lane's fragment. */
-__device__ __forceinline__ int tc_frag_token(int lane, int i) { return 2 * (lane & 3) + (i & 1); }
-
-/** Writes output @p v of token @p t, row @p n of @p j (bf16), and its hc_post where the job has one. */
-__device__ __forceinline__ void tc_store(const tc_job &j, int64_t t, int64_t n, float v)
-{
-    fp8_store_output(j.y, j.post, t, n, j.w.N, v);
-}
-
-/** A unit of the launch: its job, tile (within the job and in the launch) and K block. */
-struct tc_unit {
-    bool second; /**< j1's */
-    int tile;    /**< within its job */
-    int gtile;   /**< in the launch (fewer than GFW_TC_COUNTS) */
-    int kb;      /**< K block */
+struct tc_job {
+    CUtensorMap map;  /**< the weight's codes as a 2-D tensor (K bytes x N rows), boxes of 128 x 64, 128-byte swizzle */
+    dfp8 w;           /**< the weight (128x128 scale blocks) */
+    uint16_t *y;      /**< its output [T, w.N] */
+    fp8_hc_post post; /**< an hc_post of the output after it is written, or none (X NULL) */
+    int tiles;        /**< ceil(N / GFW_TC_ROWS) */
+    int splits;       /**< K chunks a tile (1: whole tiles) */
+    int chunk;        /**< K blocks of a chunk */
+    int tpc;          /**< tiles a block where splits = 1 */
+    int blocks;       /**< blocks of the job (0: no second linear) */
+    float *part;      /**< [tiles, splits, 64 rows, 8 tokens] where splits > 1 */
+    unsigned *count;  /**< [tiles], zero between launches */
 };
 
-/** Unit @p u of the plan (two divisions: once a warp). */
-__device__ __forceinline__ tc_unit tc_unit_at(const tc_plan &p, int64_t u)
+/** A k_linear_fp8_tc launch: one or two linears of the same x (the second one's blocks after the first one's). */
+struct tc_plan {
+    tc_job j0; /**< the first linear */
+    tc_job j1; /**< the second (j1.blocks = 0: none) */
+    int nb;    /**< K blocks of both (the same K) */
+};
+
+/** Units [*u0, *u1) (tile-major, a unit a tile's K block) of block @p b of @p j. */
+__host__ __device__ __forceinline__ void tc_range(const tc_job &j, int nb, int64_t b, int *u0, int *u1)
 {
-    tc_unit x;
-    x.gtile = (int)(u / p.nb);
-    x.kb = (int)(u % p.nb);
-    x.second = x.gtile >= p.j0.tiles;
-    x.tile = x.second ? x.gtile - (int)p.j0.tiles : x.gtile;
-    return x;
+    if (j.splits == 1) {
+        const int64_t t1 = (b + 1) * j.tpc < j.tiles ? (b + 1) * j.tpc : j.tiles;
+        *u0 = (int)(b * j.tpc * nb);
+        *u1 = (int)(t1 * nb);
+    } else {
+        const int64_t tile = b / j.splits, c = b % j.splits;
+        const int64_t k1 = (c + 1) * j.chunk < nb ? (c + 1) * j.chunk : nb;
+        *u0 = (int)(tile * nb + c * j.chunk);
+        *u1 = (int)(tile * nb + k1);
+    }
 }
 
-/** The unit after @p x (the next K block, or the next tile's first). */
-__device__ __forceinline__ tc_unit tc_unit_next(const tc_plan &p, tc_unit x)
+/** Barrier of the consumer warpgroup alone (named barrier 1; the producer warp may have left). */
+__device__ __forceinline__ void tc_consumers_sync() { asm volatile("bar.sync 1, 128;\n" ::: "memory"); }
+
+
+/** The shared memory of a k_linear_fp8_tc block (carved from the dynamic allocation). */
+struct tc_smem {
+    uint8_t *xh;     /**< x as F16, [GFW_TC_XBLOCKS][2 tiles][8 rows][128 bytes], 128-byte swizzle */
+    uint8_t *ring;   /**< [GFW_TC_STAGES][GFW_TC_STAGE_BYTES] weight codes */
+    uint8_t *xc;     /**< x's codes, [GFW_TC_XBLOCKS][8 tokens][128] */
+    float *xsc;      /**< [GFW_TC_XBLOCKS][8] x scales */
+    uint64_t *full;  /**< [GFW_TC_STAGES] a stage's bytes have landed */
+    uint64_t *empty; /**< [GFW_TC_STAGES] the consumers are done with a stage */
+    unsigned *bcast; /**< the count a block's thread 0 read */
+};
+
+/** Carve tc_smem from @p raw (x aligned to 1 KB for the swizzle). */
+__device__ __forceinline__ tc_smem tc_carve(uint8_t *raw)
 {
-    if (++x.kb == p.nb) {
-        x.kb = 0;
-        x.gtile++;
-        x.tile++;
-        if (!x.second && x.gtile == (int)p.j0.tiles) {
-            x.second = true;
-            x.tile = 0;
+    tc_smem s;
+    const uint32_t a = smem_u32(raw);
+    s.xh = raw + (((a + 1023u) & ~1023u) - a);
+    s.ring = s.xh + GFW_TC_XBLOCKS * 2048;
+    s.xc = s.ring + GFW_TC_STAGES * GFW_TC_STAGE_BYTES;
+    s.xsc = (float *)(s.xc + GFW_TC_XBLOCKS * 8 * 128);
+    s.full = (uint64_t *)(s.xsc + GFW_TC_XBLOCKS * 8);
+    s.empty = s.full + GFW_TC_STAGES;
+    s.bcast = (unsigned *)(s.empty + GFW_TC_STAGES);
+    return s;
+}
+
+/** The producer warp: units [@p u0, @p u1) of @p j, one TMA copy each into the ring (rows past N read as zeros). */
+__device__ __forceinline__ void tc_produce(const tc_job &j, int nb, int u0, int u1, const tc_smem &sm, int lane)
+{
+    for (int u = u0, s = 0, n = 0; u < u1; u++) {
+        if (n > 0)
+            mbar_wait(sm.empty + s, (n - 1) & 1); /* the consumers' (n-1)th pass over stage s */
+        const int64_t tile = u / nb, kb = u % nb;
+        if (lane == 0) {
+            mbar_arrive_expect_tx(sm.full + s, GFW_TC_ROWS * 128);
+            tma_load_2d(sm.ring + s * GFW_TC_STAGE_BYTES, &j.map, (int)(kb * 128), (int)(tile * GFW_TC_ROWS), sm.full + s);
+        }
+        if (++s == GFW_TC_STAGES) {
+            s = 0;
+            n++;
         }
     }
-    return x;
-}
-
-/** Lane's first codes of a unit's block in rows g and g + 8 of its tile. */
-struct tc_rows {
-    const uint8_t *a; /**< row g */
-    const uint8_t *b; /**< row g + 8 */
-};
-
-/** Lane's first codes of unit @p x, piece 0 (piece 1 is 64 codes on; rows past N read row N - 1: never stored). */
-__device__ __forceinline__ tc_rows tc_rows_at(const tc_plan &p, const tc_unit &x, int lane)
-{
-    const dfp8 &w = x.second ? p.j1.w : p.j0.w;
-    const int g = lane >> 2, t = lane & 3;
-    const int64_t n0 = x.tile * GFW_TC_ROWS + g, n1 = n0 + 8;
-    const uint8_t *base = w.w + (int64_t)x.kb * 128 + 16 * t;
-    return tc_rows{base + (n0 < w.N ? n0 : w.N - 1) * w.K, base + (n1 < w.N ? n1 : w.N - 1) * w.K};
-}
-
-/** The rows of the unit after @p x, now @p nx: the next block, or the next tile's from scratch. */
-__device__ __forceinline__ tc_rows tc_rows_next(const tc_plan &p, tc_rows r, const tc_unit &nx, int lane)
-{
-    if (nx.kb == 0)
-        return tc_rows_at(p, nx, lane);
-    r.a += 128;
-    r.b += 128;
-    return r;
-}
-
-/** The scale row of unit @p x's tile (a tile lies in one 128-row scale block). */
-__device__ __forceinline__ const uint8_t *tc_scale_row(const tc_plan &p, const tc_unit &x)
-{
-    const dfp8 &w = x.second ? p.j1.w : p.j0.w;
-    return w.s + ((x.tile * GFW_TC_ROWS) >> 7) * w.scols;
 }
 
 /**
- * Lane's copies of unit @p u at @p r (rows g and g + 8, 32 codes each) into ring slot
- * @p slot_sa (piece i of the lane at slot + 512 i + 16 lane), as one group; an empty group past
- * @p u_end.
+ * x of the K blocks (kb0 + i) mod nb, i < @p nx, into the block's F16 tiles (the chapter's K
+ * order, tokens past T zero) and its scales; by the 128 consumer threads.  The codes are first
+ * copied to shared memory whole (every thread's loads issued at once: one memory latency), then
+ * converted there.
  */
-__device__ __forceinline__ void tc_issue(const tc_rows &r, int u, int u_end, int lane, unsigned slot_sa)
+__device__ __forceinline__ void tc_fill_x(const uint8_t *xq, const float *xs, int T, int64_t K, int nb, int kb0,
+                                          int nx, const tc_smem &sm, int tid)
 {
-    if (u < u_end) {
-        cp_async16_sa(slot_sa + 16 * lane, r.a);
-        cp_async16_sa(slot_sa + 512 + 16 * lane, r.a + 64);
-        cp_async16_sa(slot_sa + 1024 + 16 * lane, r.b);
-        cp_async16_sa(slot_sa + 1536 + 16 * lane, r.b + 64);
+    const int rows = nx * T; /* (block, token) rows of 128 codes */
+    uint4 v[GFW_TC_XBLOCKS * 8 * 8 / 128];
+#pragma unroll
+    for (int r = 0; r < GFW_TC_XBLOCKS * 8 * 8 / 128; r++) {
+        const int idx = tid + 128 * r, row = idx >> 3, i = row / T, n = row - i * T;
+        if (row < rows)
+            v[r] = __ldg((const uint4 *)(xq + (int64_t)n * K + (int64_t)((kb0 + i) % nb) * 128) + (idx & 7));
     }
-    cp_async_commit();
+#pragma unroll
+    for (int r = 0; r < GFW_TC_XBLOCKS * 8 * 8 / 128; r++) {
+        const int idx = tid + 128 * r, row = idx >> 3, i = row / T, n = row - i * T;
+        if (row < rows)
+            *((uint4 *)(sm.xc + (i * 8 + n) * 128) + (idx & 7)) = v[r];
+    }
+    for (int c = tid; c < nx * 8; c += 128) {
+        const int i = c >> 3, n = c & 7;
+        sm.xsc[c] = n < T ? xs[(int64_t)n * nb + (kb0 + i) % nb] : 0.0f;
+    }
+    tc_consumers_sync();
+    for (int c = tid; c < nx * 128; c += 128) {
+        const int i = c >> 7, h = (c >> 6) & 1, n = (c >> 3) & 7, chunk = c & 7;
+        const int m = 4 * h + (chunk >> 1), hi = chunk & 1;
+        uint32_t w4[4] = {0u, 0u, 0u, 0u};
+        if (n < T) {
+            const uint8_t *px = sm.xc + (i * 8 + n) * 128 + 4 * m + 2 * hi;
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                const uint16_t pair = *(const uint16_t *)(px + 32 * t);
+                asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(w4[t]) : "h"(pair));
+            }
+        }
+        *(uint4 *)(sm.xh + (i * 2 + h) * 1024 + sw128_offset(n, chunk)) = make_uint4(w4[0], w4[1], w4[2], w4[3]);
+    }
 }
 
-/** Where a lane reads what it needs of a unit besides the weight (tokens past T read token T - 1: never stored). */
-struct tc_side_src {
-    const uint8_t *px;       /**< token g's codes of block 0, lane's 32 */
-    const float *xs0;        /**< the x scales of token 2t, block 0 */
-    const float *xs1;        /**< the x scales of token 2t + 1, block 0 */
-    const uint8_t *sw_row;   /**< the current tile's weight scale row */
-};
-
-/** What a lane reads of a unit besides the weight: token g's 32 codes, the weight's scale byte, tokens 2t, 2t + 1's x scales. */
-struct tc_side {
-    tc_codes xv;  /**< token g's codes */
-    uint8_t swb;  /**< the weight's scale byte */
-    float x0;     /**< token 2t's x scale */
-    float x1;     /**< token 2t + 1's x scale */
-};
-
-/** Lane's side inputs of block @p kb. */
-__device__ __forceinline__ tc_side tc_side_load(const tc_side_src &src, int kb)
-{
-    tc_side sd;
-    const uint8_t *px = src.px + kb * 128;
-    sd.xv.lo = __ldg((const uint4 *)px);
-    sd.xv.hi = __ldg((const uint4 *)(px + 64));
-    sd.swb = src.sw_row[kb];
-    sd.x0 = src.xs0[kb];
-    sd.x1 = src.xs1[kb];
-    return sd;
-}
-
-/** The first and last warps whose ranges hold units of tile @p gtile. */
-__device__ __forceinline__ void tc_tile_warps(const tc_plan &p, int gtile, int64_t *first, int64_t *last)
-{
-    *first = tc_warp_of(p, (int64_t)gtile * p.nb);
-    *last = tc_warp_of(p, (int64_t)gtile * p.nb + p.nb - 1);
-}
+/** Output @p i (0..3) of a consumer thread's fragment: its row in the tile. */
+__device__ __forceinline__ int tc_frag_row(int tid, int i) { return 16 * (tid >> 5) + ((tid & 31) >> 2) + (i >= 2 ? 8 : 0); }
+/** Output @p i of a consumer thread's fragment: its token. */
+__device__ __forceinline__ int tc_frag_token(int tid, int i) { return 2 * (tid & 3) + (i & 1); }
 
 /**
- * The end of a warp's run of units in tile @p x, sums @p acc: stored at once when the run is
- * the whole tile (returns false); else written to the run's slot (the warp's place among the
- * tile's warps) with plain stores, and the tile is left for tc_count() (returns true).
+ * A run of the block's units in tile @p tile over blocks [@p k0, @p k1] ended with sums @p acc:
+ * the whole tile is stored (false), or the run is written to its slot (true: count it later).
  */
-__device__ __forceinline__ bool tc_end_run(const tc_plan &p, const tc_unit &x, int64_t w, const float (&acc)[4], int T,
-                                           int lane)
+__device__ __forceinline__ bool tc_end_run(const tc_job &j, int nb, int tile, int k0, int k1, int64_t w,
+                                           const float (&acc)[4], int T, int tid)
 {
-    const tc_job &j = x.second ? p.j1 : p.j0;
-    const int64_t row0 = (int64_t)x.tile * GFW_TC_ROWS, N = j.w.N;
-    int64_t first, last;
-    tc_tile_warps(p, x.gtile, &first, &last);
-    if (first == last) {
+    const int64_t row0 = (int64_t)tile * GFW_TC_ROWS, N = j.w.N;
+    if (k0 == 0 && k1 == nb - 1) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const int64_t n = row0 + tc_frag_row(lane, i);
-            const int tok = tc_frag_token(lane, i);
+            const int64_t n = row0 + tc_frag_row(tid, i);
+            const int tok = tc_frag_token(tid, i);
             if (n < N && tok < T)
-                tc_store(j, tok, n, acc[i]);
+                fp8_store_output(j.y, j.post, tok, n, N, acc[i]);
         }
         return false;
     }
-    const int per = GFW_TC_ROWS * GFW_TC_TOKENS;
-    float *slot = p.part + ((int64_t)x.gtile * p.slots + (w - first)) * per;
+    const int per = GFW_TC_ROWS * 8;
+    float *slot = j.part + w * per; /* block w = tile * splits + its chunk */
 #pragma unroll
     for (int i = 0; i < 4; i++)
-        slot[tc_frag_row(lane, i) * GFW_TC_TOKENS + tc_frag_token(lane, i)] = acc[i];
+        slot[tc_frag_row(tid, i) * 8 + tc_frag_token(tid, i)] = acc[i];
     return true;
 }
 
 /**
- * Count the warp's slot of tile @p x, whose partial sums it wrote (tc_end_run()), and if it is
- * the tile's last warp to count, add the tile's slots in order (ascending K), store the
- * outputs and reset the count for the next launch.  Lane 0's count is a release (its MEMBAR
- * waits for the warp's slot stores, ordered before it by the warp barrier): called once the
- * warp's copies are all consumed, so the barrier drains nothing of its ring.  The last warp
- * reads the slots from L2 (ld.global.cg), where the release made them visible.
+ * Count the block's slot of tile @p tile; the tile's last block adds the slots in ascending K,
+ * stores the outputs and resets the count.  Thread 0's count is a release of every consumer's
+ * slot stores (ordered before it by the consumers' barrier) and an acquire of the other blocks'.
  */
-__device__ __forceinline__ void tc_count(const tc_plan &p, const tc_unit &x, int T, int lane)
+__device__ __forceinline__ void tc_count(const tc_job &j, int nb, int tile, int T, const tc_smem &sm, int tid)
 {
-    const tc_job &j = x.second ? p.j1 : p.j0;
-    const int64_t row0 = (int64_t)x.tile * GFW_TC_ROWS, N = j.w.N;
-    int64_t first, last;
-    tc_tile_warps(p, x.gtile, &first, &last);
-    __syncwarp();
-    unsigned before = 0;
-    if (lane == 0)
-        asm volatile("atom.add.release.gpu.u32 %0, [%1], 1;" : "=r"(before) : "l"(p.count + x.gtile) : "memory");
-    before = __shfl_sync(0xFFFFFFFFu, before, 0);
-    if (before != (unsigned)(last - first))
+    const int64_t row0 = (int64_t)tile * GFW_TC_ROWS, N = j.w.N;
+    const int64_t first = (int64_t)tile * j.splits, last = first + j.splits - 1;
+    tc_consumers_sync();
+    if (tid == 0) {
+        unsigned before;
+        asm volatile("atom.add.acq_rel.gpu.u32 %0, [%1], 1;" : "=r"(before) : "l"(j.count + tile) : "memory");
+        *sm.bcast = before;
+    }
+    tc_consumers_sync();
+    if (*sm.bcast != (unsigned)(last - first))
         return;
-    const int per = GFW_TC_ROWS * GFW_TC_TOKENS;
-    const float *slots = p.part + (int64_t)x.gtile * p.slots * per;
-    for (int o = lane; o < per; o += 32) {
-        const int64_t n = row0 + o / GFW_TC_TOKENS;
-        const int tok = o % GFW_TC_TOKENS;
+    const int per = GFW_TC_ROWS * 8;
+    const float *slots = j.part + first * per;
+    for (int o = tid; o < per; o += 128) {
+        const int64_t n = row0 + o / 8;
+        const int tok = o % 8;
         if (n >= N || tok >= T)
             continue;
         float v = 0.0f;
         for (int64_t s = 0; s <= last - first; s++)
             v = __fadd_rn(v, __ldcg(slots + s * per + o));
-        tc_store(j, tok, n, v);
+        fp8_store_output(j.y, j.post, tok, n, N, v);
     }
-    if (lane == 0)
-        p.count[x.gtile] = 0u; /* for the next launch: every warp of the tile has counted */
+    if (tid == 0)
+        j.count[tile] = 0u; /* for the next launch: every block of the tile has counted */
 }
 
-/** A warp's place in its stream of units: the unit summed, the unit copied next, and its sums. */
-struct tc_stream {
-    tc_unit x;      /**< the unit summed next */
-    tc_unit in;     /**< the unit copied next */
-    tc_rows ir;     /**< that unit's codes */
-    tc_side_src ss; /**< where the side inputs are read (the summed unit's tile) */
-    float acc[4];   /**< the sums of the current run (tc_frag_row(), tc_frag_token()) */
-    int pending;    /**< partial runs written, not yet counted (at most two: a range's first and last run) */
-    int pend0;      /**< the first one's tile (in the launch) */
-    int pend1;      /**< the second one's tile */
+/** A consumer thread's place: its rows, the next stage it loads, the unit it sums, and the run's sums. */
+struct tc_cons {
+    int r0;        /**< its first row in the tile (the second is r0 + 8) */
+    int t;         /**< lane % 4 */
+    int lane;      /**< its lane */
+    uint32_t xh_sa; /**< x's F16 tiles (shared address) */
+    int ls;        /**< the stage loaded next */
+    int lph;       /**< its phase parity */
+    int tile;      /**< the tile of the unit summed next */
+    int kb;        /**< its K block */
+    int k0;        /**< the first block of the current run */
+    float acc[4];  /**< the run's sums (tc_frag_row(), tc_frag_token()) */
 };
 
-/**
- * Unit @p u of the warp's range [u0, u1): wait for its copy, read it, refill the slot read
- * before with unit u + GFW_TC_RING - 1, load the next unit's side inputs into @p next while
- * this one's (@p cur, loaded one unit earlier) are used, add the block's terms, and at the end
- * of a run in one tile store it or leave it for tc_count() (tc_end_run()).
- */
-__device__ __forceinline__ void tc_step(const tc_plan &p, tc_stream &st, int u, int u0, int u1, const tc_side &cur,
-                                        tc_side &next, uint8_t (*ring)[GFW_TC_SLOT_BYTES], unsigned ring_sa,
-                                        int64_t w, int T, int lane)
+/** Wait for the stage c.ls, read the thread's codes, give the stage back, convert them to F16 fragments @p f. */
+__device__ __forceinline__ void tc_load(const tc_smem &sm, tc_cons &c, uint32_t (&f)[8][4])
 {
-    cp_async_wait<GFW_TC_RING - 2>(); /* unit u's group has landed in this lane's bytes */
-    const uint8_t *slot = &ring[(u - u0) % GFW_TC_RING][16 * lane];
-    tc_codes ra, rb;
-    ra.lo = *(const uint4 *)slot;
-    ra.hi = *(const uint4 *)(slot + 512);
-    rb.lo = *(const uint4 *)(slot + 1024);
-    rb.hi = *(const uint4 *)(slot + 1536);
-    /* the slot read in the previous step is free again: refill it GFW_TC_RING - 1 units ahead */
-    tc_issue(st.ir, u + GFW_TC_RING - 1, u1, lane, ring_sa + ((u - u0 + GFW_TC_RING - 1) % GFW_TC_RING) * GFW_TC_SLOT_BYTES);
-    st.in = tc_unit_next(p, st.in);
-    st.ir = tc_rows_next(p, st.ir, st.in, lane);
-    const bool more = u + 1 < u1;
-    const tc_unit nx = tc_unit_next(p, st.x);
-    if (more && nx.kb == 0)
-        st.ss.sw_row = tc_scale_row(p, nx);
-    next = tc_side_load(st.ss, more ? nx.kb : st.x.kb);
-    float d[4];
-    tc_block_partials(ra, rb, cur.xv, d);
-    const float sw = gfw_ue8m0(cur.swb);
-    const float s0 = __fmul_rn(cur.x0, sw), s1 = __fmul_rn(cur.x1, sw);
-    st.acc[0] = __fadd_rn(st.acc[0], __fmul_rn(d[0], s0));
-    st.acc[1] = __fadd_rn(st.acc[1], __fmul_rn(d[1], s1));
-    st.acc[2] = __fadd_rn(st.acc[2], __fmul_rn(d[2], s0));
-    st.acc[3] = __fadd_rn(st.acc[3], __fmul_rn(d[3], s1));
-    if (!more || nx.gtile != st.x.gtile) {
-        if (tc_end_run(p, st.x, w, st.acc, T, lane)) {
-            if (st.pending == 0)
-                st.pend0 = st.x.gtile;
-            else
-                st.pend1 = st.x.gtile;
-            st.pending++;
-        }
-        st.acc[0] = st.acc[1] = st.acc[2] = st.acc[3] = 0.0f;
+    mbar_wait(sm.full + c.ls, c.lph);
+    const uint8_t *st = sm.ring + c.ls * GFW_TC_STAGE_BYTES;
+    const int c0 = ((2 * c.t) ^ (c.r0 & 7)) * 16, c1 = ((2 * c.t + 1) ^ (c.r0 & 7)) * 16; /* rows r0, r0 + 8 alike */
+    const uint4 a_lo = *(const uint4 *)(st + c.r0 * GFW_TC_PITCH + c0), a_hi = *(const uint4 *)(st + c.r0 * GFW_TC_PITCH + c1);
+    const uint4 b_lo = *(const uint4 *)(st + (c.r0 + 8) * GFW_TC_PITCH + c0),
+                b_hi = *(const uint4 *)(st + (c.r0 + 8) * GFW_TC_PITCH + c1);
+    __syncwarp();
+    if (c.lane == 0)
+        mbar_arrive(sm.empty + c.ls); /* the stage is in registers: the producer may refill it */
+    const uint32_t ra[8] = {a_lo.x, a_lo.y, a_lo.z, a_lo.w, a_hi.x, a_hi.y, a_hi.z, a_hi.w};
+    const uint32_t rb[8] = {b_lo.x, b_lo.y, b_lo.z, b_lo.w, b_hi.x, b_hi.y, b_hi.z, b_hi.w};
+#pragma unroll
+    for (int m = 0; m < 8; m++) {
+        tc_e4m3x4_f16(ra[m], f[m][0], f[m][2]);
+        tc_e4m3x4_f16(rb[m], f[m][1], f[m][3]);
     }
-    st.x = nx;
+    if (++c.ls == GFW_TC_STAGES) {
+        c.ls = 0;
+        c.lph ^= 1;
+    }
 }
 
 /**
- * The FP8 linear of T <= 8 quantized rows on the tensor cores (the chapter): one wave of
- * warps, warp w streaming its units [tc_unit0(w), tc_unit0(w + 1)) through its copy ring.
+ * Unit @p u of the block's range [.., @p u1): its 8 wgmmas from fragments @p cur, the next
+ * unit's fragments loaded into @p next while they run, then the block partials' terms added to
+ * the run, and at the end of a run in one tile the run stored or left in its slot.
  */
-__global__ void __launch_bounds__(GFW_TC_WARPS * 32, GFW_TC_BLOCKS_PER_SM)
-    k_linear_fp8_tc(const uint8_t *xq, const float *xs, int T, tc_plan p)
+__device__ __forceinline__ void tc_unit(const tc_job &j, const tc_smem &sm, tc_cons &c, int u, int u1, int kb0, int nb,
+                                        int64_t w, int T, int tid, uint32_t (&cur)[8][4], uint32_t (&next)[8][4],
+                                        int (&pend)[2], int &pending)
 {
-    __shared__ __align__(16) uint8_t ring[GFW_TC_WARPS][GFW_TC_RING][GFW_TC_SLOT_BYTES];
-    const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
-    const int64_t w = (int64_t)blockIdx.x * GFW_TC_WARPS + wib;
-    /* fewer than GFW_TC_COUNTS tiles of at most 128 blocks: unit numbers fit an int */
-    const int u0 = w < p.warps ? (int)tc_unit0(p, w) : 0, u1 = w < p.warps ? (int)tc_unit0(p, w + 1) : 0;
-    const unsigned ring_sa = (unsigned)__cvta_generic_to_shared(&ring[wib][0][0]);
-    /* the weight is no kernel's output: the first units are copied before the wait */
-    tc_unit x = tc_unit_at(p, u0), in = x; /* the unit summed, the next unit copied */
-    tc_rows ir = tc_rows_at(p, in, lane);
+    const int xi = (c.kb - kb0 + nb) % nb;
+    /* the weight's scale byte asked for first: its latency passes while the wgmmas run */
+    const uint8_t swb = __ldg(j.w.s + ((int64_t)c.tile * GFW_TC_ROWS >> 7) * j.w.scols + c.kb);
+    float e[2][4];
+    wgmma_fence();
 #pragma unroll
-    for (int i = 0; i < GFW_TC_RING - 1; i++) {
-        tc_issue(ir, u0 + i, u1, lane, ring_sa + i * GFW_TC_SLOT_BYTES);
-        in = tc_unit_next(p, in);
-        ir = tc_rows_next(p, ir, in, lane);
+    for (int m = 0; m < 8; m++)
+        wgmma_rs<8>::mma(e[m & 1], cur[m], wgmma_desc_sw128(c.xh_sa + (xi * 2 + (m >> 2)) * 1024) + 2 * (m & 3),
+                         m >= 2);
+    wgmma_commit();
+    if (u + 1 < u1)
+        tc_load(sm, c, next);
+    wgmma_wait_all();
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        reg_fence(e[0][i]);
+        reg_fence(e[1][i]);
+    }
+    /* the wgmmas read cur until the wait: keep its registers from the loads above */
+#pragma unroll
+    for (int m = 0; m < 8; m++)
+        asm volatile("" : "+r"(cur[m][0]), "+r"(cur[m][1]), "+r"(cur[m][2]), "+r"(cur[m][3])::"memory");
+    const float sw = gfw_ue8m0(swb);
+    const float s0 = __fmul_rn(sm.xsc[xi * 8 + 2 * c.t], sw), s1 = __fmul_rn(sm.xsc[xi * 8 + 2 * c.t + 1], sw);
+    c.acc[0] = __fadd_rn(c.acc[0], __fmul_rn(__fadd_rn(e[0][0], e[1][0]), s0));
+    c.acc[1] = __fadd_rn(c.acc[1], __fmul_rn(__fadd_rn(e[0][1], e[1][1]), s1));
+    c.acc[2] = __fadd_rn(c.acc[2], __fmul_rn(__fadd_rn(e[0][2], e[1][2]), s0));
+    c.acc[3] = __fadd_rn(c.acc[3], __fmul_rn(__fadd_rn(e[0][3], e[1][3]), s1));
+    const bool tile_ends = c.kb + 1 == nb;
+    if (u + 1 == u1 || tile_ends) {
+        if (tc_end_run(j, nb, c.tile, c.k0, c.kb, w, c.acc, T, tid))
+            pend[pending++] = c.tile;
+        c.acc[0] = c.acc[1] = c.acc[2] = c.acc[3] = 0.0f;
+        c.k0 = 0;
+    }
+    if (tile_ends) {
+        c.kb = 0;
+        c.tile++;
+    } else {
+        c.kb++;
+    }
+}
+
+/**
+ * The FP8 linear of T <= 8 quantized rows by wgmma (the chapter): block b of the grid is block
+ * b of the first linear's, then of the second's.
+ */
+__global__ void __launch_bounds__(GFW_TC_THREADS, GFW_TC_BLOCKS_PER_SM)
+    k_linear_fp8_tc(const uint8_t *xq, const float *xs, int T, const __grid_constant__ tc_plan p)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(16) uint8_t tc_raw[];
+    const tc_smem sm = tc_carve(tc_raw);
+    const int64_t b = blockIdx.x;
+    const bool second = b >= p.j0.blocks;
+    const tc_job &j = second ? p.j1 : p.j0;
+    const int64_t w = second ? b - p.j0.blocks : b;
+    const int nb = p.nb;
+    int u0, u1;
+    tc_range(j, nb, w, &u0, &u1);
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+        for (int s = 0; s < GFW_TC_STAGES; s++) {
+            mbar_init(sm.full + s, 1);
+            mbar_init(sm.empty + s, 4);
+        }
+        fence_proxy_async_smem();
+    }
+    __syncthreads();
+    if (tid >= 128) { /* the producer: the weight is no kernel's output, so it starts before the wait */
+        tc_produce(j, nb, u0, u1, sm, tid - 128);
+        return;
     }
     gfw_pdl_enter();
-    if (u0 >= u1)
-        return;
-    const int g = lane >> 2, t = lane & 3;
-    const int tg = g < T ? g : T - 1, t0 = 2 * t < T ? 2 * t : T - 1, t1 = 2 * t + 1 < T ? 2 * t + 1 : T - 1;
-    tc_side_src ss;
-    ss.px = xq + (int64_t)tg * p.j0.w.K + 16 * t; /* both linears have the same K */
-    ss.xs0 = xs + (int64_t)t0 * p.nb;
-    ss.xs1 = xs + (int64_t)t1 * p.nb;
-    ss.sw_row = tc_scale_row(p, x);
-    tc_stream st = {x, in, ir, ss, {0.0f, 0.0f, 0.0f, 0.0f}, 0, 0, 0};
-    /* two units an iteration, their side inputs in two sets of registers that take turns: the
-       loads for the next unit land while this one is summed, and no move waits for them */
-    tc_side sa = tc_side_load(ss, x.kb), sb;
+    const int kb0 = u0 % nb, nx = u1 - u0 < nb ? u1 - u0 : nb;
+    tc_fill_x(xq, xs, T, j.w.K, nb, kb0, nx, sm, tid);
+    fence_proxy_async_smem();
+    tc_consumers_sync();
+    const int lane = tid & 31, warp = tid >> 5;
+    tc_cons c;
+    c.r0 = 16 * warp + (lane >> 2);
+    c.t = lane & 3;
+    c.lane = lane;
+    c.xh_sa = smem_u32(sm.xh);
+    c.tile = u0 / nb;
+    c.kb = c.k0 = kb0;
+    c.ls = c.lph = 0;
+    c.acc[0] = c.acc[1] = c.acc[2] = c.acc[3] = 0.0f;
+    int pending = 0, pend[2] = {0, 0};
+    /* two fragment sets that take turns: the next unit's are loaded while this one's wgmmas run */
+    uint32_t fa[8][4], fb[8][4];
+    tc_load(sm, c, fa);
     for (int u = u0; u < u1; u += 2) {
-        tc_step(p, st, u, u0, u1, sa, sb, ring[wib], ring_sa, w, T, lane);
+        tc_unit(j, sm, c, u, u1, kb0, nb, w, T, tid, fa, fb, pend, pending);
         if (u + 1 >= u1)
             break;
-        tc_step(p, st, u + 1, u0, u1, sb, sa, ring[wib], ring_sa, w, T, lane);
+        tc_unit(j, sm, c, u + 1, u1, kb0, nb, w, T, tid, fb, fa, pend, pending);
     }
-    /* the partial runs counted at the end, when no copy is in flight */
-    if (st.pending > 0)
-        tc_count(p, tc_unit_at(p, (int64_t)st.pend0 * p.nb), T, lane);
-    if (st.pending > 1)
-        tc_count(p, tc_unit_at(p, (int64_t)st.pend1 * p.nb), T, lane);
-}
-
-/**
- * Ask for the largest shared-memory carveout for k_linear_fp8_tc, so that its one wave of
- * GFW_TC_BLOCKS_PER_SM blocks (32 KB of rings each) is resident at once on every multiprocessor
- * (a smaller carveout would leave part of the grid for a second wave).
- */
-static cudaError_t tc_allow_smem(void)
-{
-    return cudaFuncSetAttribute(k_linear_fp8_tc, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                (int)cudaSharedmemCarveoutMaxShared);
+    for (int i = 0; i < pending; i++)
+        tc_count(j, nb, pend[i], T, sm, tid);
+#endif
 }
 
 /**
@@ -544,24 +518,101 @@ static bool tc_serves(const uint8_t *xq, int64_t T, const dfp8 &w)
            w.K <= 16384;
 }
 
-/** The job of k_linear_fp8_tc for @p w. */
-static tc_job tc_job_for(const dfp8 &w, uint16_t *y, fp8_hc_post post)
+/**
+ * Whether the current device runs k_linear_fp8_tc: its body is compiled for sm_90a only (wgmma
+ * is not part of sm_100a), so the `tc` recipe is refused elsewhere, with the device named.
+ */
+static mmoe_status tc_device_check(mmoe_error *err)
+{
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+        return mmoe_error_set(err, MMOE_ENODEV, "fp8 linears (tc): cannot read the device's compute capability");
+    if (major != 9)
+        return mmoe_error_set(err, MMOE_EUNSUPPORTED,
+                              "fp8 linears: the tc recipe's kernel (wgmma) is built for sm_90a; device %d is sm_%d%d: "
+                              "use %s=exact",
+                              dev, major, minor, MMOE_GPU_FP8_LINEARS_ENV);
+    return MMOE_OK;
+}
+
+/** Let k_linear_fp8_tc have its GFW_TC_SMEM bytes of dynamic shared memory (more than the default 48 KiB). */
+static cudaError_t tc_allow_smem(void)
+{
+    return cudaFuncSetAttribute(k_linear_fp8_tc, cudaFuncAttributeMaxDynamicSharedMemorySize, GFW_TC_SMEM);
+}
+
+/**
+ * The tensor map of @p w's codes for the producer's copies: a 2-D byte tensor of K columns and
+ * N rows (the checkpoint's layout), boxes of 128 bytes x GFW_TC_ROWS rows with the 128-byte
+ * swizzle, rows past N read as zeros (their sums are never stored).  The encoder is the
+ * driver's, reached through the runtime (no link against libcuda).  False where it fails.
+ */
+static bool tc_encode_map(CUtensorMap *map, const dfp8 &w)
+{
+    typedef CUresult (*encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                  const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                  CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || fn == NULL)
+        return false;
+    const cuuint64_t dim[2] = {(cuuint64_t)w.K, (cuuint64_t)w.N}, stride[1] = {(cuuint64_t)w.K};
+    const cuuint32_t box[2] = {128, GFW_TC_ROWS}, estride[2] = {1, 1};
+    return ((encode_fn)fn)(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)w.w, dim, stride, box, estride,
+                           CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/**
+ * The job of k_linear_fp8_tc for @p w, given about @p share blocks (the chapter's "Work"): whole
+ * tiles where there are at least as many tiles as blocks, else each tile cut into chunks of K;
+ * its partials and counts from @p part, @p count, the floats and counts it uses added to
+ * @p floats, @p counts.
+ */
+static tc_job tc_job_for(const dfp8 &w, uint16_t *y, fp8_hc_post post, int nb, int64_t share, float *part,
+                         unsigned *count, int64_t *floats, int64_t *counts)
 {
     tc_job j;
+    memset(&j, 0, sizeof j);
     j.w = w;
     j.y = y;
     j.post = post;
-    j.tiles = (w.N + GFW_TC_ROWS - 1) / GFW_TC_ROWS;
+    j.tiles = (int)((w.N + GFW_TC_ROWS - 1) / GFW_TC_ROWS);
+    share = share < 1 ? 1 : share;
+    /* as many chunks a tile as the share allows, at least GFW_TC_MIN_UNITS blocks a chunk, at
+       most GFW_TC_XBLOCKS (the x a block holds) */
+    int64_t s = share / j.tiles;
+    const int64_t s_max = (nb + GFW_TC_MIN_UNITS - 1) / GFW_TC_MIN_UNITS, s_min = (nb + GFW_TC_XBLOCKS - 1) / GFW_TC_XBLOCKS;
+    s = s > s_max ? s_max : s;
+    s = s < s_min ? s_min : s;
+    s = s < 1 ? 1 : s;
+    j.chunk = (int)((nb + s - 1) / s);
+    j.splits = (int)((nb + j.chunk - 1) / j.chunk);
+    if (j.splits == 1) {
+        j.tpc = (int)((j.tiles + share - 1) / share);
+        j.blocks = (j.tiles + j.tpc - 1) / j.tpc;
+    } else {
+        j.tpc = 1;
+        j.blocks = j.tiles * j.splits;
+    }
+    j.part = part;
+    j.count = count;
+    *floats += j.splits > 1 ? (int64_t)j.tiles * j.splits * GFW_TC_ROWS * 8 : 0;
+    *counts += j.tiles;
     return j;
 }
 
 /**
  * Launch y0 = fp8_linear(x) with @p w0 (and its hc_post @p p0) and, with @p w1, y1 = fp8_linear(x)
- * in the same launch, on the tensor cores (the chapter) for T quantized rows: one wave of
- * GFW_TC_BLOCKS_PER_SM blocks on each of @p n_sm multiprocessors, the units of both shared
- * out evenly.  Returns false and launches nothing where the kernel does not serve a weight
- * (tc_serves()), @p p0 updates another number of streams than GFW_FP8_HC_POST_HC, or the
- * partials do not fit @p ws.
+ * in the same launch, by k_linear_fp8_tc (the chapter) for T quantized rows: the grid's wave of
+ * GFW_TC_BLOCKS_PER_SM blocks on each of @p n_sm multiprocessors shared between the two in
+ * proportion to their units.  Returns false and launches nothing where the kernel does not serve
+ * a weight (tc_serves()), @p p0 updates another number of streams than GFW_FP8_HC_POST_HC, the
+ * partials do not fit @p ws, or a tensor map cannot be made.  The device must be one that
+ * tc_device_check() accepts.
  */
 static bool launch_linear_fp8_tc(const uint8_t *xq, const float *xs, int64_t T, const dfp8 &w0, uint16_t *y0,
                                  fp8_hc_post p0, const dfp8 *w1, uint16_t *y1, const gfw_tc_ws &ws, int n_sm,
@@ -570,29 +621,32 @@ static bool launch_linear_fp8_tc(const uint8_t *xq, const float *xs, int64_t T, 
     if (!tc_serves(xq, T, w0) || (w1 != NULL && (!tc_serves(xq, T, *w1) || w1->K != w0.K)) ||
         (p0.X != NULL && p0.hc != GFW_FP8_HC_POST_HC))
         return false;
-    const fp8_hc_post none = fp8_no_hc_post();
-    tc_plan p;
-    p.j0 = tc_job_for(w0, y0, p0);
-    p.j1 = w1 != NULL ? tc_job_for(*w1, y1, none) : p.j0;
-    if (w1 == NULL)
-        p.j1.tiles = 0;
-    p.nb = (int)(w0.K / 128);
-    const int64_t tiles = p.j0.tiles + p.j1.tiles;
-    p.units = tiles * p.nb;
-    /* at least GFW_TC_MIN_UNITS units a warp where the wave would give fewer (a short weight:
-       fewer warps, each a deeper copy pipeline, fewer partial slots per tile), and so no warp
-       without a unit (a tile's count waits for every warp between its first and last) */
-    const int64_t wave = (int64_t)(n_sm > 0 ? n_sm : 1) * GFW_TC_BLOCKS_PER_SM * GFW_TC_WARPS;
-    const int64_t enough = p.units / GFW_TC_MIN_UNITS > 0 ? p.units / GFW_TC_MIN_UNITS : 1;
-    p.warps = wave < enough ? wave : enough;
-    const int64_t blocks = (p.warps + GFW_TC_WARPS - 1) / GFW_TC_WARPS;
-    /* a tile's nb units span at most ceil(nb W / U) + 1 warps */
-    p.slots = (int)((p.nb * p.warps + p.units - 1) / p.units + 1);
-    p.part = ws.part;
-    p.count = ws.count;
-    if (tiles > GFW_TC_COUNTS || tiles * p.slots * GFW_TC_ROWS * GFW_TC_TOKENS > GFW_TC_PART_FLOATS)
+    const int nb = (int)(w0.K / 128);
+    const int64_t u0 = (w0.N + GFW_TC_ROWS - 1) / GFW_TC_ROWS * nb;
+    const int64_t u1 = w1 != NULL ? (w1->N + GFW_TC_ROWS - 1) / GFW_TC_ROWS * nb : 0;
+    if ((u0 + u1) / nb > GFW_TC_COUNTS)
         return false;
-    mmoe_launch_pdl(k_linear_fp8_tc, (unsigned)blocks, GFW_TC_WARPS * 32, 0, st, xq, xs, (int)T, p);
+    const int64_t wave = (int64_t)(n_sm > 0 ? n_sm : 1) * GFW_TC_BLOCKS_PER_SM;
+    const int64_t b0 = w1 != NULL ? (wave * u0 + (u0 + u1) / 2) / (u0 + u1) : wave;
+    const int64_t b1 = w1 != NULL ? wave - b0 : 0;
+    int64_t floats = 0, counts = 0;
+    tc_plan p;
+    p.nb = nb;
+    p.j0 = tc_job_for(w0, y0, p0, nb, b0, ws.part, ws.count, &floats, &counts);
+    if (w1 != NULL) {
+        p.j1 = tc_job_for(*w1, y1, fp8_no_hc_post(), nb, b1, ws.part + floats, ws.count + counts, &floats, &counts);
+    } else {
+        p.j1 = p.j0;
+        p.j1.blocks = 0;
+    }
+    if (floats > GFW_TC_PART_FLOATS || counts > GFW_TC_COUNTS)
+        return false;
+    if (!tc_encode_map(&p.j0.map, w0) || (w1 != NULL && !tc_encode_map(&p.j1.map, *w1)))
+        return false;
+    if (tc_allow_smem() != cudaSuccess) /* also for callers other than the model (the test hook) */
+        return false;
+    mmoe_launch_pdl(k_linear_fp8_tc, (unsigned)(p.j0.blocks + p.j1.blocks), GFW_TC_THREADS, GFW_TC_SMEM, st, xq, xs,
+                    (int)T, p);
     return true;
 }
 

@@ -1,6 +1,6 @@
 /**
  * @file gpu_wgmma.cuh
- * @brief sm_90a building blocks: wgmma with register A and shared-memory B, mbarriers, proxy fences, setmaxnreg.
+ * @brief sm_90a building blocks: wgmma with register A and shared-memory B, mbarriers (also counting bytes of bulk copies), proxy fences, setmaxnreg.
  *
  * **wgmma.**  A warpgroup (4 warps, 128 threads) issues
  * `wgmma.mma_async.m64nNk16.f32.f16.f16`: D (64 x N, FP32, in registers)
@@ -138,7 +138,7 @@ __device__ __forceinline__ void warpgroup_reg_alloc()
 }
 
 /**
- * The F16 x F16 -> FP32 wgmma of width N (16, 64 or 128 columns) with A from registers: each
+ * The F16 x F16 -> FP32 wgmma of width N (8, 16, 64 or 128 columns) with A from registers: each
  * warp of the warpgroup holds 16 of the 64 rows of A in the m16n8k16 fragment layout (lane
  * (g, t) = (lane / 4, lane % 4): a[0] rows g, k 2t, 2t + 1; a[1] row g + 8, same k; a[2] row
  * g, k 2t + 8, 2t + 9; a[3] row g + 8, same k), B from shared memory, K-major (transpose flag
@@ -187,6 +187,39 @@ struct wgmma_rs<128> {
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
     }
 };
+
+/** D(64x8, FP32) (+)= A(64x16, F16, registers) * B(8x16, F16, smem)^T; scale_d = 0 overwrites D. */
+template <>
+struct wgmma_rs<8> {
+    static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint64_t desc_b, int scale_d)
+    {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+    }
+};
+
+/** Arrive on @p bar and expect @p bytes more of bulk copies in the current phase. */
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, unsigned bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+                 : "memory");
+}
+
+/**
+ * One TMA copy (`cp.async.bulk.tensor.2d`) of the box at column @p c0, row @p c1 of the tensor
+ * that @p map describes (a __grid_constant__ kernel parameter) to @p dst (aligned as the map's
+ * swizzle needs: 1024 bytes for 128-byte swizzle), its bytes counted on @p bar.
+ */
+__device__ __forceinline__ void tma_load_2d(void *dst, const void *map, int c0, int c1, uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+                 "[%4];\n" ::"r"(smem_u32(dst)),
+                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(smem_u32(bar))
+                 : "memory");
+}
 
 } // namespace
 

@@ -113,7 +113,9 @@ mmoe_status mmoe_gpu_model_bytes_needed(const mmoe_model *m, int64_t max_seq_len
  * @return MMOE_OK; MMOE_ENODEV; MMOE_EINVAL (#MMOE_GPU_GRAPH_ENV or #MMOE_GPU_FP8_LINEARS_ENV holds a
  *         value it refuses);
  *         MMOE_ENOMEM (device memory: "needs N bytes, M available"), MMOE_EUNSUPPORTED (a tensor
- *         layout the kernels do not take, named), MMOE_EINTERNAL (a CUDA error, named)
+ *         layout the kernels do not take, named; or #MMOE_GPU_FP8_LINEARS_ENV is "tc" on a device
+ *         other than compute capability 9.x, whose kernel is built for sm_90a only),
+ *         MMOE_EINTERNAL (a CUDA error, named)
  */
 mmoe_status mmoe_gpu_model_create(const mmoe_model *m, int64_t max_seq_len, int64_t max_tokens,
                                   mmoe_gpu_model **out, mmoe_error *err);
@@ -220,7 +222,9 @@ mmoe_status mmoe_gpu_fp8_linears_env(mmoe_gpu_fp8_linears *r, mmoe_error *err);
 /**
  * Pick the recipe of @p g's FP8 linears (replaces what MMOE_GPU_FP8_LINEARS set at creation;
  * a captured decode graph is dropped and captured again at the next graphed step).
- * @return MMOE_OK; MMOE_EINVAL for a value outside the enum
+ * @return MMOE_OK; MMOE_EINVAL for a value outside the enum; MMOE_EUNSUPPORTED for
+ *         #MMOE_GPU_FP8_LINEARS_TC on a device other than compute capability 9.x (the recipe's
+ *         kernel is built for sm_90a only), the recipe unchanged
  */
 mmoe_status mmoe_gpu_model_set_fp8_linears(mmoe_gpu_model *g, mmoe_gpu_fp8_linears r, mmoe_error *err);
 
