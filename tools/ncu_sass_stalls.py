@@ -10,7 +10,9 @@ share of all samples and, where the page has them, its stall reasons in samples,
 samples per opcode.  The column names differ between Nsight Compute versions: a column is taken
 as the sample count when its name says "Warp Stall Sampling" and "All", as a reason when it
 starts with "stall_" or holds "Stall" and a reason's name; the header is printed when no
-sample column is found, so that a new name can be added here.
+sample column is found, so that a new name can be added here.  A page of several profiled
+kernels holds one table per kernel, each opening with its header (the same first column): each
+table is reported on its own.
 """
 import csv
 import sys
@@ -25,29 +27,34 @@ def number(text):
         return 0.0
 
 
-def main():
-    if len(sys.argv) < 2:
-        sys.exit("usage: ncu_sass_stalls.py PAGE.csv [TOP]")
-    top = int(sys.argv[2]) if len(sys.argv) > 2 else 40
-    with open(sys.argv[1], newline="") as f:
-        lines = [ln for ln in f if ln.startswith('"')]  # ncu's own messages start with ==PROF==
-    rows = list(csv.DictReader(lines))
-    if not rows:
-        sys.exit("ncu_sass_stalls.py: no rows in %s" % sys.argv[1])
+def tables(lines):
+    """The page's tables: lists of rows as dicts, a new table wherever a header row (its first cell the first header's) comes again."""
+    out, header = [], None
+    for cells in csv.reader(lines):
+        if header is None or (cells and cells[0] == header[0]):
+            header = cells
+            out.append([])
+            continue
+        out[-1].append(dict(zip(header, cells)))
+    return [t for t in out if t]
+
+
+def report(rows, top, name):
+    """Print one kernel's table (@p rows) as the module's docstring says."""
     header = list(rows[0].keys())
     sample = next((c for c in header if "Warp Stall Sampling" in c and "All" in c), None)
     if sample is None:
         sample = next((c for c in header if "Stall Sampling" in c or "pcsamp" in c), None)
     if sample is None:
-        print("ncu_sass_stalls.py: no stall-sample column; the header is:")
+        print("ncu_sass_stalls.py: %s: no stall-sample column; the header is:" % name)
         for c in header:
             print("  " + c)
-        sys.exit(1)
+        return False
     text = next((c for c in header if c.strip().lower() in ("source", "sass")), header[1])
     addr = next((c for c in header if "Address" in c), header[0])
     reasons = [c for c in header if c != sample and (c.startswith("stall_") or ("Stall" in c and "Sampling" not in c))]
     total = sum(number(r[sample]) for r in rows)
-    print("%d instructions, %.0f stall samples in all (column '%s')" % (len(rows), total, sample))
+    print("%s: %d instructions, %.0f stall samples in all (column '%s')" % (name, len(rows), total, sample))
     ranked = sorted(rows, key=lambda r: -number(r[sample]))[:top]
     for r in ranked:
         n = number(r[sample])
@@ -55,13 +62,29 @@ def main():
         print("%6.0f %5.1f%%  %-8s %-60s %s" % (n, 100.0 * n / total if total else 0.0, r[addr], r[text][:60], why))
     per_op = defaultdict(float)
     for r in rows:
-        op = r[text].split()[0] if r[text].split() else "?"
-        if op.startswith("@") and len(r[text].split()) > 1:
-            op = r[text].split()[1]
+        words = r[text].split()
+        op = words[0] if words else "?"
+        if op.startswith("@") and len(words) > 1:
+            op = words[1]
         per_op[op.split(".")[0]] += number(r[sample])
     print("\nsamples per opcode:")
     for op, n in sorted(per_op.items(), key=lambda kv: -kv[1])[:20]:
         print("%8.0f %5.1f%%  %s" % (n, 100.0 * n / total if total else 0.0, op))
+    print()
+    return True
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit("usage: ncu_sass_stalls.py PAGE.csv [TOP]")
+    top = int(sys.argv[2]) if len(sys.argv) > 2 else 40
+    with open(sys.argv[1], newline="") as f:
+        lines = [ln for ln in f if ln.startswith('"')]  # ncu's own messages start with ==PROF==
+    found = tables(lines)
+    if not found:
+        sys.exit("ncu_sass_stalls.py: no rows in %s" % sys.argv[1])
+    ok = [report(rows, top, "kernel %d of %d" % (i + 1, len(found))) for i, rows in enumerate(found)]
+    sys.exit(0 if all(ok) else 1)
 
 
 if __name__ == "__main__":
