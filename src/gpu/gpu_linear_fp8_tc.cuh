@@ -112,6 +112,9 @@
 
 /** Weight rows of a tile: the wgmma's M. */
 #define GFW_TC_ROWS 64
+/** Most tokens of a call: the wgmma's N (x's rows past T are zeros). */
+#define GFW_TC_TOKENS 8
+static_assert(GFW_TC_TOKENS == 8, "the m64n8 wgmma, the fragments' token columns and tc_fill_x()'s index bits take 8 tokens");
 /** Stages of the weight ring. */
 #define GFW_TC_STAGES 6
 /** Bytes between two rows of a ring stage (the 128-byte swizzle's row). */
@@ -128,11 +131,9 @@
 #define GFW_TC_MIN_UNITS 4
 /** Dynamic shared memory: x, the ring, x's scales, the barriers, a broadcast word, and the slack to align x to 1 KB. */
 #define GFW_TC_SMEM                                                                                                    \
-    (GFW_TC_XBLOCKS * 2048 + GFW_TC_STAGES * GFW_TC_STAGE_BYTES + GFW_TC_XBLOCKS * 8 * 128 + GFW_TC_XBLOCKS * 8 * 4 +   \
+    (GFW_TC_XBLOCKS * 2048 + GFW_TC_STAGES * GFW_TC_STAGE_BYTES + GFW_TC_XBLOCKS * GFW_TC_TOKENS * 128 + GFW_TC_XBLOCKS * GFW_TC_TOKENS * 4 +   \
      GFW_TC_STAGES * 16 + 16 + 1024)
 
-/** Most tokens of a call: the wgmma's N. */
-#define GFW_TC_TOKENS 8
 /** Floats of the partials buffer (gfw_tc_ws::part): 4 MB. */
 #define GFW_TC_PART_FLOATS (1 << 20)
 /** Counts of the partials buffer (gfw_tc_ws::count): tiles of one launch. */
@@ -154,7 +155,6 @@ __device__ __forceinline__ void tc_e4m3x4_f16(uint32_t w, uint32_t &lo, uint32_t
         : "=r"(lo), "=r"(hi)
         : "r"(w));
 }
-
 
 /**
  * One linear of a k_linear_fp8_tc launch and its blocks.  Its tiles are either shared out whole
@@ -202,7 +202,6 @@ __host__ __device__ __forceinline__ void tc_range(const tc_job &j, int nb, int64
 /** Barrier of the consumer warpgroup alone (named barrier 1; the producer warp may have left). */
 __device__ __forceinline__ void tc_consumers_sync() { asm volatile("bar.sync 1, 128;\n" ::: "memory"); }
 
-
 /** The shared memory of a k_linear_fp8_tc block (carved from the dynamic allocation). */
 struct tc_smem {
     uint8_t *xh;     /**< x as F16, [GFW_TC_XBLOCKS][2 tiles][8 rows][128 bytes], 128-byte swizzle */
@@ -222,8 +221,8 @@ __device__ __forceinline__ tc_smem tc_carve(uint8_t *raw)
     s.xh = raw + (((a + 1023u) & ~1023u) - a);
     s.ring = s.xh + GFW_TC_XBLOCKS * 2048;
     s.xc = s.ring + GFW_TC_STAGES * GFW_TC_STAGE_BYTES;
-    s.xsc = (float *)(s.xc + GFW_TC_XBLOCKS * 8 * 128);
-    s.full = (uint64_t *)(s.xsc + GFW_TC_XBLOCKS * 8);
+    s.xsc = (float *)(s.xc + GFW_TC_XBLOCKS * GFW_TC_TOKENS * 128);
+    s.full = (uint64_t *)(s.xsc + GFW_TC_XBLOCKS * GFW_TC_TOKENS);
     s.empty = s.full + GFW_TC_STAGES;
     s.bcast = (unsigned *)(s.empty + GFW_TC_STAGES);
     return s;
@@ -257,20 +256,20 @@ __device__ __forceinline__ void tc_fill_x(const uint8_t *xq, const float *xs, in
                                           int nx, const tc_smem &sm, int tid)
 {
     const int rows = nx * T; /* (block, token) rows of 128 codes */
-    uint4 v[GFW_TC_XBLOCKS * 8 * 8 / 128];
+    uint4 v[GFW_TC_XBLOCKS * GFW_TC_TOKENS * 8 / 128]; /* 8 16-byte pieces a row of 128 codes */
 #pragma unroll
-    for (int r = 0; r < GFW_TC_XBLOCKS * 8 * 8 / 128; r++) {
+    for (int r = 0; r < GFW_TC_XBLOCKS * GFW_TC_TOKENS * 8 / 128; r++) {
         const int idx = tid + 128 * r, row = idx >> 3, i = row / T, n = row - i * T;
         if (row < rows)
             v[r] = __ldg((const uint4 *)(xq + (int64_t)n * K + (int64_t)((kb0 + i) % nb) * 128) + (idx & 7));
     }
 #pragma unroll
-    for (int r = 0; r < GFW_TC_XBLOCKS * 8 * 8 / 128; r++) {
+    for (int r = 0; r < GFW_TC_XBLOCKS * GFW_TC_TOKENS * 8 / 128; r++) {
         const int idx = tid + 128 * r, row = idx >> 3, i = row / T, n = row - i * T;
         if (row < rows)
-            *((uint4 *)(sm.xc + (i * 8 + n) * 128) + (idx & 7)) = v[r];
+            *((uint4 *)(sm.xc + (i * GFW_TC_TOKENS + n) * 128) + (idx & 7)) = v[r];
     }
-    for (int c = tid; c < nx * 8; c += 128) {
+    for (int c = tid; c < nx * GFW_TC_TOKENS; c += 128) {
         const int i = c >> 3, n = c & 7;
         sm.xsc[c] = n < T ? xs[(int64_t)n * nb + (kb0 + i) % nb] : 0.0f;
     }
@@ -280,7 +279,7 @@ __device__ __forceinline__ void tc_fill_x(const uint8_t *xq, const float *xs, in
         const int m = 4 * h + (chunk >> 1), hi = chunk & 1;
         uint32_t w4[4] = {0u, 0u, 0u, 0u};
         if (n < T) {
-            const uint8_t *px = sm.xc + (i * 8 + n) * 128 + 4 * m + 2 * hi;
+            const uint8_t *px = sm.xc + (i * GFW_TC_TOKENS + n) * 128 + 4 * m + 2 * hi;
 #pragma unroll
             for (int t = 0; t < 4; t++) {
                 const uint16_t pair = *(const uint16_t *)(px + 32 * t);
@@ -314,11 +313,11 @@ __device__ __forceinline__ bool tc_end_run(const tc_job &j, int nb, int tile, in
         }
         return false;
     }
-    const int per = GFW_TC_ROWS * 8;
+    const int per = GFW_TC_ROWS * GFW_TC_TOKENS;
     float *slot = j.part + w * per; /* block w = tile * splits + its chunk */
 #pragma unroll
     for (int i = 0; i < 4; i++)
-        slot[tc_frag_row(tid, i) * 8 + tc_frag_token(tid, i)] = acc[i];
+        slot[tc_frag_row(tid, i) * GFW_TC_TOKENS + tc_frag_token(tid, i)] = acc[i];
     return true;
 }
 
@@ -340,11 +339,11 @@ __device__ __forceinline__ void tc_count(const tc_job &j, int nb, int tile, int 
     tc_consumers_sync();
     if (*sm.bcast != (unsigned)(last - first))
         return;
-    const int per = GFW_TC_ROWS * 8;
+    const int per = GFW_TC_ROWS * GFW_TC_TOKENS;
     const float *slots = j.part + first * per;
     for (int o = tid; o < per; o += 128) {
-        const int64_t n = row0 + o / 8;
-        const int tok = o % 8;
+        const int64_t n = row0 + o / GFW_TC_TOKENS;
+        const int tok = o % GFW_TC_TOKENS;
         if (n >= N || tok >= T)
             continue;
         float v = 0.0f;
@@ -427,7 +426,7 @@ __device__ __forceinline__ void tc_unit(const tc_job &j, const tc_smem &sm, tc_c
     for (int m = 0; m < 8; m++)
         asm volatile("" : "+r"(cur[m][0]), "+r"(cur[m][1]), "+r"(cur[m][2]), "+r"(cur[m][3])::"memory");
     const float sw = gfw_ue8m0(swb);
-    const float s0 = __fmul_rn(sm.xsc[xi * 8 + 2 * c.t], sw), s1 = __fmul_rn(sm.xsc[xi * 8 + 2 * c.t + 1], sw);
+    const float s0 = __fmul_rn(sm.xsc[xi * GFW_TC_TOKENS + 2 * c.t], sw), s1 = __fmul_rn(sm.xsc[xi * GFW_TC_TOKENS + 2 * c.t + 1], sw);
     c.acc[0] = __fadd_rn(c.acc[0], __fmul_rn(__fadd_rn(e[0][0], e[1][0]), s0));
     c.acc[1] = __fadd_rn(c.acc[1], __fmul_rn(__fadd_rn(e[0][1], e[1][1]), s1));
     c.acc[2] = __fadd_rn(c.acc[2], __fmul_rn(__fadd_rn(e[0][2], e[1][2]), s0));
@@ -600,7 +599,7 @@ static tc_job tc_job_for(const dfp8 &w, uint16_t *y, fp8_hc_post post, int nb, i
     }
     j.part = part;
     j.count = count;
-    *floats += j.splits > 1 ? (int64_t)j.tiles * j.splits * GFW_TC_ROWS * 8 : 0;
+    *floats += j.splits > 1 ? (int64_t)j.tiles * j.splits * GFW_TC_ROWS * GFW_TC_TOKENS : 0;
     *counts += j.tiles;
     return j;
 }
