@@ -38,6 +38,12 @@
  * with the routing (experts and weights) compared token by token; and the GPU forward's own
  * sub-layer inputs (gfw_test_set_observer()) against the oracle's, token by token.
  *
+ * **The recipe it checks.**  These requirements are the `exact` recipe's (the default).  Run
+ * with MMOE_GPU_FP8_LINEARS=tc, the few-token FP8 linears are within a bound of the oracle's
+ * instead (gpu_linear_fp8_tc.cuh), so a BF16 rounding of a decode step may differ from the
+ * prefill's and the oracle's, and the bit-exact checks may fail on models where one does; the
+ * recipe's own test is test_linear_fp8_tc in the blocks suite.
+ *
  * The CLI: `megamoe logits --backend gpu|cpu` (70 tokens: two GPU calls; --mtp) under the same
  * bound, `megamoe generate --backend cpu|gpu|auto` greedy continuations identical.  Without a
  * GPU the program still checks the refusals (`--backend gpu` exits 1 naming the option and
