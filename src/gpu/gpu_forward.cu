@@ -3753,8 +3753,8 @@ static void exp_table(unsigned long long *tab)
 static cudaError_t dense_f8_rows_allow_smem(void);
 
 /**
- * Upload the E4M3 and exp tables to constant memory; allow k_linear_fp8_128_split and
- * k_linear_dense_f8_rows their shared memory.
+ * Upload the E4M3 and exp tables to constant memory; allow k_linear_fp8_128_split,
+ * k_linear_dense_f8_rows and k_linear_fp8_tc their shared memory.
  */
 static cudaError_t upload_tables(void)
 {

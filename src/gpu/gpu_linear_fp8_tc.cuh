@@ -96,11 +96,10 @@
  * exists.  Otherwise each tile's K blocks are cut into equal chunks, one block a chunk (wo_b: 4
  * chunks of 16; wq_a with wkv: 8 of 4), each chunk's sums go to its slot, and the tile's last
  * block to count (an acquire-release atomic per tile, after a barrier of the consumers) adds
- * the slots in ascending K, stores, and resets the count for the next launch.  An earlier
- * version shared the units out evenly instead, so that nearly every tile was split between two
- * blocks: the count and the last block's reads at the end of almost every block made wq_b 22 us
- * instead of 14 (docs/perf.md, "Fifteenth pass").  The partials and counts (gfw_tc_ws) belong
- * to the model.
+ * the slots in ascending K, stores, and resets the count for the next launch.  Sharing the
+ * units out evenly instead would split nearly every tile between two blocks and end almost
+ * every block with the count and the last block's reads: wq_b takes 22 us that way against 14
+ * (docs/perf.md, "Fifteenth pass").  The partials and counts (gfw_tc_ws) belong to the model.
  */
 #ifndef MMOE_GPU_LINEAR_FP8_TC_CUH
 /** Include guard (this file is included in the middle of gpu_forward.cu). */
@@ -611,7 +610,7 @@ static tc_job tc_job_for(const dfp8 &w, uint16_t *y, fp8_hc_post post, int nb, i
  * proportion to their units.  Returns false and launches nothing where the kernel does not serve
  * a weight (tc_serves()), @p p0 updates another number of streams than GFW_FP8_HC_POST_HC, the
  * partials do not fit @p ws, or a tensor map cannot be made.  The device must be one that
- * tc_device_check() accepts.
+ * tc_device_check() accepts, and upload_tables() must have run on it (tc_allow_smem()).
  */
 static bool launch_linear_fp8_tc(const uint8_t *xq, const float *xs, int64_t T, const dfp8 &w0, uint16_t *y0,
                                  fp8_hc_post p0, const dfp8 *w1, uint16_t *y1, const gfw_tc_ws &ws, int n_sm,
@@ -641,8 +640,6 @@ static bool launch_linear_fp8_tc(const uint8_t *xq, const float *xs, int64_t T, 
     if (floats > GFW_TC_PART_FLOATS || counts > GFW_TC_COUNTS)
         return false;
     if (!tc_encode_map(&p.j0.map, w0) || (w1 != NULL && !tc_encode_map(&p.j1.map, *w1)))
-        return false;
-    if (tc_allow_smem() != cudaSuccess) /* also for callers other than the model (the test hook) */
         return false;
     mmoe_launch_pdl(k_linear_fp8_tc, (unsigned)(p.j0.blocks + p.j1.blocks), GFW_TC_THREADS, GFW_TC_SMEM, st, xq, xs,
                     (int)T, p);
