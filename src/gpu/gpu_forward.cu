@@ -169,7 +169,9 @@
  * (gfw_pdl_enter()), so the next launch and the
  * dispatch of its blocks overlap the end of the one before, eagerly and inside the graph alike;
  * the one-token FP8 linears (k_linear_fp8_128_split, k_linear_dense_f8_rows) issue their first
- * weight loads before that wait.
+ * weight loads before that wait, and the one-block kernels ask the L2 for their weights there
+ * (k_rmsnorm's and the kv finish's norm weights, k_hc_pre_norm's fn chunks: gfw_prefetch_l2()),
+ * so that those reads, cold in every step, do not wait after the kernel before.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -200,6 +202,20 @@ struct ddense {
     int64_t scols;          /**< F8 only: scale columns */
     int nan_free;           /**< F8 only: 1 when no code is NaN (e4m3_codes_nan_free(), at upload) */
 };
+
+/**
+ * Ask the L2 for the first @p n elements of @p w (a norm's weight) by all threads of the block,
+ * one 128-byte line each in turn: before a kernel's programmatic wait, so that a one-block
+ * kernel finds its weight in the L2 when the kernel before is done.
+ */
+__device__ __forceinline__ void ddense_prefetch_l2(const ddense &w, int64_t n)
+{
+    if (w.p == NULL)
+        return;
+    const int64_t bytes = n * (w.dtype == GFW_F32 ? 4 : w.dtype == GFW_BF16 ? 2 : 1);
+    for (int64_t off = (int64_t)threadIdx.x * 128; off < bytes; off += (int64_t)blockDim.x * 128)
+        gfw_prefetch_l2((const uint8_t *)w.p + off);
+}
 
 /** An FP8 linear on the device. */
 struct dfp8 {
@@ -438,6 +454,7 @@ __device__ __forceinline__ void rmsnorm_load_chunk(const uint16_t *xr, const dde
 __global__ void k_rmsnorm(const uint16_t *x, int64_t n, ddense w, float eps, uint16_t *y, uint8_t *q, float *qs,
                           float *mb, float *mq)
 {
+    ddense_prefetch_l2(w, n);
     gfw_pdl_enter();
     __shared__ double sh[33];
     const uint16_t *xr = x + (int64_t)blockIdx.x * n;
@@ -1909,6 +1926,12 @@ struct hc_pre_norm_args {
 __global__ void __launch_bounds__(GFW_HC_FUSED_THREADS, GFW_HC_FUSED_BLOCKS_PER_SM) k_hc_pre_norm(hc_pre_norm_args a)
 {
     constexpr int HC = GFW_HC_FUSED_HC, NT = GFW_HC_PART_CHUNKS, C = MMOE_SUM_CHUNK;
+    /* fn is no kernel's output: its chunk is asked of the L2 while the kernel before still runs */
+    if (threadIdx.x < NT && (int)blockIdx.y < a.n_out) {
+        const int64_t i0 = ((int64_t)blockIdx.x * NT + threadIdx.x) * C;
+        if (i0 < HC * a.D)
+            gfw_prefetch_l2(a.fn + blockIdx.y * HC * a.D + i0);
+    }
     gfw_pdl_enter();
     __shared__ double sh[33];
     __shared__ float m[(2 + HC) * HC + 1];
@@ -2243,6 +2266,8 @@ __global__ void k_q_kv_finish(uint16_t *q, int64_t q_rows, int64_t d, float eps,
                               uint16_t *kv, ddense kv_w, float kv_eps, int rope_dim, const float *cs,
                               const int64_t *pos_dev, uint16_t *ring, int W)
 {
+    if ((int64_t)blockIdx.x >= q_blocks)
+        ddense_prefetch_l2(kv_w, d);
     gfw_pdl_enter();
     const int64_t pos0 = *pos_dev;
     if ((int64_t)blockIdx.x < q_blocks)

@@ -384,6 +384,15 @@ __device__ __forceinline__ uint16_t gfw_moe_combine_channel(const uint16_t *slot
 }
 
 /**
+ * Ask the L2 for the 128-byte line that holds @p p (global memory) without waiting for it: a
+ * kernel's parameters, which no kernel writes, requested before its programmatic wait.
+ */
+__device__ __forceinline__ void gfw_prefetch_l2(const void *p)
+{
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(__cvta_generic_to_global(p)));
+}
+
+/**
  * The first step of every forward kernel.  The forward launches each of its kernels with
  * mmoe_launch_pdl() (programmatic dependent launch, gpu_pdl.cuh), so a kernel's blocks may be
  * dispatched while the kernel before it still runs: they first wait for it to complete (its
