@@ -171,7 +171,8 @@
  * the one-token FP8 linears (k_linear_fp8_128_split, k_linear_dense_f8_rows) issue their first
  * weight loads before that wait, and the one-block kernels ask the L2 for their weights there
  * (k_rmsnorm's and the kv finish's norm weights, k_hc_pre_norm's fn chunks: gfw_prefetch_l2()),
- * so that those reads, cold in every step, do not wait after the kernel before.
+ * as k_attend does for the kv rows of earlier calls, so that those reads, cold in every step,
+ * do not wait after the kernel before.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -2846,6 +2847,27 @@ __device__ __forceinline__ double attend_lane_sum(const uint16_t *qh, const uint
     return c;
 }
 
+/**
+ * A one-token call's kv rows that earlier calls wrote (the window's rows before this call's
+ * position, and at ratio 128 the compressed rows), asked of the L2 before k_attend's wait: in a
+ * decode step the weight streams have evicted them since.  The step record is the call's first
+ * node, so its position is readable here.  The rows' 128-byte lines are shared out over all
+ * threads of all heads' blocks.  (Ratio-4 rows are chosen by this call's indexer: not known yet.)
+ */
+__device__ __forceinline__ void attend_prefetch_rows(const attend_args &a)
+{
+    const int64_t pos = *a.pos0;
+    const int64_t first = pos - a.W + 1 > 0 ? pos - a.W + 1 : 0;
+    const int64_t n_ring = pos - first, n_comp = a.ratio == 128 ? (pos + 1) / 128 : 0;
+    const int64_t lines = (2 * (int64_t)a.d + 127) / 128, total = (n_ring + n_comp) * lines;
+    const int64_t stride = (int64_t)gridDim.y * blockDim.x;
+    for (int64_t j = (int64_t)blockIdx.y * blockDim.x + threadIdx.x; j < total; j += stride) {
+        const int64_t e = j / lines, off = 128 * (j - e * lines);
+        const uint16_t *row = e < n_ring ? a.ring + ((first + e) % a.W) * a.d : a.comp + (e - n_ring) * a.d;
+        gfw_prefetch_l2((const uint8_t *)row + off);
+    }
+}
+
 /** Rows of a chunk whose scores one warp of k_attend sums at once (independent loads in flight). */
 #define GFW_ATTEND_ROWS 4
 
@@ -2862,6 +2884,8 @@ __device__ __forceinline__ double attend_lane_sum(const uint16_t *qh, const uint
  */
 __global__ void __launch_bounds__(256, 3) k_attend(attend_args a)
 {
+    if (gridDim.x == 1)
+        attend_prefetch_rows(a);
     gfw_pdl_enter();
     __shared__ float sc[64];
     __shared__ float pf[64];
