@@ -204,6 +204,12 @@ struct ddense {
     int nan_free;           /**< F8 only: 1 when no code is NaN (e4m3_codes_nan_free(), at upload) */
 };
 
+/** Bytes of one element of @p w (the device twin of gfw_dense_bytes()'s rule). */
+__device__ __forceinline__ int ddense_elem_bytes(const ddense &w)
+{
+    return w.dtype == GFW_F32 ? 4 : w.dtype == GFW_BF16 ? 2 : 1;
+}
+
 /**
  * Ask the L2 for the first @p n elements of @p w (a norm's weight) by all threads of the block,
  * one 128-byte line each in turn: before a kernel's programmatic wait, so that a one-block
@@ -213,7 +219,7 @@ __device__ __forceinline__ void ddense_prefetch_l2(const ddense &w, int64_t n)
 {
     if (w.p == NULL)
         return;
-    const int64_t bytes = n * (w.dtype == GFW_F32 ? 4 : w.dtype == GFW_BF16 ? 2 : 1);
+    const int64_t bytes = n * ddense_elem_bytes(w);
     for (int64_t off = (int64_t)threadIdx.x * 128; off < bytes; off += (int64_t)blockDim.x * 128)
         gfw_prefetch_l2((const uint8_t *)w.p + off);
 }
@@ -1556,7 +1562,7 @@ __global__ void __launch_bounds__(GFW_DENSE_WARPS * 32, GFW_DENSE_BLOCKS_PER_SM)
     while (M < m)
         M <<= 1;
     const int64_t rounds = M > 32 ? M / 32 : 1;
-    const int esize = w.dtype == GFW_F32 ? 4 : w.dtype == GFW_BF16 ? 2 : 1;
+    const int esize = ddense_elem_bytes(w);
     const bool whole = K % MMOE_SUM_CHUNK == 0 && ((uintptr_t)xr & 15) == 0 &&
                        ((uintptr_t)((const char *)w.p + n * w.cols * esize) & 15) == 0;
     double v;
@@ -1927,24 +1933,22 @@ struct hc_pre_norm_args {
 __global__ void __launch_bounds__(GFW_HC_FUSED_THREADS, GFW_HC_FUSED_BLOCKS_PER_SM) k_hc_pre_norm(hc_pre_norm_args a)
 {
     constexpr int HC = GFW_HC_FUSED_HC, NT = GFW_HC_PART_CHUNKS, C = MMOE_SUM_CHUNK;
-    /* fn is no kernel's output: its chunk is asked of the L2 while the kernel before still runs */
-    if (threadIdx.x < NT && (int)blockIdx.y < a.n_out) {
-        const int64_t i0 = ((int64_t)blockIdx.x * NT + threadIdx.x) * C;
-        if (i0 < HC * a.D)
-            gfw_prefetch_l2(a.fn + blockIdx.y * HC * a.D + i0);
-    }
+    const int64_t n = HC * a.D, r = blockIdx.y, k = (int64_t)blockIdx.x * NT + threadIdx.x;
+    const int mixer = threadIdx.x < NT;
+    const float *row = r < a.n_out ? a.fn + r * n : NULL; /* NULL: the sum of squares */
+    /* fn is no kernel's output: the chunk is asked of the L2 while the kernel before still runs */
+    if (mixer && row != NULL && k * C < n)
+        gfw_prefetch_l2(row + k * C);
     gfw_pdl_enter();
     __shared__ double sh[33];
     __shared__ float m[(2 + HC) * HC + 1];
     __shared__ float pre[HC];
     __shared__ int last;
-    const int64_t t = blockIdx.z, n = HC * a.D;
-    const int tid = threadIdx.x, mixer = tid < NT, S = (int)gridDim.x;
+    const int64_t t = blockIdx.z;
+    const int tid = threadIdx.x, S = (int)gridDim.x;
     const uint16_t *Xt = a.X + t * n;
     double leaf = 0.0; /* the Sinkhorn warp's leaves: +0, as the tree's padding */
     if (mixer) {
-        const int64_t r = blockIdx.y, k = (int64_t)blockIdx.x * NT + tid;
-        const float *row = r < a.n_out ? a.fn + r * n : NULL;
         if (!hc_chunk_vec(Xt, row, k, n, &leaf))
             leaf = row != NULL ? gfw_run_sum(fn_term{row, Xt}, k, 1, n) : gfw_run_sum(sq_term{Xt}, k, 1, n);
     }
@@ -2848,23 +2852,22 @@ __device__ __forceinline__ double attend_lane_sum(const uint16_t *qh, const uint
 }
 
 /**
- * A one-token call's kv rows that earlier calls wrote (the window's rows before this call's
- * position, and at ratio 128 the compressed rows), asked of the L2 before k_attend's wait: in a
- * decode step the weight streams have evicted them since.  The step record is the call's first
- * node, so its position is readable here.  The rows' 128-byte lines are shared out over all
- * threads of all heads' blocks.  (Ratio-4 rows are chosen by this call's indexer: not known yet.)
+ * A one-token call's kv rows that earlier calls wrote, asked of the L2 before k_attend's wait:
+ * in a decode step the weight streams have evicted them since.  They are the window's rows
+ * before the token's own (list entries 0 .. n_win - 2; entry n_win - 1 is this call's row) and,
+ * at ratio 128, the compressed rows (entries n_win ..); the ratio-4 rows are chosen by this
+ * call's indexer and not known yet.  Their addresses are attend_row()'s; their 128-byte lines
+ * are shared out over all threads of all heads' blocks.
  */
-__device__ __forceinline__ void attend_prefetch_rows(const attend_args &a)
+__device__ __forceinline__ void attend_prefetch_rows(const attend_args &a, int64_t pos0, int64_t first, int64_t n_win,
+                                                     int64_t n_comp)
 {
-    const int64_t pos = *a.pos0;
-    const int64_t first = pos - a.W + 1 > 0 ? pos - a.W + 1 : 0;
-    const int64_t n_ring = pos - first, n_comp = a.ratio == 128 ? (pos + 1) / 128 : 0;
-    const int64_t lines = (2 * (int64_t)a.d + 127) / 128, total = (n_ring + n_comp) * lines;
+    const int64_t n_old = n_win - 1 + (a.ratio == 128 ? n_comp : 0);
+    const int64_t lines = (2 * (int64_t)a.d + 127) / 128, total = n_old * lines;
     const int64_t stride = (int64_t)gridDim.y * blockDim.x;
     for (int64_t j = (int64_t)blockIdx.y * blockDim.x + threadIdx.x; j < total; j += stride) {
-        const int64_t e = j / lines, off = 128 * (j - e * lines);
-        const uint16_t *row = e < n_ring ? a.ring + ((first + e) % a.W) * a.d : a.comp + (e - n_ring) * a.d;
-        gfw_prefetch_l2((const uint8_t *)row + off);
+        const int64_t i = j / lines, e = i < n_win - 1 ? i : i + 1; /* entry n_win - 1 skipped */
+        gfw_prefetch_l2((const uint8_t *)attend_row(a, pos0, 0, first, n_win, e) + 128 * (j - i * lines));
     }
 }
 
@@ -2884,18 +2887,8 @@ __device__ __forceinline__ void attend_prefetch_rows(const attend_args &a)
  */
 __global__ void __launch_bounds__(256, 3) k_attend(attend_args a)
 {
-    if (gridDim.x == 1)
-        attend_prefetch_rows(a);
-    gfw_pdl_enter();
-    __shared__ float sc[64];
-    __shared__ float pf[64];
-    __shared__ float pb[64];
-    __shared__ const uint16_t *rowp[64]; /* the chunk's kv rows */
-    __shared__ float alpha_sh, m_sh, m_new_sh, den_sh;
+    /* the list's shape needs only the position: the step record is the call's first node */
     const int64_t t = blockIdx.x;
-    const int h = blockIdx.y;
-    const int d = a.d;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid / 32, nw = blockDim.x / 32;
     const int64_t pos0 = *a.pos0, pos = pos0 + t;
     const int64_t first = pos - a.W + 1 > 0 ? pos - a.W + 1 : 0;
     const int64_t n_win = pos - first + 1;
@@ -2906,6 +2899,17 @@ __global__ void __launch_bounds__(256, 3) k_attend(attend_args a)
         const int64_t nc = (pos + 1) / 4;
         n_comp = nc < a.topk ? nc : a.topk;
     }
+    if (gridDim.x == 1)
+        attend_prefetch_rows(a, pos0, first, n_win, n_comp);
+    gfw_pdl_enter();
+    __shared__ float sc[64];
+    __shared__ float pf[64];
+    __shared__ float pb[64];
+    __shared__ const uint16_t *rowp[64]; /* the chunk's kv rows */
+    __shared__ float alpha_sh, m_sh, m_new_sh, den_sh;
+    const int h = blockIdx.y;
+    const int d = a.d;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid / 32, nw = blockDim.x / 32;
     const int64_t n = n_win + n_comp;
     const uint16_t *qh = a.q + (t * a.H + h) * (int64_t)d;
     const int64_t r = gfw_chunks_per_lane(d, 32);
