@@ -174,6 +174,7 @@
  * as k_attend does for the kv rows of earlier calls, so that those reads, cold in every step,
  * do not wait after the kernel before.
  */
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -185,6 +186,8 @@
 #include "gpu_forward_internal.h"
 #include "gpu_forward_kernels.cuh"
 #include "gpu_dense_f8_scaled.h"
+
+namespace cg = cooperative_groups;
 #include "gpu_fwd_moe.cuh"
 #include "mmoe_formats.h"
 #include "mmoe_log1p.h"
@@ -2874,19 +2877,75 @@ __device__ __forceinline__ void attend_prefetch_rows(const attend_args &a, int64
 /** Rows of a chunk whose scores one warp of k_attend sums at once (independent loads in flight). */
 #define GFW_ATTEND_ROWS 4
 
+/** Threads of a k_attend block. */
+#define GFW_ATTEND_THREADS 256
+
+/** Rows of k_attend's chunks (the reference kernel's, ATTN_SPARSE_CHUNK). */
+#define GFW_ATTEND_CHUNK 64
+
 /**
- * Sparse attention of attn_sparse.c for one (token, head) per block (blockDim.x a multiple of
- * 32, d <= 8 blockDim.x): the window, then the compressed rows; chunks of 64 with the
- * running-max softmax; P rounded to bf16 for P.V; the sink joins the denominator at the end.
- * Each warp sums the scores of rows warp, warp + nw, ... (the order of
- * @ref spec_arch_sum_order, GFW_ATTEND_ROWS rows at a time, attend_lane_sum()); the exps are taken in parallel,
- * the denominator is summed in row order by one thread, and each thread extends the P.V sums of
- * its channels in row order.  With a.cs the output gets its inverse RoPE at the end.  Bounded
- * to three CTAs per multiprocessor (80 registers on sm_90a and sm_100a, no spills; unbounded,
- * the compiler takes 99 on sm_90a and two fit, fewer of a prefill's (token, head) blocks at once).
+ * The instances of k_attend: every call's (ATTEND_ANY), and a one-token call's split in two
+ * parts (attend_splits()) whose two blocks of a head form a cluster and share out the chunk's
+ * scores (ATTEND_PAIR).
  */
-__global__ void __launch_bounds__(256, 3) k_attend(attend_args a)
+enum attend_mode { ATTEND_ANY, ATTEND_PAIR };
+
+/**
+ * Whether every lane's run of a score is one whole chunk of 16 values at 16-byte aligned
+ * addresses in q and in every kv row (d = 32 chunks, aligned bases): then the lanes hold their q
+ * values as doubles once and attend_lane_sum_q() sums a row.
+ */
+__device__ __forceinline__ bool attend_vec(const attend_args &a, const uint16_t *qh)
 {
+    return a.d == 32 * MMOE_SUM_CHUNK && gfw_aligned16(qh) && gfw_aligned16(a.kv_call) && gfw_aligned16(a.ring) &&
+           (a.comp == NULL || gfw_aligned16(a.comp));
+}
+
+/**
+ * attend_lane_sum() of a whole aligned chunk with the lane's q values already converted
+ * (@p qd: (double) of each): the same products in the same order.
+ */
+__device__ __forceinline__ double attend_lane_sum_q(const double *qd, const uint16_t *row, int lane)
+{
+    float kv[MMOE_SUM_CHUNK];
+    gfw_load_bf16x16(row + (int64_t)lane * MMOE_SUM_CHUNK, kv);
+    double c = 0.0;
+#pragma unroll
+    for (int i = 0; i < MMOE_SUM_CHUNK; i++)
+        c = __dadd_rn(c, __dmul_rn(qd[i], (double)kv[i]));
+    return c;
+}
+
+/**
+ * Sparse attention of attn_sparse.c for one (token, head) per block (blockDim.x =
+ * GFW_ATTEND_THREADS, d <= 8 blockDim.x): the window, then the compressed rows; chunks of
+ * GFW_ATTEND_CHUNK with the running-max softmax; P rounded to bf16 for P.V; the sink joins the
+ * denominator at the end.  Each warp sums the scores of rows warp, warp + nw, ... (the order of
+ * @ref spec_arch_sum_order, GFW_ATTEND_ROWS rows at a time, attend_lane_sum()); the exps are
+ * taken in parallel, the denominator is summed in row order by one thread, and each thread
+ * extends the P.V sums of its channels in row order; with gridDim.z parts (attend_splits()) a
+ * block sums only its part of the channels.  With a.cs the output gets its inverse RoPE at the
+ * end.
+ *
+ * MODE ATTEND_PAIR (a one-token call in two parts): the two blocks of a head are one cluster;
+ * each sums the scores of half the chunk's rows (warp w of part z: rows 8 z + w, + 16, ...) and
+ * writes each into its own and the other block's shared scores (distributed shared memory),
+ * and the barriers around the scores are the cluster's.  With attend_vec() the lanes convert
+ * their q values to doubles once.  A score is the same operations in the same order whichever
+ * block sums it: the same bits.  In a decode step this halves each block's share of the scores
+ * (the kernel is a chain of latencies: few warps a multiprocessor, each waiting on its loads,
+ * its double adds and the barriers).
+ *
+ * Registers: ATTEND_ANY is bounded to three CTAs per multiprocessor (80 registers on sm_90a and
+ * sm_100a, no spills; unbounded, the compiler takes 99 on sm_90a and two fit, fewer of a
+ * prefill's (token, head) blocks at once); ATTEND_PAIR, whose grid is one block of each head's
+ * pair, to two (128 registers, no spills: the lane's q as doubles).
+ */
+template <attend_mode MODE>
+__global__ void __launch_bounds__(GFW_ATTEND_THREADS, MODE == ATTEND_PAIR ? 2 : 3) k_attend(attend_args a)
+{
+    constexpr int CH = GFW_ATTEND_CHUNK;
+    constexpr bool PAIR = MODE == ATTEND_PAIR;
     /* the list's shape needs only the position: the step record is the call's first node */
     const int64_t t = blockIdx.x;
     const int64_t pos0 = *a.pos0, pos = pos0 + t;
@@ -2899,13 +2958,13 @@ __global__ void __launch_bounds__(256, 3) k_attend(attend_args a)
         const int64_t nc = (pos + 1) / 4;
         n_comp = nc < a.topk ? nc : a.topk;
     }
-    if (gridDim.x == 1)
+    if (gridDim.x == 1 && blockIdx.z == 0) /* one part's blocks ask for the rows */
         attend_prefetch_rows(a, pos0, first, n_win, n_comp);
     gfw_pdl_enter();
-    __shared__ float sc[64];
-    __shared__ float pf[64];
-    __shared__ float pb[64];
-    __shared__ const uint16_t *rowp[64]; /* the chunk's kv rows */
+    __shared__ float sc[CH];
+    __shared__ float pf[CH];
+    __shared__ float pb[CH];
+    __shared__ const uint16_t *rowp[CH]; /* the chunk's kv rows */
     __shared__ float alpha_sh, m_sh, m_new_sh, den_sh;
     const int h = blockIdx.y;
     const int d = a.d;
@@ -2913,34 +2972,62 @@ __global__ void __launch_bounds__(256, 3) k_attend(attend_args a)
     const int64_t n = n_win + n_comp;
     const uint16_t *qh = a.q + (t * a.H + h) * (int64_t)d;
     const int64_t r = gfw_chunks_per_lane(d, 32);
-    float acc[8]; /* channels tid + i*blockDim.x */
+    /* this block's channels: [cb, ce), the gridDim.z-th part blockIdx.z (attend_splits()) */
+    const int cw = d / (int)gridDim.z, cb = (int)blockIdx.z * cw, ce = cb + cw;
+    /* the score rows of this warp: w0, w0 + ws, ... */
+    const int w0 = PAIR ? (int)blockIdx.z * nw + warp : warp, ws = PAIR ? 2 * nw : nw;
+    float *sc_other = sc;
+    if (PAIR) {
+        cg::cluster_group cl = cg::this_cluster();
+        sc_other = cl.map_shared_rank(sc, (int)cl.block_rank() ^ 1);
+    }
+    const bool vec = PAIR && attend_vec(a, qh);
+    constexpr int NQ = PAIR ? MMOE_SUM_CHUNK : 1; /* ATTEND_ANY never takes the vector path */
+    double qd[NQ];
+    if (vec) {
+        float qv[MMOE_SUM_CHUNK];
+        gfw_load_bf16x16(qh + (int64_t)lane * MMOE_SUM_CHUNK, qv);
+#pragma unroll
+        for (int i = 0; i < NQ; i++)
+            qd[i] = (double)qv[i];
+    }
+    float acc[8]; /* channels cb + tid + i*blockDim.x */
     for (int i = 0; i < 8; i++)
         acc[i] = 0.0f;
     if (tid == 0) {
         m_sh = -INFINITY;
         den_sh = 0.0f;
     }
-    for (int64_t c0 = 0; c0 < n; c0 += 64) {
-        const int cn = (int)((n - c0) < 64 ? (n - c0) : 64);
+    if (PAIR) /* the other block runs before its shared memory is written */
+        cg::this_cluster().sync();
+    for (int64_t c0 = 0; c0 < n; c0 += CH) {
+        const int cn = (int)((n - c0) < CH ? (n - c0) : CH);
         if (tid < cn)
             rowp[tid] = attend_row(a, pos0, t, first, n_win, c0 + tid);
         __syncthreads();
-        for (int i = warp; i < cn; i += GFW_ATTEND_ROWS * nw) {
+        for (int i = w0; i < cn; i += GFW_ATTEND_ROWS * ws) {
             double v[GFW_ATTEND_ROWS];
 #pragma unroll
             for (int u = 0; u < GFW_ATTEND_ROWS; u++) {
-                const int iu = i + u * nw;
-                v[u] = iu < cn ? attend_lane_sum(qh, rowp[iu], lane, r, d) : 0.0;
+                const int iu = i + u * ws;
+                v[u] = iu >= cn ? 0.0 : vec ? attend_lane_sum_q(qd, rowp[iu], lane) : attend_lane_sum(qh, rowp[iu], lane, r, d);
             }
 #pragma unroll
             for (int u = 0; u < GFW_ATTEND_ROWS; u++) {
-                const int iu = i + u * nw;
+                const int iu = i + u * ws;
                 const double dot = gfw_group_pairwise(v[u], 32);
-                if (lane == 0 && iu < cn)
-                    sc[iu] = __fmul_rn(__double2float_rn(dot), a.scale);
+                if (lane == 0 && iu < cn) {
+                    const float s = __fmul_rn(__double2float_rn(dot), a.scale);
+                    sc[iu] = s;
+                    if (PAIR)
+                        sc_other[iu] = s;
+                }
             }
         }
-        __syncthreads();
+        if (PAIR)
+            cg::this_cluster().sync();
+        else
+            __syncthreads();
         if (warp == 0) { /* the chunk's max (a NaN score never wins, as in the oracle's loop) */
             float cmax = -INFINITY;
             for (int i = lane; i < cn; i += 32)
@@ -2973,8 +3060,8 @@ __global__ void __launch_bounds__(256, 3) k_attend(attend_args a)
                 m_sh = m_new;
             }
             for (int ci = 0; ci < 8; ci++) {
-                const int c = tid + ci * blockDim.x;
-                if (c >= d)
+                const int c = cb + tid + ci * blockDim.x;
+                if (c >= ce)
                     break;
                 float v = __fmul_rn(acc[ci], alpha);
 #pragma unroll 8
@@ -2983,21 +3070,51 @@ __global__ void __launch_bounds__(256, 3) k_attend(attend_args a)
                 acc[ci] = v;
             }
         }
-        __syncthreads();
+        /* PAIR: the other block has read its scores before this one writes the next chunk's */
+        if (PAIR)
+            cg::this_cluster().sync();
+        else
+            __syncthreads();
     }
     const float den = __fadd_rn(den_sh, gfw_expf(__fsub_rn(a.sink[h], m_sh)));
     uint16_t *o = a.out + (t * a.H + h) * (int64_t)d;
     for (int ci = 0; ci < 8; ci++) {
-        const int c = tid + ci * blockDim.x;
-        if (c >= d)
+        const int c = cb + tid + ci * blockDim.x;
+        if (c >= ce)
             break;
         o[c] = gfw_f2bf(__fdiv_rn(acc[ci], den));
     }
-    if (a.cs) { /* the inverse RoPE of the output at the query's position (attn_forward.c) */
+    if (a.cs && ce == d) { /* the inverse RoPE of the output at the query's position (attn_forward.c): the
+                              last part holds the rotary channels (attend_splits()) */
         __syncthreads();
         for (int p = tid; p < a.rope_dim / 2; p += blockDim.x)
             rope_pair(o + d - a.rope_dim, p, a.rope_dim / 2, a.cs, pos, 1);
     }
+}
+
+/**
+ * Parts the channels of k_attend's heads are split into, one block each (gridDim.z): two for a
+ * one-token call, whose grid of H blocks leaves half of an H200's multiprocessors idle, where
+ * each part is whole per thread (d / 2 <= 8 x 256) and holds the rotary channels in one part
+ * (d / 2 >= rope_dim); else one.  The two parts of a head are a cluster that shares out the
+ * scores (ATTEND_PAIR); every part computes the same softmax (the same operations in the same
+ * order) and the P.V sums of its own channels: the outputs are the same bits whatever the split.
+ */
+static int attend_splits(int64_t T, int d, int rope_dim)
+{
+    return T == 1 && d % 2 == 0 && d / 2 >= rope_dim ? 2 : 1;
+}
+
+/** Launch k_attend for T tokens of H heads: ATTEND_PAIR, a cluster of two blocks a head, for two parts. */
+static void launch_attend(const attend_args &aa, int64_t T, cudaStream_t st)
+{
+    const int splits = attend_splits(T, aa.d, aa.rope_dim);
+    const dim3 grid((unsigned)T, (unsigned)aa.H, (unsigned)splits);
+    if (splits != 2) {
+        mmoe_launch_pdl(k_attend<ATTEND_ANY>, grid, GFW_ATTEND_THREADS, 0, st, aa);
+        return;
+    }
+    mmoe_launch_pdl_cluster(dim3(1, 1, 2), k_attend<ATTEND_PAIR>, grid, GFW_ATTEND_THREADS, 0, st, aa);
 }
 
 /** Copy the last min(T, W) kv rows of the call into the ring (slot pos % W; pos0 = *pos_dev). */
@@ -4433,7 +4550,7 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
     }
     attend_args aa = {g->q, g->kv, b->ring, b->comp, g->topk_idx, b->sink, b->cs, (int)H, (int)d, a.window, a.ratio,
                       a.topk, a.rope_dim, pos_dev, (float)(1.0 / sqrt((double)d)), g->att};
-    mmoe_launch_pdl(k_attend, dim3((unsigned)T, (unsigned)H), 256, 0, sm, aa);
+    launch_attend(aa, T, sm);
     GFW_CHECK("attention and inverse rope");
     if (!ring_early) {
         mmoe_launch_pdl(k_ring_store, nblk((T < a.window ? T : a.window) * d), 256, 0, sm, g->kv, T, pos_dev,
@@ -5266,7 +5383,7 @@ extern "C" mmoe_status gfw_test_attend(const uint16_t *q, int H, int d, const ui
     if (a.ce == cudaSuccess) {
         attend_args aa = {dq, dr + (n - 1) * d, dr, NULL, NULL, dsink, NULL, H, d, (int)n, 0, 0, 0, dpos,
                           (float)(1.0 / sqrt((double)d)), dout};
-        k_attend<<<dim3(1, (unsigned)H), 256>>>(aa);
+        launch_attend(aa, 1, 0);
     }
     return tfinish(&a, out, dout, 2 * (size_t)H * (size_t)d, err, "attention");
 }

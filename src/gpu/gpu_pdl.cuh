@@ -49,6 +49,40 @@ __device__ __forceinline__ void mmoe_grid_launch_dependents()
 }
 
 /**
+ * Launch @p kernel on @p st with the attributes asked for: programmatic serialization when
+ * @p pdl is set (see mmoe_launch_ex()), and thread-block clusters of @p cluster blocks when
+ * that is more than one block (the grid a multiple of it in each dimension; the blocks of a
+ * cluster run at once on one GPC and may read and write each other's shared memory).
+ */
+template <typename... Params, typename... Args>
+static inline cudaError_t mmoe_launch_cfg(bool pdl, dim3 cluster, void (*kernel)(Params...), dim3 grid, dim3 block,
+                                          size_t smem, cudaStream_t st, Args &&...args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute attr[2];
+    unsigned n = 0;
+    if (pdl) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n].val.programmaticStreamSerializationAllowed = 1;
+        n++;
+    }
+    if (cluster.x * cluster.y * cluster.z > 1) {
+        attr[n].id = cudaLaunchAttributeClusterDimension;
+        attr[n].val.clusterDim.x = cluster.x;
+        attr[n].val.clusterDim.y = cluster.y;
+        attr[n].val.clusterDim.z = cluster.z;
+        n++;
+    }
+    cfg.attrs = attr;
+    cfg.numAttrs = n;
+    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+/**
  * Launch @p kernel on @p st, with the programmatic-serialization attribute when @p pdl is set:
  * it may then start once every block of the kernel before it has called
  * mmoe_grid_launch_dependents() (see the file comment), so it must call
@@ -59,17 +93,7 @@ template <typename... Params, typename... Args>
 static inline cudaError_t mmoe_launch_ex(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                                          cudaStream_t st, Args &&...args)
 {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+    return mmoe_launch_cfg(pdl, dim3(1, 1, 1), kernel, grid, block, smem, st, std::forward<Args>(args)...);
 }
 
 /** mmoe_launch_ex() with the attribute: the launch of every forward kernel and of the layer's helpers. */
@@ -78,6 +102,14 @@ static inline cudaError_t mmoe_launch_pdl(void (*kernel)(Params...), dim3 grid, 
                                           cudaStream_t st, Args &&...args)
 {
     return mmoe_launch_ex(true, kernel, grid, block, smem, st, std::forward<Args>(args)...);
+}
+
+/** mmoe_launch_pdl() of clusters of @p cluster blocks (mmoe_launch_cfg()). */
+template <typename... Params, typename... Args>
+static inline cudaError_t mmoe_launch_pdl_cluster(dim3 cluster, void (*kernel)(Params...), dim3 grid, dim3 block,
+                                                  size_t smem, cudaStream_t st, Args &&...args)
+{
+    return mmoe_launch_cfg(true, cluster, kernel, grid, block, smem, st, std::forward<Args>(args)...);
 }
 
 #endif
