@@ -28,15 +28,21 @@ def number(text):
 
 
 def tables(lines):
-    """The page's tables: lists of rows as dicts, a new table wherever a header row (its first cell the first header's) comes again."""
-    out, header = [], None
+    """The page's tables as (kernel name, rows as dicts): a table opens with a "Kernel Name" row
+    (newer Nsight Compute: the name, then the header) or with a header row (its first cell the
+    first header's, as older versions write several kernels)."""
+    out, header, name, want_header = [], None, None, False
     for cells in csv.reader(lines):
-        if header is None or (cells and cells[0] == header[0]):
-            header = cells
-            out.append([])
+        if cells and cells[0] == "Kernel Name":
+            name = cells[1] if len(cells) > 1 else None
+            want_header = True
             continue
-        out[-1].append(dict(zip(header, cells)))
-    return [t for t in out if t]
+        if want_header or header is None or (cells and cells[0] == header[0]):
+            header, want_header = cells, False
+            out.append((name, []))
+            continue
+        out[-1][1].append(dict(zip(header, cells)))
+    return [(n, t) for n, t in out if t]
 
 
 def report(rows, top, name):
@@ -83,7 +89,8 @@ def main():
     found = tables(lines)
     if not found:
         sys.exit("ncu_sass_stalls.py: no rows in %s" % sys.argv[1])
-    ok = [report(rows, top, "kernel %d of %d" % (i + 1, len(found))) for i, rows in enumerate(found)]
+    ok = [report(rows, top, "kernel %d of %d%s" % (i + 1, len(found), " (%s)" % n if n else ""))
+          for i, (n, rows) in enumerate(found)]
     sys.exit(0 if all(ok) else 1)
 
 
