@@ -163,7 +163,8 @@
  * run the same functions launched one by one, so both ways run identical kernels on identical
  * inputs.
  *
- * Every kernel is launched with programmatic dependent launch (mmoe_launch_pdl(), gpu_pdl.cuh)
+ * Every kernel is launched with programmatic dependent launch (mmoe_launch_pdl(), gpu_pdl.cuh;
+ * a one-token k_attend in clusters of two blocks, mmoe_launch_pdl_cluster())
  * (but the first kernel of the shared expert's branch and the hc_post after its join, whose
  * dependencies cross streams and are full ones) and first waits for the kernel before it
  * (gfw_pdl_enter()), so the next launch and the
