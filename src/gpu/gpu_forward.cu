@@ -187,11 +187,11 @@
 #include "gpu_forward_internal.h"
 #include "gpu_forward_kernels.cuh"
 #include "gpu_dense_f8_scaled.h"
-
-namespace cg = cooperative_groups;
 #include "gpu_fwd_moe.cuh"
 #include "mmoe_formats.h"
 #include "mmoe_log1p.h"
+
+namespace cg = cooperative_groups;
 
 /* ================================================================== device structures */
 
@@ -2833,6 +2833,33 @@ __device__ __forceinline__ const uint16_t *attend_row(const attend_args &a, int6
     return a.comp + j * a.d;
 }
 
+/** The 16 q values of lane @p lane's chunk (16-byte aligned), each converted to double. */
+__device__ __forceinline__ void attend_q_doubles(const uint16_t *qh, int lane, double *qd)
+{
+    float qv[MMOE_SUM_CHUNK];
+    gfw_load_bf16x16(qh + (int64_t)lane * MMOE_SUM_CHUNK, qv);
+#pragma unroll
+    for (int i = 0; i < MMOE_SUM_CHUNK; i++)
+        qd[i] = (double)qv[i];
+}
+
+/**
+ * Lane @p lane's sum of the terms q_i k_i of its whole chunk of kv row @p row (16-byte aligned),
+ * ascending from +0 (gfw_chunk_sum's order); the chunk's q values @p q as floats (converted at
+ * each product) or already as doubles (attend_q_doubles()): the same products either way.
+ */
+template <typename Q>
+__device__ __forceinline__ double attend_lane_sum_q(const Q *q, const uint16_t *row, int lane)
+{
+    float kv[MMOE_SUM_CHUNK];
+    gfw_load_bf16x16(row + (int64_t)lane * MMOE_SUM_CHUNK, kv);
+    double c = 0.0;
+#pragma unroll
+    for (int i = 0; i < MMOE_SUM_CHUNK; i++)
+        c = __dadd_rn(c, __dmul_rn((double)q[i], (double)kv[i]));
+    return c;
+}
+
 /**
  * The tree node that lane @p lane of k_attend's warp sums for the score of kv row @p row:
  * gfw_run_sum() of the terms q_i k_i over its run of @p r chunks.  A single whole chunk whose
@@ -2845,14 +2872,9 @@ __device__ __forceinline__ double attend_lane_sum(const uint16_t *qh, const uint
     const int64_t i0 = (int64_t)lane * MMOE_SUM_CHUNK;
     if (r != 1 || i0 + MMOE_SUM_CHUNK > d || !gfw_aligned16(qh + i0) || !gfw_aligned16(row + i0))
         return gfw_run_sum(bf_dot_term{qh, row}, (int64_t)lane * r, r, d);
-    float qv[MMOE_SUM_CHUNK], kv[MMOE_SUM_CHUNK];
+    float qv[MMOE_SUM_CHUNK];
     gfw_load_bf16x16(qh + i0, qv);
-    gfw_load_bf16x16(row + i0, kv);
-    double c = 0.0;
-#pragma unroll
-    for (int i = 0; i < MMOE_SUM_CHUNK; i++)
-        c = __dadd_rn(c, __dmul_rn((double)qv[i], (double)kv[i]));
-    return c;
+    return attend_lane_sum_q(qv, row, lane);
 }
 
 /**
@@ -2903,18 +2925,16 @@ __device__ __forceinline__ bool attend_vec(const attend_args &a, const uint16_t 
 }
 
 /**
- * attend_lane_sum() of a whole aligned chunk with the lane's q values already converted
- * (@p qd: (double) of each): the same products in the same order.
+ * k_attend's barrier around its scores: the cluster's for ATTEND_PAIR (the other block writes
+ * them too), else the block's.
  */
-__device__ __forceinline__ double attend_lane_sum_q(const double *qd, const uint16_t *row, int lane)
+template <bool PAIR>
+__device__ __forceinline__ void attend_scores_sync()
 {
-    float kv[MMOE_SUM_CHUNK];
-    gfw_load_bf16x16(row + (int64_t)lane * MMOE_SUM_CHUNK, kv);
-    double c = 0.0;
-#pragma unroll
-    for (int i = 0; i < MMOE_SUM_CHUNK; i++)
-        c = __dadd_rn(c, __dmul_rn(qd[i], (double)kv[i]));
-    return c;
+    if (PAIR)
+        cg::this_cluster().sync();
+    else
+        __syncthreads();
 }
 
 /**
@@ -2983,15 +3003,9 @@ __global__ void __launch_bounds__(GFW_ATTEND_THREADS, MODE == ATTEND_PAIR ? 2 : 
         sc_other = cl.map_shared_rank(sc, (int)cl.block_rank() ^ 1);
     }
     const bool vec = PAIR && attend_vec(a, qh);
-    constexpr int NQ = PAIR ? MMOE_SUM_CHUNK : 1; /* ATTEND_ANY never takes the vector path */
-    double qd[NQ];
-    if (vec) {
-        float qv[MMOE_SUM_CHUNK];
-        gfw_load_bf16x16(qh + (int64_t)lane * MMOE_SUM_CHUNK, qv);
-#pragma unroll
-        for (int i = 0; i < NQ; i++)
-            qd[i] = (double)qv[i];
-    }
+    double qd[MMOE_SUM_CHUNK]; /* with vec only: ATTEND_ANY never holds it */
+    if (vec)
+        attend_q_doubles(qh, lane, qd);
     float acc[8]; /* channels cb + tid + i*blockDim.x */
     for (int i = 0; i < 8; i++)
         acc[i] = 0.0f;
@@ -3011,7 +3025,9 @@ __global__ void __launch_bounds__(GFW_ATTEND_THREADS, MODE == ATTEND_PAIR ? 2 : 
 #pragma unroll
             for (int u = 0; u < GFW_ATTEND_ROWS; u++) {
                 const int iu = i + u * ws;
-                v[u] = iu >= cn ? 0.0 : vec ? attend_lane_sum_q(qd, rowp[iu], lane) : attend_lane_sum(qh, rowp[iu], lane, r, d);
+                v[u] = iu >= cn ? 0.0
+                       : vec  ? attend_lane_sum_q(qd, rowp[iu], lane)
+                              : attend_lane_sum(qh, rowp[iu], lane, r, d);
             }
 #pragma unroll
             for (int u = 0; u < GFW_ATTEND_ROWS; u++) {
@@ -3025,10 +3041,7 @@ __global__ void __launch_bounds__(GFW_ATTEND_THREADS, MODE == ATTEND_PAIR ? 2 : 
                 }
             }
         }
-        if (PAIR)
-            cg::this_cluster().sync();
-        else
-            __syncthreads();
+        attend_scores_sync<PAIR>();
         if (warp == 0) { /* the chunk's max (a NaN score never wins, as in the oracle's loop) */
             float cmax = -INFINITY;
             for (int i = lane; i < cn; i += 32)
@@ -3072,10 +3085,7 @@ __global__ void __launch_bounds__(GFW_ATTEND_THREADS, MODE == ATTEND_PAIR ? 2 : 
             }
         }
         /* PAIR: the other block has read its scores before this one writes the next chunk's */
-        if (PAIR)
-            cg::this_cluster().sync();
-        else
-            __syncthreads();
+        attend_scores_sync<PAIR>();
     }
     const float den = __fadd_rn(den_sh, gfw_expf(__fsub_rn(a.sink[h], m_sh)));
     uint16_t *o = a.out + (t * a.H + h) * (int64_t)d;
