@@ -766,11 +766,21 @@ START_TEST(test_sublayers)
     tiny_dir(dir, sizeof dir);
     check_sublayers("tiny-dsv4", dir, 40, 16);
     check_sublayers_on_forward("tiny-dsv4", dir, 40, 16);
+    /* one token a call: the decode step's own kernels (one-token attention, router and plan) */
+    check_sublayers_on_forward("tiny-dsv4", dir, 24, 1);
     char root[512], sdir[600];
     ck_assert_int_eq(mmoe_test_mkdtemp(root, sizeof root), 0);
     snprintf(sdir, sizeof sdir, "%s/ckpt", root);
     synth_write(sdir, "tiny", 3, 0, 0, NULL, 0);
     check_sublayers("synth tiny x3", sdir, 140, 64);
+    check_sublayers("synth tiny x3, one token a call", sdir, 24, 1);
+    mmoe_test_rmtree(root);
+    /* 256 experts (V4-Flash's count): the one-token router's lanes hold eight experts each */
+    ck_assert_int_eq(mmoe_test_mkdtemp(root, sizeof root), 0);
+    snprintf(sdir, sizeof sdir, "%s/ckpt", root);
+    synth_write(sdir, "tiny", 3, 256, 0, NULL, 0);
+    check_sublayers("synth tiny x3, 256 experts, one token a call", sdir, 24, 1);
+    check_sublayers("synth tiny x3, 256 experts", sdir, 24, 8);
     mmoe_test_rmtree(root);
 }
 END_TEST

@@ -42,6 +42,7 @@
 #include "mmoe_rng.h"
 #include "mmoe_sum_order.h"
 #include "mmoe_test.h"
+#include "moe_internal.h"
 
 static uint64_t g_seed;
 
@@ -1216,6 +1217,116 @@ START_TEST(test_indexer)
 }
 END_TEST
 
+/**
+ * The one-token router and plan (and the general one, T > 1) against the oracle's rules:
+ * scores sqrt(softplus(z)) with glibc's FMA expf (the device's, bit for bit: test_expf) and
+ * mmoe_log1pf; the top-k of s + bias by moe_topk_select(); weights (s / sum) * scale with the
+ * sum in slot order; then the plan written out here: the valid tasks (every routed one, and
+ * the shared expert's tasks, key -1) sorted by (key, task), each expert's run cut into items
+ * of at most TT tasks.  With @p ties the logits take five values (one of them past the
+ * softplus's cut at 20, one -inf) and the bias two, so equal selection values are everywhere
+ * (the lower id must win), and a few logits are NaN (never chosen over a number).
+ */
+static void check_route(int64_t T, int64_t E, int k, int shared, int with_bias, int ties)
+{
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed ^ (uint64_t)(E * 131 + T * 7 + k * 3 + shared + 2 * with_bias + 1000 * ties));
+    const int64_t n = T * (k + 1);
+    const float levels[5] = {-1.5f, 0.25f, 3.0f, 24.0f, -INFINITY};
+    float *z = malloc(sizeof(float) * (size_t)(T * E)), *bias = with_bias ? malloc(sizeof(float) * (size_t)E) : NULL;
+    float *sg = malloc(sizeof(float) * (size_t)(T * E)), *wg = malloc(sizeof(float) * (size_t)(T * k));
+    float *s = malloc(sizeof(float) * (size_t)E), *sel = malloc(sizeof(float) * (size_t)E);
+    int32_t *ig = malloc(sizeof(int32_t) * (size_t)(T * k)), *order = malloc(sizeof(int32_t) * (size_t)n);
+    int32_t *flag = malloc(sizeof(int32_t) * (size_t)n), *items = malloc(sizeof(int32_t) * 4 * (size_t)n);
+    int64_t *ci = malloc(sizeof(int64_t) * (size_t)(T * k)), *keys = malloc(sizeof(int64_t) * (size_t)n);
+    ck_assert(z && (bias || !with_bias) && sg && wg && s && sel && ig && order && flag && items && ci && keys);
+    for (int64_t i = 0; i < T * E; i++) {
+        z[i] = ties ? levels[mmoe_rng_below(&r, 5)] : unif(&r, 8.0f);
+        if (ties && i % 97 == 5)
+            z[i] = NAN;
+    }
+    for (int64_t e = 0; with_bias && e < E; e++)
+        bias[e] = ties ? (mmoe_rng_below(&r, 2) ? 0.125f : -0.125f) : unif(&r, 0.5f);
+    mmoe_test_poison_f32(sg, (size_t)(T * E));
+    int32_t n_items = -7;
+    int tt = 0;
+    const float scale = 1.5f;
+    gfw_test_route_args a = {z, bias, T, E, k, shared, scale, sg, ig, wg, order, flag, items, &n_items, &tt};
+    mmoe_error err;
+    ck_assert_msg(gfw_test_route(&a, &err) == MMOE_OK, "%s", err.msg);
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t e = 0; e < E; e++) {
+            const float zz = z[t * E + e];
+            s[e] = sqrtf(zz > 20.0f ? zz : mmoe_log1pf(glibc_fma_expf(zz)));
+            sel[e] = with_bias ? s[e] + bias[e] : s[e] + 0.0f;
+            const float g = sg[t * E + e];
+            ck_assert_msg(memcmp(&g, &s[e], 4) == 0 || (isnan(g) && isnan(s[e])),
+                          "route T %lld E %lld: score [%lld, %lld] gpu %a cpu %a (seed %llu)", (long long)T,
+                          (long long)E, (long long)t, (long long)e, g, s[e], (unsigned long long)g_seed);
+        }
+        int64_t *ti = ci + t * k;
+        moe_topk_select(sel, E, k, ti);
+        float sum = 0.0f;
+        for (int j = 0; j < k; j++)
+            sum += s[ti[j]];
+        for (int j = 0; j < k; j++) {
+            const float w = (s[ti[j]] / sum) * scale;
+            ck_assert_msg(ig[t * k + j] == ti[j] && memcmp(&wg[t * k + j], &w, 4) == 0,
+                          "route T %lld E %lld k %d%s: token %lld slot %d: gpu expert %d weight %a, cpu %lld %a "
+                          "(seed %llu)", (long long)T, (long long)E, k, ties ? " ties" : "", (long long)t, j,
+                          ig[t * k + j], wg[t * k + j], (long long)ti[j], w, (unsigned long long)g_seed);
+        }
+    }
+    /* the plan: tasks by (key, task); items of at most tt tasks of one key */
+    const int64_t n_tasks = T * k + (shared ? T : 0);
+    for (int64_t p = 0; p < n_tasks; p++)
+        keys[p] = p < T * k ? ci[p] : -1;
+    int64_t rank = 0, item = 0;
+    for (int64_t key = -1; key < E; key++) {
+        int64_t run = 0;
+        for (int64_t p = 0; p < n_tasks; p++) {
+            if (keys[p] != key)
+                continue;
+            ck_assert_msg(order[rank] == p, "route T %lld E %lld: plan rank %lld: task %d, expected %lld (seed %llu)",
+                          (long long)T, (long long)E, (long long)rank, order[rank], (long long)p,
+                          (unsigned long long)g_seed);
+            int64_t left = 0;
+            for (int64_t q = p; q < n_tasks; q++)
+                left += keys[q] == key;
+            const int64_t f = run % tt == 0 ? (left < tt ? left : tt) : 0;
+            ck_assert_msg(flag[rank] == f, "route T %lld E %lld: plan rank %lld: flag %d, expected %lld (seed %llu)",
+                          (long long)T, (long long)E, (long long)rank, flag[rank], (long long)f,
+                          (unsigned long long)g_seed);
+            if (f > 0) {
+                const int32_t *it = items + 4 * item++;
+                ck_assert_msg(it[0] == (key < 0 ? E : key) && it[1] == rank && it[2] == f,
+                              "route T %lld E %lld: item %lld: (%d, %d, %d), expected (%lld, %lld, %lld) (seed %llu)",
+                              (long long)T, (long long)E, (long long)(item - 1), it[0], it[1], it[2],
+                              (long long)(key < 0 ? E : key), (long long)rank, (long long)f, (unsigned long long)g_seed);
+            }
+            run++;
+            rank++;
+        }
+    }
+    ck_assert_msg(n_items == item, "route T %lld E %lld: %d items, expected %lld (seed %llu)", (long long)T,
+                  (long long)E, n_items, (long long)item, (unsigned long long)g_seed);
+    free(z), free(bias), free(sg), free(wg), free(s), free(sel), free(ig), free(order), free(flag), free(items);
+    free(ci), free(keys);
+}
+
+START_TEST(test_route)
+{
+    static const struct {
+        int64_t T, E;
+        int k, shared, bias;
+    } cases[] = {{1, 8, 2, 0, 0},  {1, 8, 6, 1, 1},   {1, 256, 6, 0, 1}, {1, 256, 8, 1, 1}, {1, 384, 6, 1, 1},
+                 {1, 512, 8, 0, 1}, {1, 600, 6, 1, 1}, {3, 256, 6, 1, 1}, {20, 256, 6, 1, 1}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int ties = 0; ties < 2; ties++)
+            check_route(cases[i].T, cases[i].E, cases[i].k, cases[i].shared, cases[i].bias, ties);
+}
+END_TEST
+
 static Suite *blocks_suite(void)
 {
     Suite *s = suite_create("gpu_forward_blocks");
@@ -1232,6 +1343,7 @@ static Suite *blocks_suite(void)
     tcase_add_test(tc, test_attend);
     tcase_add_test(tc, test_qat);
     tcase_add_test(tc, test_indexer);
+    tcase_add_test(tc, test_route);
     suite_add_tcase(s, tc);
     return s;
 }

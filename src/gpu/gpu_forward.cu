@@ -87,8 +87,9 @@
  * and the norm after it: the block sums' blocks count themselves done, and the last block of a
  * token finishes it alone (the Sinkhorn in one warp, the mix and the norm in the others, a
  * chunk of 16 channels per thread), so a decode step's mHC costs one launch instead of three.
- * k_topk_split ranks the candidates (one thread each, O(n) comparisons) in
- * blocks of 256, which matters at long contexts (n = position / 4).  The linears of a decode
+ * k_topk_split ranks the candidates (one thread each, O(n) comparisons against the scores,
+ * which each block stages in shared memory a tile at a time) in blocks of 256, which matters at
+ * long contexts (n = position / 4).  The linears of a decode
  * step are bound by how fast their weights stream in: k_linear_dense_split gives each output
  * of a dense linear (the compressors' and the indexer's projections, the head's logits) one
  * warp, with about 2 KiB of its weight loads in flight (one to four rounds of 32 chunks); the
@@ -2768,26 +2769,45 @@ __device__ __forceinline__ int topk_before(float sa, int64_t a, float sb, int64_
     return a < b;
 }
 
+/** Scores a block of k_topk_split stages in shared memory at a time. */
+#define TOPK_TILE 1024
+
 /**
  * Top-k by rank counting (pos0 = *pos_dev; idx[t, rank] = block), split over blocks: thread
  * blockIdx.x * blockDim.x + threadIdx.x of token blockIdx.y ranks candidate i among the
  * n = (pos0 + t + 1) / 4 causal blocks; at long contexts the O(n) count of each of the n
- * candidates is spread over n / blockDim.x blocks.
+ * candidates is spread over n / blockDim.x blocks.  The scores are read TOPK_TILE at a time
+ * into shared memory by the whole block (one coalesced pass), so that each candidate's count
+ * compares against shared memory instead of a chain of loads from the L1; a count stops
+ * adding (it cannot fall) once it reaches k, checked once a tile.
  */
 __global__ void k_topk_split(const float *scores, const int64_t *pos_dev, int64_t max_blocks, int topk, int32_t *idx)
 {
     gfw_pdl_enter();
+    __shared__ float tile[TOPK_TILE];
     const int64_t pos0 = *pos_dev;
     const int64_t t = blockIdx.y, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t n = (pos0 + t + 1) / 4;
     const int64_t k = n < topk ? n : topk;
     const float *s = scores + t * max_blocks;
-    if (i >= n)
-        return;
+    if ((int64_t)blockIdx.x * blockDim.x >= n)
+        return; /* the whole block is past the count (uniform: the block's barriers are not reached) */
+    const int live = i < n;
+    const float si = live ? s[i] : 0.0f;
     int64_t rank = 0;
-    for (int64_t j = 0; j < n && rank < k; j++)
-        rank += (j != i) && topk_before(s[j], j, s[i], i);
-    if (rank < k)
+    for (int64_t j0 = 0; j0 < n; j0 += TOPK_TILE) {
+        const int m = (int)(n - j0 < TOPK_TILE ? n - j0 : TOPK_TILE);
+        __syncthreads();
+        for (int jj = threadIdx.x; jj < m; jj += blockDim.x)
+            tile[jj] = s[j0 + jj];
+        __syncthreads();
+        if (live && rank < k) {
+#pragma unroll 8
+            for (int jj = 0; jj < m; jj++)
+                rank += (j0 + jj != i) && topk_before(tile[jj], j0 + jj, si, i);
+        }
+    }
+    if (live && rank < k)
         idx[t * topk + rank] = (int32_t)i;
 }
 
@@ -5487,6 +5507,52 @@ extern "C" mmoe_status gfw_test_unary(gfw_test_fn fn, const float *x, int64_t n,
     if (a.ce == cudaSuccess)
         k_test_unary<<<nblk(n), 256>>>(fn, dx, n, dy);
     return tfinish(&a, y, dy, sizeof(float) * (size_t)n, err, fn == GFW_TEST_LOG1PF ? "log1pf" : "expf");
+}
+
+extern "C" mmoe_status gfw_test_route(const gfw_test_route_args *a, mmoe_error *err)
+{
+    tarena ar;
+    mmoe_status st = tbegin(&ar, err);
+    if (st != MMOE_OK)
+        return st;
+    const int64_t T = a->T, E = a->E, k = a->k, n = T * (k + 1);
+    dmoe m;
+    memset(&m, 0, sizeof m);
+    m.E = E;
+    m.k = k;
+    m.Ws = a->shared ? 128 : 0;
+    m.vb = 4;
+    m.first = 0;
+    m.held = E;
+    gfw_moe_router r = {NULL, NULL, NULL, a->route_scale};
+    if (a->bias)
+        r.bias = (const float *)tput(&ar, a->bias, sizeof(float) * (size_t)E);
+    gfw_moe_io io;
+    memset(&io, 0, sizeof io);
+    io.T = T;
+    io.logits = (float *)tput(&ar, a->logits, sizeof(float) * (size_t)(T * E));
+    io.idx = (int32_t *)tput(&ar, NULL, sizeof(int32_t) * (size_t)(T * k));
+    io.wts = (float *)tput(&ar, NULL, sizeof(float) * (size_t)(T * k));
+    gfw_moe_work w;
+    memset(&w, 0, sizeof w);
+    w.order = (int32_t *)tput(&ar, NULL, sizeof(int32_t) * (size_t)n);
+    w.flag = (int32_t *)tput(&ar, NULL, sizeof(int32_t) * (size_t)n);
+    w.items = (int4 *)tput(&ar, NULL, sizeof(int4) * (size_t)n);
+    w.n_items = (int32_t *)tput(&ar, NULL, sizeof(int32_t));
+    void *const outs[6] = {io.idx, io.wts, w.order, w.flag, w.items, w.n_items};
+    const size_t out_bytes[6] = {sizeof(int32_t) * (size_t)(T * k), sizeof(float) * (size_t)(T * k),
+                                 sizeof(int32_t) * (size_t)n, sizeof(int32_t) * (size_t)n, sizeof(int4) * (size_t)n,
+                                 sizeof(int32_t)};
+    tfill(&ar, outs, out_bytes, 6, 0xFF); /* NaN and -1: what the kernels leave unwritten shows */
+    if (ar.ce == cudaSuccess)
+        ar.ce = gfw_moe_route(m, r, w, io, 0);
+    if (ar.ce == cudaSuccess)
+        ar.ce = cudaDeviceSynchronize();
+    void *const host[6] = {a->idx, a->wts, a->order, a->flag, a->items, a->n_items};
+    for (int i = 0; i < 6 && ar.ce == cudaSuccess; i++)
+        ar.ce = cudaMemcpy(host[i], outs[i], out_bytes[i], cudaMemcpyDeviceToHost);
+    *a->tt = gfw_moe_tile(T, m.vb);
+    return tfinish(&ar, a->scores, io.logits, sizeof(float) * (size_t)(T * E), err, "routing");
 }
 
 extern "C" mmoe_status gfw_test_sublayer(mmoe_gpu_model *g, int L, int which, const uint16_t *x, const int32_t *ids,

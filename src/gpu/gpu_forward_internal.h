@@ -356,6 +356,28 @@ mmoe_status gfw_test_qat(uint16_t *x, int64_t rows, int width, int kind, mmoe_er
  */
 mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, const uint16_t *keys, int ih, int id,
                              int64_t n_blocks, int topk, float *scores, int32_t *idx, mmoe_error *err);
+/** The inputs and outputs of gfw_test_route(). */
+typedef struct gfw_test_route_args {
+    const float *logits; /**< [T, E] router logits */
+    const float *bias;   /**< [E] selection bias, or NULL */
+    int64_t T, E;        /**< tokens, routed experts */
+    int k;               /**< experts per token */
+    int shared;          /**< 1: the plan holds a shared expert's tasks too */
+    float route_scale;   /**< routed scaling factor */
+    float *scores;       /**< out [T, E]: sqrt(softplus(logits)) */
+    int32_t *idx;        /**< out [T, k] */
+    float *wts;          /**< out [T, k] */
+    int32_t *order;      /**< out [T (k + 1)]: the plan's tasks by rank */
+    int32_t *flag;       /**< out [T (k + 1)]: tasks of the item starting at a rank, else 0 */
+    int32_t *items;      /**< out [T (k + 1)][4]: (expert or E, first rank, tasks, 0) */
+    int32_t *n_items;    /**< out: items */
+    int *tt;             /**< out: the token tile the plan's items are cut to */
+} gfw_test_route_args;
+/**
+ * The MoE sub-layer's score routing and plan alone (gfw_moe_route(): the one-token kernel when
+ * T = 1 and the experts fit it), every expert held.
+ */
+mmoe_status gfw_test_route(const gfw_test_route_args *args, mmoe_error *err);
 /**
  * One sub-layer of block @p L of a GPU model on given inputs: @p which 0 the attention (the
  * block's caches advance: @p pos0 must continue them), 1 the MoE (router, experts, shared

@@ -82,6 +82,7 @@
  * | k_moe_logits      | router logits [T, E]; CTA = 4 rows x 8 chains, TT tokens         |
  * | k_moe_logits_one  | the same for one token, gate rows and x staged in shared memory  |
  * | k_moe_route_plan  | one CTA: sqrt-softplus, top-k (a warp per token) or hash, weights; then the plan |
+ * | k_moe_route_plan_one | the same for one token in one warp, every value in registers |
  * | k_moe_shared_plan | the shared expert's tasks alone, for its own stream (moe_run_split()) |
  * | k_moe_l1          | CTA = 16 rows x 8 chains of one item; gate and up; SwiGLU epilogue |
  * | k_moe_requant     | L1 outputs -> 1x128 E4M3 values, chain-major                     |
@@ -184,6 +185,10 @@ enum moe_dec {
 #define MOE_ROUTER_TT_MAX 8
 /** Threads of the routing / planning CTA. */
 #define MOE_PLAN_THREADS 512
+/** Selection values a lane of k_moe_route_plan_one holds: the most experts it routes, over 32. */
+#define MOE_PLAN_ONE_PER 16
+/** The most experts k_moe_route_plan_one routes (one thread each for the scores). */
+#define MOE_PLAN_ONE_E_MAX (32 * MOE_PLAN_ONE_PER)
 
 /* ================================================================== helpers */
 
@@ -713,6 +718,22 @@ __device__ __forceinline__ int moe_beats(float a, int64_t ea, float b, int64_t e
 }
 
 /**
+ * The key of a selection value in moe_beats()'s order of numbers and NaN, as an unsigned
+ * integer: a larger key for a larger number, one key for +0 and -0, 0 for every NaN (below
+ * -inf's key, 0x007fffff).  The bits of a float order its magnitude; a negative one's are
+ * flipped so that a larger magnitude gives a smaller key, and a positive one's sign bit is set
+ * so that it is above every negative.  With the id as the tie-break (the lower wins) this is
+ * moe_beats() for any two candidates.
+ */
+__device__ __forceinline__ uint32_t moe_order_key(float v)
+{
+    if (isnan(v))
+        return 0u;
+    const uint32_t u = v == 0.0f ? 0u : __float_as_uint(v);
+    return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+
+/**
  * The plan's sort key of held expert @p e (E: the shared expert): the shared expert before
  * every routed one, the routed ones in ascending id (see "The plan" in the file's chapter).
  */
@@ -827,6 +848,118 @@ __global__ void __launch_bounds__(MOE_PLAN_THREADS)
     __syncthreads();
     if (threadIdx.x == 0)
         *w.n_items = n_items;
+}
+
+/**
+ * The one-token router and plan (T = 1, E <= MOE_PLAN_ONE_E_MAX, at most 32 tasks): the same
+ * outputs, bit for bit, as k_moe_route_plan, with the values kept in registers instead of read
+ * back from global memory between the steps.  Every thread computes the score of one expert
+ * (k_moe_route_plan's operations; the bias, a weight, is loaded before the programmatic wait)
+ * into shared memory; then one warp finishes: lane l holds the keys (moe_order_key()) of the
+ * selection values of experts l, l + 32, .. (MOE_PLAN_ONE_PER of them), and each slot's expert
+ * is the largest key of the lanes' bests, the lowest id among equal keys (two warp reductions:
+ * moe_beats()'s order), a taken expert marked in its lane's mask instead of looked up in idx.  The plan: lane p holds task p (the routed slots,
+ * then the shared expert's task), its rank is counted over the other lanes' keys by shuffles,
+ * and the items' positions come from one ballot of the ranks that start an item.
+ */
+__global__ void __launch_bounds__(MOE_PLAN_ONE_E_MAX)
+    k_moe_route_plan_one(float *scores, const float *bias, const int32_t *tid2eid, const int32_t *ids, int64_t E,
+                         int k, float route_scale, int given, int has_shared, int TT, int64_t first, int64_t held,
+                         int32_t *idx, float *wts, gfw_moe_work w)
+{
+    __shared__ float s_score[MOE_PLAN_ONE_E_MAX], s_sel[MOE_PLAN_ONE_E_MAX];
+    __shared__ int32_t s_order[32], s_flag[32];
+    const int e_mine = threadIdx.x;
+    const float b_mine = bias && e_mine < E ? bias[e_mine] : 0.0f;
+    gfw_pdl_enter();
+    if (!given && e_mine < E) {
+        const float z = scores[e_mine];
+        const float sp = z > 20.0f ? z : mmoe_log1pf(gfw_expf(z));
+        const float sc = __fsqrt_rn(sp);
+        scores[e_mine] = sc;
+        s_score[e_mine] = sc;
+        s_sel[e_mine] = bias ? __fadd_rn(sc, b_mine) : __fadd_rn(sc, 0.0f);
+    }
+    __syncthreads();
+    if (threadIdx.x >= 32)
+        return;
+    const int lane = threadIdx.x;
+    int32_t my_idx = -1; /* lane j < k: slot j's expert */
+    if (!given) {
+        if (tid2eid) {
+            if (lane < k)
+                my_idx = tid2eid[(int64_t)ids[0] * k + lane];
+        } else {
+            uint32_t key[MOE_PLAN_ONE_PER]; /* moe_order_key() of the selection values */
+#pragma unroll
+            for (int i = 0; i < MOE_PLAN_ONE_PER; i++)
+                key[i] = lane + 32 * i < E ? moe_order_key(s_sel[lane + 32 * i]) : 0u;
+            unsigned taken = 0;
+            for (int j = 0; j < k; j++) {
+                /* the lane's best: ascending e, strictly greater replaces (ties keep the lower id) */
+                uint32_t bkey = 0; /* 0: no candidate; else key + 1 */
+                int be = 0;
+#pragma unroll
+                for (int i = 0; i < MOE_PLAN_ONE_PER; i++) {
+                    const int e = lane + 32 * i;
+                    if (e < E && !(taken >> i & 1u) && key[i] + 1u > bkey) {
+                        bkey = key[i] + 1u;
+                        be = e;
+                    }
+                }
+                /* the warp's best: the largest key, then the lowest id among the lanes holding it */
+                const uint32_t top = __reduce_max_sync(0xffffffffu, bkey);
+                const int best = top == 0 ? -1 : (int)__reduce_min_sync(0xffffffffu, bkey == top ? (uint32_t)be : ~0u);
+                if (best >= 0 && (best & 31) == lane)
+                    taken |= 1u << (best >> 5);
+                if (lane == j)
+                    my_idx = best;
+            }
+        }
+        /* the weights: slot j's score, summed in slot order */
+        const float my_s = lane < k && my_idx >= 0 ? s_score[my_idx] : 0.0f;
+        float sum = 0.0f;
+        for (int j = 0; j < k; j++)
+            sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, my_s, j));
+        if (lane < k) {
+            idx[lane] = my_idx;
+            wts[lane] = __fmul_rn(__fdiv_rn(my_s, sum), route_scale);
+        }
+    } else if (lane < k) {
+        my_idx = idx[lane];
+    }
+    /* the plan: task p (lane p) is slot p's, or the shared expert's (p = k) */
+    const int n = k + (has_shared ? 1 : 0);
+    const int64_t ep = lane < k ? moe_held_id(my_idx, first, held) : (lane < n ? E : -1);
+    const int64_t kp = moe_plan_key(ep, E);
+    int lt = 0, same = 0, before = 0;
+    for (int q = 0; q < n; q++) {
+        const int64_t eq = __shfl_sync(0xffffffffu, ep, q);
+        if (eq < 0)
+            continue;
+        const int64_t kq = moe_plan_key(eq, E);
+        lt += kq < kp;
+        same += kq == kp;
+        before += kq == kp && q < lane;
+    }
+    const int valid = ep >= 0;
+    const int n_valid = __popc(__ballot_sync(0xffffffffu, valid));
+    const int rank = lt + before;
+    if (valid) {
+        const int32_t flag = before % TT == 0 ? (same - before < TT ? same - before : TT) : 0;
+        w.order[rank] = lane;
+        w.flag[rank] = flag;
+        s_order[rank] = lane;
+        s_flag[rank] = flag;
+    }
+    __syncwarp();
+    const int starts = lane < n_valid && s_flag[lane] != 0;
+    const unsigned starts_mask = __ballot_sync(0xffffffffu, starts);
+    const int64_t e = __shfl_sync(0xffffffffu, ep, lane < n_valid ? s_order[lane] : 0);
+    if (starts)
+        w.items[__popc(starts_mask & ((1u << lane) - 1u))] = make_int4((int)e, lane, s_flag[lane], 0);
+    if (lane == 0)
+        *w.n_items = __popc(starts_mask);
 }
 
 /**
@@ -1174,6 +1307,31 @@ static cudaError_t moe_launch_experts(const dmoe &m, const gfw_moe_work &w, cons
     return cudaGetLastError();
 }
 
+/**
+ * The router and the plan of @p io's T tokens (tasks of @p shared's shared expert too, items of
+ * @p TT tasks): k_moe_route_plan_one for one token when its experts and tasks fit one CTA's
+ * lanes, else k_moe_route_plan.
+ */
+static cudaError_t moe_launch_route(const dmoe &m, const gfw_moe_router &r, const gfw_moe_work &w,
+                                    const gfw_moe_io &io, int given, int shared, int TT, cudaStream_t st)
+{
+    if (io.T == 1 && m.E <= MOE_PLAN_ONE_E_MAX && m.k + (shared ? 1 : 0) <= 32)
+        mmoe_launch_pdl(k_moe_route_plan_one, 1, MOE_PLAN_ONE_E_MAX, 0, st, io.logits, r.bias, r.tid2eid, io.ids, m.E,
+                        (int)m.k, r.route_scale, given, shared, TT, m.first, m.held, io.idx, io.wts, w);
+    else
+        mmoe_launch_pdl(k_moe_route_plan, 1, MOE_PLAN_THREADS, 0, st, io.logits, r.bias, r.tid2eid, io.ids, io.T,
+                        m.E, (int)m.k, r.route_scale, given, shared, TT, m.first, m.held, io.idx, io.wts, w);
+    return cudaGetLastError();
+}
+
+int gfw_moe_tile(int64_t T, int vb) { return moe_tile(T, vb == 4 ? MOE_TT_MAX(4) : MOE_TT_MAX(1)); }
+
+cudaError_t gfw_moe_route(const dmoe &m, const gfw_moe_router &r, const gfw_moe_work &w, const gfw_moe_io &io,
+                          cudaStream_t st)
+{
+    return moe_launch_route(m, r, w, io, 0, m.Ws > 0, moe_tile(io.T, MOE_TT_MAX(m.vb)), st);
+}
+
 /** moe_launch_experts() for the token tile @p TT that moe_tile() chose (1, 2, 4, 8 or MOE_TT_MAX(VB)). */
 template <int VB>
 static cudaError_t moe_launch_experts_tt(int TT, const dmoe &m, const gfw_moe_work &w, const gfw_moe_io &io,
@@ -1223,9 +1381,7 @@ static cudaError_t moe_run_vb(const dmoe &m, const gfw_moe_router &r, const gfw_
     if ((ce = cudaGetLastError()) != cudaSuccess)
         return ce;
     *what = "router";
-    mmoe_launch_pdl(k_moe_route_plan, 1, MOE_PLAN_THREADS, 0, st, io.logits, r.bias, r.tid2eid, io.ids, T, m.E,
-                    (int)m.k, r.route_scale, given, shared, TT, m.first, m.held, io.idx, io.wts, w);
-    if ((ce = cudaGetLastError()) != cudaSuccess)
+    if ((ce = moe_launch_route(m, r, w, io, given, shared, TT, st)) != cudaSuccess)
         return ce;
     /* at most one partial item per expert (E + shared) beyond the full ones */
     const int64_t tasks = Tk + (shared ? T : 0), distinct = (Tk < m.E ? Tk : m.E) + (shared ? 1 : 0);

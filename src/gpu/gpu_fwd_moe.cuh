@@ -119,6 +119,17 @@ cudaError_t gfw_moe_forward(const dmoe &m, const gfw_moe_router &r, const gfw_mo
                             int given, cudaStream_t st, const char **what);
 
 /**
+ * The router and the plan alone, as the sub-layer launches them (score or hash routing from
+ * io.logits into io.logits' scores, io.idx, io.wts and @p w's plan; the shared expert's tasks
+ * when m.Ws > 0): for the blocks suite.
+ */
+cudaError_t gfw_moe_route(const dmoe &m, const gfw_moe_router &r, const gfw_moe_work &w, const gfw_moe_io &io,
+                          cudaStream_t st);
+
+/** The token tile of the plan's items for a call of @p T tokens (packing @p vb). */
+int gfw_moe_tile(int64_t T, int vb);
+
+/**
  * The sub-layer up to the combine: routing (as gfw_moe_forward()) into io.idx / io.wts for
  * every slot, and the bf16 slot rows io.slot_y of the pairs whose expert is held
  * ([m.first, m.first + m.held)) and of the shared expert; the other pairs' rows are not
