@@ -200,6 +200,12 @@ mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, const uint1
     return no_cuda(err);
 }
 
+mmoe_status gfw_test_route(const gfw_test_route_args *args, mmoe_error *err)
+{
+    (void)args;
+    return no_cuda(err);
+}
+
 mmoe_status gfw_test_unary(gfw_test_fn fn, const float *x, int64_t n, float *y, mmoe_error *err)
 {
     (void)fn; (void)x; (void)n; (void)y;
