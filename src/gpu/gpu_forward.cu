@@ -87,9 +87,9 @@
  * and the norm after it: the block sums' blocks count themselves done, and the last block of a
  * token finishes it alone (the Sinkhorn in one warp, the mix and the norm in the others, a
  * chunk of 16 channels per thread), so a decode step's mHC costs one launch instead of three.
- * k_topk_split ranks the candidates (one thread each, O(n) comparisons against the scores,
- * which each block stages in shared memory a tile at a time) in blocks of 256, which matters at
- * long contexts (n = position / 4).  The linears of a decode
+ * k_topk_split ranks the candidates (eight threads each, O(n) comparisons against the scores,
+ * which each block stages in shared memory a tile at a time) in blocks of 32 candidates, which
+ * matters at long contexts (n = position / 4).  The linears of a decode
  * step are bound by how fast their weights stream in: k_linear_dense_split gives each output
  * of a dense linear (the compressors' and the indexer's projections, the head's logits) one
  * warp, with about 2 KiB of its weight loads in flight (one to four rounds of 32 chunks); the
@@ -2771,43 +2771,57 @@ __device__ __forceinline__ int topk_before(float sa, int64_t a, float sb, int64_
 
 /** Scores a block of k_topk_split stages in shared memory at a time. */
 #define TOPK_TILE 1024
+/** Threads of k_topk_split that count one candidate's rank, each over a slice of the scores. */
+#define TOPK_SLICES 8
+/** Threads of a k_topk_split block. */
+#define TOPK_THREADS 256
+/** Candidates of a k_topk_split block. */
+#define TOPK_PER_BLOCK (TOPK_THREADS / TOPK_SLICES)
 
 /**
- * Top-k by rank counting (pos0 = *pos_dev; idx[t, rank] = block), split over blocks: thread
- * blockIdx.x * blockDim.x + threadIdx.x of token blockIdx.y ranks candidate i among the
- * n = (pos0 + t + 1) / 4 causal blocks; at long contexts the O(n) count of each of the n
- * candidates is spread over n / blockDim.x blocks.  The scores are read TOPK_TILE at a time
- * into shared memory by the whole block (one coalesced pass), so that each candidate's count
- * compares against shared memory instead of a chain of loads from the L1; a count stops
- * adding (it cannot fall) once it reaches k, checked once a tile.
+ * Top-k by rank counting (pos0 = *pos_dev; idx[t, rank] = block), split over blocks: the
+ * TOPK_SLICES threads (neighbouring lanes) of candidate i of token blockIdx.y (i = blockIdx.x
+ * TOPK_PER_BLOCK + threadIdx.x / TOPK_SLICES) each count the scores of every
+ * TOPK_SLICES-th candidate that come before it among the n = (pos0 + t + 1) / 4 causal blocks,
+ * and their counts' sum (shuffles) is its rank: the same integer in any order.  The scores are
+ * read TOPK_TILE at a time into shared memory by the whole block (one coalesced pass), so that
+ * the counts compare against shared memory instead of a chain of loads; a count stops adding
+ * (it cannot fall) once the sum has reached k, checked once a tile.  A count is a chain of
+ * dependent compares, so it is split: one thread for each of n = 136 candidates took 14.9 us.
  */
-__global__ void k_topk_split(const float *scores, const int64_t *pos_dev, int64_t max_blocks, int topk, int32_t *idx)
+__global__ void __launch_bounds__(TOPK_THREADS)
+    k_topk_split(const float *scores, const int64_t *pos_dev, int64_t max_blocks, int topk, int32_t *idx)
 {
     gfw_pdl_enter();
     __shared__ float tile[TOPK_TILE];
     const int64_t pos0 = *pos_dev;
-    const int64_t t = blockIdx.y, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int sl = (int)threadIdx.x % TOPK_SLICES;
+    const int64_t t = blockIdx.y, i = (int64_t)blockIdx.x * TOPK_PER_BLOCK + threadIdx.x / TOPK_SLICES;
     const int64_t n = (pos0 + t + 1) / 4;
-    const int64_t k = n < topk ? n : topk;
+    const int k = (int)(n < topk ? n : topk);
     const float *s = scores + t * max_blocks;
-    if ((int64_t)blockIdx.x * blockDim.x >= n)
+    if ((int64_t)blockIdx.x * TOPK_PER_BLOCK >= n)
         return; /* the whole block is past the count (uniform: the block's barriers are not reached) */
     const int live = i < n;
     const float si = live ? s[i] : 0.0f;
-    int64_t rank = 0;
+    int part = 0, rank = 0; /* this slice's count; all slices' sum at the last tile's end */
     for (int64_t j0 = 0; j0 < n; j0 += TOPK_TILE) {
         const int m = (int)(n - j0 < TOPK_TILE ? n - j0 : TOPK_TILE);
         __syncthreads();
-        for (int jj = threadIdx.x; jj < m; jj += blockDim.x)
+        for (int jj = threadIdx.x; jj < m; jj += TOPK_THREADS)
             tile[jj] = s[j0 + jj];
         __syncthreads();
         if (live && rank < k) {
-#pragma unroll 8
-            for (int jj = 0; jj < m; jj++)
-                rank += (j0 + jj != i) && topk_before(tile[jj], j0 + jj, si, i);
+#pragma unroll 4
+            for (int jj = sl; jj < m; jj += TOPK_SLICES)
+                part += (j0 + jj != i) && topk_before(tile[jj], j0 + jj, si, i);
         }
+        rank = part;
+#pragma unroll
+        for (int o = 1; o < TOPK_SLICES; o <<= 1)
+            rank += __shfl_xor_sync(0xffffffffu, rank, o);
     }
-    if (live && rank < k)
+    if (live && sl == 0 && rank < k)
         idx[t * topk + rank] = (int32_t)i;
 }
 
@@ -4178,7 +4192,7 @@ static void launch_hc_post(const uint16_t *out, uint16_t *X, int64_t T, int64_t 
 
 /**
  * The indexer's top-k of T tokens at positions *pos_dev.. (scores [T, max_blocks]): k_topk_split
- * (the candidates over blocks of 256, enough blocks for @p n_most candidates: the call's last
+ * (TOPK_PER_BLOCK candidates a block, enough blocks for @p n_most candidates: the call's last
  * token's count when launched alone, max_blocks in a captured step, whose blocks past the live
  * count exit at once).
  */
@@ -4186,8 +4200,8 @@ static void launch_topk(const float *scores, int64_t T, const int64_t *pos_dev, 
                         int topk, int32_t *idx, cudaStream_t st)
 {
     if (n_most > 0)
-        mmoe_launch_pdl(k_topk_split, dim3(nblk(n_most), (unsigned)T), 256, 0, st, scores, pos_dev, max_blocks, topk,
-                        idx);
+        mmoe_launch_pdl(k_topk_split, dim3((unsigned)((n_most + TOPK_PER_BLOCK - 1) / TOPK_PER_BLOCK), (unsigned)T),
+                        TOPK_THREADS, 0, st, scores, pos_dev, max_blocks, topk, idx);
 }
 
 /**
