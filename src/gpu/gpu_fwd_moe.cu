@@ -740,6 +740,27 @@ __device__ __forceinline__ uint32_t moe_order_key(float v)
 __device__ __forceinline__ int64_t moe_plan_key(int64_t e, int64_t E) { return e == E ? -1 : e; }
 
 /**
+ * Task @p q (key @p kq) counted for task @p p (key @p kp): the tasks of a lower key (@p lt),
+ * of p's key (@p same) and of p's key before p (@p before); p's rank in the plan is lt + before.
+ */
+__device__ __forceinline__ void moe_plan_tally(int64_t kp, int64_t p, int64_t kq, int64_t q, int &lt, int &same,
+                                               int &before)
+{
+    lt += kq < kp;
+    same += kq == kp;
+    before += kq == kp && q < p;
+}
+
+/**
+ * The plan's flag at a task's rank: the tasks of the item it starts (at most @p TT of the
+ * @p same - @p before left of its expert), or 0 when an item of its expert started before it.
+ */
+__device__ __forceinline__ int32_t moe_plan_flag(int before, int same, int TT)
+{
+    return before % TT == 0 ? (same - before < TT ? same - before : TT) : 0;
+}
+
+/**
  * Routing and the plan, one CTA.  Routing (unless @p given; moe_router.c): s = sqrt(softplus(z))
  * over all (token, expert) in parallel, then one warp per token: for each slot, every lane
  * scans its experts e = lane, lane + 32, .. in ascending order for the best not yet taken
@@ -819,19 +840,15 @@ __global__ void __launch_bounds__(MOE_PLAN_THREADS)
         if (ep < 0)
             continue;
         const int64_t kp = moe_plan_key(ep, E);
-        int64_t lt = 0, same = 0, before = 0;
+        int lt = 0, same = 0, before = 0;
         for (int64_t q = 0; q < n; q++) {
             const int64_t eq = q < Tk ? moe_held_id(idx[q], first, held) : E;
-            if (eq < 0)
-                continue;
-            const int64_t kq = moe_plan_key(eq, E);
-            lt += kq < kp;
-            same += kq == kp;
-            before += kq == kp && q < p;
+            if (eq >= 0)
+                moe_plan_tally(kp, p, moe_plan_key(eq, E), q, lt, same, before);
         }
         const int64_t rank = lt + before;
         w.order[rank] = (int32_t)p;
-        w.flag[rank] = before % TT == 0 ? (int32_t)(same - before < TT ? same - before : TT) : 0;
+        w.flag[rank] = moe_plan_flag(before, same, TT);
         atomicAdd(&n_valid, 1);
     }
     __syncthreads();
@@ -935,18 +952,14 @@ __global__ void __launch_bounds__(MOE_PLAN_ONE_E_MAX)
     int lt = 0, same = 0, before = 0;
     for (int q = 0; q < n; q++) {
         const int64_t eq = __shfl_sync(0xffffffffu, ep, q);
-        if (eq < 0)
-            continue;
-        const int64_t kq = moe_plan_key(eq, E);
-        lt += kq < kp;
-        same += kq == kp;
-        before += kq == kp && q < lane;
+        if (eq >= 0)
+            moe_plan_tally(kp, lane, moe_plan_key(eq, E), q, lt, same, before);
     }
     const int valid = ep >= 0;
     const int n_valid = __popc(__ballot_sync(0xffffffffu, valid));
     const int rank = lt + before;
     if (valid) {
-        const int32_t flag = before % TT == 0 ? (same - before < TT ? same - before : TT) : 0;
+        const int32_t flag = moe_plan_flag(before, same, TT);
         w.order[rank] = lane;
         w.flag[rank] = flag;
         s_order[rank] = lane;
