@@ -360,7 +360,8 @@ mmoe_status gfw_test_indexer(const uint16_t *qi, const uint16_t *wi, const uint1
 typedef struct gfw_test_route_args {
     const float *logits; /**< [T, E] router logits */
     const float *bias;   /**< [E] selection bias, or NULL */
-    int64_t T, E;        /**< tokens, routed experts */
+    int64_t T;           /**< tokens */
+    int64_t E;           /**< routed experts */
     int k;               /**< experts per token */
     int shared;          /**< 1: the plan holds a shared expert's tasks too */
     float route_scale;   /**< routed scaling factor */
