@@ -2788,8 +2788,9 @@ __device__ __forceinline__ int topk_before(float sa, int64_t a, float sb, int64_
  * the counts compare against shared memory instead of a chain of loads; a count stops adding
  * (it cannot fall) once the sum has reached k, checked once a tile, and a block stages no more
  * tiles once every count of it has (at long contexts most candidates are out after a tile or
- * two, and the tiles are every block's to read).  A count is a chain of
- * dependent compares, so it is split: one thread for each of n = 136 candidates took 14.9 us.
+ * two, and the tiles are every block's to read).  A count is a chain of dependent compares,
+ * hence the slices: with one thread a candidate the kernel is bound by that chain's latency
+ * (docs/perf.md, "Eighteenth pass").
  */
 __global__ void __launch_bounds__(TOPK_THREADS)
     k_topk_split(const float *scores, const int64_t *pos_dev, int64_t max_blocks, int topk, int32_t *idx)
