@@ -82,7 +82,7 @@
  * | k_moe_logits      | router logits [T, E]; CTA = 4 rows x 8 chains, TT tokens         |
  * | k_moe_logits_one  | the same for one token, gate rows and x staged in shared memory  |
  * | k_moe_route_plan  | one CTA: sqrt-softplus, top-k (a warp per token) or hash, weights; then the plan |
- * | k_moe_route_plan_one | the same for one token in one warp, every value in registers |
+ * | k_moe_route_plan_one | the same for one token: a thread an expert's score, then one warp, its values in registers |
  * | k_moe_shared_plan | the shared expert's tasks alone, for its own stream (moe_run_split()) |
  * | k_moe_l1          | CTA = 16 rows x 8 chains of one item; gate and up; SwiGLU epilogue |
  * | k_moe_requant     | L1 outputs -> 1x128 E4M3 values, chain-major                     |
@@ -875,9 +875,10 @@ __global__ void __launch_bounds__(MOE_PLAN_THREADS)
  * into shared memory; then one warp finishes: lane l holds the keys (moe_order_key()) of the
  * selection values of experts l, l + 32, .. (MOE_PLAN_ONE_PER of them), and each slot's expert
  * is the largest key of the lanes' bests, the lowest id among equal keys (two warp reductions:
- * moe_beats()'s order), a taken expert marked in its lane's mask instead of looked up in idx.  The plan: lane p holds task p (the routed slots,
- * then the shared expert's task), its rank is counted over the other lanes' keys by shuffles,
- * and the items' positions come from one ballot of the ranks that start an item.
+ * moe_beats()'s order), a taken expert marked in its lane's mask instead of looked up in idx.
+ * The plan: lane p holds task p (the routed slots, then the shared expert's task), its rank is
+ * counted over the other lanes' keys by shuffles, and the items' positions come from one
+ * ballot of the ranks that start an item.
  */
 __global__ void __launch_bounds__(MOE_PLAN_ONE_E_MAX)
     k_moe_route_plan_one(float *scores, const float *bias, const int32_t *tid2eid, const int32_t *ids, int64_t E,
@@ -1337,12 +1338,12 @@ static cudaError_t moe_launch_route(const dmoe &m, const gfw_moe_router &r, cons
     return cudaGetLastError();
 }
 
-int gfw_moe_tile(int64_t T, int vb) { return moe_tile(T, vb == 4 ? MOE_TT_MAX(4) : MOE_TT_MAX(1)); }
+int gfw_moe_tile(int64_t T, int vb) { return moe_tile(T, MOE_TT_MAX(vb)); }
 
 cudaError_t gfw_moe_route(const dmoe &m, const gfw_moe_router &r, const gfw_moe_work &w, const gfw_moe_io &io,
                           cudaStream_t st)
 {
-    return moe_launch_route(m, r, w, io, 0, m.Ws > 0, moe_tile(io.T, MOE_TT_MAX(m.vb)), st);
+    return moe_launch_route(m, r, w, io, 0, m.Ws > 0, gfw_moe_tile(io.T, m.vb), st);
 }
 
 /** moe_launch_experts() for the token tile @p TT that moe_tile() chose (1, 2, 4, 8 or MOE_TT_MAX(VB)). */
