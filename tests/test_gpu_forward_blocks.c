@@ -880,6 +880,8 @@ START_TEST(test_linear_dense)
     check_dense_f8(1, 40, 4096, 128, DF8_NAN | DF8_WIDE_X); /* a block 8 rows past N */
     check_dense_f8(2, 64, 200, 128, 0);          /* a short last chunk: k_linear_dense_split */
     check_dense_f8(3, 37, 8320, 128, 0);         /* 520 chunks: rounds past the chunks, odd outputs */
+    check_dense_f8(2, 96, 1024, 48, DF8_NAN);    /* 3 chunks a scale column: a lane's column by division */
+    check_dense_f8(1, 64, 8192, 1024, 0);        /* 64 chunks a column: one column for two rounds */
     check_dense(3, 256, 128, 1);         /* tiny compressor */
     check_dense(3, 1024, 4096, 1);       /* V4-Flash ratio-4 compressor wkv */
     check_dense(4, 64, 4096, 0);         /* indexer weights_proj */

@@ -20,6 +20,10 @@
 #   racecheck on new: compute-sanitizer racecheck of the blocks suite
 #   break     AB_BREAK (a patch on new: a deliberate bug): the blocks suite and the forward's
 #             sub-layer and tiny cases must fail
+# AB_VARIANTS: settings of the new tree measured beside it, ';'-separated entries "LABEL
+# VAR=VALUE ..": bench also runs the new tree with each entry's environment in every round, and
+# trace also traces each (compared with base).  AB_CHECK_ENV ("VAR=VALUE .."): the environment
+# of the check, flash and memcheck steps (a setting that those suites should cover).
 # Prints one line a result (also in $OUT/summary.txt) and leaves everything in $OUT/ab.tgz (the
 # device tool brings back few files).  MMOE_DEBS (default .gpu/debs): see tools/gpu-env.sh.
 set -u
@@ -57,7 +61,8 @@ build() {
 # check NAME LABEL TIMEOUT CMD..: a suite in a tree; its status, seed and Check's summary
 check() {
   local n=$1 l=$2 to=$3 t0 rc; shift 3; t0=$(date +%s)
-  ( cd "$W/$n" && MMOE_SRCDIR=$W/$n MMOE_BUILDDIR=$W/$n MMOE_BIN=$W/$n/megamoe CK_VERBOSITY=verbose \
+  # shellcheck disable=SC2086
+  ( cd "$W/$n" && export ${AB_CHECK_ENV:-AB_NO_ENV=1} && MMOE_SRCDIR=$W/$n MMOE_BUILDDIR=$W/$n MMOE_BIN=$W/$n/megamoe CK_VERBOSITY=verbose \
       OPENBLAS_NUM_THREADS=16 timeout "$to" "$@" ) > "$OUT/$n-$l.log" 2>&1
   rc=$?
   say "$n $l: rc=$rc ($(( $(date +%s) - t0 )) s) $(grep -m1 -o 'seed [0-9]*' "$OUT/$n-$l.log") $(grep -E '[0-9]+%: Checks' "$OUT/$n-$l.log" | tail -n 1)"
@@ -91,8 +96,14 @@ if has bench || has trace; then
   [ -d "$W/model" ] || ( cd "$W/new" && ./megamoe synth-model --shape v4-flash --layers "${AB_LAYERS:-4}" --experts 8 \
       --vocab 1024 --threads 16 --out "$W/model" > "$OUT/synth-model.log" 2>&1 ) || { say "synth-model failed"; exit 1; }
 fi
+# variants: the entries of AB_VARIANTS, one a line ("LABEL VAR=VALUE ..")
+variants() { echo "${AB_VARIANTS:-}" | tr ';' '\n' | sed 's/^ *//' | grep -v '^$'; }
 if has bench; then
-  for r in $(seq 1 "${AB_ROUNDS:-3}"); do bench base "r$r"; bench new "r$r"; done
+  for r in $(seq 1 "${AB_ROUNDS:-3}"); do
+    bench base "r$r"; bench new "r$r"
+    # shellcheck disable=SC2086
+    variants | while read -r label vars; do bench new "$label-r$r" env $vars; done
+  done
 fi
 if has trace; then
   cupti=/usr/local/cuda/targets/x86_64-linux/lib
@@ -105,6 +116,14 @@ if has trace; then
   done
   python3 "$ROOT/tools/kernel_trace.py" "$OUT/trace-new.csv" --base "$OUT/trace-base.csv" > "$OUT/trace-compare.txt" 2>&1
   head -n 26 "$OUT/trace-compare.txt" | tee -a "$S"
+  # shellcheck disable=SC2086
+  variants | while read -r label vars; do
+    bench new "trace-$label" env $vars LD_LIBRARY_PATH="$cupti:$LD_LIBRARY_PATH" CUDA_INJECTION64_PATH="$W/libkt.so" \
+      MMOE_KERNEL_TRACE="$OUT/trace-$label.csv"
+    python3 "$ROOT/tools/kernel_trace.py" "$OUT/trace-$label.csv" --base "$OUT/trace-base.csv" \
+      > "$OUT/trace-compare-$label.txt" 2>&1
+    say "trace $label against base:"; head -n 26 "$OUT/trace-compare-$label.txt" | tee -a "$S"
+  done
 fi
 has flash && check new flash 300 env CK_RUN_CASE=flash ./tests/test_gpu_forward
 has memcheck && check new memcheck 240 env CK_RUN_CASE=tiny MMOE_GPU_GRAPH=1 \

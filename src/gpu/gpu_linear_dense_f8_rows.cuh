@@ -40,10 +40,25 @@
  * scaling.  Signed zeros are unchanged (each chunk starts at +0 and adds the same products),
  * infinities and NaNs propagate alike.  The result is multiplied by 2^512 (exact) and rounded
  * to fp32 as before.  The order is k_linear_dense_split's: lane l sums chunk 32 r + l of round
- * r ascending from +0 (+0 past the row), the warp's butterfly forms the round's node, and the
- * rounds' nodes go through mmoe_pairwise.  The constants, the direct range and the codes' bits
- * are gpu_dense_f8_scaled.h's, whose arithmetic a CPU suite runs for every scale byte against
- * the oracle.
+ * r ascending from +0 (+0 past the row), a butterfly over the warp forms the round's node, and
+ * the rounds' nodes form the tree above them (mmoe_pairwise: with M a power of two, as here, the
+ * perfect binary tree).  The constants, the direct range and the codes' bits are
+ * gpu_dense_f8_scaled.h's, whose arithmetic a CPU suite runs for every scale byte against the
+ * oracle.
+ *
+ * ## The trees, in few instructions
+ *
+ * Which lane adds which two values is free as long as every node adds the same two children
+ * (x + y = y + x exactly).  So one butterfly serves both rows of a warp (df8_round_node(): its
+ * first level hands each lane's other-row sum to its neighbour and keeps row a's pair sums on
+ * the even lanes, row b's on the odd ones; five shuffles of a double and five additions a round
+ * instead of ten and ten), the rounds' nodes wait in shared memory (lanes 0 and 1 store them) and
+ * a last butterfly over the rounds, lane r holding round r, forms the tree above them, instead
+ * of mmoe_pairwise's stack, which the compiler kept in local memory.  A lane's scale column
+ * moves by a constant each round where the block's chunks divide 32, instead of a division a
+ * round.  Before, a round of a warp issued about 290 instructions, 32 of them the DFMA and
+ * about 60 the local memory, division and shuffles that these replace (docs/perf.md,
+ * nineteenth pass).
  *
  * ## Data layout
  *
@@ -86,7 +101,7 @@
  * (then the pairs hold x 2^-512).  Either way the oracle's chunk sum times 2^-512, NaN when a
  * code is NaN.
  */
-__device__ __forceinline__ double df8_chunk_slow(const double2 *xp, int64_t m, uint4 q, uint32_t sb)
+__device__ __forceinline__ double df8_chunk_slow(const double2 *xp, int m, uint4 q, uint32_t sb)
 {
     const uint32_t w[4] = {q.x, q.y, q.z, q.w};
     const float sc = gfw_ue8m0((uint8_t)sb);
@@ -105,7 +120,7 @@ __device__ __forceinline__ double df8_chunk_slow(const double2 *xp, int64_t m, u
  * The direct chunk sums of both rows of a warp (codes @p qa, @p qb; staged pairs @p xp, which
  * carry the scale): two independent fma chains, one pair read per two products of each row.
  */
-__device__ __forceinline__ void df8_chunk_pair(const double2 *xp, int64_t m, uint4 qa, uint4 qb, double *ca,
+__device__ __forceinline__ void df8_chunk_pair(const double2 *xp, int m, uint4 qa, uint4 qb, double *ca,
                                                double *cb)
 {
     const uint32_t a[4] = {qa.x, qa.y, qa.z, qa.w}, b[4] = {qb.x, qb.y, qb.z, qb.w};
@@ -127,16 +142,34 @@ __device__ __forceinline__ void df8_chunk_pair(const double2 *xp, int64_t m, uin
 }
 
 /**
+ * The node of one round (32 chunks, lane l chunk 32 r + l) for both rows of a warp: @p keep is
+ * the lane's chunk sum of its own row (row a on the even lanes, row b on the odd ones) and
+ * @p give that of the other row.  The first level adds each lane's kept sum to the one its
+ * neighbour gives (lane l xor 1: the same row), so that the even lanes carry row a's pair sums
+ * and the odd ones row b's; the levels xor 2 .. 16 finish both trees at once.  Every node adds
+ * the same two children as gfw_group_pairwise(), so each row's node is its bits (x + y = y + x
+ * exactly), at half the shuffles and additions of two butterflies.
+ */
+__device__ __forceinline__ double df8_round_node(double keep, double give)
+{
+    double v = __dadd_rn(keep, __shfl_xor_sync(0xFFFFFFFFu, give, 1));
+#pragma unroll
+    for (int s = 2; s < 32; s <<= 1)
+        v = __dadd_rn(v, __shfl_xor_sync(0xFFFFFFFFu, v, s));
+    return v;
+}
+
+/**
  * Stage the block's x row @p xr (K values, m chunks) into @p sx, pair-major, each value times
  * 2^(sb + 377) of its scale column (scale bytes @p srow, columns of @p block values), or times
  * 2^-512 where the scale byte is out of the direct range.  All threads of the block call it.
  */
-__device__ __forceinline__ void df8_stage_x(double2 *sx, const uint16_t *xr, int64_t m, const uint8_t *srow, int block)
+__device__ __forceinline__ void df8_stage_x(double2 *sx, const uint16_t *xr, int m, const uint8_t *srow, int block)
 {
-    for (int64_t v = threadIdx.x; v < 2 * m; v += blockDim.x) { /* 8 values: half a chunk */
-        const int64_t c = v >> 1;
-        const int p0 = 4 * (int)(v & 1);
-        const uint32_t sb = __ldg(srow + (int)((c * MMOE_SUM_CHUNK) / block));
+    for (int v = (int)threadIdx.x; v < 2 * m; v += (int)blockDim.x) { /* 8 values: half a chunk */
+        const int c = v >> 1;
+        const int p0 = 4 * (v & 1);
+        const uint32_t sb = __ldg(srow + c * MMOE_SUM_CHUNK / block);
         const double f = gfw_pow2(mmoe_df8_x_exponent(sb));
         const uint4 u = __ldg((const uint4 *)(xr + 8 * v));
         const uint32_t w[4] = {u.x, u.y, u.z, u.w};
@@ -161,11 +194,12 @@ __global__ void __launch_bounds__(GFW_DF8_WARPS * 32, 4)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t t = blockIdx.y, n0 = (int64_t)blockIdx.x * GFW_DF8_ROWS;
     const int64_t na = n0 + 2 * warp, nb = na + 1;
-    const int64_t m = K / MMOE_SUM_CHUNK;
-    int64_t M = 1;
-    while (M < m)
-        M <<= 1;
-    const int64_t rounds = M > 32 ? M / 32 : 1;
+    const int m = (int)(K / MMOE_SUM_CHUNK);              /* chunks of the row (K <= 12288: m <= 768) */
+    const int M = m <= 1 ? 1 : 1 << (32 - __clz(m - 1)); /* the tree's leaves: m rounded up to a power of two */
+    const int rounds = M > 32 ? M / 32 : 1;               /* a power of two, at most 32 */
+    /* the scale column of chunk k is k / cpb; where cpb divides 32 a lane's column moves by 32 / cpb a round */
+    const int cpb = w.block / MMOE_SUM_CHUNK;
+    const int col_step = 32 % cpb == 0 ? 32 / cpb : 0;
     const uint8_t *srow = w.scale + (n0 / w.block) * w.scols;
     const uint4 *wa = (const uint4 *)((const uint8_t *)w.p + (na < N ? na : n0) * w.cols);
     const uint4 *wb = (const uint4 *)((const uint8_t *)w.p + (nb < N ? nb : n0) * w.cols);
@@ -174,7 +208,7 @@ __global__ void __launch_bounds__(GFW_DF8_WARPS * 32, 4)
     uint4 qa[GFW_DF8_AHEAD], qb[GFW_DF8_AHEAD];
 #pragma unroll
     for (int i = 0; i < GFW_DF8_AHEAD; i++) {
-        const int64_t k = (int64_t)i * 32 + lane;
+        const int k = i * 32 + lane;
         qa[i] = k < m ? __ldg(wa + k) : zero, qb[i] = k < m ? __ldg(wb + k) : zero;
     }
     mmoe_grid_dependency_wait();
@@ -182,11 +216,11 @@ __global__ void __launch_bounds__(GFW_DF8_WARPS * 32, 4)
     const uint16_t *xr = x + t * ldx + (group_rows > 0 ? (n0 / group_rows) * group_width : 0);
     df8_stage_x(df8_sx, xr, m, srow, w.block);
     __syncthreads();
-    mmoe_pairwise pa, pb;
-    mmoe_pairwise_init(&pa);
-    mmoe_pairwise_init(&pb);
-    for (int64_t r = 0; r < rounds; r++) {
-        const int64_t k = r * 32 + lane, kn = k + 32 * GFW_DF8_AHEAD;
+    /* the rounds' nodes of the warp's two rows, in shared memory until the loop ends */
+    __shared__ double2 df8_nodes[GFW_DF8_WARPS][32];
+    const bool odd = lane & 1;
+    for (int r = 0; r < rounds; r++) {
+        const int k = r * 32 + lane, kn = k + 32 * GFW_DF8_AHEAD;
         const uint4 ua = qa[0], ub = qb[0];
 #pragma unroll
         for (int i = 0; i + 1 < GFW_DF8_AHEAD; i++)
@@ -196,7 +230,7 @@ __global__ void __launch_bounds__(GFW_DF8_WARPS * 32, 4)
         double ca = 0.0, cb = 0.0;
         if (k < m) {
             const double2 *xp = df8_sx + k;
-            const uint32_t sb = __ldg(srow + (int)((k * MMOE_SUM_CHUNK) / w.block));
+            const uint32_t sb = __ldg(srow + (col_step > 0 ? r * col_step + lane / cpb : k / cpb));
             if (mmoe_df8_scale_direct(sb)) {
                 df8_chunk_pair(xp, m, ua, ub, &ca, &cb);
                 if (NAN_TEST && e4m3_has_nan16(ua))
@@ -208,14 +242,26 @@ __global__ void __launch_bounds__(GFW_DF8_WARPS * 32, 4)
                 cb = df8_chunk_slow(xp, m, ub, sb);
             }
         }
-        mmoe_pairwise_push(&pa, gfw_group_pairwise(ca, 32)); /* the node over the round's 32 chunks */
-        mmoe_pairwise_push(&pb, gfw_group_pairwise(cb, 32));
+        /* the round's node over its 32 chunks, both rows in one butterfly: the first level leaves row
+           a's pair sums on the even lanes and row b's on the odd ones (df8_round_node) */
+        const double v = df8_round_node(odd ? cb : ca, odd ? ca : cb);
+        if (lane < 2)
+            ((double *)&df8_nodes[warp][r])[lane] = v;
     }
+    __syncwarp();
+    /* the rounds' tree (rounds is a power of two: mmoe_pairwise's tree is the perfect one), lane r
+       holding round r's nodes */
+    double2 node = lane < rounds ? df8_nodes[warp][lane] : make_double2(0.0, 0.0);
+    for (int s = 1; s < rounds; s <<= 1) {
+        node.x = __dadd_rn(node.x, __shfl_xor_sync(0xFFFFFFFFu, node.x, s));
+        node.y = __dadd_rn(node.y, __shfl_xor_sync(0xFFFFFFFFu, node.y, s));
+    }
+    const double sum_b = __shfl_sync(0xFFFFFFFFu, node.y, 0); /* lane 0 holds both sums (rounds >= 1) */
     if (lane < 2) {
         const int64_t n = lane == 0 ? na : nb;
         if (n < N) {
-            const float f =
-                __double2float_rn(__dmul_rn(mmoe_pairwise_result(lane == 0 ? &pa : &pb), gfw_pow2(MMOE_DF8_SHIFT)));
+            const double sum = lane == 0 ? node.x : sum_b;
+            const float f = __double2float_rn(__dmul_rn(sum, gfw_pow2(MMOE_DF8_SHIFT)));
             if (yf)
                 yf[t * N + n] = f;
             if (yb)
