@@ -54,11 +54,11 @@
  * the even lanes, row b's on the odd ones; five shuffles of a double and five additions a round
  * instead of ten and ten), the rounds' nodes wait in shared memory (lanes 0 and 1 store them) and
  * a last butterfly over the rounds, lane r holding round r, forms the tree above them, instead
- * of mmoe_pairwise's stack, which the compiler kept in local memory.  A lane's scale column
- * moves by a constant each round where the block's chunks divide 32, instead of a division a
- * round.  Before, a round of a warp issued about 290 instructions, 32 of them the DFMA and
- * about 60 the local memory, division and shuffles that these replace (docs/perf.md,
- * nineteenth pass).
+ * of mmoe_pairwise's stack, which the compiler kept in local memory.  Where a scale block's
+ * chunks divide 32, a lane's scale column in round r is r (32 / cpb) + lane / cpb, 32-bit,
+ * instead of a 64-bit division of its chunk index (the compiler still repeats the 32-bit
+ * division of the lane each round).  A round of a warp issues 248 instructions, 289 before, 32
+ * of them the DFMA (docs/perf.md, nineteenth pass).
  *
  * ## Data layout
  *
