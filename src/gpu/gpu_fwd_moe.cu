@@ -717,6 +717,21 @@ __device__ __forceinline__ int moe_beats(float a, int64_t ea, float b, int64_t e
     return ea < eb;
 }
 
+/** The router's score of logit @p z (moe_router.c): sqrt(softplus(z)), softplus = z above 20. */
+__device__ __forceinline__ float moe_route_score(float z)
+{
+    return __fsqrt_rn(z > 20.0f ? z : mmoe_log1pf(gfw_expf(z)));
+}
+
+/** The selection value of score @p s with bias @p b (0 without a bias): s + b, rounded once. */
+__device__ __forceinline__ float moe_route_sel(float s, float b) { return __fadd_rn(s, b); }
+
+/** A slot's routing weight: (its score @p s / the sum @p sum of the token's slot scores) times @p scale. */
+__device__ __forceinline__ float moe_route_weight(float s, float sum, float scale)
+{
+    return __fmul_rn(__fdiv_rn(s, sum), scale);
+}
+
 /**
  * The key of a selection value in moe_beats()'s order of numbers and NaN, as an unsigned
  * integer: a larger key for a larger number, one key for +0 and -0, 0 for every NaN (below
@@ -778,9 +793,7 @@ __global__ void __launch_bounds__(MOE_PLAN_THREADS)
     __shared__ int n_valid, n_items;
     if (!given) {
         for (int64_t i = threadIdx.x; i < T * E; i += blockDim.x) {
-            const float z = scores[i];
-            const float sp = z > 20.0f ? z : mmoe_log1pf(gfw_expf(z));
-            scores[i] = __fsqrt_rn(sp);
+            scores[i] = moe_route_score(scores[i]);
         }
         __syncthreads();
         const int lane = threadIdx.x & 31;
@@ -800,7 +813,7 @@ __global__ void __launch_bounds__(MOE_PLAN_THREADS)
                             taken |= ti[p] == e;
                         if (taken)
                             continue;
-                        const float sel = bias ? __fadd_rn(s[e], bias[e]) : __fadd_rn(s[e], 0.0f);
+                        const float sel = moe_route_sel(s[e], bias ? bias[e] : 0.0f);
                         if (moe_beats(sel, e, bsel, best)) {
                             best = e;
                             bsel = sel;
@@ -825,7 +838,7 @@ __global__ void __launch_bounds__(MOE_PLAN_THREADS)
                 for (int j = 0; j < k; j++)
                     sum = __fadd_rn(sum, s[ti[j]]);
                 for (int j = 0; j < k; j++)
-                    wts[t * k + j] = __fmul_rn(__fdiv_rn(s[ti[j]], sum), route_scale);
+                    wts[t * k + j] = moe_route_weight(s[ti[j]], sum, route_scale);
             }
         }
     }
@@ -891,12 +904,10 @@ __global__ void __launch_bounds__(MOE_PLAN_ONE_E_MAX)
     const float b_mine = bias && e_mine < E ? bias[e_mine] : 0.0f;
     gfw_pdl_enter();
     if (!given && e_mine < E) {
-        const float z = scores[e_mine];
-        const float sp = z > 20.0f ? z : mmoe_log1pf(gfw_expf(z));
-        const float sc = __fsqrt_rn(sp);
+        const float sc = moe_route_score(scores[e_mine]);
         scores[e_mine] = sc;
         s_score[e_mine] = sc;
-        s_sel[e_mine] = bias ? __fadd_rn(sc, b_mine) : __fadd_rn(sc, 0.0f);
+        s_sel[e_mine] = moe_route_sel(sc, b_mine);
     }
     __syncthreads();
     if (threadIdx.x >= 32)
@@ -941,7 +952,7 @@ __global__ void __launch_bounds__(MOE_PLAN_ONE_E_MAX)
             sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, my_s, j));
         if (lane < k) {
             idx[lane] = my_idx;
-            wts[lane] = __fmul_rn(__fdiv_rn(my_s, sum), route_scale);
+            wts[lane] = moe_route_weight(my_s, sum, route_scale);
         }
     } else if (lane < k) {
         my_idx = idx[lane];
