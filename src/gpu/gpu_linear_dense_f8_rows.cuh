@@ -252,10 +252,8 @@ __global__ void __launch_bounds__(GFW_DF8_WARPS * 32, 4)
     /* the rounds' tree (rounds is a power of two: mmoe_pairwise's tree is the perfect one), lane r
        holding round r's nodes */
     double2 node = lane < rounds ? df8_nodes[warp][lane] : make_double2(0.0, 0.0);
-    for (int s = 1; s < rounds; s <<= 1) {
-        node.x = __dadd_rn(node.x, __shfl_xor_sync(0xFFFFFFFFu, node.x, s));
-        node.y = __dadd_rn(node.y, __shfl_xor_sync(0xFFFFFFFFu, node.y, s));
-    }
+    node.x = gfw_group_pairwise(node.x, rounds);
+    node.y = gfw_group_pairwise(node.y, rounds);
     const double sum_b = __shfl_sync(0xFFFFFFFFu, node.y, 0); /* lane 0 holds both sums (rounds >= 1) */
     if (lane < 2) {
         const int64_t n = lane == 0 ? na : nb;
