@@ -18,15 +18,7 @@ import sys
 from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ncu_sass_stalls import number, tables  # noqa: E402  (the page's parsing, written once)
-
-
-def opcode(text):
-    """The opcode of a SASS line without its predicate and modifiers ("@!P0 LDG.E.128 .." -> LDG)."""
-    words = text.split()
-    if words and words[0].startswith("@") and len(words) > 1:
-        words = words[1:]
-    return words[0].split(".")[0] if words else "?"
+from ncu_sass_stalls import no_column, number, opcode, run, text_and_address  # noqa: E402  (the page's parsing, written once)
 
 
 def report(rows, name, per, body):
@@ -34,12 +26,8 @@ def report(rows, name, per, body):
     header = list(rows[0].keys())
     col = next((c for c in header if c.strip() == "Instructions Executed"), None)
     if col is None:
-        print("ncu_sass_mix.py: %s: no 'Instructions Executed' column; the header is:" % name)
-        for c in header:
-            print("  " + c)
-        return False
-    text = next((c for c in header if c.strip().lower() in ("source", "sass")), header[1])
-    addr = next((c for c in header if "Address" in c), header[0])
+        return no_column("ncu_sass_mix.py", name, "'Instructions Executed'", header)
+    text, addr = text_and_address(header)
     total = sum(number(r[col]) for r in rows)
     line = "%s: %.0f warp instructions" % (name, total)
     if per:
@@ -82,14 +70,7 @@ def main():
         del args[i:i + 2]
     if len(args) != 1:
         sys.exit("usage: ncu_sass_mix.py PAGE.csv [--per N] [--body COUNT]")
-    with open(args[0], newline="") as f:
-        lines = [ln for ln in f if ln.startswith('"')]  # ncu's own messages start with ==PROF==
-    found = tables(lines)
-    if not found:
-        sys.exit("ncu_sass_mix.py: no rows in %s" % args[0])
-    ok = [report(rows, "kernel %d of %d%s" % (i + 1, len(found), " (%s)" % n if n else ""), per, body)
-          for i, (n, rows) in enumerate(found)]
-    sys.exit(0 if all(ok) else 1)
+    run("ncu_sass_mix.py", args[0], lambda rows, name: report(rows, name, per, body))
 
 
 if __name__ == "__main__":

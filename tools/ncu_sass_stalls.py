@@ -45,6 +45,42 @@ def tables(lines):
     return [(n, t) for n, t in out if t]
 
 
+def opcode(text):
+    """The opcode of a SASS line without its predicate and modifiers ("@!P0 LDG.E.128 .." -> LDG)."""
+    words = text.split()
+    if words and words[0].startswith("@") and len(words) > 1:
+        words = words[1:]
+    return words[0].split(".")[0] if words else "?"
+
+
+def text_and_address(header):
+    """The columns of a row's SASS text and of its address, by their names in @p header."""
+    text = next((c for c in header if c.strip().lower() in ("source", "sass")), header[1])
+    addr = next((c for c in header if "Address" in c), header[0])
+    return text, addr
+
+
+def no_column(tool, name, what, header):
+    """Say that kernel table @p name has no @p what column, print its @p header; False."""
+    print("%s: %s: no %s column; the header is:" % (tool, name, what))
+    for c in header:
+        print("  " + c)
+    return False
+
+
+def run(tool, path, report_table):
+    """Read the source page @p path and report each of its kernel tables with report_table(rows,
+    name); exit 0 when every table was reported, 1 otherwise."""
+    with open(path, newline="") as f:
+        lines = [ln for ln in f if ln.startswith('"')]  # ncu's own messages start with ==PROF==
+    found = tables(lines)
+    if not found:
+        sys.exit("%s: no rows in %s" % (tool, path))
+    ok = [report_table(rows, "kernel %d of %d%s" % (i + 1, len(found), " (%s)" % n if n else ""))
+          for i, (n, rows) in enumerate(found)]
+    sys.exit(0 if all(ok) else 1)
+
+
 def report(rows, top, name):
     """Print one kernel's table (@p rows) as the module's docstring says."""
     header = list(rows[0].keys())
@@ -52,12 +88,8 @@ def report(rows, top, name):
     if sample is None:
         sample = next((c for c in header if "Stall Sampling" in c or "pcsamp" in c), None)
     if sample is None:
-        print("ncu_sass_stalls.py: %s: no stall-sample column; the header is:" % name)
-        for c in header:
-            print("  " + c)
-        return False
-    text = next((c for c in header if c.strip().lower() in ("source", "sass")), header[1])
-    addr = next((c for c in header if "Address" in c), header[0])
+        return no_column("ncu_sass_stalls.py", name, "stall-sample", header)
+    text, addr = text_and_address(header)
     reasons = [c for c in header if c != sample and (c.startswith("stall_") or ("Stall" in c and "Sampling" not in c))]
     total = sum(number(r[sample]) for r in rows)
     print("%s: %d instructions, %.0f stall samples in all (column '%s')" % (name, len(rows), total, sample))
@@ -68,11 +100,7 @@ def report(rows, top, name):
         print("%6.0f %5.1f%%  %-8s %-60s %s" % (n, 100.0 * n / total if total else 0.0, r[addr], r[text][:60], why))
     per_op = defaultdict(float)
     for r in rows:
-        words = r[text].split()
-        op = words[0] if words else "?"
-        if op.startswith("@") and len(words) > 1:
-            op = words[1]
-        per_op[op.split(".")[0]] += number(r[sample])
+        per_op[opcode(r[text])] += number(r[sample])
     print("\nsamples per opcode:")
     for op, n in sorted(per_op.items(), key=lambda kv: -kv[1])[:20]:
         print("%8.0f %5.1f%%  %s" % (n, 100.0 * n / total if total else 0.0, op))
@@ -84,14 +112,7 @@ def main():
     if len(sys.argv) < 2:
         sys.exit("usage: ncu_sass_stalls.py PAGE.csv [TOP]")
     top = int(sys.argv[2]) if len(sys.argv) > 2 else 40
-    with open(sys.argv[1], newline="") as f:
-        lines = [ln for ln in f if ln.startswith('"')]  # ncu's own messages start with ==PROF==
-    found = tables(lines)
-    if not found:
-        sys.exit("ncu_sass_stalls.py: no rows in %s" % sys.argv[1])
-    ok = [report(rows, top, "kernel %d of %d%s" % (i + 1, len(found), " (%s)" % n if n else ""))
-          for i, (n, rows) in enumerate(found)]
-    sys.exit(0 if all(ok) else 1)
+    run("ncu_sass_stalls.py", sys.argv[1], lambda rows, name: report(rows, top, name))
 
 
 if __name__ == "__main__":
