@@ -52,8 +52,7 @@ tree() {
 # build NAME JOBS: configure for the H200 and build megamoe and the forward suites
 build() {
   local t0; t0=$(date +%s)
-  ( cd "$W/$1" && ./configure --with-cuda --disable-doxygen-doc CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" \
-      > "$OUT/configure-$1.log" 2>&1 && make -j"$2" > "$OUT/build-$1.log" 2>&1 \
+  ( cd "$W/$1" && mmoe_configure_h200 > "$OUT/configure-$1.log" 2>&1 && make -j"$2" > "$OUT/build-$1.log" 2>&1 \
       && make -j"$2" tests/test_gpu_forward tests/test_gpu_forward_blocks >> "$OUT/build-$1.log" 2>&1 ) \
     && say "build $1: ok ($(( $(date +%s) - t0 )) s)" \
     || { say "build $1: FAILED"; tail -n 20 "$OUT/build-$1.log"; return 1; }
@@ -93,8 +92,8 @@ if has check; then
   check new forward-graph 300 env CK_EXCLUDE_TAGS=flash MMOE_GPU_GRAPH=1 ./tests/test_gpu_forward
 fi
 if has bench || has trace; then
-  [ -d "$W/model" ] || ( cd "$W/new" && ./megamoe synth-model --shape v4-flash --layers "${AB_LAYERS:-4}" --experts 8 \
-      --vocab 1024 --threads 16 --out "$W/model" > "$OUT/synth-model.log" 2>&1 ) || { say "synth-model failed"; exit 1; }
+  [ -d "$W/model" ] || mmoe_bench_checkpoint "$W/new/megamoe" "$W/model" "${AB_LAYERS:-4}" > "$OUT/synth-model.log" 2>&1 \
+    || { say "synth-model failed"; exit 1; }
 fi
 # variants: the entries of AB_VARIANTS, one a line ("LABEL VAR=VALUE ..")
 variants() { echo "${AB_VARIANTS:-}" | tr ';' '\n' | sed 's/^ *//' | grep -v '^$'; }

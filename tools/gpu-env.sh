@@ -30,3 +30,13 @@ libdir=$MMOE_PREFIX/usr/lib/x86_64-linux-gnu
 export PKG_CONFIG_PATH="$libdir/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
 export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LIBRARY_PATH="$libdir${LIBRARY_PATH:+:$LIBRARY_PATH}"
+# mmoe_configure_h200: configure the tree in the current directory for the H200 (sm_90a code
+# only, no manual), as the GPU machine's scripts build it
+mmoe_configure_h200() {
+  ./configure --with-cuda --disable-doxygen-doc CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a"
+}
+# mmoe_bench_checkpoint MEGAMOE DIR LAYERS: the synthetic V4-Flash-width checkpoint that the decode
+# benchmarks and profiles run (LAYERS layers, 8 experts, a vocabulary of 1024) into DIR
+mmoe_bench_checkpoint() {
+  "$1" synth-model --shape v4-flash --layers "$3" --experts 8 --vocab 1024 --threads 16 --out "$2"
+}

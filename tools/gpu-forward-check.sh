@@ -33,8 +33,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > 
 cat "$OUT/device.txt"
 case " $STEPS " in *" build "*)
   t0=$(date +%s)
-  ( ./configure --with-cuda --disable-doxygen-doc CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" \
-      > "$OUT/configure.log" 2>&1 && make -j16 > "$OUT/build.log" 2>&1 \
+  ( mmoe_configure_h200 > "$OUT/configure.log" 2>&1 && make -j16 > "$OUT/build.log" 2>&1 \
       && make -j16 tests/test_gpu_forward tests/test_gpu_forward_blocks >> "$OUT/build.log" 2>&1 ) \
     || { echo "BUILD FAILED"; tail -n 40 "$OUT/configure.log" "$OUT/build.log"; exit 1; }
   echo "build: ok ($(( $(date +%s) - t0 )) s)";;

@@ -29,10 +29,8 @@ W=${PROF_WORK:-/tmp/mmoe-prof-tree}
 mkdir -p "$P"
 rm -rf "$W" && mkdir -p "$W/tree" && tar -xzf "$TARBALL" -C "$W/tree" --strip-components=1 || { echo "cannot unpack $TARBALL"; exit 1; }
 cd "$W/tree" || exit 1
-./configure --with-cuda --disable-doxygen-doc CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" > "$P/configure.log" 2>&1 \
-  && make -j16 megamoe > "$P/build.log" 2>&1 || { echo "build failed"; tail -n 20 "$P/build.log"; exit 1; }
-./megamoe synth-model --shape v4-flash --layers "${PROF_LAYERS:-4}" --experts 8 --vocab 1024 --threads 16 --out "$W/model" \
-  > "$P/synth-model.log" 2>&1 || { echo "synth-model failed"; exit 1; }
+mmoe_configure_h200 > "$P/configure.log" 2>&1 && make -j16 megamoe > "$P/build.log" 2>&1 || { echo "build failed"; tail -n 20 "$P/build.log"; exit 1; }
+mmoe_bench_checkpoint ./megamoe "$W/model" "${PROF_LAYERS:-4}" > "$P/synth-model.log" 2>&1 || { echo "synth-model failed"; exit 1; }
 for spec in $SPECS; do
   IFS=: read -r name regex skip count <<< "$spec"
   timeout 240 ncu --set full --kernel-name-base demangled -k "regex:$regex" --launch-skip "$skip" --launch-count "$count" \
