@@ -55,10 +55,10 @@
  * instead of ten and ten), the rounds' nodes wait in shared memory (lanes 0 and 1 store them) and
  * a last butterfly over the rounds, lane r holding round r, forms the tree above them, instead
  * of mmoe_pairwise's stack, which the compiler kept in local memory.  Where a scale block's
- * chunks divide 32, a lane's scale column in round r is r (32 / cpb) + lane / cpb, 32-bit,
- * instead of a 64-bit division of its chunk index (the compiler still repeats the 32-bit
- * division of the lane each round).  A round of a warp issues 248 instructions, 289 before, 32
- * of them the DFMA (docs/perf.md, nineteenth pass).
+ * chunks divide 32, a lane's scale column in round r is r (32 / cpb) + lane / cpb, the lane's
+ * part divided once before the loop (a pointer to its round-0 byte), instead of a 64-bit
+ * division of its chunk index every round (docs/perf.md, nineteenth and twentieth passes: what
+ * a round of a warp issues, 32 of its instructions the DFMA).
  *
  * ## Data layout
  *
@@ -201,6 +201,8 @@ __global__ void __launch_bounds__(GFW_DF8_WARPS * 32, 4)
     const int cpb = w.block / MMOE_SUM_CHUNK;
     const int col_step = 32 % cpb == 0 ? 32 / cpb : 0;
     const uint8_t *srow = w.scale + (n0 / w.block) * w.scols;
+    /* the lane's scale byte of round 0 where its column steps (one division, before the loop) */
+    const uint8_t *slane = srow + (col_step > 0 ? lane / cpb : 0);
     const uint4 *wa = (const uint4 *)((const uint8_t *)w.p + (na < N ? na : n0) * w.cols);
     const uint4 *wb = (const uint4 *)((const uint8_t *)w.p + (nb < N ? nb : n0) * w.cols);
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
@@ -230,7 +232,7 @@ __global__ void __launch_bounds__(GFW_DF8_WARPS * 32, 4)
         double ca = 0.0, cb = 0.0;
         if (k < m) {
             const double2 *xp = df8_sx + k;
-            const uint32_t sb = __ldg(srow + (col_step > 0 ? r * col_step + lane / cpb : k / cpb));
+            const uint32_t sb = __ldg(slane + (col_step > 0 ? r * col_step : k / cpb));
             if (mmoe_df8_scale_direct(sb)) {
                 df8_chunk_pair(xp, m, ua, ub, &ca, &cb);
                 if (NAN_TEST && e4m3_has_nan16(ua))
