@@ -999,7 +999,9 @@ static void expect_finite_u16(const char *what, const uint16_t *v, size_t n)
  * for T tokens of width D, an hc_pre (@p n_out 24: post and comb too) or an hc_head (4), with
  * output @p out 0 (y), 1 (y and its FP8 quantization) or 2 (y and the MoE's quantized input).
  * The fused kernel runs twice, each time from NaN outputs (the first launch must reset its block
- * counts for the second to finish).
+ * counts for the second to finish); so does the fused kernel with its Sinkhorn apart (the
+ * logits handed to k_hc_sinkhorn, as one-token forward calls run it), which must give the same
+ * bits again.
  *
  * With @p cancel the mix's order shows in its bf16 result: fn = 0 and one base value make the
  * four pre weights one number p, stream 1 is stream 0 negated and streams 2 and 3 are about
@@ -1029,10 +1031,11 @@ static void check_hc_pre_norm(int64_t T, int64_t D, int n_out, int out, int canc
         }
     for (int64_t i = 0; i < D; i++)
         w[i] = mmoe_bf16_from_f32(1.0f + unif(&r, 0.5f));
-    uint16_t *y[2];
-    float *post[2], *comb[2], *qs[2], *mq[2];
-    uint8_t *q[2];
-    for (int f = 0; f < 2; f++) {
+    enum { MODES = 3 }; /* gfw_test_hc_pre_norm's fused: three kernels, fused, fused with the Sinkhorn apart */
+    uint16_t *y[MODES];
+    float *post[MODES], *comb[MODES], *qs[MODES], *mq[MODES];
+    uint8_t *q[MODES];
+    for (int f = 0; f < MODES; f++) {
         y[f] = malloc(2 * (size_t)(T * D));
         post[f] = malloc(sizeof(float) * (size_t)(T * hc));
         comb[f] = malloc(sizeof(float) * (size_t)(T * hc * hc));
@@ -1045,23 +1048,29 @@ static void check_hc_pre_norm(int64_t T, int64_t D, int n_out, int out, int canc
                                            post[f], comb[f], q[f], qs[f], mq[f], &err) == MMOE_OK,
                       "%s", err.msg);
     }
-    expect_finite_u16("hc_pre_norm y (fused)", y[1], (size_t)(T * D));
-    expect_same_u16("hc_pre_norm y", y[1], y[0], (size_t)(T * D));
-    expect_same_f32("hc_pre_norm post", post[1], post[0], (size_t)(T * hc));
-    expect_same_f32("hc_pre_norm comb", comb[1], comb[0], (size_t)(T * hc * hc));
-    ck_assert_msg(memcmp(q[1], q[0], (size_t)(T * D)) == 0, "hc_pre_norm q differs (seed %llu)",
-                  (unsigned long long)g_seed);
-    expect_same_f32("hc_pre_norm qs", qs[1], qs[0], (size_t)(T * D / 128));
-    expect_same_f32("hc_pre_norm mq", mq[1], mq[0], (size_t)(T * D));
-    if (n_out > hc)
-        ck_assert_msg(isfinite(post[1][0]) && isfinite(comb[1][T * hc * hc - 1]), "hc_pre_norm: post or comb not written");
-    if (out == 1)
-        ck_assert_msg(isfinite(qs[1][0]) && isfinite(qs[1][T * D / 128 - 1]), "hc_pre_norm: qs not written");
-    if (out == 2)
-        ck_assert_msg(isfinite(mq[1][0]) && isfinite(mq[1][T * D - 1]), "hc_pre_norm: mq not written");
-    fprintf(stderr, "gpu_forward_blocks: hc_pre_norm T=%lld D=%lld n_out=%d out=%d%s: fused = three kernels, bit for bit\n",
+    for (int f = 1; f < MODES; f++) {
+        expect_finite_u16(f == 1 ? "hc_pre_norm y (fused)" : "hc_pre_norm y (Sinkhorn apart)", y[f], (size_t)(T * D));
+        expect_same_u16("hc_pre_norm y", y[f], y[0], (size_t)(T * D));
+        expect_same_f32("hc_pre_norm post", post[f], post[0], (size_t)(T * hc));
+        expect_same_f32(f == 1 ? "hc_pre_norm comb" : "hc_pre_norm comb (Sinkhorn apart)", comb[f], comb[0],
+                        (size_t)(T * hc * hc));
+        ck_assert_msg(memcmp(q[f], q[0], (size_t)(T * D)) == 0, "hc_pre_norm q differs (seed %llu)",
+                      (unsigned long long)g_seed);
+        expect_same_f32("hc_pre_norm qs", qs[f], qs[0], (size_t)(T * D / 128));
+        expect_same_f32("hc_pre_norm mq", mq[f], mq[0], (size_t)(T * D));
+        if (n_out > hc)
+            ck_assert_msg(isfinite(post[f][0]) && isfinite(comb[f][T * hc * hc - 1]),
+                          "hc_pre_norm: post or comb not written");
+        if (out == 1)
+            ck_assert_msg(isfinite(qs[f][0]) && isfinite(qs[f][T * D / 128 - 1]), "hc_pre_norm: qs not written");
+        if (out == 2)
+            ck_assert_msg(isfinite(mq[f][0]) && isfinite(mq[f][T * D - 1]), "hc_pre_norm: mq not written");
+    }
+    fprintf(stderr,
+            "gpu_forward_blocks: hc_pre_norm T=%lld D=%lld n_out=%d out=%d%s: fused (Sinkhorn in it and apart) = three "
+            "kernels, bit for bit\n",
             (long long)T, (long long)D, n_out, out, cancel ? " (cancelling streams)" : "");
-    for (int f = 0; f < 2; f++)
+    for (int f = 0; f < MODES; f++)
         free(y[f]), free(post[f]), free(comb[f]), free(q[f]), free(qs[f]), free(mq[f]);
     free(X), free(w), free(fn);
 }

@@ -28,6 +28,7 @@
  * | k_linear_dense_f8_rows | the same below 8 tokens for an FP8 weight, the scale staged with x [gpu_linear_dense_f8_rows.cuh] | yes |
  * | k_hc_part, k_hc_finish_split | mHC logits (double, block trees), sigmoid, Sinkhorn, mix | yes* |
  * | k_hc_pre_norm     | the same and k_rmsnorm after it, one launch (decode steps) | yes* |
+ * | k_hc_sinkhorn     | a one-token step's Sinkhorn on the side stream, from k_hc_pre_norm's logits | yes |
  * | k_hc_post         | fp32 write-back, j ascending, then the post term       | yes    |
  * | k_q_kv_finish     | per-head q scaling in bf16 steps, RoPE [attn_forward.c]; | yes  |
  * |                   | kv RMSNorm, RoPE, FP8 round trip (block 64)             |        |
@@ -86,7 +87,9 @@
  * needs only pre).  At decode (hc_pre_norm_fits()) one kernel, k_hc_pre_norm, does all of that
  * and the norm after it: the block sums' blocks count themselves done, and the last block of a
  * token finishes it alone (the Sinkhorn in one warp, the mix and the norm in the others, a
- * chunk of 16 channels per thread), so a decode step's mHC costs one launch instead of three.
+ * chunk of 16 channels per thread), so a decode step's mHC costs one launch instead of three;
+ * in a one-token call on one GPU the Sinkhorn, whose chain of dependent steps outlasts the mix
+ * and the norm, leaves the kernel for k_hc_sinkhorn on the side stream (sinkhorn_side()).
  * k_topk_split ranks the candidates (eight threads each, O(n) comparisons against the scores,
  * which each block stages in shared memory a tile at a time) in blocks of 32 candidates, which
  * matters at long contexts (n = position / 4).  The linears of a decode
@@ -137,7 +140,9 @@
  * with it as it was when everything ran there.  One exception, joined before anything reads
  * it: a one-token call's MoE forks its shared expert onto g->side (moe_side(),
  * gfw_moe_rows_split(): an event recorded on g->stream and waited for on g->side, and back),
- * which a graph capture follows as two branches of the same graph.
+ * which a graph capture follows as two branches of the same graph; and so does a one-token
+ * call's Sinkhorn of each sub-layer (sinkhorn_side(): the attention's joined before its output
+ * projection, the MoE's behind the shared expert's branch, before the hc_post).
  *
  * What changes from call to call lives in device memory, the **step record** g->step: the
  * call's first position (int64) followed by its token ids (int32).  The host writes it into a
@@ -1905,6 +1910,7 @@ struct hc_pre_norm_args {
     unsigned *arrive;           /**< [T] blocks of each token done; 0 between launches */
     float *post;                /**< hc_pre only: [T, hc] */
     float *comb;                /**< hc_pre only: [T, hc, hc] */
+    float *comb_logits;         /**< hc_pre only: NULL (the kernel runs the Sinkhorn), or where its logits go [T, hc, hc] */
     ddense w;                   /**< the RMSNorm's weight [D] */
     float eps;                  /**< the RMSNorm's epsilon */
     uint16_t *y;                /**< the normed mix [T, D] */
@@ -2001,8 +2007,12 @@ __global__ void __launch_bounds__(GFW_HC_FUSED_THREADS, GFW_HC_FUSED_BLOCKS_PER_
     hc_finish_logits(t, n, HC, a.part, S, a.base, a.scale, a.n_out, a.norm_eps, a.hc_eps, has_sinkhorn, a.post, m, pre);
     __syncthreads();
     if (!mixer) {
-        if (has_sinkhorn)
+        if (has_sinkhorn && a.comb_logits != NULL) { /* k_hc_sinkhorn, on the side stream, runs the iterations */
+            if (tid - NT < HC * HC)
+                a.comb_logits[t * HC * HC + (tid - NT)] = m[2 * HC + (tid - NT)];
+        } else if (has_sinkhorn) {
             sinkhorn_warp<HC>(m + 2 * HC, c_scale, c_base, HC, a.hc_eps, a.iters, a.comb + t * HC * HC);
+        }
         return;
     }
     float acc[C], v[C]; /* the mix's sums (stream j ascending from +0); v: one stream's values */
@@ -2050,6 +2060,27 @@ __global__ void __launch_bounds__(GFW_HC_FUSED_THREADS, GFW_HC_FUSED_BLOCKS_PER_
         rmsnorm_chunk_quant(yb, live ? C : 0, t, a.D, a.q, a.qs, a.mb, a.mq);
 }
 
+
+/**
+ * The Sinkhorn iterations of token blockIdx.x's hc_pre from the hc x hc logits that
+ * k_hc_pre_norm stored in @p logit (its comb_logits) into @p comb: sinkhorn_warp() in one warp,
+ * the same steps as k_hc_pre_norm's own Sinkhorn warp, so the same bits.  A plain launch on the
+ * side stream (sinkhorn_side()), after an event recorded behind k_hc_pre_norm: nothing on the
+ * main stream waits for it before the sub-layer's hc_post.
+ */
+__global__ void k_hc_sinkhorn(const float *logit, const float *base, const float *scale, float hc_eps, int iters,
+                              float *comb)
+{
+    constexpr int HC = GFW_HC_FUSED_HC;
+    const int64_t t = blockIdx.x;
+    const int lane = threadIdx.x;
+    float c_base[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int q = 0; q < 2; q++)
+        if (lane + 32 * q < HC * HC)
+            c_base[q] = base[2 * HC + lane + 32 * q];
+    sinkhorn_warp<HC>(logit + t * HC * HC, scale[2], c_base, HC, hc_eps, iters, comb + t * HC * HC);
+}
 
 /**
  * hc_post (mmoe_mhc.c) of token blockIdx.y of width D, one channel per thread over the blocks
@@ -3322,7 +3353,7 @@ struct mmoe_gpu_model {
     uint16_t *X, *y, *o, *qr, *q, *kv, *att, *z, *hn, *hp, *e;
     double *hc_part;
     unsigned *hc_arrive;
-    float *post, *comb, *ckv, *cgate, *ikv, *igate, *scores, *logits, *moe_x, *moe_scores, *moe_w, *moe_h;
+    float *post, *comb, *comb_logits, *ckv, *cgate, *ikv, *igate, *scores, *logits, *moe_x, *moe_scores, *moe_w, *moe_h;
     uint16_t *qi, *wi, *slot_y;
     int32_t *ids, *topk_idx, *moe_idx;
     int has_part;                 /**< 1: one rank of an expert-parallel forward (part) */
@@ -3343,6 +3374,8 @@ struct mmoe_gpu_model {
     cudaStream_t side;            /**< the one-token MoE's shared expert, forked from and joined to stream (moe_side()) */
     cudaEvent_t moe_fork;         /**< recorded on stream before the shared expert's branch */
     cudaEvent_t moe_join;         /**< recorded on side after it */
+    cudaEvent_t hc_fork;          /**< recorded on stream after a one-token k_hc_pre_norm (sinkhorn_side()) */
+    cudaEvent_t hc_join;          /**< recorded on side after its k_hc_sinkhorn */
     int64_t *step;                /**< device step record: step[0] the call's first position, then its ids (ids) */
     int64_t *step_host;           /**< its pinned host copy, written before each call */
     int n_sm;                     /**< multiprocessors of the device (grids sized for the largest live count) */
@@ -3446,6 +3479,8 @@ struct mmoe_gpu_model {
      *  mHC post weights [Tm, hc]
      *  @var mmoe_gpu_model::comb
      *  mHC combine matrices [Tm, hc, hc]
+     *  @var mmoe_gpu_model::comb_logits
+     *  their logits, from k_hc_pre_norm to k_hc_sinkhorn (sinkhorn_side()) [Tm, hc, hc]
      *  @var mmoe_gpu_model::ckv
      *  compressor kv projection [Tm, 2*d]
      *  @var mmoe_gpu_model::cgate
@@ -3810,6 +3845,7 @@ static cudaError_t build(mmoe_gpu_model *g, const gfw_model_src *s, int *host_oo
     g->hc_part = (double *)galloc(g, sizeof(double) * (size_t)(Tm * ((2 + hc) * hc + 1) * hc_part_blocks(hc * D)), &ce);
     g->hc_arrive = (unsigned *)galloc(g, sizeof(unsigned) * (size_t)Tm, &ce);
     g->comb = (float *)galloc(g, sizeof(float) * (size_t)(Tm * hc * hc), &ce);
+    g->comb_logits = (float *)galloc(g, sizeof(float) * (size_t)(Tm * hc * hc), &ce);
     g->qr = (uint16_t *)galloc(g, 2 * (size_t)(Tm * q), &ce);
     g->q = (uint16_t *)galloc(g, 2 * (size_t)(Tm * H * d), &ce);
     g->kv = (uint16_t *)galloc(g, 2 * (size_t)(Tm * d), &ce);
@@ -4019,6 +4055,10 @@ static cudaError_t create_stream_and_step(mmoe_gpu_model *g)
     if (ce == cudaSuccess)
         ce = cudaEventCreateWithFlags(&g->moe_join, cudaEventDisableTiming);
     if (ce == cudaSuccess)
+        ce = cudaEventCreateWithFlags(&g->hc_fork, cudaEventDisableTiming);
+    if (ce == cudaSuccess)
+        ce = cudaEventCreateWithFlags(&g->hc_join, cudaEventDisableTiming);
+    if (ce == cudaSuccess)
         ce = cudaHostAlloc((void **)&g->step_host, sizeof(int64_t) + sizeof(int32_t) * (size_t)g->Tm,
                            cudaHostAllocDefault);
     return ce;
@@ -4108,6 +4148,10 @@ extern "C" void mmoe_gpu_model_destroy(mmoe_gpu_model *g)
         cudaEventDestroy(g->moe_fork);
     if (g->moe_join)
         cudaEventDestroy(g->moe_join);
+    if (g->hc_fork)
+        cudaEventDestroy(g->hc_fork);
+    if (g->hc_join)
+        cudaEventDestroy(g->hc_join);
     if (g->step_host)
         cudaFreeHost(g->step_host);
     free(g->obs_in);
@@ -4517,16 +4561,55 @@ static unsigned compress_threads(int64_t dh)
 }
 
 /**
+ * Whether a sub-layer's Sinkhorn runs apart from its k_hc_pre_norm: a one-token call on one
+ * GPU.  Its iterations are a chain of about 40 dependent shuffles, sums and divisions
+ * (sinkhorn_warp()), which in k_hc_pre_norm's last block outlast the mix and the norm, and
+ * the kernel after it waits for the whole kernel; but comb is read only by the sub-layer's
+ * hc_post.  So k_hc_pre_norm leaves the logits in g->comb_logits, k_hc_sinkhorn runs the
+ * iterations on g->side (sinkhorn_fork(), sinkhorn_launch()), and g->stream waits for it just
+ * before the hc_post (sinkhorn_join()): in the attention before the output projection that
+ * does the hc_post, in the MoE after the shared expert's branch on the same side stream.
+ */
+static bool sinkhorn_side(const mmoe_gpu_model *g, int64_t T, bool fused)
+{
+    return T == 1 && fused && !g->has_part;
+}
+
+/** g->side waits for what g->stream has queued (the sub-layer's k_hc_pre_norm). */
+static cudaError_t sinkhorn_fork(mmoe_gpu_model *g)
+{
+    cudaError_t ce = cudaEventRecord(g->hc_fork, g->stream);
+    return ce == cudaSuccess ? cudaStreamWaitEvent(g->side, g->hc_fork, 0) : ce;
+}
+
+/** k_hc_sinkhorn of T tokens on g->side (mHC parameters @p base, @p scale), then g->hc_join recorded there. */
+static cudaError_t sinkhorn_launch(mmoe_gpu_model *g, int64_t T, const float *base, const float *scale)
+{
+    cudaError_t ce = mmoe_launch_ex(false, k_hc_sinkhorn, dim3((unsigned)T), 32, 0, g->side, g->comb_logits, base,
+                                    scale, g->hc_eps, g->iters, g->comb);
+    if (ce == cudaSuccess)
+        ce = cudaGetLastError();
+    return ce == cudaSuccess ? cudaEventRecord(g->hc_join, g->side) : ce;
+}
+
+/** g->stream waits for k_hc_sinkhorn (everything after this reads comb). */
+static cudaError_t sinkhorn_join(mmoe_gpu_model *g)
+{
+    return cudaStreamWaitEvent(g->stream, g->hc_join, 0);
+}
+
+/**
  * The attention sub-layer on g->y (attn_norm output), result in g->o.  The kernels read the
  * call's first position from the step record (g->step); @p pos0, its value, only sizes the
  * indexer scores' grid when the step is launched eagerly (a captured step sizes it for
  * max_blocks).  @p y_quantized: g->aq, g->as already hold g->y quantized (the layer's
  * rmsnorm_quant()); else the sub-layer quantizes it first.  @p post_done: NULL, or set to 1 when
  * the output projection also did the hc_post after the sub-layer on g->X
- * (launch_linear_fp8_hc_post()), else 0.
+ * (launch_linear_fp8_hc_post()), else 0.  @p comb_apart: comb comes from k_hc_sinkhorn on
+ * g->side (sinkhorn_side()), which g->stream waits for before the output projection.
  */
 static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t T, int y_quantized,
-                             int *post_done, mmoe_error *err)
+                             int *post_done, mmoe_error *err, bool comb_apart = false)
 {
     const gfw_attn_dims &a = b->a;
     const int64_t D = g->D, d = a.d, H = a.H, ih = a.ih, id = a.id;
@@ -4613,6 +4696,9 @@ static mmoe_status attention(mmoe_gpu_model *g, gblock *b, int64_t pos0, int64_t
         return st;
     if ((st = act_quant(g, g->z, T, b->wo_b.K, err)) != MMOE_OK)
         return st;
+    cudaError_t ce;
+    if (comb_apart && (ce = sinkhorn_join(g)) != cudaSuccess)
+        return cuda_fail(err, ce, "attention: the Sinkhorn's join");
     const fp8_hc_post hp = {g->X, g->post, g->comb, (int)g->hc};
     if (post_done != NULL && (*post_done = linear_fp8_tc_chosen(g, T, b->wo_b, g->o, hp, NULL, NULL, sm))) {
         GFW_CHECK("fp8 linear (tc) and hc_post");
@@ -4677,14 +4763,17 @@ static mmoe_status moe(mmoe_gpu_model *g, gblock *b, const int32_t *ids_dev, int
  * hc_pre (@p n_out = (2+hc)*hc, with g->post and g->comb) or hc_head (n_out = hc) of T tokens
  * of @p X and the RMSNorm of the mix by @p w into g->y, in one k_hc_pre_norm launch
  * (hc_pre_norm_fits()); with @p q or @p mq also its quantizations (rmsnorm_chunk_quant()).
+ * @p sinkhorn_apart (hc_pre only): the kernel leaves the Sinkhorn's logits in g->comb_logits
+ * for k_hc_sinkhorn (sinkhorn_side()) instead of running the iterations.
  */
 static void hc_pre_norm(mmoe_gpu_model *g, const uint16_t *X, int64_t T, const float *fn, const float *base,
-                        const float *scale, int n_out, const ddense &w, uint8_t *q, float *qs, float *mb, float *mq)
+                        const float *scale, int n_out, const ddense &w, uint8_t *q, float *qs, float *mb, float *mq,
+                        bool sinkhorn_apart = false)
 {
     const int with_post = n_out > (int)g->hc;
     const hc_pre_norm_args a = {X, g->D, fn, base, scale, n_out, with_post ? g->iters : 0, g->hc_eps, g->eps,
                                 g->hc_part, g->hc_arrive, with_post ? g->post : NULL, with_post ? g->comb : NULL,
-                                w, g->eps, g->y, q, qs, mb, mq};
+                                with_post && sinkhorn_apart ? g->comb_logits : NULL, w, g->eps, g->y, q, qs, mb, mq};
     launch_hc_pre_norm(a, T, g->stream);
 }
 
@@ -4698,7 +4787,7 @@ static void sublayer_hc_pre(mmoe_gpu_model *g, int64_t T, const float *fn, const
 {
     const int hc = (int)g->hc, n_mix = (2 + hc) * hc;
     if (fused)
-        hc_pre_norm(g, g->X, T, fn, base, scale, n_mix, norm, q, qs, mb, mq);
+        hc_pre_norm(g, g->X, T, fn, base, scale, n_mix, norm, q, qs, mb, mq, sinkhorn_side(g, T, fused));
     else
         launch_hc_mix(g->X, g->D, hc, T, fn, base, scale, n_mix, g->eps, g->hc_eps, g->iters, g->hc_part, g->y,
                       g->post, g->comb, g->stream);
@@ -4749,15 +4838,19 @@ static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, i
     double t0 = tick(g);
     mmoe_status st = MMOE_OK;
     int post_done = 0; /* the attention's output projection did its hc_post */
+    const bool apart = sinkhorn_side(g, T, fused);
+    cudaError_t ce = cudaSuccess;
     sublayer_hc_pre(g, T, b->hca_fn, b->hca_base, b->hca_scale, fused, b->attn_norm, g->aq, g->as, NULL, NULL);
     GFW_CHECK("hc_pre (attention)");
+    if (apart && ((ce = sinkhorn_fork(g)) != cudaSuccess || (ce = sinkhorn_launch(g, T, b->hca_base, b->hca_scale)) != cudaSuccess))
+        return cuda_fail(err, ce, "the attention's Sinkhorn (side stream)");
     double t1 = tick(g);
     if (!fused)
         st = rmsnorm_quant(g, g->y, T, D, b->attn_norm, g->eps, g->y, err);
     if (st == MMOE_OK)
         st = obs_keep_input(g, T, err);
     if (st == MMOE_OK)
-        st = attention(g, b, pos0, T, 1, &post_done, err);
+        st = attention(g, b, pos0, T, 1, &post_done, err, apart);
     if (st == MMOE_OK)
         st = obs_report(g, L, MMOE_SUBLAYER_ATTENTION, pos0, T, err);
     if (st != MMOE_OK)
@@ -4768,17 +4861,23 @@ static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, i
     sublayer_hc_pre(g, T, b->hcf_fn, b->hcf_base, b->hcf_scale, fused, b->ffn_norm, NULL, NULL, g->moe_work.xb,
                     g->moe_x);
     GFW_CHECK("hc_post / hc_pre (moe)");
+    if (apart && (ce = sinkhorn_fork(g)) != cudaSuccess)
+        return cuda_fail(err, ce, "the MoE's Sinkhorn (side stream)");
     int staged = fused; /* k_hc_pre_norm wrote the MoE's inputs */
     double t3 = tick(g);
     if ((!fused && (st = rmsnorm_moe_in(g, g->y, T, D, b->ffn_norm, g->eps, g->y, &staged, err)) != MMOE_OK) ||
         (st = obs_keep_input(g, T, err)) != MMOE_OK || (st = moe(g, b, ids_dev, T, err, 0, 1, staged)) != MMOE_OK ||
         (st = obs_report(g, L, MMOE_SUBLAYER_MOE, pos0, T, err)) != MMOE_OK)
         return st;
+    /* behind the shared expert's branch on g->side, whose join the hc_post waits for anyway */
+    if (apart && ((ce = sinkhorn_launch(g, T, b->hcf_base, b->hcf_scale)) != cudaSuccess ||
+                  (ce = sinkhorn_join(g)) != cudaSuccess))
+        return cuda_fail(err, ce, "the MoE's Sinkhorn (side stream)");
     double t4 = tick(g);
     if (g->has_part) /* the expert-parallel rank combined after its exchange */
         launch_hc_post(g->o, g->X, T, D, hc, g->post, g->comb, g->stream);
-    else /* after the shared expert's branch joined: a plain launch, whose dependencies are all full */
-        mmoe_launch_ex(!moe_side(g, b, T, 0, 1), k_hc_post_moe, dim3(nblk(D), (unsigned)T), 256, 0, g->stream,
+    else /* after a join of g->side: a plain launch, whose dependencies are all full */
+        mmoe_launch_ex(!moe_side(g, b, T, 0, 1) && !apart, k_hc_post_moe, dim3(nblk(D), (unsigned)T), 256, 0, g->stream,
                        g->slot_y, g->moe_idx, T, (int)b->moe.k, b->moe.Ws > 0, g->o, g->X, D, hc, g->post, g->comb);
     GFW_CHECK("hc_post (moe)");
     double t5 = tick(g);
@@ -5374,15 +5473,22 @@ extern "C" mmoe_status gfw_test_hc_pre_norm(int64_t D, int n_out, int iters, flo
         a.ce = cudaMemset(darrive, 0, sizeof(unsigned) * (size_t)T);
     uint8_t *oq = out == 1 ? dq : NULL;
     float *oqs = out == 1 ? dqs : NULL, *omb = out == 2 ? dmb : NULL, *omq = out == 2 ? dmq : NULL;
+    /* fused 2: the Sinkhorn's logits through a NaN-filled buffer to k_hc_sinkhorn */
+    float *dl = fused == 2 && with_post ? (float *)tput(&a, NULL, c_bytes) : NULL;
     if (a.ce == cudaSuccess && fused) {
         const hc_pre_norm_args args = {dX, D, dfn, db, ds, n_out, with_post ? iters : 0, hc_eps, norm_eps, dpart,
-                                       darrive, with_post ? dp : NULL, with_post ? dc : NULL, wd, eps, dy, oq, oqs,
-                                       omb, omq};
-        launch_hc_pre_norm(args, T, 0);
-        /* again from NaN outputs: the second launch must find the counts the first reset */
-        tfill(&a, nan_fill, nan_bytes, 7, 0xFF);
-        if (a.ce == cudaSuccess)
-            launch_hc_pre_norm(args, T, 0);
+                                       darrive, with_post ? dp : NULL, with_post ? dc : NULL, dl, wd, eps, dy, oq,
+                                       oqs, omb, omq};
+        for (int run = 0; run < 2 && a.ce == cudaSuccess; run++) {
+            /* from NaN outputs each time: the second launch must find the counts the first reset */
+            tfill(&a, nan_fill, nan_bytes, 7, 0xFF);
+            if (dl != NULL && a.ce == cudaSuccess)
+                a.ce = cudaMemset(dl, 0xFF, c_bytes);
+            if (a.ce == cudaSuccess)
+                launch_hc_pre_norm(args, T, 0);
+            if (dl != NULL && a.ce == cudaSuccess)
+                k_hc_sinkhorn<<<(unsigned)T, 32>>>(dl, db, ds, hc_eps, iters, dc);
+        }
     } else if (a.ce == cudaSuccess) {
         launch_hc_mix(dX, D, hc, T, dfn, db, ds, n_out, norm_eps, hc_eps, with_post ? iters : 0, dpart, dy,
                       with_post ? dp : NULL, with_post ? dc : NULL, 0);

@@ -329,8 +329,9 @@ mmoe_status gfw_test_hc_pre(int hc, int64_t D, int iters, float norm_eps, float 
  * of the mix by the bf16 weight @p w into @p y, and with @p out 1 its FP8 quantization (@p q
  * codes [T, D], @p qs scales [T, D/128]) or with @p out 2 the MoE's quantized input (@p mq
  * [T, D], chain-major); @p fused 1: k_hc_pre_norm (launched twice, the outputs NaN-filled
- * again before the second launch, whose result is returned), 0: k_hc_part, k_hc_finish_split
- * and k_rmsnorm.  Every output buffer is returned
+ * again before the second launch, whose result is returned), 2: the same with the Sinkhorn
+ * apart (k_hc_pre_norm leaves its logits in a NaN-filled buffer, k_hc_sinkhorn runs it, after
+ * each launch), 0: k_hc_part, k_hc_finish_split and k_rmsnorm.  Every output buffer is returned
  * whole (NaN where nothing was written); @p post and @p comb hold NaN for hc_head.
  */
 mmoe_status gfw_test_hc_pre_norm(int64_t D, int n_out, int iters, float norm_eps, float hc_eps, const uint16_t *X,
