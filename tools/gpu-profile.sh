@@ -9,8 +9,8 @@
 # made (PROF_LAYERS layers, default 4: every attention type; 8 experts; vocabulary 1024).  Each
 # spec profiles COUNT launches, after SKIP, of the kernels whose demangled name matches REGEX
 # (ncu --set full, kernels serialized, clocks as ncu sets them) in `megamoe bench forward
-# --prefill 64 --decode 3 --cuda-graph off`: the prefill's 64-token call, then eager decode
-# steps, so a one-token kernel's SKIP counts its launches of the first step.  Write the regex
+# --prefill PROF_PREFILL (default 64) --decode 3 --cuda-graph off`: the prefill's call, then
+# eager decode steps, so a one-token kernel's SKIP counts its launches of the first step.  Write the regex
 # without spaces (ncu matches "k_moe_l1<(int)4, (int)1>" by 'k_moe_l1<.int.4,..int.1>').  For
 # each NAME: NAME.ncu-rep, NAME-details.txt (the details page) and NAME-src.csv (the SASS source
 # page, which tools/ncu_sass_stalls.py and tools/ncu_sass_mix.py read), all in $OUT/prof.tgz
@@ -34,7 +34,7 @@ mmoe_bench_checkpoint ./megamoe "$W/model" "${PROF_LAYERS:-4}" > "$P/synth-model
 for spec in $SPECS; do
   IFS=: read -r name regex skip count <<< "$spec"
   timeout 240 ncu --set full --kernel-name-base demangled -k "regex:$regex" --launch-skip "$skip" --launch-count "$count" \
-    -o "$P/$name" ./megamoe bench forward --model "$W/model" --prefill 64 --decode 3 --backend gpu --cuda-graph off \
+    -o "$P/$name" ./megamoe bench forward --model "$W/model" --prefill "${PROF_PREFILL:-64}" --decode 3 --backend gpu --cuda-graph off \
     > "$P/ncu-$name.log" 2>&1
   echo "ncu $name: rc=$?"
   ncu --import "$P/$name.ncu-rep" --page details > "$P/$name-details.txt" 2>&1
