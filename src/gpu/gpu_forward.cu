@@ -171,8 +171,9 @@
  *
  * Every kernel is launched with programmatic dependent launch (mmoe_launch_pdl(), gpu_pdl.cuh;
  * a one-token k_attend in clusters of two blocks, mmoe_launch_pdl_cluster())
- * (but the first kernel of the shared expert's branch and the hc_post after its join, whose
- * dependencies cross streams and are full ones) and first waits for the kernel before it
+ * (but the first kernel of a branch on the side stream, whose dependency crosses streams and is
+ * a full one; a kernel after a join keeps its programmatic edge to the kernel before it on the
+ * main stream, the join adding a full one) and first waits for the kernel before it
  * (gfw_pdl_enter()), so the next launch and the
  * dispatch of its blocks overlap the end of the one before, eagerly and inside the graph alike;
  * the one-token FP8 linears (k_linear_fp8_128_split, k_linear_dense_f8_rows) issue their first
@@ -4876,9 +4877,9 @@ static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, i
     double t4 = tick(g);
     if (g->has_part) /* the expert-parallel rank combined after its exchange */
         launch_hc_post(g->o, g->X, T, D, hc, g->post, g->comb, g->stream);
-    else /* after a join of g->side: a plain launch, whose dependencies are all full */
-        mmoe_launch_ex(!moe_side(g, b, T, 0, 1) && !apart, k_hc_post_moe, dim3(nblk(D), (unsigned)T), 256, 0, g->stream,
-                       g->slot_y, g->moe_idx, T, (int)b->moe.k, b->moe.Ws > 0, g->o, g->X, D, hc, g->post, g->comb);
+    else /* also after a join of g->side: the join is a full dependency, the L2 before it a programmatic one */
+        mmoe_launch_pdl(k_hc_post_moe, dim3(nblk(D), (unsigned)T), 256, 0, g->stream, g->slot_y, g->moe_idx, T,
+                        (int)b->moe.k, b->moe.Ws > 0, g->o, g->X, D, hc, g->post, g->comb);
     GFW_CHECK("hc_post (moe)");
     double t5 = tick(g);
     g->mhc_s[L] += (t1 - t0) + (t3 - t2) + (t5 - t4);
