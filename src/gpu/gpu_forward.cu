@@ -3372,7 +3372,7 @@ struct mmoe_gpu_model {
     double *attn_s, *moe_s, *mhc_s, embed_s, head_s;
     /* the stream, the step record and the decode graph (the chapter "One stream, one step record, one graph") */
     cudaStream_t stream;          /**< every launch and copy of a call */
-    cudaStream_t side;            /**< the one-token MoE's shared expert, forked from and joined to stream (moe_side()) */
+    cudaStream_t side;            /**< branches forked from and joined to stream: the one-token MoE's shared expert (moe_side()), the Sinkhorn (sinkhorn_side()) */
     cudaEvent_t moe_fork;         /**< recorded on stream before the shared expert's branch */
     cudaEvent_t moe_join;         /**< recorded on side after it */
     cudaEvent_t hc_fork;          /**< recorded on stream after a one-token k_hc_pre_norm (sinkhorn_side()) */
