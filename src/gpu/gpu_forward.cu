@@ -4233,6 +4233,18 @@ static void launch_hc_pre_norm(const hc_pre_norm_args &a, int64_t T, cudaStream_
                     st, a);
 }
 
+/**
+ * k_hc_sinkhorn for T tokens on stream @p st (a plain launch: its stream's dependency crosses
+ * streams), one warp a token; the launch's error.
+ */
+static cudaError_t launch_hc_sinkhorn(const float *logit, const float *base, const float *scale, float hc_eps,
+                                      int iters, float *comb, int64_t T, cudaStream_t st)
+{
+    const cudaError_t ce = mmoe_launch_ex(false, k_hc_sinkhorn, dim3((unsigned)T), 32, 0, st, logit, base, scale,
+                                          hc_eps, iters, comb);
+    return ce == cudaSuccess ? cudaGetLastError() : ce;
+}
+
 /** k_hc_post for T tokens on stream @p st: a row of blocks per token. */
 static void launch_hc_post(const uint16_t *out, uint16_t *X, int64_t T, int64_t D, int hc, const float *post,
                            const float *comb, cudaStream_t st)
@@ -4586,10 +4598,7 @@ static cudaError_t sinkhorn_fork(mmoe_gpu_model *g)
 /** k_hc_sinkhorn of T tokens on g->side (mHC parameters @p base, @p scale), then g->hc_join recorded there. */
 static cudaError_t sinkhorn_launch(mmoe_gpu_model *g, int64_t T, const float *base, const float *scale)
 {
-    cudaError_t ce = mmoe_launch_ex(false, k_hc_sinkhorn, dim3((unsigned)T), 32, 0, g->side, g->comb_logits, base,
-                                    scale, g->hc_eps, g->iters, g->comb);
-    if (ce == cudaSuccess)
-        ce = cudaGetLastError();
+    cudaError_t ce = launch_hc_sinkhorn(g->comb_logits, base, scale, g->hc_eps, g->iters, g->comb, T, g->side);
     return ce == cudaSuccess ? cudaEventRecord(g->hc_join, g->side) : ce;
 }
 
@@ -4781,14 +4790,17 @@ static void hc_pre_norm(mmoe_gpu_model *g, const uint16_t *X, int64_t T, const f
 /**
  * The hc_pre of a sub-layer on g->X (fn, base, scale: its mHC parameters): with @p fused
  * (hc_pre_norm_fits()) k_hc_pre_norm, which also writes the norm's output by @p norm into g->y
- * and the quantizations named by @p q or @p mb; else launch_hc_mix() alone, the mix into g->y.
+ * and the quantizations named by @p q or @p mb, and with @p sinkhorn_apart (sinkhorn_side(),
+ * decided by the caller, which then launches k_hc_sinkhorn) leaves the Sinkhorn to it; else
+ * launch_hc_mix() alone, the mix into g->y.
  */
 static void sublayer_hc_pre(mmoe_gpu_model *g, int64_t T, const float *fn, const float *base, const float *scale,
-                            bool fused, const ddense &norm, uint8_t *q, float *qs, float *mb, float *mq)
+                            bool fused, bool sinkhorn_apart, const ddense &norm, uint8_t *q, float *qs, float *mb,
+                            float *mq)
 {
     const int hc = (int)g->hc, n_mix = (2 + hc) * hc;
     if (fused)
-        hc_pre_norm(g, g->X, T, fn, base, scale, n_mix, norm, q, qs, mb, mq, sinkhorn_side(g, T, fused));
+        hc_pre_norm(g, g->X, T, fn, base, scale, n_mix, norm, q, qs, mb, mq, sinkhorn_apart);
     else
         launch_hc_mix(g->X, g->D, hc, T, fn, base, scale, n_mix, g->eps, g->hc_eps, g->iters, g->hc_part, g->y,
                       g->post, g->comb, g->stream);
@@ -4841,7 +4853,7 @@ static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, i
     int post_done = 0; /* the attention's output projection did its hc_post */
     const bool apart = sinkhorn_side(g, T, fused);
     cudaError_t ce = cudaSuccess;
-    sublayer_hc_pre(g, T, b->hca_fn, b->hca_base, b->hca_scale, fused, b->attn_norm, g->aq, g->as, NULL, NULL);
+    sublayer_hc_pre(g, T, b->hca_fn, b->hca_base, b->hca_scale, fused, apart, b->attn_norm, g->aq, g->as, NULL, NULL);
     GFW_CHECK("hc_pre (attention)");
     if (apart && ((ce = sinkhorn_fork(g)) != cudaSuccess || (ce = sinkhorn_launch(g, T, b->hca_base, b->hca_scale)) != cudaSuccess))
         return cuda_fail(err, ce, "the attention's Sinkhorn (side stream)");
@@ -4859,7 +4871,7 @@ static mmoe_status run_block(mmoe_gpu_model *g, int L, const int32_t *ids_dev, i
     double t2 = tick(g);
     if (!post_done)
         launch_hc_post(g->o, g->X, T, D, hc, g->post, g->comb, g->stream);
-    sublayer_hc_pre(g, T, b->hcf_fn, b->hcf_base, b->hcf_scale, fused, b->ffn_norm, NULL, NULL, g->moe_work.xb,
+    sublayer_hc_pre(g, T, b->hcf_fn, b->hcf_base, b->hcf_scale, fused, apart, b->ffn_norm, NULL, NULL, g->moe_work.xb,
                     g->moe_x);
     GFW_CHECK("hc_post / hc_pre (moe)");
     if (apart && (ce = sinkhorn_fork(g)) != cudaSuccess)
@@ -5488,7 +5500,7 @@ extern "C" mmoe_status gfw_test_hc_pre_norm(int64_t D, int n_out, int iters, flo
             if (a.ce == cudaSuccess)
                 launch_hc_pre_norm(args, T, 0);
             if (dl != NULL && a.ce == cudaSuccess)
-                k_hc_sinkhorn<<<(unsigned)T, 32>>>(dl, db, ds, hc_eps, iters, dc);
+                a.ce = launch_hc_sinkhorn(dl, db, ds, hc_eps, iters, dc, T, 0);
         }
     } else if (a.ce == cudaSuccess) {
         launch_hc_mix(dX, D, hc, T, dfn, db, ds, n_out, norm_eps, hc_eps, with_post ? iters : 0, dpart, dy,
