@@ -1124,8 +1124,11 @@ static void check_attend(int H, int d, int64_t n)
 START_TEST(test_attend)
 {
     check_attend(2, 128, 20);   /* tiny: window 16 + 4 blocks */
-    check_attend(64, 512, 640); /* V4-Flash: window 128 + top-512 */
+    check_attend(64, 512, 640); /* V4-Flash: window 128 + top-512 (three passes of the one-token kernel) */
     check_attend(64, 512, 1);   /* the first token */
+    check_attend(64, 512, 256); /* one whole pass */
+    check_attend(64, 512, 300); /* a second pass of one partial chunk */
+    check_attend(64, 512, 97);  /* one pass, its second chunk partial */
 }
 END_TEST
 

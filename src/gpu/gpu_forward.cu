@@ -37,6 +37,7 @@
  * | k_indexer_scores  | bf16-rounded head terms, double sums [attn_indexer.c]   | yes    |
  * | k_topk_split      | descending, NaN last, ties to the lower index           | yes    |
  * | k_attend          | chunked online softmax, sink, bf16 P, inverse RoPE [attn_sparse.c] | exp |
+ * | k_attend_one      | the same for one token at V4's head width, a pass of chunks at once | exp |
  * | MoE sub-layer     | gpu_fwd_moe.cu: the oracle's GEMM order, chain-packed weights | yes |
  * | (its router)      | sqrt-softplus, bias for selection, top-k or hash        | exp/log|
  *
@@ -170,7 +171,7 @@
  * inputs.
  *
  * Every kernel is launched with programmatic dependent launch (mmoe_launch_pdl(), gpu_pdl.cuh;
- * a one-token k_attend in clusters of two blocks, mmoe_launch_pdl_cluster())
+ * a one-token k_attend or k_attend_one in clusters of two blocks, mmoe_launch_pdl_cluster())
  * (but the first kernel of a branch on the side stream, whose dependency crosses streams and is
  * a full one; a kernel after a join keeps its programmatic edge to the kernel before it on the
  * main stream, the join adding a full one) and first waits for the kernel before it
@@ -3174,6 +3175,202 @@ __global__ void __launch_bounds__(GFW_ATTEND_THREADS, MODE == ATTEND_PAIR ? 2 : 
     }
 }
 
+/** Head dimension of k_attend_one: V4's (32 lanes x one chunk of 16 values). */
+#define GFW_ATTEND_ONE_D (32 * MMOE_SUM_CHUNK)
+
+/** Channels of a k_attend_one block: half the head (the other block of its cluster holds the other half). */
+#define GFW_ATTEND_ONE_HALF (GFW_ATTEND_ONE_D / 2)
+
+/**
+ * Rows of a k_attend_one pass: their scores, probabilities and the block's half of their values
+ * are held at once (whole chunks of GFW_ATTEND_CHUNK; one thread a row for the exps).
+ */
+#define GFW_ATTEND_PASS GFW_ATTEND_THREADS
+
+/** Chunks of a k_attend_one pass. */
+#define GFW_ATTEND_PASS_CHUNKS (GFW_ATTEND_PASS / GFW_ATTEND_CHUNK)
+
+/** Rows whose scores one warp of k_attend_one sums at once (all their loads in flight together). */
+#define GFW_ATTEND_ONE_ROWS 8
+
+/** Dynamic shared memory of k_attend_one: the block's half of a pass's rows, bf16. */
+#define GFW_ATTEND_ONE_SMEM ((size_t)GFW_ATTEND_PASS * GFW_ATTEND_ONE_HALF * sizeof(uint16_t))
+
+/** Arrive on the cluster's barrier (relaxed: orders nothing; the matching wait follows). */
+__device__ __forceinline__ void attend_cluster_arrive() { asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory"); }
+
+/** Wait on the cluster's barrier that this thread arrived on. */
+__device__ __forceinline__ void attend_cluster_wait() { asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory"); }
+
+/**
+ * k_attend's one-token call at V4's head width (GFW_ATTEND_ONE_D), the same operations in the
+ * same order, so the same bits, with the chunk's steps regrouped: the chunks' chain (running
+ * max, rescale, sums in row order) needs the scores of a chunk before its exps, but no score
+ * needs the chain, so a pass of GFW_ATTEND_PASS rows (several chunks) first has all its scores
+ * summed, then every chunk's max, factor and exps, then the P.V sums over the pass's rows, chunk
+ * after chunk; k_attend waits for each chunk's barriers in turn (about 8 us a chunk in a decode
+ * step, "docs/perf.md").
+ *
+ * The two blocks of a head form a cluster (blockIdx.z, as ATTEND_PAIR): warp w of block z sums
+ * the scores of rows 8 z + w, + 16, ... of the pass, GFW_ATTEND_ONE_ROWS rows at a time
+ * (attend_lane_sum_q()'s terms: lane l holds chunk l of q as doubles and loads chunk l of each
+ * row), writes each score into both blocks' shared memory, and writes the row's 16 values to the
+ * block that sums those channels in its P.V (lanes 0-15: block 0, 16-31: block 1; distributed
+ * shared memory), so the P.V sums read shared memory and no row is loaded twice.  After the
+ * cluster's barrier, warp j takes chunk j's max (k_attend's lanes and butterfly); every thread
+ * runs the chunks' chain of max and factor itself (the same operations: the same bits in every
+ * thread), then takes the exp of row tid; warp 0 sums the denominator (each of its lanes the
+ * same chain) while every thread extends the P.V sum of its channel, chunk after chunk in row
+ * order.  A pass's shared rows are overwritten only after the cluster's barrier at its end.
+ *
+ * Registers and memory: one block a multiprocessor (the pass's rows, 128 KiB of dynamic shared
+ * memory); a head's two blocks are 128 blocks for V4-Flash's 64 heads.
+ */
+__global__ void __launch_bounds__(GFW_ATTEND_THREADS, 1) k_attend_one(attend_args a)
+{
+    constexpr int CH = GFW_ATTEND_CHUNK, P = GFW_ATTEND_PASS, NC = GFW_ATTEND_PASS_CHUNKS;
+    constexpr int HALF = GFW_ATTEND_ONE_HALF, R = GFW_ATTEND_ONE_ROWS;
+    const int64_t pos0 = *a.pos0, pos = pos0;
+    const int64_t first = pos - a.W + 1 > 0 ? pos - a.W + 1 : 0;
+    const int64_t n_win = pos - first + 1;
+    int64_t n_comp = 0;
+    if (a.ratio == 128)
+        n_comp = (pos + 1) / 128;
+    else if (a.ratio == 4) {
+        const int64_t nc = (pos + 1) / 4;
+        n_comp = nc < a.topk ? nc : a.topk;
+    }
+    if (blockIdx.z == 0) /* one part's blocks ask for the rows */
+        attend_prefetch_rows(a, pos0, first, n_win, n_comp);
+    attend_cluster_arrive(); /* the other block runs before its shared memory is written */
+    gfw_pdl_enter();
+    extern __shared__ __align__(16) uint16_t attend_xs[]; /* [P][HALF]: this block's channels of the pass's rows */
+    __shared__ float sc[P];
+    __shared__ float pf[P];
+    __shared__ float pb[P];
+    __shared__ float cm[NC];
+    __shared__ float den_sh;
+    cg::cluster_group cl = cg::this_cluster();
+    const int z = (int)cl.block_rank(), h = blockIdx.y;
+    float *sc_other = cl.map_shared_rank(sc, z ^ 1);
+    uint16_t *xs_other = cl.map_shared_rank(attend_xs, z ^ 1);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid / 32, nw = GFW_ATTEND_THREADS / 32;
+    const int64_t n = n_win + n_comp;
+    const uint16_t *qh = a.q + (int64_t)h * GFW_ATTEND_ONE_D;
+    double qd[MMOE_SUM_CHUNK];
+    attend_q_doubles(qh, lane, qd);
+    /* the lane's 16 values of a row go to the block holding them, at the lane's place there */
+    uint16_t *const stage = ((lane >> 4) == z ? attend_xs : xs_other) + (lane & 15) * MMOE_SUM_CHUNK;
+    const int w0 = z * nw + warp, ws = 2 * nw; /* this warp's rows: w0, w0 + ws, ... */
+    float m = -INFINITY, den = 0.0f, acc = 0.0f; /* the chain: every thread's m the same; den in warp 0 */
+    attend_cluster_wait();
+    for (int64_t p0 = 0; p0 < n; p0 += P) {
+        const int pn = (int)(n - p0 < P ? n - p0 : P);
+        for (int i = w0; i < pn; i += R * ws) {
+            uint4 raw[R][2];
+#pragma unroll
+            for (int u = 0; u < R; u++) {
+                const int iu = i + u * ws;
+                if (iu < pn) {
+                    const uint4 *rp = (const uint4 *)(attend_row(a, pos0, 0, first, n_win, p0 + iu) +
+                                                      (int64_t)lane * MMOE_SUM_CHUNK);
+                    raw[u][0] = rp[0];
+                    raw[u][1] = rp[1];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < R; u++) {
+                const int iu = i + u * ws;
+                double c = 0.0;
+                if (iu < pn) {
+                    uint4 *dst = (uint4 *)(stage + (int64_t)iu * HALF);
+                    dst[0] = raw[u][0];
+                    dst[1] = raw[u][1];
+                    float kv[MMOE_SUM_CHUNK];
+                    gfw_bf16x16_to_f32(raw[u][0], raw[u][1], kv);
+#pragma unroll
+                    for (int k = 0; k < MMOE_SUM_CHUNK; k++)
+                        c = __dadd_rn(c, __dmul_rn(qd[k], (double)kv[k]));
+                }
+                const double dot = gfw_group_pairwise(c, 32);
+                if (lane == 0 && iu < pn) {
+                    const float s = __fmul_rn(__double2float_rn(dot), a.scale);
+                    sc[iu] = s;
+                    sc_other[iu] = s;
+                }
+            }
+        }
+        cl.sync(); /* both blocks' scores and rows are in place */
+        const int nc = (pn + CH - 1) / CH;
+        if (warp < nc) { /* chunk warp's max (a NaN score never wins, as in the oracle's loop) */
+            const int c0 = warp * CH, cn = pn - c0 < CH ? pn - c0 : CH;
+            float cmax = -INFINITY;
+            for (int i = lane; i < cn; i += 32)
+                cmax = sc[c0 + i] > cmax ? sc[c0 + i] : cmax;
+            for (int o = 16; o > 0; o >>= 1) {
+                const float other = __shfl_xor_sync(0xFFFFFFFFu, cmax, o);
+                cmax = other > cmax ? other : cmax;
+            }
+            if (lane == 0)
+                cm[warp] = cmax;
+        }
+        __syncthreads();
+        float alpha[NC], m_new[NC]; /* chunk j's factor (NaN: the chunk is skipped) and max */
+#pragma unroll
+        for (int j = 0; j < NC; j++) {
+            if (j < nc) {
+                m_new[j] = cm[j] > m ? cm[j] : m;
+                alpha[j] = m_new[j] == -INFINITY ? NAN : gfw_expf(__fsub_rn(m, m_new[j]));
+                if (!isnan(alpha[j]))
+                    m = m_new[j];
+            }
+        }
+        if (tid < pn) {
+            const int j = tid / CH;
+            float mj = m_new[0], aj = alpha[0];
+#pragma unroll
+            for (int jj = 1; jj < NC; jj++)
+                if (jj == j)
+                    mj = m_new[jj], aj = alpha[jj];
+            if (!isnan(aj)) {
+                const float p = gfw_expf(__fsub_rn(sc[tid], mj));
+                pf[tid] = p;
+                pb[tid] = gfw_bfr(p);
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < NC; j++) {
+            if (j >= nc || isnan(alpha[j]))
+                continue;
+            const int c0 = j * CH, cn = pn - c0 < CH ? pn - c0 : CH;
+            acc = __fmul_rn(acc, alpha[j]);
+            den = __fmul_rn(den, alpha[j]);
+            const uint16_t *xc = attend_xs + (int64_t)c0 * HALF + tid;
+#pragma unroll 16
+            for (int i = 0; i < cn; i++) {
+                acc = __fadd_rn(acc, __fmul_rn(pb[c0 + i], gfw_bf2f(xc[(int64_t)i * HALF])));
+                if (warp == 0) /* the denominator, in row order (each lane of warp 0 the same chain) */
+                    den = __fadd_rn(den, pf[c0 + i]);
+            }
+        }
+        if (p0 + P < n)
+            cl.sync(); /* the other block has read this pass's scores before either writes the next */
+    }
+    if (tid == 0)
+        den_sh = den;
+    __syncthreads();
+    const float dn = __fadd_rn(den_sh, gfw_expf(__fsub_rn(a.sink[h], m)));
+    uint16_t *o = a.out + (int64_t)h * GFW_ATTEND_ONE_D;
+    const int c = z * HALF + tid;
+    o[c] = gfw_f2bf(__fdiv_rn(acc, dn));
+    if (a.cs && z == 1) { /* the inverse RoPE at the query's position: the second half holds the rotary channels */
+        __syncthreads();
+        for (int p = tid; p < a.rope_dim / 2; p += blockDim.x)
+            rope_pair(o + GFW_ATTEND_ONE_D - a.rope_dim, p, a.rope_dim / 2, a.cs, pos, 1);
+    }
+}
+
 /**
  * Parts the channels of k_attend's heads are split into, one block each (gridDim.z): two for a
  * one-token call, whose grid of H blocks leaves half of an H200's multiprocessors idle, where
@@ -3187,11 +3384,34 @@ static int attend_splits(int64_t T, int d, int rope_dim)
     return T == 1 && d % 2 == 0 && d / 2 >= rope_dim ? 2 : 1;
 }
 
-/** Launch k_attend for T tokens of H heads: ATTEND_PAIR, a cluster of two blocks a head, for two parts. */
+/** Whether a device address is 16-byte aligned (NULL is: nothing is read there). */
+static bool attend_aligned16(const void *p)
+{
+    return ((uintptr_t)p & 15u) == 0;
+}
+
+/**
+ * Whether a call of @p T tokens takes k_attend_one: one token in two parts (attend_splits()) at
+ * V4's head width, every row and q at 16-byte aligned addresses (attend_vec()'s conditions).
+ */
+static bool attend_one_serves(const attend_args &aa, int64_t T)
+{
+    return attend_splits(T, aa.d, aa.rope_dim) == 2 && aa.d == GFW_ATTEND_ONE_D && attend_aligned16(aa.q) &&
+           attend_aligned16(aa.kv_call) && attend_aligned16(aa.ring) && attend_aligned16(aa.comp);
+}
+
+/**
+ * Launch k_attend for T tokens of H heads: k_attend_one where it serves (attend_one_serves()),
+ * else ATTEND_PAIR (a cluster of two blocks a head) for two parts, else ATTEND_ANY.
+ */
 static void launch_attend(const attend_args &aa, int64_t T, cudaStream_t st)
 {
     const int splits = attend_splits(T, aa.d, aa.rope_dim);
     const dim3 grid((unsigned)T, (unsigned)aa.H, (unsigned)splits);
+    if (attend_one_serves(aa, T)) {
+        mmoe_launch_pdl_cluster(dim3(1, 1, 2), k_attend_one, grid, GFW_ATTEND_THREADS, GFW_ATTEND_ONE_SMEM, st, aa);
+        return;
+    }
     if (splits != 2) {
         mmoe_launch_pdl(k_attend<ATTEND_ANY>, grid, GFW_ATTEND_THREADS, 0, st, aa);
         return;
@@ -4030,6 +4250,8 @@ static cudaError_t upload_tables(void)
         ce = dense_f8_rows_allow_smem();
     if (ce == cudaSuccess)
         ce = tc_allow_smem();
+    if (ce == cudaSuccess) /* k_attend_one's rows */
+        ce = cudaFuncSetAttribute(k_attend_one, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GFW_ATTEND_ONE_SMEM);
     return ce;
 }
 
