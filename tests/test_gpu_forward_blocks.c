@@ -1087,7 +1087,12 @@ START_TEST(test_hc_pre_norm)
 }
 END_TEST
 
-static void check_attend(int H, int d, int64_t n)
+/**
+ * The attention of one token over n kv rows (the window path), the GPU's against
+ * attn_sparse_attention(); with @p rope_dim > 0 the output then gets the inverse RoPE of
+ * attn_rope_rotate_bf16() at random angles (the GPU's table holds NaN at every other position).
+ */
+static void check_attend(int H, int d, int64_t n, int rope_dim)
 {
     mmoe_rng r;
     mmoe_rng_seed(&r, g_seed ^ (uint64_t)(H * 1000 + n));
@@ -1095,15 +1100,25 @@ static void check_attend(int H, int d, int64_t n)
     float *sink = malloc(sizeof(float) * (size_t)H);
     for (int h = 0; h < H; h++)
         sink[h] = unif(&r, 2.0f);
+    float cs[2 * 64], cos_v[64], sin_v[64];
+    ck_assert_int_le(rope_dim, 128);
+    for (int i = 0; i < rope_dim / 2; i++) {
+        const float angle = unif(&r, 3.2f);
+        cos_v[i] = cosf(angle), sin_v[i] = sinf(angle);
+        cs[2 * i] = cos_v[i], cs[2 * i + 1] = sin_v[i];
+    }
     const uint16_t **ptr = malloc(sizeof(uint16_t *) * (size_t)n);
     for (int64_t i = 0; i < n; i++)
         ptr[i] = rows + i * d;
     float *acc = malloc(sizeof(float) * (size_t)d), scores[ATTN_SPARSE_CHUNK];
     uint16_t *oc = malloc(2 * (size_t)H * (size_t)d), *og = malloc(2 * (size_t)H * (size_t)d);
     attn_sparse_attention(q, H, d, ptr, n, sink, (float)(1.0 / sqrt((double)d)), acc, scores, oc);
+    for (int h = 0; rope_dim > 0 && h < H; h++)
+        attn_rope_rotate_bf16(oc + (int64_t)h * d + d - rope_dim, rope_dim, cos_v, sin_v, 1);
     mmoe_test_poison_bf16(og, (size_t)H * (size_t)d);
     mmoe_error err;
-    ck_assert_msg(gfw_test_attend(q, H, d, rows, n, sink, og, &err) == MMOE_OK, "%s", err.msg);
+    ck_assert_msg(gfw_test_attend(q, H, d, rows, n, sink, rope_dim, rope_dim > 0 ? cs : NULL, og, &err) == MMOE_OK,
+                  "%s", err.msg);
     float kvmax = 0.0f;
     for (int64_t i = 0; i < n * d; i++)
         kvmax = fmaxf(kvmax, fabsf(mmoe_bf16_to_f32(rows[i])));
@@ -1114,8 +1129,8 @@ static void check_attend(int H, int d, int64_t n)
                       (long long)i, g, c, (unsigned long long)g_seed);
         exact += og[i] == oc[i];
     }
-    fprintf(stderr, "gpu_forward_blocks: attention H=%d d=%d n=%lld: %lld of %lld bit-exact\n", H, d, (long long)n,
-            (long long)exact, (long long)H * d);
+    fprintf(stderr, "gpu_forward_blocks: attention H=%d d=%d n=%lld rope %d: %lld of %lld bit-exact\n", H, d,
+            (long long)n, rope_dim, (long long)exact, (long long)H * d);
     if (exp_probe())
         expect_same_u16("attention (exact exp)", og, oc, (size_t)H * (size_t)d);
     free(q), free(rows), free(sink), free(ptr), free(acc), free(oc), free(og);
@@ -1123,12 +1138,12 @@ static void check_attend(int H, int d, int64_t n)
 
 START_TEST(test_attend)
 {
-    check_attend(2, 128, 20);   /* tiny: window 16 + 4 blocks */
-    check_attend(64, 512, 640); /* V4-Flash: window 128 + top-512 (three passes of the one-token kernel) */
-    check_attend(64, 512, 1);   /* the first token */
-    check_attend(64, 512, 256); /* one whole pass */
-    check_attend(64, 512, 300); /* a second pass of one partial chunk */
-    check_attend(64, 512, 97);  /* one pass, its second chunk partial */
+    check_attend(2, 128, 20, 64);   /* tiny: window 16 + 4 blocks */
+    check_attend(64, 512, 640, 64); /* V4-Flash: window 128 + top-512 (three passes of the one-token kernel) */
+    check_attend(64, 512, 1, 0);    /* the first token */
+    check_attend(64, 512, 256, 64); /* one whole pass */
+    check_attend(64, 512, 300, 0);  /* a second pass of one partial chunk */
+    check_attend(64, 512, 97, 64);  /* one pass, its second chunk partial */
 }
 END_TEST
 

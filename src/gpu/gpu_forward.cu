@@ -2117,19 +2117,28 @@ __global__ void k_hc_post_moe(const uint16_t *slot_y, const int32_t *idx, int64_
 
 /* ================================================================== kernels: attention */
 
+/**
+ * The rotation of attn_rope.c of the pair (@p a, @p b), pair @p p of @p half at position @p pos
+ * (inverse: by the conjugate), into @p re and @p im (fp32, before their bf16 rounding).
+ */
+__device__ __forceinline__ void rope_rotate(float a, float b, const float *cs, int64_t pos, int half, int p,
+                                            int inverse, float *re, float *im)
+{
+    const float c = cs[(pos * half + p) * 2], s = cs[(pos * half + p) * 2 + 1];
+    if (!inverse) {
+        *re = __fmaf_rn(a, c, -__fmul_rn(b, s)); /* the real part fused, as attn_rope.c */
+        *im = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+    } else {
+        *re = __fmaf_rn(a, c, __fmul_rn(b, s));
+        *im = __fsub_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    }
+}
+
 /** Rotate pair @p p of the rope dims @p v at position @p pos (attn_rope.c; inverse: the conjugate). */
 __device__ __forceinline__ void rope_pair(uint16_t *v, int p, int half, const float *cs, int64_t pos, int inverse)
 {
-    const float a = gfw_bf2f(v[2 * p]), b = gfw_bf2f(v[2 * p + 1]);
-    const float c = cs[(pos * half + p) * 2], s = cs[(pos * half + p) * 2 + 1];
     float re, im;
-    if (!inverse) {
-        re = __fmaf_rn(a, c, -__fmul_rn(b, s)); /* the real part fused, as attn_rope.c */
-        im = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
-    } else {
-        re = __fmaf_rn(a, c, __fmul_rn(b, s));
-        im = __fsub_rn(__fmul_rn(b, c), __fmul_rn(a, s));
-    }
+    rope_rotate(gfw_bf2f(v[2 * p]), gfw_bf2f(v[2 * p + 1]), cs, pos, half, p, inverse, &re, &im);
     v[2 * p] = gfw_f2bf(re);
     v[2 * p + 1] = gfw_f2bf(im);
 }
@@ -3193,6 +3202,9 @@ __global__ void __launch_bounds__(GFW_ATTEND_THREADS, MODE == ATTEND_PAIR ? 2 : 
 /** Rows whose scores one warp of k_attend_one sums at once (all their loads in flight together). */
 #define GFW_ATTEND_ONE_ROWS 8
 
+/** Threads of a k_attend_one block: a warp a 32 channels of its half, and one for the softmax's denominator. */
+#define GFW_ATTEND_ONE_THREADS (GFW_ATTEND_ONE_HALF + 32)
+
 /** Dynamic shared memory of k_attend_one: the block's half of a pass's rows, bf16. */
 #define GFW_ATTEND_ONE_SMEM ((size_t)GFW_ATTEND_PASS * GFW_ATTEND_ONE_HALF * sizeof(uint16_t))
 
@@ -3211,22 +3223,29 @@ __device__ __forceinline__ void attend_cluster_wait() { asm volatile("barrier.cl
  * after chunk; k_attend waits for each chunk's barriers in turn (about 8 us a chunk in a decode
  * step, "docs/perf.md").
  *
- * The two blocks of a head form a cluster (blockIdx.z, as ATTEND_PAIR): warp w of block z sums
- * the scores of rows 8 z + w, + 16, ... of the pass, GFW_ATTEND_ONE_ROWS rows at a time
- * (attend_lane_sum_q()'s terms: lane l holds chunk l of q as doubles and loads chunk l of each
- * row), writes each score into both blocks' shared memory, and writes the row's 16 values to the
+ * The two blocks of a head form a cluster (blockIdx.z, as ATTEND_PAIR), each of nine warps:
+ * warp w of block z sums the scores of rows 9 z + w, + 18, ... of the pass, GFW_ATTEND_ONE_ROWS
+ * rows at a time (attend_lane_sum_q()'s terms: lane l holds chunk l of q as doubles and loads
+ * chunk l of each row; a batch's rows past the pass load its last row again and keep nothing),
+ * writes each score into both blocks' shared memory, and writes the row's 16 values to the
  * block that sums those channels in its P.V (lanes 0-15: block 0, 16-31: block 1; distributed
  * shared memory), so the P.V sums read shared memory and no row is loaded twice.  After the
  * cluster's barrier, warp j takes chunk j's max (k_attend's lanes and butterfly); every thread
  * runs the chunks' chain of max and factor itself (the same operations: the same bits in every
- * thread), then takes the exp of row tid; warp 0 sums the denominator (each of its lanes the
- * same chain) while every thread extends the P.V sum of its channel, chunk after chunk in row
- * order.  A pass's shared rows are overwritten only after the cluster's barrier at its end.
+ * thread), then takes the exp of row tid; the ninth warp sums the denominator (each of its lanes
+ * the same chain) while thread c of the others extends the P.V sum of channel c of the block's
+ * half, chunk after chunk in row order; the loops over a pass's chunks are not unrolled (the
+ * kernel's code stays small: its warps otherwise wait for instructions).  A pass's shared rows
+ * are overwritten only after the cluster's barrier at its end.  The
+ * output's rotary channels (in block 1) get the inverse RoPE in registers: a channel's pair
+ * partner is the neighbouring lane, whose bf16 output one shuffle brings (rope_rotate(), the
+ * operations of rope_pair()).
  *
  * Registers and memory: one block a multiprocessor (the pass's rows, 128 KiB of dynamic shared
- * memory); a head's two blocks are 128 blocks for V4-Flash's 64 heads.
+ * memory; up to 224 registers a thread, of which the GFW_ATTEND_ONE_ROWS rows in flight use
+ * most); a head's two blocks are 128 blocks for V4-Flash's 64 heads.
  */
-__global__ void __launch_bounds__(GFW_ATTEND_THREADS, 1) k_attend_one(attend_args a)
+__global__ void __launch_bounds__(GFW_ATTEND_ONE_THREADS, 1) k_attend_one(attend_args a)
 {
     constexpr int CH = GFW_ATTEND_CHUNK, P = GFW_ATTEND_PASS, NC = GFW_ATTEND_PASS_CHUNKS;
     constexpr int HALF = GFW_ATTEND_ONE_HALF, R = GFW_ATTEND_ONE_ROWS;
@@ -3249,12 +3268,13 @@ __global__ void __launch_bounds__(GFW_ATTEND_THREADS, 1) k_attend_one(attend_arg
     __shared__ float pf[P];
     __shared__ float pb[P];
     __shared__ float cm[NC];
+    __shared__ float alpha_sh[NC];
     __shared__ float den_sh;
     cg::cluster_group cl = cg::this_cluster();
     const int z = (int)cl.block_rank(), h = blockIdx.y;
     float *sc_other = cl.map_shared_rank(sc, z ^ 1);
     uint16_t *xs_other = cl.map_shared_rank(attend_xs, z ^ 1);
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid / 32, nw = GFW_ATTEND_THREADS / 32;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid / 32, nw = GFW_ATTEND_ONE_THREADS / 32;
     const int64_t n = n_win + n_comp;
     const uint16_t *qh = a.q + (int64_t)h * GFW_ATTEND_ONE_D;
     double qd[MMOE_SUM_CHUNK];
@@ -3262,41 +3282,39 @@ __global__ void __launch_bounds__(GFW_ATTEND_THREADS, 1) k_attend_one(attend_arg
     /* the lane's 16 values of a row go to the block holding them, at the lane's place there */
     uint16_t *const stage = ((lane >> 4) == z ? attend_xs : xs_other) + (lane & 15) * MMOE_SUM_CHUNK;
     const int w0 = z * nw + warp, ws = 2 * nw; /* this warp's rows: w0, w0 + ws, ... */
-    float m = -INFINITY, den = 0.0f, acc = 0.0f; /* the chain: every thread's m the same; den in warp 0 */
+    float m = -INFINITY, den = 0.0f, acc = 0.0f; /* the chain: every thread's m the same; den in the last warp */
     attend_cluster_wait();
     for (int64_t p0 = 0; p0 < n; p0 += P) {
         const int pn = (int)(n - p0 < P ? n - p0 : P);
         for (int i = w0; i < pn; i += R * ws) {
-            uint4 raw[R][2];
+            uint4 raw[R][2]; /* rows past the pass load its last row again, and are neither summed nor kept */
 #pragma unroll
             for (int u = 0; u < R; u++) {
-                const int iu = i + u * ws;
-                if (iu < pn) {
-                    const uint4 *rp = (const uint4 *)(attend_row(a, pos0, 0, first, n_win, p0 + iu) +
-                                                      (int64_t)lane * MMOE_SUM_CHUNK);
-                    raw[u][0] = rp[0];
-                    raw[u][1] = rp[1];
-                }
+                const int iu = i + u * ws < pn ? i + u * ws : pn - 1;
+                const uint4 *rp =
+                    (const uint4 *)(attend_row(a, pos0, 0, first, n_win, p0 + iu) + (int64_t)lane * MMOE_SUM_CHUNK);
+                raw[u][0] = rp[0];
+                raw[u][1] = rp[1];
             }
 #pragma unroll
             for (int u = 0; u < R; u++) {
                 const int iu = i + u * ws;
+                float kv[MMOE_SUM_CHUNK];
+                gfw_bf16x16_to_f32(raw[u][0], raw[u][1], kv);
                 double c = 0.0;
+#pragma unroll
+                for (int k = 0; k < MMOE_SUM_CHUNK; k++)
+                    c = __dadd_rn(c, __dmul_rn(qd[k], (double)kv[k]));
+                const double dot = gfw_group_pairwise(c, 32);
                 if (iu < pn) {
                     uint4 *dst = (uint4 *)(stage + (int64_t)iu * HALF);
                     dst[0] = raw[u][0];
                     dst[1] = raw[u][1];
-                    float kv[MMOE_SUM_CHUNK];
-                    gfw_bf16x16_to_f32(raw[u][0], raw[u][1], kv);
-#pragma unroll
-                    for (int k = 0; k < MMOE_SUM_CHUNK; k++)
-                        c = __dadd_rn(c, __dmul_rn(qd[k], (double)kv[k]));
-                }
-                const double dot = gfw_group_pairwise(c, 32);
-                if (lane == 0 && iu < pn) {
-                    const float s = __fmul_rn(__double2float_rn(dot), a.scale);
-                    sc[iu] = s;
-                    sc_other[iu] = s;
+                    if (lane == 0) {
+                        const float s = __fmul_rn(__double2float_rn(dot), a.scale);
+                        sc[iu] = s;
+                        sc_other[iu] = s;
+                    }
                 }
             }
         }
@@ -3323,6 +3341,8 @@ __global__ void __launch_bounds__(GFW_ATTEND_THREADS, 1) k_attend_one(attend_arg
                 alpha[j] = m_new[j] == -INFINITY ? NAN : gfw_expf(__fsub_rn(m, m_new[j]));
                 if (!isnan(alpha[j]))
                     m = m_new[j];
+                if (tid == 0)
+                    alpha_sh[j] = alpha[j];
             }
         }
         if (tid < pn) {
@@ -3339,36 +3359,52 @@ __global__ void __launch_bounds__(GFW_ATTEND_THREADS, 1) k_attend_one(attend_arg
             }
         }
         __syncthreads();
-#pragma unroll
-        for (int j = 0; j < NC; j++) {
-            if (j >= nc || isnan(alpha[j]))
-                continue;
-            const int c0 = j * CH, cn = pn - c0 < CH ? pn - c0 : CH;
-            acc = __fmul_rn(acc, alpha[j]);
-            den = __fmul_rn(den, alpha[j]);
-            const uint16_t *xc = attend_xs + (int64_t)c0 * HALF + tid;
-#pragma unroll 16
-            for (int i = 0; i < cn; i++) {
-                acc = __fadd_rn(acc, __fmul_rn(pb[c0 + i], gfw_bf2f(xc[(int64_t)i * HALF])));
-                if (warp == 0) /* the denominator, in row order (each lane of warp 0 the same chain) */
-                    den = __fadd_rn(den, pf[c0 + i]);
+        if (tid < HALF) { /* the P.V sum of channel z HALF + tid, in row order */
+            const uint16_t *xc = attend_xs + tid;
+#pragma unroll 1
+            for (int j = 0; j < nc; j++) {
+                const float al = alpha_sh[j];
+                if (isnan(al))
+                    continue;
+                const int c0 = j * CH, cn = pn - c0 < CH ? pn - c0 : CH;
+                acc = __fmul_rn(acc, al);
+#pragma unroll 8
+                for (int i = c0; i < c0 + cn; i++)
+                    acc = __fadd_rn(acc, __fmul_rn(pb[i], gfw_bf2f(xc[(int64_t)i * HALF])));
+            }
+        } else { /* the last warp: the denominator, in row order (each lane the same chain) */
+#pragma unroll 1
+            for (int j = 0; j < nc; j++) {
+                const float al = alpha_sh[j];
+                if (isnan(al))
+                    continue;
+                const int c0 = j * CH, cn = pn - c0 < CH ? pn - c0 : CH;
+                den = __fmul_rn(den, al);
+#pragma unroll 8
+                for (int i = c0; i < c0 + cn; i++)
+                    den = __fadd_rn(den, pf[i]);
             }
         }
         if (p0 + P < n)
             cl.sync(); /* the other block has read this pass's scores before either writes the next */
     }
-    if (tid == 0)
+    if (tid == HALF)
         den_sh = den;
     __syncthreads();
+    if (tid >= HALF)
+        return;
     const float dn = __fadd_rn(den_sh, gfw_expf(__fsub_rn(a.sink[h], m)));
-    uint16_t *o = a.out + (int64_t)h * GFW_ATTEND_ONE_D;
-    const int c = z * HALF + tid;
-    o[c] = gfw_f2bf(__fdiv_rn(acc, dn));
-    if (a.cs && z == 1) { /* the inverse RoPE at the query's position: the second half holds the rotary channels */
-        __syncthreads();
-        for (int p = tid; p < a.rope_dim / 2; p += blockDim.x)
-            rope_pair(o + GFW_ATTEND_ONE_D - a.rope_dim, p, a.rope_dim / 2, a.cs, pos, 1);
+    const int c = z * HALF + tid, r0 = GFW_ATTEND_ONE_D - a.rope_dim; /* the rotary channels: [r0, d) */
+    uint16_t y = gfw_f2bf(__fdiv_rn(acc, dn));
+    const uint16_t y_pair = (uint16_t)__shfl_xor_sync(0xFFFFFFFFu, (unsigned)y, 1); /* channel c xor 1 (r0 is even) */
+    if (a.cs && c >= r0) { /* the inverse RoPE at the query's position, of the pair's bf16 outputs (rope_pair()) */
+        const int odd = (c - r0) & 1;
+        float re, im;
+        rope_rotate(gfw_bf2f(odd ? y_pair : y), gfw_bf2f(odd ? y : y_pair), a.cs, pos, a.rope_dim / 2, (c - r0) / 2, 1,
+                    &re, &im);
+        y = gfw_f2bf(odd ? im : re);
     }
+    a.out[(int64_t)h * GFW_ATTEND_ONE_D + c] = y;
 }
 
 /**
@@ -3409,7 +3445,7 @@ static void launch_attend(const attend_args &aa, int64_t T, cudaStream_t st)
     const int splits = attend_splits(T, aa.d, aa.rope_dim);
     const dim3 grid((unsigned)T, (unsigned)aa.H, (unsigned)splits);
     if (attend_one_serves(aa, T)) {
-        mmoe_launch_pdl_cluster(dim3(1, 1, 2), k_attend_one, grid, GFW_ATTEND_THREADS, GFW_ATTEND_ONE_SMEM, st, aa);
+        mmoe_launch_pdl_cluster(dim3(1, 1, 2), k_attend_one, grid, GFW_ATTEND_ONE_THREADS, GFW_ATTEND_ONE_SMEM, st, aa);
         return;
     }
     if (splits != 2) {
@@ -5758,7 +5794,8 @@ extern "C" mmoe_status gfw_test_hc_post(int hc, int64_t D, const uint16_t *out, 
 }
 
 extern "C" mmoe_status gfw_test_attend(const uint16_t *q, int H, int d, const uint16_t *rows, int64_t n,
-                                       const float *sink, uint16_t *out, mmoe_error *err)
+                                       const float *sink, int rope_dim, const float *cs, uint16_t *out,
+                                       mmoe_error *err)
 {
     tarena a;
     mmoe_status st = tbegin(&a, err);
@@ -5771,8 +5808,17 @@ extern "C" mmoe_status gfw_test_attend(const uint16_t *q, int H, int d, const ui
     uint16_t *dout = (uint16_t *)tput(&a, NULL, 2 * (size_t)H * (size_t)d);
     const int64_t pos = n - 1;
     const int64_t *dpos = (const int64_t *)tput(&a, &pos, sizeof pos);
+    /* the table's rows for positions 0 .. n-1, NaN but at the query's */
+    const int64_t half = rope_dim / 2, cs_n = cs != NULL ? n * half * 2 : 0;
+    float *cst = cs_n > 0 ? (float *)malloc(sizeof(float) * (size_t)cs_n) : NULL;
+    if (cs_n > 0 && cst == NULL && a.ce == cudaSuccess)
+        a.ce = cudaErrorMemoryAllocation; /* the host's: reported as out of memory */
+    for (int64_t i = 0; cst != NULL && i < cs_n; i++)
+        cst[i] = i >= pos * half * 2 ? cs[i - pos * half * 2] : NAN;
+    const float *dcs = cst != NULL ? (const float *)tput(&a, cst, sizeof(float) * (size_t)cs_n) : NULL;
+    free(cst);
     if (a.ce == cudaSuccess) {
-        attend_args aa = {dq, dr + (n - 1) * d, dr, NULL, NULL, dsink, NULL, H, d, (int)n, 0, 0, 0, dpos,
+        attend_args aa = {dq, dr + (n - 1) * d, dr, NULL, NULL, dsink, dcs, H, d, (int)n, 0, 0, rope_dim, dpos,
                           (float)(1.0 / sqrt((double)d)), dout};
         launch_attend(aa, 1, 0);
     }

@@ -181,9 +181,9 @@ mmoe_status gfw_test_hc_post(int hc, int64_t D, const uint16_t *out, uint16_t *X
 }
 
 mmoe_status gfw_test_attend(const uint16_t *q, int H, int d, const uint16_t *rows, int64_t n, const float *sink,
-                            uint16_t *out, mmoe_error *err)
+                            int rope_dim, const float *cs, uint16_t *out, mmoe_error *err)
 {
-    (void)q; (void)H; (void)d; (void)rows; (void)n; (void)sink; (void)out;
+    (void)q; (void)H; (void)d; (void)rows; (void)n; (void)sink; (void)rope_dim; (void)cs; (void)out;
     return no_cuda(err);
 }
 
