@@ -1139,10 +1139,11 @@ static void check_attend(int H, int d, int64_t n, int rope_dim)
 START_TEST(test_attend)
 {
     check_attend(2, 128, 20, 64);   /* tiny: window 16 + 4 blocks */
-    check_attend(64, 512, 640, 64); /* V4-Flash: window 128 + top-512 (three passes of the one-token kernel) */
+    check_attend(64, 512, 640, 64); /* V4-Flash: window 128 + top-512 (two whole passes of the one-token kernel) */
     check_attend(64, 512, 1, 0);    /* the first token */
-    check_attend(64, 512, 256, 64); /* one whole pass */
-    check_attend(64, 512, 300, 0);  /* a second pass of one partial chunk */
+    check_attend(64, 512, 256, 64); /* one pass of four whole chunks */
+    check_attend(64, 512, 300, 0);  /* one pass, its fifth chunk partial */
+    check_attend(64, 512, 330, 64); /* a second pass of one partial chunk */
     check_attend(64, 512, 97, 64);  /* one pass, its second chunk partial */
 }
 END_TEST

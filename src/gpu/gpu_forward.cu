@@ -3192,9 +3192,10 @@ __global__ void __launch_bounds__(GFW_ATTEND_THREADS, MODE == ATTEND_PAIR ? 2 : 
 
 /**
  * Rows of a k_attend_one pass: their scores, probabilities and the block's half of their values
- * are held at once (whole chunks of GFW_ATTEND_CHUNK; one thread a row for the exps).
+ * are held at once (160 KiB of shared memory, whole chunks of GFW_ATTEND_CHUNK).  Five chunks:
+ * V4-Flash's longest list (a window of 128 and the top 512 blocks) is two passes.
  */
-#define GFW_ATTEND_PASS GFW_ATTEND_THREADS
+#define GFW_ATTEND_PASS (5 * GFW_ATTEND_CHUNK)
 
 /** Chunks of a k_attend_one pass. */
 #define GFW_ATTEND_PASS_CHUNKS (GFW_ATTEND_PASS / GFW_ATTEND_CHUNK)
@@ -3232,7 +3233,7 @@ __device__ __forceinline__ void attend_cluster_wait() { asm volatile("barrier.cl
  * shared memory), so the P.V sums read shared memory and no row is loaded twice.  After the
  * cluster's barrier, warp j takes chunk j's max (k_attend's lanes and butterfly); every thread
  * runs the chunks' chain of max and factor itself (the same operations: the same bits in every
- * thread), then takes the exp of row tid; the ninth warp sums the denominator (each of its lanes
+ * thread), then the exps of rows tid, tid + 288; the ninth warp sums the denominator (each of its lanes
  * the same chain) while thread c of the others extends the P.V sum of channel c of the block's
  * half, chunk after chunk in row order; the loops over a pass's chunks are not unrolled (the
  * kernel's code stays small: its warps otherwise wait for instructions).  A pass's shared rows
@@ -3241,7 +3242,7 @@ __device__ __forceinline__ void attend_cluster_wait() { asm volatile("barrier.cl
  * partner is the neighbouring lane, whose bf16 output one shuffle brings (rope_rotate(), the
  * operations of rope_pair()).
  *
- * Registers and memory: one block a multiprocessor (the pass's rows, 128 KiB of dynamic shared
+ * Registers and memory: one block a multiprocessor (the pass's rows, 160 KiB of dynamic shared
  * memory; up to 224 registers a thread, of which the GFW_ATTEND_ONE_ROWS rows in flight use
  * most); a head's two blocks are 128 blocks for V4-Flash's 64 heads.
  */
@@ -3345,17 +3346,17 @@ __global__ void __launch_bounds__(GFW_ATTEND_ONE_THREADS, 1) k_attend_one(attend
                     alpha_sh[j] = alpha[j];
             }
         }
-        if (tid < pn) {
-            const int j = tid / CH;
+        for (int r = tid; r < pn; r += GFW_ATTEND_ONE_THREADS) {
+            const int j = r / CH;
             float mj = m_new[0], aj = alpha[0];
 #pragma unroll
             for (int jj = 1; jj < NC; jj++)
                 if (jj == j)
                     mj = m_new[jj], aj = alpha[jj];
             if (!isnan(aj)) {
-                const float p = gfw_expf(__fsub_rn(sc[tid], mj));
-                pf[tid] = p;
-                pb[tid] = gfw_bfr(p);
+                const float p = gfw_expf(__fsub_rn(sc[r], mj));
+                pf[r] = p;
+                pb[r] = gfw_bfr(p);
             }
         }
         __syncthreads();
