@@ -2902,6 +2902,25 @@ struct attend_args {
     uint16_t *out;            /**< [T, H, d] */
 };
 
+/**
+ * The shape of the attention list of the token at position @p pos: the window's rows from
+ * position @p first, @p n_win of them (the token's own the last), then @p n_comp compressed rows
+ * (ratio 128: every whole block; ratio 4: the indexer's top-k of the whole blocks).
+ */
+__device__ __forceinline__ void attend_list_shape(const attend_args &a, int64_t pos, int64_t *first, int64_t *n_win,
+                                                  int64_t *n_comp)
+{
+    *first = pos - a.W + 1 > 0 ? pos - a.W + 1 : 0;
+    *n_win = pos - *first + 1;
+    *n_comp = 0;
+    if (a.ratio == 128)
+        *n_comp = (pos + 1) / 128;
+    else if (a.ratio == 4) {
+        const int64_t nc = (pos + 1) / 4;
+        *n_comp = nc < a.topk ? nc : a.topk;
+    }
+}
+
 /** Row e of token t's attention list (pos0: the call's first position). */
 __device__ __forceinline__ const uint16_t *attend_row(const attend_args &a, int64_t pos0, int64_t t, int64_t first,
                                                       int64_t n_win, int64_t e)
@@ -3051,15 +3070,8 @@ __global__ void __launch_bounds__(GFW_ATTEND_THREADS, MODE == ATTEND_PAIR ? 2 : 
     /* the list's shape needs only the position: the step record is the call's first node */
     const int64_t t = blockIdx.x;
     const int64_t pos0 = *a.pos0, pos = pos0 + t;
-    const int64_t first = pos - a.W + 1 > 0 ? pos - a.W + 1 : 0;
-    const int64_t n_win = pos - first + 1;
-    int64_t n_comp = 0;
-    if (a.ratio == 128)
-        n_comp = (pos + 1) / 128;
-    else if (a.ratio == 4) {
-        const int64_t nc = (pos + 1) / 4;
-        n_comp = nc < a.topk ? nc : a.topk;
-    }
+    int64_t first, n_win, n_comp;
+    attend_list_shape(a, pos, &first, &n_win, &n_comp);
     if (gridDim.x == 1 && blockIdx.z == 0) /* one part's blocks ask for the rows */
         attend_prefetch_rows(a, pos0, first, n_win, n_comp);
     gfw_pdl_enter();
@@ -3210,10 +3222,57 @@ __global__ void __launch_bounds__(GFW_ATTEND_THREADS, MODE == ATTEND_PAIR ? 2 : 
 #define GFW_ATTEND_ONE_SMEM ((size_t)GFW_ATTEND_PASS * GFW_ATTEND_ONE_HALF * sizeof(uint16_t))
 
 /** Arrive on the cluster's barrier (relaxed: orders nothing; the matching wait follows). */
-__device__ __forceinline__ void attend_cluster_arrive() { asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void attend_cluster_arrive()
+{
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
 
 /** Wait on the cluster's barrier that this thread arrived on. */
-__device__ __forceinline__ void attend_cluster_wait() { asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void attend_cluster_wait()
+{
+    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+}
+
+/** Term i of k_attend_one's P.V chain of a channel: P_i (bf16) times the channel's value of row i. */
+struct attend_pv_term {
+    const float *pb;    /**< the pass's P, bf16-rounded */
+    const uint16_t *xc; /**< the channel's value of the pass's row 0 in the shared rows */
+    /** Term @p i. */
+    __device__ float operator()(int i) const
+    {
+        return __fmul_rn(pb[i], gfw_bf2f(xc[(int64_t)i * GFW_ATTEND_ONE_HALF]));
+    }
+};
+
+/** Term i of k_attend_one's denominator: P_i in fp32. */
+struct attend_den_term {
+    const float *pf; /**< the pass's P */
+    /** Term @p i. */
+    __device__ float operator()(int i) const { return pf[i]; }
+};
+
+/**
+ * A chain of k_attend_one (a channel's P.V sum or the denominator) over the @p nc chunks of a
+ * pass of @p pn rows, as attn_sparse.c extends it: for each chunk j not skipped (its factor
+ * @p alpha [j] not NaN), v = v alpha_j, then v + term(i) for the chunk's rows in order.  The loop
+ * over chunks is not unrolled (k_attend_one's code stays small).
+ */
+template <class Term>
+__device__ __forceinline__ float attend_chunks_chain(float v, const float *alpha, int nc, int pn, const Term &term)
+{
+#pragma unroll 1
+    for (int j = 0; j < nc; j++) {
+        const float al = alpha[j];
+        if (isnan(al))
+            continue;
+        const int c0 = j * GFW_ATTEND_CHUNK, cn = pn - c0 < GFW_ATTEND_CHUNK ? pn - c0 : GFW_ATTEND_CHUNK;
+        v = __fmul_rn(v, al);
+#pragma unroll 8
+        for (int i = c0; i < c0 + cn; i++)
+            v = __fadd_rn(v, term(i));
+    }
+    return v;
+}
 
 /**
  * k_attend's one-token call at V4's head width (GFW_ATTEND_ONE_D), the same operations in the
@@ -3233,14 +3292,14 @@ __device__ __forceinline__ void attend_cluster_wait() { asm volatile("barrier.cl
  * shared memory), so the P.V sums read shared memory and no row is loaded twice.  After the
  * cluster's barrier, warp j takes chunk j's max (k_attend's lanes and butterfly); every thread
  * runs the chunks' chain of max and factor itself (the same operations: the same bits in every
- * thread), then the exps of rows tid, tid + 288; the ninth warp sums the denominator (each of its lanes
- * the same chain) while thread c of the others extends the P.V sum of channel c of the block's
- * half, chunk after chunk in row order; the loops over a pass's chunks are not unrolled (the
- * kernel's code stays small: its warps otherwise wait for instructions).  A pass's shared rows
- * are overwritten only after the cluster's barrier at its end.  The
- * output's rotary channels (in block 1) get the inverse RoPE in registers: a channel's pair
- * partner is the neighbouring lane, whose bf16 output one shuffle brings (rope_rotate(), the
- * operations of rope_pair()).
+ * thread), then the exps of rows tid, tid + GFW_ATTEND_ONE_THREADS; the ninth warp sums the
+ * denominator (each of its lanes the same chain) while thread c of the others extends the P.V
+ * sum of channel c of the block's half, chunk after chunk in row order (attend_chunks_chain(),
+ * whose loop over chunks is not unrolled: the kernel's code stays small, else its warps wait for
+ * instructions).  A pass's shared rows are overwritten only after the cluster's barrier at its
+ * end.  The output's rotary channels (in block 1) get the inverse RoPE in registers: a channel's
+ * pair partner is the neighbouring lane, whose bf16 output one shuffle brings (rope_rotate(),
+ * the operations of rope_pair()).
  *
  * Registers and memory: one block a multiprocessor (the pass's rows, 160 KiB of dynamic shared
  * memory; up to 224 registers a thread, of which the GFW_ATTEND_ONE_ROWS rows in flight use
@@ -3251,15 +3310,8 @@ __global__ void __launch_bounds__(GFW_ATTEND_ONE_THREADS, 1) k_attend_one(attend
     constexpr int CH = GFW_ATTEND_CHUNK, P = GFW_ATTEND_PASS, NC = GFW_ATTEND_PASS_CHUNKS;
     constexpr int HALF = GFW_ATTEND_ONE_HALF, R = GFW_ATTEND_ONE_ROWS;
     const int64_t pos0 = *a.pos0, pos = pos0;
-    const int64_t first = pos - a.W + 1 > 0 ? pos - a.W + 1 : 0;
-    const int64_t n_win = pos - first + 1;
-    int64_t n_comp = 0;
-    if (a.ratio == 128)
-        n_comp = (pos + 1) / 128;
-    else if (a.ratio == 4) {
-        const int64_t nc = (pos + 1) / 4;
-        n_comp = nc < a.topk ? nc : a.topk;
-    }
+    int64_t first, n_win, n_comp;
+    attend_list_shape(a, pos, &first, &n_win, &n_comp);
     if (blockIdx.z == 0) /* one part's blocks ask for the rows */
         attend_prefetch_rows(a, pos0, first, n_win, n_comp);
     attend_cluster_arrive(); /* the other block runs before its shared memory is written */
@@ -3360,32 +3412,10 @@ __global__ void __launch_bounds__(GFW_ATTEND_ONE_THREADS, 1) k_attend_one(attend
             }
         }
         __syncthreads();
-        if (tid < HALF) { /* the P.V sum of channel z HALF + tid, in row order */
-            const uint16_t *xc = attend_xs + tid;
-#pragma unroll 1
-            for (int j = 0; j < nc; j++) {
-                const float al = alpha_sh[j];
-                if (isnan(al))
-                    continue;
-                const int c0 = j * CH, cn = pn - c0 < CH ? pn - c0 : CH;
-                acc = __fmul_rn(acc, al);
-#pragma unroll 8
-                for (int i = c0; i < c0 + cn; i++)
-                    acc = __fadd_rn(acc, __fmul_rn(pb[i], gfw_bf2f(xc[(int64_t)i * HALF])));
-            }
-        } else { /* the last warp: the denominator, in row order (each lane the same chain) */
-#pragma unroll 1
-            for (int j = 0; j < nc; j++) {
-                const float al = alpha_sh[j];
-                if (isnan(al))
-                    continue;
-                const int c0 = j * CH, cn = pn - c0 < CH ? pn - c0 : CH;
-                den = __fmul_rn(den, al);
-#pragma unroll 8
-                for (int i = c0; i < c0 + cn; i++)
-                    den = __fadd_rn(den, pf[i]);
-            }
-        }
+        if (tid < HALF) /* the P.V sum of channel z HALF + tid */
+            acc = attend_chunks_chain(acc, alpha_sh, nc, pn, attend_pv_term{pb, attend_xs + tid});
+        else /* the last warp: the denominator (each lane the same chain) */
+            den = attend_chunks_chain(den, alpha_sh, nc, pn, attend_den_term{pf});
         if (p0 + P < n)
             cl.sync(); /* the other block has read this pass's scores before either writes the next */
     }
