@@ -93,7 +93,10 @@
  * and the norm, leaves the kernel for k_hc_sinkhorn on the side stream (sinkhorn_side()).
  * k_topk_split ranks the candidates (eight threads each, O(n) comparisons against the scores,
  * which each block stages in shared memory a tile at a time) in blocks of 32 candidates, which
- * matters at long contexts (n = position / 4).  The linears of a decode
+ * matters at long contexts (n = position / 4).  A one-token call's attention at V4's head width
+ * runs k_attend_one: a head's two blocks hold a pass of five chunks' rows in shared memory and
+ * sum every score of the pass before the softmax's chain, which needs the scores but which no
+ * score needs, instead of waiting for each chunk's barriers in turn.  The linears of a decode
  * step are bound by how fast their weights stream in: k_linear_dense_split gives each output
  * of a dense linear (the compressors' and the indexer's projections, the head's logits) one
  * warp, with about 2 KiB of its weight loads in flight (one to four rounds of 32 chunks); the
@@ -150,8 +153,8 @@
  * pinned copy (g->step_host) and the call's first operation copies it over (step_send()).  The
  * kernels that depend on the position read it there, never as an argument: k_q_kv_finish,
  * k_indexer_q_split (RoPE), k_compress (slot, "block complete", the output row),
- * k_indexer_scores and k_topk_split (the causal block count), k_attend (window and compressed
- * lists) and k_ring_store (the ring slot); k_embed and the hash router read the ids.  The
+ * k_indexer_scores and k_topk_split (the causal block count), k_attend and k_attend_one (window
+ * and compressed lists) and k_ring_store (the ring slot); k_embed and the hash router read the ids.  The
  * one launch whose size follows the position, the indexer scores (one warp per causal
  * block), strides over the live count computed on the device, with a grid the host sizes for
  * the live count when it knows it and for max_blocks when it does not (both capped at
