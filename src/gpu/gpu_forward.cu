@@ -1753,6 +1753,20 @@ __device__ __forceinline__ float sk_line_sum(float c0, float c1, int hc, int j, 
 }
 
 /**
+ * The hc x hc base values of the Sinkhorn's logits that lane @p lane of its warp holds
+ * (sinkhorn_warp()'s @p c_base: entries lane and lane + 32 of base[2 hc ..]; one past hc x hc
+ * keeps the value the caller gave it).
+ */
+template <int HC>
+__device__ __forceinline__ void sinkhorn_lane_base(const float *base, int lane, float (&c_base)[2])
+{
+#pragma unroll
+    for (int q = 0; q < 2; q++)
+        if (lane + 32 * q < HC * HC)
+            c_base[q] = base[2 * HC + lane + 32 * q];
+}
+
+/**
  * The Sinkhorn iterations of mmoe_hc_sinkhorn by one warp in registers: entry i = j*hc + k of
  * C in lane i % 32, register i / 32 (hc <= 8: at most 64 entries); each row or column sum is
  * the oracle's sequential fp32 sum, the entries fetched by shuffles, so every lane of a row gets
@@ -1991,10 +2005,7 @@ __global__ void __launch_bounds__(GFW_HC_FUSED_THREADS, GFW_HC_FUSED_BLOCKS_PER_
     if (!mixer) {
         if (has_sinkhorn) {
             c_scale = a.scale[2];
-#pragma unroll
-            for (int q = 0; q < 2; q++)
-                if ((tid - NT) + 32 * q < HC * HC)
-                    c_base[q] = a.base[2 * HC + (tid - NT) + 32 * q];
+            sinkhorn_lane_base<HC>(a.base, tid - NT, c_base);
         }
     } else if (live) {
 #pragma unroll
@@ -2080,10 +2091,7 @@ __global__ void k_hc_sinkhorn(const float *logit, const float *base, const float
     const int64_t t = blockIdx.x;
     const int lane = threadIdx.x;
     float c_base[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int q = 0; q < 2; q++)
-        if (lane + 32 * q < HC * HC)
-            c_base[q] = base[2 * HC + lane + 32 * q];
+    sinkhorn_lane_base<HC>(base, lane, c_base);
     sinkhorn_warp<HC>(logit + t * HC * HC, scale[2], c_base, HC, hc_eps, iters, comb + t * HC * HC);
 }
 
@@ -3000,6 +3008,23 @@ __device__ __forceinline__ void attend_prefetch_rows(const attend_args &a, int64
     }
 }
 
+/**
+ * The largest of the @p cn scores @p s of a chunk, by one warp (lane l scans l, l + 32, ..,
+ * then a butterfly), every lane getting it: the oracle's loop's maximum, a NaN score never
+ * winning; -inf when every score is -inf or NaN.
+ */
+__device__ __forceinline__ float attend_chunk_max(const float *s, int cn, int lane)
+{
+    float cmax = -INFINITY;
+    for (int i = lane; i < cn; i += 32)
+        cmax = s[i] > cmax ? s[i] : cmax;
+    for (int o = 16; o > 0; o >>= 1) {
+        const float other = __shfl_xor_sync(0xFFFFFFFFu, cmax, o);
+        cmax = other > cmax ? other : cmax;
+    }
+    return cmax;
+}
+
 /** Rows of a chunk whose scores one warp of k_attend sums at once (independent loads in flight). */
 #define GFW_ATTEND_ROWS 4
 
@@ -3138,14 +3163,8 @@ __global__ void __launch_bounds__(GFW_ATTEND_THREADS, MODE == ATTEND_PAIR ? 2 : 
             }
         }
         attend_scores_sync<PAIR>();
-        if (warp == 0) { /* the chunk's max (a NaN score never wins, as in the oracle's loop) */
-            float cmax = -INFINITY;
-            for (int i = lane; i < cn; i += 32)
-                cmax = sc[i] > cmax ? sc[i] : cmax;
-            for (int o = 16; o > 0; o >>= 1) {
-                const float other = __shfl_xor_sync(0xFFFFFFFFu, cmax, o);
-                cmax = other > cmax ? other : cmax;
-            }
+        if (warp == 0) {
+            const float cmax = attend_chunk_max(sc, cn, lane);
             if (lane == 0) {
                 const float m_new = cmax > m_sh ? cmax : m_sh;
                 m_new_sh = m_new;
@@ -3376,15 +3395,9 @@ __global__ void __launch_bounds__(GFW_ATTEND_ONE_THREADS, 1) k_attend_one(attend
         }
         cl.sync(); /* both blocks' scores and rows are in place */
         const int nc = (pn + CH - 1) / CH;
-        if (warp < nc) { /* chunk warp's max (a NaN score never wins, as in the oracle's loop) */
+        if (warp < nc) { /* chunk warp's max */
             const int c0 = warp * CH, cn = pn - c0 < CH ? pn - c0 : CH;
-            float cmax = -INFINITY;
-            for (int i = lane; i < cn; i += 32)
-                cmax = sc[c0 + i] > cmax ? sc[c0 + i] : cmax;
-            for (int o = 16; o > 0; o >>= 1) {
-                const float other = __shfl_xor_sync(0xFFFFFFFFu, cmax, o);
-                cmax = other > cmax ? other : cmax;
-            }
+            const float cmax = attend_chunk_max(sc + c0, cn, lane);
             if (lane == 0)
                 cm[warp] = cmax;
         }
@@ -3454,20 +3467,14 @@ static int attend_splits(int64_t T, int d, int rope_dim)
     return T == 1 && d % 2 == 0 && d / 2 >= rope_dim ? 2 : 1;
 }
 
-/** Whether a device address is 16-byte aligned (NULL is: nothing is read there). */
-static bool attend_aligned16(const void *p)
-{
-    return ((uintptr_t)p & 15u) == 0;
-}
-
 /**
  * Whether a call of @p T tokens takes k_attend_one: one token in two parts (attend_splits()) at
  * V4's head width, every row and q at 16-byte aligned addresses (attend_vec()'s conditions).
  */
 static bool attend_one_serves(const attend_args &aa, int64_t T)
 {
-    return attend_splits(T, aa.d, aa.rope_dim) == 2 && aa.d == GFW_ATTEND_ONE_D && attend_aligned16(aa.q) &&
-           attend_aligned16(aa.kv_call) && attend_aligned16(aa.ring) && attend_aligned16(aa.comp);
+    return attend_splits(T, aa.d, aa.rope_dim) == 2 && aa.d == GFW_ATTEND_ONE_D && gfw_aligned16(aa.q) &&
+           gfw_aligned16(aa.kv_call) && gfw_aligned16(aa.ring) && gfw_aligned16(aa.comp); /* NULL comp: aligned */
 }
 
 /**

@@ -70,7 +70,7 @@ __device__ __forceinline__ uint8_t gfw_ue8m0_ceil_clamped(float s)
 __device__ __forceinline__ float gfw_ue8m0_inv(uint8_t e) { return gfw_ue8m0((uint8_t)(254 - e)); }
 
 /** Whether @p p may be read or written as one 16-byte vector. */
-__device__ __forceinline__ bool gfw_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+__host__ __device__ __forceinline__ bool gfw_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 /**
  * The 16 bf16 values held by @p a, @p b (ascending) as fp32; value 2i is the low half of 32-bit
