@@ -143,3 +143,6 @@ if has break; then
     rm -rf "${W:?}/$bn"
   done
 fi
+say "gpu-ab: done $(date -u +%FT%TZ)"
+( cd "$OUT" && tar -czf /tmp/mmoe-ab.tgz --exclude=ab.tgz --exclude=summary.txt . && find . -maxdepth 1 -type f \
+    ! -name summary.txt -delete && mv /tmp/mmoe-ab.tgz ab.tgz )
