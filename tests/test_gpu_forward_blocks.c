@@ -1350,7 +1350,9 @@ START_TEST(test_route)
         int64_t T, E;
         int k, shared, bias;
     } cases[] = {{1, 8, 2, 0, 0},  {1, 8, 6, 1, 1},   {1, 256, 6, 0, 1}, {1, 256, 8, 1, 1}, {1, 384, 6, 1, 1},
-                 {1, 512, 8, 0, 1}, {1, 600, 6, 1, 1}, {3, 256, 6, 1, 1}, {20, 256, 6, 1, 1}};
+                 {1, 512, 8, 0, 1}, {1, 600, 6, 1, 1}, {3, 256, 6, 1, 1}, {20, 256, 6, 1, 1},
+                 /* a prefill's plan: many tasks a warp; the most experts held (its shared memory past 48 KB) */
+                 {512, 256, 6, 1, 1}, {700, 384, 8, 0, 1}, {48, 2048, 8, 1, 0}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (int ties = 0; ties < 2; ties++)
             check_route(cases[i].T, cases[i].E, cases[i].k, cases[i].shared, cases[i].bias, ties);

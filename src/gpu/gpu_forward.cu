@@ -4221,12 +4221,15 @@ static mmoe_status model_init(mmoe_gpu_model *g, const gfw_model_src *s, const g
                                   L, (long long)part->first, (long long)(part->first + part->n_local),
                                   (long long)s->blocks[L].moe.n_experts);
         const gfw_moe *mo = &s->blocks[L].moe;
-        const char *why = gfw_moe_unsupported(s->D, mo->inter, mo->shared_width, mo->shared_block);
+        const int64_t held = part ? part->n_local : mo->n_experts;
+        const char *why = gfw_moe_unsupported(s->D, mo->inter, mo->shared_width, mo->shared_block, held,
+                                              max_tokens * (mo->topk + 1));
         if (why)
             return mmoe_error_set(err, MMOE_EUNSUPPORTED,
-                                  "gpu forward: block %d: MoE width %lld, intermediate %lld, shared %lld (block %d): %s", L,
-                                  (long long)s->D, (long long)mo->inter, (long long)mo->shared_width, mo->shared_block,
-                                  why);
+                                  "gpu forward: block %d: MoE width %lld, intermediate %lld, shared %lld (block %d), "
+                                  "%lld experts held, max_tokens %lld: %s",
+                                  L, (long long)s->D, (long long)mo->inter, (long long)mo->shared_width,
+                                  mo->shared_block, (long long)held, (long long)max_tokens, why);
     }
     if (part) {
         g->has_part = 1;

@@ -92,7 +92,9 @@
  * **The plan.**  A task is one (token, slot) pair of a routed expert, or one token of the
  * shared expert (treated as expert E).  The plan sorts the valid tasks by expert, the shared
  * expert first and the routed ones in ascending id (in task order within one expert), and
- * cuts each expert's run into items of at most TT tasks; an L1 CTA owns 16 output rows of one
+ * cuts each expert's run into items of at most TT tasks (a stable counting sort, one CTA:
+ * moe_plan_counting(); a one-token call's few tasks by their pairwise ranks, a lane each,
+ * moe_plan_tally()); an L1 CTA owns 16 output rows of one
  * item and an L2 CTA 32, so an expert's weights are streamed once per TT of its tokens.  The
  * grid is sized for the worst case and CTAs beyond the plan's count exit.  The order of the
  * items decides only when each CTA runs (every output is written at its task's row, whatever
@@ -185,6 +187,12 @@ enum moe_dec {
 #define MOE_ROUTER_TT_MAX 8
 /** Threads of the routing / planning CTA. */
 #define MOE_PLAN_THREADS 512
+/**
+ * The most experts one GPU holds (a layer's, or a rank's block of them): k_moe_route_plan's
+ * counting sort keeps MOE_PLAN_THREADS / 32 + 2 counts a held expert in shared memory
+ * (moe_plan_smem(): 144 KB here, within the 227 KB a block may have on SM90 and SM100).
+ */
+#define MOE_PLAN_HELD_MAX 2048
 /** Selection values a lane of k_moe_route_plan_one holds: the most experts it routes, over 32. */
 #define MOE_PLAN_ONE_PER 16
 /** The most experts k_moe_route_plan_one routes (one thread each for the scores). */
@@ -775,6 +783,127 @@ __device__ __forceinline__ int32_t moe_plan_flag(int before, int same, int TT)
     return before % TT == 0 ? (same - before < TT ? same - before : TT) : 0;
 }
 
+/** Warps of the routing / planning CTA. */
+#define MOE_PLAN_WARPS (MOE_PLAN_THREADS / 32)
+
+/**
+ * The plan's bucket of task @p p (the plan's sort key + 1: the shared expert's tasks 0, held
+ * routed expert e's e + 1), or -1 for a task whose expert is not held (moe_held_id()).
+ */
+__device__ __forceinline__ int moe_plan_bucket(const int32_t *idx, int64_t p, int64_t Tk, int64_t E, int64_t first,
+                                               int64_t held)
+{
+    const int64_t ep = p < Tk ? moe_held_id(idx[p], first, held) : E;
+    return ep < 0 ? -1 : ep == E ? 0 : (int)ep + 1;
+}
+
+/** Dynamic shared memory of the plan's counting sort for @p held held experts (k_moe_route_plan). */
+static size_t moe_plan_smem(int64_t held)
+{
+    return sizeof(int) * (size_t)(held + 1) * (MOE_PLAN_WARPS + 2);
+}
+
+/**
+ * The plan (see the file's chapter) of the @p n tasks by a stable counting sort over the
+ * @p NB = held + 1 buckets (moe_plan_bucket()), the same order as moe_plan_tally()'s ranks:
+ * warp v takes a contiguous range of the tasks, counts its tasks per bucket (32 at a time,
+ * __match_any_sync()), the counts are scanned over the warps and then the buckets, and each
+ * warp walks its range again to place its tasks at their ranks, in task order within a bucket;
+ * then one pass over the ranks numbers the items (a block scan of the flags).  @p sm:
+ * moe_plan_smem() bytes.
+ */
+__device__ void moe_plan_counting(const int32_t *idx, int64_t Tk, int64_t n, int64_t E, int64_t first, int64_t held,
+                                  int TT, gfw_moe_work w, int *sm)
+{
+    __shared__ int warp_sum[MOE_PLAN_WARPS];
+    __shared__ int carry_sh;
+    const int NB = (int)held + 1, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int *wc = sm, *tot = sm + MOE_PLAN_WARPS * NB, *off = tot + NB; /* wc[v][b]: warp v's tasks of bucket b */
+    for (int i = threadIdx.x; i < MOE_PLAN_WARPS * NB; i += blockDim.x)
+        wc[i] = 0;
+    __syncthreads();
+    const int64_t per = (n + MOE_PLAN_WARPS - 1) / MOE_PLAN_WARPS, lo = warp * per, hi = lo + per < n ? lo + per : n;
+    for (int64_t p0 = lo; p0 < hi; p0 += 32) {
+        const int b = p0 + lane < hi ? moe_plan_bucket(idx, p0 + lane, Tk, E, first, held) : -1;
+        const unsigned same = __match_any_sync(0xFFFFFFFFu, b);
+        if (b >= 0 && lane == __ffs(same) - 1)
+            wc[warp * NB + b] += __popc(same);
+        __syncwarp();
+    }
+    __syncthreads();
+    for (int b = threadIdx.x; b < NB; b += blockDim.x) { /* wc: exclusive over the warps; tot: the bucket's */
+        int acc = 0;
+        for (int v = 0; v < MOE_PLAN_WARPS; v++) {
+            const int c = wc[v * NB + b];
+            wc[v * NB + b] = acc;
+            acc += c;
+        }
+        tot[b] = acc;
+    }
+    __syncthreads();
+    if (warp == 0) { /* off: exclusive over the buckets, lane l a segment of them */
+        const int seg = (NB + 31) / 32, b0 = lane * seg, b1 = b0 + seg < NB ? b0 + seg : NB;
+        int part = 0;
+        for (int b = b0; b < b1; b++)
+            part += tot[b];
+        int incl = part;
+        for (int o = 1; o < 32; o <<= 1) {
+            const int other = __shfl_up_sync(0xFFFFFFFFu, incl, o);
+            if (lane >= o)
+                incl += other;
+        }
+        int run = incl - part;
+        for (int b = b0; b < b1; b++) {
+            off[b] = run;
+            run += tot[b];
+        }
+        if (lane == 31)
+            carry_sh = incl; /* the valid tasks */
+    }
+    __syncthreads();
+    const int n_valid = carry_sh;
+    for (int i = threadIdx.x; i < MOE_PLAN_WARPS * NB; i += blockDim.x)
+        wc[i] += off[i % NB];
+    __syncthreads();
+    for (int64_t p0 = lo; p0 < hi; p0 += 32) {
+        const int64_t p = p0 + lane;
+        const int b = p < hi ? moe_plan_bucket(idx, p, Tk, E, first, held) : -1;
+        const unsigned same = __match_any_sync(0xFFFFFFFFu, b);
+        if (b >= 0) {
+            const int rank = wc[warp * NB + b] + __popc(same & ((1u << lane) - 1u));
+            w.order[rank] = (int32_t)p;
+            w.flag[rank] = moe_plan_flag(rank - off[b], tot[b], TT);
+        }
+        __syncwarp();
+        if (b >= 0 && lane == __ffs(same) - 1)
+            wc[warp * NB + b] += __popc(same);
+        __syncwarp();
+    }
+    __syncthreads();
+    int carry = 0; /* items numbered before this chunk of ranks */
+    for (int r0 = 0; r0 < n_valid; r0 += blockDim.x) {
+        const int rk = r0 + (int)threadIdx.x;
+        const int32_t f = rk < n_valid ? w.flag[rk] : 0;
+        const unsigned starts = __ballot_sync(0xFFFFFFFFu, f != 0);
+        if (lane == 0)
+            warp_sum[warp] = __popc(starts);
+        __syncthreads();
+        int before = carry + __popc(starts & ((1u << lane) - 1u)), chunk = 0;
+        for (int v = 0; v < MOE_PLAN_WARPS; v++) {
+            before += v < warp ? warp_sum[v] : 0;
+            chunk += warp_sum[v];
+        }
+        if (f != 0) {
+            const int64_t p = w.order[rk];
+            w.items[before] = make_int4((int)(p < Tk ? moe_held_id(idx[p], first, held) : E), rk, f, 0);
+        }
+        carry += chunk;
+        __syncthreads(); /* warp_sum is read before the next chunk writes it */
+    }
+    if (threadIdx.x == 0)
+        *w.n_items = carry;
+}
+
 /**
  * Routing and the plan, one CTA.  Routing (unless @p given; moe_router.c): s = sqrt(softplus(z))
  * over all (token, expert) in parallel, then one warp per token: for each slot, every lane
@@ -790,7 +919,6 @@ __global__ void __launch_bounds__(MOE_PLAN_THREADS)
                      int64_t held, int32_t *idx, float *wts, gfw_moe_work w)
 {
     gfw_pdl_enter();
-    __shared__ int n_valid, n_items;
     if (!given) {
         for (int64_t i = threadIdx.x; i < T * E; i += blockDim.x) {
             scores[i] = moe_route_score(scores[i]);
@@ -842,42 +970,10 @@ __global__ void __launch_bounds__(MOE_PLAN_THREADS)
             }
         }
     }
-    if (threadIdx.x == 0)
-        n_valid = n_items = 0;
-    __syncthreads();
-    /* rank of each valid task among the valid ones, by (expert, task); a task is valid when
-     * its expert is held (moe_held_id) or it is the shared expert's (E) */
     const int64_t Tk = T * k, n = Tk + (has_shared ? T : 0);
-    for (int64_t p = threadIdx.x; p < n; p += blockDim.x) {
-        const int64_t ep = p < Tk ? moe_held_id(idx[p], first, held) : E;
-        if (ep < 0)
-            continue;
-        const int64_t kp = moe_plan_key(ep, E);
-        int lt = 0, same = 0, before = 0;
-        for (int64_t q = 0; q < n; q++) {
-            const int64_t eq = q < Tk ? moe_held_id(idx[q], first, held) : E;
-            if (eq >= 0)
-                moe_plan_tally(kp, p, moe_plan_key(eq, E), q, lt, same, before);
-        }
-        const int64_t rank = lt + before;
-        w.order[rank] = (int32_t)p;
-        w.flag[rank] = moe_plan_flag(before, same, TT);
-        atomicAdd(&n_valid, 1);
-    }
-    __syncthreads();
-    for (int64_t rk = threadIdx.x; rk < n_valid; rk += blockDim.x) {
-        if (w.flag[rk] == 0)
-            continue;
-        int item = 0;
-        for (int64_t q = 0; q < rk; q++)
-            item += w.flag[q] != 0;
-        const int64_t p = w.order[rk];
-        w.items[item] = make_int4((int)(p < Tk ? moe_held_id(idx[p], first, held) : E), (int)rk, w.flag[rk], 0);
-        atomicAdd(&n_items, 1);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0)
-        *w.n_items = n_items;
+    extern __shared__ int plan_sm[];
+    __syncthreads(); /* the routing's writes to idx are the block's: visible after a barrier */
+    moe_plan_counting(idx, Tk, n, E, first, held, TT, w, plan_sm);
 }
 
 /**
@@ -1241,8 +1337,12 @@ void gfw_moe_work_carve(void *base, int64_t Tm, int64_t D, int64_t kmax, int64_t
     w->n_items = (int32_t *)p;
 }
 
-const char *gfw_moe_unsupported(int64_t D, int64_t I, int64_t Ws, int B)
+const char *gfw_moe_unsupported(int64_t D, int64_t I, int64_t Ws, int B, int64_t held, int64_t tasks)
 {
+    if (held > MOE_PLAN_HELD_MAX)
+        return "more experts on one GPU than the plan's 2048 (MOE_PLAN_HELD_MAX)";
+    if (tasks >= ((int64_t)1 << 31))
+        return "max_tokens x (top-k + 1) tasks must be below 2^31 (the plan's ranks are int)";
     if (D % 128 != 0 || I % 128 != 0)
         return "the model width and the experts' intermediate width must be multiples of 128";
     if (Ws > 0 && (Ws % 128 != 0 || B <= 0 || B % 32 != 0))
@@ -1255,7 +1355,12 @@ cudaError_t gfw_moe_upload_tables(const unsigned long long tab[32])
     const cudaError_t ce = cudaMemcpyToSymbol(c_exp2_tab, tab, sizeof(unsigned long long) * 32);
     if (ce != cudaSuccess)
         return ce;
-    return cudaFuncSetAttribute(k_moe_logits_one, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_LOGITS_ONE_SMEM_MAX);
+    const cudaError_t cl = cudaFuncSetAttribute(k_moe_logits_one, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                MOE_LOGITS_ONE_SMEM_MAX);
+    if (cl != cudaSuccess)
+        return cl;
+    return cudaFuncSetAttribute(k_moe_route_plan, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)moe_plan_smem(MOE_PLAN_HELD_MAX));
 }
 
 /** Chain-pack one matrix in place (nothing for NULL). */
@@ -1344,8 +1449,9 @@ static cudaError_t moe_launch_route(const dmoe &m, const gfw_moe_router &r, cons
         mmoe_launch_pdl(k_moe_route_plan_one, 1, MOE_PLAN_ONE_E_MAX, 0, st, io.logits, r.bias, r.tid2eid, io.ids, m.E,
                         (int)m.k, r.route_scale, given, shared, TT, m.first, m.held, io.idx, io.wts, w);
     else
-        mmoe_launch_pdl(k_moe_route_plan, 1, MOE_PLAN_THREADS, 0, st, io.logits, r.bias, r.tid2eid, io.ids, io.T,
-                        m.E, (int)m.k, r.route_scale, given, shared, TT, m.first, m.held, io.idx, io.wts, w);
+        mmoe_launch_pdl(k_moe_route_plan, 1, MOE_PLAN_THREADS, moe_plan_smem(m.held), st, io.logits, r.bias,
+                        r.tid2eid, io.ids, io.T, m.E, (int)m.k, r.route_scale, given, shared, TT, m.first, m.held,
+                        io.idx, io.wts, w);
     return cudaGetLastError();
 }
 

@@ -93,9 +93,10 @@ void gfw_moe_work_carve(void *base, int64_t Tm, int64_t D, int64_t kmax, int64_t
 
 /**
  * Why a layer of these shapes cannot run (a static sentence), or NULL when it can: D, I and
- * the shared width multiples of 128, the shared block a multiple of 32.
+ * the shared width multiples of 128, the shared block a multiple of 32, at most 2048 experts
+ * @p held on the GPU, fewer than 2^31 @p tasks (max_tokens x (top-k + 1)).
  */
-const char *gfw_moe_unsupported(int64_t D, int64_t I, int64_t Ws, int B);
+const char *gfw_moe_unsupported(int64_t D, int64_t I, int64_t Ws, int B, int64_t held, int64_t tasks);
 
 /**
  * Upload gfw_expf()'s table (gpu_forward_kernels.cuh) into this file's copy of the constant
