@@ -331,23 +331,25 @@ __global__ void __launch_bounds__(GFW_DENSE_TT_WARPS * 32, 2)
 #pragma unroll
             for (int tt = 0; tt < GFW_DENSE_TT; tt++)
                 ca[tt] = cb[tt] = 0.0;
+            /* Every token, live or not (dense_tokens_load_x() staged zeros past tn; what a chain of
+             * those sums is never leaves the lane's tree of that token, nor is it stored): the 16
+             * chains of the lane in one straight run without a branch, each step of every chain
+             * before the next step of any. */
 #pragma unroll
-            for (int tt = 0; tt < GFW_DENSE_TT; tt += 2) {
-                if (tt >= tn) /* the rest stay +0: staged zeros would give +0 as well */
-                    break;
-                const double2 *x0 = (const double2 *)(xc + tt * GFW_DENSE_TT_RCHUNKS * GFW_DENSE_TT_CSTRIDE);
-                const double2 *x1 = (const double2 *)(xc + (tt + 1) * GFW_DENSE_TT_RCHUNKS * GFW_DENSE_TT_CSTRIDE);
+            for (int i = 0; i < 8; i++) { /* exact products, as dense_chunk; products 2 i, 2 i + 1 */
+                double2 u[GFW_DENSE_TT];
 #pragma unroll
-                for (int i = 0; i < 8; i++) { /* exact products, as dense_chunk; four chains */
-                    const double2 u = x0[i], v = x1[i];
-                    ca[tt] = __fma_rn(u.x, wa[2 * i], ca[tt]);
-                    cb[tt] = __fma_rn(u.x, wb[2 * i], cb[tt]);
-                    ca[tt + 1] = __fma_rn(v.x, wa[2 * i], ca[tt + 1]);
-                    cb[tt + 1] = __fma_rn(v.x, wb[2 * i], cb[tt + 1]);
-                    ca[tt] = __fma_rn(u.y, wa[2 * i + 1], ca[tt]);
-                    cb[tt] = __fma_rn(u.y, wb[2 * i + 1], cb[tt]);
-                    ca[tt + 1] = __fma_rn(v.y, wa[2 * i + 1], ca[tt + 1]);
-                    cb[tt + 1] = __fma_rn(v.y, wb[2 * i + 1], cb[tt + 1]);
+                for (int tt = 0; tt < GFW_DENSE_TT; tt++)
+                    u[tt] = ((const double2 *)(xc + tt * GFW_DENSE_TT_RCHUNKS * GFW_DENSE_TT_CSTRIDE))[i];
+#pragma unroll
+                for (int tt = 0; tt < GFW_DENSE_TT; tt++) {
+                    ca[tt] = __fma_rn(u[tt].x, wa[2 * i], ca[tt]);
+                    cb[tt] = __fma_rn(u[tt].x, wb[2 * i], cb[tt]);
+                }
+#pragma unroll
+                for (int tt = 0; tt < GFW_DENSE_TT; tt++) {
+                    ca[tt] = __fma_rn(u[tt].y, wa[2 * i + 1], ca[tt]);
+                    cb[tt] = __fma_rn(u[tt].y, wb[2 * i + 1], cb[tt]);
                 }
             }
             root[0] = dense_tree_push(st[0], g, dense_slot_scatter(ca, s)); /* group g's node, token s */
