@@ -19,7 +19,9 @@
 #   memcheck  on new: compute-sanitizer memcheck of the tiny model's forward, graphed
 #   racecheck on new: compute-sanitizer racecheck of the blocks suite
 #   break     AB_BREAK (patches on new, space-separated, each a deliberate bug, tried one at a
-#             time): the blocks suite and the forward's sub-layer and tiny cases should fail
+#             time): the blocks suite and the forward's sub-layer and tiny cases should fail, and
+#             with AB_BREAK_FLASH set the V4-Flash-width case (the one whose MoE stages several
+#             chunks of x and whose linears have V4's widths)
 # AB_VARIANTS: settings of the new tree measured beside it, ';'-separated entries "LABEL
 # VAR=VALUE ..": bench also runs the new tree with each entry's environment in every round, and
 # trace also traces each (compared with base).  AB_CHECK_ENV ("VAR=VALUE .."): the environment
@@ -138,7 +140,8 @@ if has break; then
       check "$bn" blocks 200 ./tests/test_gpu_forward_blocks
       check "$bn" sublayers 200 env CK_RUN_CASE=sublayers ./tests/test_gpu_forward
       check "$bn" tiny 200 env CK_RUN_CASE=tiny ./tests/test_gpu_forward
-      say "$bn: the three should fail (rc 1); a suite that passes does not cover the bug"
+      [ -n "${AB_BREAK_FLASH:-}" ] && check "$bn" flash 300 env CK_RUN_CASE=flash ./tests/test_gpu_forward
+      say "$bn: each should fail (rc 1); a suite that passes does not cover the bug"
     else say "$bn: the patch did not apply or build"; fi
     rm -rf "${W:?}/$bn"
   done
