@@ -3963,6 +3963,12 @@ static float *rope_table(const float *freqs, int rope_dim, int64_t n_pos)
     return t;
 }
 
+/** The routed experts of a layer of @p n_experts that this GPU holds: the rank's block of @p part, or all (NULL). */
+static int64_t experts_held(const gfw_ep_part *part, int64_t n_experts)
+{
+    return part ? part->n_local : n_experts;
+}
+
 /** Upload (or plan) everything; returns a CUDA error or cudaSuccess, or -1 through *oom for host memory. */
 static cudaError_t build(mmoe_gpu_model *g, const gfw_model_src *s, int *host_oom)
 {
@@ -4046,7 +4052,7 @@ static cudaError_t build(mmoe_gpu_model *g, const gfw_model_src *s, int *host_oo
         dmoe *dm = &d->moe;
         dm->E = m->n_experts;
         dm->first = g->has_part ? g->part.first : 0;
-        dm->held = g->has_part ? g->part.n_local : m->n_experts;
+        dm->held = experts_held(g->has_part ? &g->part : NULL, m->n_experts);
         dm->I = m->inter;
         dm->D = D;
         dm->k = m->topk;
@@ -4058,7 +4064,7 @@ static cudaError_t build(mmoe_gpu_model *g, const gfw_model_src *s, int *host_oo
         d->bias = m->bias ? (const float *)gupload(g, m->bias, sizeof(float) * (size_t)m->n_experts, &ce) : NULL;
         d->tid2eid = m->hash ? (const int32_t *)gupload(g, m->tid2eid, sizeof(int32_t) * (size_t)(m->vocab * m->topk), &ce) : NULL;
         /* the routed experts: all, or the rank's block [e0, e0 + ne) */
-        const int64_t e0 = g->has_part ? g->part.first : 0, ne = g->has_part ? g->part.n_local : m->n_experts;
+        const int64_t e0 = dm->first, ne = dm->held;
         dm->w1 = up_experts(g, m->w1 + e0, ne, (size_t)(m->inter * D / 2), &ce);
         dm->w3 = up_experts(g, m->w3 + e0, ne, (size_t)(m->inter * D / 2), &ce);
         dm->w2 = up_experts(g, m->w2 + e0, ne, (size_t)(D * m->inter / 2), &ce);
@@ -4221,7 +4227,7 @@ static mmoe_status model_init(mmoe_gpu_model *g, const gfw_model_src *s, const g
                                   L, (long long)part->first, (long long)(part->first + part->n_local),
                                   (long long)s->blocks[L].moe.n_experts);
         const gfw_moe *mo = &s->blocks[L].moe;
-        const int64_t held = part ? part->n_local : mo->n_experts;
+        const int64_t held = experts_held(part, mo->n_experts);
         const char *why = gfw_moe_unsupported(s->D, mo->inter, mo->shared_width, mo->shared_block, held,
                                               max_tokens * (mo->topk + 1));
         if (why)

@@ -1339,6 +1339,7 @@ void gfw_moe_work_carve(void *base, int64_t Tm, int64_t D, int64_t kmax, int64_t
 
 const char *gfw_moe_unsupported(int64_t D, int64_t I, int64_t Ws, int B, int64_t held, int64_t tasks)
 {
+    static_assert(MOE_PLAN_HELD_MAX == 2048, "the sentence below names the limit");
     if (held > MOE_PLAN_HELD_MAX)
         return "more experts on one GPU than the plan's 2048 (MOE_PLAN_HELD_MAX)";
     if (tasks >= ((int64_t)1 << 31))
