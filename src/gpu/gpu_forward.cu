@@ -6007,7 +6007,7 @@ extern "C" mmoe_status gfw_test_route(const gfw_test_route_args *a, mmoe_error *
     void *const host[6] = {a->idx, a->wts, a->order, a->flag, a->items, a->n_items};
     for (int i = 0; i < 6 && ar.ce == cudaSuccess; i++)
         ar.ce = cudaMemcpy(host[i], outs[i], out_bytes[i], cudaMemcpyDeviceToHost);
-    *a->tt = gfw_moe_tile(T, m.vb);
+    *a->tt = gfw_moe_tile(T);
     return tfinish(&ar, a->scores, io.logits, sizeof(float) * (size_t)(T * E), err, "routing");
 }
 

@@ -39,9 +39,9 @@
  * before its chains run (moe_chain_dot): a chunk of mc values of each of the 8 chains of each
  * of the item's nt tokens, copied with cp.async by every thread of the CTA, then one barrier;
  * the next chunk after another barrier.  The tile of a token tile TT holds MC = 512 / TT
- * values per chain of TT tokens, 16 KB of fp32 (moe_xs; 64 values and 34 KB for 16 tokens);
- * mc is all K/8 values when they fit, else MC (moe_xs_chunk): all of K = 4096 for one token,
- * 64 values per chain for 8 or 16.  Inside
+ * values per chain of TT tokens, 16 KB of fp32 (moe_xs; 17 KB with the padding below); mc is
+ * all K/8 values when they fit, else MC (moe_xs_chunk): all of K = 4096 for one token, 64
+ * values per chain for 8.  Inside
  * the tile chain l of token t starts at (8 t + l) (MC + 4), whatever nt: the four floats of
  * padding put the 8 chains' 16-byte reads of one instruction in 8 distinct bank quads (MC is
  * a multiple of 64), the rows of a warp read the same words (a broadcast), and since the
@@ -84,9 +84,9 @@
  * | k_moe_route_plan  | one CTA: sqrt-softplus, top-k (a warp per token) or hash, weights; then the plan |
  * | k_moe_route_plan_one | the same for one token: a thread an expert's score, then one warp, its values in registers |
  * | k_moe_shared_plan | the shared expert's tasks alone, for its own stream (moe_run_split()) |
- * | k_moe_l1          | CTA = 16 rows x 8 chains of one item; gate and up; SwiGLU epilogue |
+ * | k_moe_l1          | CTA = 16 rows (32 for 8-token tiles) x 8 chains of one item; gate and up; SwiGLU epilogue |
  * | k_moe_requant     | L1 outputs -> 1x128 E4M3 values, chain-major                     |
- * | k_moe_l2          | CTA = 16 (serial) or 2 x 16 (split) rows x 8 chains of one item; bf16 per slot |
+ * | k_moe_l2          | CTA = 2 x 16 rows (4 x 16 for 8-token tiles) x 8 chains of one item; bf16 per slot |
  * | k_moe_combine     | ascending expert id, ties in slot order, shared last             |
  *
  * **The plan.**  A task is one (token, slot) pair of a routed expert, or one token of the
@@ -95,7 +95,8 @@
  * cuts each expert's run into items of at most TT tasks (a stable counting sort, one CTA:
  * moe_plan_counting(); a one-token call's few tasks by their pairwise ranks, a lane each,
  * moe_plan_tally()); an L1 CTA owns 16 output rows of one
- * item and an L2 CTA 32, so an expert's weights are streamed once per TT of its tokens.  The
+ * item and an L2 CTA 32 (twice that for 8-token tiles: MOE_ROW_SETS), so an expert's weights
+ * are streamed once per TT of its tokens.  The
  * grid is sized for the worst case and CTAs beyond the plan's count exit.  The order of the
  * items decides only when each CTA runs (every output is written at its task's row, whatever
  * the item): with the shared expert's items first, its CTAs, which stream the most bytes
@@ -130,12 +131,18 @@
  * rows again two groups per batch.  For prefill the fp32
  * fma rate bounds the work: the exact order leaves the tensor cores out, so what counts is
  * the instructions issued besides the fma.  An E2M1 word of 8 weights takes ~37 to decode
- * (bit moves, factors, 8 FMUL) and one LDS.128 feeds 4 fma of each of the thread's 2 rows;
- * so calls of at least 16 tokens use a 16-token tile (MOE_TT_MAX; with 4-word groups, whose
- * kernels fit 168 registers): each decoded weight feeds 16 fma.  A full tile runs a body
- * without per-token tests (moe_chain_dot), whose one-step E2M1 group issues ~0.40 other
- * instructions per fma (0.68 with 8 tokens; ~0.53 for a partial 16-token item).
- * The router's top-k runs one warp per token.
+ * (bit moves, factors, 8 FMUL), and one LDS.128 of staged x feeds 4 fma of each of the
+ * thread's weight rows; what bounds a prefill tile is then the shared-memory pipe as much as
+ * the issue (Nsight Compute on a 16-token L1 tile of one row set, a gate and an up row a
+ * thread: the memory pipes 88% busy, stall_short_sb 30% of the warps' samples).  So calls of
+ * at least 8 tokens use an 8-token tile (MOE_TT_MAX) whose threads run two row sets
+ * (MOE_ROW_SETS): four weight rows a thread in L1 (gate and up of rows j and j + 16) and in
+ * L2, so one LDS.128 feeds 16 fma instead of 8, and each decoded weight 8; the groups per
+ * batch are divided by the row sets where there are several (moe_batch_groups()), so the
+ * kernels fit 168 registers (three CTAs an SM).  This tile beat a 16-token tile of one row
+ * set (the L1 and L2 of a 512-token prefill 18% faster) and one of two row sets (255
+ * registers, two CTAs an SM: its L1 8% slower): docs/perf.md.  A full tile runs a body
+ * without per-token tests (moe_chain_dot).  The router's top-k runs one warp per token.
  */
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -174,10 +181,17 @@ enum moe_dec {
 /** Threads of a router CTA. */
 #define MOE_ROUTER_THREADS (MOE_ROUTER_ROWS * 8)
 /**
- * Largest token tile of the expert GEMMs: 16 tokens per decoded weight with 4-word groups
- * (prefill calls of at least 16 tokens), 8 with 1-word groups (whose 16-token kernels spill).
+ * Largest token tile of the expert GEMMs: 8 tokens per decoded weight (prefill calls of at
+ * least 8 tokens), whose threads run two row sets (MOE_ROW_SETS).
  */
-#define MOE_TT_MAX(VB) ((VB) == 4 ? 16 : 8)
+#define MOE_TT_MAX 8
+/**
+ * Row sets a thread of the expert GEMMs runs for token tile TT: rows j + i MOE_ROWS, i <
+ * MOE_ROW_SETS(TT), of the gate and the up matrix in L1 (so 2 MOE_ROW_SETS(TT) chains of
+ * weights), of W_2 in L2 (MOE_L2_NM MOE_ROW_SETS(TT)).  Each staged x value a thread reads
+ * then feeds twice the fma: the 8-token tiles run two (see "Limits"), the others one.
+ */
+#define MOE_ROW_SETS(TT) ((TT) >= 8 ? 2 : 1)
 /**
  * Most dynamic shared memory of k_moe_logits_one: its gate rows and the token's staged chains
  * (moe_logits_one_smem(); 49.5 KB at D = 4096, 86 KB at D = 7168).
@@ -344,9 +358,9 @@ __device__ __forceinline__ void moe_decode(const moe_batch<FMT, VB, NM, PF> &b, 
  * The staged activation tile of a CTA for token tile TT: each token's eight chains, MC values
  * each, chain after chain with the fixed stride MC + 4 (the four extra floats put the 8
  * chains' 16-byte words in 8 distinct bank quads, MC being a multiple of 64).  MC = 512 / TT
- * values per chain keep the tile at 16 KB up to TT = 8; the 16-token tile keeps MC = 64, the
- * smallest chunk of whole batches (34 KB).  The stride is a constant so that a chain's reads
- * for its TT tokens are one register plus immediate offsets.
+ * values per chain keep the tile at 16 KB (64 values at most at TT = MOE_TT_MAX, the smallest
+ * chunk of whole batches).  The stride is a constant so that a chain's reads for its TT tokens
+ * are one register plus immediate offsets.
  */
 template <int TT> struct moe_xs {
     static const int MC = 512 / TT < 64 ? 64 : 512 / TT; /**< values per chain of a chunk */
@@ -395,7 +409,7 @@ __device__ __forceinline__ void moe_cp_wait(void)
  * Stage values [c0, c0 + n) of every chain of tokens t < @p nt into @p xs (n <= MC, a
  * multiple of 4), all NTH threads of the CTA together; @p xt[t] is token t's
  * chain-major row of K values (K8 = K / 8 per chain).  Where a chain's chunk has at most
- * NTH / 8 16-byte words (W = MC / 4 <= NTH / 8: the tiles of 8 and 16 tokens in a CTA of 128),
+ * NTH / 8 16-byte words (W = MC / 4 <= NTH / 8: the tile of 8 tokens in a CTA of 128),
  * thread i copies word i / 8 of chain i mod 8 of each token, no loop and no division; the 8
  * chains' words of one warp land in 8 distinct bank quads.  Longer chunks (the tiles of 1 to
  * 4 tokens) are copied by TPC = min(W, NTH) consecutive threads per chain, NTH / TPC chains at
@@ -583,6 +597,12 @@ __device__ __forceinline__ void moe_chain_dot(const moe_row (&r)[NM], const floa
     else
         moe_chain_run<FMT, VB, TT, NM, PF, NTH, false>(r, xt, K8, l, nt, groups, xs, acc);
 }
+
+/**
+ * Groups per batch for a thread of @p r row sets whose one row set loads @p pf groups per
+ * batch: the same words in flight (at least one group).
+ */
+__host__ __device__ constexpr int moe_batch_groups(int pf, int r) { return pf / r > 0 ? pf / r : 1; }
 
 /** Groups of a chain-packed row of @p K elements of @p bits bits. */
 __host__ __device__ __forceinline__ int64_t moe_groups(int64_t K, int bits, int vb) { return K * bits / 8 / (32 * vb); }
@@ -1103,9 +1123,10 @@ __global__ void k_moe_shared_plan(int64_t T, int k, int64_t E, int TT, gfw_moe_w
 }
 
 /**
- * L1 and the dsv4-ref epilogue for 16 rows of one item: thread (row j, chain l) runs chain l
- * of the gate and the up row for the item's tokens.  Task p < T*k is (token p/k, slot p%k) of
- * expert idx[p] with weight wts[p]; task T*k + t is token t's shared expert (weight 1).
+ * L1 and the dsv4-ref epilogue for R = MOE_ROW_SETS(TT) sets of 16 rows of one item: thread
+ * (row j, chain l) runs chain l of the gate and the up row j + 16 i, i < R, for the item's
+ * tokens.  Task p < T*k is (token p/k, slot p%k) of expert idx[p] with weight wts[p]; task
+ * T*k + t is token t's shared expert (weight 1).
  * h[p, j] = bf16((silu(g) * u) * w) with g, u = bf16 of the sums, clamped, silu = g / (1 + exp(-g)).
  */
 template <int VB, int TT>
@@ -1113,11 +1134,12 @@ __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l1(dm
                                                          int64_t T, int64_t width, float *h)
 {
     gfw_pdl_enter();
+    constexpr int R = MOE_ROW_SETS(TT), NM = 2 * R;
     if ((int)blockIdx.y >= *w.n_items)
         return;
     const int4 it = w.items[blockIdx.y];
     const int shared = it.x == m.E;
-    const int64_t Iw = shared ? m.Ws : m.I, j0 = (int64_t)blockIdx.x * MOE_ROWS;
+    const int64_t Iw = shared ? m.Ws : m.I, j0 = (int64_t)blockIdx.x * (R * MOE_ROWS);
     if (j0 >= Iw)
         return;
     const int l = threadIdx.x & 7;
@@ -1133,43 +1155,61 @@ __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l1(dm
     }
     __shared__ float4 xs4[moe_xs<TT>::FLOATS / 4]; /* float4: 16-byte aligned */
     float *const xs = (float *)xs4;
-    float acc[2][TT];
+    float acc[NM][TT]; /* acc[2 i], acc[2 i + 1]: gate and up row j + 16 i */
 #pragma unroll
-    for (int t = 0; t < TT; t++)
-        acc[0][t] = acc[1][t] = 0.0f;
-    /* every thread takes part in the staging: a row past Iw (none while Iw % MOE_ROWS == 0)
+    for (int n = 0; n < NM; n++)
+#pragma unroll
+        for (int t = 0; t < TT; t++)
+            acc[n][t] = 0.0f;
+    /* every thread takes part in the staging: a row past Iw (none while Iw % (R MOE_ROWS) == 0)
      * reads row Iw - 1 and stores nothing */
-    const int64_t jr = j < Iw ? j : Iw - 1;
+    int64_t jr[R];
+#pragma unroll
+    for (int i = 0; i < R; i++)
+        jr[i] = j + i * MOE_ROWS < Iw ? j + i * MOE_ROWS : Iw - 1;
+    moe_row r[NM];
     if (shared) {
         const int scols = (int)((D + m.B - 1) / m.B);
-        const float *srow1 = m.ss1 + (jr / m.B) * scols, *srow3 = m.ss3 + (jr / m.B) * scols;
-        const moe_row r[2] = {{m.sw1 + jr * D + l * 4 * VB, NULL, srow1, m.B / (32 * VB)},
-                              {m.sw3 + jr * D + l * 4 * VB, NULL, srow3, m.B / (32 * VB)}};
-        moe_chain_dot<MOE_WF_FP8, VB, TT, 2, MOE_L1_SHARED_PF(VB), MOE_THREADS>(r, xt, D / 8, l, nt, moe_groups(D, 8, VB), xs, acc);
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            const float *srow1 = m.ss1 + (jr[i] / m.B) * scols, *srow3 = m.ss3 + (jr[i] / m.B) * scols;
+            r[2 * i] = moe_row{m.sw1 + jr[i] * D + l * 4 * VB, NULL, srow1, m.B / (32 * VB)};
+            r[2 * i + 1] = moe_row{m.sw3 + jr[i] * D + l * 4 * VB, NULL, srow3, m.B / (32 * VB)};
+        }
+        moe_chain_dot<MOE_WF_FP8, VB, TT, NM, moe_batch_groups(MOE_L1_SHARED_PF(VB), R), MOE_THREADS>(
+            r, xt, D / 8, l, nt, moe_groups(D, 8, VB), xs, acc);
     } else {
-        const int64_t row = (int64_t)it.x * m.I + jr;
-        const moe_row r[2] = {{m.w1 + row * (D / 2) + l * 4 * VB, m.s1 + row * (D / 32), NULL, 1},
-                              {m.w3 + row * (D / 2) + l * 4 * VB, m.s3 + row * (D / 32), NULL, 1}};
-        moe_chain_dot<MOE_WF_FP4, VB, TT, 2, 4 / VB, MOE_THREADS>(r, xt, D / 8, l, nt, moe_groups(D, 4, VB), xs, acc);
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            const int64_t row = (int64_t)it.x * m.I + jr[i];
+            r[2 * i] = moe_row{m.w1 + row * (D / 2) + l * 4 * VB, m.s1 + row * (D / 32), NULL, 1};
+            r[2 * i + 1] = moe_row{m.w3 + row * (D / 2) + l * 4 * VB, m.s3 + row * (D / 32), NULL, 1};
+        }
+        moe_chain_dot<MOE_WF_FP4, VB, TT, NM, moe_batch_groups(4 / VB, R), MOE_THREADS>(r, xt, D / 8, l, nt,
+                                                                                         moe_groups(D, 4, VB), xs, acc);
     }
 #pragma unroll
     for (int t = 0; t < TT; t++) {
-        const float gsum = moe_combine8(acc[0][t]), usum = moe_combine8(acc[1][t]);
-        if (j >= Iw || t >= nt || l != (t & 7))
-            continue;
-        const float wt = shared ? 1.0f : wts[task[t]];
-        float gf = gfw_bfr(gsum), uf = gfw_bfr(usum);
-        if (m.limit > 0.0f && !isinf(m.limit)) {
-            if (gf > m.limit)
-                gf = m.limit;
-            if (uf > m.limit)
-                uf = m.limit;
-            else if (uf < -m.limit)
-                uf = -m.limit;
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            const float gsum = moe_combine8(acc[2 * i][t]), usum = moe_combine8(acc[2 * i + 1][t]);
+            const int64_t ji = j + i * MOE_ROWS;
+            if (ji >= Iw || t >= nt || l != (t & 7))
+                continue;
+            const float wt = shared ? 1.0f : wts[task[t]];
+            float gf = gfw_bfr(gsum), uf = gfw_bfr(usum);
+            if (m.limit > 0.0f && !isinf(m.limit)) {
+                if (gf > m.limit)
+                    gf = m.limit;
+                if (uf > m.limit)
+                    uf = m.limit;
+                else if (uf < -m.limit)
+                    uf = -m.limit;
+            }
+            const float silu = __fdiv_rn(gf, __fadd_rn(1.0f, gfw_expf(-gf)));
+            const float a = __fmul_rn(__fmul_rn(silu, uf), wt);
+            h[(int64_t)task[t] * width + ji] = gfw_bfr(a);
         }
-        const float silu = __fdiv_rn(gf, __fadd_rn(1.0f, gfw_expf(-gf)));
-        const float a = __fmul_rn(__fmul_rn(silu, uf), wt);
-        h[(int64_t)task[t] * width + j] = gfw_bfr(a);
     }
 }
 
@@ -1201,15 +1241,15 @@ __global__ void k_moe_requant(dmoe m, const int32_t *idx, int64_t T, const float
 #define MOE_L2_PF(VB, FMT) ((FMT) == MOE_WF_FP4 ? 4 / (VB) : 8 / (VB))
 
 /**
- * L2 for MOE_L2_NM x 16 output rows of one item: slot_y[p, n] = bf16(sum), thread (row n,
- * chain l) runs chain l of rows n and n + 16.
+ * L2 for NM = MOE_L2_NM MOE_ROW_SETS(TT) sets of 16 output rows of one item:
+ * slot_y[p, n] = bf16(sum), thread (row n, chain l) runs chain l of rows n + 16 i, i < NM.
  */
 template <int VB, int TT>
 __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l2(dmoe m, gfw_moe_work w, int64_t T, int64_t width,
                                                          uint16_t *slot_y)
 {
     gfw_pdl_enter();
-    constexpr int NM = MOE_L2_NM;
+    constexpr int R = MOE_ROW_SETS(TT), NM = MOE_L2_NM * R;
     if ((int)blockIdx.y >= *w.n_items)
         return;
     const int4 it = w.items[blockIdx.y];
@@ -1245,14 +1285,16 @@ __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l2(dm
 #pragma unroll
         for (int i = 0; i < NM; i++)
             r[i] = moe_row{m.sw2 + nr[i] * Iw + l * 4 * VB, NULL, m.ss2 + (nr[i] / m.B) * scols, m.B / (32 * VB)};
-        moe_chain_dot<MOE_WF_FP8, VB, TT, NM, MOE_L2_PF(VB, MOE_WF_FP8), MOE_THREADS>(r, xt, Iw / 8, l, nt, moe_groups(Iw, 8, VB), xs, acc);
+        moe_chain_dot<MOE_WF_FP8, VB, TT, NM, moe_batch_groups(MOE_L2_PF(VB, MOE_WF_FP8), R), MOE_THREADS>(
+            r, xt, Iw / 8, l, nt, moe_groups(Iw, 8, VB), xs, acc);
     } else {
 #pragma unroll
         for (int i = 0; i < NM; i++) {
             const int64_t row = (int64_t)it.x * D + nr[i];
             r[i] = moe_row{m.w2 + row * (Iw / 2) + l * 4 * VB, m.s2 + row * (Iw / 32), NULL, 1};
         }
-        moe_chain_dot<MOE_WF_FP4, VB, TT, NM, MOE_L2_PF(VB, MOE_WF_FP4), MOE_THREADS>(r, xt, Iw / 8, l, nt, moe_groups(Iw, 4, VB), xs, acc);
+        moe_chain_dot<MOE_WF_FP4, VB, TT, NM, moe_batch_groups(MOE_L2_PF(VB, MOE_WF_FP4), R), MOE_THREADS>(
+            r, xt, Iw / 8, l, nt, moe_groups(Iw, 4, VB), xs, acc);
     }
 #pragma unroll
     for (int t = 0; t < TT; t++) {
@@ -1422,8 +1464,8 @@ static cudaError_t moe_launch_experts(const dmoe &m, const gfw_moe_work &w, cons
 {
     const int64_t T = io.T;
     *what = "moe L1";
-    mmoe_launch_pdl(k_moe_l1<VB, TT>, dim3(moe_nblk(io.width, MOE_ROWS), (unsigned)items), MOE_THREADS, 0, st, m, w,
-                    io.xq, io.wts, T, io.width, io.h);
+    mmoe_launch_pdl(k_moe_l1<VB, TT>, dim3(moe_nblk(io.width, MOE_ROW_SETS(TT) * MOE_ROWS), (unsigned)items),
+                    MOE_THREADS, 0, st, m, w, io.xq, io.wts, T, io.width, io.h);
     cudaError_t ce = cudaGetLastError();
     if (ce != cudaSuccess)
         return ce;
@@ -1433,8 +1475,8 @@ static cudaError_t moe_launch_experts(const dmoe &m, const gfw_moe_work &w, cons
     if ((ce = cudaGetLastError()) != cudaSuccess)
         return ce;
     *what = "moe L2";
-    mmoe_launch_pdl(k_moe_l2<VB, TT>, dim3(moe_nblk(m.D, MOE_L2_NM * MOE_ROWS), (unsigned)items), MOE_THREADS, 0, st, m,
-                    w, T, io.width, io.slot_y);
+    mmoe_launch_pdl(k_moe_l2<VB, TT>, dim3(moe_nblk(m.D, MOE_L2_NM * MOE_ROW_SETS(TT) * MOE_ROWS), (unsigned)items),
+                    MOE_THREADS, 0, st, m, w, T, io.width, io.slot_y);
     return cudaGetLastError();
 }
 
@@ -1456,15 +1498,15 @@ static cudaError_t moe_launch_route(const dmoe &m, const gfw_moe_router &r, cons
     return cudaGetLastError();
 }
 
-int gfw_moe_tile(int64_t T, int vb) { return moe_tile(T, MOE_TT_MAX(vb)); }
+int gfw_moe_tile(int64_t T) { return moe_tile(T, MOE_TT_MAX); }
 
 cudaError_t gfw_moe_route(const dmoe &m, const gfw_moe_router &r, const gfw_moe_work &w, const gfw_moe_io &io,
                           cudaStream_t st)
 {
-    return moe_launch_route(m, r, w, io, 0, m.Ws > 0, gfw_moe_tile(io.T, m.vb), st);
+    return moe_launch_route(m, r, w, io, 0, m.Ws > 0, gfw_moe_tile(io.T), st);
 }
 
-/** moe_launch_experts() for the token tile @p TT that moe_tile() chose (1, 2, 4, 8 or MOE_TT_MAX(VB)). */
+/** moe_launch_experts() for the token tile @p TT that moe_tile() chose (1, 2, 4 or MOE_TT_MAX). */
 template <int VB>
 static cudaError_t moe_launch_experts_tt(int TT, const dmoe &m, const gfw_moe_work &w, const gfw_moe_io &io,
                                          int64_t items, int64_t p0, int64_t tasks, cudaStream_t st, const char **what)
@@ -1473,8 +1515,7 @@ static cudaError_t moe_launch_experts_tt(int TT, const dmoe &m, const gfw_moe_wo
     case 1: return moe_launch_experts<VB, 1>(m, w, io, items, p0, tasks, st, what);
     case 2: return moe_launch_experts<VB, 2>(m, w, io, items, p0, tasks, st, what);
     case 4: return moe_launch_experts<VB, 4>(m, w, io, items, p0, tasks, st, what);
-    case 8: return moe_launch_experts<VB, 8>(m, w, io, items, p0, tasks, st, what);
-    default: return moe_launch_experts<VB, MOE_TT_MAX(VB)>(m, w, io, items, p0, tasks, st, what);
+    default: return moe_launch_experts<VB, MOE_TT_MAX>(m, w, io, items, p0, tasks, st, what);
     }
 }
 
@@ -1499,7 +1540,7 @@ static cudaError_t moe_run_vb(const dmoe &m, const gfw_moe_router &r, const gfw_
 {
     const int64_t T = io.T, D = m.D, Tk = T * m.k;
     const int shared = m.Ws > 0 && shared_in_plan;
-    const int TT = moe_tile(T, MOE_TT_MAX(VB));
+    const int TT = moe_tile(T, MOE_TT_MAX);
     cudaError_t ce;
     if ((ce = moe_quantize_input(m, w, io, st, what)) != cudaSuccess)
         return ce;
@@ -1539,7 +1580,7 @@ static cudaError_t moe_run_split(const dmoe &m, const gfw_moe_router &r, const g
                                  cudaEvent_t join, const char **what)
 {
     const int64_t T = io.T;
-    const int TT = moe_tile(T, MOE_TT_MAX(VB));
+    const int TT = moe_tile(T, MOE_TT_MAX);
     cudaError_t ce;
     if ((ce = moe_quantize_input(m, w, io, st, what)) != cudaSuccess)
         return ce;

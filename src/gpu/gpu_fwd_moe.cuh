@@ -127,8 +127,8 @@ cudaError_t gfw_moe_forward(const dmoe &m, const gfw_moe_router &r, const gfw_mo
 cudaError_t gfw_moe_route(const dmoe &m, const gfw_moe_router &r, const gfw_moe_work &w, const gfw_moe_io &io,
                           cudaStream_t st);
 
-/** The token tile of the plan's items for a call of @p T tokens (packing @p vb). */
-int gfw_moe_tile(int64_t T, int vb);
+/** The token tile of the plan's items for a call of @p T tokens. */
+int gfw_moe_tile(int64_t T);
 
 /**
  * The sub-layer up to the combine: routing (as gfw_moe_forward()) into io.idx / io.wts for
