@@ -604,6 +604,28 @@ __device__ __forceinline__ void moe_chain_dot(const moe_row (&r)[NM], const floa
  */
 __host__ __device__ constexpr int moe_batch_groups(int pf, int r) { return pf / r > 0 ? pf / r : 1; }
 
+/** Zero the accumulators of NM rows and TT tokens. */
+template <int NM, int TT> __device__ __forceinline__ void moe_acc_zero(float (&acc)[NM][TT])
+{
+#pragma unroll
+    for (int n = 0; n < NM; n++)
+#pragma unroll
+        for (int t = 0; t < TT; t++)
+            acc[n][t] = 0.0f;
+}
+
+/**
+ * The rows a thread reads, @p j + 16 i for i < N, each clamped to @p lim - 1: every thread
+ * takes part in the staging, so a row past the matrix (none while lim is a multiple of the
+ * CTA's rows) reads the last row and stores nothing.
+ */
+template <int N> __device__ __forceinline__ void moe_rows_read(int64_t j, int64_t lim, int64_t (&jr)[N])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        jr[i] = j + i * MOE_ROWS < lim ? j + i * MOE_ROWS : lim - 1;
+}
+
 /** Groups of a chain-packed row of @p K elements of @p bits bits. */
 __host__ __device__ __forceinline__ int64_t moe_groups(int64_t K, int bits, int vb) { return K * bits / 8 / (32 * vb); }
 
@@ -1156,17 +1178,9 @@ __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l1(dm
     __shared__ float4 xs4[moe_xs<TT>::FLOATS / 4]; /* float4: 16-byte aligned */
     float *const xs = (float *)xs4;
     float acc[NM][TT]; /* acc[2 i], acc[2 i + 1]: gate and up row j + 16 i */
-#pragma unroll
-    for (int n = 0; n < NM; n++)
-#pragma unroll
-        for (int t = 0; t < TT; t++)
-            acc[n][t] = 0.0f;
-    /* every thread takes part in the staging: a row past Iw (none while Iw % (R MOE_ROWS) == 0)
-     * reads row Iw - 1 and stores nothing */
+    moe_acc_zero(acc);
     int64_t jr[R];
-#pragma unroll
-    for (int i = 0; i < R; i++)
-        jr[i] = j + i * MOE_ROWS < Iw ? j + i * MOE_ROWS : Iw - 1;
+    moe_rows_read(j, Iw, jr);
     moe_row r[NM];
     if (shared) {
         const int scols = (int)((D + m.B - 1) / m.B);
@@ -1268,17 +1282,9 @@ __global__ void __launch_bounds__(MOE_THREADS, MOE_MIN_CTAS(VB, TT)) k_moe_l2(dm
     __shared__ float4 xs4[moe_xs<TT>::FLOATS / 4]; /* float4: 16-byte aligned */
     float *const xs = (float *)xs4;
     float acc[NM][TT];
-#pragma unroll
-    for (int i = 0; i < NM; i++)
-#pragma unroll
-        for (int t = 0; t < TT; t++)
-            acc[i][t] = 0.0f;
-    /* every thread takes part in the staging: a row past D (none while D % (NM MOE_ROWS) == 0)
-     * reads row D - 1 and stores nothing */
+    moe_acc_zero(acc);
     int64_t nr[NM];
-#pragma unroll
-    for (int i = 0; i < NM; i++)
-        nr[i] = n + i * MOE_ROWS < D ? n + i * MOE_ROWS : D - 1;
+    moe_rows_read(n, D, nr);
     moe_row r[NM];
     if (shared) {
         const int scols = (int)((Iw + m.B - 1) / m.B);
