@@ -9,7 +9,10 @@
 # build from the same files but the change.  STEPS (default "build check bench trace"):
 #   build     both trees (sm_90a), in parallel: megamoe and the forward suites
 #   check     on new: tests/test_gpu_forward_blocks, tests/test_gpu_forward (all cases but the
-#             V4-Flash-width one) with the CUDA graph off and on
+#             V4-Flash-width one) with the CUDA graph off and on, tests/test_ep_gpu_forward (the
+#             forward over one NCCL rank and in-process ranks: the held-expert paths); with
+#             AB_CHECK_VARIANTS set, tests/test_gpu_forward again under each AB_VARIANTS entry
+#             (a variant that changes kernels must keep the bits too)
 #   bench     a synthetic V4-Flash-width checkpoint (AB_LAYERS layers, default 4: every attention
 #             type; 8 experts; vocabulary 1024), `megamoe bench forward --prefill AB_PREFILL
 #             (512) --decode AB_DECODE (32)` graphed, AB_ROUNDS (3) rounds alternating base, new
@@ -51,11 +54,13 @@ tree() {
   rm -rf "${W:?}/$n" && mkdir -p "$W/$n" && tar -xzf "$TARBALL" -C "$W/$n" --strip-components=1 || return 1
   [ $# -eq 0 ] || patch -s -d "$W/$n" -p1 "$@" > "$OUT/patch-$n.log" 2>&1
 }
+# variants: the entries of AB_VARIANTS, one a line ("LABEL VAR=VALUE ..")
+variants() { echo "${AB_VARIANTS:-}" | tr ';' '\n' | sed 's/^ *//' | grep -v '^$'; }
 # build NAME JOBS: configure for the H200 and build megamoe and the forward suites
 build() {
   local t0; t0=$(date +%s)
   ( cd "$W/$1" && mmoe_configure_h200 > "$OUT/configure-$1.log" 2>&1 && make -j"$2" > "$OUT/build-$1.log" 2>&1 \
-      && make -j"$2" tests/test_gpu_forward tests/test_gpu_forward_blocks >> "$OUT/build-$1.log" 2>&1 ) \
+      && make -j"$2" tests/test_gpu_forward tests/test_gpu_forward_blocks tests/test_ep_gpu_forward >> "$OUT/build-$1.log" 2>&1 ) \
     && say "build $1: ok ($(( $(date +%s) - t0 )) s)" \
     || { say "build $1: FAILED"; tail -n 20 "$OUT/build-$1.log"; return 1; }
 }
@@ -92,13 +97,16 @@ if has check; then
   check new blocks 300 ./tests/test_gpu_forward_blocks
   check new forward 300 env CK_EXCLUDE_TAGS=flash ./tests/test_gpu_forward
   check new forward-graph 300 env CK_EXCLUDE_TAGS=flash MMOE_GPU_GRAPH=1 ./tests/test_gpu_forward
+  check new ep-forward 300 ./tests/test_ep_gpu_forward
+  if [ -n "${AB_CHECK_VARIANTS:-}" ]; then
+    # shellcheck disable=SC2086
+    variants | while read -r label vars; do check new "forward-$label" 300 env CK_EXCLUDE_TAGS=flash $vars ./tests/test_gpu_forward; done
+  fi
 fi
 if has bench || has trace; then
   [ -d "$W/model" ] || mmoe_bench_checkpoint "$W/new/megamoe" "$W/model" "${AB_LAYERS:-4}" > "$OUT/synth-model.log" 2>&1 \
     || { say "synth-model failed"; exit 1; }
 fi
-# variants: the entries of AB_VARIANTS, one a line ("LABEL VAR=VALUE ..")
-variants() { echo "${AB_VARIANTS:-}" | tr ';' '\n' | sed 's/^ *//' | grep -v '^$'; }
 if has bench; then
   for r in $(seq 1 "${AB_ROUNDS:-3}"); do
     bench base "r$r"; bench new "r$r"
