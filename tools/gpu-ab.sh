@@ -12,7 +12,8 @@
 #             V4-Flash-width one) with the CUDA graph off and on, tests/test_ep_gpu_forward (the
 #             forward over one NCCL rank and in-process ranks: the held-expert paths); with
 #             AB_CHECK_VARIANTS set, tests/test_gpu_forward again under each AB_VARIANTS entry
-#             (a variant that changes kernels must keep the bits too)
+#             (a variant that changes kernels must keep the bits too), and with
+#             AB_CHECK_VARIANTS=flash its V4-Flash-width case too (about a minute a variant)
 #   bench     a synthetic V4-Flash-width checkpoint (AB_LAYERS layers, default 4: every attention
 #             type; 8 experts; vocabulary 1024), `megamoe bench forward --prefill AB_PREFILL
 #             (512) --decode AB_DECODE (32)` graphed, AB_ROUNDS (3) rounds alternating base, new
@@ -100,7 +101,10 @@ if has check; then
   check new ep-forward 300 ./tests/test_ep_gpu_forward
   if [ -n "${AB_CHECK_VARIANTS:-}" ]; then
     # shellcheck disable=SC2086
-    variants | while read -r label vars; do check new "forward-$label" 300 env CK_EXCLUDE_TAGS=flash $vars ./tests/test_gpu_forward; done
+    variants | while read -r label vars; do
+      check new "forward-$label" 300 env CK_EXCLUDE_TAGS=flash $vars ./tests/test_gpu_forward
+      [ "$AB_CHECK_VARIANTS" = flash ] && check new "flash-$label" 300 env CK_RUN_CASE=flash $vars ./tests/test_gpu_forward
+    done
   fi
 fi
 if has bench || has trace; then
