@@ -829,14 +829,15 @@ __device__ __forceinline__ int32_t moe_plan_flag(int before, int same, int TT)
 #define MOE_PLAN_WARPS (MOE_PLAN_THREADS / 32)
 
 /**
- * The plan's bucket of task @p p (the plan's sort key + 1: the shared expert's tasks 0, held
- * routed expert e's e + 1), or -1 for a task whose expert is not held (moe_held_id()).
+ * The plan's bucket of task @p p: its sort key (moe_plan_key()) + 1, so the shared expert's
+ * tasks 0 and held routed expert e's e + 1; -1 for a task whose expert is not held
+ * (moe_held_id()).
  */
 __device__ __forceinline__ int moe_plan_bucket(const int32_t *idx, int64_t p, int64_t Tk, int64_t E, int64_t first,
                                                int64_t held)
 {
     const int64_t ep = p < Tk ? moe_held_id(idx[p], first, held) : E;
-    return ep < 0 ? -1 : ep == E ? 0 : (int)ep + 1;
+    return ep < 0 ? -1 : (int)moe_plan_key(ep, E) + 1;
 }
 
 /** Dynamic shared memory of the plan's counting sort for @p held held experts (k_moe_route_plan). */
