@@ -65,12 +65,14 @@ build() {
     && say "build $1: ok ($(( $(date +%s) - t0 )) s)" \
     || { say "build $1: FAILED"; tail -n 20 "$OUT/build-$1.log"; return 1; }
 }
-# check NAME LABEL TIMEOUT CMD..: a suite in a tree; its status, seed and Check's summary
+# check NAME LABEL TIMEOUT CMD..: a suite in a tree; its status, seed and Check's summary (stdin
+# /dev/null, as bench's: both run inside the `variants | while read` loops, whose lines they must
+# not read)
 check() {
   local n=$1 l=$2 to=$3 t0 rc; shift 3; t0=$(date +%s)
   # shellcheck disable=SC2086
   ( cd "$W/$n" && export ${AB_CHECK_ENV:-AB_NO_ENV=1} && MMOE_SRCDIR=$W/$n MMOE_BUILDDIR=$W/$n MMOE_BIN=$W/$n/megamoe CK_VERBOSITY=verbose \
-      OPENBLAS_NUM_THREADS=16 timeout "$to" "$@" ) > "$OUT/$n-$l.log" 2>&1
+      OPENBLAS_NUM_THREADS=16 timeout "$to" "$@" ) < /dev/null > "$OUT/$n-$l.log" 2>&1
   rc=$?
   say "$n $l: rc=$rc ($(( $(date +%s) - t0 )) s) $(grep -m1 -o 'seed [0-9]*' "$OUT/$n-$l.log") $(grep -E '[0-9]+%: Checks' "$OUT/$n-$l.log" | tail -n 1)"
   grep -E ":[FE]:|ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/$n-$l.log" | head -n 4 | cut -c1-240 | tee -a "$S"
@@ -79,7 +81,7 @@ check() {
 bench() {
   local n=$1 l=$2; shift 2
   ( cd "$W/$n" && "$@" timeout 180 ./megamoe bench forward --model "$W/model" --prefill "${AB_PREFILL:-512}" \
-      --decode "${AB_DECODE:-32}" --backend gpu --cuda-graph on --json ) > "$OUT/bench-$n-$l.json" 2> "$OUT/bench-$n-$l.err"
+      --decode "${AB_DECODE:-32}" --backend gpu --cuda-graph on --json ) < /dev/null > "$OUT/bench-$n-$l.json" 2> "$OUT/bench-$n-$l.err"
   local rc=$?
   if [ $rc -eq 0 ]; then
     say "bench $n $l: $(python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); print("decode %.4f ms/token, prefill %.0f tokens/s" % (j["decode_ms_per_token"], j["prefill_tokens_per_s"]))' "$OUT/bench-$n-$l.json" 2>&1 | tail -n 1)"
