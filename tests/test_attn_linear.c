@@ -11,9 +11,11 @@
  */
 #include <float.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn_internal.h"
 #include "attn_ref.h"
 #include "attn_test_util.h"
 #include "mmoe_formats.h"
@@ -57,13 +59,30 @@ static void oracle_linear_fp8(const uint16_t *x, int64_t T, int64_t N, int64_t K
 
 /* ---------------------------------------------------------------- tests */
 
-static void check_fp8_linear(int block, int64_t T, int64_t N, int64_t K)
+/** Weight codes of a check: the layer's normal-looking weights, or every finite code alike. */
+typedef enum {
+    FP8_CODES_NORMAL, /**< e4m3(64 z), z standard normal: few subnormal codes */
+    FP8_CODES_ALL     /**< uniform over the 254 finite codes (1 in 8 subnormal or zero) */
+} fp8_codes;
+
+/**
+ * mmoe_linear_fp8 through the kernels of @p isa against the float64 oracle, bit for bit, and
+ * each row alone against the batch (prefill == decode).
+ */
+static void check_fp8_linear_isa(moe_dot_isa isa, int block, int64_t T, int64_t N, int64_t K, fp8_codes codes)
 {
     mmoe_rng rng;
     mmoe_rng_seed(&rng, mmoe_test_seed("attn_linear/fp8"));
     attn_test_layer L = {0};
     mmoe_tensor w, s;
     attn_test_fp8_weight(&L, &rng, N, K, block, &w, &s);
+    if (codes == FP8_CODES_ALL) {
+        uint8_t *wd = w.data;
+        for (int64_t i = 0; i < N * K; i++) {
+            uint8_t c = (uint8_t)mmoe_rng_below(&rng, 254); /* 0x00..0xFD: skip the NaN codes 0x7F, 0xFF */
+            wd[i] = (uint8_t)(c >= 0x7F ? c + 1 : c);
+        }
+    }
     uint16_t *x = malloc(sizeof(uint16_t) * (size_t)(T * K));
     uint16_t *y = malloc(sizeof(uint16_t) * (size_t)(T * N));
     uint16_t *y1 = malloc(sizeof(uint16_t) * (size_t)N);
@@ -74,15 +93,15 @@ static void check_fp8_linear(int block, int64_t T, int64_t N, int64_t K)
     mmoe_test_poison_bf16(y, (size_t)(T * N));
     mmoe_error err;
     mmoe_error_clear(&err);
-    ck_assert_int_eq(mmoe_linear_fp8(x, T, &w, &s, block, y, &err), MMOE_OK);
+    ck_assert_int_eq(attn_linear_fp8_isa(isa, x, T, &w, &s, block, y, &err), MMOE_OK);
     oracle_linear_fp8(x, T, N, K, w.data, s.data, block, ref);
     for (int64_t i = 0; i < T * N; i++)
-        ck_assert_msg(y[i] == ref[i], "block %d: y[%lld] = 0x%04x, oracle 0x%04x", block, (long long)i,
-                      y[i], ref[i]);
+        ck_assert_msg(y[i] == ref[i], "%s, block %d, T %lld: y[%lld] = 0x%04x, oracle 0x%04x", moe_dot_isa_name(isa),
+                      block, (long long)T, (long long)i, y[i], ref[i]);
     /* a row alone gives the same bits as inside a batch (prefill == decode) */
     for (int64_t t = 0; t < T; t++) {
         mmoe_test_poison_bf16(y1, (size_t)N);
-        ck_assert_int_eq(mmoe_linear_fp8(x + t * K, 1, &w, &s, block, y1, &err), MMOE_OK);
+        ck_assert_int_eq(attn_linear_fp8_isa(isa, x + t * K, 1, &w, &s, block, y1, &err), MMOE_OK);
         ck_assert_int_eq(memcmp(y1, y + t * N, sizeof(uint16_t) * (size_t)N), 0);
     }
     free(x);
@@ -92,16 +111,38 @@ static void check_fp8_linear(int block, int64_t T, int64_t N, int64_t K)
     attn_test_layer_free(&L);
 }
 
+/** check_fp8_linear_isa() with every variant that runs on this CPU. */
+static void check_fp8_linear(int block, int64_t T, int64_t N, int64_t K, fp8_codes codes)
+{
+    for (int isa = 0; isa < MOE_DOT_ISA_COUNT; isa++)
+        if (moe_dot_isa_runs_here((moe_dot_isa)isa))
+            check_fp8_linear_isa((moe_dot_isa)isa, block, T, N, K, codes);
+}
+
 START_TEST(fp8_linear_128_blocks)
 {
     /* N not a multiple of 128 (partial scale row), several K blocks, T > the row tile */
-    check_fp8_linear(128, 70, 200, 384);
+    check_fp8_linear(128, 70, 200, 384, FP8_CODES_NORMAL);
 }
 END_TEST
 
 START_TEST(fp8_linear_32_blocks)
 {
-    check_fp8_linear(32, 5, 96, 256);
+    check_fp8_linear(32, 5, 96, 256, FP8_CODES_NORMAL);
+}
+END_TEST
+
+/*
+ * Calls of 1 to 6 rows: up to FP8_REG_MAX_T (4) the AVX2 variant sums the partials in
+ * registers, above it the decoded tile's dgemm; every finite code, both block widths.
+ */
+START_TEST(fp8_linear_few_rows_every_code)
+{
+    printf("attn_linear: the oracle's linears use variant %s on this CPU\n", moe_dot_isa_name(moe_dot_isa_best()));
+    for (int64_t T = 1; T <= 6; T++) {
+        check_fp8_linear(128, T, 136, 512, FP8_CODES_ALL);
+        check_fp8_linear(32, T, 40, 256, FP8_CODES_ALL);
+    }
 }
 END_TEST
 
@@ -257,6 +298,7 @@ static Suite *attn_linear_suite(void)
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, fp8_linear_128_blocks);
     tcase_add_test(tc, fp8_linear_32_blocks);
+    tcase_add_test(tc, fp8_linear_few_rows_every_code);
     tcase_add_test(tc, fp8_linear_rejects_bad_input);
     tcase_add_test(tc, dense_linear_matches_f64);
     tcase_add_test(tc, rmsnorm_matches_f64);

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "attn_internal.h"
+#include "attn_ref.h"
 #include "mmoe_formats.h"
 #include "mmoe_linear.h"
 #include "mmoe_mhc.h"
@@ -262,6 +263,121 @@ START_TEST(dot_follows_the_order)
 }
 END_TEST
 
+/** A bf16 value of random sign spread over 2^-40 .. 2^20 (wide enough that the order shows). */
+static uint16_t spread_bf16(mmoe_rng *r)
+{
+    const float mag = ldexpf(1.0f + (float)mmoe_rng_uniform(r), (int)(mmoe_rng_uniform(r) * 60) - 40);
+    return mmoe_bf16_from_f32(mmoe_rng_uniform(r) < 0.5 ? -mag : mag);
+}
+
+/** The value of weight element (n, k) as the spec reads it (an F8 weight: e4m3 * scale in fp32, then bf16). */
+static double dense_weight_value(const mmoe_tensor *w, const mmoe_tensor *sc, int block, int64_t n, int64_t k)
+{
+    const int64_t K = w->shape[1];
+    switch (w->dtype) {
+    case MMOE_DT_BF16: return mmoe_bf16_to_f32(((const uint16_t *)w->data)[n * K + k]);
+    case MMOE_DT_F32: return ((const float *)w->data)[n * K + k];
+    default: {
+        const int64_t i = (n / block) * sc->shape[1] + k / block;
+        const float s = sc->dtype == MMOE_DT_F32 ? ((const float *)sc->data)[i]
+                                                 : ldexpf(1.0f, ((const uint8_t *)sc->data)[i] - 127);
+        const float e = (float)attn_ref_e4m3_value(((const uint8_t *)w->data)[n * K + k]);
+        return mmoe_bf16_round(e * s);
+    }
+    }
+}
+
+/*
+ * The double sums of attn_dense_rows() (attn_dense_sums_isa()) with every variant that runs
+ * here against the spec's order (ref_sum), bit for bit: BF16, F32 and F8 weights (E8M0 scales over 1..254, so that some products leave
+ * the normal fp32 range before the bf16 rounding, and F32 scales), widths with and without a
+ * partial node of 64 terms and a partial chunk, row counts not a multiple of the kernel's four,
+ * an offset row0 crossing F8 row blocks, several x rows with a stride.  The terms are spread
+ * over 2^-40 .. 2^20 so that the order shows: the test counts sums that differ from the
+ * sequential sum and requires a fifth of them to.
+ */
+START_TEST(dense_rows_follow_the_order)
+{
+    enum { T = 3, LDX = 1100, N = 11, ROW0 = 5, ROWS = ROW0 + N };
+    const int64_t widths[] = {16, 64, 200, 256 + 48, 1000};
+    const mmoe_dtype dtypes[] = {MMOE_DT_BF16, MMOE_DT_F32, MMOE_DT_F8_E4M3, MMOE_DT_F8_E4M3};
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed + 2);
+    uint16_t *xb = malloc(2 * (size_t)(T * LDX));
+    double *x = malloc(sizeof(double) * (size_t)(T * LDX)), *terms = malloc(sizeof(double) * 1000);
+    void *wd = malloc(4 * (size_t)(ROWS * 1000));
+    uint8_t *sd = malloc(4 * 1024);
+    double *y = malloc(sizeof(double) * (size_t)(T * N));
+    ck_assert(xb && x && terms && wd && sd && y);
+    for (int i = 0; i < T * LDX; i++) {
+        xb[i] = spread_bf16(&r);
+        x[i] = mmoe_bf16_to_f32(xb[i]);
+    }
+    int checked = 0, seq_differs = 0;
+    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++)
+        for (size_t di = 0; di < sizeof dtypes / sizeof dtypes[0]; di++) {
+            const int64_t K = widths[wi];
+            const int block = 4; /* F8: row blocks of 4 rows, K blocks of 4 terms */
+            const int f32_scale = di == 3;
+            mmoe_tensor w = {dtypes[di], 2, {ROWS, K}, wd, 0};
+            mmoe_tensor sc = {f32_scale ? MMOE_DT_F32 : MMOE_DT_F8_E8M0, 2, {(ROWS + block - 1) / block, (K + block - 1) / block}, sd, 0};
+            for (int64_t i = 0; i < ROWS * K; i++) {
+                if (dtypes[di] == MMOE_DT_BF16)
+                    ((uint16_t *)wd)[i] = spread_bf16(&r);
+                else if (dtypes[di] == MMOE_DT_F32)
+                    ((float *)wd)[i] = ldexpf(1.0f + (float)mmoe_rng_uniform(&r), (int)(mmoe_rng_uniform(&r) * 60) - 40);
+                else {
+                    const uint8_t c = (uint8_t)mmoe_rng_below(&r, 254); /* no NaN code */
+                    ((uint8_t *)wd)[i] = (uint8_t)(c >= 0x7F ? c + 1 : c);
+                }
+            }
+            if (dtypes[di] == MMOE_DT_F8_E4M3) {
+                for (int64_t i = 0; i < sc.shape[0] * sc.shape[1]; i++) {
+                    if (f32_scale)
+                        ((float *)sd)[i] = (float)(mmoe_rng_uniform(&r) * 3.0 + 0.01);
+                    else
+                        sd[i] = (uint8_t)(1 + mmoe_rng_below(&r, 254));
+                }
+            }
+            for (int isa = 0; isa < MOE_DOT_ISA_COUNT; isa++) {
+                if (!moe_dot_isa_runs_here((moe_dot_isa)isa))
+                    continue;
+                for (int i = 0; i < T * N; i++)
+                    y[i] = NAN;
+                mmoe_error err;
+                ck_assert_msg(attn_dense_sums_isa((moe_dot_isa)isa, x, T, LDX, K, &w, &sc, block, ROW0, N, y, N, &err) ==
+                                  MMOE_OK,
+                              "%s", err.msg);
+                for (int t = 0; t < T; t++)
+                    for (int64_t n = 0; n < N; n++) {
+                        double seq = 0.0;
+                        for (int64_t k = 0; k < K; k++) {
+                            terms[k] = x[t * LDX + k] * dense_weight_value(&w, &sc, block, ROW0 + n, k);
+                            seq += terms[k];
+                        }
+                        const double want = ref_sum(terms, K), got = y[t * N + n];
+                        ck_assert_msg(memcmp(&want, &got, sizeof want) == 0,
+                                      "%s, %s weight, K %lld, row %lld, x row %d: %a, expected %a (seed %llu)",
+                                      moe_dot_isa_name((moe_dot_isa)isa), mmoe_dtype_name(dtypes[di]), (long long)K,
+                                      (long long)n, t, got, want, (unsigned long long)g_seed);
+                        checked++;
+                        seq_differs += seq != want;
+                    }
+            }
+        }
+    printf("sum_order: dense rows, %d outputs checked, %d of them differ from the sequential order\n", checked,
+           seq_differs);
+    ck_assert_msg(seq_differs * 5 > checked, "only %d of %d dense sums differ from the sequential order", seq_differs,
+                  checked);
+    free(xb);
+    free(x);
+    free(terms);
+    free(wd);
+    free(sd);
+    free(y);
+}
+END_TEST
+
 static Suite *sum_order_suite(void)
 {
     Suite *s = suite_create("sum_order");
@@ -271,6 +387,7 @@ static Suite *sum_order_suite(void)
     tcase_add_test(tc, rmsnorm_order_visible);
     tcase_add_test(tc, dot_follows_the_order);
     tcase_add_test(tc, dense_order_visible);
+    tcase_add_test(tc, dense_rows_follow_the_order);
     suite_add_tcase(s, tc);
     return s;
 }

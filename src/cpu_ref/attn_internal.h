@@ -25,6 +25,7 @@
 
 #include "mmoe_attention.h"
 #include "mmoe_linear.h"
+#include "moe_internal.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -222,11 +223,28 @@ size_t attn_scratch_piece(size_t bytes);
  * double in a fixed order.  W is BF16 or F32 [*, K], or F8_E4M3 with E8M0 @p scale
  * (block edge @p block), whose rows are dequantized exactly and rounded to bf16 as
  * convert.py does for wo_a.
- * @return MMOE_OK, MMOE_ENOMEM or MMOE_EDTYPE
+ * @return MMOE_OK, MMOE_ENOMEM, MMOE_EDTYPE (weight or scale dtype), MMOE_ENOTFOUND (an F8 weight
+ *         without a scale) or MMOE_ERANGE (an F8 block edge below 1)
  */
 mmoe_status attn_dense_rows(const double *x, int64_t T, int64_t ldx, int64_t K, const mmoe_tensor *w,
                             const mmoe_tensor *scale, int block, int64_t row0, int64_t N, float *y,
                             int64_t ldy, mmoe_error *err);
+
+/**
+ * The double sums that attn_dense_rows() rounds to fp32 (y[t*ldy + n], the fixed order), with
+ * the kernel of @p isa (which must run here: moe_dot_isa_runs_here()); the result does not
+ * depend on it.  attn_dense_rows() takes moe_dot_isa_best().
+ */
+mmoe_status attn_dense_sums_isa(moe_dot_isa isa, const double *x, int64_t T, int64_t ldx, int64_t K,
+                                const mmoe_tensor *w, const mmoe_tensor *scale, int block, int64_t row0, int64_t N,
+                                double *y, int64_t ldy, mmoe_error *err);
+
+/**
+ * mmoe_linear_fp8() with the kernels of @p isa (which must run here), for tests; the result does
+ * not depend on it.  mmoe_linear_fp8() takes moe_dot_isa_best().
+ */
+mmoe_status attn_linear_fp8_isa(moe_dot_isa isa, const uint16_t *x, int64_t T, const mmoe_tensor *w,
+                                const mmoe_tensor *scale, int block, uint16_t *y, mmoe_error *err);
 
 /** fp32 value of element @p i of a BF16 or F32 vector (norm weights, sinks). */
 float attn_tensor_f32_at(const mmoe_tensor *t, int64_t i);

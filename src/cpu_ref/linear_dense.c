@@ -16,15 +16,27 @@
  * row depends only on its input row (prefill and decode agree bit for bit).
  *
  * Weight rows are converted to double once per call and reused for all T rows.
- * An F8_E4M3 weight (the published, unconverted wo_a) is dequantized row by row
- * with its E8M0 scales and rounded to bf16 -- exactly what convert.py stores.
+ * An F8_E4M3 weight (the published, unconverted wo_a) is dequantized with its E8M0 (or
+ * FP32) scales and rounded to bf16 -- exactly what convert.py stores; the 256 possible
+ * values of each K block of a row block are computed once (f8_tables_fill(), the same fp32
+ * product and rounding as mmoe_dequant_row_fp8()) and the codes looked up.
+ *
+ * The scalar dot_f64() is the definition; on a CPU with AVX2 the kernel takes four weight
+ * rows at once, one per lane of a double vector (dot4_f64_avx2(): the rows interleaved as
+ * they are converted), every lane performing dot_f64()'s multiplications and additions in
+ * dot_f64()'s order, so that the bits are the same (tests/test_sum_order.c checks both
+ * against the order written from its definition).  Each product is exact for the callers'
+ * operands (bf16 or fp32 values against bf16 or fp32 weights), so a compiler contracting a
+ * multiplication and an addition into one fused step could not change a bit either.
  */
 #include "attn_internal.h"
 
 #include <stdlib.h>
 
+#include "cpu_avx2.h"
 #include "mmoe_formats.h"
 #include "mmoe_sum_order.h"
+#include "moe_internal.h"
 
 float attn_tensor_f32_at(const mmoe_tensor *t, int64_t i)
 {
@@ -33,33 +45,77 @@ float attn_tensor_f32_at(const mmoe_tensor *t, int64_t i)
     return mmoe_bf16_to_f32(((const uint16_t *)t->data)[i]);
 }
 
-/** Load weight row @p row (K values) as doubles. */
-static mmoe_status load_row(const mmoe_tensor *w, const mmoe_tensor *scale, int block, int64_t row,
-                            int64_t K, float *tmp, double *out, mmoe_error *err)
+/** Weight rows the vector kernel sums at once: one per lane of a double vector. */
+#define DENSE_LANES 4
+
+/** Terms of one aligned node of four chunks (the kernels' step along K). */
+#define DENSE_NODE (4 * MMOE_SUM_CHUNK)
+
+/**
+ * The bf16 value of every E4M3 code under each K block's scale, for one row block of an F8
+ * weight: value[kb * 256 + c] = (double)bf16(e4m3(c) * s[kb]), the fp32 product and rounding
+ * that mmoe_dequant_row_fp8() and convert.py perform per element, here once per code and block.
+ */
+typedef struct {
+    double *value;     /**< [blocks along K][256] */
+    int64_t row_block; /**< the row block they hold (-1: none yet) */
+} f8_tables;
+
+/** Fill @p t for row block @p rb of the F8 weight (scale [*, ceil(K / block)], E8M0 or F32). */
+static mmoe_status f8_tables_fill(f8_tables *t, const mmoe_tensor *scale, int block, int64_t rb, int64_t K,
+                                  mmoe_error *err)
+{
+    if (scale->dtype != MMOE_DT_F8_E8M0 && scale->dtype != MMOE_DT_F32)
+        return mmoe_error_set(err, MMOE_EDTYPE, "dense linear: F8 weight scale dtype %s, expected F8_E8M0 or F32",
+                              mmoe_dtype_name(scale->dtype));
+    const float *e4m3 = mmoe_fp8_e4m3_table();
+    const int64_t nkb = (K + block - 1) / block;
+    for (int64_t kb = 0; kb < nkb; kb++) {
+        const int64_t i = rb * nkb + kb;
+        const float s = scale->dtype == MMOE_DT_F32 ? ((const float *)scale->data)[i]
+                                                    : mmoe_ue8m0_to_f32(((const uint8_t *)scale->data)[i]);
+        for (int c = 0; c < 256; c++)
+            t->value[kb * 256 + c] = (double)mmoe_bf16_round(e4m3[c] * s);
+    }
+    t->row_block = rb;
+    return MMOE_OK;
+}
+
+/**
+ * Load weight row @p row (K values) as doubles into out[k * stride]: BF16 and F32 widened, F8
+ * through the row block's tables (@p t, refilled when the row block changes).
+ */
+static mmoe_status load_row(const mmoe_tensor *w, const mmoe_tensor *scale, int block, int64_t row, int64_t K,
+                            f8_tables *t, double *out, int64_t stride, mmoe_error *err)
 {
     switch (w->dtype) {
     case MMOE_DT_BF16: {
         const uint16_t *r = (const uint16_t *)w->data + row * K;
         for (int64_t k = 0; k < K; k++)
-            out[k] = (double)mmoe_bf16_to_f32(r[k]);
+            out[k * stride] = (double)mmoe_bf16_to_f32(r[k]);
         return MMOE_OK;
     }
     case MMOE_DT_F32: {
         const float *r = (const float *)w->data + row * K;
         for (int64_t k = 0; k < K; k++)
-            out[k] = (double)r[k];
+            out[k * stride] = (double)r[k];
         return MMOE_OK;
     }
     case MMOE_DT_F8_E4M3: {
         if (scale == NULL || scale->data == NULL)
             return mmoe_error_set(err, MMOE_ENOTFOUND, "dense linear: F8 weight without a scale");
-        mmoe_status st = mmoe_dequant_fp8_weight_row((const uint8_t *)w->data, (size_t)w->shape[0],
-                                                     (size_t)K, (size_t)row, scale->data,
-                                                     scale->dtype, (size_t)block, tmp, err);
-        if (st != MMOE_OK)
-            return st;
-        for (int64_t k = 0; k < K; k++)
-            out[k] = (double)mmoe_bf16_round(tmp[k]);
+        if (row / block != t->row_block) {
+            mmoe_status st = f8_tables_fill(t, scale, block, row / block, K, err);
+            if (st != MMOE_OK)
+                return st;
+        }
+        const uint8_t *r = (const uint8_t *)w->data + row * K;
+        for (int64_t k0 = 0, kb = 0; k0 < K; k0 += block, kb++) {
+            const double *v = t->value + kb * 256;
+            const int64_t k1 = K - k0 < block ? K : k0 + block;
+            for (int64_t k = k0; k < k1; k++)
+                out[k * stride] = v[r[k]];
+        }
         return MMOE_OK;
     }
     default:
@@ -68,18 +124,30 @@ static mmoe_status load_row(const mmoe_tensor *w, const mmoe_tensor *scale, int 
     }
 }
 
+/** The chunks of k0 .. K - 1 that do not fill a node, each pushed onto @p pw (b[k * stride]). */
+static void dot_f64_tail(const double *a, const double *b, int64_t stride, int64_t k0, int64_t K, mmoe_pairwise *pw)
+{
+    for (; k0 < K; k0 += MMOE_SUM_CHUNK) {
+        const int64_t k1 = K - k0 < MMOE_SUM_CHUNK ? K : k0 + MMOE_SUM_CHUNK;
+        double c = 0.0;
+        for (int64_t k = k0; k < k1; k++)
+            c += a[k] * b[k * stride];
+        mmoe_pairwise_push(pw, c);
+    }
+}
+
 /**
- * The double dot product of the file comment: chunks of 16 exact products, four chunks at a
- * time (four independent chains for the CPU's pipelines; each chunk still ascending from +0;
- * k0 a multiple of 64, so the four form a node of the tree), the chunk sums folded by the
- * pairwise tree of mmoe_sum_order.h.
+ * The double dot product of the file comment: chunks of 16 products, four chunks at a time
+ * (four independent chains for the CPU's pipelines; each chunk still ascending from +0; k0 a
+ * multiple of 64, so the four form a node of the tree), the chunk sums folded by the pairwise
+ * tree of mmoe_sum_order.h.  The scalar definition that the vector kernel reproduces.
  */
 static double dot_f64(const double *a, const double *b, int64_t K)
 {
     mmoe_pairwise pw;
     mmoe_pairwise_init(&pw);
     int64_t k0 = 0;
-    for (; k0 + 4 * MMOE_SUM_CHUNK <= K; k0 += 4 * MMOE_SUM_CHUNK) {
+    for (; k0 + DENSE_NODE <= K; k0 += DENSE_NODE) {
         const double *a0 = a + k0, *b0 = b + k0;
         double c0 = 0.0, c1 = 0.0, c2 = 0.0, c3 = 0.0;
         for (int i = 0; i < MMOE_SUM_CHUNK; i++) {
@@ -90,37 +158,125 @@ static double dot_f64(const double *a, const double *b, int64_t K)
         }
         mmoe_pairwise_push_node(&pw, (c0 + c1) + (c2 + c3), 2); /* an aligned run of four chunks */
     }
-    for (; k0 < K; k0 += MMOE_SUM_CHUNK) {
-        const int64_t k1 = K - k0 < MMOE_SUM_CHUNK ? K : k0 + MMOE_SUM_CHUNK;
-        double c = 0.0;
-        for (int64_t k = k0; k < k1; k++)
-            c += a[k] * b[k];
-        mmoe_pairwise_push(&pw, c);
-    }
+    dot_f64_tail(a, b, 1, k0, K, &pw);
     return mmoe_pairwise_result(&pw);
+}
+
+/** Every sum of the T rows against rows row0 .. row0 + N - 1, one weight row at a time. */
+static mmoe_status dense_rows_generic(const double *x, int64_t T, int64_t ldx, int64_t K, const mmoe_tensor *w,
+                                      const mmoe_tensor *scale, int block, int64_t row0, int64_t N, double *y,
+                                      int64_t ldy, f8_tables *t, double *wrow, mmoe_error *err)
+{
+    for (int64_t n = 0; n < N; n++) {
+        mmoe_status st = load_row(w, scale, block, row0 + n, K, t, wrow, 1, err);
+        if (st != MMOE_OK)
+            return st;
+        for (int64_t i = 0; i < T; i++)
+            y[i * ldy + n] = dot_f64(x + i * ldx, wrow, K);
+    }
+    return MMOE_OK;
+}
+
+#if MMOE_CPU_HAVE_X86
+/**
+ * Four weight rows at once, lane r of every vector holding row r (@p wq interleaved: wq[k * 4 +
+ * r]): per lane exactly dot_f64()'s operations (the four chunks of a node as four vector
+ * chains, each product then its addition, the node as (c0 + c1) + (c2 + c3)), so that each lane
+ * gives dot_f64()'s bits for its row.
+ */
+MMOE_AVX2 static void dot4_f64_avx2(const double *a, const double *wq, int64_t K, double out[DENSE_LANES])
+{
+    mmoe_pairwise pw[DENSE_LANES];
+    for (int r = 0; r < DENSE_LANES; r++)
+        mmoe_pairwise_init(&pw[r]);
+    int64_t k0 = 0;
+    for (; k0 + DENSE_NODE <= K; k0 += DENSE_NODE) {
+        const double *a0 = a + k0, *w0 = wq + k0 * DENSE_LANES;
+        __m256d c0 = _mm256_setzero_pd(), c1 = _mm256_setzero_pd(), c2 = _mm256_setzero_pd(),
+                c3 = _mm256_setzero_pd();
+        for (int i = 0; i < MMOE_SUM_CHUNK; i++) {
+            c0 = _mm256_add_pd(c0, _mm256_mul_pd(_mm256_broadcast_sd(a0 + i), _mm256_loadu_pd(w0 + i * DENSE_LANES)));
+            c1 = _mm256_add_pd(c1, _mm256_mul_pd(_mm256_broadcast_sd(a0 + MMOE_SUM_CHUNK + i),
+                                                 _mm256_loadu_pd(w0 + (MMOE_SUM_CHUNK + i) * DENSE_LANES)));
+            c2 = _mm256_add_pd(c2, _mm256_mul_pd(_mm256_broadcast_sd(a0 + 2 * MMOE_SUM_CHUNK + i),
+                                                 _mm256_loadu_pd(w0 + (2 * MMOE_SUM_CHUNK + i) * DENSE_LANES)));
+            c3 = _mm256_add_pd(c3, _mm256_mul_pd(_mm256_broadcast_sd(a0 + 3 * MMOE_SUM_CHUNK + i),
+                                                 _mm256_loadu_pd(w0 + (3 * MMOE_SUM_CHUNK + i) * DENSE_LANES)));
+        }
+        double node[DENSE_LANES];
+        _mm256_storeu_pd(node, _mm256_add_pd(_mm256_add_pd(c0, c1), _mm256_add_pd(c2, c3)));
+        for (int r = 0; r < DENSE_LANES; r++)
+            mmoe_pairwise_push_node(&pw[r], node[r], 2);
+    }
+    for (int r = 0; r < DENSE_LANES; r++) {
+        dot_f64_tail(a, wq + r, DENSE_LANES, k0, K, &pw[r]);
+        out[r] = mmoe_pairwise_result(&pw[r]);
+    }
+}
+
+/** As dense_rows_generic(), four weight rows at a time through dot4_f64_avx2() (same bits). */
+MMOE_AVX2 static mmoe_status dense_rows_avx2(const double *x, int64_t T, int64_t ldx, int64_t K,
+                                             const mmoe_tensor *w, const mmoe_tensor *scale, int block,
+                                             int64_t row0, int64_t N, double *y, int64_t ldy, f8_tables *t,
+                                             double *wq, mmoe_error *err)
+{
+    int64_t n = 0;
+    for (; n + DENSE_LANES <= N; n += DENSE_LANES) {
+        for (int r = 0; r < DENSE_LANES; r++) {
+            mmoe_status st = load_row(w, scale, block, row0 + n + r, K, t, wq + r, DENSE_LANES, err);
+            if (st != MMOE_OK)
+                return st;
+        }
+        for (int64_t i = 0; i < T; i++) {
+            dot4_f64_avx2(x + i * ldx, wq, K, y + i * ldy + n);
+        }
+    }
+    return dense_rows_generic(x, T, ldx, K, w, scale, block, row0 + n, N - n, y + n, ldy, t, wq, err);
+}
+#endif
+
+mmoe_status attn_dense_sums_isa(moe_dot_isa isa, const double *x, int64_t T, int64_t ldx, int64_t K,
+                                const mmoe_tensor *w, const mmoe_tensor *scale, int block, int64_t row0, int64_t N,
+                                double *y, int64_t ldy, mmoe_error *err)
+{
+    if (w->dtype == MMOE_DT_F8_E4M3 && block <= 0)
+        return mmoe_error_set(err, MMOE_ERANGE, "dense linear: F8 weight block %d, expected a positive edge", block);
+    const int64_t nkb = w->dtype == MMOE_DT_F8_E4M3 ? (K + block - 1) / block : 0;
+    double *wbuf = malloc(sizeof(double) * (size_t)(DENSE_LANES * K));
+    f8_tables t = {malloc(sizeof(double) * (size_t)(256 * nkb + 1)), -1};
+    mmoe_status st = MMOE_OK;
+    if (wbuf == NULL || t.value == NULL) {
+        st = mmoe_error_set(err, MMOE_ENOMEM, "dense linear: out of memory (K=%lld)", (long long)K);
+        goto done;
+    }
+#if MMOE_CPU_HAVE_X86
+    if (isa == MOE_DOT_ISA_AVX2_FMA) {
+        st = dense_rows_avx2(x, T, ldx, K, w, scale, block, row0, N, y, ldy, &t, wbuf, err);
+        goto done;
+    }
+#endif
+    (void)isa;
+    st = dense_rows_generic(x, T, ldx, K, w, scale, block, row0, N, y, ldy, &t, wbuf, err);
+done:
+    free(wbuf);
+    free(t.value);
+    return st;
 }
 
 mmoe_status attn_dense_rows(const double *x, int64_t T, int64_t ldx, int64_t K, const mmoe_tensor *w,
                             const mmoe_tensor *scale, int block, int64_t row0, int64_t N, float *y,
                             int64_t ldy, mmoe_error *err)
 {
-    double *wrow = malloc(sizeof(double) * (size_t)K);
-    float *tmp = malloc(sizeof(float) * (size_t)K);
-    mmoe_status st = MMOE_OK;
-    if (wrow == NULL || tmp == NULL) {
-        st = mmoe_error_set(err, MMOE_ENOMEM, "dense linear: out of memory (K=%lld)", (long long)K);
-        goto done;
-    }
-    for (int64_t n = 0; n < N; n++) {
-        st = load_row(w, scale, block, row0 + n, K, tmp, wrow, err);
-        if (st != MMOE_OK)
-            goto done;
-        for (int64_t t = 0; t < T; t++)
-            y[t * ldy + n] = (float)dot_f64(x + t * ldx, wrow, K);
-    }
-done:
-    free(wrow);
-    free(tmp);
+    double *sums = malloc(sizeof(double) * (size_t)(T * N + 1));
+    if (sums == NULL)
+        return mmoe_error_set(err, MMOE_ENOMEM, "dense linear: out of memory (T=%lld, N=%lld)", (long long)T,
+                              (long long)N);
+    mmoe_status st = attn_dense_sums_isa(moe_dot_isa_best(), x, T, ldx, K, w, scale, block, row0, N, sums, N, err);
+    if (st == MMOE_OK)
+        for (int64_t i = 0; i < T; i++)
+            for (int64_t n = 0; n < N; n++)
+                y[i * ldy + n] = (float)sums[i * N + n];
+    free(sums);
     return st;
 }
 

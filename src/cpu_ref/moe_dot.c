@@ -55,16 +55,8 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "cpu_avx2.h"
 #include "mmoe_formats.h"
-
-#if defined(__x86_64__) && defined(__GNUC__)
-/** 1 where the AVX2 variant can be compiled (x86-64 with GCC's target attribute), else 0. */
-#define MOE_DOT_HAVE_X86 1
-#include <immintrin.h>
-#else
-/** 0: this build has no AVX2 variant. */
-#define MOE_DOT_HAVE_X86 0
-#endif
 
 /** Weight bytes per row block (kept in the L2 cache while all tokens pass over it). */
 #define DOT_ROW_BLOCK_BYTES ((int64_t)192 * 1024)
@@ -84,7 +76,7 @@ int moe_dot_isa_runs_here(moe_dot_isa isa)
     switch (isa) {
     case MOE_DOT_ISA_GENERIC: return 1;
     case MOE_DOT_ISA_AVX2_FMA:
-#if MOE_DOT_HAVE_X86
+#if MMOE_CPU_HAVE_X86
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #else
         return 0;
@@ -140,15 +132,13 @@ static int gemm_coded_generic(const float *a, int64_t lda, int64_t m, const moe_
     return 0;
 }
 
-#if MOE_DOT_HAVE_X86
-
-#define DOT_AVX2 __attribute__((target("avx2,fma")))
+#if MMOE_CPU_HAVE_X86
 
 /**
  * Finish one output: the lanes of @p acc, then the k that do not fill a whole vector (k0 ..
  * k - 1, into their lanes k mod 8, in order), then the combine.
  */
-DOT_AVX2 static inline float finish_avx2(__m256 acc, const float *a, const float *w, int64_t k0, int64_t k)
+MMOE_AVX2 static inline float finish_avx2(__m256 acc, const float *a, const float *w, int64_t k0, int64_t k)
 {
     float p[MOE_DOT_LANES];
     _mm256_storeu_ps(p, acc);
@@ -161,9 +151,9 @@ DOT_AVX2 static inline float finish_avx2(__m256 acc, const float *a, const float
  * A register block of RT tokens x RN weight rows: RT * RN accumulators, one FMA each per
  * 8 values of k.  Always inlined with constant RT and RN, so the arrays live in registers.
  */
-DOT_AVX2 static inline __attribute__((always_inline)) void block_avx2(int rt, int rn, const float *a, int64_t lda,
-                                                                      const float *w, int64_t ldw, int64_t k,
-                                                                      float *c, int64_t ldc)
+MMOE_AVX2 static inline __attribute__((always_inline)) void block_avx2(int rt, int rn, const float *a, int64_t lda,
+                                                                       const float *w, int64_t ldw, int64_t k,
+                                                                       float *c, int64_t ldc)
 {
     __m256 acc[4][8];
     _Pragma("GCC unroll 8")
@@ -193,8 +183,8 @@ DOT_AVX2 static inline __attribute__((always_inline)) void block_avx2(int rt, in
 }
 
 /** Tokens [0, m) against weight rows [0, n) of one row block. */
-DOT_AVX2 static void rows_avx2(const float *a, int64_t lda, int64_t m, const float *w, int64_t ldw, int64_t n,
-                               int64_t k, float *c, int64_t ldc)
+MMOE_AVX2 static void rows_avx2(const float *a, int64_t lda, int64_t m, const float *w, int64_t ldw, int64_t n,
+                                int64_t k, float *c, int64_t ldc)
 {
     int64_t t = 0;
     for (; t + 4 <= m; t += 4) {
@@ -214,8 +204,8 @@ DOT_AVX2 static void rows_avx2(const float *a, int64_t lda, int64_t m, const flo
 }
 
 /** The AVX2 GEMM: row blocks of about ::DOT_ROW_BLOCK_BYTES, each passed by every token. */
-DOT_AVX2 static void gemm_avx2(const float *a, int64_t lda, int64_t m, const float *w, int64_t ldw, int64_t n,
-                               int64_t k, float *c, int64_t ldc)
+MMOE_AVX2 static void gemm_avx2(const float *a, int64_t lda, int64_t m, const float *w, int64_t ldw, int64_t n,
+                                int64_t k, float *c, int64_t ldc)
 {
     int64_t rb = DOT_ROW_BLOCK_BYTES / ((k > 0 ? k : 1) * (int64_t)sizeof(float));
     rb = rb < 24 ? 24 : rb - rb % 24; /* a multiple of 3 and of 8 */
@@ -224,8 +214,8 @@ DOT_AVX2 static void gemm_avx2(const float *a, int64_t lda, int64_t m, const flo
 }
 
 /** The RT x RN outputs of a register block of weights decoded in registers: each accumulator's combined lanes. */
-DOT_AVX2 static inline __attribute__((always_inline)) void store_block_avx2(int rt, int rn, __m256 acc[2][8], float *c,
-                                                                            int64_t ldc)
+MMOE_AVX2 static inline __attribute__((always_inline)) void store_block_avx2(int rt, int rn, __m256 acc[2][8], float *c,
+                                                                             int64_t ldc)
 {
     _Pragma("GCC unroll 8")
     for (int t = 0; t < rt; t++)
@@ -245,8 +235,8 @@ DOT_AVX2 static inline __attribute__((always_inline)) void store_block_avx2(int 
  * multiplied by half the group's power-of-two scale, an exact product (or the same infinity) as
  * the decoder's e2m1 x scale.
  */
-DOT_AVX2 static inline __attribute__((always_inline)) void fp4_group_avx2(const uint8_t *bytes, float half_scale,
-                                                                          __m256 out[4])
+MMOE_AVX2 static inline __attribute__((always_inline)) void fp4_group_avx2(const uint8_t *bytes, float half_scale,
+                                                                           __m256 out[4])
 {
     const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
     const __m128i nibble = _mm_set1_epi8(0x0F);
@@ -265,9 +255,9 @@ DOT_AVX2 static inline __attribute__((always_inline)) void fp4_group_avx2(const 
  * RT tokens x RN FP4 weight rows, decoded in registers group by group: the same values and the
  * same fused multiply-adds, in the same lane order, as decoding the rows and calling block_avx2.
  */
-DOT_AVX2 static inline __attribute__((always_inline)) void fp4_block_avx2(int rt, int rn, const float *a,
-                                                                          int64_t lda, const moe_mat *w, int64_t r0,
-                                                                          float *c, int64_t ldc)
+MMOE_AVX2 static inline __attribute__((always_inline)) void fp4_block_avx2(int rt, int rn, const float *a,
+                                                                           int64_t lda, const moe_mat *w, int64_t r0,
+                                                                           float *c, int64_t ldc)
 {
     const int64_t k = w->cols, row_bytes = k / 2;
     const uint8_t *sf = (const uint8_t *)w->sf;
@@ -294,40 +284,18 @@ DOT_AVX2 static inline __attribute__((always_inline)) void fp4_block_avx2(int rt
 }
 
 /**
- * Eight E4M3 codes (bytes at @p codes) as FP32 values times 2^-120, exactly: each code's sign
- * and 7 magnitude bits become bits 31 and 26..20 of a float, whose exponent field is then the
- * code's exponent e (0..15) and the top of its mantissa the code's 3 bits m, so the float is
- * (1 + m/8) 2^(e - 127) for e >= 1 and m/8 2^-126 for e = 0: the E4M3 value (1 + m/8) 2^(e - 7),
- * or m 2^-9, times 2^-120 in both cases.  The two NaN codes (magnitude 0x7F) take the decoder's
- * NaN of their sign (@p nan_pos, @p nan_neg: the table's values).
- */
-DOT_AVX2 static inline __attribute__((always_inline)) __m256 fp8_codes_avx2(const uint8_t *codes, __m256 nan_pos,
-                                                                            __m256 nan_neg)
-{
-    const __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)codes));
-    const __m256i mag = _mm256_and_si256(x, _mm256_set1_epi32(0x7F));
-    const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(x, 7), 31);
-    __m256 v = _mm256_castsi256_ps(_mm256_or_si256(sign, _mm256_slli_epi32(mag, 20)));
-    const __m256 is_nan = _mm256_castsi256_ps(_mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7F)));
-    if (!_mm256_testz_ps(is_nan, is_nan))
-        v = _mm256_blendv_ps(v, _mm256_blendv_ps(nan_pos, nan_neg, _mm256_castsi256_ps(sign)), is_nan);
-    return v;
-}
-
-/**
  * RT tokens x RN FP8 weight rows, decoded in registers 8 codes at a time: the code's value
- * (fp8_codes_avx2() times 2^120, exact) times its block's scale, one rounding, as the decoder's
+ * (mmoe_e4m3_codes_avx2(), exact) times its block's scale, one rounding, as the decoder's
  * e4m3 x scale; then the same fused multiply-adds, in the same lane order, as decoding the rows
  * and calling block_avx2.  The width and the scale-block width are multiples of 8.
  */
-DOT_AVX2 static inline __attribute__((always_inline)) void fp8_block_avx2(int rt, int rn, const float *a,
-                                                                          int64_t lda, const moe_mat *w, int64_t r0,
-                                                                          float *c, int64_t ldc)
+MMOE_AVX2 static inline __attribute__((always_inline)) void fp8_block_avx2(int rt, int rn, const float *a,
+                                                                           int64_t lda, const moe_mat *w, int64_t r0,
+                                                                           float *c, int64_t ldc)
 {
     const int64_t k = w->cols;
     const float *e4m3 = mmoe_fp8_e4m3_table();
     const __m256 nan_pos = _mm256_set1_ps(e4m3[0x7F]), nan_neg = _mm256_set1_ps(e4m3[0xFF]);
-    const __m256 up = _mm256_set1_ps(0x1p120f);
     __m256 acc[2][8];
     _Pragma("GCC unroll 8")
     for (int t = 0; t < rt; t++)
@@ -343,8 +311,8 @@ DOT_AVX2 static inline __attribute__((always_inline)) void fp8_block_avx2(int rt
         for (int64_t i = k0; i < k1; i += MOE_DOT_LANES) {
             _Pragma("GCC unroll 8")
             for (int j = 0; j < rn; j++) {
-                const __m256 v = fp8_codes_avx2(w->w + (r0 + j) * k + i, nan_pos, nan_neg);
-                const __m256 wv = _mm256_mul_ps(_mm256_mul_ps(v, up), sv[j]);
+                const __m256 v = mmoe_e4m3_codes_avx2(w->w + (r0 + j) * k + i, nan_pos, nan_neg);
+                const __m256 wv = _mm256_mul_ps(v, sv[j]);
                 _Pragma("GCC unroll 8")
                 for (int t = 0; t < rt; t++)
                     acc[t][j] = _mm256_fmadd_ps(_mm256_loadu_ps(a + t * lda + i), wv, acc[t][j]);
@@ -355,9 +323,9 @@ DOT_AVX2 static inline __attribute__((always_inline)) void fp8_block_avx2(int rt
 }
 
 /** RT tokens x RN rows of an FP4 or FP8 matrix in registers (fp4_block_avx2, fp8_block_avx2). */
-DOT_AVX2 static inline __attribute__((always_inline)) void coded_block_avx2(int rt, int rn, const float *a,
-                                                                            int64_t lda, const moe_mat *w, int64_t r0,
-                                                                            float *c, int64_t ldc)
+MMOE_AVX2 static inline __attribute__((always_inline)) void coded_block_avx2(int rt, int rn, const float *a,
+                                                                             int64_t lda, const moe_mat *w, int64_t r0,
+                                                                             float *c, int64_t ldc)
 {
     if (w->fmt == MOE_W_FP8)
         fp8_block_avx2(rt, rn, a, lda, w, r0, c, ldc);
@@ -366,8 +334,8 @@ DOT_AVX2 static inline __attribute__((always_inline)) void coded_block_avx2(int 
 }
 
 /** The GEMM of weights decoded in registers: pairs of tokens x 4 rows, then single tokens x 8 rows. */
-DOT_AVX2 static void gemm_coded_avx2(const float *a, int64_t lda, int64_t m, const moe_mat *w, int64_t r0, int64_t n,
-                                     float *c, int64_t ldc)
+MMOE_AVX2 static void gemm_coded_avx2(const float *a, int64_t lda, int64_t m, const moe_mat *w, int64_t r0, int64_t n,
+                                      float *c, int64_t ldc)
 {
     int64_t t = 0;
     for (; t + 2 <= m; t += 2) {
@@ -386,12 +354,12 @@ DOT_AVX2 static void gemm_coded_avx2(const float *a, int64_t lda, int64_t m, con
     }
 }
 
-#endif /* MOE_DOT_HAVE_X86 */
+#endif /* MMOE_CPU_HAVE_X86 */
 
 void moe_dot_gemm(moe_dot_isa isa, const float *a, int64_t lda, int64_t m, const float *w, int64_t ldw, int64_t n,
                   int64_t k, float *c, int64_t ldc)
 {
-#if MOE_DOT_HAVE_X86
+#if MMOE_CPU_HAVE_X86
     if (isa == MOE_DOT_ISA_AVX2_FMA) {
         gemm_avx2(a, lda, m, w, ldw, n, k, c, ldc);
         return;
@@ -403,7 +371,7 @@ void moe_dot_gemm(moe_dot_isa isa, const float *a, int64_t lda, int64_t m, const
 
 int moe_dot_coded_in_registers(moe_dot_isa isa, const moe_mat *w)
 {
-    if (isa != MOE_DOT_ISA_AVX2_FMA || !MOE_DOT_HAVE_X86)
+    if (isa != MOE_DOT_ISA_AVX2_FMA || !MMOE_CPU_HAVE_X86)
         return 0;
     if (w->fmt == MOE_W_FP4)
         return 1;
@@ -413,7 +381,7 @@ int moe_dot_coded_in_registers(moe_dot_isa isa, const moe_mat *w)
 int moe_dot_gemm_coded(moe_dot_isa isa, const float *a, int64_t lda, int64_t m, const moe_mat *w, int64_t r0,
                        int64_t n, float *c, int64_t ldc)
 {
-#if MOE_DOT_HAVE_X86
+#if MMOE_CPU_HAVE_X86
     if (moe_dot_coded_in_registers(isa, w)) {
         gemm_coded_avx2(a, lda, m, w, r0, n, c, ldc);
         return 0;

@@ -1,0 +1,56 @@
+/**
+ * @file cpu_avx2.h
+ * @brief What the oracle's AVX2 kernels share: whether this build can have them, their target
+ *        attribute, and the exact decoder of eight E4M3 codes.
+ *
+ * The oracle's vector kernels (moe_dot.c for the MoE's fixed-order GEMM, linear_dense.c and
+ * linear_fp8.c for the attention's linears) are compiled with GCC's target attribute, so one
+ * binary runs everywhere and takes them only where the CPU reports AVX2 and FMA
+ * (moe_dot_isa_runs_here()).  Every vector kernel has a scalar twin that gives the same bits;
+ * the kernels change how fast a value is computed, never which value.
+ */
+#ifndef MMOE_CPU_AVX2_H
+#define MMOE_CPU_AVX2_H
+
+#if defined(__x86_64__) && defined(__GNUC__)
+/** 1 where the AVX2 kernels can be compiled (x86-64 with GCC's target attribute), else 0. */
+#define MMOE_CPU_HAVE_X86 1
+#include <immintrin.h>
+#include <stdint.h>
+
+/** The target attribute of every AVX2 kernel (AVX2 and FMA). */
+#define MMOE_AVX2 __attribute__((target("avx2,fma")))
+
+/**
+ * Eight E4M3 codes (bytes at @p codes) as their FP32 values, exactly, with no subnormal float
+ * on the way (an x86 core takes a slow microcode assist for each).  A code's 7 magnitude bits
+ * become bits 26..20 of a float and 120 is added to its exponent field, so that a normal code
+ * (exponent e = 1..15, mantissa m) reads (1 + m/8) 2^(e + 120 - 127), its E4M3 value; a
+ * subnormal code (e = 0, value m 2^-9) takes the exponent field 121 instead, which reads
+ * (1 + m/8) 2^-6, and then loses 2^-6 by an exact subtraction.  The sign bit is set last (so
+ * 0x80 is -0), and the two NaN codes (magnitude 0x7F) take the decoder's NaN of their sign
+ * (@p nan_pos, @p nan_neg: the values of mmoe_fp8_e4m3_table()).
+ */
+MMOE_AVX2 static inline __attribute__((always_inline)) __m256 mmoe_e4m3_codes_avx2(const uint8_t *codes,
+                                                                                   __m256 nan_pos, __m256 nan_neg)
+{
+    const __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)codes));
+    const __m256i mag = _mm256_and_si256(x, _mm256_set1_epi32(0x7F));
+    const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(x, 7), 31);
+    const __m256i sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag); /* exponent field 0 */
+    const __m256i bits = _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(120 << 23)),
+                                          _mm256_and_si256(sub, _mm256_set1_epi32(1 << 23)));
+    const __m256 lift = _mm256_and_ps(_mm256_castsi256_ps(sub), _mm256_set1_ps(0x1p-6f));
+    __m256 v = _mm256_or_ps(_mm256_sub_ps(_mm256_castsi256_ps(bits), lift), _mm256_castsi256_ps(sign));
+    const __m256 is_nan = _mm256_castsi256_ps(_mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7F)));
+    if (!_mm256_testz_ps(is_nan, is_nan))
+        v = _mm256_blendv_ps(v, _mm256_blendv_ps(nan_pos, nan_neg, _mm256_castsi256_ps(sign)), is_nan);
+    return v;
+}
+
+#else
+/** 0: this build has no AVX2 kernels. */
+#define MMOE_CPU_HAVE_X86 0
+#endif
+
+#endif /* MMOE_CPU_AVX2_H */
