@@ -331,8 +331,8 @@ START_TEST(output_projection_groups)
     mmoe_test_poison_bf16(out8, (size_t)(T * p.dim));
     mmoe_error err;
     mmoe_error_clear(&err);
-    ck_assert_int_eq(attn_out_proj(&p, &L8.w, o, T, z8, out8, &err), MMOE_OK);
-    ck_assert_int_eq(attn_out_proj(&p, &L16.w, o, T, z16, out16, &err), MMOE_OK);
+    ck_assert_int_eq(attn_out_proj(NULL, &p, &L8.w, o, T, z8, out8, &err), MMOE_OK);
+    ck_assert_int_eq(attn_out_proj(NULL, &p, &L16.w, o, T, z16, out16, &err), MMOE_OK);
     /* F8 wo_a dequantized on use == the convert.py bf16 wo_a, bit for bit */
     ck_assert_int_eq(memcmp(z8, z16, sizeof(uint16_t) * (size_t)(T * G * R)), 0);
     ck_assert_int_eq(memcmp(out8, out16, sizeof(uint16_t) * (size_t)(T * p.dim)), 0);

@@ -66,13 +66,15 @@ typedef enum {
 } fp8_codes;
 
 /**
- * mmoe_linear_fp8 through the kernels of @p isa against the float64 oracle, bit for bit, and
- * each row alone against the batch (prefill == decode).
+ * mmoe_linear_fp8 through the kernels of @p isa (its rows shared out over @p pool's threads,
+ * or NULL) against the float64 oracle, bit for bit, and each row alone against the batch
+ * (prefill == decode).
  */
-static void check_fp8_linear_isa(moe_dot_isa isa, int block, int64_t T, int64_t N, int64_t K, fp8_codes codes)
+static void check_fp8_linear_isa(uint64_t seed, moe_dequant_pool *pool, moe_dot_isa isa, int block, int64_t T,
+                                 int64_t N, int64_t K, fp8_codes codes)
 {
     mmoe_rng rng;
-    mmoe_rng_seed(&rng, mmoe_test_seed("attn_linear/fp8"));
+    mmoe_rng_seed(&rng, seed);
     attn_test_layer L = {0};
     mmoe_tensor w, s;
     attn_test_fp8_weight(&L, &rng, N, K, block, &w, &s);
@@ -93,15 +95,16 @@ static void check_fp8_linear_isa(moe_dot_isa isa, int block, int64_t T, int64_t 
     mmoe_test_poison_bf16(y, (size_t)(T * N));
     mmoe_error err;
     mmoe_error_clear(&err);
-    ck_assert_int_eq(attn_linear_fp8_isa(isa, x, T, &w, &s, block, y, &err), MMOE_OK);
+    ck_assert_int_eq(attn_linear_fp8(pool, isa, x, T, &w, &s, block, y, &err), MMOE_OK);
     oracle_linear_fp8(x, T, N, K, w.data, s.data, block, ref);
     for (int64_t i = 0; i < T * N; i++)
-        ck_assert_msg(y[i] == ref[i], "%s, block %d, T %lld: y[%lld] = 0x%04x, oracle 0x%04x", moe_dot_isa_name(isa),
-                      block, (long long)T, (long long)i, y[i], ref[i]);
+        ck_assert_msg(y[i] == ref[i], "%s, %d threads, block %d, T %lld: y[%lld] = 0x%04x, oracle 0x%04x",
+                      moe_dot_isa_name(isa), moe_dequant_pool_threads(pool), block, (long long)T, (long long)i, y[i],
+                      ref[i]);
     /* a row alone gives the same bits as inside a batch (prefill == decode) */
     for (int64_t t = 0; t < T; t++) {
         mmoe_test_poison_bf16(y1, (size_t)N);
-        ck_assert_int_eq(attn_linear_fp8_isa(isa, x + t * K, 1, &w, &s, block, y1, &err), MMOE_OK);
+        ck_assert_int_eq(attn_linear_fp8(pool, isa, x + t * K, 1, &w, &s, block, y1, &err), MMOE_OK);
         ck_assert_int_eq(memcmp(y1, y + t * N, sizeof(uint16_t) * (size_t)N), 0);
     }
     free(x);
@@ -111,24 +114,30 @@ static void check_fp8_linear_isa(moe_dot_isa isa, int block, int64_t T, int64_t 
     attn_test_layer_free(&L);
 }
 
-/** check_fp8_linear_isa() with every variant that runs on this CPU. */
-static void check_fp8_linear(int block, int64_t T, int64_t N, int64_t K, fp8_codes codes)
+/** check_fp8_linear_isa() with every variant that runs on this CPU, alone and with a pool of 3 threads. */
+static void check_fp8_linear(uint64_t seed, int block, int64_t T, int64_t N, int64_t K, fp8_codes codes)
 {
+    moe_dequant_pool *pool;
+    mmoe_error err;
+    ck_assert_msg(moe_dequant_pool_create(3, &pool, &err) == MMOE_OK, "%s", err.msg);
     for (int isa = 0; isa < MOE_DOT_ISA_COUNT; isa++)
-        if (moe_dot_isa_runs_here((moe_dot_isa)isa))
-            check_fp8_linear_isa((moe_dot_isa)isa, block, T, N, K, codes);
+        if (moe_dot_isa_runs_here((moe_dot_isa)isa)) {
+            check_fp8_linear_isa(seed, NULL, (moe_dot_isa)isa, block, T, N, K, codes);
+            check_fp8_linear_isa(seed, pool, (moe_dot_isa)isa, block, T, N, K, codes);
+        }
+    moe_dequant_pool_release(pool);
 }
 
 START_TEST(fp8_linear_128_blocks)
 {
     /* N not a multiple of 128 (partial scale row), several K blocks, T > the row tile */
-    check_fp8_linear(128, 70, 200, 384, FP8_CODES_NORMAL);
+    check_fp8_linear(mmoe_test_seed("attn_linear/fp8"), 128, 70, 200, 384, FP8_CODES_NORMAL);
 }
 END_TEST
 
 START_TEST(fp8_linear_32_blocks)
 {
-    check_fp8_linear(32, 5, 96, 256, FP8_CODES_NORMAL);
+    check_fp8_linear(mmoe_test_seed("attn_linear/fp8"), 32, 5, 96, 256, FP8_CODES_NORMAL);
 }
 END_TEST
 
@@ -139,9 +148,10 @@ END_TEST
 START_TEST(fp8_linear_few_rows_every_code)
 {
     printf("attn_linear: the oracle's linears use variant %s on this CPU\n", moe_dot_isa_name(moe_dot_isa_best()));
+    const uint64_t seed = mmoe_test_seed("attn_linear/fp8 few rows");
     for (int64_t T = 1; T <= 6; T++) {
-        check_fp8_linear(128, T, 136, 512, FP8_CODES_ALL);
-        check_fp8_linear(32, T, 40, 256, FP8_CODES_ALL);
+        check_fp8_linear(seed + (uint64_t)T, 128, T, 136, 512, FP8_CODES_ALL);
+        check_fp8_linear(seed + 100 + (uint64_t)T, 32, T, 40, 256, FP8_CODES_ALL);
     }
 }
 END_TEST

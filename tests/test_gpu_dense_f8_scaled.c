@@ -201,7 +201,7 @@ START_TEST(rows_match_oracle)
     st.dtype = MMOE_DT_F8_E8M0, st.ndim = 2, st.shape[0] = srows, st.shape[1] = scols, st.data = s;
     st.nbytes = (size_t)(srows * scols);
     mmoe_error err;
-    ck_assert_msg(attn_dense_rows(xd, T, K, K, &wt, &st, block, 0, N, y, N, &err) == MMOE_OK, "%s", err.msg);
+    ck_assert_msg(attn_dense_rows(NULL, xd, T, K, K, &wt, &st, block, 0, N, y, N, &err) == MMOE_OK, "%s", err.msg);
     int64_t nans = 0, finite[4] = {0, 0, 0, 0}, n_direct = 0;
     for (int64_t t = 0; t < T; t++)
         for (int64_t n = 0; n < N; n++) {

@@ -648,7 +648,7 @@ static void check_dense_f8(int64_t T, int64_t N, int64_t K, int block, int mode)
         xd[i] = (double)mmoe_bf16_to_f32(x[i]);
     mmoe_tensor wt = view(MMOE_DT_F8_E4M3, 2, N, K, w), st = view(MMOE_DT_F8_E8M0, 2, sr, sc, s);
     mmoe_error err;
-    ck_assert_msg(attn_dense_rows(xd, T, K, K, &wt, &st, block, 0, N, yc, N, &err) == MMOE_OK, "%s", err.msg);
+    ck_assert_msg(attn_dense_rows(NULL, xd, T, K, K, &wt, &st, block, 0, N, yc, N, &err) == MMOE_OK, "%s", err.msg);
     mmoe_test_poison_f32(yg, (size_t)(T * N));
     ck_assert_msg(gfw_test_linear_dense_f8(x, T, K, w, s, block, N, yg, &err) == MMOE_OK, "%s", err.msg);
     size_t nans = 0;

@@ -288,11 +288,12 @@ static double dense_weight_value(const mmoe_tensor *w, const mmoe_tensor *sc, in
 }
 
 /*
- * The double sums of attn_dense_rows() (attn_dense_sums_isa()) with every variant that runs
+ * The double sums of attn_dense_rows() (attn_dense_sums()) with every variant that runs
  * here against the spec's order (ref_sum), bit for bit: BF16, F32 and F8 weights (E8M0 scales over 1..254, so that some products leave
  * the normal fp32 range before the bf16 rounding, and F32 scales), widths with and without a
  * partial node of 64 terms and a partial chunk, row counts not a multiple of the kernel's four,
- * an offset row0 crossing F8 row blocks, several x rows with a stride.  The terms are spread
+ * an offset row0 crossing F8 row blocks, several x rows with a stride; each on the caller alone
+ * and with its rows shared out over a pool of 3 threads.  The terms are spread
  * over 2^-40 .. 2^20 so that the order shows: the test counts sums that differ from the
  * sequential sum and requires a fifth of them to.
  */
@@ -309,6 +310,9 @@ START_TEST(dense_rows_follow_the_order)
     uint8_t *sd = malloc(4 * 1024);
     double *y = malloc(sizeof(double) * (size_t)(T * N));
     ck_assert(xb && x && terms && wd && sd && y);
+    moe_dequant_pool *pools;
+    mmoe_error perr;
+    ck_assert_msg(moe_dequant_pool_create(3, &pools, &perr) == MMOE_OK, "%s", perr.msg);
     for (int i = 0; i < T * LDX; i++) {
         xb[i] = spread_bf16(&r);
         x[i] = mmoe_bf16_to_f32(xb[i]);
@@ -339,14 +343,15 @@ START_TEST(dense_rows_follow_the_order)
                         sd[i] = (uint8_t)(1 + mmoe_rng_below(&r, 254));
                 }
             }
-            for (int isa = 0; isa < MOE_DOT_ISA_COUNT; isa++) {
-                if (!moe_dot_isa_runs_here((moe_dot_isa)isa))
+            for (int run = 0; run < 2 * MOE_DOT_ISA_COUNT; run++) {
+                const moe_dot_isa isa = (moe_dot_isa)(run / 2);
+                moe_dequant_pool *pool = run % 2 ? pools : NULL; /* the caller alone, then 3 threads */
+                if (!moe_dot_isa_runs_here(isa))
                     continue;
                 for (int i = 0; i < T * N; i++)
                     y[i] = NAN;
                 mmoe_error err;
-                ck_assert_msg(attn_dense_sums_isa((moe_dot_isa)isa, x, T, LDX, K, &w, &sc, block, ROW0, N, y, N, &err) ==
-                                  MMOE_OK,
+                ck_assert_msg(attn_dense_sums(pool, isa, x, T, LDX, K, &w, &sc, block, ROW0, N, y, N, &err) == MMOE_OK,
                               "%s", err.msg);
                 for (int t = 0; t < T; t++)
                     for (int64_t n = 0; n < N; n++) {
@@ -357,8 +362,9 @@ START_TEST(dense_rows_follow_the_order)
                         }
                         const double want = ref_sum(terms, K), got = y[t * N + n];
                         ck_assert_msg(memcmp(&want, &got, sizeof want) == 0,
-                                      "%s, %s weight, K %lld, row %lld, x row %d: %a, expected %a (seed %llu)",
-                                      moe_dot_isa_name((moe_dot_isa)isa), mmoe_dtype_name(dtypes[di]), (long long)K,
+                                      "%s, %d threads, %s weight, K %lld, row %lld, x row %d: %a, expected %a (seed %llu)",
+                                      moe_dot_isa_name(isa), moe_dequant_pool_threads(pool), mmoe_dtype_name(dtypes[di]),
+                                      (long long)K,
                                       (long long)n, t, got, want, (unsigned long long)g_seed);
                         checked++;
                         seq_differs += seq != want;
@@ -369,6 +375,7 @@ START_TEST(dense_rows_follow_the_order)
            seq_differs);
     ck_assert_msg(seq_differs * 5 > checked, "only %d of %d dense sums differ from the sequential order", seq_differs,
                   checked);
+    moe_dequant_pool_release(pools);
     free(xb);
     free(x);
     free(terms);

@@ -20,7 +20,8 @@
  *
  * `--threads N` (every compute command) sets both pools of worker threads a run uses:
  * OpenBLAS's (openblas_set_num_threads) and the MoE layer's dequantization pool, which reads
- * MMOE_DEQUANT_THREADS when a layer or model creates its pool (moe_dequant_pool.c); at most 64
+ * MMOE_DEQUANT_THREADS when a layer or model creates its pool (moe_dequant_pool.c; a model's
+ * attention and head share their linears' rows with the same pool); at most 64
  * decode threads, so N above 64 gives OpenBLAS N and the pool 64.  Without the option both
  * keep their defaults (OPENBLAS_NUM_THREADS, MMOE_DEQUANT_THREADS, else the machine's cores).
  */

@@ -59,7 +59,7 @@ static void usage(FILE *out)
                  "  --prefill N     prompt tokens, 1..1000000 (default 64)\n"
                  "  --decode K      tokens decoded one at a time, 0..100000 (default 8)\n"
                  "  --seed S        RNG seed of the prompt (default 1)\n"
-                 "  --threads N     OpenBLAS and dequantization threads, 1..%d (default: their own defaults)\n"
+                 "  --threads N     OpenBLAS and worker threads (MoE, attention linears), 1..%d (default: their own defaults)\n"
                  "  --json          the report as one JSON object (default: text)\n"
                  "  --backend B     cpu (the oracle), gpu or auto (the GPU when there is one) (default cpu)\n"
                  MMOE_CUDA_GRAPH_USAGE

@@ -62,10 +62,10 @@
  * --json prints the stats (and logprobs) as JSON Lines on stderr instead of the human
  * lines (mmoe_json_report.h), and drops the progress and model lines.
  *
- * --threads N sets OpenBLAS's thread count and the MoE layers' dequantization threads
- * (mmoe_cli_set_threads()); without it each keeps its default (OPENBLAS_NUM_THREADS,
- * MMOE_DEQUANT_THREADS, else the machine's cores).  The rest of the forward is
- * single-threaded.  The expert-parallel options (--ep-ranks, --gpus, --gpu-memory) are
+ * --threads N sets OpenBLAS's thread count and the model's worker threads
+ * (mmoe_cli_set_threads(): the MoE layers' dequantization and the attention's and head's
+ * linears); without it each keeps its default (OPENBLAS_NUM_THREADS, MMOE_DEQUANT_THREADS,
+ * else the machine's cores).  The rest of the forward is single-threaded.  The expert-parallel options (--ep-ranks, --gpus, --gpu-memory) are
  * cli_ep.h's.
  */
 #include <errno.h>
@@ -221,7 +221,7 @@ static void usage(FILE *out)
             "  --json              stats (and logprobs) as JSON Lines on stderr; no progress lines\n"
             "                      (default: human lines)\n"
             "  --seed S            sampler seed (default 1)\n"
-            "  --threads N         OpenBLAS and dequantization threads, 1..1024 (default: their own defaults)\n"
+            "  --threads N         OpenBLAS and worker threads (MoE, attention linears), 1..1024 (default: their own defaults)\n"
             "  --ctx-size N        KV cache size in tokens (default: min(config max_seq_len, %d))\n"
             "  --print-ids         print generated token ids instead of text (default: text)\n"
             "  --backend B         cpu (the oracle), gpu (refused without a usable GPU), or auto\n"

@@ -131,6 +131,12 @@ void mmoe_attn_scratch_destroy(mmoe_attn_scratch *s)
     free(s);
 }
 
+void mmoe_attn_scratch_set_pool(mmoe_attn_scratch *s, struct mmoe_moe_pool *pool)
+{
+    if (s != NULL)
+        s->pool = pool;
+}
+
 size_t attn_scratch_piece(size_t bytes)
 {
     return (bytes + 63) & ~(size_t)63;

@@ -193,19 +193,20 @@ static mmoe_status check_io(const mmoe_tensor *t, const char *what, int64_t T, i
 }
 
 /** The row-parallel projections of the file comment. */
-static mmoe_status project_rows(const mmoe_attn_params *p, const mmoe_attn_weights *w,
-                                const fwd_sizes *s, int64_t start_pos, const float *freqs,
-                                fwd_bufs *b, mmoe_error *err)
+static mmoe_status project_rows(moe_dequant_pool *pool, const mmoe_attn_params *p, const mmoe_attn_weights *w,
+                                const fwd_sizes *s, int64_t start_pos, const float *freqs, fwd_bufs *b,
+                                mmoe_error *err)
 {
+    const moe_dot_isa isa = moe_dot_isa_best();
     const float eps = (float)p->norm_eps;
     const int64_t T = s->T;
     mmoe_status st;
-    if ((st = mmoe_linear_fp8(b->xb, T, &w->wq_a, &w->wq_a_scale, p->weight_block, b->qr, err)) != MMOE_OK)
+    if ((st = attn_linear_fp8(pool, isa, b->xb, T, &w->wq_a, &w->wq_a_scale, p->weight_block, b->qr, err)) != MMOE_OK)
         return mmoe_error_prefix(err, "attention wq_a: ");
     mmoe_rmsnorm_bf16(b->qr, T, s->q, &w->q_norm, eps, b->qr);
-    if ((st = mmoe_linear_fp8(b->qr, T, &w->wq_b, &w->wq_b_scale, p->weight_block, b->q, err)) != MMOE_OK)
+    if ((st = attn_linear_fp8(pool, isa, b->qr, T, &w->wq_b, &w->wq_b_scale, p->weight_block, b->q, err)) != MMOE_OK)
         return mmoe_error_prefix(err, "attention wq_b: ");
-    if ((st = mmoe_linear_fp8(b->xb, T, &w->wkv, &w->wkv_scale, p->weight_block, b->kv, err)) != MMOE_OK)
+    if ((st = attn_linear_fp8(pool, isa, b->xb, T, &w->wkv, &w->wkv_scale, p->weight_block, b->kv, err)) != MMOE_OK)
         return mmoe_error_prefix(err, "attention wkv: ");
     mmoe_rmsnorm_bf16(b->kv, T, s->d, &w->kv_norm, eps, b->kv);
     for (int64_t t = 0; t < T; t++) {
@@ -217,18 +218,18 @@ static mmoe_status project_rows(const mmoe_attn_params *p, const mmoe_attn_weigh
     }
     if (p->compress_ratio > 0) {
         const mmoe_compressor_weights *c = &w->compressor;
-        if ((st = mmoe_linear_dense(b->xb, T, s->D, &c->wkv, s->c_width, b->ckv, NULL, err)) != MMOE_OK ||
-            (st = mmoe_linear_dense(b->xb, T, s->D, &c->wgate, s->c_width, b->cgate, NULL, err)) != MMOE_OK)
+        if ((st = attn_linear_dense(pool, b->xb, T, s->D, &c->wkv, s->c_width, b->ckv, NULL, err)) != MMOE_OK ||
+            (st = attn_linear_dense(pool, b->xb, T, s->D, &c->wgate, s->c_width, b->cgate, NULL, err)) != MMOE_OK)
             return mmoe_error_prefix(err, "attention compressor: ");
     }
     if (p->compress_ratio == 4) {
         const mmoe_compressor_weights *c = &w->idx_compressor;
-        if ((st = mmoe_linear_fp8(b->qr, T, &w->idx_wq_b, &w->idx_wq_b_scale, p->weight_block, b->qi,
+        if ((st = attn_linear_fp8(pool, isa, b->qr, T, &w->idx_wq_b, &w->idx_wq_b_scale, p->weight_block, b->qi,
                                   err)) != MMOE_OK)
             return mmoe_error_prefix(err, "indexer wq_b: ");
-        if ((st = mmoe_linear_dense(b->xb, T, s->D, &w->idx_weights_proj, s->ih, NULL, b->wi, err)) != MMOE_OK ||
-            (st = mmoe_linear_dense(b->xb, T, s->D, &c->wkv, s->i_width, b->ikv, NULL, err)) != MMOE_OK ||
-            (st = mmoe_linear_dense(b->xb, T, s->D, &c->wgate, s->i_width, b->igate, NULL, err)) != MMOE_OK)
+        if ((st = attn_linear_dense(pool, b->xb, T, s->D, &w->idx_weights_proj, s->ih, NULL, b->wi, err)) != MMOE_OK ||
+            (st = attn_linear_dense(pool, b->xb, T, s->D, &c->wkv, s->i_width, b->ikv, NULL, err)) != MMOE_OK ||
+            (st = attn_linear_dense(pool, b->xb, T, s->D, &c->wgate, s->i_width, b->igate, NULL, err)) != MMOE_OK)
             return mmoe_error_prefix(err, "indexer: ");
         const float w_scale = (float)(1.0 / sqrt((double)s->id) * (1.0 / sqrt((double)s->ih)));
         for (int64_t i = 0; i < T * s->ih; i++)
@@ -348,12 +349,12 @@ mmoe_status mmoe_attention_forward(const mmoe_attn_params *p, const mmoe_attn_we
 
     float freqs[ATTN_MAX_ROPE_DIM / 2];
     attn_rope_freqs_for_layer(p, freqs);
-    st = project_rows(p, w, &s, start_pos, freqs, &b, err);
+    st = project_rows(sc->pool, p, w, &s, start_pos, freqs, &b, err);
     if (st == MMOE_OK) {
         for (int64_t t = 0; t < T; t++)
             attend_token(p, w, cache, &s, t, start_pos + t, freqs, &b);
         cache->next_pos = start_pos + T;
-        st = attn_out_proj(p, w, b.o, T, b.z, b.outb, err);
+        st = attn_out_proj(sc->pool, p, w, b.o, T, b.z, b.outb, err);
     }
     if (st == MMOE_OK) {
         if (out->dtype == MMOE_DT_F32)

@@ -173,6 +173,7 @@ void attn_sparse_attention(const uint16_t *q, int n_heads, int d, const uint16_t
 /**
  * The grouped low-rank output projection: z[t, g*o_lora + r] = bf16(sum_c o[t, g, c] *
  * wo_a[g*o_lora + r, c]) with o[t] viewed as [G, H*d/G]; out = wo_b(z).
+ * @param pool the threads the projections share their rows with (NULL: the caller alone)
  * @param p    the layer's parameters
  * @param w    the layer's weights (wo_a BF16 or F8 + scale, wo_b FP8)
  * @param o    bf16 [T, H*d]
@@ -181,8 +182,8 @@ void attn_sparse_attention(const uint16_t *q, int n_heads, int d, const uint16_t
  * @param out  bf16 [T, D], written
  * @param err  error message, or NULL
  */
-mmoe_status attn_out_proj(const mmoe_attn_params *p, const mmoe_attn_weights *w, const uint16_t *o,
-                          int64_t T, uint16_t *z, uint16_t *out, mmoe_error *err);
+mmoe_status attn_out_proj(moe_dequant_pool *pool, const mmoe_attn_params *p, const mmoe_attn_weights *w,
+                          const uint16_t *o, int64_t T, uint16_t *z, uint16_t *out, mmoe_error *err);
 
 /* ------------------------------------------------------------------ attn_cache.c */
 
@@ -202,9 +203,10 @@ struct mmoe_attn_cache {
 
 /** Working memory: one growable buffer carved into pieces per call. */
 struct mmoe_attn_scratch {
-    unsigned char *buf; /**< the buffer (64-byte aligned pieces) */
-    size_t cap;         /**< its size in bytes */
-    size_t used;        /**< bytes handed out since the last attn_scratch_begin() */
+    unsigned char *buf;     /**< the buffer (64-byte aligned pieces) */
+    size_t cap;             /**< its size in bytes */
+    size_t used;            /**< bytes handed out since the last attn_scratch_begin() */
+    moe_dequant_pool *pool; /**< the threads the linears share their rows with (borrowed; NULL: none) */
 };
 
 /** Make @p s hold at least @p bytes and forget earlier pieces.  Returns 0 on success. */
@@ -220,31 +222,37 @@ size_t attn_scratch_piece(size_t bytes);
 
 /**
  * y[t*ldy + n] = fp32(sum_k x[t*ldx + k] * W[row0 + n, k]) for t < T, n < N, the sum in
- * double in a fixed order.  W is BF16 or F32 [*, K], or F8_E4M3 with E8M0 @p scale
- * (block edge @p block), whose rows are dequantized exactly and rounded to bf16 as
- * convert.py does for wo_a.
+ * double in a fixed order.  W is BF16 or F32 [*, K], or F8_E4M3 with E8M0 or F32 @p scale
+ * (block edge @p block), whose values are dequantized exactly and rounded to bf16 as
+ * convert.py does for wo_a.  The weight rows are shared out over @p pool's threads (NULL: the
+ * caller alone); the bits do not depend on it.
  * @return MMOE_OK, MMOE_ENOMEM, MMOE_EDTYPE (weight or scale dtype), MMOE_ENOTFOUND (an F8 weight
  *         without a scale) or MMOE_ERANGE (an F8 block edge below 1)
  */
-mmoe_status attn_dense_rows(const double *x, int64_t T, int64_t ldx, int64_t K, const mmoe_tensor *w,
-                            const mmoe_tensor *scale, int block, int64_t row0, int64_t N, float *y,
-                            int64_t ldy, mmoe_error *err);
+mmoe_status attn_dense_rows(moe_dequant_pool *pool, const double *x, int64_t T, int64_t ldx, int64_t K,
+                            const mmoe_tensor *w, const mmoe_tensor *scale, int block, int64_t row0, int64_t N,
+                            float *y, int64_t ldy, mmoe_error *err);
 
 /**
  * The double sums that attn_dense_rows() rounds to fp32 (y[t*ldy + n], the fixed order), with
- * the kernel of @p isa (which must run here: moe_dot_isa_runs_here()); the result does not
- * depend on it.  attn_dense_rows() takes moe_dot_isa_best().
+ * the kernel of @p isa (which must run here: moe_dot_isa_runs_here()); the result depends
+ * neither on it nor on @p pool.  attn_dense_rows() takes moe_dot_isa_best().
  */
-mmoe_status attn_dense_sums_isa(moe_dot_isa isa, const double *x, int64_t T, int64_t ldx, int64_t K,
-                                const mmoe_tensor *w, const mmoe_tensor *scale, int block, int64_t row0, int64_t N,
-                                double *y, int64_t ldy, mmoe_error *err);
+mmoe_status attn_dense_sums(moe_dequant_pool *pool, moe_dot_isa isa, const double *x, int64_t T, int64_t ldx,
+                            int64_t K, const mmoe_tensor *w, const mmoe_tensor *scale, int block, int64_t row0,
+                            int64_t N, double *y, int64_t ldy, mmoe_error *err);
+
+/** mmoe_linear_dense() with its weight rows shared out over @p pool's threads (NULL: the caller alone). */
+mmoe_status attn_linear_dense(moe_dequant_pool *pool, const uint16_t *x, int64_t T, int64_t K, const mmoe_tensor *w,
+                              int64_t N, float *y_f32, uint16_t *y_bf16, mmoe_error *err);
 
 /**
- * mmoe_linear_fp8() with the kernels of @p isa (which must run here), for tests; the result does
- * not depend on it.  mmoe_linear_fp8() takes moe_dot_isa_best().
+ * mmoe_linear_fp8() with the kernels of @p isa (which must run here) and, for calls the
+ * register kernel takes, the weight rows shared out over @p pool's threads (NULL: the caller
+ * alone); the result depends on neither.  mmoe_linear_fp8() takes moe_dot_isa_best() and no pool.
  */
-mmoe_status attn_linear_fp8_isa(moe_dot_isa isa, const uint16_t *x, int64_t T, const mmoe_tensor *w,
-                                const mmoe_tensor *scale, int block, uint16_t *y, mmoe_error *err);
+mmoe_status attn_linear_fp8(moe_dequant_pool *pool, moe_dot_isa isa, const uint16_t *x, int64_t T,
+                            const mmoe_tensor *w, const mmoe_tensor *scale, int block, uint16_t *y, mmoe_error *err);
 
 /** fp32 value of element @p i of a BF16 or F32 vector (norm weights, sinks). */
 float attn_tensor_f32_at(const mmoe_tensor *t, int64_t i);

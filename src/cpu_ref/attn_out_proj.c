@@ -24,8 +24,8 @@
 
 #include "mmoe_formats.h"
 
-mmoe_status attn_out_proj(const mmoe_attn_params *p, const mmoe_attn_weights *w, const uint16_t *o,
-                          int64_t T, uint16_t *z, uint16_t *out, mmoe_error *err)
+mmoe_status attn_out_proj(moe_dequant_pool *pool, const mmoe_attn_params *p, const mmoe_attn_weights *w,
+                          const uint16_t *o, int64_t T, uint16_t *z, uint16_t *out, mmoe_error *err)
 {
     const int64_t G = p->o_groups, R = p->o_lora_rank;
     const int64_t hd = (int64_t)p->n_heads * p->head_dim, group_width = hd / G;
@@ -40,13 +40,13 @@ mmoe_status attn_out_proj(const mmoe_attn_params *p, const mmoe_attn_weights *w,
     for (int64_t i = 0; i < T * hd; i++)
         od[i] = (double)mmoe_bf16_to_f32(o[i]);
     for (int64_t g = 0; g < G; g++) {
-        st = attn_dense_rows(od + g * group_width, T, hd, group_width, &w->wo_a, &w->wo_a_scale,
+        st = attn_dense_rows(pool, od + g * group_width, T, hd, group_width, &w->wo_a, &w->wo_a_scale,
                              p->weight_block, g * R, R, zf + g * R, G * R, err);
         if (st != MMOE_OK)
             goto done;
     }
     mmoe_bf16_from_f32_row(zf, (size_t)(T * G * R), z);
-    st = mmoe_linear_fp8(z, T, &w->wo_b, &w->wo_b_scale, p->weight_block, out, err);
+    st = attn_linear_fp8(pool, moe_dot_isa_best(), z, T, &w->wo_b, &w->wo_b_scale, p->weight_block, out, err);
     if (st != MMOE_OK)
         mmoe_error_prefix(err, "attention wo_b: ");
 done:

@@ -32,6 +32,7 @@
 #include "attn_internal.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "cpu_avx2.h"
 #include "mmoe_formats.h"
@@ -52,75 +53,101 @@ float attn_tensor_f32_at(const mmoe_tensor *t, int64_t i)
 #define DENSE_NODE (4 * MMOE_SUM_CHUNK)
 
 /**
- * The bf16 value of every E4M3 code under each K block's scale, for one row block of an F8
- * weight: value[kb * 256 + c] = (double)bf16(e4m3(c) * s[kb]), the fp32 product and rounding
- * that mmoe_dequant_row_fp8() and convert.py perform per element, here once per code and block.
+ * The bf16 values of an F8 weight's codes: for each distinct scale s among the K blocks of the
+ * rows a call reads, value[j * 256 + c] = (double)bf16(e4m3(c) * s_j), the fp32 product and
+ * rounding that mmoe_dequant_row_fp8() and convert.py perform per element, here once per code
+ * and scale; table[(rb - rb0) * nkb + kb] is the j of row block rb's K block kb.  Built by the
+ * caller before the rows are shared out, read by every thread.
  */
 typedef struct {
-    double *value;     /**< [blocks along K][256] */
-    int64_t row_block; /**< the row block they hold (-1: none yet) */
-} f8_tables;
+    double *value;   /**< [distinct scales][256] */
+    int32_t *table;  /**< [row blocks read][nkb]: the scale's index in value */
+    int64_t rb0;     /**< the first row block read */
+    int64_t nkb;     /**< K blocks of a row */
+    int block;       /**< the block edge */
+} f8_values;
 
-/** Fill @p t for row block @p rb of the F8 weight (scale [*, ceil(K / block)], E8M0 or F32). */
-static mmoe_status f8_tables_fill(f8_tables *t, const mmoe_tensor *scale, int block, int64_t rb, int64_t K,
-                                  mmoe_error *err)
+/** The scale of row block @p rb, K block @p kb (E8M0 or F32). */
+static float f8_scale_at(const mmoe_tensor *scale, int64_t rb, int64_t kb, int64_t nkb)
 {
+    const int64_t i = rb * nkb + kb;
+    return scale->dtype == MMOE_DT_F32 ? ((const float *)scale->data)[i]
+                                       : mmoe_ue8m0_to_f32(((const uint8_t *)scale->data)[i]);
+}
+
+/** Fill @p v for rows row0 .. row0 + N - 1 of an F8 weight [*, K] (scale [*, ceil(K / block)]). */
+static mmoe_status f8_values_build(f8_values *v, const mmoe_tensor *scale, int block, int64_t row0, int64_t N,
+                                   int64_t K, mmoe_error *err)
+{
+    if (scale == NULL || scale->data == NULL)
+        return mmoe_error_set(err, MMOE_ENOTFOUND, "dense linear: F8 weight without a scale");
     if (scale->dtype != MMOE_DT_F8_E8M0 && scale->dtype != MMOE_DT_F32)
         return mmoe_error_set(err, MMOE_EDTYPE, "dense linear: F8 weight scale dtype %s, expected F8_E8M0 or F32",
                               mmoe_dtype_name(scale->dtype));
-    const float *e4m3 = mmoe_fp8_e4m3_table();
-    const int64_t nkb = (K + block - 1) / block;
-    for (int64_t kb = 0; kb < nkb; kb++) {
-        const int64_t i = rb * nkb + kb;
-        const float s = scale->dtype == MMOE_DT_F32 ? ((const float *)scale->data)[i]
-                                                    : mmoe_ue8m0_to_f32(((const uint8_t *)scale->data)[i]);
-        for (int c = 0; c < 256; c++)
-            t->value[kb * 256 + c] = (double)mmoe_bf16_round(e4m3[c] * s);
+    v->block = block;
+    v->nkb = (K + block - 1) / block;
+    v->rb0 = row0 / block;
+    const int64_t n_entries = ((row0 + N - 1) / block - v->rb0 + 1) * v->nkb;
+    v->table = malloc(sizeof(int32_t) * (size_t)n_entries);
+    float *distinct = malloc(sizeof(float) * (size_t)n_entries);
+    if (v->table == NULL || distinct == NULL) {
+        free(distinct);
+        return mmoe_error_set(err, MMOE_ENOMEM, "dense linear: out of memory (%lld scale blocks)",
+                              (long long)n_entries);
     }
-    t->row_block = rb;
+    int32_t n_distinct = 0;
+    for (int64_t e = 0; e < n_entries; e++) {
+        const float s = f8_scale_at(scale, v->rb0 + e / v->nkb, e % v->nkb, v->nkb);
+        int32_t j = 0;
+        while (j < n_distinct && memcmp(&distinct[j], &s, sizeof s) != 0)
+            j++;
+        if (j == n_distinct)
+            distinct[n_distinct++] = s;
+        v->table[e] = j;
+    }
+    v->value = malloc(sizeof(double) * 256 * (size_t)n_distinct);
+    if (v->value == NULL) {
+        free(distinct);
+        return mmoe_error_set(err, MMOE_ENOMEM, "dense linear: out of memory (%d scale tables)", (int)n_distinct);
+    }
+    const float *e4m3 = mmoe_fp8_e4m3_table();
+    for (int32_t j = 0; j < n_distinct; j++)
+        for (int c = 0; c < 256; c++)
+            v->value[j * 256 + c] = (double)mmoe_bf16_round(e4m3[c] * distinct[j]);
+    free(distinct);
     return MMOE_OK;
 }
 
 /**
  * Load weight row @p row (K values) as doubles into out[k * stride]: BF16 and F32 widened, F8
- * through the row block's tables (@p t, refilled when the row block changes).
+ * looked up in @p v.
  */
-static mmoe_status load_row(const mmoe_tensor *w, const mmoe_tensor *scale, int block, int64_t row, int64_t K,
-                            f8_tables *t, double *out, int64_t stride, mmoe_error *err)
+static void load_row(const mmoe_tensor *w, const f8_values *v, int64_t row, int64_t K, double *out, int64_t stride)
 {
     switch (w->dtype) {
     case MMOE_DT_BF16: {
         const uint16_t *r = (const uint16_t *)w->data + row * K;
         for (int64_t k = 0; k < K; k++)
             out[k * stride] = (double)mmoe_bf16_to_f32(r[k]);
-        return MMOE_OK;
+        return;
     }
     case MMOE_DT_F32: {
         const float *r = (const float *)w->data + row * K;
         for (int64_t k = 0; k < K; k++)
             out[k * stride] = (double)r[k];
-        return MMOE_OK;
+        return;
     }
-    case MMOE_DT_F8_E4M3: {
-        if (scale == NULL || scale->data == NULL)
-            return mmoe_error_set(err, MMOE_ENOTFOUND, "dense linear: F8 weight without a scale");
-        if (row / block != t->row_block) {
-            mmoe_status st = f8_tables_fill(t, scale, block, row / block, K, err);
-            if (st != MMOE_OK)
-                return st;
-        }
+    default: { /* F8_E4M3 (attn_dense_sums() admits no other) */
         const uint8_t *r = (const uint8_t *)w->data + row * K;
-        for (int64_t k0 = 0, kb = 0; k0 < K; k0 += block, kb++) {
-            const double *v = t->value + kb * 256;
-            const int64_t k1 = K - k0 < block ? K : k0 + block;
+        const int32_t *tab = v->table + (row / v->block - v->rb0) * v->nkb;
+        for (int64_t k0 = 0, kb = 0; k0 < K; k0 += v->block, kb++) {
+            const double *val = v->value + (int64_t)tab[kb] * 256;
+            const int64_t k1 = K - k0 < v->block ? K : k0 + v->block;
             for (int64_t k = k0; k < k1; k++)
-                out[k * stride] = v[r[k]];
+                out[k * stride] = val[r[k]];
         }
-        return MMOE_OK;
+        return;
     }
-    default:
-        return mmoe_error_set(err, MMOE_EDTYPE, "dense linear: weight dtype %s, expected BF16, F32 or F8_E4M3",
-                              mmoe_dtype_name(w->dtype));
     }
 }
 
@@ -162,19 +189,27 @@ static double dot_f64(const double *a, const double *b, int64_t K)
     return mmoe_pairwise_result(&pw);
 }
 
-/** Every sum of the T rows against rows row0 .. row0 + N - 1, one weight row at a time. */
-static mmoe_status dense_rows_generic(const double *x, int64_t T, int64_t ldx, int64_t K, const mmoe_tensor *w,
-                                      const mmoe_tensor *scale, int block, int64_t row0, int64_t N, double *y,
-                                      int64_t ldy, f8_tables *t, double *wrow, mmoe_error *err)
+/** One call's operands, shared by the threads that take its rows (attn_dense_sums()). */
+typedef struct {
+    moe_dot_isa isa;      /**< the kernels */
+    const double *x;      /**< [T, ldx] */
+    int64_t T, ldx, K;    /**< rows of x, their stride, the width */
+    const mmoe_tensor *w; /**< the weight */
+    const f8_values *v;   /**< an F8 weight's values */
+    int64_t row0;         /**< the first weight row */
+    double *y;            /**< [T, ldy] */
+    int64_t ldy;          /**< its stride */
+    double *wbuf;         /**< per thread: DENSE_LANES * K doubles */
+} dense_job;
+
+/** Weight rows [n0, n1) of the call, one at a time, each against every x row (the definition). */
+static void dense_rows_generic(const dense_job *j, double *wrow, int64_t n0, int64_t n1)
 {
-    for (int64_t n = 0; n < N; n++) {
-        mmoe_status st = load_row(w, scale, block, row0 + n, K, t, wrow, 1, err);
-        if (st != MMOE_OK)
-            return st;
-        for (int64_t i = 0; i < T; i++)
-            y[i * ldy + n] = dot_f64(x + i * ldx, wrow, K);
+    for (int64_t n = n0; n < n1; n++) {
+        load_row(j->w, j->v, j->row0 + n, j->K, wrow, 1);
+        for (int64_t i = 0; i < j->T; i++)
+            j->y[i * j->ldy + n] = dot_f64(j->x + i * j->ldx, wrow, j->K);
     }
-    return MMOE_OK;
 }
 
 #if MMOE_CPU_HAVE_X86
@@ -184,7 +219,7 @@ static mmoe_status dense_rows_generic(const double *x, int64_t T, int64_t ldx, i
  * chains, each product then its addition, the node as (c0 + c1) + (c2 + c3)), so that each lane
  * gives dot_f64()'s bits for its row.
  */
-MMOE_AVX2 static void dot4_f64_avx2(const double *a, const double *wq, int64_t K, double out[DENSE_LANES])
+MMOE_AVX2 static void dot4_f64_avx2(const double *a, const double *wq, int64_t K, double *out)
 {
     mmoe_pairwise pw[DENSE_LANES];
     for (int r = 0; r < DENSE_LANES; r++)
@@ -215,63 +250,75 @@ MMOE_AVX2 static void dot4_f64_avx2(const double *a, const double *wq, int64_t K
 }
 
 /** As dense_rows_generic(), four weight rows at a time through dot4_f64_avx2() (same bits). */
-MMOE_AVX2 static mmoe_status dense_rows_avx2(const double *x, int64_t T, int64_t ldx, int64_t K,
-                                             const mmoe_tensor *w, const mmoe_tensor *scale, int block,
-                                             int64_t row0, int64_t N, double *y, int64_t ldy, f8_tables *t,
-                                             double *wq, mmoe_error *err)
+MMOE_AVX2 static void dense_rows_avx2(const dense_job *j, double *wq, int64_t n0, int64_t n1)
 {
-    int64_t n = 0;
-    for (; n + DENSE_LANES <= N; n += DENSE_LANES) {
-        for (int r = 0; r < DENSE_LANES; r++) {
-            mmoe_status st = load_row(w, scale, block, row0 + n + r, K, t, wq + r, DENSE_LANES, err);
-            if (st != MMOE_OK)
-                return st;
-        }
-        for (int64_t i = 0; i < T; i++) {
-            dot4_f64_avx2(x + i * ldx, wq, K, y + i * ldy + n);
-        }
+    int64_t n = n0;
+    for (; n + DENSE_LANES <= n1; n += DENSE_LANES) {
+        for (int r = 0; r < DENSE_LANES; r++)
+            load_row(j->w, j->v, j->row0 + n + r, j->K, wq + r, DENSE_LANES);
+        for (int64_t i = 0; i < j->T; i++)
+            dot4_f64_avx2(j->x + i * j->ldx, wq, j->K, j->y + i * j->ldy + n);
     }
-    return dense_rows_generic(x, T, ldx, K, w, scale, block, row0 + n, N - n, y + n, ldy, t, wq, err);
+    dense_rows_generic(j, wq, n, n1);
 }
 #endif
 
-mmoe_status attn_dense_sums_isa(moe_dot_isa isa, const double *x, int64_t T, int64_t ldx, int64_t K,
-                                const mmoe_tensor *w, const mmoe_tensor *scale, int block, int64_t row0, int64_t N,
-                                double *y, int64_t ldy, mmoe_error *err)
+/** moe_rows_fn of attn_dense_sums(): weight rows [n0, n1) with thread @p thread's buffer. */
+static void dense_rows(void *ctx, int thread, int64_t n0, int64_t n1)
 {
-    if (w->dtype == MMOE_DT_F8_E4M3 && block <= 0)
-        return mmoe_error_set(err, MMOE_ERANGE, "dense linear: F8 weight block %d, expected a positive edge", block);
-    const int64_t nkb = w->dtype == MMOE_DT_F8_E4M3 ? (K + block - 1) / block : 0;
-    double *wbuf = malloc(sizeof(double) * (size_t)(DENSE_LANES * K));
-    f8_tables t = {malloc(sizeof(double) * (size_t)(256 * nkb + 1)), -1};
-    mmoe_status st = MMOE_OK;
-    if (wbuf == NULL || t.value == NULL) {
-        st = mmoe_error_set(err, MMOE_ENOMEM, "dense linear: out of memory (K=%lld)", (long long)K);
-        goto done;
-    }
+    const dense_job *j = ctx;
+    double *wbuf = j->wbuf + (int64_t)thread * DENSE_LANES * j->K;
 #if MMOE_CPU_HAVE_X86
-    if (isa == MOE_DOT_ISA_AVX2_FMA) {
-        st = dense_rows_avx2(x, T, ldx, K, w, scale, block, row0, N, y, ldy, &t, wbuf, err);
-        goto done;
+    if (j->isa == MOE_DOT_ISA_AVX2_FMA) {
+        dense_rows_avx2(j, wbuf, n0, n1);
+        return;
     }
 #endif
-    (void)isa;
-    st = dense_rows_generic(x, T, ldx, K, w, scale, block, row0, N, y, ldy, &t, wbuf, err);
+    dense_rows_generic(j, wbuf, n0, n1);
+}
+
+mmoe_status attn_dense_sums(moe_dequant_pool *pool, moe_dot_isa isa, const double *x, int64_t T, int64_t ldx,
+                            int64_t K, const mmoe_tensor *w, const mmoe_tensor *scale, int block, int64_t row0,
+                            int64_t N, double *y, int64_t ldy, mmoe_error *err)
+{
+    if (w->dtype != MMOE_DT_BF16 && w->dtype != MMOE_DT_F32 && w->dtype != MMOE_DT_F8_E4M3)
+        return mmoe_error_set(err, MMOE_EDTYPE, "dense linear: weight dtype %s, expected BF16, F32 or F8_E4M3",
+                              mmoe_dtype_name(w->dtype));
+    if (w->dtype == MMOE_DT_F8_E4M3 && block <= 0)
+        return mmoe_error_set(err, MMOE_ERANGE, "dense linear: F8 weight block %d, expected a positive edge", block);
+    if (N <= 0 || T <= 0)
+        return MMOE_OK;
+    f8_values v = {NULL, NULL, 0, 0, 1};
+    mmoe_status st = MMOE_OK;
+    if (w->dtype == MMOE_DT_F8_E4M3 && (st = f8_values_build(&v, scale, block, row0, N, K, err)) != MMOE_OK)
+        goto done;
+    const int threads = moe_dequant_pool_threads(pool);
+    dense_job j = {isa, x, T, ldx, K, w, &v, row0, y, ldy,
+                   malloc(sizeof(double) * (size_t)(threads * DENSE_LANES * K))};
+    if (j.wbuf == NULL) {
+        st = mmoe_error_set(err, MMOE_ENOMEM, "dense linear: out of memory (K=%lld, %d threads)", (long long)K,
+                            threads);
+        goto done;
+    }
+    moe_dequant_pool_lock(pool);
+    moe_pool_rows(pool, N, K * T, DENSE_LANES, dense_rows, &j);
+    moe_dequant_pool_unlock(pool);
+    free(j.wbuf);
 done:
-    free(wbuf);
-    free(t.value);
+    free(v.value);
+    free(v.table);
     return st;
 }
 
-mmoe_status attn_dense_rows(const double *x, int64_t T, int64_t ldx, int64_t K, const mmoe_tensor *w,
-                            const mmoe_tensor *scale, int block, int64_t row0, int64_t N, float *y,
-                            int64_t ldy, mmoe_error *err)
+mmoe_status attn_dense_rows(moe_dequant_pool *pool, const double *x, int64_t T, int64_t ldx, int64_t K,
+                            const mmoe_tensor *w, const mmoe_tensor *scale, int block, int64_t row0, int64_t N,
+                            float *y, int64_t ldy, mmoe_error *err)
 {
     double *sums = malloc(sizeof(double) * (size_t)(T * N + 1));
     if (sums == NULL)
         return mmoe_error_set(err, MMOE_ENOMEM, "dense linear: out of memory (T=%lld, N=%lld)", (long long)T,
                               (long long)N);
-    mmoe_status st = attn_dense_sums_isa(moe_dot_isa_best(), x, T, ldx, K, w, scale, block, row0, N, sums, N, err);
+    mmoe_status st = attn_dense_sums(pool, moe_dot_isa_best(), x, T, ldx, K, w, scale, block, row0, N, sums, N, err);
     if (st == MMOE_OK)
         for (int64_t i = 0; i < T; i++)
             for (int64_t n = 0; n < N; n++)
@@ -280,7 +327,7 @@ mmoe_status attn_dense_rows(const double *x, int64_t T, int64_t ldx, int64_t K, 
     return st;
 }
 
-mmoe_status mmoe_linear_dense(const uint16_t *x, int64_t T, int64_t K, const mmoe_tensor *w,
+mmoe_status attn_linear_dense(moe_dequant_pool *pool, const uint16_t *x, int64_t T, int64_t K, const mmoe_tensor *w,
                               int64_t N, float *y_f32, uint16_t *y_bf16, mmoe_error *err)
 {
     if (w->dtype != MMOE_DT_BF16 && w->dtype != MMOE_DT_F32)
@@ -301,7 +348,7 @@ mmoe_status mmoe_linear_dense(const uint16_t *x, int64_t T, int64_t K, const mmo
     }
     for (int64_t i = 0; i < T * K; i++)
         xd[i] = (double)mmoe_bf16_to_f32(x[i]);
-    st = attn_dense_rows(xd, T, K, K, w, NULL, 0, 0, N, y, N, err);
+    st = attn_dense_rows(pool, xd, T, K, K, w, NULL, 0, 0, N, y, N, err);
     if (st == MMOE_OK && y_bf16 != NULL)
         mmoe_bf16_from_f32_row(y, (size_t)(T * N), y_bf16);
 done:
@@ -309,4 +356,10 @@ done:
     if (y != y_f32)
         free(y);
     return st;
+}
+
+mmoe_status mmoe_linear_dense(const uint16_t *x, int64_t T, int64_t K, const mmoe_tensor *w, int64_t N, float *y_f32,
+                              uint16_t *y_bf16, mmoe_error *err)
+{
+    return attn_linear_dense(NULL, x, T, K, w, N, y_f32, y_bf16, err);
 }

@@ -169,27 +169,40 @@ static float fp8_accumulate(const double *partial, int64_t nkb, const float *sx_
     return acc;
 }
 
-/** The rows t0 .. t0 + tn - 1 of y (tn <= ::FP8_REG_MAX_T) by the register kernel, row by row of W. */
-static void fp8_rows_in_registers(const double *xq, const float *sx, int64_t t0, int64_t tn, int64_t K, int64_t N,
-                                  const uint8_t *wb, const uint8_t *sb, int64_t sw_cols, int block, double *partial,
-                                  uint16_t *y)
+/** One chunk of rows of x for the register kernel, shared by the threads that take W's rows. */
+typedef struct {
+    const double *xq;      /**< [tn, K] E4M3 values */
+    const float *sx;       /**< [tn, K / 128] their scales */
+    int64_t t0, tn;        /**< the chunk's first row of y, its rows */
+    int64_t K, N;          /**< the weight's width and rows */
+    const uint8_t *wb;     /**< the weight's codes [N, K] */
+    const uint8_t *sb;     /**< its scale bytes */
+    int64_t sw_cols;       /**< scale bytes per scale row */
+    int block;             /**< the weight's block edge */
+    double *partial;       /**< per thread: FP8_REG_MAX_T * K / block doubles */
+    uint16_t *y;           /**< [T, N] */
+} fp8_reg_job;
+
+/** moe_rows_fn of the register path: outputs of W's rows [n0, n1) for the chunk's rows. */
+static void fp8_rows_in_registers(void *ctx, int thread, int64_t n0, int64_t n1)
 {
 #if MMOE_CPU_HAVE_X86
-    const int64_t nkb = K / block, kb_act = K / ACT_BLOCK;
-    for (int64_t n = 0; n < N; n++) {
-        fp8_row_partials_avx2(xq, K, (int)tn, wb + n * K, K, block, partial, nkb);
-        for (int64_t t = 0; t < tn; t++)
-            y[(t0 + t) * N + n] = mmoe_bf16_from_f32(
-                fp8_accumulate(partial + t * nkb, nkb, sx + t * kb_act, sb + (n / block) * sw_cols, block));
+    const fp8_reg_job *j = ctx;
+    const int64_t nkb = j->K / j->block, kb_act = j->K / ACT_BLOCK;
+    double *partial = j->partial + (int64_t)thread * FP8_REG_MAX_T * nkb;
+    for (int64_t n = n0; n < n1; n++) {
+        fp8_row_partials_avx2(j->xq, j->K, (int)j->tn, j->wb + n * j->K, j->K, j->block, partial, nkb);
+        for (int64_t t = 0; t < j->tn; t++)
+            j->y[(j->t0 + t) * j->N + n] = mmoe_bf16_from_f32(fp8_accumulate(
+                partial + t * nkb, nkb, j->sx + t * kb_act, j->sb + (n / j->block) * j->sw_cols, j->block));
     }
 #else
-    (void)xq, (void)sx, (void)t0, (void)tn, (void)K, (void)N, (void)wb, (void)sb, (void)sw_cols, (void)block;
-    (void)partial, (void)y;
+    (void)ctx, (void)thread, (void)n0, (void)n1;
 #endif
 }
 
-mmoe_status attn_linear_fp8_isa(moe_dot_isa isa, const uint16_t *x, int64_t T, const mmoe_tensor *w,
-                                const mmoe_tensor *scale, int block, uint16_t *y, mmoe_error *err)
+mmoe_status attn_linear_fp8(moe_dequant_pool *pool, moe_dot_isa isa, const uint16_t *x, int64_t T,
+                            const mmoe_tensor *w, const mmoe_tensor *scale, int block, uint16_t *y, mmoe_error *err)
 {
     if (w->ndim != 2)
         return mmoe_error_set(err, MMOE_ESHAPE, "linear: FP8 weight must be 2-D, found %d-D", w->ndim);
@@ -202,7 +215,9 @@ mmoe_status attn_linear_fp8_isa(moe_dot_isa isa, const uint16_t *x, int64_t T, c
 
     const int64_t kb_act = K / ACT_BLOCK, kb_w = K / block, sw_cols = scale->shape[1];
     const int64_t tt = T < ATTN_FP8_TILE_T ? T : ATTN_FP8_TILE_T;
-    const int64_t pn = tt * (ATTN_FP8_TILE_N > kb_w ? ATTN_FP8_TILE_N : kb_w);
+    const int threads = moe_dequant_pool_threads(pool);
+    const int64_t pn = tt * ATTN_FP8_TILE_N > threads * FP8_REG_MAX_T * kb_w ? tt * ATTN_FP8_TILE_N
+                                                                             : threads * FP8_REG_MAX_T * kb_w;
     float *row_f32 = malloc(sizeof(float) * (size_t)K);
     uint8_t *codes = malloc((size_t)K);
     uint8_t *sf = malloc((size_t)kb_act);
@@ -226,7 +241,10 @@ mmoe_status attn_linear_fp8_isa(moe_dot_isa isa, const uint16_t *x, int64_t T, c
         if (st != MMOE_OK)
             goto done;
         if (fp8_in_registers(isa, tn, block)) {
-            fp8_rows_in_registers(xq, sx, t0, tn, K, N, wb, sb, sw_cols, block, partial, y);
+            fp8_reg_job j = {xq, sx, t0, tn, K, N, wb, sb, sw_cols, block, partial, y};
+            moe_dequant_pool_lock(pool);
+            moe_pool_rows(pool, N, K * tn, 1, fp8_rows_in_registers, &j);
+            moe_dequant_pool_unlock(pool);
             continue;
         }
         for (int64_t n0 = 0; n0 < N; n0 += ATTN_FP8_TILE_N) {
@@ -266,5 +284,5 @@ done:
 mmoe_status mmoe_linear_fp8(const uint16_t *x, int64_t T, const mmoe_tensor *w, const mmoe_tensor *scale, int block,
                             uint16_t *y, mmoe_error *err)
 {
-    return attn_linear_fp8_isa(moe_dot_isa_best(), x, T, w, scale, block, y, err);
+    return attn_linear_fp8(NULL, moe_dot_isa_best(), x, T, w, scale, block, y, err);
 }

@@ -208,6 +208,16 @@ mmoe_attn_scratch *mmoe_attn_scratch_create(void);
 /** Free @p scratch (NULL is allowed). */
 void mmoe_attn_scratch_destroy(mmoe_attn_scratch *scratch);
 
+struct mmoe_moe_pool; /* the worker pool of mmoe_moe.h (::mmoe_moe_pool) */
+
+/**
+ * Let the forwards that use @p scratch share the output rows of their linears with @p pool's
+ * threads (borrowed: it must outlive the scratch's use; NULL: the calling thread alone, the
+ * default).  Each output is computed by the same code whatever thread computes it, so the bits
+ * do not change.  A pool runs one job at a time: calls that share it take turns.
+ */
+void mmoe_attn_scratch_set_pool(mmoe_attn_scratch *scratch, struct mmoe_moe_pool *pool);
+
 /**
  * The attention sub-layer for tokens at positions start_pos .. start_pos+T-1.
  *

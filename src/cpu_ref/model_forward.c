@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn_internal.h"
 #include "mmoe_clock.h"
 #include "mmoe_formats.h"
 #include "mmoe_linear.h"
@@ -42,6 +43,8 @@ mmoe_status mmoe_model_state_create(const mmoe_model *m, int64_t max_seq_len, mm
     mmoe_status st = MMOE_OK;
     if (!s->caches || !s->attn_s || !s->moe_s || !s->mhc_s || !s->scratch)
         st = mmoe_error_set(err, MMOE_ENOMEM, "out of memory");
+    else
+        mmoe_attn_scratch_set_pool(s->scratch, m->moe_pool); /* the attention's linears share the MoE's threads */
     for (int L = 0; L < m->n_blocks && st == MMOE_OK; L++) {
         st = mmoe_attn_cache_create(&m->blocks[L].attn_p, max_seq_len, &s->caches[L], err);
         if (st != MMOE_OK)
@@ -279,11 +282,13 @@ mmoe_status mmoe_model_mtp_forward(mmoe_model *m, mmoe_model_state *s, const uin
     /* e = e_proj(enorm(embed(ids))): one row per token */
     mmoe_model_embed(m, next_ids, T, b.y, err); /* ids checked above */
     mmoe_rmsnorm_bf16(b.y, T, D, &t->enorm, eps, b.y);
-    if ((st = mmoe_linear_fp8(b.y, T, &t->e_proj, &t->e_proj_scale, c->weight_block_n, e, err)) != MMOE_OK)
+    if ((st = attn_linear_fp8(m->moe_pool, moe_dot_isa_best(), b.y, T, &t->e_proj, &t->e_proj_scale,
+                              c->weight_block_n, e, err)) != MMOE_OK)
         goto done;
     /* h = h_proj(hnorm(X)): hnorm per stream (RMSNorm over D), one row per (token, stream) */
     mmoe_rmsnorm_bf16(streams, T * hc, D, &t->hnorm, eps, hn);
-    if ((st = mmoe_linear_fp8(hn, T * hc, &t->h_proj, &t->h_proj_scale, c->weight_block_n, hp, err)) != MMOE_OK)
+    if ((st = attn_linear_fp8(m->moe_pool, moe_dot_isa_best(), hn, T * hc, &t->h_proj, &t->h_proj_scale,
+                              c->weight_block_n, hp, err)) != MMOE_OK)
         goto done;
     /* X' = bf16(e + h), e broadcast over the streams */
     for (int64_t r = 0; r < T; r++)

@@ -14,7 +14,8 @@
  * [nr, chunk] floats, tile t at out + t * nr * chunk", or (moe_pool_gemm_coded()) "multiply the
  * rows of an FP4 or FP8 matrix, decoded in registers, by a few tokens": the same rule holds
  * there, each output element being one call of the fixed-order kernel (moe_dot.c) whatever
- * thread makes it.  The layer uses one tile per job (chunk = nc = K): 128 rows x D for L1,
+ * thread makes it; or (moe_pool_rows()) "call the caller's function on row ranges", which the
+ * attention's linears use (linear_dense.c, linear_fp8.c) under the same rule.  The layer uses one tile per job (chunk = nc = K): 128 rows x D for L1,
  * 256 rows x I for L2, so that a job is large enough to be worth a wake-up (a 256 x 128 piece
  * alone takes about 15 us); the tests also use chunks.  The job's rows are cut into grabs of
  * about ::MOE_DEQUANT_GRAB_WEIGHTS weights; the workers and the caller take grabs from one
@@ -82,8 +83,9 @@
 
 /** What a job does with its rows. */
 typedef enum dequant_job_kind {
-    JOB_DECODE,    /**< decode them into tiles (moe_dequant_tiles()) */
-    JOB_GEMM_CODED /**< multiply them, decoded in registers, by a few tokens (moe_pool_gemm_coded()) */
+    JOB_DECODE,     /**< decode them into tiles (moe_dequant_tiles()) */
+    JOB_GEMM_CODED, /**< multiply them, decoded in registers, by a few tokens (moe_pool_gemm_coded()) */
+    JOB_ROWS        /**< the caller's function of a row range (moe_pool_rows()) */
 } dequant_job_kind;
 
 /** One job: the arguments of moe_dequant_tiles() or of moe_pool_gemm_coded(). */
@@ -101,6 +103,8 @@ typedef struct dequant_job {
     int64_t lda;      /**< JOB_GEMM_CODED: their leading dimension */
     int64_t tokens;   /**< JOB_GEMM_CODED: how many */
     int64_t ldc;      /**< JOB_GEMM_CODED: the output's leading dimension */
+    moe_rows_fn fn;   /**< JOB_ROWS: the work on a row range */
+    void *ctx;        /**< JOB_ROWS: its argument */
     int64_t grab_rows; /**< rows per grab */
     int n_grabs;      /**< grabs of the job: ceil(nr / grab_rows) */
 } dequant_job;
@@ -108,6 +112,7 @@ typedef struct dequant_job {
 /** A worker's handle. */
 typedef struct dequant_worker {
     struct mmoe_moe_pool *pool; /**< the owning pool */
+    int index;                     /**< its thread index, 1 .. n_threads - 1 (0 is the caller) */
     pthread_t thread;              /**< the thread */
 } dequant_worker;
 
@@ -134,11 +139,15 @@ struct mmoe_moe_pool {
 /** Seconds a worker spins on the generation before it sleeps on the condition variable. */
 #define DEQUANT_SPIN_S 100e-6
 
-/** Run grab @p g of @p j: decode its rows of every tile of the job, or multiply them. */
-static void run_grab(const dequant_job *j, int g)
+/** Run grab @p g of @p j on thread @p thread: decode its rows of every tile of the job, multiply them, or call fn. */
+static void run_grab(const dequant_job *j, int g, int thread)
 {
     const int64_t a = (int64_t)g * j->grab_rows;
     const int64_t b = a + j->grab_rows < j->nr ? a + j->grab_rows : j->nr;
+    if (j->kind == JOB_ROWS) {
+        j->fn(j->ctx, thread, a, b);
+        return;
+    }
     if (j->kind == JOB_GEMM_CODED) {
         /* the in-register kernels cannot fail (moe_pool_gemm_coded()'s contract) */
         (void)moe_dot_gemm_coded(j->isa, j->a, j->lda, j->tokens, j->m, j->r0 + a, b - a, j->out + j->r0 + a, j->ldc);
@@ -150,14 +159,14 @@ static void run_grab(const dequant_job *j, int g)
                             j->out + t * j->nr * j->chunk + a * j->chunk);
 }
 
-/** Take and decode grabs of the current job until none is left. */
-static void take_grabs(moe_dequant_pool *p, const dequant_job *j)
+/** Take and run grabs of the current job on thread @p thread until none is left. */
+static void take_grabs(moe_dequant_pool *p, const dequant_job *j, int thread)
 {
     for (;;) {
         int g = atomic_fetch_add_explicit(&p->next_grab, 1, memory_order_relaxed);
         if (g >= j->n_grabs)
             return;
-        run_grab(j, g);
+        run_grab(j, g, thread);
         atomic_fetch_add_explicit(&p->grabs_done, 1, memory_order_release);
     }
 }
@@ -196,7 +205,7 @@ static void *worker_main(void *arg)
         if (atomic_load_explicit(&p->stop, memory_order_acquire))
             return NULL;
         seen = g;
-        take_grabs(p, &p->job);
+        take_grabs(p, &p->job, w->index);
         atomic_fetch_sub_explicit(&p->busy, 1, memory_order_release);
     }
 }
@@ -269,7 +278,7 @@ mmoe_status moe_dequant_pool_create(int n_threads, moe_dequant_pool **out, mmoe_
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, DEQUANT_STACK_BYTES);
     for (int i = 0; i < n_threads - 1; i++) {
-        p->workers[i] = (dequant_worker){.pool = p};
+        p->workers[i] = (dequant_worker){.pool = p, .index = i + 1};
         int rc = pthread_create(&p->workers[i].thread, &attr, worker_main, &p->workers[i]);
         if (rc != 0) {
             pthread_attr_destroy(&attr);
@@ -342,22 +351,23 @@ int moe_dequant_pool_threads(const moe_dequant_pool *p)
 
 /**
  * Start @p job (its rows cut into grabs of about ::MOE_DEQUANT_GRAB_WEIGHTS weights of
- * @p row_weights each) on the pool's workers, or run it now on the caller when it is too small to
+ * @p row_weights each, a multiple of @p align rows) on the pool's workers, or run it now on the caller when it is too small to
  * share or there are no workers.
  */
-static void job_start(moe_dequant_pool *p, dequant_job job, int64_t row_weights)
+static void job_start(moe_dequant_pool *p, dequant_job job, int64_t row_weights, int64_t align)
 {
     const int64_t nr = job.nr;
     job.grab_rows = MOE_DEQUANT_GRAB_WEIGHTS / (row_weights > 0 ? row_weights : 1);
-    if (job.grab_rows < 1)
-        job.grab_rows = 1;
+    job.grab_rows -= job.grab_rows % align;
+    if (job.grab_rows < align)
+        job.grab_rows = align;
     job.n_grabs = (int)moe_ceil_div(nr, job.grab_rows);
     if (p == NULL || p->n_threads == 1 || job.n_grabs < 2 || nr * row_weights < MOE_DEQUANT_MIN_PARALLEL) {
         /* too small to share (or no workers): run it now, on the caller */
         job.grab_rows = nr > 0 ? nr : 1;
         job.n_grabs = nr > 0 ? 1 : 0;
         if (job.n_grabs == 1)
-            run_grab(&job, 0);
+            run_grab(&job, 0, 0);
         return;
     }
     /* the previous job's workers have all left it (finish waited), so the job can be rewritten */
@@ -378,7 +388,7 @@ void moe_dequant_start(moe_dequant_pool *p, const moe_mat *m, int64_t r0, int64_
 {
     job_start(p, (dequant_job){.kind = JOB_DECODE, .m = m, .r0 = r0, .nr = nr, .c0 = c0, .nc = nc, .chunk = chunk,
                                .out = out},
-              nc);
+              nc, 1);
 }
 
 void moe_pool_gemm_coded(moe_dequant_pool *p, moe_dot_isa isa, const float *a, int64_t lda, int64_t tokens,
@@ -388,7 +398,14 @@ void moe_pool_gemm_coded(moe_dequant_pool *p, moe_dot_isa isa, const float *a, i
        then also feeds one fma per token, so a grab takes a few times a decode grab's time */
     job_start(p, (dequant_job){.kind = JOB_GEMM_CODED, .m = w, .r0 = 0, .nr = w->rows, .out = c, .isa = isa, .a = a,
                                .lda = lda, .tokens = tokens, .ldc = ldc},
-              w->cols);
+              w->cols, 1);
+    moe_dequant_finish(p);
+}
+
+void moe_pool_rows(moe_dequant_pool *p, int64_t nr, int64_t row_weights, int64_t align, moe_rows_fn fn, void *ctx)
+{
+    job_start(p, (dequant_job){.kind = JOB_ROWS, .r0 = 0, .nr = nr, .fn = fn, .ctx = ctx}, row_weights,
+              align > 0 ? align : 1);
     moe_dequant_finish(p);
 }
 
@@ -397,7 +414,7 @@ void moe_dequant_finish(moe_dequant_pool *p)
     if (p == NULL || !p->in_flight)
         return;
     p->in_flight = 0;
-    take_grabs(p, &p->job);
+    take_grabs(p, &p->job, 0);
     /* every grab decoded, and every worker out of the job (so that the next start may rewrite
      * it); the workers' shares are small: spin, yielding the CPU to them when they are late */
     for (unsigned spins = 0; atomic_load_explicit(&p->grabs_done, memory_order_acquire) < p->job.n_grabs ||

@@ -269,6 +269,23 @@ int moe_dot_gemm_coded(moe_dot_isa isa, const float *a, int64_t lda, int64_t m, 
 void moe_pool_gemm_coded(moe_dequant_pool *p, moe_dot_isa isa, const float *a, int64_t lda, int64_t tokens,
                          const moe_mat *w, float *c, int64_t ldc);
 
+/**
+ * The work on rows [r0, r1) of a moe_pool_rows() job, done by thread @p thread (0: the caller,
+ * 1 .. threads - 1: the workers; the index selects per-thread scratch the caller prepared).  It
+ * cannot fail: whatever can fail is done before the job.
+ */
+typedef void (*moe_rows_fn)(void *ctx, int thread, int64_t r0, int64_t r1);
+
+/**
+ * Run @p fn over rows [0, @p nr) split into grabs of about ::MOE_DEQUANT_GRAB_WEIGHTS weights
+ * of @p row_weights each (a multiple of @p align rows, the last grab excepted), taken by the
+ * pool's threads and the caller; returns when every row is done.  A job too small to share, or
+ * a NULL or one-thread pool, runs on the caller alone (thread 0).  Each row's result must not
+ * depend on which thread computes it or on the grab it falls in; then the bits are those of one
+ * thread.  Not reentrant: one job per pool at a time (callers hold moe_dequant_pool_lock()).
+ */
+void moe_pool_rows(moe_dequant_pool *p, int64_t nr, int64_t row_weights, int64_t align, moe_rows_fn fn, void *ctx);
+
 /** The scale of weight (r, c) of an FP8 matrix: its block's UE8M0 or F32 scale. */
 float moe_fp8_block_scale(const moe_mat *m, int64_t r, int64_t c);
 
