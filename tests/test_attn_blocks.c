@@ -276,9 +276,20 @@ START_TEST(sparse_attention_with_sink)
     const float sink[H] = {0.5f, 30.0f, -INFINITY}; /* normal, dominant, absent */
     float acc[D], chunk[ATTN_SPARSE_CHUNK];
     const int64_t lens[3] = {N, 64, 1};
+    /* the heads shared out over 3 threads (one head each) give the same bits */
+    enum { THREADS = 3 };
+    moe_dequant_pool *pool;
+    mmoe_error perr;
+    ck_assert_msg(moe_dequant_pool_create(THREADS, &pool, &perr) == MMOE_OK, "%s", perr.msg);
+    float pacc[THREADS * D], pchunk[THREADS * ATTN_SPARSE_CHUNK];
+    uint16_t pout[H * D];
     for (int li = 0; li < 3; li++) {
         mmoe_test_poison_bf16(out, H * D);
         attn_sparse_attention(q, H, D, rows, lens[li], sink, (float)(1.0 / sqrt((double)D)), acc, chunk, out);
+        mmoe_test_poison_bf16(pout, H * D);
+        attn_sparse_attention_pool(pool, q, H, D, rows, lens[li], sink, (float)(1.0 / sqrt((double)D)), pacc, pchunk,
+                                   pout);
+        ck_assert_msg(memcmp(out, pout, sizeof out) == 0, "n %lld: the heads on 3 threads differ", (long long)lens[li]);
         for (int h = 0; h < H; h++) {
             double ref[D], mag[D];
             oracle_attention(q + h * D, D, rows, lens[li], sink[h], ref, mag);
@@ -293,6 +304,7 @@ START_TEST(sparse_attention_with_sink)
             }
         }
     }
+    moe_dequant_pool_release(pool);
 }
 END_TEST
 

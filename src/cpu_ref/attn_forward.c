@@ -65,6 +65,7 @@ typedef struct fwd_sizes {
     int64_t i_width; /**< indexer compressor width 2*id */
     int64_t n_list;  /**< longest index list: window + blocks */
     int64_t gr;      /**< G * o_lora_rank */
+    int64_t threads; /**< threads of the scratch's pool (per-thread buffers of the sparse attention) */
 } fwd_sizes;
 
 /** Everything a call carves from the scratch. */
@@ -86,8 +87,8 @@ typedef struct fwd_bufs {
     float *idx_scores;       /**< indexer scores of one token */
     attn_scored *topk_work;  /**< top-k work space */
     int64_t *topk_idx;       /**< top-k result */
-    float *acc;              /**< sparse attention accumulator [d] */
-    float *chunk_scores;     /**< scores of one online-softmax chunk */
+    float *acc;              /**< sparse attention accumulators [threads][d] */
+    float *chunk_scores;     /**< scores of one online-softmax chunk [threads][chunk] */
     float *pooled;           /**< a pooled compressor block [d] */
 } fwd_bufs;
 
@@ -112,8 +113,8 @@ static size_t scratch_bytes(const fwd_sizes *s, int ratio, size_t *pieces, int *
     pieces[n++] = sizeof(float) * (size_t)(s->n_list + 1);         /* idx_scores */
     pieces[n++] = sizeof(attn_scored) * (size_t)(s->n_list + 1);   /* topk_work */
     pieces[n++] = sizeof(int64_t) * (size_t)(s->n_list + 1);       /* topk_idx */
-    pieces[n++] = sizeof(float) * (size_t)s->d;                    /* acc */
-    pieces[n++] = sizeof(float) * ATTN_SPARSE_CHUNK;               /* chunk_scores */
+    pieces[n++] = sizeof(float) * (size_t)(s->threads * s->d);     /* acc */
+    pieces[n++] = sizeof(float) * (size_t)s->threads * ATTN_SPARSE_CHUNK; /* chunk_scores */
     pieces[n++] = sizeof(float) * (size_t)s->d;                    /* pooled */
     size_t total = 0;
     for (int i = 0; i < n; i++)
@@ -246,8 +247,9 @@ static mmoe_status project_rows(moe_dequant_pool *pool, const mmoe_attn_params *
 }
 
 /** Steps 1-5 of the file comment for token @p t. */
-static void attend_token(const mmoe_attn_params *p, const mmoe_attn_weights *w, mmoe_attn_cache *c,
-                         const fwd_sizes *s, int64_t t, int64_t pos, const float *freqs, fwd_bufs *b)
+static void attend_token(moe_dequant_pool *pool, const mmoe_attn_params *p, const mmoe_attn_weights *w,
+                         mmoe_attn_cache *c, const fwd_sizes *s, int64_t t, int64_t pos, const float *freqs,
+                         fwd_bufs *b)
 {
     const int64_t d = s->d, W = p->window, r = p->compress_ratio;
     const float eps = (float)p->norm_eps;
@@ -286,8 +288,8 @@ static void attend_token(const mmoe_attn_params *p, const mmoe_attn_weights *w, 
     }
     const float scale = (float)(1.0 / sqrt((double)d));
     uint16_t *ot = b->o + t * s->hd;
-    attn_sparse_attention(b->q + t * s->hd, (int)s->H, (int)d, b->rows, n,
-                          (const float *)w->attn_sink.data, scale, b->acc, b->chunk_scores, ot);
+    attn_sparse_attention_pool(pool, b->q + t * s->hd, (int)s->H, (int)d, b->rows, n,
+                               (const float *)w->attn_sink.data, scale, b->acc, b->chunk_scores, ot);
     rope_heads(ot, s->H, d, p->rope_dim, freqs, pos, 1);
 }
 
@@ -334,6 +336,7 @@ mmoe_status mmoe_attention_forward(const mmoe_attn_params *p, const mmoe_attn_we
 
     mmoe_attn_scratch local = {0};
     mmoe_attn_scratch *sc = scratch != NULL ? scratch : &local;
+    s.threads = moe_dequant_pool_threads(sc->pool);
     size_t pieces[32];
     int n_pieces = 0;
     if (attn_scratch_begin(sc, scratch_bytes(&s, p->compress_ratio, pieces, &n_pieces)) != 0)
@@ -352,7 +355,7 @@ mmoe_status mmoe_attention_forward(const mmoe_attn_params *p, const mmoe_attn_we
     st = project_rows(sc->pool, p, w, &s, start_pos, freqs, &b, err);
     if (st == MMOE_OK) {
         for (int64_t t = 0; t < T; t++)
-            attend_token(p, w, cache, &s, t, start_pos + t, freqs, &b);
+            attend_token(sc->pool, p, w, cache, &s, t, start_pos + t, freqs, &b);
         cache->next_pos = start_pos + T;
         st = attn_out_proj(sc->pool, p, w, b.o, T, b.z, b.outb, err);
     }

@@ -168,6 +168,15 @@ void attn_sparse_attention(const uint16_t *q, int n_heads, int d, const uint16_t
                            int64_t n, const float *sink, float scale, float *acc, float *scores,
                            uint16_t *out);
 
+/**
+ * attn_sparse_attention() with the heads shared out over @p pool's threads (NULL: the caller
+ * alone); @p acc and @p scores hold one buffer per thread (moe_dequant_pool_threads(pool) of
+ * [d] and of [ATTN_SPARSE_CHUNK]).  A head's output does not depend on the thread.
+ */
+void attn_sparse_attention_pool(moe_dequant_pool *pool, const uint16_t *q, int n_heads, int d,
+                                const uint16_t *const *kv_rows, int64_t n, const float *sink, float scale,
+                                float *acc, float *scores, uint16_t *out);
+
 /* ------------------------------------------------------------------ attn_out_proj.c */
 
 /**

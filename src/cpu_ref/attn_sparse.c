@@ -88,11 +88,42 @@ static void attend_one_head(const uint16_t *q, int d, const uint16_t *const *kv_
         out[c] = mmoe_bf16_from_f32(acc[c] / den);
 }
 
+/** One call's operands, shared by the threads that take its heads (attn_sparse_attention_pool()). */
+typedef struct {
+    const uint16_t *q;              /**< [n_heads, d] */
+    int d;                          /**< head width */
+    const uint16_t *const *kv_rows; /**< the list */
+    int64_t n;                      /**< its length */
+    const float *sink;              /**< [n_heads] */
+    float scale;                    /**< softmax scale */
+    float *acc;                     /**< per thread: [d] */
+    float *scores;                  /**< per thread: [ATTN_SPARSE_CHUNK] */
+    uint16_t *out;                  /**< [n_heads, d] */
+} sparse_job;
+
+/** moe_rows_fn of attn_sparse_attention_pool(): heads [h0, h1) with thread @p thread's buffers. */
+static void sparse_heads(void *ctx, int thread, int64_t h0, int64_t h1)
+{
+    const sparse_job *j = ctx;
+    for (int64_t h = h0; h < h1; h++)
+        attend_one_head(j->q + (size_t)h * (size_t)j->d, j->d, j->kv_rows, j->n, j->sink[h], j->scale,
+                        j->acc + (size_t)thread * (size_t)j->d, j->scores + (size_t)thread * ATTN_SPARSE_CHUNK,
+                        j->out + (size_t)h * (size_t)j->d);
+}
+
+void attn_sparse_attention_pool(moe_dequant_pool *pool, const uint16_t *q, int n_heads, int d,
+                                const uint16_t *const *kv_rows, int64_t n, const float *sink, float scale,
+                                float *acc, float *scores, uint16_t *out)
+{
+    sparse_job j = {q, d, kv_rows, n, sink, scale, acc, scores, out};
+    moe_dequant_pool_lock(pool);
+    moe_pool_rows(pool, n_heads, 2 * n * d, 1, sparse_heads, &j);
+    moe_dequant_pool_unlock(pool);
+}
+
 void attn_sparse_attention(const uint16_t *q, int n_heads, int d, const uint16_t *const *kv_rows,
                            int64_t n, const float *sink, float scale, float *acc, float *scores,
                            uint16_t *out)
 {
-    for (int h = 0; h < n_heads; h++)
-        attend_one_head(q + (size_t)h * (size_t)d, d, kv_rows, n, sink[h], scale, acc, scores,
-                        out + (size_t)h * (size_t)d);
+    attn_sparse_attention_pool(NULL, q, n_heads, d, kv_rows, n, sink, scale, acc, scores, out);
 }

@@ -119,16 +119,17 @@ static mmoe_status f8_values_build(f8_values *v, const mmoe_tensor *scale, int b
 }
 
 /**
- * Load weight row @p row (K values) as doubles into out[k * stride]: BF16 and F32 widened, F8
- * looked up in @p v.
+ * Load weight row @p row (K values) as doubles into out[k * stride]: BF16 through fp32 (@p tmp,
+ * K floats) and F32 widened, F8 looked up in @p v.
  */
-static void load_row(const mmoe_tensor *w, const f8_values *v, int64_t row, int64_t K, double *out, int64_t stride)
+static void load_row(const mmoe_tensor *w, const f8_values *v, int64_t row, int64_t K, float *tmp, double *out,
+                     int64_t stride)
 {
     switch (w->dtype) {
     case MMOE_DT_BF16: {
-        const uint16_t *r = (const uint16_t *)w->data + row * K;
+        mmoe_bf16_to_f32_row((const uint16_t *)w->data + row * K, (size_t)K, tmp);
         for (int64_t k = 0; k < K; k++)
-            out[k * stride] = (double)mmoe_bf16_to_f32(r[k]);
+            out[k * stride] = (double)tmp[k];
         return;
     }
     case MMOE_DT_F32: {
@@ -200,13 +201,14 @@ typedef struct {
     double *y;            /**< [T, ldy] */
     int64_t ldy;          /**< its stride */
     double *wbuf;         /**< per thread: DENSE_LANES * K doubles */
+    float *tmp;           /**< per thread: K floats (a BF16 row in fp32) */
 } dense_job;
 
 /** Weight rows [n0, n1) of the call, one at a time, each against every x row (the definition). */
-static void dense_rows_generic(const dense_job *j, double *wrow, int64_t n0, int64_t n1)
+static void dense_rows_generic(const dense_job *j, float *tmp, double *wrow, int64_t n0, int64_t n1)
 {
     for (int64_t n = n0; n < n1; n++) {
-        load_row(j->w, j->v, j->row0 + n, j->K, wrow, 1);
+        load_row(j->w, j->v, j->row0 + n, j->K, tmp, wrow, 1);
         for (int64_t i = 0; i < j->T; i++)
             j->y[i * j->ldy + n] = dot_f64(j->x + i * j->ldx, wrow, j->K);
     }
@@ -250,16 +252,16 @@ MMOE_AVX2 static void dot4_f64_avx2(const double *a, const double *wq, int64_t K
 }
 
 /** As dense_rows_generic(), four weight rows at a time through dot4_f64_avx2() (same bits). */
-MMOE_AVX2 static void dense_rows_avx2(const dense_job *j, double *wq, int64_t n0, int64_t n1)
+MMOE_AVX2 static void dense_rows_avx2(const dense_job *j, float *tmp, double *wq, int64_t n0, int64_t n1)
 {
     int64_t n = n0;
     for (; n + DENSE_LANES <= n1; n += DENSE_LANES) {
         for (int r = 0; r < DENSE_LANES; r++)
-            load_row(j->w, j->v, j->row0 + n + r, j->K, wq + r, DENSE_LANES);
+            load_row(j->w, j->v, j->row0 + n + r, j->K, tmp, wq + r, DENSE_LANES);
         for (int64_t i = 0; i < j->T; i++)
             dot4_f64_avx2(j->x + i * j->ldx, wq, j->K, j->y + i * j->ldy + n);
     }
-    dense_rows_generic(j, wq, n, n1);
+    dense_rows_generic(j, tmp, wq, n, n1);
 }
 #endif
 
@@ -268,13 +270,14 @@ static void dense_rows(void *ctx, int thread, int64_t n0, int64_t n1)
 {
     const dense_job *j = ctx;
     double *wbuf = j->wbuf + (int64_t)thread * DENSE_LANES * j->K;
+    float *tmp = j->tmp + (int64_t)thread * j->K;
 #if MMOE_CPU_HAVE_X86
     if (j->isa == MOE_DOT_ISA_AVX2_FMA) {
-        dense_rows_avx2(j, wbuf, n0, n1);
+        dense_rows_avx2(j, tmp, wbuf, n0, n1);
         return;
     }
 #endif
-    dense_rows_generic(j, wbuf, n0, n1);
+    dense_rows_generic(j, tmp, wbuf, n0, n1);
 }
 
 mmoe_status attn_dense_sums(moe_dequant_pool *pool, moe_dot_isa isa, const double *x, int64_t T, int64_t ldx,
@@ -294,8 +297,11 @@ mmoe_status attn_dense_sums(moe_dequant_pool *pool, moe_dot_isa isa, const doubl
         goto done;
     const int threads = moe_dequant_pool_threads(pool);
     dense_job j = {isa, x, T, ldx, K, w, &v, row0, y, ldy,
-                   malloc(sizeof(double) * (size_t)(threads * DENSE_LANES * K))};
-    if (j.wbuf == NULL) {
+                   malloc(sizeof(double) * (size_t)(threads * DENSE_LANES * K)),
+                   malloc(sizeof(float) * (size_t)(threads * K))};
+    if (j.wbuf == NULL || j.tmp == NULL) {
+        free(j.wbuf);
+        free(j.tmp);
         st = mmoe_error_set(err, MMOE_ENOMEM, "dense linear: out of memory (K=%lld, %d threads)", (long long)K,
                             threads);
         goto done;
@@ -304,6 +310,7 @@ mmoe_status attn_dense_sums(moe_dequant_pool *pool, moe_dot_isa isa, const doubl
     moe_pool_rows(pool, N, K * T, DENSE_LANES, dense_rows, &j);
     moe_dequant_pool_unlock(pool);
     free(j.wbuf);
+    free(j.tmp);
 done:
     free(v.value);
     free(v.table);
