@@ -260,6 +260,42 @@ START_TEST(rmsnorm_vs_f64)
 }
 END_TEST
 
+/*
+ * The logits' sums follow the order of the forward's double sums (chunks of 16 from +0, then the
+ * pairwise tree), hand-derived.  Streams of width 16 (hc * D = 64 values: one node of four chunks)
+ * hold 1 at positions 0, 16, 32 and 48 and 0 elsewhere; the fn row of post logit 0 (row hc) holds
+ * 1, u, -1, u there (u = 2^-60), so that the chunk sums are c0 = 1, c1 = u, c2 = -1, c3 = u, and
+ * every other fn row is 0.  In the spec's order the sum is (1 + u) + (-1 + u) = 1 + (-1) = 0
+ * (1 + u rounds to 1), so the logit is 0 and, with base 0, post[0] = 2 sigmoid(0) = 1 exactly.
+ * Summed in sequence it is ((1 + u) - 1) + u = u, with the node's chunks paired the other way
+ * (c0 + c2) + (c1 + c3) = 2u: with scale[1] = 2^60 the logit times the scale is then rs or 2 rs
+ * (rs = 1/sqrt(4/64 + eps), about 4), and post[0] = 2 sigmoid(4) or 2 sigmoid(8), not 1.
+ */
+START_TEST(logits_follow_the_sum_order)
+{
+    enum { W = 16, N = HC * W, NMIX = (2 + HC) * HC };
+    const mmoe_hc_params p = {HC, W, 20, 1e-6f, 1e-6f};
+    uint16_t X[N], y[W];
+    float fn[NMIX * N], base[NMIX], post[HC], comb[HC * HC];
+    const float scale[3] = {1.0f, 0x1p60f, 1.0f};
+    memset(fn, 0, sizeof fn);
+    memset(base, 0, sizeof base);
+    for (int i = 0; i < N; i++)
+        X[i] = mmoe_bf16_from_f32(i % 16 == 0 ? 1.0f : 0.0f);
+    float *row = fn + HC * N; /* the logit of post[0] */
+    row[0] = 1.0f;
+    row[16] = 0x1p-60f;
+    row[32] = -1.0f;
+    row[48] = 0x1p-60f;
+    for (int j = 0; j < HC; j++)
+        post[j] = NAN;
+    mmoe_hc_pre(&p, X, 1, fn, base, scale, y, post, comb);
+    ck_assert_msg(post[0] == 1.0f, "post[0] = %a: the logit's sum is not (c0 + c1) + (c2 + c3)", post[0]);
+    for (int j = 1; j < HC; j++)
+        ck_assert_msg(post[j] == 1.0f, "post[%d] = %a, expected 1 (a zero logit)", j, post[j]);
+}
+END_TEST
+
 static Suite *mhc_suite(void)
 {
     Suite *s = suite_create("mhc");
@@ -267,6 +303,7 @@ static Suite *mhc_suite(void)
     tcase_add_test(tc, sinkhorn_vs_f64);
     tcase_add_test(tc, expand_pre_post_head_vs_f64);
     tcase_add_test(tc, rmsnorm_vs_f64);
+    tcase_add_test(tc, logits_follow_the_sum_order);
     suite_add_tcase(s, tc);
     return s;
 }

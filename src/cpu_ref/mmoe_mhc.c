@@ -6,7 +6,9 @@
  * computes the shared first two steps of hc_pre and hc_head: the RMS of all
  * hc*D values of a token and the n_out dot products with the rows of `fn`,
  * both accumulated in double (exact products of fp32 values, fixed order) and
- * rounded once to fp32, then multiplied in fp32.
+ * rounded once to fp32, then multiplied in fp32.  The dot products take the chunks of an
+ * aligned node of four as four independent chains (each chunk still ascending from +0, the
+ * node added as the tree adds it), which the order allows and the CPU's pipelines like.
  */
 #include "mmoe_mhc.h"
 
@@ -38,11 +40,26 @@ static void stream_mix_logits(const mmoe_hc_params *p, const uint16_t *Xt, const
     const int64_t n = (int64_t)p->hc * p->dim;
     float mean = (float)(mmoe_bf16_sum_of_squares(Xt, n) / (double)n);
     float rs = 1.0f / sqrtf(mean + p->norm_eps);
+    enum { NODE = 4 * MMOE_SUM_CHUNK }; /* an aligned node of four chunks: four independent chains */
+    float x[NODE];
     for (int r = 0; r < n_out; r++) {
         const float *row = fn + (int64_t)r * n;
         mmoe_pairwise pw;
         mmoe_pairwise_init(&pw);
-        for (int64_t i0 = 0; i0 < n; i0 += MMOE_SUM_CHUNK) {
+        int64_t i0 = 0;
+        for (; i0 + NODE <= n; i0 += NODE) {
+            mmoe_bf16_to_f32_row(Xt + i0, NODE, x);
+            const float *w = row + i0;
+            double c0 = 0.0, c1 = 0.0, c2 = 0.0, c3 = 0.0;
+            for (int i = 0; i < MMOE_SUM_CHUNK; i++) {
+                c0 += (double)w[i] * (double)x[i];
+                c1 += (double)w[MMOE_SUM_CHUNK + i] * (double)x[MMOE_SUM_CHUNK + i];
+                c2 += (double)w[2 * MMOE_SUM_CHUNK + i] * (double)x[2 * MMOE_SUM_CHUNK + i];
+                c3 += (double)w[3 * MMOE_SUM_CHUNK + i] * (double)x[3 * MMOE_SUM_CHUNK + i];
+            }
+            mmoe_pairwise_push_node(&pw, (c0 + c1) + (c2 + c3), 2);
+        }
+        for (; i0 < n; i0 += MMOE_SUM_CHUNK) {
             const int64_t i1 = n - i0 < MMOE_SUM_CHUNK ? n : i0 + MMOE_SUM_CHUNK;
             double c = 0.0;
             for (int64_t i = i0; i < i1; i++)
