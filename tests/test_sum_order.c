@@ -301,7 +301,6 @@ START_TEST(dense_rows_follow_the_order)
 {
     enum { T = 3, LDX = 1100, N = 11, ROW0 = 5, ROWS = ROW0 + N };
     const int64_t widths[] = {16, 64, 200, 256 + 48, 1000};
-    const mmoe_dtype dtypes[] = {MMOE_DT_BF16, MMOE_DT_F32, MMOE_DT_F8_E4M3, MMOE_DT_F8_E4M3};
     mmoe_rng r;
     mmoe_rng_seed(&r, g_seed + 2);
     uint16_t *xb = malloc(2 * (size_t)(T * LDX));
@@ -318,29 +317,36 @@ START_TEST(dense_rows_follow_the_order)
         x[i] = mmoe_bf16_to_f32(xb[i]);
     }
     int checked = 0, seq_differs = 0;
+    const struct {
+        mmoe_dtype dtype;
+        int f32_scale; /* F8: F32 scales instead of E8M0 */
+        int block;     /* F8: the block edge (4: the value tables only; 8: E8M0 also through the AVX2 decoder) */
+        int tiny;      /* F8 E8M0: scale bytes 1..12 only, around the decoder's lower limit (subnormal products) */
+    } kinds[] = {{MMOE_DT_BF16, 0, 4, 0},    {MMOE_DT_F32, 0, 4, 0},     {MMOE_DT_F8_E4M3, 0, 4, 0},
+                 {MMOE_DT_F8_E4M3, 1, 4, 0}, {MMOE_DT_F8_E4M3, 0, 8, 0}, {MMOE_DT_F8_E4M3, 0, 8, 1}};
     for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++)
-        for (size_t di = 0; di < sizeof dtypes / sizeof dtypes[0]; di++) {
+        for (size_t di = 0; di < sizeof kinds / sizeof kinds[0]; di++) {
             const int64_t K = widths[wi];
-            const int block = 4; /* F8: row blocks of 4 rows, K blocks of 4 terms */
-            const int f32_scale = di == 3;
-            mmoe_tensor w = {dtypes[di], 2, {ROWS, K}, wd, 0};
+            const int block = kinds[di].block;
+            const int f32_scale = kinds[di].f32_scale;
+            mmoe_tensor w = {kinds[di].dtype, 2, {ROWS, K}, wd, 0};
             mmoe_tensor sc = {f32_scale ? MMOE_DT_F32 : MMOE_DT_F8_E8M0, 2, {(ROWS + block - 1) / block, (K + block - 1) / block}, sd, 0};
             for (int64_t i = 0; i < ROWS * K; i++) {
-                if (dtypes[di] == MMOE_DT_BF16)
+                if (kinds[di].dtype == MMOE_DT_BF16)
                     ((uint16_t *)wd)[i] = spread_bf16(&r);
-                else if (dtypes[di] == MMOE_DT_F32)
+                else if (kinds[di].dtype == MMOE_DT_F32)
                     ((float *)wd)[i] = ldexpf(1.0f + (float)mmoe_rng_uniform(&r), (int)(mmoe_rng_uniform(&r) * 60) - 40);
                 else {
                     const uint8_t c = (uint8_t)mmoe_rng_below(&r, 254); /* no NaN code */
                     ((uint8_t *)wd)[i] = (uint8_t)(c >= 0x7F ? c + 1 : c);
                 }
             }
-            if (dtypes[di] == MMOE_DT_F8_E4M3) {
+            if (kinds[di].dtype == MMOE_DT_F8_E4M3) {
                 for (int64_t i = 0; i < sc.shape[0] * sc.shape[1]; i++) {
                     if (f32_scale)
                         ((float *)sd)[i] = (float)(mmoe_rng_uniform(&r) * 3.0 + 0.01);
                     else
-                        sd[i] = (uint8_t)(1 + mmoe_rng_below(&r, 254));
+                        sd[i] = (uint8_t)(1 + mmoe_rng_below(&r, kinds[di].tiny ? 12 : 254));
                 }
             }
             for (int run = 0; run < 2 * MOE_DOT_ISA_COUNT; run++) {
@@ -363,7 +369,7 @@ START_TEST(dense_rows_follow_the_order)
                         const double want = ref_sum(terms, K), got = y[t * N + n];
                         ck_assert_msg(memcmp(&want, &got, sizeof want) == 0,
                                       "%s, %d threads, %s weight, K %lld, row %lld, x row %d: %a, expected %a (seed %llu)",
-                                      moe_dot_isa_name(isa), moe_dequant_pool_threads(pool), mmoe_dtype_name(dtypes[di]),
+                                      moe_dot_isa_name(isa), moe_dequant_pool_threads(pool), mmoe_dtype_name(kinds[di].dtype),
                                       (long long)K,
                                       (long long)n, t, got, want, (unsigned long long)g_seed);
                         checked++;

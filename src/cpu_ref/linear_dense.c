@@ -197,6 +197,7 @@ typedef struct {
     int64_t T, ldx, K;    /**< rows of x, their stride, the width */
     const mmoe_tensor *w; /**< the weight */
     const f8_values *v;   /**< an F8 weight's values */
+    const mmoe_tensor *scale; /**< an F8 weight's scales */
     int64_t row0;         /**< the first weight row */
     double *y;            /**< [T, ldy] */
     int64_t ldy;          /**< its stride */
@@ -251,13 +252,79 @@ MMOE_AVX2 static void dot4_f64_avx2(const double *a, const double *wq, int64_t K
     }
 }
 
+/**
+ * E8M0 scale bytes whose products with every E4M3 value are normal fp32 numbers (2^-9 * 2^(b - 127)
+ * >= 2^-126 and 448 * 2^(b - 127) below the fp32 maximum): for them e4m3(c) * s is exact in fp32
+ * and, with at most 4 significant bits, its bf16 rounding changes nothing, so the table's value
+ * is the decoded code times the scale.
+ */
+#define F8_EXACT_MIN_BYTE 10
+/** The largest such byte (see ::F8_EXACT_MIN_BYTE). */
+#define F8_EXACT_MAX_BYTE 246
+
+/**
+ * Four consecutive rows of an F8 weight with E8M0 scales into wq[k * 4 + r], K block by K block:
+ * where the four rows' scale bytes of the block are all within ::F8_EXACT_MIN_BYTE ..
+ * ::F8_EXACT_MAX_BYTE and the block a multiple of 8 wide, eight codes of each row decoded in
+ * registers (mmoe_e4m3_codes_avx2()) and multiplied by its scale, the 4 x 8 values transposed
+ * into eight groups of four and widened; elsewhere the table's values (the same numbers).
+ */
+MMOE_AVX2 static void load_f8_rows4_avx2(const dense_job *j, int64_t row, double *wq)
+{
+    const int64_t K = j->K, nkb = j->v->nkb;
+    const int block = j->v->block;
+    const float *e4m3 = mmoe_fp8_e4m3_table();
+    const __m256 nan_pos = _mm256_set1_ps(e4m3[0x7F]), nan_neg = _mm256_set1_ps(e4m3[0xFF]);
+    const uint8_t *codes = (const uint8_t *)j->w->data + row * K;
+    const uint8_t *sb = (const uint8_t *)j->scale->data;
+    for (int64_t k0 = 0, kb = 0; k0 < K; k0 += block, kb++) {
+        const int64_t k1 = K - k0 < block ? K : k0 + block;
+        int exact = block % 8 == 0 && (k1 - k0) % 8 == 0;
+        uint8_t b[DENSE_LANES];
+        for (int r = 0; r < DENSE_LANES; r++) {
+            b[r] = sb[((row + r) / block) * nkb + kb];
+            exact = exact && b[r] >= F8_EXACT_MIN_BYTE && b[r] <= F8_EXACT_MAX_BYTE;
+        }
+        if (!exact) {
+            for (int r = 0; r < DENSE_LANES; r++) {
+                const double *val = j->v->value + (int64_t)j->v->table[((row + r) / block - j->v->rb0) * nkb + kb] * 256;
+                for (int64_t k = k0; k < k1; k++)
+                    wq[k * DENSE_LANES + r] = val[codes[r * K + k]];
+            }
+            continue;
+        }
+        const __m256 s0 = _mm256_set1_ps(mmoe_ue8m0_to_f32(b[0])), s1 = _mm256_set1_ps(mmoe_ue8m0_to_f32(b[1]));
+        const __m256 s2 = _mm256_set1_ps(mmoe_ue8m0_to_f32(b[2])), s3 = _mm256_set1_ps(mmoe_ue8m0_to_f32(b[3]));
+        for (int64_t k = k0; k < k1; k += 8) {
+            const __m256 r0 = _mm256_mul_ps(mmoe_e4m3_codes_avx2(codes + k, nan_pos, nan_neg), s0);
+            const __m256 r1 = _mm256_mul_ps(mmoe_e4m3_codes_avx2(codes + K + k, nan_pos, nan_neg), s1);
+            const __m256 r2 = _mm256_mul_ps(mmoe_e4m3_codes_avx2(codes + 2 * K + k, nan_pos, nan_neg), s2);
+            const __m256 r3 = _mm256_mul_ps(mmoe_e4m3_codes_avx2(codes + 3 * K + k, nan_pos, nan_neg), s3);
+            /* transpose within each 128-bit half: g[i] holds column i (low half) and i + 4 (high) */
+            const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+            const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+            const __m256 g[4] = {_mm256_shuffle_ps(t0, t2, 0x44), _mm256_shuffle_ps(t0, t2, 0xEE),
+                                 _mm256_shuffle_ps(t1, t3, 0x44), _mm256_shuffle_ps(t1, t3, 0xEE)};
+            double *out = wq + k * DENSE_LANES;
+            for (int i = 0; i < 4; i++) {
+                _mm256_storeu_pd(out + i * DENSE_LANES, _mm256_cvtps_pd(_mm256_castps256_ps128(g[i])));
+                _mm256_storeu_pd(out + (i + 4) * DENSE_LANES, _mm256_cvtps_pd(_mm256_extractf128_ps(g[i], 1)));
+            }
+        }
+    }
+}
+
 /** As dense_rows_generic(), four weight rows at a time through dot4_f64_avx2() (same bits). */
 MMOE_AVX2 static void dense_rows_avx2(const dense_job *j, float *tmp, double *wq, int64_t n0, int64_t n1)
 {
+    const int f8_e8m0 = j->w->dtype == MMOE_DT_F8_E4M3 && j->scale->dtype == MMOE_DT_F8_E8M0;
     int64_t n = n0;
     for (; n + DENSE_LANES <= n1; n += DENSE_LANES) {
-        for (int r = 0; r < DENSE_LANES; r++)
-            load_row(j->w, j->v, j->row0 + n + r, j->K, tmp, wq + r, DENSE_LANES);
+        if (f8_e8m0)
+            load_f8_rows4_avx2(j, j->row0 + n, wq);
+        else
+            for (int r = 0; r < DENSE_LANES; r++)
+                load_row(j->w, j->v, j->row0 + n + r, j->K, tmp, wq + r, DENSE_LANES);
         for (int64_t i = 0; i < j->T; i++)
             dot4_f64_avx2(j->x + i * j->ldx, wq, j->K, j->y + i * j->ldy + n);
     }
@@ -296,7 +363,7 @@ mmoe_status attn_dense_sums(moe_dequant_pool *pool, moe_dot_isa isa, const doubl
     if (w->dtype == MMOE_DT_F8_E4M3 && (st = f8_values_build(&v, scale, block, row0, N, K, err)) != MMOE_OK)
         goto done;
     const int threads = moe_dequant_pool_threads(pool);
-    dense_job j = {isa, x, T, ldx, K, w, &v, row0, y, ldy,
+    dense_job j = {isa, x, T, ldx, K, w, &v, scale, row0, y, ldy,
                    malloc(sizeof(double) * (size_t)(threads * DENSE_LANES * K)),
                    malloc(sizeof(float) * (size_t)(threads * K))};
     if (j.wbuf == NULL || j.tmp == NULL) {
