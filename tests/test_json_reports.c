@@ -131,6 +131,12 @@ START_TEST(bench_forward_json)
     assert_rel(num(o, "decode_ms_per_token"), 1e3 * num(o, "decode_s") / 2, "decode_ms_per_token");
     assert_rel(num(o, "prefill_tokens_per_s"), 64 / num(o, "prefill_s"), "prefill_tokens_per_s");
     ck_assert(num(o, "peak_rss_bytes") > 0 && num(o, "kv_cache_bytes") > 0 && num(o, "weight_bytes") > 0);
+    /* what ran: the oracle's CPU kernels (either name; the same bits), the worker and OpenBLAS threads */
+    const char *kernels = json_string_value(json_object_get(o, "cpu_kernels"));
+    ck_assert_msg(kernels != NULL && (strcmp(kernels, "avx2+fma") == 0 || strcmp(kernels, "generic") == 0),
+                  "cpu_kernels: %s", kernels ? kernels : "(missing)");
+    ck_assert(num(o, "worker_threads") >= 1 && num(o, "openblas_threads") >= 1);
+    ck_assert_ptr_nonnull(json_string_value(json_object_get(o, "openblas_core")));
     static const char *const splits[] = {"prefill_split", "decode_split"};
     for (int s = 0; s < 2; s++) {
         json_t *sp = json_object_get(o, splits[s]), *layers = json_object_get(sp, "layers");

@@ -33,6 +33,7 @@
  * refused before loading as `logits --gpus N` is); its report (bench_forward_ep.c) gives the
  * totals, the routed pairs of each GPU and each MoE sub-layer's exchange time, in text or JSON.
  */
+#include <cblas.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -373,11 +374,17 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
         mmoe_json_bench_forward_model(report, model_dir, cfg->n_layers, cfg->n_mtp_layers, t_load);
         mmoe_json_bench_forward_prefill(report, n_prefill, t_prefill);
         json_object_set_new(report, "prefill_split", split_json(&tm, a0, m0, h0, 0, 0));
+        mmoe_json_set_str(report, "cpu_kernels", mmoe_cpu_kernels());
+        mmoe_json_set_int(report, "worker_threads", mmoe_model_worker_threads(m));
+        mmoe_json_set_str(report, "openblas_core", openblas_get_corename());
+        mmoe_json_set_int(report, "openblas_threads", openblas_get_num_threads());
     } else {
         printf("model %s: %d layers + %d MTP, D %lld, %d experts top-%d, weights %.2f GiB\n", model_dir,
                cfg->n_layers, cfg->n_mtp_layers, (long long)cfg->dim, cfg->n_routed_experts,
                cfg->n_activated_experts, (double)mmoe_model_weight_bytes(m) / (1u << 30));
         printf("load (mmap + checks): %.3f s\n", t_load);
+        printf("cpu: kernels %s, %d worker threads, OpenBLAS %s x%d threads\n", mmoe_cpu_kernels(),
+               mmoe_model_worker_threads(m), openblas_get_corename(), openblas_get_num_threads());
         printf("prefill: %lld tokens in %.3f s = %.2f tokens/s\n", (long long)n_prefill, t_prefill,
                (double)n_prefill / t_prefill);
         print_split("prefill", &tm, a0, m0, h0, 0, 0, t_prefill);

@@ -49,7 +49,7 @@
 #define ACT_BLOCK 128
 /**
  * Activation rows up to which the AVX2 kernel computes the partials in registers (above, the
- * decoded tile's dgemm is faster: on a Zen 3 core the kernel takes 0.33-0.38 ns a weight for
+ * decoded tile's dgemm is faster: on a Zen 4 core the kernel takes 0.33-0.38 ns a weight for
  * one row and 0.52-0.54 for four, the tile path 0.46-0.68 and 0.61-0.66, and for eight 1.0
  * against 0.9).
  */

@@ -85,6 +85,9 @@ const mmoe_config *mmoe_model_config(const mmoe_model *m);
 /** Total bytes of the checkpoint's tensors (the mapped weights). */
 uint64_t mmoe_model_weight_bytes(const mmoe_model *m);
 
+/** Threads of the model's worker pool, the caller's included (the MoE layers, the attention's linears). */
+int mmoe_model_worker_threads(const mmoe_model *m);
+
 /**
  * Create a state for sequences of at most @p max_seq_len tokens (0: the config's max_seq_len).
  * @return MMOE_OK, MMOE_ERANGE, MMOE_ENOMEM

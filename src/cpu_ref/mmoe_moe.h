@@ -259,6 +259,12 @@ void mmoe_moe_pool_destroy(mmoe_moe_pool *pool);
 int mmoe_moe_pool_threads(const mmoe_moe_pool *pool);
 
 /**
+ * The CPU kernels the oracle runs on this machine: "avx2+fma" (x86-64 with AVX2 and FMA), else
+ * "generic" (the scalar definitions, slower).  Both give the same bits; benchmarks report it.
+ */
+const char *mmoe_cpu_kernels(void);
+
+/**
  * Create a layer for @p desc (copied) that decodes its weight tiles on @p pool instead of a pool
  * of its own; the layer takes a reference to the pool (the caller may destroy its own reference
  * at any time).  Results are bit-identical to mmoe_moe_layer_create()'s layer.

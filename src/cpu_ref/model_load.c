@@ -382,3 +382,5 @@ mmoe_status mmoe_model_moe_layer(const mmoe_model *m, int block, mmoe_moe_desc *
 }
 
 uint64_t mmoe_model_weight_bytes(const mmoe_model *m) { return m->weight_bytes; }
+
+int mmoe_model_worker_threads(const mmoe_model *m) { return mmoe_moe_pool_threads(m->moe_pool); }

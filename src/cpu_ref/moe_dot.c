@@ -91,6 +91,8 @@ moe_dot_isa moe_dot_isa_best(void)
     return moe_dot_isa_runs_here(MOE_DOT_ISA_AVX2_FMA) ? MOE_DOT_ISA_AVX2_FMA : MOE_DOT_ISA_GENERIC;
 }
 
+const char *mmoe_cpu_kernels(void) { return moe_dot_isa_name(moe_dot_isa_best()); }
+
 /** The fixed combine of the eight lanes. */
 static float combine_lanes(const float p[MOE_DOT_LANES])
 {
