@@ -27,7 +27,8 @@
  * become bits 26..20 of a float and 120 is added to its exponent field, so that a normal code
  * (exponent e = 1..15, mantissa m) reads (1 + m/8) 2^(e + 120 - 127), its E4M3 value; a
  * subnormal code (e = 0, value m 2^-9) takes the exponent field 121 instead, which reads
- * (1 + m/8) 2^-6, and then loses 2^-6 by an exact subtraction.  The sign bit is set last (so
+ * (1 + m/8) 2^-6, and then loses 2^-6 by an exact subtraction (a vector without subnormal
+ * codes, the usual case of real weights, skips these two steps).  The sign bit is set last (so
  * 0x80 is -0), and the two NaN codes (magnitude 0x7F) take the decoder's NaN of their sign
  * (@p nan_pos, @p nan_neg: the values of mmoe_fp8_e4m3_table()).
  */
@@ -38,10 +39,15 @@ MMOE_AVX2 static inline __attribute__((always_inline)) __m256 mmoe_e4m3_codes_av
     const __m256i mag = _mm256_and_si256(x, _mm256_set1_epi32(0x7F));
     const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(x, 7), 31);
     const __m256i sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag); /* exponent field 0 */
-    const __m256i bits = _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(120 << 23)),
-                                          _mm256_and_si256(sub, _mm256_set1_epi32(1 << 23)));
-    const __m256 lift = _mm256_and_ps(_mm256_castsi256_ps(sub), _mm256_set1_ps(0x1p-6f));
-    __m256 v = _mm256_or_ps(_mm256_sub_ps(_mm256_castsi256_ps(bits), lift), _mm256_castsi256_ps(sign));
+    __m256i bits = _mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(120 << 23));
+    __m256 v;
+    if (_mm256_testz_si256(sub, sub)) { /* no subnormal code: the usual case of real weights */
+        v = _mm256_or_ps(_mm256_castsi256_ps(bits), _mm256_castsi256_ps(sign));
+    } else {
+        bits = _mm256_add_epi32(bits, _mm256_and_si256(sub, _mm256_set1_epi32(1 << 23)));
+        const __m256 lift = _mm256_and_ps(_mm256_castsi256_ps(sub), _mm256_set1_ps(0x1p-6f));
+        v = _mm256_or_ps(_mm256_sub_ps(_mm256_castsi256_ps(bits), lift), _mm256_castsi256_ps(sign));
+    }
     const __m256 is_nan = _mm256_castsi256_ps(_mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7F)));
     if (!_mm256_testz_ps(is_nan, is_nan))
         v = _mm256_blendv_ps(v, _mm256_blendv_ps(nan_pos, nan_neg, _mm256_castsi256_ps(sign)), is_nan);
