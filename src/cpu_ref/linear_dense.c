@@ -18,8 +18,10 @@
  * Weight rows are converted to double once per call and reused for all T rows.
  * An F8_E4M3 weight (the published, unconverted wo_a) is dequantized with its E8M0 (or
  * FP32) scales and rounded to bf16 -- exactly what convert.py stores; the 256 possible
- * values of each K block of a row block are computed once (f8_tables_fill(), the same fp32
- * product and rounding as mmoe_dequant_row_fp8()) and the codes looked up.
+ * values under each distinct scale of the rows a call reads are computed once
+ * (f8_values_build(), the same fp32 product and rounding as mmoe_dequant_row_fp8()) and the
+ * codes looked up, or, where an E8M0 scale keeps every product a normal fp32 number (then the
+ * bf16 rounding cannot act), decoded in AVX2 registers (load_f8_rows4_avx2()).
  *
  * The scalar dot_f64() is the definition; on a CPU with AVX2 the kernel takes four weight
  * rows at once, one per lane of a double vector (dot4_f64_avx2(): the rows interleaved as
@@ -28,6 +30,10 @@
  * against the order written from its definition).  Each product is exact for the callers'
  * operands (bf16 or fp32 values against bf16 or fp32 weights), so a compiler contracting a
  * multiplication and an addition into one fused step could not change a bit either.
+ *
+ * The weight rows of a call are shared out over a worker pool (moe_pool_rows(), the model's
+ * pool of the MoE layers): each output is one row's dot products, computed by the same code
+ * whatever thread takes the row, with per-thread row buffers.
  */
 #include "attn_internal.h"
 
