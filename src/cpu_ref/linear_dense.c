@@ -200,7 +200,9 @@ static double dot_f64(const double *a, const double *b, int64_t K)
 typedef struct {
     moe_dot_isa isa;      /**< the kernels */
     const double *x;      /**< [T, ldx] */
-    int64_t T, ldx, K;    /**< rows of x, their stride, the width */
+    int64_t T;            /**< rows of x */
+    int64_t ldx;          /**< their stride */
+    int64_t K;            /**< the width */
     const mmoe_tensor *w; /**< the weight */
     const f8_values *v;   /**< an F8 weight's values */
     const mmoe_tensor *scale; /**< an F8 weight's scales */

@@ -173,8 +173,10 @@ static float fp8_accumulate(const double *partial, int64_t nkb, const float *sx_
 typedef struct {
     const double *xq;      /**< [tn, K] E4M3 values */
     const float *sx;       /**< [tn, K / 128] their scales */
-    int64_t t0, tn;        /**< the chunk's first row of y, its rows */
-    int64_t K, N;          /**< the weight's width and rows */
+    int64_t t0;            /**< the chunk's first row of y */
+    int64_t tn;            /**< its rows */
+    int64_t K;             /**< the weight's width */
+    int64_t N;             /**< its rows */
     const uint8_t *wb;     /**< the weight's codes [N, K] */
     const uint8_t *sb;     /**< its scale bytes */
     int64_t sw_cols;       /**< scale bytes per scale row */
