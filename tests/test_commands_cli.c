@@ -114,6 +114,9 @@ START_TEST(renamed_token_options_say_so)
 {
     expect_error_line("logits --model ck --tokens 1,2 --out o.safetensors", 2,
                       "megamoe logits: --tokens is now --ids ID,ID,... (the token ids)");
+    expect_error_line("bench forward --model ck --peer --backend gpu", 2,
+                      "megamoe bench forward: --peer times the CPU oracle's peer (OpenBLAS); it needs --backend cpu "
+                      "(the GPU layer's peer is bench moe's PyTorch layer)");
     expect_error_line("bench forward --model ck --tokens 4", 2,
                       "megamoe bench forward: --tokens is now --prefill N (the prompt's token count)");
     expect_error_line("synth-layer --shape tiny --seed 1 --tokens 4 --out s.safetensors", 2,

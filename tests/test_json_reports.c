@@ -152,6 +152,25 @@ START_TEST(bench_forward_json)
 }
 END_TEST
 
+/* --peer: the SGEMM peer's times, and the ratios computed from them and the oracle's */
+START_TEST(bench_forward_peer_json)
+{
+    char args[1200];
+    snprintf(args, sizeof args, "bench forward --model %s --prefill 8 --decode 2 --peer --json", g_dir);
+    json_t *lines = run_lines(args);
+    ck_assert_uint_eq(json_array_size(lines), 1);
+    json_t *o = json_array_get(lines, 0);
+    ck_assert_str_eq(json_string_value(json_object_get(o, "peer")), "openblas-sgemm");
+    ck_assert(num(o, "peer_prefill_s") > 0 && num(o, "peer_decode_ms_per_token") > 0);
+    /* the tiny model's step: 4 layers' and the head's products, 2 * rows * N * K each */
+    ck_assert(num(o, "peer_prefill_gflop") > 0);
+    assert_rel(num(o, "ratio_to_peer_prefill"), num(o, "peer_prefill_s") / num(o, "prefill_s"), "ratio_to_peer_prefill");
+    assert_rel(num(o, "ratio_to_peer_decode"), num(o, "peer_decode_ms_per_token") / num(o, "decode_ms_per_token"),
+               "ratio_to_peer_decode");
+    json_decref(lines);
+}
+END_TEST
+
 int main(void)
 {
     const char *src = getenv("MMOE_SRCDIR");
@@ -163,6 +182,7 @@ int main(void)
     tcase_add_test(tc, inspect_json);
     tcase_add_test(tc, bench_moe_json);
     tcase_add_test(tc, bench_forward_json);
+    tcase_add_test(tc, bench_forward_peer_json);
     suite_add_tcase(s, tc);
     int rc = mmoe_test_run(s);
     mmoe_test_rmtree(g_tmp);

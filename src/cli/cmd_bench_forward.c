@@ -2,7 +2,7 @@
  * @file cmd_bench_forward.c
  * @brief `megamoe bench forward`: prefill tokens/s, decode ms/token and the layer-by-layer split of the CPU oracle.
  *
- *     megamoe bench forward --model DIR [--prefill 64] [--decode 8] [--seed S] [--threads N] [--json]
+ *     megamoe bench forward --model DIR [--prefill 64] [--decode 8] [--seed S] [--threads N] [--json] [--peer]
  *                           [--backend cpu|gpu|auto] [--cuda-graph on|off] [--gpus N [--gpu-memory GIB]]
  *
  * Prefills --prefill random token ids from position 0 (one call), then decodes --decode
@@ -15,8 +15,15 @@
  * "forward", "backend": "cpu", "model", "layers", "load_s", "prefill_tokens", "prefill_s",
  * "prefill_tokens_per_s", "decode_tokens", "decode_s", "decode_ms_per_token",
  * "peak_rss_bytes", "weight_bytes", "kv_cache_bytes", "cuda_graph", "prefill_split",
- * "decode_split"}; a split is {"attention_s", "moe_s", "mhc_s", "embed_s", "head_s", "layers":
- * [{"layer", "attention_s", "moe_s", "mhc_s"}]}.
+ * "decode_split", "cpu_kernels", "worker_threads", "openblas_core", "openblas_threads"}; a split
+ * is {"attention_s", "moe_s", "mhc_s", "embed_s", "head_s", "layers": [{"layer", "attention_s",
+ * "moe_s", "mhc_s"}]}.
+ *
+ * With --peer (CPU only) the same step's matrix products also run as OpenBLAS SGEMM on FP32
+ * weights (bench_forward_peer.c), after the oracle and after the peak RSS is read: the text gets
+ * a "peer" line, the JSON "peer": "openblas-sgemm", "peer_prefill_s", "peer_prefill_gflop",
+ * "peer_decode_ms_per_token", "ratio_to_peer_prefill" and "ratio_to_peer_decode" (peer time /
+ * the oracle's: above 1, the oracle is faster).
  *
  * With the GPU (mmoe_gpu_forward.h) the totals come from a run without synchronization
  * between the parts (after one untimed warm-up run of the same tokens, so that the kernels
@@ -62,6 +69,9 @@ static void usage(FILE *out)
                  "  --seed S        RNG seed of the prompt (default 1)\n"
                  "  --threads N     OpenBLAS and worker threads (MoE, attention linears), 1..%d (default: their own defaults)\n"
                  "  --json          the report as one JSON object (default: text)\n"
+                 "  --peer          also time the step's matrix products as OpenBLAS SGEMM on FP32 weights,\n"
+                 "                  the CPU oracle's peer (CPU only; needs the largest product's FP32 weights\n"
+                 "                  in memory) (default off)\n"
                  "  --backend B     cpu (the oracle), gpu or auto (the GPU when there is one) (default cpu)\n"
                  MMOE_CUDA_GRAPH_USAGE
                  "  --gpus N        the GPU forward over N GPUs (expert parallel, NCCL): adds the routed pairs\n"
@@ -237,7 +247,7 @@ static mmoe_status bench_gpu(mmoe_gpu_model *g, int32_t *ids, long n_prefill, lo
 
 int mmoe_cmd_bench_forward(int argc, char **argv)
 {
-    enum { O_THREADS = 256, O_TOKENS, O_GPUS, O_GPU_MEM, O_GRAPH };
+    enum { O_THREADS = 256, O_TOKENS, O_GPUS, O_GPU_MEM, O_GRAPH, O_PEER };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'}, {"prefill", required_argument, 0, 't'},
                                          {"decode", required_argument, 0, 'd'}, {"seed", required_argument, 0, 's'},
                                          {"threads", required_argument, 0, O_THREADS},
@@ -246,11 +256,12 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
                                          {"gpus", required_argument, 0, O_GPUS},
                                          {"gpu-memory", required_argument, 0, O_GPU_MEM},
                                          {"cuda-graph", required_argument, 0, O_GRAPH},
+                                         {"peer", no_argument, 0, O_PEER},
                                          {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
     const char *cmd = "bench forward", *model_dir = NULL;
     int64_t n_prefill = 64, n_decode = 8;
     uint64_t seed = 1;
-    int c, rc = 0, threads = 0, json = 0, backend_given = 0;
+    int c, rc = 0, threads = 0, json = 0, backend_given = 0, peer = 0;
     mmoe_backend backend = MMOE_BACKEND_CPU;
     mmoe_cli_ep ep_opt = {0};
     mmoe_cuda_graph_opt graph = {0, 0};
@@ -277,6 +288,7 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
         case O_GPUS: rc = mmoe_cli_ep_option("bench forward", "gpus", optarg, &ep_opt); break;
         case O_GPU_MEM: rc = mmoe_cli_ep_option("bench forward", "gpu-memory", optarg, &ep_opt); break;
         case O_GRAPH: rc = mmoe_cuda_graph_option(cmd, optarg, &graph); break;
+        case O_PEER: peer = 1; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return MMOE_EXIT_USAGE;
         }
@@ -291,6 +303,11 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
     if (ep_opt.gpus > 0 && backend_given && backend != MMOE_BACKEND_GPU) {
         fprintf(stderr, "megamoe bench forward: --gpus runs the GPU forward over N GPUs: --backend cpu or auto "
                         "contradicts it\n");
+        return MMOE_EXIT_USAGE;
+    }
+    if (peer && (backend != MMOE_BACKEND_CPU || ep_opt.gpus > 0)) {
+        fprintf(stderr, "megamoe bench forward: --peer times the CPU oracle's peer (OpenBLAS); it needs --backend cpu "
+                        "(the GPU layer's peer is bench moe's PyTorch layer)\n");
         return MMOE_EXIT_USAGE;
     }
     if ((rc = mmoe_cuda_graph_resolve(cmd, &graph, backend, ep_opt.gpus)) != 0)
@@ -411,8 +428,30 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
         print_split("decode", &tm, a0, m0, h0, e0, hd0, t_decode);
     }
     struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
+    getrusage(RUSAGE_SELF, &ru); /* before the peer's FP32 weights */
+    double peer_prefill_s = 0, peer_decode_s = 0, peer_flops = 0, flops1 = 0;
+    if (peer && ((st = mmoe_bench_forward_peer(cfg, n_prefill, 3, &peer_prefill_s, &peer_flops, &err)) != MMOE_OK ||
+                 (st = mmoe_bench_forward_peer(cfg, 1, 5, &peer_decode_s, &flops1, &err)) != MMOE_OK))
+        goto done;
+    if (peer && !json) {
+        printf("peer (OpenBLAS %s x%d, the step's matrix products as SGEMM or SGEMV on FP32 weights): prefill %.2f tokens/s "
+               "(%.1f GFLOP), decode %.2f ms/token; ratio (peer time / ours): prefill %.2f",
+               openblas_get_corename(), openblas_get_num_threads(), (double)n_prefill / peer_prefill_s,
+               peer_flops * 1e-9, 1e3 * peer_decode_s, peer_prefill_s / t_prefill);
+        if (n_decode > 0)
+            printf(", decode %.2f", peer_decode_s / (t_decode / (double)n_decode));
+        printf("\n");
+    }
     if (json) {
+        if (peer) {
+            json_object_set_new(report, "peer", json_string("openblas-sgemm"));
+            mmoe_json_set_real(report, "peer_prefill_s", peer_prefill_s);
+            mmoe_json_set_real(report, "peer_prefill_gflop", peer_flops * 1e-9);
+            mmoe_json_set_real(report, "peer_decode_ms_per_token", 1e3 * peer_decode_s);
+            mmoe_json_set_real(report, "ratio_to_peer_prefill", peer_prefill_s / t_prefill);
+            if (n_decode > 0)
+                mmoe_json_set_real(report, "ratio_to_peer_decode", peer_decode_s / (t_decode / (double)n_decode));
+        }
         mmoe_model_state_timings(s, &tm);
         mmoe_json_bench_forward_decode(report, n_decode, t_decode);
         json_object_set_new(report, "decode_split", split_json(&tm, a0, m0, h0, e0, hd0));

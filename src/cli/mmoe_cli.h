@@ -119,6 +119,18 @@ void mmoe_cli_set_threads(int n);
 /** May progress lines (rewritten in place with a carriage return) be printed?  Only when stderr is a terminal. */
 int mmoe_cli_progress_allowed(void);
 
+struct mmoe_config;
+
+/**
+ * The CPU forward's peer (bench_forward_peer.c): one step of @p T tokens of the model of @p c as
+ * OpenBLAS SGEMM on FP32 weights, the median of @p reps timed runs after a warm-up.
+ * @param seconds  written: the median step time
+ * @param flops    written: the step's products' floating-point operations
+ * @return MMOE_OK, MMOE_EINVAL or MMOE_ENOMEM (the message gives the FP32 weight buffer's size)
+ */
+mmoe_status mmoe_bench_forward_peer(const struct mmoe_config *c, int64_t T, int reps, double *seconds, double *flops,
+                                    mmoe_error *err);
+
 /** @} */
 
 int mmoe_cmd_inspect(int argc, char **argv);     /**< `megamoe inspect FILE` */
