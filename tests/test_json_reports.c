@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mmoe_config.h"
 #include "mmoe_test.h"
 
 static char g_dir[1024]; /**< fixtures/tiny-dsv4 */
@@ -118,15 +119,23 @@ START_TEST(bench_moe_json)
 }
 END_TEST
 
-START_TEST(bench_forward_json)
+/** `megamoe bench forward --model <tiny> OPTIONS --json`: its one report line (in @p lines, to be freed). */
+static json_t *bench_forward_report(const char *options, json_t **lines)
 {
     char args[1200];
-    /* the default prefill (64 tokens): the option's name is not part of what this test checks */
-    snprintf(args, sizeof args, "bench forward --model %s --decode 2 --json", g_dir);
-    json_t *lines = run_lines(args);
-    ck_assert_uint_eq(json_array_size(lines), 1);
-    json_t *o = json_array_get(lines, 0);
+    snprintf(args, sizeof args, "bench forward --model %s %s --json", g_dir, options);
+    *lines = run_lines(args);
+    ck_assert_uint_eq(json_array_size(*lines), 1);
+    json_t *o = json_array_get(*lines, 0);
     ck_assert_str_eq(json_string_value(json_object_get(o, "bench")), "forward");
+    return o;
+}
+
+START_TEST(bench_forward_json)
+{
+    /* the default prefill (64 tokens): the option's name is not part of what this test checks */
+    json_t *lines;
+    json_t *o = bench_forward_report("--decode 2", &lines);
     ck_assert(num(o, "prefill_tokens") == 64 && num(o, "decode_tokens") == 2);
     assert_rel(num(o, "decode_ms_per_token"), 1e3 * num(o, "decode_s") / 2, "decode_ms_per_token");
     assert_rel(num(o, "prefill_tokens_per_s"), 64 / num(o, "prefill_s"), "prefill_tokens_per_s");
@@ -152,18 +161,46 @@ START_TEST(bench_forward_json)
 }
 END_TEST
 
-/* --peer: the SGEMM peer's times, and the ratios computed from them and the oracle's */
+/*
+ * The peer's floating-point operations of a step of T tokens, from its definition (the table of
+ * bench_forward_peer.c): per layer the attention's products (by the layer's compress ratio) for
+ * T rows, the T top-k pairs spread evenly over min(E, T top-k) experts and T rows of the shared
+ * experts, 2 I D + D I weights an expert; the head's last row.  2 flops a multiply-add.
+ */
+static double peer_flops(const mmoe_config *c, int64_t T)
+{
+    const double D = (double)c->dim, d = c->head_dim, hd = (double)c->n_heads * c->head_dim, q = (double)c->q_lora_rank;
+    const double G = c->o_groups, R = (double)c->o_lora_rank, inter = (double)c->moe_inter_dim;
+    const double ih = c->index_n_heads, id = c->index_head_dim, expert = 2 * inter * D + D * inter;
+    const int64_t pairs = T * c->n_activated_experts;
+    const int64_t experts = pairs < c->n_routed_experts ? pairs : c->n_routed_experts;
+    const int64_t rows = (pairs + experts - 1) / experts;
+    double f = 0;
+    for (int L = 0; L < c->n_layers; L++) {
+        const int r = c->compress_ratios[L];
+        double w = q * D + d * D + hd * q + G * (R * hd / G) + D * G * R;
+        if (r > 0)
+            w += 2 * (r == 4 ? 2 : 1) * d * D;
+        if (r == 4)
+            w += ih * id * q + ih * D + 2 * (2 * id) * D;
+        f += 2 * (double)T * w + 2 * (double)(experts * rows) * expert + 2 * (double)T * c->n_shared_experts * expert;
+    }
+    return f + 2 * (double)c->vocab_size * D;
+}
+
+/* --peer: the SGEMM peer's times, its flops, and the ratios computed from them and the oracle's */
 START_TEST(bench_forward_peer_json)
 {
-    char args[1200];
-    snprintf(args, sizeof args, "bench forward --model %s --prefill 8 --decode 2 --peer --json", g_dir);
-    json_t *lines = run_lines(args);
-    ck_assert_uint_eq(json_array_size(lines), 1);
-    json_t *o = json_array_get(lines, 0);
+    json_t *lines;
+    json_t *o = bench_forward_report("--prefill 8 --decode 2 --peer", &lines);
     ck_assert_str_eq(json_string_value(json_object_get(o, "peer")), "openblas-sgemm");
     ck_assert(num(o, "peer_prefill_s") > 0 && num(o, "peer_decode_ms_per_token") > 0);
-    /* the tiny model's step: 4 layers' and the head's products, 2 * rows * N * K each */
-    ck_assert(num(o, "peer_prefill_gflop") > 0);
+    char path[1100];
+    snprintf(path, sizeof path, "%s/config.json", g_dir);
+    mmoe_config cfg;
+    mmoe_error err;
+    ck_assert_msg(mmoe_config_load(path, &cfg, &err) == MMOE_OK, "%s", err.msg);
+    assert_rel(num(o, "peer_prefill_gflop"), peer_flops(&cfg, 8) * 1e-9, "peer_prefill_gflop");
     assert_rel(num(o, "ratio_to_peer_prefill"), num(o, "peer_prefill_s") / num(o, "prefill_s"), "ratio_to_peer_prefill");
     assert_rel(num(o, "ratio_to_peer_decode"), num(o, "peer_decode_ms_per_token") / num(o, "decode_ms_per_token"),
                "ratio_to_peer_decode");

@@ -39,22 +39,14 @@
 
 double attn_dot_bf16(const uint16_t *a, const uint16_t *b, int64_t n)
 {
-    enum { NODE = 4 * MMOE_SUM_CHUNK }; /* an aligned node of four chunks: four independent chains */
-    float af[NODE], bf[NODE];
+    float af[MMOE_SUM_NODE4], bf[MMOE_SUM_NODE4];
     mmoe_pairwise pw;
     mmoe_pairwise_init(&pw);
     int64_t i0 = 0;
-    for (; i0 + NODE <= n; i0 += NODE) {
-        mmoe_bf16_to_f32_row(a + i0, NODE, af);
-        mmoe_bf16_to_f32_row(b + i0, NODE, bf);
-        double c0 = 0.0, c1 = 0.0, c2 = 0.0, c3 = 0.0;
-        for (int i = 0; i < MMOE_SUM_CHUNK; i++) {
-            c0 += (double)af[i] * (double)bf[i];
-            c1 += (double)af[MMOE_SUM_CHUNK + i] * (double)bf[MMOE_SUM_CHUNK + i];
-            c2 += (double)af[2 * MMOE_SUM_CHUNK + i] * (double)bf[2 * MMOE_SUM_CHUNK + i];
-            c3 += (double)af[3 * MMOE_SUM_CHUNK + i] * (double)bf[3 * MMOE_SUM_CHUNK + i];
-        }
-        mmoe_pairwise_push_node(&pw, (c0 + c1) + (c2 + c3), 2);
+    for (; i0 + MMOE_SUM_NODE4 <= n; i0 += MMOE_SUM_NODE4) {
+        mmoe_bf16_to_f32_row(a + i0, MMOE_SUM_NODE4, af);
+        mmoe_bf16_to_f32_row(b + i0, MMOE_SUM_NODE4, bf);
+        mmoe_pairwise_push_node(&pw, mmoe_sum_node4_f32(af, bf), 2);
     }
     for (; i0 < n; i0 += MMOE_SUM_CHUNK) {
         const int64_t i1 = n - i0 < MMOE_SUM_CHUNK ? n : i0 + MMOE_SUM_CHUNK;

@@ -56,7 +56,7 @@ float attn_tensor_f32_at(const mmoe_tensor *t, int64_t i)
 #define DENSE_LANES 4
 
 /** Terms of one aligned node of four chunks (the kernels' step along K). */
-#define DENSE_NODE (4 * MMOE_SUM_CHUNK)
+#define DENSE_NODE MMOE_SUM_NODE4
 
 /**
  * The bf16 values of an F8 weight's codes: for each distinct scale s among the K blocks of the
@@ -181,17 +181,8 @@ static double dot_f64(const double *a, const double *b, int64_t K)
     mmoe_pairwise pw;
     mmoe_pairwise_init(&pw);
     int64_t k0 = 0;
-    for (; k0 + DENSE_NODE <= K; k0 += DENSE_NODE) {
-        const double *a0 = a + k0, *b0 = b + k0;
-        double c0 = 0.0, c1 = 0.0, c2 = 0.0, c3 = 0.0;
-        for (int i = 0; i < MMOE_SUM_CHUNK; i++) {
-            c0 += a0[i] * b0[i];
-            c1 += a0[MMOE_SUM_CHUNK + i] * b0[MMOE_SUM_CHUNK + i];
-            c2 += a0[2 * MMOE_SUM_CHUNK + i] * b0[2 * MMOE_SUM_CHUNK + i];
-            c3 += a0[3 * MMOE_SUM_CHUNK + i] * b0[3 * MMOE_SUM_CHUNK + i];
-        }
-        mmoe_pairwise_push_node(&pw, (c0 + c1) + (c2 + c3), 2); /* an aligned run of four chunks */
-    }
+    for (; k0 + DENSE_NODE <= K; k0 += DENSE_NODE)
+        mmoe_pairwise_push_node(&pw, mmoe_sum_node4_f64(a + k0, b + k0), 2); /* an aligned run of four chunks */
     dot_f64_tail(a, b, 1, k0, K, &pw);
     return mmoe_pairwise_result(&pw);
 }

@@ -40,24 +40,15 @@ static void stream_mix_logits(const mmoe_hc_params *p, const uint16_t *Xt, const
     const int64_t n = (int64_t)p->hc * p->dim;
     float mean = (float)(mmoe_bf16_sum_of_squares(Xt, n) / (double)n);
     float rs = 1.0f / sqrtf(mean + p->norm_eps);
-    enum { NODE = 4 * MMOE_SUM_CHUNK }; /* an aligned node of four chunks: four independent chains */
-    float x[NODE];
+    float x[MMOE_SUM_NODE4];
     for (int r = 0; r < n_out; r++) {
         const float *row = fn + (int64_t)r * n;
         mmoe_pairwise pw;
         mmoe_pairwise_init(&pw);
         int64_t i0 = 0;
-        for (; i0 + NODE <= n; i0 += NODE) {
-            mmoe_bf16_to_f32_row(Xt + i0, NODE, x);
-            const float *w = row + i0;
-            double c0 = 0.0, c1 = 0.0, c2 = 0.0, c3 = 0.0;
-            for (int i = 0; i < MMOE_SUM_CHUNK; i++) {
-                c0 += (double)w[i] * (double)x[i];
-                c1 += (double)w[MMOE_SUM_CHUNK + i] * (double)x[MMOE_SUM_CHUNK + i];
-                c2 += (double)w[2 * MMOE_SUM_CHUNK + i] * (double)x[2 * MMOE_SUM_CHUNK + i];
-                c3 += (double)w[3 * MMOE_SUM_CHUNK + i] * (double)x[3 * MMOE_SUM_CHUNK + i];
-            }
-            mmoe_pairwise_push_node(&pw, (c0 + c1) + (c2 + c3), 2);
+        for (; i0 + MMOE_SUM_NODE4 <= n; i0 += MMOE_SUM_NODE4) {
+            mmoe_bf16_to_f32_row(Xt + i0, MMOE_SUM_NODE4, x);
+            mmoe_pairwise_push_node(&pw, mmoe_sum_node4_f32(row + i0, x), 2);
         }
         for (; i0 < n; i0 += MMOE_SUM_CHUNK) {
             const int64_t i1 = n - i0 < MMOE_SUM_CHUNK ? n : i0 + MMOE_SUM_CHUNK;

@@ -74,6 +74,40 @@ MMOE_SUM_FN void mmoe_pairwise_push_node(mmoe_pairwise *p, double c, int level)
 /** Append the next chunk sum @p c. */
 MMOE_SUM_FN void mmoe_pairwise_push(mmoe_pairwise *p, double c) { mmoe_pairwise_push_node(p, c, 0); }
 
+/** Terms of an aligned node of four chunks, the unit of the four-chain sums below. */
+#define MMOE_SUM_NODE4 (4 * MMOE_SUM_CHUNK)
+
+/**
+ * The sum of one aligned node of four chunks, terms a[i] * b[i] (i < ::MMOE_SUM_NODE4) of fp32
+ * operands, each product exact in double: each chunk from +0 in ascending order (four
+ * independent chains), then (c0 + c1) + (c2 + c3), as the tree adds them; push it with
+ * mmoe_pairwise_push_node(p, node, 2) at a node boundary.
+ */
+MMOE_SUM_FN double mmoe_sum_node4_f32(const float *a, const float *b)
+{
+    double c0 = 0.0, c1 = 0.0, c2 = 0.0, c3 = 0.0;
+    for (int i = 0; i < MMOE_SUM_CHUNK; i++) {
+        c0 += (double)a[i] * (double)b[i];
+        c1 += (double)a[MMOE_SUM_CHUNK + i] * (double)b[MMOE_SUM_CHUNK + i];
+        c2 += (double)a[2 * MMOE_SUM_CHUNK + i] * (double)b[2 * MMOE_SUM_CHUNK + i];
+        c3 += (double)a[3 * MMOE_SUM_CHUNK + i] * (double)b[3 * MMOE_SUM_CHUNK + i];
+    }
+    return (c0 + c1) + (c2 + c3);
+}
+
+/** mmoe_sum_node4_f32() of double operands (the products a[i] * b[i] as the caller's operands allow). */
+MMOE_SUM_FN double mmoe_sum_node4_f64(const double *a, const double *b)
+{
+    double c0 = 0.0, c1 = 0.0, c2 = 0.0, c3 = 0.0;
+    for (int i = 0; i < MMOE_SUM_CHUNK; i++) {
+        c0 += a[i] * b[i];
+        c1 += a[MMOE_SUM_CHUNK + i] * b[MMOE_SUM_CHUNK + i];
+        c2 += a[2 * MMOE_SUM_CHUNK + i] * b[2 * MMOE_SUM_CHUNK + i];
+        c3 += a[3 * MMOE_SUM_CHUNK + i] * b[3 * MMOE_SUM_CHUNK + i];
+    }
+    return (c0 + c1) + (c2 + c3);
+}
+
 /** P of the chunk sums pushed so far: the subtrees folded from the right (+0 when none). */
 MMOE_SUM_FN double mmoe_pairwise_result(const mmoe_pairwise *p)
 {
