@@ -15,7 +15,8 @@
  * rows of an FP4 or FP8 matrix, decoded in registers, by a few tokens": the same rule holds
  * there, each output element being one call of the fixed-order kernel (moe_dot.c) whatever
  * thread makes it; or (moe_pool_rows()) "call the caller's function on row ranges", which the
- * attention's linears use (linear_dense.c, linear_fp8.c) under the same rule.  The layer uses one tile per job (chunk = nc = K): 128 rows x D for L1,
+ * attention's linears and heads use (linear_dense.c, linear_fp8.c, attn_sparse.c) under the same
+ * rule.  The layer uses one tile per job (chunk = nc = K): 128 rows x D for L1,
  * 256 rows x I for L2, so that a job is large enough to be worth a wake-up (a 256 x 128 piece
  * alone takes about 15 us); the tests also use chunks.  The job's rows are cut into grabs of
  * about ::MOE_DEQUANT_GRAB_WEIGHTS weights; the workers and the caller take grabs from one
