@@ -433,13 +433,16 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
     if (peer && ((st = mmoe_bench_forward_peer(cfg, n_prefill, 3, &peer_prefill_s, &peer_flops, &err)) != MMOE_OK ||
                  (st = mmoe_bench_forward_peer(cfg, 1, 5, &peer_decode_s, &flops1, &err)) != MMOE_OK))
         goto done;
+    /* peer time / ours (above 1: the oracle is faster); decode only with decoded tokens */
+    const double ratio_prefill = peer_prefill_s / t_prefill;
+    const double ratio_decode = n_decode > 0 ? peer_decode_s / (t_decode / (double)n_decode) : 0.0;
     if (peer && !json) {
         printf("peer (OpenBLAS %s x%d, the step's matrix products as SGEMM or SGEMV on FP32 weights): prefill %.2f tokens/s "
                "(%.1f GFLOP), decode %.2f ms/token; ratio (peer time / ours): prefill %.2f",
                openblas_get_corename(), openblas_get_num_threads(), (double)n_prefill / peer_prefill_s,
-               peer_flops * 1e-9, 1e3 * peer_decode_s, peer_prefill_s / t_prefill);
+               peer_flops * 1e-9, 1e3 * peer_decode_s, ratio_prefill);
         if (n_decode > 0)
-            printf(", decode %.2f", peer_decode_s / (t_decode / (double)n_decode));
+            printf(", decode %.2f", ratio_decode);
         printf("\n");
     }
     if (json) {
@@ -448,9 +451,9 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
             mmoe_json_set_real(report, "peer_prefill_s", peer_prefill_s);
             mmoe_json_set_real(report, "peer_prefill_gflop", peer_flops * 1e-9);
             mmoe_json_set_real(report, "peer_decode_ms_per_token", 1e3 * peer_decode_s);
-            mmoe_json_set_real(report, "ratio_to_peer_prefill", peer_prefill_s / t_prefill);
+            mmoe_json_set_real(report, "ratio_to_peer_prefill", ratio_prefill);
             if (n_decode > 0)
-                mmoe_json_set_real(report, "ratio_to_peer_decode", peer_decode_s / (t_decode / (double)n_decode));
+                mmoe_json_set_real(report, "ratio_to_peer_decode", ratio_decode);
         }
         mmoe_model_state_timings(s, &tm);
         mmoe_json_bench_forward_decode(report, n_decode, t_decode);

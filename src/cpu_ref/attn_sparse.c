@@ -124,9 +124,7 @@ void attn_sparse_attention_pool(moe_dequant_pool *pool, const uint16_t *q, int n
                                 float *acc, float *scores, uint16_t *out)
 {
     sparse_job j = {q, d, kv_rows, n, sink, scale, acc, scores, out};
-    moe_dequant_pool_lock(pool);
     moe_pool_rows(pool, n_heads, 2 * n * d, 1, sparse_heads, &j);
-    moe_dequant_pool_unlock(pool);
 }
 
 void attn_sparse_attention(const uint16_t *q, int n_heads, int d, const uint16_t *const *kv_rows,

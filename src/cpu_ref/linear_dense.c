@@ -124,6 +124,15 @@ static mmoe_status f8_values_build(f8_values *v, const mmoe_tensor *scale, int b
     return MMOE_OK;
 }
 
+/** Row @p row's K block @p kb (its codes k0 .. k1 - 1 of @p codes) looked up in @p v, into out[k * stride]. */
+static void f8_lookup_block(const f8_values *v, const uint8_t *codes, int64_t row, int64_t kb, int64_t k0, int64_t k1,
+                            double *out, int64_t stride)
+{
+    const double *val = v->value + (int64_t)v->table[(row / v->block - v->rb0) * v->nkb + kb] * 256;
+    for (int64_t k = k0; k < k1; k++)
+        out[k * stride] = val[codes[k]];
+}
+
 /**
  * Load weight row @p row (K values) as doubles into out[k * stride]: BF16 through fp32 (@p tmp,
  * K floats) and F32 widened, F8 looked up in @p v.
@@ -146,13 +155,8 @@ static void load_row(const mmoe_tensor *w, const f8_values *v, int64_t row, int6
     }
     default: { /* F8_E4M3 (attn_dense_sums() admits no other) */
         const uint8_t *r = (const uint8_t *)w->data + row * K;
-        const int32_t *tab = v->table + (row / v->block - v->rb0) * v->nkb;
-        for (int64_t k0 = 0, kb = 0; k0 < K; k0 += v->block, kb++) {
-            const double *val = v->value + (int64_t)tab[kb] * 256;
-            const int64_t k1 = K - k0 < v->block ? K : k0 + v->block;
-            for (int64_t k = k0; k < k1; k++)
-                out[k * stride] = val[r[k]];
-        }
+        for (int64_t k0 = 0, kb = 0; k0 < K; k0 += v->block, kb++)
+            f8_lookup_block(v, r, row, kb, k0, K - k0 < v->block ? K : k0 + v->block, out, stride);
         return;
     }
     }
@@ -285,11 +289,8 @@ MMOE_AVX2 static void load_f8_rows4_avx2(const dense_job *j, int64_t row, double
             exact = exact && b[r] >= F8_EXACT_MIN_BYTE && b[r] <= F8_EXACT_MAX_BYTE;
         }
         if (!exact) {
-            for (int r = 0; r < DENSE_LANES; r++) {
-                const double *val = j->v->value + (int64_t)j->v->table[((row + r) / block - j->v->rb0) * nkb + kb] * 256;
-                for (int64_t k = k0; k < k1; k++)
-                    wq[k * DENSE_LANES + r] = val[codes[r * K + k]];
-            }
+            for (int r = 0; r < DENSE_LANES; r++)
+                f8_lookup_block(j->v, codes + r * K, row + r, kb, k0, k1, wq + r, DENSE_LANES);
             continue;
         }
         const __m256 s0 = _mm256_set1_ps(mmoe_ue8m0_to_f32(b[0])), s1 = _mm256_set1_ps(mmoe_ue8m0_to_f32(b[1]));
@@ -372,9 +373,7 @@ mmoe_status attn_dense_sums(moe_dequant_pool *pool, moe_dot_isa isa, const doubl
                             threads);
         goto done;
     }
-    moe_dequant_pool_lock(pool);
     moe_pool_rows(pool, N, K * T, DENSE_LANES, dense_rows, &j);
-    moe_dequant_pool_unlock(pool);
     free(j.wbuf);
     free(j.tmp);
 done:

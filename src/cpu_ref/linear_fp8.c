@@ -244,9 +244,7 @@ mmoe_status attn_linear_fp8(moe_dequant_pool *pool, moe_dot_isa isa, const uint1
             goto done;
         if (fp8_in_registers(isa, tn, block)) {
             fp8_reg_job j = {xq, sx, t0, tn, K, N, wb, sb, sw_cols, block, partial, y};
-            moe_dequant_pool_lock(pool);
             moe_pool_rows(pool, N, K * tn, 1, fp8_rows_in_registers, &j);
-            moe_dequant_pool_unlock(pool);
             continue;
         }
         for (int64_t n0 = 0; n0 < N; n0 += ATTN_FP8_TILE_N) {

@@ -405,9 +405,11 @@ void moe_pool_gemm_coded(moe_dequant_pool *p, moe_dot_isa isa, const float *a, i
 
 void moe_pool_rows(moe_dequant_pool *p, int64_t nr, int64_t row_weights, int64_t align, moe_rows_fn fn, void *ctx)
 {
+    moe_dequant_pool_lock(p);
     job_start(p, (dequant_job){.kind = JOB_ROWS, .r0 = 0, .nr = nr, .fn = fn, .ctx = ctx}, row_weights,
               align > 0 ? align : 1);
     moe_dequant_finish(p);
+    moe_dequant_pool_unlock(p);
 }
 
 void moe_dequant_finish(moe_dequant_pool *p)

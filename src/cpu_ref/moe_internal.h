@@ -282,7 +282,8 @@ typedef void (*moe_rows_fn)(void *ctx, int thread, int64_t r0, int64_t r1);
  * pool's threads and the caller; returns when every row is done.  A job too small to share, or
  * a NULL or one-thread pool, runs on the caller alone (thread 0).  Each row's result must not
  * depend on which thread computes it or on the grab it falls in; then the bits are those of one
- * thread.  Not reentrant: one job per pool at a time (callers hold moe_dequant_pool_lock()).
+ * thread.  It holds the pool's run lock (moe_dequant_pool_lock()) for the job, so calls from
+ * several threads take turns; it must not be called while that lock is held.
  */
 void moe_pool_rows(moe_dequant_pool *p, int64_t nr, int64_t row_weights, int64_t align, moe_rows_fn fn, void *ctx);
 
