@@ -292,21 +292,21 @@ static double dense_weight_value(const mmoe_tensor *w, const mmoe_tensor *sc, in
  * here against the spec's order (ref_sum), bit for bit: BF16, F32 and F8 weights (E8M0 scales over 1..254, so that some products leave
  * the normal fp32 range before the bf16 rounding, and F32 scales), widths with and without a
  * partial node of 64 terms and a partial chunk, row counts not a multiple of the kernel's four,
- * an offset row0 crossing F8 row blocks, several x rows with a stride; each on the caller alone
+ * an offset row0 crossing F8 row blocks, five x rows with a stride (a pass of three at once, then single rows); each on the caller alone
  * and with its rows shared out over a pool of 3 threads.  The terms are spread
  * over 2^-40 .. 2^20 so that the order shows: the test counts sums that differ from the
  * sequential sum and requires a fifth of them to.
  */
 START_TEST(dense_rows_follow_the_order)
 {
-    enum { T = 3, LDX = 1100, N = 11, ROW0 = 5, ROWS = ROW0 + N };
+    enum { T = 5, LDX = 1100, N = 13, ROW0 = 5, ROWS = ROW0 + N };
     const int64_t widths[] = {16, 64, 200, 256 + 48, 1000};
     mmoe_rng r;
     mmoe_rng_seed(&r, g_seed + 2);
     uint16_t *xb = malloc(2 * (size_t)(T * LDX));
     double *x = malloc(sizeof(double) * (size_t)(T * LDX)), *terms = malloc(sizeof(double) * 1000);
     void *wd = malloc(4 * (size_t)(ROWS * 1000));
-    uint8_t *sd = malloc(4 * 1024);
+    uint8_t *sd = malloc(4 * 2048); /* scales: up to ceil(ROWS / 4) x 250 fp32 */
     double *y = malloc(sizeof(double) * (size_t)(T * N));
     ck_assert(xb && x && terms && wd && sd && y);
     moe_dequant_pool *pools;

@@ -28,8 +28,11 @@
  * they are converted), every lane performing dot_f64()'s multiplications and additions in
  * dot_f64()'s order, so that the bits are the same (tests/test_sum_order.c checks both
  * against the order written from its definition).  Each product is exact for the callers'
- * operands (bf16 or fp32 values against bf16 or fp32 weights), so a compiler contracting a
- * multiplication and an addition into one fused step could not change a bit either.
+ * operands (bf16 or fp32 values against bf16 or fp32 weights), so a multiplication and its
+ * addition fused into one step (the vector kernels' FMA, or a compiler's contraction) round
+ * the same sum once and change no bit.  Calls of four x rows or more (prefill) take eight
+ * weight rows against four x rows per pass (dot8x4_f64_avx2()), so that each loaded value
+ * serves several products, and the tree's merges run on four lanes at once (pairwise4).
  *
  * The weight rows of a call are shared out over a worker pool (moe_pool_rows(), the model's
  * pool of the MoE layers): each output is one row's dot products, computed by the same code
@@ -204,7 +207,7 @@ typedef struct {
     int64_t row0;         /**< the first weight row */
     double *y;            /**< [T, ldy] */
     int64_t ldy;          /**< its stride */
-    double *wbuf;         /**< per thread: DENSE_LANES * K doubles */
+    double *wbuf;         /**< per thread: DENSE_BLOCK_ROWS * K doubles */
     float *tmp;           /**< per thread: K floats (a BF16 row in fp32) */
 } dense_job;
 
@@ -220,39 +223,167 @@ static void dense_rows_generic(const dense_job *j, float *tmp, double *wrow, int
 
 #if MMOE_CPU_HAVE_X86
 /**
- * Four weight rows at once, lane r of every vector holding row r (@p wq interleaved: wq[k * 4 +
- * r]): per lane exactly dot_f64()'s operations (the four chunks of a node as four vector
- * chains, each product then its addition, the node as (c0 + c1) + (c2 + c3)), so that each lane
- * gives dot_f64()'s bits for its row.
+ * Four pairwise sums of the same shape in progress, one per lane (the four weight rows of a
+ * vector kernel, whose sums have the same number of chunks): mmoe_pairwise_push_node()'s binary
+ * counter with vectors for subtree sums, so that one merge step adds four lanes.
  */
-MMOE_AVX2 static void dot4_f64_avx2(const double *a, const double *wq, int64_t K, double *out)
+typedef struct {
+    __m256d s[MMOE_SUM_LEVELS]; /**< subtree sums, one per lane, levels strictly decreasing */
+    int lvl[MMOE_SUM_LEVELS];   /**< their levels, common to the lanes */
+    int n;                      /**< subtrees held */
+} pairwise4;
+
+/** mmoe_pairwise_push_node() in every lane of @p p. */
+MMOE_AVX2 static inline __attribute__((always_inline)) void pairwise4_push_node(pairwise4 *p, __m256d c, int level)
 {
-    mmoe_pairwise pw[DENSE_LANES];
-    for (int r = 0; r < DENSE_LANES; r++)
-        mmoe_pairwise_init(&pw[r]);
+    while (p->n > 0 && p->lvl[p->n - 1] == level) {
+        c = _mm256_add_pd(p->s[p->n - 1], c);
+        p->n--;
+        level++;
+    }
+    p->s[p->n] = c;
+    p->lvl[p->n] = level;
+    p->n++;
+}
+
+/** Lane @p r of @p p as a scalar pairwise sum (for the tail's chunks and the result). */
+MMOE_AVX2 static void pairwise4_lane(const pairwise4 *p, int r, mmoe_pairwise *out)
+{
+    out->n = p->n;
+    for (int i = 0; i < p->n; i++) {
+        double lanes[DENSE_LANES];
+        _mm256_storeu_pd(lanes, p->s[i]);
+        out->s[i] = lanes[r];
+        out->lvl[i] = p->lvl[i];
+    }
+}
+
+/**
+ * The four sums of a vector kernel: for lane r, @p p's subtrees, then the chunks of columns k0 .. K - 1
+ * that do not fill a node (a times wq[k * 4 + r]), folded as mmoe_pairwise_result() does, into out[r].
+ */
+MMOE_AVX2 static void pairwise4_finish(const pairwise4 *p, const double *a, const double *wq, int64_t k0, int64_t K,
+                                       double *out)
+{
+    for (int r = 0; r < DENSE_LANES; r++) {
+        mmoe_pairwise pw = {{0.0}, {0}, 0};
+        pairwise4_lane(p, r, &pw);
+        dot_f64_tail(a, wq + r, DENSE_LANES, k0, K, &pw);
+        out[r] = mmoe_pairwise_result(&pw);
+    }
+}
+
+/** x rows that one pass of dot4_f64_avx2() takes at once (each loaded weight vector serves them all). */
+#define DENSE_TOKENS 3
+
+/**
+ * Four weight rows against @p rt x rows at once, lane r of every vector holding weight row r (@p wq
+ * interleaved: wq[k * 4 + r]), x row t at a + t * lda, its four sums at out + t * ldo: per lane and
+ * x row exactly dot_f64()'s operations (the four chunks of a node as four vector chains, each
+ * product then its addition, the node as (c0 + c1) + (c2 + c3)), so that each lane gives dot_f64()'s
+ * bits for its pair of rows.  The product then its addition is one fused multiply-add here: every
+ * product of the callers' operands is exact in double (the file comment), so the fused step rounds
+ * the same sum once, as the two steps do.  Always inlined with a constant @p rt, so that the
+ * 4 x rt accumulators live in registers.
+ */
+MMOE_AVX2 static inline __attribute__((always_inline)) void dot4_f64_avx2(int rt, const double *a, int64_t lda,
+                                                                          const double *wq, int64_t K, double *out,
+                                                                          int64_t ldo)
+{
+    pairwise4 pw[DENSE_TOKENS];
+    _Pragma("GCC unroll 4")
+    for (int t = 0; t < rt; t++)
+        pw[t].n = 0;
     int64_t k0 = 0;
     for (; k0 + DENSE_NODE <= K; k0 += DENSE_NODE) {
         const double *a0 = a + k0, *w0 = wq + k0 * DENSE_LANES;
-        __m256d c0 = _mm256_setzero_pd(), c1 = _mm256_setzero_pd(), c2 = _mm256_setzero_pd(),
-                c3 = _mm256_setzero_pd();
-        for (int i = 0; i < MMOE_SUM_CHUNK; i++) {
-            c0 = _mm256_add_pd(c0, _mm256_mul_pd(_mm256_broadcast_sd(a0 + i), _mm256_loadu_pd(w0 + i * DENSE_LANES)));
-            c1 = _mm256_add_pd(c1, _mm256_mul_pd(_mm256_broadcast_sd(a0 + MMOE_SUM_CHUNK + i),
-                                                 _mm256_loadu_pd(w0 + (MMOE_SUM_CHUNK + i) * DENSE_LANES)));
-            c2 = _mm256_add_pd(c2, _mm256_mul_pd(_mm256_broadcast_sd(a0 + 2 * MMOE_SUM_CHUNK + i),
-                                                 _mm256_loadu_pd(w0 + (2 * MMOE_SUM_CHUNK + i) * DENSE_LANES)));
-            c3 = _mm256_add_pd(c3, _mm256_mul_pd(_mm256_broadcast_sd(a0 + 3 * MMOE_SUM_CHUNK + i),
-                                                 _mm256_loadu_pd(w0 + (3 * MMOE_SUM_CHUNK + i) * DENSE_LANES)));
+        __m256d c[DENSE_TOKENS][4];
+        _Pragma("GCC unroll 4")
+        for (int t = 0; t < rt; t++)
+            _Pragma("GCC unroll 4")
+            for (int q = 0; q < 4; q++)
+                c[t][q] = _mm256_setzero_pd();
+        for (int i = 0; i < MMOE_SUM_CHUNK; i++)
+            _Pragma("GCC unroll 4")
+            for (int q = 0; q < 4; q++) {
+                const int64_t k = q * MMOE_SUM_CHUNK + i;
+                const __m256d wv = _mm256_loadu_pd(w0 + k * DENSE_LANES);
+                _Pragma("GCC unroll 4")
+                for (int t = 0; t < rt; t++)
+                    c[t][q] = _mm256_fmadd_pd(_mm256_broadcast_sd(a0 + t * lda + k), wv, c[t][q]);
+            }
+        _Pragma("GCC unroll 4")
+        for (int t = 0; t < rt; t++)
+            pairwise4_push_node(&pw[t], _mm256_add_pd(_mm256_add_pd(c[t][0], c[t][1]), _mm256_add_pd(c[t][2], c[t][3])),
+                                2);
+    }
+    _Pragma("GCC unroll 4")
+    for (int t = 0; t < rt; t++)
+        pairwise4_finish(&pw[t], a + t * lda, wq, k0, K, out + t * ldo);
+}
+
+/** Weight rows (two groups of ::DENSE_LANES) and x rows of one pass of dot8x4_f64_avx2(). */
+#define DENSE_BLOCK_ROWS (2 * DENSE_LANES)
+/** See ::DENSE_BLOCK_ROWS. */
+#define DENSE_BLOCK_TOKENS 4
+
+/**
+ * Eight weight rows (two groups of four, each interleaved as dot4_f64_avx2() takes them: group g at
+ * wq + g * 4 * K) against four x rows: the same operations per lane and x row as dot4_f64_avx2(),
+ * in another arrangement.  There each x row's four chunks of a node run as four chains at once;
+ * here the chunks of a node run one after the other, each as eight chains (two weight vectors x
+ * four x rows), so that a loaded weight vector serves four x rows and a broadcast x value two
+ * weight vectors (six loads for eight fused multiply-adds, against sixteen for twelve); a chunk's
+ * sum is kept until its node's four are complete, then combined as (c0 + c1) + (c2 + c3).
+ * Calls with fewer x rows (decode's one) keep dot4_f64_avx2(), whose four chains per x row hide
+ * the adder's latency.
+ */
+MMOE_AVX2 static void dot8x4_f64_avx2(const double *a, int64_t lda, const double *wq, int64_t K, double *out,
+                                      int64_t ldo)
+{
+    enum { G = DENSE_BLOCK_ROWS / DENSE_LANES, RT = DENSE_BLOCK_TOKENS };
+    pairwise4 pw[RT][G];
+    for (int t = 0; t < RT; t++)
+        for (int g = 0; g < G; g++)
+            pw[t][g].n = 0;
+    int64_t k0 = 0;
+    for (; k0 + DENSE_NODE <= K; k0 += DENSE_NODE) {
+        __m256d chunk[4][RT][G];
+        for (int q = 0; q < 4; q++) {
+            const int64_t kq = k0 + q * MMOE_SUM_CHUNK;
+            __m256d c[RT][G];
+            _Pragma("GCC unroll 4")
+            for (int t = 0; t < RT; t++)
+                _Pragma("GCC unroll 2")
+                for (int g = 0; g < G; g++)
+                    c[t][g] = _mm256_setzero_pd();
+            for (int i = 0; i < MMOE_SUM_CHUNK; i++) {
+                __m256d wv[G];
+                _Pragma("GCC unroll 2")
+                for (int g = 0; g < G; g++)
+                    wv[g] = _mm256_loadu_pd(wq + g * DENSE_LANES * K + (kq + i) * DENSE_LANES);
+                _Pragma("GCC unroll 4")
+                for (int t = 0; t < RT; t++) {
+                    const __m256d av = _mm256_broadcast_sd(a + t * lda + kq + i);
+                    _Pragma("GCC unroll 2")
+                    for (int g = 0; g < G; g++)
+                        c[t][g] = _mm256_fmadd_pd(av, wv[g], c[t][g]);
+                }
+            }
+            _Pragma("GCC unroll 4")
+            for (int t = 0; t < RT; t++)
+                _Pragma("GCC unroll 2")
+                for (int g = 0; g < G; g++)
+                    chunk[q][t][g] = c[t][g];
         }
-        double node[DENSE_LANES];
-        _mm256_storeu_pd(node, _mm256_add_pd(_mm256_add_pd(c0, c1), _mm256_add_pd(c2, c3)));
-        for (int r = 0; r < DENSE_LANES; r++)
-            mmoe_pairwise_push_node(&pw[r], node[r], 2);
+        for (int t = 0; t < RT; t++)
+            for (int g = 0; g < G; g++)
+                pairwise4_push_node(&pw[t][g], _mm256_add_pd(_mm256_add_pd(chunk[0][t][g], chunk[1][t][g]),
+                                                             _mm256_add_pd(chunk[2][t][g], chunk[3][t][g])), 2);
     }
-    for (int r = 0; r < DENSE_LANES; r++) {
-        dot_f64_tail(a, wq + r, DENSE_LANES, k0, K, &pw[r]);
-        out[r] = mmoe_pairwise_result(&pw[r]);
-    }
+    for (int t = 0; t < RT; t++)
+        for (int g = 0; g < G; g++)
+            pairwise4_finish(&pw[t][g], a + t * lda, wq + g * DENSE_LANES * K, k0, K, out + t * ldo + g * DENSE_LANES);
 }
 
 /**
@@ -314,19 +445,47 @@ MMOE_AVX2 static void load_f8_rows4_avx2(const dense_job *j, int64_t row, double
     }
 }
 
-/** As dense_rows_generic(), four weight rows at a time through dot4_f64_avx2() (same bits). */
+/** Four rows of the weight from row @p row on, interleaved into @p wq (wq[k * 4 + r]). */
+MMOE_AVX2 static void load_rows4_avx2(const dense_job *j, int64_t row, float *tmp, double *wq)
+{
+    if (j->w->dtype == MMOE_DT_F8_E4M3 && j->scale->dtype == MMOE_DT_F8_E8M0)
+        load_f8_rows4_avx2(j, row, wq);
+    else
+        for (int r = 0; r < DENSE_LANES; r++)
+            load_row(j->w, j->v, row + r, j->K, tmp, wq + r, DENSE_LANES);
+}
+
+/** x rows [i0, T) against the four weight rows of @p wq (output columns from @p n), through dot4_f64_avx2(). */
+MMOE_AVX2 static void dense_tokens4_avx2(const dense_job *j, const double *wq, int64_t n, int64_t i0)
+{
+    int64_t i = i0;
+    for (; i + DENSE_TOKENS <= j->T; i += DENSE_TOKENS)
+        dot4_f64_avx2(DENSE_TOKENS, j->x + i * j->ldx, j->ldx, wq, j->K, j->y + i * j->ldy + n, j->ldy);
+    for (; i < j->T; i++)
+        dot4_f64_avx2(1, j->x + i * j->ldx, j->ldx, wq, j->K, j->y + i * j->ldy + n, j->ldy);
+}
+
+/**
+ * As dense_rows_generic(), with the same bits: eight weight rows at a time (@p wq holds two groups
+ * of four) through dot8x4_f64_avx2() for every four x rows, the x rows left over and the last group
+ * of four rows through dot4_f64_avx2(), the rows left after that one at a time.
+ */
 MMOE_AVX2 static void dense_rows_avx2(const dense_job *j, float *tmp, double *wq, int64_t n0, int64_t n1)
 {
-    const int f8_e8m0 = j->w->dtype == MMOE_DT_F8_E4M3 && j->scale->dtype == MMOE_DT_F8_E8M0;
+    const int64_t K = j->K;
     int64_t n = n0;
+    for (; n + DENSE_BLOCK_ROWS <= n1; n += DENSE_BLOCK_ROWS) {
+        load_rows4_avx2(j, j->row0 + n, tmp, wq);
+        load_rows4_avx2(j, j->row0 + n + DENSE_LANES, tmp, wq + DENSE_LANES * K);
+        int64_t i = 0;
+        for (; i + DENSE_BLOCK_TOKENS <= j->T; i += DENSE_BLOCK_TOKENS)
+            dot8x4_f64_avx2(j->x + i * j->ldx, j->ldx, wq, K, j->y + i * j->ldy + n, j->ldy);
+        dense_tokens4_avx2(j, wq, n, i);
+        dense_tokens4_avx2(j, wq + DENSE_LANES * K, n + DENSE_LANES, i);
+    }
     for (; n + DENSE_LANES <= n1; n += DENSE_LANES) {
-        if (f8_e8m0)
-            load_f8_rows4_avx2(j, j->row0 + n, wq);
-        else
-            for (int r = 0; r < DENSE_LANES; r++)
-                load_row(j->w, j->v, j->row0 + n + r, j->K, tmp, wq + r, DENSE_LANES);
-        for (int64_t i = 0; i < j->T; i++)
-            dot4_f64_avx2(j->x + i * j->ldx, wq, j->K, j->y + i * j->ldy + n);
+        load_rows4_avx2(j, j->row0 + n, tmp, wq);
+        dense_tokens4_avx2(j, wq, n, 0);
     }
     dense_rows_generic(j, tmp, wq, n, n1);
 }
@@ -336,7 +495,7 @@ MMOE_AVX2 static void dense_rows_avx2(const dense_job *j, float *tmp, double *wq
 static void dense_rows(void *ctx, int thread, int64_t n0, int64_t n1)
 {
     const dense_job *j = ctx;
-    double *wbuf = j->wbuf + (int64_t)thread * DENSE_LANES * j->K;
+    double *wbuf = j->wbuf + (int64_t)thread * DENSE_BLOCK_ROWS * j->K;
     float *tmp = j->tmp + (int64_t)thread * j->K;
 #if MMOE_CPU_HAVE_X86
     if (j->isa == MOE_DOT_ISA_AVX2_FMA) {
@@ -364,7 +523,7 @@ mmoe_status attn_dense_sums(moe_dequant_pool *pool, moe_dot_isa isa, const doubl
         goto done;
     const int threads = moe_dequant_pool_threads(pool);
     dense_job j = {isa, x, T, ldx, K, w, &v, scale, row0, y, ldy,
-                   malloc(sizeof(double) * (size_t)(threads * DENSE_LANES * K)),
+                   malloc(sizeof(double) * (size_t)(threads * DENSE_BLOCK_ROWS * K)),
                    malloc(sizeof(float) * (size_t)(threads * K))};
     if (j.wbuf == NULL || j.tmp == NULL) {
         free(j.wbuf);
@@ -373,7 +532,7 @@ mmoe_status attn_dense_sums(moe_dequant_pool *pool, moe_dot_isa isa, const doubl
                             threads);
         goto done;
     }
-    moe_pool_rows(pool, N, K * T, DENSE_LANES, dense_rows, &j);
+    moe_pool_rows(pool, N, K * T, DENSE_BLOCK_ROWS, dense_rows, &j);
     free(j.wbuf);
     free(j.tmp);
 done:
