@@ -330,8 +330,7 @@ typedef struct gemm_operand {
  * GEMM, bit for bit in FP32: once for all @p m tokens in one call (tiled path for m > 4) and
  * once per token (FP4 weights decoded in registers).  @p a is [m, K].
  */
-static void assert_gemm_same(const gemm_operand *op, const float *a, int64_t m, moe_gemm_kind kind,
-                             const char *recipe)
+static void assert_gemm_same(const gemm_operand *op, const float *a, int64_t m, const char *recipe)
 {
     const int64_t n = op->mat.rows, k = op->mat.cols;
     float *all = malloc((size_t)(m * n) * sizeof(float)), *one = malloc((size_t)n * sizeof(float));
@@ -339,10 +338,10 @@ static void assert_gemm_same(const gemm_operand *op, const float *a, int64_t m, 
     mmoe_test_poison_f32(all, (size_t)(m * n));
     moe_scratch scratch = {0};
     moe_gemm_clock clk = {0};
-    ck_assert_int_eq(moe_expert_gemm(&op->mat, a, m, kind, all, &scratch, &clk), 0);
+    ck_assert_int_eq(moe_expert_gemm(&op->mat, a, m, all, &scratch, &clk), 0);
     for (int64_t t = 0; t < m; t++) {
         mmoe_test_poison_f32(one, (size_t)n);
-        ck_assert_int_eq(moe_expert_gemm(&op->mat, a + t * k, 1, kind, one, &scratch, &clk), 0);
+        ck_assert_int_eq(moe_expert_gemm(&op->mat, a + t * k, 1, one, &scratch, &clk), 0);
         for (int64_t j = 0; j < n; j++) {
             const float naive = moe_naive_dot(a + t * k, op->w, op->sf, op->block, j, k);
             const int same = memcmp(&naive, &all[t * n + j], sizeof naive) == 0 && memcmp(&naive, &one[j], sizeof naive) == 0;
@@ -404,12 +403,12 @@ START_TEST(dense_gemm_sums_bit_exact)
     for (int i = 3; i < 6; i++)
         moe_mat_from_fp8(&ops[i].mat, ops[i].w, ops[i].sf, ops[i].block);
     const char *name = mmoe_moe_recipe_name(d.recipe);
-    assert_gemm_same(&ops[0], xq, T, MOE_GEMM_L1, name);
-    assert_gemm_same(&ops[1], xq, T, MOE_GEMM_L1, name);
-    assert_gemm_same(&ops[2], aq_e, T, MOE_GEMM_L2, name);
-    assert_gemm_same(&ops[3], xq, T, MOE_GEMM_L1, name);
-    assert_gemm_same(&ops[4], xq, T, MOE_GEMM_L1, name);
-    assert_gemm_same(&ops[5], aq_s, T, MOE_GEMM_L2, name);
+    assert_gemm_same(&ops[0], xq, T, name);
+    assert_gemm_same(&ops[1], xq, T, name);
+    assert_gemm_same(&ops[2], aq_e, T, name);
+    assert_gemm_same(&ops[3], xq, T, name);
+    assert_gemm_same(&ops[4], xq, T, name);
+    assert_gemm_same(&ops[5], aq_s, T, name);
     mmoe_moe_synth_destroy(syn);
 }
 END_TEST

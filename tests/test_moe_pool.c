@@ -11,7 +11,9 @@
  * Cases: one layer on a shared pool; two layers of different weights on one pool, run
  * alternately, with the creator's reference dropped first (the layers keep the pool alive);
  * the same two layers run at once from two threads (misuse that the pool serializes: same
- * bits, and under ThreadSanitizer no race); the argument errors; and the thread count of a
+ * bits, and under ThreadSanitizer no race); the argument errors; one layer on pools of 1, 2 and
+ * 3 threads (the experts' tiled GEMMs take another path with more than one thread: same bits);
+ * and the thread count of a
  * model, read from /proc/self/task around mmoe_model_open(): one pool's workers for any number
  * of layers, where one pool per layer (measured here with layers on their own pools) starts
  * (threads - 1) workers per layer.
@@ -89,10 +91,16 @@ static void run_own_pool(const fixture *f, uint16_t *y)
     mmoe_moe_layer_destroy(layer);
 }
 
+static void assert_n_same_bits(const char *what, const uint16_t *a, const uint16_t *b, int n)
+{
+    for (int i = 0; i < n; i++)
+        ck_assert_msg(a[i] == b[i], "%s: element %d differs: 0x%04x vs 0x%04x (seed %llu)", what, i, a[i], b[i],
+                      (unsigned long long)g_seed);
+}
+
 static void assert_same_bits(const char *what, const uint16_t *a, const uint16_t *b)
 {
-    for (int i = 0; i < N_TOKENS * 256; i++)
-        ck_assert_msg(a[i] == b[i], "%s: element %d differs: 0x%04x vs 0x%04x", what, i, a[i], b[i]);
+    assert_n_same_bits(what, a, b, N_TOKENS * 256);
 }
 
 static void set_pool_env(void)
@@ -254,6 +262,63 @@ START_TEST(argument_errors)
 }
 END_TEST
 
+/** Tokens of the thread-count case: enough that routed experts get more than 4 (their tiled path). */
+#define MANY_TOKENS 96
+
+/**
+ * The layer on pools of 1, 2 and 3 threads gives the same bits.  With one thread the experts
+ * that get more than 4 tokens (and the shared expert) decode a weight tile ahead on the caller
+ * and multiply it; with more, every thread decodes and multiplies its own rows
+ * (moe_expert_gemm.c).  The case checks that some routed expert got more than 4 tokens, so that
+ * both paths run.
+ */
+START_TEST(thread_counts_same_bits)
+{
+    mmoe_error err;
+    mmoe_moe_desc desc;
+    ck_assert_int_eq(mmoe_moe_desc_from_shape("tiny", 0, &desc, &err), MMOE_OK);
+    desc.vocab = 64;
+    mmoe_moe_synth *synth = NULL;
+    ck_assert_msg(mmoe_moe_synth_create(&desc, g_seed + 7, MMOE_SYNTH_NORMAL, &synth, &err) == MMOE_OK, "%s",
+                  err.msg);
+    static uint16_t x[MANY_TOKENS * 256], y[3][MANY_TOKENS * 256];
+    static int32_t ids[MANY_TOKENS];
+    mmoe_moe_synth_input(&desc, MANY_TOKENS, g_seed ^ 0x7ead5u, MMOE_SYNTH_NORMAL, x, ids);
+    int64_t stats[64] = {0};
+    ck_assert_int_le(desc.n_experts, 64);
+    for (int threads = 1; threads <= 3; threads++) {
+        mmoe_moe_pool *pool = NULL;
+        ck_assert_int_eq(mmoe_moe_pool_create(threads, &pool, &err), MMOE_OK);
+        mmoe_moe_layer *layer = NULL;
+        ck_assert_int_eq(mmoe_moe_layer_create_on_pool(&desc, pool, &layer, &err), MMOE_OK);
+        ck_assert_msg(mmoe_moe_layer_set_weights(layer, mmoe_moe_synth_weights(synth), &err) == MMOE_OK, "%s",
+                      err.msg);
+        mmoe_test_poison_bf16(y[threads - 1], MANY_TOKENS * 256);
+        mmoe_moe_input in = {.n_tokens = MANY_TOKENS, .x = x,
+                             .token_ids = desc.routing == MMOE_ROUTING_HASH ? ids : NULL};
+        mmoe_moe_output out = {.y = y[threads - 1]};
+        mmoe_moe_result result;
+        mmoe_moe_result_init(&result);
+        int64_t counts[64] = {0};
+        result.expert_recv_stats = counts;
+        ck_assert_msg(mmoe_moe_layer_run(layer, &in, &out, &result, &err) == MMOE_OK, "%s", err.msg);
+        if (threads == 1)
+            memcpy(stats, counts, sizeof stats);
+        else
+            assert_n_same_bits("pool of more threads against one", y[0], y[threads - 1], MANY_TOKENS * 256);
+        mmoe_moe_layer_destroy(layer);
+        mmoe_moe_pool_destroy(pool);
+    }
+    int64_t most = 0;
+    for (int e = 0; e < desc.n_experts; e++)
+        most = stats[e] > most ? stats[e] : most;
+    printf("moe_pool: %d tokens, the busiest routed expert got %lld\n", MANY_TOKENS, (long long)most);
+    ck_assert_msg(most > 4, "no routed expert got more than 4 tokens (%lld): the tiled path did not run",
+                  (long long)most);
+    mmoe_moe_synth_destroy(synth);
+}
+END_TEST
+
 /** Threads of this process now (entries of /proc/self/task); -1 when /proc is not there. */
 static int count_threads(void)
 {
@@ -338,6 +403,7 @@ static Suite *pool_suite(void)
     tcase_add_test(tc, two_layers_alternate);
     tcase_add_test(tc, two_threads_are_serialized);
     tcase_add_test(tc, argument_errors);
+    tcase_add_test(tc, thread_counts_same_bits);
     tcase_add_test(tc, model_starts_one_pool);
     suite_add_tcase(s, tc);
     return s;

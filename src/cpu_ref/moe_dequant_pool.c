@@ -6,29 +6,26 @@
  * ## The idea
  * Dequantization (moe_weight_tile.c) is exact: every output float is a function of its own
  * code byte and scale only, so the rows of a tile can be decoded in any order, by any thread,
- * and the tile has the same bits.  The GEMM (moe_dot.c) runs on the caller's thread in its
- * fixed order, on a tile that holds the same values, so batch invariance and padding
- * invariance hold by construction.
+ * and the tile has the same bits.  The GEMM (moe_dot.c) computes every output element in its
+ * fixed order whatever thread runs it, so batch invariance and padding invariance hold by
+ * construction.
  *
  * A job is "decode rows [r0, r0 + nr) of columns [c0, c0 + nc) as nc / chunk tiles of
- * [nr, chunk] floats, tile t at out + t * nr * chunk", or (moe_pool_gemm_coded()) "multiply the
- * rows of an FP4 or FP8 matrix, decoded in registers, by a few tokens": the same rule holds
- * there, each output element being one call of the fixed-order kernel (moe_dot.c) whatever
- * thread makes it; or (moe_pool_rows()) "call the caller's function on row ranges", which the
- * attention's linears and heads use (linear_dense.c, linear_fp8.c, attn_sparse.c) under the same
- * rule.  The layer uses one tile per job (chunk = nc = K): 128 rows x D for L1,
- * 256 rows x I for L2, so that a job is large enough to be worth a wake-up (a 256 x 128 piece
- * alone takes about 15 us); the tests also use chunks.  The job's rows are cut into grabs of
+ * [nr, chunk] floats, tile t at out + t * nr * chunk" (moe_dequant_tiles()), or
+ * (moe_pool_gemm_coded()) "multiply the rows of an FP4 or FP8 matrix, decoded in registers, by a
+ * few tokens": the same rule holds there, each output element being one call of the fixed-order
+ * kernel (moe_dot.c) whatever thread makes it; or (moe_pool_rows()) "call the caller's function
+ * on row ranges", which the experts' GEMMs for more tokens (moe_expert_gemm.c: each thread
+ * decodes its rows and multiplies them), the attention's linears and heads use (linear_dense.c,
+ * linear_fp8.c, attn_sparse.c) under the same rule.  The job's rows are cut into grabs of
  * about ::MOE_DEQUANT_GRAB_WEIGHTS weights; the workers and the caller take grabs from one
  * atomic counter until none is left, so a thread that is late (descheduled, or busy with
  * something else) simply takes fewer.
  *
- * ## Overlap with the GEMMs
+ * ## Start and finish
  * A job is started by moe_dequant_start() and completed by moe_dequant_finish(): between the
- * two the workers decode while the caller does something else.  moe_expert_gemm.c uses this to
- * decode the next weight tile into a second buffer while the caller runs the GEMM of the
- * current one, and the caller joins the decoding in moe_dequant_finish() when its GEMM is done.  Which buffer holds which tile
- * depends on the tile index only, so the calls are as deterministic as before.
+ * two the workers decode while the caller may do something else, and the caller joins the
+ * decoding in moe_dequant_finish().  The other jobs start and finish in one call.
 
  * ## The pool
  * n_threads - 1 POSIX threads are created with the pool and joined when its last reference is
@@ -63,14 +60,11 @@
  * weights run on the caller alone (the wake-up would cost more than it saves).
  *
  * ## Measurements
- * `megamoe bench moe --shape v4-flash --experts 32 --tokens 1,8,64 --reps 5`, medians of 3
- * runs on the 2-core development VM (AMD EPYC Zen 4, OpenBLAS 0.3.21), layer
- * milliseconds with MMOE_DEQUANT_THREADS=1 -> 2 (with the pipeline of moe_expert_gemm.c):
- * T=1 104.7 -> 48.0, T=8 414.2 -> 188.2, T=64 1095.9 -> 781.6, with every expert on decoded
- * tiles (today experts with at most 4 tokens decode FP4 in registers instead, moe_expert_gemm.c).
- * Without the pipeline (threads only, each tile decoded and then multiplied) the gain was
- * smaller: T=1 84, T=8 316, T=64 1057 ms, because a sleeping worker takes about as long to wake
- * as half a tile takes to decode.  The layer's current numbers are in docs/perf.md.
+ * `megamoe bench moe --shape v4-flash --experts 32 --tokens 8,64 --reps 3` on the 2-core
+ * development VM (AMD EPYC Zen 4), layer milliseconds with MMOE_DEQUANT_THREADS=1 -> 2: T=8 144
+ * -> 89, T=64 553 -> 299 (experts with at most 4 tokens multiply FP4 weights decoded in
+ * registers, their rows shared out; the others decode and multiply their rows on every
+ * thread, moe_expert_gemm.c).  The layer's current numbers are in docs/perf.md.
  */
 #include "moe_internal.h"
 
@@ -403,12 +397,18 @@ void moe_pool_gemm_coded(moe_dequant_pool *p, moe_dot_isa isa, const float *a, i
     moe_dequant_finish(p);
 }
 
-void moe_pool_rows(moe_dequant_pool *p, int64_t nr, int64_t row_weights, int64_t align, moe_rows_fn fn, void *ctx)
+void moe_pool_rows_held(moe_dequant_pool *p, int64_t nr, int64_t row_weights, int64_t align, moe_rows_fn fn,
+                        void *ctx)
 {
-    moe_dequant_pool_lock(p);
     job_start(p, (dequant_job){.kind = JOB_ROWS, .r0 = 0, .nr = nr, .fn = fn, .ctx = ctx}, row_weights,
               align > 0 ? align : 1);
     moe_dequant_finish(p);
+}
+
+void moe_pool_rows(moe_dequant_pool *p, int64_t nr, int64_t row_weights, int64_t align, moe_rows_fn fn, void *ctx)
+{
+    moe_dequant_pool_lock(p);
+    moe_pool_rows_held(p, nr, row_weights, align, fn, ctx);
     moe_dequant_pool_unlock(p);
 }
 

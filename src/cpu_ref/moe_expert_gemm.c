@@ -1,7 +1,7 @@
 /**
  * @file moe_expert_gemm.c
- * @brief The GEMMs of one expert: weight tiles dequantized once per call (one tile ahead, by
- *        the dequantization workers), multiplied in the fixed order of moe_dot.c.
+ * @brief The GEMMs of one expert: weight rows dequantized once per call and multiplied in the
+ *        fixed order of moe_dot.c, the rows shared out over the dequantization threads.
  *
  * An expert that received m tokens computes
  *
@@ -18,15 +18,18 @@
  *    lane unchanged.
  *
  * ## Cost
- * Each weight tile (::MOE_L1_ROWS x D for L1, ::MOE_L2_ROWS x I for L2; 2 MiB at V4-Flash's
- * D = 4096, I = 2048) is decoded once per call (only for experts that received tokens) and
- * used by all m tokens of the expert.  Decoding is a large share of the layer (a 2 MiB tile is
- * written at the cache's store bandwidth), so it is done by the layer's dequantization workers
- * (moe_dequant_pool.c), one tile ahead: tile i + 1 is decoded into a second buffer while the
- * GEMM of tile i runs on the caller's thread, and the caller helps with what is left when its
- * GEMM is done.  Which buffer holds which tile, and which thread decodes which rows, changes
- * nothing in the values the GEMM reads.
- *
+ * Every weight of an expert that received tokens is decoded once per call and used by all m
+ * tokens.  The rows of W are shared out over the layer's dequantization threads and the caller
+ * (moe_pool_rows_held(), moe_dequant_pool.c) in grabs of ::MOE_POOLED_ROWS rows; a thread
+ * decodes its rows into a tile of its own (moe_weight_tile.c; 384 KiB at V4-Flash's D = 4096,
+ * small enough to stay in the L2 cache while every token passes over it) and multiplies them by
+ * all m tokens.  Decoding and multiplying are thus split evenly over the threads; which thread
+ * takes which rows changes nothing in the values an output is computed from, nor in its
+ * operations.  (A pipeline that decodes the next large tile on the workers while the caller
+ * multiplies the current one keeps the multiplications on one thread: on the 2-core development
+ * VM a 64-token prefill's MoE took 1.30 s that way on two threads, against 1.49 s on one and
+ * 0.82 s with the rows shared out; docs/perf.md.)
+
  * ## Few tokens: weights decoded in registers
  * An expert with at most ::MOE_FP4_FUSED_MAX_TOKENS tokens of FP4 weights (the common case at
  * decode sizes), or ::MOE_FP8_FUSED_MAX_TOKENS of FP8 ones (the shared expert, whose m is every
@@ -46,10 +49,6 @@
 
 #include <stdlib.h>
 
-/** Rows of W1/W3 per L1 tile. */
-#define MOE_L1_ROWS 128
-/** Rows of W2 per L2 tile. */
-#define MOE_L2_ROWS 256
 /** Experts with at most this many tokens multiply FP4 weights decoded in registers (no tiles). */
 #define MOE_FP4_FUSED_MAX_TOKENS 4
 /**
@@ -84,37 +83,58 @@ static int64_t min_i64(int64_t a, int64_t b)
     return a < b ? a : b;
 }
 
-/**
- * out[m, N] = a[m, K] . W^T in row tiles of @p tile_rows rows.  Pipelined: while the GEMM of
- * tile i runs on this thread, the dequantization workers decode tile i + 1 into the other
- * buffer (tile i lives in bufs[i % 2]); with no workers the decode simply runs before the GEMM.
- */
-static void tiled_gemm(const moe_mat *w, const float *a, int64_t m, int64_t tile_rows, float *out,
-                       float *const bufs[2], moe_dequant_pool *pool, moe_gemm_clock *clk)
+/** Weight rows a thread decodes and multiplies at a time in pooled_gemm(): a multiple of moe_dot.c's 3 and 8. */
+#define MOE_POOLED_ROWS 24
+
+/** One pooled_gemm() call's operands, shared by the threads that take its rows. */
+typedef struct {
+    const moe_mat *w;   /**< the weight matrix */
+    const float *a;     /**< the tokens' activations [m, K] */
+    int64_t m;          /**< tokens */
+    float *out;         /**< [m, rows(W)] */
+    float *tiles;       /**< per thread: ::MOE_POOLED_ROWS x K floats */
+    moe_dot_isa isa;    /**< the GEMM's kernels */
+    double caller_decode_s; /**< seconds the caller (thread 0) spent decoding */
+} pooled_job;
+
+/** moe_rows_fn of pooled_gemm(): rows [r0, r1), ::MOE_POOLED_ROWS at a time, decoded then multiplied. */
+static void pooled_rows(void *ctx, int thread, int64_t r0, int64_t r1)
 {
-    const int64_t k = w->cols, n = w->rows;
-    const moe_dot_isa isa = moe_dot_isa_best();
-    double t0 = mmoe_clock_s();
-    moe_dequant_start(pool, w, 0, min_i64(tile_rows, n), 0, k, k, bufs[0]);
-    clk->dequant_s += mmoe_clock_s() - t0;
-    for (int64_t i = 0, r0 = 0; r0 < n; i++, r0 += tile_rows) {
-        const int64_t nr = min_i64(tile_rows, n - r0);
-        double t1 = mmoe_clock_s();
-        moe_dequant_finish(pool); /* tile i is complete */
-        if (r0 + tile_rows < n)   /* tile i + 1 decodes while the GEMM of tile i runs */
-            moe_dequant_start(pool, w, r0 + tile_rows, min_i64(tile_rows, n - r0 - tile_rows), 0, k, k,
-                              bufs[(i + 1) % 2]);
-        double t2 = mmoe_clock_s();
-        moe_dot_gemm(isa, a, k, m, bufs[i % 2], k, nr, k, out + r0, n);
-        double t3 = mmoe_clock_s();
-        clk->dequant_s += t2 - t1;
-        clk->gemm_s += t3 - t2;
+    pooled_job *j = ctx;
+    const int64_t k = j->w->cols, n = j->w->rows;
+    float *tile = j->tiles + (int64_t)thread * MOE_POOLED_ROWS * k;
+    for (int64_t r = r0; r < r1; r += MOE_POOLED_ROWS) {
+        const int64_t nr = min_i64(MOE_POOLED_ROWS, r1 - r);
+        const double t0 = thread == 0 ? mmoe_clock_s() : 0.0;
+        moe_weight_tile_f32(j->w, r, nr, 0, k, tile);
+        if (thread == 0)
+            j->caller_decode_s += mmoe_clock_s() - t0;
+        moe_dot_gemm(j->isa, j->a, k, j->m, tile, k, nr, k, j->out + r, n);
     }
-    clk->flops += 2.0 * (double)m * (double)n * (double)k;
 }
 
-int moe_expert_gemm(const moe_mat *w, const float *a, int64_t m, moe_gemm_kind kind, float *out,
-                    moe_scratch *s, moe_gemm_clock *clk)
+/**
+ * out[m, N] = a[m, K] . W^T with every thread of the pool decoding rows and multiplying them
+ * ("Cost" above).  The time is booked as GEMM time, less the caller's own decoding, booked as
+ * dequantization (the threads do the same mix).
+ */
+static int pooled_gemm(const moe_mat *w, const float *a, int64_t m, float *out, moe_scratch *s, moe_gemm_clock *clk)
+{
+    const int64_t k = w->cols, n = w->rows;
+    const int threads = moe_dequant_pool_threads(s->pool);
+    if (moe_scratch_reserve(&s->tile, &s->tile_cap, (size_t)threads * MOE_POOLED_ROWS * (size_t)k) != 0)
+        return -1;
+    pooled_job j = {w, a, m, out, s->tile, moe_dot_isa_best(), 0.0};
+    const double t0 = mmoe_clock_s();
+    moe_pool_rows_held(s->pool, n, k * m, MOE_POOLED_ROWS, pooled_rows, &j);
+    const double wall = mmoe_clock_s() - t0;
+    clk->dequant_s += j.caller_decode_s;
+    clk->gemm_s += wall - j.caller_decode_s;
+    clk->flops += 2.0 * (double)m * (double)n * (double)k;
+    return 0;
+}
+
+int moe_expert_gemm(const moe_mat *w, const float *a, int64_t m, float *out, moe_scratch *s, moe_gemm_clock *clk)
 {
     if (m <= 0)
         return 0;
@@ -127,12 +147,5 @@ int moe_expert_gemm(const moe_mat *w, const float *a, int64_t m, moe_gemm_kind k
         clk->flops += 2.0 * (double)m * (double)w->rows * (double)w->cols;
         return 0;
     }
-    /* two tile buffers (decode of the next tile overlaps the GEMM of this one) */
-    const int64_t tile_rows = kind == MOE_GEMM_L2 ? MOE_L2_ROWS : MOE_L1_ROWS;
-    const size_t tile_n = (size_t)tile_rows * (size_t)w->cols;
-    if (moe_scratch_reserve(&s->tile, &s->tile_cap, 2 * tile_n) != 0)
-        return -1;
-    float *const bufs[2] = {s->tile, s->tile + tile_n};
-    tiled_gemm(w, a, m, tile_rows, out, bufs, s->pool, clk);
-    return 0;
+    return pooled_gemm(w, a, m, out, s, clk);
 }

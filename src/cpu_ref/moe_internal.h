@@ -287,6 +287,10 @@ typedef void (*moe_rows_fn)(void *ctx, int thread, int64_t r0, int64_t r1);
  */
 void moe_pool_rows(moe_dequant_pool *p, int64_t nr, int64_t row_weights, int64_t align, moe_rows_fn fn, void *ctx);
 
+/** moe_pool_rows() for a caller that holds the pool's run lock already (a MoE layer's call). */
+void moe_pool_rows_held(moe_dequant_pool *p, int64_t nr, int64_t row_weights, int64_t align, moe_rows_fn fn,
+                        void *ctx);
+
 /** The scale of weight (r, c) of an FP8 matrix: its block's UE8M0 or F32 scale. */
 float moe_fp8_block_scale(const moe_mat *m, int64_t r, int64_t c);
 
@@ -315,24 +319,17 @@ void moe_scratch_free(moe_scratch *s);
 
 /** Dequantization / GEMM timers of one call (seconds, accumulated). */
 typedef struct moe_gemm_clock {
-    double dequant_s; /**< time in moe_weight_tile_f32 */
-    double gemm_s;    /**< time in the fixed-order GEMM */
+    double dequant_s; /**< the caller's time in moe_weight_tile_f32 (the other threads do the same mix) */
+    double gemm_s;    /**< the rest of the GEMMs' wall time */
     double flops;     /**< 2*M*N*K performed */
 } moe_gemm_clock;
-
-/** The two GEMM kinds of an expert (they differ in the height of a weight tile only). */
-typedef enum moe_gemm_kind {
-    MOE_GEMM_L1 = 0, /**< gate / up: K = D */
-    MOE_GEMM_L2 = 1  /**< down: K = I (padded) */
-} moe_gemm_kind;
 
 /**
  * out[m, rows(W)] = a[m, K] . W^T, every element in the fixed order of moe_dot.c (so the
  * result depends neither on m nor on the padding of rows(W) or of K).
  * @return 0, or -1 on allocation failure
  */
-int moe_expert_gemm(const moe_mat *w, const float *a, int64_t m, moe_gemm_kind kind, float *out,
-                    moe_scratch *s, moe_gemm_clock *clk);
+int moe_expert_gemm(const moe_mat *w, const float *a, int64_t m, float *out, moe_scratch *s, moe_gemm_clock *clk);
 
 /* ------------------------------------------------------------------ L1 epilogue */
 

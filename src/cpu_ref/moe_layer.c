@@ -316,13 +316,13 @@ static int run_expert(mmoe_moe_layer *layer, const moe_mat *w1, const moe_mat *w
         moe_scratch_reserve(&s->up, &s->up_cap, (size_t)(m * n)) != 0 ||
         moe_scratch_reserve(&s->yl2, &s->yl2_cap, (size_t)(m * d)) != 0)
         return -1;
-    if (moe_expert_gemm(w1, xg, m, MOE_GEMM_L1, s->gate, s, clk) != 0 ||
-        moe_expert_gemm(w3, xg, m, MOE_GEMM_L1, s->up, s, clk) != 0)
+    if (moe_expert_gemm(w1, xg, m, s->gate, s, clk) != 0 ||
+        moe_expert_gemm(w3, xg, m, s->up, s, clk) != 0)
         return -1;
     double t0 = mmoe_clock_s();
     moe_l1_epilogue(rules, layer->desc.math, layer->desc.swiglu_limit, s->gate, s->up, m, n, w);
     *epi_s += mmoe_clock_s() - t0;
-    if (moe_expert_gemm(w2, s->gate, m, MOE_GEMM_L2, s->yl2, s, clk) != 0)
+    if (moe_expert_gemm(w2, s->gate, m, s->yl2, s, clk) != 0)
         return -1;
     for (int64_t r = 0; r < m; r++)
         mmoe_bf16_from_f32_row(s->yl2 + r * d, (size_t)d, dst[r]);
