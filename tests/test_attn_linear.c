@@ -62,7 +62,9 @@ static void oracle_linear_fp8(const uint16_t *x, int64_t T, int64_t N, int64_t K
 /** Weight codes of a check: the layer's normal-looking weights, or every finite code alike. */
 typedef enum {
     FP8_CODES_NORMAL, /**< e4m3(64 z), z standard normal: few subnormal codes */
-    FP8_CODES_ALL     /**< uniform over the 254 finite codes (1 in 8 subnormal or zero) */
+    FP8_CODES_ALL,    /**< uniform over the 254 finite codes (1 in 8 subnormal or zero) */
+    FP8_CODES_ALL_WIDE_SCALES /**< every finite code, and weight scale bytes over 1..254 (scaled partials
+                                   from far below the normal fp32 range to far above 1) */
 } fp8_codes;
 
 /**
@@ -78,12 +80,17 @@ static void check_fp8_linear_isa(uint64_t seed, moe_dequant_pool *pool, moe_dot_
     attn_test_layer L = {0};
     mmoe_tensor w, s;
     attn_test_fp8_weight(&L, &rng, N, K, block, &w, &s);
-    if (codes == FP8_CODES_ALL) {
+    if (codes != FP8_CODES_NORMAL) {
         uint8_t *wd = w.data;
         for (int64_t i = 0; i < N * K; i++) {
             uint8_t c = (uint8_t)mmoe_rng_below(&rng, 254); /* 0x00..0xFD: skip the NaN codes 0x7F, 0xFF */
             wd[i] = (uint8_t)(c >= 0x7F ? c + 1 : c);
         }
+    }
+    if (codes == FP8_CODES_ALL_WIDE_SCALES) {
+        uint8_t *sd = s.data;
+        for (int64_t i = 0; i < s.shape[0] * s.shape[1]; i++)
+            sd[i] = (uint8_t)(1 + mmoe_rng_below(&rng, 254));
     }
     uint16_t *x = malloc(sizeof(uint16_t) * (size_t)(T * K));
     uint16_t *y = malloc(sizeof(uint16_t) * (size_t)(T * N));
@@ -130,8 +137,9 @@ static void check_fp8_linear(uint64_t seed, int block, int64_t T, int64_t N, int
 
 START_TEST(fp8_linear_128_blocks)
 {
-    /* N not a multiple of 128 (partial scale row), several K blocks, T > the row tile */
-    check_fp8_linear(mmoe_test_seed("attn_linear/fp8"), 128, 70, 200, 384, FP8_CODES_NORMAL);
+    /* N not a multiple of 128 (partial scale row) and above the 512-row weight tile, several K
+       blocks, T > the 64-row activation tile */
+    check_fp8_linear(mmoe_test_seed("attn_linear/fp8"), 128, 70, 600, 384, FP8_CODES_NORMAL);
 }
 END_TEST
 
@@ -154,6 +162,22 @@ START_TEST(fp8_linear_few_rows_every_code)
         check_fp8_linear(seed + (uint64_t)T, 128, T, 138, 512, FP8_CODES_ALL);
         check_fp8_linear(seed + 100 + (uint64_t)T, 32, T, 42, 256, FP8_CODES_ALL);
     }
+}
+END_TEST
+
+/*
+ * Weight scale bytes over 1..254 and every finite code, rows of magnitudes 1e-6 .. 16: step 3's
+ * scale products and scaled partials range from 0 and subnormal fp32 numbers to overflow, each
+ * weight row block with its own scale.  Calls of 3 and 7 rows (the register path and the tile
+ * path of the AVX2 variant), N across two weight tiles.  (A fused multiply-add in step 3 could
+ * differ from its rounded product and sum only where the product is subnormal and the sum
+ * crosses into the normal range; the case does not claim to catch that.)
+ */
+START_TEST(fp8_linear_wide_scales)
+{
+    const uint64_t seed = mmoe_test_seed("attn_linear/fp8 wide scales");
+    check_fp8_linear(seed, 128, 3, 640, 512, FP8_CODES_ALL_WIDE_SCALES);
+    check_fp8_linear(seed + 1, 128, 7, 640, 512, FP8_CODES_ALL_WIDE_SCALES);
 }
 END_TEST
 
@@ -310,6 +334,7 @@ static Suite *attn_linear_suite(void)
     tcase_add_test(tc, fp8_linear_128_blocks);
     tcase_add_test(tc, fp8_linear_32_blocks);
     tcase_add_test(tc, fp8_linear_few_rows_every_code);
+    tcase_add_test(tc, fp8_linear_wide_scales);
     tcase_add_test(tc, fp8_linear_rejects_bad_input);
     tcase_add_test(tc, dense_linear_matches_f64);
     tcase_add_test(tc, rmsnorm_matches_f64);

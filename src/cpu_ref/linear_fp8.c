@@ -27,9 +27,11 @@
  * bits.  The weight is read as E4M3 bytes [N, K]; rows of x are processed in chunks of
  * ATTN_FP8_TILE_T so that the double copies stay small.  A chunk of up to ::FP8_REG_MAX_T rows
  * (decode) on a CPU with AVX2 and FMA takes each weight row's codes straight into registers
- * (fp8_row_partials_avx2()); otherwise the weight is converted tile by tile (ATTN_FP8_TILE_N
- * rows) into doubles and each K block is one cblas_dgemm.  Both then run step 3 through
- * fp8_scaled_add().  tests/test_attn_linear.c checks both against a float64 oracle.
+ * (fp8_row_partials_avx2()); otherwise the weight is taken in tiles of ATTN_FP8_TILE_N rows,
+ * each K block of a tile converted into doubles (in AVX2 registers where the CPU has them) and
+ * multiplied by one cblas_dgemm.  Both then run step 3 with fp8_scaled_add()'s operations (the
+ * tile path eight outputs at a time, which share a weight scale).  tests/test_attn_linear.c
+ * checks both against a float64 oracle.
  */
 #include "attn_internal.h"
 
@@ -41,8 +43,8 @@
 #include "cpu_avx2.h"
 #include "mmoe_formats.h"
 
-/** Output rows (weight rows) converted to double at a time. */
-#define ATTN_FP8_TILE_N 128
+/** Output rows (weight rows) of one tile: each K block of the tile is converted to double and multiplied at once. */
+#define ATTN_FP8_TILE_N 512
 /** Activation rows quantized at a time. */
 #define ATTN_FP8_TILE_T 64
 /** The activation quantization block of the reference (`act_quant` block_size). */
@@ -203,6 +205,92 @@ static void fp8_rows_in_registers(void *ctx, int thread, int64_t n0, int64_t n1)
 #endif
 }
 
+/**
+ * Rows n0 .. n0 + nn - 1 of the weight's codes (row stride K), columns k0 .. k0 + block - 1, as
+ * doubles into wd[n * block + j]: the E4M3 values, exactly (eight at a time in AVX2 registers
+ * where @p isa has them and the block is a multiple of 8, else the table).
+ */
+static void fp8_block_to_f64(moe_dot_isa isa, const uint8_t *wb, int64_t K, int64_t n0, int64_t nn, int64_t k0,
+                             int block, double *wd);
+
+#if MMOE_CPU_HAVE_X86
+/** fp8_block_to_f64() in AVX2 registers (block a multiple of 8). */
+MMOE_AVX2 static void fp8_block_to_f64_avx2(const uint8_t *wb, int64_t K, int64_t n0, int64_t nn, int64_t k0,
+                                            int block, double *wd)
+{
+    const float *e4m3 = mmoe_fp8_e4m3_table();
+    const __m256 nan_pos = _mm256_set1_ps(e4m3[0x7F]), nan_neg = _mm256_set1_ps(e4m3[0xFF]);
+    for (int64_t n = 0; n < nn; n++) {
+        const uint8_t *c = wb + (n0 + n) * K + k0;
+        double *o = wd + n * block;
+        for (int j = 0; j < block; j += 8) {
+            const __m256 v = mmoe_e4m3_codes_avx2(c + j, nan_pos, nan_neg);
+            _mm256_storeu_pd(o + j, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+            _mm256_storeu_pd(o + j + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+        }
+    }
+}
+
+/**
+ * Step 3 for one x row and one K block over @p nn outputs that share the weight scale byte
+ * @p sw_byte: acc[n] = fp8_scaled_add(acc[n], partial[n], s_x, sw_byte), eight outputs at a time
+ * with fp8_scaled_add()'s operations (the fp32 scale product, the partial rounded to fp32, the
+ * product, then the sum: two roundings, no fused step).
+ */
+MMOE_AVX2 static void fp8_scaled_add_row_avx2(float *acc, const double *partial, int64_t nn, float s_x, uint8_t sw_byte)
+{
+    const float s = s_x * mmoe_ue8m0_to_f32(sw_byte);
+    const __m256 sv = _mm256_set1_ps(s);
+    int64_t n = 0;
+    for (; n + 8 <= nn; n += 8) {
+        const __m256 p = _mm256_set_m128(_mm256_cvtpd_ps(_mm256_loadu_pd(partial + n + 4)),
+                                         _mm256_cvtpd_ps(_mm256_loadu_pd(partial + n)));
+        _mm256_storeu_ps(acc + n, _mm256_add_ps(_mm256_loadu_ps(acc + n), _mm256_mul_ps(p, sv)));
+    }
+    for (; n < nn; n++)
+        acc[n] = fp8_scaled_add(acc[n], partial[n], s_x, sw_byte);
+}
+#endif
+
+static void fp8_block_to_f64(moe_dot_isa isa, const uint8_t *wb, int64_t K, int64_t n0, int64_t nn, int64_t k0,
+                             int block, double *wd)
+{
+#if MMOE_CPU_HAVE_X86
+    if (isa == MOE_DOT_ISA_AVX2_FMA && block % 8 == 0) {
+        fp8_block_to_f64_avx2(wb, K, n0, nn, k0, block, wd);
+        return;
+    }
+#endif
+    const float *e4m3 = mmoe_fp8_e4m3_table();
+    for (int64_t n = 0; n < nn; n++)
+        for (int j = 0; j < block; j++)
+            wd[n * block + j] = (double)e4m3[wb[(n0 + n) * K + k0 + j]];
+}
+
+/**
+ * Step 3 for one x row and one K block over outputs n0 .. n0 + nn - 1 (acc and partial indexed
+ * from n0): the outputs of one weight row block share a scale, so each run of them is one call
+ * of the vector step where @p isa has it.
+ */
+static void fp8_scaled_add_row(moe_dot_isa isa, float *acc, const double *partial, int64_t n0, int64_t nn, float s_x,
+                               const uint8_t *sb_col, int64_t sw_cols, int block)
+{
+    for (int64_t a = 0; a < nn;) {
+        const int64_t rb = (n0 + a) / block;
+        const int64_t b = (rb + 1) * block - n0 < nn ? (rb + 1) * block - n0 : nn;
+        const uint8_t sw = sb_col[rb * sw_cols];
+#if MMOE_CPU_HAVE_X86
+        if (isa == MOE_DOT_ISA_AVX2_FMA) {
+            fp8_scaled_add_row_avx2(acc + a, partial + a, b - a, s_x, sw);
+            a = b;
+            continue;
+        }
+#endif
+        for (; a < b; a++)
+            acc[a] = fp8_scaled_add(acc[a], partial[a], s_x, sw);
+    }
+}
+
 mmoe_status attn_linear_fp8(moe_dequant_pool *pool, moe_dot_isa isa, const uint16_t *x, int64_t T,
                             const mmoe_tensor *w, const mmoe_tensor *scale, int block, uint16_t *y, mmoe_error *err)
 {
@@ -225,7 +313,7 @@ mmoe_status attn_linear_fp8(moe_dequant_pool *pool, moe_dot_isa isa, const uint1
     uint8_t *sf = malloc((size_t)kb_act);
     double *xq = malloc(sizeof(double) * (size_t)(tt * K));
     float *sx = malloc(sizeof(float) * (size_t)(tt * kb_act));
-    double *wd = malloc(sizeof(double) * (size_t)(ATTN_FP8_TILE_N * K));
+    double *wd = malloc(sizeof(double) * (size_t)(ATTN_FP8_TILE_N * block));
     double *partial = malloc(sizeof(double) * (size_t)pn);
     float *acc = malloc(sizeof(float) * (size_t)(tt * ATTN_FP8_TILE_N));
     if (!row_f32 || !codes || !sf || !xq || !sx || !wd || !partial || !acc) {
@@ -233,7 +321,6 @@ mmoe_status attn_linear_fp8(moe_dequant_pool *pool, moe_dot_isa isa, const uint1
                             (long long)N);
         goto done;
     }
-    const float *e4m3 = mmoe_fp8_e4m3_table();
     const uint8_t *wb = (const uint8_t *)w->data;
     const uint8_t *sb = (const uint8_t *)scale->data;
 
@@ -249,23 +336,19 @@ mmoe_status attn_linear_fp8(moe_dequant_pool *pool, moe_dot_isa isa, const uint1
         }
         for (int64_t n0 = 0; n0 < N; n0 += ATTN_FP8_TILE_N) {
             const int64_t nn = (N - n0) < ATTN_FP8_TILE_N ? (N - n0) : ATTN_FP8_TILE_N;
-            for (int64_t n = 0; n < nn; n++)
-                for (int64_t k = 0; k < K; k++)
-                    wd[n * K + k] = (double)e4m3[wb[(n0 + n) * K + k]];
             memset(acc, 0, sizeof(float) * (size_t)(tn * nn));
             for (int64_t kb = 0; kb < kb_w; kb++) {
+                fp8_block_to_f64(isa, wb, K, n0, nn, kb * block, block, wd);
                 /* exact: see the file comment */
                 cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tn, (int)nn, block, 1.0,
-                            xq + kb * block, (int)K, wd + kb * block, (int)K, 0.0, partial, (int)nn);
+                            xq + kb * block, (int)K, wd, block, 0.0, partial, (int)nn);
                 const int64_t kact = kb * block / ACT_BLOCK;
                 for (int64_t t = 0; t < tn; t++)
-                    for (int64_t n = 0; n < nn; n++)
-                        acc[t * nn + n] = fp8_scaled_add(acc[t * nn + n], partial[t * nn + n], sx[t * kb_act + kact],
-                                                         sb[((n0 + n) / block) * sw_cols + kb]);
+                    fp8_scaled_add_row(isa, acc + t * nn, partial + t * nn, n0, nn, sx[t * kb_act + kact], sb + kb,
+                                       sw_cols, block);
             }
             for (int64_t t = 0; t < tn; t++)
-                for (int64_t n = 0; n < nn; n++)
-                    y[(t0 + t) * N + n0 + n] = mmoe_bf16_from_f32(acc[t * nn + n]);
+                mmoe_bf16_from_f32_row(acc + t * nn, (size_t)nn, y + (t0 + t) * N + n0);
         }
     }
     st = MMOE_OK;
