@@ -20,6 +20,7 @@
 #include "mmoe_formats.h"
 #include "mmoe_linear.h"
 #include "mmoe_mhc.h"
+#include "mmoe_moe.h"
 #include "mmoe_test.h"
 
 #define TOL_SINKHORN 1.5e-4
@@ -235,6 +236,54 @@ START_TEST(expand_pre_post_head_vs_f64)
 }
 END_TEST
 
+/*
+ * The _pool variants (tokens shared out over a pool of 3 threads) against the plain functions, bit
+ * for bit, with enough tokens that both share them out (hc_post's tokens are light: grabs of
+ * several), hc_post in place as the forward calls it.
+ */
+START_TEST(pool_variants_same_bits)
+{
+    enum { TP = 40, NM = (2 + HC) * HC };
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed + 3);
+    mmoe_hc_params p = {HC, D, 20, 1e-6f, 1e-6f};
+    static uint16_t X[TP * HC * D], out[TP * D], y[2][TP * D], Xn[2][TP * HC * D];
+    static float fn[NM * HC * D], post[2][TP * HC], comb[2][TP * HC * HC];
+    float base[NM], scale[3];
+    for (int i = 0; i < TP * HC * D; i++)
+        X[i] = rand_bf16(&r, 1.0 + (i / D) % HC);
+    for (int i = 0; i < TP * D; i++)
+        out[i] = rand_bf16(&r, 0.5);
+    for (int i = 0; i < NM * HC * D; i++)
+        fn[i] = (float)(mmoe_rng_normal(&r) / sqrt(HC * D));
+    for (int i = 0; i < NM; i++)
+        base[i] = (float)(0.5 * mmoe_rng_normal(&r));
+    for (int i = 0; i < 3; i++)
+        scale[i] = (float)(0.5 + mmoe_rng_uniform(&r));
+    mmoe_moe_pool *pool = NULL;
+    mmoe_error err;
+    ck_assert_msg(mmoe_moe_pool_create(3, &pool, &err) == MMOE_OK, "%s", err.msg);
+    for (int v = 0; v < 2; v++) {
+        mmoe_test_poison_bf16(y[v], TP * D);
+        mmoe_test_poison_f32(post[v], TP * HC);
+        mmoe_test_poison_f32(comb[v], TP * HC * HC);
+        memcpy(Xn[v], X, sizeof X);
+        if (v == 0) {
+            mmoe_hc_pre(&p, X, TP, fn, base, scale, y[v], post[v], comb[v]);
+            mmoe_hc_post(&p, out, Xn[v], TP, post[v], comb[v], Xn[v]);
+        } else {
+            mmoe_hc_pre_pool(pool, &p, X, TP, fn, base, scale, y[v], post[v], comb[v]);
+            mmoe_hc_post_pool(pool, &p, out, Xn[v], TP, post[v], comb[v], Xn[v]);
+        }
+    }
+    ck_assert_mem_eq(y[0], y[1], sizeof y[0]);
+    ck_assert_mem_eq(post[0], post[1], sizeof post[0]);
+    ck_assert_mem_eq(comb[0], comb[1], sizeof comb[0]);
+    ck_assert_mem_eq(Xn[0], Xn[1], sizeof Xn[0]);
+    mmoe_moe_pool_destroy(pool);
+}
+END_TEST
+
 START_TEST(rmsnorm_vs_f64)
 {
     mmoe_rng r;
@@ -304,6 +353,7 @@ static Suite *mhc_suite(void)
     tcase_add_test(tc, expand_pre_post_head_vs_f64);
     tcase_add_test(tc, rmsnorm_vs_f64);
     tcase_add_test(tc, logits_follow_the_sum_order);
+    tcase_add_test(tc, pool_variants_same_bits);
     suite_add_tcase(s, tc);
     return s;
 }

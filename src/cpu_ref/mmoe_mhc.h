@@ -100,6 +100,17 @@ void mmoe_hc_pre(const mmoe_hc_params *p, const uint16_t *X, int64_t T, const fl
 void mmoe_hc_post(const mmoe_hc_params *p, const uint16_t *out, const uint16_t *R, int64_t T,
                   const float *post, const float *comb, uint16_t *Xn);
 
+/** The MoE layers' worker pool (mmoe_moe.h). */
+typedef struct mmoe_moe_pool mmoe_moe_pool;
+
+/** mmoe_hc_pre() with the tokens shared out over @p pool's threads (NULL: the caller alone): the same bits. */
+void mmoe_hc_pre_pool(mmoe_moe_pool *pool, const mmoe_hc_params *p, const uint16_t *X, int64_t T, const float *fn,
+                      const float *base, const float *scale, uint16_t *y, float *post, float *comb);
+
+/** mmoe_hc_post() with the tokens shared out over @p pool's threads (NULL: the caller alone): the same bits. */
+void mmoe_hc_post_pool(mmoe_moe_pool *pool, const mmoe_hc_params *p, const uint16_t *out, const uint16_t *R,
+                       int64_t T, const float *post, const float *comb, uint16_t *Xn);
+
 /**
  * Head mix (@ref spec_arch_head): pre = sigmoid(m*scale[0] + base) + hc_eps with m from @p fn [hc, hc*D];
  * y[t] = bf16(sum_j pre[j]*X[t,j]).

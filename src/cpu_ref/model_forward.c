@@ -157,7 +157,8 @@ static mmoe_status run_block(const mmoe_model *m, mmoe_model_state *s, int L, co
     const int64_t D = m->cfg.dim;
     const float eps = (float)m->cfg.norm_eps;
     double t0 = mmoe_clock_s();
-    mmoe_hc_pre(hp, b->X, T, blk->hc_attn.fn, blk->hc_attn.base, blk->hc_attn.scale, b->y, b->post, b->comb);
+    mmoe_hc_pre_pool(m->moe_pool, hp, b->X, T, blk->hc_attn.fn, blk->hc_attn.base, blk->hc_attn.scale, b->y, b->post,
+                     b->comb);
     double t1 = mmoe_clock_s();
     mmoe_rmsnorm_bf16(b->y, T, D, &blk->attn_norm, eps, b->y);
     mmoe_tensor xin = mmoe_tensor_view2(MMOE_DT_BF16, T, D, b->y), xout = mmoe_tensor_view2(MMOE_DT_BF16, T, D, b->o);
@@ -168,8 +169,9 @@ static mmoe_status run_block(const mmoe_model *m, mmoe_model_state *s, int L, co
     if ((st = observe(m, L, MMOE_SUBLAYER_ATTENTION, pos, T, b, err)) != MMOE_OK)
         return st;
     double t2 = mmoe_clock_s();
-    mmoe_hc_post(hp, b->o, b->X, T, b->post, b->comb, b->X);
-    mmoe_hc_pre(hp, b->X, T, blk->hc_ffn.fn, blk->hc_ffn.base, blk->hc_ffn.scale, b->y, b->post, b->comb);
+    mmoe_hc_post_pool(m->moe_pool, hp, b->o, b->X, T, b->post, b->comb, b->X);
+    mmoe_hc_pre_pool(m->moe_pool, hp, b->X, T, blk->hc_ffn.fn, blk->hc_ffn.base, blk->hc_ffn.scale, b->y, b->post,
+                     b->comb);
     double t3 = mmoe_clock_s();
     mmoe_rmsnorm_bf16(b->y, T, D, &blk->ffn_norm, eps, b->y);
     mmoe_moe_input in = {T, b->y, blk->hash ? ids : NULL, NULL, NULL};
@@ -180,7 +182,7 @@ static mmoe_status run_block(const mmoe_model *m, mmoe_model_state *s, int L, co
     if ((st = observe(m, L, MMOE_SUBLAYER_MOE, pos, T, b, err)) != MMOE_OK)
         return st;
     double t4 = mmoe_clock_s();
-    mmoe_hc_post(hp, b->o, b->X, T, b->post, b->comb, b->X);
+    mmoe_hc_post_pool(m->moe_pool, hp, b->o, b->X, T, b->post, b->comb, b->X);
     double t5 = mmoe_clock_s();
     s->mhc_s[L] += (t1 - t0) + (t3 - t2) + (t5 - t4);
     s->attn_s[L] += t2 - t1;
