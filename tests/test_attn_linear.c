@@ -9,6 +9,7 @@
  * Where the oracle defines the result exactly (FP8 linear: exact block partials,
  * then the specified fp32 accumulation; round trips) the comparison is bit for bit.
  */
+#include <cblas.h>
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -121,16 +122,25 @@ static void check_fp8_linear_isa(uint64_t seed, moe_dequant_pool *pool, moe_dot_
     attn_test_layer_free(&L);
 }
 
-/** check_fp8_linear_isa() with every variant that runs on this CPU, alone and with a pool of 3 threads. */
+/**
+ * check_fp8_linear_isa() with every variant that runs on this CPU, alone and with a pool of 3
+ * threads, the latter once with OpenBLAS on one thread (the tile path then shares its tiles out
+ * over the pool) and once with two (the tiles stay on the caller).
+ */
 static void check_fp8_linear(uint64_t seed, int block, int64_t T, int64_t N, int64_t K, fp8_codes codes)
 {
     moe_dequant_pool *pool;
     mmoe_error err;
     ck_assert_msg(moe_dequant_pool_create(3, &pool, &err) == MMOE_OK, "%s", err.msg);
+    const int blas_threads = openblas_get_num_threads();
     for (int isa = 0; isa < MOE_DOT_ISA_COUNT; isa++)
         if (moe_dot_isa_runs_here((moe_dot_isa)isa)) {
             check_fp8_linear_isa(seed, NULL, (moe_dot_isa)isa, block, T, N, K, codes);
-            check_fp8_linear_isa(seed, pool, (moe_dot_isa)isa, block, T, N, K, codes);
+            for (int bt = 1; bt <= 2; bt++) {
+                openblas_set_num_threads(bt);
+                check_fp8_linear_isa(seed, pool, (moe_dot_isa)isa, block, T, N, K, codes);
+            }
+            openblas_set_num_threads(blas_threads);
         }
     moe_dequant_pool_release(pool);
 }

@@ -18,12 +18,18 @@
  *
  * ## Threads
  *
- * `--threads N` (every compute command) sets both pools of worker threads a run uses:
- * OpenBLAS's (openblas_set_num_threads) and the MoE layer's dequantization pool, which reads
- * MMOE_DEQUANT_THREADS when a layer or model creates its pool (moe_dequant_pool.c; a model's
- * attention and head share their linears' rows with the same pool); at most 64
- * decode threads, so N above 64 gives OpenBLAS N and the pool 64.  Without the option both
- * keep their defaults (OPENBLAS_NUM_THREADS, MMOE_DEQUANT_THREADS, else the machine's cores).
+ * Two sets of threads can run the CPU oracle's work: OpenBLAS's (openblas_set_num_threads) and
+ * the worker pool of the MoE layers, which reads MMOE_DEQUANT_THREADS when a layer or model
+ * creates it (moe_dequant_pool.c; at most 64 threads).  The MoE commands (`moe`, `bench moe`)
+ * run the MoE layer alone, which calls no BLAS: there `--threads N` sets both, N for
+ * OpenBLAS (the SGEMM peer of `bench moe`) and min(N, 64) for the pool (mmoe_cli_set_threads()).
+ * The commands that run the whole forward (`logits`, `generate`, `bench forward`, `serve`,
+ * `perplexity`) share every part of it out over the pool, the FP8 linears' dgemm tiles
+ * included, and give OpenBLAS one thread (mmoe_cli_set_forward_threads()): OpenBLAS's threads
+ * would take turns with the pool's on the same cores (linear_fp8.c).  `--threads N` then sets
+ * the pool to min(N, 64); without it the pool keeps its default (MMOE_DEQUANT_THREADS, else the
+ * machine's cores up to 8) and OpenBLAS stays as the environment sets it when
+ * OPENBLAS_NUM_THREADS is given, else one thread.
  */
 #include <cblas.h>
 #include <dirent.h>
@@ -44,6 +50,17 @@ void mmoe_cli_set_threads(int n)
     if (n <= 0)
         return;
     openblas_set_num_threads(n);
+    char v[16];
+    snprintf(v, sizeof v, "%d", n < CLI_MAX_DEQUANT_THREADS ? n : CLI_MAX_DEQUANT_THREADS);
+    setenv("MMOE_DEQUANT_THREADS", v, 1);
+}
+
+void mmoe_cli_set_forward_threads(int n)
+{
+    if (n > 0 || getenv("OPENBLAS_NUM_THREADS") == NULL)
+        openblas_set_num_threads(1);
+    if (n <= 0)
+        return;
     char v[16];
     snprintf(v, sizeof v, "%d", n < CLI_MAX_DEQUANT_THREADS ? n : CLI_MAX_DEQUANT_THREADS);
     setenv("MMOE_DEQUANT_THREADS", v, 1);

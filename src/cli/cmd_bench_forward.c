@@ -20,8 +20,9 @@
  * "moe_s", "mhc_s"}]}.
  *
  * With --peer (CPU only) the same step's matrix products also run as OpenBLAS SGEMM on FP32
- * weights (bench_forward_peer.c), after the oracle and after the peak RSS is read: the text gets
- * a "peer" line, the JSON "peer": "openblas-sgemm", "peer_prefill_s", "peer_prefill_gflop",
+ * weights (bench_forward_peer.c), after the oracle and after the peak RSS is read, on as many
+ * OpenBLAS threads as the oracle has worker threads: the text gets a "peer" line, the JSON
+ * "peer": "openblas-sgemm", "peer_threads", "peer_prefill_s", "peer_prefill_gflop",
  * "peer_decode_ms_per_token", "ratio_to_peer_prefill" and "ratio_to_peer_decode" (peer time /
  * the oracle's: above 1, the oracle is faster).
  *
@@ -67,7 +68,7 @@ static void usage(FILE *out)
                  "  --prefill N     prompt tokens, 1..1000000 (default 64)\n"
                  "  --decode K      tokens decoded one at a time, 0..100000 (default 8)\n"
                  "  --seed S        RNG seed of the prompt (default 1)\n"
-                 "  --threads N     OpenBLAS and worker threads (MoE, attention linears), 1..%d (default: their own defaults)\n"
+                 "  --threads N     worker threads of the forward (OpenBLAS then runs one), 1..%d (default: MMOE_DEQUANT_THREADS, else the cores up to 8)\n"
                  "  --json          the report as one JSON object (default: text)\n"
                  "  --peer          also time the step's matrix products as OpenBLAS SGEMM on FP32 weights,\n"
                  "                  the CPU oracle's peer (CPU only; needs the largest product's FP32 weights\n"
@@ -312,7 +313,7 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
     }
     if ((rc = mmoe_cuda_graph_resolve(cmd, &graph, backend, ep_opt.gpus)) != 0)
         return rc;
-    mmoe_cli_set_threads(threads);
+    mmoe_cli_set_forward_threads(threads);
     mmoe_error err;
     mmoe_error_clear(&err);
     if (mmoe_cli_ep_before_load(&ep_opt, model_dir, &err) != MMOE_OK) {
@@ -430,16 +431,24 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru); /* before the peer's FP32 weights */
     double peer_prefill_s = 0, peer_decode_s = 0, peer_flops = 0, flops1 = 0;
+    /* the peer's SGEMMs get as many OpenBLAS threads as the oracle has workers */
+    const int oracle_blas_threads = openblas_get_num_threads(), peer_threads = mmoe_model_worker_threads(m);
+    if (peer)
+        openblas_set_num_threads(peer_threads);
     if (peer && ((st = mmoe_bench_forward_peer(cfg, n_prefill, 3, &peer_prefill_s, &peer_flops, &err)) != MMOE_OK ||
-                 (st = mmoe_bench_forward_peer(cfg, 1, 5, &peer_decode_s, &flops1, &err)) != MMOE_OK))
+                 (st = mmoe_bench_forward_peer(cfg, 1, 5, &peer_decode_s, &flops1, &err)) != MMOE_OK)) {
+        openblas_set_num_threads(oracle_blas_threads);
         goto done;
+    }
+    if (peer)
+        openblas_set_num_threads(oracle_blas_threads);
     /* peer time / ours (above 1: the oracle is faster); decode only with decoded tokens */
     const double ratio_prefill = peer_prefill_s / t_prefill;
     const double ratio_decode = n_decode > 0 ? peer_decode_s / (t_decode / (double)n_decode) : 0.0;
     if (peer && !json) {
         printf("peer (OpenBLAS %s x%d, the step's matrix products as SGEMM or SGEMV on FP32 weights): prefill %.2f tokens/s "
                "(%.1f GFLOP), decode %.2f ms/token; ratio (peer time / ours): prefill %.2f",
-               openblas_get_corename(), openblas_get_num_threads(), (double)n_prefill / peer_prefill_s,
+               openblas_get_corename(), peer_threads, (double)n_prefill / peer_prefill_s,
                peer_flops * 1e-9, 1e3 * peer_decode_s, ratio_prefill);
         if (n_decode > 0)
             printf(", decode %.2f", ratio_decode);
@@ -448,6 +457,7 @@ int mmoe_cmd_bench_forward(int argc, char **argv)
     if (json) {
         if (peer) {
             json_object_set_new(report, "peer", json_string("openblas-sgemm"));
+            mmoe_json_set_int(report, "peer_threads", peer_threads);
             mmoe_json_set_real(report, "peer_prefill_s", peer_prefill_s);
             mmoe_json_set_real(report, "peer_prefill_gflop", peer_flops * 1e-9);
             mmoe_json_set_real(report, "peer_decode_ms_per_token", 1e3 * peer_decode_s);

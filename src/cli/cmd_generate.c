@@ -62,10 +62,8 @@
  * --json prints the stats (and logprobs) as JSON Lines on stderr instead of the human
  * lines (mmoe_json_report.h), and drops the progress and model lines.
  *
- * --threads N sets OpenBLAS's thread count and the model's worker threads
- * (mmoe_cli_set_threads(): the MoE layers' dequantization and the attention's and head's
- * linears); without it each keeps its default (OPENBLAS_NUM_THREADS, MMOE_DEQUANT_THREADS,
- * else the machine's cores).  The rest of the forward is single-threaded.  The expert-parallel options (--ep-ranks, --gpus, --gpu-memory) are
+ * --threads N sets the model's worker threads, which every part of the forward shares its work
+ * with, and OpenBLAS runs one thread (mmoe_cli_set_forward_threads(), cli_util.c "Threads").  The expert-parallel options (--ep-ranks, --gpus, --gpu-memory) are
  * cli_ep.h's.
  */
 #include <errno.h>
@@ -139,7 +137,7 @@ typedef struct gen_options {
     float temperature;       /**< --temperature */
     float top_p;             /**< --top-p */
     unsigned long long seed; /**< --seed */
-    int threads;             /**< --threads (0: OpenBLAS's default) */
+    int threads;             /**< --threads (0: the worker pool's default) */
     mmoe_cli_ep ep;          /**< --ep-ranks, --gpus, --gpu-memory (cli_ep.h) */
     long long ctx_size;      /**< --ctx-size (0: min(config max_seq_len, GEN_DEFAULT_CTX)) */
     int64_t top_k;           /**< --top-k (0: off) */
@@ -221,7 +219,7 @@ static void usage(FILE *out)
             "  --json              stats (and logprobs) as JSON Lines on stderr; no progress lines\n"
             "                      (default: human lines)\n"
             "  --seed S            sampler seed (default 1)\n"
-            "  --threads N         OpenBLAS and worker threads (MoE, attention linears), 1..1024 (default: their own defaults)\n"
+            "  --threads N         worker threads of the forward (OpenBLAS then runs one), 1..1024 (default: MMOE_DEQUANT_THREADS, else the cores up to 8)\n"
             "  --ctx-size N        KV cache size in tokens (default: min(config max_seq_len, %d))\n"
             "  --print-ids         print generated token ids instead of text (default: text)\n"
             "  --backend B         cpu (the oracle), gpu (refused without a usable GPU), or auto\n"
@@ -582,7 +580,7 @@ static mmoe_status gen_load(gen_run *r, mmoe_error *err)
     mmoe_status st = mmoe_tokenizer_load_dir(o->model_dir, &r->tok, err);
     if (st != MMOE_OK)
         return st;
-    mmoe_cli_set_threads(o->threads); /* before the model creates its dequantization pool */
+    mmoe_cli_set_forward_threads(o->threads); /* before the model creates its worker pool */
     if ((st = mmoe_cli_ep_before_load(&o->ep, o->model_dir, err)) != MMOE_OK)
         return st;
     double t0 = mmoe_clock_s();

@@ -45,7 +45,7 @@ static void usage(FILE *out)
                  "  --last        only the last position's logits ([1, vocab]) (default: all positions)\n"
                  "  --mtp         also 'mtp_logits' [T-1, vocab] (MTP block on streams t and token t+1) (default off)\n"
                  "  --decode      feed the tokens one by one (decode path) instead of one prefill (default off)\n"
-                 "  --threads N   OpenBLAS and worker threads (MoE, attention linears), 1..%d (default: their own defaults)\n"
+                 "  --threads N   worker threads of the forward (OpenBLAS then runs one), 1..%d (default: MMOE_DEQUANT_THREADS, else the cores up to 8)\n"
                  "  --backend B   cpu (the oracle), gpu (refused without a usable GPU) or auto (default cpu)\n"
                  MMOE_CUDA_GRAPH_USAGE MMOE_CLI_EP_USAGE "\n"
                  "example:\n"
@@ -141,7 +141,7 @@ int mmoe_cmd_logits(int argc, char **argv)
     for (size_t i = 0; i < n_ids; i++)
         ids[i] = (int32_t)list[i];
     free(list);
-    mmoe_cli_set_threads(threads);
+    mmoe_cli_set_forward_threads(threads);
     mmoe_error err;
     mmoe_error_clear(&err);
     mmoe_model *m = NULL;

@@ -56,7 +56,7 @@ typedef struct ppl_options {
     const char *text_file; /**< --text-file */
     int64_t ctx;           /**< --ctx (0: default) */
     int64_t stride;        /**< --stride (0: default) */
-    int64_t threads;       /**< --threads (0: OpenBLAS's default) */
+    int64_t threads;       /**< --threads (0: the worker pool's default) */
     int json;              /**< --json */
 } ppl_options;
 
@@ -78,7 +78,7 @@ static void usage(FILE *out)
             "  scored once.\n"
             "  --ctx N          window in positions, BOS included, N >= 2 (default: min(%d, max_seq_len))\n"
             "  --stride S       window step in tokens, 1 <= S <= N - 1 (default (N - 1) / 2)\n"
-            "  --threads N      OpenBLAS threads (default: OpenBLAS's own choice)\n"
+            "  --threads N      worker threads of the forward (OpenBLAS then runs one), 1..1024 (default: MMOE_DEQUANT_THREADS, else the cores up to 8)\n"
             "  --json           the result as one JSON object on stdout (default: one human line)\n\n"
             "example:\n"
             "  megamoe perplexity --model fixtures/tiny-dsv4 --text-file notes.txt --ctx 256\n",
@@ -261,8 +261,7 @@ int mmoe_cmd_perplexity(int argc, char **argv)
     int rc = parse_options(argc, argv, &opt);
     if (rc != 0)
         return rc < 0 ? 0 : rc;
-    if (opt.threads > 0)
-        openblas_set_num_threads((int)opt.threads);
+    mmoe_cli_set_forward_threads((int)opt.threads);
     mmoe_error err = {0};
     ppl_result r;
     int64_t ctx = 0, stride = 0;

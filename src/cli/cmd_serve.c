@@ -45,7 +45,7 @@ typedef struct serve_options {
     const char *host;       /**< --host */
     int64_t port;           /**< --port (0: any free port) */
     int64_t ctx_size;       /**< --ctx-size (0: min(config max_seq_len, SERVE_DEFAULT_CTX)) */
-    int64_t threads;        /**< --threads (0: OpenBLAS's default) */
+    int64_t threads;        /**< --threads (0: the worker pool's default) */
     uint64_t seed;          /**< --seed: of requests that give none */
     const char *name;       /**< --name (NULL: the model directory's name) */
     int64_t max_body;       /**< --max-body bytes */
@@ -66,7 +66,7 @@ static void usage(FILE *out)
             "  --host HOST             address to listen on (default 127.0.0.1: this machine only)\n"
             "  --port N                TCP port, 0 = any free port (default 8080)\n"
             "  --ctx-size N            context of each request in tokens (default: min(config max_seq_len, %d))\n"
-            "  --threads N             OpenBLAS threads (default: OpenBLAS's own choice)\n"
+            "  --threads N             worker threads of the forward (OpenBLAS then runs one), 1..1024 (default: MMOE_DEQUANT_THREADS, else the cores up to 8)\n"
             "  --seed S                sampler seed of requests that give no 'seed' (default 1)\n"
             "  --name NAME             the model's name in the API (default: the directory's name)\n"
             "  --max-body BYTES        largest request body (default 1048576)\n"
@@ -179,8 +179,7 @@ static mmoe_status serve(const serve_options *o, mmoe_error *err)
     model_name(o, srv.model_name, sizeof srv.model_name);
     pthread_mutex_init(&srv.lock, NULL);
     pthread_cond_init(&srv.changed, NULL);
-    if (o->threads > 0)
-        openblas_set_num_threads((int)o->threads);
+    mmoe_cli_set_forward_threads((int)o->threads);
 
     /* SIGINT/SIGTERM are taken by sigwait() below: block them before any thread starts */
     sigset_t stop_signals;

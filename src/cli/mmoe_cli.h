@@ -110,8 +110,15 @@ typedef struct mmoe_cli_path {
 mmoe_status mmoe_cli_check_outputs(const mmoe_cli_path *outs, size_t n_out, const mmoe_cli_path *ins, size_t n_in,
                                    mmoe_error *err);
 
-/** `--threads N`: OpenBLAS threads and MoE dequantization threads (N <= 0: leave the defaults). */
+/** `--threads N` of the MoE commands: OpenBLAS threads and MoE dequantization threads (N <= 0: leave the defaults). */
 void mmoe_cli_set_threads(int n);
+
+/**
+ * `--threads N` of the commands that run the forward: N worker threads (N <= 0: the pool's
+ * default), OpenBLAS one thread (without `--threads`, unless OPENBLAS_NUM_THREADS is set).
+ * See cli_util.c, "Threads".
+ */
+void mmoe_cli_set_forward_threads(int n);
 
 /** Most threads `--threads` accepts. */
 #define MMOE_CLI_MAX_THREADS 1024

@@ -31,7 +31,8 @@
  * each K block of a tile converted into doubles (in AVX2 registers where the CPU has them) and
  * multiplied by one cblas_dgemm.  Both then run step 3 with fp8_scaled_add()'s operations (the
  * tile path eight outputs at a time, which share a weight scale).  tests/test_attn_linear.c
- * checks both against a float64 oracle.
+ * checks both against a float64 oracle.  Both share the weight's rows out over the worker pool
+ * (the tile path only where OpenBLAS runs one thread: fp8_tiles_on_pool()).
  */
 #include "attn_internal.h"
 
@@ -43,8 +44,11 @@
 #include "cpu_avx2.h"
 #include "mmoe_formats.h"
 
-/** Output rows (weight rows) of one tile: each K block of the tile is converted to double and multiplied at once. */
-#define ATTN_FP8_TILE_N 512
+/**
+ * Output rows (weight rows) of one tile: each K block of the tile is converted to double and
+ * multiplied by one dgemm; the tiles are shared out over the worker pool.
+ */
+#define ATTN_FP8_TILE_N 256
 /** Activation rows quantized at a time. */
 #define ATTN_FP8_TILE_T 64
 /** The activation quantization block of the reference (`act_quant` block_size). */
@@ -291,6 +295,64 @@ static void fp8_scaled_add_row(moe_dot_isa isa, float *acc, const double *partia
     }
 }
 
+/** One chunk of rows of x for the tile path, shared by the threads that take W's tiles. */
+typedef struct {
+    moe_dot_isa isa;   /**< the conversion's and step 3's kernels */
+    const double *xq;  /**< [tn, K] E4M3 values */
+    const float *sx;   /**< [tn, K / 128] their scales */
+    int64_t t0;        /**< the chunk's first row of y */
+    int64_t tn;        /**< its rows */
+    int64_t K;         /**< the weight's width */
+    int64_t N;         /**< its rows */
+    const uint8_t *wb; /**< the weight's codes [N, K] */
+    const uint8_t *sb; /**< its scale bytes */
+    int64_t sw_cols;   /**< scale bytes per scale row */
+    int block;         /**< the weight's block edge */
+    double *wd;        /**< per thread: ATTN_FP8_TILE_N * block doubles */
+    double *partial;   /**< per thread: tn * ATTN_FP8_TILE_N doubles */
+    float *acc;        /**< per thread: tn * ATTN_FP8_TILE_N floats */
+    uint16_t *y;       /**< [T, N] */
+} fp8_tile_job;
+
+/** moe_rows_fn of the tile path: outputs of W's rows [n0, n1) for the chunk's rows, a tile at a time. */
+static void fp8_rows_in_tiles(void *ctx, int thread, int64_t r0, int64_t r1)
+{
+    const fp8_tile_job *j = ctx;
+    const int64_t tn = j->tn, kb_act = j->K / ACT_BLOCK, kb_w = j->K / j->block;
+    double *wd = j->wd + (int64_t)thread * ATTN_FP8_TILE_N * j->block;
+    double *partial = j->partial + (int64_t)thread * tn * ATTN_FP8_TILE_N;
+    float *acc = j->acc + (int64_t)thread * tn * ATTN_FP8_TILE_N;
+    for (int64_t n0 = r0; n0 < r1; n0 += ATTN_FP8_TILE_N) {
+        const int64_t nn = (r1 - n0) < ATTN_FP8_TILE_N ? (r1 - n0) : ATTN_FP8_TILE_N;
+        memset(acc, 0, sizeof(float) * (size_t)(tn * nn));
+        for (int64_t kb = 0; kb < kb_w; kb++) {
+            fp8_block_to_f64(j->isa, j->wb, j->K, n0, nn, kb * j->block, j->block, wd);
+            /* exact: see the file comment */
+            cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tn, (int)nn, j->block, 1.0,
+                        j->xq + kb * j->block, (int)j->K, wd, j->block, 0.0, partial, (int)nn);
+            const int64_t kact = kb * j->block / ACT_BLOCK;
+            for (int64_t t = 0; t < tn; t++)
+                fp8_scaled_add_row(j->isa, acc + t * nn, partial + t * nn, n0, nn, j->sx[t * kb_act + kact],
+                                   j->sb + kb, j->sw_cols, j->block);
+        }
+        for (int64_t t = 0; t < tn; t++)
+            mmoe_bf16_from_f32_row(acc + t * nn, (size_t)nn, j->y + (j->t0 + t) * j->N + n0);
+    }
+}
+
+/**
+ * Whether the tile path shares its tiles out over @p pool: only where OpenBLAS runs one thread
+ * (the command line's setting, cli_util.c), so that each dgemm runs on the thread that calls it.
+ * With more OpenBLAS threads, OpenBLAS shares out each dgemm instead and the tiles stay on the
+ * caller: two sets of threads taking turns on the same cores lose more than they gain (on the
+ * 2-core development VM a 64-token V4-Flash-width prefill took 3.0-3.8 s with both, 2.4-2.5 s
+ * with the tiles on the pool and OpenBLAS on one thread).  The bits are the same either way.
+ */
+static int fp8_tiles_on_pool(const moe_dequant_pool *pool)
+{
+    return moe_dequant_pool_threads(pool) > 1 && openblas_get_num_threads() == 1;
+}
+
 mmoe_status attn_linear_fp8(moe_dequant_pool *pool, moe_dot_isa isa, const uint16_t *x, int64_t T,
                             const mmoe_tensor *w, const mmoe_tensor *scale, int block, uint16_t *y, mmoe_error *err)
 {
@@ -306,16 +368,15 @@ mmoe_status attn_linear_fp8(moe_dequant_pool *pool, moe_dot_isa isa, const uint1
     const int64_t kb_act = K / ACT_BLOCK, kb_w = K / block, sw_cols = scale->shape[1];
     const int64_t tt = T < ATTN_FP8_TILE_T ? T : ATTN_FP8_TILE_T;
     const int threads = moe_dequant_pool_threads(pool);
-    const int64_t pn = tt * ATTN_FP8_TILE_N > threads * FP8_REG_MAX_T * kb_w ? tt * ATTN_FP8_TILE_N
-                                                                             : threads * FP8_REG_MAX_T * kb_w;
+    const int64_t pn = tt * ATTN_FP8_TILE_N > FP8_REG_MAX_T * kb_w ? tt * ATTN_FP8_TILE_N : FP8_REG_MAX_T * kb_w;
     float *row_f32 = malloc(sizeof(float) * (size_t)K);
     uint8_t *codes = malloc((size_t)K);
     uint8_t *sf = malloc((size_t)kb_act);
     double *xq = malloc(sizeof(double) * (size_t)(tt * K));
     float *sx = malloc(sizeof(float) * (size_t)(tt * kb_act));
-    double *wd = malloc(sizeof(double) * (size_t)(ATTN_FP8_TILE_N * block));
-    double *partial = malloc(sizeof(double) * (size_t)pn);
-    float *acc = malloc(sizeof(float) * (size_t)(tt * ATTN_FP8_TILE_N));
+    double *wd = malloc(sizeof(double) * (size_t)(threads * ATTN_FP8_TILE_N * block));
+    double *partial = malloc(sizeof(double) * (size_t)(threads * pn));
+    float *acc = malloc(sizeof(float) * (size_t)(threads * tt * ATTN_FP8_TILE_N));
     if (!row_f32 || !codes || !sf || !xq || !sx || !wd || !partial || !acc) {
         st = mmoe_error_set(err, MMOE_ENOMEM, "linear: out of memory (K=%lld, N=%lld)", (long long)K,
                             (long long)N);
@@ -334,22 +395,8 @@ mmoe_status attn_linear_fp8(moe_dequant_pool *pool, moe_dot_isa isa, const uint1
             moe_pool_rows(pool, N, K * tn, 1, fp8_rows_in_registers, &j);
             continue;
         }
-        for (int64_t n0 = 0; n0 < N; n0 += ATTN_FP8_TILE_N) {
-            const int64_t nn = (N - n0) < ATTN_FP8_TILE_N ? (N - n0) : ATTN_FP8_TILE_N;
-            memset(acc, 0, sizeof(float) * (size_t)(tn * nn));
-            for (int64_t kb = 0; kb < kb_w; kb++) {
-                fp8_block_to_f64(isa, wb, K, n0, nn, kb * block, block, wd);
-                /* exact: see the file comment */
-                cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tn, (int)nn, block, 1.0,
-                            xq + kb * block, (int)K, wd, block, 0.0, partial, (int)nn);
-                const int64_t kact = kb * block / ACT_BLOCK;
-                for (int64_t t = 0; t < tn; t++)
-                    fp8_scaled_add_row(isa, acc + t * nn, partial + t * nn, n0, nn, sx[t * kb_act + kact], sb + kb,
-                                       sw_cols, block);
-            }
-            for (int64_t t = 0; t < tn; t++)
-                mmoe_bf16_from_f32_row(acc + t * nn, (size_t)nn, y + (t0 + t) * N + n0);
-        }
+        fp8_tile_job j = {isa, xq, sx, t0, tn, K, N, wb, sb, sw_cols, block, wd, partial, acc, y};
+        moe_pool_rows(fp8_tiles_on_pool(pool) ? pool : NULL, N, K * tn, ATTN_FP8_TILE_N, fp8_rows_in_tiles, &j);
     }
     st = MMOE_OK;
 done:
