@@ -30,8 +30,14 @@
  * ## The pool
  * n_threads - 1 POSIX threads are created with the pool and joined when its last reference is
  * dropped; between jobs they sleep on a condition variable.  One mutex guards the sleeping
- * side, a generation counter (a new job is a new generation) publishes the job description,
- * and a count of workers still busy tells the caller when the job may be rewritten; nothing
+ * side, a generation counter (a new job is a new generation) wakes the workers, and one 64-bit
+ * ticket (the job's generation, its number of grabs and the next grab) hands out the grabs: a
+ * thread takes grab i of generation g by a compare-and-swap of the ticket from (g, n, i) to
+ * (g, n, i + 1), and only then reads the job description, which the caller does not rewrite
+ * before every grab of the job is done (a count of completed grabs).  A worker that wakes late
+ * finds the ticket exhausted or of another generation and goes back to waiting without reading
+ * the description, so the caller never waits for a worker that took no grab (a sleeping
+ * worker's wake-up can take longer than a small job); nothing
  * else is shared, and each worker writes only its own rows.  There is no global state.
  *
  * ## Sharing: one pool for many layers
@@ -120,12 +126,12 @@ struct mmoe_moe_pool {
     pthread_mutex_t mu;         /**< guards the sleeping side: work_cv and stop */
     pthread_cond_t work_cv;     /**< signalled when a new generation starts (or stop) */
     atomic_ulong generation;    /**< incremented per job (written under mu, read by spinners) */
-    atomic_int busy;            /**< workers that have not yet left the current job */
-    atomic_int next_grab;       /**< the next grab of the current job to take */
+    atomic_uint_least64_t ticket; /**< the current job's generation, grab count and next grab (ticket_make()) */
     atomic_int grabs_done;      /**< grabs of the current job completed */
     atomic_int stop;            /**< set by destroy */
-    dequant_job job;            /**< the current job (published by the generation's release store) */
+    dequant_job job;            /**< the current job (published by the ticket's release store) */
     int in_flight;              /**< a job was started and not finished (the caller's own flag) */
+    unsigned long in_flight_gen; /**< its generation (the caller's own) */
 };
 
 /** Stack of a worker thread (it only runs the row decoders). */
@@ -154,15 +160,49 @@ static void run_grab(const dequant_job *j, int g, int thread)
                             j->out + t * j->nr * j->chunk + a * j->chunk);
 }
 
-/** Take and run grabs of the current job on thread @p thread until none is left. */
-static void take_grabs(moe_dequant_pool *p, const dequant_job *j, int thread)
+/** Bits of the ticket's fields: generation (low bits of the counter), grab count, next grab. */
+enum { TICKET_GRAB_BITS = 20, TICKET_GEN_BITS = 64 - 2 * TICKET_GRAB_BITS };
+
+/** Most grabs a job may have (the ticket's field). */
+#define TICKET_MAX_GRABS ((1 << TICKET_GRAB_BITS) - 1)
+
+/** The ticket of generation @p gen (its low bits), @p n_grabs grabs, the next one @p next. */
+static uint_least64_t ticket_make(unsigned long gen, int n_grabs, int next)
 {
+    const uint_least64_t g = (uint_least64_t)gen & ((UINT64_C(1) << TICKET_GEN_BITS) - 1);
+    return g << (2 * TICKET_GRAB_BITS) | (uint_least64_t)n_grabs << TICKET_GRAB_BITS | (uint_least64_t)next;
+}
+
+/** Whether ticket @p t belongs to generation @p gen. */
+static int ticket_is_of(uint_least64_t t, unsigned long gen)
+{
+    return (t >> (2 * TICKET_GRAB_BITS)) == ((uint_least64_t)gen & ((UINT64_C(1) << TICKET_GEN_BITS) - 1));
+}
+
+/** The next grab of ticket @p t. */
+static int ticket_next(uint_least64_t t) { return (int)(t & TICKET_MAX_GRABS); }
+
+/** The grab count of ticket @p t. */
+static int ticket_grabs(uint_least64_t t) { return (int)((t >> TICKET_GRAB_BITS) & TICKET_MAX_GRABS); }
+
+/**
+ * Take and run grabs of generation @p gen's job on thread @p thread until none is left (or the
+ * ticket is of another generation: the job is over).  The description is read only after a grab
+ * is taken: until that grab is done the caller cannot start another job.
+ */
+static void take_grabs(moe_dequant_pool *p, unsigned long gen, int thread)
+{
+    uint_least64_t t = atomic_load_explicit(&p->ticket, memory_order_acquire);
     for (;;) {
-        int g = atomic_fetch_add_explicit(&p->next_grab, 1, memory_order_relaxed);
-        if (g >= j->n_grabs)
+        if (!ticket_is_of(t, gen) || ticket_next(t) >= ticket_grabs(t))
             return;
-        run_grab(j, g, thread);
+        /* on failure t is reloaded: another thread took the grab, or a new job began */
+        if (!atomic_compare_exchange_weak_explicit(&p->ticket, &t, t + 1, memory_order_acquire,
+                                                   memory_order_acquire))
+            continue;
+        run_grab(&p->job, ticket_next(t), thread);
         atomic_fetch_add_explicit(&p->grabs_done, 1, memory_order_release);
+        t = atomic_load_explicit(&p->ticket, memory_order_acquire);
     }
 }
 
@@ -189,7 +229,7 @@ static unsigned long wait_for_job(moe_dequant_pool *p, unsigned long seen)
     return g;
 }
 
-/** Worker loop: wait for a new generation, take grabs of it, report, repeat until stop. */
+/** Worker loop: wait for a new generation, take grabs of it, repeat until stop. */
 static void *worker_main(void *arg)
 {
     dequant_worker *w = arg;
@@ -200,8 +240,7 @@ static void *worker_main(void *arg)
         if (atomic_load_explicit(&p->stop, memory_order_acquire))
             return NULL;
         seen = g;
-        take_grabs(p, &p->job, w->index);
-        atomic_fetch_sub_explicit(&p->busy, 1, memory_order_release);
+        take_grabs(p, g, w->index);
     }
 }
 
@@ -264,8 +303,7 @@ mmoe_status moe_dequant_pool_create(int n_threads, moe_dequant_pool **out, mmoe_
     pthread_cond_init(&p->work_cv, NULL);
     atomic_init(&p->refs, 1);
     atomic_init(&p->generation, 0);
-    atomic_init(&p->busy, 0);
-    atomic_init(&p->next_grab, 0);
+    atomic_init(&p->ticket, ticket_make(0, 0, 0));
     atomic_init(&p->grabs_done, 0);
     atomic_init(&p->stop, 0);
     /* the decoders need little stack */
@@ -356,6 +394,8 @@ static void job_start(moe_dequant_pool *p, dequant_job job, int64_t row_weights,
     job.grab_rows -= job.grab_rows % align;
     if (job.grab_rows < align)
         job.grab_rows = align;
+    if (moe_ceil_div(nr, job.grab_rows) > TICKET_MAX_GRABS) /* the ticket's limit: larger grabs */
+        job.grab_rows = moe_ceil_div(moe_ceil_div(nr, TICKET_MAX_GRABS), align) * align;
     job.n_grabs = (int)moe_ceil_div(nr, job.grab_rows);
     if (p == NULL || p->n_threads == 1 || job.n_grabs < 2 || nr * row_weights < MOE_DEQUANT_MIN_PARALLEL) {
         /* too small to share (or no workers): run it now, on the caller */
@@ -365,17 +405,20 @@ static void job_start(moe_dequant_pool *p, dequant_job job, int64_t row_weights,
             run_grab(&job, 0, 0);
         return;
     }
-    /* the previous job's workers have all left it (finish waited), so the job can be rewritten */
+    /* every grab of the previous job is done (finish waited), and no thread reads the description
+       without a grab, so the job can be rewritten */
     p->job = job;
-    atomic_store_explicit(&p->next_grab, 0, memory_order_relaxed);
     atomic_store_explicit(&p->grabs_done, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->busy, p->n_threads - 1, memory_order_relaxed);
-    /* publish: the generation (release) under the mutex, so that a sleeper cannot miss it */
+    const unsigned long gen = atomic_load_explicit(&p->generation, memory_order_relaxed) + 1;
+    /* publish the job with its ticket (release), then wake the workers: the generation under the
+       mutex, so that a sleeper cannot miss it; a worker that sees the generation sees the ticket */
+    atomic_store_explicit(&p->ticket, ticket_make(gen, job.n_grabs, 0), memory_order_release);
     pthread_mutex_lock(&p->mu);
-    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+    atomic_store_explicit(&p->generation, gen, memory_order_release);
     pthread_cond_broadcast(&p->work_cv);
     pthread_mutex_unlock(&p->mu);
     p->in_flight = 1;
+    p->in_flight_gen = gen;
 }
 
 void moe_dequant_start(moe_dequant_pool *p, const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
@@ -417,12 +460,11 @@ void moe_dequant_finish(moe_dequant_pool *p)
     if (p == NULL || !p->in_flight)
         return;
     p->in_flight = 0;
-    take_grabs(p, &p->job, 0);
-    /* every grab decoded, and every worker out of the job (so that the next start may rewrite
-     * it); the workers' shares are small: spin, yielding the CPU to them when they are late */
-    for (unsigned spins = 0; atomic_load_explicit(&p->grabs_done, memory_order_acquire) < p->job.n_grabs ||
-                             atomic_load_explicit(&p->busy, memory_order_acquire) > 0;
-         spins++)
+    take_grabs(p, p->in_flight_gen, 0);
+    /* every grab done (then the next start may rewrite the job: no thread holds a grab of it); a
+     * worker that took no grab is not waited for.  The workers' shares are small: spin, yielding
+     * the CPU to them when they are late */
+    for (unsigned spins = 0; atomic_load_explicit(&p->grabs_done, memory_order_acquire) < p->job.n_grabs; spins++)
         if (spins >= 1024u)
             sched_yield();
 }
