@@ -246,31 +246,29 @@ MMOE_AVX2 static inline __attribute__((always_inline)) void pairwise4_push_node(
     p->n++;
 }
 
-/** Lane @p r of @p p as a scalar pairwise sum (for the tail's chunks and the result). */
-MMOE_AVX2 static void pairwise4_lane(const pairwise4 *p, int r, mmoe_pairwise *out)
-{
-    out->n = p->n;
-    for (int i = 0; i < p->n; i++) {
-        double lanes[DENSE_LANES];
-        _mm256_storeu_pd(lanes, p->s[i]);
-        out->s[i] = lanes[r];
-        out->lvl[i] = p->lvl[i];
-    }
-}
-
 /**
- * The four sums of a vector kernel: for lane r, @p p's subtrees, then the chunks of columns k0 .. K - 1
- * that do not fill a node (a times wq[k * 4 + r]), folded as mmoe_pairwise_result() does, into out[r].
+ * The four sums of a vector kernel into out[0..3]: @p p's subtrees, then the chunks of columns
+ * k0 .. K - 1 that do not fill a node (x row @p a times wq[k * 4 + r] in lane r; each chunk from
+ * +0 in ascending k, as dot_f64_tail() sums it), folded from the right as mmoe_pairwise_result()
+ * folds them, in every lane at once.
  */
-MMOE_AVX2 static void pairwise4_finish(const pairwise4 *p, const double *a, const double *wq, int64_t k0, int64_t K,
+MMOE_AVX2 static void pairwise4_finish(pairwise4 *p, const double *a, const double *wq, int64_t k0, int64_t K,
                                        double *out)
 {
-    for (int r = 0; r < DENSE_LANES; r++) {
-        mmoe_pairwise pw = {{0.0}, {0}, 0};
-        pairwise4_lane(p, r, &pw);
-        dot_f64_tail(a, wq + r, DENSE_LANES, k0, K, &pw);
-        out[r] = mmoe_pairwise_result(&pw);
+    for (; k0 < K; k0 += MMOE_SUM_CHUNK) {
+        const int64_t k1 = K - k0 < MMOE_SUM_CHUNK ? K : k0 + MMOE_SUM_CHUNK;
+        __m256d c = _mm256_setzero_pd();
+        for (int64_t k = k0; k < k1; k++)
+            c = _mm256_fmadd_pd(_mm256_broadcast_sd(a + k), _mm256_loadu_pd(wq + k * DENSE_LANES), c);
+        pairwise4_push_node(p, c, 0);
     }
+    __m256d r = _mm256_setzero_pd();
+    if (p->n > 0) {
+        r = p->s[p->n - 1];
+        for (int i = p->n - 2; i >= 0; i--)
+            r = _mm256_add_pd(p->s[i], r);
+    }
+    _mm256_storeu_pd(out, r);
 }
 
 /** x rows that one pass of dot4_f64_avx2() takes at once (each loaded weight vector serves them all). */
