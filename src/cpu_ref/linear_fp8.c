@@ -175,27 +175,30 @@ static float fp8_accumulate(const double *partial, int64_t nkb, const float *sx_
     return acc;
 }
 
-/** One chunk of rows of x for the register kernel, shared by the threads that take W's rows. */
+/** One chunk of rows of x, shared by the threads that take W's rows (the register path or the tile path). */
 typedef struct {
-    const double *xq;      /**< [tn, K] E4M3 values */
-    const float *sx;       /**< [tn, K / 128] their scales */
-    int64_t t0;            /**< the chunk's first row of y */
-    int64_t tn;            /**< its rows */
-    int64_t K;             /**< the weight's width */
-    int64_t N;             /**< its rows */
-    const uint8_t *wb;     /**< the weight's codes [N, K] */
-    const uint8_t *sb;     /**< its scale bytes */
-    int64_t sw_cols;       /**< scale bytes per scale row */
-    int block;             /**< the weight's block edge */
-    double *partial;       /**< per thread: FP8_REG_MAX_T * K / block doubles */
-    uint16_t *y;           /**< [T, N] */
-} fp8_reg_job;
+    moe_dot_isa isa;   /**< the tile path's conversion and step 3 kernels */
+    const double *xq;  /**< [tn, K] E4M3 values */
+    const float *sx;   /**< [tn, K / 128] their scales */
+    int64_t t0;        /**< the chunk's first row of y */
+    int64_t tn;        /**< its rows */
+    int64_t K;         /**< the weight's width */
+    int64_t N;         /**< its rows */
+    const uint8_t *wb; /**< the weight's codes [N, K] */
+    const uint8_t *sb; /**< its scale bytes */
+    int64_t sw_cols;   /**< scale bytes per scale row */
+    int block;         /**< the weight's block edge */
+    double *wd;        /**< tile path, per thread: ATTN_FP8_TILE_N * block doubles */
+    double *partial;   /**< per thread: FP8_REG_MAX_T * K / block doubles (registers), tn * ATTN_FP8_TILE_N (tiles) */
+    float *acc;        /**< tile path, per thread: tn * ATTN_FP8_TILE_N floats */
+    uint16_t *y;       /**< [T, N] */
+} fp8_job;
 
 /** moe_rows_fn of the register path: outputs of W's rows [n0, n1) for the chunk's rows. */
 static void fp8_rows_in_registers(void *ctx, int thread, int64_t n0, int64_t n1)
 {
 #if MMOE_CPU_HAVE_X86
-    const fp8_reg_job *j = ctx;
+    const fp8_job *j = ctx;
     const int64_t nkb = j->K / j->block, kb_act = j->K / ACT_BLOCK;
     double *partial = j->partial + (int64_t)thread * FP8_REG_MAX_T * nkb;
     for (int64_t n = n0; n < n1; n++) {
@@ -295,29 +298,10 @@ static void fp8_scaled_add_row(moe_dot_isa isa, float *acc, const double *partia
     }
 }
 
-/** One chunk of rows of x for the tile path, shared by the threads that take W's tiles. */
-typedef struct {
-    moe_dot_isa isa;   /**< the conversion's and step 3's kernels */
-    const double *xq;  /**< [tn, K] E4M3 values */
-    const float *sx;   /**< [tn, K / 128] their scales */
-    int64_t t0;        /**< the chunk's first row of y */
-    int64_t tn;        /**< its rows */
-    int64_t K;         /**< the weight's width */
-    int64_t N;         /**< its rows */
-    const uint8_t *wb; /**< the weight's codes [N, K] */
-    const uint8_t *sb; /**< its scale bytes */
-    int64_t sw_cols;   /**< scale bytes per scale row */
-    int block;         /**< the weight's block edge */
-    double *wd;        /**< per thread: ATTN_FP8_TILE_N * block doubles */
-    double *partial;   /**< per thread: tn * ATTN_FP8_TILE_N doubles */
-    float *acc;        /**< per thread: tn * ATTN_FP8_TILE_N floats */
-    uint16_t *y;       /**< [T, N] */
-} fp8_tile_job;
-
 /** moe_rows_fn of the tile path: outputs of W's rows [n0, n1) for the chunk's rows, a tile at a time. */
 static void fp8_rows_in_tiles(void *ctx, int thread, int64_t r0, int64_t r1)
 {
-    const fp8_tile_job *j = ctx;
+    const fp8_job *j = ctx;
     const int64_t tn = j->tn, kb_act = j->K / ACT_BLOCK, kb_w = j->K / j->block;
     double *wd = j->wd + (int64_t)thread * ATTN_FP8_TILE_N * j->block;
     double *partial = j->partial + (int64_t)thread * tn * ATTN_FP8_TILE_N;
@@ -391,11 +375,11 @@ mmoe_status attn_linear_fp8(moe_dequant_pool *pool, moe_dot_isa isa, const uint1
         if (st != MMOE_OK)
             goto done;
         if (fp8_in_registers(isa, tn, block)) {
-            fp8_reg_job j = {xq, sx, t0, tn, K, N, wb, sb, sw_cols, block, partial, y};
+            fp8_job j = {isa, xq, sx, t0, tn, K, N, wb, sb, sw_cols, block, NULL, partial, NULL, y};
             moe_pool_rows(pool, N, K * tn, 1, fp8_rows_in_registers, &j);
             continue;
         }
-        fp8_tile_job j = {isa, xq, sx, t0, tn, K, N, wb, sb, sw_cols, block, wd, partial, acc, y};
+        fp8_job j = {isa, xq, sx, t0, tn, K, N, wb, sb, sw_cols, block, wd, partial, acc, y};
         moe_pool_rows(fp8_tiles_on_pool(pool) ? pool : NULL, N, K * tn, ATTN_FP8_TILE_N, fp8_rows_in_tiles, &j);
     }
     st = MMOE_OK;
