@@ -1092,59 +1092,71 @@ END_TEST
  * attn_sparse_attention(); with @p rope_dim > 0 the output then gets the inverse RoPE of
  * attn_rope_rotate_bf16() at random angles (the GPU's table holds NaN at every other position).
  */
-static void check_attend(int H, int d, int64_t n, int rope_dim)
+static void check_attend(int64_t T, int H, int d, int64_t n, int rope_dim)
 {
     mmoe_rng r;
-    mmoe_rng_seed(&r, g_seed ^ (uint64_t)(H * 1000 + n));
-    uint16_t *q = rand_bf16(&r, (size_t)H * (size_t)d, 1.0f), *rows = rand_bf16(&r, (size_t)(n * d), 1.0f);
+    mmoe_rng_seed(&r, g_seed ^ (uint64_t)(T * 1000003 + H * 1000 + n));
+    const size_t q_elems = (size_t)T * (size_t)H * (size_t)d;
+    uint16_t *q = rand_bf16(&r, q_elems, 1.0f), *rows = rand_bf16(&r, (size_t)(n * d), 1.0f);
     float *sink = malloc(sizeof(float) * (size_t)H);
     for (int h = 0; h < H; h++)
         sink[h] = unif(&r, 2.0f);
-    float cs[2 * 64], cos_v[64], sin_v[64];
     ck_assert_int_le(rope_dim, 128);
-    for (int i = 0; i < rope_dim / 2; i++) {
-        const float angle = unif(&r, 3.2f);
-        cos_v[i] = cosf(angle), sin_v[i] = sinf(angle);
-        cs[2 * i] = cos_v[i], cs[2 * i + 1] = sin_v[i];
-    }
+    /* token t's (cos, sin) pairs: cs[t][2 i], cs[t][2 i + 1] */
+    float *cs = malloc(sizeof(float) * (size_t)(T * 128 + 1)), cos_v[64], sin_v[64];
+    for (int64_t t = 0; t < T; t++)
+        for (int i = 0; i < rope_dim / 2; i++) {
+            const float angle = unif(&r, 3.2f);
+            cs[t * rope_dim + 2 * i] = cosf(angle), cs[t * rope_dim + 2 * i + 1] = sinf(angle);
+        }
     const uint16_t **ptr = malloc(sizeof(uint16_t *) * (size_t)n);
     for (int64_t i = 0; i < n; i++)
         ptr[i] = rows + i * d;
     float *acc = malloc(sizeof(float) * (size_t)d), scores[ATTN_SPARSE_CHUNK];
-    uint16_t *oc = malloc(2 * (size_t)H * (size_t)d), *og = malloc(2 * (size_t)H * (size_t)d);
-    attn_sparse_attention(q, H, d, ptr, n, sink, (float)(1.0 / sqrt((double)d)), acc, scores, oc);
-    for (int h = 0; rope_dim > 0 && h < H; h++)
-        attn_rope_rotate_bf16(oc + (int64_t)h * d + d - rope_dim, rope_dim, cos_v, sin_v, 1);
-    mmoe_test_poison_bf16(og, (size_t)H * (size_t)d);
+    uint16_t *oc = malloc(2 * q_elems), *og = malloc(2 * q_elems);
+    for (int64_t t = 0; t < T; t++) { /* token t at position n - T + t attends rows 0 .. n - T + t */
+        uint16_t *o = oc + t * H * d;
+        attn_sparse_attention(q + t * H * d, H, d, ptr, n - T + t + 1, sink, (float)(1.0 / sqrt((double)d)), acc,
+                              scores, o);
+        for (int i = 0; i < rope_dim / 2; i++)
+            cos_v[i] = cs[t * rope_dim + 2 * i], sin_v[i] = cs[t * rope_dim + 2 * i + 1];
+        for (int h = 0; rope_dim > 0 && h < H; h++)
+            attn_rope_rotate_bf16(o + (int64_t)h * d + d - rope_dim, rope_dim, cos_v, sin_v, 1);
+    }
+    mmoe_test_poison_bf16(og, q_elems);
     mmoe_error err;
-    ck_assert_msg(gfw_test_attend(q, H, d, rows, n, sink, rope_dim, rope_dim > 0 ? cs : NULL, og, &err) == MMOE_OK,
+    ck_assert_msg(gfw_test_attend(q, T, H, d, rows, n, sink, rope_dim, rope_dim > 0 ? cs : NULL, og, &err) == MMOE_OK,
                   "%s", err.msg);
     float kvmax = 0.0f;
     for (int64_t i = 0; i < n * d; i++)
         kvmax = fmaxf(kvmax, fabsf(mmoe_bf16_to_f32(rows[i])));
     int64_t exact = 0;
-    for (int64_t i = 0; i < (int64_t)H * d; i++) {
+    for (size_t i = 0; i < q_elems; i++) {
         const float g = mmoe_bf16_to_f32(og[i]), c = mmoe_bf16_to_f32(oc[i]);
-        ck_assert_msg(fabsf(g - c) <= 0x1.0p-7f * (kvmax + fabsf(c)), "attention [%lld]: gpu %g cpu %g (seed %llu)",
-                      (long long)i, g, c, (unsigned long long)g_seed);
+        ck_assert_msg(fabsf(g - c) <= 0x1.0p-7f * (kvmax + fabsf(c)), "attention [%zu]: gpu %g cpu %g (seed %llu)", i,
+                      g, c, (unsigned long long)g_seed);
         exact += og[i] == oc[i];
     }
-    fprintf(stderr, "gpu_forward_blocks: attention H=%d d=%d n=%lld rope %d: %lld of %lld bit-exact\n", H, d,
-            (long long)n, rope_dim, (long long)exact, (long long)H * d);
+    fprintf(stderr, "gpu_forward_blocks: attention T=%lld H=%d d=%d n=%lld rope %d: %lld of %zu bit-exact\n",
+            (long long)T, H, d, (long long)n, rope_dim, (long long)exact, q_elems);
     if (exp_probe())
-        expect_same_u16("attention (exact exp)", og, oc, (size_t)H * (size_t)d);
-    free(q), free(rows), free(sink), free(ptr), free(acc), free(oc), free(og);
+        expect_same_u16("attention (exact exp)", og, oc, q_elems);
+    free(q), free(rows), free(sink), free(cs), free(ptr), free(acc), free(oc), free(og);
 }
 
 START_TEST(test_attend)
 {
-    check_attend(2, 128, 20, 64);   /* tiny: window 16 + 4 blocks */
-    check_attend(64, 512, 640, 64); /* V4-Flash: window 128 + top-512 (two whole passes of the one-token kernel) */
-    check_attend(64, 512, 1, 0);    /* the first token */
-    check_attend(64, 512, 256, 64); /* one pass of four whole chunks */
-    check_attend(64, 512, 300, 0);  /* one pass, its fifth chunk partial */
-    check_attend(64, 512, 330, 64); /* a second pass of one partial chunk */
-    check_attend(64, 512, 97, 64);  /* one pass, its second chunk partial */
+    check_attend(1, 2, 128, 20, 64);   /* tiny: window 16 + 4 blocks */
+    check_attend(1, 64, 512, 640, 64); /* V4-Flash: window 128 + top-512 (two whole passes of the one-token kernel) */
+    check_attend(1, 64, 512, 1, 0);    /* the first token */
+    check_attend(1, 64, 512, 256, 64); /* one pass of four whole chunks */
+    check_attend(1, 64, 512, 300, 0);  /* one pass, its fifth chunk partial */
+    check_attend(1, 64, 512, 330, 64); /* a second pass of one partial chunk */
+    check_attend(1, 64, 512, 97, 64);  /* one pass, its second chunk partial */
+    /* calls of several tokens (k_attend's instances), each token over its own window */
+    check_attend(5, 2, 128, 20, 64);    /* tiny: the call's rows and the ring's */
+    check_attend(24, 64, 512, 200, 64); /* V4 widths: a prefill chunk, lists of 177 to 200 rows */
+    check_attend(3, 64, 512, 70, 0);    /* a short call, no RoPE */
 }
 END_TEST
 

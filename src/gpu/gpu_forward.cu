@@ -5843,7 +5843,7 @@ extern "C" mmoe_status gfw_test_hc_post(int hc, int64_t D, const uint16_t *out, 
     return tfinish(&a, X, dX, 2 * (size_t)(T * hc * D), err, "hc_post");
 }
 
-extern "C" mmoe_status gfw_test_attend(const uint16_t *q, int H, int d, const uint16_t *rows, int64_t n,
+extern "C" mmoe_status gfw_test_attend(const uint16_t *q, int64_t T, int H, int d, const uint16_t *rows, int64_t n,
                                        const float *sink, int rope_dim, const float *cs, uint16_t *out,
                                        mmoe_error *err)
 {
@@ -5851,28 +5851,30 @@ extern "C" mmoe_status gfw_test_attend(const uint16_t *q, int H, int d, const ui
     mmoe_status st = tbegin(&a, err);
     if (st != MMOE_OK)
         return st;
-    /* the list as a window of n positions: the query at position n-1, earlier rows in the ring */
-    const uint16_t *dq = (const uint16_t *)tput(&a, q, 2 * (size_t)H * (size_t)d);
+    /* the list as a window of n positions: the queries at positions n-T .. n-1, whose rows are the
+       call's, the earlier rows in the ring (slot q % n = q) */
+    const size_t q_elems = (size_t)T * (size_t)H * (size_t)d;
+    const uint16_t *dq = (const uint16_t *)tput(&a, q, 2 * q_elems);
     const uint16_t *dr = (const uint16_t *)tput(&a, rows, 2 * (size_t)(n * d));
     const float *dsink = (const float *)tput(&a, sink, sizeof(float) * (size_t)H);
-    uint16_t *dout = (uint16_t *)tput(&a, NULL, 2 * (size_t)H * (size_t)d);
-    const int64_t pos = n - 1;
-    const int64_t *dpos = (const int64_t *)tput(&a, &pos, sizeof pos);
-    /* the table's rows for positions 0 .. n-1, NaN but at the query's */
-    const int64_t half = rope_dim / 2, cs_n = cs != NULL ? n * half * 2 : 0;
+    uint16_t *dout = (uint16_t *)tput(&a, NULL, 2 * q_elems);
+    const int64_t pos0 = n - T;
+    const int64_t *dpos = (const int64_t *)tput(&a, &pos0, sizeof pos0);
+    /* the table's rows for positions 0 .. n-1, NaN but at the queries' */
+    const int64_t pair = (rope_dim / 2) * 2, cs_n = cs != NULL ? n * pair : 0;
     float *cst = cs_n > 0 ? (float *)malloc(sizeof(float) * (size_t)cs_n) : NULL;
     if (cs_n > 0 && cst == NULL && a.ce == cudaSuccess)
         a.ce = cudaErrorMemoryAllocation; /* the host's: reported as out of memory */
     for (int64_t i = 0; cst != NULL && i < cs_n; i++)
-        cst[i] = i >= pos * half * 2 ? cs[i - pos * half * 2] : NAN;
+        cst[i] = i >= pos0 * pair ? cs[i - pos0 * pair] : NAN;
     const float *dcs = cst != NULL ? (const float *)tput(&a, cst, sizeof(float) * (size_t)cs_n) : NULL;
     free(cst);
     if (a.ce == cudaSuccess) {
-        attend_args aa = {dq, dr + (n - 1) * d, dr, NULL, NULL, dsink, dcs, H, d, (int)n, 0, 0, rope_dim, dpos,
+        attend_args aa = {dq, dr + pos0 * d, dr, NULL, NULL, dsink, dcs, H, d, (int)n, 0, 0, rope_dim, dpos,
                           (float)(1.0 / sqrt((double)d)), dout};
-        launch_attend(aa, 1, 0);
+        launch_attend(aa, T, 0);
     }
-    return tfinish(&a, out, dout, 2 * (size_t)H * (size_t)d, err, "attention");
+    return tfinish(&a, out, dout, 2 * q_elems, err, "attention");
 }
 
 /**

@@ -342,12 +342,14 @@ mmoe_status gfw_test_hc_pre_norm(int64_t D, int n_out, int iters, float norm_eps
 mmoe_status gfw_test_hc_post(int hc, int64_t D, const uint16_t *out, uint16_t *X, int64_t T, const float *post,
                              const float *comb, mmoe_error *err);
 /**
- * One query token (H heads of d) at position n - 1 over n kv rows [n, d] with sinks [H]
- * (k_attend or k_attend_one); out [H, d].  With @p cs (cos, sin of each of the rope_dim / 2 pairs
- * at that position), the output's last @p rope_dim dims get the inverse RoPE.
+ * T query tokens (H heads of d each, q [T, H, d]) at positions n - T .. n - 1 over n kv rows
+ * [n, d] (token t attends rows 0 .. n - T + t: a window of n, the last T rows the call's own)
+ * with sinks [H], as one call of the forward launches them (k_attend_one, or k_attend's
+ * instances); out [T, H, d].  With @p cs (token t's cos, sin of each of the rope_dim / 2 pairs
+ * at its position: [T, rope_dim]), the outputs' last @p rope_dim dims get the inverse RoPE.
  */
-mmoe_status gfw_test_attend(const uint16_t *q, int H, int d, const uint16_t *rows, int64_t n, const float *sink,
-                            int rope_dim, const float *cs, uint16_t *out, mmoe_error *err);
+mmoe_status gfw_test_attend(const uint16_t *q, int64_t T, int H, int d, const uint16_t *rows, int64_t n,
+                            const float *sink, int rope_dim, const float *cs, uint16_t *out, mmoe_error *err);
 /**
  * In place on rows of width @p width: kind 0 FP8 round trip of the first width-64 dims; kind 1
  * Hadamard + FP4 (the indexer compressor's device code); kind 2 the same by k_indexer_q_split,

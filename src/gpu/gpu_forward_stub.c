@@ -180,10 +180,10 @@ mmoe_status gfw_test_hc_post(int hc, int64_t D, const uint16_t *out, uint16_t *X
     return no_cuda(err);
 }
 
-mmoe_status gfw_test_attend(const uint16_t *q, int H, int d, const uint16_t *rows, int64_t n, const float *sink,
-                            int rope_dim, const float *cs, uint16_t *out, mmoe_error *err)
+mmoe_status gfw_test_attend(const uint16_t *q, int64_t T, int H, int d, const uint16_t *rows, int64_t n,
+                            const float *sink, int rope_dim, const float *cs, uint16_t *out, mmoe_error *err)
 {
-    (void)q; (void)H; (void)d; (void)rows; (void)n; (void)sink; (void)rope_dim; (void)cs; (void)out;
+    (void)q; (void)T; (void)H; (void)d; (void)rows; (void)n; (void)sink; (void)rope_dim; (void)cs; (void)out;
     return no_cuda(err);
 }
 
