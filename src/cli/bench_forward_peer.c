@@ -94,7 +94,7 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-mmoe_status mmoe_bench_forward_peer(const mmoe_config *c, int64_t T, int reps, double *seconds, double *flops,
+mmoe_status mmoe_bench_forward_peer(const struct mmoe_config *c, int64_t T, int reps, double *seconds, double *flops,
                                     mmoe_error *err)
 {
     if (c->n_layers > MMOE_CONFIG_MAX_LAYERS || reps < 1 || T < 1)

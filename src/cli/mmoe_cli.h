@@ -131,8 +131,12 @@ struct mmoe_config;
 /**
  * The CPU forward's peer (bench_forward_peer.c): one step of @p T tokens of the model of @p c as
  * OpenBLAS SGEMM on FP32 weights, the median of @p reps timed runs after a warm-up.
+ * @param c        the model's configuration (its shapes)
+ * @param T        tokens of the step, >= 1
+ * @param reps     timed runs, >= 1
  * @param seconds  written: the median step time
  * @param flops    written: the step's products' floating-point operations
+ * @param err      the message of a failure
  * @return MMOE_OK, MMOE_EINVAL or MMOE_ENOMEM (the message gives the FP32 weight buffer's size)
  */
 mmoe_status mmoe_bench_forward_peer(const struct mmoe_config *c, int64_t T, int reps, double *seconds, double *flops,
