@@ -11,9 +11,11 @@
 #include <check.h>
 #include <jansson.h>
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "mmoe_config.h"
 #include "mmoe_test.h"
@@ -162,6 +164,36 @@ START_TEST(bench_forward_json)
 END_TEST
 
 /*
+ * The forward's threads (cli_util.c, "Threads"): --threads N gives the worker pool N threads and
+ * OpenBLAS one, whatever OPENBLAS_NUM_THREADS says; without --threads OpenBLAS keeps
+ * OPENBLAS_NUM_THREADS when it is set (here 2, or fewer where OpenBLAS caps it at the CPUs), else
+ * runs one thread.
+ */
+START_TEST(bench_forward_threads)
+{
+    json_t *lines;
+    setenv("OPENBLAS_NUM_THREADS", "2", 1);
+    json_t *o = bench_forward_report("--prefill 2 --decode 1 --threads 3", &lines);
+    ck_assert(num(o, "worker_threads") == 3 && num(o, "openblas_threads") == 1);
+    json_decref(lines);
+    o = bench_forward_report("--prefill 2 --decode 1", &lines);
+    /* OpenBLAS caps its threads at the CPUs this process may run on */
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) < cpus)
+        cpus = CPU_COUNT(&set);
+    const double got = num(o, "openblas_threads");
+    ck_assert_msg(got == 2 || (got == 1 && cpus < 2), "OPENBLAS_NUM_THREADS=2 (%ld CPUs): openblas_threads %g", cpus,
+                  got);
+    json_decref(lines);
+    unsetenv("OPENBLAS_NUM_THREADS");
+    o = bench_forward_report("--prefill 2 --decode 1", &lines);
+    ck_assert(num(o, "openblas_threads") == 1);
+    json_decref(lines);
+}
+END_TEST
+
+/*
  * The peer's floating-point operations of a step of T tokens, from its definition (the table of
  * bench_forward_peer.c): per layer the attention's products (by the layer's compress ratio) for
  * T rows, the T top-k pairs spread evenly over min(E, T top-k) experts and T rows of the shared
@@ -219,6 +251,7 @@ int main(void)
     tcase_add_test(tc, inspect_json);
     tcase_add_test(tc, bench_moe_json);
     tcase_add_test(tc, bench_forward_json);
+    tcase_add_test(tc, bench_forward_threads);
     tcase_add_test(tc, bench_forward_peer_json);
     suite_add_tcase(s, tc);
     int rc = mmoe_test_run(s);
