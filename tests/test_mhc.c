@@ -134,6 +134,18 @@ static void ref_logits(const uint16_t *Xt, const float *fn, int n_out, double ep
 
 static double sig(double z) { return 1.0 / (1.0 + exp(-z)); }
 
+/** Random hc_pre weights: fn [(2+HC)*HC, HC*D] of rows O(1) against O(1) streams, base [(2+HC)*HC], scale [3]. */
+static void rand_pre_weights(mmoe_rng *r, float *fn, float *base, float *scale)
+{
+    const int NM = (2 + HC) * HC;
+    for (int i = 0; i < NM * HC * D; i++)
+        fn[i] = (float)(mmoe_rng_normal(r) / sqrt(HC * D));
+    for (int i = 0; i < NM; i++)
+        base[i] = (float)(0.5 * mmoe_rng_normal(r));
+    for (int i = 0; i < 3; i++)
+        scale[i] = (float)(0.5 + mmoe_rng_uniform(r));
+}
+
 START_TEST(expand_pre_post_head_vs_f64)
 {
     const int NM = (2 + HC) * HC;
@@ -152,12 +164,7 @@ START_TEST(expand_pre_post_head_vs_f64)
     /* make the streams differ, as they do after the first block */
     for (int i = 0; i < T * HC * D; i++)
         X[i] = rand_bf16(&r, 1.0 + (i / D) % HC);
-    for (int i = 0; i < NM * HC * D; i++)
-        fn[i] = (float)(mmoe_rng_normal(&r) / sqrt(HC * D));
-    for (int i = 0; i < NM; i++)
-        base[i] = (float)(0.5 * mmoe_rng_normal(&r));
-    for (int i = 0; i < 3; i++)
-        scale[i] = (float)(0.5 + mmoe_rng_uniform(&r));
+    rand_pre_weights(&r, fn, base, scale);
     mmoe_test_poison_bf16(y, T * D);
     mmoe_test_poison_f32(post, T * HC);
     mmoe_test_poison_f32(comb, T * HC * HC);
@@ -254,12 +261,7 @@ START_TEST(pool_variants_same_bits)
         X[i] = rand_bf16(&r, 1.0 + (i / D) % HC);
     for (int i = 0; i < TP * D; i++)
         out[i] = rand_bf16(&r, 0.5);
-    for (int i = 0; i < NM * HC * D; i++)
-        fn[i] = (float)(mmoe_rng_normal(&r) / sqrt(HC * D));
-    for (int i = 0; i < NM; i++)
-        base[i] = (float)(0.5 * mmoe_rng_normal(&r));
-    for (int i = 0; i < 3; i++)
-        scale[i] = (float)(0.5 + mmoe_rng_uniform(&r));
+    rand_pre_weights(&r, fn, base, scale);
     mmoe_moe_pool *pool = NULL;
     mmoe_error err;
     ck_assert_msg(mmoe_moe_pool_create(3, &pool, &err) == MMOE_OK, "%s", err.msg);

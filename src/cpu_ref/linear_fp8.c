@@ -212,14 +212,6 @@ static void fp8_rows_in_registers(void *ctx, int thread, int64_t n0, int64_t n1)
 #endif
 }
 
-/**
- * Rows n0 .. n0 + nn - 1 of the weight's codes (row stride K), columns k0 .. k0 + block - 1, as
- * doubles into wd[n * block + j]: the E4M3 values, exactly (eight at a time in AVX2 registers
- * where @p isa has them and the block is a multiple of 8, else the table).
- */
-static void fp8_block_to_f64(moe_dot_isa isa, const uint8_t *wb, int64_t K, int64_t n0, int64_t nn, int64_t k0,
-                             int block, double *wd);
-
 #if MMOE_CPU_HAVE_X86
 /** fp8_block_to_f64() in AVX2 registers (block a multiple of 8). */
 MMOE_AVX2 static void fp8_block_to_f64_avx2(const uint8_t *wb, int64_t K, int64_t n0, int64_t nn, int64_t k0,
@@ -259,6 +251,11 @@ MMOE_AVX2 static void fp8_scaled_add_row_avx2(float *acc, const double *partial,
 }
 #endif
 
+/**
+ * Rows n0 .. n0 + nn - 1 of the weight's codes (row stride K), columns k0 .. k0 + block - 1, as
+ * doubles into wd[n * block + j]: the E4M3 values, exactly (eight at a time in AVX2 registers
+ * where @p isa has them and the block is a multiple of 8, else the table).
+ */
 static void fp8_block_to_f64(moe_dot_isa isa, const uint8_t *wb, int64_t K, int64_t n0, int64_t nn, int64_t k0,
                              int block, double *wd)
 {
