@@ -148,9 +148,32 @@ static void rand_mat_free(rand_mat *rm)
 
 /* ------------------------------------------------------------------ one job, all thread counts */
 
+/** A tile-decoding job for moe_pool_rows(): rows [r0, r0 + nr) of columns [c0, c0 + nc) as tiles of chunk. */
+typedef struct tile_job {
+    const moe_mat *m; /**< the matrix */
+    int64_t r0;       /**< first row */
+    int64_t nr;       /**< rows */
+    int64_t c0;       /**< first column */
+    int64_t nc;       /**< columns (a multiple of chunk) */
+    int64_t chunk;    /**< columns per tile */
+    float *out;       /**< nc / chunk tiles of [nr, chunk], tile t at out + t * nr * chunk */
+} tile_job;
+
+/** moe_rows_fn: decode rows [a, b) of the job into every tile (thread index unused). */
+static void tile_job_rows(void *ctx, int thread, int64_t a, int64_t b)
+{
+    (void)thread;
+    const tile_job *j = ctx;
+    for (int64_t t = 0; t < j->nc / j->chunk; t++)
+        moe_weight_tile_f32(j->m, j->r0 + a, b - a, j->c0 + t * j->chunk, j->chunk,
+                            j->out + t * j->nr * j->chunk + a * j->chunk);
+}
+
 /**
- * Dequantize W[r0 : r0+nr, c0 : c0+nc] as tiles of @p chunk columns with every thread count
- * 1..5 (and a NULL pool) and compare to the per-tile single-threaded decoder and to the formula.
+ * Dequantize W[r0 : r0+nr, c0 : c0+nc] as tiles of @p chunk columns, the rows shared out by a
+ * pool of every thread count 1..5 (and a NULL pool), and compare to the per-tile
+ * single-threaded decoder and to the formula: the pool's grabs cover every row once, whoever
+ * takes them.
  */
 static void check_job(const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64_t nc, int64_t chunk)
 {
@@ -170,8 +193,9 @@ static void check_job(const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int6
                       "single-threaded tile %lld differs from the formula (fmt %d, rows %lld+%lld, cols %lld+%lld)",
                       (long long)t, (int)m->fmt, (long long)r0, (long long)nr, (long long)c0, (long long)nc);
     }
+    tile_job job = {.m = m, .r0 = r0, .nr = nr, .c0 = c0, .nc = nc, .chunk = chunk, .out = got};
     mmoe_test_poison_f32(got, n);
-    moe_dequant_tiles(NULL, m, r0, nr, c0, nc, chunk, got);
+    moe_pool_rows(NULL, nr, nc, 1, tile_job_rows, &job);
     ck_assert(memcmp(got, ref, n * sizeof(float)) == 0);
     for (int threads = 1; threads <= 5; threads++) {
         moe_dequant_pool *pool;
@@ -180,19 +204,7 @@ static void check_job(const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int6
         ck_assert_int_eq(moe_dequant_pool_threads(pool), threads);
         for (int rep = 0; rep < 3; rep++) { /* a pool is reused across jobs */
             mmoe_test_poison_f32(got, n);
-            if (rep < 2) {
-                moe_dequant_tiles(pool, m, r0, nr, c0, nc, chunk, got);
-            } else {
-                /* started, then the caller works elsewhere (as during the GEMMs), then finishes */
-                moe_dequant_start(pool, m, r0, nr, c0, nc, chunk, got);
-                float *other = malloc((size_t)chunk * sizeof(float));
-                ck_assert_ptr_nonnull(other);
-                moe_weight_tile_f32(m, r0, 1, c0, chunk, other);
-                ck_assert(memcmp(other, ref, (size_t)chunk * sizeof(float)) == 0);
-                free(other);
-                moe_dequant_finish(pool);
-                moe_dequant_finish(pool); /* a second finish is a no-op */
-            }
+            moe_pool_rows(pool, nr, nc, 1, tile_job_rows, &job);
             ck_assert_msg(memcmp(got, ref, n * sizeof(float)) == 0,
                           "%d threads differ (fmt %d, rows %lld+%lld, cols %lld+%lld, chunk %lld, rep %d)", threads,
                           (int)m->fmt, (long long)r0, (long long)nr, (long long)c0, (long long)nc, (long long)chunk,

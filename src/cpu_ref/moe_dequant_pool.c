@@ -10,22 +10,18 @@
  * fixed order whatever thread runs it, so batch invariance and padding invariance hold by
  * construction.
  *
- * A job is "decode rows [r0, r0 + nr) of columns [c0, c0 + nc) as nc / chunk tiles of
- * [nr, chunk] floats, tile t at out + t * nr * chunk" (moe_dequant_tiles()), or
- * (moe_pool_gemm_coded()) "multiply the rows of an FP4 or FP8 matrix, decoded in registers, by a
- * few tokens": the same rule holds there, each output element being one call of the fixed-order
- * kernel (moe_dot.c) whatever thread makes it; or (moe_pool_rows()) "call the caller's function
- * on row ranges", which the experts' GEMMs for more tokens (moe_expert_gemm.c: each thread
- * decodes its rows and multiplies them), the attention's linears and heads use (linear_dense.c,
+ * A job is either (moe_pool_gemm_coded()) "multiply the rows of an FP4 or FP8 matrix, decoded in
+ * registers, by a few tokens", each output element being one call of the fixed-order kernel
+ * (moe_dot.c) whatever thread makes it; or (moe_pool_rows()) "call the caller's function on row
+ * ranges", which the experts' GEMMs for more tokens (moe_expert_gemm.c: each thread decodes its
+ * rows and multiplies them), the attention's linears and heads use (linear_dense.c,
  * linear_fp8.c, attn_sparse.c) under the same rule.  The job's rows are cut into grabs of
  * about ::MOE_DEQUANT_GRAB_WEIGHTS weights; the workers and the caller take grabs from one
  * atomic counter until none is left, so a thread that is late (descheduled, or busy with
  * something else) simply takes fewer.
  *
- * ## Start and finish
- * A job is started by moe_dequant_start() and completed by moe_dequant_finish(): between the
- * two the workers decode while the caller may do something else, and the caller joins the
- * decoding in moe_dequant_finish().  The other jobs start and finish in one call.
+ * A job is published to the workers, the caller takes grabs like any worker, and the call
+ * returns when every grab is done.
 
  * ## The pool
  * n_threads - 1 POSIX threads are created with the pool and joined when its last reference is
@@ -49,8 +45,7 @@
  * creator holds one reference, each layer created on it one more, and the threads are joined
  * when the last one is dropped, so layers and pool may be destroyed in any order.
  *
- * The pool runs one job at a time (the job description, the counters and the caller's
- * in_flight flag are single).  The rule is therefore: layers that share a pool must not run
+ * The pool runs one job at a time (the job description and the counters are single).  The rule is therefore: layers that share a pool must not run
  * concurrently.  Misuse is made safe, not undefined: mmoe_moe_layer_run() holds the pool's
  * run mutex (moe_dequant_pool_lock()) for the whole call, so two threads that run two layers
  * of one pool at once take turns; each gets the same bits as when run alone (the dequantized
@@ -84,21 +79,17 @@
 
 /** What a job does with its rows. */
 typedef enum dequant_job_kind {
-    JOB_DECODE,     /**< decode them into tiles (moe_dequant_tiles()) */
     JOB_GEMM_CODED, /**< multiply them, decoded in registers, by a few tokens (moe_pool_gemm_coded()) */
     JOB_ROWS        /**< the caller's function of a row range (moe_pool_rows()) */
 } dequant_job_kind;
 
-/** One job: the arguments of moe_dequant_tiles() or of moe_pool_gemm_coded(). */
+/** One job: the arguments of moe_pool_gemm_coded() or of moe_pool_rows(). */
 typedef struct dequant_job {
     dequant_job_kind kind; /**< what is done with the rows */
     const moe_mat *m; /**< the matrix (borrowed for the job's duration) */
     int64_t r0;       /**< first row */
     int64_t nr;       /**< rows */
-    int64_t c0;       /**< JOB_DECODE: first column */
-    int64_t nc;       /**< JOB_DECODE: columns (a multiple of chunk) */
-    int64_t chunk;    /**< JOB_DECODE: columns per output tile */
-    float *out;       /**< JOB_DECODE: nc / chunk tiles of [nr, chunk]; JOB_GEMM_CODED: c, row r at out + r */
+    float *out;       /**< JOB_GEMM_CODED: c, row r at out + r */
     moe_dot_isa isa;  /**< JOB_GEMM_CODED: FMA kernels that take the matrix in registers (they cannot fail) */
     const float *a;   /**< JOB_GEMM_CODED: the tokens' activations [tokens, lda] */
     int64_t lda;      /**< JOB_GEMM_CODED: their leading dimension */
@@ -130,8 +121,6 @@ struct mmoe_moe_pool {
     atomic_int grabs_done;      /**< grabs of the current job completed */
     atomic_int stop;            /**< set by destroy */
     dequant_job job;            /**< the current job (published by the ticket's release store) */
-    int in_flight;              /**< a job was started and not finished (the caller's own flag) */
-    unsigned long in_flight_gen; /**< its generation (the caller's own) */
 };
 
 /** Stack of a worker thread (it only runs the row decoders). */
@@ -140,7 +129,7 @@ struct mmoe_moe_pool {
 /** Seconds a worker spins on the generation before it sleeps on the condition variable. */
 #define DEQUANT_SPIN_S 100e-6
 
-/** Run grab @p g of @p j on thread @p thread: decode its rows of every tile of the job, multiply them, or call fn. */
+/** Run grab @p g of @p j on thread @p thread: multiply its rows, or call fn on them. */
 static void run_grab(const dequant_job *j, int g, int thread)
 {
     const int64_t a = (int64_t)g * j->grab_rows;
@@ -149,15 +138,8 @@ static void run_grab(const dequant_job *j, int g, int thread)
         j->fn(j->ctx, thread, a, b);
         return;
     }
-    if (j->kind == JOB_GEMM_CODED) {
-        /* the in-register kernels cannot fail (moe_pool_gemm_coded()'s contract) */
-        (void)moe_dot_gemm_coded(j->isa, j->a, j->lda, j->tokens, j->m, j->r0 + a, b - a, j->out + j->r0 + a, j->ldc);
-        return;
-    }
-    const int64_t n_tiles = j->nc / j->chunk;
-    for (int64_t t = 0; t < n_tiles; t++)
-        moe_weight_tile_f32(j->m, j->r0 + a, b - a, j->c0 + t * j->chunk, j->chunk,
-                            j->out + t * j->nr * j->chunk + a * j->chunk);
+    /* the in-register kernels cannot fail (moe_pool_gemm_coded()'s contract) */
+    (void)moe_dot_gemm_coded(j->isa, j->a, j->lda, j->tokens, j->m, j->r0 + a, b - a, j->out + j->r0 + a, j->ldc);
 }
 
 /** Bits of the ticket's fields: generation (low bits of the counter), grab count, next grab. */
@@ -383,11 +365,12 @@ int moe_dequant_pool_threads(const moe_dequant_pool *p)
 }
 
 /**
- * Start @p job (its rows cut into grabs of about ::MOE_DEQUANT_GRAB_WEIGHTS weights of
- * @p row_weights each, a multiple of @p align rows) on the pool's workers, or run it now on the caller when it is too small to
- * share or there are no workers.
+ * Run @p job (its rows cut into grabs of about ::MOE_DEQUANT_GRAB_WEIGHTS weights of
+ * @p row_weights each, a multiple of @p align rows) on the caller and the pool's workers, or on
+ * the caller alone when it is too small to share or there are no workers; return when every
+ * grab is done.
  */
-static void job_start(moe_dequant_pool *p, dequant_job job, int64_t row_weights, int64_t align)
+static void job_run(moe_dequant_pool *p, dequant_job job, int64_t row_weights, int64_t align)
 {
     const int64_t nr = job.nr;
     job.grab_rows = MOE_DEQUANT_GRAB_WEIGHTS / (row_weights > 0 ? row_weights : 1);
@@ -405,8 +388,8 @@ static void job_start(moe_dequant_pool *p, dequant_job job, int64_t row_weights,
             run_grab(&job, 0, 0);
         return;
     }
-    /* every grab of the previous job is done (finish waited), and no thread reads the description
-       without a grab, so the job can be rewritten */
+    /* every grab of the previous job is done (its call waited for them), and no thread reads the
+       description without a grab, so the job can be rewritten */
     p->job = job;
     atomic_store_explicit(&p->grabs_done, 0, memory_order_relaxed);
     const unsigned long gen = atomic_load_explicit(&p->generation, memory_order_relaxed) + 1;
@@ -417,35 +400,30 @@ static void job_start(moe_dequant_pool *p, dequant_job job, int64_t row_weights,
     atomic_store_explicit(&p->generation, gen, memory_order_release);
     pthread_cond_broadcast(&p->work_cv);
     pthread_mutex_unlock(&p->mu);
-    p->in_flight = 1;
-    p->in_flight_gen = gen;
-}
-
-void moe_dequant_start(moe_dequant_pool *p, const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
-                       int64_t chunk, float *out)
-{
-    job_start(p, (dequant_job){.kind = JOB_DECODE, .m = m, .r0 = r0, .nr = nr, .c0 = c0, .nc = nc, .chunk = chunk,
-                               .out = out},
-              nc, 1);
+    take_grabs(p, gen, 0);
+    /* every grab done (then the next job may rewrite the description: no thread holds a grab of
+     * it); a worker that took no grab is not waited for.  The workers' shares are small: spin,
+     * yielding the CPU to them when they are late */
+    for (unsigned spins = 0; atomic_load_explicit(&p->grabs_done, memory_order_acquire) < p->job.n_grabs; spins++)
+        if (spins >= 1024u)
+            sched_yield();
 }
 
 void moe_pool_gemm_coded(moe_dequant_pool *p, moe_dot_isa isa, const float *a, int64_t lda, int64_t tokens,
                          const moe_mat *w, float *c, int64_t ldc)
 {
-    /* grabs of the decoding jobs' size in weights (a row's weights: its columns); each weight
-       then also feeds one fma per token, so a grab takes a few times a decode grab's time */
-    job_start(p, (dequant_job){.kind = JOB_GEMM_CODED, .m = w, .r0 = 0, .nr = w->rows, .out = c, .isa = isa, .a = a,
-                               .lda = lda, .tokens = tokens, .ldc = ldc},
-              w->cols, 1);
-    moe_dequant_finish(p);
+    /* grabs of about MOE_DEQUANT_GRAB_WEIGHTS weights (a row's weights: its columns); each weight
+       is decoded once and feeds one fma per token */
+    job_run(p, (dequant_job){.kind = JOB_GEMM_CODED, .m = w, .r0 = 0, .nr = w->rows, .out = c, .isa = isa, .a = a,
+                             .lda = lda, .tokens = tokens, .ldc = ldc},
+            w->cols, 1);
 }
 
 void moe_pool_rows_held(moe_dequant_pool *p, int64_t nr, int64_t row_weights, int64_t align, moe_rows_fn fn,
                         void *ctx)
 {
-    job_start(p, (dequant_job){.kind = JOB_ROWS, .r0 = 0, .nr = nr, .fn = fn, .ctx = ctx}, row_weights,
-              align > 0 ? align : 1);
-    moe_dequant_finish(p);
+    job_run(p, (dequant_job){.kind = JOB_ROWS, .r0 = 0, .nr = nr, .fn = fn, .ctx = ctx}, row_weights,
+            align > 0 ? align : 1);
 }
 
 void moe_pool_rows(moe_dequant_pool *p, int64_t nr, int64_t row_weights, int64_t align, moe_rows_fn fn, void *ctx)
@@ -453,25 +431,4 @@ void moe_pool_rows(moe_dequant_pool *p, int64_t nr, int64_t row_weights, int64_t
     moe_dequant_pool_lock(p);
     moe_pool_rows_held(p, nr, row_weights, align, fn, ctx);
     moe_dequant_pool_unlock(p);
-}
-
-void moe_dequant_finish(moe_dequant_pool *p)
-{
-    if (p == NULL || !p->in_flight)
-        return;
-    p->in_flight = 0;
-    take_grabs(p, p->in_flight_gen, 0);
-    /* every grab done (then the next start may rewrite the job: no thread holds a grab of it); a
-     * worker that took no grab is not waited for.  The workers' shares are small: spin, yielding
-     * the CPU to them when they are late */
-    for (unsigned spins = 0; atomic_load_explicit(&p->grabs_done, memory_order_acquire) < p->job.n_grabs; spins++)
-        if (spins >= 1024u)
-            sched_yield();
-}
-
-void moe_dequant_tiles(moe_dequant_pool *p, const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
-                       int64_t chunk, float *out)
-{
-    moe_dequant_start(p, m, r0, nr, c0, nc, chunk, out);
-    moe_dequant_finish(p);
 }

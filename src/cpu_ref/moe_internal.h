@@ -193,28 +193,6 @@ void moe_dequant_pool_unlock(moe_dequant_pool *p);
 /** Threads of @p p including the caller (1 for NULL). */
 int moe_dequant_pool_threads(const moe_dequant_pool *p);
 
-/**
- * Dequantize W[r0 : r0+nr, c0 : c0+nc] into nc / @p chunk tiles of [nr, chunk] floats (row-major,
- * leading dimension chunk), tile t (columns c0 + t*chunk ...) at out + t*nr*chunk; the rows are
- * split over the pool's threads.  Bit-identical to moe_weight_tile_f32() per tile, for every
- * thread count.  nc is a multiple of @p chunk (and chunk of 32 for FP4).  @p p may be NULL (the
- * caller decodes alone).  Not reentrant: one job per pool at a time.
- */
-void moe_dequant_tiles(moe_dequant_pool *p, const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
-                       int64_t chunk, float *out);
-
-/**
- * Start the job of moe_dequant_tiles() and return at once: the pool's workers decode it while
- * the caller does other work (the output must not be read, nor the pool used for another job,
- * before moe_dequant_finish()).  Jobs that are too small to share, and every job of a NULL or
- * one-thread pool, are decoded by the caller before this returns.
- */
-void moe_dequant_start(moe_dequant_pool *p, const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
-                       int64_t chunk, float *out);
-
-/** Complete the started job: the caller decodes what is left and waits for the workers. */
-void moe_dequant_finish(moe_dequant_pool *p);
-
 /* ------------------------------------------------------------------ fixed-order GEMM */
 
 /** Partial sums ("lanes") of every dot product of the MoE oracle (moe_dot.c). */
