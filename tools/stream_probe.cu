@@ -15,7 +15,10 @@
  *   block (one thread issues, one thread waits and gives each stage back), for several box
  *   shapes, ring depths and grids: whether the copy engine reads faster than loads;
  * - four 32 MB reads as four launches back to back against one 128 MB read: the fixed cost
- *   of a launch.
+ *   of a launch;
+ * - the weight bytes of the V4-Flash MoE layer at one token (six routed experts and the shared
+ *   one: 71 MB in L1, 35 MB in L2) read in one launch and in two: the floor under the layer's
+ *   one-token call (docs/perf.md).
  *
  * Build and run on the device (not part of the project's build):
  *
@@ -116,15 +119,19 @@ struct probe {
     int n_sm;
 };
 
-/** Best time (ms) of 20 runs of launching @p launches reads of @p bytes each from @p w (loads), the L2 flushed first. */
-static int time_ldg(const probe &p, const uint8_t *w, size_t bytes, int launches, float *best)
+/**
+ * Best time (ms) of 20 runs of @p launches reads back to back from @p w (loads), read l of
+ * @p bytes[l] bytes after the ones before it, the L2 flushed first.
+ */
+static int time_ldg(const probe &p, const uint8_t *w, const size_t *bytes, int launches, float *best)
 {
     *best = 1e9f;
     for (int r = 0; r < 20; r++) {
         CK(cudaMemsetAsync(p.flush, r, (size_t)256 << 20));
         CK(cudaEventRecord(p.a));
-        for (int l = 0; l < launches; l++)
-            k_ldg<<<p.n_sm * 4, 512>>>((const uint4 *)(w + l * bytes), bytes / 16, p.out);
+        size_t off = 0;
+        for (int l = 0; l < launches; off += bytes[l], l++)
+            k_ldg<<<p.n_sm * 4, 512>>>((const uint4 *)(w + off), bytes[l] / 16, p.out);
         CK(cudaEventRecord(p.b));
         CK(cudaEventSynchronize(p.b));
         float ms;
@@ -179,14 +186,29 @@ int main(void)
     CK(cudaEventCreate(&p.b));
     for (size_t mb = 8; mb <= 512; mb *= 2) {
         float ms;
-        if (time_ldg(p, w, mb << 20, 1, &ms))
+        const size_t bytes = mb << 20;
+        if (time_ldg(p, w, &bytes, 1, &ms))
             return 1;
         printf("ldg %3zu MB, one launch:  %7.2f us, %.2f TB/s\n", mb, ms * 1e3, (double)(mb << 20) / (ms * 1e-3) / 1e12);
     }
-    float ms;
-    if (time_ldg(p, w, (size_t)32 << 20, 4, &ms))
-        return 1;
-    printf("ldg 4 x 32 MB, four launches: %7.2f us, %.2f TB/s\n", ms * 1e3, (double)(128 << 20) / (ms * 1e-3) / 1e12);
+    /* four 32 MB launches; the one-token V4-Flash MoE layer's bytes (L1 71 MB, L2 35 MB) in one
+       launch and in two */
+    const struct {
+        const char *name;
+        int launches;
+        size_t mb[4];
+    } sets[] = {{"4 x 32 MB, four launches", 4, {32, 32, 32, 32}},
+                {"106 MB, one launch", 1, {106}},
+                {"71 + 35 MB, two launches", 2, {71, 35}}};
+    for (const auto &set : sets) {
+        size_t bytes[4], total = 0;
+        for (int l = 0; l < set.launches; l++)
+            total += bytes[l] = set.mb[l] << 20;
+        float ms;
+        if (time_ldg(p, w, bytes, set.launches, &ms))
+            return 1;
+        printf("ldg %s: %7.2f us, %.2f TB/s\n", set.name, ms * 1e3, (double)total / (ms * 1e-3) / 1e12);
+    }
     void *fn = NULL;
     cudaDriverEntryPointQueryResult q;
     CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
