@@ -61,7 +61,7 @@
  * split over a small pool of worker threads that the layer starts in mmoe_moe_layer_create()
  * and joins in mmoe_moe_layer_destroy(): the environment variable MMOE_DEQUANT_THREADS (1..64,
  * the calling thread included; 1 starts no thread) sets their number, by default the number of
- * online CPUs, at most 8.  The result does not depend on it, bit for bit.
+ * online CPUs, at most 16.  The result does not depend on it, bit for bit.
  *
  * Several layers may share one pool (::mmoe_moe_pool, mmoe_moe_layer_create_on_pool()): a model
  * runs its MoE layers one after another, so one pool serves them all.  Layers that share a pool
@@ -241,7 +241,7 @@ typedef struct mmoe_moe_pool mmoe_moe_pool;
 /**
  * Start a pool of @p n_threads threads, the caller of each layer call included (n_threads - 1
  * worker threads are created; 1: none).
- * @param n_threads 1..64, or 0: MMOE_DEQUANT_THREADS, or by default the online CPUs (at most 8)
+ * @param n_threads 1..64, or 0: MMOE_DEQUANT_THREADS, or by default the online CPUs (at most 16)
  * @param out       receives the pool (the caller's reference); NULL on failure
  * @param err       error report
  * @return MMOE_OK, MMOE_EINVAL (bad count, or invalid MMOE_DEQUANT_THREADS, named) or

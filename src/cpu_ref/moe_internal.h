@@ -154,7 +154,7 @@ void moe_weight_tile_f32(const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, i
 /** Upper bound of MMOE_DEQUANT_THREADS. */
 #define MOE_DEQUANT_MAX_THREADS 64
 /** Default thread count: the online CPUs, at most this many. */
-#define MOE_DEQUANT_DEFAULT_CAP 8
+#define MOE_DEQUANT_DEFAULT_CAP 16
 /** Jobs of fewer weights than this run on the caller alone. */
 #define MOE_DEQUANT_MIN_PARALLEL 16384
 
