@@ -18,7 +18,11 @@
  *   of a launch;
  * - the weight bytes of the V4-Flash MoE layer at one token (six routed experts and the shared
  *   one: 71 MB in L1, 35 MB in L2) read in one launch and in two: the floor under the layer's
- *   one-token call (docs/perf.md).
+ *   one-token call (docs/perf.md);
+ * - the weight streams of one V4-Flash decode layer with the indexer (wq_a with wkv 6 MB, wq_b
+ *   32, the indexer's wq_b 8, the compressors' and indexer's projections 40, W_oa 32, W_ob 32,
+ *   the MoE's L1 71 and L2 35) as eight launches in that order, against one read of their
+ *   250 MB: the floor under a decode step's layer.
  *
  * Build and run on the device (not part of the project's build):
  *
@@ -196,12 +200,14 @@ int main(void)
     const struct {
         const char *name;
         int launches;
-        size_t mb[4];
+        size_t mb[8];
     } sets[] = {{"4 x 32 MB, four launches", 4, {32, 32, 32, 32}},
                 {"106 MB, one launch", 1, {106}},
-                {"71 + 35 MB, two launches", 2, {71, 35}}};
+                {"71 + 35 MB, two launches", 2, {71, 35}},
+                {"250 MB, one launch", 1, {250}},
+                {"6 + 32 + 8 + 40 + 32 + 32 + 71 + 35 MB, eight launches", 8, {6, 32, 8, 40, 32, 32, 71, 35}}};
     for (const auto &set : sets) {
-        size_t bytes[4], total = 0;
+        size_t bytes[8], total = 0;
         for (int l = 0; l < set.launches; l++)
             total += bytes[l] = set.mb[l] << 20;
         float ms;
