@@ -196,7 +196,7 @@ int main(void)
         printf("ldg %3zu MB, one launch:  %7.2f us, %.2f TB/s\n", mb, ms * 1e3, (double)(mb << 20) / (ms * 1e-3) / 1e12);
     }
     /* four 32 MB launches; the one-token V4-Flash MoE layer's bytes (L1 71 MB, L2 35 MB) in one
-       launch and in two */
+       launch and in two; a V4-Flash decode layer's eight weight streams and their 250 MB in one */
     const struct {
         const char *name;
         int launches;

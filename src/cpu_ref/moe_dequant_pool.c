@@ -22,7 +22,7 @@
  *
  * A job is published to the workers, the caller takes grabs like any worker, and the call
  * returns when every grab is done.
-
+ *
  * ## The pool
  * n_threads - 1 POSIX threads are created with the pool and joined when its last reference is
  * dropped; between jobs they sleep on a condition variable.  One mutex guards the sleeping
@@ -45,12 +45,12 @@
  * creator holds one reference, each layer created on it one more, and the threads are joined
  * when the last one is dropped, so layers and pool may be destroyed in any order.
  *
- * The pool runs one job at a time (the job description and the counters are single).  The rule is therefore: layers that share a pool must not run
- * concurrently.  Misuse is made safe, not undefined: mmoe_moe_layer_run() holds the pool's
- * run mutex (moe_dequant_pool_lock()) for the whole call, so two threads that run two layers
- * of one pool at once take turns; each gets the same bits as when run alone (the dequantized
- * tiles do not depend on which thread decodes them, and the GEMMs are untouched).  The
- * mutex costs one uncontended lock per layer call, nothing per tile.
+ * The pool runs one job at a time (the job description and the counters are single).  The
+ * rule is therefore: layers that share a pool must not run concurrently.  Misuse is made safe,
+ * not undefined: mmoe_moe_layer_run() holds the pool's run mutex (moe_dequant_pool_lock()) for
+ * the whole call, so two threads that run two layers of one pool at once take turns; each
+ * gets the same bits as when run alone (no output depends on which thread computes it).  The
+ * mutex costs one uncontended lock per layer call, nothing per grab.
  *
  * ## Thread count
  * The environment variable MMOE_DEQUANT_THREADS (an integer 1..::MOE_DEQUANT_MAX_THREADS) sets
@@ -87,8 +87,7 @@ typedef enum dequant_job_kind {
 typedef struct dequant_job {
     dequant_job_kind kind; /**< what is done with the rows */
     const moe_mat *m; /**< the matrix (borrowed for the job's duration) */
-    int64_t r0;       /**< first row */
-    int64_t nr;       /**< rows */
+    int64_t nr;       /**< rows [0, nr) */
     float *out;       /**< JOB_GEMM_CODED: c, row r at out + r */
     moe_dot_isa isa;  /**< JOB_GEMM_CODED: FMA kernels that take the matrix in registers (they cannot fail) */
     const float *a;   /**< JOB_GEMM_CODED: the tokens' activations [tokens, lda] */
@@ -139,7 +138,7 @@ static void run_grab(const dequant_job *j, int g, int thread)
         return;
     }
     /* the in-register kernels cannot fail (moe_pool_gemm_coded()'s contract) */
-    (void)moe_dot_gemm_coded(j->isa, j->a, j->lda, j->tokens, j->m, j->r0 + a, b - a, j->out + j->r0 + a, j->ldc);
+    (void)moe_dot_gemm_coded(j->isa, j->a, j->lda, j->tokens, j->m, a, b - a, j->out + a, j->ldc);
 }
 
 /** Bits of the ticket's fields: generation (low bits of the counter), grab count, next grab. */
@@ -414,7 +413,7 @@ void moe_pool_gemm_coded(moe_dequant_pool *p, moe_dot_isa isa, const float *a, i
 {
     /* grabs of about MOE_DEQUANT_GRAB_WEIGHTS weights (a row's weights: its columns); each weight
        is decoded once and feeds one fma per token */
-    job_run(p, (dequant_job){.kind = JOB_GEMM_CODED, .m = w, .r0 = 0, .nr = w->rows, .out = c, .isa = isa, .a = a,
+    job_run(p, (dequant_job){.kind = JOB_GEMM_CODED, .m = w, .nr = w->rows, .out = c, .isa = isa, .a = a,
                              .lda = lda, .tokens = tokens, .ldc = ldc},
             w->cols, 1);
 }
@@ -422,7 +421,7 @@ void moe_pool_gemm_coded(moe_dequant_pool *p, moe_dot_isa isa, const float *a, i
 void moe_pool_rows_held(moe_dequant_pool *p, int64_t nr, int64_t row_weights, int64_t align, moe_rows_fn fn,
                         void *ctx)
 {
-    job_run(p, (dequant_job){.kind = JOB_ROWS, .r0 = 0, .nr = nr, .fn = fn, .ctx = ctx}, row_weights,
+    job_run(p, (dequant_job){.kind = JOB_ROWS, .nr = nr, .fn = fn, .ctx = ctx}, row_weights,
             align > 0 ? align : 1);
 }
 
