@@ -45,7 +45,7 @@ static void oracle_linear_fp8(const uint16_t *x, int64_t T, int64_t N, int64_t K
             for (int64_t kb = 0; kb < K / block; kb++) {
                 double partial = 0.0; /* exact: <= 43 significant bits */
                 for (int64_t k = kb * block; k < (kb + 1) * block; k++)
-                    partial += xq[k] * attn_ref_e4m3_value(w[n * K + k]);
+                    partial += xq[k] * ((w[n * K + k] & 0x7F) == 0x7F ? NAN : attn_ref_e4m3_value(w[n * K + k]));
                 const double s = sx[kb * block / 128] *
                                  ldexp(1.0, (int)sw[(n / block) * sw_cols + kb] - 127);
                 acc += (float)partial * (float)s;
@@ -64,9 +64,16 @@ static void oracle_linear_fp8(const uint16_t *x, int64_t T, int64_t N, int64_t K
 typedef enum {
     FP8_CODES_NORMAL, /**< e4m3(64 z), z standard normal: few subnormal codes */
     FP8_CODES_ALL,    /**< uniform over the 254 finite codes (1 in 8 subnormal or zero) */
-    FP8_CODES_ALL_WIDE_SCALES /**< every finite code, and weight scale bytes over 1..254 (scaled partials
-                                   from far below the normal fp32 range to far above 1) */
+    FP8_CODES_ALL_WIDE_SCALES, /**< every finite code, and weight scale bytes over 1..254 (scaled partials
+                                    from far below the normal fp32 range to far above 1) */
+    FP8_CODES_SOME_NAN /**< normal codes, and in about one weight row of three a NaN code (0x7F or 0xFF) */
 } fp8_codes;
+
+/** Whether the BF16 bits @p v are a NaN. */
+static int bf16_is_nan(uint16_t v)
+{
+    return (v & 0x7F80u) == 0x7F80u && (v & 0x7Fu) != 0;
+}
 
 /**
  * mmoe_linear_fp8 through the kernels of @p isa (its rows shared out over @p pool's threads,
@@ -88,6 +95,12 @@ static void check_fp8_linear_isa(uint64_t seed, moe_dequant_pool *pool, moe_dot_
             wd[i] = (uint8_t)(c >= 0x7F ? c + 1 : c);
         }
     }
+    if (codes == FP8_CODES_SOME_NAN) {
+        uint8_t *wd = w.data;
+        for (int64_t n = 0; n < N; n++)
+            if (mmoe_rng_below(&rng, 3) == 0)
+                wd[n * K + (int64_t)mmoe_rng_below(&rng, (uint64_t)K)] = mmoe_rng_below(&rng, 2) ? 0x7F : 0xFF;
+    }
     if (codes == FP8_CODES_ALL_WIDE_SCALES) {
         uint8_t *sd = s.data;
         for (int64_t i = 0; i < s.shape[0] * s.shape[1]; i++)
@@ -105,8 +118,9 @@ static void check_fp8_linear_isa(uint64_t seed, moe_dequant_pool *pool, moe_dot_
     mmoe_error_clear(&err);
     ck_assert_int_eq(attn_linear_fp8(pool, isa, x, T, &w, &s, block, y, &err), MMOE_OK);
     oracle_linear_fp8(x, T, N, K, w.data, s.data, block, ref);
-    for (int64_t i = 0; i < T * N; i++)
-        ck_assert_msg(y[i] == ref[i], "%s, %d threads, block %d, T %lld: y[%lld] = 0x%04x, oracle 0x%04x",
+    for (int64_t i = 0; i < T * N; i++) /* a NaN's sign and payload are not specified */
+        ck_assert_msg(y[i] == ref[i] || (bf16_is_nan(y[i]) && bf16_is_nan(ref[i])),
+                      "%s, %d threads, block %d, T %lld: y[%lld] = 0x%04x, oracle 0x%04x",
                       moe_dot_isa_name(isa), moe_dequant_pool_threads(pool), block, (long long)T, (long long)i, y[i],
                       ref[i]);
     /* a row alone gives the same bits as inside a batch (prefill == decode) */
@@ -188,6 +202,21 @@ START_TEST(fp8_linear_wide_scales)
     const uint64_t seed = mmoe_test_seed("attn_linear/fp8 wide scales");
     check_fp8_linear(seed, 128, 3, 640, 512, FP8_CODES_ALL_WIDE_SCALES);
     check_fp8_linear(seed + 1, 128, 7, 640, 512, FP8_CODES_ALL_WIDE_SCALES);
+}
+END_TEST
+
+/*
+ * NaN weight codes (0x7F, 0xFF) in about a third of the weight rows: those rows' outputs are NaN
+ * and every other output keeps its bits, in calls of 1 to 9 rows (the register paths and the
+ * tile path), both block widths.
+ */
+START_TEST(fp8_linear_nan_codes)
+{
+    const uint64_t seed = mmoe_test_seed("attn_linear/fp8 nan codes");
+    for (int64_t T = 1; T <= 9; T += 2) {
+        check_fp8_linear(seed + (uint64_t)T, 128, T, 138, 512, FP8_CODES_SOME_NAN);
+        check_fp8_linear(seed + 100 + (uint64_t)T, 32, T, 42, 256, FP8_CODES_SOME_NAN);
+    }
 }
 END_TEST
 
@@ -345,6 +374,7 @@ static Suite *attn_linear_suite(void)
     tcase_add_test(tc, fp8_linear_32_blocks);
     tcase_add_test(tc, fp8_linear_few_rows_every_code);
     tcase_add_test(tc, fp8_linear_wide_scales);
+    tcase_add_test(tc, fp8_linear_nan_codes);
     tcase_add_test(tc, fp8_linear_rejects_bad_input);
     tcase_add_test(tc, dense_linear_matches_f64);
     tcase_add_test(tc, rmsnorm_matches_f64);

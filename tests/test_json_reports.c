@@ -144,7 +144,8 @@ START_TEST(bench_forward_json)
     ck_assert(num(o, "peak_rss_bytes") > 0 && num(o, "kv_cache_bytes") > 0 && num(o, "weight_bytes") > 0);
     /* what ran: the oracle's CPU kernels (either name; the same bits), the worker and OpenBLAS threads */
     const char *kernels = json_string_value(json_object_get(o, "cpu_kernels"));
-    ck_assert_msg(kernels != NULL && (strcmp(kernels, "avx2+fma") == 0 || strcmp(kernels, "generic") == 0),
+    ck_assert_msg(kernels != NULL && (strcmp(kernels, "avx512") == 0 || strcmp(kernels, "avx2+fma") == 0 ||
+                                     strcmp(kernels, "generic") == 0),
                   "cpu_kernels: %s", kernels ? kernels : "(missing)");
     ck_assert(num(o, "worker_threads") >= 1 && num(o, "openblas_threads") >= 1);
     ck_assert_ptr_nonnull(json_string_value(json_object_get(o, "openblas_core")));

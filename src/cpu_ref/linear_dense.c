@@ -496,7 +496,7 @@ static void dense_rows(void *ctx, int thread, int64_t n0, int64_t n1)
     double *wbuf = j->wbuf + (int64_t)thread * DENSE_BLOCK_ROWS * j->K;
     float *tmp = j->tmp + (int64_t)thread * j->K;
 #if MMOE_CPU_HAVE_X86
-    if (j->isa == MOE_DOT_ISA_AVX2_FMA) {
+    if (moe_dot_isa_has_avx2(j->isa)) {
         dense_rows_avx2(j, tmp, wbuf, n0, n1);
         return;
     }

@@ -27,7 +27,8 @@
  * bits.  The weight is read as E4M3 bytes [N, K]; rows of x are processed in chunks of
  * ATTN_FP8_TILE_T so that the double copies stay small.  A chunk of up to ::FP8_REG_MAX_T rows
  * (decode) on a CPU with AVX2 and FMA takes each weight row's codes straight into registers
- * (fp8_row_partials_avx2()); otherwise the weight is taken in tiles of ATTN_FP8_TILE_N rows,
+ * (fp8_row_partials_avx2(), or sixteen codes at a time with AVX-512: fp8_row_partials_avx512());
+ * otherwise the weight is taken in tiles of ATTN_FP8_TILE_N rows,
  * each K block of a tile converted into doubles (in AVX2 registers where the CPU has them) and
  * multiplied by one cblas_dgemm.  Both then run step 3 with fp8_scaled_add()'s operations (the
  * tile path eight outputs at a time, which share a weight scale).  tests/test_attn_linear.c
@@ -41,7 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu_avx2.h"
+#include "cpu_avx512.h"
 #include "mmoe_formats.h"
 
 /**
@@ -151,12 +152,42 @@ MMOE_AVX2 static void fp8_row_partials_avx2(const double *xq, int64_t ldx, int t
         }
     }
 }
+
+/**
+ * fp8_row_partials_avx2() sixteen codes at a time (mmoe_e4m3_codes_avx512()), eight doubles a
+ * register; block a multiple of 16.  The partials are exact, so the wider sums change no bit.
+ */
+MMOE_AVX512 static void fp8_row_partials_avx512(const double *xq, int64_t ldx, int tn, const uint8_t *wrow,
+                                                int64_t K, int block, double *partial, int64_t nkb)
+{
+    const float *e4m3 = mmoe_fp8_e4m3_table();
+    const __m512 nan_pos = _mm512_set1_ps(e4m3[0x7F]), nan_neg = _mm512_set1_ps(e4m3[0xFF]);
+    for (int64_t kb = 0; kb < K / block; kb++) {
+        __m512d acc[FP8_REG_MAX_T][2];
+        for (int t = 0; t < FP8_REG_MAX_T; t++)
+            acc[t][0] = acc[t][1] = _mm512_setzero_pd();
+        for (int64_t k = kb * block; k < (kb + 1) * block; k += 16) {
+            const __m512 wv = mmoe_e4m3_codes_avx512(wrow + k, nan_pos, nan_neg);
+            const __m512d w0 = _mm512_cvtps_pd(_mm512_castps512_ps256(wv));
+            const __m512d w1 = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(wv), 1)));
+            _Pragma("GCC unroll 4")
+            for (int t = 0; t < FP8_REG_MAX_T; t++) {
+                if (t < tn) {
+                    acc[t][0] = _mm512_fmadd_pd(_mm512_loadu_pd(xq + t * ldx + k), w0, acc[t][0]);
+                    acc[t][1] = _mm512_fmadd_pd(_mm512_loadu_pd(xq + t * ldx + k + 8), w1, acc[t][1]);
+                }
+            }
+        }
+        for (int t = 0; t < tn; t++)
+            partial[t * nkb + kb] = _mm512_reduce_add_pd(_mm512_add_pd(acc[t][0], acc[t][1]));
+    }
+}
 #endif
 
 /** Whether the register kernel of @p isa serves @p tn rows with weight blocks of @p block. */
 static int fp8_in_registers(moe_dot_isa isa, int64_t tn, int block)
 {
-    return MMOE_CPU_HAVE_X86 && isa == MOE_DOT_ISA_AVX2_FMA && tn <= FP8_REG_MAX_T && block % 8 == 0;
+    return MMOE_CPU_HAVE_X86 && moe_dot_isa_has_avx2(isa) && tn <= FP8_REG_MAX_T && block % 8 == 0;
 }
 
 /** One step of the scaled accumulation (step 3): @p acc plus the fp32 partial times s_x * s_w. */
@@ -201,8 +232,12 @@ static void fp8_rows_in_registers(void *ctx, int thread, int64_t n0, int64_t n1)
     const fp8_job *j = ctx;
     const int64_t nkb = j->K / j->block, kb_act = j->K / ACT_BLOCK;
     double *partial = j->partial + (int64_t)thread * FP8_REG_MAX_T * nkb;
+    const int wide = j->isa == MOE_DOT_ISA_AVX512 && j->block % 16 == 0;
     for (int64_t n = n0; n < n1; n++) {
-        fp8_row_partials_avx2(j->xq, j->K, (int)j->tn, j->wb + n * j->K, j->K, j->block, partial, nkb);
+        if (wide)
+            fp8_row_partials_avx512(j->xq, j->K, (int)j->tn, j->wb + n * j->K, j->K, j->block, partial, nkb);
+        else
+            fp8_row_partials_avx2(j->xq, j->K, (int)j->tn, j->wb + n * j->K, j->K, j->block, partial, nkb);
         for (int64_t t = 0; t < j->tn; t++)
             j->y[(j->t0 + t) * j->N + n] = mmoe_bf16_from_f32(fp8_accumulate(
                 partial + t * nkb, nkb, j->sx + t * kb_act, j->sb + (n / j->block) * j->sw_cols, j->block));
@@ -260,7 +295,7 @@ static void fp8_block_to_f64(moe_dot_isa isa, const uint8_t *wb, int64_t K, int6
                              int block, double *wd)
 {
 #if MMOE_CPU_HAVE_X86
-    if (isa == MOE_DOT_ISA_AVX2_FMA && block % 8 == 0) {
+    if (moe_dot_isa_has_avx2(isa) && block % 8 == 0) {
         fp8_block_to_f64_avx2(wb, K, n0, nn, k0, block, wd);
         return;
     }
@@ -284,7 +319,7 @@ static void fp8_scaled_add_row(moe_dot_isa isa, float *acc, const double *partia
         const int64_t b = (rb + 1) * block - n0 < nn ? (rb + 1) * block - n0 : nn;
         const uint8_t sw = sb_col[rb * sw_cols];
 #if MMOE_CPU_HAVE_X86
-        if (isa == MOE_DOT_ISA_AVX2_FMA) {
+        if (moe_dot_isa_has_avx2(isa)) {
             fp8_scaled_add_row_avx2(acc + a, partial + a, b - a, s_x, sw);
             a = b;
             continue;

@@ -34,10 +34,14 @@
  * compiled with GCC's target attribute, used when the CPU reports AVX2 and FMA) keeps the eight
  * lanes of one output in one YMM register and computes a register block of several tokens x
  * several weight rows per pass, so that each loaded weight vector serves several tokens and each
- * activation vector several rows.  Both must give the same bits; tests/test_moe_dot.c checks
- * every variant that the CPU runs against an independent scalar loop, on random inputs whose
- * products are not exact.  There is no AVX-512 variant: the AVX2 variant runs on every AVX-512
- * CPU, and a variant that the development and CI machines cannot execute could not be tested.
+ * activation vector several rows.  ::MOE_DOT_ISA_AVX512 (x86-64 with AVX-512 F, DQ, BW and VL,
+ * cpu_avx512.h) does the same for weights decoded in registers with two outputs in each 16-lane
+ * register: the lower half holds the eight lanes of weight row j, the upper half those of row
+ * j + 1, and the activations of k .. k + 7 are broadcast into both halves, so each half receives
+ * the AVX2 register's fused multiply-adds and one decode serves two rows (its GEMM of FP32
+ * weights, and the odd last row of a coded block, take the AVX2 kernels).  All must give the
+ * same bits; tests/test_moe_dot.c checks every variant that the CPU runs against an independent
+ * scalar loop, on random inputs whose products are not exact.
  *
  * ## Blocking
  * The weight rows are taken in blocks of about ::DOT_ROW_BLOCK_BYTES (they stay in the L2 cache
@@ -55,7 +59,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "cpu_avx2.h"
+#include "cpu_avx512.h"
 #include "mmoe_formats.h"
 
 /** Weight bytes per row block (kept in the L2 cache while all tokens pass over it). */
@@ -66,6 +70,7 @@ const char *moe_dot_isa_name(moe_dot_isa isa)
     switch (isa) {
     case MOE_DOT_ISA_GENERIC: return "generic";
     case MOE_DOT_ISA_AVX2_FMA: return "avx2+fma";
+    case MOE_DOT_ISA_AVX512: return "avx512";
     case MOE_DOT_ISA_COUNT: break;
     }
     return "?";
@@ -81,6 +86,14 @@ int moe_dot_isa_runs_here(moe_dot_isa isa)
 #else
         return 0;
 #endif
+    case MOE_DOT_ISA_AVX512:
+#if MMOE_CPU_HAVE_X86
+        return moe_dot_isa_runs_here(MOE_DOT_ISA_AVX2_FMA) && __builtin_cpu_supports("avx512f") &&
+               __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl");
+#else
+        return 0;
+#endif
     case MOE_DOT_ISA_COUNT: break;
     }
     return 0;
@@ -88,7 +101,14 @@ int moe_dot_isa_runs_here(moe_dot_isa isa)
 
 moe_dot_isa moe_dot_isa_best(void)
 {
+    if (moe_dot_isa_runs_here(MOE_DOT_ISA_AVX512))
+        return MOE_DOT_ISA_AVX512;
     return moe_dot_isa_runs_here(MOE_DOT_ISA_AVX2_FMA) ? MOE_DOT_ISA_AVX2_FMA : MOE_DOT_ISA_GENERIC;
+}
+
+int moe_dot_isa_has_avx2(moe_dot_isa isa)
+{
+    return isa == MOE_DOT_ISA_AVX2_FMA || isa == MOE_DOT_ISA_AVX512;
 }
 
 const char *mmoe_cpu_kernels(void) { return moe_dot_isa_name(moe_dot_isa_best()); }
@@ -356,13 +376,193 @@ MMOE_AVX2 static void gemm_coded_avx2(const float *a, int64_t lda, int64_t m, co
     }
 }
 
+/*
+ * The AVX-512 kernels: two weight rows in each register (the file comment's "Variants").  In a
+ * register block of RT tokens x RP row pairs, acc[t][p] holds in its lower half the eight
+ * lanes of token t and row 2p, in its upper half those of row 2p + 1.
+ */
+
+/** The activations a[0 .. 7] in both halves of a register. */
+MMOE_AVX512 static inline __attribute__((always_inline)) __m512 act_pair_avx512(const float *a)
+{
+    return _mm512_broadcast_f32x8(_mm256_loadu_ps(a));
+}
+
+/** @p lo in the lower half of a register, @p hi in the upper half. */
+MMOE_AVX512 static inline __attribute__((always_inline)) __m512 halves_avx512(float lo, float hi)
+{
+    return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1);
+}
+
+/** The RT x 2 RP outputs of a paired register block: each half's combined lanes. */
+MMOE_AVX512 static inline __attribute__((always_inline)) void store_pairs_avx512(int rt, int rp, __m512 acc[2][8],
+                                                                                float *c, int64_t ldc)
+{
+    _Pragma("GCC unroll 8")
+    for (int t = 0; t < rt; t++)
+        _Pragma("GCC unroll 8")
+        for (int p = 0; p < rp; p++) {
+            float q[2 * MOE_DOT_LANES];
+            _mm512_storeu_ps(q, acc[t][p]);
+            c[t * ldc + 2 * p] = combine_lanes(q);
+            c[t * ldc + 2 * p + 1] = combine_lanes(q + MOE_DOT_LANES);
+        }
+}
+
+/**
+ * fp4_group_avx2() for the same group of two rows (16 bytes each at @p b0 and @p b1): out[q]
+ * holds elements 8q .. 8q + 7 of row b0 in its lower half and of row b1 in its upper half, each
+ * the exact integer 2 x e2m1 (a 16-entry float table, the byte table's values) times the row's
+ * half scale (@p half_scales, by halves): the AVX2 decoder's values.
+ */
+MMOE_AVX512 static inline __attribute__((always_inline)) void fp4_group_pair_avx512(const uint8_t *b0,
+                                                                                   const uint8_t *b1,
+                                                                                   __m512 half_scales,
+                                                                                   __m512 out[4])
+{
+    const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    const __m256i b = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)b0)),
+        _mm_loadu_si128((const __m128i *)(const void *)b1), 1);
+    const __m256i lo = _mm256_and_si256(b, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), nibble);
+    /* per 128-bit half (one row): elements 0 .. 15, then 16 .. 31, as codes; then the quarters
+       of the two rows side by side: [row b0 0..7, row b1 0..7 | row b0 8..15, row b1 8..15] */
+    const __m256i e0 = _mm256_permute4x64_epi64(_mm256_unpacklo_epi8(lo, hi), _MM_SHUFFLE(3, 1, 2, 0));
+    const __m256i e1 = _mm256_permute4x64_epi64(_mm256_unpackhi_epi8(lo, hi), _MM_SHUFFLE(3, 1, 2, 0));
+    const __m128i quarter[4] = {_mm256_castsi256_si128(e0), _mm256_extracti128_si256(e0, 1),
+                                _mm256_castsi256_si128(e1), _mm256_extracti128_si256(e1, 1)};
+    _Pragma("GCC unroll 4")
+    for (int q = 0; q < 4; q++)
+        out[q] = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(quarter[q]), table), half_scales);
+}
+
+/** fp4_block_avx2() for RT tokens x RP pairs of FP4 rows (rows r0 .. r0 + 2 RP - 1). */
+MMOE_AVX512 static inline __attribute__((always_inline)) void fp4_pairs_avx512(int rt, int rp, const float *a,
+                                                                              int64_t lda, const moe_mat *w,
+                                                                              int64_t r0, float *c, int64_t ldc)
+{
+    const int64_t k = w->cols, row_bytes = k / 2;
+    const uint8_t *sf = (const uint8_t *)w->sf;
+    __m512 acc[2][8];
+    _Pragma("GCC unroll 8")
+    for (int t = 0; t < rt; t++)
+        _Pragma("GCC unroll 8")
+        for (int p = 0; p < rp; p++)
+            acc[t][p] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < k / 32; g++) {
+        __m512 av[2][4];
+        _Pragma("GCC unroll 2")
+        for (int t = 0; t < rt; t++)
+            _Pragma("GCC unroll 4")
+            for (int q = 0; q < 4; q++)
+                av[t][q] = act_pair_avx512(a + t * lda + g * 32 + q * 8);
+        _Pragma("GCC unroll 8")
+        for (int p = 0; p < rp; p++) {
+            const int64_t j0 = r0 + 2 * p, j1 = j0 + 1;
+            __m512 wv[4];
+            fp4_group_pair_avx512(w->w + j0 * row_bytes + g * 16, w->w + j1 * row_bytes + g * 16,
+                                  halves_avx512(mmoe_ue8m0_to_f32(sf[j0 * w->sf_cols + g]) * 0.5f,
+                                                mmoe_ue8m0_to_f32(sf[j1 * w->sf_cols + g]) * 0.5f),
+                                  wv);
+            _Pragma("GCC unroll 2")
+            for (int t = 0; t < rt; t++)
+                _Pragma("GCC unroll 4")
+                for (int q = 0; q < 4; q++)
+                    acc[t][p] = _mm512_fmadd_ps(av[t][q], wv[q], acc[t][p]);
+        }
+    }
+    store_pairs_avx512(rt, rp, acc, c, ldc);
+}
+
+/** fp8_block_avx2() for RT tokens x RP pairs of FP8 rows (rows r0 .. r0 + 2 RP - 1). */
+MMOE_AVX512 static inline __attribute__((always_inline)) void fp8_pairs_avx512(int rt, int rp, const float *a,
+                                                                              int64_t lda, const moe_mat *w,
+                                                                              int64_t r0, float *c, int64_t ldc)
+{
+    const int64_t k = w->cols;
+    const float *e4m3 = mmoe_fp8_e4m3_table();
+    const __m512 nan_pos = _mm512_set1_ps(e4m3[0x7F]), nan_neg = _mm512_set1_ps(e4m3[0xFF]);
+    __m512 acc[2][8];
+    _Pragma("GCC unroll 8")
+    for (int t = 0; t < rt; t++)
+        _Pragma("GCC unroll 8")
+        for (int p = 0; p < rp; p++)
+            acc[t][p] = _mm512_setzero_ps();
+    for (int64_t k0 = 0; k0 < k; k0 += w->block_k) {
+        const int64_t k1 = k0 + w->block_k < k ? k0 + w->block_k : k;
+        __m512 sv[8];
+        _Pragma("GCC unroll 8")
+        for (int p = 0; p < rp; p++)
+            sv[p] = halves_avx512(moe_fp8_block_scale(w, r0 + 2 * p, k0), moe_fp8_block_scale(w, r0 + 2 * p + 1, k0));
+        for (int64_t i = k0; i < k1; i += MOE_DOT_LANES) {
+            __m512 av[2];
+            _Pragma("GCC unroll 2")
+            for (int t = 0; t < rt; t++)
+                av[t] = act_pair_avx512(a + t * lda + i);
+            _Pragma("GCC unroll 8")
+            for (int p = 0; p < rp; p++) {
+                const __m512 v = mmoe_e4m3_pair_avx512(w->w + (r0 + 2 * p) * k + i, w->w + (r0 + 2 * p + 1) * k + i,
+                                                       nan_pos, nan_neg);
+                const __m512 wv = _mm512_mul_ps(v, sv[p]);
+                _Pragma("GCC unroll 2")
+                for (int t = 0; t < rt; t++)
+                    acc[t][p] = _mm512_fmadd_ps(av[t], wv, acc[t][p]);
+            }
+        }
+    }
+    store_pairs_avx512(rt, rp, acc, c, ldc);
+}
+
+/** RT tokens x RP row pairs of an FP4 or FP8 matrix in registers. */
+MMOE_AVX512 static inline __attribute__((always_inline)) void coded_pairs_avx512(int rt, int rp, const float *a,
+                                                                                int64_t lda, const moe_mat *w,
+                                                                                int64_t r0, float *c, int64_t ldc)
+{
+    if (w->fmt == MOE_W_FP8)
+        fp8_pairs_avx512(rt, rp, a, lda, w, r0, c, ldc);
+    else
+        fp4_pairs_avx512(rt, rp, a, lda, w, r0, c, ldc);
+}
+
+/**
+ * gemm_coded_avx2() with row pairs: pairs of tokens x 8 rows, then single tokens x 16 or 8 rows
+ * (the pool's grabs of a 4096-wide matrix are 8 rows), then one pair at a time; an odd last row
+ * takes the AVX2 block.
+ */
+MMOE_AVX512 static void gemm_coded_avx512(const float *a, int64_t lda, int64_t m, const moe_mat *w, int64_t r0,
+                                          int64_t n, float *c, int64_t ldc)
+{
+    int64_t t = 0;
+    for (; t + 2 <= m; t += 2) {
+        int64_t j = 0;
+        for (; j + 8 <= n; j += 8)
+            coded_pairs_avx512(2, 4, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
+        for (; j + 2 <= n; j += 2)
+            coded_pairs_avx512(2, 1, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
+        for (; j < n; j++)
+            coded_block_avx2(2, 1, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
+    }
+    for (; t < m; t++) {
+        int64_t j = 0;
+        for (; j + 16 <= n; j += 16)
+            coded_pairs_avx512(1, 8, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
+        for (; j + 8 <= n; j += 8)
+            coded_pairs_avx512(1, 4, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
+        for (; j + 2 <= n; j += 2)
+            coded_pairs_avx512(1, 1, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
+        for (; j < n; j++)
+            coded_block_avx2(1, 1, a + t * lda, lda, w, r0 + j, c + t * ldc + j, ldc);
+    }
+}
+
 #endif /* MMOE_CPU_HAVE_X86 */
 
 void moe_dot_gemm(moe_dot_isa isa, const float *a, int64_t lda, int64_t m, const float *w, int64_t ldw, int64_t n,
                   int64_t k, float *c, int64_t ldc)
 {
 #if MMOE_CPU_HAVE_X86
-    if (isa == MOE_DOT_ISA_AVX2_FMA) {
+    if (moe_dot_isa_has_avx2(isa)) {
         gemm_avx2(a, lda, m, w, ldw, n, k, c, ldc);
         return;
     }
@@ -373,7 +573,7 @@ void moe_dot_gemm(moe_dot_isa isa, const float *a, int64_t lda, int64_t m, const
 
 int moe_dot_coded_in_registers(moe_dot_isa isa, const moe_mat *w)
 {
-    if (isa != MOE_DOT_ISA_AVX2_FMA || !MMOE_CPU_HAVE_X86)
+    if (!moe_dot_isa_has_avx2(isa) || !MMOE_CPU_HAVE_X86)
         return 0;
     if (w->fmt == MOE_W_FP4)
         return 1;
@@ -385,7 +585,10 @@ int moe_dot_gemm_coded(moe_dot_isa isa, const float *a, int64_t lda, int64_t m, 
 {
 #if MMOE_CPU_HAVE_X86
     if (moe_dot_coded_in_registers(isa, w)) {
-        gemm_coded_avx2(a, lda, m, w, r0, n, c, ldc);
+        if (isa == MOE_DOT_ISA_AVX512)
+            gemm_coded_avx512(a, lda, m, w, r0, n, c, ldc);
+        else
+            gemm_coded_avx2(a, lda, m, w, r0, n, c, ldc);
         return 0;
     }
 #endif

@@ -202,11 +202,18 @@ int moe_dequant_pool_threads(const moe_dequant_pool *p);
 typedef enum moe_dot_isa {
     MOE_DOT_ISA_GENERIC = 0,  /**< the scalar formula (every CPU) */
     MOE_DOT_ISA_AVX2_FMA = 1, /**< x86-64 with AVX2 and FMA */
+    MOE_DOT_ISA_AVX512 = 2,   /**< x86-64 with AVX2, FMA and AVX-512 (F, DQ, BW, VL: cpu_avx512.h) */
     MOE_DOT_ISA_COUNT         /**< number of variants */
 } moe_dot_isa;
 
-/** A short name of @p isa ("generic", "avx2+fma"). */
+/** A short name of @p isa ("generic", "avx2+fma", "avx512"). */
 const char *moe_dot_isa_name(moe_dot_isa isa);
+
+/**
+ * 1 if @p isa includes AVX2 and FMA (its kernels may take the AVX2 ones where it has none of
+ * its own: an AVX-512 CPU runs them all).
+ */
+int moe_dot_isa_has_avx2(moe_dot_isa isa);
 
 /** 1 if this CPU (and this build) can run @p isa. */
 int moe_dot_isa_runs_here(moe_dot_isa isa);
