@@ -154,8 +154,11 @@ MMOE_AVX2 static void fp8_row_partials_avx2(const double *xq, int64_t ldx, int t
 }
 
 /**
- * fp8_row_partials_avx2() sixteen codes at a time (mmoe_e4m3_codes_avx512()), eight doubles a
- * register; block a multiple of 16.  The partials are exact, so the wider sums change no bit.
+ * fp8_row_partials_avx2() sixteen codes at a time, eight doubles a register; block a multiple of
+ * 16.  The codes are decoded as their values times 2^-8 (mmoe_e4m3_codes_x256th_avx512()), so
+ * every product and sum is 2^-8 times the exact one (each product still exact, each sum a
+ * multiple of 2^-26 below 2^17: exact), and the partial is multiplied by 2^8 (exact).  The
+ * partials are exact, so the wider sums change no bit.
  */
 MMOE_AVX512 static void fp8_row_partials_avx512(const double *xq, int64_t ldx, int tn, const uint8_t *wrow,
                                                 int64_t K, int block, double *partial, int64_t nkb)
@@ -167,7 +170,7 @@ MMOE_AVX512 static void fp8_row_partials_avx512(const double *xq, int64_t ldx, i
         for (int t = 0; t < FP8_REG_MAX_T; t++)
             acc[t][0] = acc[t][1] = _mm512_setzero_pd();
         for (int64_t k = kb * block; k < (kb + 1) * block; k += 16) {
-            const __m512 wv = mmoe_e4m3_codes_avx512(wrow + k, nan_pos, nan_neg);
+            const __m512 wv = mmoe_e4m3_codes_x256th_avx512(wrow + k, nan_pos, nan_neg);
             const __m512d w0 = _mm512_cvtps_pd(_mm512_castps512_ps256(wv));
             const __m512d w1 = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(wv), 1)));
             _Pragma("GCC unroll 4")
@@ -179,7 +182,7 @@ MMOE_AVX512 static void fp8_row_partials_avx512(const double *xq, int64_t ldx, i
             }
         }
         for (int t = 0; t < tn; t++)
-            partial[t * nkb + kb] = _mm512_reduce_add_pd(_mm512_add_pd(acc[t][0], acc[t][1]));
+            partial[t * nkb + kb] = 0x1p8 * _mm512_reduce_add_pd(_mm512_add_pd(acc[t][0], acc[t][1]));
     }
 }
 #endif
