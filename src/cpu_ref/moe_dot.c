@@ -38,8 +38,9 @@
  * cpu_avx512.h) does the same for weights decoded in registers with two outputs in each 16-lane
  * register: the lower half holds the eight lanes of weight row j, the upper half those of row
  * j + 1, and the activations of k .. k + 7 are broadcast into both halves, so each half receives
- * the AVX2 register's fused multiply-adds and one decode serves two rows (its GEMM of FP32
- * weights, and the odd last row of a coded block, take the AVX2 kernels).  All must give the
+ * the AVX2 register's fused multiply-adds and one decode serves two rows; its GEMM of FP32
+ * weights pairs rows the same way for every four tokens (the odd last row, and the tokens left
+ * over, take the AVX2 kernels).  All must give the
  * same bits; tests/test_moe_dot.c checks every variant that the CPU runs against an independent
  * scalar loop, on random inputs whose products are not exact.
  *
@@ -119,6 +120,17 @@ static float combine_lanes(const float p[MOE_DOT_LANES])
     return ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
 }
 
+/**
+ * Finish one output from its eight lanes @p p: the k that do not fill a whole vector (k0 .. k - 1,
+ * into their lanes k mod 8, in order), then the combine.
+ */
+static float finish_lanes(float p[MOE_DOT_LANES], const float *a, const float *w, int64_t k0, int64_t k)
+{
+    for (int64_t i = k0; i < k; i++)
+        p[i % MOE_DOT_LANES] = fmaf(a[i], w[i], p[i % MOE_DOT_LANES]);
+    return combine_lanes(p);
+}
+
 /** One output of the fixed order, scalar: the definition itself. */
 static float dot_generic(const float *a, const float *w, int64_t k)
 {
@@ -156,17 +168,12 @@ static int gemm_coded_generic(const float *a, int64_t lda, int64_t m, const moe_
 
 #if MMOE_CPU_HAVE_X86
 
-/**
- * Finish one output: the lanes of @p acc, then the k that do not fill a whole vector (k0 ..
- * k - 1, into their lanes k mod 8, in order), then the combine.
- */
+/** Finish one output from the lanes of @p acc (finish_lanes()). */
 MMOE_AVX2 static inline float finish_avx2(__m256 acc, const float *a, const float *w, int64_t k0, int64_t k)
 {
     float p[MOE_DOT_LANES];
     _mm256_storeu_ps(p, acc);
-    for (int64_t i = k0; i < k; i++)
-        p[i % MOE_DOT_LANES] = fmaf(a[i], w[i], p[i % MOE_DOT_LANES]);
-    return combine_lanes(p);
+    return finish_lanes(p, a, w, k0, k);
 }
 
 /**
@@ -526,6 +533,80 @@ MMOE_AVX512 static inline __attribute__((always_inline)) void coded_pairs_avx512
 }
 
 /**
+ * block_avx2() for RT tokens x RP pairs of FP32 weight rows (rows 2p and 2p + 1 of @p w in the
+ * halves of acc[t][p]): each pair's two rows loaded into one register, each token's activations
+ * broadcast into both halves, one FMA per token and pair per 8 values of k.
+ */
+MMOE_AVX512 static inline __attribute__((always_inline)) void block_pairs_avx512(int rt, int rp, const float *a,
+                                                                                int64_t lda, const float *w,
+                                                                                int64_t ldw, int64_t k, float *c,
+                                                                                int64_t ldc)
+{
+    __m512 acc[4][4];
+    _Pragma("GCC unroll 4")
+    for (int t = 0; t < rt; t++)
+        _Pragma("GCC unroll 4")
+        for (int p = 0; p < rp; p++)
+            acc[t][p] = _mm512_setzero_ps();
+    const int64_t kv = k - k % MOE_DOT_LANES;
+    for (int64_t i = 0; i < kv; i += MOE_DOT_LANES) {
+        __m512 wv[4];
+        _Pragma("GCC unroll 4")
+        for (int p = 0; p < rp; p++)
+            wv[p] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(w + 2 * p * ldw + i)),
+                                       _mm256_loadu_ps(w + (2 * p + 1) * ldw + i), 1);
+        _Pragma("GCC unroll 4")
+        for (int t = 0; t < rt; t++) {
+            const __m512 av = act_pair_avx512(a + t * lda + i);
+            _Pragma("GCC unroll 4")
+            for (int p = 0; p < rp; p++)
+                acc[t][p] = _mm512_fmadd_ps(av, wv[p], acc[t][p]);
+        }
+    }
+    _Pragma("GCC unroll 4")
+    for (int t = 0; t < rt; t++)
+        _Pragma("GCC unroll 4")
+        for (int p = 0; p < rp; p++) {
+            float q[2 * MOE_DOT_LANES];
+            _mm512_storeu_ps(q, acc[t][p]);
+            c[t * ldc + 2 * p] = finish_lanes(q, a + t * lda, w + 2 * p * ldw, kv, k);
+            c[t * ldc + 2 * p + 1] = finish_lanes(q + MOE_DOT_LANES, a + t * lda, w + (2 * p + 1) * ldw, kv, k);
+        }
+}
+
+/**
+ * rows_avx2() with row pairs for every four tokens (4 tokens x 3 pairs: twelve accumulators,
+ * half the AVX2 block's fused multiply-adds per product); an odd last row, and the tokens left
+ * over, take the AVX2 blocks (one token gains nothing from pairs: its weight loads bound it).
+ */
+MMOE_AVX512 static void rows_avx512(const float *a, int64_t lda, int64_t m, const float *w, int64_t ldw, int64_t n,
+                                    int64_t k, float *c, int64_t ldc)
+{
+    int64_t t = 0;
+    for (; t + 4 <= m; t += 4) {
+        int64_t j = 0;
+        for (; j + 6 <= n; j += 6)
+            block_pairs_avx512(4, 3, a + t * lda, lda, w + j * ldw, ldw, k, c + t * ldc + j, ldc);
+        for (; j + 2 <= n; j += 2)
+            block_pairs_avx512(4, 1, a + t * lda, lda, w + j * ldw, ldw, k, c + t * ldc + j, ldc);
+        for (; j < n; j++)
+            block_avx2(4, 1, a + t * lda, lda, w + j * ldw, ldw, k, c + t * ldc + j, ldc);
+    }
+    if (t < m)
+        rows_avx2(a + t * lda, lda, m - t, w, ldw, n, k, c + t * ldc, ldc);
+}
+
+/** gemm_avx2() through rows_avx512(). */
+MMOE_AVX512 static void gemm_avx512(const float *a, int64_t lda, int64_t m, const float *w, int64_t ldw, int64_t n,
+                                    int64_t k, float *c, int64_t ldc)
+{
+    int64_t rb = DOT_ROW_BLOCK_BYTES / ((k > 0 ? k : 1) * (int64_t)sizeof(float));
+    rb = rb < 24 ? 24 : rb - rb % 24; /* a multiple of 6 and of 8 */
+    for (int64_t j0 = 0; j0 < n; j0 += rb)
+        rows_avx512(a, lda, m, w + j0 * ldw, ldw, n - j0 < rb ? n - j0 : rb, k, c + j0, ldc);
+}
+
+/**
  * gemm_coded_avx2() with row pairs: pairs of tokens x 8 rows, then single tokens x 16 or 8 rows
  * (the pool's grabs of a 4096-wide matrix are 8 rows), then one pair at a time; an odd last row
  * takes the AVX2 block.
@@ -562,6 +643,10 @@ void moe_dot_gemm(moe_dot_isa isa, const float *a, int64_t lda, int64_t m, const
                   int64_t k, float *c, int64_t ldc)
 {
 #if MMOE_CPU_HAVE_X86
+    if (isa == MOE_DOT_ISA_AVX512) {
+        gemm_avx512(a, lda, m, w, ldw, n, k, c, ldc);
+        return;
+    }
     if (moe_dot_isa_has_avx2(isa)) {
         gemm_avx2(a, lda, m, w, ldw, n, k, c, ldc);
         return;
