@@ -43,7 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu_avx512.h"
+#include "cpu_avx2.h"
 #include "mmoe_formats.h"
 #include "mmoe_sum_order.h"
 #include "moe_internal.h"
@@ -395,57 +395,11 @@ MMOE_AVX2 static void dot8x4_f64_avx2(const double *a, int64_t lda, const double
 #define F8_EXACT_MAX_BYTE 246
 
 /**
- * One K block [k0, k1) of four consecutive F8 rows (codes at @p codes, row stride @p K) whose E8M0
- * scale bytes @p b are all within ::F8_EXACT_MIN_BYTE .. ::F8_EXACT_MAX_BYTE, into wq[k * 4 + r]
- * as doubles, sixteen codes of each row at a time ((k1 - k0) a multiple of 16): each code decoded
- * as its value times 2^-8 (mmoe_e4m3_codes_x256th_avx512()) and multiplied by its scale times
- * 2^8 (at most 2^127: a normal fp32 number), which is the exact product e4m3(c) * s of the value
- * table; widened, and the 4 x 16 values transposed into sixteen groups of four.
- */
-MMOE_AVX512 static void f8_block4_avx512(const uint8_t *codes, int64_t K, int64_t k0, int64_t k1,
-                                         const uint8_t b[DENSE_LANES], double *wq)
-{
-    const float *e4m3 = mmoe_fp8_e4m3_table();
-    const __m512 nan_pos = _mm512_set1_ps(e4m3[0x7F]), nan_neg = _mm512_set1_ps(e4m3[0xFF]);
-    __m512 s[DENSE_LANES];
-    for (int r = 0; r < DENSE_LANES; r++)
-        s[r] = _mm512_set1_ps(mmoe_ue8m0_to_f32(b[r]) * 0x1p8f);
-    /* 128-bit lanes (two doubles) 0, 8, 1, 9 and 2, 10, 3, 11 of two registers (0..3: the first) */
-    const __m512i lanes01 = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
-    const __m512i lanes23 = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
-    for (int64_t k = k0; k < k1; k += 16) {
-        __m512d d[2][DENSE_LANES]; /* [half][row]: columns k + 8 half .. k + 8 half + 7 of the row */
-        for (int r = 0; r < DENSE_LANES; r++) {
-            const __m512 v = _mm512_mul_ps(mmoe_e4m3_codes_x256th_avx512(codes + r * K + k, nan_pos, nan_neg), s[r]);
-            d[0][r] = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
-            d[1][r] = _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1));
-        }
-        for (int h = 0; h < 2; h++) {
-            /* rows 0, 1 of the even and the odd columns, and rows 2, 3 likewise (pairs per 128 bits) */
-            const __m512d ab_even = _mm512_unpacklo_pd(d[h][0], d[h][1]), ab_odd = _mm512_unpackhi_pd(d[h][0], d[h][1]);
-            const __m512d cd_even = _mm512_unpacklo_pd(d[h][2], d[h][3]), cd_odd = _mm512_unpackhi_pd(d[h][2], d[h][3]);
-            /* columns 0, 2 (then 4, 6) of all four rows, and 1, 3 (then 5, 7) */
-            const __m512d even01 = _mm512_permutex2var_pd(ab_even, lanes01, cd_even);
-            const __m512d odd01 = _mm512_permutex2var_pd(ab_odd, lanes01, cd_odd);
-            const __m512d even23 = _mm512_permutex2var_pd(ab_even, lanes23, cd_even);
-            const __m512d odd23 = _mm512_permutex2var_pd(ab_odd, lanes23, cd_odd);
-            double *out = wq + (k + 8 * h) * DENSE_LANES;
-            _mm512_storeu_pd(out, _mm512_shuffle_f64x2(even01, odd01, 0x44));                    /* columns 0, 1 */
-            _mm512_storeu_pd(out + 2 * DENSE_LANES, _mm512_shuffle_f64x2(even01, odd01, 0xEE)); /* 2, 3 */
-            _mm512_storeu_pd(out + 4 * DENSE_LANES, _mm512_shuffle_f64x2(even23, odd23, 0x44)); /* 4, 5 */
-            _mm512_storeu_pd(out + 6 * DENSE_LANES, _mm512_shuffle_f64x2(even23, odd23, 0xEE)); /* 6, 7 */
-        }
-    }
-}
-
-/**
  * Four consecutive rows of an F8 weight with E8M0 scales into wq[k * 4 + r], K block by K block:
  * where the four rows' scale bytes of the block are all within ::F8_EXACT_MIN_BYTE ..
  * ::F8_EXACT_MAX_BYTE and the block a multiple of 8 wide, eight codes of each row decoded in
  * registers (mmoe_e4m3_codes_avx2()) and multiplied by its scale, the 4 x 8 values transposed
- * into eight groups of four and widened (sixteen codes a row at a time under the AVX-512 variant,
- * f8_block4_avx512(), where the block's width is a multiple of 16); elsewhere the table's values
- * (the same numbers).
+ * into eight groups of four and widened; elsewhere the table's values (the same numbers).
  */
 MMOE_AVX2 static void load_f8_rows4_avx2(const dense_job *j, int64_t row, double *wq)
 {
@@ -466,10 +420,6 @@ MMOE_AVX2 static void load_f8_rows4_avx2(const dense_job *j, int64_t row, double
         if (!exact) {
             for (int r = 0; r < DENSE_LANES; r++)
                 f8_lookup_block(j->v, codes + r * K, row + r, kb, k0, k1, wq + r, DENSE_LANES);
-            continue;
-        }
-        if (j->isa == MOE_DOT_ISA_AVX512 && (k1 - k0) % 16 == 0) {
-            f8_block4_avx512(codes, K, k0, k1, b, wq);
             continue;
         }
         const __m256 s0 = _mm256_set1_ps(mmoe_ue8m0_to_f32(b[0])), s1 = _mm256_set1_ps(mmoe_ue8m0_to_f32(b[1]));
