@@ -300,7 +300,7 @@ static double dense_weight_value(const mmoe_tensor *w, const mmoe_tensor *sc, in
 START_TEST(dense_rows_follow_the_order)
 {
     enum { T = 5, LDX = 1100, N = 13, ROW0 = 5, ROWS = ROW0 + N };
-    const int64_t widths[] = {16, 64, 200, 256 + 48, 1000};
+    const int64_t widths[] = {16, 64, 77, 200, 256 + 48, 1000}; /* 77: columns past the last 8 */
     mmoe_rng r;
     mmoe_rng_seed(&r, g_seed + 2);
     uint16_t *xb = malloc(2 * (size_t)(T * LDX));

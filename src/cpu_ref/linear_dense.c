@@ -21,7 +21,8 @@
  * values under each distinct scale of the rows a call reads are computed once
  * (f8_values_build(), the same fp32 product and rounding as mmoe_dequant_row_fp8()) and the
  * codes looked up, or, where an E8M0 scale keeps every product a normal fp32 number (then the
- * bf16 rounding cannot act), decoded in AVX2 registers (load_f8_rows4_avx2()).
+ * bf16 rounding cannot act), decoded in AVX2 registers (load_f8_rows4_avx2()).  BF16 and F32
+ * rows are widened eight columns at a time (load_plain_rows4_avx2()).
  *
  * The scalar dot_f64() is the definition; on a CPU with AVX2 the kernel takes four weight
  * rows at once, one per lane of a double vector (dot4_f64_avx2(): the rows interleaved as
@@ -395,6 +396,55 @@ MMOE_AVX2 static void dot8x4_f64_avx2(const double *a, int64_t lda, const double
 #define F8_EXACT_MAX_BYTE 246
 
 /**
+ * Eight columns of four weight rows (@p r0 .. @p r3, FP32 values) into out[i * 4 + r], i = 0 .. 7,
+ * as doubles: transposed within each 128-bit half, then widened.
+ */
+MMOE_AVX2 static inline __attribute__((always_inline)) void store_rows4_avx2(__m256 r0, __m256 r1, __m256 r2,
+                                                                             __m256 r3, double *out)
+{
+    /* g[i] holds column i (low half) and i + 4 (high half) of the four rows */
+    const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+    const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+    const __m256 g[4] = {_mm256_shuffle_ps(t0, t2, 0x44), _mm256_shuffle_ps(t0, t2, 0xEE),
+                         _mm256_shuffle_ps(t1, t3, 0x44), _mm256_shuffle_ps(t1, t3, 0xEE)};
+    for (int i = 0; i < 4; i++) {
+        _mm256_storeu_pd(out + i * DENSE_LANES, _mm256_cvtps_pd(_mm256_castps256_ps128(g[i])));
+        _mm256_storeu_pd(out + (i + 4) * DENSE_LANES, _mm256_cvtps_pd(_mm256_extractf128_ps(g[i], 1)));
+    }
+}
+
+/** Eight BF16 weights at @p h as FP32 values (the bits moved up by 16: mmoe_bf16_to_f32()). */
+MMOE_AVX2 static inline __attribute__((always_inline)) __m256 bf16x8_avx2(const uint16_t *h)
+{
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)h)), 16));
+}
+
+/**
+ * Four consecutive rows of a BF16 or F32 weight into wq[k * 4 + r]: eight columns of each row at a
+ * time, transposed and widened (store_rows4_avx2()); the last K mod 8 columns one by one.  The
+ * values of load_row().
+ */
+MMOE_AVX2 static void load_plain_rows4_avx2(const dense_job *j, int64_t row, double *wq)
+{
+    const int64_t K = j->K, kv = K - K % 8;
+    if (j->w->dtype == MMOE_DT_BF16) {
+        const uint16_t *h = (const uint16_t *)j->w->data + row * K;
+        for (int64_t k = 0; k < kv; k += 8)
+            store_rows4_avx2(bf16x8_avx2(h + k), bf16x8_avx2(h + K + k), bf16x8_avx2(h + 2 * K + k),
+                             bf16x8_avx2(h + 3 * K + k), wq + k * DENSE_LANES);
+    } else {
+        const float *f = (const float *)j->w->data + row * K;
+        for (int64_t k = 0; k < kv; k += 8)
+            store_rows4_avx2(_mm256_loadu_ps(f + k), _mm256_loadu_ps(f + K + k), _mm256_loadu_ps(f + 2 * K + k),
+                             _mm256_loadu_ps(f + 3 * K + k), wq + k * DENSE_LANES);
+    }
+    for (int64_t k = kv; k < K; k++)
+        for (int r = 0; r < DENSE_LANES; r++)
+            wq[k * DENSE_LANES + r] = (double)attn_tensor_f32_at(j->w, (row + r) * K + k);
+}
+
+/**
  * Four consecutive rows of an F8 weight with E8M0 scales into wq[k * 4 + r], K block by K block:
  * where the four rows' scale bytes of the block are all within ::F8_EXACT_MIN_BYTE ..
  * ::F8_EXACT_MAX_BYTE and the block a multiple of 8 wide, eight codes of each row decoded in
@@ -429,16 +479,7 @@ MMOE_AVX2 static void load_f8_rows4_avx2(const dense_job *j, int64_t row, double
             const __m256 r1 = _mm256_mul_ps(mmoe_e4m3_codes_avx2(codes + K + k, nan_pos, nan_neg), s1);
             const __m256 r2 = _mm256_mul_ps(mmoe_e4m3_codes_avx2(codes + 2 * K + k, nan_pos, nan_neg), s2);
             const __m256 r3 = _mm256_mul_ps(mmoe_e4m3_codes_avx2(codes + 3 * K + k, nan_pos, nan_neg), s3);
-            /* transpose within each 128-bit half: g[i] holds column i (low half) and i + 4 (high) */
-            const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
-            const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
-            const __m256 g[4] = {_mm256_shuffle_ps(t0, t2, 0x44), _mm256_shuffle_ps(t0, t2, 0xEE),
-                                 _mm256_shuffle_ps(t1, t3, 0x44), _mm256_shuffle_ps(t1, t3, 0xEE)};
-            double *out = wq + k * DENSE_LANES;
-            for (int i = 0; i < 4; i++) {
-                _mm256_storeu_pd(out + i * DENSE_LANES, _mm256_cvtps_pd(_mm256_castps256_ps128(g[i])));
-                _mm256_storeu_pd(out + (i + 4) * DENSE_LANES, _mm256_cvtps_pd(_mm256_extractf128_ps(g[i], 1)));
-            }
+            store_rows4_avx2(r0, r1, r2, r3, wq + k * DENSE_LANES);
         }
     }
 }
@@ -448,6 +489,8 @@ MMOE_AVX2 static void load_rows4_avx2(const dense_job *j, int64_t row, float *tm
 {
     if (j->w->dtype == MMOE_DT_F8_E4M3 && j->scale->dtype == MMOE_DT_F8_E8M0)
         load_f8_rows4_avx2(j, row, wq);
+    else if (j->w->dtype == MMOE_DT_BF16 || j->w->dtype == MMOE_DT_F32)
+        load_plain_rows4_avx2(j, row, wq);
     else
         for (int r = 0; r < DENSE_LANES; r++)
             load_row(j->w, j->v, row + r, j->K, tmp, wq + r, DENSE_LANES);
