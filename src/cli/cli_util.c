@@ -28,7 +28,7 @@
  * included, and give OpenBLAS one thread (mmoe_cli_set_forward_threads()): OpenBLAS's threads
  * would take turns with the pool's on the same cores (linear_fp8.c).  `--threads N` then sets
  * the pool to min(N, 64); without it the pool keeps its default (MMOE_DEQUANT_THREADS, else the
- * machine's cores up to 8) and OpenBLAS stays as the environment sets it when
+ * machine's cores up to 16) and OpenBLAS stays as the environment sets it when
  * OPENBLAS_NUM_THREADS is given, else one thread.
  */
 #include <cblas.h>

@@ -68,7 +68,7 @@ static void usage(FILE *out)
                  "  --prefill N     prompt tokens, 1..1000000 (default 64)\n"
                  "  --decode K      tokens decoded one at a time, 0..100000 (default 8)\n"
                  "  --seed S        RNG seed of the prompt (default 1)\n"
-                 "  --threads N     worker threads of the forward (OpenBLAS then runs one), 1..%d (default: MMOE_DEQUANT_THREADS, else the cores up to 8)\n"
+                 "  --threads N     worker threads of the forward (OpenBLAS then runs one), 1..%d (default: MMOE_DEQUANT_THREADS, else the cores up to 16)\n"
                  "  --json          the report as one JSON object (default: text)\n"
                  "  --peer          also time the step's matrix products as OpenBLAS SGEMM on FP32 weights,\n"
                  "                  the CPU oracle's peer (CPU only; needs the largest product's FP32 weights\n"

@@ -219,7 +219,7 @@ static void usage(FILE *out)
             "  --json              stats (and logprobs) as JSON Lines on stderr; no progress lines\n"
             "                      (default: human lines)\n"
             "  --seed S            sampler seed (default 1)\n"
-            "  --threads N         worker threads of the forward (OpenBLAS then runs one), 1..1024 (default: MMOE_DEQUANT_THREADS, else the cores up to 8)\n"
+            "  --threads N         worker threads of the forward (OpenBLAS then runs one), 1..1024 (default: MMOE_DEQUANT_THREADS, else the cores up to 16)\n"
             "  --ctx-size N        KV cache size in tokens (default: min(config max_seq_len, %d))\n"
             "  --print-ids         print generated token ids instead of text (default: text)\n"
             "  --backend B         cpu (the oracle), gpu (refused without a usable GPU), or auto\n"

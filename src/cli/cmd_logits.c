@@ -45,7 +45,7 @@ static void usage(FILE *out)
                  "  --last        only the last position's logits ([1, vocab]) (default: all positions)\n"
                  "  --mtp         also 'mtp_logits' [T-1, vocab] (MTP block on streams t and token t+1) (default off)\n"
                  "  --decode      feed the tokens one by one (decode path) instead of one prefill (default off)\n"
-                 "  --threads N   worker threads of the forward (OpenBLAS then runs one), 1..%d (default: MMOE_DEQUANT_THREADS, else the cores up to 8)\n"
+                 "  --threads N   worker threads of the forward (OpenBLAS then runs one), 1..%d (default: MMOE_DEQUANT_THREADS, else the cores up to 16)\n"
                  "  --backend B   cpu (the oracle), gpu (refused without a usable GPU) or auto (default cpu)\n"
                  MMOE_CUDA_GRAPH_USAGE MMOE_CLI_EP_USAGE "\n"
                  "example:\n"

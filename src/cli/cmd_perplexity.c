@@ -78,7 +78,7 @@ static void usage(FILE *out)
             "  scored once.\n"
             "  --ctx N          window in positions, BOS included, N >= 2 (default: min(%d, max_seq_len))\n"
             "  --stride S       window step in tokens, 1 <= S <= N - 1 (default (N - 1) / 2)\n"
-            "  --threads N      worker threads of the forward (OpenBLAS then runs one), 1..1024 (default: MMOE_DEQUANT_THREADS, else the cores up to 8)\n"
+            "  --threads N      worker threads of the forward (OpenBLAS then runs one), 1..1024 (default: MMOE_DEQUANT_THREADS, else the cores up to 16)\n"
             "  --json           the result as one JSON object on stdout (default: one human line)\n\n"
             "example:\n"
             "  megamoe perplexity --model fixtures/tiny-dsv4 --text-file notes.txt --ctx 256\n",

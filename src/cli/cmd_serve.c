@@ -66,7 +66,7 @@ static void usage(FILE *out)
             "  --host HOST             address to listen on (default 127.0.0.1: this machine only)\n"
             "  --port N                TCP port, 0 = any free port (default 8080)\n"
             "  --ctx-size N            context of each request in tokens (default: min(config max_seq_len, %d))\n"
-            "  --threads N             worker threads of the forward (OpenBLAS then runs one), 1..1024 (default: MMOE_DEQUANT_THREADS, else the cores up to 8)\n"
+            "  --threads N             worker threads of the forward (OpenBLAS then runs one), 1..1024 (default: MMOE_DEQUANT_THREADS, else the cores up to 16)\n"
             "  --seed S                sampler seed of requests that give no 'seed' (default 1)\n"
             "  --name NAME             the model's name in the API (default: the directory's name)\n"
             "  --max-body BYTES        largest request body (default 1048576)\n"
