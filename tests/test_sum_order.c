@@ -292,23 +292,24 @@ static double dense_weight_value(const mmoe_tensor *w, const mmoe_tensor *sc, in
  * here against the spec's order (ref_sum), bit for bit: BF16, F32 and F8 weights (E8M0 scales over 1..254, so that some products leave
  * the normal fp32 range before the bf16 rounding, and F32 scales), widths with and without a
  * partial node of 64 terms and a partial chunk, row counts not a multiple of the kernel's four,
- * an offset row0 crossing F8 row blocks, five x rows with a stride (a pass of three at once, then single rows); each on the caller alone
+ * an offset row0 crossing F8 row blocks, five x rows with a stride (a pass of three at once, then single rows) and each x row
+ * alone (one-row calls: the chunk-lane kernel for F8 blocks of 64 and 128); each on the caller alone
  * and with its rows shared out over a pool of 3 threads.  The terms are spread
  * over 2^-40 .. 2^20 so that the order shows: the test counts sums that differ from the
  * sequential sum and requires a fifth of them to.
  */
 START_TEST(dense_rows_follow_the_order)
 {
-    enum { T = 5, LDX = 1100, N = 13, ROW0 = 5, ROWS = ROW0 + N };
+    enum { T = 5, LDX = 1100, N = 13, MAX_ROWS = 128 - 2 + N };
     const int64_t widths[] = {16, 64, 77, 200, 256 + 48, 1000}; /* 77: columns past the last 8 */
     mmoe_rng r;
     mmoe_rng_seed(&r, g_seed + 2);
     uint16_t *xb = malloc(2 * (size_t)(T * LDX));
     double *x = malloc(sizeof(double) * (size_t)(T * LDX)), *terms = malloc(sizeof(double) * 1000);
-    void *wd = malloc(4 * (size_t)(ROWS * 1000));
-    uint8_t *sd = malloc(4 * 2048); /* scales: up to ceil(ROWS / 4) x 250 fp32 */
-    double *y = malloc(sizeof(double) * (size_t)(T * N));
-    ck_assert(xb && x && terms && wd && sd && y);
+    void *wd = malloc(4 * (size_t)(MAX_ROWS * 1000));
+    uint8_t *sd = malloc(4 * 2048); /* scales: up to ceil(rows / 4) x 250 fp32 */
+    double *y = malloc(sizeof(double) * (size_t)(T * N)), *y1 = malloc(sizeof(double) * (size_t)(T * N));
+    ck_assert(xb && x && terms && wd && sd && y && y1);
     moe_dequant_pool *pools;
     mmoe_error perr;
     ck_assert_msg(moe_dequant_pool_create(3, &pools, &perr) == MMOE_OK, "%s", perr.msg);
@@ -320,18 +321,23 @@ START_TEST(dense_rows_follow_the_order)
     const struct {
         mmoe_dtype dtype;
         int f32_scale; /* F8: F32 scales instead of E8M0 */
-        int block;     /* F8: the block edge (4: the value tables only; 8: E8M0 also through the AVX2 decoder) */
+        int block;     /* F8: the block edge (4: the value tables only; 8: E8M0 also through the AVX2 decoder;
+                          64 and 128: one-row calls also through the chunk-lane kernel) */
         int tiny;      /* F8 E8M0: scale bytes 1..12 only, around the decoder's lower limit (subnormal products) */
     } kinds[] = {{MMOE_DT_BF16, 0, 4, 0},    {MMOE_DT_F32, 0, 4, 0},     {MMOE_DT_F8_E4M3, 0, 4, 0},
-                 {MMOE_DT_F8_E4M3, 1, 4, 0}, {MMOE_DT_F8_E4M3, 0, 8, 0}, {MMOE_DT_F8_E4M3, 0, 8, 1}};
+                 {MMOE_DT_F8_E4M3, 1, 4, 0}, {MMOE_DT_F8_E4M3, 0, 8, 0}, {MMOE_DT_F8_E4M3, 0, 8, 1},
+                 {MMOE_DT_F8_E4M3, 0, 64, 0}, {MMOE_DT_F8_E4M3, 0, 128, 0}, {MMOE_DT_F8_E4M3, 0, 128, 1}};
     for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++)
         for (size_t di = 0; di < sizeof kinds / sizeof kinds[0]; di++) {
             const int64_t K = widths[wi];
             const int block = kinds[di].block;
             const int f32_scale = kinds[di].f32_scale;
-            mmoe_tensor w = {kinds[di].dtype, 2, {ROWS, K}, wd, 0};
-            mmoe_tensor sc = {f32_scale ? MMOE_DT_F32 : MMOE_DT_F8_E8M0, 2, {(ROWS + block - 1) / block, (K + block - 1) / block}, sd, 0};
-            for (int64_t i = 0; i < ROWS * K; i++) {
+            /* the first row: 5, or for blocks of 64 and more two rows before a row block's end, so
+               that a kernel's group of four rows straddles two scale rows */
+            const int64_t row0 = block >= 64 ? block - 2 : 5, rows = row0 + N;
+            mmoe_tensor w = {kinds[di].dtype, 2, {rows, K}, wd, 0};
+            mmoe_tensor sc = {f32_scale ? MMOE_DT_F32 : MMOE_DT_F8_E8M0, 2, {(rows + block - 1) / block, (K + block - 1) / block}, sd, 0};
+            for (int64_t i = 0; i < rows * K; i++) {
                 if (kinds[di].dtype == MMOE_DT_BF16)
                     ((uint16_t *)wd)[i] = spread_bf16(&r);
                 else if (kinds[di].dtype == MMOE_DT_F32)
@@ -357,16 +363,29 @@ START_TEST(dense_rows_follow_the_order)
                 for (int i = 0; i < T * N; i++)
                     y[i] = NAN;
                 mmoe_error err;
-                ck_assert_msg(attn_dense_sums(pool, isa, x, T, LDX, K, &w, &sc, block, ROW0, N, y, N, &err) == MMOE_OK,
+                ck_assert_msg(attn_dense_sums(pool, isa, x, T, LDX, K, &w, &sc, block, row0, N, y, N, &err) == MMOE_OK,
                               "%s", err.msg);
+                for (int t = 0; t < T; t++) { /* each x row alone too (decode's one-row calls) */
+                    for (int64_t n = 0; n < N; n++)
+                        y1[t * N + n] = NAN;
+                    ck_assert_msg(attn_dense_sums(pool, isa, x + t * LDX, 1, LDX, K, &w, &sc, block, row0, N, y1 + t * N,
+                                                  N, &err) == MMOE_OK,
+                                  "%s", err.msg);
+                }
                 for (int t = 0; t < T; t++)
                     for (int64_t n = 0; n < N; n++) {
                         double seq = 0.0;
                         for (int64_t k = 0; k < K; k++) {
-                            terms[k] = x[t * LDX + k] * dense_weight_value(&w, &sc, block, ROW0 + n, k);
+                            terms[k] = x[t * LDX + k] * dense_weight_value(&w, &sc, block, row0 + n, k);
                             seq += terms[k];
                         }
-                        const double want = ref_sum(terms, K), got = y[t * N + n];
+                        const double want = ref_sum(terms, K), got = y[t * N + n], got1 = y1[t * N + n];
+                        ck_assert_msg(memcmp(&want, &got1, sizeof want) == 0,
+                                      "%s, %d threads, %s weight (block %d), K %lld, row %lld, x row %d alone: %a, "
+                                      "expected %a (seed %llu)",
+                                      moe_dot_isa_name(isa), moe_dequant_pool_threads(pool),
+                                      mmoe_dtype_name(kinds[di].dtype), block, (long long)K, (long long)n, t, got1,
+                                      want, (unsigned long long)g_seed);
                         ck_assert_msg(memcmp(&want, &got, sizeof want) == 0,
                                       "%s, %d threads, %s weight, K %lld, row %lld, x row %d: %a, expected %a (seed %llu)",
                                       moe_dot_isa_name(isa), moe_dequant_pool_threads(pool), mmoe_dtype_name(kinds[di].dtype),
@@ -388,6 +407,7 @@ START_TEST(dense_rows_follow_the_order)
     free(wd);
     free(sd);
     free(y);
+    free(y1);
 }
 END_TEST
 

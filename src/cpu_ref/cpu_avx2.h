@@ -5,7 +5,7 @@
  *
  * The oracle's vector kernels (moe_dot.c for the MoE's fixed-order GEMM, linear_dense.c and
  * linear_fp8.c for the attention's linears) are compiled with GCC's target attribute, so one
- * binary runs everywhere and takes them only where the CPU reports AVX2 and FMA
+ * binary runs everywhere and takes them only where the CPU reports AVX2, FMA and F16C
  * (moe_dot_isa_runs_here()).  Every vector kernel has a scalar twin that gives the same bits;
  * the kernels change how fast a value is computed, never which value.
  */
@@ -18,8 +18,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
-/** The target attribute of every AVX2 kernel (AVX2 and FMA). */
-#define MMOE_AVX2 __attribute__((target("avx2,fma")))
+/** The target attribute of every AVX2 kernel (AVX2, FMA and F16C: every x86 CPU with the first two has the third). */
+#define MMOE_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 /**
  * Eight E4M3 codes (bytes at @p codes) as their FP32 values, exactly, with no subnormal float

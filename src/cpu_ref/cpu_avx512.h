@@ -28,7 +28,7 @@
 #if MMOE_CPU_HAVE_X86
 
 /** The target attribute of every AVX-512 kernel. */
-#define MMOE_AVX512 __attribute__((target("avx2,fma,avx512f,avx512dq,avx512bw,avx512vl")))
+#define MMOE_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512dq,avx512bw,avx512vl")))
 
 /**
  * Sixteen E4M3 codes, given as the low bytes of sixteen 32-bit lanes @p x, as their FP32 values,

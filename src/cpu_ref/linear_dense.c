@@ -33,7 +33,10 @@
  * addition fused into one step (the vector kernels' FMA, or a compiler's contraction) round
  * the same sum once and change no bit.  Calls of four x rows or more (prefill) take eight
  * weight rows against four x rows per pass (dot8x4_f64_avx2()), so that each loaded value
- * serves several products, and the tree's merges run on four lanes at once (pairwise4).
+ * serves several products, and the tree's merges run on four lanes at once (pairwise4).  Calls
+ * of one x row (decode) of an F8 weight with E8M0 scales take the chunk-lane kernel instead
+ * (dense_f8_rows4_chunks_avx2()): a register holds the four chains of one row's node, so the
+ * codes are decoded straight into the sums, with no transpose and nothing written to memory.
  *
  * The weight rows of a call are shared out over a worker pool (moe_pool_rows(), the model's
  * pool of the MoE layers): each output is one row's dot products, computed by the same code
@@ -210,6 +213,7 @@ typedef struct {
     int64_t ldy;          /**< its stride */
     double *wbuf;         /**< per thread: DENSE_BLOCK_ROWS * K doubles */
     float *tmp;           /**< per thread: K floats (a BF16 row in fp32) */
+    double *xp;           /**< one-row F8 calls of the chunk-lane kernel: x in chunk-lane order, else NULL */
 } dense_job;
 
 /** Weight rows [n0, n1) of the call, one at a time, each against every x row (the definition). */
@@ -484,6 +488,143 @@ MMOE_AVX2 static void load_f8_rows4_avx2(const dense_job *j, int64_t row, double
     }
 }
 
+/*
+ * The chunk-lane kernel (one x row, F8 weights with E8M0 scales, blocks a multiple of 64).
+ *
+ * dot_f64() sums a node of 64 terms as four chains, chunk q taking terms 16q .. 16q + 15 in
+ * ascending order, then (c0 + c1) + (c2 + c3).  Here the four chains of one weight row are the
+ * four lanes of a register: step i adds term 16q + i to lane q, so a step needs the codes
+ * 16q + i of the four chunks side by side, which two rounds of byte unpacks give for the node's 64
+ * codes, and x in the same order, which is permuted once per call (dense_chunk_x()).  No weight
+ * is written to memory, and the rows need no transpose; four weight rows are summed at once so
+ * that four independent chains hide the adder's latency.  A code is decoded through FP16 (the
+ * bits (c + (c & 0x80)) << 7 read as FP16 are its E4M3 value times 2^-8, F16C widens eight) and
+ * multiplied by its scale times 2^8: where every scale byte of the node's rows lies within
+ * ::F8_EXACT_MIN_BYTE .. ::F8_EXACT_MAX_BYTE and no code is NaN, that is the exact value of the
+ * table; any other node, and the terms after the last full node, take the table's values and
+ * dot_f64()'s own functions.
+ */
+
+/** x permuted for the chunk-lane kernel: xp[n + 4 i + q] = x[n + 16 q + i] over the full nodes n. */
+static void dense_chunk_x(const double *x, int64_t K, double *xp)
+{
+    for (int64_t n = 0; n + DENSE_NODE <= K; n += DENSE_NODE)
+        for (int i = 0; i < MMOE_SUM_CHUNK; i++)
+            for (int q = 0; q < 4; q++)
+                xp[n + 4 * i + q] = x[n + q * MMOE_SUM_CHUNK + i];
+}
+
+/** Whether any of the 64 codes at @p c is a NaN code (magnitude 0x7F). */
+MMOE_AVX2 static inline __attribute__((always_inline)) int node_has_nan_avx2(const uint8_t *c)
+{
+    const __m256i m = _mm256_set1_epi8(0x7F);
+    const __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)c);
+    const __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(c + 32));
+    const __m256i na = _mm256_cmpeq_epi8(_mm256_and_si256(a, m), m), nb = _mm256_cmpeq_epi8(_mm256_and_si256(b, m), m);
+    const __m256i any = _mm256_or_si256(na, nb);
+    return !_mm256_testz_si256(any, any);
+}
+
+/** Eight E4M3 codes (the low 8 bytes of @p c) as FP32 values times 2^-8, exact (no NaN code). */
+MMOE_AVX2 static inline __attribute__((always_inline)) __m256 e4m3x8_x256th_avx2(__m128i c)
+{
+    const __m128i w = _mm_cvtepu8_epi16(c);
+    return _mm256_cvtph_ps(_mm_slli_epi16(_mm_add_epi16(w, _mm_and_si128(w, _mm_set1_epi16(0x80))), 7));
+}
+
+/**
+ * One node (64 codes from @p c) of one row into the four chains of @p acc: the codes unpacked
+ * into step order (t[m] holds steps 4m .. 4m + 3, four chunks each), decoded, scaled by @p s
+ * (the row block's scale times 2^8), widened, and added step by step against xp.
+ */
+MMOE_AVX2 static inline __attribute__((always_inline)) __m256d node_chunks_avx2(const uint8_t *c, __m256 s,
+                                                                                const double *xp)
+{
+    const __m128i r0 = _mm_loadu_si128((const __m128i *)(const void *)c);
+    const __m128i r1 = _mm_loadu_si128((const __m128i *)(const void *)(c + 16));
+    const __m128i r2 = _mm_loadu_si128((const __m128i *)(const void *)(c + 32));
+    const __m128i r3 = _mm_loadu_si128((const __m128i *)(const void *)(c + 48));
+    const __m128i a = _mm_unpacklo_epi8(r0, r1), b = _mm_unpackhi_epi8(r0, r1);
+    const __m128i d = _mm_unpacklo_epi8(r2, r3), e = _mm_unpackhi_epi8(r2, r3);
+    const __m128i t[4] = {_mm_unpacklo_epi16(a, d), _mm_unpackhi_epi16(a, d), _mm_unpacklo_epi16(b, e),
+                          _mm_unpackhi_epi16(b, e)};
+    __m256d acc = _mm256_setzero_pd();
+    _Pragma("GCC unroll 4")
+    for (int m = 0; m < 4; m++) {
+        _Pragma("GCC unroll 2")
+        for (int h = 0; h < 2; h++) {
+            const __m256 v = _mm256_mul_ps(e4m3x8_x256th_avx2(h ? _mm_srli_si128(t[m], 8) : t[m]), s);
+            const int i = 4 * m + 2 * h;
+            acc = _mm256_fmadd_pd(_mm256_loadu_pd(xp + 4 * i), _mm256_cvtps_pd(_mm256_castps256_ps128(v)), acc);
+            acc = _mm256_fmadd_pd(_mm256_loadu_pd(xp + 4 * i + 4), _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), acc);
+        }
+    }
+    return acc;
+}
+
+/** (c0 + c1) + (c2 + c3) of the four chains in @p acc. */
+MMOE_AVX2 static inline __attribute__((always_inline)) double node_sum_avx2(__m256d acc)
+{
+    const __m128d h = _mm_hadd_pd(_mm256_castpd256_pd128(acc), _mm256_extractf128_pd(acc, 1));
+    return _mm_cvtsd_f64(h) + _mm_cvtsd_f64(_mm_unpackhi_pd(h, h));
+}
+
+/** Values of row @p row's columns k0 .. k1 - 1 from the table, into wv[k] (any K blocks). */
+static void f8_lookup_columns(const dense_job *j, int64_t row, int64_t k0, int64_t k1, double *wv)
+{
+    const uint8_t *codes = (const uint8_t *)j->w->data + row * j->K;
+    for (int64_t k = k0; k < k1;) {
+        const int64_t kb = k / j->v->block;
+        const int64_t end = (kb + 1) * j->v->block < k1 ? (kb + 1) * j->v->block : k1;
+        f8_lookup_block(j->v, codes, row, kb, k, end, wv, 1);
+        k = end;
+    }
+}
+
+/**
+ * Outputs n .. n + 3 of a one-row call through the chunk-lane kernel (the comment above); @p wv:
+ * K doubles of scratch for the table's values.
+ */
+MMOE_AVX2 static void dense_f8_rows4_chunks_avx2(const dense_job *j, int64_t n, double *wv)
+{
+    const int64_t K = j->K, nkb = j->v->nkb, row = j->row0 + n;
+    const int block = j->v->block;
+    const uint8_t *codes = (const uint8_t *)j->w->data + row * K;
+    const uint8_t *sb = (const uint8_t *)j->scale->data;
+    mmoe_pairwise pw[DENSE_LANES];
+    for (int r = 0; r < DENSE_LANES; r++)
+        mmoe_pairwise_init(&pw[r]);
+    int64_t k0 = 0;
+    for (; k0 + DENSE_NODE <= K; k0 += DENSE_NODE) {
+        const int64_t kb = k0 / block;
+        int fast = 1;
+        uint8_t b[DENSE_LANES];
+        for (int r = 0; r < DENSE_LANES; r++) {
+            b[r] = sb[((row + r) / block) * nkb + kb];
+            fast = fast && b[r] >= F8_EXACT_MIN_BYTE && b[r] <= F8_EXACT_MAX_BYTE && !node_has_nan_avx2(codes + r * K + k0);
+        }
+        if (fast) {
+            __m256d acc[DENSE_LANES];
+            _Pragma("GCC unroll 4")
+            for (int r = 0; r < DENSE_LANES; r++)
+                acc[r] = node_chunks_avx2(codes + r * K + k0, _mm256_set1_ps(mmoe_ue8m0_to_f32(b[r]) * 0x1p8f),
+                                          j->xp + k0);
+            for (int r = 0; r < DENSE_LANES; r++)
+                mmoe_pairwise_push_node(&pw[r], node_sum_avx2(acc[r]), 2);
+        } else {
+            for (int r = 0; r < DENSE_LANES; r++) {
+                f8_lookup_columns(j, row + r, k0, k0 + DENSE_NODE, wv);
+                mmoe_pairwise_push_node(&pw[r], mmoe_sum_node4_f64(j->x + k0, wv + k0), 2);
+            }
+        }
+    }
+    for (int r = 0; r < DENSE_LANES; r++) {
+        f8_lookup_columns(j, row + r, k0, K, wv);
+        dot_f64_tail(j->x, wv, 1, k0, K, &pw[r]);
+        j->y[n + r] = mmoe_pairwise_result(&pw[r]);
+    }
+}
+
 /** Four rows of the weight from row @p row on, interleaved into @p wq (wq[k * 4 + r]). */
 MMOE_AVX2 static void load_rows4_avx2(const dense_job *j, int64_t row, float *tmp, double *wq)
 {
@@ -530,6 +671,14 @@ MMOE_AVX2 static void dense_rows_avx2(const dense_job *j, float *tmp, double *wq
     }
     dense_rows_generic(j, tmp, wq, n, n1);
 }
+/** Weight rows [n0, n1) of a one-row F8 call: four at a time through the chunk-lane kernel, the rest by dense_rows_avx2(). */
+MMOE_AVX2 static void dense_rows_chunks_avx2(const dense_job *j, float *tmp, double *wbuf, int64_t n0, int64_t n1)
+{
+    int64_t n = n0;
+    for (; n + DENSE_LANES <= n1; n += DENSE_LANES)
+        dense_f8_rows4_chunks_avx2(j, n, wbuf);
+    dense_rows_avx2(j, tmp, wbuf, n, n1);
+}
 #endif
 
 /** moe_rows_fn of attn_dense_sums(): weight rows [n0, n1) with thread @p thread's buffer. */
@@ -540,7 +689,10 @@ static void dense_rows(void *ctx, int thread, int64_t n0, int64_t n1)
     float *tmp = j->tmp + (int64_t)thread * j->K;
 #if MMOE_CPU_HAVE_X86
     if (moe_dot_isa_has_avx2(j->isa)) {
-        dense_rows_avx2(j, tmp, wbuf, n0, n1);
+        if (j->xp != NULL)
+            dense_rows_chunks_avx2(j, tmp, wbuf, n0, n1);
+        else
+            dense_rows_avx2(j, tmp, wbuf, n0, n1);
         return;
     }
 #endif
@@ -563,19 +715,28 @@ mmoe_status attn_dense_sums(moe_dequant_pool *pool, moe_dot_isa isa, const doubl
     if (w->dtype == MMOE_DT_F8_E4M3 && (st = f8_values_build(&v, scale, block, row0, N, K, err)) != MMOE_OK)
         goto done;
     const int threads = moe_dequant_pool_threads(pool);
+    /* one x row of an F8 weight with E8M0 scales in blocks of whole nodes: the chunk-lane kernel */
+    const int chunk_lanes = MMOE_CPU_HAVE_X86 && moe_dot_isa_has_avx2(isa) && T == 1 &&
+                            w->dtype == MMOE_DT_F8_E4M3 && scale->dtype == MMOE_DT_F8_E8M0 &&
+                            block % DENSE_NODE == 0 && K >= DENSE_NODE;
     dense_job j = {isa, x, T, ldx, K, w, &v, scale, row0, y, ldy,
                    malloc(sizeof(double) * (size_t)(threads * DENSE_BLOCK_ROWS * K)),
-                   malloc(sizeof(float) * (size_t)(threads * K))};
-    if (j.wbuf == NULL || j.tmp == NULL) {
+                   malloc(sizeof(float) * (size_t)(threads * K)),
+                   chunk_lanes ? malloc(sizeof(double) * (size_t)K) : NULL};
+    if (j.wbuf == NULL || j.tmp == NULL || (chunk_lanes && j.xp == NULL)) {
         free(j.wbuf);
         free(j.tmp);
+        free(j.xp);
         st = mmoe_error_set(err, MMOE_ENOMEM, "dense linear: out of memory (K=%lld, %d threads)", (long long)K,
                             threads);
         goto done;
     }
+    if (chunk_lanes)
+        dense_chunk_x(x, K, j.xp);
     moe_pool_rows(pool, N, K * T, DENSE_BLOCK_ROWS, dense_rows, &j);
     free(j.wbuf);
     free(j.tmp);
+    free(j.xp);
 done:
     free(v.value);
     free(v.table);

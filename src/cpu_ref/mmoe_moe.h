@@ -260,7 +260,7 @@ int mmoe_moe_pool_threads(const mmoe_moe_pool *pool);
 
 /**
  * The CPU kernels the oracle runs on this machine: "avx512" (x86-64 with AVX2, FMA and AVX-512
- * F, DQ, BW and VL), "avx2+fma" (x86-64 with AVX2 and FMA), else "generic" (the scalar
+ * F, DQ, BW and VL), "avx2+fma" (x86-64 with AVX2, FMA and F16C), else "generic" (the scalar
  * definitions, slower).  All give the same bits; benchmarks report it.
  */
 const char *mmoe_cpu_kernels(void);

@@ -31,7 +31,7 @@
  *
  * ## Variants
  * ::MOE_DOT_ISA_GENERIC is the scalar formula (every CPU).  ::MOE_DOT_ISA_AVX2_FMA (x86-64,
- * compiled with GCC's target attribute, used when the CPU reports AVX2 and FMA) keeps the eight
+ * compiled with GCC's target attribute, used when the CPU reports AVX2, FMA and F16C) keeps the eight
  * lanes of one output in one YMM register and computes a register block of several tokens x
  * several weight rows per pass, so that each loaded weight vector serves several tokens and each
  * activation vector several rows.  ::MOE_DOT_ISA_AVX512 (x86-64 with AVX-512 F, DQ, BW and VL,
@@ -83,7 +83,7 @@ int moe_dot_isa_runs_here(moe_dot_isa isa)
     case MOE_DOT_ISA_GENERIC: return 1;
     case MOE_DOT_ISA_AVX2_FMA:
 #if MMOE_CPU_HAVE_X86
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 #else
         return 0;
 #endif

@@ -201,7 +201,7 @@ int moe_dequant_pool_threads(const moe_dequant_pool *p);
 /** Implementations of the fixed-order GEMM (all give the same bits). */
 typedef enum moe_dot_isa {
     MOE_DOT_ISA_GENERIC = 0,  /**< the scalar formula (every CPU) */
-    MOE_DOT_ISA_AVX2_FMA = 1, /**< x86-64 with AVX2 and FMA */
+    MOE_DOT_ISA_AVX2_FMA = 1, /**< x86-64 with AVX2, FMA and F16C */
     MOE_DOT_ISA_AVX512 = 2,   /**< x86-64 with AVX2, FMA and AVX-512 (F, DQ, BW, VL: cpu_avx512.h) */
     MOE_DOT_ISA_COUNT         /**< number of variants */
 } moe_dot_isa;
