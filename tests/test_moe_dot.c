@@ -233,9 +233,11 @@ START_TEST(fp4_on_the_fly_matches_decoded_rows)
             ck_assert(wb && sb && a);
             for (int64_t i = 0; i < rows * k / 2; i++)
                 wb[i] = (uint8_t)mmoe_rng_below(&rng, 256);
-            /* mostly realistic scales; every 7th an extreme (0: subnormal, 254: overflow with large a) */
+            /* mostly realistic scales; every 7th an extreme (0 and 1: subnormal half scales, 254:
+               overflow with large a, 255: NaN) */
+            static const uint8_t extreme[4] = {0, 1, 254, 255};
             for (int64_t i = 0; i < rows * k / 32; i++)
-                sb[i] = (uint8_t)(i % 7 == 3 ? (i % 2 ? 0 : 254) : 110 + mmoe_rng_below(&rng, 30));
+                sb[i] = (uint8_t)(i % 7 == 3 ? extreme[(i / 7) % 4] : 110 + mmoe_rng_below(&rng, 30));
             for (int64_t i = 0; i < m * lda; i++)
                 a[i] = (float)mmoe_rng_normal(&rng);
             moe_mat w = {.fmt = MOE_W_FP4, .rows = rows, .cols = k, .w = wb, .sf = sb, .block_n = 1,
