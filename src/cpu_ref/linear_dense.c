@@ -34,9 +34,10 @@
  * the same sum once and change no bit.  Calls of four x rows or more (prefill) take eight
  * weight rows against four x rows per pass (dot8x4_f64_avx2()), so that each loaded value
  * serves several products, and the tree's merges run on four lanes at once (pairwise4).  Calls
- * of one x row (decode) of an F8 weight with E8M0 scales take the chunk-lane kernel instead
- * (dense_f8_rows4_chunks_avx2()): a register holds the four chains of one row's node, so the
- * codes are decoded straight into the sums, with no transpose and nothing written to memory.
+ * of one x row (decode) take the chunk-lane kernels instead (dense_f8_rows4_chunks_avx2() for
+ * an F8 weight with E8M0 scales, dense_plain_rows4_chunks_avx2() for BF16 and F32): a register
+ * holds the four chains of one row's node, so the weights go straight into the sums, with
+ * nothing written to memory.
  *
  * The weight rows of a call are shared out over a worker pool (moe_pool_rows(), the model's
  * pool of the MoE layers): each output is one row's dot products, computed by the same code
@@ -671,12 +672,80 @@ MMOE_AVX2 static void dense_rows_avx2(const dense_job *j, float *tmp, double *wq
     }
     dense_rows_generic(j, tmp, wq, n, n1);
 }
-/** Weight rows [n0, n1) of a one-row F8 call: four at a time through the chunk-lane kernel, the rest by dense_rows_avx2(). */
+/**
+ * One node (64 values from column @p k0 of a BF16 or F32 row at @p base) into the four chains of
+ * a register: eight columns of each chunk at a time, transposed within each 128-bit half as
+ * store_rows4_avx2() does (so register m holds step m in its low half and step m + 4 in its high
+ * half), widened, and added step by step against xp.
+ */
+MMOE_AVX2 static inline __attribute__((always_inline)) __m256d node_chunks_plain_avx2(int bf16, const void *base,
+                                                                                      int64_t k0, const double *xp)
+{
+    __m256d acc = _mm256_setzero_pd();
+    _Pragma("GCC unroll 2")
+    for (int h = 0; h < 2; h++) {
+        __m256 r[4];
+        _Pragma("GCC unroll 4")
+        for (int q = 0; q < 4; q++) {
+            const int64_t k = k0 + q * MMOE_SUM_CHUNK + 8 * h;
+            r[q] = bf16 ? bf16x8_avx2((const uint16_t *)base + k) : _mm256_loadu_ps((const float *)base + k);
+        }
+        const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        const __m256 g[4] = {_mm256_shuffle_ps(t0, t2, 0x44), _mm256_shuffle_ps(t0, t2, 0xEE),
+                             _mm256_shuffle_ps(t1, t3, 0x44), _mm256_shuffle_ps(t1, t3, 0xEE)};
+        const double *x = xp + k0 + 4 * 8 * h;
+        _Pragma("GCC unroll 4")
+        for (int m = 0; m < 4; m++)
+            acc = _mm256_fmadd_pd(_mm256_loadu_pd(x + 4 * m), _mm256_cvtps_pd(_mm256_castps256_ps128(g[m])), acc);
+        _Pragma("GCC unroll 4")
+        for (int m = 0; m < 4; m++)
+            acc = _mm256_fmadd_pd(_mm256_loadu_pd(x + 4 * (m + 4)), _mm256_cvtps_pd(_mm256_extractf128_ps(g[m], 1)),
+                                  acc);
+    }
+    return acc;
+}
+
+/**
+ * Outputs n .. n + 3 of a one-row call of a BF16 or F32 weight through the chunk-lane kernel
+ * (every node; the terms after the last full node one by one, as dot_f64() takes them).
+ */
+MMOE_AVX2 static void dense_plain_rows4_chunks_avx2(const dense_job *j, int64_t n, double *wv)
+{
+    const int64_t K = j->K, row = j->row0 + n;
+    const int bf16 = j->w->dtype == MMOE_DT_BF16;
+    const size_t esize = bf16 ? sizeof(uint16_t) : sizeof(float);
+    mmoe_pairwise pw[DENSE_LANES];
+    for (int r = 0; r < DENSE_LANES; r++)
+        mmoe_pairwise_init(&pw[r]);
+    int64_t k0 = 0;
+    for (; k0 + DENSE_NODE <= K; k0 += DENSE_NODE) {
+        __m256d acc[DENSE_LANES];
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < DENSE_LANES; r++)
+            acc[r] = node_chunks_plain_avx2(bf16, (const char *)j->w->data + (size_t)((row + r) * K) * esize, k0,
+                                            j->xp);
+        for (int r = 0; r < DENSE_LANES; r++)
+            mmoe_pairwise_push_node(&pw[r], node_sum_avx2(acc[r]), 2);
+    }
+    for (int r = 0; r < DENSE_LANES; r++) {
+        for (int64_t k = k0; k < K; k++)
+            wv[k] = (double)attn_tensor_f32_at(j->w, (row + r) * K + k);
+        dot_f64_tail(j->x, wv, 1, k0, K, &pw[r]);
+        j->y[n + r] = mmoe_pairwise_result(&pw[r]);
+    }
+}
+
+/** Weight rows [n0, n1) of a one-row call: four at a time through the chunk-lane kernels, the rest by dense_rows_avx2(). */
 MMOE_AVX2 static void dense_rows_chunks_avx2(const dense_job *j, float *tmp, double *wbuf, int64_t n0, int64_t n1)
 {
     int64_t n = n0;
-    for (; n + DENSE_LANES <= n1; n += DENSE_LANES)
-        dense_f8_rows4_chunks_avx2(j, n, wbuf);
+    for (; n + DENSE_LANES <= n1; n += DENSE_LANES) {
+        if (j->w->dtype == MMOE_DT_F8_E4M3)
+            dense_f8_rows4_chunks_avx2(j, n, wbuf);
+        else
+            dense_plain_rows4_chunks_avx2(j, n, wbuf);
+    }
     dense_rows_avx2(j, tmp, wbuf, n, n1);
 }
 #endif
@@ -715,10 +784,11 @@ mmoe_status attn_dense_sums(moe_dequant_pool *pool, moe_dot_isa isa, const doubl
     if (w->dtype == MMOE_DT_F8_E4M3 && (st = f8_values_build(&v, scale, block, row0, N, K, err)) != MMOE_OK)
         goto done;
     const int threads = moe_dequant_pool_threads(pool);
-    /* one x row of an F8 weight with E8M0 scales in blocks of whole nodes: the chunk-lane kernel */
-    const int chunk_lanes = MMOE_CPU_HAVE_X86 && moe_dot_isa_has_avx2(isa) && T == 1 &&
-                            w->dtype == MMOE_DT_F8_E4M3 && scale->dtype == MMOE_DT_F8_E8M0 &&
-                            block % DENSE_NODE == 0 && K >= DENSE_NODE;
+    /* one x row of a BF16 or F32 weight, or of an F8 one with E8M0 scales in blocks of whole
+       nodes: the chunk-lane kernels */
+    const int chunk_lanes = MMOE_CPU_HAVE_X86 && moe_dot_isa_has_avx2(isa) && T == 1 && K >= DENSE_NODE &&
+                            (w->dtype != MMOE_DT_F8_E4M3 ||
+                             (scale->dtype == MMOE_DT_F8_E8M0 && block % DENSE_NODE == 0));
     dense_job j = {isa, x, T, ldx, K, w, &v, scale, row0, y, ldy,
                    malloc(sizeof(double) * (size_t)(threads * DENSE_BLOCK_ROWS * K)),
                    malloc(sizeof(float) * (size_t)(threads * K)),
