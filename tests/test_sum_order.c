@@ -293,7 +293,7 @@ static double dense_weight_value(const mmoe_tensor *w, const mmoe_tensor *sc, in
  * the normal fp32 range before the bf16 rounding, and F32 scales), widths with and without a
  * partial node of 64 terms and a partial chunk, row counts not a multiple of the kernel's four,
  * an offset row0 crossing F8 row blocks, five x rows with a stride (a pass of three at once, then single rows) and each x row
- * alone (one-row calls: the chunk-lane kernel for F8 blocks of 64 and 128); each on the caller alone
+ * alone (one-row calls: the chunk-lane kernel, for F8 with blocks of 64 and 128); each on the caller alone
  * and with its rows shared out over a pool of 3 threads.  The terms are spread
  * over 2^-40 .. 2^20 so that the order shows: the test counts sums that differ from the
  * sequential sum and requires a fifth of them to.

@@ -1,7 +1,7 @@
 /**
  * @file cpu_avx2.h
  * @brief What the oracle's AVX2 kernels share: whether this build can have them, their target
- *        attribute, and the exact decoder of eight E4M3 codes.
+ *        attribute, and the exact decoders of eight E4M3 codes.
  *
  * The oracle's vector kernels (moe_dot.c for the MoE's fixed-order GEMM, linear_dense.c and
  * linear_fp8.c for the attention's linears) are compiled with GCC's target attribute, so one
@@ -52,6 +52,21 @@ MMOE_AVX2 static inline __attribute__((always_inline)) __m256 mmoe_e4m3_codes_av
     if (!_mm256_testz_ps(is_nan, is_nan))
         v = _mm256_blendv_ps(v, _mm256_blendv_ps(nan_pos, nan_neg, _mm256_castsi256_ps(sign)), is_nan);
     return v;
+}
+
+/**
+ * Eight E4M3 codes (the low 8 bytes of @p codes) as their FP32 values times 2^-8, exactly,
+ * through the FP16 format: a code c becomes the FP16 bits (c + (c & 0x80)) << 7, its sign at bit
+ * 15 and its seven magnitude bits at bits 13..7, so that FP16's exponent field (bias 15) holds
+ * E4M3's (bias 7) and FP16's top three mantissa bits E4M3's three.  A normal code then reads
+ * (1 + m/8) 2^(e - 15) and a subnormal one m 2^-17 (an FP16 subnormal): both the E4M3 value
+ * times 2^-8, and a normal FP32 number after F16C's widening, exact.  The two NaN codes
+ * (magnitude 0x7F) would read 1.875: callers keep them out or replace them.
+ */
+MMOE_AVX2 static inline __attribute__((always_inline)) __m256 mmoe_e4m3x8_x256th_avx2(__m128i codes)
+{
+    const __m128i w = _mm_cvtepu8_epi16(codes);
+    return _mm256_cvtph_ps(_mm_slli_epi16(_mm_add_epi16(w, _mm_and_si128(w, _mm_set1_epi16(0x80))), 7));
 }
 
 #else

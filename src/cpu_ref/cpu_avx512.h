@@ -1,7 +1,7 @@
 /**
  * @file cpu_avx512.h
  * @brief What the oracle's AVX-512 kernels share: their target attribute, the CPU features they
- *        need, and the exact decoder of sixteen E4M3 codes.
+ *        need, and the exact decoders of sixteen E4M3 codes.
  *
  * The AVX-512 kernels are the AVX2 kernels of cpu_avx2.h with twice the lanes, written so that
  * every lane performs the operations of one lane of the AVX2 kernel (or of the scalar
@@ -55,15 +55,11 @@ MMOE_AVX512 static inline __attribute__((always_inline)) __m512 mmoe_e4m3_lanes_
 }
 
 /**
- * Sixteen consecutive E4M3 codes at @p codes as their FP32 values times 2^-8, exactly, through the
- * FP16 format: a code c becomes the FP16 bits (c + (c & 0x80)) << 7, its sign at bit 15 and its
- * seven magnitude bits at bits 13..7, so that FP16's exponent field (bias 15) holds E4M3's (bias 7)
- * and FP16's top three mantissa bits E4M3's three.  A normal code then reads (1 + m/8) 2^(e - 15)
- * and a subnormal one m 2^-17 (an FP16 subnormal): both the E4M3 value times 2^-8, and every one
- * a normal FP32 number after the widening conversion, exact.  The two NaN codes (magnitude 0x7F,
- * which would read 1.875) take @p nan_pos or @p nan_neg by their sign.  Five integer steps and
- * one conversion, against the eleven of mmoe_e4m3_lanes_avx512(): for the FP8 linear, whose
- * exact partials take the 2^8 back as one multiplication of the partial.
+ * Sixteen consecutive E4M3 codes at @p codes as their FP32 values times 2^-8, exactly: the FP16
+ * bits of mmoe_e4m3x8_x256th_avx2() for sixteen codes, widened by one conversion, the two NaN
+ * codes taking @p nan_pos or @p nan_neg by their sign.  Five integer steps and one conversion,
+ * against the eleven of mmoe_e4m3_lanes_avx512(): for the FP8 linear, whose exact partials take
+ * the 2^8 back as one multiplication of the partial.
  */
 MMOE_AVX512 static inline __attribute__((always_inline)) __m512 mmoe_e4m3_codes_x256th_avx512(const uint8_t *codes,
                                                                                                __m512 nan_pos,
@@ -79,14 +75,6 @@ MMOE_AVX512 static inline __attribute__((always_inline)) __m512 mmoe_e4m3_codes_
         v = _mm512_mask_blend_ps(is_nan, v, _mm512_mask_blend_ps(neg, nan_pos, nan_neg));
     }
     return v;
-}
-
-/** Sixteen consecutive E4M3 codes at @p codes as their FP32 values (mmoe_e4m3_lanes_avx512()). */
-MMOE_AVX512 static inline __attribute__((always_inline)) __m512 mmoe_e4m3_codes_avx512(const uint8_t *codes,
-                                                                                       __m512 nan_pos, __m512 nan_neg)
-{
-    return mmoe_e4m3_lanes_avx512(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)codes)),
-                                  nan_pos, nan_neg);
 }
 
 /**

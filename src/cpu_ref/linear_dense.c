@@ -34,10 +34,9 @@
  * the same sum once and change no bit.  Calls of four x rows or more (prefill) take eight
  * weight rows against four x rows per pass (dot8x4_f64_avx2()), so that each loaded value
  * serves several products, and the tree's merges run on four lanes at once (pairwise4).  Calls
- * of one x row (decode) take the chunk-lane kernels instead (dense_f8_rows4_chunks_avx2() for
- * an F8 weight with E8M0 scales, dense_plain_rows4_chunks_avx2() for BF16 and F32): a register
- * holds the four chains of one row's node, so the weights go straight into the sums, with
- * nothing written to memory.
+ * of one x row (decode) of a BF16 or F32 weight, or of an F8 one with E8M0 scales, take the
+ * chunk-lane kernel instead (dense_rows4_chunks_avx2()): a register holds the four chains of one
+ * row's node, so the weights go straight into the sums, with nothing written to memory.
  *
  * The weight rows of a call are shared out over a worker pool (moe_pool_rows(), the model's
  * pool of the MoE layers): each output is one row's dot products, computed by the same code
@@ -142,32 +141,42 @@ static void f8_lookup_block(const f8_values *v, const uint8_t *codes, int64_t ro
 }
 
 /**
- * Load weight row @p row (K values) as doubles into out[k * stride]: BF16 through fp32 (@p tmp,
- * K floats) and F32 widened, F8 looked up in @p v.
+ * Load columns k0 .. k1 - 1 of weight row @p row (K values a row) as doubles into out[k * stride]:
+ * BF16 through fp32 (@p tmp, K floats) and F32 widened, F8 looked up in @p v.
  */
-static void load_row(const mmoe_tensor *w, const f8_values *v, int64_t row, int64_t K, float *tmp, double *out,
-                     int64_t stride)
+static void load_cols(const mmoe_tensor *w, const f8_values *v, int64_t row, int64_t K, int64_t k0, int64_t k1,
+                      float *tmp, double *out, int64_t stride)
 {
     switch (w->dtype) {
     case MMOE_DT_BF16: {
-        mmoe_bf16_to_f32_row((const uint16_t *)w->data + row * K, (size_t)K, tmp);
-        for (int64_t k = 0; k < K; k++)
+        mmoe_bf16_to_f32_row((const uint16_t *)w->data + row * K + k0, (size_t)(k1 - k0), tmp + k0);
+        for (int64_t k = k0; k < k1; k++)
             out[k * stride] = (double)tmp[k];
         return;
     }
     case MMOE_DT_F32: {
         const float *r = (const float *)w->data + row * K;
-        for (int64_t k = 0; k < K; k++)
+        for (int64_t k = k0; k < k1; k++)
             out[k * stride] = (double)r[k];
         return;
     }
     default: { /* F8_E4M3 (attn_dense_sums() admits no other) */
         const uint8_t *r = (const uint8_t *)w->data + row * K;
-        for (int64_t k0 = 0, kb = 0; k0 < K; k0 += v->block, kb++)
-            f8_lookup_block(v, r, row, kb, k0, K - k0 < v->block ? K : k0 + v->block, out, stride);
+        for (int64_t k = k0; k < k1;) {
+            const int64_t kb = k / v->block, end = (kb + 1) * v->block < k1 ? (kb + 1) * v->block : k1;
+            f8_lookup_block(v, r, row, kb, k, end, out, stride);
+            k = end;
+        }
         return;
     }
     }
+}
+
+/** Load weight row @p row whole (load_cols()). */
+static void load_row(const mmoe_tensor *w, const f8_values *v, int64_t row, int64_t K, float *tmp, double *out,
+                     int64_t stride)
+{
+    load_cols(w, v, row, K, 0, K, tmp, out, stride);
 }
 
 /** The chunks of k0 .. K - 1 that do not fill a node, each pushed onto @p pw (b[k * stride]). */
@@ -214,7 +223,7 @@ typedef struct {
     int64_t ldy;          /**< its stride */
     double *wbuf;         /**< per thread: DENSE_BLOCK_ROWS * K doubles */
     float *tmp;           /**< per thread: K floats (a BF16 row in fp32) */
-    double *xp;           /**< one-row F8 calls of the chunk-lane kernel: x in chunk-lane order, else NULL */
+    double *xp;           /**< one-row calls of the chunk-lane kernel: x in chunk-lane order, else NULL */
 } dense_job;
 
 /** Weight rows [n0, n1) of the call, one at a time, each against every x row (the definition). */
@@ -401,17 +410,29 @@ MMOE_AVX2 static void dot8x4_f64_avx2(const double *a, int64_t lda, const double
 #define F8_EXACT_MAX_BYTE 246
 
 /**
+ * Eight columns of four rows (@p r0 .. @p r3) transposed within each 128-bit half: g[i] holds
+ * column i of the four rows in its low half and column i + 4 in its high half.
+ */
+MMOE_AVX2 static inline __attribute__((always_inline)) void transpose_rows4_avx2(__m256 r0, __m256 r1, __m256 r2,
+                                                                                 __m256 r3, __m256 g[4])
+{
+    const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+    const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+    g[0] = _mm256_shuffle_ps(t0, t2, 0x44);
+    g[1] = _mm256_shuffle_ps(t0, t2, 0xEE);
+    g[2] = _mm256_shuffle_ps(t1, t3, 0x44);
+    g[3] = _mm256_shuffle_ps(t1, t3, 0xEE);
+}
+
+/**
  * Eight columns of four weight rows (@p r0 .. @p r3, FP32 values) into out[i * 4 + r], i = 0 .. 7,
- * as doubles: transposed within each 128-bit half, then widened.
+ * as doubles: transposed (transpose_rows4_avx2()), then widened.
  */
 MMOE_AVX2 static inline __attribute__((always_inline)) void store_rows4_avx2(__m256 r0, __m256 r1, __m256 r2,
                                                                              __m256 r3, double *out)
 {
-    /* g[i] holds column i (low half) and i + 4 (high half) of the four rows */
-    const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
-    const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
-    const __m256 g[4] = {_mm256_shuffle_ps(t0, t2, 0x44), _mm256_shuffle_ps(t0, t2, 0xEE),
-                         _mm256_shuffle_ps(t1, t3, 0x44), _mm256_shuffle_ps(t1, t3, 0xEE)};
+    __m256 g[4];
+    transpose_rows4_avx2(r0, r1, r2, r3, g);
     for (int i = 0; i < 4; i++) {
         _mm256_storeu_pd(out + i * DENSE_LANES, _mm256_cvtps_pd(_mm256_castps256_ps128(g[i])));
         _mm256_storeu_pd(out + (i + 4) * DENSE_LANES, _mm256_cvtps_pd(_mm256_extractf128_ps(g[i], 1)));
@@ -490,20 +511,22 @@ MMOE_AVX2 static void load_f8_rows4_avx2(const dense_job *j, int64_t row, double
 }
 
 /*
- * The chunk-lane kernel (one x row, F8 weights with E8M0 scales, blocks a multiple of 64).
+ * The chunk-lane kernel (one x row; BF16 or F32 weights, or F8 ones with E8M0 scales in blocks
+ * of a multiple of 64).
  *
  * dot_f64() sums a node of 64 terms as four chains, chunk q taking terms 16q .. 16q + 15 in
  * ascending order, then (c0 + c1) + (c2 + c3).  Here the four chains of one weight row are the
- * four lanes of a register: step i adds term 16q + i to lane q, so a step needs the codes
- * 16q + i of the four chunks side by side, which two rounds of byte unpacks give for the node's 64
- * codes, and x in the same order, which is permuted once per call (dense_chunk_x()).  No weight
- * is written to memory, and the rows need no transpose; four weight rows are summed at once so
- * that four independent chains hide the adder's latency.  A code is decoded through FP16 (the
- * bits (c + (c & 0x80)) << 7 read as FP16 are its E4M3 value times 2^-8, F16C widens eight) and
- * multiplied by its scale times 2^8: where every scale byte of the node's rows lies within
- * ::F8_EXACT_MIN_BYTE .. ::F8_EXACT_MAX_BYTE and no code is NaN, that is the exact value of the
- * table; any other node, and the terms after the last full node, take the table's values and
- * dot_f64()'s own functions.
+ * four lanes of a register: step i adds term 16q + i to lane q, so a step needs the values
+ * 16q + i of the four chunks side by side (two rounds of byte unpacks give them for an F8 node's
+ * 64 codes, transpose_rows4_avx2() for BF16 and F32 values), and x in the same order, which is
+ * permuted once per call (dense_chunk_x()).  No weight is written to memory, and no rows are
+ * transposed into an interleave; four weight rows are summed at once so that four independent
+ * chains hide the adder's latency.  An F8 code is decoded through FP16
+ * (mmoe_e4m3x8_x256th_avx2(): its E4M3 value times 2^-8) and multiplied by its scale times 2^8:
+ * where every scale byte of the node's rows lies within ::F8_EXACT_MIN_BYTE ..
+ * ::F8_EXACT_MAX_BYTE and no code is NaN, that is the exact value of the table; any other F8
+ * node, and the terms after the last full node, take load_cols()'s values and dot_f64()'s own
+ * functions.
  */
 
 /** x permuted for the chunk-lane kernel: xp[n + 4 i + q] = x[n + 16 q + i] over the full nodes n. */
@@ -524,13 +547,6 @@ MMOE_AVX2 static inline __attribute__((always_inline)) int node_has_nan_avx2(con
     const __m256i na = _mm256_cmpeq_epi8(_mm256_and_si256(a, m), m), nb = _mm256_cmpeq_epi8(_mm256_and_si256(b, m), m);
     const __m256i any = _mm256_or_si256(na, nb);
     return !_mm256_testz_si256(any, any);
-}
-
-/** Eight E4M3 codes (the low 8 bytes of @p c) as FP32 values times 2^-8, exact (no NaN code). */
-MMOE_AVX2 static inline __attribute__((always_inline)) __m256 e4m3x8_x256th_avx2(__m128i c)
-{
-    const __m128i w = _mm_cvtepu8_epi16(c);
-    return _mm256_cvtph_ps(_mm_slli_epi16(_mm_add_epi16(w, _mm_and_si128(w, _mm_set1_epi16(0x80))), 7));
 }
 
 /**
@@ -554,7 +570,7 @@ MMOE_AVX2 static inline __attribute__((always_inline)) __m256d node_chunks_avx2(
     for (int m = 0; m < 4; m++) {
         _Pragma("GCC unroll 2")
         for (int h = 0; h < 2; h++) {
-            const __m256 v = _mm256_mul_ps(e4m3x8_x256th_avx2(h ? _mm_srli_si128(t[m], 8) : t[m]), s);
+            const __m256 v = _mm256_mul_ps(mmoe_e4m3x8_x256th_avx2(h ? _mm_srli_si128(t[m], 8) : t[m]), s);
             const int i = 4 * m + 2 * h;
             acc = _mm256_fmadd_pd(_mm256_loadu_pd(xp + 4 * i), _mm256_cvtps_pd(_mm256_castps256_ps128(v)), acc);
             acc = _mm256_fmadd_pd(_mm256_loadu_pd(xp + 4 * i + 4), _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), acc);
@@ -570,60 +586,21 @@ MMOE_AVX2 static inline __attribute__((always_inline)) double node_sum_avx2(__m2
     return _mm_cvtsd_f64(h) + _mm_cvtsd_f64(_mm_unpackhi_pd(h, h));
 }
 
-/** Values of row @p row's columns k0 .. k1 - 1 from the table, into wv[k] (any K blocks). */
-static void f8_lookup_columns(const dense_job *j, int64_t row, int64_t k0, int64_t k1, double *wv)
+/**
+ * Whether the node at column @p k0 of F8 rows @p row .. @p row + 3 takes the decoder: every row's
+ * scale byte (into @p b) within ::F8_EXACT_MIN_BYTE .. ::F8_EXACT_MAX_BYTE and no NaN code.
+ */
+MMOE_AVX2 static int f8_node_decodes(const dense_job *j, int64_t row, int64_t k0, uint8_t b[DENSE_LANES])
 {
     const uint8_t *codes = (const uint8_t *)j->w->data + row * j->K;
-    for (int64_t k = k0; k < k1;) {
-        const int64_t kb = k / j->v->block;
-        const int64_t end = (kb + 1) * j->v->block < k1 ? (kb + 1) * j->v->block : k1;
-        f8_lookup_block(j->v, codes, row, kb, k, end, wv, 1);
-        k = end;
-    }
-}
-
-/**
- * Outputs n .. n + 3 of a one-row call through the chunk-lane kernel (the comment above); @p wv:
- * K doubles of scratch for the table's values.
- */
-MMOE_AVX2 static void dense_f8_rows4_chunks_avx2(const dense_job *j, int64_t n, double *wv)
-{
-    const int64_t K = j->K, nkb = j->v->nkb, row = j->row0 + n;
-    const int block = j->v->block;
-    const uint8_t *codes = (const uint8_t *)j->w->data + row * K;
     const uint8_t *sb = (const uint8_t *)j->scale->data;
-    mmoe_pairwise pw[DENSE_LANES];
-    for (int r = 0; r < DENSE_LANES; r++)
-        mmoe_pairwise_init(&pw[r]);
-    int64_t k0 = 0;
-    for (; k0 + DENSE_NODE <= K; k0 += DENSE_NODE) {
-        const int64_t kb = k0 / block;
-        int fast = 1;
-        uint8_t b[DENSE_LANES];
-        for (int r = 0; r < DENSE_LANES; r++) {
-            b[r] = sb[((row + r) / block) * nkb + kb];
-            fast = fast && b[r] >= F8_EXACT_MIN_BYTE && b[r] <= F8_EXACT_MAX_BYTE && !node_has_nan_avx2(codes + r * K + k0);
-        }
-        if (fast) {
-            __m256d acc[DENSE_LANES];
-            _Pragma("GCC unroll 4")
-            for (int r = 0; r < DENSE_LANES; r++)
-                acc[r] = node_chunks_avx2(codes + r * K + k0, _mm256_set1_ps(mmoe_ue8m0_to_f32(b[r]) * 0x1p8f),
-                                          j->xp + k0);
-            for (int r = 0; r < DENSE_LANES; r++)
-                mmoe_pairwise_push_node(&pw[r], node_sum_avx2(acc[r]), 2);
-        } else {
-            for (int r = 0; r < DENSE_LANES; r++) {
-                f8_lookup_columns(j, row + r, k0, k0 + DENSE_NODE, wv);
-                mmoe_pairwise_push_node(&pw[r], mmoe_sum_node4_f64(j->x + k0, wv + k0), 2);
-            }
-        }
-    }
+    const int64_t kb = k0 / j->v->block;
     for (int r = 0; r < DENSE_LANES; r++) {
-        f8_lookup_columns(j, row + r, k0, K, wv);
-        dot_f64_tail(j->x, wv, 1, k0, K, &pw[r]);
-        j->y[n + r] = mmoe_pairwise_result(&pw[r]);
+        b[r] = sb[((row + r) / j->v->block) * j->v->nkb + kb];
+        if (b[r] < F8_EXACT_MIN_BYTE || b[r] > F8_EXACT_MAX_BYTE || node_has_nan_avx2(codes + r * j->K + k0))
+            return 0;
     }
+    return 1;
 }
 
 /** Four rows of the weight from row @p row on, interleaved into @p wq (wq[k * 4 + r]). */
@@ -672,11 +649,12 @@ MMOE_AVX2 static void dense_rows_avx2(const dense_job *j, float *tmp, double *wq
     }
     dense_rows_generic(j, tmp, wq, n, n1);
 }
+
 /**
  * One node (64 values from column @p k0 of a BF16 or F32 row at @p base) into the four chains of
- * a register: eight columns of each chunk at a time, transposed within each 128-bit half as
- * store_rows4_avx2() does (so register m holds step m in its low half and step m + 4 in its high
- * half), widened, and added step by step against xp.
+ * a register: eight columns of each chunk at a time, transposed (transpose_rows4_avx2(): register
+ * m holds step m in its low half and step m + 4 in its high half), widened, and added step by
+ * step against xp.
  */
 MMOE_AVX2 static inline __attribute__((always_inline)) __m256d node_chunks_plain_avx2(int bf16, const void *base,
                                                                                       int64_t k0, const double *xp)
@@ -690,10 +668,8 @@ MMOE_AVX2 static inline __attribute__((always_inline)) __m256d node_chunks_plain
             const int64_t k = k0 + q * MMOE_SUM_CHUNK + 8 * h;
             r[q] = bf16 ? bf16x8_avx2((const uint16_t *)base + k) : _mm256_loadu_ps((const float *)base + k);
         }
-        const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-        const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-        const __m256 g[4] = {_mm256_shuffle_ps(t0, t2, 0x44), _mm256_shuffle_ps(t0, t2, 0xEE),
-                             _mm256_shuffle_ps(t1, t3, 0x44), _mm256_shuffle_ps(t1, t3, 0xEE)};
+        __m256 g[4];
+        transpose_rows4_avx2(r[0], r[1], r[2], r[3], g);
         const double *x = xp + k0 + 4 * 8 * h;
         _Pragma("GCC unroll 4")
         for (int m = 0; m < 4; m++)
@@ -707,30 +683,44 @@ MMOE_AVX2 static inline __attribute__((always_inline)) __m256d node_chunks_plain
 }
 
 /**
- * Outputs n .. n + 3 of a one-row call of a BF16 or F32 weight through the chunk-lane kernel
- * (every node; the terms after the last full node one by one, as dot_f64() takes them).
+ * Outputs n .. n + 3 of a one-row call through the chunk-lane kernels (the comment above): every
+ * node of a BF16 or F32 weight, and every node of an F8 weight that f8_node_decodes(); the other
+ * F8 nodes and the terms after the last full node from load_cols() (@p tmp, @p wv: K floats and
+ * K doubles of scratch) through dot_f64()'s own functions.
  */
-MMOE_AVX2 static void dense_plain_rows4_chunks_avx2(const dense_job *j, int64_t n, double *wv)
+MMOE_AVX2 static void dense_rows4_chunks_avx2(const dense_job *j, int64_t n, float *tmp, double *wv)
 {
     const int64_t K = j->K, row = j->row0 + n;
-    const int bf16 = j->w->dtype == MMOE_DT_BF16;
-    const size_t esize = bf16 ? sizeof(uint16_t) : sizeof(float);
+    const mmoe_dtype dt = j->w->dtype;
+    const size_t esize = dt == MMOE_DT_F8_E4M3 ? 1 : dt == MMOE_DT_BF16 ? sizeof(uint16_t) : sizeof(float);
+    const char *base = (const char *)j->w->data + (size_t)(row * K) * esize;
     mmoe_pairwise pw[DENSE_LANES];
     for (int r = 0; r < DENSE_LANES; r++)
         mmoe_pairwise_init(&pw[r]);
     int64_t k0 = 0;
     for (; k0 + DENSE_NODE <= K; k0 += DENSE_NODE) {
-        __m256d acc[DENSE_LANES];
-        _Pragma("GCC unroll 4")
-        for (int r = 0; r < DENSE_LANES; r++)
-            acc[r] = node_chunks_plain_avx2(bf16, (const char *)j->w->data + (size_t)((row + r) * K) * esize, k0,
-                                            j->xp);
-        for (int r = 0; r < DENSE_LANES; r++)
-            mmoe_pairwise_push_node(&pw[r], node_sum_avx2(acc[r]), 2);
+        uint8_t b[DENSE_LANES];
+        if (dt != MMOE_DT_F8_E4M3 || f8_node_decodes(j, row, k0, b)) {
+            __m256d acc[DENSE_LANES];
+            _Pragma("GCC unroll 4")
+            for (int r = 0; r < DENSE_LANES; r++) {
+                const char *rb = base + (size_t)(r * K) * esize;
+                acc[r] = dt == MMOE_DT_F8_E4M3
+                             ? node_chunks_avx2((const uint8_t *)rb + k0,
+                                                _mm256_set1_ps(mmoe_ue8m0_to_f32(b[r]) * 0x1p8f), j->xp + k0)
+                             : node_chunks_plain_avx2(dt == MMOE_DT_BF16, rb, k0, j->xp);
+            }
+            for (int r = 0; r < DENSE_LANES; r++)
+                mmoe_pairwise_push_node(&pw[r], node_sum_avx2(acc[r]), 2);
+        } else {
+            for (int r = 0; r < DENSE_LANES; r++) {
+                load_cols(j->w, j->v, row + r, K, k0, k0 + DENSE_NODE, tmp, wv, 1);
+                mmoe_pairwise_push_node(&pw[r], mmoe_sum_node4_f64(j->x + k0, wv + k0), 2);
+            }
+        }
     }
     for (int r = 0; r < DENSE_LANES; r++) {
-        for (int64_t k = k0; k < K; k++)
-            wv[k] = (double)attn_tensor_f32_at(j->w, (row + r) * K + k);
+        load_cols(j->w, j->v, row + r, K, k0, K, tmp, wv, 1);
         dot_f64_tail(j->x, wv, 1, k0, K, &pw[r]);
         j->y[n + r] = mmoe_pairwise_result(&pw[r]);
     }
@@ -740,12 +730,8 @@ MMOE_AVX2 static void dense_plain_rows4_chunks_avx2(const dense_job *j, int64_t 
 MMOE_AVX2 static void dense_rows_chunks_avx2(const dense_job *j, float *tmp, double *wbuf, int64_t n0, int64_t n1)
 {
     int64_t n = n0;
-    for (; n + DENSE_LANES <= n1; n += DENSE_LANES) {
-        if (j->w->dtype == MMOE_DT_F8_E4M3)
-            dense_f8_rows4_chunks_avx2(j, n, wbuf);
-        else
-            dense_plain_rows4_chunks_avx2(j, n, wbuf);
-    }
+    for (; n + DENSE_LANES <= n1; n += DENSE_LANES)
+        dense_rows4_chunks_avx2(j, n, tmp, wbuf);
     dense_rows_avx2(j, tmp, wbuf, n, n1);
 }
 #endif
