@@ -274,14 +274,16 @@ START_TEST(sparse_attention_with_sink)
     for (int t = 0; t < N; t++) /* list order is not position order */
         rows[t] = kvbuf + ((t * 7) % N) * D;
     const float sink[H] = {0.5f, 30.0f, -INFINITY}; /* normal, dominant, absent */
-    float acc[D], chunk[ATTN_SPARSE_CHUNK];
+    _Alignas(double) float acc[ATTN_SPARSE_SCRATCH_FLOATS(D)];
+    float chunk[ATTN_SPARSE_CHUNK];
     const int64_t lens[3] = {N, 64, 1};
     /* the heads shared out over 3 threads (one head each) give the same bits */
     enum { THREADS = 3 };
     moe_dequant_pool *pool;
     mmoe_error perr;
     ck_assert_msg(moe_dequant_pool_create(THREADS, &pool, &perr) == MMOE_OK, "%s", perr.msg);
-    float pacc[THREADS * D], pchunk[THREADS * ATTN_SPARSE_CHUNK];
+    _Alignas(double) float pacc[THREADS * ATTN_SPARSE_SCRATCH_FLOATS(D)];
+    float pchunk[THREADS * ATTN_SPARSE_CHUNK];
     uint16_t pout[H * D];
     for (int li = 0; li < 3; li++) {
         mmoe_test_poison_bf16(out, H * D);
@@ -305,6 +307,72 @@ START_TEST(sparse_attention_with_sink)
         }
     }
     moe_dequant_pool_release(pool);
+}
+END_TEST
+
+/*
+ * The attention with every kernel variant that runs here gives the generic variant's bits (the
+ * scalar definition that the bound above checks): head widths with a partial node of 64 terms
+ * (72, 512 + 40) and without one (16: no node at all; 128), lists of 1, 63, 64 and 150 rows, the
+ * scores of the five heads spread over about 1, 8, 40, 150 and 400 (so that probabilities fall
+ * below fp32's normal range and underflow), and a third of the kv values zero (channels where the row of the largest
+ * score adds nothing), on the caller alone and with the heads over 3 threads.
+ */
+START_TEST(sparse_attention_every_kernel)
+{
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, mmoe_test_seed("attn_blocks/sparse_kernels"));
+    enum { H = 5, N = 150, DMAX = 512 + 40, THREADS = 3 };
+    const int widths[] = {16, 72, 128, 512 + 40};
+    const int64_t lens[] = {1, 63, 64, N};
+    uint16_t *q = malloc(2 * (size_t)(H * DMAX)), *kvbuf = malloc(2 * (size_t)(N * DMAX));
+    uint16_t *want = malloc(2 * (size_t)(H * DMAX)), *got = malloc(2 * (size_t)(H * DMAX));
+    float *acc = malloc(sizeof(float) * (size_t)(THREADS * ATTN_SPARSE_SCRATCH_FLOATS(DMAX)));
+    float chunk[THREADS * ATTN_SPARSE_CHUNK];
+    const uint16_t *rows[N];
+    ck_assert(q && kvbuf && want && got && acc);
+    moe_dequant_pool *pool;
+    mmoe_error perr;
+    ck_assert_msg(moe_dequant_pool_create(THREADS, &pool, &perr) == MMOE_OK, "%s", perr.msg);
+    const float sink[H] = {0.5f, 30.0f, -INFINITY, -3.0f, 1.0f};
+    int compared = 0;
+    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+        const int D = widths[wi];
+        for (int h = 0; h < H; h++) /* score spreads of about 1, 8, 40, 150 and 400 */
+            attn_test_fill_bf16(&rng, q + h * D, D, 0.0, (const double[H]){1.2, 10, 50, 180, 480}[h]);
+        attn_test_fill_bf16(&rng, kvbuf, N * D, 0.0, 1.0);
+        for (int i = 0; i < N * D; i++)
+            if (mmoe_rng_below(&rng, 3) == 0)
+                kvbuf[i] = 0;
+        for (int t = 0; t < N; t++)
+            rows[t] = kvbuf + (size_t)(((t * 7) % N) * D);
+        const float scale = (float)(1.0 / sqrt((double)D));
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+            mmoe_test_poison_bf16(want, H * D);
+            attn_sparse_attention_isa(NULL, MOE_DOT_ISA_GENERIC, q, H, D, rows, lens[li], sink, scale, acc, chunk,
+                                      want);
+            for (int run = 0; run < 2 * MOE_DOT_ISA_COUNT; run++) {
+                const moe_dot_isa isa = (moe_dot_isa)(run / 2);
+                if (!moe_dot_isa_runs_here(isa))
+                    continue;
+                mmoe_test_poison_bf16(got, H * D);
+                attn_sparse_attention_isa(run % 2 ? pool : NULL, isa, q, H, D, rows, lens[li], sink, scale, acc,
+                                          chunk, got);
+                for (int i = 0; i < H * D; i++)
+                    ck_assert_msg(got[i] == want[i], "%s, %s, d %d, %lld rows: head %d channel %d: %04x, expected %04x",
+                                  moe_dot_isa_name(isa), run % 2 ? "3 threads" : "one thread", D,
+                                  (long long)lens[li], i / D, i % D, got[i], want[i]);
+                compared++;
+            }
+        }
+    }
+    ck_assert_int_gt(compared, 0);
+    moe_dequant_pool_release(pool);
+    free(q);
+    free(kvbuf);
+    free(want);
+    free(got);
+    free(acc);
 }
 END_TEST
 
@@ -386,6 +454,7 @@ static Suite *attn_blocks_suite(void)
     tcase_add_test(tc, indexer_scores_match_f64);
     tcase_add_test(tc, topk_order_ties_and_short_lists);
     tcase_add_test(tc, sparse_attention_with_sink);
+    tcase_add_test(tc, sparse_attention_every_kernel);
     tcase_add_test(tc, output_projection_groups);
     suite_add_tcase(s, tc);
     return s;

@@ -1112,7 +1112,7 @@ static void check_attend(int64_t T, int H, int d, int64_t n, int rope_dim)
     const uint16_t **ptr = malloc(sizeof(uint16_t *) * (size_t)n);
     for (int64_t i = 0; i < n; i++)
         ptr[i] = rows + i * d;
-    float *acc = malloc(sizeof(float) * (size_t)d), scores[ATTN_SPARSE_CHUNK];
+    float *acc = malloc(sizeof(float) * (size_t)ATTN_SPARSE_SCRATCH_FLOATS(d)), scores[ATTN_SPARSE_CHUNK];
     uint16_t *oc = malloc(2 * q_elems), *og = malloc(2 * q_elems);
     for (int64_t t = 0; t < T; t++) { /* token t at position n - T + t attends rows 0 .. n - T + t */
         uint16_t *o = oc + t * H * d;

@@ -270,6 +270,82 @@ static uint16_t spread_bf16(mmoe_rng *r)
     return mmoe_bf16_from_f32(mmoe_rng_uniform(r) < 0.5 ? -mag : mag);
 }
 
+/*
+ * The attention's scores of one query head against a list of rows (attn_dot_rows_bf16()) with
+ * every variant that runs here against the spec's order (ref_sum), bit for bit: widths with no
+ * full node of 64 terms (16, 40), with a partial chunk after the nodes (77, 512 + 48) and without
+ * (128, 512); lists of 1 to 11 rows (the kernels take four at once, then one at a time), the rows
+ * in no order of their addresses; terms spread over 2^-80 .. 2^40 with random signs.
+ */
+START_TEST(dot_rows_follow_the_order)
+{
+    enum { ROWS = 11, KMAX = 512 + 48 };
+    const int64_t widths[] = {16, 40, 77, 128, 512, 512 + 48};
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed + 3);
+    uint16_t *q = malloc(2 * (size_t)KMAX), *kv = malloc(2 * (size_t)(ROWS * KMAX));
+    double *qd = malloc(sizeof(double) * KMAX), *qp = malloc(sizeof(double) * KMAX);
+    double *tmp = malloc(sizeof(double) * KMAX), *terms = malloc(sizeof(double) * KMAX);
+    double *out = malloc(sizeof(double) * ROWS);
+    ck_assert(q && kv && qd && qp && tmp && terms && out);
+    int checked = 0, seq_differs = 0;
+    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+        const int64_t K = widths[wi];
+        for (int64_t k = 0; k < K; k++) {
+            q[k] = spread_bf16(&r);
+            qd[k] = mmoe_bf16_to_f32(q[k]);
+        }
+        for (int64_t i = 0; i < ROWS * K; i++)
+            kv[i] = spread_bf16(&r);
+        const uint16_t *rows[ROWS];
+        for (int i = 0; i < ROWS; i++)
+            rows[i] = kv + (size_t)(((i * 5) % ROWS) * K);
+        for (int64_t k = 0; k < KMAX; k++)
+            qp[k] = NAN;
+        attn_dot_chunk_x(qd, K, qp);
+        for (int isa_i = 0; isa_i < MOE_DOT_ISA_COUNT; isa_i++) {
+            const moe_dot_isa isa = (moe_dot_isa)isa_i;
+            if (!moe_dot_isa_runs_here(isa))
+                continue;
+            for (int n = 1; n <= ROWS; n += n < 5 ? 1 : 6) { /* 1 .. 5, then 11 */
+                for (int i = 0; i < ROWS; i++)
+                    out[i] = NAN;
+                attn_dot_rows_bf16(isa, qd, qp, K, rows, n, tmp, out);
+                for (int i = 0; i < ROWS; i++) {
+                    if (i >= n) {
+                        ck_assert_msg(isnan(out[i]), "%s: row %d written past the %d of the list",
+                                      moe_dot_isa_name(isa), i, n);
+                        continue;
+                    }
+                    double seq = 0.0;
+                    for (int64_t k = 0; k < K; k++) {
+                        terms[k] = qd[k] * (double)mmoe_bf16_to_f32(rows[i][k]);
+                        seq += terms[k];
+                    }
+                    const double want = ref_sum(terms, K);
+                    ck_assert_msg(memcmp(&want, &out[i], sizeof want) == 0,
+                                  "%s, K %lld, %d rows, row %d: %a, expected %a (seed %llu)", moe_dot_isa_name(isa),
+                                  (long long)K, n, i, out[i], want, (unsigned long long)g_seed);
+                    checked++;
+                    seq_differs += seq != want;
+                }
+            }
+        }
+    }
+    printf("sum_order: attention score rows, %d checked, %d differ from the sequential order\n", checked,
+           seq_differs);
+    ck_assert_msg(seq_differs * 5 > checked, "only %d of %d scores differ from the sequential order", seq_differs,
+                  checked);
+    free(q);
+    free(kv);
+    free(qd);
+    free(qp);
+    free(tmp);
+    free(terms);
+    free(out);
+}
+END_TEST
+
 /** The value of weight element (n, k) as the spec reads it (an F8 weight: e4m3 * scale in fp32, then bf16). */
 static double dense_weight_value(const mmoe_tensor *w, const mmoe_tensor *sc, int block, int64_t n, int64_t k)
 {
@@ -419,6 +495,7 @@ static Suite *sum_order_suite(void)
     tcase_add_test(tc, streaming_equals_recursive);
     tcase_add_test(tc, rmsnorm_order_visible);
     tcase_add_test(tc, dot_follows_the_order);
+    tcase_add_test(tc, dot_rows_follow_the_order);
     tcase_add_test(tc, dense_order_visible);
     tcase_add_test(tc, dense_rows_follow_the_order);
     suite_add_tcase(s, tc);

@@ -87,7 +87,7 @@ typedef struct fwd_bufs {
     float *idx_scores;       /**< indexer scores of one token */
     attn_scored *topk_work;  /**< top-k work space */
     int64_t *topk_idx;       /**< top-k result */
-    float *acc;              /**< sparse attention accumulators [threads][d] */
+    float *acc;              /**< sparse attention scratch [threads][ATTN_SPARSE_SCRATCH_FLOATS(d)] */
     float *chunk_scores;     /**< scores of one online-softmax chunk [threads][chunk] */
     float *pooled;           /**< a pooled compressor block [d] */
 } fwd_bufs;
@@ -113,7 +113,7 @@ static size_t scratch_bytes(const fwd_sizes *s, int ratio, size_t *pieces, int *
     pieces[n++] = sizeof(float) * (size_t)(s->n_list + 1);         /* idx_scores */
     pieces[n++] = sizeof(attn_scored) * (size_t)(s->n_list + 1);   /* topk_work */
     pieces[n++] = sizeof(int64_t) * (size_t)(s->n_list + 1);       /* topk_idx */
-    pieces[n++] = sizeof(float) * (size_t)(s->threads * s->d);     /* acc */
+    pieces[n++] = sizeof(float) * (size_t)(s->threads * ATTN_SPARSE_SCRATCH_FLOATS(s->d)); /* acc */
     pieces[n++] = sizeof(float) * (size_t)s->threads * ATTN_SPARSE_CHUNK; /* chunk_scores */
     pieces[n++] = sizeof(float) * (size_t)s->d;                    /* pooled */
     size_t total = 0;

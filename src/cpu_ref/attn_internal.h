@@ -149,6 +149,15 @@ int64_t attn_topk_desc(const float *scores, int64_t n, int64_t k, attn_scored *w
 #define ATTN_SPARSE_CHUNK 64
 
 /**
+ * Floats of one thread's scratch @p acc of attn_sparse_attention() at head width @p d: the fp32
+ * accumulators [d] (rounded up to an even count), then in double the query head [d], the same in
+ * chunk-lane order [d], a row's terms after its last full node [d] and a chunk's scores
+ * [::ATTN_SPARSE_CHUNK].
+ */
+#define ATTN_SPARSE_SCRATCH_FLOATS(d) \
+    (2 * (((int64_t)(d) + 1) / 2) + 2 * (3 * (int64_t)(d) + ATTN_SPARSE_CHUNK))
+
+/**
  * Attention of one query token over a list of kv rows, with an attention sink.
  * For each head h: s_t = fp32(q_h . kv_t) * scale; online softmax over chunks of 64 entries
  * (running max over the real scores), P rounded to bf16 for P.V, fp32 denominator; after the
@@ -160,7 +169,7 @@ int64_t attn_topk_desc(const float *scores, int64_t n, int64_t k, attn_scored *w
  * @param n        list length
  * @param sink     fp32 [n_heads]
  * @param scale    softmax scale applied to each dot product (d^-0.5)
- * @param acc      fp32 scratch [d]
+ * @param acc      scratch of ATTN_SPARSE_SCRATCH_FLOATS(d) floats, 8-byte aligned
  * @param scores   fp32 scratch [ATTN_SPARSE_CHUNK]
  * @param out      bf16 [n_heads, d]
  */
@@ -171,11 +180,21 @@ void attn_sparse_attention(const uint16_t *q, int n_heads, int d, const uint16_t
 /**
  * attn_sparse_attention() with the heads shared out over @p pool's threads (NULL: the caller
  * alone); @p acc and @p scores hold one buffer per thread (moe_dequant_pool_threads(pool) of
- * [d] and of [ATTN_SPARSE_CHUNK]).  A head's output does not depend on the thread.
+ * ATTN_SPARSE_SCRATCH_FLOATS(d) and of [ATTN_SPARSE_CHUNK] floats).  A head's output does not
+ * depend on the thread.
  */
 void attn_sparse_attention_pool(moe_dequant_pool *pool, const uint16_t *q, int n_heads, int d,
                                 const uint16_t *const *kv_rows, int64_t n, const float *sink, float scale,
                                 float *acc, float *scores, uint16_t *out);
+
+/**
+ * attn_sparse_attention_pool() with the kernels of @p isa (which must run here:
+ * moe_dot_isa_runs_here()); the output does not depend on them.  The other two take
+ * moe_dot_isa_best().
+ */
+void attn_sparse_attention_isa(moe_dequant_pool *pool, moe_dot_isa isa, const uint16_t *q, int n_heads, int d,
+                               const uint16_t *const *kv_rows, int64_t n, const float *sink, float scale,
+                               float *acc, float *scores, uint16_t *out);
 
 /* ------------------------------------------------------------------ attn_out_proj.c */
 
@@ -250,6 +269,23 @@ mmoe_status attn_dense_rows(moe_dequant_pool *pool, const double *x, int64_t T, 
 mmoe_status attn_dense_sums(moe_dequant_pool *pool, moe_dot_isa isa, const double *x, int64_t T, int64_t ldx,
                             int64_t K, const mmoe_tensor *w, const mmoe_tensor *scale, int block, int64_t row0,
                             int64_t N, double *y, int64_t ldy, mmoe_error *err);
+
+/**
+ * x permuted for attn_dot_rows_bf16()'s chunk-lane kernel: xp[n + 4 i + q] = x[n + 16 q + i] over
+ * the full nodes of 64 terms (n < K - K mod 64); the terms after them are not written.
+ */
+void attn_dot_chunk_x(const double *x, int64_t K, double *xp);
+
+/**
+ * out[r] = the sum of x[k] * rows[r][k] over k < K for the @p n BF16 rows at rows[0 .. n-1], in
+ * double in the fixed order of attn_dense_sums() (and of attn_dot_bf16(): the bits of either for
+ * the same operands), with the kernel of @p isa (which must run here: moe_dot_isa_runs_here()):
+ * the attention's scores of one query head.  @p x: K doubles (the products must be exact in
+ * double: bf16 or fp32 values); @p xp: x through attn_dot_chunk_x() (read under AVX2 and
+ * AVX-512 only); @p tmp: K doubles of scratch.
+ */
+void attn_dot_rows_bf16(moe_dot_isa isa, const double *x, const double *xp, int64_t K, const uint16_t *const *rows,
+                        int64_t n, double *tmp, double *out);
 
 /** mmoe_linear_dense() with its weight rows shared out over @p pool's threads (NULL: the caller alone). */
 mmoe_status attn_linear_dense(moe_dequant_pool *pool, const uint16_t *x, int64_t T, int64_t K, const mmoe_tensor *w,

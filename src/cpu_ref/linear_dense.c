@@ -236,6 +236,14 @@ static void dense_rows_generic(const dense_job *j, float *tmp, double *wrow, int
     }
 }
 
+void attn_dot_chunk_x(const double *x, int64_t K, double *xp)
+{
+    for (int64_t n = 0; n + DENSE_NODE <= K; n += DENSE_NODE)
+        for (int i = 0; i < MMOE_SUM_CHUNK; i++)
+            for (int q = 0; q < 4; q++)
+                xp[n + 4 * i + q] = x[n + q * MMOE_SUM_CHUNK + i];
+}
+
 #if MMOE_CPU_HAVE_X86
 /**
  * Four pairwise sums of the same shape in progress, one per lane (the four weight rows of a
@@ -519,7 +527,7 @@ MMOE_AVX2 static void load_f8_rows4_avx2(const dense_job *j, int64_t row, double
  * four lanes of a register: step i adds term 16q + i to lane q, so a step needs the values
  * 16q + i of the four chunks side by side (two rounds of byte unpacks give them for an F8 node's
  * 64 codes, transpose_rows4_avx2() for BF16 and F32 values), and x in the same order, which is
- * permuted once per call (dense_chunk_x()).  No weight is written to memory, and no rows are
+ * permuted once per call (attn_dot_chunk_x()).  No weight is written to memory, and no rows are
  * transposed into an interleave; four weight rows are summed at once so that four independent
  * chains hide the adder's latency.  An F8 code is decoded through FP16
  * (mmoe_e4m3x8_x256th_avx2(): its E4M3 value times 2^-8) and multiplied by its scale times 2^8:
@@ -528,15 +536,6 @@ MMOE_AVX2 static void load_f8_rows4_avx2(const dense_job *j, int64_t row, double
  * node, and the terms after the last full node, take load_cols()'s values and dot_f64()'s own
  * functions.
  */
-
-/** x permuted for the chunk-lane kernel: xp[n + 4 i + q] = x[n + 16 q + i] over the full nodes n. */
-static void dense_chunk_x(const double *x, int64_t K, double *xp)
-{
-    for (int64_t n = 0; n + DENSE_NODE <= K; n += DENSE_NODE)
-        for (int i = 0; i < MMOE_SUM_CHUNK; i++)
-            for (int q = 0; q < 4; q++)
-                xp[n + 4 * i + q] = x[n + q * MMOE_SUM_CHUNK + i];
-}
 
 /** Whether any of the 64 codes at @p c is a NaN code (magnitude 0x7F). */
 MMOE_AVX2 static inline __attribute__((always_inline)) int node_has_nan_avx2(const uint8_t *c)
@@ -734,7 +733,69 @@ MMOE_AVX2 static void dense_rows_chunks_avx2(const dense_job *j, float *tmp, dou
         dense_rows4_chunks_avx2(j, n, tmp, wbuf);
     dense_rows_avx2(j, tmp, wbuf, n, n1);
 }
+
+/**
+ * @p R (1 or 4) BF16 rows given by their addresses against x, through the chunk-lane kernel: each
+ * full node into the four chains of a register (node_chunks_plain_avx2() against @p xp), the
+ * terms after the last full node widened into @p tmp (K doubles) and summed by dot_f64()'s own
+ * tail.  Always inlined with a constant @p R, so that the four rows' chains run side by side.
+ */
+MMOE_AVX2 static inline __attribute__((always_inline)) void dot_rows_bf16_avx2(int R, const double *x,
+                                                                              const double *xp, int64_t K,
+                                                                              const uint16_t *const *rows,
+                                                                              double *tmp, double *out)
+{
+    mmoe_pairwise pw[DENSE_LANES];
+    _Pragma("GCC unroll 4")
+    for (int r = 0; r < R; r++)
+        mmoe_pairwise_init(&pw[r]);
+    int64_t k0 = 0;
+    for (; k0 + DENSE_NODE <= K; k0 += DENSE_NODE) {
+        __m256d acc[DENSE_LANES];
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < R; r++)
+            acc[r] = node_chunks_plain_avx2(1, rows[r], k0, xp);
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < R; r++)
+            mmoe_pairwise_push_node(&pw[r], node_sum_avx2(acc[r]), 2);
+    }
+    for (int r = 0; r < R; r++) {
+        for (int64_t k = k0; k < K; k++)
+            tmp[k] = (double)mmoe_bf16_to_f32(rows[r][k]);
+        dot_f64_tail(x, tmp, 1, k0, K, &pw[r]);
+        out[r] = mmoe_pairwise_result(&pw[r]);
+    }
+}
+
+/** attn_dot_rows_bf16() under AVX2: four rows at a time, the last n mod 4 one at a time. */
+MMOE_AVX2 static void dot_rows_list_avx2(const double *x, const double *xp, int64_t K, const uint16_t *const *rows,
+                                         int64_t n, double *tmp, double *out)
+{
+    int64_t r = 0;
+    for (; r + DENSE_LANES <= n; r += DENSE_LANES)
+        dot_rows_bf16_avx2(DENSE_LANES, x, xp, K, rows + r, tmp, out + r);
+    for (; r < n; r++)
+        dot_rows_bf16_avx2(1, x, xp, K, rows + r, tmp, out + r);
+}
 #endif
+
+void attn_dot_rows_bf16(moe_dot_isa isa, const double *x, const double *xp, int64_t K, const uint16_t *const *rows,
+                        int64_t n, double *tmp, double *out)
+{
+#if MMOE_CPU_HAVE_X86
+    if (moe_dot_isa_has_avx2(isa)) {
+        dot_rows_list_avx2(x, xp, K, rows, n, tmp, out);
+        return;
+    }
+#endif
+    (void)isa;
+    (void)xp;
+    for (int64_t r = 0; r < n; r++) {
+        for (int64_t k = 0; k < K; k++)
+            tmp[k] = (double)mmoe_bf16_to_f32(rows[r][k]);
+        out[r] = dot_f64(x, tmp, K);
+    }
+}
 
 /** moe_rows_fn of attn_dense_sums(): weight rows [n0, n1) with thread @p thread's buffer. */
 static void dense_rows(void *ctx, int thread, int64_t n0, int64_t n1)
@@ -788,7 +849,7 @@ mmoe_status attn_dense_sums(moe_dequant_pool *pool, moe_dot_isa isa, const doubl
         goto done;
     }
     if (chunk_lanes)
-        dense_chunk_x(x, K, j.xp);
+        attn_dot_chunk_x(x, K, j.xp);
     moe_pool_rows(pool, N, K * T, DENSE_BLOCK_ROWS, dense_rows, &j);
     free(j.wbuf);
     free(j.tmp);
