@@ -185,14 +185,17 @@ static void check_job(const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int6
         for (int64_t r = 0; r < nr; r++)
             for (int64_t j = 0; j < chunk; j++)
                 ref[t * nr * chunk + r * chunk + j] = weight_formula(m, r0 + r, c0 + t * chunk + j);
-    /* reference 2: the single-threaded tile decoder, tile by tile */
-    for (int64_t t = 0; t < nc / chunk; t++) {
-        mmoe_test_poison_f32(got, (size_t)(nr * chunk));
-        moe_weight_tile_f32(m, r0, nr, c0 + t * chunk, chunk, got);
-        ck_assert_msg(memcmp(got, ref + t * nr * chunk, (size_t)(nr * chunk) * sizeof(float)) == 0,
-                      "single-threaded tile %lld differs from the formula (fmt %d, rows %lld+%lld, cols %lld+%lld)",
-                      (long long)t, (int)m->fmt, (long long)r0, (long long)nr, (long long)c0, (long long)nc);
-    }
+    /* reference 2: the single-threaded tile decoder, tile by tile, with every variant that runs here */
+    for (int isa = 0; isa < MOE_DOT_ISA_COUNT; isa++)
+        for (int64_t t = 0; t < nc / chunk && moe_dot_isa_runs_here((moe_dot_isa)isa); t++) {
+            mmoe_test_poison_f32(got, (size_t)(nr * chunk));
+            moe_weight_tile_f32_isa((moe_dot_isa)isa, m, r0, nr, c0 + t * chunk, chunk, got);
+            ck_assert_msg(memcmp(got, ref + t * nr * chunk, (size_t)(nr * chunk) * sizeof(float)) == 0,
+                          "%s: single-threaded tile %lld differs from the formula (fmt %d, rows %lld+%lld, "
+                          "cols %lld+%lld)",
+                          moe_dot_isa_name((moe_dot_isa)isa), (long long)t, (int)m->fmt, (long long)r0, (long long)nr,
+                          (long long)c0, (long long)nc);
+        }
     tile_job job = {.m = m, .r0 = r0, .nr = nr, .c0 = c0, .nc = nc, .chunk = chunk, .out = got};
     mmoe_test_poison_f32(got, n);
     moe_pool_rows(NULL, nr, nc, 1, tile_job_rows, &job);

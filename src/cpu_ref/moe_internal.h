@@ -222,6 +222,14 @@ int moe_dot_isa_runs_here(moe_dot_isa isa);
 moe_dot_isa moe_dot_isa_best(void);
 
 /**
+ * moe_weight_tile_f32() with the kernels of @p isa (which must run here); the values do not
+ * depend on it (an FP4 tile under AVX-512 is looked up sixteen weights at a time).
+ * moe_weight_tile_f32() takes moe_dot_isa_best().
+ */
+void moe_weight_tile_f32_isa(moe_dot_isa isa, const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                             float *out);
+
+/**
  * c[t * ldc + j] = sum_k a[t * lda + k] * w[j * ldw + k] for t < @p m, j < @p n, k < @p k, each
  * in the fixed order of moe_dot.c (8 lanes of fmaf in ascending k, then a fixed combine).
  * @p isa must run here (moe_dot_isa_runs_here()); the result does not depend on it.
