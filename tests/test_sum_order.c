@@ -367,8 +367,9 @@ static double dense_weight_value(const mmoe_tensor *w, const mmoe_tensor *sc, in
  * The double sums of attn_dense_rows() (attn_dense_sums()) with every variant that runs
  * here against the spec's order (ref_sum), bit for bit: BF16, F32 and F8 weights (E8M0 scales over 1..254, so that some products leave
  * the normal fp32 range before the bf16 rounding, and F32 scales), widths with and without a
- * partial node of 64 terms and a partial chunk, row counts not a multiple of the kernel's four,
- * an offset row0 crossing F8 row blocks, five x rows with a stride (a pass of three at once, then single rows) and each x row
+ * partial node of 64 terms and a partial chunk, 37 rows (two passes of the AVX-512 kernel's
+ * sixteen, then the AVX2 kernels' eight and four, then one), an offset row0 crossing F8 row
+ * blocks, seven x rows with a stride (a pass of four at once, then three together) and each x row
  * alone (one-row calls: the chunk-lane kernel, for F8 with blocks of 64 and 128); each on the caller alone
  * and with its rows shared out over a pool of 3 threads.  The terms are spread
  * over 2^-40 .. 2^20 so that the order shows: the test counts sums that differ from the
@@ -376,14 +377,14 @@ static double dense_weight_value(const mmoe_tensor *w, const mmoe_tensor *sc, in
  */
 START_TEST(dense_rows_follow_the_order)
 {
-    enum { T = 5, LDX = 1100, N = 13, MAX_ROWS = 128 - 2 + N };
+    enum { T = 7, LDX = 1100, N = 37, MAX_ROWS = 128 - 2 + N };
     const int64_t widths[] = {16, 64, 77, 200, 256 + 48, 1000}; /* 77: columns past the last 8 */
     mmoe_rng r;
     mmoe_rng_seed(&r, g_seed + 2);
     uint16_t *xb = malloc(2 * (size_t)(T * LDX));
     double *x = malloc(sizeof(double) * (size_t)(T * LDX)), *terms = malloc(sizeof(double) * 1000);
     void *wd = malloc(4 * (size_t)(MAX_ROWS * 1000));
-    uint8_t *sd = malloc(4 * 2048); /* scales: up to ceil(rows / 4) x 250 fp32 */
+    uint8_t *sd = malloc(4 * 4096); /* scales: up to ceil(rows / 4) x 250 fp32 */
     double *y = malloc(sizeof(double) * (size_t)(T * N)), *y1 = malloc(sizeof(double) * (size_t)(T * N));
     ck_assert(xb && x && terms && wd && sd && y && y1);
     moe_dequant_pool *pools;

@@ -47,7 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu_avx2.h"
+#include "cpu_avx512.h"
 #include "mmoe_formats.h"
 #include "mmoe_sum_order.h"
 #include "moe_internal.h"
@@ -64,6 +64,17 @@ float attn_tensor_f32_at(const mmoe_tensor *t, int64_t i)
 
 /** Terms of one aligned node of four chunks (the kernels' step along K). */
 #define DENSE_NODE MMOE_SUM_NODE4
+
+/** Weight rows (two groups of ::DENSE_LANES) and x rows of one pass of dot8x4_f64_avx2(). */
+#define DENSE_BLOCK_ROWS (2 * DENSE_LANES)
+/** See ::DENSE_BLOCK_ROWS. */
+#define DENSE_BLOCK_TOKENS 4
+
+/**
+ * Weight rows of one pass of dense_rows_avx512(): two groups of eight, one per lane of a 512-bit
+ * double vector; also the rows a thread's buffer holds interleaved.
+ */
+#define DENSE_BLOCK_ROWS_512 16
 
 /**
  * The bf16 values of an F8 weight's codes: for each distinct scale s among the K blocks of the
@@ -343,10 +354,6 @@ MMOE_AVX2 static inline __attribute__((always_inline)) void dot4_f64_avx2(int rt
         pairwise4_finish(&pw[t], a + t * lda, wq, k0, K, out + t * ldo);
 }
 
-/** Weight rows (two groups of ::DENSE_LANES) and x rows of one pass of dot8x4_f64_avx2(). */
-#define DENSE_BLOCK_ROWS (2 * DENSE_LANES)
-/** See ::DENSE_BLOCK_ROWS. */
-#define DENSE_BLOCK_TOKENS 4
 
 /**
  * Eight weight rows (two groups of four, each interleaved as dot4_f64_avx2() takes them: group g at
@@ -433,17 +440,19 @@ MMOE_AVX2 static inline __attribute__((always_inline)) void transpose_rows4_avx2
 }
 
 /**
- * Eight columns of four weight rows (@p r0 .. @p r3, FP32 values) into out[i * 4 + r], i = 0 .. 7,
- * as doubles: transposed (transpose_rows4_avx2()), then widened.
+ * Eight columns of four weight rows (@p r0 .. @p r3, FP32 values) into out[i * stride + r], i = 0
+ * .. 7, as doubles: transposed (transpose_rows4_avx2()), then widened.  @p stride is the
+ * interleave's row count: 4 (the AVX2 kernels), or 8 (the AVX-512 kernel, two calls filling
+ * rows 0 .. 3 and 4 .. 7).
  */
 MMOE_AVX2 static inline __attribute__((always_inline)) void store_rows4_avx2(__m256 r0, __m256 r1, __m256 r2,
-                                                                             __m256 r3, double *out)
+                                                                             __m256 r3, double *out, int64_t stride)
 {
     __m256 g[4];
     transpose_rows4_avx2(r0, r1, r2, r3, g);
     for (int i = 0; i < 4; i++) {
-        _mm256_storeu_pd(out + i * DENSE_LANES, _mm256_cvtps_pd(_mm256_castps256_ps128(g[i])));
-        _mm256_storeu_pd(out + (i + 4) * DENSE_LANES, _mm256_cvtps_pd(_mm256_extractf128_ps(g[i], 1)));
+        _mm256_storeu_pd(out + i * stride, _mm256_cvtps_pd(_mm256_castps256_ps128(g[i])));
+        _mm256_storeu_pd(out + (i + 4) * stride, _mm256_cvtps_pd(_mm256_extractf128_ps(g[i], 1)));
     }
 }
 
@@ -459,23 +468,23 @@ MMOE_AVX2 static inline __attribute__((always_inline)) __m256 bf16x8_avx2(const 
  * time, transposed and widened (store_rows4_avx2()); the last K mod 8 columns one by one.  The
  * values of load_row().
  */
-MMOE_AVX2 static void load_plain_rows4_avx2(const dense_job *j, int64_t row, double *wq)
+MMOE_AVX2 static void load_plain_rows4_avx2(const dense_job *j, int64_t row, double *wq, int64_t stride)
 {
     const int64_t K = j->K, kv = K - K % 8;
     if (j->w->dtype == MMOE_DT_BF16) {
         const uint16_t *h = (const uint16_t *)j->w->data + row * K;
         for (int64_t k = 0; k < kv; k += 8)
             store_rows4_avx2(bf16x8_avx2(h + k), bf16x8_avx2(h + K + k), bf16x8_avx2(h + 2 * K + k),
-                             bf16x8_avx2(h + 3 * K + k), wq + k * DENSE_LANES);
+                             bf16x8_avx2(h + 3 * K + k), wq + k * stride, stride);
     } else {
         const float *f = (const float *)j->w->data + row * K;
         for (int64_t k = 0; k < kv; k += 8)
             store_rows4_avx2(_mm256_loadu_ps(f + k), _mm256_loadu_ps(f + K + k), _mm256_loadu_ps(f + 2 * K + k),
-                             _mm256_loadu_ps(f + 3 * K + k), wq + k * DENSE_LANES);
+                             _mm256_loadu_ps(f + 3 * K + k), wq + k * stride, stride);
     }
     for (int64_t k = kv; k < K; k++)
         for (int r = 0; r < DENSE_LANES; r++)
-            wq[k * DENSE_LANES + r] = (double)attn_tensor_f32_at(j->w, (row + r) * K + k);
+            wq[k * stride + r] = (double)attn_tensor_f32_at(j->w, (row + r) * K + k);
 }
 
 /**
@@ -485,7 +494,7 @@ MMOE_AVX2 static void load_plain_rows4_avx2(const dense_job *j, int64_t row, dou
  * registers (mmoe_e4m3_codes_avx2()) and multiplied by its scale, the 4 x 8 values transposed
  * into eight groups of four and widened; elsewhere the table's values (the same numbers).
  */
-MMOE_AVX2 static void load_f8_rows4_avx2(const dense_job *j, int64_t row, double *wq)
+MMOE_AVX2 static void load_f8_rows4_avx2(const dense_job *j, int64_t row, double *wq, int64_t stride)
 {
     const int64_t K = j->K, nkb = j->v->nkb;
     const int block = j->v->block;
@@ -503,7 +512,7 @@ MMOE_AVX2 static void load_f8_rows4_avx2(const dense_job *j, int64_t row, double
         }
         if (!exact) {
             for (int r = 0; r < DENSE_LANES; r++)
-                f8_lookup_block(j->v, codes + r * K, row + r, kb, k0, k1, wq + r, DENSE_LANES);
+                f8_lookup_block(j->v, codes + r * K, row + r, kb, k0, k1, wq + r, stride);
             continue;
         }
         const __m256 s0 = _mm256_set1_ps(mmoe_ue8m0_to_f32(b[0])), s1 = _mm256_set1_ps(mmoe_ue8m0_to_f32(b[1]));
@@ -513,7 +522,7 @@ MMOE_AVX2 static void load_f8_rows4_avx2(const dense_job *j, int64_t row, double
             const __m256 r1 = _mm256_mul_ps(mmoe_e4m3_codes_avx2(codes + K + k, nan_pos, nan_neg), s1);
             const __m256 r2 = _mm256_mul_ps(mmoe_e4m3_codes_avx2(codes + 2 * K + k, nan_pos, nan_neg), s2);
             const __m256 r3 = _mm256_mul_ps(mmoe_e4m3_codes_avx2(codes + 3 * K + k, nan_pos, nan_neg), s3);
-            store_rows4_avx2(r0, r1, r2, r3, wq + k * DENSE_LANES);
+            store_rows4_avx2(r0, r1, r2, r3, wq + k * stride, stride);
         }
     }
 }
@@ -602,16 +611,19 @@ MMOE_AVX2 static int f8_node_decodes(const dense_job *j, int64_t row, int64_t k0
     return 1;
 }
 
-/** Four rows of the weight from row @p row on, interleaved into @p wq (wq[k * 4 + r]). */
-MMOE_AVX2 static void load_rows4_avx2(const dense_job *j, int64_t row, float *tmp, double *wq)
+/**
+ * Four rows of the weight from row @p row on, interleaved into @p wq (wq[k * stride + r]; @p
+ * stride: store_rows4_avx2()).
+ */
+MMOE_AVX2 static void load_rows4_avx2(const dense_job *j, int64_t row, float *tmp, double *wq, int64_t stride)
 {
     if (j->w->dtype == MMOE_DT_F8_E4M3 && j->scale->dtype == MMOE_DT_F8_E8M0)
-        load_f8_rows4_avx2(j, row, wq);
+        load_f8_rows4_avx2(j, row, wq, stride);
     else if (j->w->dtype == MMOE_DT_BF16 || j->w->dtype == MMOE_DT_F32)
-        load_plain_rows4_avx2(j, row, wq);
+        load_plain_rows4_avx2(j, row, wq, stride);
     else
         for (int r = 0; r < DENSE_LANES; r++)
-            load_row(j->w, j->v, row + r, j->K, tmp, wq + r, DENSE_LANES);
+            load_row(j->w, j->v, row + r, j->K, tmp, wq + r, stride);
 }
 
 /** x rows [i0, T) against the four weight rows of @p wq (output columns from @p n), through dot4_f64_avx2(). */
@@ -634,8 +646,8 @@ MMOE_AVX2 static void dense_rows_avx2(const dense_job *j, float *tmp, double *wq
     const int64_t K = j->K;
     int64_t n = n0;
     for (; n + DENSE_BLOCK_ROWS <= n1; n += DENSE_BLOCK_ROWS) {
-        load_rows4_avx2(j, j->row0 + n, tmp, wq);
-        load_rows4_avx2(j, j->row0 + n + DENSE_LANES, tmp, wq + DENSE_LANES * K);
+        load_rows4_avx2(j, j->row0 + n, tmp, wq, DENSE_LANES);
+        load_rows4_avx2(j, j->row0 + n + DENSE_LANES, tmp, wq + DENSE_LANES * K, DENSE_LANES);
         int64_t i = 0;
         for (; i + DENSE_BLOCK_TOKENS <= j->T; i += DENSE_BLOCK_TOKENS)
             dot8x4_f64_avx2(j->x + i * j->ldx, j->ldx, wq, K, j->y + i * j->ldy + n, j->ldy);
@@ -643,7 +655,7 @@ MMOE_AVX2 static void dense_rows_avx2(const dense_job *j, float *tmp, double *wq
         dense_tokens4_avx2(j, wq + DENSE_LANES * K, n + DENSE_LANES, i);
     }
     for (; n + DENSE_LANES <= n1; n += DENSE_LANES) {
-        load_rows4_avx2(j, j->row0 + n, tmp, wq);
+        load_rows4_avx2(j, j->row0 + n, tmp, wq, DENSE_LANES);
         dense_tokens4_avx2(j, wq, n, 0);
     }
     dense_rows_generic(j, tmp, wq, n, n1);
@@ -777,6 +789,142 @@ MMOE_AVX2 static void dot_rows_list_avx2(const double *x, const double *xp, int6
     for (; r < n; r++)
         dot_rows_bf16_avx2(1, x, xp, K, rows + r, tmp, out + r);
 }
+
+/*
+ * The AVX-512 kernel of calls with four x rows or more: dot8x4_f64_avx2() with eight weight rows
+ * in the lanes of a 512-bit double vector instead of four, so sixteen rows (two vectors) against
+ * four x rows per pass.  The rows are interleaved by eight (wq[k * 8 + r], filled four rows at a
+ * time by load_rows4_avx2() with stride 8), and the tree's merges run on eight lanes at once
+ * (pairwise8).  Every lane performs the operations of one lane of dot4_f64_avx2() on the same
+ * values in the same order, so the bits are dot_f64()'s.
+ */
+
+/** pairwise4 with eight lanes. */
+typedef struct {
+    __m512d s[MMOE_SUM_LEVELS]; /**< subtree sums, one per lane, levels strictly decreasing */
+    int lvl[MMOE_SUM_LEVELS];   /**< their levels, common to the lanes */
+    int n;                      /**< subtrees held */
+} pairwise8;
+
+/** pairwise4_push_node() on eight lanes. */
+MMOE_AVX512 static inline __attribute__((always_inline)) void pairwise8_push_node(pairwise8 *p, __m512d c, int level)
+{
+    while (p->n > 0 && p->lvl[p->n - 1] == level) {
+        c = _mm512_add_pd(p->s[p->n - 1], c);
+        p->n--;
+        level++;
+    }
+    p->s[p->n] = c;
+    p->lvl[p->n] = level;
+    p->n++;
+}
+
+/** pairwise4_finish() on eight lanes: the weights at wq[k * 8 + r], the eight sums into out[0..7]. */
+MMOE_AVX512 static void pairwise8_finish(pairwise8 *p, const double *a, const double *wq, int64_t k0, int64_t K,
+                                         double *out)
+{
+    for (; k0 < K; k0 += MMOE_SUM_CHUNK) {
+        const int64_t k1 = K - k0 < MMOE_SUM_CHUNK ? K : k0 + MMOE_SUM_CHUNK;
+        __m512d c = _mm512_setzero_pd();
+        for (int64_t k = k0; k < k1; k++)
+            c = _mm512_fmadd_pd(_mm512_set1_pd(a[k]), _mm512_loadu_pd(wq + k * 2 * DENSE_LANES), c);
+        pairwise8_push_node(p, c, 0);
+    }
+    __m512d r = _mm512_setzero_pd();
+    if (p->n > 0) {
+        r = p->s[p->n - 1];
+        for (int i = p->n - 2; i >= 0; i--)
+            r = _mm512_add_pd(p->s[i], r);
+    }
+    _mm512_storeu_pd(out, r);
+}
+
+/**
+ * Sixteen weight rows (two groups of eight interleaved by eight, group g at wq + g * 8 * K) against
+ * @p rt x rows (1 .. 4): dot8x4_f64_avx2()'s arrangement with eight lanes a vector.  A node's
+ * chunks run one after the other, each as 2 x rt chains; the first two chunks' sums are added as
+ * soon as the second is complete, the last two likewise, then the two pairs: (c0 + c1) + (c2 +
+ * c3), with fewer sums held.  Always inlined with a constant @p rt.
+ */
+MMOE_AVX512 static inline __attribute__((always_inline)) void dot16_f64_avx512(int rt, const double *a, int64_t lda,
+                                                                               const double *wq, int64_t K,
+                                                                               double *out, int64_t ldo)
+{
+    enum { G = 2, RT = DENSE_BLOCK_TOKENS, L = 2 * DENSE_LANES };
+    pairwise8 pw[RT][G];
+    for (int t = 0; t < rt; t++)
+        for (int g = 0; g < G; g++)
+            pw[t][g].n = 0;
+    int64_t k0 = 0;
+    for (; k0 + DENSE_NODE <= K; k0 += DENSE_NODE) {
+        __m512d pair01[RT][G], first[RT][G];
+        _Pragma("GCC unroll 4")
+        for (int q = 0; q < 4; q++) {
+            const int64_t kq = k0 + q * MMOE_SUM_CHUNK;
+            __m512d c[RT][G];
+            _Pragma("GCC unroll 4")
+            for (int t = 0; t < rt; t++)
+                _Pragma("GCC unroll 2")
+                for (int g = 0; g < G; g++)
+                    c[t][g] = _mm512_setzero_pd();
+            for (int i = 0; i < MMOE_SUM_CHUNK; i++) {
+                __m512d wv[G];
+                _Pragma("GCC unroll 2")
+                for (int g = 0; g < G; g++)
+                    wv[g] = _mm512_loadu_pd(wq + g * L * K + (kq + i) * L);
+                _Pragma("GCC unroll 4")
+                for (int t = 0; t < rt; t++) {
+                    const __m512d av = _mm512_set1_pd(a[t * lda + kq + i]);
+                    _Pragma("GCC unroll 2")
+                    for (int g = 0; g < G; g++)
+                        c[t][g] = _mm512_fmadd_pd(av, wv[g], c[t][g]);
+                }
+            }
+            _Pragma("GCC unroll 4")
+            for (int t = 0; t < rt; t++)
+                _Pragma("GCC unroll 2")
+                for (int g = 0; g < G; g++) {
+                    if (q == 0 || q == 2)
+                        first[t][g] = c[t][g];
+                    else if (q == 1)
+                        pair01[t][g] = _mm512_add_pd(first[t][g], c[t][g]);
+                    else
+                        pairwise8_push_node(&pw[t][g], _mm512_add_pd(pair01[t][g], _mm512_add_pd(first[t][g], c[t][g])),
+                                            2);
+                }
+        }
+    }
+    for (int t = 0; t < rt; t++)
+        for (int g = 0; g < G; g++)
+            pairwise8_finish(&pw[t][g], a + t * lda, wq + g * L * K, k0, K, out + t * ldo + g * L);
+}
+
+/**
+ * As dense_rows_avx2(), with the same bits: sixteen weight rows at a time through
+ * dot16_f64_avx512() for every four x rows (the last T mod 4 together), the rows left after the
+ * last sixteen by dense_rows_avx2().
+ */
+MMOE_AVX512 static void dense_rows_avx512(const dense_job *j, float *tmp, double *wq, int64_t n0, int64_t n1)
+{
+    const int64_t K = j->K, T = j->T, L = 2 * DENSE_LANES;
+    int64_t n = n0;
+    for (; n + DENSE_BLOCK_ROWS_512 <= n1; n += DENSE_BLOCK_ROWS_512) {
+        for (int q = 0; q < 4; q++) /* rows n + 4q .. n + 4q + 3: group q / 2, lanes 4 (q mod 2) on */
+            load_rows4_avx2(j, j->row0 + n + q * DENSE_LANES, tmp, wq + (q / 2) * L * K + (q % 2) * DENSE_LANES, L);
+        const double *x = j->x;
+        double *y = j->y + n;
+        int64_t i = 0;
+        for (; i + DENSE_BLOCK_TOKENS <= T; i += DENSE_BLOCK_TOKENS)
+            dot16_f64_avx512(DENSE_BLOCK_TOKENS, x + i * j->ldx, j->ldx, wq, K, y + i * j->ldy, j->ldy);
+        switch (T - i) {
+        case 3: dot16_f64_avx512(3, x + i * j->ldx, j->ldx, wq, K, y + i * j->ldy, j->ldy); break;
+        case 2: dot16_f64_avx512(2, x + i * j->ldx, j->ldx, wq, K, y + i * j->ldy, j->ldy); break;
+        case 1: dot16_f64_avx512(1, x + i * j->ldx, j->ldx, wq, K, y + i * j->ldy, j->ldy); break;
+        default: break;
+        }
+    }
+    dense_rows_avx2(j, tmp, wq, n, n1);
+}
 #endif
 
 void attn_dot_rows_bf16(moe_dot_isa isa, const double *x, const double *xp, int64_t K, const uint16_t *const *rows,
@@ -801,12 +949,14 @@ void attn_dot_rows_bf16(moe_dot_isa isa, const double *x, const double *xp, int6
 static void dense_rows(void *ctx, int thread, int64_t n0, int64_t n1)
 {
     const dense_job *j = ctx;
-    double *wbuf = j->wbuf + (int64_t)thread * DENSE_BLOCK_ROWS * j->K;
+    double *wbuf = j->wbuf + (int64_t)thread * DENSE_BLOCK_ROWS_512 * j->K;
     float *tmp = j->tmp + (int64_t)thread * j->K;
 #if MMOE_CPU_HAVE_X86
     if (moe_dot_isa_has_avx2(j->isa)) {
         if (j->xp != NULL)
             dense_rows_chunks_avx2(j, tmp, wbuf, n0, n1);
+        else if (j->isa == MOE_DOT_ISA_AVX512 && j->T >= DENSE_BLOCK_TOKENS)
+            dense_rows_avx512(j, tmp, wbuf, n0, n1);
         else
             dense_rows_avx2(j, tmp, wbuf, n0, n1);
         return;
@@ -837,7 +987,7 @@ mmoe_status attn_dense_sums(moe_dequant_pool *pool, moe_dot_isa isa, const doubl
                             (w->dtype != MMOE_DT_F8_E4M3 ||
                              (scale->dtype == MMOE_DT_F8_E8M0 && block % DENSE_NODE == 0));
     dense_job j = {isa, x, T, ldx, K, w, &v, scale, row0, y, ldy,
-                   malloc(sizeof(double) * (size_t)(threads * DENSE_BLOCK_ROWS * K)),
+                   malloc(sizeof(double) * (size_t)(threads * DENSE_BLOCK_ROWS_512 * K)),
                    malloc(sizeof(float) * (size_t)(threads * K)),
                    chunk_lanes ? malloc(sizeof(double) * (size_t)K) : NULL};
     if (j.wbuf == NULL || j.tmp == NULL || (chunk_lanes && j.xp == NULL)) {
@@ -850,7 +1000,8 @@ mmoe_status attn_dense_sums(moe_dequant_pool *pool, moe_dot_isa isa, const doubl
     }
     if (chunk_lanes)
         attn_dot_chunk_x(x, K, j.xp);
-    moe_pool_rows(pool, N, K * T, DENSE_BLOCK_ROWS, dense_rows, &j);
+    moe_pool_rows(pool, N, K * T, isa == MOE_DOT_ISA_AVX512 && !chunk_lanes ? DENSE_BLOCK_ROWS_512 : DENSE_BLOCK_ROWS,
+                  dense_rows, &j);
     free(j.wbuf);
     free(j.tmp);
     free(j.xp);

@@ -200,7 +200,8 @@ static inline float fp8_scaled_add(float acc, double partial, float s_x, uint8_t
     return acc + (float)partial * s;
 }
 
-/** Step 3 for one output: the partials of K blocks 0 .. nkb - 1 in ascending order. */
+#if MMOE_CPU_HAVE_X86
+/** Step 3 for one output: the partials of K blocks 0 .. nkb - 1 in ascending order (the register path's). */
 static float fp8_accumulate(const double *partial, int64_t nkb, const float *sx_row, const uint8_t *sw_row, int block)
 {
     float acc = 0.0f;
@@ -208,6 +209,7 @@ static float fp8_accumulate(const double *partial, int64_t nkb, const float *sx_
         acc = fp8_scaled_add(acc, partial[kb], sx_row[kb * block / ACT_BLOCK], sw_row[kb]);
     return acc;
 }
+#endif
 
 /** One chunk of rows of x, shared by the threads that take W's rows (the register path or the tile path). */
 typedef struct {

@@ -120,17 +120,6 @@ static float combine_lanes(const float p[MOE_DOT_LANES])
     return ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
 }
 
-/**
- * Finish one output from its eight lanes @p p: the k that do not fill a whole vector (k0 .. k - 1,
- * into their lanes k mod 8, in order), then the combine.
- */
-static float finish_lanes(float p[MOE_DOT_LANES], const float *a, const float *w, int64_t k0, int64_t k)
-{
-    for (int64_t i = k0; i < k; i++)
-        p[i % MOE_DOT_LANES] = fmaf(a[i], w[i], p[i % MOE_DOT_LANES]);
-    return combine_lanes(p);
-}
-
 /** One output of the fixed order, scalar: the definition itself. */
 static float dot_generic(const float *a, const float *w, int64_t k)
 {
@@ -167,6 +156,17 @@ static int gemm_coded_generic(const float *a, int64_t lda, int64_t m, const moe_
 }
 
 #if MMOE_CPU_HAVE_X86
+
+/**
+ * Finish one output from its eight lanes @p p: the k that do not fill a whole vector (k0 .. k - 1,
+ * into their lanes k mod 8, in order), then the combine.
+ */
+static float finish_lanes(float p[MOE_DOT_LANES], const float *a, const float *w, int64_t k0, int64_t k)
+{
+    for (int64_t i = k0; i < k; i++)
+        p[i % MOE_DOT_LANES] = fmaf(a[i], w[i], p[i % MOE_DOT_LANES]);
+    return combine_lanes(p);
+}
 
 /** Finish one output from the lanes of @p acc (finish_lanes()). */
 MMOE_AVX2 static inline float finish_avx2(__m256 acc, const float *a, const float *w, int64_t k0, int64_t k)
