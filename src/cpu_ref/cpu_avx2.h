@@ -12,8 +12,12 @@
 #ifndef MMOE_CPU_AVX2_H
 #define MMOE_CPU_AVX2_H
 
-#if defined(__x86_64__) && defined(__GNUC__)
-/** 1 where the AVX2 kernels can be compiled (x86-64 with GCC's target attribute), else 0. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(MMOE_CPU_GENERIC_ONLY)
+/**
+ * 1 where the AVX2 kernels can be compiled (x86-64 with GCC's target attribute), else 0, as on
+ * any other CPU; defining MMOE_CPU_GENERIC_ONLY leaves them out on x86-64 too (CI compiles the
+ * oracle so, to keep the build of other CPUs warning-free).
+ */
 #define MMOE_CPU_HAVE_X86 1
 #include <immintrin.h>
 #include <stdint.h>
