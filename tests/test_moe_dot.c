@@ -102,6 +102,9 @@ START_TEST(variants_match_the_definition)
         }
     /* a row block boundary of the vector variant (K = 256: blocks of 192 rows) */
     check_random_gemm(isa, &rng, 5, 400, 256);
+    /* the blocked AVX-512 GEMM's edges: two token blocks of 64 (the second of 6), an odd row
+       count over three row blocks of 24, four chunks of 256 k (the last partial) and a tail */
+    check_random_gemm(isa, &rng, 70, 51, 1003);
 }
 END_TEST
 

@@ -39,13 +39,16 @@
  * register: the lower half holds the eight lanes of weight row j, the upper half those of row
  * j + 1, and the activations of k .. k + 7 are broadcast into both halves, so each half receives
  * the AVX2 register's fused multiply-adds and one decode serves two rows; its GEMM of FP32
- * weights pairs rows the same way for every four tokens (the odd last row, and the tokens left
- * over, take the AVX2 kernels).  All must give the
+ * weights pairs rows the same way (an odd last row beside a row of zeros whose outputs are not
+ * read).  All must give the
  * same bits; tests/test_moe_dot.c checks every variant that the CPU runs against an independent
  * scalar loop, on random inputs whose products are not exact.
  *
  * ## Blocking
- * The weight rows are taken in blocks of about ::DOT_ROW_BLOCK_BYTES (they stay in the L2 cache
+ * The AVX-512 GEMM of FP32 weights (prefill's decoded tiles) is blocked for the L1 cache: chunks
+ * of 256 k of 24 rows, copied into row pairs, passed by 64 tokens, the lanes kept in memory
+ * between chunks (gemm_avx512()).  The AVX2 GEMM takes the weight rows in blocks of about
+ * ::DOT_ROW_BLOCK_BYTES (they stay in the L2 cache
  * while every token passes over them); inside a block, groups of 4 tokens x 3 rows (12
  * accumulators), then single tokens x 8 rows (8 independent FMA chains, enough to hide the FMA
  * latency), then what is left one row at a time.  The blocking decides only which outputs are
@@ -532,78 +535,132 @@ MMOE_AVX512 static inline __attribute__((always_inline)) void coded_pairs_avx512
         fp4_pairs_avx512(rt, rp, a, lda, w, r0, c, ldc);
 }
 
-/**
- * block_avx2() for RT tokens x RP pairs of FP32 weight rows (rows 2p and 2p + 1 of @p w in the
- * halves of acc[t][p]): each pair's two rows loaded into one register, each token's activations
- * broadcast into both halves, one FMA per token and pair per 8 values of k.
+/*
+ * The blocked AVX-512 GEMM.  A pass of four tokens over whole rows of k weights (rows_avx2())
+ * streams them from the L2 cache; here the weights are taken in chunks of ::DOT_KC values of
+ * ::DOT_RB rows, copied once into pairs (row 2p's eight values of a step, then row 2p + 1's:
+ * one 512-bit load per pair and step, no insert) that stay in the L1 cache while every token of
+ * a block of ::DOT_MB passes over them.  A pair's sixteen lanes for a token are kept in memory
+ * between chunks (a store and a load do not change a value), so every lane still receives its
+ * fused multiply-adds in ascending k, and the output is finished by finish_lanes() as before.
  */
-MMOE_AVX512 static inline __attribute__((always_inline)) void block_pairs_avx512(int rt, int rp, const float *a,
-                                                                                int64_t lda, const float *w,
-                                                                                int64_t ldw, int64_t k, float *c,
-                                                                                int64_t ldc)
+
+/** k values of one chunk of the blocked GEMM (a multiple of ::MOE_DOT_LANES). */
+#define DOT_KC 256
+/** Weight rows of one block of the blocked GEMM (an even number: pairs). */
+#define DOT_RB 24
+/** Tokens of one block of the blocked GEMM. */
+#define DOT_MB 64
+
+/**
+ * RT tokens x RP pairs of one chunk: the lanes of @p lanes (token t's pair p at lanes + (t * DOT_RB
+ * / 2 + p) * 16; zero when @p first) plus @p steps steps of eight k, the pairs at wp + p * 16 *
+ * DOT_KC, the activations at a + t * lda.
+ */
+MMOE_AVX512 static inline __attribute__((always_inline)) void chunk_pairs_avx512(int rt, int rp, int first,
+                                                                                const float *a, int64_t lda,
+                                                                                const float *wp, int64_t steps,
+                                                                                float *lanes)
 {
-    __m512 acc[4][4];
+    __m512 acc[4][3];
     _Pragma("GCC unroll 4")
     for (int t = 0; t < rt; t++)
-        _Pragma("GCC unroll 4")
+        _Pragma("GCC unroll 3")
         for (int p = 0; p < rp; p++)
-            acc[t][p] = _mm512_setzero_ps();
-    const int64_t kv = k - k % MOE_DOT_LANES;
-    for (int64_t i = 0; i < kv; i += MOE_DOT_LANES) {
-        __m512 wv[4];
-        _Pragma("GCC unroll 4")
+            acc[t][p] = first ? _mm512_setzero_ps() : _mm512_load_ps(lanes + (t * DOT_RB / 2 + p) * 16);
+    for (int64_t s = 0; s < steps; s++) {
+        __m512 wv[3];
+        _Pragma("GCC unroll 3")
         for (int p = 0; p < rp; p++)
-            wv[p] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(w + 2 * p * ldw + i)),
-                                       _mm256_loadu_ps(w + (2 * p + 1) * ldw + i), 1);
+            wv[p] = _mm512_load_ps(wp + p * 2 * DOT_KC + s * 16);
         _Pragma("GCC unroll 4")
         for (int t = 0; t < rt; t++) {
-            const __m512 av = act_pair_avx512(a + t * lda + i);
-            _Pragma("GCC unroll 4")
+            const __m512 av = act_pair_avx512(a + t * lda + s * MOE_DOT_LANES);
+            _Pragma("GCC unroll 3")
             for (int p = 0; p < rp; p++)
                 acc[t][p] = _mm512_fmadd_ps(av, wv[p], acc[t][p]);
         }
     }
     _Pragma("GCC unroll 4")
     for (int t = 0; t < rt; t++)
-        _Pragma("GCC unroll 4")
-        for (int p = 0; p < rp; p++) {
-            float q[2 * MOE_DOT_LANES];
-            _mm512_storeu_ps(q, acc[t][p]);
-            c[t * ldc + 2 * p] = finish_lanes(q, a + t * lda, w + 2 * p * ldw, kv, k);
-            c[t * ldc + 2 * p + 1] = finish_lanes(q + MOE_DOT_LANES, a + t * lda, w + (2 * p + 1) * ldw, kv, k);
-        }
+        _Pragma("GCC unroll 3")
+        for (int p = 0; p < rp; p++)
+            _mm512_store_ps(lanes + (t * DOT_RB / 2 + p) * 16, acc[t][p]);
+}
+
+/** chunk_pairs_avx512() with @p rt (1 .. 4) and @p rp (1 .. 3) as constants. */
+MMOE_AVX512 static void chunk_pairs_any_avx512(int rt, int rp, int first, const float *a, int64_t lda,
+                                               const float *wp, int64_t steps, float *lanes)
+{
+#define DOT_CHUNK_CASE(RT, RP)                                                                                         \
+    case (RT) * 4 + (RP):                                                                                              \
+        if (first)                                                                                                     \
+            chunk_pairs_avx512(RT, RP, 1, a, lda, wp, steps, lanes);                                                   \
+        else                                                                                                           \
+            chunk_pairs_avx512(RT, RP, 0, a, lda, wp, steps, lanes);                                                   \
+        return;
+    switch (rt * 4 + rp) {
+        DOT_CHUNK_CASE(4, 3) DOT_CHUNK_CASE(4, 2) DOT_CHUNK_CASE(4, 1)
+        DOT_CHUNK_CASE(3, 3) DOT_CHUNK_CASE(3, 2) DOT_CHUNK_CASE(3, 1)
+        DOT_CHUNK_CASE(2, 3) DOT_CHUNK_CASE(2, 2) DOT_CHUNK_CASE(2, 1)
+        DOT_CHUNK_CASE(1, 3) DOT_CHUNK_CASE(1, 2) DOT_CHUNK_CASE(1, 1)
+    default: return;
+    }
+#undef DOT_CHUNK_CASE
 }
 
 /**
- * rows_avx2() with row pairs for every four tokens (4 tokens x 3 pairs: twelve accumulators,
- * half the AVX2 block's fused multiply-adds per product); an odd last row, and the tokens left
- * over, take the AVX2 blocks (one token gains nothing from pairs: its weight loads bound it).
+ * Rows j0 .. j0 + nj - 1 (nj <= DOT_RB) of @p w, columns k0 .. k0 + kc - 1, into pairs: pair p's step
+ * s at wp + p * 2 * DOT_KC + 16 s (row 2p's eight values, then row 2p + 1's; zeros past the last row).
  */
-MMOE_AVX512 static void rows_avx512(const float *a, int64_t lda, int64_t m, const float *w, int64_t ldw, int64_t n,
-                                    int64_t k, float *c, int64_t ldc)
+MMOE_AVX512 static void pack_pairs_avx512(const float *w, int64_t ldw, int64_t j0, int64_t nj, int64_t k0, int64_t kc,
+                                          float *wp)
 {
-    int64_t t = 0;
-    for (; t + 4 <= m; t += 4) {
-        int64_t j = 0;
-        for (; j + 6 <= n; j += 6)
-            block_pairs_avx512(4, 3, a + t * lda, lda, w + j * ldw, ldw, k, c + t * ldc + j, ldc);
-        for (; j + 2 <= n; j += 2)
-            block_pairs_avx512(4, 1, a + t * lda, lda, w + j * ldw, ldw, k, c + t * ldc + j, ldc);
-        for (; j < n; j++)
-            block_avx2(4, 1, a + t * lda, lda, w + j * ldw, ldw, k, c + t * ldc + j, ldc);
-    }
-    if (t < m)
-        rows_avx2(a + t * lda, lda, m - t, w, ldw, n, k, c + t * ldc, ldc);
+    for (int64_t p = 0; 2 * p < nj; p++)
+        for (int h = 0; h < 2; h++) {
+            float *o = wp + p * 2 * DOT_KC + h * MOE_DOT_LANES;
+            if (2 * p + h >= nj) {
+                for (int64_t s = 0; s < kc / MOE_DOT_LANES; s++)
+                    _mm256_store_ps(o + s * 16, _mm256_setzero_ps());
+                continue;
+            }
+            const float *r = w + (j0 + 2 * p + h) * ldw + k0;
+            for (int64_t s = 0; s < kc / MOE_DOT_LANES; s++)
+                _mm256_store_ps(o + s * 16, _mm256_loadu_ps(r + s * MOE_DOT_LANES));
+        }
 }
 
-/** gemm_avx2() through rows_avx512(). */
+/** gemm_avx2() by the blocked AVX-512 GEMM (the comment above); widths below eight by rows_avx2(). */
 MMOE_AVX512 static void gemm_avx512(const float *a, int64_t lda, int64_t m, const float *w, int64_t ldw, int64_t n,
                                     int64_t k, float *c, int64_t ldc)
 {
-    int64_t rb = DOT_ROW_BLOCK_BYTES / ((k > 0 ? k : 1) * (int64_t)sizeof(float));
-    rb = rb < 24 ? 24 : rb - rb % 24; /* a multiple of 6 and of 8 */
-    for (int64_t j0 = 0; j0 < n; j0 += rb)
-        rows_avx512(a, lda, m, w + j0 * ldw, ldw, n - j0 < rb ? n - j0 : rb, k, c + j0, ldc);
+    const int64_t kv = k - k % MOE_DOT_LANES;
+    if (kv == 0) {
+        rows_avx2(a, lda, m, w, ldw, n, k, c, ldc);
+        return;
+    }
+    _Alignas(64) float wp[DOT_RB / 2 * 2 * DOT_KC];
+    _Alignas(64) float lanes[DOT_MB * DOT_RB / 2 * 16];
+    for (int64_t t0 = 0; t0 < m; t0 += DOT_MB) {
+        const int64_t mt = m - t0 < DOT_MB ? m - t0 : DOT_MB;
+        for (int64_t j0 = 0; j0 < n; j0 += DOT_RB) {
+            const int64_t nj = n - j0 < DOT_RB ? n - j0 : DOT_RB, np = (nj + 1) / 2;
+            for (int64_t k0 = 0; k0 < kv; k0 += DOT_KC) {
+                const int64_t kc = kv - k0 < DOT_KC ? kv - k0 : DOT_KC;
+                pack_pairs_avx512(w, ldw, j0, nj, k0, kc, wp);
+                for (int64_t t = 0; t < mt; t += 4)
+                    for (int64_t p = 0; p < np; p += 3)
+                        chunk_pairs_any_avx512(mt - t < 4 ? (int)(mt - t) : 4, np - p < 3 ? (int)(np - p) : 3, k0 == 0,
+                                               a + (t0 + t) * lda + k0, lda, wp + p * 2 * DOT_KC, kc / MOE_DOT_LANES,
+                                               lanes + (t * DOT_RB / 2 + p) * 16);
+            }
+            for (int64_t t = 0; t < mt; t++)
+                for (int64_t j = 0; j < nj; j++)
+                    c[(t0 + t) * ldc + j0 + j] =
+                        finish_lanes(lanes + (t * DOT_RB / 2 + j / 2) * 16 + (j % 2) * MOE_DOT_LANES,
+                                     a + (t0 + t) * lda, w + (j0 + j) * ldw, kv, k);
+        }
+    }
 }
 
 /**
