@@ -122,7 +122,7 @@ struct mmoe_moe_pool {
     dequant_job job;            /**< the current job (published by the ticket's release store) */
 };
 
-/** Stack of a worker thread (it only runs the row decoders). */
+/** Stack of a worker thread (it runs the row decoders and the GEMM kernels; the blocked GEMM's buffers take 72 KB). */
 #define DEQUANT_STACK_BYTES ((size_t)256 * 1024)
 
 /** Seconds a worker spins on the generation before it sleeps on the condition variable. */
@@ -287,7 +287,7 @@ mmoe_status moe_dequant_pool_create(int n_threads, moe_dequant_pool **out, mmoe_
     atomic_init(&p->ticket, ticket_make(0, 0, 0));
     atomic_init(&p->grabs_done, 0);
     atomic_init(&p->stop, 0);
-    /* the decoders need little stack */
+    /* the kernels need little stack (DEQUANT_STACK_BYTES) */
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, DEQUANT_STACK_BYTES);

@@ -45,9 +45,10 @@
  * scalar loop, on random inputs whose products are not exact.
  *
  * ## Blocking
- * The AVX-512 GEMM of FP32 weights (prefill's decoded tiles) is blocked for the L1 cache: chunks
- * of 256 k of 24 rows, copied into row pairs, passed by 64 tokens, the lanes kept in memory
- * between chunks (gemm_avx512()).  The AVX2 GEMM takes the weight rows in blocks of about
+ * The GEMM of FP32 weights (prefill's decoded tiles) for three tokens or more is blocked for the
+ * L1 cache: chunks of 256 k of 24 rows, copied into row pairs, passed by 64 tokens, the lanes
+ * kept in memory between chunks (gemm_blocked(); AVX-512 takes a pair a register, AVX2 a row).
+ * Fewer tokens take the weight rows in blocks of about
  * ::DOT_ROW_BLOCK_BYTES (they stay in the L2 cache
  * while every token passes over them); inside a block, groups of 4 tokens x 3 rows (12
  * accumulators), then single tokens x 8 rows (8 independent FMA chains, enough to hide the FMA
@@ -536,7 +537,7 @@ MMOE_AVX512 static inline __attribute__((always_inline)) void coded_pairs_avx512
 }
 
 /*
- * The blocked AVX-512 GEMM.  A pass of four tokens over whole rows of k weights (rows_avx2())
+ * The blocked GEMM.  A pass of four tokens over whole rows of k weights (rows_avx2())
  * streams them from the L2 cache; here the weights are taken in chunks of ::DOT_KC values of
  * ::DOT_RB rows, copied once into pairs (row 2p's eight values of a step, then row 2p + 1's:
  * one 512-bit load per pair and step, no insert) that stay in the L1 cache while every token of
@@ -551,6 +552,12 @@ MMOE_AVX512 static inline __attribute__((always_inline)) void coded_pairs_avx512
 #define DOT_RB 24
 /** Tokens of one block of the blocked GEMM. */
 #define DOT_MB 64
+/**
+ * The fewest tokens that take the blocked GEMM: one or two tokens read each weight about once,
+ * so the copy into pairs costs more than the L1 cache saves (one token, 2048 x 4096: 1.2 ms
+ * unblocked, 1.8-2.0 blocked; two about level, three 10-20% faster blocked).
+ */
+#define DOT_BLOCKED_MIN_TOKENS 3
 
 /**
  * RT tokens x RP pairs of one chunk: the lanes of @p lanes (token t's pair p at lanes + (t * DOT_RB
@@ -610,11 +617,71 @@ MMOE_AVX512 static void chunk_pairs_any_avx512(int rt, int rp, int first, const 
 }
 
 /**
+ * The AVX2 form of chunk_pairs_avx512(): RT tokens x RN rows (rows j .. j + RN - 1 of the block,
+ * row r's eight values of step s at wp + (r / 2) * 2 * DOT_KC + 16 s + 8 (r mod 2)), token t's row
+ * r's lanes at lanes + t * 8 * DOT_RB + 8 r: the pairs' layout, read a row at a time.
+ */
+MMOE_AVX2 static inline __attribute__((always_inline)) void chunk_rows_avx2(int rt, int rn, int first, const float *a,
+                                                                           int64_t lda, const float *wp, int64_t j,
+                                                                           int64_t steps, float *lanes)
+{
+    __m256 acc[4][3];
+    const float *wr[3];
+    _Pragma("GCC unroll 3")
+    for (int r = 0; r < rn; r++)
+        wr[r] = wp + ((j + r) / 2) * 2 * DOT_KC + ((j + r) % 2) * MOE_DOT_LANES;
+    _Pragma("GCC unroll 4")
+    for (int t = 0; t < rt; t++)
+        _Pragma("GCC unroll 3")
+        for (int r = 0; r < rn; r++)
+            acc[t][r] = first ? _mm256_setzero_ps() : _mm256_load_ps(lanes + t * MOE_DOT_LANES * DOT_RB + (j + r) * 8);
+    for (int64_t s = 0; s < steps; s++) {
+        __m256 wv[3];
+        _Pragma("GCC unroll 3")
+        for (int r = 0; r < rn; r++)
+            wv[r] = _mm256_load_ps(wr[r] + s * 16);
+        _Pragma("GCC unroll 4")
+        for (int t = 0; t < rt; t++) {
+            const __m256 av = _mm256_loadu_ps(a + t * lda + s * MOE_DOT_LANES);
+            _Pragma("GCC unroll 3")
+            for (int r = 0; r < rn; r++)
+                acc[t][r] = _mm256_fmadd_ps(av, wv[r], acc[t][r]);
+        }
+    }
+    _Pragma("GCC unroll 4")
+    for (int t = 0; t < rt; t++)
+        _Pragma("GCC unroll 3")
+        for (int r = 0; r < rn; r++)
+            _mm256_store_ps(lanes + t * MOE_DOT_LANES * DOT_RB + (j + r) * 8, acc[t][r]);
+}
+
+/** chunk_rows_avx2() with @p rt (1 .. 4) and @p rn (1 .. 3) as constants. */
+MMOE_AVX2 static void chunk_rows_any_avx2(int rt, int rn, int first, const float *a, int64_t lda, const float *wp,
+                                          int64_t j, int64_t steps, float *lanes)
+{
+#define DOT_CHUNK_CASE(RT, RN)                                                                                         \
+    case (RT) * 4 + (RN):                                                                                              \
+        if (first)                                                                                                     \
+            chunk_rows_avx2(RT, RN, 1, a, lda, wp, j, steps, lanes);                                                   \
+        else                                                                                                           \
+            chunk_rows_avx2(RT, RN, 0, a, lda, wp, j, steps, lanes);                                                   \
+        return;
+    switch (rt * 4 + rn) {
+        DOT_CHUNK_CASE(4, 3) DOT_CHUNK_CASE(4, 2) DOT_CHUNK_CASE(4, 1)
+        DOT_CHUNK_CASE(3, 3) DOT_CHUNK_CASE(3, 2) DOT_CHUNK_CASE(3, 1)
+        DOT_CHUNK_CASE(2, 3) DOT_CHUNK_CASE(2, 2) DOT_CHUNK_CASE(2, 1)
+        DOT_CHUNK_CASE(1, 3) DOT_CHUNK_CASE(1, 2) DOT_CHUNK_CASE(1, 1)
+    default: return;
+    }
+#undef DOT_CHUNK_CASE
+}
+
+/**
  * Rows j0 .. j0 + nj - 1 (nj <= DOT_RB) of @p w, columns k0 .. k0 + kc - 1, into pairs: pair p's step
  * s at wp + p * 2 * DOT_KC + 16 s (row 2p's eight values, then row 2p + 1's; zeros past the last row).
  */
-MMOE_AVX512 static void pack_pairs_avx512(const float *w, int64_t ldw, int64_t j0, int64_t nj, int64_t k0, int64_t kc,
-                                          float *wp)
+MMOE_AVX2 static void pack_pairs(const float *w, int64_t ldw, int64_t j0, int64_t nj, int64_t k0, int64_t kc,
+                                 float *wp)
 {
     for (int64_t p = 0; 2 * p < nj; p++)
         for (int h = 0; h < 2; h++) {
@@ -630,9 +697,12 @@ MMOE_AVX512 static void pack_pairs_avx512(const float *w, int64_t ldw, int64_t j
         }
 }
 
-/** gemm_avx2() by the blocked AVX-512 GEMM (the comment above); widths below eight by rows_avx2(). */
-MMOE_AVX512 static void gemm_avx512(const float *a, int64_t lda, int64_t m, const float *w, int64_t ldw, int64_t n,
-                                    int64_t k, float *c, int64_t ldc)
+/**
+ * The blocked GEMM (the comment above) with the chunk kernel of @p isa: pairs of rows under
+ * AVX-512, rows under AVX2; widths below eight by rows_avx2().
+ */
+MMOE_AVX2 static void gemm_blocked(moe_dot_isa isa, const float *a, int64_t lda, int64_t m, const float *w,
+                                   int64_t ldw, int64_t n, int64_t k, float *c, int64_t ldc)
 {
     const int64_t kv = k - k % MOE_DOT_LANES;
     if (kv == 0) {
@@ -647,12 +717,20 @@ MMOE_AVX512 static void gemm_avx512(const float *a, int64_t lda, int64_t m, cons
             const int64_t nj = n - j0 < DOT_RB ? n - j0 : DOT_RB, np = (nj + 1) / 2;
             for (int64_t k0 = 0; k0 < kv; k0 += DOT_KC) {
                 const int64_t kc = kv - k0 < DOT_KC ? kv - k0 : DOT_KC;
-                pack_pairs_avx512(w, ldw, j0, nj, k0, kc, wp);
-                for (int64_t t = 0; t < mt; t += 4)
-                    for (int64_t p = 0; p < np; p += 3)
-                        chunk_pairs_any_avx512(mt - t < 4 ? (int)(mt - t) : 4, np - p < 3 ? (int)(np - p) : 3, k0 == 0,
-                                               a + (t0 + t) * lda + k0, lda, wp + p * 2 * DOT_KC, kc / MOE_DOT_LANES,
-                                               lanes + (t * DOT_RB / 2 + p) * 16);
+                pack_pairs(w, ldw, j0, nj, k0, kc, wp);
+                for (int64_t t = 0; t < mt; t += 4) {
+                    const int rt = mt - t < 4 ? (int)(mt - t) : 4;
+                    const float *at = a + (t0 + t) * lda + k0;
+                    if (isa == MOE_DOT_ISA_AVX512)
+                        for (int64_t p = 0; p < np; p += 3)
+                            chunk_pairs_any_avx512(rt, np - p < 3 ? (int)(np - p) : 3, k0 == 0, at, lda,
+                                                   wp + p * 2 * DOT_KC, kc / MOE_DOT_LANES,
+                                                   lanes + (t * DOT_RB / 2 + p) * 16);
+                    else
+                        for (int64_t j = 0; j < nj; j += 3)
+                            chunk_rows_any_avx2(rt, nj - j < 3 ? (int)(nj - j) : 3, k0 == 0, at, lda, wp, j,
+                                                kc / MOE_DOT_LANES, lanes + t * DOT_RB / 2 * 16);
+                }
             }
             for (int64_t t = 0; t < mt; t++)
                 for (int64_t j = 0; j < nj; j++)
@@ -700,12 +778,11 @@ void moe_dot_gemm(moe_dot_isa isa, const float *a, int64_t lda, int64_t m, const
                   int64_t k, float *c, int64_t ldc)
 {
 #if MMOE_CPU_HAVE_X86
-    if (isa == MOE_DOT_ISA_AVX512) {
-        gemm_avx512(a, lda, m, w, ldw, n, k, c, ldc);
-        return;
-    }
     if (moe_dot_isa_has_avx2(isa)) {
-        gemm_avx2(a, lda, m, w, ldw, n, k, c, ldc);
+        if (m >= DOT_BLOCKED_MIN_TOKENS)
+            gemm_blocked(isa, a, lda, m, w, ldw, n, k, c, ldc);
+        else
+            gemm_avx2(a, lda, m, w, ldw, n, k, c, ldc);
         return;
     }
 #endif
