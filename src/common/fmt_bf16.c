@@ -49,7 +49,7 @@ uint16_t mmoe_bf16_from_f32(float x)
 
 float mmoe_bf16_to_f32(uint16_t h)
 {
-    return fmt_f32_from_bits((uint32_t)h << 16);
+    return fmt_bf16_to_f32(h);
 }
 
 float mmoe_bf16_round(float x)

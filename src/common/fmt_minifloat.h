@@ -55,6 +55,26 @@ static inline float fmt_f32_from_bits(uint32_t u)
     return x;
 }
 
+/**
+ * The UE8M0 decode of mmoe_ue8m0_to_f32() (fmt_ue8m0.c), inline for the oracle's kernels, which
+ * convert a scale byte per group of 32 or 128 weights: 2^(b - 127) as the exponent field itself,
+ * 255 -> NaN, 0 -> 2^-127 (an fp32 subnormal, which has no exponent field of its own).
+ */
+static inline float fmt_ue8m0_to_f32(uint8_t b)
+{
+    if (b == 0xFF)
+        return fmt_f32_from_bits(0x7FC00000u);
+    if (b == 0)
+        return fmt_f32_from_bits(0x00400000u);
+    return fmt_f32_from_bits((uint32_t)b << 23);
+}
+
+/** The BF16 widening of mmoe_bf16_to_f32() (fmt_bf16.c), inline for the oracle's loops: the bits moved up by 16. */
+static inline float fmt_bf16_to_f32(uint16_t h)
+{
+    return fmt_f32_from_bits((uint32_t)h << 16);
+}
+
 /** @p v / 2^s rounded to nearest, ties to even (any shift s >= 0). */
 static inline uint32_t fmt_rne_shift(uint32_t v, unsigned s)
 {

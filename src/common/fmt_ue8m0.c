@@ -62,11 +62,7 @@ enum { UE8M0_NAN = 0xFF, UE8M0_MAX = 0xFE };
 
 float mmoe_ue8m0_to_f32(uint8_t b)
 {
-    if (b == UE8M0_NAN)
-        return NAN;
-    if (b == 0)
-        return fmt_f32_from_bits(0x00400000u); /* 2^-127, an fp32 subnormal */
-    return fmt_f32_from_bits((uint32_t)b << 23);
+    return fmt_ue8m0_to_f32(b);
 }
 
 int mmoe_ue8m0_ceil_bits(float s)

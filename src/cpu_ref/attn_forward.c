@@ -48,6 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fmt_minifloat.h"
 #include "mmoe_formats.h"
 #include "mmoe_sum_order.h"
 
@@ -160,7 +161,7 @@ static void scale_heads_bf16(uint16_t *q, int64_t n_heads, int64_t d, float eps)
             const int64_t c1 = d - c0 < MMOE_SUM_CHUNK ? d : c0 + MMOE_SUM_CHUNK;
             double part = 0.0;
             for (int64_t c = c0; c < c1; c++) {
-                const float v = mmoe_bf16_to_f32(qh[c]);
+                const float v = fmt_bf16_to_f32(qh[c]);
                 part += (double)mmoe_bf16_round(v * v);
             }
             mmoe_pairwise_push(&pw, part);
@@ -170,7 +171,7 @@ static void scale_heads_bf16(uint16_t *q, int64_t n_heads, int64_t d, float eps)
         const float with_eps = mmoe_bf16_round(mean + eps);
         const float rs = mmoe_bf16_round(1.0f / sqrtf(with_eps));
         for (int64_t c = 0; c < d; c++)
-            qh[c] = mmoe_bf16_from_f32(mmoe_bf16_to_f32(qh[c]) * rs);
+            qh[c] = mmoe_bf16_from_f32(fmt_bf16_to_f32(qh[c]) * rs);
     }
 }
 
@@ -234,7 +235,7 @@ static mmoe_status project_rows(moe_dequant_pool *pool, const mmoe_attn_params *
             return mmoe_error_prefix(err, "indexer: ");
         const float w_scale = (float)(1.0 / sqrt((double)s->id) * (1.0 / sqrt((double)s->ih)));
         for (int64_t i = 0; i < T * s->ih; i++)
-            b->wi[i] = mmoe_bf16_from_f32(mmoe_bf16_to_f32(b->wi[i]) * w_scale);
+            b->wi[i] = mmoe_bf16_from_f32(fmt_bf16_to_f32(b->wi[i]) * w_scale);
         for (int64_t t = 0; t < T; t++) {
             uint16_t *qit = b->qi + t * s->ih * s->id;
             rope_heads(qit, s->ih, s->id, p->rope_dim, freqs, start_pos + t, 0);

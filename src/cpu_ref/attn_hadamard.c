@@ -19,6 +19,7 @@
 
 #include <math.h>
 
+#include "fmt_minifloat.h"
 #include "mmoe_formats.h"
 
 /** Largest supported transform length. */
@@ -30,7 +31,7 @@ void attn_hadamard_bf16(uint16_t *x, int n)
     if (n > ATTN_HADAMARD_MAX)
         return;
     for (int i = 0; i < n; i++)
-        v[i] = mmoe_bf16_to_f32(x[i]);
+        v[i] = fmt_bf16_to_f32(x[i]);
     for (int h = 1; h < n; h *= 2)
         for (int i = 0; i < n; i += 2 * h)
             for (int j = i; j < i + h; j++) {

@@ -29,6 +29,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "fmt_minifloat.h"
 #include "mmoe_formats.h"
 
 void attn_indexer_scores(const uint16_t *qi, const uint16_t *w, const uint16_t *keys, int n_heads,
@@ -42,7 +43,7 @@ void attn_indexer_scores(const uint16_t *qi, const uint16_t *w, const uint16_t *
             float s = mmoe_bf16_round((float)attn_dot_bf16(q, k, head_dim));
             if (s < 0.0f)
                 s = 0.0f;
-            head_sum += (double)mmoe_bf16_round(s * mmoe_bf16_to_f32(w[h]));
+            head_sum += (double)mmoe_bf16_round(s * fmt_bf16_to_f32(w[h]));
         }
         scores[j] = mmoe_bf16_round((float)head_sum);
     }

@@ -22,6 +22,7 @@
 
 #include <stdlib.h>
 
+#include "fmt_minifloat.h"
 #include "mmoe_formats.h"
 
 mmoe_status attn_out_proj(moe_dequant_pool *pool, const mmoe_attn_params *p, const mmoe_attn_weights *w,
@@ -38,7 +39,7 @@ mmoe_status attn_out_proj(moe_dequant_pool *pool, const mmoe_attn_params *p, con
         goto done;
     }
     for (int64_t i = 0; i < T * hd; i++)
-        od[i] = (double)mmoe_bf16_to_f32(o[i]);
+        od[i] = (double)fmt_bf16_to_f32(o[i]);
     for (int64_t g = 0; g < G; g++) {
         st = attn_dense_rows(pool, od + g * group_width, T, hd, group_width, &w->wo_a, &w->wo_a_scale,
                              p->weight_block, g * R, R, zf + g * R, G * R, err);

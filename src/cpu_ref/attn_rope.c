@@ -42,6 +42,7 @@
 
 #include <math.h>
 
+#include "fmt_minifloat.h"
 #include "mmoe_formats.h"
 
 /** The YaRN correction dim of @p n_rotations (double, as Python's math module computes it). */
@@ -102,7 +103,7 @@ void attn_rope_rotate_bf16(uint16_t *x, int rope_dim, const float *cos_v, const 
                            int inverse)
 {
     for (int i = 0; i < rope_dim / 2; i++) {
-        const float a = mmoe_bf16_to_f32(x[2 * i]), b = mmoe_bf16_to_f32(x[2 * i + 1]);
+        const float a = fmt_bf16_to_f32(x[2 * i]), b = fmt_bf16_to_f32(x[2 * i + 1]);
         const float c = cos_v[i], s = inverse ? -sin_v[i] : sin_v[i];
         const float bs = b * s, as = a * s, bc = b * c;
         const float re = fmaf(a, c, -bs);

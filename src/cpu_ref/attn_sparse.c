@@ -35,6 +35,7 @@
 #include <math.h>
 
 #include "cpu_avx2.h"
+#include "fmt_minifloat.h"
 #include "mmoe_formats.h"
 #include "mmoe_sum_order.h"
 
@@ -53,7 +54,7 @@ double attn_dot_bf16(const uint16_t *a, const uint16_t *b, int64_t n)
         const int64_t i1 = n - i0 < MMOE_SUM_CHUNK ? n : i0 + MMOE_SUM_CHUNK;
         double c = 0.0;
         for (int64_t i = i0; i < i1; i++)
-            c += (double)mmoe_bf16_to_f32(a[i]) * (double)mmoe_bf16_to_f32(b[i]);
+            c += (double)fmt_bf16_to_f32(a[i]) * (double)fmt_bf16_to_f32(b[i]);
         mmoe_pairwise_push(&pw, c);
     }
     return mmoe_pairwise_result(&pw);
@@ -111,7 +112,7 @@ static void add_weighted_row(moe_dot_isa isa, float *acc, const uint16_t *kv, in
 #endif
     (void)isa;
     for (; c < d; c++)
-        acc[c] += p * mmoe_bf16_to_f32(kv[c]);
+        acc[c] += p * fmt_bf16_to_f32(kv[c]);
 }
 
 /** One thread's scratch (ATTN_SPARSE_SCRATCH_FLOATS()), carved up. */
@@ -130,7 +131,7 @@ static void attend_one_head(moe_dot_isa isa, const uint16_t *q, int d, const uin
 {
     float *acc = w->acc, *scores = w->scores;
     for (int c = 0; c < d; c++)
-        w->qd[c] = (double)mmoe_bf16_to_f32(q[c]);
+        w->qd[c] = (double)fmt_bf16_to_f32(q[c]);
     attn_dot_chunk_x(w->qd, d, w->qp);
     float m = -INFINITY, den = 0.0f;
     for (int c = 0; c < d; c++)

@@ -48,6 +48,7 @@
 #include <string.h>
 
 #include "cpu_avx512.h"
+#include "fmt_minifloat.h"
 #include "mmoe_formats.h"
 #include "mmoe_sum_order.h"
 #include "moe_internal.h"
@@ -56,7 +57,7 @@ float attn_tensor_f32_at(const mmoe_tensor *t, int64_t i)
 {
     if (t->dtype == MMOE_DT_F32)
         return ((const float *)t->data)[i];
-    return mmoe_bf16_to_f32(((const uint16_t *)t->data)[i]);
+    return fmt_bf16_to_f32(((const uint16_t *)t->data)[i]);
 }
 
 /** Weight rows the vector kernel sums at once: one per lane of a double vector. */
@@ -96,7 +97,7 @@ static float f8_scale_at(const mmoe_tensor *scale, int64_t rb, int64_t kb, int64
 {
     const int64_t i = rb * nkb + kb;
     return scale->dtype == MMOE_DT_F32 ? ((const float *)scale->data)[i]
-                                       : mmoe_ue8m0_to_f32(((const uint8_t *)scale->data)[i]);
+                                       : fmt_ue8m0_to_f32(((const uint8_t *)scale->data)[i]);
 }
 
 /** Fill @p v for rows row0 .. row0 + N - 1 of an F8 weight [*, K] (scale [*, ceil(K / block)]). */
@@ -456,7 +457,7 @@ MMOE_AVX2 static inline __attribute__((always_inline)) void store_rows4_avx2(__m
     }
 }
 
-/** Eight BF16 weights at @p h as FP32 values (the bits moved up by 16: mmoe_bf16_to_f32()). */
+/** Eight BF16 weights at @p h as FP32 values (the bits moved up by 16: fmt_bf16_to_f32()). */
 MMOE_AVX2 static inline __attribute__((always_inline)) __m256 bf16x8_avx2(const uint16_t *h)
 {
     return _mm256_castsi256_ps(
@@ -515,8 +516,8 @@ MMOE_AVX2 static void load_f8_rows4_avx2(const dense_job *j, int64_t row, double
                 f8_lookup_block(j->v, codes + r * K, row + r, kb, k0, k1, wq + r, stride);
             continue;
         }
-        const __m256 s0 = _mm256_set1_ps(mmoe_ue8m0_to_f32(b[0])), s1 = _mm256_set1_ps(mmoe_ue8m0_to_f32(b[1]));
-        const __m256 s2 = _mm256_set1_ps(mmoe_ue8m0_to_f32(b[2])), s3 = _mm256_set1_ps(mmoe_ue8m0_to_f32(b[3]));
+        const __m256 s0 = _mm256_set1_ps(fmt_ue8m0_to_f32(b[0])), s1 = _mm256_set1_ps(fmt_ue8m0_to_f32(b[1]));
+        const __m256 s2 = _mm256_set1_ps(fmt_ue8m0_to_f32(b[2])), s3 = _mm256_set1_ps(fmt_ue8m0_to_f32(b[3]));
         for (int64_t k = k0; k < k1; k += 8) {
             const __m256 r0 = _mm256_mul_ps(mmoe_e4m3_codes_avx2(codes + k, nan_pos, nan_neg), s0);
             const __m256 r1 = _mm256_mul_ps(mmoe_e4m3_codes_avx2(codes + K + k, nan_pos, nan_neg), s1);
@@ -718,7 +719,7 @@ MMOE_AVX2 static void dense_rows4_chunks_avx2(const dense_job *j, int64_t n, flo
                 const char *rb = base + (size_t)(r * K) * esize;
                 acc[r] = dt == MMOE_DT_F8_E4M3
                              ? node_chunks_avx2((const uint8_t *)rb + k0,
-                                                _mm256_set1_ps(mmoe_ue8m0_to_f32(b[r]) * 0x1p8f), j->xp + k0)
+                                                _mm256_set1_ps(fmt_ue8m0_to_f32(b[r]) * 0x1p8f), j->xp + k0)
                              : node_chunks_plain_avx2(dt == MMOE_DT_BF16, rb, k0, j->xp);
             }
             for (int r = 0; r < DENSE_LANES; r++)
@@ -773,7 +774,7 @@ MMOE_AVX2 static inline __attribute__((always_inline)) void dot_rows_bf16_avx2(i
     }
     for (int r = 0; r < R; r++) {
         for (int64_t k = k0; k < K; k++)
-            tmp[k] = (double)mmoe_bf16_to_f32(rows[r][k]);
+            tmp[k] = (double)fmt_bf16_to_f32(rows[r][k]);
         dot_f64_tail(x, tmp, 1, k0, K, &pw[r]);
         out[r] = mmoe_pairwise_result(&pw[r]);
     }
@@ -940,7 +941,7 @@ void attn_dot_rows_bf16(moe_dot_isa isa, const double *x, const double *xp, int6
     (void)xp;
     for (int64_t r = 0; r < n; r++) {
         for (int64_t k = 0; k < K; k++)
-            tmp[k] = (double)mmoe_bf16_to_f32(rows[r][k]);
+            tmp[k] = (double)fmt_bf16_to_f32(rows[r][k]);
         out[r] = dot_f64(x, tmp, K);
     }
 }
@@ -1048,7 +1049,7 @@ mmoe_status attn_linear_dense(moe_dequant_pool *pool, const uint16_t *x, int64_t
         goto done;
     }
     for (int64_t i = 0; i < T * K; i++)
-        xd[i] = (double)mmoe_bf16_to_f32(x[i]);
+        xd[i] = (double)fmt_bf16_to_f32(x[i]);
     st = attn_dense_rows(pool, xd, T, K, K, w, NULL, 0, 0, N, y, N, err);
     if (st == MMOE_OK && y_bf16 != NULL)
         mmoe_bf16_from_f32_row(y, (size_t)(T * N), y_bf16);

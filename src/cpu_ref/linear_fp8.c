@@ -43,6 +43,7 @@
 #include <string.h>
 
 #include "cpu_avx512.h"
+#include "fmt_minifloat.h"
 #include "mmoe_formats.h"
 
 /**
@@ -110,7 +111,7 @@ static mmoe_status quantize_rows(const uint16_t *x, int64_t t0, int64_t tn, int6
         for (int64_t k = 0; k < K; k++)
             xq[t * K + k] = (double)e4m3[codes[k]];
         for (int64_t b = 0; b < kb_act; b++)
-            sx[t * kb_act + b] = mmoe_ue8m0_to_f32(sf[b]);
+            sx[t * kb_act + b] = fmt_ue8m0_to_f32(sf[b]);
     }
     return MMOE_OK;
 }
@@ -196,7 +197,7 @@ static int fp8_in_registers(moe_dot_isa isa, int64_t tn, int block)
 /** One step of the scaled accumulation (step 3): @p acc plus the fp32 partial times s_x * s_w. */
 static inline float fp8_scaled_add(float acc, double partial, float s_x, uint8_t sw_byte)
 {
-    const float s = s_x * mmoe_ue8m0_to_f32(sw_byte);
+    const float s = s_x * fmt_ue8m0_to_f32(sw_byte);
     return acc + (float)partial * s;
 }
 
@@ -278,7 +279,7 @@ MMOE_AVX2 static void fp8_block_to_f64_avx2(const uint8_t *wb, int64_t K, int64_
  */
 MMOE_AVX2 static void fp8_scaled_add_row_avx2(float *acc, const double *partial, int64_t nn, float s_x, uint8_t sw_byte)
 {
-    const float s = s_x * mmoe_ue8m0_to_f32(sw_byte);
+    const float s = s_x * fmt_ue8m0_to_f32(sw_byte);
     const __m256 sv = _mm256_set1_ps(s);
     int64_t n = 0;
     for (; n + 8 <= nn; n += 8) {

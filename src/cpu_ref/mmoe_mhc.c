@@ -18,6 +18,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "fmt_minifloat.h"
 #include "mmoe_formats.h"
 #include "mmoe_linear.h"
 #include "mmoe_sum_order.h"
@@ -58,7 +59,7 @@ static void stream_mix_logits(const mmoe_hc_params *p, const uint16_t *Xt, const
             const int64_t i1 = n - i0 < MMOE_SUM_CHUNK ? n : i0 + MMOE_SUM_CHUNK;
             double c = 0.0;
             for (int64_t i = i0; i < i1; i++)
-                c += (double)row[i] * (double)mmoe_bf16_to_f32(Xt[i]);
+                c += (double)row[i] * (double)fmt_bf16_to_f32(Xt[i]);
             mmoe_pairwise_push(&pw, c);
         }
         m[r] = (float)mmoe_pairwise_result(&pw) * rs;
@@ -107,7 +108,7 @@ static void mix_streams(const mmoe_hc_params *p, const uint16_t *Xt, const float
     for (int64_t c = 0; c < p->dim; c++) {
         float acc = 0.0f;
         for (int j = 0; j < p->hc; j++)
-            acc += pre[j] * mmoe_bf16_to_f32(Xt[j * p->dim + c]);
+            acc += pre[j] * fmt_bf16_to_f32(Xt[j * p->dim + c]);
         yt[c] = mmoe_bf16_from_f32(acc);
     }
 }
@@ -149,12 +150,12 @@ static void hc_post_token(const mmoe_hc_params *p, const uint16_t *out, const ui
     uint16_t *Xt = Xn + t * hc * p->dim;
     const float *C = comb + t * hc * hc;
     for (int64_t c = 0; c < p->dim; c++) {
-        float o = mmoe_bf16_to_f32(out[t * p->dim + c]);
+        float o = fmt_bf16_to_f32(out[t * p->dim + c]);
         /* read all input streams of this channel before any is overwritten (Xn may alias R) */
         for (int k = 0; k < hc; k++) {
             float acc = 0.0f;
             for (int j = 0; j < hc; j++)
-                acc += C[j * hc + k] * mmoe_bf16_to_f32(Rt[j * p->dim + c]);
+                acc += C[j * hc + k] * fmt_bf16_to_f32(Rt[j * p->dim + c]);
             res[k] = post[t * hc + k] * o + acc;
         }
         for (int k = 0; k < hc; k++)

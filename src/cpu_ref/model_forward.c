@@ -18,6 +18,7 @@
 
 #include "attn_internal.h"
 #include "mmoe_clock.h"
+#include "fmt_minifloat.h"
 #include "mmoe_formats.h"
 #include "mmoe_linear.h"
 #include "model_internal.h"
@@ -297,7 +298,7 @@ mmoe_status mmoe_model_mtp_forward(mmoe_model *m, mmoe_model_state *s, const uin
         for (int64_t j = 0; j < hc; j++)
             for (int64_t k = 0; k < D; k++) {
                 size_t i = (size_t)((r * hc + j) * D + k);
-                b.X[i] = mmoe_bf16_from_f32(mmoe_bf16_to_f32(e[r * D + k]) + mmoe_bf16_to_f32(hp[i]));
+                b.X[i] = mmoe_bf16_from_f32(fmt_bf16_to_f32(e[r * D + k]) + fmt_bf16_to_f32(hp[i]));
             }
     if ((st = run_block(m, s, L, next_ids, pos, T, &b, err)) != MMOE_OK)
         goto done;

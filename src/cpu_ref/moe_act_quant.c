@@ -24,6 +24,7 @@
 
 #include <stdlib.h>
 
+#include "fmt_minifloat.h"
 #include "mmoe_formats.h"
 
 /* The largest group is 128 channels: one stack buffer of codes per group. */
@@ -38,7 +39,7 @@ static void quant_row_ue8m0(const float *x, int64_t k, int64_t group, mmoe_sf_ru
     for (int64_t g0 = 0; g0 < k; g0 += group) {
         /* one group at a time so that out may alias x */
         mmoe_quant_row_fp8_ue8m0(x + g0, (size_t)group, (size_t)group, rule, q, &sf, NULL);
-        float scale = mmoe_ue8m0_to_f32(sf);
+        float scale = fmt_ue8m0_to_f32(sf);
         for (int64_t i = 0; i < group; i++)
             out[g0 + i] = e4m3[q[i]] * scale; /* exact: power-of-two scale */
     }

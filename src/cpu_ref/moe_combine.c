@@ -13,6 +13,7 @@
  */
 #include "moe_internal.h"
 
+#include "fmt_minifloat.h"
 #include "mmoe_formats.h"
 
 /** The order in which the slots of a token are visited (insertion sort: topk is small). */
@@ -41,9 +42,9 @@ void moe_combine_token(moe_combine_order order, int topk, const int64_t *idx,
     for (int64_t j = 0; j < d; j++) {
         float acc = 0.0f;
         for (int v = 0; v < n; v++)
-            acc += mmoe_bf16_to_f32(slot_y[visit[v]][j]);
+            acc += fmt_bf16_to_f32(slot_y[visit[v]][j]);
         if (shared_y != NULL)
-            acc += mmoe_bf16_to_f32(shared_y[j]);
+            acc += fmt_bf16_to_f32(shared_y[j]);
         y[j] = mmoe_bf16_from_f32(acc);
     }
 }

@@ -65,6 +65,7 @@
 #include <stdlib.h>
 
 #include "cpu_avx512.h"
+#include "fmt_minifloat.h"
 #include "mmoe_formats.h"
 
 /** Weight bytes per row block (kept in the L2 cache while all tokens pass over it). */
@@ -304,7 +305,7 @@ MMOE_AVX2 static inline __attribute__((always_inline)) void fp4_block_avx2(int r
         _Pragma("GCC unroll 8")
         for (int j = 0; j < rn; j++) {
             __m256 wv[4];
-            const float half_scale = mmoe_ue8m0_to_f32(sf[(r0 + j) * w->sf_cols + g]) * 0.5f;
+            const float half_scale = fmt_ue8m0_to_f32(sf[(r0 + j) * w->sf_cols + g]) * 0.5f;
             fp4_group_avx2(w->w + (r0 + j) * row_bytes + g * 16, half_scale, wv);
             _Pragma("GCC unroll 8")
             for (int t = 0; t < rt; t++)
@@ -473,8 +474,8 @@ MMOE_AVX512 static inline __attribute__((always_inline)) void fp4_pairs_avx512(i
             const int64_t j0 = r0 + 2 * p, j1 = j0 + 1;
             __m512 wv[4];
             fp4_group_pair_avx512(w->w + j0 * row_bytes + g * 16, w->w + j1 * row_bytes + g * 16,
-                                  halves_avx512(mmoe_ue8m0_to_f32(sf[j0 * w->sf_cols + g]) * 0.5f,
-                                                mmoe_ue8m0_to_f32(sf[j1 * w->sf_cols + g]) * 0.5f),
+                                  halves_avx512(fmt_ue8m0_to_f32(sf[j0 * w->sf_cols + g]) * 0.5f,
+                                                fmt_ue8m0_to_f32(sf[j1 * w->sf_cols + g]) * 0.5f),
                                   wv);
             _Pragma("GCC unroll 2")
             for (int t = 0; t < rt; t++)

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fmt_minifloat.h"
 #include "mmoe_formats.h"
 #include "mmoe_log1p.h"
 
@@ -33,7 +34,7 @@ static float scale_at(const mmoe_tensor *sf, int64_t i)
 {
     if (sf->dtype == MMOE_DT_F32)
         return ((const float *)sf->data)[i];
-    return mmoe_ue8m0_to_f32(((const uint8_t *)sf->data)[i]);
+    return fmt_ue8m0_to_f32(((const uint8_t *)sf->data)[i]);
 }
 
 float moe_naive_weight(const mmoe_tensor *w, const mmoe_tensor *sf, int64_t block, int64_t r, int64_t c)
@@ -52,7 +53,7 @@ float moe_naive_weight(const mmoe_tensor *w, const mmoe_tensor *sf, int64_t bloc
         return mmoe_fp8_e4m3_to_f32(byte) * scale_at(sf, (r / block) * sf_cols + c / block);
     }
     case MMOE_DT_BF16:
-        return mmoe_bf16_to_f32(((const uint16_t *)w->data)[r * cols + c]);
+        return fmt_bf16_to_f32(((const uint16_t *)w->data)[r * cols + c]);
     default:
         return NAN;
     }
@@ -146,11 +147,11 @@ void moe_naive_quantize(moe_naive_quant rule, const float *x, int64_t n, float *
             float s, sf_inv;
             switch (rule) {
             case MOE_NAIVE_Q_SM100_X: /* ceil_bits(max(amax,1e-4)/448) in [1,254]; e4m3(x * (1/s)) */
-                s = mmoe_ue8m0_to_f32(mmoe_sf_ue8m0_deepgemm(amax, 448.0f));
+                s = fmt_ue8m0_to_f32(mmoe_sf_ue8m0_deepgemm(amax, 448.0f));
                 out[i] = mmoe_fp8_e4m3_to_f32(mmoe_fp8_e4m3_from_f32(x[i] * (1.0f / s))) * s;
                 break;
             case MOE_NAIVE_Q_SM100_REQUANT: /* ceil_bits(amax * fl(1/448)), no clamps; e4m3(x * s^-1) */
-                s = mmoe_ue8m0_to_f32(mmoe_sf_ue8m0_sm100_requant(amax, &sf_inv));
+                s = fmt_ue8m0_to_f32(mmoe_sf_ue8m0_sm100_requant(amax, &sf_inv));
                 out[i] = mmoe_fp8_e4m3_to_f32(mmoe_fp8_e4m3_from_f32(x[i] * sf_inv)) * s;
                 break;
             case MOE_NAIVE_Q_SM90: /* s = fl(max(amax,1e-4)/448) in FP32; e4m3(x * fl(1/s)); fl(q * s) */
@@ -158,7 +159,7 @@ void moe_naive_quantize(moe_naive_quant rule, const float *x, int64_t n, float *
                 out[i] = mmoe_fp8_e4m3_to_f32(mmoe_fp8_e4m3_from_f32(x[i] * (1.0f / s))) * s;
                 break;
             case MOE_NAIVE_Q_V4: /* ceil_bits(max(amax,1e-4) * fl(1/448)) in [1,254]; e4m3(clamp(x/s)) */
-                s = mmoe_ue8m0_to_f32(mmoe_sf_ue8m0_v4(amax, 448.0f));
+                s = fmt_ue8m0_to_f32(mmoe_sf_ue8m0_v4(amax, 448.0f));
                 float v = x[i] / s;
                 v = v > 448.0f ? 448.0f : v < -448.0f ? -448.0f : v;
                 out[i] = mmoe_fp8_e4m3_to_f32(mmoe_fp8_e4m3_from_f32(v)) * s;
@@ -255,9 +256,9 @@ void moe_naive_combine(mmoe_moe_recipe recipe, int topk, const int64_t *idx, con
     for (int64_t c = 0; c < hidden; c++) {
         float acc = 0.0f;
         for (int v = 0; v < n; v++)
-            acc += mmoe_bf16_to_f32(slot_y[(int64_t)order[v] * hidden + c]);
+            acc += fmt_bf16_to_f32(slot_y[(int64_t)order[v] * hidden + c]);
         if (shared_y != NULL) /* the shared expert last */
-            acc += mmoe_bf16_to_f32(shared_y[c]);
+            acc += fmt_bf16_to_f32(shared_y[c]);
         y[c] = mmoe_bf16_from_f32(acc);
     }
 }
@@ -313,7 +314,7 @@ static void naive_token(const mmoe_moe_desc *d, const mmoe_moe_weights *w, mmoe_
     moe_naive_quant qx, qa;
     recipe_quantizers(d->recipe, &qx, &qa);
     for (int64_t k = 0; k < d->hidden; k++)
-        s->x[k] = mmoe_bf16_to_f32(x_bf16[k]);
+        s->x[k] = fmt_bf16_to_f32(x_bf16[k]);
     if (!given) /* 1. route */
         moe_naive_route(d, w, s->x, token_id, s->scores, idx, wts);
     moe_naive_quantize(qx, s->x, d->hidden, s->xq); /* 2. R1 */

@@ -26,6 +26,7 @@
 #include "moe_internal.h"
 
 #include "cpu_avx512.h"
+#include "fmt_minifloat.h"
 #include "mmoe_formats.h"
 
 /** FP4 tile: pair-table decode of each byte, times the group's power-of-two scale. */
@@ -39,7 +40,7 @@ static void tile_fp4(const moe_mat *m, int64_t r0, int64_t nr, int64_t c0, int64
         const uint8_t *srow = sf + (r0 + r) * m->sf_cols + c0 / 32;
         float *orow = out + r * nc;
         for (int64_t g = 0; g < nc / 32; g++) {
-            const float scale = mmoe_ue8m0_to_f32(srow[g]);
+            const float scale = fmt_ue8m0_to_f32(srow[g]);
             const uint8_t *b = wrow + g * 16;
             float *o = orow + g * 32;
             /* two bytes (four weights) per step: independent loads, fewer loop branches */
@@ -77,7 +78,7 @@ MMOE_AVX512 static void tile_fp4_avx512(const moe_mat *m, int64_t r0, int64_t nr
         const uint8_t *srow = sf + (r0 + r) * m->sf_cols + c0 / 32;
         float *orow = out + r * nc;
         for (int64_t g = 0; g < nc / 32; g++) {
-            const __m512 scale = _mm512_set1_ps(mmoe_ue8m0_to_f32(srow[g]));
+            const __m512 scale = _mm512_set1_ps(fmt_ue8m0_to_f32(srow[g]));
             const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(wrow + g * 16));
             const __m128i lo = _mm_and_si128(b, low4), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low4);
             const __m128i first = _mm_unpacklo_epi8(lo, hi), second = _mm_unpackhi_epi8(lo, hi);
@@ -95,7 +96,7 @@ float moe_fp8_block_scale(const moe_mat *m, int64_t r, int64_t c)
     int64_t i = (r / m->block_n) * m->sf_cols + c / m->block_k;
     if (m->sf_f32)
         return ((const float *)m->sf)[i];
-    return mmoe_ue8m0_to_f32(((const uint8_t *)m->sf)[i]);
+    return fmt_ue8m0_to_f32(((const uint8_t *)m->sf)[i]);
 }
 
 /** FP8 tile: table decode times the block scale, one run of columns per block. */

@@ -21,6 +21,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "fmt_minifloat.h"
 #include "mmoe_formats.h"
 
 void mmoe_roundtrip_fp8_bf16(uint16_t *x, int64_t n, int block)
@@ -30,11 +31,11 @@ void mmoe_roundtrip_fp8_bf16(uint16_t *x, int64_t n, int block)
     const float *e4m3 = mmoe_fp8_e4m3_table();
     for (int64_t b0 = 0; b0 + block <= n; b0 += block) {
         for (int i = 0; i < block; i++)
-            vals[i] = mmoe_bf16_to_f32(x[b0 + i]);
+            vals[i] = fmt_bf16_to_f32(x[b0 + i]);
         /* block <= 256 and a whole block: the quantizer cannot fail */
         (void)mmoe_quant_row_fp8_ue8m0(vals, (size_t)block, (size_t)block, MMOE_SF_RULE_V4, codes,
                                        &sf, NULL);
-        const float s = mmoe_ue8m0_to_f32(sf);
+        const float s = fmt_ue8m0_to_f32(sf);
         for (int i = 0; i < block; i++)
             x[b0 + i] = mmoe_bf16_from_f32(e4m3[codes[i]] * s);
     }
@@ -45,13 +46,13 @@ void mmoe_roundtrip_fp4_bf16(uint16_t *x, int64_t n, int block)
     for (int64_t b0 = 0; b0 + block <= n; b0 += block) {
         float amax = 0.0f;
         for (int i = 0; i < block; i++) {
-            const float a = fabsf(mmoe_bf16_to_f32(x[b0 + i]));
+            const float a = fabsf(fmt_bf16_to_f32(x[b0 + i]));
             if (a > amax)
                 amax = a;
         }
-        const float s = mmoe_ue8m0_to_f32(mmoe_sf_ue8m0_v4_fp4(amax));
+        const float s = fmt_ue8m0_to_f32(mmoe_sf_ue8m0_v4_fp4(amax));
         for (int i = 0; i < block; i++) {
-            float v = mmoe_bf16_to_f32(x[b0 + i]) / s;
+            float v = fmt_bf16_to_f32(x[b0 + i]) / s;
             v = v > MMOE_FP4_E2M1_MAX ? MMOE_FP4_E2M1_MAX : (v < -MMOE_FP4_E2M1_MAX ? -MMOE_FP4_E2M1_MAX : v);
             x[b0 + i] = mmoe_bf16_from_f32(mmoe_fp4_e2m1_to_f32(mmoe_fp4_e2m1_from_f32(v)) * s);
         }

@@ -16,6 +16,7 @@
 
 #include <math.h>
 
+#include "fmt_minifloat.h"
 #include "mmoe_formats.h"
 #include "mmoe_sum_order.h"
 
@@ -27,7 +28,7 @@ double mmoe_bf16_sum_of_squares(const uint16_t *x, int64_t n)
         const int64_t i1 = n - i0 < MMOE_SUM_CHUNK ? n : i0 + MMOE_SUM_CHUNK;
         double c = 0.0;
         for (int64_t i = i0; i < i1; i++) {
-            const double v = (double)mmoe_bf16_to_f32(x[i]);
+            const double v = (double)fmt_bf16_to_f32(x[i]);
             c += v * v;
         }
         mmoe_pairwise_push(&pw, c);
@@ -45,7 +46,7 @@ void mmoe_rmsnorm_bf16(const uint16_t *x, int64_t T, int64_t n, const mmoe_tenso
         const float mean = (float)(sumsq / (double)n);
         const float rs = 1.0f / sqrtf(mean + eps);
         for (int64_t i = 0; i < n; i++) {
-            const float xn = mmoe_bf16_to_f32(xr[i]) * rs;
+            const float xn = fmt_bf16_to_f32(xr[i]) * rs;
             yr[i] = mmoe_bf16_from_f32(attn_tensor_f32_at(weight, i) * xn);
         }
     }
