@@ -210,6 +210,54 @@ START_TEST(indexer_scores_match_f64)
 }
 END_TEST
 
+/*
+ * The scores with every kernel variant that runs here, bit for bit against the definition
+ * written here from attn_dot_bf16() (the dot product whose order test_sum_order checks): per
+ * block, the heads in ascending order, each term bf16(relu(bf16(dot)) * w[h]) added in double.
+ * 150 blocks (two passes of 64 and one of 22), head widths 128 (two nodes of 64 terms) and 32 (no
+ * node: the tail alone), five heads, weights of both signs.
+ */
+START_TEST(indexer_scores_every_kernel)
+{
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, mmoe_test_seed("attn_blocks/indexer_kernels"));
+    enum { NH = 5, NB = 150, HDMAX = 128 };
+    const int widths[] = {128, 32};
+    uint16_t *qi = malloc(2 * NH * HDMAX), w[NH], *keys = malloc(2 * (size_t)(NB * HDMAX));
+    float want[NB], got[NB];
+    ck_assert(qi && keys);
+    int compared = 0;
+    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+        const int HD = widths[wi];
+        attn_test_fill_bf16(&rng, qi, NH * HD, 0.0, 1.0);
+        attn_test_fill_bf16(&rng, w, NH, 0.0, 0.1);
+        attn_test_fill_bf16(&rng, keys, NB * HD, 0.0, 1.0);
+        for (int j = 0; j < NB; j++) {
+            double head_sum = 0.0;
+            for (int h = 0; h < NH; h++) {
+                float sc = mmoe_bf16_round((float)attn_dot_bf16(qi + h * HD, keys + j * HD, HD));
+                sc = sc < 0.0f ? 0.0f : sc;
+                head_sum += (double)mmoe_bf16_round(sc * mmoe_bf16_to_f32(w[h]));
+            }
+            want[j] = mmoe_bf16_round((float)head_sum);
+        }
+        for (int isa = 0; isa < MOE_DOT_ISA_COUNT; isa++) {
+            if (!moe_dot_isa_runs_here((moe_dot_isa)isa))
+                continue;
+            mmoe_test_poison_f32(got, NB);
+            attn_indexer_scores_isa((moe_dot_isa)isa, qi, w, keys, NH, HD, NB, got);
+            for (int j = 0; j < NB; j++)
+                ck_assert_msg(memcmp(&got[j], &want[j], sizeof got[j]) == 0, "%s, width %d, block %d: %a, expected %a",
+                              moe_dot_isa_name((moe_dot_isa)isa), HD, j, got[j], want[j]);
+            compared++;
+        }
+    }
+    ck_assert_int_gt(compared, 0);
+    free(qi);
+    free(keys);
+}
+END_TEST
+
 START_TEST(topk_order_ties_and_short_lists)
 {
     const float s[8] = {1.0f, 3.0f, 3.0f, 2.0f, 3.0f, NAN, -1.0f, 2.0f};
@@ -452,6 +500,7 @@ static Suite *attn_blocks_suite(void)
     tcase_add_test(tc, compressor_finish_order);
     tcase_add_test(tc, indexer_scores_hand_values);
     tcase_add_test(tc, indexer_scores_match_f64);
+    tcase_add_test(tc, indexer_scores_every_kernel);
     tcase_add_test(tc, topk_order_ties_and_short_lists);
     tcase_add_test(tc, sparse_attention_with_sink);
     tcase_add_test(tc, sparse_attention_every_kernel);

@@ -18,6 +18,10 @@
  * rounded to bf16.  Only blocks complete at the query's position are candidates
  * (j < (p+1)/4; the block completed by this very token included).
  *
+ * The dot products of a pass of 64 keys are computed head by head, each head's query against
+ * the 64 rows through attn_dot_rows_bf16() (the chunk-lane kernel under AVX2: the bits of
+ * attn_dot_bf16()), then added into the keys' sums in the heads' order.
+ *
  * **Top-k.**  The count is min(index_topk, number of causal blocks); the result is
  * in descending score order.  bf16 scores tie often (all ReLU terms zero, equal
  * sums), and the reference's CUDA top-k keeps the tied candidate with the lowest
@@ -32,21 +36,44 @@
 #include "fmt_minifloat.h"
 #include "mmoe_formats.h"
 
+/** Key rows whose dot products a pass computes for every head before the heads' sums. */
+#define INDEX_PASS_BLOCKS 64
+
+void attn_indexer_scores_isa(moe_dot_isa isa, const uint16_t *qi, const uint16_t *w, const uint16_t *keys,
+                             int n_heads, int head_dim, int64_t n_blocks, float *scores)
+{
+    double qd[ATTN_INDEX_MAX_HEAD_DIM], qp[ATTN_INDEX_MAX_HEAD_DIM], tail[ATTN_INDEX_MAX_HEAD_DIM];
+    double dots[INDEX_PASS_BLOCKS], head_sum[INDEX_PASS_BLOCKS];
+    const uint16_t *rows[INDEX_PASS_BLOCKS];
+    for (int64_t j0 = 0; j0 < n_blocks; j0 += INDEX_PASS_BLOCKS) {
+        const int64_t nb = n_blocks - j0 < INDEX_PASS_BLOCKS ? n_blocks - j0 : INDEX_PASS_BLOCKS;
+        for (int64_t i = 0; i < nb; i++) {
+            rows[i] = keys + (j0 + i) * head_dim;
+            head_sum[i] = 0.0;
+        }
+        for (int h = 0; h < n_heads; h++) { /* per block, the heads in ascending order */
+            const uint16_t *q = qi + (size_t)h * (size_t)head_dim;
+            for (int c = 0; c < head_dim; c++)
+                qd[c] = (double)fmt_bf16_to_f32(q[c]);
+            attn_dot_chunk_x(qd, head_dim, qp);
+            attn_dot_rows_bf16(isa, qd, qp, head_dim, rows, nb, tail, dots);
+            const float wh = fmt_bf16_to_f32(w[h]);
+            for (int64_t i = 0; i < nb; i++) {
+                float s = mmoe_bf16_round((float)dots[i]);
+                if (s < 0.0f)
+                    s = 0.0f;
+                head_sum[i] += (double)mmoe_bf16_round(s * wh);
+            }
+        }
+        for (int64_t i = 0; i < nb; i++)
+            scores[j0 + i] = mmoe_bf16_round((float)head_sum[i]);
+    }
+}
+
 void attn_indexer_scores(const uint16_t *qi, const uint16_t *w, const uint16_t *keys, int n_heads,
                          int head_dim, int64_t n_blocks, float *scores)
 {
-    for (int64_t j = 0; j < n_blocks; j++) {
-        const uint16_t *k = keys + j * head_dim;
-        double head_sum = 0.0;
-        for (int h = 0; h < n_heads; h++) {
-            const uint16_t *q = qi + (size_t)h * (size_t)head_dim;
-            float s = mmoe_bf16_round((float)attn_dot_bf16(q, k, head_dim));
-            if (s < 0.0f)
-                s = 0.0f;
-            head_sum += (double)mmoe_bf16_round(s * fmt_bf16_to_f32(w[h]));
-        }
-        scores[j] = mmoe_bf16_round((float)head_sum);
-    }
+    attn_indexer_scores_isa(moe_dot_isa_best(), qi, w, keys, n_heads, head_dim, n_blocks, scores);
 }
 
 /** Descending score; NaN last; equal scores: lower index first. */

@@ -130,6 +130,17 @@ void attn_compressor_finish(const float *pooled, int dh, const mmoe_tensor *norm
 void attn_indexer_scores(const uint16_t *qi, const uint16_t *w, const uint16_t *keys, int n_heads,
                          int head_dim, int64_t n_blocks, float *scores);
 
+/** Widest indexer head (index_head_dim) a layer may have: attn_params.c refuses wider ones. */
+#define ATTN_INDEX_MAX_HEAD_DIM 1024
+
+/**
+ * attn_indexer_scores() with the kernels of @p isa (which must run here); the scores do not
+ * depend on them.  attn_indexer_scores() takes moe_dot_isa_best().  @p head_dim at most
+ * ::ATTN_INDEX_MAX_HEAD_DIM.
+ */
+void attn_indexer_scores_isa(moe_dot_isa isa, const uint16_t *qi, const uint16_t *w, const uint16_t *keys,
+                             int n_heads, int head_dim, int64_t n_blocks, float *scores);
+
 /** A candidate of the top-k selection (work space of attn_topk_desc()). */
 typedef struct attn_scored {
     float score;    /**< the index score (bf16 value) */

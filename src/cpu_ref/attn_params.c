@@ -96,9 +96,9 @@ mmoe_status mmoe_attn_params_validate(const mmoe_attn_params *p, mmoe_error *err
     if (p->compress_ratio == 4) {
         const int ihd = p->index_head_dim;
         RANGE_FAIL(p->index_n_heads <= 0, "index_n_heads %d must be positive", p->index_n_heads);
-        RANGE_FAIL(ihd < 32 || ihd > 1024 || (ihd & (ihd - 1)) != 0 || ihd < p->rope_dim,
-                   "index_head_dim %d must be a power of two in [32, 1024] and >= rope_dim %d", ihd,
-                   p->rope_dim);
+        RANGE_FAIL(ihd < 32 || ihd > ATTN_INDEX_MAX_HEAD_DIM || (ihd & (ihd - 1)) != 0 || ihd < p->rope_dim,
+                   "index_head_dim %d must be a power of two in [32, %d] and >= rope_dim %d", ihd,
+                   ATTN_INDEX_MAX_HEAD_DIM, p->rope_dim);
         RANGE_FAIL(p->index_topk <= 0, "index_topk %d must be positive", p->index_topk);
     }
     return MMOE_OK;

@@ -29,6 +29,16 @@
  * independent chains, the node added as the tree adds it).  Empty list slots (-1 in the reference)
  * are simply not in the list: in exact arithmetic they contribute nothing, and
  * leaving them out keeps chunk boundaries identical between prefill and decode.
+ *
+ * ## Kernels
+ *
+ * A head's query is widened to double once and permuted into chunk-lane order; a chunk's 64
+ * scores are then attn_dot_rows_bf16() of it against the chunk's rows (linear_dense.c: under
+ * AVX2 the four chains of a node in the four lanes of a register, four rows at a time), the bits
+ * of attn_dot_bf16().  P.V and the rescale by alpha run eight channels at a time under AVX2, the
+ * product and the sum as two roundings like the scalar loop (the product of two bf16 values is
+ * exact in fp32 except below the normal range, where a fused multiply-add would round once
+ * instead of twice).  tests/test_attn_blocks.c checks every variant against the generic one.
  */
 #include "attn_internal.h"
 

@@ -36,7 +36,11 @@
  * serves several products, and the tree's merges run on four lanes at once (pairwise4).  Calls
  * of one x row (decode) of a BF16 or F32 weight, or of an F8 one with E8M0 scales, take the
  * chunk-lane kernel instead (dense_rows4_chunks_avx2()): a register holds the four chains of one
- * row's node, so the weights go straight into the sums, with nothing written to memory.
+ * row's node, so the weights go straight into the sums, with nothing written to memory.  The
+ * same kernel sums the attention's scores (attn_dot_rows_bf16(): one query head against BF16 kv
+ * rows given by their addresses).  On a CPU with AVX-512, calls of four x rows or more take
+ * sixteen weight rows a pass, eight in the lanes of a 512-bit double vector
+ * (dense_rows_avx512()).
  *
  * The weight rows of a call are shared out over a worker pool (moe_pool_rows(), the model's
  * pool of the MoE layers): each output is one row's dot products, computed by the same code

@@ -19,6 +19,9 @@
  * (vectorized by gcc -O2 with SSE2; 0.34-0.40 ms), a 16-entry table scaled once per 32-block
  * (no multiplies; 0.25 ms), SSE vector-extension pair loads (1 ms: store-forwarding stalls).
  * What helps is more cores (moe_dequant_pool.c) and overlap with the GEMMs (moe_expert_gemm.c).
+ * Under AVX-512 the sixteen E2M1 values fit one register, and a permute looks up sixteen
+ * nibbles at once (tile_fp4_avx512(): the same multiplications; moe_weight_tile_f32_isa()
+ * chooses).
  *
  * Tile layout: row-major [nr, nc] with leading dimension nc, i.e. the same orientation as the
  * checkpoint (N rows, K contiguous), which the GEMM reads transposed.
