@@ -488,6 +488,48 @@ START_TEST(dense_rows_follow_the_order)
 }
 END_TEST
 
+/*
+ * attn_dense_sums() with more x rows than the AVX-512 kernel's block of 64 (70: a block of 64,
+ * then one of 6), a width of five full nodes and a tail (333: the kernel's chunks of four nodes,
+ * then one), 37 BF16 rows, with every variant that runs here, against the spec's order.
+ */
+START_TEST(dense_rows_many_x_rows)
+{
+    enum { T = 70, K = 333, N = 37 };
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed + 4);
+    double *x = malloc(sizeof(double) * T * K), *y = malloc(sizeof(double) * T * N), terms[K];
+    uint16_t *wd = malloc(2 * (size_t)(N * K));
+    ck_assert(x && y && wd);
+    for (int i = 0; i < T * K; i++)
+        x[i] = mmoe_bf16_to_f32(spread_bf16(&r));
+    for (int i = 0; i < N * K; i++)
+        wd[i] = spread_bf16(&r);
+    mmoe_tensor w = {MMOE_DT_BF16, 2, {N, K}, wd, 0};
+    for (int isa = 0; isa < MOE_DOT_ISA_COUNT; isa++) {
+        if (!moe_dot_isa_runs_here((moe_dot_isa)isa))
+            continue;
+        for (int i = 0; i < T * N; i++)
+            y[i] = NAN;
+        mmoe_error err;
+        ck_assert_msg(attn_dense_sums(NULL, (moe_dot_isa)isa, x, T, K, K, &w, NULL, 0, 0, N, y, N, &err) == MMOE_OK,
+                      "%s", err.msg);
+        for (int t = 0; t < T; t++)
+            for (int n = 0; n < N; n++) {
+                for (int k = 0; k < K; k++)
+                    terms[k] = x[t * K + k] * mmoe_bf16_to_f32(wd[n * K + k]);
+                const double want = ref_sum(terms, K);
+                ck_assert_msg(memcmp(&want, &y[t * N + n], sizeof want) == 0,
+                              "%s, x row %d, row %d: %a, expected %a (seed %llu)", moe_dot_isa_name((moe_dot_isa)isa), t,
+                              n, y[t * N + n], want, (unsigned long long)g_seed);
+            }
+    }
+    free(x);
+    free(y);
+    free(wd);
+}
+END_TEST
+
 static Suite *sum_order_suite(void)
 {
     Suite *s = suite_create("sum_order");
@@ -499,6 +541,7 @@ static Suite *sum_order_suite(void)
     tcase_add_test(tc, dot_rows_follow_the_order);
     tcase_add_test(tc, dense_order_visible);
     tcase_add_test(tc, dense_rows_follow_the_order);
+    tcase_add_test(tc, dense_rows_many_x_rows);
     suite_add_tcase(s, tc);
     return s;
 }

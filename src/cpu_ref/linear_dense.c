@@ -240,7 +240,11 @@ typedef struct {
     double *wbuf;         /**< per thread: DENSE_BLOCK_ROWS * K doubles */
     float *tmp;           /**< per thread: K floats (a BF16 row in fp32) */
     double *xp;           /**< one-row calls of the chunk-lane kernel: x in chunk-lane order, else NULL */
+    unsigned char *trees; /**< AVX-512 calls of four x rows or more, per thread: dense_trees_bytes(), else NULL */
 } dense_job;
+
+/** Bytes of one thread's trees in dense_rows_avx512() (0 where the build has no x86 kernels). */
+static size_t dense_trees_bytes(void);
 
 /** Weight rows [n0, n1) of the call, one at a time, each against every x row (the definition). */
 static void dense_rows_generic(const dense_job *j, float *tmp, double *wrow, int64_t n0, int64_t n1)
@@ -844,24 +848,26 @@ MMOE_AVX512 static void pairwise8_finish(pairwise8 *p, const double *a, const do
     _mm512_storeu_pd(out, r);
 }
 
+/** x rows whose trees dense_rows_avx512() keeps between its chunks along K. */
+#define DENSE_TB 64
+/** Nodes of one chunk along K of dense_rows_avx512(): 16 rows x 256 values, 32 KiB, stay in the L1 cache. */
+#define DENSE_KC_NODES 4
+
 /**
  * Sixteen weight rows (two groups of eight interleaved by eight, group g at wq + g * 8 * K) against
- * @p rt x rows (1 .. 4): dot8x4_f64_avx2()'s arrangement with eight lanes a vector.  A node's
- * chunks run one after the other, each as 2 x rt chains; the first two chunks' sums are added as
- * soon as the second is complete, the last two likewise, then the two pairs: (c0 + c1) + (c2 +
- * c3), with fewer sums held.  Always inlined with a constant @p rt.
+ * @p rt x rows (1 .. 4), the nodes of columns k0 .. k1 - 1, each node's sum pushed onto pw[t][g]:
+ * dot8x4_f64_avx2()'s arrangement with eight lanes a vector.  A node's chunks run one after the
+ * other, each as 2 x rt chains; the first two chunks' sums are added as soon as the second is
+ * complete, the last two likewise, then the two pairs: (c0 + c1) + (c2 + c3), with fewer sums
+ * held.  Always inlined with a constant @p rt.
  */
-MMOE_AVX512 static inline __attribute__((always_inline)) void dot16_f64_avx512(int rt, const double *a, int64_t lda,
-                                                                               const double *wq, int64_t K,
-                                                                               double *out, int64_t ldo)
+MMOE_AVX512 static inline __attribute__((always_inline)) void dot16_nodes_avx512(int rt, const double *a, int64_t lda,
+                                                                                 const double *wq, int64_t K,
+                                                                                 int64_t k0, int64_t k1,
+                                                                                 pairwise8 (*pw)[2])
 {
     enum { G = 2, RT = DENSE_BLOCK_TOKENS, L = 2 * DENSE_LANES };
-    pairwise8 pw[RT][G];
-    for (int t = 0; t < rt; t++)
-        for (int g = 0; g < G; g++)
-            pw[t][g].n = 0;
-    int64_t k0 = 0;
-    for (; k0 + DENSE_NODE <= K; k0 += DENSE_NODE) {
+    for (; k0 < k1; k0 += DENSE_NODE) {
         __m512d pair01[RT][G], first[RT][G];
         _Pragma("GCC unroll 4")
         for (int q = 0; q < 4; q++) {
@@ -899,33 +905,55 @@ MMOE_AVX512 static inline __attribute__((always_inline)) void dot16_f64_avx512(i
                 }
         }
     }
-    for (int t = 0; t < rt; t++)
-        for (int g = 0; g < G; g++)
-            pairwise8_finish(&pw[t][g], a + t * lda, wq + g * L * K, k0, K, out + t * ldo + g * L);
+}
+
+/** dot16_nodes_avx512() with @p rt (1 .. 4) as a constant. */
+MMOE_AVX512 static void dot16_nodes_any_avx512(int rt, const double *a, int64_t lda, const double *wq, int64_t K,
+                                               int64_t k0, int64_t k1, pairwise8 (*pw)[2])
+{
+    switch (rt) {
+    case 4: dot16_nodes_avx512(4, a, lda, wq, K, k0, k1, pw); return;
+    case 3: dot16_nodes_avx512(3, a, lda, wq, K, k0, k1, pw); return;
+    case 2: dot16_nodes_avx512(2, a, lda, wq, K, k0, k1, pw); return;
+    default: dot16_nodes_avx512(1, a, lda, wq, K, k0, k1, pw); return;
+    }
+}
+
+static size_t dense_trees_bytes(void)
+{
+    return sizeof(pairwise8) * 2 * DENSE_TB;
 }
 
 /**
- * As dense_rows_avx2(), with the same bits: sixteen weight rows at a time through
- * dot16_f64_avx512() for every four x rows (the last T mod 4 together), the rows left after the
- * last sixteen by dense_rows_avx2().
+ * As dense_rows_avx2(), with the same bits: sixteen weight rows at a time, x rows in blocks of
+ * ::DENSE_TB whose trees (@p trees: DENSE_TB x 2 of them) are kept while the block passes
+ * over the rows' nodes a chunk of ::DENSE_KC_NODES at a time (each chunk read from the L1 cache
+ * by every group of four x rows; a tree's pushes come in the same order as without chunks),
+ * then finished with the terms after the last node; the rows left after the last sixteen by
+ * dense_rows_avx2().
  */
-MMOE_AVX512 static void dense_rows_avx512(const dense_job *j, float *tmp, double *wq, int64_t n0, int64_t n1)
+MMOE_AVX512 static void dense_rows_avx512(const dense_job *j, float *tmp, double *wq, pairwise8 (*trees)[2], int64_t n0,
+                                          int64_t n1)
 {
-    const int64_t K = j->K, T = j->T, L = 2 * DENSE_LANES;
+    const int64_t K = j->K, T = j->T, L = 2 * DENSE_LANES, kn = K - K % DENSE_NODE;
     int64_t n = n0;
     for (; n + DENSE_BLOCK_ROWS_512 <= n1; n += DENSE_BLOCK_ROWS_512) {
         for (int q = 0; q < 4; q++) /* rows n + 4q .. n + 4q + 3: group q / 2, lanes 4 (q mod 2) on */
             load_rows4_avx2(j, j->row0 + n + q * DENSE_LANES, tmp, wq + (q / 2) * L * K + (q % 2) * DENSE_LANES, L);
-        const double *x = j->x;
-        double *y = j->y + n;
-        int64_t i = 0;
-        for (; i + DENSE_BLOCK_TOKENS <= T; i += DENSE_BLOCK_TOKENS)
-            dot16_f64_avx512(DENSE_BLOCK_TOKENS, x + i * j->ldx, j->ldx, wq, K, y + i * j->ldy, j->ldy);
-        switch (T - i) {
-        case 3: dot16_f64_avx512(3, x + i * j->ldx, j->ldx, wq, K, y + i * j->ldy, j->ldy); break;
-        case 2: dot16_f64_avx512(2, x + i * j->ldx, j->ldx, wq, K, y + i * j->ldy, j->ldy); break;
-        case 1: dot16_f64_avx512(1, x + i * j->ldx, j->ldx, wq, K, y + i * j->ldy, j->ldy); break;
-        default: break;
+        for (int64_t t0 = 0; t0 < T; t0 += DENSE_TB) {
+            const int64_t tb = T - t0 < DENSE_TB ? T - t0 : DENSE_TB;
+            for (int64_t t = 0; t < tb; t++)
+                trees[t][0].n = trees[t][1].n = 0;
+            for (int64_t k0 = 0; k0 < kn; k0 += DENSE_KC_NODES * DENSE_NODE) {
+                const int64_t k1 = kn - k0 < DENSE_KC_NODES * DENSE_NODE ? kn : k0 + DENSE_KC_NODES * DENSE_NODE;
+                for (int64_t t = 0; t < tb; t += DENSE_BLOCK_TOKENS)
+                    dot16_nodes_any_avx512(tb - t < DENSE_BLOCK_TOKENS ? (int)(tb - t) : DENSE_BLOCK_TOKENS,
+                                           j->x + (t0 + t) * j->ldx, j->ldx, wq, K, k0, k1, trees + t);
+            }
+            for (int64_t t = 0; t < tb; t++)
+                for (int g = 0; g < 2; g++)
+                    pairwise8_finish(&trees[t][g], j->x + (t0 + t) * j->ldx, wq + g * L * K, kn, K,
+                                     j->y + (t0 + t) * j->ldy + n + g * L);
         }
     }
     dense_rows_avx2(j, tmp, wq, n, n1);
@@ -950,6 +978,13 @@ void attn_dot_rows_bf16(moe_dot_isa isa, const double *x, const double *xp, int6
     }
 }
 
+#if !MMOE_CPU_HAVE_X86
+static size_t dense_trees_bytes(void)
+{
+    return 0;
+}
+#endif
+
 /** moe_rows_fn of attn_dense_sums(): weight rows [n0, n1) with thread @p thread's buffer. */
 static void dense_rows(void *ctx, int thread, int64_t n0, int64_t n1)
 {
@@ -960,8 +995,9 @@ static void dense_rows(void *ctx, int thread, int64_t n0, int64_t n1)
     if (moe_dot_isa_has_avx2(j->isa)) {
         if (j->xp != NULL)
             dense_rows_chunks_avx2(j, tmp, wbuf, n0, n1);
-        else if (j->isa == MOE_DOT_ISA_AVX512 && j->T >= DENSE_BLOCK_TOKENS)
-            dense_rows_avx512(j, tmp, wbuf, n0, n1);
+        else if (j->trees != NULL)
+            dense_rows_avx512(j, tmp, wbuf, (pairwise8(*)[2])(void *)(j->trees + (size_t)thread * dense_trees_bytes()),
+                              n0, n1);
         else
             dense_rows_avx2(j, tmp, wbuf, n0, n1);
         return;
@@ -991,25 +1027,29 @@ mmoe_status attn_dense_sums(moe_dequant_pool *pool, moe_dot_isa isa, const doubl
     const int chunk_lanes = MMOE_CPU_HAVE_X86 && moe_dot_isa_has_avx2(isa) && T == 1 && K >= DENSE_NODE &&
                             (w->dtype != MMOE_DT_F8_E4M3 ||
                              (scale->dtype == MMOE_DT_F8_E8M0 && block % DENSE_NODE == 0));
+    /* four x rows or more under AVX-512: sixteen rows a pass, the x rows' trees per thread */
+    const int wide = isa == MOE_DOT_ISA_AVX512 && T >= DENSE_BLOCK_TOKENS;
     dense_job j = {isa, x, T, ldx, K, w, &v, scale, row0, y, ldy,
                    malloc(sizeof(double) * (size_t)(threads * DENSE_BLOCK_ROWS_512 * K)),
                    malloc(sizeof(float) * (size_t)(threads * K)),
-                   chunk_lanes ? malloc(sizeof(double) * (size_t)K) : NULL};
-    if (j.wbuf == NULL || j.tmp == NULL || (chunk_lanes && j.xp == NULL)) {
+                   chunk_lanes ? malloc(sizeof(double) * (size_t)K) : NULL,
+                   wide ? aligned_alloc(64, (size_t)threads * dense_trees_bytes()) : NULL};
+    if (j.wbuf == NULL || j.tmp == NULL || (chunk_lanes && j.xp == NULL) || (wide && j.trees == NULL)) {
         free(j.wbuf);
         free(j.tmp);
         free(j.xp);
+        free(j.trees);
         st = mmoe_error_set(err, MMOE_ENOMEM, "dense linear: out of memory (K=%lld, %d threads)", (long long)K,
                             threads);
         goto done;
     }
     if (chunk_lanes)
         attn_dot_chunk_x(x, K, j.xp);
-    moe_pool_rows(pool, N, K * T, isa == MOE_DOT_ISA_AVX512 && !chunk_lanes ? DENSE_BLOCK_ROWS_512 : DENSE_BLOCK_ROWS,
-                  dense_rows, &j);
+    moe_pool_rows(pool, N, K * T, wide ? DENSE_BLOCK_ROWS_512 : DENSE_BLOCK_ROWS, dense_rows, &j);
     free(j.wbuf);
     free(j.tmp);
     free(j.xp);
+    free(j.trees);
 done:
     free(v.value);
     free(v.table);
