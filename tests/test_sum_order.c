@@ -530,6 +530,66 @@ START_TEST(dense_rows_many_x_rows)
 }
 END_TEST
 
+/*
+ * mHC's logits: attn_dot_f32_rows() (F32 rows with a stride against one BF16 x) with every variant
+ * that runs here against the spec's order, bit for bit: widths 16 (no node), 77 and 560 (nodes
+ * and a tail), 1 to 9 rows (four at a time, then one at a time), F32 values spread over 2^-40 ..
+ * 2^20 with random signs.
+ */
+START_TEST(f32_rows_follow_the_order)
+{
+    enum { KMAX = 560, LDR = 600, ROWS = 9 };
+    const int64_t widths[] = {16, 77, 560};
+    mmoe_rng r;
+    mmoe_rng_seed(&r, g_seed + 5);
+    uint16_t x[KMAX];
+    float *rows = malloc(sizeof(float) * ROWS * LDR);
+    double out[ROWS], terms[KMAX];
+    ck_assert(rows);
+    int checked = 0, seq_differs = 0;
+    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+        const int64_t K = widths[wi];
+        for (int64_t k = 0; k < K; k++)
+            x[k] = spread_bf16(&r);
+        for (int i = 0; i < ROWS * LDR; i++) {
+            const float mag = ldexpf(1.0f + (float)mmoe_rng_uniform(&r), (int)(mmoe_rng_uniform(&r) * 60) - 40);
+            rows[i] = mmoe_rng_uniform(&r) < 0.5 ? -mag : mag;
+        }
+        for (int isa = 0; isa < MOE_DOT_ISA_COUNT; isa++) {
+            if (!moe_dot_isa_runs_here((moe_dot_isa)isa))
+                continue;
+            for (int n = 1; n <= ROWS; n++) {
+                for (int i = 0; i < ROWS; i++)
+                    out[i] = NAN;
+                attn_dot_f32_rows((moe_dot_isa)isa, x, K, rows, LDR, n, out);
+                for (int i = 0; i < ROWS; i++) {
+                    if (i >= n) {
+                        ck_assert_msg(isnan(out[i]), "%s: row %d written past %d", moe_dot_isa_name((moe_dot_isa)isa),
+                                      i, n);
+                        continue;
+                    }
+                    double seq = 0.0;
+                    for (int64_t k = 0; k < K; k++) {
+                        terms[k] = (double)rows[i * LDR + k] * (double)mmoe_bf16_to_f32(x[k]);
+                        seq += terms[k];
+                    }
+                    const double want = ref_sum(terms, K);
+                    ck_assert_msg(memcmp(&want, &out[i], sizeof want) == 0,
+                                  "%s, K %lld, %d rows, row %d: %a, expected %a (seed %llu)",
+                                  moe_dot_isa_name((moe_dot_isa)isa), (long long)K, n, i, out[i], want,
+                                  (unsigned long long)g_seed);
+                    checked++;
+                    seq_differs += seq != want;
+                }
+            }
+        }
+    }
+    ck_assert_msg(seq_differs * 5 > checked, "only %d of %d sums differ from the sequential order", seq_differs,
+                  checked);
+    free(rows);
+}
+END_TEST
+
 static Suite *sum_order_suite(void)
 {
     Suite *s = suite_create("sum_order");
@@ -542,6 +602,7 @@ static Suite *sum_order_suite(void)
     tcase_add_test(tc, dense_order_visible);
     tcase_add_test(tc, dense_rows_follow_the_order);
     tcase_add_test(tc, dense_rows_many_x_rows);
+    tcase_add_test(tc, f32_rows_follow_the_order);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -298,6 +298,14 @@ void attn_dot_chunk_x(const double *x, int64_t K, double *xp);
 void attn_dot_rows_bf16(moe_dot_isa isa, const double *x, const double *xp, int64_t K, const uint16_t *const *rows,
                         int64_t n, double *tmp, double *out);
 
+/**
+ * out[r] = the sum of rows[r * ldr + k] * x[k] over k < K for @p n F32 rows and one BF16 x, in
+ * double in the fixed order of attn_dense_sums() (mHC's logits: the rows of fn against a token's
+ * streams), with the kernel of @p isa (which must run here); the bits do not depend on it.
+ */
+void attn_dot_f32_rows(moe_dot_isa isa, const uint16_t *x, int64_t K, const float *rows, int64_t ldr, int64_t n,
+                       double *out);
+
 /** mmoe_linear_dense() with its weight rows shared out over @p pool's threads (NULL: the caller alone). */
 mmoe_status attn_linear_dense(moe_dequant_pool *pool, const uint16_t *x, int64_t T, int64_t K, const mmoe_tensor *w,
                               int64_t N, float *y_f32, uint16_t *y_bf16, mmoe_error *err);

@@ -788,6 +788,58 @@ MMOE_AVX2 static inline __attribute__((always_inline)) void dot_rows_bf16_avx2(i
     }
 }
 
+/**
+ * @p R (1 or 4) F32 rows (at @p rows, stride @p ldr) against one BF16 x: each full node's 64 x values
+ * widened and permuted into chunk-lane order once (for the R rows), the rows' nodes into the four
+ * chains of a register (node_chunks_plain_avx2()), the terms after the last full node by
+ * dot_f64()'s own tail.  Always inlined with a constant @p R.
+ */
+MMOE_AVX2 static inline __attribute__((always_inline)) void dot_f32_rows_avx2(int R, const uint16_t *x, int64_t K,
+                                                                             const float *rows, int64_t ldr,
+                                                                             double *out)
+{
+    mmoe_pairwise pw[DENSE_LANES];
+    _Pragma("GCC unroll 4")
+    for (int r = 0; r < R; r++)
+        mmoe_pairwise_init(&pw[r]);
+    double xn[DENSE_NODE], xpn[DENSE_NODE];
+    int64_t k0 = 0;
+    for (; k0 + DENSE_NODE <= K; k0 += DENSE_NODE) {
+        for (int i = 0; i < DENSE_NODE; i++)
+            xn[i] = (double)fmt_bf16_to_f32(x[k0 + i]);
+        attn_dot_chunk_x(xn, DENSE_NODE, xpn);
+        __m256d acc[DENSE_LANES];
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < R; r++)
+            acc[r] = node_chunks_plain_avx2(0, rows + r * ldr + k0, 0, xpn);
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < R; r++)
+            mmoe_pairwise_push_node(&pw[r], node_sum_avx2(acc[r]), 2);
+    }
+    for (int r = 0; r < R; r++) {
+        mmoe_pairwise *p = &pw[r];
+        for (int64_t c0 = k0; c0 < K; c0 += MMOE_SUM_CHUNK) {
+            const int64_t c1 = K - c0 < MMOE_SUM_CHUNK ? K : c0 + MMOE_SUM_CHUNK;
+            double c = 0.0;
+            for (int64_t k = c0; k < c1; k++)
+                c += (double)rows[r * ldr + k] * (double)fmt_bf16_to_f32(x[k]);
+            mmoe_pairwise_push(p, c);
+        }
+        out[r] = mmoe_pairwise_result(p);
+    }
+}
+
+/** attn_dot_f32_rows() under AVX2: four rows at a time, the last n mod 4 one at a time. */
+MMOE_AVX2 static void dot_f32_rows_list_avx2(const uint16_t *x, int64_t K, const float *rows, int64_t ldr, int64_t n,
+                                             double *out)
+{
+    int64_t r = 0;
+    for (; r + DENSE_LANES <= n; r += DENSE_LANES)
+        dot_f32_rows_avx2(DENSE_LANES, x, K, rows + r * ldr, ldr, out + r);
+    for (; r < n; r++)
+        dot_f32_rows_avx2(1, x, K, rows + r * ldr, ldr, out + r);
+}
+
 /** attn_dot_rows_bf16() under AVX2: four rows at a time, the last n mod 4 one at a time. */
 MMOE_AVX2 static void dot_rows_list_avx2(const double *x, const double *xp, int64_t K, const uint16_t *const *rows,
                                          int64_t n, double *tmp, double *out)
@@ -975,6 +1027,37 @@ void attn_dot_rows_bf16(moe_dot_isa isa, const double *x, const double *xp, int6
         for (int64_t k = 0; k < K; k++)
             tmp[k] = (double)fmt_bf16_to_f32(rows[r][k]);
         out[r] = dot_f64(x, tmp, K);
+    }
+}
+
+void attn_dot_f32_rows(moe_dot_isa isa, const uint16_t *x, int64_t K, const float *rows, int64_t ldr, int64_t n,
+                       double *out)
+{
+#if MMOE_CPU_HAVE_X86
+    if (moe_dot_isa_has_avx2(isa)) {
+        dot_f32_rows_list_avx2(x, K, rows, ldr, n, out);
+        return;
+    }
+#endif
+    (void)isa;
+    float xf[DENSE_NODE];
+    for (int64_t r = 0; r < n; r++) {
+        const float *row = rows + r * ldr;
+        mmoe_pairwise pw;
+        mmoe_pairwise_init(&pw);
+        int64_t i0 = 0;
+        for (; i0 + DENSE_NODE <= K; i0 += DENSE_NODE) {
+            mmoe_bf16_to_f32_row(x + i0, DENSE_NODE, xf);
+            mmoe_pairwise_push_node(&pw, mmoe_sum_node4_f32(row + i0, xf), 2);
+        }
+        for (; i0 < K; i0 += MMOE_SUM_CHUNK) {
+            const int64_t i1 = K - i0 < MMOE_SUM_CHUNK ? K : i0 + MMOE_SUM_CHUNK;
+            double c = 0.0;
+            for (int64_t i = i0; i < i1; i++)
+                c += (double)row[i] * (double)fmt_bf16_to_f32(x[i]);
+            mmoe_pairwise_push(&pw, c);
+        }
+        out[r] = mmoe_pairwise_result(&pw);
     }
 }
 

@@ -6,9 +6,9 @@
  * computes the shared first two steps of hc_pre and hc_head: the RMS of all
  * hc*D values of a token and the n_out dot products with the rows of `fn`,
  * both accumulated in double (exact products of fp32 values, fixed order) and
- * rounded once to fp32, then multiplied in fp32.  The dot products take the chunks of an
- * aligned node of four as four independent chains (each chunk still ascending from +0, the
- * node added as the tree adds it), which the order allows and the CPU's pipelines like.
+ * rounded once to fp32, then multiplied in fp32.  The dot products are the dense linears' (in
+ * the order of @ref spec_arch_sum_order: attn_dot_f32_rows(), under AVX2 the four chunks of a
+ * node in a register's lanes, four rows of fn at a time).
  *
  * Every token is computed on its own (its streams, its weights, its outputs), so the _pool
  * variants share the tokens out over a worker pool (moe_pool_rows()) with the same bits.
@@ -18,10 +18,10 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "attn_internal.h"
 #include "fmt_minifloat.h"
 #include "mmoe_formats.h"
 #include "mmoe_linear.h"
-#include "mmoe_sum_order.h"
 #include "moe_internal.h"
 
 void mmoe_hc_expand(const mmoe_hc_params *p, const uint16_t *h, int64_t T, uint16_t *X)
@@ -42,27 +42,17 @@ static float sigmoid_f32(float z) { return 1.0f / (1.0f + expf(-z)); }
 static void stream_mix_logits(const mmoe_hc_params *p, const uint16_t *Xt, const float *fn, int n_out,
                               float *m)
 {
+    enum { ROWS_A_PASS = 64 };
     const int64_t n = (int64_t)p->hc * p->dim;
     float mean = (float)(mmoe_bf16_sum_of_squares(Xt, n) / (double)n);
     float rs = 1.0f / sqrtf(mean + p->norm_eps);
-    float x[MMOE_SUM_NODE4];
-    for (int r = 0; r < n_out; r++) {
-        const float *row = fn + (int64_t)r * n;
-        mmoe_pairwise pw;
-        mmoe_pairwise_init(&pw);
-        int64_t i0 = 0;
-        for (; i0 + MMOE_SUM_NODE4 <= n; i0 += MMOE_SUM_NODE4) {
-            mmoe_bf16_to_f32_row(Xt + i0, MMOE_SUM_NODE4, x);
-            mmoe_pairwise_push_node(&pw, mmoe_sum_node4_f32(row + i0, x), 2);
-        }
-        for (; i0 < n; i0 += MMOE_SUM_CHUNK) {
-            const int64_t i1 = n - i0 < MMOE_SUM_CHUNK ? n : i0 + MMOE_SUM_CHUNK;
-            double c = 0.0;
-            for (int64_t i = i0; i < i1; i++)
-                c += (double)row[i] * (double)fmt_bf16_to_f32(Xt[i]);
-            mmoe_pairwise_push(&pw, c);
-        }
-        m[r] = (float)mmoe_pairwise_result(&pw) * rs;
+    const moe_dot_isa isa = moe_dot_isa_best();
+    double dots[ROWS_A_PASS];
+    for (int r0 = 0; r0 < n_out; r0 += ROWS_A_PASS) {
+        const int nr = n_out - r0 < ROWS_A_PASS ? n_out - r0 : ROWS_A_PASS;
+        attn_dot_f32_rows(isa, Xt, n, fn + (int64_t)r0 * n, n, nr, dots);
+        for (int r = 0; r < nr; r++)
+            m[r0 + r] = (float)dots[r] * rs;
     }
 }
 
