@@ -220,6 +220,89 @@ START_TEST(fp8_linear_nan_codes)
 }
 END_TEST
 
+/*
+ * Step 1 (attn_fp8_quantize_rows()) with every kernel variant that runs here gives the generic
+ * variant's values and scales, bit for bit (the generic one is mmoe_quant_row_fp8_ue8m0() and the
+ * E4M3 table).  Each 128-wide block holds 256 * 2^e (e from -30 to 30, so that the scale is 2^e
+ * or 2^(e+1)) and, times 2^e, every E4M3 value, every midpoint between neighbours (the ties of
+ * the rounding, on both sides of 2^-6 where the step changes from 2^-9 to the binade's) and the
+ * BF16 neighbours of the midpoints, with random signs, zeros of both signs, values that round to
+ * zero, and in some blocks -500 * 2^e (then the block's amax); a row with a NaN and one with an
+ * infinity take the definition.  Widths 128 and 384.  (The clamp to +-448 never acts on BF16
+ * inputs: amax / s exceeds 448 only for amax within 2^-24 relative of 448 * 2^e, where BF16 has
+ * no value; a break removing it passes.)
+ */
+START_TEST(fp8_quantize_every_kernel)
+{
+    mmoe_rng rng;
+    mmoe_rng_seed(&rng, mmoe_test_seed("attn_linear/quantize"));
+    enum { T = 24, KMAX = 384 };
+    const float *e4m3 = mmoe_fp8_e4m3_table();
+    float cand[1024];
+    int nc = 0;
+    for (int c = 0; c < 0x7E; c++) { /* positive finite codes and the midpoint above each */
+        const float a = e4m3[c], b = e4m3[c + 1], mid = 0.5f * (a + b);
+        cand[nc++] = a;
+        cand[nc++] = mid;
+        cand[nc++] = mmoe_bf16_to_f32((uint16_t)(mmoe_bf16_from_f32(mid) + 1));
+        cand[nc++] = mmoe_bf16_to_f32((uint16_t)(mmoe_bf16_from_f32(mid) - 1));
+    }
+    cand[nc++] = 448.0f;
+    cand[nc++] = 0.0f;
+    cand[nc++] = 0x1p-11f; /* rounds to zero */
+    cand[nc++] = 0x1p-10f; /* the tie between 0 and 2^-9: to 0 */
+    cand[nc++] = 0x1.8p-10f;
+    uint16_t *x = malloc(2 * (size_t)(T * KMAX));
+    double *want = malloc(sizeof(double) * T * KMAX), *got = malloc(sizeof(double) * T * KMAX);
+    float *sw = malloc(sizeof(float) * T * 3), *sg = malloc(sizeof(float) * T * 3);
+    ck_assert(x && want && got && sw && sg);
+    const int64_t widths[] = {128, 384};
+    int compared = 0;
+    for (size_t wi = 0; wi < 2; wi++) {
+        const int64_t K = widths[wi];
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t b = 0; b < K / 128; b++) {
+                const int e = (int)mmoe_rng_below(&rng, 61) - 30;
+                uint16_t *xb = x + t * K + b * 128;
+                xb[0] = mmoe_bf16_from_f32(ldexpf(256.0f, e));
+                for (int i = 1; i < 128; i++) {
+                    const float v = cand[mmoe_rng_below(&rng, (uint64_t)nc)] * (mmoe_rng_below(&rng, 2) ? -1.0f : 1.0f);
+                    xb[i] = mmoe_bf16_from_f32(ldexpf(v, e));
+                }
+                if (mmoe_rng_below(&rng, 8) == 0) /* above the block's 256: a new amax */
+                    xb[1 + mmoe_rng_below(&rng, 127)] = mmoe_bf16_from_f32(ldexpf(-500.0f, e));
+            }
+        x[3 * K + 77] = 0x7FC0;  /* a NaN */
+        x[5 * K + 5] = 0xFF80;   /* -Inf */
+        x[7 * K + 9] = 0x8000;   /* -0 */
+        mmoe_error err;
+        for (int i = 0; i < T * KMAX; i++)
+            want[i] = NAN;
+        ck_assert_msg(attn_fp8_quantize_rows(MOE_DOT_ISA_GENERIC, x, T, K, want, sw, &err) == MMOE_OK, "%s", err.msg);
+        for (int isa = 1; isa < MOE_DOT_ISA_COUNT; isa++) {
+            if (!moe_dot_isa_runs_here((moe_dot_isa)isa))
+                continue;
+            for (int i = 0; i < T * KMAX; i++)
+                got[i] = 0.5;
+            ck_assert_msg(attn_fp8_quantize_rows((moe_dot_isa)isa, x, T, K, got, sg, &err) == MMOE_OK, "%s", err.msg);
+            for (int64_t i = 0; i < T * K; i++)
+                ck_assert_msg(memcmp(&got[i], &want[i], sizeof got[i]) == 0,
+                              "%s, K %lld, row %lld, column %lld: x %04x -> %a, expected %a",
+                              moe_dot_isa_name((moe_dot_isa)isa), (long long)K, (long long)(i / K), (long long)(i % K),
+                              x[i], got[i], want[i]);
+            ck_assert(memcmp(sg, sw, sizeof(float) * (size_t)(T * K / 128)) == 0);
+            compared++;
+        }
+    }
+    printf("attn_linear: quantization compared under %d kernel variants\n", compared / 2);
+    free(x);
+    free(want);
+    free(got);
+    free(sw);
+    free(sg);
+}
+END_TEST
+
 START_TEST(fp8_linear_rejects_bad_input)
 {
     attn_test_layer L = {0};
@@ -375,6 +458,7 @@ static Suite *attn_linear_suite(void)
     tcase_add_test(tc, fp8_linear_few_rows_every_code);
     tcase_add_test(tc, fp8_linear_wide_scales);
     tcase_add_test(tc, fp8_linear_nan_codes);
+    tcase_add_test(tc, fp8_quantize_every_kernel);
     tcase_add_test(tc, fp8_linear_rejects_bad_input);
     tcase_add_test(tc, dense_linear_matches_f64);
     tcase_add_test(tc, rmsnorm_matches_f64);

@@ -306,6 +306,14 @@ void attn_dot_rows_bf16(moe_dot_isa isa, const double *x, const double *xp, int6
 void attn_dot_f32_rows(moe_dot_isa isa, const uint16_t *x, int64_t K, const float *rows, int64_t ldr, int64_t n,
                        double *out);
 
+/**
+ * Step 1 of the FP8 linear (linear_fp8.c) for @p T rows of K BF16 values (K a multiple of 128):
+ * xq[t * K + k] the E4M3 values as doubles, sx[t * K / 128 + b] the fp32 block scales, with the
+ * kernels of @p isa (which must run here); the values do not depend on them.
+ */
+mmoe_status attn_fp8_quantize_rows(moe_dot_isa isa, const uint16_t *x, int64_t T, int64_t K, double *xq, float *sx,
+                                   mmoe_error *err);
+
 /** mmoe_linear_dense() with its weight rows shared out over @p pool's threads (NULL: the caller alone). */
 mmoe_status attn_linear_dense(moe_dequant_pool *pool, const uint16_t *x, int64_t T, int64_t K, const mmoe_tensor *w,
                               int64_t N, float *y_f32, uint16_t *y_bf16, mmoe_error *err);

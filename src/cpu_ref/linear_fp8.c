@@ -38,6 +38,7 @@
 #include "attn_internal.h"
 
 #include <cblas.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,24 +97,109 @@ mmoe_status mmoe_linear_fp8_check(const mmoe_tensor *w, const mmoe_tensor *scale
     return MMOE_OK;
 }
 
-/** Quantize rows [t0, t0+tn) of x to E4M3 values (as doubles) and their fp32 block scales. */
-static mmoe_status quantize_rows(const uint16_t *x, int64_t t0, int64_t tn, int64_t K, float *row_f32,
-                                 uint8_t *codes, uint8_t *sf, double *xq, float *sx, mmoe_error *err)
+#if MMOE_CPU_HAVE_X86
+/**
+ * Step 1 for one 128-wide block of finite values under AVX2, eight at a time, with the
+ * operations of mmoe_quant_row_fp8_ue8m0() (rule ::MMOE_SF_RULE_V4): the scale byte from the
+ * block's amax (the largest |x|, whatever the order for finite values), v = x / s, clamped to
+ * +-448, rounded to E4M3 to nearest even, as a value: at or above 2^-6 (E4M3's normal range) by
+ * rounding the fp32 bits to three mantissa bits (a carry moves to the next binade, as the code
+ * does), below it to a multiple of 2^-9 (roundeven(|v| 2^9) 2^-9, exact); the sign put back
+ * last, so that a value rounding to zero keeps its sign as the code 0x80 does.
+ */
+MMOE_AVX2 static void quantize_block_avx2(const float *xb, double *xq, uint8_t *sf)
+{
+    const __m256 sign_mask = _mm256_set1_ps(-0.0f);
+    __m256 amax = _mm256_setzero_ps();
+    for (int i = 0; i < ACT_BLOCK; i += 8)
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign_mask, _mm256_loadu_ps(xb + i)));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, amax);
+    float a = lanes[0];
+    for (int l = 1; l < 8; l++)
+        a = lanes[l] > a ? lanes[l] : a;
+    *sf = mmoe_sf_ue8m0_v4(a, MMOE_FP8_E4M3_MAX);
+    const __m256 s = _mm256_set1_ps(fmt_ue8m0_to_f32(*sf)), hi = _mm256_set1_ps(MMOE_FP8_E4M3_MAX);
+    const __m256 lo = _mm256_set1_ps(-MMOE_FP8_E4M3_MAX), min_normal = _mm256_set1_ps(0x1p-6f);
+    for (int i = 0; i < ACT_BLOCK; i += 8) {
+        const __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_div_ps(_mm256_loadu_ps(xb + i), s), lo), hi);
+        const __m256 mag = _mm256_andnot_ps(sign_mask, v);
+        const __m256i u = _mm256_castps_si256(mag);
+        const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 20), _mm256_set1_epi32(1));
+        const __m256i up = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFFF)), odd);
+        const __m256 normal = _mm256_castsi256_ps(_mm256_and_si256(up, _mm256_set1_epi32((int)0xFFF00000u)));
+        const __m256 sub = _mm256_mul_ps(
+            _mm256_round_ps(_mm256_mul_ps(mag, _mm256_set1_ps(0x1p9f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+            _mm256_set1_ps(0x1p-9f));
+        const __m256 r = _mm256_blendv_ps(sub, normal, _mm256_cmp_ps(mag, min_normal, _CMP_GE_OQ));
+        const __m256 q = _mm256_or_ps(r, _mm256_and_ps(v, sign_mask));
+        _mm256_storeu_pd(xq + i, _mm256_cvtps_pd(_mm256_castps256_ps128(q)));
+        _mm256_storeu_pd(xq + i + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(q, 1)));
+    }
+}
+
+/** Whether the @p n values at @p x are all finite (no NaN, no infinity). */
+MMOE_AVX2 static int all_finite_avx2(const float *x, int64_t n)
+{
+    const __m256i exp_mask = _mm256_set1_epi32(0x7F800000);
+    __m256i bad = _mm256_setzero_si256();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256i e = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(const void *)(x + i)), exp_mask);
+        bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(e, exp_mask));
+    }
+    int ok = _mm256_testz_si256(bad, bad);
+    for (; i < n; i++)
+        ok = ok && isfinite(x[i]);
+    return ok;
+}
+#endif
+
+/**
+ * Quantize rows [t0, t0+tn) of x to E4M3 values (as doubles) and their fp32 block scales (step 1):
+ * mmoe_quant_row_fp8_ue8m0() and the E4M3 table, or, for a row of finite values where @p isa has
+ * AVX2, quantize_block_avx2() (the same values; a row with a NaN or an infinity takes the
+ * definition).
+ */
+static mmoe_status quantize_rows(moe_dot_isa isa, const uint16_t *x, int64_t t0, int64_t tn, int64_t K,
+                                 float *row_f32, uint8_t *codes, uint8_t *sf, double *xq, float *sx, mmoe_error *err)
 {
     const float *e4m3 = mmoe_fp8_e4m3_table();
     const int64_t kb_act = K / ACT_BLOCK;
     for (int64_t t = 0; t < tn; t++) {
         mmoe_bf16_to_f32_row(x + (t0 + t) * K, (size_t)K, row_f32);
-        mmoe_status st = mmoe_quant_row_fp8_ue8m0(row_f32, (size_t)K, ACT_BLOCK, MMOE_SF_RULE_V4,
-                                                  codes, sf, err);
-        if (st != MMOE_OK)
-            return st;
-        for (int64_t k = 0; k < K; k++)
-            xq[t * K + k] = (double)e4m3[codes[k]];
+#if MMOE_CPU_HAVE_X86
+        if (moe_dot_isa_has_avx2(isa) && all_finite_avx2(row_f32, K)) {
+            for (int64_t b = 0; b < kb_act; b++)
+                quantize_block_avx2(row_f32 + b * ACT_BLOCK, xq + t * K + b * ACT_BLOCK, &sf[b]);
+        } else
+#endif
+        {
+            mmoe_status st = mmoe_quant_row_fp8_ue8m0(row_f32, (size_t)K, ACT_BLOCK, MMOE_SF_RULE_V4, codes, sf, err);
+            if (st != MMOE_OK)
+                return st;
+            for (int64_t k = 0; k < K; k++)
+                xq[t * K + k] = (double)e4m3[codes[k]];
+        }
         for (int64_t b = 0; b < kb_act; b++)
             sx[t * kb_act + b] = fmt_ue8m0_to_f32(sf[b]);
     }
+    (void)isa;
     return MMOE_OK;
+}
+
+mmoe_status attn_fp8_quantize_rows(moe_dot_isa isa, const uint16_t *x, int64_t T, int64_t K, double *xq, float *sx,
+                                   mmoe_error *err)
+{
+    float *row_f32 = malloc(sizeof(float) * (size_t)K);
+    uint8_t *codes = malloc((size_t)K), *sf = malloc((size_t)(K / ACT_BLOCK + 1));
+    mmoe_status st = row_f32 && codes && sf ? quantize_rows(isa, x, 0, T, K, row_f32, codes, sf, xq, sx, err)
+                                            : mmoe_error_set(err, MMOE_ENOMEM, "fp8 quantize: out of memory (K=%lld)",
+                                                             (long long)K);
+    free(row_f32);
+    free(codes);
+    free(sf);
+    return st;
 }
 
 #if MMOE_CPU_HAVE_X86
@@ -432,7 +518,7 @@ mmoe_status attn_linear_fp8(moe_dequant_pool *pool, moe_dot_isa isa, const uint1
 
     for (int64_t t0 = 0; t0 < T; t0 += tt) {
         const int64_t tn = (T - t0) < tt ? (T - t0) : tt;
-        st = quantize_rows(x, t0, tn, K, row_f32, codes, sf, xq, sx, err);
+        st = quantize_rows(isa, x, t0, tn, K, row_f32, codes, sf, xq, sx, err);
         if (st != MMOE_OK)
             goto done;
         if (fp8_in_registers(isa, tn, block)) {
