@@ -7,7 +7,7 @@
  * hc*D values of a token and the n_out dot products with the rows of `fn`,
  * both accumulated in double (exact products of fp32 values, fixed order) and
  * rounded once to fp32, then multiplied in fp32.  The dot products are the dense linears' (in
- * the order of @ref spec_arch_sum_order: attn_dot_f32_rows(), under AVX2 the four chunks of a
+ * the order of @ref spec_arch_sum_order; attn_dot_f32_rows(): under AVX2 the four chunks of a
  * node in a register's lanes, four rows of fn at a time).
  *
  * Every token is computed on its own (its streams, its weights, its outputs), so the _pool
