@@ -91,8 +91,7 @@ MMOE_AVX2 static int add_weighted_row_avx2(float *acc, const uint16_t *kv, int d
     const __m256 pv = _mm256_set1_ps(p);
     int c = 0;
     for (; c + 8 <= d; c += 8) {
-        const __m256 v = _mm256_castsi256_ps(
-            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(kv + c))), 16));
+        const __m256 v = mmoe_bf16x8_avx2(kv + c);
         _mm256_storeu_ps(acc + c, _mm256_add_ps(_mm256_loadu_ps(acc + c), _mm256_mul_ps(pv, v)));
     }
     return c;

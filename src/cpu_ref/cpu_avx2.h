@@ -1,7 +1,7 @@
 /**
  * @file cpu_avx2.h
  * @brief What the oracle's AVX2 kernels share: whether this build can have them, their target
- *        attribute, and the exact decoders of eight E4M3 codes.
+ *        attribute, the exact decoders of eight E4M3 codes and the widening of eight BF16 values.
  *
  * The oracle's vector kernels (moe_dot.c for the MoE's fixed-order GEMM, linear_dense.c and
  * linear_fp8.c for the attention's linears) are compiled with GCC's target attribute, so one
@@ -71,6 +71,13 @@ MMOE_AVX2 static inline __attribute__((always_inline)) __m256 mmoe_e4m3x8_x256th
 {
     const __m128i w = _mm_cvtepu8_epi16(codes);
     return _mm256_cvtph_ps(_mm_slli_epi16(_mm_add_epi16(w, _mm_and_si128(w, _mm_set1_epi16(0x80))), 7));
+}
+
+/** Eight BF16 values at @p h as FP32 values (the bits moved up by 16: fmt_bf16_to_f32()). */
+MMOE_AVX2 static inline __attribute__((always_inline)) __m256 mmoe_bf16x8_avx2(const uint16_t *h)
+{
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)h)), 16));
 }
 
 #else

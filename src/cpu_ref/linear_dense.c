@@ -208,6 +208,21 @@ static void dot_f64_tail(const double *a, const double *b, int64_t stride, int64
 }
 
 /**
+ * dot_f64_tail() for an F32 row against a BF16 x (attn_dot_f32_rows()): the chunks of k0 .. K - 1,
+ * each the products row[k] * x[k] in double from +0, pushed onto @p pw.
+ */
+static void dot_f32_bf16_tail(const float *row, const uint16_t *x, int64_t k0, int64_t K, mmoe_pairwise *pw)
+{
+    for (; k0 < K; k0 += MMOE_SUM_CHUNK) {
+        const int64_t k1 = K - k0 < MMOE_SUM_CHUNK ? K : k0 + MMOE_SUM_CHUNK;
+        double c = 0.0;
+        for (int64_t k = k0; k < k1; k++)
+            c += (double)row[k] * (double)fmt_bf16_to_f32(x[k]);
+        mmoe_pairwise_push(pw, c);
+    }
+}
+
+/**
  * The double dot product of the file comment: chunks of 16 products, four chunks at a time
  * (four independent chains for the CPU's pipelines; each chunk still ascending from +0; k0 a
  * multiple of 64, so the four form a node of the tree), the chunk sums folded by the pairwise
@@ -237,7 +252,7 @@ typedef struct {
     int64_t row0;         /**< the first weight row */
     double *y;            /**< [T, ldy] */
     int64_t ldy;          /**< its stride */
-    double *wbuf;         /**< per thread: DENSE_BLOCK_ROWS * K doubles */
+    double *wbuf;         /**< per thread: DENSE_BLOCK_ROWS_512 * K doubles */
     float *tmp;           /**< per thread: K floats (a BF16 row in fp32) */
     double *xp;           /**< one-row calls of the chunk-lane kernel: x in chunk-lane order, else NULL */
     unsigned char *trees; /**< AVX-512 calls of four x rows or more, per thread: dense_trees_bytes(), else NULL */
@@ -363,7 +378,6 @@ MMOE_AVX2 static inline __attribute__((always_inline)) void dot4_f64_avx2(int rt
         pairwise4_finish(&pw[t], a + t * lda, wq, k0, K, out + t * ldo);
 }
 
-
 /**
  * Eight weight rows (two groups of four, each interleaved as dot4_f64_avx2() takes them: group g at
  * wq + g * 4 * K) against four x rows: the same operations per lane and x row as dot4_f64_avx2(),
@@ -465,16 +479,9 @@ MMOE_AVX2 static inline __attribute__((always_inline)) void store_rows4_avx2(__m
     }
 }
 
-/** Eight BF16 weights at @p h as FP32 values (the bits moved up by 16: fmt_bf16_to_f32()). */
-MMOE_AVX2 static inline __attribute__((always_inline)) __m256 bf16x8_avx2(const uint16_t *h)
-{
-    return _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)h)), 16));
-}
-
 /**
- * Four consecutive rows of a BF16 or F32 weight into wq[k * 4 + r]: eight columns of each row at a
- * time, transposed and widened (store_rows4_avx2()); the last K mod 8 columns one by one.  The
+ * Four consecutive rows of a BF16 or F32 weight into wq[k * stride + r]: eight columns of each row
+ * at a time, transposed and widened (store_rows4_avx2()); the last K mod 8 columns one by one.  The
  * values of load_row().
  */
 MMOE_AVX2 static void load_plain_rows4_avx2(const dense_job *j, int64_t row, double *wq, int64_t stride)
@@ -483,8 +490,9 @@ MMOE_AVX2 static void load_plain_rows4_avx2(const dense_job *j, int64_t row, dou
     if (j->w->dtype == MMOE_DT_BF16) {
         const uint16_t *h = (const uint16_t *)j->w->data + row * K;
         for (int64_t k = 0; k < kv; k += 8)
-            store_rows4_avx2(bf16x8_avx2(h + k), bf16x8_avx2(h + K + k), bf16x8_avx2(h + 2 * K + k),
-                             bf16x8_avx2(h + 3 * K + k), wq + k * stride, stride);
+            store_rows4_avx2(mmoe_bf16x8_avx2(h + k), mmoe_bf16x8_avx2(h + K + k),
+                             mmoe_bf16x8_avx2(h + 2 * K + k), mmoe_bf16x8_avx2(h + 3 * K + k), wq + k * stride,
+                             stride);
     } else {
         const float *f = (const float *)j->w->data + row * K;
         for (int64_t k = 0; k < kv; k += 8)
@@ -497,7 +505,7 @@ MMOE_AVX2 static void load_plain_rows4_avx2(const dense_job *j, int64_t row, dou
 }
 
 /**
- * Four consecutive rows of an F8 weight with E8M0 scales into wq[k * 4 + r], K block by K block:
+ * Four consecutive rows of an F8 weight with E8M0 scales into wq[k * stride + r], K block by K block:
  * where the four rows' scale bytes of the block are all within ::F8_EXACT_MIN_BYTE ..
  * ::F8_EXACT_MAX_BYTE and the block a multiple of 8 wide, eight codes of each row decoded in
  * registers (mmoe_e4m3_codes_avx2()) and multiplied by its scale, the 4 x 8 values transposed
@@ -686,7 +694,7 @@ MMOE_AVX2 static inline __attribute__((always_inline)) __m256d node_chunks_plain
         _Pragma("GCC unroll 4")
         for (int q = 0; q < 4; q++) {
             const int64_t k = k0 + q * MMOE_SUM_CHUNK + 8 * h;
-            r[q] = bf16 ? bf16x8_avx2((const uint16_t *)base + k) : _mm256_loadu_ps((const float *)base + k);
+            r[q] = bf16 ? mmoe_bf16x8_avx2((const uint16_t *)base + k) : _mm256_loadu_ps((const float *)base + k);
         }
         __m256 g[4];
         transpose_rows4_avx2(r[0], r[1], r[2], r[3], g);
@@ -792,7 +800,7 @@ MMOE_AVX2 static inline __attribute__((always_inline)) void dot_rows_bf16_avx2(i
  * @p R (1 or 4) F32 rows (at @p rows, stride @p ldr) against one BF16 x: each full node's 64 x values
  * widened and permuted into chunk-lane order once (for the R rows), the rows' nodes into the four
  * chains of a register (node_chunks_plain_avx2()), the terms after the last full node by
- * dot_f64()'s own tail.  Always inlined with a constant @p R.
+ * dot_f32_bf16_tail().  Always inlined with a constant @p R.
  */
 MMOE_AVX2 static inline __attribute__((always_inline)) void dot_f32_rows_avx2(int R, const uint16_t *x, int64_t K,
                                                                              const float *rows, int64_t ldr,
@@ -817,15 +825,8 @@ MMOE_AVX2 static inline __attribute__((always_inline)) void dot_f32_rows_avx2(in
             mmoe_pairwise_push_node(&pw[r], node_sum_avx2(acc[r]), 2);
     }
     for (int r = 0; r < R; r++) {
-        mmoe_pairwise *p = &pw[r];
-        for (int64_t c0 = k0; c0 < K; c0 += MMOE_SUM_CHUNK) {
-            const int64_t c1 = K - c0 < MMOE_SUM_CHUNK ? K : c0 + MMOE_SUM_CHUNK;
-            double c = 0.0;
-            for (int64_t k = c0; k < c1; k++)
-                c += (double)rows[r * ldr + k] * (double)fmt_bf16_to_f32(x[k]);
-            mmoe_pairwise_push(p, c);
-        }
-        out[r] = mmoe_pairwise_result(p);
+        dot_f32_bf16_tail(rows + r * ldr, x, k0, K, &pw[r]);
+        out[r] = mmoe_pairwise_result(&pw[r]);
     }
 }
 
@@ -1050,13 +1051,7 @@ void attn_dot_f32_rows(moe_dot_isa isa, const uint16_t *x, int64_t K, const floa
             mmoe_bf16_to_f32_row(x + i0, DENSE_NODE, xf);
             mmoe_pairwise_push_node(&pw, mmoe_sum_node4_f32(row + i0, xf), 2);
         }
-        for (; i0 < K; i0 += MMOE_SUM_CHUNK) {
-            const int64_t i1 = K - i0 < MMOE_SUM_CHUNK ? K : i0 + MMOE_SUM_CHUNK;
-            double c = 0.0;
-            for (int64_t i = i0; i < i1; i++)
-                c += (double)row[i] * (double)fmt_bf16_to_f32(x[i]);
-            mmoe_pairwise_push(&pw, c);
-        }
+        dot_f32_bf16_tail(row, x, i0, K, &pw);
         out[r] = mmoe_pairwise_result(&pw);
     }
 }
