@@ -596,25 +596,34 @@ MMOE_AVX512 static inline __attribute__((always_inline)) void chunk_pairs_avx512
             _mm512_store_ps(lanes + (t * DOT_RB / 2 + p) * 16, acc[t][p]);
 }
 
-/** chunk_pairs_avx512() with @p rt (1 .. 4) and @p rp (1 .. 3) as constants. */
-MMOE_AVX512 static void chunk_pairs_any_avx512(int rt, int rp, int first, const float *a, int64_t lda,
+/**
+ * The body of a chunk kernel's dispatcher: KERNEL(rt, rn, first, ...) with @p rt (1 .. 4), @p rn
+ * (1 .. 3) and @p first (0 or 1) as constants, so that the kernel's arrays live in registers.
+ */
+#define DOT_CHUNK_CASE(KERNEL, RT, RN, ...)                                                                            \
+    case (RT) * 4 + (RN):                                                                                              \
+        if (first)                                                                                                     \
+            KERNEL(RT, RN, 1, __VA_ARGS__);                                                                            \
+        else                                                                                                           \
+            KERNEL(RT, RN, 0, __VA_ARGS__);                                                                            \
+        return;
+/** See DOT_CHUNK_CASE(). */
+#define DOT_CHUNK_DISPATCH(KERNEL, ...)                                                                                \
+    switch (rt * 4 + rn) {                                                                                             \
+        DOT_CHUNK_CASE(KERNEL, 4, 3, __VA_ARGS__) DOT_CHUNK_CASE(KERNEL, 4, 2, __VA_ARGS__)                            \
+        DOT_CHUNK_CASE(KERNEL, 4, 1, __VA_ARGS__) DOT_CHUNK_CASE(KERNEL, 3, 3, __VA_ARGS__)                            \
+        DOT_CHUNK_CASE(KERNEL, 3, 2, __VA_ARGS__) DOT_CHUNK_CASE(KERNEL, 3, 1, __VA_ARGS__)                            \
+        DOT_CHUNK_CASE(KERNEL, 2, 3, __VA_ARGS__) DOT_CHUNK_CASE(KERNEL, 2, 2, __VA_ARGS__)                            \
+        DOT_CHUNK_CASE(KERNEL, 2, 1, __VA_ARGS__) DOT_CHUNK_CASE(KERNEL, 1, 3, __VA_ARGS__)                            \
+        DOT_CHUNK_CASE(KERNEL, 1, 2, __VA_ARGS__) DOT_CHUNK_CASE(KERNEL, 1, 1, __VA_ARGS__)                            \
+    default: return;                                                                                                   \
+    }
+
+/** chunk_pairs_avx512() with @p rt (1 .. 4) and @p rn pairs (1 .. 3) as constants. */
+MMOE_AVX512 static void chunk_pairs_any_avx512(int rt, int rn, int first, const float *a, int64_t lda,
                                                const float *wp, int64_t steps, float *lanes)
 {
-#define DOT_CHUNK_CASE(RT, RP)                                                                                         \
-    case (RT) * 4 + (RP):                                                                                              \
-        if (first)                                                                                                     \
-            chunk_pairs_avx512(RT, RP, 1, a, lda, wp, steps, lanes);                                                   \
-        else                                                                                                           \
-            chunk_pairs_avx512(RT, RP, 0, a, lda, wp, steps, lanes);                                                   \
-        return;
-    switch (rt * 4 + rp) {
-        DOT_CHUNK_CASE(4, 3) DOT_CHUNK_CASE(4, 2) DOT_CHUNK_CASE(4, 1)
-        DOT_CHUNK_CASE(3, 3) DOT_CHUNK_CASE(3, 2) DOT_CHUNK_CASE(3, 1)
-        DOT_CHUNK_CASE(2, 3) DOT_CHUNK_CASE(2, 2) DOT_CHUNK_CASE(2, 1)
-        DOT_CHUNK_CASE(1, 3) DOT_CHUNK_CASE(1, 2) DOT_CHUNK_CASE(1, 1)
-    default: return;
-    }
-#undef DOT_CHUNK_CASE
+    DOT_CHUNK_DISPATCH(chunk_pairs_avx512, a, lda, wp, steps, lanes)
 }
 
 /**
@@ -660,21 +669,7 @@ MMOE_AVX2 static inline __attribute__((always_inline)) void chunk_rows_avx2(int 
 MMOE_AVX2 static void chunk_rows_any_avx2(int rt, int rn, int first, const float *a, int64_t lda, const float *wp,
                                           int64_t j, int64_t steps, float *lanes)
 {
-#define DOT_CHUNK_CASE(RT, RN)                                                                                         \
-    case (RT) * 4 + (RN):                                                                                              \
-        if (first)                                                                                                     \
-            chunk_rows_avx2(RT, RN, 1, a, lda, wp, j, steps, lanes);                                                   \
-        else                                                                                                           \
-            chunk_rows_avx2(RT, RN, 0, a, lda, wp, j, steps, lanes);                                                   \
-        return;
-    switch (rt * 4 + rn) {
-        DOT_CHUNK_CASE(4, 3) DOT_CHUNK_CASE(4, 2) DOT_CHUNK_CASE(4, 1)
-        DOT_CHUNK_CASE(3, 3) DOT_CHUNK_CASE(3, 2) DOT_CHUNK_CASE(3, 1)
-        DOT_CHUNK_CASE(2, 3) DOT_CHUNK_CASE(2, 2) DOT_CHUNK_CASE(2, 1)
-        DOT_CHUNK_CASE(1, 3) DOT_CHUNK_CASE(1, 2) DOT_CHUNK_CASE(1, 1)
-    default: return;
-    }
-#undef DOT_CHUNK_CASE
+    DOT_CHUNK_DISPATCH(chunk_rows_avx2, a, lda, wp, j, steps, lanes)
 }
 
 /**
