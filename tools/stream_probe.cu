@@ -22,7 +22,10 @@
  * - the weight streams of one V4-Flash decode layer with the indexer (wq_a with wkv 6 MB, wq_b
  *   32, the indexer's wq_b 8, the compressors' and indexer's projections 40, W_oa 32, W_ob 32,
  *   the MoE's L1 71 and L2 35) as eight launches in that order, against one read of their
- *   250 MB: the floor under a decode step's layer.
+ *   250 MB: the floor under a decode step's layer; and the eight launches chained by
+ *   programmatic dependent launch, each read after or before its griddepcontrol.wait, with
+ *   none, one or two one-block kernels between two reads (the dependency hops of the layer's
+ *   small kernels): the floor under a layer whose weights stream in launches of their own.
  *
  * Build and run on the device (not part of the project's build):
  *
@@ -42,16 +45,59 @@
         }                                                                                                              \
     } while (0)
 
-/** Read n 16-byte words; the XOR of all keeps the loads alive. */
+/** How a read launch is chained to the launch before it. */
+enum chain_mode {
+    CHAIN_PLAIN,       /**< a plain launch: it starts once the launch before has completed */
+    CHAIN_PDL_AFTER,   /**< programmatic dependent launch, the loads after griddepcontrol.wait */
+    CHAIN_PDL_BEFORE   /**< programmatic dependent launch, the loads before griddepcontrol.wait */
+};
+
+/**
+ * Read n 16-byte words; the XOR of all keeps the loads alive.  Under the PDL modes the block
+ * lets the next launch start at once (griddepcontrol.launch_dependents) and waits for the launch
+ * before (griddepcontrol.wait) before or after its loads: after, as a kernel whose reads depend
+ * on the one before; before, as a weight stream that needs nothing of it but its end.
+ */
+template <int MODE>
 __global__ void k_ldg(const uint4 *p, size_t n, unsigned *out)
 {
+    if (MODE != CHAIN_PLAIN)
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (MODE == CHAIN_PDL_AFTER)
+        asm volatile("griddepcontrol.wait;" ::: "memory");
     unsigned acc = 0;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         const uint4 v = __ldg(p + i);
         acc ^= v.x ^ v.y ^ v.z ^ v.w;
     }
+    if (MODE == CHAIN_PDL_BEFORE)
+        asm volatile("griddepcontrol.wait;" ::: "memory");
     if (acc == 0x12345678u)
         *out = acc;
+}
+
+/** A dependency hop: one block that waits for the launch before and lets the next one start. */
+__global__ void k_hop(unsigned *out)
+{
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (threadIdx.x == 1000)
+        *out = 0;
+}
+
+/** Launch @p f (k_ldg or k_hop) on @p grid x @p block, programmatically when @p pdl is set. */
+template <typename... A>
+static cudaError_t launch(void (*f)(A...), int grid, int block, bool pdl, A... args)
+{
+    cudaLaunchConfig_t c = {};
+    cudaLaunchAttribute at[1];
+    c.gridDim = dim3(grid);
+    c.blockDim = dim3(block);
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    c.attrs = at;
+    c.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&c, f, args...);
 }
 
 __device__ __forceinline__ uint32_t sa(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -125,17 +171,30 @@ struct probe {
 
 /**
  * Best time (ms) of 20 runs of @p launches reads back to back from @p w (loads), read l of
- * @p bytes[l] bytes after the ones before it, the L2 flushed first.
+ * @p bytes[l] bytes after the ones before it, the L2 flushed first, chained as @p mode says,
+ * with @p hops one-block dependency hops (k_hop) between two reads.
  */
-static int time_ldg(const probe &p, const uint8_t *w, const size_t *bytes, int launches, float *best)
+static int time_ldg(const probe &p, const uint8_t *w, const size_t *bytes, int launches, float *best,
+                    int mode = CHAIN_PLAIN, int hops = 0)
 {
     *best = 1e9f;
+    const bool pdl = mode != CHAIN_PLAIN;
     for (int r = 0; r < 20; r++) {
         CK(cudaMemsetAsync(p.flush, r, (size_t)256 << 20));
         CK(cudaEventRecord(p.a));
         size_t off = 0;
-        for (int l = 0; l < launches; off += bytes[l], l++)
-            k_ldg<<<p.n_sm * 4, 512>>>((const uint4 *)(w + off), bytes[l] / 16, p.out);
+        for (int l = 0; l < launches; off += bytes[l], l++) {
+            for (int h = 0; l > 0 && h < hops; h++)
+                CK(launch(k_hop, 1, 32, true, p.out));
+            const uint4 *src = (const uint4 *)(w + off);
+            const size_t n = bytes[l] / 16;
+            if (mode == CHAIN_PLAIN)
+                CK(launch(k_ldg<CHAIN_PLAIN>, p.n_sm * 4, 512, false, src, n, p.out));
+            else if (mode == CHAIN_PDL_AFTER)
+                CK(launch(k_ldg<CHAIN_PDL_AFTER>, p.n_sm * 4, 512, pdl && l > 0, src, n, p.out));
+            else
+                CK(launch(k_ldg<CHAIN_PDL_BEFORE>, p.n_sm * 4, 512, pdl && l > 0, src, n, p.out));
+        }
         CK(cudaEventRecord(p.b));
         CK(cudaEventSynchronize(p.b));
         float ms;
@@ -214,6 +273,24 @@ int main(void)
         if (time_ldg(p, w, bytes, set.launches, &ms))
             return 1;
         printf("ldg %s: %7.2f us, %.2f TB/s\n", set.name, ms * 1e3, (double)total / (ms * 1e-3) / 1e12);
+        if (set.launches < 8)
+            continue;
+        /* the same launches chained programmatically: the reads after or before the wait, and
+           with one or two dependency hops (one-block kernels) between two reads */
+        const struct {
+            int mode, hops;
+            const char *what;
+        } chains[] = {{CHAIN_PDL_AFTER, 0, "PDL, loads after the wait"},
+                      {CHAIN_PDL_BEFORE, 0, "PDL, loads before the wait"},
+                      {CHAIN_PDL_AFTER, 1, "PDL, loads after the wait, one hop between"},
+                      {CHAIN_PDL_AFTER, 2, "PDL, loads after the wait, two hops between"},
+                      {CHAIN_PDL_BEFORE, 2, "PDL, loads before the wait, two hops between"}};
+        for (const auto &c : chains) {
+            if (time_ldg(p, w, bytes, set.launches, &ms, c.mode, c.hops))
+                return 1;
+            printf("ldg %s, %s: %7.2f us, %.2f TB/s\n", set.name, c.what, ms * 1e3,
+                   (double)total / (ms * 1e-3) / 1e12);
+        }
     }
     void *fn = NULL;
     cudaDriverEntryPointQueryResult q;
