@@ -7,8 +7,10 @@
 # TARBALL is `make dist` of the tree to measure (tools/gpu-prepare.sh makes .gpu/megamoe.tar.gz).
 # It is built for the H200 (sm_90a, megamoe only), a synthetic V4-Flash-width checkpoint is made
 # (FLOOR_LAYERS layers, default 4: every attention type; 8 experts; vocabulary 1024), and:
-#   bench    `megamoe bench forward --prefill 512 --decode 32` graphed, FLOOR_ROUNDS (3) rounds
+#   bench    `megamoe bench forward --prefill 512 --decode 32` graphed, FLOOR_ROUNDS (3) rounds, and
+#            in each round every FLOOR_VARIANTS entry ("LABEL VAR=VALUE ..", ';'-separated)
 #   trace    the same under tools/kernel_trace.c: every kernel's exposed time in the graphed step
+#            (and each variant's, compared with it)
 #   census   the same model's eager decode steps under Nsight Compute with four counters a kernel
 #            (duration, warp instructions issued, DRAM bytes read and written; kernels
 #            serialized, caches flushed, clocks as ncu sets them)
@@ -45,13 +47,26 @@ bench() {
     --cuda-graph on --json < /dev/null > "$P/bench-$l.json" 2> "$P/bench-$l.err"
   say "bench $l: rc=$? $(python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); print("decode %.4f ms/token, prefill %.0f tokens/s" % (j["decode_ms_per_token"], j["prefill_tokens_per_s"]))' "$P/bench-$l.json" 2>&1 | tail -n 1)"
 }
-for r in $(seq 1 "${FLOOR_ROUNDS:-3}"); do bench "r$r"; done
+# FLOOR_VARIANTS: ';'-separated "LABEL VAR=VALUE .." settings benched in the same rounds and traced
+variants() { echo "${FLOOR_VARIANTS:-}" | tr ';' '\n' | sed 's/^ *//' | grep -v '^$'; }
+for r in $(seq 1 "${FLOOR_ROUNDS:-3}"); do
+  bench "r$r"
+  # shellcheck disable=SC2086
+  variants | while read -r label vars; do bench "$label-r$r" env $vars; done
+done
 cupti=/usr/local/cuda/targets/x86_64-linux/lib
 gcc -std=c11 -O2 -shared -fPIC -I/usr/local/cuda/include -o "$W/libkt.so" "$ROOT/tools/kernel_trace.c" \
   -L"$cupti" -lcupti > "$P/kernel-trace-build.log" 2>&1 || say "trace: libkt.so did not build"
 bench trace env LD_LIBRARY_PATH="$cupti:${LD_LIBRARY_PATH:-}" CUDA_INJECTION64_PATH="$W/libkt.so" MMOE_KERNEL_TRACE="$P/trace.csv"
 python3 "$ROOT/tools/kernel_trace.py" "$P/trace.csv" > "$P/trace.txt" 2>&1
 python3 "$ROOT/tools/kernel_trace.py" "$P/trace.csv" --json > "$P/trace.json" 2>&1
+# shellcheck disable=SC2086
+variants | while read -r label vars; do
+  bench "trace-$label" env $vars LD_LIBRARY_PATH="$cupti:${LD_LIBRARY_PATH:-}" CUDA_INJECTION64_PATH="$W/libkt.so" \
+    MMOE_KERNEL_TRACE="$P/trace-$label.csv"
+  python3 "$ROOT/tools/kernel_trace.py" "$P/trace-$label.csv" --base "$P/trace.csv" > "$P/trace-$label.txt" 2>&1
+  head -n 30 "$P/trace-$label.txt"
+done
 t0=$(date +%s)
 timeout 300 ncu --csv --print-units base --kernel-name-base demangled \
   --metrics gpu__time_duration.sum,smsp__inst_executed.sum,dram__bytes_read.sum,dram__bytes_write.sum \
