@@ -25,12 +25,15 @@
  *   250 MB: the floor under a decode step's layer; and the eight launches chained by
  *   programmatic dependent launch, each read after or before its griddepcontrol.wait, with
  *   none, one or two one-block kernels between two reads (the dependency hops of the layer's
- *   small kernels): the floor under a layer whose weights stream in launches of their own.
+ *   small kernels): the floor under a layer whose weights stream in launches of their own;
+ *   and the eight reads in one cooperative launch with one to three grid barriers between two
+ *   (a persistent kernel's dependent steps, no read started before its barrier).
  *
  * Build and run on the device (not part of the project's build):
  *
  *     nvcc -std=c++17 -O3 -arch=sm_90a -o /tmp/stream_probe tools/stream_probe.cu && /tmp/stream_probe
  */
+#include <cooperative_groups.h>
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -83,6 +86,39 @@ __global__ void k_hop(unsigned *out)
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     if (threadIdx.x == 1000)
         *out = 0;
+}
+
+/** The most reads of k_ldg_stages. */
+#define STAGES_MAX 8
+
+/** The reads of one k_ldg_stages launch: read l covers words [first[l], first[l] + n[l]). */
+struct stage_list {
+    size_t first[STAGES_MAX]; /**< the read's first 16-byte word */
+    size_t n[STAGES_MAX];     /**< its words */
+    int count;                /**< reads */
+    int hops;                 /**< grid barriers between two reads (at least one) */
+};
+
+/**
+ * The reads of @p s in one cooperative launch, each after @p s.hops grid-wide barriers behind
+ * the one before: the floor of a layer whose dependent steps are barriers inside one kernel
+ * (a persistent kernel) rather than launches, when no step's loads start before its barrier.
+ */
+__global__ void k_ldg_stages(const uint4 *p, stage_list s, unsigned *out)
+{
+    cooperative_groups::grid_group grid = cooperative_groups::this_grid();
+    unsigned acc = 0;
+    for (int l = 0; l < s.count; l++) {
+        for (int h = 0; l > 0 && h < s.hops; h++)
+            grid.sync();
+        const uint4 *q = p + s.first[l];
+        for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < s.n[l]; i += (size_t)gridDim.x * blockDim.x) {
+            const uint4 v = __ldg(q + i);
+            acc ^= v.x ^ v.y ^ v.z ^ v.w;
+        }
+    }
+    if (acc == 0x12345678u)
+        *out = acc;
 }
 
 /** Launch @p f (k_ldg or k_hop) on @p grid x @p block, programmatically when @p pdl is set. */
@@ -204,6 +240,28 @@ static int time_ldg(const probe &p, const uint8_t *w, const size_t *bytes, int l
     return cudaGetLastError() == cudaSuccess ? 0 : 1;
 }
 
+/** Best time (ms) of 20 cooperative launches of k_ldg_stages over @p s, the L2 flushed first. */
+static int time_stages(const probe &p, const uint8_t *w, stage_list s, float *best)
+{
+    int per_sm = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_ldg_stages, 512, 0));
+    const int blocks = p.n_sm * (per_sm < 4 ? per_sm : 4);
+    const uint4 *src = (const uint4 *)w;
+    void *args[] = {(void *)&src, (void *)&s, (void *)&p.out};
+    *best = 1e9f;
+    for (int r = 0; r < 20; r++) {
+        CK(cudaMemsetAsync(p.flush, r, (size_t)256 << 20));
+        CK(cudaEventRecord(p.a));
+        CK(cudaLaunchCooperativeKernel((const void *)k_ldg_stages, blocks, 512, args, 0, 0));
+        CK(cudaEventRecord(p.b));
+        CK(cudaEventSynchronize(p.b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, p.a, p.b));
+        *best = ms < *best ? ms : *best;
+    }
+    return cudaGetLastError() == cudaSuccess ? 0 : 1;
+}
+
 template <int STAGES, int BOXK, int BOXR>
 static int time_tma(const probe &p, encode_fn enc, uint8_t *w, int64_t N, int64_t K, int blocks, CUtensorMapSwizzle sw)
 {
@@ -291,6 +349,34 @@ int main(void)
             printf("ldg %s, %s: %7.2f us, %.2f TB/s\n", set.name, c.what, ms * 1e3,
                    (double)total / (ms * 1e-3) / 1e12);
         }
+    }
+    /* the layer's eight reads in one persistent launch, one to three grid barriers between two */
+    {
+        const size_t mb[8] = {6, 32, 8, 40, 32, 32, 71, 35};
+        stage_list s = {};
+        size_t word = 0, total = 0;
+        for (int l = 0; l < 8; l++) {
+            s.first[l] = word;
+            s.n[l] = (mb[l] << 20) / 16;
+            word += s.n[l];
+            total += mb[l] << 20;
+        }
+        s.count = 8;
+        for (int hops = 1; hops <= 3; hops++) {
+            float ms;
+            s.hops = hops;
+            if (time_stages(p, w, s, &ms))
+                return 1;
+            printf("ldg 250 MB as eight reads in one cooperative launch, %d grid barrier(s) between two: %7.2f us, "
+                   "%.2f TB/s\n", hops, ms * 1e3, (double)total / (ms * 1e-3) / 1e12);
+        }
+        s.count = 1;
+        s.n[0] = word;
+        float ms;
+        if (time_stages(p, w, s, &ms))
+            return 1;
+        printf("ldg 250 MB as one read in one cooperative launch: %7.2f us, %.2f TB/s\n", ms * 1e3,
+               (double)total / (ms * 1e-3) / 1e12);
     }
     void *fn = NULL;
     cudaDriverEntryPointQueryResult q;
