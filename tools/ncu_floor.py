@@ -44,8 +44,19 @@ def norm(name):
     return "".join(out).replace(" ", "")
 
 
+SCALE = {"nsecond": 1.0, "ns": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6, "second": 1e9, "s": 1e9,
+         "byte": 1.0, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "kib": 1024.0, "mib": 1024.0 ** 2,
+         "gib": 1024.0 ** 3}
+
+
+def in_base(value, unit):
+    """@p value in nanoseconds, bytes or a plain count, whatever the unit ncu wrote."""
+    u = unit.strip().lower()
+    return value * SCALE.get(u, 1.0)
+
+
 def census(path):
-    """The launches of the CSV in order: (name, {metric: value})."""
+    """The launches of the CSV in order: (name, {metric: value in ns, bytes or a count})."""
     with open(path, newline="") as f:
         lines = [ln for ln in f if ln.startswith('"')]
     by_id = collections.OrderedDict()
@@ -53,7 +64,7 @@ def census(path):
         k = r["ID"]
         if k not in by_id:
             by_id[k] = (norm(r["Kernel Name"]), {})
-        by_id[k][1][r["Metric Name"]] = float(r["Metric Value"].replace(",", "") or 0)
+        by_id[k][1][r["Metric Name"]] = in_base(float(r["Metric Value"].replace(",", "") or 0), r.get("Metric Unit", ""))
     return list(by_id.values())
 
 
